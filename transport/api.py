@@ -1,0 +1,97 @@
+"""The client-facing contract shared by every media (UDP and IPC): result codes and protocols.
+
+``Publication.offer`` returns the new stream position (> 0) or one of the negative codes below,
+as Aeron's ``Publication.offer`` does. ``Subscription.poll`` and ``Image.poll`` deliver fragments
+to a handler ``handler(payload: memoryview, header: Header)``; the memoryview and the header are
+only valid during the call. ``Image.block_poll`` hands whole runs of raw frames (used by recording).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import Protocol
+
+from aeron_spark.transport.protocol.term import FragmentHandler, Header
+
+NOT_CONNECTED = -1
+BACK_PRESSURED = -2
+ADMIN_ACTION = -3
+CLOSED = -4
+MAX_POSITION_EXCEEDED = -5
+
+RESULT_NAMES = {
+    NOT_CONNECTED: "NOT_CONNECTED",
+    BACK_PRESSURED: "BACK_PRESSURED",
+    ADMIN_ACTION: "ADMIN_ACTION",
+    CLOSED: "CLOSED",
+    MAX_POSITION_EXCEEDED: "MAX_POSITION_EXCEEDED",
+}
+
+
+class ControlledAction(enum.IntEnum):
+    """What a controlled-poll handler tells the reader to do next (Aeron's ``Action``)."""
+
+    ABORT = 1  # do not consume this fragment; stop
+    BREAK = 2  # consume it and stop
+    COMMIT = 3  # consume it and commit the position now
+    CONTINUE = 4  # consume it and go on
+
+
+# handler(term: memoryview, term_offset: int, length: int, session_id: int, term_id: int)
+BlockHandler = Callable[[memoryview, int, int, int, int], object]
+ControlledFragmentHandler = Callable[[memoryview, Header], ControlledAction]
+
+
+class PublicationLike(Protocol):
+    session_id: int
+    stream_id: int
+    initial_term_id: int
+    term_length: int
+    mtu: int
+    max_message_length: int
+    max_payload_length: int
+
+    @property
+    def position(self) -> int: ...
+    @property
+    def position_limit(self) -> int: ...
+    @property
+    def is_connected(self) -> bool: ...
+    @property
+    def is_closed(self) -> bool: ...
+    def offer(self, payload: bytes | bytearray | memoryview, reserved_value: int = 0) -> int: ...
+    def close(self) -> None: ...
+
+
+class ImageLike(Protocol):
+    session_id: int
+    stream_id: int
+    initial_term_id: int
+    term_length: int
+    mtu: int
+    join_position: int
+    source_identity: str
+
+    @property
+    def position(self) -> int: ...
+    @property
+    def is_closed(self) -> bool: ...
+    @property
+    def is_end_of_stream(self) -> bool: ...
+    def poll(self, handler: FragmentHandler, fragment_limit: int) -> int: ...
+    def controlled_poll(self, handler: ControlledFragmentHandler, fragment_limit: int) -> int: ...
+    def block_poll(self, handler: BlockHandler, block_length_limit: int) -> int: ...
+
+
+class SubscriptionLike(Protocol):
+    channel: str
+    stream_id: int
+
+    @property
+    def images(self) -> list[ImageLike]: ...
+    @property
+    def is_connected(self) -> bool: ...
+    def poll(self, handler: FragmentHandler, fragment_limit: int) -> int: ...
+    def controlled_poll(self, handler: ControlledFragmentHandler, fragment_limit: int) -> int: ...
+    def close(self) -> None: ...

@@ -1,0 +1,48 @@
+"""Exception tree of the transport layer."""
+
+from __future__ import annotations
+
+from aeron_spark.errors import AeronSparkError, ConfigurationError
+
+
+class TransportError(AeronSparkError):
+    """Base class of transport errors."""
+
+
+class ChannelError(ConfigurationError, TransportError):
+    """A channel URI or one of its parameters is invalid."""
+
+
+class LocalProtocolError(TransportError):
+    """We were asked to do something the protocol does not allow (a bug or misuse on our side)."""
+
+
+class RemoteProtocolError(TransportError):
+    """A peer sent bytes that are not valid Aeron protocol (malformed or out-of-range frame).
+
+    Parse failures of received datagrams always surface as this error (or a subclass); the driver
+    counts them as invalid frames and carries on.
+    """
+
+
+class InvalidFrameError(RemoteProtocolError):
+    """A received frame could not be decoded."""
+
+
+class ClosedError(TransportError):
+    """The driver, publication or subscription has been closed."""
+
+
+class DriverError(TransportError):
+    """The media driver failed to set up a resource (socket, log buffer, thread)."""
+
+
+__all__ = [
+    "ChannelError",
+    "ClosedError",
+    "DriverError",
+    "InvalidFrameError",
+    "LocalProtocolError",
+    "RemoteProtocolError",
+    "TransportError",
+]

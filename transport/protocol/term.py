@@ -1,0 +1,386 @@
+"""Term-level operations on a log buffer: append, read, rebuild, scan for gaps, scan for sending.
+
+These work on any writable buffer (``bytearray`` for UDP publications and images,
+``mmap`` for IPC), through a ``memoryview`` of one term partition. They hold no clock and do no
+I/O. The only ordering rule that matters across threads or processes is Aeron's: a frame becomes
+visible to readers when its ``frame_length`` field is written, so every writer here writes
+``frame_length`` last, and every reader stops at the first ``frame_length <= 0``.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Protocol
+
+from aeron_spark.transport.protocol.frames import (
+    DATA_HEADER,
+    DATA_HEADER_LENGTH,
+    FRAME_ALIGNMENT,
+    DataFlags,
+    FrameType,
+)
+from aeron_spark.transport.protocol.logbuffer import LogGeometry, wrap_int32
+
+_I32 = struct.Struct("<i")
+_I64 = struct.Struct("<q")
+# Header fields after frame_length: version, flags, type, term_offset, session, stream, term, rv.
+_HEADER_TAIL = struct.Struct("<BBhiiiiq")
+_i32_from = _I32.unpack_from
+_i32_into = _I32.pack_into
+_tail_into = _HEADER_TAIL.pack_into
+
+_FLAG_BEGIN = int(DataFlags.BEGIN)
+_FLAG_END = int(DataFlags.END)
+_FLAG_UNFRAGMENTED = int(DataFlags.UNFRAGMENTED)
+_TYPE_PAD = int(FrameType.PAD)
+_TYPE_DATA = int(FrameType.DATA)
+
+_ZEROS: dict[int, bytes] = {}
+
+
+def zero_fill(view: memoryview) -> None:
+    """Set every byte of ``view`` to zero (terms are cleaned before reuse)."""
+    n = len(view)
+    zeros = _ZEROS.get(n)
+    if zeros is None:
+        zeros = _ZEROS[n] = bytes(n)
+    view[:] = zeros
+
+
+class Header:
+    """A reusable view of the DATA header of the fragment being delivered.
+
+    Like Aeron's ``Header`` flyweight it is only valid inside the handler call that received it.
+    """
+
+    __slots__ = ("buffer", "offset", "initial_term_id", "shift", "term_length")
+
+    def __init__(self, initial_term_id: int, shift: int) -> None:
+        self.buffer: memoryview = memoryview(b"")
+        self.offset = 0
+        self.initial_term_id = initial_term_id
+        self.shift = shift
+        self.term_length = 1 << shift
+
+    @property
+    def frame_length(self) -> int:
+        return _i32_from(self.buffer, self.offset)[0]
+
+    @property
+    def flags(self) -> int:
+        return self.buffer[self.offset + 5]
+
+    @property
+    def frame_type(self) -> int:
+        return _I32.unpack_from(self.buffer, self.offset + 4)[0] >> 16
+
+    @property
+    def term_offset(self) -> int:
+        return _i32_from(self.buffer, self.offset + 8)[0]
+
+    @property
+    def session_id(self) -> int:
+        return _i32_from(self.buffer, self.offset + 12)[0]
+
+    @property
+    def stream_id(self) -> int:
+        return _i32_from(self.buffer, self.offset + 16)[0]
+
+    @property
+    def term_id(self) -> int:
+        return _i32_from(self.buffer, self.offset + 20)[0]
+
+    @property
+    def reserved_value(self) -> int:
+        return _I64.unpack_from(self.buffer, self.offset + 24)[0]
+
+    @property
+    def position(self) -> int:
+        """Position just past this fragment (its aligned end), as Aeron's ``Header.position()``."""
+        length = _i32_from(self.buffer, self.offset)[0]
+        end = self.term_offset + ((length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT)
+        return (wrap_int32(self.term_id - self.initial_term_id) << self.shift) + end
+
+    @property
+    def fragment_position(self) -> int:
+        """Position of the start of this fragment."""
+        return (wrap_int32(self.term_id - self.initial_term_id) << self.shift) + self.term_offset
+
+
+FragmentHandler = Callable[[memoryview, Header], object]
+
+
+class TermAppender:
+    """Appends messages to a log buffer as a single writer (Aeron's ``ExclusiveTermAppender``).
+
+    Keeps the tail (term id and offset) in Python attributes; ``position`` is the end of the last
+    complete frame, so a reader limited by it never sees a partly written frame. Messages longer
+    than ``mtu - 32`` are fragmented (BEGIN on the first fragment, END on the last). A message that
+    does not fit in the rest of the term is preceded by a PAD frame to the end of the term and
+    goes at offset 0 of the next term, which is zeroed first.
+    """
+
+    __slots__ = (
+        "geometry", "terms", "session_id", "stream_id", "term_id", "term_offset", "partition",
+        "term_length", "max_payload", "max_message", "position", "on_rotate",
+    )
+
+    def __init__(
+        self,
+        geometry: LogGeometry,
+        terms: list[memoryview],
+        session_id: int,
+        stream_id: int,
+        term_id: int,
+        term_offset: int,
+    ) -> None:
+        self.geometry = geometry
+        self.terms = terms
+        self.session_id = session_id
+        self.stream_id = stream_id
+        self.term_id = term_id
+        self.term_offset = term_offset
+        self.term_length = geometry.term_length
+        self.partition = wrap_int32(term_id - geometry.initial_term_id) % 3
+        self.max_payload = geometry.max_payload_length
+        self.max_message = geometry.max_message_length
+        self.position = geometry.position(term_id, term_offset)
+        self.on_rotate: Callable[[int, int], None] | None = None
+
+    def append(self, payload: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
+        """Append one message; returns the new position. Caller checks limits first."""
+        length = len(payload)
+        if length <= self.max_payload:
+            aligned = (length + DATA_HEADER_LENGTH + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+            if self.term_offset + aligned > self.term_length:
+                self._pad_and_rotate()
+            term = self.terms[self.partition]
+            offset = self.term_offset
+            start = offset + DATA_HEADER_LENGTH
+            term[start : start + length] = payload
+            _tail_into(term, offset + 4, 0, _FLAG_UNFRAGMENTED, _TYPE_DATA, offset,
+                       self.session_id, self.stream_id, self.term_id, reserved_value)
+            _i32_into(term, offset, length + DATA_HEADER_LENGTH)
+            self.term_offset = offset + aligned
+            self.position += aligned
+            return self.position
+        return self._append_fragmented(payload, length, reserved_value)
+
+    def _append_fragmented(
+        self, payload: bytes | bytearray | memoryview, length: int, reserved_value: int
+    ) -> int:
+        required = self.geometry.framed_length(length)
+        if self.term_offset + required > self.term_length:
+            self._pad_and_rotate()
+        term = self.terms[self.partition]
+        offset = self.term_offset
+        view = memoryview(payload)
+        remaining = length
+        consumed = 0
+        max_payload = self.max_payload
+        # Write every fragment's body and header but the first fragment's frame_length last,
+        # so a reader sees the whole message or none of it.
+        first_offset = offset
+        first_length = 0
+        while remaining > 0:
+            chunk = max_payload if remaining > max_payload else remaining
+            flags = 0
+            if consumed == 0:
+                flags |= _FLAG_BEGIN
+            if chunk == remaining:
+                flags |= _FLAG_END
+            start = offset + DATA_HEADER_LENGTH
+            term[start : start + chunk] = view[consumed : consumed + chunk]
+            _tail_into(term, offset + 4, 0, flags, _TYPE_DATA, offset, self.session_id,
+                       self.stream_id, self.term_id, reserved_value)
+            if consumed == 0:
+                first_length = chunk + DATA_HEADER_LENGTH
+            else:
+                _i32_into(term, offset, chunk + DATA_HEADER_LENGTH)
+            offset += (chunk + DATA_HEADER_LENGTH + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+            consumed += chunk
+            remaining -= chunk
+        _i32_into(term, first_offset, first_length)
+        self.position += offset - self.term_offset
+        self.term_offset = offset
+        return self.position
+
+    def _pad_and_rotate(self) -> None:
+        term = self.terms[self.partition]
+        offset = self.term_offset
+        pad_length = self.term_length - offset
+        if pad_length > 0:
+            _tail_into(term, offset + 4, 0, _FLAG_UNFRAGMENTED, _TYPE_PAD, offset,
+                       self.session_id, self.stream_id, self.term_id, 0)
+            _i32_into(term, offset, pad_length)
+            self.position += pad_length
+        self.term_id = wrap_int32(self.term_id + 1)
+        self.partition = (self.partition + 1) % 3
+        self.term_offset = 0
+        zero_fill(self.terms[self.partition])
+        if self.on_rotate is not None:
+            self.on_rotate(self.term_id, self.partition)
+
+    def required_length(self, message_length: int) -> int:
+        """Position delta the next append of ``message_length`` bytes can cause (with padding)."""
+        framed = (
+            (message_length + DATA_HEADER_LENGTH + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+            if message_length <= self.max_payload
+            else self.geometry.framed_length(message_length)
+        )
+        if self.term_offset + framed > self.term_length:
+            return self.term_length - self.term_offset + framed
+        return framed
+
+
+def read_term(
+    term: memoryview,
+    term_offset: int,
+    handler: FragmentHandler,
+    fragment_limit: int,
+    header: Header,
+    limit_offset: int | None = None,
+) -> tuple[int, int]:
+    """Deliver complete frames from ``term_offset`` to ``handler`` (Aeron's ``TermReader.read``).
+
+    Stops at the first frame whose length is not yet written, at ``limit_offset`` (default: end of
+    term), or after ``fragment_limit`` DATA fragments. PAD frames are skipped, not delivered.
+    Returns ``(fragments_read, new_term_offset)``.
+    """
+    end = len(term) if limit_offset is None else limit_offset
+    fragments = 0
+    offset = term_offset
+    header.buffer = term
+    while fragments < fragment_limit and offset < end:
+        length = _i32_from(term, offset)[0]
+        if length <= 0:
+            break
+        frame_offset = offset
+        offset += (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+        if term[frame_offset + 6] == _TYPE_PAD:
+            continue
+        header.offset = frame_offset
+        fragments += 1
+        handler(term[frame_offset + DATA_HEADER_LENGTH : frame_offset + length], header)
+    return fragments, offset
+
+
+def insert_packet(term: memoryview, term_offset: int, packet: memoryview | bytes) -> None:
+    """Copy a received datagram of DATA/PAD frames into ``term`` at ``term_offset``.
+
+    As Aeron's ``TermRebuilder.insert``: nothing happens if a frame is already there (duplicates
+    are idempotent); otherwise the first frame's length field is written after everything else.
+    """
+    if _i32_from(term, term_offset)[0] != 0:
+        return
+    length = len(packet)
+    term[term_offset + 4 : term_offset + length] = packet[4:length]
+    term[term_offset : term_offset + 4] = packet[0:4]
+
+
+def scan_for_gap(
+    term: memoryview, rebuild_offset: int, hwm_offset: int
+) -> tuple[int, int, int]:
+    """Find the first gap in ``[rebuild_offset, hwm_offset)`` (Aeron's ``TermGapScanner``).
+
+    Returns ``(new_rebuild_offset, gap_offset, gap_length)``; ``gap_length`` is 0 when the range
+    is complete up to ``hwm_offset``. ``new_rebuild_offset`` is the end of the contiguous frames.
+    """
+    offset = rebuild_offset
+    while offset < hwm_offset:
+        length = _i32_from(term, offset)[0]
+        if length <= 0:
+            break
+        offset += (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+    if offset >= hwm_offset:
+        return offset, 0, 0
+    gap_start = offset
+    offset += FRAME_ALIGNMENT
+    while offset < hwm_offset and _i32_from(term, offset)[0] == 0:
+        offset += FRAME_ALIGNMENT
+    return gap_start, gap_start, min(offset, hwm_offset) - gap_start
+
+
+def scan_for_send(term: memoryview, term_offset: int, max_bytes: int, mtu: int) -> tuple[int, int]:
+    """How many bytes from ``term_offset`` to put in the next datagram (Aeron's ``TermScanner``).
+
+    Takes whole frames while they fit in ``min(max_bytes, mtu)``. A PAD frame ends the datagram:
+    only its 32-byte header is sent, but the position advances over the whole padding.
+    Returns ``(bytes_to_send, bytes_to_advance)``; (0, 0) when nothing fits.
+    """
+    limit = max_bytes if max_bytes < mtu else mtu
+    available = 0
+    offset = term_offset
+    while available < limit:
+        length = _i32_from(term, offset)[0]
+        if length <= 0:
+            break
+        if term[offset + 6] == _TYPE_PAD:
+            if available == 0:
+                return DATA_HEADER_LENGTH, length
+            break
+        aligned = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+        if available + aligned > limit:
+            break
+        available += aligned
+        offset += aligned
+    return available, available
+
+
+def encode_data_header(
+    frame_length: int,
+    flags: int,
+    frame_type: int,
+    term_offset: int,
+    session_id: int,
+    stream_id: int,
+    term_id: int,
+    reserved_value: int = 0,
+) -> bytes:
+    """A 32-byte DATA/PAD header (heartbeats use frame_length 0)."""
+    return DATA_HEADER.pack(frame_length, 0, flags, frame_type, term_offset, session_id,
+                            stream_id, term_id, reserved_value)
+
+
+class FragmentAssemblerHandler(Protocol):
+    def __call__(self, payload: memoryview, header: Header) -> object: ...
+
+
+class FragmentAssembler:
+    """Reassembles fragmented messages before handing them to ``delegate`` (Aeron's class).
+
+    Unfragmented messages pass straight through. Fragments of one session are buffered until the
+    END fragment; a BEGIN arriving while a message is open discards the open one (the publisher
+    died mid-message), so a torn message is never delivered.
+    """
+
+    def __init__(self, delegate: FragmentAssemblerHandler, initial_capacity: int = 4096) -> None:
+        self.delegate = delegate
+        self._buffers: dict[int, bytearray] = {}
+        self.discarded_messages = 0
+        self._initial_capacity = initial_capacity
+
+    def __call__(self, payload: memoryview, header: Header) -> None:
+        flags = header.flags
+        if flags & _FLAG_UNFRAGMENTED == _FLAG_UNFRAGMENTED:
+            self.delegate(payload, header)
+            return
+        session_id = header.session_id
+        if flags & _FLAG_BEGIN:
+            if session_id in self._buffers:
+                self.discarded_messages += 1
+            self._buffers[session_id] = bytearray(payload)
+            return
+        buf = self._buffers.get(session_id)
+        if buf is None:
+            return  # a middle or END fragment without its BEGIN: joined mid-message
+        buf += payload
+        if flags & _FLAG_END:
+            del self._buffers[session_id]
+            self.delegate(memoryview(buf), header)
+
+    def free_session(self, session_id: int) -> None:
+        """Drop a partly assembled message of a session whose image went away."""
+        if self._buffers.pop(session_id, None) is not None:
+            self.discarded_messages += 1

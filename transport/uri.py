@@ -1,0 +1,280 @@
+"""Channel URIs: ``aeron:udp?endpoint=host:port|mtu=1408|...`` and ``aeron:ipc?...``.
+
+Parsing is in two steps, as in Aeron: :func:`parse_uri` splits the text into media and raw
+parameters (``|``-separated ``key=value``, no escaping, empty keys/values are errors), then
+:meth:`ChannelConfig.from_uri` validates the parameters this transport uses into a frozen
+dataclass. Every error is a :class:`ChannelError` naming the bad parameter and what it accepts.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from aeron_spark.transport.errors import ChannelError
+from aeron_spark.transport.protocol.logbuffer import (
+    DEFAULT_IPC_TERM_LENGTH,
+    DEFAULT_MTU_LENGTH,
+    DEFAULT_RECEIVER_WINDOW_LENGTH,
+    DEFAULT_TERM_LENGTH,
+    check_mtu,
+    check_term_length,
+)
+
+AERON_PREFIX = "aeron:"
+SPY_PREFIX = "aeron-spy:"
+
+Media = Literal["udp", "ipc"]
+ControlMode = Literal["", "manual", "dynamic", "response"]
+
+# Parameters accepted (others real Aeron knows are accepted and kept, but ignored here).
+KNOWN_PARAMS = frozenset({
+    "endpoint", "interface", "control", "control-mode", "mtu", "term-length", "init-term-id",
+    "term-id", "term-offset", "session-id", "reliable", "linger", "rcv-wnd", "so-rcvbuf",
+    "so-sndbuf", "nak-delay", "ttl", "alias", "tags", "sparse", "eos", "tether", "group", "rejoin",
+    "fc", "gtag", "cc", "ssc", "pub-wnd", "max-resend", "stream-id", "response-correlation-id",
+    "untethered-window-limit-timeout", "untethered-resting-timeout", "media-rcv-ts-offset",
+    "channel-rcv-ts-offset", "channel-snd-ts-offset", "spies-simulate-connection",
+})
+
+_DURATION = re.compile(r"^(\d+)(ns|us|ms|s)?$")
+_SIZE = re.compile(r"^(\d+)([kKmMgG])?$")
+_UNITS_NS = {None: 1, "ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+_SIZE_UNITS = {None: 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+DEFAULT_LINGER_NS = 5_000_000_000
+DEFAULT_NAK_DELAY_NS = 100_000
+DEFAULT_SO_RCVBUF = 128 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelUri:
+    """The raw parts of a channel URI."""
+
+    media: Media
+    params: dict[str, str] = field(default_factory=dict)
+    spy: bool = False
+
+    def __str__(self) -> str:
+        prefix = (SPY_PREFIX if self.spy else "") + AERON_PREFIX + self.media
+        if not self.params:
+            return prefix
+        return prefix + "?" + "|".join(f"{k}={v}" for k, v in self.params.items())
+
+    def with_params(self, **params: str | int) -> ChannelUri:
+        merged = dict(self.params)
+        merged.update({k.replace("_", "-"): str(v) for k, v in params.items()})
+        return replace(self, params=merged)
+
+
+def parse_uri(text: str) -> ChannelUri:
+    """Split a channel URI into media and parameters."""
+    if not isinstance(text, str):
+        raise ChannelError("channel", text, "a string such as 'aeron:udp?endpoint=host:port'")
+    rest = text.strip()
+    spy = rest.startswith(SPY_PREFIX)
+    if spy:
+        rest = rest[len(SPY_PREFIX):]
+    if not rest.startswith(AERON_PREFIX):
+        raise ChannelError("channel", text, "a URI starting with 'aeron:' or 'aeron-spy:aeron:'")
+    rest = rest[len(AERON_PREFIX):]
+    media, _, query = rest.partition("?")
+    if media not in ("udp", "ipc"):
+        raise ChannelError("channel", text, "media 'udp' or 'ipc' (aeron:udp?... or aeron:ipc)")
+    params: dict[str, str] = {}
+    if query:
+        for part in query.split("|"):
+            key, sep, value = part.partition("=")
+            if not sep or not key or not value:
+                raise ChannelError("channel", text, f"key=value parameters, got {part!r}")
+            if key in params:
+                raise ChannelError(key, value, "a parameter given only once")
+            params[key] = value
+    return ChannelUri(media, params, spy)  # type: ignore[arg-type]
+
+
+def parse_duration_ns(name: str, value: str) -> int:
+    """``100ms``, ``5s``, ``250us``, ``100ns`` or a bare number of nanoseconds."""
+    match = _DURATION.match(value.strip())
+    if not match:
+        raise ChannelError(name, value, "a duration such as 5s, 100ms, 250us or nanoseconds")
+    return int(match.group(1)) * _UNITS_NS[match.group(2)]
+
+
+def parse_size(name: str, value: str) -> int:
+    """``65536``, ``64k``, ``16m``, ``1g``."""
+    match = _SIZE.match(value.strip())
+    if not match:
+        raise ChannelError(name, value, "a byte count such as 65536, 64k, 16m or 1g")
+    unit = match.group(2).lower() if match.group(2) else None
+    return int(match.group(1)) * _SIZE_UNITS[unit]
+
+
+def parse_int32(name: str, value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise ChannelError(name, value, "a 32-bit integer") from None
+    if not -(2**31) <= number < 2**31:
+        raise ChannelError(name, value, "a 32-bit integer")
+    return number
+
+
+def parse_bool(name: str, value: str) -> bool:
+    lowered = value.lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise ChannelError(name, value, "true or false")
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A resolved ``host:port`` (IPv4 or IPv6; IPv6 written ``[addr]:port``)."""
+
+    host: str
+    port: int
+    family: int
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self.host, self.port)
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if self.family == socket.AF_INET6 else f"{self.host}:{self.port}"
+
+
+def parse_endpoint(name: str, value: str, *, allow_port_zero: bool = True) -> Endpoint:
+    """Parse and resolve ``host:port`` or ``[v6addr]:port``."""
+    text = value.strip()
+    if text.startswith("["):
+        host, sep, port_text = text[1:].partition("]:")
+        if not sep:
+            raise ChannelError(name, value, "[ipv6-address]:port")
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep or not host:
+            raise ChannelError(name, value, "host:port")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ChannelError(name, value, "host:port with a numeric port") from None
+    if not (0 if allow_port_zero else 1) <= port <= 65535:
+        raise ChannelError(name, value, "a port from 1 to 65535" if not allow_port_zero else "a port from 0 to 65535")
+    try:
+        addr = ipaddress.ip_address(host)
+        family = socket.AF_INET6 if addr.version == 6 else socket.AF_INET
+        return Endpoint(str(addr), port, family)
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+    except OSError as exc:
+        raise ChannelError(name, value, f"a resolvable host ({exc})") from exc
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)  # prefer IPv4 for names like localhost
+    family, _, _, _, sockaddr = infos[0]
+    return Endpoint(str(sockaddr[0]), port, int(family))
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelConfig:
+    """Validated settings of one channel, with Aeron's defaults; units in the field names."""
+
+    media: Media
+    spy: bool = False
+    endpoint: Endpoint | None = None
+    control: Endpoint | None = None
+    interface: str | None = None
+    control_mode: ControlMode = ""
+    mtu: int = DEFAULT_MTU_LENGTH
+    term_length: int = DEFAULT_TERM_LENGTH
+    initial_term_id: int | None = None
+    term_id: int | None = None
+    term_offset: int | None = None
+    session_id: int | None = None
+    reliable: bool = True
+    linger_ns: int = DEFAULT_LINGER_NS
+    receiver_window_length: int = DEFAULT_RECEIVER_WINDOW_LENGTH
+    so_rcvbuf: int = DEFAULT_SO_RCVBUF
+    so_sndbuf: int = 0
+    nak_delay_ns: int = DEFAULT_NAK_DELAY_NS
+    publication_window_length: int = 0
+    uri: str = ""
+
+    @property
+    def has_explicit_position(self) -> bool:
+        return self.initial_term_id is not None
+
+    @classmethod
+    def from_uri(cls, text: str | ChannelUri) -> ChannelConfig:
+        uri = parse_uri(text) if isinstance(text, str) else text
+        p = uri.params
+        for key in p:
+            if key not in KNOWN_PARAMS:
+                raise ChannelError(key, p[key], "a known channel parameter (" + ", ".join(sorted(KNOWN_PARAMS)) + ")")
+        kwargs: dict[str, object] = {"media": uri.media, "spy": uri.spy, "uri": str(uri)}
+        if uri.media == "ipc":
+            kwargs["term_length"] = DEFAULT_IPC_TERM_LENGTH
+        if "endpoint" in p:
+            kwargs["endpoint"] = parse_endpoint("endpoint", p["endpoint"])
+        if "control" in p:
+            kwargs["control"] = parse_endpoint("control", p["control"])
+        if "interface" in p:
+            kwargs["interface"] = p["interface"]
+        if "control-mode" in p:
+            mode = p["control-mode"]
+            if mode not in ("manual", "dynamic", "response"):
+                raise ChannelError("control-mode", mode, "manual, dynamic or response")
+            kwargs["control_mode"] = mode
+        if "mtu" in p:
+            kwargs["mtu"] = check_mtu(parse_size("mtu", p["mtu"]))
+        if "term-length" in p:
+            kwargs["term_length"] = check_term_length(parse_size("term-length", p["term-length"]))
+        position_keys = [k for k in ("init-term-id", "term-id", "term-offset") if k in p]
+        if position_keys and len(position_keys) != 3:
+            raise ChannelError(position_keys[0], p[position_keys[0]],
+                               "init-term-id, term-id and term-offset given together")
+        if position_keys:
+            kwargs["initial_term_id"] = parse_int32("init-term-id", p["init-term-id"])
+            kwargs["term_id"] = parse_int32("term-id", p["term-id"])
+            kwargs["term_offset"] = parse_int32("term-offset", p["term-offset"])
+        if "session-id" in p:
+            sid = parse_int32("session-id", p["session-id"])
+            kwargs["session_id"] = sid
+        if "reliable" in p:
+            kwargs["reliable"] = parse_bool("reliable", p["reliable"])
+        if "linger" in p:
+            kwargs["linger_ns"] = parse_duration_ns("linger", p["linger"])
+        if "rcv-wnd" in p:
+            kwargs["receiver_window_length"] = parse_size("rcv-wnd", p["rcv-wnd"])
+        if "so-rcvbuf" in p:
+            kwargs["so_rcvbuf"] = parse_size("so-rcvbuf", p["so-rcvbuf"])
+        if "so-sndbuf" in p:
+            kwargs["so_sndbuf"] = parse_size("so-sndbuf", p["so-sndbuf"])
+        if "nak-delay" in p:
+            kwargs["nak_delay_ns"] = parse_duration_ns("nak-delay", p["nak-delay"])
+        if "pub-wnd" in p:
+            kwargs["publication_window_length"] = parse_size("pub-wnd", p["pub-wnd"])
+        config = cls(**kwargs)  # type: ignore[arg-type]
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if self.mtu > self.term_length // 2:
+            raise ChannelError("mtu", self.mtu, f"at most half the term length ({self.term_length // 2})")
+        if self.term_offset is not None:
+            if not 0 <= self.term_offset < self.term_length or self.term_offset % 32:
+                raise ChannelError("term-offset", self.term_offset,
+                                   f"a multiple of 32 from 0 to {self.term_length - 32}")
+        if self.receiver_window_length <= 0:
+            raise ChannelError("rcv-wnd", self.receiver_window_length, "a positive byte count")
+        if self.publication_window_length < 0 or self.publication_window_length > self.term_length // 2:
+            raise ChannelError("pub-wnd", self.publication_window_length,
+                               f"0 (default) to half the term length ({self.term_length // 2})")
+        if self.media == "udp" and not self.spy:
+            if self.control_mode == "dynamic" and self.control is None:
+                raise ChannelError("control-mode", "dynamic", "a 'control' endpoint to go with it")
