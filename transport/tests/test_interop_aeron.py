@@ -1,9 +1,9 @@
 """Interoperability with the real Aeron C media driver and its C sample programs.
 
 Runs only when ``AERON_DRIVER_DIR`` names a directory holding ``aeronmd``, ``basic_publisher``,
-``basic_subscriber`` and ``streaming_publisher`` built from real-logic/aeron (see
-``interop_README.md`` beside this file for how to build them; nothing of Aeron is in this
-repository). Every exchange is unicast UDP on 127.0.0.1:
+``basic_subscriber`` and ``streaming_publisher`` from real-logic/aeron's C driver and C samples,
+built by whoever runs the tests, outside this repository (nothing of Aeron is kept here; see
+``interop_README.md`` beside this file). Every exchange is unicast UDP on 127.0.0.1:
 
 * real publisher (sample program -> real ``aeronmd``) -> our ``Subscription``: every message
   arrives once, in order, byte for byte; default and non-default ``term-length``/``mtu``,
