@@ -1,0 +1,200 @@
+"""Exception tree of the connector and the stream server's control protocol.
+
+Every error the server reports travels as ``{"code": int, "message": str, "details": dict}``;
+the client turns it back into the class below with the same :class:`ErrorCode`, so a caller on
+the other side of the wire catches exactly the class the server raised. ``details`` carries
+structured fields (for :class:`NotFrameBoundaryError` the nearest valid positions, for
+:class:`PurgedError` the first readable position) and is exposed as attributes of the exception.
+
+Split as h2 does: :class:`ControlProtocolError` is "the peer sent something that is not valid
+protocol"; every other class is a well-formed request the server refused.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from aeron_spark.errors import AeronSparkError
+
+
+class ErrorCode(enum.IntEnum):
+    """Wire codes of control-protocol errors (stable: clients and servers of different versions
+    must agree on them)."""
+
+    INTERNAL = 1
+    CONTROL_PROTOCOL = 2
+    NOT_AUTHORISED = 3
+    UNKNOWN_STREAM = 4
+    UNKNOWN_RECORDING = 5
+    POSITION_OUT_OF_RANGE = 6
+    NOT_FRAME_BOUNDARY = 7
+    PURGED = 8
+    SERVER_UNAVAILABLE = 9
+    STAGED_DATA_MISSING = 10
+    PAYLOAD_TOO_LARGE = 11
+    CHUNK_MISSING = 12
+    LIMIT_EXCEEDED = 13
+
+
+class ConnectorError(AeronSparkError):
+    """Base class of connector errors. ``code`` is the wire code; ``details`` structured fields."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = dict(details)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for attributes not found normally: expose the structured details.
+        details = self.__dict__.get("details")
+        if details is not None and name in details:
+            return details[name]
+        raise AttributeError(name)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable across Spark's Python workers
+        return (_rebuild, (type(self), self.message, self.details))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"code": int(self.code), "message": self.message, "details": dict(self.details)}
+
+
+def _rebuild(cls: type[ConnectorError], message: str, details: dict[str, Any]) -> ConnectorError:
+    return cls(message, **details)
+
+
+class ServerError(ConnectorError):
+    """The server failed while handling a valid request (a bug or an I/O failure on its side)."""
+
+    code = ErrorCode.INTERNAL
+
+
+class ServerUnavailableError(ConnectorError):
+    """The server cannot be reached, went away mid-request, or did not answer in time."""
+
+    code = ErrorCode.SERVER_UNAVAILABLE
+
+
+class UnknownStreamError(ConnectorError):
+    """No recording exists (or is allowed) for the stream id."""
+
+    code = ErrorCode.UNKNOWN_STREAM
+
+
+class UnknownRecordingError(ConnectorError):
+    """No recording with this id exists."""
+
+    code = ErrorCode.UNKNOWN_RECORDING
+
+
+class PositionOutOfRangeError(ConnectorError):
+    """A position lies outside ``[purged_position, recorded_position]`` of the recording, or a
+    range is reversed. ``details``: ``position``, ``start_position``, ``end_position``."""
+
+    code = ErrorCode.POSITION_OUT_OF_RANGE
+
+
+class NotFrameBoundaryError(PositionOutOfRangeError):
+    """A replay start or end falls inside a frame. ``details``: ``position``, ``before`` and
+    ``after`` (the nearest frame boundaries around it)."""
+
+    code = ErrorCode.NOT_FRAME_BOUNDARY
+
+
+class PurgedError(ConnectorError):
+    """The requested range was purged by retention. ``details``: ``position`` (asked for) and
+    ``purged_position`` (first readable position). Spark's failOnDataLoss is built on this."""
+
+    code = ErrorCode.PURGED
+
+
+class NotAuthorisedError(ConnectorError):
+    """The session may not perform this operation (server policy, or another session's object)."""
+
+    code = ErrorCode.NOT_AUTHORISED
+
+
+class ControlProtocolError(ConnectorError):
+    """A control message was malformed, oversized, of an unknown operation or with bad arguments."""
+
+    code = ErrorCode.CONTROL_PROTOCOL
+
+
+class ChunkMissingError(ControlProtocolError):
+    """A chunked message could not be reassembled: a chunk is missing, out of order, or expired.
+    ``details``: ``payload_id``, ``expected_index``, ``got_index``."""
+
+    code = ErrorCode.CHUNK_MISSING
+
+
+class PayloadTooLargeError(ControlProtocolError):
+    """A message or payload exceeds a limit. ``details``: ``length``, ``limit``."""
+
+    code = ErrorCode.PAYLOAD_TOO_LARGE
+
+
+class LimitExceededError(ConnectorError):
+    """A server resource limit (replays per session, staged bytes, ...) is reached.
+    ``details``: ``limit``."""
+
+    code = ErrorCode.LIMIT_EXCEEDED
+
+
+class StagedDataMissingError(ConnectorError):
+    """A commit names a staged part the server no longer has (never staged, aborted, or garbage
+    collected after its lease ran out). ``details``: ``part``."""
+
+    code = ErrorCode.STAGED_DATA_MISSING
+
+
+_BY_CODE: dict[int, type[ConnectorError]] = {
+    int(cls.code): cls
+    for cls in (
+        ServerError, ServerUnavailableError, UnknownStreamError, UnknownRecordingError,
+        PositionOutOfRangeError, NotFrameBoundaryError, PurgedError, NotAuthorisedError,
+        ControlProtocolError, ChunkMissingError, PayloadTooLargeError, LimitExceededError,
+        StagedDataMissingError,
+    )
+}
+
+
+def error_from_wire(error: object) -> ConnectorError:
+    """Rebuild the typed exception from an error map received from the peer.
+
+    A map that is not of the expected shape becomes a :class:`ControlProtocolError` (never a
+    crash): the peer broke the protocol.
+    """
+    if not isinstance(error, dict):
+        return ControlProtocolError(f"malformed error reply: {error!r:.200}")
+    code = error.get("code")
+    message = error.get("message")
+    details = error.get("details", {})
+    if not isinstance(code, int) or not isinstance(message, str) or not isinstance(details, dict):
+        return ControlProtocolError(f"malformed error reply: {error!r:.200}")
+    cls = _BY_CODE.get(code, ServerError)
+    safe = {
+        k: v for k, v in details.items() if isinstance(k, str) and k.isidentifier() and k != "message"
+    }
+    return cls(message, **safe)
+
+
+__all__ = [
+    "ChunkMissingError",
+    "ConnectorError",
+    "ControlProtocolError",
+    "ErrorCode",
+    "LimitExceededError",
+    "NotAuthorisedError",
+    "NotFrameBoundaryError",
+    "PayloadTooLargeError",
+    "PositionOutOfRangeError",
+    "PurgedError",
+    "ServerError",
+    "ServerUnavailableError",
+    "StagedDataMissingError",
+    "UnknownRecordingError",
+    "UnknownStreamError",
+    "error_from_wire",
+]

@@ -1,0 +1,83 @@
+"""An append-only, fsynced log of sink commits that survives crashes.
+
+Record layout: ``length (uint32) | crc32 of body (uint32) | msgpack body``. A record is durable
+once :meth:`CommitLog.append` returns (write + ``fsync``). On open, records are read until the
+first incomplete or corrupt one -- the torn tail of a crash -- and the file is truncated there, so
+the log is always a clean prefix of what was appended.
+
+Two record types, written by :class:`connector.server.staging.SinkCommitter`:
+
+- ``{"t": "begin", sink_id, batch_id, stream_id, recording_id, session_id, start_position,
+  parts: [...]}`` -- the commit's plan, written before any frame is appended;
+- ``{"t": "done", sink_id, batch_id, recording_id, start_position, end_position, count, bytes}``
+  -- written after the frames are durable. A ``begin`` without ``done`` is resumed on restart.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from typing import Any
+
+import msgpack
+
+_RECORD = struct.Struct("<II")
+MAX_RECORD_BYTES = 64 * 1024 * 1024
+
+
+class CommitLog:
+    """The log file plus the records it held at open time (``records``)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.records: list[dict[str, Any]] = []
+        self.torn_bytes_truncated = 0
+        good_end = 0
+        if os.path.exists(path):
+            with open(path, "rb") as fh:
+                data = fh.read()
+            offset = 0
+            while offset + _RECORD.size <= len(data):
+                length, crc = _RECORD.unpack_from(data, offset)
+                end = offset + _RECORD.size + length
+                if length > MAX_RECORD_BYTES or end > len(data):
+                    break
+                body = data[offset + _RECORD.size : end]
+                if zlib.crc32(body) != crc:
+                    break
+                try:
+                    record = msgpack.unpackb(body, raw=False)
+                except Exception:  # a corrupt body that happens to match its crc: stop here
+                    break
+                if not isinstance(record, dict):
+                    break
+                self.records.append(record)
+                offset = end
+                good_end = end
+            self.torn_bytes_truncated = len(data) - good_end
+        self._fh = open(path, "ab")
+        if self.torn_bytes_truncated:
+            self._fh.truncate(good_end)
+            os.fsync(self._fh.fileno())
+        _fsync_dir(os.path.dirname(path) or ".")
+
+    def append(self, record: dict[str, Any]) -> None:
+        body = msgpack.packb(record, use_bin_type=True)
+        self._fh.write(_RECORD.pack(len(body), zlib.crc32(body)) + body)
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+__all__ = ["CommitLog"]

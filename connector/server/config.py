@@ -1,0 +1,75 @@
+"""The stream server's configuration: one frozen, validated dataclass (units in field names)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aeron_spark.errors import ConfigurationError
+from aeron_spark.transport.protocol.logbuffer import check_mtu, check_term_length
+
+DEFAULT_PORT = 40123
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """How a :class:`~aeron_spark.connector.server.StreamServer` runs.
+
+    ``directory``           where recordings, the catalog, staged sink data and the commit log live
+    ``host`` / ``port``     the session (handshake) endpoint; port 0 picks a free port
+    ``ingest_channel``      an Aeron channel whose plain publications are recorded (None: off)
+    ``ingest_stream_ids``   stream ids recorded from the ingest channel
+    ``encryption``          seal session traffic (AES-GCM) when the handshake layer offers it
+    ``key_store_dir``       the server's key store (None: the handshake layer's default)
+    ``term_length`` / ``mtu``  geometry of recordings the server creates (publish, sink commits)
+    ``session_lease_ns``    a session with no request for this long is closed (Spark's ``stop()``
+                            is best-effort); clients send keepalives while they wait
+    ``staging_lease_s``     staged sink parts untouched this long are garbage collected
+    ``max_replays_per_session``, ``max_block_bytes``  replay limits
+    ``read_only``           refuse publish, stage, commit, abort and purge
+    ``allow_purge``         accept purge requests
+    ``allowed_stream_ids``  when set, only these streams may be read or written
+    ``fsync``               fsync recordings after each append batch (crash safety of acknowledged
+                            publishes); commits are always fsynced
+    """
+
+    directory: str
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    ingest_channel: str | None = None
+    ingest_stream_ids: tuple[int, ...] = (10,)
+    encryption: bool = True
+    key_store_dir: str | None = None
+    term_length: int = 64 * 1024 * 1024
+    mtu: int = 8192
+    session_lease_ns: int = 60_000_000_000
+    staging_lease_s: float = 3600.0
+    gc_interval_ns: int = 10_000_000_000
+    max_replays_per_session: int = 16
+    max_block_bytes: int = 1024 * 1024
+    read_only: bool = False
+    allow_purge: bool = True
+    allowed_stream_ids: frozenset[int] | None = None
+    fsync: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.directory, str) or not self.directory:
+            raise ConfigurationError("directory", self.directory, "a directory path")
+        if not 0 <= self.port <= 65535:
+            raise ConfigurationError("port", self.port, "0..65535 (0 picks a free port)")
+        check_term_length(self.term_length, "term_length")
+        check_mtu(self.mtu, "mtu")
+        if self.mtu > self.term_length // 2:
+            raise ConfigurationError("mtu", self.mtu, "at most half of term_length")
+        for name in ("session_lease_ns", "gc_interval_ns", "max_replays_per_session",
+                     "max_block_bytes"):
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(name, getattr(self, name), "a positive number")
+        if self.staging_lease_s <= 0:
+            raise ConfigurationError("staging_lease_s", self.staging_lease_s, "a positive number")
+        if self.max_block_bytes < 4096:
+            raise ConfigurationError("max_block_bytes", self.max_block_bytes, "at least 4096")
+        if not all(-(2**31) <= s < 2**31 for s in self.ingest_stream_ids):
+            raise ConfigurationError("ingest_stream_ids", self.ingest_stream_ids, "32-bit stream ids")
+
+
+__all__ = ["DEFAULT_PORT", "ServerConfig"]

@@ -1,0 +1,373 @@
+"""The stream server's request handling, without sockets or threads (sans-I/O).
+
+The I/O shell (``server.py``) feeds it whole session messages and the time; it returns the
+messages to send back. Replays are pumped separately (:meth:`ServerCore.pump`) so the shell can
+stop pumping a session whose connection is back-pressured.
+
+Invariants:
+
+- Every request gets exactly one reply with its id (``ok`` or a typed error); a malformed message
+  is answered with a :class:`ControlProtocolError` on its id (0 when it has none) and counted; no
+  request of one session can disturb another session (errors are per request, state per session).
+- A replay belongs to the session that asked for it and ends with one ``replay_end`` event
+  (``ok`` with the end position, or an error such as :class:`PurgedError`).
+- A session that sends nothing for ``session_lease_ns`` is expired: its replays stop, its
+  publications' recordings stop, its unfinished staged parts are left to the lease GC.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from aeron_spark.connector import protocol as proto
+from aeron_spark.connector.chunking import Reassembler
+from aeron_spark.connector.errors import (
+    ConnectorError,
+    ControlProtocolError,
+    LimitExceededError,
+    NotAuthorisedError,
+    ServerError,
+)
+from aeron_spark.connector.server.config import ServerConfig
+from aeron_spark.connector.server.staging import SinkCommitter
+
+log = logging.getLogger(__name__)
+
+
+class ReplayCursor(Protocol):
+    position: int
+
+    def read(self, max_bytes: int, now_ns: int) -> tuple[int, int, int, bytes | memoryview] | None:
+        """``(position, end_position, timestamp_ns, frames)`` or None when nothing is ready."""
+
+    @property
+    def done(self) -> bool: ...
+    def close(self) -> None: ...
+
+
+class Publisher(Protocol):
+    recording_id: int
+
+    def publish(self, payloads: Sequence[bytes], reserved_values: Sequence[int] | None,
+                now_ns: int) -> int: ...
+    def close(self, now_ns: int) -> None: ...
+
+
+class Store(Protocol):
+    def list_recordings(self, stream_ids: set[int] | None) -> list[dict[str, Any]]: ...
+    def recording_info(self, recording_id: int) -> dict[str, Any]: ...
+    def position_at(self, recording_id: int, timestamp_ns: int) -> int: ...
+    def open_replay(self, recording_id: int, start: int, end: int | None) -> ReplayCursor: ...
+    def open_publisher(self, stream_id: int, source: str, now_ns: int) -> Publisher: ...
+    def purge(self, recording_id: int, position: int, now_ns: int) -> int: ...
+    def stats(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class _Replay:
+    request_id: int
+    cursor: ReplayCursor
+    max_block_bytes: int
+
+
+@dataclass
+class Session:
+    key: object
+    peer: str
+    max_message_length: int
+    lease_deadline_ns: int
+    opened_ns: int
+    reassembler: Reassembler
+    replays: dict[int, _Replay] = field(default_factory=dict)
+    publishers: dict[int, Publisher] = field(default_factory=dict)
+    requests: int = 0
+    errors: int = 0
+    bytes_replayed: int = 0
+
+
+WRITE_OPS = frozenset({"publish", "stage", "commit", "abort", "purge"})
+
+
+class ServerCore:
+    def __init__(self, config: ServerConfig, store: Store, committer: SinkCommitter) -> None:
+        self.config = config
+        self.store = store
+        self.committer = committer
+        self.sessions: dict[object, Session] = {}
+        self.counters: dict[str, int] = {
+            "sessions_opened": 0, "sessions_closed": 0, "sessions_expired": 0,
+            "requests": 0, "request_errors": 0, "protocol_errors": 0, "internal_errors": 0,
+            "not_authorised": 0, "replays_started": 0, "replays_completed": 0,
+            "replays_failed": 0, "replays_stopped": 0, "replay_bytes": 0, "replay_blocks": 0,
+            "messages_published": 0, "bytes_published": 0, "chunks_discarded": 0,
+        }
+        self._replay_owner: dict[int, object] = {}
+
+    # --- sessions -----------------------------------------------------------------------------
+
+    def open_session(self, key: object, peer: str, max_message_length: int, now_ns: int) -> Session:
+        session = Session(key, peer, max_message_length, now_ns + self.config.session_lease_ns,
+                          now_ns, Reassembler(timeout_ns=self.config.session_lease_ns))
+        self.sessions[key] = session
+        self.counters["sessions_opened"] += 1
+        return session
+
+    def close_session(self, key: object, now_ns: int) -> None:
+        session = self.sessions.pop(key, None)
+        if session is None:
+            return
+        for replay in session.replays.values():
+            replay.cursor.close()
+            self._replay_owner.pop(replay.request_id, None)
+        for publisher in session.publishers.values():
+            publisher.close(now_ns)
+        self.committer.staging.release_owner(key)
+        self.counters["sessions_closed"] += 1
+
+    def expire(self, now_ns: int) -> list[object]:
+        """Close sessions whose lease ran out; returns their keys (the shell closes connections)."""
+        expired = [k for k, s in self.sessions.items() if now_ns >= s.lease_deadline_ns]
+        for key in expired:
+            self.close_session(key, now_ns)
+            self.counters["sessions_expired"] += 1
+        return expired
+
+    def next_deadline_ns(self) -> int | None:
+        deadlines = [s.lease_deadline_ns for s in self.sessions.values()]
+        return min(deadlines) if deadlines else None
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def on_message(self, key: object, message: bytes | bytearray | memoryview,
+                   now_ns: int) -> list[bytes]:
+        """Handle one message received on a session; returns the replies to send on it."""
+        session = self.sessions.get(key)
+        if session is None:
+            return []
+        session.lease_deadline_ns = now_ns + self.config.session_lease_ns
+        if len(message) and message[0] == proto.KIND_CHUNK:
+            try:
+                whole = session.reassembler.feed(message, now_ns)
+            except ConnectorError as exc:
+                self.counters["protocol_errors"] += 1
+                self.counters["chunks_discarded"] += 1
+                return [proto.encode_error(0, exc)]
+            if whole is None:
+                return []
+            message = whole
+        self.counters["requests"] += 1
+        session.requests += 1
+        try:
+            request = proto.decode_request(message)
+        except ControlProtocolError as exc:
+            self.counters["protocol_errors"] += 1
+            session.errors += 1
+            return [proto.encode_error(int(exc.details.pop("request_id", 0)), exc)]
+        try:
+            result = self._dispatch(session, request, now_ns)
+        except ConnectorError as exc:
+            self.counters["request_errors"] += 1
+            if isinstance(exc, NotAuthorisedError):
+                self.counters["not_authorised"] += 1
+            session.errors += 1
+            return [proto.encode_error(request.id, exc)]
+        except Exception as exc:  # a bug or I/O failure: report it typed, count it, keep serving
+            self.counters["internal_errors"] += 1
+            session.errors += 1
+            log.exception("internal error in %s from %s", request.op, session.peer)
+            return [proto.encode_error(request.id, ServerError(
+                f"{request.op} failed on the server: {type(exc).__name__}: {exc}"))]
+        return [proto.encode_ok(request.id, result)]
+
+    def _authorise(self, op: str, stream_ids: Iterable[int] = ()) -> None:
+        if op in WRITE_OPS and self.config.read_only:
+            raise NotAuthorisedError(f"{op} refused: the server is read-only", op=op)
+        if op == "purge" and not self.config.allow_purge:
+            raise NotAuthorisedError("purge refused: the server does not allow purging", op=op)
+        allowed = self.config.allowed_stream_ids
+        if allowed is not None:
+            for stream_id in stream_ids:
+                if stream_id not in allowed:
+                    raise NotAuthorisedError(f"stream {stream_id} is not served to sessions",
+                                             op=op, stream_id=stream_id)
+
+    def _stream_of(self, recording_id: int) -> int:
+        return int(self.store.recording_info(recording_id)["stream_id"])
+
+    def _dispatch(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+        op, args = request.op, request.args
+        if op == "keepalive":
+            return None
+        if op == "list_streams":
+            return self._list_streams()
+        if op in ("list_recordings", "latest_positions"):
+            ids = args.get("stream_ids")
+            wanted = set(ids) if ids is not None else None
+            self._authorise(op, wanted or ())
+            recordings = self._visible_recordings(wanted)
+            if op == "list_recordings":
+                return recordings
+            return [[r["recording_id"], r["recorded_position"]] for r in recordings]
+        if op == "position_at":
+            self._authorise(op, [self._stream_of(args["recording_id"])])
+            return self.store.position_at(args["recording_id"], args["timestamp_ns"])
+        if op == "replay":
+            return self._start_replay(session, request, now_ns)
+        if op == "stop_replay":
+            return self._stop_replay(session, args["replay_id"])
+        if op == "publish":
+            self._authorise(op, [args["stream_id"]])
+            return self._publish(session, args, now_ns)
+        if op == "stage":
+            self._authorise(op, [args["stream_id"]])
+            return self.committer.staging.write(
+                session.key, args["sink_id"], args["batch_id"], args["partition_id"],
+                args["attempt"], args["stream_id"], args["payloads"], args.get("reserved_values"),
+                args["final"])
+        if op == "commit":
+            self._authorise(op, [args["stream_id"]])
+            return self.committer.commit(args["sink_id"], args["batch_id"], args["stream_id"],
+                                         args["staged"], now_ns)
+        if op == "abort":
+            self._authorise(op)
+            self.committer.abort(args["sink_id"], args["batch_id"], args["staged"])
+            return None
+        if op == "last_committed_batch":
+            return self.committer.last_committed_batch(args["sink_id"])
+        if op == "purge":
+            self._authorise(op, [self._stream_of(args["recording_id"])])
+            return self.store.purge(args["recording_id"], args["position"], now_ns)
+        if op == "stats":
+            return self.stats(now_ns)
+        raise ControlProtocolError(f"operation {op} is not served")  # pragma: no cover
+
+    def _visible_recordings(self, stream_ids: set[int] | None) -> list[dict[str, Any]]:
+        allowed = self.config.allowed_stream_ids
+        return [r for r in self.store.list_recordings(stream_ids)
+                if allowed is None or r["stream_id"] in allowed]
+
+    def _list_streams(self) -> list[dict[str, Any]]:
+        streams: dict[int, dict[str, Any]] = {}
+        for rec in self._visible_recordings(None):
+            entry = streams.setdefault(rec["stream_id"], {
+                "stream_id": rec["stream_id"], "recordings": 0, "active_recordings": 0,
+                "bytes": 0})
+            entry["recordings"] += 1
+            entry["active_recordings"] += rec["stop_position"] is None
+            entry["bytes"] += rec["recorded_position"] - rec["purged_position"]
+        return [streams[k] for k in sorted(streams)]
+
+    def _publish(self, session: Session, args: dict[str, Any], now_ns: int) -> int:
+        payloads, rvs = args["payloads"], args.get("reserved_values")
+        if rvs is not None and len(rvs) != len(payloads):
+            raise ControlProtocolError("publish: reserved_values and payloads differ in length")
+        stream_id = args["stream_id"]
+        publisher = session.publishers.get(stream_id)
+        if publisher is None:
+            publisher = self.store.open_publisher(stream_id, f"session:{session.peer}", now_ns)
+            session.publishers[stream_id] = publisher
+        end = publisher.publish(payloads, rvs, now_ns)
+        self.counters["messages_published"] += len(payloads)
+        self.counters["bytes_published"] += sum(map(len, payloads))
+        return end
+
+    # --- replays ------------------------------------------------------------------------------
+
+    def _start_replay(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+        args = request.args
+        if len(session.replays) >= self.config.max_replays_per_session:
+            raise LimitExceededError(
+                f"a session may run at most {self.config.max_replays_per_session} replays at once",
+                limit=self.config.max_replays_per_session)
+        if request.id in session.replays:
+            raise ControlProtocolError(f"request id {request.id} is already a running replay")
+        self._authorise("replay", [self._stream_of(args["recording_id"])])
+        cursor = self.store.open_replay(args["recording_id"], args["start"], args.get("end"))
+        limit = min(args.get("max_block_bytes") or self.config.max_block_bytes,
+                    self.config.max_block_bytes,
+                    session.max_message_length - proto.REPLAY_DATA_HEADER_LENGTH)
+        session.replays[request.id] = _Replay(request.id, cursor, max(limit, 4096))
+        self._replay_owner[request.id] = session.key
+        self.counters["replays_started"] += 1
+        return {"replay_id": request.id, "start": args["start"], "end": args.get("end")}
+
+    def _stop_replay(self, session: Session, replay_id: int) -> bool:
+        replay = session.replays.pop(replay_id, None)
+        if replay is None:
+            return False
+        replay.cursor.close()
+        self.counters["replays_stopped"] += 1
+        return True
+
+    def has_replays(self, key: object) -> bool:
+        session = self.sessions.get(key)
+        return session is not None and bool(session.replays)
+
+    def pump(self, key: object, budget_bytes: int, now_ns: int) -> list[bytes]:
+        """Up to ``budget_bytes`` of replay data for one session (plus end events)."""
+        session = self.sessions.get(key)
+        if session is None or not session.replays:
+            return []
+        out: list[bytes] = []
+        sent = 0
+        for rid in list(session.replays):
+            replay = session.replays[rid]
+            try:
+                while sent < budget_bytes:
+                    chunk = replay.cursor.read(min(replay.max_block_bytes, budget_bytes - sent + 4096),
+                                               now_ns)
+                    if chunk is None:
+                        break
+                    position, end_position, ts, frames = chunk
+                    out.append(proto.encode_replay_header(rid, position, end_position, ts)
+                               + frames)
+                    sent += len(frames) + proto.REPLAY_DATA_HEADER_LENGTH
+                    session.bytes_replayed += len(frames)
+                    self.counters["replay_bytes"] += len(frames)
+                    self.counters["replay_blocks"] += 1
+                if replay.cursor.done:
+                    out.append(proto.encode_event(rid, "replay_end",
+                                                  {"position": replay.cursor.position}))
+                    replay.cursor.close()
+                    del session.replays[rid]
+                    self.counters["replays_completed"] += 1
+            except ConnectorError as exc:
+                out.append(proto.encode_event_error(rid, "replay_end", exc))
+                replay.cursor.close()
+                del session.replays[rid]
+                self.counters["replays_failed"] += 1
+            except Exception as exc:
+                log.exception("replay %s of %s failed", rid, session.peer)
+                self.counters["internal_errors"] += 1
+                out.append(proto.encode_event_error(rid, "replay_end", ServerError(
+                    f"replay failed on the server: {type(exc).__name__}: {exc}")))
+                replay.cursor.close()
+                del session.replays[rid]
+                self.counters["replays_failed"] += 1
+            if sent >= budget_bytes:
+                break
+        return out
+
+    # --- housekeeping -------------------------------------------------------------------------
+
+    def stats(self, now_ns: int) -> dict[str, Any]:
+        sessions = [{
+            "peer": s.peer, "age_s": (now_ns - s.opened_ns) / 1e9, "requests": s.requests,
+            "errors": s.errors, "replays": len(s.replays), "bytes_replayed": s.bytes_replayed,
+            "publishing": sorted(s.publishers)} for s in self.sessions.values()]
+        committer = self.committer
+        counters = dict(self.counters)
+        counters.update({
+            "sink_commits": committer.commits, "sink_duplicate_commits": committer.duplicate_commits,
+            "sink_resumed_commits": committer.resumed_commits, "sink_aborts": committer.aborts,
+            "sink_parts_staged": committer.staging.parts_staged,
+            "sink_parts_garbage_collected": committer.staging.parts_garbage_collected,
+        })
+        return {"streams": self._list_streams(), "recordings": self._visible_recordings(None),
+                "sessions": sessions, "counters": counters, "store": self.store.stats()}
+
+
+__all__ = ["Publisher", "ReplayCursor", "ServerCore", "Session", "Store"]

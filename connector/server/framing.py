@@ -1,0 +1,127 @@
+"""Turning payloads into Aeron DATA frames at given stream positions (for server-side recordings).
+
+Messages published through a session, and sink batches committed by the server, are recorded
+exactly as an Aeron publication would have laid them out in its log: 32-byte aligned DATA frames,
+fragmented at ``mtu - 32`` bytes (BEGIN/END flags), and a PAD frame to the end of the term when
+the next message does not fit in the rest of it. So a replay of a server-side recording looks the
+same as a replay of a recorded Aeron publication, and readers have one code path.
+
+Invariant (what makes a crashed commit resumable): framing is a pure function of
+``(geometry, session_id, stream_id, start position, payloads, reserved values)``. Framing the
+same input again yields byte-identical frames; a commit interrupted after ``k`` bytes is completed
+by framing it again and appending everything after the first ``k`` bytes.
+
+A PAD frame is emitted as its 32-byte header followed by zeros up to the end of the term, so the
+recording holds every position (as a log buffer does).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+
+from aeron_spark.connector.errors import PayloadTooLargeError
+from aeron_spark.transport.protocol.frames import DATA_HEADER_LENGTH, FRAME_ALIGNMENT, DataFlags, FrameType
+from aeron_spark.transport.protocol.logbuffer import LogGeometry
+
+_HEADER = struct.Struct("<iBBhiiiiq")
+_pack_into = _HEADER.pack_into
+_UNFRAG = int(DataFlags.UNFRAGMENTED)
+_BEGIN = int(DataFlags.BEGIN)
+_END = int(DataFlags.END)
+_DATA = int(FrameType.DATA)
+_PAD = int(FrameType.PAD)
+
+
+class Framer:
+    """Frames payloads from ``position`` on. ``frame`` yields ``(position, block)`` pairs; a block
+    never crosses a term boundary and is at most ``max_block_bytes`` long (plus one message).
+    ``position`` is always the end of the last frame produced (a frame boundary)."""
+
+    def __init__(
+        self, geometry: LogGeometry, session_id: int, stream_id: int, position: int,
+        max_block_bytes: int = 4 * 1024 * 1024,
+    ) -> None:
+        if position % FRAME_ALIGNMENT:
+            raise ValueError(f"position {position} is not frame aligned")
+        self.geometry = geometry
+        self.session_id = session_id
+        self.stream_id = stream_id
+        self.position = position
+        self.max_block_bytes = max_block_bytes
+        self._max_payload = geometry.max_payload_length
+        self._max_message = geometry.max_message_length
+
+    def check(self, payload_length: int) -> None:
+        if payload_length > self._max_message:
+            raise PayloadTooLargeError(
+                f"message of {payload_length} bytes exceeds the stream's maximum message length "
+                f"{self._max_message} (term_length / 8); split it into chunks first",
+                length=payload_length, limit=self._max_message)
+
+    def frame(
+        self, payloads: Iterable[bytes | bytearray | memoryview],
+        reserved_values: Sequence[int] | None = None,
+    ) -> Iterator[tuple[int, bytes]]:
+        geometry = self.geometry
+        term_length = geometry.term_length
+        shift = geometry.shift
+        initial = geometry.initial_term_id
+        max_payload = self._max_payload
+        session_id, stream_id = self.session_id, self.stream_id
+        block = bytearray()
+        block_start = self.position
+        position = self.position
+        for index, payload in enumerate(payloads):
+            length = len(payload)
+            self.check(length)
+            rv = reserved_values[index] if reserved_values is not None else 0
+            framed = geometry.framed_length(length) if length > max_payload else (
+                (length + DATA_HEADER_LENGTH + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT)
+            term_offset = position & (term_length - 1)
+            if term_offset + framed > term_length:
+                # PAD to the end of the term; the term ends the block.
+                pad = term_length - term_offset
+                term_id = (initial + (position >> shift) + 2**31) % 2**32 - 2**31
+                start = len(block)
+                block += bytes(pad)
+                _pack_into(block, start, pad, 0, _UNFRAG, _PAD, term_offset, session_id,
+                           stream_id, term_id, 0)
+                position += pad
+                yield block_start, bytes(block)
+                block = bytearray()
+                block_start = position
+                term_offset = 0
+            elif len(block) >= self.max_block_bytes:
+                yield block_start, bytes(block)
+                block = bytearray()
+                block_start = position
+            term_id = (initial + (position >> shift) + 2**31) % 2**32 - 2**31
+            start = len(block)
+            block += bytes(framed)
+            if length <= max_payload:
+                _pack_into(block, start, length + DATA_HEADER_LENGTH, 0, _UNFRAG, _DATA,
+                           term_offset, session_id, stream_id, term_id, rv)
+                block[start + DATA_HEADER_LENGTH : start + DATA_HEADER_LENGTH + length] = payload
+            else:
+                view = memoryview(payload)
+                consumed = 0
+                offset = start
+                while consumed < length:
+                    chunk = min(max_payload, length - consumed)
+                    flags = (_BEGIN if consumed == 0 else 0) | (
+                        _END if consumed + chunk == length else 0)
+                    _pack_into(block, offset, chunk + DATA_HEADER_LENGTH, 0, flags, _DATA,
+                               term_offset + offset - start, session_id, stream_id, term_id, rv)
+                    body = offset + DATA_HEADER_LENGTH
+                    block[body : body + chunk] = view[consumed : consumed + chunk]
+                    offset += (chunk + DATA_HEADER_LENGTH + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+                    consumed += chunk
+            position += framed
+            self.position = position
+        if block:
+            yield block_start, bytes(block)
+        self.position = position
+
+
+__all__ = ["Framer"]

@@ -1,0 +1,393 @@
+"""Sink staging and exactly-once commits (issue 7's server side).
+
+Layout under ``<server dir>/sink/``::
+
+    commit.log                                   fsynced commit log (commitlog.py)
+    staged/<sink id hex>/<batch id>/<partition>-<attempt>.open   being written by a task
+    staged/<sink id hex>/<batch id>/<partition>-<attempt>.part   complete (fsynced, renamed)
+
+A part file is a sequence of records ``length (uint32) | reserved value (int64) | payload``.
+
+Invariants:
+
+- ``commit(sink, batch)`` appends the named parts, in partition order, to the sink's recording of
+  the stream exactly once: the first commit writes ``begin``, frames, fsync, ``done``; any later
+  commit of the same ``(sink, batch)`` returns the recorded result and appends nothing.
+- A commit interrupted by a crash is completed on restart (framing is deterministic, so the
+  frames already on disk are skipped and the rest appended) before any request is served.
+- Readers never see part of a commit: the positions the server reports for a sink recording are
+  the end of its last ``done`` commit (``visible_limits``), not the raw recorded end.
+- Parts not named by a commit (dead attempts, speculative duplicates), parts of aborted batches
+  and ``.open`` files of vanished tasks are deleted once untouched for ``lease_s``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from aeron_spark.connector.errors import (
+    ControlProtocolError,
+    NotAuthorisedError,
+    StagedDataMissingError,
+)
+from aeron_spark.connector.server.commitlog import CommitLog, _fsync_dir
+from aeron_spark.connector.server.framing import Framer
+from aeron_spark.transport.protocol.logbuffer import LogGeometry
+
+_RECORD = struct.Struct("<Iq")
+_READ_BLOCK_BYTES = 4 * 1024 * 1024
+
+
+class SinkWriter(Protocol):
+    """A recording the committer appends frames to (provided by the server's stream store)."""
+
+    recording_id: int
+    session_id: int
+    stream_id: int
+    geometry: LogGeometry
+
+    @property
+    def recorded_position(self) -> int: ...
+    def append(self, block: bytes, position: int, now_ns: int) -> None: ...
+    def force(self) -> None: ...
+
+
+class SinkRecordings(Protocol):
+    def sink_writer(self, stream_id: int, sink_id: str, now_ns: int) -> SinkWriter: ...
+    def resume_writer(self, recording_id: int, now_ns: int) -> SinkWriter | None: ...
+    def set_visible(self, recording_id: int, position: int) -> None: ...
+
+
+@dataclass
+class _OpenPart:
+    owner: object
+    stream_id: int
+    fh: Any
+    count: int = 0
+    nbytes: int = 0
+
+
+def _key_dir(root: str, sink_id: str, batch_id: int) -> str:
+    return os.path.join(root, sink_id.encode("utf-8").hex(), str(batch_id))
+
+
+class StagingStore:
+    """Staged part files. Not thread-safe: one caller (the server's request loop) at a time."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        os.makedirs(root, exist_ok=True)
+        self._open: dict[tuple[str, int, int, int], _OpenPart] = {}
+        self.parts_staged = 0
+        self.parts_garbage_collected = 0
+        self.bytes_staged = 0
+
+    def write(
+        self, owner: object, sink_id: str, batch_id: int, partition_id: int, attempt: int,
+        stream_id: int, payloads: Sequence[bytes], reserved_values: Sequence[int] | None,
+        final: bool,
+    ) -> dict[str, Any] | None:
+        """Append payloads to the part of ``(sink, batch, partition, attempt)``; on ``final`` make
+        it durable and return its commit message. The first write of a session to a part (re)creates
+        it, so a retried stage call never doubles a part."""
+        if reserved_values is not None and len(reserved_values) != len(payloads):
+            raise ControlProtocolError("stage: reserved_values and payloads differ in length")
+        key = (sink_id, batch_id, partition_id, attempt)
+        part = self._open.get(key)
+        directory = _key_dir(self.root, sink_id, batch_id)
+        name = f"{partition_id}-{attempt}"
+        if part is None or part.owner != owner:
+            if part is not None:
+                part.fh.close()
+            os.makedirs(directory, exist_ok=True)
+            part = _OpenPart(owner, stream_id, open(os.path.join(directory, name + ".open"), "wb"))
+            self._open[key] = part
+        elif part.stream_id != stream_id:
+            raise ControlProtocolError("stage: stream_id changed within one staged part")
+        buf = bytearray()
+        pack = _RECORD.pack
+        if reserved_values is None:
+            for payload in payloads:
+                buf += pack(len(payload), 0)
+                buf += payload
+        else:
+            for payload, rv in zip(payloads, reserved_values, strict=True):
+                buf += pack(len(payload), rv)
+                buf += payload
+        part.fh.write(buf)
+        part.count += len(payloads)
+        part.nbytes += len(buf) - _RECORD.size * len(payloads)
+        self.bytes_staged += len(buf)
+        if not final:
+            return None
+        del self._open[key]
+        part.fh.flush()
+        os.fsync(part.fh.fileno())
+        part.fh.close()
+        os.replace(os.path.join(directory, name + ".open"), os.path.join(directory, name + ".part"))
+        _fsync_dir(directory)
+        self.parts_staged += 1
+        return {"sink_id": sink_id, "batch_id": batch_id, "partition_id": partition_id,
+                "attempt": attempt, "stream_id": stream_id, "part": name, "count": part.count,
+                "bytes": part.nbytes}
+
+    def release_owner(self, owner: object) -> None:
+        """A session went away: close its unfinished parts (left for the lease GC)."""
+        for key, part in list(self._open.items()):
+            if part.owner == owner:
+                part.fh.close()
+                del self._open[key]
+
+    def part_path(self, staged: dict[str, Any]) -> str:
+        return os.path.join(_key_dir(self.root, staged["sink_id"], staged["batch_id"]),
+                            staged["part"] + ".part")
+
+    def check_part(self, staged: dict[str, Any]) -> str:
+        expected = f"{staged['partition_id']}-{staged['attempt']}"
+        if staged["part"] != expected:
+            raise ControlProtocolError(f"staged part name {staged['part']!r} does not match its "
+                                       f"partition and attempt ({expected!r})")
+        path = self.part_path(staged)
+        try:
+            size = os.path.getsize(path)
+        except FileNotFoundError:
+            raise StagedDataMissingError(
+                f"staged part {staged['part']} of sink {staged['sink_id']!r} batch "
+                f"{staged['batch_id']} is not on the server (aborted, garbage collected after its "
+                "lease, or never completed)", part=staged["part"]) from None
+        if size != staged["bytes"] + _RECORD.size * staged["count"]:
+            raise StagedDataMissingError(
+                f"staged part {staged['part']} has {size} bytes on disk, the commit message "
+                f"describes {staged['count']} payloads of {staged['bytes']} bytes",
+                part=staged["part"])
+        return path
+
+    def read_part(self, path: str) -> Iterator[tuple[list[bytes], list[int]]]:
+        """Payloads and reserved values of a part file, in bounded batches."""
+        with open(path, "rb") as fh:
+            pending = b""
+            while True:
+                data = fh.read(_READ_BLOCK_BYTES)
+                if not data:
+                    break
+                buf = pending + data if pending else data
+                payloads: list[bytes] = []
+                rvs: list[int] = []
+                offset, end = 0, len(buf)
+                unpack = _RECORD.unpack_from
+                while offset + _RECORD.size <= end:
+                    length, rv = unpack(buf, offset)
+                    stop = offset + _RECORD.size + length
+                    if stop > end:
+                        break
+                    payloads.append(buf[offset + _RECORD.size : stop])
+                    rvs.append(rv)
+                    offset = stop
+                pending = buf[offset:]
+                if payloads:
+                    yield payloads, rvs
+            if pending:
+                raise StagedDataMissingError(f"staged part {path} ends inside a record",
+                                             part=os.path.basename(path))
+
+    def discard(self, sink_id: str, batch_id: int, names: Sequence[str] | None = None) -> int:
+        """Delete named parts of a batch (all of it when ``names`` is None); returns files deleted."""
+        directory = _key_dir(self.root, sink_id, batch_id)
+        if not os.path.isdir(directory):
+            return 0
+        if names is None:
+            count = len(os.listdir(directory))
+            shutil.rmtree(directory, ignore_errors=True)
+            return count
+        count = 0
+        for name in names:
+            try:
+                os.unlink(os.path.join(directory, name + ".part"))
+                count += 1
+            except FileNotFoundError:
+                pass
+        return count
+
+    def gc(self, now_wall_s: float, lease_s: float, protected: set[tuple[str, int]]) -> int:
+        """Delete part files untouched for ``lease_s`` (except open ones and batches in
+        ``protected``, i.e. commits in progress). Returns the number of files deleted."""
+        open_paths = {id(p) for p in self._open.values()}
+        del open_paths
+        open_keys = {(s, b) for (s, b, _p, _a) in self._open}
+        deleted = 0
+        for sink_hex in os.listdir(self.root):
+            sink_dir = os.path.join(self.root, sink_hex)
+            try:
+                sink_id = bytes.fromhex(sink_hex).decode("utf-8")
+            except ValueError:
+                continue
+            for batch in os.listdir(sink_dir):
+                batch_dir = os.path.join(sink_dir, batch)
+                if not batch.isdigit() or (sink_id, int(batch)) in protected:
+                    continue
+                busy = (sink_id, int(batch)) in open_keys
+                for name in os.listdir(batch_dir):
+                    path = os.path.join(batch_dir, name)
+                    try:
+                        age = now_wall_s - os.path.getmtime(path)
+                    except FileNotFoundError:
+                        continue
+                    if age >= lease_s and not (busy and name.endswith(".open")):
+                        os.unlink(path)
+                        deleted += 1
+                if not os.listdir(batch_dir):
+                    os.rmdir(batch_dir)
+            if not os.listdir(sink_dir):
+                os.rmdir(sink_dir)
+        self.parts_garbage_collected += deleted
+        return deleted
+
+    def close(self) -> None:
+        for part in self._open.values():
+            part.fh.close()
+        self._open.clear()
+
+
+class SinkCommitter:
+    """Exactly-once commits of staged parts, driven by the commit log."""
+
+    def __init__(self, directory: str, recordings: SinkRecordings) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self.staging = StagingStore(os.path.join(directory, "staged"))
+        self.log = CommitLog(os.path.join(directory, "commit.log"))
+        self.recordings = recordings
+        self.done: dict[tuple[str, int], dict[str, Any]] = {}
+        self.last_batch: dict[str, int] = {}
+        self.visible: dict[int, int] = {}
+        self._pending: dict[tuple[str, int], dict[str, Any]] = {}
+        self.commits = 0
+        self.duplicate_commits = 0
+        self.resumed_commits = 0
+        self.aborts = 0
+        for record in self.log.records:
+            key = (record["sink_id"], record["batch_id"])
+            if record["t"] == "begin":
+                self._pending[key] = record
+            elif record["t"] == "done":
+                self._pending.pop(key, None)
+                self._mark_done(record)
+
+    def _mark_done(self, record: dict[str, Any]) -> None:
+        key = (record["sink_id"], record["batch_id"])
+        result = {k: record[k] for k in ("sink_id", "batch_id", "stream_id", "recording_id",
+                                         "start_position", "end_position", "count", "bytes")}
+        self.done[key] = result
+        self.last_batch[key[0]] = max(self.last_batch.get(key[0], -1), key[1])
+        rid = record["recording_id"]
+        if record["end_position"] >= self.visible.get(rid, -1):
+            self.visible[rid] = record["end_position"]
+        self.recordings.set_visible(rid, self.visible[rid])
+
+    def recover(self, now_ns: int) -> int:
+        """Complete every commit a crash interrupted. Returns how many were resumed."""
+        for rid, position in self.visible.items():
+            self.recordings.set_visible(rid, position)
+        resumed = 0
+        for key, begin in list(self._pending.items()):
+            writer = self.recordings.resume_writer(begin["recording_id"], now_ns)
+            if writer is None or writer.recorded_position < begin["start_position"]:
+                writer = self.recordings.sink_writer(begin["stream_id"], begin["sink_id"], now_ns)
+                begin = dict(begin, recording_id=writer.recording_id, session_id=writer.session_id,
+                             start_position=writer.recorded_position)
+                self.log.append(begin)
+            self._run(begin, writer, now_ns)
+            del self._pending[key]
+            resumed += 1
+        self.resumed_commits += resumed
+        return resumed
+
+    def last_committed_batch(self, sink_id: str) -> int | None:
+        return self.last_batch.get(sink_id)
+
+    def commit(self, sink_id: str, batch_id: int, stream_id: int, staged: list[dict[str, Any]],
+               now_ns: int) -> dict[str, Any]:
+        key = (sink_id, batch_id)
+        previous = self.done.get(key)
+        if previous is not None:
+            self.duplicate_commits += 1
+            self.staging.discard(sink_id, batch_id)
+            return dict(previous)
+        by_partition: dict[int, dict[str, Any]] = {}
+        for item in staged:
+            if item["sink_id"] != sink_id or item["batch_id"] != batch_id:
+                raise NotAuthorisedError(
+                    f"commit of sink {sink_id!r} batch {batch_id} names a part of sink "
+                    f"{item['sink_id']!r} batch {item['batch_id']}")
+            if item["stream_id"] != stream_id:
+                raise ControlProtocolError(f"commit to stream {stream_id} names a part staged for "
+                                           f"stream {item['stream_id']}")
+            other = by_partition.get(item["partition_id"])
+            if other is not None and other != item:
+                raise ControlProtocolError(
+                    f"commit names two attempts of partition {item['partition_id']} "
+                    f"({other['part']} and {item['part']})")
+            by_partition[item["partition_id"]] = item
+        parts = [by_partition[p] for p in sorted(by_partition)]
+        for item in parts:
+            self.staging.check_part(item)
+        writer = self.recordings.sink_writer(stream_id, sink_id, now_ns)
+        begin = {"t": "begin", "sink_id": sink_id, "batch_id": batch_id, "stream_id": stream_id,
+                 "recording_id": writer.recording_id, "session_id": writer.session_id,
+                 "start_position": writer.recorded_position, "parts": parts}
+        self.log.append(begin)
+        result = self._run(begin, writer, now_ns)
+        self.commits += 1
+        return result
+
+    def _run(self, begin: dict[str, Any], writer: SinkWriter, now_ns: int) -> dict[str, Any]:
+        start = begin["start_position"]
+        already = writer.recorded_position
+        framer = Framer(writer.geometry, begin["session_id"], begin["stream_id"], start)
+        count = nbytes = 0
+        for item in begin["parts"]:
+            path = self.staging.check_part(item)
+            for payloads, rvs in self.staging.read_part(path):
+                count += len(payloads)
+                nbytes += sum(map(len, payloads))
+                for position, block in framer.frame(payloads, rvs):
+                    end = position + len(block)
+                    if end <= already:
+                        continue
+                    if position < already:  # resume inside this block (on a frame boundary)
+                        block = block[already - position:]
+                        position = already
+                    writer.append(block, position, now_ns)
+        writer.force()
+        done = {"t": "done", "sink_id": begin["sink_id"], "batch_id": begin["batch_id"],
+                "stream_id": begin["stream_id"], "recording_id": writer.recording_id,
+                "start_position": start, "end_position": framer.position, "count": count,
+                "bytes": nbytes}
+        self.log.append(done)
+        self._mark_done(done)
+        self.staging.discard(begin["sink_id"], begin["batch_id"])
+        return dict(self.done[(begin["sink_id"], begin["batch_id"])])
+
+    def abort(self, sink_id: str, batch_id: int, staged: list[dict[str, Any]]) -> int:
+        """Discard the named parts (a committed batch is left as it is). Returns files deleted."""
+        for item in staged:
+            if item["sink_id"] != sink_id or item["batch_id"] != batch_id:
+                raise NotAuthorisedError(
+                    f"abort of sink {sink_id!r} batch {batch_id} names a part of sink "
+                    f"{item['sink_id']!r} batch {item['batch_id']}")
+        self.aborts += 1
+        return self.staging.discard(sink_id, batch_id, [item["part"] for item in staged])
+
+    def gc(self, now_wall_s: float, lease_s: float) -> int:
+        return self.staging.gc(now_wall_s, lease_s, set(self._pending))
+
+    def close(self) -> None:
+        self.staging.close()
+        self.log.close()
+
+
+__all__ = ["SinkCommitter", "SinkRecordings", "SinkWriter", "StagingStore"]

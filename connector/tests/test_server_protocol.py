@@ -1,0 +1,124 @@
+"""Control protocol codecs: strict request decoding, typed error round trips, chunking."""
+
+from __future__ import annotations
+
+import pickle
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aeron_spark.connector import chunking
+from aeron_spark.connector import errors as E
+from aeron_spark.connector import protocol as proto
+
+
+def test_request_round_trip() -> None:
+    msg = proto.encode_request(7, "replay", {"recording_id": 3, "start": 0, "end": 4096})
+    req = proto.decode_request(msg)
+    assert (req.id, req.op, req.args) == (7, "replay", {"recording_id": 3, "start": 0, "end": 4096})
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"id": 1, "op": "nope", "args": {}}, "unknown operation"),
+        ({"id": 1, "op": "replay", "args": {"recording_id": 1}}, "missing argument start"),
+        ({"id": 1, "op": "replay", "args": {"recording_id": 1, "start": -32}}, "start"),
+        ({"id": 1, "op": "replay", "args": {"recording_id": 1, "start": 0, "x": 1}}, "unknown arguments"),
+        ({"id": 1, "op": "publish", "args": {"stream_id": 1, "payloads": ["text"]}}, "byte strings"),
+        ({"id": 1, "op": "stats", "args": {}, "extra": 1}, "exactly the keys"),
+        ({"id": -1, "op": "stats", "args": {}}, "unsigned 32-bit"),
+        ({"id": 1, "op": "commit", "args": {"sink_id": "s", "batch_id": 0, "stream_id": 1,
+                                            "staged": [{"part": "0-0"}]}}, "staged-part map"),
+        ({"id": 1, "op": "stage", "args": {"sink_id": "", "batch_id": 0, "partition_id": 0,
+                                           "attempt": 0, "stream_id": 1, "payloads": [],
+                                           "final": True}}, "sink_id"),
+    ],
+)
+def test_invalid_requests_are_protocol_errors(body: dict, fragment: str) -> None:
+    msg = b"\x01" + msgpack.packb(body, use_bin_type=True)
+    with pytest.raises(E.ControlProtocolError, match=fragment) as info:
+        proto.decode_request(msg)
+    if isinstance(body.get("id"), int) and body["id"] >= 0:
+        assert info.value.details["request_id"] == body["id"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_garbage_only_raises_protocol_errors(data: bytes) -> None:
+    for message in (data, b"\x01" + data):
+        try:
+            proto.decode_request(message)
+        except E.ControlProtocolError:
+            pass
+
+
+@pytest.mark.parametrize("cls", [
+    E.ServerUnavailableError, E.UnknownStreamError, E.UnknownRecordingError,
+    E.PositionOutOfRangeError, E.NotFrameBoundaryError, E.PurgedError, E.NotAuthorisedError,
+    E.ControlProtocolError, E.ChunkMissingError, E.PayloadTooLargeError, E.LimitExceededError,
+    E.StagedDataMissingError, E.ServerError,
+])
+def test_errors_cross_the_wire_with_their_class_and_details(cls: type[E.ConnectorError]) -> None:
+    exc = cls("boom", position=64, before=32, after=96)
+    reply = proto.decode_reply(proto.encode_error(5, exc))
+    assert (reply.id, reply.ok) == (5, False)
+    back = E.error_from_wire(reply.error)
+    assert type(back) is cls and str(back) == "boom"
+    assert (back.position, back.before, back.after) == (64, 32, 96)
+    again = pickle.loads(pickle.dumps(back))
+    assert type(again) is cls and again.details == back.details
+    assert isinstance(back, E.ConnectorError)
+
+
+def test_malformed_error_reply_is_a_protocol_error() -> None:
+    assert isinstance(E.error_from_wire({"code": "x"}), E.ControlProtocolError)
+    assert isinstance(E.error_from_wire(None), E.ControlProtocolError)
+
+
+def test_replay_data_header_round_trip() -> None:
+    msg = proto.encode_replay_header(9, 1024, 2048, 123) + b"\x00" * 64
+    rid, pos, end, ts, frames = proto.decode_replay_data(msg)
+    assert (rid, pos, end, ts, len(frames)) == (9, 1024, 2048, 123, 64)
+    with pytest.raises(E.ControlProtocolError):
+        proto.decode_replay_data(msg[:10])
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.binary(max_size=5000), st.integers(min_value=40, max_value=700))
+def test_chunks_reassemble(payload: bytes, limit: int) -> None:
+    r = chunking.Reassembler()
+    chunks = list(chunking.split(payload, limit, 42))
+    assert all(len(c) <= limit for c in chunks)
+    results = [r.feed(c, 0) for c in chunks]
+    assert results[:-1] == [None] * (len(chunks) - 1)
+    assert results[-1] == payload
+    assert r.open_payload_id is None
+
+
+def test_missing_chunk_is_a_clear_error_and_next_payload_still_works() -> None:
+    r = chunking.Reassembler()
+    chunks = list(chunking.split(b"x" * 1000, 128, 1))
+    r.feed(chunks[0], 0)
+    with pytest.raises(E.ChunkMissingError, match="expected chunk 1 of payload 1, got chunk 2"):
+        r.feed(chunks[2], 0)
+    assert r.discarded == 1
+    assert [r.feed(c, 0) for c in chunking.split(b"y" * 300, 128, 2)][-1] == b"y" * 300
+    with pytest.raises(E.ChunkMissingError, match="without its first chunk"):
+        r.feed(chunks[3], 0)
+
+
+def test_open_payload_expires() -> None:
+    r = chunking.Reassembler(timeout_ns=1000)
+    r.feed(next(iter(chunking.split(b"z" * 500, 100, 3))), 0)
+    with pytest.raises(E.ChunkMissingError, match="did not arrive"):
+        r.check_expired(5000)
+    assert r.open_payload_id is None
+
+
+def test_oversized_chunked_payload_refused() -> None:
+    r = chunking.Reassembler(max_payload_bytes=100)
+    with pytest.raises(E.PayloadTooLargeError):
+        r.feed(next(iter(chunking.split(b"z" * 500, 100, 3))), 0)
