@@ -37,7 +37,31 @@ class DriverError(TransportError):
     """The media driver failed to set up a resource (socket, log buffer, thread)."""
 
 
+class OfferError(TransportError):
+    """A blocking offer could not complete; ``reason`` names the last result code seen."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class NotConnectedError(OfferError):
+    """No subscriber is connected to the publication (NOT_CONNECTED until the timeout)."""
+
+
+class BackPressuredError(OfferError):
+    """The publication stayed back-pressured (or in admin action) until the timeout."""
+
+
+class MaxPositionExceededError(OfferError):
+    """The publication has reached the largest position its term length allows."""
+
+
 __all__ = [
+    "BackPressuredError",
+    "MaxPositionExceededError",
+    "NotConnectedError",
+    "OfferError",
     "ChannelError",
     "ClosedError",
     "DriverError",

@@ -1,0 +1,123 @@
+"""Named counters of a driver, like Aeron's system counters, and their on-disk snapshot.
+
+System counters are plain integer attributes of :class:`SystemCounters` (the driver's agents add
+to them from one thread each; readers take a :meth:`Counters.snapshot`). Per-stream positions
+(publisher limit, sender position, receiver high-water mark, subscriber position) are read from
+the live publications and images at snapshot time.
+
+A running driver writes its snapshot as JSON to ``<driver directory>/counters-<pid>.json`` about
+once a second (written to a temporary file and renamed, so a reader never sees half a file);
+:func:`read_counters` reads every such file of a directory from another process (``aeron-spark
+stat``). Files of processes that no longer exist are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+COUNTERS_FILE_PREFIX = "counters-"
+
+
+@dataclass(slots=True)
+class SystemCounters:
+    """Driver-wide counts of everything sent, received, dropped or retried."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    datagrams_sent: int = 0
+    datagrams_received: int = 0
+    naks_sent: int = 0
+    naks_received: int = 0
+    retransmits_sent: int = 0
+    retransmitted_bytes: int = 0
+    status_messages_sent: int = 0
+    status_messages_received: int = 0
+    heartbeats_sent: int = 0
+    heartbeats_received: int = 0
+    setups_sent: int = 0
+    setups_received: int = 0
+    invalid_frames: int = 0
+    short_sends: int = 0
+    send_errors: int = 0
+    receive_errors: int = 0
+    errors: int = 0
+    flow_control_over_runs: int = 0
+    flow_control_under_runs: int = 0
+    unknown_session_data: int = 0
+    gaps_filled: int = 0
+    back_pressure_events: int = 0
+    images_created: int = 0
+    images_removed: int = 0
+    publications_created: int = 0
+    subscriptions_created: int = 0
+    loss_injected_drops: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class Counters:
+    """What ``driver.counters`` returns: system counters plus per-stream positions."""
+
+    def __init__(self, system: SystemCounters, streams: Callable[[], dict[str, int]],
+                 totals: Callable[[], dict[str, int]] | None = None) -> None:
+        self.system = system
+        self._streams = streams
+        self._totals = totals
+
+    def snapshot(self) -> dict[str, int]:
+        """System counters (name -> value) and positions keyed ``<kind>:<session>:<stream>``."""
+        values = self.system.as_dict()
+        if self._totals is not None:
+            for name, value in self._totals().items():
+                values[name] = values.get(name, 0) + value
+        values.update(self._streams())
+        return values
+
+    def write(self, directory: Path) -> Path:
+        """Write the snapshot to ``directory/counters-<pid>.json`` atomically; returns the path."""
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{COUNTERS_FILE_PREFIX}{os.getpid()}.json"
+        tmp = path.with_suffix(".tmp")
+        payload = {"pid": os.getpid(), "time_ns": time.time_ns(), "counters": self.snapshot()}
+        tmp.write_text(json.dumps(payload, sort_keys=True))
+        os.replace(tmp, path)
+        return path
+
+
+def read_counters(directory: str | Path) -> list[dict[str, Any]]:
+    """Counter snapshots of the live drivers that publish into ``directory``.
+
+    Each item is ``{"pid": int, "time_ns": int, "counters": {name: value}}``; files left by dead
+    processes and files being replaced are skipped.
+    """
+    result = []
+    base = Path(directory)
+    if not base.is_dir():
+        return result
+    for path in sorted(base.glob(f"{COUNTERS_FILE_PREFIX}*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        pid = data.get("pid")
+        if not isinstance(pid, int) or not _alive(pid):
+            continue
+        result.append(data)
+    return result
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

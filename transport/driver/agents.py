@@ -1,0 +1,332 @@
+"""The driver's agents and the loop that runs them (Aeron's Sender, Receiver, conductor, runner).
+
+Each agent has ``do_work(now_ns) -> work_count``, ``next_deadline_ns(now_ns)`` (when it next has
+something to do without new input), ``has_work()`` (checked just before sleeping) and
+``filenos()`` (sockets whose readability wakes it). :class:`AgentRunner` runs one or more agents
+on one thread: it steps them while they do work and otherwise sleeps in ``select`` until a socket
+is readable, the earliest deadline passes, or a client wakes it (a byte on a socket pair). It never
+spins.
+
+Agents are only ever stepped by one thread at a time. Clients change what they iterate by
+replacing tuples (copy on write), so the agents need no locks.
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from aeron_spark.transport.counters import SystemCounters
+from aeron_spark.transport.driver.endpoint import UdpEndpoint
+from aeron_spark.transport.errors import RemoteProtocolError
+from aeron_spark.transport.protocol.frames import (
+    FrameType,
+    NakFrame,
+    RttMeasurement,
+    SmFlags,
+    StatusMessage,
+    frame_type_of,
+)
+from aeron_spark.transport.protocol.publication import PublicationState
+from aeron_spark.transport.protocol.receiver import ReceiveDispatcher
+
+RECEIVES_PER_STEP = 64
+_TYPE_SM = int(FrameType.SM)
+_TYPE_NAK = int(FrameType.NAK)
+_TYPE_RTTM = int(FrameType.RTTM)
+_TYPE_ERR = int(FrameType.ERR)
+
+
+class Agent(Protocol):
+    def do_work(self, now_ns: int) -> int: ...
+    def next_deadline_ns(self, now_ns: int) -> int: ...
+    def has_work(self) -> bool: ...
+    def filenos(self) -> list[Any]: ...
+
+
+class SendEndpoint:
+    """A publication-side socket and the publications sending through it."""
+
+    def __init__(self, key: Any, endpoint: UdpEndpoint) -> None:
+        self.key = key
+        self.endpoint = endpoint
+        self.publications: tuple[PublicationState, ...] = ()
+        self.by_session: dict[tuple[int, int], PublicationState] = {}
+
+    def add(self, publication: PublicationState) -> None:
+        self.by_session[(publication.session_id, publication.stream_id)] = publication
+        self.publications = (*self.publications, publication)
+
+    def remove(self, publication: PublicationState) -> None:
+        self.by_session.pop((publication.session_id, publication.stream_id), None)
+        self.publications = tuple(p for p in self.publications if p is not publication)
+
+    def on_control(self, buf: Any, length: int, source: Any, now_ns: int) -> None:
+        """An SM, NAK, RTTM or ERR for one of our publications; raises RemoteProtocolError."""
+        ftype = frame_type_of(buf[:length])
+        if ftype == _TYPE_SM:
+            sm = StatusMessage.decode(buf[:length])
+            if sm.session_id == 0 and sm.flags & SmFlags.SEND_SETUP:
+                for pub in self.publications:
+                    if pub.stream_id == sm.stream_id:
+                        pub.on_status_message(sm, source, now_ns)
+                return
+            pub = self.by_session.get((sm.session_id, sm.stream_id))
+            if pub is not None:
+                pub.on_status_message(sm, source, now_ns)
+        elif ftype == _TYPE_NAK:
+            nak = NakFrame.decode(buf[:length])
+            pub = self.by_session.get((nak.session_id, nak.stream_id))
+            if pub is not None:
+                pub.on_nak(nak, now_ns)
+        elif ftype == _TYPE_RTTM:
+            rttm = RttMeasurement.decode(buf[:length])
+            pub = self.by_session.get((rttm.session_id, rttm.stream_id))
+            if pub is not None:
+                pub.on_rttm(rttm, source)
+        elif ftype == _TYPE_ERR:
+            self.endpoint.counters.errors += 1
+        # DATA/SETUP arriving at a publication's socket are not for us: ignored.
+
+
+class ReceiveEndpoint:
+    """A subscription-side socket and the dispatcher of its datagrams."""
+
+    def __init__(self, key: Any, endpoint: UdpEndpoint) -> None:
+        self.key = key
+        self.endpoint = endpoint
+        self.dispatcher = ReceiveDispatcher()
+
+
+class SenderAgent:
+    """Reads control frames on publication sockets and sends data, SETUP, heartbeats."""
+
+    def __init__(self, counters: SystemCounters,
+                 on_publication_done: Callable[[SendEndpoint, PublicationState], None]) -> None:
+        self.counters = counters
+        self.endpoints: tuple[SendEndpoint, ...] = ()
+        self.on_publication_done = on_publication_done
+
+    def do_work(self, now_ns: int) -> int:
+        work = 0
+        counters = self.counters
+        for ep in self.endpoints:
+            endpoint = ep.endpoint
+            for _ in range(RECEIVES_PER_STEP):
+                got = endpoint.receive()
+                if got is None:
+                    break
+                buf, length, source = got
+                work += 1
+                try:
+                    ep.on_control(buf, length, source, now_ns)
+                except RemoteProtocolError:
+                    counters.invalid_frames += 1
+            send = endpoint.send
+            for pub in ep.publications:
+                work += pub.send(now_ns, send)
+                if pub.is_done:
+                    self.on_publication_done(ep, pub)
+        return work
+
+    def has_work(self) -> bool:
+        for ep in self.endpoints:
+            for pub in ep.publications:
+                if pub.pending or pub.has_data_to_send() or pub.is_done:
+                    return True
+        return False
+
+    def next_deadline_ns(self, now_ns: int) -> int:
+        deadline = now_ns + 1_000_000_000
+        for ep in self.endpoints:
+            for pub in ep.publications:
+                d = pub.next_deadline_ns
+                if d < deadline:
+                    deadline = d
+        return deadline
+
+    def filenos(self) -> list[Any]:
+        return [ep.endpoint.sock for ep in self.endpoints]
+
+
+class ReceiverAgent:
+    """Reads data/SETUP on subscription sockets; sends SMs and NAKs for the images."""
+
+    def __init__(self, counters: SystemCounters) -> None:
+        self.counters = counters
+        self.endpoints: tuple[ReceiveEndpoint, ...] = ()
+
+    def do_work(self, now_ns: int) -> int:
+        work = 0
+        counters = self.counters
+        for ep in self.endpoints:
+            endpoint = ep.endpoint
+            dispatcher = ep.dispatcher
+            send = endpoint.send
+            on_datagram = dispatcher.on_datagram
+            for _ in range(RECEIVES_PER_STEP):
+                got = endpoint.receive()
+                if got is None:
+                    break
+                buf, length, source = got
+                work += 1
+                try:
+                    on_datagram(buf, length, source, now_ns, send)
+                except RemoteProtocolError:
+                    counters.invalid_frames += 1
+            work += dispatcher.do_work(now_ns, send)
+        return work
+
+    def has_work(self) -> bool:
+        return False
+
+    def next_deadline_ns(self, now_ns: int) -> int:
+        deadline = now_ns + 1_000_000_000
+        for ep in self.endpoints:
+            d = ep.dispatcher.next_deadline_ns(now_ns)
+            if d < deadline:
+                deadline = d
+        return deadline
+
+    def filenos(self) -> list[Any]:
+        return [ep.endpoint.sock for ep in self.endpoints]
+
+
+class ConductorAgent:
+    """Timers of the driver: IPC resources' do_work, counters file, housekeeping callbacks."""
+
+    def __init__(self, tick: Callable[[int], int], interval_ns: int = 1_000_000_000) -> None:
+        self.tick = tick
+        self.ipc: tuple[Any, ...] = ()
+        self.interval_ns = interval_ns
+        self.deadline_ns = 0
+
+    def do_work(self, now_ns: int) -> int:
+        work = 0
+        for resource in self.ipc:
+            work += resource.do_work(now_ns)
+        if now_ns >= self.deadline_ns:
+            self.deadline_ns = now_ns + self.interval_ns
+            work += self.tick(now_ns)
+        return work
+
+    def has_work(self) -> bool:
+        return False
+
+    def next_deadline_ns(self, now_ns: int) -> int:
+        if self.ipc:
+            return now_ns + 1_000_000  # IPC resources are polled every millisecond when idle
+        return self.deadline_ns
+
+    def filenos(self) -> list[Any]:
+        return []
+
+
+class AgentRunner:
+    """Runs agents on one thread (or steps them by hand), sleeping in select when idle."""
+
+    def __init__(self, name: str, agents: Sequence[Agent], on_error: Callable[[BaseException], None]
+                 ) -> None:
+        self.name = name
+        self.agents = tuple(agents)
+        self.on_error = on_error
+        self.sleeping = False
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._registered: dict[int, Any] = {}
+        self._running = False
+        self._thread: threading.Thread | None = None
+
+    def wake(self) -> None:
+        """Make a sleeping runner look at its agents now (callable from any thread)."""
+        if self.sleeping:
+            try:
+                self._wake_w.send(b"\x01")
+            except OSError:
+                pass
+
+    def do_work(self, now_ns: int | None = None) -> int:
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        work = 0
+        for agent in self.agents:
+            try:
+                work += agent.do_work(now)
+            except Exception as exc:  # noqa: BLE001 - a bug in an agent must not kill the driver
+                self.on_error(exc)
+        return work
+
+    def idle(self, timeout_s: float | None = None) -> None:
+        """Sleep until a socket is readable, the next deadline, a wake-up, or ``timeout_s``."""
+        now = time.monotonic_ns()
+        deadline = min(agent.next_deadline_ns(now) for agent in self.agents) if self.agents else now
+        wait_s = max(0.0, (deadline - now) / 1e9)
+        if timeout_s is not None:
+            wait_s = min(wait_s, timeout_s)
+        self._sync_registrations()
+        self.sleeping = True
+        try:
+            if any(agent.has_work() for agent in self.agents):
+                return
+            if wait_s <= 0:
+                return
+            events = self._selector.select(wait_s)
+            for key, _ in events:
+                if key.fileobj is self._wake_r:
+                    try:
+                        while self._wake_r.recv(4096):
+                            pass
+                    except (BlockingIOError, InterruptedError):
+                        pass
+        finally:
+            self.sleeping = False
+
+    def _sync_registrations(self) -> None:
+        wanted: dict[int, Any] = {}
+        for agent in self.agents:
+            for sock in agent.filenos():
+                wanted[id(sock)] = sock
+        if wanted.keys() == self._registered.keys():
+            return
+        for key in self._registered.keys() - wanted.keys():
+            try:
+                self._selector.unregister(self._registered[key])
+            except (KeyError, ValueError, OSError):
+                pass
+        registered = {k: v for k, v in self._registered.items() if k in wanted}
+        for key in wanted.keys() - self._registered.keys():
+            try:
+                self._selector.register(wanted[key], selectors.EVENT_READ)
+            except (KeyError, ValueError, OSError):
+                continue
+            registered[key] = wanted[key]
+        self._registered = registered
+
+    def start(self) -> None:
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while self._running:
+            if self.do_work() == 0:
+                self.idle(0.1)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._running = False
+        self.sleeping = True
+        self.wake()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+        self._thread = None
+
+    def close(self) -> None:
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()

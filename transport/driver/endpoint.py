@@ -1,0 +1,135 @@
+"""One UDP socket, IPv4 or IPv6 through the same code path (Aeron's ``UdpChannelTransport``).
+
+The socket is non-blocking; waiting is the agent runner's job (``selectors``). Sends that fail
+or are cut short are counted, never raised: UDP is lossy anyway and the protocol recovers.
+An optional :class:`~aeron_spark.transport.testing.LossInjector` sits between the socket and the
+state machines to drop, duplicate and reorder received datagrams in tests.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from typing import Any
+
+from aeron_spark.transport.counters import SystemCounters
+from aeron_spark.transport.errors import DriverError
+from aeron_spark.transport.uri import Endpoint
+
+RECEIVE_BUFFER_LENGTH = 65536
+_TRANSIENT = {errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS, errno.ECONNREFUSED, errno.EINTR,
+              errno.EHOSTUNREACH, errno.ENETUNREACH}
+
+
+def _sockaddr(endpoint: Endpoint) -> tuple[Any, ...]:
+    if endpoint.family == socket.AF_INET6:
+        return (endpoint.host, endpoint.port, 0, 0)
+    return (endpoint.host, endpoint.port)
+
+
+def normalize_address(address: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Socket addresses as returned by ``recvfrom``: (host, port) or (host, port, flow, scope)."""
+    return address
+
+
+class UdpEndpoint:
+    """A bound non-blocking UDP socket with counted sends and a preallocated receive buffer."""
+
+    def __init__(
+        self,
+        bind: Endpoint,
+        counters: SystemCounters,
+        *,
+        so_rcvbuf: int = 0,
+        so_sndbuf: int = 0,
+        loss: Any = None,
+    ) -> None:
+        self.family = bind.family
+        self.counters = counters
+        try:
+            sock = socket.socket(bind.family, socket.SOCK_DGRAM)
+        except OSError as exc:
+            raise DriverError(f"cannot create a UDP socket for {bind}: {exc}") from exc
+        try:
+            if bind.family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            if so_rcvbuf:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, so_rcvbuf)
+            if so_sndbuf:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, so_sndbuf)
+            sock.bind(_sockaddr(bind))
+            sock.setblocking(False)
+        except OSError as exc:
+            sock.close()
+            raise DriverError(f"cannot bind UDP socket to {bind}: {exc}") from exc
+        self.sock = sock
+        local = sock.getsockname()
+        self.local_address: tuple[Any, ...] = local
+        self.local_port: int = local[1]
+        self.buffer = bytearray(RECEIVE_BUFFER_LENGTH)
+        self.view = memoryview(self.buffer)
+        self.loss = loss
+        self._sendto = sock.sendto
+        self._recvfrom_into = sock.recvfrom_into
+        self.closed = False
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send(self, data: Any, address: Any) -> None:
+        """Send one datagram; failures and short sends are counted, not raised."""
+        counters = self.counters
+        try:
+            sent = self._sendto(data, address)
+        except OSError as exc:
+            if exc.errno in _TRANSIENT:
+                counters.short_sends += 1
+            else:
+                counters.send_errors += 1
+                counters.errors += 1
+            return
+        counters.datagrams_sent += 1
+        counters.bytes_sent += sent
+        if sent != len(data):
+            counters.short_sends += 1
+
+    def receive(self) -> tuple[Any, int, Any] | None:
+        """One datagram: ``(buffer, length, source)`` or None when nothing is waiting.
+
+        The buffer is reused by the next call.
+        """
+        if self.loss is not None:
+            return self.loss.receive(self)
+        return self.raw_receive()
+
+    def raw_receive(self) -> tuple[Any, int, Any] | None:
+        try:
+            length, source = self._recvfrom_into(self.buffer)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as exc:
+            if exc.errno in _TRANSIENT:
+                return None
+            self.counters.receive_errors += 1
+            self.counters.errors += 1
+            return None
+        counters = self.counters
+        counters.datagrams_received += 1
+        counters.bytes_received += length
+        return self.view, length, source
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.sock.close()
+
+
+def bind_endpoint_for(remote: Endpoint) -> Endpoint:
+    """An ephemeral local address of the same family as ``remote`` (a publication's socket)."""
+    if remote.family == socket.AF_INET6:
+        return Endpoint("::", 0, socket.AF_INET6)
+    return Endpoint("0.0.0.0", 0, socket.AF_INET)
+
+
+def destination_address(remote: Endpoint) -> tuple[Any, ...]:
+    return _sockaddr(remote)

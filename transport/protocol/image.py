@@ -1,0 +1,375 @@
+"""Sans-I/O state of one image: a publisher's stream rebuilt on the receiving side.
+
+Two threads touch an image: the **receiver** (:meth:`ImageState.on_data`, :meth:`do_work`,
+stepped with ``now_ns``) and the **subscriber** (:meth:`poll`, :meth:`controlled_poll`,
+:meth:`block_poll`). They share the term buffers and exchange exactly two integers:
+``hwm``/``rebuild_position`` (receiver writes) and ``subscriber_position`` (subscriber writes).
+
+Invariants:
+
+* Created from a SETUP: term length, MTU and initial term id come from it; ``join_position`` is
+  the SETUP's (active_term_id, term_offset) position and every position starts there.
+* A datagram is copied whole into its term (``insert_packet``) only if it lies in
+  ``[subscriber_position, last_sm_position + term_length/2]``; otherwise it is an under-run or an
+  over-run and is counted and dropped. So writes never reach a partition the subscriber has not
+  finished with.
+* The receiver zeroes the partition of a term once the subscriber is past it (before any SM
+  that would let the sender write into it again).
+* SMs: the first at once, then when ``subscriber_position > last_sm_position + window/4``, and
+  every 200 ms repeating the last position. NAK for the first gap after ``nak_delay_ns``, then
+  every ``nak_delay_ns * 100`` (at least 1 ms) while the gap stays.
+* End of stream: an EOS heartbeat at position P; when everything up to P is rebuilt and
+  consumed, SMs carry EOS and the image is done. No packet for ``liveness_timeout_ns``: done too.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from aeron_spark.transport.api import BlockHandler, ControlledAction, ControlledFragmentHandler
+from aeron_spark.transport.protocol.frames import (
+    DATA_HEADER_LENGTH,
+    FRAME_ALIGNMENT,
+    NAK,
+    NAK_LENGTH,
+    SM,
+    SM_LENGTH,
+    DataFlags,
+    FrameType,
+    SmFlags,
+)
+from aeron_spark.transport.protocol.logbuffer import (
+    PARTITION_COUNT,
+    compute_position,
+    position_bits_to_shift,
+    receiver_window_length,
+    wrap_int32,
+)
+from aeron_spark.transport.protocol.term import (
+    FragmentHandler,
+    Header,
+    insert_packet,
+    read_term,
+    scan_for_gap,
+    zero_fill,
+)
+
+SM_INTERVAL_NS = 200_000_000
+IMAGE_LIVENESS_TIMEOUT_NS = 10_000_000_000
+NAK_RETRY_RATIO = 100
+MIN_NAK_RETRY_NS = 1_000_000
+EOS_SM_COUNT = 3
+
+_I32 = struct.Struct("<i")
+_i32_from = _I32.unpack_from
+_TYPE_PAD = int(FrameType.PAD)
+_FLAG_EOS = int(DataFlags.EOS)
+
+Address = Any
+Transmit = Callable[[Any, Address], None]
+
+
+class ImageState:
+    """Receiver and subscriber state of one (session, stream) image."""
+
+    def __init__(
+        self,
+        *,
+        session_id: int,
+        stream_id: int,
+        initial_term_id: int,
+        active_term_id: int,
+        term_offset: int,
+        term_length: int,
+        mtu: int,
+        source_address: Address,
+        control_address: Address | None = None,
+        receiver_window: int = 128 * 1024,
+        nak_delay_ns: int = 100_000,
+        reliable: bool = True,
+        liveness_timeout_ns: int = IMAGE_LIVENESS_TIMEOUT_NS,
+        receiver_id: int | None = None,
+        now_ns: int = 0,
+        log: bytearray | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.stream_id = stream_id
+        self.initial_term_id = initial_term_id
+        self.term_length = term_length
+        self.term_mask = term_length - 1
+        self.mtu = mtu
+        self.shift = position_bits_to_shift(term_length)
+        self.source_address = source_address
+        self.sm_address = control_address if control_address is not None else source_address
+        host, port = source_address[0], source_address[1]
+        self.source_identity = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+        self.window = receiver_window_length(term_length, receiver_window)
+        self.nak_delay_ns = nak_delay_ns
+        self.nak_retry_ns = max(nak_delay_ns * NAK_RETRY_RATIO, MIN_NAK_RETRY_NS)
+        self.reliable = reliable
+        self.liveness_timeout_ns = liveness_timeout_ns
+        self.receiver_id = receiver_id if receiver_id is not None else random.getrandbits(63)
+        self.log = log if log is not None else bytearray(PARTITION_COUNT * term_length)
+        view = memoryview(self.log)
+        self.terms = [view[i * term_length : (i + 1) * term_length] for i in range(PARTITION_COUNT)]
+        join = compute_position(active_term_id, term_offset, self.shift, initial_term_id)
+        self.join_position = join
+        self.hwm = join
+        self.rebuild_position = join
+        self.subscriber_position = join
+        self.last_sm_position = join
+        self.sm_deadline_ns = now_ns  # first SM at once
+        self.sm_scheduled = True
+        self.cleaned_term_count = (join >> self.shift) - 1
+        self.last_packet_ns = now_ns
+        self.gap_position = -1
+        self.gap_length = 0
+        self.nak_deadline_ns: int | None = None
+        self.eos_position: int | None = None
+        self.eos_sms_left = EOS_SM_COUNT
+        self.is_done = False  # receiver finished with it: remove and report unavailable
+        self.is_closing = False
+        self.header = Header(initial_term_id, self.shift)
+        # counters
+        self.naks_sent = 0
+        self.status_messages_sent = 0
+        self.heartbeats_received = 0
+        self.bytes_received = 0
+        self.over_runs = 0
+        self.under_runs = 0
+        self.gaps_filled = 0
+        self._sm_buffer = bytearray(SM_LENGTH)
+        self._nak_buffer = bytearray(NAK_LENGTH)
+
+    # ------------------------------------------------------------------ receiver side
+
+    def on_data(self, packet: Any, length: int, term_id: int, term_offset: int, now_ns: int) -> bool:
+        """A datagram of DATA/PAD frames (already validated) or a heartbeat; True if inserted."""
+        self.last_packet_ns = now_ns
+        relative = wrap_int32(term_id - self.initial_term_id)
+        if relative < 0:
+            self.under_runs += 1
+            return False
+        position = (relative << self.shift) + term_offset
+        if _i32_from(packet, 0)[0] == 0:  # heartbeat
+            self.heartbeats_received += 1
+            if position > self.hwm and position <= self.last_sm_position + self.term_length // 2:
+                self.hwm = position
+            if packet[5] & _FLAG_EOS:
+                self.eos_position = position
+            return False
+        end = position + length
+        if end <= self.subscriber_position:
+            self.under_runs += 1
+            return False
+        if end > self.last_sm_position + (self.term_length >> 1):
+            self.over_runs += 1
+            return False
+        insert_packet(self.terms[relative % PARTITION_COUNT], term_offset,
+                      packet if len(packet) == length else packet[:length])
+        self.bytes_received += length
+        if end > self.hwm:
+            self.hwm = end
+        return True
+
+    def _clean(self) -> None:
+        current = self.subscriber_position >> self.shift
+        while self.cleaned_term_count < current - 1:
+            self.cleaned_term_count += 1
+            zero_fill(self.terms[self.cleaned_term_count % PARTITION_COUNT])
+
+    def _scan_gaps(self) -> None:
+        rebuild = self.rebuild_position
+        hwm = self.hwm
+        mask = self.term_mask
+        gap_position = -1
+        gap_length = 0
+        while rebuild < hwm:
+            offset = rebuild & mask
+            term_start = rebuild - offset
+            limit = hwm - term_start
+            if limit > self.term_length:
+                limit = self.term_length
+            term = self.terms[(rebuild >> self.shift) % PARTITION_COUNT]
+            new_offset, gap_offset, length = scan_for_gap(term, offset, limit)
+            rebuild = term_start + new_offset
+            if length:
+                gap_position = term_start + gap_offset
+                gap_length = length
+                break
+            if new_offset < self.term_length:
+                break
+        self.rebuild_position = rebuild
+        if gap_position != self.gap_position:
+            self.gap_position = gap_position
+            self.gap_length = gap_length
+            self.nak_deadline_ns = None
+        else:
+            self.gap_length = gap_length
+
+    def do_work(self, now_ns: int, transmit: Transmit) -> int:
+        """Clean consumed terms, NAK gaps, send SMs, check liveness and EOS; work count."""
+        if self.is_done:
+            return 0
+        work = 0
+        if self.subscriber_position > self.rebuild_position:
+            self.rebuild_position = self.subscriber_position  # consumed frames were complete
+        self._clean()
+        if self.hwm > self.rebuild_position:
+            self._scan_gaps()
+        elif self.gap_position >= 0:
+            self.gap_position = -1
+            self.nak_deadline_ns = None
+        if self.gap_position >= 0:
+            if self.nak_deadline_ns is None:
+                self.nak_deadline_ns = now_ns + self.nak_delay_ns
+            elif now_ns >= self.nak_deadline_ns:
+                work += self._on_nak_due(now_ns, transmit)
+        sub = self.subscriber_position
+        eos = self.eos_position
+        closing = self.is_closing or (
+            eos is not None and self.rebuild_position >= eos and sub >= eos
+        ) or now_ns - self.last_packet_ns > self.liveness_timeout_ns
+        if closing:
+            self._send_sm(sub, SmFlags.EOS, transmit)
+            self.eos_sms_left -= 1
+            if self.eos_sms_left <= 0:
+                self.is_done = True
+            self.sm_deadline_ns = now_ns + SM_INTERVAL_NS // 4
+            return work + 1
+        if sub - self.last_sm_position > self.window >> 2:
+            self.last_sm_position = sub
+            self.sm_scheduled = True
+        if self.sm_scheduled or now_ns >= self.sm_deadline_ns:
+            self._send_sm(self.last_sm_position, 0, transmit)
+            self.sm_scheduled = False
+            self.sm_deadline_ns = now_ns + SM_INTERVAL_NS
+            work += 1
+        return work
+
+    def _on_nak_due(self, now_ns: int, transmit: Transmit) -> int:
+        position = self.gap_position
+        offset = position & self.term_mask
+        if not self.reliable:
+            term = self.terms[(position >> self.shift) % PARTITION_COUNT]
+            # Fill the gap with padding so the subscriber moves past it (reliable=false).
+            struct.pack_into("<BBhiiiiq", term, offset + 4, 0, DataFlags.UNFRAGMENTED, _TYPE_PAD,
+                             offset, self.session_id, self.stream_id,
+                             wrap_int32(self.initial_term_id + (position >> self.shift)), 0)
+            _I32.pack_into(term, offset, self.gap_length)
+            self.gaps_filled += 1
+            self.nak_deadline_ns = None
+            return 1
+        NAK.pack_into(self._nak_buffer, 0, NAK_LENGTH, 0, 0, FrameType.NAK, self.session_id,
+                      self.stream_id, wrap_int32(self.initial_term_id + (position >> self.shift)),
+                      offset, self.gap_length)
+        transmit(bytes(self._nak_buffer), self.sm_address)
+        self.naks_sent += 1
+        self.nak_deadline_ns = now_ns + self.nak_retry_ns
+        return 1
+
+    def _send_sm(self, position: int, flags: int, transmit: Transmit) -> None:
+        SM.pack_into(self._sm_buffer, 0, SM_LENGTH, 0, flags, FrameType.SM, self.session_id,
+                     self.stream_id, wrap_int32(self.initial_term_id + (position >> self.shift)),
+                     position & self.term_mask, self.window, self.receiver_id)
+        transmit(bytes(self._sm_buffer), self.sm_address)
+        self.status_messages_sent += 1
+
+    @property
+    def next_deadline_ns(self) -> int:
+        deadline = self.sm_deadline_ns
+        if self.nak_deadline_ns is not None and self.nak_deadline_ns < deadline:
+            deadline = self.nak_deadline_ns
+        return min(deadline, self.last_packet_ns + self.liveness_timeout_ns + 1)
+
+    def needs_work(self) -> bool:
+        """True when :meth:`do_work` has something to do right now (before a driver sleeps)."""
+        return (self.sm_scheduled or self.subscriber_position - self.last_sm_position > self.window >> 2
+                or self.hwm > self.rebuild_position and self.nak_deadline_ns is None)
+
+    # ------------------------------------------------------------------ subscriber side
+
+    @property
+    def is_end_of_stream(self) -> bool:
+        eos = self.eos_position
+        return eos is not None and self.subscriber_position >= eos
+
+    def has_data(self) -> bool:
+        position = self.subscriber_position
+        term = self.terms[(position >> self.shift) % PARTITION_COUNT]
+        return _i32_from(term, position & self.term_mask)[0] != 0
+
+    def poll(self, handler: FragmentHandler, fragment_limit: int) -> int:
+        """Deliver up to ``fragment_limit`` complete fragments in order; returns how many."""
+        total = 0
+        header = self.header
+        term_length = self.term_length
+        while total < fragment_limit:
+            position = self.subscriber_position
+            offset = position & self.term_mask
+            term = self.terms[(position >> self.shift) % PARTITION_COUNT]
+            fragments, new_offset = read_term(term, offset, handler, fragment_limit - total, header)
+            total += fragments
+            if new_offset == offset:
+                break
+            self.subscriber_position = position + (new_offset - offset)
+            if new_offset < term_length:
+                break
+        return total
+
+    def controlled_poll(self, handler: ControlledFragmentHandler, fragment_limit: int) -> int:
+        """Like :meth:`poll`; the handler's :class:`ControlledAction` says whether to go on."""
+        fragments = 0
+        header = self.header
+        position = self.subscriber_position
+        while fragments < fragment_limit:
+            offset = position & self.term_mask
+            term = self.terms[(position >> self.shift) % PARTITION_COUNT]
+            length = _i32_from(term, offset)[0]
+            if length <= 0:
+                break
+            aligned = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+            if term[offset + 6] == _TYPE_PAD:
+                position += aligned
+                self.subscriber_position = position
+                continue
+            header.buffer = term
+            header.offset = offset
+            action = handler(term[offset + DATA_HEADER_LENGTH : offset + length], header)
+            if action == ControlledAction.ABORT:
+                break
+            fragments += 1
+            position += aligned
+            self.subscriber_position = position
+            if action == ControlledAction.BREAK:
+                break
+        return fragments
+
+    def block_poll(self, handler: BlockHandler, block_length_limit: int) -> int:
+        """Hand one run of complete raw frames (within one term) to ``handler``; bytes consumed."""
+        position = self.subscriber_position
+        offset = position & self.term_mask
+        term = self.terms[(position >> self.shift) % PARTITION_COUNT]
+        limit = min(self.term_length, offset + block_length_limit)
+        end = offset
+        while end < limit:
+            length = _i32_from(term, end)[0]
+            if length <= 0:
+                break
+            aligned = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+            if term[end + 6] == _TYPE_PAD:
+                if end == offset:
+                    end += aligned
+                break
+            if end + aligned > limit:
+                break
+            end += aligned
+        if end == offset:
+            return 0
+        term_id = wrap_int32(self.initial_term_id + (position >> self.shift))
+        handler(term, offset, end - offset, self.session_id, term_id)
+        self.subscriber_position = position + (end - offset)
+        return end - offset

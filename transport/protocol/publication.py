@@ -1,0 +1,481 @@
+"""Sans-I/O state of one network publication: the client's log buffer and the sender's view of it.
+
+The same object serves both sides of Aeron's split, as they share one process here:
+
+* the **client** appends with :meth:`PublicationState.offer` / :meth:`claim` (one thread at a time;
+  the driver's concurrent publication wraps them in a lock);
+* the **sender** calls :meth:`on_status_message`, :meth:`on_nak`, :meth:`on_rttm` with received
+  frames and :meth:`send` with ``now_ns`` and a ``transmit(data, address)`` callable; it returns
+  the work done, and :attr:`next_deadline_ns` says when it next needs to be stepped without input.
+
+Invariants:
+
+* ``sender_position <= appender.position`` and only complete frames are ever sent (the appender
+  advances ``position`` after ``frame_length`` is written).
+* ``sender_limit`` never goes down: ``max(limit, sm_position + receiver_window)``.
+* ``publisher_limit = sender_position + publication window`` while connected; while not
+  connected it drops back to ``sender_position`` so offers answer NOT_CONNECTED.
+* a retransmission is an exact copy of term bytes in
+  ``[sender_position - term_length/2 - max_message_length, sender_position)``.
+* Nothing is sent before the first SM except SETUP (every 100 ms); after the first SM SETUP is
+  only sent again when an SM asks for it (SEND_SETUP) and never after EOS.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from aeron_spark.transport.api import BACK_PRESSURED, CLOSED, MAX_POSITION_EXCEEDED, NOT_CONNECTED
+from aeron_spark.transport.errors import LocalProtocolError
+from aeron_spark.transport.protocol.frames import (
+    DATA_HEADER,
+    DATA_HEADER_LENGTH,
+    RTTM_REPLY_FLAG,
+    DataFlags,
+    FrameType,
+    NakFrame,
+    RttMeasurement,
+    SetupFrame,
+    SmFlags,
+    StatusMessage,
+)
+from aeron_spark.transport.protocol.logbuffer import (
+    PARTITION_COUNT,
+    LogGeometry,
+    compute_position,
+    wrap_int32,
+)
+from aeron_spark.transport.protocol.term import TermAppender, scan_for_send
+
+SETUP_INTERVAL_NS = 100_000_000
+HEARTBEAT_INTERVAL_NS = 100_000_000
+CONNECTION_TIMEOUT_NS = 5_000_000_000
+RETRANSMIT_LINGER_NS = 10_000_000
+DATAGRAMS_PER_SEND = 64  # datagrams per publication per send() call: bounds one step's work
+
+_I32 = struct.Struct("<i")
+_i32_from = _I32.unpack_from
+_TAIL = struct.Struct("<BBhiiiiq")
+
+Address = Any  # a socket address tuple: (host, port) or (host, port, flow, scope)
+Transmit = Callable[[Any, Address], None]
+
+
+class Destination:
+    """One place data goes: the unicast endpoint, or a receiver learned from its SMs (MDC)."""
+
+    __slots__ = ("address", "last_seen_ns", "receiver_ids", "needs_setup")
+
+    def __init__(self, address: Address, now_ns: int) -> None:
+        self.address = address
+        self.last_seen_ns = now_ns
+        self.receiver_ids: set[int] = set()
+        self.needs_setup = True
+
+
+class PublicationState:
+    """Log buffer, appender, flow control, SETUP/heartbeat/EOS and retransmits of one session."""
+
+    def __init__(
+        self,
+        *,
+        session_id: int,
+        stream_id: int,
+        initial_term_id: int,
+        term_id: int,
+        term_offset: int,
+        term_length: int,
+        mtu: int,
+        publication_window_length: int = 0,
+        linger_ns: int = 5_000_000_000,
+        destination: Address | None = None,
+        dynamic: bool = False,
+        now_ns: int = 0,
+    ) -> None:
+        self.geometry = LogGeometry(term_length, mtu, initial_term_id)
+        self.session_id = session_id
+        self.stream_id = stream_id
+        self.initial_term_id = initial_term_id
+        self.term_length = term_length
+        self.mtu = mtu
+        self.shift = self.geometry.shift
+        self.max_message_length = self.geometry.max_message_length
+        self.max_payload_length = self.geometry.max_payload_length
+        self.linger_ns = linger_ns
+        self.window = publication_window_length or term_length // 2
+        self.log = bytearray(PARTITION_COUNT * term_length)
+        view = memoryview(self.log)
+        self.terms = [view[i * term_length : (i + 1) * term_length] for i in range(PARTITION_COUNT)]
+        self.appender = TermAppender(self.geometry, self.terms, session_id, stream_id, term_id,
+                                     term_offset)
+        start = self.appender.position
+        self.start_position = start
+        self.max_position = (1 << 31) * term_length - 1  # int32 term count, as Aeron
+        self.sender_position = start
+        self.sender_limit = start
+        self.publisher_limit = start
+        self.has_initial_connection = False
+        self.dynamic = dynamic
+        self.destinations: dict[Address, Destination] = {}
+        if destination is not None:
+            self.destinations[destination] = Destination(destination, now_ns)
+        self.receivers: dict[int, int] = {}  # receiver_id -> last SM time
+        self.setup_deadline_ns = now_ns
+        self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
+        self.is_closed = False  # client closed it
+        self.is_eos_sent = False
+        self.linger_deadline_ns: int | None = None
+        self.is_done = False  # may be removed by the driver
+        self.retransmit_linger: dict[tuple[int, int], int] = {}
+        self.status_messages_received = 0
+        self.naks_received = 0
+        self.retransmits_sent = 0
+        self.retransmitted_bytes = 0
+        self.heartbeats_sent = 0
+        self.setups_sent = 0
+        self.bytes_sent = 0
+        self.invalid_naks = 0
+        self.back_pressure_events = 0
+        self.pending: list[tuple[Any, Address]] = []  # replies to control frames, sent on send()
+        self.on_limit_change: Callable[[], None] | None = None
+        self.spies: tuple[Any, ...] = ()  # images reading this log in-process (aeron-spy)
+
+    # ------------------------------------------------------------------ client side
+
+    @property
+    def position(self) -> int:
+        return self.appender.position
+
+    @property
+    def is_connected(self) -> bool:
+        return bool(self.receivers) and not self.is_closed
+
+    def offer(self, payload: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
+        """Append one message; the new position, or a negative result code."""
+        if self.is_closed:
+            return CLOSED
+        length = len(payload)
+        if length > self.max_message_length:
+            raise LocalProtocolError(
+                f"message of {length} bytes exceeds max_message_length {self.max_message_length}"
+            )
+        appender = self.appender
+        position = appender.position
+        if position < self.publisher_limit:
+            if position + appender.required_length(length) > self.max_position:
+                return MAX_POSITION_EXCEEDED
+            return appender.append(payload, reserved_value)
+        if self.receivers:
+            self.back_pressure_events += 1
+            return BACK_PRESSURED
+        return NOT_CONNECTED
+
+    def claim_check(self, length: int) -> int:
+        """0 if ``length`` bytes may be claimed now, else a negative result code."""
+        if self.is_closed:
+            return CLOSED
+        if length > self.max_payload_length:
+            raise LocalProtocolError(
+                f"try_claim of {length} bytes exceeds max_payload_length {self.max_payload_length}"
+            )
+        position = self.appender.position
+        if position < self.publisher_limit:
+            if position + self.appender.required_length(length) > self.max_position:
+                return MAX_POSITION_EXCEEDED
+            return 0
+        if self.receivers:
+            self.back_pressure_events += 1
+            return BACK_PRESSURED
+        return NOT_CONNECTED
+
+    def close(self, now_ns: int) -> None:
+        """The client is done: drain what was offered, then EOS heartbeats for the linger time."""
+        if not self.is_closed:
+            self.is_closed = True
+            self.publisher_limit = self.appender.position
+            self.heartbeat_deadline_ns = now_ns  # EOS goes out as soon as the log is drained
+            if not self.has_initial_connection or not self.receivers:
+                self.linger_deadline_ns = now_ns  # nobody to drain to
+                self.is_done = True
+
+    # ------------------------------------------------------------------ sender side
+
+    def sm_position(self, sm: StatusMessage) -> int:
+        return compute_position(sm.consumption_term_id, sm.consumption_term_offset, self.shift,
+                                self.initial_term_id)
+
+    def on_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
+        """Flow control, connection tracking, SETUP requests and (MDC dynamic) destinations."""
+        self.status_messages_received += 1
+        flags = sm.flags
+        if self.dynamic:
+            dest = self.destinations.get(source)
+            if dest is None:
+                if flags & SmFlags.EOS:
+                    return
+                dest = self.destinations[source] = Destination(source, now_ns)
+            dest.last_seen_ns = now_ns
+        else:
+            dest = None
+        if flags & SmFlags.SEND_SETUP:
+            if not self.is_eos_sent and not self.is_closed:
+                self.setup_deadline_ns = now_ns
+                if dest is not None:
+                    dest.needs_setup = True
+                else:
+                    for d in self.destinations.values():
+                        d.needs_setup = True
+            return
+        if sm.session_id != self.session_id:
+            return
+        if flags & SmFlags.EOS:
+            self.receivers.pop(sm.receiver_id, None)
+            if dest is not None:
+                dest.receiver_ids.discard(sm.receiver_id)
+                if not dest.receiver_ids:
+                    del self.destinations[source]
+            self._update_publisher_limit()
+            return
+        self.receivers[sm.receiver_id] = now_ns
+        if dest is not None:
+            dest.receiver_ids.add(sm.receiver_id)
+            dest.needs_setup = False
+        elif not self.dynamic:
+            for d in self.destinations.values():
+                d.needs_setup = False
+        self.has_initial_connection = True
+        proposed = self.sm_position(sm) + sm.receiver_window
+        if proposed > self.sender_limit:
+            self.sender_limit = proposed
+        self._update_publisher_limit()
+
+    def on_nak(self, nak: NakFrame, now_ns: int) -> int:
+        """Resend exactly the original bytes of a lost range; returns datagrams queued."""
+        self.naks_received += 1
+        term_offset = nak.term_offset
+        if not 0 <= term_offset <= self.term_length - DATA_HEADER_LENGTH or nak.length <= 0:
+            self.invalid_naks += 1
+            return 0
+        key = (nak.term_id, term_offset)
+        until = self.retransmit_linger.get(key)
+        if until is not None and now_ns < until:
+            return 0
+        start = compute_position(nak.term_id, term_offset, self.shift, self.initial_term_id)
+        low = self.sender_position - self.term_length // 2 - self.max_message_length
+        if start < low or start >= self.sender_position:
+            return 0
+        length = min(nak.length, self.term_length - term_offset, self.sender_position - start)
+        term = self.terms[(start >> self.shift) % PARTITION_COUNT]
+        offset = term_offset
+        end = term_offset + length
+        queued = 0
+        while offset < end:
+            to_send, advance = scan_for_send(term, offset, end - offset, self.mtu)
+            if advance == 0:
+                break
+            data = bytes(term[offset : offset + to_send])
+            for dest in self.destinations.values():
+                self.pending.append((data, dest.address))
+            self.retransmits_sent += 1
+            self.retransmitted_bytes += to_send
+            queued += 1
+            offset += advance
+        self.retransmit_linger[key] = now_ns + RETRANSMIT_LINGER_NS
+        if len(self.retransmit_linger) > 64:
+            self.retransmit_linger = {k: v for k, v in self.retransmit_linger.items() if v > now_ns}
+        return queued
+
+    def on_rttm(self, rttm: RttMeasurement, source: Address) -> None:
+        if rttm.flags & RTTM_REPLY_FLAG:
+            reply = RttMeasurement(self.session_id, self.stream_id, rttm.echo_timestamp, 0,
+                                   rttm.receiver_id, 0)
+            self.pending.append((reply.encode(), source))
+
+    def _update_publisher_limit(self) -> None:
+        if self.is_closed:
+            return
+        if self.receivers:
+            consumer = self.sender_position
+            for spy in self.spies:
+                if spy.subscriber_position < consumer:
+                    consumer = spy.subscriber_position
+            limit = consumer + self.window
+            if limit > self.publisher_limit:
+                self.publisher_limit = limit
+                if self.on_limit_change is not None:
+                    self.on_limit_change()
+        elif self.publisher_limit > self.sender_position:
+            self.publisher_limit = self.sender_position
+            if self.on_limit_change is not None:
+                self.on_limit_change()
+
+    def setup_frame(self) -> bytes:
+        position = self.sender_position
+        return SetupFrame(
+            term_offset=position & (self.term_length - 1),
+            session_id=self.session_id,
+            stream_id=self.stream_id,
+            initial_term_id=self.initial_term_id,
+            active_term_id=wrap_int32(self.initial_term_id + (position >> self.shift)),
+            term_length=self.term_length,
+            mtu=self.mtu,
+        ).encode()
+
+    def heartbeat_frame(self) -> bytes:
+        position = self.sender_position
+        flags = DataFlags.UNFRAGMENTED
+        if self.is_closed and position >= self.appender.position:
+            flags |= DataFlags.EOS
+        return DATA_HEADER.pack(0, 0, flags, FrameType.DATA, position & (self.term_length - 1),
+                                self.session_id, self.stream_id,
+                                wrap_int32(self.initial_term_id + (position >> self.shift)), 0)
+
+    def has_data_to_send(self) -> bool:
+        """True when :meth:`send` would send data now (used before a driver goes to sleep)."""
+        position = self.sender_position
+        if position < self.appender.position and position < self.sender_limit:
+            term = self.terms[(position >> self.shift) % PARTITION_COUNT]
+            return _i32_from(term, position & (self.term_length - 1))[0] > 0
+        return False
+
+    def claim(self, length: int, reserved_value: int = 0) -> tuple[memoryview, int]:
+        """Reserve a frame for ``length`` bytes (checked with :meth:`claim_check` first).
+
+        The frame's ``frame_length`` is written negative, so neither the sender nor a reader
+        passes it until :func:`commit_claim` (or :func:`abort_claim`) makes it positive.
+        Returns ``(term, frame_offset)``.
+        """
+        appender = self.appender
+        aligned = (length + DATA_HEADER_LENGTH + 31) & -32
+        if appender.term_offset + aligned > self.term_length:
+            appender._pad_and_rotate()
+        term = self.terms[appender.partition]
+        offset = appender.term_offset
+        _TAIL.pack_into(term, offset + 4, 0, DataFlags.UNFRAGMENTED, FrameType.DATA, offset,
+                        self.session_id, self.stream_id, appender.term_id, reserved_value)
+        _I32.pack_into(term, offset, -(length + DATA_HEADER_LENGTH))
+        appender.term_offset = offset + aligned
+        appender.position += aligned
+        return term, offset
+
+
+    def send(self, now_ns: int, transmit: Transmit) -> int:
+        """Send what is due: replies, SETUP, data up to the sender limit, heartbeats; work count."""
+        work = 0
+        if self.pending:
+            pending, self.pending = self.pending, []
+            for data, address in pending:
+                transmit(data, address)
+            work += len(pending)
+        if self.dynamic and self.destinations:
+            self._expire_destinations(now_ns)
+        if now_ns >= self.setup_deadline_ns and not self.is_eos_sent:
+            targets = [d for d in self.destinations.values()
+                       if d.needs_setup or not self.has_initial_connection]
+            if targets:
+                frame = self.setup_frame()
+                for dest in targets:
+                    transmit(frame, dest.address)
+                    self.setups_sent += 1
+                work += 1
+                self.setup_deadline_ns = now_ns + SETUP_INTERVAL_NS
+            else:
+                self.setup_deadline_ns = now_ns + SETUP_INTERVAL_NS
+        if self.receivers:
+            expired = [rid for rid, seen in self.receivers.items()
+                       if now_ns - seen > CONNECTION_TIMEOUT_NS]
+            for rid in expired:
+                del self.receivers[rid]
+            if expired:
+                self._update_publisher_limit()
+        if not self.has_initial_connection:
+            return work
+        sent = self._send_data(transmit)
+        if sent:
+            self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
+            work += sent
+            self._update_publisher_limit()
+        elif now_ns >= self.heartbeat_deadline_ns:
+            frame = self.heartbeat_frame()
+            for dest in self.destinations.values():
+                transmit(frame, dest.address)
+            self.heartbeats_sent += 1
+            self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
+            if frame[5] & DataFlags.EOS:
+                self.is_eos_sent = True
+                if self.linger_deadline_ns is None:
+                    self.linger_deadline_ns = now_ns + self.linger_ns
+            work += 1
+        if self.is_closed and not self.is_done:
+            if self.linger_deadline_ns is not None and (
+                now_ns >= self.linger_deadline_ns or (self.is_eos_sent and not self.receivers)
+            ):
+                self.is_done = True
+        return work
+
+    def _send_data(self, transmit: Transmit) -> int:
+        position = self.sender_position
+        limit = min(self.appender.position, self.sender_limit)
+        if position >= limit:
+            return 0
+        mtu = self.mtu
+        term_length = self.term_length
+        shift = self.shift
+        terms = self.terms
+        addresses = [d.address for d in self.destinations.values()]
+        datagrams = 0
+        sent_bytes = 0
+        while position < limit and datagrams < DATAGRAMS_PER_SEND:
+            offset = position & (term_length - 1)
+            term = terms[(position >> shift) % PARTITION_COUNT]
+            available = limit - position
+            rest = term_length - offset
+            to_send, advance = scan_for_send(term, offset, available if available < rest else rest,
+                                             mtu)
+            if advance == 0:
+                break
+            data = term[offset : offset + to_send]
+            for address in addresses:
+                transmit(data, address)
+            datagrams += 1
+            sent_bytes += to_send
+            position += advance
+        self.sender_position = position
+        self.bytes_sent += sent_bytes * len(addresses)
+        return datagrams
+
+    def _expire_destinations(self, now_ns: int) -> None:
+        stale = [a for a, d in self.destinations.items()
+                 if now_ns - d.last_seen_ns > CONNECTION_TIMEOUT_NS]
+        for address in stale:
+            dest = self.destinations.pop(address)
+            for rid in dest.receiver_ids:
+                self.receivers.pop(rid, None)
+
+    @property
+    def next_deadline_ns(self) -> int:
+        """Earliest time :meth:`send` has something to do without new input."""
+        deadline = self.setup_deadline_ns if not self.has_initial_connection else self.heartbeat_deadline_ns
+        if self.has_initial_connection and any(d.needs_setup for d in self.destinations.values()):
+            deadline = min(deadline, self.setup_deadline_ns)
+        if self.linger_deadline_ns is not None and not self.is_done:
+            deadline = min(deadline, self.linger_deadline_ns)
+        return deadline
+
+
+def commit_claim(term: memoryview, offset: int) -> None:
+    """Publish a claimed frame: its ``frame_length`` becomes positive."""
+    length = _i32_from(term, offset)[0]
+    if length < 0:
+        _I32.pack_into(term, offset, -length)
+
+
+def abort_claim(term: memoryview, offset: int) -> None:
+    """Turn a claimed frame into padding, which readers skip."""
+    length = _i32_from(term, offset)[0]
+    if length < 0:
+        term[offset + 6] = FrameType.PAD
+        term[offset + 7] = 0
+        _I32.pack_into(term, offset, -length)

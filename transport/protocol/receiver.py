@@ -1,0 +1,335 @@
+"""Sans-I/O receive side of one UDP endpoint: datagram dispatch to images (Aeron's dispatcher).
+
+:class:`ReceiveDispatcher` takes every datagram that arrives on one receive socket
+(``on_datagram(buffer, length, source, now_ns, transmit)``) and
+
+* validates it (any malformed datagram raises :class:`InvalidFrameError`, which the driver counts
+  as an invalid frame, and changes nothing);
+* for a SETUP of a stream someone subscribes to, creates an :class:`ImageState` per interested
+  subscription at the SETUP's position (unless the session is filtered out or cooling down);
+* for DATA of a known session, copies the datagram into the image; for DATA of an unknown session
+  (not EOS, not cooling down) answers an SM with SEND_SETUP to the sender, at most every 100 ms;
+* ignores control frames meant for publications.
+
+:meth:`do_work` steps every image (SMs, NAKs, cleaning, liveness) and, for subscriptions with a
+``control`` address (multi-destination-cast), sends SETUP-eliciting SMs from this socket to it.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from aeron_spark.transport.errors import InvalidFrameError
+from aeron_spark.transport.protocol.frames import (
+    DATA_HEADER,
+    DATA_HEADER_LENGTH,
+    FRAME_ALIGNMENT,
+    SM,
+    SM_LENGTH,
+    FrameType,
+    SetupFrame,
+    SmFlags,
+    frame_type_of,
+)
+from aeron_spark.transport.protocol.image import ImageState
+from aeron_spark.transport.protocol.logbuffer import (
+    MAX_UDP_PAYLOAD_LENGTH,
+    TERM_MAX_LENGTH,
+    TERM_MIN_LENGTH,
+    is_power_of_two,
+)
+
+SEND_SETUP_INTERVAL_NS = 100_000_000
+ELICIT_INTERVAL_NS = 100_000_000
+ELICIT_CONNECTED_INTERVAL_NS = 1_000_000_000
+COOL_DOWN_NS = 1_000_000_000
+
+_I32 = struct.Struct("<i")
+_i32_from = _I32.unpack_from
+_unpack_header = DATA_HEADER.unpack_from
+_TYPE_DATA = int(FrameType.DATA)
+_TYPE_PAD = int(FrameType.PAD)
+_TYPE_SETUP = int(FrameType.SETUP)
+_EOS = 0x20
+
+Address = Any
+Transmit = Callable[[Any, Address], None]
+
+
+class StreamInterest:
+    """One subscription's interest in one stream id on this endpoint, with its images."""
+
+    def __init__(
+        self,
+        stream_id: int,
+        *,
+        session_id: int | None = None,
+        control_address: Address | None = None,
+        receiver_window: int = 128 * 1024,
+        nak_delay_ns: int = 100_000,
+        reliable: bool = True,
+        on_image: Callable[[ImageState], None] | None = None,
+        on_image_gone: Callable[[ImageState], None] | None = None,
+        on_data: Callable[[], None] | None = None,
+    ) -> None:
+        self.stream_id = stream_id
+        self.session_id = session_id
+        self.control_address = control_address
+        self.receiver_window = receiver_window
+        self.nak_delay_ns = nak_delay_ns
+        self.reliable = reliable
+        self.on_image = on_image
+        self.on_image_gone = on_image_gone
+        self.on_data = on_data
+        self.receiver_id = random.getrandbits(63)
+        self.images: dict[int, ImageState] = {}
+        self.elicit_deadline_ns = 0
+        self.closed = False
+
+
+class ReceiveDispatcher:
+    """Routes the datagrams of one receive endpoint to images; counts what it drops."""
+
+    def __init__(self) -> None:
+        self.interests: dict[int, tuple[StreamInterest, ...]] = {}
+        self.pending_setups: dict[tuple[int, int], int] = {}
+        self.cool_down: dict[tuple[int, int], int] = {}
+        self.status_messages_sent = 0
+        self.setups_received = 0
+        self.unknown_session_data = 0
+        self.invalid_frames = 0
+        self.heartbeats_received = 0
+        self.images_created = 0
+        self.images_removed = 0
+        self.retired: dict[str, int] = {}  # counts of images already removed
+        self._sm = bytearray(SM_LENGTH)
+
+    # --------------------------------------------------------------- registration
+
+    def add(self, interest: StreamInterest) -> None:
+        current = self.interests.get(interest.stream_id, ())
+        self.interests[interest.stream_id] = (*current, interest)
+
+    def remove(self, interest: StreamInterest, now_ns: int) -> None:
+        """Close an interest; its images send EOS SMs on the next steps and go away."""
+        interest.closed = True
+        for image in interest.images.values():
+            image.is_closing = True
+
+    def has_interests(self) -> bool:
+        return bool(self.interests)
+
+    # --------------------------------------------------------------- datagrams
+
+    def on_datagram(self, buf: Any, length: int, source: Address, now_ns: int,
+                    transmit: Transmit) -> int:
+        """Handle one received datagram (``buf[:length]``); raises InvalidFrameError if malformed."""
+        if length < 8:
+            raise InvalidFrameError(f"datagram of {length} bytes is shorter than a frame header")
+        if buf[4] != 0:
+            raise InvalidFrameError(f"unsupported protocol version {buf[4]}")
+        ftype = buf[6] | (buf[7] << 8)
+        if ftype == _TYPE_DATA or ftype == _TYPE_PAD:
+            return self._on_data(buf, length, source, now_ns, transmit)
+        if ftype == _TYPE_SETUP:
+            return self._on_setup(SetupFrame.decode(buf[:length]), source, now_ns)
+        frame_type_of(buf[:length])  # validates; SM/NAK/RTTM/ERR here are for publications
+        return 0
+
+    def _on_data(self, buf: Any, length: int, source: Address, now_ns: int,
+                 transmit: Transmit) -> int:
+        if length < DATA_HEADER_LENGTH:
+            raise InvalidFrameError(f"DATA datagram of {length} bytes, need 32")
+        (frame_length, _v, flags, _t, term_offset, session_id, stream_id, term_id, _r) = (
+            _unpack_header(buf, 0)
+        )
+        interests = self.interests.get(stream_id)
+        if interests is None:
+            return 0
+        if term_offset < 0 or term_offset & (FRAME_ALIGNMENT - 1):
+            raise InvalidFrameError(f"DATA term_offset {term_offset} is not a multiple of 32")
+        if frame_length == 0:
+            if length != DATA_HEADER_LENGTH:
+                raise InvalidFrameError("heartbeat datagram longer than 32 bytes")
+            self.heartbeats_received += 1
+            extent = length
+        else:
+            extent = _check_frames(buf, length)
+        work = 0
+        known = False
+        for interest in interests:
+            image = interest.images.get(session_id)
+            if image is None:
+                continue
+            known = True
+            if term_offset + extent > image.term_length:
+                raise InvalidFrameError(f"DATA at {term_offset}+{length} runs past the term")
+            if image.on_data(buf, length, term_id, term_offset, now_ns):
+                work += 1
+                if interest.on_data is not None:
+                    interest.on_data()
+        if not known and not flags & _EOS:
+            key = (session_id, stream_id)
+            if key in self.cool_down:
+                if now_ns < self.cool_down[key]:
+                    return work
+                del self.cool_down[key]
+            if any(not i.closed and (i.session_id is None or i.session_id == session_id)
+                   for i in interests):
+                self.unknown_session_data += 1
+                due = self.pending_setups.get(key)
+                if due is None or now_ns >= due:
+                    self.pending_setups[key] = now_ns + SEND_SETUP_INTERVAL_NS
+                    target = next((i.control_address for i in interests
+                                   if i.control_address is not None), source)
+                    self._send_sm(transmit, target, session_id, stream_id, interests[0].receiver_id,
+                                  SmFlags.SEND_SETUP)
+                    work += 1
+        return work
+
+    def _on_setup(self, setup: SetupFrame, source: Address, now_ns: int) -> int:
+        self.setups_received += 1
+        interests = self.interests.get(setup.stream_id)
+        if interests is None:
+            return 0
+        term_length = setup.term_length
+        if not (is_power_of_two(term_length) and TERM_MIN_LENGTH <= term_length <= TERM_MAX_LENGTH):
+            raise InvalidFrameError(f"SETUP term_length {term_length} is not a valid term length")
+        mtu = setup.mtu
+        if not (DATA_HEADER_LENGTH < mtu <= MAX_UDP_PAYLOAD_LENGTH and mtu % FRAME_ALIGNMENT == 0
+                and mtu <= term_length // 2):
+            raise InvalidFrameError(f"SETUP mtu {mtu} is not valid")
+        if not 0 <= setup.term_offset < term_length or setup.term_offset % FRAME_ALIGNMENT:
+            raise InvalidFrameError(f"SETUP term_offset {setup.term_offset} is not valid")
+        key = (setup.session_id, setup.stream_id)
+        until = self.cool_down.get(key)
+        if until is not None:
+            if now_ns < until:
+                return 0
+            del self.cool_down[key]
+        work = 0
+        for interest in interests:
+            if interest.closed or setup.session_id in interest.images:
+                continue
+            if interest.session_id is not None and interest.session_id != setup.session_id:
+                continue
+            image = ImageState(
+                session_id=setup.session_id,
+                stream_id=setup.stream_id,
+                initial_term_id=setup.initial_term_id,
+                active_term_id=setup.active_term_id,
+                term_offset=setup.term_offset,
+                term_length=term_length,
+                mtu=mtu,
+                source_address=source,
+                control_address=interest.control_address,
+                receiver_window=interest.receiver_window,
+                nak_delay_ns=interest.nak_delay_ns,
+                reliable=interest.reliable,
+                receiver_id=interest.receiver_id,
+                now_ns=now_ns,
+            )
+            interest.images[setup.session_id] = image
+            self.images_created += 1
+            self.pending_setups.pop(key, None)
+            if interest.on_image is not None:
+                interest.on_image(image)
+            work += 1
+        return work
+
+    def _send_sm(self, transmit: Transmit, address: Address, session_id: int, stream_id: int,
+                 receiver_id: int, flags: int) -> None:
+        SM.pack_into(self._sm, 0, SM_LENGTH, 0, flags, FrameType.SM, session_id, stream_id, 0, 0,
+                     0, receiver_id)
+        transmit(bytes(self._sm), address)
+        self.status_messages_sent += 1
+
+    # --------------------------------------------------------------- timers
+
+    def do_work(self, now_ns: int, transmit: Transmit) -> int:
+        work = 0
+        for stream_id, interests in list(self.interests.items()):
+            for interest in interests:
+                for session_id, image in list(interest.images.items()):
+                    work += image.do_work(now_ns, transmit)
+                    if image.is_done:
+                        del interest.images[session_id]
+                        self.images_removed += 1
+                        for name, value in image_counts(image).items():
+                            self.retired[name] = self.retired.get(name, 0) + value
+                        self.cool_down[(session_id, stream_id)] = now_ns + COOL_DOWN_NS
+                        if interest.on_image_gone is not None:
+                            interest.on_image_gone(image)
+                if (interest.control_address is not None and not interest.closed
+                        and now_ns >= interest.elicit_deadline_ns):
+                    self._send_sm(transmit, interest.control_address, 0, stream_id,
+                                  interest.receiver_id, SmFlags.SEND_SETUP)
+                    interval = ELICIT_CONNECTED_INTERVAL_NS if interest.images else ELICIT_INTERVAL_NS
+                    interest.elicit_deadline_ns = now_ns + interval
+                    work += 1
+            remaining = tuple(i for i in interests if not (i.closed and not i.images))
+            if remaining != interests:
+                if remaining:
+                    self.interests[stream_id] = remaining
+                else:
+                    del self.interests[stream_id]
+        if len(self.cool_down) > 256:
+            self.cool_down = {k: v for k, v in self.cool_down.items() if v > now_ns}
+        if len(self.pending_setups) > 256:
+            self.pending_setups = {k: v for k, v in self.pending_setups.items() if v > now_ns}
+        return work
+
+    def next_deadline_ns(self, now_ns: int) -> int:
+        deadline = now_ns + 1_000_000_000
+        for interests in self.interests.values():
+            for interest in interests:
+                if interest.control_address is not None and interest.elicit_deadline_ns < deadline:
+                    deadline = interest.elicit_deadline_ns
+                for image in interest.images.values():
+                    if image.needs_work() or image.is_closing:
+                        return now_ns
+                    d = image.next_deadline_ns
+                    if d < deadline:
+                        deadline = d
+        return deadline
+
+    def images(self) -> list[ImageState]:
+        return [im for interests in self.interests.values() for i in interests
+                for im in i.images.values()]
+
+
+def _check_frames(buf: Any, length: int) -> int:
+    """Every frame of a DATA datagram lies inside it; a PAD frame may only come last.
+
+    Returns the extent of the datagram in the term (a final PAD covers the rest of the term).
+    """
+    offset = 0
+    while offset < length:
+        if length - offset < DATA_HEADER_LENGTH:
+            raise InvalidFrameError(f"{length - offset} trailing bytes after the last frame")
+        frame_length = _i32_from(buf, offset)[0]
+        ftype = buf[offset + 6] | (buf[offset + 7] << 8)
+        if ftype == _TYPE_PAD:
+            if frame_length < DATA_HEADER_LENGTH or offset + DATA_HEADER_LENGTH != length:
+                raise InvalidFrameError("PAD frame that is not the last of its datagram")
+            return offset + frame_length
+        if ftype != _TYPE_DATA or buf[offset + 4] != 0:
+            raise InvalidFrameError(f"frame of type {ftype:#x} inside a DATA datagram")
+        if frame_length < DATA_HEADER_LENGTH or offset + frame_length > length:
+            raise InvalidFrameError(f"DATA frame_length {frame_length} at {offset} is not valid")
+        offset += (frame_length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+    return length
+
+
+def image_counts(image: ImageState) -> dict[str, int]:
+    """The counters an image keeps, under their system counter names."""
+    return {
+        "naks_sent": image.naks_sent,
+        "status_messages_sent": image.status_messages_sent,
+        "flow_control_over_runs": image.over_runs,
+        "flow_control_under_runs": image.under_runs,
+        "gaps_filled": image.gaps_filled,
+    }

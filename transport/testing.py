@@ -1,0 +1,117 @@
+"""Helpers for testing code that uses the transport (like ``trio.testing``).
+
+* :class:`LossConfig` / :class:`LossInjector`: drop, duplicate and reorder received datagrams at
+  given rates, from a seeded random generator, between a socket and the state machines (Aeron's
+  ``LossGenerator``). Pass ``DriverConfig(loss=LossConfig(...))`` to a driver.
+* :class:`ManualClock`: a ``now_ns`` source tests advance by hand.
+* :func:`free_udp_port`: a port number that was free a moment ago (prefer binding port 0).
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from aeron_spark.transport.errors import ChannelError
+
+
+@dataclass(frozen=True, slots=True)
+class LossConfig:
+    """Rates (0..1) at which received datagrams are dropped, duplicated or held back a while."""
+
+    drop_rate: float = 0.0
+    duplicate_rate: float = 0.0
+    reorder_rate: float = 0.0
+    seed: int = 0
+    reorder_depth: int = 3  # a held datagram is released after this many later ones
+
+    def __post_init__(self) -> None:
+        for name in ("drop_rate", "duplicate_rate", "reorder_rate"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ChannelError(name, value, "a rate from 0.0 to 1.0")
+        if self.reorder_depth < 1:
+            raise ChannelError("reorder_depth", self.reorder_depth, "at least 1")
+
+
+class LossInjector:
+    """Sits in an endpoint's receive path; counts what it drops in ``loss_injected_drops``."""
+
+    def __init__(self, config: LossConfig, counters: Any = None) -> None:
+        self.config = config
+        self.counters = counters
+        self.random = random.Random(config.seed)
+        self.held: deque[list[Any]] = deque()  # [remaining_count, data, length, source]
+        self.ready: deque[tuple[Any, int, Any]] = deque()
+        self.dropped = 0
+        self.duplicated = 0
+        self.reordered = 0
+
+    def receive(self, endpoint: Any) -> tuple[Any, int, Any] | None:
+        """Next datagram to deliver, after loss, duplication and reordering; None if none."""
+        if self.ready:
+            return self.ready.popleft()
+        cfg = self.config
+        rnd = self.random.random
+        while True:
+            got = endpoint.raw_receive()
+            if got is None:
+                # Nothing new: release held datagrams so nothing stays stuck forever.
+                if self.held:
+                    _, data, length, source = self.held.popleft()
+                    return data, length, source
+                return None
+            buf, length, source = got
+            if cfg.drop_rate and rnd() < cfg.drop_rate:
+                self.dropped += 1
+                if self.counters is not None:
+                    self.counters.loss_injected_drops += 1
+                continue
+            for item in self.held:
+                item[0] -= 1
+            while self.held and self.held[0][0] <= 0:
+                _, data, hlen, hsource = self.held.popleft()
+                self.ready.append((data, hlen, hsource))
+            if cfg.reorder_rate and rnd() < cfg.reorder_rate:
+                self.reordered += 1
+                self.held.append([cfg.reorder_depth, bytes(buf[:length]), length, source])
+                if self.ready:
+                    return self.ready.popleft()
+                continue
+            if cfg.duplicate_rate and rnd() < cfg.duplicate_rate:
+                self.duplicated += 1
+                copy = bytes(buf[:length])
+                self.ready.append((copy, length, source))
+                return copy, length, source
+            if self.ready:
+                self.ready.append((bytes(buf[:length]), length, source))
+                return self.ready.popleft()
+            return buf, length, source
+
+
+class ManualClock:
+    """A clock for stepping sans-I/O machines: ``clock.now_ns``, ``clock.advance(ns)``."""
+
+    def __init__(self, start_ns: int = 1_000_000_000) -> None:
+        self.now_ns = start_ns
+
+    def advance(self, delta_ns: int) -> int:
+        self.now_ns += delta_ns
+        return self.now_ns
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+
+def free_udp_port(host: str = "127.0.0.1") -> int:
+    """A UDP port that was free when asked (racy: binding port 0 directly is better)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+__all__ = ["LossConfig", "LossInjector", "ManualClock", "free_udp_port"]
