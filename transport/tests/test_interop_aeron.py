@@ -59,8 +59,14 @@ AERON_BIN, _SKIP_REASON = _driver_dir_or_skip_reason()
 if AERON_BIN is None:
     pytest.skip(_SKIP_REASON, allow_module_level=True)
 
-from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler  # noqa: E402
-from aeron_spark.transport.api import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED  # noqa: E402
+from aeron_spark.transport import (  # noqa: E402
+    Driver,
+    DriverConfig,
+    FragmentAssembler,
+    Header,
+    Publication,
+    Subscription,
+)
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -220,8 +226,8 @@ def real_driver() -> Iterator[RealDriver]:
 
 
 @pytest.fixture
-def our_driver() -> Iterator[Driver]:
-    with Driver(DriverConfig()) as d:
+def our_driver(tmp_path: Path) -> Iterator[Driver]:
+    with Driver(DriverConfig(directory=tmp_path / "aeron-spark")) as d:
         yield d
 
 
@@ -234,14 +240,14 @@ class Received:
     sessions: set[int] = field(default_factory=set)
     streams: set[int] = field(default_factory=set)
 
-    def handler(self, payload: memoryview, header: object) -> None:
+    def handler(self, payload: memoryview, header: Header) -> None:
         self.payloads.append(bytes(payload))
-        self.sessions.add(header.session_id)  # type: ignore[attr-defined]
-        self.streams.add(header.stream_id)  # type: ignore[attr-defined]
+        self.sessions.add(header.session_id)
+        self.streams.add(header.stream_id)
 
 
 def _poll_until(
-    sub: object, received: Received, done: Callable[[], bool], timeout_s: float
+    sub: Subscription, received: Received, done: Callable[[], bool], timeout_s: float
 ) -> None:
     """Poll ``sub`` through a FragmentAssembler until ``done()`` or the timeout; never spins."""
     assembler = FragmentAssembler(received.handler)
@@ -250,28 +256,13 @@ def _poll_until(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return
-        if sub.poll(assembler, 256) == 0:  # type: ignore[attr-defined]
-            sub.wait(min(remaining, 0.05))  # type: ignore[attr-defined]
+        if sub.poll(assembler, 256) == 0:
+            sub.wait(min(remaining, 0.05))
 
 
-def _offer_all(pub: object, messages: list[bytes], timeout_s: float) -> list[int]:
-    """Offer each message, retrying back pressure with a bounded wait; returns positions."""
-    positions = []
-    deadline = time.monotonic() + timeout_s
-    for i, msg in enumerate(messages):
-        while True:
-            result = pub.offer(msg)  # type: ignore[attr-defined]
-            if result > 0:
-                positions.append(result)
-                break
-            assert result in (BACK_PRESSURED, ADMIN_ACTION, NOT_CONNECTED), (
-                f"offer of message {i} failed with {result}"
-            )
-            assert time.monotonic() < deadline, (
-                f"message {i} still refused ({result}) after {timeout_s} s"
-            )
-            time.sleep(0.001)  # bounded back-off while the real receiver drains
-    return positions
+def _offer_all(pub: Publication, messages: list[bytes], timeout_s: float) -> list[int]:
+    """Offer each message, waiting (bounded) through back pressure; returns the positions."""
+    return [pub.offer_blocking(msg, timeout_s=timeout_s) for msg in messages]
 
 
 def _channel(port: int, **params: object) -> str:
