@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport.protocol.logbuffer import check_mtu, check_term_length
+
+from aeron_spark.errors import ConfigurationError
 
 DEFAULT_PORT = 40123
 
@@ -60,8 +61,12 @@ class ServerConfig:
         check_mtu(self.mtu, "mtu")
         if self.mtu > self.term_length // 2:
             raise ConfigurationError("mtu", self.mtu, "at most half of term_length")
-        for name in ("session_lease_ns", "gc_interval_ns", "max_replays_per_session",
-                     "max_block_bytes"):
+        for name in (
+            "session_lease_ns",
+            "gc_interval_ns",
+            "max_replays_per_session",
+            "max_block_bytes",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(name, getattr(self, name), "a positive number")
         if self.staging_lease_s <= 0:
@@ -69,7 +74,9 @@ class ServerConfig:
         if self.max_block_bytes < 4096:
             raise ConfigurationError("max_block_bytes", self.max_block_bytes, "at least 4096")
         if not all(-(2**31) <= s < 2**31 for s in self.ingest_stream_ids):
-            raise ConfigurationError("ingest_stream_ids", self.ingest_stream_ids, "32-bit stream ids")
+            raise ConfigurationError(
+                "ingest_stream_ids", self.ingest_stream_ids, "32-bit stream ids"
+            )
 
 
 __all__ = ["DEFAULT_PORT", "ServerConfig"]

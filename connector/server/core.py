@@ -51,8 +51,9 @@ class ReplayCursor(Protocol):
 class Publisher(Protocol):
     recording_id: int
 
-    def publish(self, payloads: Sequence[bytes], reserved_values: Sequence[int] | None,
-                now_ns: int) -> int: ...
+    def publish(
+        self, payloads: Sequence[bytes], reserved_values: Sequence[int] | None, now_ns: int
+    ) -> int: ...
     def close(self, now_ns: int) -> None: ...
 
 
@@ -98,19 +99,37 @@ class ServerCore:
         self.committer = committer
         self.sessions: dict[object, Session] = {}
         self.counters: dict[str, int] = {
-            "sessions_opened": 0, "sessions_closed": 0, "sessions_expired": 0,
-            "requests": 0, "request_errors": 0, "protocol_errors": 0, "internal_errors": 0,
-            "not_authorised": 0, "replays_started": 0, "replays_completed": 0,
-            "replays_failed": 0, "replays_stopped": 0, "replay_bytes": 0, "replay_blocks": 0,
-            "messages_published": 0, "bytes_published": 0, "chunks_discarded": 0,
+            "sessions_opened": 0,
+            "sessions_closed": 0,
+            "sessions_expired": 0,
+            "requests": 0,
+            "request_errors": 0,
+            "protocol_errors": 0,
+            "internal_errors": 0,
+            "not_authorised": 0,
+            "replays_started": 0,
+            "replays_completed": 0,
+            "replays_failed": 0,
+            "replays_stopped": 0,
+            "replay_bytes": 0,
+            "replay_blocks": 0,
+            "messages_published": 0,
+            "bytes_published": 0,
+            "chunks_discarded": 0,
         }
         self._replay_owner: dict[int, object] = {}
 
     # --- sessions -----------------------------------------------------------------------------
 
     def open_session(self, key: object, peer: str, max_message_length: int, now_ns: int) -> Session:
-        session = Session(key, peer, max_message_length, now_ns + self.config.session_lease_ns,
-                          now_ns, Reassembler(timeout_ns=self.config.session_lease_ns))
+        session = Session(
+            key,
+            peer,
+            max_message_length,
+            now_ns + self.config.session_lease_ns,
+            now_ns,
+            Reassembler(timeout_ns=self.config.session_lease_ns),
+        )
         self.sessions[key] = session
         self.counters["sessions_opened"] += 1
         return session
@@ -141,8 +160,9 @@ class ServerCore:
 
     # --- requests -----------------------------------------------------------------------------
 
-    def on_message(self, key: object, message: bytes | bytearray | memoryview,
-                   now_ns: int) -> list[bytes]:
+    def on_message(
+        self, key: object, message: bytes | bytearray | memoryview, now_ns: int
+    ) -> list[bytes]:
         """Handle one message received on a session; returns the replies to send on it."""
         session = self.sessions.get(key)
         if session is None:
@@ -178,8 +198,12 @@ class ServerCore:
             self.counters["internal_errors"] += 1
             session.errors += 1
             log.exception("internal error in %s from %s", request.op, session.peer)
-            return [proto.encode_error(request.id, ServerError(
-                f"{request.op} failed on the server: {type(exc).__name__}: {exc}"))]
+            return [
+                proto.encode_error(
+                    request.id,
+                    ServerError(f"{request.op} failed on the server: {type(exc).__name__}: {exc}"),
+                )
+            ]
         return [proto.encode_ok(request.id, result)]
 
     def _authorise(self, op: str, stream_ids: Iterable[int] = ()) -> None:
@@ -191,8 +215,9 @@ class ServerCore:
         if allowed is not None:
             for stream_id in stream_ids:
                 if stream_id not in allowed:
-                    raise NotAuthorisedError(f"stream {stream_id} is not served to sessions",
-                                             op=op, stream_id=stream_id)
+                    raise NotAuthorisedError(
+                        f"stream {stream_id} is not served to sessions", op=op, stream_id=stream_id
+                    )
 
     def _stream_of(self, recording_id: int) -> int:
         return int(self.store.recording_info(recording_id)["stream_id"])
@@ -224,13 +249,21 @@ class ServerCore:
         if op == "stage":
             self._authorise(op, [args["stream_id"]])
             return self.committer.staging.write(
-                session.key, args["sink_id"], args["batch_id"], args["partition_id"],
-                args["attempt"], args["stream_id"], args["payloads"], args.get("reserved_values"),
-                args["final"])
+                session.key,
+                args["sink_id"],
+                args["batch_id"],
+                args["partition_id"],
+                args["attempt"],
+                args["stream_id"],
+                args["payloads"],
+                args.get("reserved_values"),
+                args["final"],
+            )
         if op == "commit":
             self._authorise(op, [args["stream_id"]])
-            return self.committer.commit(args["sink_id"], args["batch_id"], args["stream_id"],
-                                         args["staged"], now_ns)
+            return self.committer.commit(
+                args["sink_id"], args["batch_id"], args["stream_id"], args["staged"], now_ns
+            )
         if op == "abort":
             self._authorise(op)
             self.committer.abort(args["sink_id"], args["batch_id"], args["staged"])
@@ -246,15 +279,24 @@ class ServerCore:
 
     def _visible_recordings(self, stream_ids: set[int] | None) -> list[dict[str, Any]]:
         allowed = self.config.allowed_stream_ids
-        return [r for r in self.store.list_recordings(stream_ids)
-                if allowed is None or r["stream_id"] in allowed]
+        return [
+            r
+            for r in self.store.list_recordings(stream_ids)
+            if allowed is None or r["stream_id"] in allowed
+        ]
 
     def _list_streams(self) -> list[dict[str, Any]]:
         streams: dict[int, dict[str, Any]] = {}
         for rec in self._visible_recordings(None):
-            entry = streams.setdefault(rec["stream_id"], {
-                "stream_id": rec["stream_id"], "recordings": 0, "active_recordings": 0,
-                "bytes": 0})
+            entry = streams.setdefault(
+                rec["stream_id"],
+                {
+                    "stream_id": rec["stream_id"],
+                    "recordings": 0,
+                    "active_recordings": 0,
+                    "bytes": 0,
+                },
+            )
             entry["recordings"] += 1
             entry["active_recordings"] += rec["stop_position"] is None
             entry["bytes"] += rec["recorded_position"] - rec["purged_position"]
@@ -281,14 +323,17 @@ class ServerCore:
         if len(session.replays) >= self.config.max_replays_per_session:
             raise LimitExceededError(
                 f"a session may run at most {self.config.max_replays_per_session} replays at once",
-                limit=self.config.max_replays_per_session)
+                limit=self.config.max_replays_per_session,
+            )
         if request.id in session.replays:
             raise ControlProtocolError(f"request id {request.id} is already a running replay")
         self._authorise("replay", [self._stream_of(args["recording_id"])])
         cursor = self.store.open_replay(args["recording_id"], args["start"], args.get("end"))
-        limit = min(args.get("max_block_bytes") or self.config.max_block_bytes,
-                    self.config.max_block_bytes,
-                    session.max_message_length - proto.REPLAY_DATA_HEADER_LENGTH)
+        limit = min(
+            args.get("max_block_bytes") or self.config.max_block_bytes,
+            self.config.max_block_bytes,
+            session.max_message_length - proto.REPLAY_DATA_HEADER_LENGTH,
+        )
         session.replays[request.id] = _Replay(request.id, cursor, max(limit, 4096))
         self._replay_owner[request.id] = session.key
         self.counters["replays_started"] += 1
@@ -317,20 +362,21 @@ class ServerCore:
             replay = session.replays[rid]
             try:
                 while sent < budget_bytes:
-                    chunk = replay.cursor.read(min(replay.max_block_bytes, budget_bytes - sent + 4096),
-                                               now_ns)
+                    chunk = replay.cursor.read(
+                        min(replay.max_block_bytes, budget_bytes - sent + 4096), now_ns
+                    )
                     if chunk is None:
                         break
                     position, end_position, ts, frames = chunk
-                    out.append(proto.encode_replay_header(rid, position, end_position, ts)
-                               + frames)
+                    out.append(proto.encode_replay_header(rid, position, end_position, ts) + frames)
                     sent += len(frames) + proto.REPLAY_DATA_HEADER_LENGTH
                     session.bytes_replayed += len(frames)
                     self.counters["replay_bytes"] += len(frames)
                     self.counters["replay_blocks"] += 1
                 if replay.cursor.done:
-                    out.append(proto.encode_event(rid, "replay_end",
-                                                  {"position": replay.cursor.position}))
+                    out.append(
+                        proto.encode_event(rid, "replay_end", {"position": replay.cursor.position})
+                    )
                     replay.cursor.close()
                     del session.replays[rid]
                     self.counters["replays_completed"] += 1
@@ -342,8 +388,13 @@ class ServerCore:
             except Exception as exc:
                 log.exception("replay %s of %s failed", rid, session.peer)
                 self.counters["internal_errors"] += 1
-                out.append(proto.encode_event_error(rid, "replay_end", ServerError(
-                    f"replay failed on the server: {type(exc).__name__}: {exc}")))
+                out.append(
+                    proto.encode_event_error(
+                        rid,
+                        "replay_end",
+                        ServerError(f"replay failed on the server: {type(exc).__name__}: {exc}"),
+                    )
+                )
                 replay.cursor.close()
                 del session.replays[rid]
                 self.counters["replays_failed"] += 1
@@ -354,20 +405,37 @@ class ServerCore:
     # --- housekeeping -------------------------------------------------------------------------
 
     def stats(self, now_ns: int) -> dict[str, Any]:
-        sessions = [{
-            "peer": s.peer, "age_s": (now_ns - s.opened_ns) / 1e9, "requests": s.requests,
-            "errors": s.errors, "replays": len(s.replays), "bytes_replayed": s.bytes_replayed,
-            "publishing": sorted(s.publishers)} for s in self.sessions.values()]
+        sessions = [
+            {
+                "peer": s.peer,
+                "age_s": (now_ns - s.opened_ns) / 1e9,
+                "requests": s.requests,
+                "errors": s.errors,
+                "replays": len(s.replays),
+                "bytes_replayed": s.bytes_replayed,
+                "publishing": sorted(s.publishers),
+            }
+            for s in self.sessions.values()
+        ]
         committer = self.committer
         counters = dict(self.counters)
-        counters.update({
-            "sink_commits": committer.commits, "sink_duplicate_commits": committer.duplicate_commits,
-            "sink_resumed_commits": committer.resumed_commits, "sink_aborts": committer.aborts,
-            "sink_parts_staged": committer.staging.parts_staged,
-            "sink_parts_garbage_collected": committer.staging.parts_garbage_collected,
-        })
-        return {"streams": self._list_streams(), "recordings": self._visible_recordings(None),
-                "sessions": sessions, "counters": counters, "store": self.store.stats()}
+        counters.update(
+            {
+                "sink_commits": committer.commits,
+                "sink_duplicate_commits": committer.duplicate_commits,
+                "sink_resumed_commits": committer.resumed_commits,
+                "sink_aborts": committer.aborts,
+                "sink_parts_staged": committer.staging.parts_staged,
+                "sink_parts_garbage_collected": committer.staging.parts_garbage_collected,
+            }
+        )
+        return {
+            "streams": self._list_streams(),
+            "recordings": self._visible_recordings(None),
+            "sessions": sessions,
+            "counters": counters,
+            "store": self.store.stats(),
+        }
 
 
 __all__ = ["Publisher", "ReplayCursor", "ServerCore", "Session", "Store"]

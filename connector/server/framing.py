@@ -21,7 +21,12 @@ import struct
 from collections.abc import Iterable, Iterator, Sequence
 
 from aeron_spark.connector.errors import PayloadTooLargeError
-from aeron_spark.transport.protocol.frames import DATA_HEADER_LENGTH, FRAME_ALIGNMENT, DataFlags, FrameType
+from aeron_spark.transport.protocol.frames import (
+    DATA_HEADER_LENGTH,
+    FRAME_ALIGNMENT,
+    DataFlags,
+    FrameType,
+)
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
 
 _HEADER = struct.Struct("<iBBhiiiiq")
@@ -39,7 +44,11 @@ class Framer:
     ``position`` is always the end of the last frame produced (a frame boundary)."""
 
     def __init__(
-        self, geometry: LogGeometry, session_id: int, stream_id: int, position: int,
+        self,
+        geometry: LogGeometry,
+        session_id: int,
+        stream_id: int,
+        position: int,
         max_block_bytes: int = 4 * 1024 * 1024,
     ) -> None:
         if position % FRAME_ALIGNMENT:
@@ -57,10 +66,13 @@ class Framer:
             raise PayloadTooLargeError(
                 f"message of {payload_length} bytes exceeds the stream's maximum message length "
                 f"{self._max_message} (term_length / 8); split it into chunks first",
-                length=payload_length, limit=self._max_message)
+                length=payload_length,
+                limit=self._max_message,
+            )
 
     def frame(
-        self, payloads: Iterable[bytes | bytearray | memoryview],
+        self,
+        payloads: Iterable[bytes | bytearray | memoryview],
         reserved_values: Sequence[int] | None = None,
     ) -> Iterator[tuple[int, bytes]]:
         geometry = self.geometry
@@ -76,8 +88,11 @@ class Framer:
             length = len(payload)
             self.check(length)
             rv = reserved_values[index] if reserved_values is not None else 0
-            framed = geometry.framed_length(length) if length > max_payload else (
-                (length + DATA_HEADER_LENGTH + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT)
+            framed = (
+                geometry.framed_length(length)
+                if length > max_payload
+                else ((length + DATA_HEADER_LENGTH + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT)
+            )
             term_offset = position & (term_length - 1)
             if term_offset + framed > term_length:
                 # PAD to the end of the term; the term ends the block.
@@ -85,8 +100,19 @@ class Framer:
                 term_id = (initial + (position >> shift) + 2**31) % 2**32 - 2**31
                 start = len(block)
                 block += bytes(pad)
-                _pack_into(block, start, pad, 0, _UNFRAG, _PAD, term_offset, session_id,
-                           stream_id, term_id, 0)
+                _pack_into(
+                    block,
+                    start,
+                    pad,
+                    0,
+                    _UNFRAG,
+                    _PAD,
+                    term_offset,
+                    session_id,
+                    stream_id,
+                    term_id,
+                    0,
+                )
                 position += pad
                 yield block_start, bytes(block)
                 block = bytearray()
@@ -100,8 +126,19 @@ class Framer:
             start = len(block)
             block += bytes(framed)
             if length <= max_payload:
-                _pack_into(block, start, length + DATA_HEADER_LENGTH, 0, _UNFRAG, _DATA,
-                           term_offset, session_id, stream_id, term_id, rv)
+                _pack_into(
+                    block,
+                    start,
+                    length + DATA_HEADER_LENGTH,
+                    0,
+                    _UNFRAG,
+                    _DATA,
+                    term_offset,
+                    session_id,
+                    stream_id,
+                    term_id,
+                    rv,
+                )
                 block[start + DATA_HEADER_LENGTH : start + DATA_HEADER_LENGTH + length] = payload
             else:
                 view = memoryview(payload)
@@ -110,9 +147,21 @@ class Framer:
                 while consumed < length:
                     chunk = min(max_payload, length - consumed)
                     flags = (_BEGIN if consumed == 0 else 0) | (
-                        _END if consumed + chunk == length else 0)
-                    _pack_into(block, offset, chunk + DATA_HEADER_LENGTH, 0, flags, _DATA,
-                               term_offset + offset - start, session_id, stream_id, term_id, rv)
+                        _END if consumed + chunk == length else 0
+                    )
+                    _pack_into(
+                        block,
+                        offset,
+                        chunk + DATA_HEADER_LENGTH,
+                        0,
+                        flags,
+                        _DATA,
+                        term_offset + offset - start,
+                        session_id,
+                        stream_id,
+                        term_id,
+                        rv,
+                    )
                     body = offset + DATA_HEADER_LENGTH
                     block[body : body + chunk] = view[consumed : consumed + chunk]
                     offset += (chunk + DATA_HEADER_LENGTH + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT

@@ -88,8 +88,15 @@ class StagingStore:
         self.bytes_staged = 0
 
     def write(
-        self, owner: object, sink_id: str, batch_id: int, partition_id: int, attempt: int,
-        stream_id: int, payloads: Sequence[bytes], reserved_values: Sequence[int] | None,
+        self,
+        owner: object,
+        sink_id: str,
+        batch_id: int,
+        partition_id: int,
+        attempt: int,
+        stream_id: int,
+        payloads: Sequence[bytes],
+        reserved_values: Sequence[int] | None,
         final: bool,
     ) -> dict[str, Any] | None:
         """Append payloads to the part of ``(sink, batch, partition, attempt)``; on ``final`` make
@@ -132,9 +139,16 @@ class StagingStore:
         os.replace(os.path.join(directory, name + ".open"), os.path.join(directory, name + ".part"))
         _fsync_dir(directory)
         self.parts_staged += 1
-        return {"sink_id": sink_id, "batch_id": batch_id, "partition_id": partition_id,
-                "attempt": attempt, "stream_id": stream_id, "part": name, "count": part.count,
-                "bytes": part.nbytes}
+        return {
+            "sink_id": sink_id,
+            "batch_id": batch_id,
+            "partition_id": partition_id,
+            "attempt": attempt,
+            "stream_id": stream_id,
+            "part": name,
+            "count": part.count,
+            "bytes": part.nbytes,
+        }
 
     def release_owner(self, owner: object) -> None:
         """A session went away: close its unfinished parts (left for the lease GC)."""
@@ -144,14 +158,17 @@ class StagingStore:
                 del self._open[key]
 
     def part_path(self, staged: dict[str, Any]) -> str:
-        return os.path.join(_key_dir(self.root, staged["sink_id"], staged["batch_id"]),
-                            staged["part"] + ".part")
+        return os.path.join(
+            _key_dir(self.root, staged["sink_id"], staged["batch_id"]), staged["part"] + ".part"
+        )
 
     def check_part(self, staged: dict[str, Any]) -> str:
         expected = f"{staged['partition_id']}-{staged['attempt']}"
         if staged["part"] != expected:
-            raise ControlProtocolError(f"staged part name {staged['part']!r} does not match its "
-                                       f"partition and attempt ({expected!r})")
+            raise ControlProtocolError(
+                f"staged part name {staged['part']!r} does not match its "
+                f"partition and attempt ({expected!r})"
+            )
         path = self.part_path(staged)
         try:
             size = os.path.getsize(path)
@@ -159,12 +176,15 @@ class StagingStore:
             raise StagedDataMissingError(
                 f"staged part {staged['part']} of sink {staged['sink_id']!r} batch "
                 f"{staged['batch_id']} is not on the server (aborted, garbage collected after its "
-                "lease, or never completed)", part=staged["part"]) from None
+                "lease, or never completed)",
+                part=staged["part"],
+            ) from None
         if size != staged["bytes"] + _RECORD.size * staged["count"]:
             raise StagedDataMissingError(
                 f"staged part {staged['part']} has {size} bytes on disk, the commit message "
                 f"describes {staged['count']} payloads of {staged['bytes']} bytes",
-                part=staged["part"])
+                part=staged["part"],
+            )
         return path
 
     def read_part(self, path: str) -> Iterator[tuple[list[bytes], list[int]]]:
@@ -192,11 +212,14 @@ class StagingStore:
                 if payloads:
                     yield payloads, rvs
             if pending:
-                raise StagedDataMissingError(f"staged part {path} ends inside a record",
-                                             part=os.path.basename(path))
+                raise StagedDataMissingError(
+                    f"staged part {path} ends inside a record", part=os.path.basename(path)
+                )
 
     def discard(self, sink_id: str, batch_id: int, names: Sequence[str] | None = None) -> int:
-        """Delete named parts of a batch (all of it when ``names`` is None); returns files deleted."""
+        """Delete named parts of a batch (all of it when ``names`` is None).
+
+        Returns the number of files deleted."""
         directory = _key_dir(self.root, sink_id, batch_id)
         if not os.path.isdir(directory):
             return 0
@@ -216,8 +239,6 @@ class StagingStore:
     def gc(self, now_wall_s: float, lease_s: float, protected: set[tuple[str, int]]) -> int:
         """Delete part files untouched for ``lease_s`` (except open ones and batches in
         ``protected``, i.e. commits in progress). Returns the number of files deleted."""
-        open_paths = {id(p) for p in self._open.values()}
-        del open_paths
         open_keys = {(s, b) for (s, b, _p, _a) in self._open}
         deleted = 0
         for sink_hex in os.listdir(self.root):
@@ -279,8 +300,19 @@ class SinkCommitter:
 
     def _mark_done(self, record: dict[str, Any]) -> None:
         key = (record["sink_id"], record["batch_id"])
-        result = {k: record[k] for k in ("sink_id", "batch_id", "stream_id", "recording_id",
-                                         "start_position", "end_position", "count", "bytes")}
+        result = {
+            k: record[k]
+            for k in (
+                "sink_id",
+                "batch_id",
+                "stream_id",
+                "recording_id",
+                "start_position",
+                "end_position",
+                "count",
+                "bytes",
+            )
+        }
         self.done[key] = result
         self.last_batch[key[0]] = max(self.last_batch.get(key[0], -1), key[1])
         rid = record["recording_id"]
@@ -297,8 +329,12 @@ class SinkCommitter:
             writer = self.recordings.resume_writer(begin["recording_id"], now_ns)
             if writer is None or writer.recorded_position < begin["start_position"]:
                 writer = self.recordings.sink_writer(begin["stream_id"], begin["sink_id"], now_ns)
-                begin = dict(begin, recording_id=writer.recording_id, session_id=writer.session_id,
-                             start_position=writer.recorded_position)
+                begin = dict(
+                    begin,
+                    recording_id=writer.recording_id,
+                    session_id=writer.session_id,
+                    start_position=writer.recorded_position,
+                )
                 self.log.append(begin)
             self._run(begin, writer, now_ns)
             del self._pending[key]
@@ -309,8 +345,9 @@ class SinkCommitter:
     def last_committed_batch(self, sink_id: str) -> int | None:
         return self.last_batch.get(sink_id)
 
-    def commit(self, sink_id: str, batch_id: int, stream_id: int, staged: list[dict[str, Any]],
-               now_ns: int) -> dict[str, Any]:
+    def commit(
+        self, sink_id: str, batch_id: int, stream_id: int, staged: list[dict[str, Any]], now_ns: int
+    ) -> dict[str, Any]:
         key = (sink_id, batch_id)
         previous = self.done.get(key)
         if previous is not None:
@@ -322,23 +359,34 @@ class SinkCommitter:
             if item["sink_id"] != sink_id or item["batch_id"] != batch_id:
                 raise NotAuthorisedError(
                     f"commit of sink {sink_id!r} batch {batch_id} names a part of sink "
-                    f"{item['sink_id']!r} batch {item['batch_id']}")
+                    f"{item['sink_id']!r} batch {item['batch_id']}"
+                )
             if item["stream_id"] != stream_id:
-                raise ControlProtocolError(f"commit to stream {stream_id} names a part staged for "
-                                           f"stream {item['stream_id']}")
+                raise ControlProtocolError(
+                    f"commit to stream {stream_id} names a part staged for "
+                    f"stream {item['stream_id']}"
+                )
             other = by_partition.get(item["partition_id"])
             if other is not None and other != item:
                 raise ControlProtocolError(
                     f"commit names two attempts of partition {item['partition_id']} "
-                    f"({other['part']} and {item['part']})")
+                    f"({other['part']} and {item['part']})"
+                )
             by_partition[item["partition_id"]] = item
         parts = [by_partition[p] for p in sorted(by_partition)]
         for item in parts:
             self.staging.check_part(item)
         writer = self.recordings.sink_writer(stream_id, sink_id, now_ns)
-        begin = {"t": "begin", "sink_id": sink_id, "batch_id": batch_id, "stream_id": stream_id,
-                 "recording_id": writer.recording_id, "session_id": writer.session_id,
-                 "start_position": writer.recorded_position, "parts": parts}
+        begin = {
+            "t": "begin",
+            "sink_id": sink_id,
+            "batch_id": batch_id,
+            "stream_id": stream_id,
+            "recording_id": writer.recording_id,
+            "session_id": writer.session_id,
+            "start_position": writer.recorded_position,
+            "parts": parts,
+        }
         self.log.append(begin)
         result = self._run(begin, writer, now_ns)
         self.commits += 1
@@ -359,14 +407,21 @@ class SinkCommitter:
                     if end <= already:
                         continue
                     if position < already:  # resume inside this block (on a frame boundary)
-                        block = block[already - position:]
+                        block = block[already - position :]
                         position = already
                     writer.append(block, position, now_ns)
         writer.force()
-        done = {"t": "done", "sink_id": begin["sink_id"], "batch_id": begin["batch_id"],
-                "stream_id": begin["stream_id"], "recording_id": writer.recording_id,
-                "start_position": start, "end_position": framer.position, "count": count,
-                "bytes": nbytes}
+        done = {
+            "t": "done",
+            "sink_id": begin["sink_id"],
+            "batch_id": begin["batch_id"],
+            "stream_id": begin["stream_id"],
+            "recording_id": writer.recording_id,
+            "start_position": start,
+            "end_position": framer.position,
+            "count": count,
+            "bytes": nbytes,
+        }
         self.log.append(done)
         self._mark_done(done)
         self.staging.discard(begin["sink_id"], begin["batch_id"])
@@ -378,7 +433,8 @@ class SinkCommitter:
             if item["sink_id"] != sink_id or item["batch_id"] != batch_id:
                 raise NotAuthorisedError(
                     f"abort of sink {sink_id!r} batch {batch_id} names a part of sink "
-                    f"{item['sink_id']!r} batch {item['batch_id']}")
+                    f"{item['sink_id']!r} batch {item['batch_id']}"
+                )
         self.aborts += 1
         return self.staging.discard(sink_id, batch_id, [item["part"] for item in staged])
 

@@ -1,0 +1,445 @@
+"""Python client of the stream server's control protocol (used by the Spark source and sink).
+
+```python
+from aeron_spark.connector.client import StreamClient, ClientSettings
+
+with StreamClient.connect(ClientSettings(endpoint="127.0.0.1:40123")) as c:
+    for rec in c.list_recordings(stream_ids=[10]):
+        for block in c.replay(rec.recording_id, rec.purged_position, rec.recorded_position):
+            ...  # block.data: raw Aeron DATA frames covering [block.position, block.end_position)
+```
+
+One client is one session to the server (one handshake). A client is not thread-safe; use one
+per thread or task. Every wait is bounded by ``settings.timeout_s``; a server that stops answering
+raises :class:`ServerUnavailableError`. Errors the server reports are raised as the typed classes of
+:mod:`aeron_spark.connector.errors`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aeron_spark.connector import chunking
+from aeron_spark.connector import protocol as proto
+from aeron_spark.connector.errors import (
+    ConnectorError,
+    ControlProtocolError,
+    ServerUnavailableError,
+    error_from_wire,
+)
+from aeron_spark.connector.server.link import Link, open_client_link
+
+from aeron_spark.errors import ConfigurationError
+
+DEFAULT_ENDPOINT = "127.0.0.1:40123"
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    """How to reach a stream server. Frozen and picklable (Spark ships it to executors).
+
+    ``endpoint``            ``host:port`` of the server's session endpoint
+    ``encryption``          seal the session (AES-GCM); must match the server's setting
+    ``key_store_dir``       where known server keys live (None: the handshake layer's default)
+    ``server_key``          expected server public key (hex), pinning it instead of the key store
+    ``trust_on_first_use``  accept and remember an unknown server key
+    ``timeout_s``           bound on connecting and on every wait for the server
+    ``max_request_bytes``   publish/stage payloads are sent in requests of about this size
+    ``max_in_flight``       requests of one publish/stage sent before waiting for replies
+    ``keepalive_interval_s``  a keepalive is sent when the client has been silent this long
+    """
+
+    endpoint: str = DEFAULT_ENDPOINT
+    encryption: bool = True
+    key_store_dir: str | None = None
+    server_key: str | None = None
+    trust_on_first_use: bool = True
+    timeout_s: float = 30.0
+    max_request_bytes: int = 1024 * 1024
+    max_in_flight: int = 4
+    keepalive_interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        host, sep, port = self.endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigurationError("endpoint", self.endpoint, "host:port with a port 1..65535")
+        if not self.timeout_s > 0:
+            raise ConfigurationError("timeout_s", self.timeout_s, "a positive number of seconds")
+        if self.max_request_bytes < 1024:
+            raise ConfigurationError("max_request_bytes", self.max_request_bytes, "at least 1024")
+        if self.max_in_flight < 1:
+            raise ConfigurationError("max_in_flight", self.max_in_flight, "at least 1")
+        if not self.keepalive_interval_s > 0:
+            raise ConfigurationError(
+                "keepalive_interval_s", self.keepalive_interval_s, "a positive number of seconds"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class RecordingInfo:
+    recording_id: int
+    stream_id: int
+    session_id: int
+    source: str
+    start_position: int
+    stop_position: int | None
+    recorded_position: int
+    purged_position: int
+    start_timestamp_ns: int
+    term_length: int
+    mtu: int
+    initial_term_id: int
+
+    @classmethod
+    def from_wire(cls, item: Any) -> RecordingInfo:
+        try:
+            return cls(**{name: item[name] for name in cls.__slots__})  # type: ignore[attr-defined]
+        except (KeyError, TypeError) as exc:
+            raise ControlProtocolError(f"malformed recording description {item!r:.200}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayBlock:
+    """Raw recorded Aeron DATA frames covering ``[position, end_position)`` of a recording.
+
+    ``data`` holds whole frames exactly as recorded, PAD frames removed (so ``len(data)`` can be
+    less than ``end_position - position``). ``timestamp_ns`` is the record time of the block's
+    first message.
+    """
+
+    position: int
+    data: bytes | memoryview
+    timestamp_ns: int
+    end_position: int
+
+
+class StreamClient:
+    """One session to a stream server. Use :meth:`connect`."""
+
+    def __init__(self, link: Link, settings: ClientSettings) -> None:
+        self._link = link
+        self.settings = settings
+        self._ids = itertools.count(1)
+        self._payload_ids = itertools.count(1)
+        self._replies: dict[int, proto.Reply] = {}
+        self._replay_queues: dict[int, deque[Any]] = {}
+        self._abandoned: set[int] = set()
+        self._reassembler = chunking.Reassembler()
+        self._last_send = time.monotonic()
+        self._session_error: ConnectorError | None = None
+        self._closed = False
+
+    @classmethod
+    def connect(cls, settings: ClientSettings | str) -> StreamClient:
+        if isinstance(settings, str):
+            settings = ClientSettings(endpoint=settings)
+        return cls(open_client_link(settings), settings)
+
+    def __enter__(self) -> StreamClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._link.close()
+
+    @property
+    def max_message_length(self) -> int:
+        return self._link.max_message_length
+
+    # --- plumbing -----------------------------------------------------------------------------
+
+    def _deadline(self) -> float:
+        return time.monotonic() + self.settings.timeout_s
+
+    def _send(self, message: bytes) -> None:
+        if self._closed:
+            raise ServerUnavailableError("the client is closed")
+        limit = self._link.max_message_length
+        deadline = self._deadline()
+        if len(message) <= limit:
+            self._link.send(message, deadline)
+        else:
+            for chunk in chunking.split(message, limit, next(self._payload_ids)):
+                self._link.send(chunk, deadline)
+        self._last_send = time.monotonic()
+
+    def _send_request(self, op: str, args: dict[str, Any]) -> int:
+        request_id = next(self._ids) & proto.MAX_REQUEST_ID or next(self._ids)
+        self._send(proto.encode_request(request_id, op, args))
+        return request_id
+
+    def _receive_one(self, deadline: float) -> bool:
+        """Receive and route one message; False if nothing arrived before ``deadline``."""
+        now = time.monotonic()
+        if now - self._last_send >= self.settings.keepalive_interval_s:
+            self._send(proto.encode_request(0, "keepalive", {}))
+        wait_until = min(deadline, self._last_send + self.settings.keepalive_interval_s)
+        message = self._link.receive(wait_until)
+        if message is None:
+            if not self._link.is_connected:
+                raise ServerUnavailableError(
+                    f"the session to {self.settings.endpoint} was closed by the server or lost"
+                )
+            return False
+        kind = message[0] if len(message) else -1
+        if kind == proto.KIND_CHUNK:
+            whole = self._reassembler.feed(message, time.monotonic_ns())
+            if whole is None:
+                return True
+            message = whole
+            kind = message[0]
+        if kind == proto.KIND_REPLAY_DATA:
+            rid, position, end, ts, frames = proto.decode_replay_data(message)
+            queue = self._replay_queues.get(rid)
+            if queue is not None:
+                queue.append(ReplayBlock(position, frames, ts, end))
+            elif rid not in self._abandoned:
+                raise ControlProtocolError(f"replay data for unknown replay {rid}")
+            return True
+        reply = proto.decode_reply(message)
+        if reply.event == "replay_end":
+            queue = self._replay_queues.get(reply.id)
+            if queue is not None:
+                queue.append(reply)
+            self._abandoned.discard(reply.id)
+            return True
+        if reply.id == 0:
+            if not reply.ok:  # a request too broken to have an id: fail the next call
+                self._session_error = error_from_wire(reply.error)
+            return True
+        self._replies[reply.id] = reply
+        return True
+
+    def _wait_reply(self, request_id: int, deadline: float | None = None) -> Any:
+        deadline = deadline if deadline is not None else self._deadline()
+        while request_id not in self._replies:
+            if self._session_error is not None:
+                error, self._session_error = self._session_error, None
+                raise error
+            if not self._receive_one(deadline) and time.monotonic() >= deadline:
+                raise ServerUnavailableError(
+                    f"no reply from {self.settings.endpoint} within {self.settings.timeout_s} s"
+                )
+        reply = self._replies.pop(request_id)
+        if not reply.ok:
+            raise error_from_wire(reply.error)
+        return reply.result
+
+    def call(self, op: str, **args: Any) -> Any:
+        """Send one request and return its result (raises the typed error on failure)."""
+        return self._wait_reply(self._send_request(op, args))
+
+    # --- operations ---------------------------------------------------------------------------
+
+    def list_streams(self) -> list[dict[str, Any]]:
+        return list(self.call("list_streams"))
+
+    def list_recordings(self, stream_ids: Sequence[int] | None = None) -> list[RecordingInfo]:
+        args = {} if stream_ids is None else {"stream_ids": [int(s) for s in stream_ids]}
+        return [RecordingInfo.from_wire(item) for item in self.call("list_recordings", **args)]
+
+    def latest_positions(self, stream_ids: Sequence[int] | None = None) -> dict[int, int]:
+        args = {} if stream_ids is None else {"stream_ids": [int(s) for s in stream_ids]}
+        return {int(rid): int(pos) for rid, pos in self.call("latest_positions", **args)}
+
+    def position_at(self, recording_id: int, timestamp_ns: int) -> int:
+        return int(self.call("position_at", recording_id=recording_id, timestamp_ns=timestamp_ns))
+
+    def replay(self, recording_id: int, start: int, end: int | None) -> Iterator[ReplayBlock]:
+        """Blocks covering exactly ``[start, end)``; ``end=None`` follows the live recording
+        until the iterator is closed (or the recording stops). The request is sent and checked
+        eagerly, so a bad range raises here, not at the first ``next``."""
+        args: dict[str, Any] = {"recording_id": recording_id, "start": start}
+        if end is not None:
+            args["end"] = end
+        request_id = self._send_request("replay", args)
+        self._replay_queues[request_id] = deque()
+        try:
+            self._wait_reply(request_id)
+        except BaseException:
+            del self._replay_queues[request_id]
+            raise
+        return self._replay_blocks(request_id, start, end)
+
+    def _replay_blocks(self, request_id: int, start: int, end: int | None) -> Iterator[ReplayBlock]:
+        queue = self._replay_queues[request_id]
+        expected = start
+        finished = False
+        try:
+            while True:
+                if not queue:
+                    deadline = None if end is None else self._deadline()
+                    while not queue:
+                        if self._session_error is not None:
+                            error, self._session_error = self._session_error, None
+                            raise error
+                        got = self._receive_one(
+                            deadline
+                            if deadline is not None
+                            else time.monotonic() + self.settings.timeout_s
+                        )
+                        if not got and deadline is not None and time.monotonic() >= deadline:
+                            raise ServerUnavailableError(
+                                f"replay {request_id} stalled: no data from "
+                                f"{self.settings.endpoint} within {self.settings.timeout_s} s"
+                            )
+                item = queue.popleft()
+                if isinstance(item, ReplayBlock):
+                    if item.position != expected:
+                        raise ControlProtocolError(
+                            f"replay {request_id}: block at {item.position}, expected {expected}"
+                        )
+                    expected = item.end_position
+                    yield item
+                    continue
+                finished = True
+                if not item.ok:
+                    raise error_from_wire(item.error)
+                final = int(item.result["position"])
+                if end is not None and (final != end or expected != end):
+                    raise ControlProtocolError(
+                        f"replay {request_id} ended at {final} (data to {expected}), asked {end}"
+                    )
+                return
+        finally:
+            self._replay_queues.pop(request_id, None)
+            if not finished and not self._closed:
+                self._abandoned.add(request_id)
+                try:
+                    self._send(
+                        proto.encode_request(
+                            next(self._ids), "stop_replay", {"replay_id": request_id}
+                        )
+                    )
+                except ConnectorError:
+                    pass  # the session is gone; the server's lease ends the replay
+
+    def _batched(
+        self,
+        payloads: Iterable[bytes],
+        reserved_values: Iterable[int] | None,
+    ) -> Iterator[tuple[list[bytes], list[int] | None]]:
+        limit = self.settings.max_request_bytes
+        batch: list[bytes] = []
+        rvs: list[int] | None = None if reserved_values is None else []
+        size = 0
+        rv_iter = None if reserved_values is None else iter(reserved_values)
+        for payload in payloads:
+            if not isinstance(payload, bytes):
+                payload = bytes(payload)
+            batch.append(payload)
+            if rv_iter is not None and rvs is not None:
+                try:
+                    rvs.append(int(next(rv_iter)))
+                except StopIteration:
+                    raise ConfigurationError(
+                        "reserved_values", "shorter than payloads", "one reserved value per payload"
+                    ) from None
+            size += len(payload) + 16
+            if size >= limit:
+                yield batch, rvs
+                batch, size = [], 0
+                rvs = None if reserved_values is None else []
+        yield batch, rvs
+
+    def _pipelined(
+        self,
+        op: str,
+        base: dict[str, Any],
+        payloads: Iterable[bytes],
+        reserved_values: Iterable[int] | None,
+        final_flag: bool,
+    ) -> Any:
+        pending: deque[int] = deque()
+        result: Any = None
+        batches = self._batched(payloads, reserved_values)
+        current = next(batches)
+        while current is not None:
+            following = next(batches, None)
+            batch, rvs = current
+            args = dict(base, payloads=batch)
+            if rvs is not None:
+                args["reserved_values"] = rvs
+            if final_flag:
+                args["final"] = following is None
+            if batch or following is None:
+                pending.append(self._send_request(op, args))
+            while len(pending) >= self.settings.max_in_flight:
+                result = self._wait_reply(pending.popleft())
+            current = following
+        while pending:
+            result = self._wait_reply(pending.popleft())
+        return result
+
+    def publish(
+        self,
+        stream_id: int,
+        payloads: Iterable[bytes],
+        reserved_values: Iterable[int] | None = None,
+    ) -> int:
+        """Publish messages into ``stream_id``; returns the recording's end position after them.
+        All messages of one client go to one recording per stream (this session's)."""
+        result = self._pipelined(
+            "publish", {"stream_id": stream_id}, payloads, reserved_values, False
+        )
+        return int(result) if result is not None else 0
+
+    def stage(
+        self,
+        sink_id: str,
+        batch_id: int,
+        partition_id: int,
+        attempt: int,
+        stream_id: int,
+        payloads: Iterable[bytes],
+        reserved_values: Iterable[int] | None = None,
+    ) -> dict:
+        """Stage payloads for a later :meth:`commit`; returns the picklable commit message."""
+        base = {
+            "sink_id": sink_id,
+            "batch_id": batch_id,
+            "partition_id": partition_id,
+            "attempt": attempt,
+            "stream_id": stream_id,
+        }
+        return dict(self._pipelined("stage", base, payloads, reserved_values, True))
+
+    def commit(self, sink_id: str, batch_id: int, stream_id: int, staged: list[dict]) -> dict:
+        """Append the staged parts to the stream, once per ``(sink_id, batch_id)``; a repeated
+        commit returns the first result and appends nothing."""
+        return dict(
+            self.call(
+                "commit",
+                sink_id=sink_id,
+                batch_id=batch_id,
+                stream_id=stream_id,
+                staged=[dict(s) for s in staged],
+            )
+        )
+
+    def abort(self, sink_id: str, batch_id: int, staged: list[dict]) -> None:
+        self.call("abort", sink_id=sink_id, batch_id=batch_id, staged=[dict(s) for s in staged])
+
+    def last_committed_batch(self, sink_id: str) -> int | None:
+        result = self.call("last_committed_batch", sink_id=sink_id)
+        return None if result is None else int(result)
+
+    def purge(self, recording_id: int, up_to_position: int) -> int:
+        """Discard the recording before ``up_to_position`` (rounded down to what the store can
+        drop); returns the new first readable position."""
+        return int(self.call("purge", recording_id=recording_id, position=up_to_position))
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.call("stats"))
+
+
+__all__ = ["ClientSettings", "RecordingInfo", "ReplayBlock", "StreamClient"]

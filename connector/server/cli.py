@@ -1,0 +1,107 @@
+"""``aeron-spark server``: run a stream server until SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+
+from aeron_spark.connector.server.config import DEFAULT_PORT, ServerConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aeron-spark server",
+        description="Run a stream server: records streams (published through sessions or by plain "
+        "Aeron publications on the ingest channel), serves replays by position and "
+        "commits Spark sink batches exactly once. SIGTERM or Ctrl-C shut it down "
+        "gracefully (recordings are finished and synced).",
+    )
+    parser.add_argument("--dir", required=True, help="data directory (recordings, catalog, sink)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help="session port (default %(default)s; 0 picks a free port)",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument(
+        "--ingest-channel",
+        default=None,
+        help="record plain Aeron publications arriving on this channel, "
+        "e.g. aeron:udp?endpoint=0.0.0.0:40456",
+    )
+    parser.add_argument(
+        "--ingest-stream-id",
+        type=int,
+        action="append",
+        default=None,
+        help="stream id recorded from the ingest channel (repeatable; default 10)",
+    )
+    parser.add_argument(
+        "--no-encryption",
+        action="store_true",
+        help="do not seal session traffic (trusted networks only)",
+    )
+    parser.add_argument("--key-store", default=None, help="server key store directory")
+    parser.add_argument(
+        "--fsync", action="store_true", help="fsync recordings after every append batch"
+    )
+    parser.add_argument(
+        "--read-only", action="store_true", help="refuse publish, stage, commit, abort and purge"
+    )
+    parser.add_argument("--no-purge", action="store_true", help="refuse purge requests")
+    parser.add_argument("--log-level", default="INFO")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        directory=args.dir,
+        host=args.host,
+        port=args.port,
+        ingest_channel=args.ingest_channel,
+        ingest_stream_ids=tuple(args.ingest_stream_id or (10,)),
+        encryption=not args.no_encryption,
+        key_store_dir=args.key_store,
+        fsync=args.fsync,
+        read_only=args.read_only,
+        allow_purge=not args.no_purge,
+    )
+
+
+def server_main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from aeron_spark.connector.server.server import StreamServer
+
+    server = StreamServer(config_from_args(args))
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        logging.getLogger(__name__).info("signal %d: shutting down", signum)
+        server.close(timeout_s=0)  # just ask the loop to stop; the main thread joins it
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.start()
+        print(
+            f"aeron-spark server listening on {server.endpoint} (dir {args.dir})",
+            file=sys.stderr,
+            flush=True,
+        )
+        while not server.wait(0.5):
+            pass
+    finally:
+        server.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 1 if server.failure is not None else 0
+
+
+__all__ = ["build_parser", "config_from_args", "server_main"]

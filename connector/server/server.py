@@ -1,0 +1,260 @@
+"""The stream server process: the I/O shell around :class:`ServerCore`.
+
+One event-loop thread owns everything (store, committer, sessions, ingest images), so nothing
+needs locks: it accepts sessions, feeds their messages to the core, sends replies, pumps replays
+while a session's connection is not back-pressured, records ingest images, expires sessions,
+collects staged garbage and writes the ``stat.json`` snapshot. When a pass does no work it waits
+on the transport (bounded by the next deadline), it never spins.
+
+Shutdown (``close()``, ``SIGTERM``, Ctrl-C): stop accepting, drain what ingest images hold,
+stop every recording (so its stop position is final), fsync, close sessions and the driver.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from aeron_spark.connector.errors import ConnectorError, ServerUnavailableError
+from aeron_spark.connector.server.config import ServerConfig
+from aeron_spark.connector.server.core import ServerCore
+from aeron_spark.connector.server.link import ServerLink, ServerListener
+from aeron_spark.connector.server.staging import SinkCommitter
+from aeron_spark.connector.server.stat import write_snapshot
+from aeron_spark.connector.server.store import ArchiveStore
+from aeron_spark.transport import Driver, DriverConfig
+
+log = logging.getLogger(__name__)
+
+_PUMP_BUDGET_BYTES = 4 * 1024 * 1024
+_MAX_MESSAGES_PER_PASS = 64
+_STAT_INTERVAL_NS = 1_000_000_000
+_IDLE_WAIT_S = 0.02
+_LIVE_REPLAY_WAIT_S = 0.002
+
+
+class _SessionIO:
+    __slots__ = ("link", "outbound", "payload_ids")
+
+    def __init__(self, link: ServerLink) -> None:
+        self.link = link
+        self.outbound: deque[bytes] = deque()
+        self.payload_ids = 0
+
+    def enqueue(self, messages: list[bytes]) -> None:
+        """Queue replies, chunking any that exceed the link's maximum message length."""
+        limit = self.link.max_message_length
+        for message in messages:
+            if len(message) <= limit:
+                self.outbound.append(message)
+            else:
+                self.payload_ids += 1
+                self.outbound.extend(chunking.split(message, limit, self.payload_ids))
+
+
+class StreamServer:
+    """An embeddable stream server. ``start()`` returns once it accepts sessions."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._started = threading.Event()
+        self._failure: BaseException | None = None
+        self._store: ArchiveStore | None = None
+        self._driver: Driver | None = None
+        self._listener: ServerListener | None = None
+        self.core: ServerCore | None = None
+        self._sessions: dict[object, _SessionIO] = {}
+        self._started_ns = 0
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 30.0) -> StreamServer:
+        if self._thread is not None:
+            return self
+        os.makedirs(self.config.directory, exist_ok=True)
+        self._driver = Driver(DriverConfig(write_counters_file=False)).start()
+        try:
+            self._store = ArchiveStore(self.config, self._driver)
+            committer = SinkCommitter(os.path.join(self.config.directory, "sink"), self._store)
+            committer.recover(time.monotonic_ns())
+            self.core = ServerCore(self.config, self._store, committer)
+            self._listener = ServerListener(self.config.host, self.config.port, self._driver)
+            self._store.start_ingest()
+        except BaseException:
+            if self._store is not None:
+                self._store.close()
+            self._driver.close()
+            raise
+        self._started_ns = time.monotonic_ns()
+        self._thread = threading.Thread(target=self._run, name="aeron-spark-server", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout_s):
+            raise ServerUnavailableError("the server did not start in time")
+        if self._failure is not None:
+            raise ServerUnavailableError(f"the server failed to start: {self._failure}")
+        return self
+
+    @property
+    def endpoint(self) -> str:
+        if self._listener is None:
+            raise ServerUnavailableError("the server is not started")
+        return self._listener.endpoint
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        if self._listener is not None:
+            self._listener.wake()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until the server stops (or the timeout passes); True if it stopped."""
+        thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout_s)
+        return not thread.is_alive()
+
+    def __enter__(self) -> StreamServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self._failure
+
+    # --- event loop ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        assert self.core is not None and self._store is not None and self._listener is not None
+        next_gc_ns = next_stat_ns = 0
+        try:
+            self._started.set()
+            while not self._stop.is_set():
+                now_ns = time.monotonic_ns()
+                work = self._accept(now_ns)
+                work += self._store.record_ingest(now_ns)
+                work += self._serve_sessions(now_ns)
+                for key in self.core.expire(now_ns):
+                    io = self._sessions.pop(key, None)
+                    if io is not None:
+                        io.link.close()
+                if now_ns >= next_gc_ns:
+                    self.core.committer.gc(time.time(), self.config.staging_lease_s)
+                    next_gc_ns = now_ns + self.config.gc_interval_ns
+                if now_ns >= next_stat_ns:
+                    self._write_stat(now_ns)
+                    next_stat_ns = now_ns + _STAT_INTERVAL_NS
+                if not work:
+                    live = any(self.core.has_replays(k) for k in self._sessions)
+                    self._listener.wait(_LIVE_REPLAY_WAIT_S if live else _IDLE_WAIT_S)
+        except BaseException as exc:  # the loop must never die silently
+            self._failure = exc
+            log.exception("stream server loop failed")
+            self._started.set()
+        finally:
+            self._shutdown()
+
+    def _accept(self, now_ns: int) -> int:
+        assert self.core is not None and self._listener is not None
+        accepted = 0
+        for link in self._listener.accept(now_ns):
+            self._sessions[link] = _SessionIO(link)
+            self.core.open_session(link, link.peer, link.max_message_length, now_ns)
+            accepted += 1
+        return accepted
+
+    def _serve_sessions(self, now_ns: int) -> int:
+        core = self.core
+        assert core is not None
+        work = 0
+        for key, io in list(self._sessions.items()):
+            link = io.link
+            if not link.is_connected:
+                core.close_session(key, now_ns)
+                link.close()
+                del self._sessions[key]
+                work += 1
+                continue
+            if not self._flush(io):
+                continue
+            for _ in range(_MAX_MESSAGES_PER_PASS):
+                message = link.receive_nowait()
+                if message is None:
+                    break
+                work += 1
+                io.enqueue(core.on_message(key, message, now_ns))
+                if not self._flush(io):
+                    break
+            if not io.outbound and core.has_replays(key):
+                out = core.pump(key, _PUMP_BUDGET_BYTES, now_ns)
+                if out:
+                    work += 1
+                    io.enqueue(out)
+                    self._flush(io)
+        return work
+
+    def _flush(self, io: _SessionIO) -> bool:
+        """Send queued messages until back pressure; True when the queue is empty."""
+        link = io.link
+        while io.outbound:
+            try:
+                if not link.try_send(io.outbound[0]):
+                    return False
+            except ConnectorError:
+                io.outbound.clear()
+                return True
+            io.outbound.popleft()
+        return True
+
+    def snapshot(self) -> dict[str, Any]:
+        assert self.core is not None
+        now_ns = time.monotonic_ns()
+        stats = self.core.stats(now_ns)
+        stats["server"] = {
+            "endpoint": self.endpoint,
+            "pid": os.getpid(),
+            "directory": self.config.directory,
+            "uptime_s": (now_ns - self._started_ns) / 1e9,
+        }
+        stats["written_at_s"] = time.time()
+        return stats
+
+    def _write_stat(self, now_ns: int) -> None:
+        try:
+            write_snapshot(self.config.directory, self.snapshot())
+        except OSError as exc:  # a full disk must not stop serving; counted in the log once
+            log.warning("cannot write stat snapshot: %s", exc)
+
+    def _shutdown(self) -> None:
+        now_ns = time.monotonic_ns()
+        if self.core is not None:
+            for key in list(self._sessions):
+                self.core.close_session(key, now_ns)
+        for io in self._sessions.values():
+            io.link.close()
+        self._sessions.clear()
+        if self._listener is not None:
+            self._listener.close()
+        if self.core is not None:
+            self.core.committer.close()
+        if self._store is not None:
+            self._store.close()
+        if self._driver is not None:
+            self._driver.close()
+        try:
+            os.unlink(os.path.join(self.config.directory, "stat.json"))
+        except OSError:
+            pass
+
+
+__all__ = ["StreamServer"]

@@ -1,0 +1,158 @@
+"""``aeron-spark stat``: streams, recordings, positions, sessions and counters of a running server.
+
+Like AeronStat reading a driver's CnC file, ``stat --dir DIR`` reads the snapshot a running server
+rewrites atomically every ``stat_interval`` (``DIR/stat.json``), so it needs no session and works
+on a server that is too busy to answer. ``stat --endpoint HOST:PORT`` asks the server over a
+session instead (the ``stats`` operation). In a terminal the view is redrawn in place until
+Ctrl-C; ``--once`` prints one snapshot (``--json`` as JSON) for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from aeron_spark.connector.errors import ServerUnavailableError
+
+STAT_FILE = "stat.json"
+
+
+def write_snapshot(directory: str, snapshot: dict[str, Any]) -> None:
+    """Atomically replace ``DIR/stat.json`` (readers never see a half-written file)."""
+    path = os.path.join(directory, STAT_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(snapshot, fh, default=str)
+    os.replace(tmp, path)
+
+
+def read_snapshot(directory: str, max_age_s: float | None = None) -> dict[str, Any]:
+    path = os.path.join(directory, STAT_FILE)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            snapshot = json.load(fh)
+    except FileNotFoundError:
+        raise ServerUnavailableError(f"no running server has written {path}") from None
+    except ValueError as exc:
+        raise ServerUnavailableError(f"{path} is not a stat snapshot: {exc}") from exc
+    if max_age_s is not None and time.time() - snapshot.get("written_at_s", 0) > max_age_s:
+        snapshot["stale"] = True
+    return snapshot
+
+
+def _fmt_pos(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def render(snapshot: dict[str, Any]) -> str:
+    """A plain-text view of one snapshot (what the terminal shows)."""
+    lines: list[str] = []
+    server = snapshot.get("server", {})
+    stale = "  (STALE: the server has stopped updating)" if snapshot.get("stale") else ""
+    lines.append(
+        f"aeron-spark server {server.get('endpoint', '?')}  pid {server.get('pid', '?')}  "
+        f"dir {server.get('directory', '?')}  up {server.get('uptime_s', 0):.0f}s{stale}"
+    )
+    lines.append("")
+    lines.append("streams")
+    lines.append(f"  {'stream':>8} {'recordings':>10} {'active':>6} {'bytes':>16}")
+    for s in snapshot.get("streams", []):
+        lines.append(
+            f"  {s['stream_id']:>8} {s['recordings']:>10} {s['active_recordings']:>6} "
+            f"{s['bytes']:>16,}"
+        )
+    lines.append("")
+    lines.append("recordings")
+    lines.append(
+        f"  {'id':>6} {'stream':>7} {'session':>11} {'purged':>14} {'recorded':>16} "
+        f"{'stop':>16}  source"
+    )
+    for r in snapshot.get("recordings", []):
+        lines.append(
+            f"  {r['recording_id']:>6} {r['stream_id']:>7} {r['session_id']:>11} "
+            f"{_fmt_pos(r['purged_position']):>14} {_fmt_pos(r['recorded_position']):>16} "
+            f"{_fmt_pos(r['stop_position']):>16}  {r['source']}"
+        )
+    lines.append("")
+    sessions = snapshot.get("sessions", [])
+    lines.append(f"sessions ({len(sessions)})")
+    for s in sessions:
+        lines.append(
+            f"  {s['peer']:<28} age {s['age_s']:>7.1f}s  requests {s['requests']:>8}  "
+            f"errors {s['errors']:>4}  replays {s['replays']:>2}  "
+            f"replayed {s['bytes_replayed']:,} B"
+        )
+    lines.append("")
+    lines.append("counters")
+    for name, value in sorted(snapshot.get("counters", {}).items()):
+        lines.append(f"  {name:<34} {value:>16,}")
+    for name, value in sorted(snapshot.get("store", {}).items()):
+        if isinstance(value, int | float):
+            lines.append(f"  store.{name:<28} {value:>16,}")
+    return "\n".join(lines) + "\n"
+
+
+def _source(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
+    if args.dir:
+        return lambda: read_snapshot(args.dir, max_age_s=max(5.0, 3 * args.interval_s))
+    from aeron_spark.connector.client import ClientSettings, StreamClient
+
+    settings = ClientSettings(
+        endpoint=args.endpoint,
+        encryption=not args.no_encryption,
+        key_store_dir=args.key_store,
+        timeout_s=args.timeout_s,
+    )
+
+    def fetch() -> dict[str, Any]:
+        with StreamClient.connect(settings) as client:
+            return client.stats()
+
+    return fetch
+
+
+def stat_main(argv: Sequence[str], out: TextIO | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="aeron-spark stat",
+        description="Show streams, recordings, positions, sessions and counters of a running "
+        "stream server, refreshed in place (Ctrl-C to stop).",
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--dir", help="the server's directory (reads its stat.json snapshot)")
+    where.add_argument("--endpoint", help="ask a server over a session, host:port")
+    parser.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    parser.add_argument("--json", action="store_true", help="with --once: print JSON")
+    parser.add_argument("--interval-s", type=float, default=1.0, help="refresh interval")
+    parser.add_argument("--no-encryption", action="store_true")
+    parser.add_argument("--key-store", default=None)
+    parser.add_argument("--timeout-s", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    out = out or sys.stdout
+    if not args.dir and not args.endpoint:
+        args.endpoint = "127.0.0.1:40123"
+    fetch = _source(args)
+    if args.once or not out.isatty():
+        snapshot = fetch()
+        out.write(
+            json.dumps(snapshot, indent=1, default=str) + "\n" if args.json else render(snapshot)
+        )
+        return 0
+    try:
+        while True:
+            try:
+                text = render(fetch())
+            except ServerUnavailableError as exc:
+                text = f"waiting for the server: {exc}\n"
+            out.write("\x1b[H\x1b[2J" + text)  # home + clear: redraw in place
+            out.flush()
+            time.sleep(args.interval_s)
+    except KeyboardInterrupt:
+        return 0
+
+
+__all__ = ["STAT_FILE", "read_snapshot", "render", "stat_main", "write_snapshot"]

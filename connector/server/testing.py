@@ -1,0 +1,112 @@
+"""Testing helpers for the stream server (shipped like ``trio.testing``): reading replayed
+messages back with the transport's own term reader, and running a server in a child process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from aeron_spark.connector.client import ClientSettings, ReplayBlock, StreamClient
+from aeron_spark.transport.protocol.term import FragmentAssembler, Header, read_term
+
+
+@dataclass(frozen=True)
+class Message:
+    position: int  # start of the message's first frame
+    end_position: int  # end of its last frame (aligned)
+    payload: bytes
+    reserved_value: int
+
+
+def messages_of(
+    blocks: Iterable[ReplayBlock], initial_term_id: int, term_length: int
+) -> list[Message]:
+    """Reassembled messages with their positions, read with the transport's term reader."""
+    shift = term_length.bit_length() - 1
+    out: list[Message] = []
+    starts: dict[int, int] = {}
+
+    def on_fragment(payload: memoryview, header: Header) -> None:
+        out.append(
+            Message(
+                starts.get(header.session_id, header.fragment_position),
+                header.position,
+                bytes(payload),
+                header.reserved_value,
+            )
+        )
+        starts.pop(header.session_id, None)
+
+    assembler = FragmentAssembler(on_fragment)
+
+    def tracking(payload: memoryview, header: Header) -> None:
+        if header.flags & 0x80 and not header.flags & 0x40:  # BEGIN of a fragmented message
+            starts[header.session_id] = header.fragment_position
+        assembler(payload, header)
+
+    for block in blocks:
+        data = memoryview(bytes(block.data))
+        header = Header(initial_term_id, shift)
+        offset = 0
+        while offset < len(data):
+            _, offset_after = read_term(data, offset, tracking, 1 << 30, header)
+            assert offset_after > offset, "replay block holds an incomplete frame"
+            offset = offset_after
+    return out
+
+
+def client_for(endpoint: str, encryption: bool = False, timeout_s: float = 30.0) -> StreamClient:
+    return StreamClient.connect(
+        ClientSettings(endpoint=endpoint, encryption=encryption, timeout_s=timeout_s)
+    )
+
+
+@contextlib.contextmanager
+def server_process(
+    directory: str, extra: Iterable[str] = ()
+) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A server in its own process on a free port; yields (process, endpoint)."""
+    code = (
+        "import sys; from aeron_spark.connector.server import server_main; "
+        "sys.exit(server_main(sys.argv[1:]))"
+    )
+    log_path = f"{directory}.{time.monotonic_ns()}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                code,
+                "--dir",
+                directory,
+                "--port",
+                "0",
+                "--no-encryption",
+                *extra,
+            ],
+            stdout=log,
+            stderr=log,
+            env=dict(os.environ),
+        )
+    try:
+        endpoint = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and endpoint is None and proc.poll() is None:
+            with open(log_path) as fh:
+                for line in fh.read().splitlines():
+                    if "listening on" in line:
+                        endpoint = line.split("listening on ")[1].split()[0]
+            time.sleep(0.05)
+        assert endpoint, (
+            f"server did not start (exit {proc.poll()}): {open(log_path).read()[-2000:]}"
+        )
+        yield proc, endpoint
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(30)

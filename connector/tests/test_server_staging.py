@@ -1,0 +1,90 @@
+"""Sink staging files and the commit log, on a real directory."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from aeron_spark.connector.errors import ControlProtocolError, StagedDataMissingError
+from aeron_spark.connector.server.commitlog import CommitLog
+from aeron_spark.connector.server.staging import StagingStore
+
+
+def test_commit_log_survives_reopen_and_cuts_a_torn_tail(tmp_path) -> None:
+    path = str(tmp_path / "commit.log")
+    log = CommitLog(path)
+    for i in range(5):
+        log.append({"t": "done", "batch_id": i, "sink_id": "s"})
+    log.close()
+    size = os.path.getsize(path)
+    with open(path, "ab") as fh:  # a crash in the middle of the next record
+        fh.write(b"\x40\x00\x00\x00\x01\x02\x03\x04partial")
+    again = CommitLog(path)
+    assert [r["batch_id"] for r in again.records] == [0, 1, 2, 3, 4]
+    assert again.torn_bytes_truncated == len(b"\x40\x00\x00\x00\x01\x02\x03\x04partial")
+    assert os.path.getsize(path) == size
+    again.append({"t": "done", "batch_id": 5, "sink_id": "s"})
+    again.close()
+    assert [r["batch_id"] for r in CommitLog(path).records] == [0, 1, 2, 3, 4, 5]
+
+
+def test_commit_log_stops_at_a_corrupt_record(tmp_path) -> None:
+    path = str(tmp_path / "commit.log")
+    log = CommitLog(path)
+    log.append({"t": "done", "batch_id": 1})
+    log.append({"t": "done", "batch_id": 2})
+    log.close()
+    data = bytearray(open(path, "rb").read())
+    data[-1] ^= 0xFF  # flip a bit in the last body: its crc no longer matches
+    open(path, "wb").write(data)
+    assert [r["batch_id"] for r in CommitLog(path).records] == [1]
+
+
+def test_stage_write_read_and_retry_truncates(tmp_path) -> None:
+    store = StagingStore(str(tmp_path))
+    owner_a, owner_b = object(), object()
+    assert store.write(owner_a, "q", 3, 0, 0, 10, [b"a", b"bb"], None, False) is None
+    # the same attempt restaged by a new session (a retried stage call) starts over
+    store.write(owner_b, "q", 3, 0, 0, 10, [b"x"], [7], False)
+    msg = store.write(owner_b, "q", 3, 0, 0, 10, [b"yy", b""], [8, 9], True)
+    assert msg == {
+        "sink_id": "q",
+        "batch_id": 3,
+        "partition_id": 0,
+        "attempt": 0,
+        "stream_id": 10,
+        "part": "0-0",
+        "count": 3,
+        "bytes": 3,
+    }
+    path = store.check_part(msg)
+    got = [(p, r) for ps, rs in store.read_part(path) for p, r in zip(ps, rs, strict=True)]
+    assert got == [(b"x", 7), (b"yy", 8), (b"", 9)]
+    with pytest.raises(StagedDataMissingError):
+        store.check_part(dict(msg, count=4))
+    with pytest.raises(ControlProtocolError):
+        store.check_part(dict(msg, part="1-0"))
+    assert store.discard("q", 3, ["0-0"]) == 1
+    with pytest.raises(StagedDataMissingError, match="not on the server"):
+        store.check_part(msg)
+
+
+def test_gc_deletes_only_expired_unprotected_parts(tmp_path) -> None:
+    store = StagingStore(str(tmp_path))
+    owner = object()
+    old = store.write(owner, "q", 1, 0, 0, 10, [b"old"], None, True)
+    kept = store.write(owner, "q", 2, 0, 0, 10, [b"in-commit"], None, True)
+    store.write(owner, "q", 3, 0, 0, 10, [b"open"], None, False)
+    for msg in (old, kept):
+        path = store.part_path(msg)
+        os.utime(path, (1000.0, 1000.0))
+    now = 1000.0 + 3600
+    assert store.gc(now, lease_s=60, protected={("q", 2)}) == 1
+    assert not os.path.exists(store.part_path(old))
+    assert os.path.exists(store.part_path(kept))
+    # the open part of a live session survives; once the session is gone it expires too
+    store.release_owner(owner)
+    assert store.gc(time.time() + 7200, lease_s=60, protected={("q", 2)}) == 1
+    assert store.gc(time.time() + 7200, lease_s=60, protected=set()) == 1
+    assert os.listdir(str(tmp_path)) == []
