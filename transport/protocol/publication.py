@@ -394,7 +394,10 @@ class PublicationState:
             return work
         sent = self._send_data(transmit)
         if sent:
-            self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
+            if self.is_closed and self.sender_position >= self.appender.position:
+                self.heartbeat_deadline_ns = now_ns  # drained: EOS on the next step
+            else:
+                self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
             work += sent
             self._update_publisher_limit()
         elif now_ns >= self.heartbeat_deadline_ns:

@@ -318,7 +318,7 @@ def scan_for_send(term: memoryview, term_offset: int, max_bytes: int, mtu: int) 
             break
         if term[offset + 6] == _TYPE_PAD:
             if available == 0:
-                return DATA_HEADER_LENGTH, length
+                return DATA_HEADER_LENGTH, (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
             break
         aligned = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
         if available + aligned > limit:

@@ -1,0 +1,295 @@
+"""The receiver side, stepped by a manual clock: images from SETUP, SMs, NAKs, EOS, liveness."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aeron_spark.transport.protocol.frames import (
+    DataFrame,
+    NakFrame,
+    SetupFrame,
+    SmFlags,
+    StatusMessage,
+)
+from aeron_spark.transport.protocol.image import IMAGE_LIVENESS_TIMEOUT_NS, SM_INTERVAL_NS, ImageState
+from aeron_spark.transport.protocol.publication import PublicationState
+from aeron_spark.transport.protocol.receiver import ReceiveDispatcher, StreamInterest
+from aeron_spark.transport.testing import ManualClock
+
+SENDER = ("127.0.0.1", 41000)
+MS = 1_000_000
+US = 1_000
+
+
+class Wire:
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, Any]] = []
+
+    def __call__(self, data: Any, address: Any) -> None:
+        self.sent.append((bytes(data), address))
+
+    def take(self) -> list[tuple[bytes, Any]]:
+        out, self.sent = self.sent, []
+        return out
+
+
+def sms(wire: Wire) -> list[StatusMessage]:
+    return [StatusMessage.decode(d) for d, _ in wire.take() if d[6] == 3]
+
+
+class Pair:
+    """A publication state and a dispatcher with one subscription, wired by hand."""
+
+    def __init__(self, clock: ManualClock, *, term_length: int = 64 * 1024, window: int = 32 * 1024,
+                 **interest: Any) -> None:
+        self.clock = clock
+        self.pub = PublicationState(session_id=5, stream_id=10, initial_term_id=100, term_id=100,
+                                    term_offset=0, term_length=term_length, mtu=1408,
+                                    destination=("127.0.0.1", 40000), now_ns=clock.now_ns)
+        self.images: list[ImageState] = []
+        self.gone: list[ImageState] = []
+        self.dispatcher = ReceiveDispatcher()
+        self.interest = StreamInterest(10, receiver_window=window, on_image=self.images.append,
+                                       on_image_gone=self.gone.append, **interest)
+        self.dispatcher.add(self.interest)
+        self.to_sub = Wire()
+        self.to_pub = Wire()
+
+    def deliver(self, drop: Any = lambda i, data: False) -> None:
+        for i, (data, _) in enumerate(self.to_sub.take()):
+            if not drop(i, data):
+                self.dispatcher.on_datagram(data, len(data), SENDER, self.clock.now_ns, self.to_pub)
+
+    def step(self, drop: Any = lambda i, data: False) -> None:
+        now = self.clock.now_ns
+        self.pub.send(now, self.to_sub)
+        self.deliver(drop)
+        self.dispatcher.do_work(now, self.to_pub)
+        for data, source in self.to_pub.take():
+            if data[6] == 3:
+                self.pub.on_status_message(StatusMessage.decode(data), source, now)
+            elif data[6] == 2:
+                self.pub.on_nak(NakFrame.decode(data), now)
+
+
+def poll_all(image: ImageState) -> list[bytes]:
+    got: list[bytes] = []
+    while image.poll(lambda p, h: got.append(bytes(p)), 100):
+        pass
+    return got
+
+
+def test_image_is_created_from_setup_at_the_setup_position_and_sends_a_first_sm_at_once() -> None:
+    clock, wire = ManualClock(), Wire()
+    dispatcher = ReceiveDispatcher()
+    images: list[ImageState] = []
+    dispatcher.add(StreamInterest(10, on_image=images.append))
+    setup = SetupFrame(term_offset=128, session_id=3, stream_id=10, initial_term_id=7,
+                       active_term_id=9, term_length=65536, mtu=1408).encode()
+    dispatcher.on_datagram(setup, len(setup), SENDER, clock.now_ns, wire)
+    (image,) = images
+    assert image.join_position == 2 * 65536 + 128
+    assert image.source_identity == "127.0.0.1:41000"
+    dispatcher.do_work(clock.now_ns, wire)
+    (status,) = sms(wire)
+    assert (status.consumption_term_id, status.consumption_term_offset) == (9, 128)
+    assert status.receiver_window == 32768  # 128 KiB capped at half the term
+
+
+def test_setup_for_another_stream_or_filtered_session_makes_no_image() -> None:
+    clock, wire = ManualClock(), Wire()
+    dispatcher = ReceiveDispatcher()
+    images: list[ImageState] = []
+    dispatcher.add(StreamInterest(10, session_id=4, on_image=images.append))
+    for session, stream in ((3, 10), (4, 11)):
+        setup = SetupFrame(0, session, stream, 7, 7, 65536, 1408).encode()
+        dispatcher.on_datagram(setup, len(setup), SENDER, clock.now_ns, wire)
+    assert images == []
+
+
+def test_data_of_an_unknown_session_elicits_a_send_setup_sm_at_most_every_100ms() -> None:
+    clock, wire = ManualClock(), Wire()
+    dispatcher = ReceiveDispatcher()
+    dispatcher.add(StreamInterest(10))
+    data = DataFrame(0, 3, 10, 7, b"hi").encode()
+    for _ in range(3):
+        dispatcher.on_datagram(data, len(data), SENDER, clock.now_ns, wire)
+    sent = wire.take()
+    assert len(sent) == 1 and sent[0][1] == SENDER
+    status = StatusMessage.decode(sent[0][0])
+    assert status.flags == SmFlags.SEND_SETUP
+    assert (status.consumption_term_id, status.consumption_term_offset, status.receiver_window) == (0, 0, 0)
+    clock.advance(100 * MS)
+    dispatcher.on_datagram(data, len(data), SENDER, clock.now_ns, wire)
+    assert len(wire.take()) == 1
+
+
+def test_messages_flow_and_sms_follow_the_quarter_window_rule() -> None:
+    clock = ManualClock()
+    pair = Pair(clock, window=32 * 1024)
+    pair.step()  # SETUP
+    pair.step()  # image's first SM -> connected
+    assert pair.pub.is_connected
+    image = pair.images[0]
+    pair.pub.offer(b"a" * 100)
+    pair.step()
+    assert poll_all(image) == [b"a" * 100]
+    pair.dispatcher.do_work(clock.now_ns, pair.to_pub)
+    assert sms(pair.to_pub) == []  # 128 bytes consumed < window/4: no SM yet
+    for _ in range(80):
+        pair.pub.offer(b"b" * 100)
+    pair.step()
+    poll_all(image)
+    pair.dispatcher.do_work(clock.now_ns, pair.to_pub)
+    (status,) = sms(pair.to_pub)
+    assert status.consumption_term_offset == image.subscriber_position
+    clock.advance(SM_INTERVAL_NS)
+    pair.dispatcher.do_work(clock.now_ns, pair.to_pub)
+    assert len(sms(pair.to_pub)) == 1  # periodic
+
+
+def test_a_lost_datagram_is_naked_after_the_delay_and_retransmitted() -> None:
+    clock = ManualClock()
+    pair = Pair(clock)
+    pair.step()
+    pair.step()
+    image = pair.images[0]
+    for i in range(40):
+        pair.pub.offer(bytes([i]) * 200)
+    pair.step(drop=lambda i, data: i == 1)
+    assert image.gap_position > 0 and image.naks_sent == 0
+    clock.advance(50 * US)
+    pair.dispatcher.do_work(clock.now_ns, pair.to_pub)
+    assert image.naks_sent == 0
+    clock.advance(60 * US)
+    pair.dispatcher.do_work(clock.now_ns, pair.to_pub)
+    naks = [NakFrame.decode(d) for d, _ in pair.to_pub.sent if d[6] == 2]
+    assert len(naks) == 1 and naks[0].term_offset == image.gap_position
+    pair.step()
+    pair.step()
+    assert poll_all(image) == [bytes([i]) * 200 for i in range(40)]
+    assert image.gap_position == -1
+
+
+def test_nak_is_repeated_while_the_gap_stays() -> None:
+    clock = ManualClock()
+    pair = Pair(clock)
+    pair.step()
+    pair.step()
+    image = pair.images[0]
+    for i in range(40):
+        pair.pub.offer(bytes([i]) * 200)
+    pair.step(drop=lambda i, data: i == 1)
+    sent = 0
+    for _ in range(3):
+        clock.advance(10 * MS + 1)
+        pair.dispatcher.do_work(clock.now_ns, pair.to_pub)
+        sent += len([d for d, _ in pair.to_pub.take() if d[6] == 2])
+    assert sent == 3 and image.naks_sent == 3
+
+
+def test_unreliable_image_fills_gaps_with_padding_instead_of_naking() -> None:
+    clock = ManualClock()
+    pair = Pair(clock, reliable=False)
+    pair.step()
+    pair.step()
+    image = pair.images[0]
+    for i in range(40):
+        pair.pub.offer(bytes([i]) * 200)
+    pair.step(drop=lambda i, data: i == 1)
+    clock.advance(MS)
+    pair.dispatcher.do_work(clock.now_ns, pair.to_pub)
+    got = poll_all(image)
+    assert image.naks_sent == 0 and image.gaps_filled == 1
+    assert got[0] == bytes([0]) * 200 and len(got) < 40 and got[-1] == bytes([39]) * 200
+
+
+def test_over_run_and_under_run_datagrams_are_dropped_and_counted() -> None:
+    clock = ManualClock()
+    pair = Pair(clock)
+    pair.step()
+    pair.step()
+    image = pair.images[0]
+    far = DataFrame(40000, 5, 10, 100, b"x" * 10).encode()
+    pair.dispatcher.on_datagram(far, len(far), SENDER, clock.now_ns, pair.to_pub)
+    assert image.over_runs == 1
+    pair.pub.offer(b"y" * 10)
+    pair.step()
+    poll_all(image)
+    old = DataFrame(0, 5, 10, 100, b"y" * 10).encode()
+    pair.dispatcher.on_datagram(old, len(old), SENDER, clock.now_ns, pair.to_pub)
+    assert image.under_runs == 1
+
+
+def test_eos_drains_then_the_image_goes_away_with_eos_sms() -> None:
+    clock = ManualClock()
+    pair = Pair(clock)
+    pair.step()
+    pair.step()
+    image = pair.images[0]
+    pair.pub.offer(b"bye")
+    pair.pub.close(clock.now_ns)
+    pair.step()
+    clock.advance(MS)
+    pair.step()  # EOS heartbeat
+    assert image.eos_position == image.hwm
+    assert not image.is_done
+    assert poll_all(image) == [b"bye"]
+    assert image.is_end_of_stream
+    for _ in range(5):
+        clock.advance(SM_INTERVAL_NS)
+        pair.step()
+    assert pair.gone == [image]
+    assert pair.pub.is_done  # the EOS SM ended its linger early
+
+
+def test_image_without_packets_for_the_liveness_timeout_goes_away() -> None:
+    clock = ManualClock()
+    pair = Pair(clock)
+    pair.step()
+    pair.step()
+    image = pair.images[0]
+    clock.advance(IMAGE_LIVENESS_TIMEOUT_NS + 1)
+    for _ in range(4):
+        pair.dispatcher.do_work(clock.now_ns, pair.to_pub)
+        clock.advance(SM_INTERVAL_NS)
+    assert pair.gone == [image]
+    eos = [StatusMessage.decode(d) for d, _ in pair.to_pub.take() if d[6] == 3]
+    assert eos and all(s.flags == SmFlags.EOS for s in eos)
+
+
+def test_subscription_control_address_elicits_setup_and_receives_sms() -> None:
+    clock, wire = ManualClock(), Wire()
+    dispatcher = ReceiveDispatcher()
+    control = ("127.0.0.1", 45000)
+    dispatcher.add(StreamInterest(10, control_address=control))
+    dispatcher.do_work(clock.now_ns, wire)
+    (data, address), = wire.take()
+    status = StatusMessage.decode(data)
+    assert address == control and status.flags == SmFlags.SEND_SETUP and status.session_id == 0
+    clock.advance(100 * MS)
+    dispatcher.do_work(clock.now_ns, wire)
+    assert len(wire.take()) == 1
+
+
+def test_term_rotation_cleans_consumed_partitions_across_many_terms() -> None:
+    clock = ManualClock()
+    pair = Pair(clock, term_length=64 * 1024, window=32 * 1024)
+    pair.step()
+    pair.step()
+    image = pair.images[0]
+    expected: list[bytes] = []
+    got: list[bytes] = []
+    for n in range(3000):
+        msg = n.to_bytes(4, "little") * (1 + n % 100)
+        while pair.pub.offer(msg) < 0:
+            pair.step()
+            got += poll_all(image)
+            clock.advance(MS)
+        expected.append(msg)
+    for _ in range(50):
+        pair.step()
+        got += poll_all(image)
+        clock.advance(MS)
+    assert got == expected
+    assert image.subscriber_position > 5 * 64 * 1024
