@@ -123,6 +123,18 @@ class Publication:
         return self._state.is_closed
 
     @property
+    def local_endpoints(self) -> list[tuple[str, int]]:
+        """Addresses of the socket this publication sends from (its control port for MDC)."""
+        reg = self._registration
+        local = getattr(getattr(reg, "endpoint", None), "local_address", None)
+        return [(str(local[0]), int(local[1]))] if local else []
+
+    @property
+    def destinations(self) -> list[tuple[str, int]]:
+        """Where data goes now (the endpoint, or the receivers learned in dynamic MDC)."""
+        return [(str(a[0]), int(a[1])) for a in list(self._state.destinations)]
+
+    @property
     def sender_position(self) -> int:
         return self._state.sender_position
 

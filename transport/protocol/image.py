@@ -158,7 +158,7 @@ class ImageState:
             self.heartbeats_received += 1
             if position > self.hwm and position <= self.last_sm_position + self.term_length // 2:
                 self.hwm = position
-            if packet[5] & _FLAG_EOS:
+            if packet[5] & _FLAG_EOS and position >= self.rebuild_position:
                 self.eos_position = position
             return False
         end = position + length
