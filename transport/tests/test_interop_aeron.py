@@ -26,7 +26,9 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import random
 import re
+import select
 import shutil
 import signal
 import socket
@@ -64,9 +66,11 @@ from aeron_spark.transport import (  # noqa: E402
     DriverConfig,
     FragmentAssembler,
     Header,
+    Image,
     Publication,
     Subscription,
 )
+from aeron_spark.transport.testing import LossConfig  # noqa: E402
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -189,8 +193,8 @@ class RealDriver:
         return p
 
 
-@pytest.fixture
-def real_driver() -> Iterator[RealDriver]:
+def _start_real_driver(stack: contextlib.ExitStack) -> RealDriver:
+    """Start an ``aeronmd`` with its own directory; ``stack`` stops it and its programs."""
     assert AERON_BIN is not None
     aeron_dir = f"/dev/shm/aeron-real-interop-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     env = dict(os.environ)
@@ -201,34 +205,77 @@ def real_driver() -> Iterator[RealDriver]:
             "AERON_DIR_DELETE_ON_SHUTDOWN": "true",
             "AERON_THREADING_MODE": "SHARED",
             "AERON_TERM_BUFFER_SPARSE_FILE": "true",
+            # Only used by channels with cc=cubic: then the real receiver sends RTTM requests.
+            "AERON_CUBICCONGESTIONCONTROL_MEASURERTT": "true",
             # aeronmd links libaeron_driver.so; allow it to sit beside the binaries.
             "LD_LIBRARY_PATH": ":".join(filter(None, [str(AERON_BIN), env.get("LD_LIBRARY_PATH")])),
         }
     )
     driver = RealDriver(aeron_dir, env)
+    stack.callback(shutil.rmtree, aeron_dir, ignore_errors=True)
     md = RealProgram([str(AERON_BIN / "aeronmd")], env, "aeronmd")
-    try:
-        cnc = Path(aeron_dir) / "cnc.dat"
-        deadline = time.monotonic() + _CONNECT_S
-        # The driver writes cnc.dat when ready; the clients would wait for it too, but a
-        # driver that fails to start should fail here with its own output.
-        while not (cnc.exists() and cnc.stat().st_size > 0):
-            if md.proc.poll() is not None or time.monotonic() > deadline:
-                md.drain(1.0)
-                raise AssertionError("aeronmd did not start:\n" + md.transcript())
-            time.sleep(0.02)
-        yield driver
-    finally:
-        for p in driver.programs:
-            p.stop()
-        md.stop()
-        shutil.rmtree(aeron_dir, ignore_errors=True)
+    stack.callback(md.stop)
+    stack.callback(lambda: [p.stop() for p in driver.programs])  # runs first: clients, then md
+    cnc = Path(aeron_dir) / "cnc.dat"
+    deadline = time.monotonic() + _CONNECT_S
+    # The driver writes cnc.dat when ready; the clients would wait for it too, but a driver that
+    # fails to start should fail here with its own output.
+    while not (cnc.exists() and cnc.stat().st_size > 0):
+        if md.proc.poll() is not None or time.monotonic() > deadline:
+            md.drain(1.0)
+            raise AssertionError("aeronmd did not start:\n" + md.transcript())
+        time.sleep(0.02)
+    return driver
 
 
 @pytest.fixture
-def our_driver(tmp_path: Path) -> Iterator[Driver]:
-    with Driver(DriverConfig(directory=tmp_path / "aeron-spark")) as d:
-        yield d
+def real_stack() -> Iterator[contextlib.ExitStack]:
+    with contextlib.ExitStack() as stack:
+        yield stack
+
+
+@pytest.fixture
+def real_driver(real_stack: contextlib.ExitStack) -> RealDriver:
+    return _start_real_driver(real_stack)
+
+
+class OurDrivers:
+    """Starts our in-process drivers (each with its own directory) and closes them all."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.started: list[Driver] = []
+
+    def start(self, **config: object) -> Driver:
+        directory = self.base / f"aeron-spark-{len(self.started)}"
+        driver = Driver(DriverConfig(directory=directory, **config)).start()  # type: ignore[arg-type]
+        self.started.append(driver)
+        return driver
+
+    def close_all(self) -> None:
+        for d in self.started:
+            d.close()
+
+
+@pytest.fixture
+def our_drivers(tmp_path: Path) -> Iterator[OurDrivers]:
+    drivers = OurDrivers(tmp_path)
+    try:
+        yield drivers
+    finally:
+        drivers.close_all()
+
+
+@pytest.fixture
+def our_driver(our_drivers: OurDrivers) -> Driver:
+    return our_drivers.start()
+
+
+def _assert_understood_everything(driver: Driver) -> None:
+    """The real driver's traffic produced no invalid frame and no error in our driver."""
+    counters = driver.counters.snapshot()
+    assert counters["invalid_frames"] == 0, counters
+    assert counters["errors"] == 0, driver.errors
 
 
 # --------------------------------------------------------------------------- helpers: our side
@@ -236,14 +283,34 @@ def our_driver(tmp_path: Path) -> Iterator[Driver]:
 
 @dataclass
 class Received:
-    payloads: list[bytes] = field(default_factory=list)
-    sessions: set[int] = field(default_factory=set)
+    """What our subscription delivered (whole messages) and which images came and went."""
+
+    payloads: list[bytes] = field(default_factory=list, repr=False)
+    by_session: dict[int, list[bytes]] = field(default_factory=dict, repr=False)
     streams: set[int] = field(default_factory=set)
+    images: list[tuple[int, int, int, int]] = field(default_factory=list)  # sid, itid, mtu, term
+    gone: list[int] = field(default_factory=list)
+
+    @property
+    def sessions(self) -> set[int]:
+        return set(self.by_session)
 
     def handler(self, payload: memoryview, header: Header) -> None:
-        self.payloads.append(bytes(payload))
-        self.sessions.add(header.session_id)
+        data = bytes(payload)
+        self.payloads.append(data)
+        self.by_session.setdefault(header.session_id, []).append(data)
         self.streams.add(header.stream_id)
+
+    def on_available(self, image: Image) -> None:
+        self.images.append((image.session_id, image.initial_term_id, image.mtu, image.term_length))
+
+    def on_unavailable(self, image: Image) -> None:
+        self.gone.append(image.session_id)
+
+    def subscribe(self, driver: Driver, channel: str, stream_id: int) -> Subscription:
+        return driver.add_subscription(  # type: ignore[no-any-return]
+            channel, stream_id, self.on_available, self.on_unavailable
+        )
 
 
 def _poll_until(
@@ -273,6 +340,30 @@ def _channel(port: int, **params: object) -> str:
 # ----------------------------------------------------------------- (a) real publisher -> our sub
 
 _OFFER = re.compile(r"^offering (\d+)/(\d+) - (.*)$")
+_WRAP = {"term_length": 65536, "init_term_id": 2147483645, "term_id": 2147483647, "term_offset": 0}
+
+
+def _accepted_offers(pub: RealProgram) -> list[int]:
+    """Indices basic_publisher reports as accepted ("yay!"); the others were refused."""
+    matches = (_OFFER.match(line) for line in pub.lines)
+    return [int(m.group(1)) for m in matches if m and "yay!" in m.group(3)]
+
+
+def _run_streaming(
+    real_driver: RealDriver, channel: str, stream_id: int, count: int, length: int
+) -> RealProgram:
+    args = ["-c", channel, "-s", str(stream_id), "-m", str(count), "-L", str(length)]
+    return real_driver.run("streaming_publisher", *args)
+
+
+def _check_streamed(payloads: list[bytes], count: int, length: int) -> None:
+    """streaming_publisher's payload is its message index (u64 little-endian) and zero bytes."""
+    assert len(payloads) == count, f"got {len(payloads)} of {count} messages"
+    zeros = bytes(length - 8)
+    for i, payload in enumerate(payloads):
+        assert len(payload) == length, f"message {i}: {len(payload)} bytes"
+        assert int.from_bytes(payload[:8], "little") == i, f"message {i} out of order or duplicated"
+        assert payload[8:] == zeros, f"message {i}: corrupted body"
 
 
 def test_basic_publisher_to_our_subscription(real_driver: RealDriver, our_driver: Driver) -> None:
@@ -283,24 +374,24 @@ def test_basic_publisher_to_our_subscription(real_driver: RealDriver, our_driver
     """
     port, stream_id, count = _free_udp_port(), 1001, 4
     channel = _channel(port)
-    sub = our_driver.add_subscription(channel, stream_id)
     received = Received()
+    sub = received.subscribe(our_driver, channel, stream_id)
     pub = real_driver.run("basic_publisher", "-c", channel, "-s", str(stream_id), "-m", str(count))
     try:
         _poll_until(sub, received, lambda: pub.proc.poll() is not None, _DELIVERY_S)
         pub.wait_exit(_PROCESS_STOP_S)
         pub.drain(_PROCESS_STOP_S)
-        accepted = [
-            int(m.group(1)) for m in map(_OFFER.match, pub.lines) if m and "yay!" in m.group(3)
-        ]
-        expected = [f"Hello World! {i}".encode() for i in accepted]
+        expected = [f"Hello World! {i}".encode() for i in _accepted_offers(pub)]
         _poll_until(sub, received, lambda: len(received.payloads) >= len(expected), 10.0)
     finally:
         pub.stop()
-    assert len(accepted) >= count - 1, "real publisher never connected to us:\n" + pub.transcript()
+    assert len(expected) >= count - 1, "real publisher hardly connected to us:\n" + pub.transcript()
     assert received.payloads == expected
     assert received.streams == {stream_id}
     assert len(received.sessions) == 1
+    [(_, _, mtu, term_length)] = received.images
+    assert (mtu, term_length) == (1408, 16 * 1024 * 1024)
+    _assert_understood_everything(our_driver)
 
 
 @pytest.mark.parametrize(
@@ -309,63 +400,132 @@ def test_basic_publisher_to_our_subscription(real_driver: RealDriver, our_driver
         pytest.param({}, 32, 20_000, id="32B-default-many-frames-per-datagram"),
         pytest.param({}, 5_000, 300, id="5000B-default-mtu-fragmented"),
         pytest.param(
-            {"term_length": 131072, "mtu": 4096}, 12_000, 300, id="12000B-term128k-mtu4096-rotating"
+            {"term_length": 131072, "mtu": 4096}, 12_000, 300, id="12000B-term128k-mtu4096"
         ),
+        pytest.param({"term_length": 65536, "mtu": 8192}, 8_192, 100, id="8192B-term64k-mtu8192"),
         pytest.param(
-            {"term_length": 65536, "mtu": 8192}, 8_192, 100, id="8192B-term64k-mtu8192-max-message"
+            {"term_length": 1 << 20, "mtu": 65504}, 65_536, 60, id="64KiB-term1m-mtu65504"
         ),
-        pytest.param(
-            {
-                "term_length": 65536,
-                "init_term_id": 2147483645,
-                "term_id": 2147483647,
-                "term_offset": 0,
-            },
-            1_000,
-            300,
-            id="1000B-term64k-term-id-wrap",
-        ),
+        pytest.param(_WRAP, 1_000, 300, id="1000B-term64k-term-id-wrap"),
     ],
 )
 def test_streaming_publisher_to_our_subscription(
-    real_driver: RealDriver, our_driver: Driver, params: dict[str, object], length: int, count: int
+    real_driver: RealDriver, our_driver: Driver, params: dict[str, int], length: int, count: int
 ) -> None:
-    """Every message of the real streaming_publisher arrives once, in order, intact.
+    """Every message of the real streaming_publisher arrives once, in order, intact; our image
+    takes the publisher's mtu, term length and initial term id from its SETUP; when the publisher
+    closes, its EOS makes our image unavailable.
 
     streaming_publisher retries each offer until it succeeds, so all ``count`` messages must
-    arrive. Its payload is the message index as a little-endian u64 followed by zero bytes.
+    arrive. It uses message lengths above the MTU, so the real driver fragments them.
     """
     port, stream_id = _free_udp_port(), 1002
-    sub = our_driver.add_subscription(_channel(port), stream_id)
     received = Received()
-    pub = real_driver.run(
-        "streaming_publisher",
-        "-c",
-        _channel(port, **params),
-        "-s",
-        str(stream_id),
-        "-m",
-        str(count),
-        "-L",
-        str(length),
-    )
+    sub = received.subscribe(our_driver, _channel(port), stream_id)
+    pub = _run_streaming(real_driver, _channel(port, **params), stream_id, count, length)
     try:
         _poll_until(sub, received, lambda: len(received.payloads) >= count, _DELIVERY_S)
         pub.wait_exit(_DELIVERY_S)
         pub.drain(_PROCESS_STOP_S)
+        # The real publication drains, sends EOS heartbeats and lingers; our image goes away.
+        _poll_until(sub, received, lambda: bool(received.gone), 20.0)
     finally:
         pub.stop()
     assert pub.proc.returncode == 0, pub.transcript()
-    assert len(received.payloads) == count, (
-        f"got {len(received.payloads)} of {count} messages; publisher said:\n{pub.transcript()}"
-    )
-    zeros = bytes(length - 8)
-    for i, payload in enumerate(received.payloads):
-        assert len(payload) == length, f"message {i}: {len(payload)} bytes"
-        assert int.from_bytes(payload[:8], "little") == i, f"message {i} out of order or duplicated"
-        assert payload[8:] == zeros, f"message {i}: corrupted body"
+    _check_streamed(received.payloads, count, length)
     assert received.streams == {stream_id}
-    assert len(received.sessions) == 1
+    [(session_id, initial_term_id, mtu, term_length)] = received.images
+    assert received.sessions == {session_id}
+    assert mtu == params.get("mtu", 1408)
+    assert term_length == params.get("term_length", 16 * 1024 * 1024)
+    if "init_term_id" in params:
+        assert initial_term_id == params["init_term_id"]
+    assert received.gone == [session_id], "no unavailable-image after the real publisher's EOS"
+    _assert_understood_everything(our_driver)
+
+
+def test_two_real_publishers_interleave_into_our_subscription(
+    real_stack: contextlib.ExitStack, our_driver: Driver
+) -> None:
+    """Two real publications (two sessions, from two real drivers) on one stream: their
+    fragments interleave on our socket; each session's messages are reassembled separately,
+    complete and in order.
+
+    Two drivers because one real driver refuses a second publication on the same channel and
+    stream with another ``session-id`` (and without one, it shares a single session).
+    """
+    port, stream_id, count, length = _free_udp_port(), 1005, 200, 5000
+    received = Received()
+    sub = received.subscribe(our_driver, _channel(port), stream_id)
+    pubs = [
+        _run_streaming(
+            _start_real_driver(real_stack), _channel(port, session_id=sid), stream_id, count, length
+        )
+        for sid in (424242, 424243)
+    ]
+    _poll_until(sub, received, lambda: len(received.payloads) >= 2 * count, _DELIVERY_S)
+    for p in pubs:
+        p.wait_exit(_DELIVERY_S)
+    sessions = sorted(received.by_session)
+    assert sessions == [424242, 424243]
+    for sid in sessions:
+        _check_streamed(received.by_session[sid], count, length)
+    _assert_understood_everything(our_driver)
+
+
+def test_real_publisher_to_our_subscription_with_loss(
+    real_driver: RealDriver, our_drivers: OurDrivers
+) -> None:
+    """With 5% of datagrams dropped (and some duplicated and reordered) on our receive path, our
+    NAKs make the real driver retransmit, and every message still arrives once, in order."""
+    loss = LossConfig(drop_rate=0.05, duplicate_rate=0.02, reorder_rate=0.02, seed=7)
+    driver = our_drivers.start(loss=loss)
+    port, stream_id, count, length = _free_udp_port(), 1006, 2000, 3000
+    received = Received()
+    sub = received.subscribe(driver, _channel(port), stream_id)
+    pub = _run_streaming(real_driver, _channel(port), stream_id, count, length)
+    try:
+        _poll_until(sub, received, lambda: len(received.payloads) >= count, _DELIVERY_S)
+        pub.wait_exit(_DELIVERY_S)
+    finally:
+        pub.stop()
+    _check_streamed(received.payloads, count, length)
+    counters = driver.counters.snapshot()
+    assert counters["loss_injected_drops"] > 0
+    assert counters["naks_sent"] > 0, counters
+    _assert_understood_everything(driver)
+
+
+def test_our_subscription_rejoins_a_running_real_publication(
+    real_driver: RealDriver, our_drivers: OurDrivers
+) -> None:
+    """A subscriber that comes back on the same port while the real publication runs: the real
+    publisher only sends SETUP again when asked, so our receiver must answer its data/heartbeats
+    of an unknown session with a SEND_SETUP status message, and delivery resumes."""
+    port, stream_id, count = _free_udp_port(), 1007, 8
+    channel = _channel(port)
+    first, second = Received(), Received()
+    driver = our_drivers.start()
+    sub = first.subscribe(driver, channel, stream_id)
+    pub = real_driver.run("basic_publisher", "-c", channel, "-s", str(stream_id), "-m", str(count))
+    try:
+        _poll_until(sub, first, lambda: b"Hello World! 1" in first.payloads, _DELIVERY_S)
+        assert b"Hello World! 1" in first.payloads, pub.transcript()
+        driver.close()  # our subscriber goes away (EOS status message) ...
+        driver = our_drivers.start()  # ... and a new one binds the same port
+        sub = second.subscribe(driver, channel, stream_id)
+        _poll_until(sub, second, lambda: pub.proc.poll() is not None, _DELIVERY_S)
+        pub.wait_exit(_PROCESS_STOP_S)
+        pub.drain(_PROCESS_STOP_S)
+        expected = [f"Hello World! {i}".encode() for i in _accepted_offers(pub)]
+        _poll_until(sub, second, lambda: len(first.payloads + second.payloads) >= len(expected), 5)
+    finally:
+        pub.stop()
+    assert second.payloads, "the rejoined subscription got nothing:\n" + pub.transcript()
+    assert first.payloads + second.payloads == expected, pub.transcript()
+    assert first.sessions == second.sessions
+    assert driver.counters.snapshot()["unknown_session_data"] > 0  # it had to ask for a SETUP
+    _assert_understood_everything(driver)
 
 
 # ----------------------------------------------------------------- (b) our pub -> real subscriber
@@ -412,46 +572,50 @@ def _collect_messages(
     return out
 
 
+def _check_real_image(sub: RealProgram, pub: Publication, stream_id: int) -> None:
+    image = sub.wait_for_line(_AVAILABLE, _CONNECT_S)
+    assert int(image.group(1)) == stream_id
+    assert int(image.group(2)) == pub.session_id
+    assert (int(image.group(3)), int(image.group(4))) == (pub.mtu, pub.term_length)
+
+
 @pytest.mark.parametrize(
-    ("params", "lengths"),
+    ("params", "sub_params", "lengths"),
     [
-        pytest.param({}, [1, 20, 1376, 1377, 5000, 40] * 5, id="default-mtu-some-fragmented"),
+        pytest.param({}, {}, [1, 20, 1376, 1377, 5000, 40] * 5, id="default-some-fragmented"),
         pytest.param(
-            {"term_length": 131072, "mtu": 8192},
-            [100, 8160, 8161, 16384] * 4,
-            id="term128k-mtu8192",
+            {"term_length": 131072, "mtu": 8192}, {}, [100, 8160, 8161, 16384] * 4, id="mtu8192"
         ),
-        pytest.param({"term_length": 65536}, [1000] * 300, id="term64k-rotating"),
         pytest.param(
-            {
-                "term_length": 65536,
-                "init_term_id": 2147483645,
-                "term_id": 2147483647,
-                "term_offset": 0,
-            },
-            [1000] * 200,
-            id="term64k-term-id-wrap",
+            {"term_length": 1 << 20, "mtu": 65504}, {}, [65472, 65536, 131072] * 3, id="mtu65504"
         ),
+        pytest.param({"term_length": 65536}, {}, [1000] * 300, id="term64k-rotating"),
+        pytest.param(_WRAP, {}, [1000] * 200, id="term64k-term-id-wrap"),
+        pytest.param({}, {"cc": "cubic"}, [3000] * 300, id="real-cubic-cc-with-rttm"),
     ],
 )
 def test_our_publication_to_basic_subscriber(
-    real_driver: RealDriver, our_driver: Driver, params: dict[str, object], lengths: list[int]
+    real_driver: RealDriver,
+    our_driver: Driver,
+    params: dict[str, int],
+    sub_params: dict[str, str],
+    lengths: list[int],
 ) -> None:
-    """The real basic_subscriber sees our image with our settings and prints every message."""
+    """The real basic_subscriber sees our image with our settings and prints every message.
+
+    With ``cc=cubic`` on its channel the real receiver measures RTT (RTTM requests we answer)
+    and changes its window as it goes (more status messages for our flow control).
+    """
     port, stream_id = _free_udp_port(), 1003
-    real_sub = _start_real_subscriber(real_driver, _channel(port), stream_id)
+    real_sub = _start_real_subscriber(real_driver, _channel(port, **sub_params), stream_id)
     pub = our_driver.add_publication(_channel(port, **params), stream_id)
     try:
         assert pub.wait_until_connected(_CONNECT_S), "real subscriber never sent a status message"
-        image = real_sub.wait_for_line(_AVAILABLE, _CONNECT_S)
-        assert int(image.group(1)) == stream_id
-        assert int(image.group(2)) == pub.session_id
-        assert int(image.group(3)) == pub.mtu == int(params.get("mtu", 1408))  # type: ignore[call-overload]
-        assert (
-            int(image.group(4))
-            == pub.term_length
-            == int(params.get("term_length", 16 * 1024 * 1024))
-        )  # type: ignore[call-overload]
+        assert (pub.mtu, pub.term_length) == (
+            params.get("mtu", 1408),
+            params.get("term_length", 16 * 1024 * 1024),
+        )
+        _check_real_image(real_sub, pub, stream_id)
         messages = [_text_message(i, n) for i, n in enumerate(lengths)]
         _offer_all(pub, messages, _DELIVERY_S)
         got = _collect_messages(real_sub, len(messages), _DELIVERY_S)
@@ -459,6 +623,7 @@ def test_our_publication_to_basic_subscriber(
         real_sub.stop()
     assert [body for _, _, body in got] == messages
     assert {(s, sess) for s, sess, _ in got} == {(stream_id, pub.session_id)}
+    _assert_understood_everything(our_driver)
 
 
 def test_closing_our_publication_makes_real_image_unavailable(
@@ -479,3 +644,97 @@ def test_closing_our_publication_makes_real_image_unavailable(
     finally:
         real_sub.stop()
     assert (int(gone.group(1)), int(gone.group(2))) == (stream_id, session_id)
+    _assert_understood_everything(our_driver)
+
+
+def test_real_subscriber_restart_gets_setup_from_our_publication(
+    real_driver: RealDriver, our_driver: Driver
+) -> None:
+    """A real subscriber that starts after our publication has connected (to an earlier one)
+    sees only our heartbeats/data: it asks with SEND_SETUP, we answer with SETUP, and it gets
+    the messages offered after its image appeared."""
+    port, stream_id = _free_udp_port(), 1008
+    first = _start_real_subscriber(real_driver, _channel(port), stream_id)
+    pub = our_driver.add_publication(_channel(port), stream_id)
+    try:
+        assert pub.wait_until_connected(_CONNECT_S)
+        _check_real_image(first, pub, stream_id)
+        _offer_all(pub, [b"to the first"], _DELIVERY_S)
+        assert _collect_messages(first, 1, _DELIVERY_S)[0][2] == b"to the first"
+        first.stop()
+        setups_before = our_driver.counters.snapshot()["setups_sent"]
+        second = _start_real_subscriber(real_driver, _channel(port), stream_id)
+        _check_real_image(second, pub, stream_id)
+        messages = [_text_message(i, 2000) for i in range(20)]
+        _offer_all(pub, messages, _DELIVERY_S)
+        got = _collect_messages(second, len(messages), _DELIVERY_S)
+    finally:
+        first.stop()
+    assert [body for _, _, body in got] == messages
+    assert our_driver.counters.snapshot()["setups_sent"] > setups_before
+    _assert_understood_everything(our_driver)
+
+
+class LossyUdpProxy:
+    """Forwards datagrams from a publisher to ``target`` and replies back, dropping a seeded
+    fraction of the publisher's DATA datagrams (never SETUP or control frames)."""
+
+    def __init__(self, target_port: int, drop_rate: float, seed: int) -> None:
+        self.front = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.front.bind(("127.0.0.1", 0))
+        self.back = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.back.bind(("127.0.0.1", 0))
+        self.port = int(self.front.getsockname()[1])
+        self.target = ("127.0.0.1", target_port)
+        self.drop_rate = drop_rate
+        self.random = random.Random(seed)
+        self.dropped = 0
+        self.publisher: tuple[str, int] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lossy-proxy", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            readable, _, _ = select.select([self.front, self.back], [], [], 0.1)
+            for sock in readable:
+                data, source = sock.recvfrom(65536)
+                if sock is self.front:
+                    self.publisher = source
+                    is_data = len(data) > 32 and data[6] == 0x01  # type DATA, not a heartbeat
+                    if is_data and self.random.random() < self.drop_rate:
+                        self.dropped += 1
+                        continue
+                    self.back.sendto(data, self.target)
+                elif self.publisher is not None:
+                    self.front.sendto(data, self.publisher)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=_PROCESS_STOP_S)
+        self.front.close()
+        self.back.close()
+
+
+def test_our_publication_retransmits_on_real_naks(
+    real_driver: RealDriver, our_driver: Driver
+) -> None:
+    """Between us and the real subscriber 5% of our DATA datagrams are dropped: the real
+    receiver NAKs, we retransmit the original bytes, and it prints every message in order."""
+    port, stream_id = _free_udp_port(), 1009
+    real_sub = _start_real_subscriber(real_driver, _channel(port), stream_id)
+    proxy = LossyUdpProxy(port, drop_rate=0.05, seed=11)
+    try:
+        pub = our_driver.add_publication(_channel(proxy.port), stream_id)
+        assert pub.wait_until_connected(_CONNECT_S)
+        messages = [_text_message(i, 100 + (i * 37) % 4000) for i in range(600)]
+        _offer_all(pub, messages, _DELIVERY_S)
+        got = _collect_messages(real_sub, len(messages), _DELIVERY_S)
+    finally:
+        proxy.close()
+        real_sub.stop()
+    assert proxy.dropped > 0
+    assert [body for _, _, body in got] == messages
+    counters = our_driver.counters.snapshot()
+    assert counters["naks_received"] > 0 and counters["retransmits_sent"] > 0, counters
+    _assert_understood_everything(our_driver)
