@@ -738,3 +738,60 @@ def test_our_publication_retransmits_on_real_naks(
     counters = our_driver.counters.snapshot()
     assert counters["naks_received"] > 0 and counters["retransmits_sent"] > 0, counters
     _assert_understood_everything(our_driver)
+
+
+# ----------------------------------------------------------------- dynamic multi-destination-cast
+
+
+def test_real_dynamic_mdc_publication_to_our_subscription(
+    real_driver: RealDriver, our_driver: Driver
+) -> None:
+    """A real publication in dynamic control mode learns our subscription from the status
+    messages we send to its control address, and sends to us; everything arrives in order."""
+    control, endpoint, stream_id, count, length = (
+        _free_udp_port(),
+        _free_udp_port(),
+        1010,
+        500,
+        3000,
+    )
+    received = Received()
+    sub = received.subscribe(
+        our_driver, _channel(endpoint, control=f"127.0.0.1:{control}"), stream_id
+    )
+    channel = f"aeron:udp?control=127.0.0.1:{control}|control-mode=dynamic"
+    pub = _run_streaming(real_driver, channel, stream_id, count, length)
+    try:
+        _poll_until(sub, received, lambda: len(received.payloads) >= count, _DELIVERY_S)
+        pub.wait_exit(_DELIVERY_S)
+    finally:
+        pub.stop()
+    _check_streamed(received.payloads, count, length)
+    _assert_understood_everything(our_driver)
+
+
+def test_our_dynamic_mdc_publication_to_real_subscriber(
+    real_driver: RealDriver, our_driver: Driver
+) -> None:
+    """A real subscriber with ``control=`` registers with our dynamic-control publication.
+
+    The real receiver announces itself with a SEND_SETUP status message whose session id AND
+    stream id are 0, once a second; a real publisher adds any status message's source as a
+    destination before looking at session and stream, so ours must too.
+    """
+    control, endpoint, stream_id = _free_udp_port(), _free_udp_port(), 1011
+    pub = our_driver.add_publication(
+        f"aeron:udp?control=127.0.0.1:{control}|control-mode=dynamic", stream_id
+    )
+    sub_channel = _channel(endpoint, control=f"127.0.0.1:{control}")
+    real_sub = _start_real_subscriber(real_driver, sub_channel, stream_id)
+    try:
+        assert pub.wait_until_connected(_CONNECT_S), "the real subscriber never got connected"
+        _check_real_image(real_sub, pub, stream_id)
+        messages = [_text_message(i, 100 + (i * 37) % 6000) for i in range(300)]
+        _offer_all(pub, messages, _DELIVERY_S)
+        got = _collect_messages(real_sub, len(messages), _DELIVERY_S)
+    finally:
+        real_sub.stop()
+    assert [body for _, _, body in got] == messages
+    _assert_understood_everything(our_driver)
