@@ -192,6 +192,10 @@ class RealDriver:
         self.programs.append(p)
         return p
 
+    def stop_programs(self) -> None:
+        for p in self.programs:
+            p.stop()
+
 
 def _start_real_driver(stack: contextlib.ExitStack) -> RealDriver:
     """Start an ``aeronmd`` with its own directory; ``stack`` stops it and its programs."""
@@ -215,7 +219,7 @@ def _start_real_driver(stack: contextlib.ExitStack) -> RealDriver:
     stack.callback(shutil.rmtree, aeron_dir, ignore_errors=True)
     md = RealProgram([str(AERON_BIN / "aeronmd")], env, "aeronmd")
     stack.callback(md.stop)
-    stack.callback(lambda: [p.stop() for p in driver.programs])  # runs first: clients, then md
+    stack.callback(driver.stop_programs)  # runs first: clients, then the driver
     cnc = Path(aeron_dir) / "cnc.dat"
     deadline = time.monotonic() + _CONNECT_S
     # The driver writes cnc.dat when ready; the clients would wait for it too, but a driver that
@@ -372,7 +376,9 @@ def test_basic_publisher_to_our_subscription(real_driver: RealDriver, our_driver
     basic_publisher offers once a second without waiting for a connection, so the first offer may
     be refused with NOT_CONNECTED: we expect exactly the messages it reports as accepted ("yay!").
     """
-    port, stream_id, count = _free_udp_port(), 1001, 4
+    # 7 messages, one a second: longer than the real publisher's 5 s connection timeout, so our
+    # periodic status messages must keep it connected.
+    port, stream_id, count = _free_udp_port(), 1001, 7
     channel = _channel(port)
     received = Received()
     sub = received.subscribe(our_driver, channel, stream_id)
@@ -407,6 +413,7 @@ def test_basic_publisher_to_our_subscription(real_driver: RealDriver, our_driver
             {"term_length": 1 << 20, "mtu": 65504}, 65_536, 60, id="64KiB-term1m-mtu65504"
         ),
         pytest.param(_WRAP, 1_000, 300, id="1000B-term64k-term-id-wrap"),
+        pytest.param({"rcv_wnd": 8192}, 5_000, 300, id="5000B-our-rcv-wnd-8k"),
     ],
 )
 def test_streaming_publisher_to_our_subscription(
@@ -421,8 +428,11 @@ def test_streaming_publisher_to_our_subscription(
     """
     port, stream_id = _free_udp_port(), 1002
     received = Received()
-    sub = received.subscribe(our_driver, _channel(port), stream_id)
-    pub = _run_streaming(real_driver, _channel(port, **params), stream_id, count, length)
+    # rcv-wnd is a receiver setting: it goes on our subscription, the rest on the publisher.
+    ours = {k: v for k, v in params.items() if k == "rcv_wnd"}
+    theirs = {k: v for k, v in params.items() if k != "rcv_wnd"}
+    sub = received.subscribe(our_driver, _channel(port, **ours), stream_id)
+    pub = _run_streaming(real_driver, _channel(port, **theirs), stream_id, count, length)
     try:
         _poll_until(sub, received, lambda: len(received.payloads) >= count, _DELIVERY_S)
         pub.wait_exit(_DELIVERY_S)
@@ -592,6 +602,8 @@ def _check_real_image(sub: RealProgram, pub: Publication, stream_id: int) -> Non
         pytest.param({"term_length": 65536}, {}, [1000] * 300, id="term64k-rotating"),
         pytest.param(_WRAP, {}, [1000] * 200, id="term64k-term-id-wrap"),
         pytest.param({}, {"cc": "cubic"}, [3000] * 300, id="real-cubic-cc-with-rttm"),
+        pytest.param({}, {"rcv_wnd": 8192}, [5000] * 100, id="real-rcv-wnd-8k"),
+        pytest.param({"session_id": 777777}, {}, [10] * 3, id="explicit-session-id"),
     ],
 )
 def test_our_publication_to_basic_subscriber(
@@ -794,4 +806,29 @@ def test_our_dynamic_mdc_publication_to_real_subscriber(
     finally:
         real_sub.stop()
     assert [body for _, _, body in got] == messages
+    _assert_understood_everything(our_driver)
+
+
+def test_idle_publication_keeps_real_image_alive(
+    real_driver: RealDriver, our_driver: Driver
+) -> None:
+    """Our idle publication heartbeats: past the real image liveness timeout (10 s) the real
+    subscriber still has our image, and a message offered afterwards arrives."""
+    port, stream_id = _free_udp_port(), 1012
+    real_sub = _start_real_subscriber(real_driver, _channel(port), stream_id)
+    pub = our_driver.add_publication(_channel(port), stream_id)
+    try:
+        assert pub.wait_until_connected(_CONNECT_S)
+        _check_real_image(real_sub, pub, stream_id)
+        _offer_all(pub, [b"before the pause"], _DELIVERY_S)
+        assert _collect_messages(real_sub, 1, _DELIVERY_S)[0][2] == b"before the pause"
+        idle_until = time.monotonic() + 12.0  # real image liveness timeout is 10 s
+        while (line := real_sub.next_line(idle_until)) is not None:
+            assert not _UNAVAILABLE.match(line), "real image timed out while we were idle"
+        assert pub.is_connected
+        _offer_all(pub, [b"after the pause"], _DELIVERY_S)
+        got = _collect_messages(real_sub, 1, _DELIVERY_S)
+    finally:
+        real_sub.stop()
+    assert got[0][2] == b"after the pause"
     _assert_understood_everything(our_driver)
