@@ -483,17 +483,25 @@ def test_two_real_publishers_interleave_into_our_subscription(
     _assert_understood_everything(our_driver)
 
 
+@pytest.mark.parametrize(
+    ("params", "length"),
+    [
+        pytest.param({}, 3000, id="default"),
+        pytest.param({"term_length": 65536}, 1000, id="term64k-loss-across-term-ends"),
+    ],
+)
 def test_real_publisher_to_our_subscription_with_loss(
-    real_driver: RealDriver, our_drivers: OurDrivers
+    real_driver: RealDriver, our_drivers: OurDrivers, params: dict[str, int], length: int
 ) -> None:
     """With 5% of datagrams dropped (and some duplicated and reordered) on our receive path, our
-    NAKs make the real driver retransmit, and every message still arrives once, in order."""
+    NAKs make the real driver retransmit, and every message still arrives once, in order. With
+    64 KiB terms some losses hit the padding at term ends."""
     loss = LossConfig(drop_rate=0.05, duplicate_rate=0.02, reorder_rate=0.02, seed=7)
     driver = our_drivers.start(loss=loss)
-    port, stream_id, count, length = _free_udp_port(), 1006, 2000, 3000
+    port, stream_id, count = _free_udp_port(), 1006, 2000
     received = Received()
     sub = received.subscribe(driver, _channel(port), stream_id)
-    pub = _run_streaming(real_driver, _channel(port), stream_id, count, length)
+    pub = _run_streaming(real_driver, _channel(port, **params), stream_id, count, length)
     try:
         _poll_until(sub, received, lambda: len(received.payloads) >= count, _DELIVERY_S)
         pub.wait_exit(_DELIVERY_S)
@@ -688,10 +696,11 @@ def test_real_subscriber_restart_gets_setup_from_our_publication(
 
 
 class LossyUdpProxy:
-    """Forwards datagrams from a publisher to ``target`` and replies back, dropping a seeded
-    fraction of the publisher's DATA datagrams (never SETUP or control frames)."""
+    """Forwards datagrams from a publisher to ``target`` and replies back, dropping the first
+    ``drop_first`` and then a seeded fraction of the publisher's DATA and PAD datagrams (never
+    heartbeats, SETUP or control frames)."""
 
-    def __init__(self, target_port: int, drop_rate: float, seed: int) -> None:
+    def __init__(self, target_port: int, drop_rate: float, seed: int, drop_first: int = 0) -> None:
         self.front = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.front.bind(("127.0.0.1", 0))
         self.back = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -699,6 +708,7 @@ class LossyUdpProxy:
         self.port = int(self.front.getsockname()[1])
         self.target = ("127.0.0.1", target_port)
         self.drop_rate = drop_rate
+        self.drop_first = drop_first
         self.random = random.Random(seed)
         self.dropped = 0
         self.publisher: tuple[str, int] | None = None
@@ -713,8 +723,11 @@ class LossyUdpProxy:
                 data, source = sock.recvfrom(65536)
                 if sock is self.front:
                     self.publisher = source
-                    is_data = len(data) > 32 and data[6] == 0x01  # type DATA, not a heartbeat
-                    if is_data and self.random.random() < self.drop_rate:
+                    # DATA or PAD (type 1 or 0) carrying a term range; heartbeats are 32 bytes.
+                    is_data = data[6] in (0x00, 0x01) and (len(data) > 32 or data[0:4] != bytes(4))
+                    if is_data and (
+                        self.dropped < self.drop_first or self.random.random() < self.drop_rate
+                    ):
                         self.dropped += 1
                         continue
                     self.back.sendto(data, self.target)
@@ -728,16 +741,21 @@ class LossyUdpProxy:
         self.back.close()
 
 
+@pytest.mark.parametrize(
+    "params",
+    [pytest.param({}, id="default"), pytest.param({"term_length": 65536}, id="term64k")],
+)
 def test_our_publication_retransmits_on_real_naks(
-    real_driver: RealDriver, our_driver: Driver
+    real_driver: RealDriver, our_driver: Driver, params: dict[str, int]
 ) -> None:
-    """Between us and the real subscriber 5% of our DATA datagrams are dropped: the real
-    receiver NAKs, we retransmit the original bytes, and it prints every message in order."""
+    """Between us and the real subscriber 5% of our DATA/PAD datagrams are dropped: the real
+    receiver NAKs, we retransmit the original bytes (padding at term ends included), and it
+    prints every message in order."""
     port, stream_id = _free_udp_port(), 1009
     real_sub = _start_real_subscriber(real_driver, _channel(port), stream_id)
     proxy = LossyUdpProxy(port, drop_rate=0.05, seed=11)
     try:
-        pub = our_driver.add_publication(_channel(proxy.port), stream_id)
+        pub = our_driver.add_publication(_channel(proxy.port, **params), stream_id)
         assert pub.wait_until_connected(_CONNECT_S)
         messages = [_text_message(i, 100 + (i * 37) % 4000) for i in range(600)]
         _offer_all(pub, messages, _DELIVERY_S)
@@ -831,4 +849,54 @@ def test_idle_publication_keeps_real_image_alive(
     finally:
         real_sub.stop()
     assert got[0][2] == b"after the pause"
+    _assert_understood_everything(our_driver)
+
+
+# ----------------------------------------------------------------- loss of the last datagram
+
+
+def test_lost_last_datagram_from_real_publisher_is_recovered(
+    real_driver: RealDriver, our_driver: Driver
+) -> None:
+    """The real publisher sends one message and closes; its only DATA datagram is lost. What
+    follows are heartbeats (then EOS heartbeats) at the position after the message: they raise
+    our high-water mark, so our image must see the gap, NAK it within the real publication's
+    5 s linger, and deliver the retransmitted message."""
+    port, stream_id = _free_udp_port(), 1013
+    received = Received()
+    sub = received.subscribe(our_driver, _channel(port), stream_id)
+    proxy = LossyUdpProxy(port, drop_rate=0.0, seed=0, drop_first=1)
+    pub = _run_streaming(real_driver, _channel(proxy.port), stream_id, 1, 100)
+    try:
+        _poll_until(sub, received, lambda: bool(received.payloads), 10.0)
+        pub.wait_exit(_DELIVERY_S)
+    finally:
+        pub.stop()
+        proxy.close()
+    assert proxy.dropped == 1
+    counters = our_driver.counters.snapshot()
+    assert len(received.payloads) == 1, f"the lost tail was never NAKed: {counters}"
+    _check_streamed(received.payloads, 1, 100)
+    _assert_understood_everything(our_driver)
+
+
+def test_lost_last_datagram_from_our_publication_is_recovered(
+    real_driver: RealDriver, our_driver: Driver
+) -> None:
+    """The mirror case: our only DATA datagram is lost; our heartbeats tell the real receiver
+    where the stream ends, it NAKs, and we retransmit."""
+    port, stream_id = _free_udp_port(), 1014
+    real_sub = _start_real_subscriber(real_driver, _channel(port), stream_id)
+    proxy = LossyUdpProxy(port, drop_rate=0.0, seed=0, drop_first=1)
+    try:
+        pub = our_driver.add_publication(_channel(proxy.port), stream_id)
+        assert pub.wait_until_connected(_CONNECT_S)
+        _offer_all(pub, [b"the only message"], _DELIVERY_S)
+        got = _collect_messages(real_sub, 1, 10.0)
+    finally:
+        proxy.close()
+        real_sub.stop()
+    assert proxy.dropped == 1
+    assert got[0][2] == b"the only message"
+    assert our_driver.counters.snapshot()["retransmits_sent"] > 0
     _assert_understood_everything(our_driver)
