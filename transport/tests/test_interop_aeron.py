@@ -83,10 +83,19 @@ _DELIVERY_S = 60.0
 # --------------------------------------------------------------------------- helpers: processes
 
 
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
+def _free_udp_port(host: str = "127.0.0.1") -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        _free_udp_port("::1")
+    except OSError:
+        return False
+    return True
 
 
 class RealProgram:
@@ -345,6 +354,8 @@ def _channel(port: int, **params: object) -> str:
 
 _OFFER = re.compile(r"^offering (\d+)/(\d+) - (.*)$")
 _WRAP = {"term_length": 65536, "init_term_id": 2147483645, "term_id": 2147483647, "term_offset": 0}
+# Start in the fourth term at offset 1024: the image's join position is not 0.
+_START = {"term_length": 65536, "init_term_id": 100, "term_id": 103, "term_offset": 1024}
 
 
 def _accepted_offers(pub: RealProgram) -> list[int]:
@@ -413,6 +424,7 @@ def test_basic_publisher_to_our_subscription(real_driver: RealDriver, our_driver
             {"term_length": 1 << 20, "mtu": 65504}, 65_536, 60, id="64KiB-term1m-mtu65504"
         ),
         pytest.param(_WRAP, 1_000, 300, id="1000B-term64k-term-id-wrap"),
+        pytest.param(_START, 3_000, 300, id="3000B-term64k-start-position-197632"),
         pytest.param({"rcv_wnd": 8192}, 5_000, 300, id="5000B-our-rcv-wnd-8k"),
     ],
 )
@@ -609,6 +621,7 @@ def _check_real_image(sub: RealProgram, pub: Publication, stream_id: int) -> Non
         ),
         pytest.param({"term_length": 65536}, {}, [1000] * 300, id="term64k-rotating"),
         pytest.param(_WRAP, {}, [1000] * 200, id="term64k-term-id-wrap"),
+        pytest.param(_START, {}, [3000] * 100, id="term64k-start-position-197632"),
         pytest.param({}, {"cc": "cubic"}, [3000] * 300, id="real-cubic-cc-with-rttm"),
         pytest.param({}, {"rcv_wnd": 8192}, [5000] * 100, id="real-rcv-wnd-8k"),
         pytest.param({"session_id": 777777}, {}, [10] * 3, id="explicit-session-id"),
@@ -899,4 +912,48 @@ def test_lost_last_datagram_from_our_publication_is_recovered(
     assert proxy.dropped == 1
     assert got[0][2] == b"the only message"
     assert our_driver.counters.snapshot()["retransmits_sent"] > 0
+    _assert_understood_everything(our_driver)
+
+
+# ----------------------------------------------------------------- IPv6 loopback
+
+_needs_ipv6 = pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback (::1)")
+
+
+@_needs_ipv6
+def test_ipv6_real_publisher_to_our_subscription(
+    real_driver: RealDriver, our_driver: Driver
+) -> None:
+    port, stream_id, count, length = _free_udp_port("::1"), 1015, 300, 3000
+    channel = f"aeron:udp?endpoint=[::1]:{port}"
+    received = Received()
+    sub = received.subscribe(our_driver, channel, stream_id)
+    pub = _run_streaming(real_driver, channel, stream_id, count, length)
+    try:
+        _poll_until(sub, received, lambda: len(received.payloads) >= count, _DELIVERY_S)
+        pub.wait_exit(_DELIVERY_S)
+    finally:
+        pub.stop()
+    _check_streamed(received.payloads, count, length)
+    _assert_understood_everything(our_driver)
+
+
+@_needs_ipv6
+def test_ipv6_our_publication_to_real_subscriber(
+    real_driver: RealDriver, our_driver: Driver
+) -> None:
+    port, stream_id = _free_udp_port("::1"), 1016
+    channel = f"aeron:udp?endpoint=[::1]:{port}"
+    real_sub = _start_real_subscriber(real_driver, channel, stream_id)
+    pub = our_driver.add_publication(channel, stream_id)
+    try:
+        assert pub.wait_until_connected(_CONNECT_S)
+        image = real_sub.wait_for_line(_AVAILABLE, _CONNECT_S)
+        assert image.group(5).startswith("[::1]:"), image.group(0)
+        messages = [_text_message(i, 100 + (i * 53) % 3000) for i in range(100)]
+        _offer_all(pub, messages, _DELIVERY_S)
+        got = _collect_messages(real_sub, len(messages), _DELIVERY_S)
+    finally:
+        real_sub.stop()
+    assert [body for _, _, body in got] == messages
     _assert_understood_everything(our_driver)
