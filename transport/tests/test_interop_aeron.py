@@ -3,20 +3,23 @@
 Runs only when ``AERON_DRIVER_DIR`` names a directory holding ``aeronmd``, ``basic_publisher``,
 ``basic_subscriber`` and ``streaming_publisher`` from real-logic/aeron's C driver and C samples,
 built by whoever runs the tests, outside this repository (nothing of Aeron is kept here; see
-``interop_README.md`` beside this file). Every exchange is unicast UDP on 127.0.0.1:
+``interop_README.md`` beside this file, which lists every case). Loopback only (127.0.0.1, ::1):
 
 * real publisher (sample program -> real ``aeronmd``) -> our ``Subscription``: every message
-  arrives once, in order, byte for byte; default and non-default ``term-length``/``mtu``,
-  messages longer than the MTU (fragmented by the real driver, reassembled by our
-  ``FragmentAssembler``), enough traffic to rotate terms and hit flow control, and an
-  ``init-term-id`` near 2^31 so the int32 term id wraps on the wire.
-* our ``Publication`` -> real ``basic_subscriber`` (through a real ``aeronmd``): it reports an image
-  with our session id, mtu and term length and prints each of our messages intact; fragmented
-  messages are reassembled by the real client; closing our publication makes its image
-  unavailable (our EOS is understood).
+  arrives once, in order, byte for byte; default and non-default ``term-length``/``mtu`` (up to
+  65504), messages longer than the MTU, term rotation, a term-id wrap, a non-zero start
+  position, small receiver windows, two interleaved sessions, injected loss (our NAKs), a lost
+  last datagram, a subscriber that rejoins (SEND_SETUP), dynamic multi-destination-cast, IPv6;
+  the publisher's EOS makes our image unavailable.
+* our ``Publication`` -> real ``basic_subscriber`` (through a real ``aeronmd``): it reports an
+  image with our session id, mtu and term length and prints each message intact, with the same
+  variations, plus the real receiver's NAKs (through a lossy proxy), cubic congestion control
+  (RTTM), a real subscriber that appears later (SEND_SETUP), idle heartbeats past the real image
+  liveness timeout, ``try_claim`` and ``close()`` (EOS).
 
-Each real program runs in its own process group with a bounded wait and is always stopped in a
-``finally`` block (SIGINT, then SIGKILL). The real driver uses its own ``AERON_DIR`` under
+Every test also checks that our driver counted no invalid frame and no error. Each real program
+runs in its own process group; every wait is bounded and every process is stopped in a
+``finally`` (SIGINT, then SIGKILL). The real driver gets its own ``AERON_DIR`` under
 ``/dev/shm``, the shared threading mode and sparse term files, so it stays light on a small
 machine.
 """
