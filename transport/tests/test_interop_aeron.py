@@ -817,6 +817,29 @@ def test_real_dynamic_mdc_publication_to_our_subscription(
     _assert_understood_everything(our_driver)
 
 
+def test_our_manual_mdc_publication_to_two_real_subscribers(
+    real_driver: RealDriver, our_driver: Driver
+) -> None:
+    """Manual multi-destination-cast: our publication with two added destinations reaches two
+    real subscribers; each prints every message, in order."""
+    ports, stream_id = (_free_udp_port(), _free_udp_port()), 1018
+    real_subs = [_start_real_subscriber(real_driver, _channel(p), stream_id) for p in ports]
+    pub = our_driver.add_publication("aeron:udp?control-mode=manual", stream_id)
+    for p in ports:
+        pub.add_destination(f"127.0.0.1:{p}")
+    try:
+        assert pub.wait_until_connected(_CONNECT_S)
+        messages = [_text_message(i, 100 + (i * 61) % 5000) for i in range(200)]
+        _offer_all(pub, messages, _DELIVERY_S)
+        got = [_collect_messages(s, len(messages), _DELIVERY_S) for s in real_subs]
+    finally:
+        for s in real_subs:
+            s.stop()
+    for printed in got:
+        assert [body for _, _, body in printed] == messages
+    _assert_understood_everything(our_driver)
+
+
 def test_our_dynamic_mdc_publication_to_real_subscriber(
     real_driver: RealDriver, our_driver: Driver
 ) -> None:
