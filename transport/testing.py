@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import socket
 from collections import deque
@@ -114,4 +115,26 @@ def free_udp_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-__all__ = ["LossConfig", "LossInjector", "ManualClock", "free_udp_port"]
+def message_sizes(seed: int, count: int, max_size: int, min_size: int = 1) -> list[int]:
+    """``count`` sizes from ``min_size`` to ``max_size``, log-uniform (many small, some large)."""
+    rnd = random.Random(seed)
+    low, high = math.log(min_size), math.log(max_size + 1)
+    return [min(max_size, int(math.exp(rnd.uniform(low, high)))) for _ in range(count)]
+
+
+def make_message(index: int, size: int) -> bytes:
+    """A message that says which one it is: its index (8 bytes) then a pattern derived from it."""
+    head = index.to_bytes(8, "little")
+    if size <= 8:
+        return head[:size]
+    start = index & 0xFF
+    body = _PATTERN[start : start + 251]
+    reps = (size - 8) // 251 + 1
+    return head + (body * reps)[: size - 8]
+
+
+_PATTERN = bytes(range(256)) * 2
+
+
+__all__ = ["LossConfig", "LossInjector", "ManualClock", "free_udp_port", "make_message",
+           "message_sizes"]

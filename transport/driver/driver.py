@@ -75,6 +75,7 @@ class DriverConfig:
     socket_buffer_length: int = DEFAULT_SOCKET_BUFFER_LENGTH
     counters_interval_ns: int = 1_000_000_000
     write_counters_file: bool = True
+    retransmit_linger_ns: int = 10_000_000  # NAKs for a range just resent are ignored this long
     loss: Any = None  # an aeron_spark.transport.testing.LossConfig
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -83,6 +84,8 @@ class DriverConfig:
             raise ChannelError("threading_mode", self.threading_mode, "shared, dedicated or invoker")
         if self.socket_buffer_length < 0:
             raise ChannelError("socket_buffer_length", self.socket_buffer_length, "a byte count >= 0")
+        if self.retransmit_linger_ns < 0:
+            raise ChannelError("retransmit_linger_ns", self.retransmit_linger_ns, "a duration >= 0")
         if self.counters_interval_ns <= 0:
             raise ChannelError("counters_interval_ns", self.counters_interval_ns, "a positive duration")
 
@@ -270,7 +273,8 @@ class Driver:
                 session_id=session_id, stream_id=stream_id, initial_term_id=initial_term_id,
                 term_id=term_id, term_offset=term_offset, term_length=config.term_length,
                 mtu=config.mtu, publication_window_length=config.publication_window_length,
-                linger_ns=config.linger_ns, destination=destination, dynamic=dynamic, now_ns=now,
+                linger_ns=config.linger_ns, retransmit_linger_ns=self.config.retransmit_linger_ns,
+                destination=destination, dynamic=dynamic, now_ns=now,
             )
             if dynamic or manual:
                 assert config.control is not None or manual

@@ -16,8 +16,10 @@ Invariants:
 * The receiver zeroes the partition of a term once the subscriber is past it (before any SM
   that would let the sender write into it again).
 * SMs: the first at once, then when ``subscriber_position > last_sm_position + window/4``, and
-  every 200 ms repeating the last position. NAK for the first gap after ``nak_delay_ns``, then
-  every ``nak_delay_ns * 100`` (at least 1 ms) while the gap stays.
+  every 200 ms repeating the last position. Each gap (up to ``MAX_GAPS`` of them, in order) is
+  NAKed ``nak_delay_ns`` after it is first seen, then every ``nak_delay_ns * 100`` (at least
+  1 ms) while it stays. Real Aeron NAKs only the first gap; a NAK is a NAK to its publisher, so
+  this stays wire-compatible and recovers from heavy loss in parallel.
 * End of stream: an EOS heartbeat at position P; when everything up to P is rebuilt and
   consumed, SMs carry EOS and the image is done. No packet for ``liveness_timeout_ns``: done too.
 """
@@ -62,6 +64,7 @@ IMAGE_LIVENESS_TIMEOUT_NS = 10_000_000_000
 NAK_RETRY_RATIO = 100
 MIN_NAK_RETRY_NS = 1_000_000
 EOS_SM_COUNT = 3
+MAX_GAPS = 64  # gaps NAKed at once (Aeron tracks one; more recovers faster under heavy loss)
 
 _I32 = struct.Struct("<i")
 _i32_from = _I32.unpack_from
@@ -125,9 +128,10 @@ class ImageState:
         self.sm_scheduled = True
         self.cleaned_term_count = (join >> self.shift) - 1
         self.last_packet_ns = now_ns
-        self.gap_position = -1
+        self.gap_position = -1  # the first gap (for tests and counters); -1 when none
         self.gap_length = 0
-        self.nak_deadline_ns: int | None = None
+        self.gaps: dict[int, list[int]] = {}  # gap position -> [length, next NAK time]
+        self._dirty = False  # something was inserted since the last gap scan
         self.eos_position: int | None = None
         self.eos_sms_left = EOS_SM_COUNT
         self.is_done = False  # receiver finished with it: remove and report unavailable
@@ -158,6 +162,7 @@ class ImageState:
             self.heartbeats_received += 1
             if position > self.hwm and position <= self.last_sm_position + self.term_length // 2:
                 self.hwm = position
+                self._dirty = True  # data up to here may be missing: scan for gaps
             if packet[5] & _FLAG_EOS and position >= self.rebuild_position:
                 self.eos_position = position
             return False
@@ -170,6 +175,7 @@ class ImageState:
             return False
         insert_packet(self.terms[relative % PARTITION_COUNT], term_offset,
                       packet if len(packet) == length else packet[:length])
+        self._dirty = True
         self.bytes_received += length
         if end > self.hwm:
             self.hwm = end
@@ -181,34 +187,45 @@ class ImageState:
             self.cleaned_term_count += 1
             zero_fill(self.terms[self.cleaned_term_count % PARTITION_COUNT])
 
-    def _scan_gaps(self) -> None:
+    def _scan_gaps(self, now_ns: int) -> None:
+        """Advance ``rebuild_position`` over complete frames and find up to MAX_GAPS gaps."""
+        self._dirty = False
         rebuild = self.rebuild_position
         hwm = self.hwm
-        mask = self.term_mask
-        gap_position = -1
-        gap_length = 0
-        while rebuild < hwm:
-            offset = rebuild & mask
-            term_start = rebuild - offset
+        found: list[tuple[int, int]] = []
+        position = rebuild
+        contiguous = True
+        while position < hwm and len(found) < MAX_GAPS:
+            offset = position & self.term_mask
+            term_start = position - offset
             limit = hwm - term_start
             if limit > self.term_length:
                 limit = self.term_length
-            term = self.terms[(rebuild >> self.shift) % PARTITION_COUNT]
+            term = self.terms[(position >> self.shift) % PARTITION_COUNT]
             new_offset, gap_offset, length = scan_for_gap(term, offset, limit)
-            rebuild = term_start + new_offset
             if length:
-                gap_position = term_start + gap_offset
-                gap_length = length
-                break
+                if contiguous:
+                    rebuild = term_start + gap_offset
+                    contiguous = False
+                found.append((term_start + gap_offset, length))
+                position = term_start + gap_offset + length
+                continue
+            position = term_start + new_offset
+            if contiguous:
+                rebuild = position
             if new_offset < self.term_length:
                 break
         self.rebuild_position = rebuild
-        if gap_position != self.gap_position:
-            self.gap_position = gap_position
-            self.gap_length = gap_length
-            self.nak_deadline_ns = None
+        old = self.gaps
+        gaps: dict[int, list[int]] = {}
+        for gap_position, length in found:
+            entry = old.get(gap_position)
+            gaps[gap_position] = [length, entry[1] if entry else now_ns + self.nak_delay_ns]
+        self.gaps = gaps
+        if found:
+            self.gap_position, self.gap_length = found[0]
         else:
-            self.gap_length = gap_length
+            self.gap_position, self.gap_length = -1, 0
 
     def do_work(self, now_ns: int, transmit: Transmit) -> int:
         """Clean consumed terms, NAK gaps, send SMs, check liveness and EOS; work count."""
@@ -217,17 +234,18 @@ class ImageState:
         work = 0
         if self.subscriber_position > self.rebuild_position:
             self.rebuild_position = self.subscriber_position  # consumed frames were complete
+            self._dirty = True
         self._clean()
         if self.hwm > self.rebuild_position:
-            self._scan_gaps()
-        elif self.gap_position >= 0:
-            self.gap_position = -1
-            self.nak_deadline_ns = None
-        if self.gap_position >= 0:
-            if self.nak_deadline_ns is None:
-                self.nak_deadline_ns = now_ns + self.nak_delay_ns
-            elif now_ns >= self.nak_deadline_ns:
-                work += self._on_nak_due(now_ns, transmit)
+            if self._dirty:
+                self._scan_gaps(now_ns)
+        elif self.gaps:
+            self.gaps = {}
+            self.gap_position, self.gap_length = -1, 0
+        if self.gaps:
+            for gap_position, entry in list(self.gaps.items()):
+                if now_ns >= entry[1]:
+                    work += self._on_nak_due(gap_position, entry, now_ns, transmit)
         sub = self.subscriber_position
         eos = self.eos_position
         closing = self.is_closing or (
@@ -250,25 +268,26 @@ class ImageState:
             work += 1
         return work
 
-    def _on_nak_due(self, now_ns: int, transmit: Transmit) -> int:
-        position = self.gap_position
+    def _on_nak_due(self, position: int, entry: list[int], now_ns: int, transmit: Transmit) -> int:
         offset = position & self.term_mask
+        length = entry[0]
         if not self.reliable:
             term = self.terms[(position >> self.shift) % PARTITION_COUNT]
             # Fill the gap with padding so the subscriber moves past it (reliable=false).
             struct.pack_into("<BBhiiiiq", term, offset + 4, 0, DataFlags.UNFRAGMENTED, _TYPE_PAD,
                              offset, self.session_id, self.stream_id,
                              wrap_int32(self.initial_term_id + (position >> self.shift)), 0)
-            _I32.pack_into(term, offset, self.gap_length)
+            _I32.pack_into(term, offset, length)
             self.gaps_filled += 1
-            self.nak_deadline_ns = None
+            del self.gaps[position]
+            self._dirty = True
             return 1
         NAK.pack_into(self._nak_buffer, 0, NAK_LENGTH, 0, 0, FrameType.NAK, self.session_id,
                       self.stream_id, wrap_int32(self.initial_term_id + (position >> self.shift)),
-                      offset, self.gap_length)
+                      offset, length)
         transmit(bytes(self._nak_buffer), self.sm_address)
         self.naks_sent += 1
-        self.nak_deadline_ns = now_ns + self.nak_retry_ns
+        entry[1] = now_ns + self.nak_retry_ns
         return 1
 
     def _send_sm(self, position: int, flags: int, transmit: Transmit) -> None:
@@ -281,14 +300,15 @@ class ImageState:
     @property
     def next_deadline_ns(self) -> int:
         deadline = self.sm_deadline_ns
-        if self.nak_deadline_ns is not None and self.nak_deadline_ns < deadline:
-            deadline = self.nak_deadline_ns
+        for entry in self.gaps.values():
+            if entry[1] < deadline:
+                deadline = entry[1]
         return min(deadline, self.last_packet_ns + self.liveness_timeout_ns + 1)
 
     def needs_work(self) -> bool:
         """True when :meth:`do_work` has something to do right now (before a driver sleeps)."""
         return (self.sm_scheduled or self.subscriber_position - self.last_sm_position > self.window >> 2
-                or self.hwm > self.rebuild_position and self.nak_deadline_ns is None)
+                or self._dirty and self.hwm > self.rebuild_position)
 
     # ------------------------------------------------------------------ subscriber side
 

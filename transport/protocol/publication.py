@@ -90,6 +90,7 @@ class PublicationState:
         mtu: int,
         publication_window_length: int = 0,
         linger_ns: int = 5_000_000_000,
+        retransmit_linger_ns: int = RETRANSMIT_LINGER_NS,
         destination: Address | None = None,
         dynamic: bool = False,
         now_ns: int = 0,
@@ -104,6 +105,7 @@ class PublicationState:
         self.max_message_length = self.geometry.max_message_length
         self.max_payload_length = self.geometry.max_payload_length
         self.linger_ns = linger_ns
+        self.retransmit_linger_ns = retransmit_linger_ns
         self.window = publication_window_length or term_length // 2
         self.log = bytearray(PARTITION_COUNT * term_length)
         view = memoryview(self.log)
@@ -282,7 +284,7 @@ class PublicationState:
             self.retransmitted_bytes += to_send
             queued += 1
             offset += advance
-        self.retransmit_linger[key] = now_ns + RETRANSMIT_LINGER_NS
+        self.retransmit_linger[key] = now_ns + self.retransmit_linger_ns
         if len(self.retransmit_linger) > 64:
             self.retransmit_linger = {k: v for k, v in self.retransmit_linger.items() if v > now_ns}
         return queued
@@ -337,7 +339,13 @@ class PublicationState:
         position = self.sender_position
         if position < self.appender.position and position < self.sender_limit:
             term = self.terms[(position >> self.shift) % PARTITION_COUNT]
-            return _i32_from(term, position & (self.term_length - 1))[0] > 0
+            offset = position & (self.term_length - 1)
+            length = _i32_from(term, offset)[0]
+            if length <= 0:
+                return False  # a claim not yet committed
+            if term[offset + 6] == FrameType.PAD:
+                return True
+            return (length + 31) & -32 <= self.sender_limit - position
         return False
 
     def claim(self, length: int, reserved_value: int = 0) -> tuple[memoryview, int]:
