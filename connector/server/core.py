@@ -224,6 +224,7 @@ class ServerCore:
 
     def _dispatch(self, session: Session, request: proto.Request, now_ns: int) -> Any:
         op, args = request.op, request.args
+        self._authorise(op)  # operation-level policy first, before any lookup
         if op == "keepalive":
             return None
         if op == "list_streams":

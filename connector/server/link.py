@@ -29,7 +29,6 @@ from collections import deque
 from typing import Any, Protocol
 
 import msgpack
-
 from aeron_spark.connector.errors import ControlProtocolError, ServerUnavailableError
 from aeron_spark.transport import (
     ADMIN_ACTION,

@@ -19,6 +19,7 @@ import time
 from collections import deque
 from typing import Any
 
+from aeron_spark.connector import chunking
 from aeron_spark.connector.errors import ConnectorError, ServerUnavailableError
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.core import ServerCore

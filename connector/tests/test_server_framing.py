@@ -25,8 +25,9 @@ def _read_back(geometry: LogGeometry, blocks: list[tuple[int, bytes]], start: in
     while position < end:
         index = position >> geometry.shift
         header = Header(geometry.initial_term_id, geometry.shift)
-        _, new_offset = read_term(memoryview(terms[index]), geometry.term_offset(position),
-                                  assembler, 1 << 30, header)
+        _, new_offset = read_term(
+            memoryview(terms[index]), geometry.term_offset(position), assembler, 1 << 30, header
+        )
         position = (index << geometry.shift) + new_offset
     assert position == end
     return out
@@ -37,8 +38,9 @@ def test_frames_read_back_with_padding_and_fragmentation() -> None:
     geometry = LogGeometry(term_length=64 * 1024, mtu=1408, initial_term_id=77)
     payloads = [rng.randbytes(rng.choice([0, 1, 100, 1376, 1377, 5000, 8000])) for _ in range(300)]
     rvs = [rng.randrange(-(2**63), 2**63) for _ in payloads]
-    framer = Framer(geometry, session_id=1234, stream_id=10, position=3 * 64 * 1024 - 96,
-                    max_block_bytes=10_000)
+    framer = Framer(
+        geometry, session_id=1234, stream_id=10, position=3 * 64 * 1024 - 96, max_block_bytes=10_000
+    )
     start = framer.position
     blocks = list(framer.frame(payloads, rvs))
     assert blocks[0][0] == start
@@ -48,9 +50,16 @@ def test_frames_read_back_with_padding_and_fragmentation() -> None:
     assert [g[0] for g in got] == payloads
     assert [g[1] for g in got] == rvs
     # a PAD frame was written at a term end
-    pads = [b for p, b in blocks if b[6] == FrameType.PAD or
-            any(b[i + 6] == FrameType.PAD for i in range(0, len(b), 32)
-                if int.from_bytes(b[i:i + 4], "little") > 0 and b[i + 6] == FrameType.PAD)]
+    pads = [
+        b
+        for p, b in blocks
+        if b[6] == FrameType.PAD
+        or any(
+            b[i + 6] == FrameType.PAD
+            for i in range(0, len(b), 32)
+            if int.from_bytes(b[i : i + 4], "little") > 0 and b[i + 6] == FrameType.PAD
+        )
+    ]
     assert pads
 
 

@@ -6,12 +6,11 @@ import pickle
 
 import msgpack
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from aeron_spark.connector import chunking
 from aeron_spark.connector import errors as E
 from aeron_spark.connector import protocol as proto
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def test_request_round_trip() -> None:
@@ -26,15 +25,45 @@ def test_request_round_trip() -> None:
         ({"id": 1, "op": "nope", "args": {}}, "unknown operation"),
         ({"id": 1, "op": "replay", "args": {"recording_id": 1}}, "missing argument start"),
         ({"id": 1, "op": "replay", "args": {"recording_id": 1, "start": -32}}, "start"),
-        ({"id": 1, "op": "replay", "args": {"recording_id": 1, "start": 0, "x": 1}}, "unknown arguments"),
-        ({"id": 1, "op": "publish", "args": {"stream_id": 1, "payloads": ["text"]}}, "byte strings"),
+        (
+            {"id": 1, "op": "replay", "args": {"recording_id": 1, "start": 0, "x": 1}},
+            "unknown arguments",
+        ),
+        (
+            {"id": 1, "op": "publish", "args": {"stream_id": 1, "payloads": ["text"]}},
+            "byte strings",
+        ),
         ({"id": 1, "op": "stats", "args": {}, "extra": 1}, "exactly the keys"),
         ({"id": -1, "op": "stats", "args": {}}, "unsigned 32-bit"),
-        ({"id": 1, "op": "commit", "args": {"sink_id": "s", "batch_id": 0, "stream_id": 1,
-                                            "staged": [{"part": "0-0"}]}}, "staged-part map"),
-        ({"id": 1, "op": "stage", "args": {"sink_id": "", "batch_id": 0, "partition_id": 0,
-                                           "attempt": 0, "stream_id": 1, "payloads": [],
-                                           "final": True}}, "sink_id"),
+        (
+            {
+                "id": 1,
+                "op": "commit",
+                "args": {
+                    "sink_id": "s",
+                    "batch_id": 0,
+                    "stream_id": 1,
+                    "staged": [{"part": "0-0"}],
+                },
+            },
+            "staged-part map",
+        ),
+        (
+            {
+                "id": 1,
+                "op": "stage",
+                "args": {
+                    "sink_id": "",
+                    "batch_id": 0,
+                    "partition_id": 0,
+                    "attempt": 0,
+                    "stream_id": 1,
+                    "payloads": [],
+                    "final": True,
+                },
+            },
+            "sink_id",
+        ),
     ],
 )
 def test_invalid_requests_are_protocol_errors(body: dict, fragment: str) -> None:
@@ -55,12 +84,24 @@ def test_garbage_only_raises_protocol_errors(data: bytes) -> None:
             pass
 
 
-@pytest.mark.parametrize("cls", [
-    E.ServerUnavailableError, E.UnknownStreamError, E.UnknownRecordingError,
-    E.PositionOutOfRangeError, E.NotFrameBoundaryError, E.PurgedError, E.NotAuthorisedError,
-    E.ControlProtocolError, E.ChunkMissingError, E.PayloadTooLargeError, E.LimitExceededError,
-    E.StagedDataMissingError, E.ServerError,
-])
+@pytest.mark.parametrize(
+    "cls",
+    [
+        E.ServerUnavailableError,
+        E.UnknownStreamError,
+        E.UnknownRecordingError,
+        E.PositionOutOfRangeError,
+        E.NotFrameBoundaryError,
+        E.PurgedError,
+        E.NotAuthorisedError,
+        E.ControlProtocolError,
+        E.ChunkMissingError,
+        E.PayloadTooLargeError,
+        E.LimitExceededError,
+        E.StagedDataMissingError,
+        E.ServerError,
+    ],
+)
 def test_errors_cross_the_wire_with_their_class_and_details(cls: type[E.ConnectorError]) -> None:
     exc = cls("boom", position=64, before=32, after=96)
     reply = proto.decode_reply(proto.encode_error(5, exc))

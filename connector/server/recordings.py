@@ -1,0 +1,468 @@
+"""Recordings on disk: segment files, a sparse position/time index, purge, crash recovery.
+
+This is the server's storage engine until ``transport/archive`` (issue 5's recording part, built
+in parallel) is wired in behind :class:`~aeron_spark.connector.server.store.ArchiveStore`; it is
+a real engine, not a stand-in, and keeps Aeron's layout rules: a recording holds an image's raw
+frames at their stream positions, exactly as they were in the log buffer (PAD frames included).
+
+Layout of one recording, ``<dir>/recordings/<id>/``::
+
+    meta.msgpack        descriptor written (fsynced) at creation, never changed
+    stop.msgpack        {stop_position, stop_timestamp_ns} once stopped (absent while recording)
+    purged.msgpack      {purged_position} after a purge
+    index               records (position int64, timestamp_ns int64): frame boundaries with the
+                        time they were recorded, one per append at most every INDEX_INTERVAL
+    <base>.seg          stream bytes [base, base + segment_length), base a multiple of it
+
+Invariants:
+
+- Bytes are only appended, in position order, with ``pwrite`` on files that are never
+  preallocated, so after ``kill -9`` a segment's size bounds what was written. Recovery walks the
+  frames from the last indexed boundary and stops at the first frame that is not complete within
+  the file (or whose header disagrees with its position): the torn tail is cut off, every complete
+  frame before it is kept.
+- Every index position is a frame boundary; a replay position is checked by walking frames from
+  the nearest indexed boundary below it (never more than about INDEX_INTERVAL_BYTES).
+- ``purged_position`` only grows; segments wholly below it are deleted.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+from aeron_spark.connector.errors import (
+    NotFrameBoundaryError,
+    PositionOutOfRangeError,
+    PurgedError,
+    UnknownRecordingError,
+)
+from aeron_spark.connector.server.commitlog import _fsync_dir
+from aeron_spark.transport.protocol.frames import FRAME_ALIGNMENT, FrameType
+from aeron_spark.transport.protocol.logbuffer import compute_position
+
+_INDEX = struct.Struct("<qq")
+_FRAME_HEAD = struct.Struct("<iBBhi")  # frame_length, version, flags, type, term_offset
+_head_from = _FRAME_HEAD.unpack_from
+_PAD = int(FrameType.PAD)
+INDEX_INTERVAL_BYTES = 64 * 1024
+INDEX_INTERVAL_NS = 1_000_000
+
+
+@dataclass
+class Descriptor:
+    recording_id: int
+    stream_id: int
+    session_id: int
+    source: str
+    start_position: int
+    start_timestamp_ns: int
+    initial_term_id: int
+    term_length: int
+    mtu: int
+    segment_length: int
+
+
+def _write_meta(path: str, body: dict[str, Any]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(msgpack.packb(body))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(path))
+
+
+def _read_meta(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as fh:
+            return msgpack.unpackb(fh.read(), raw=False)
+    except FileNotFoundError:
+        return None
+
+
+class Recording:
+    """One recording: append (while recording), read, check boundaries, purge."""
+
+    def __init__(self, directory: str, descriptor: Descriptor, fsync: bool) -> None:
+        self.directory = directory
+        self.d = descriptor
+        self.fsync = fsync
+        self.shift = descriptor.term_length.bit_length() - 1
+        self.index_positions: list[int] = []
+        self.index_times: list[int] = []
+        self.recorded_position = descriptor.start_position
+        stop = _read_meta(os.path.join(directory, "stop.msgpack"))
+        self.stop_position: int | None = None if stop is None else int(stop["stop_position"])
+        purged = _read_meta(os.path.join(directory, "purged.msgpack"))
+        self.purged_position = (
+            descriptor.start_position if purged is None else int(purged["purged_position"])
+        )
+        self._fds: dict[int, int] = {}
+        self._index_fh: Any = None
+        self.torn_bytes_cut = 0
+        self._load_index()
+        self._recover()
+
+    # --- files --------------------------------------------------------------------------------
+
+    def _segment_base(self, position: int) -> int:
+        return position - position % self.d.segment_length
+
+    def _segment_path(self, base: int) -> str:
+        return os.path.join(self.directory, f"{base:020d}.seg")
+
+    def _fd(self, base: int, create: bool) -> int | None:
+        fd = self._fds.get(base)
+        if fd is None:
+            flags = os.O_RDWR | (os.O_CREAT if create else 0)
+            try:
+                fd = os.open(self._segment_path(base), flags, 0o644)
+            except FileNotFoundError:
+                return None
+            self._fds[base] = fd
+        return fd
+
+    def _load_index(self) -> None:
+        path = os.path.join(self.directory, "index")
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            data = b""
+        whole = len(data) - len(data) % _INDEX.size
+        for position, ts in _INDEX.iter_unpack(data[:whole]):
+            if self.index_positions and position <= self.index_positions[-1]:
+                break
+            self.index_positions.append(position)
+            self.index_times.append(ts)
+
+    def _recover(self) -> None:
+        """Find the end of the complete frames (see the module invariants)."""
+        start = self.index_positions[-1] if self.index_positions else self.d.start_position
+        start = max(start, self.purged_position)
+        end = self._walk(start, None)
+        if self.stop_position is not None and end >= self.stop_position:
+            end = self.stop_position
+        self.recorded_position = end
+        # the index may name positions past the recovered end (a torn tail): drop them
+        cut = bisect.bisect_right(self.index_positions, end)
+        del self.index_positions[cut:]
+        del self.index_times[cut:]
+
+    def _walk(self, position: int, limit: int | None) -> int:
+        """The end of the run of complete frames from ``position`` (up to ``limit``).
+
+        A frame counts only if its header is sane (positive length, term offset matching its
+        position) and it ends within the segment file as written."""
+        term_mask = self.d.term_length - 1
+        while limit is None or position < limit:
+            base = self._segment_base(position)
+            fd = self._fd(base, create=False)
+            if fd is None:
+                return position
+            size = os.fstat(fd).st_size
+            offset = position - base
+            want = min(size - offset, 4 * 1024 * 1024)
+            if want < 32:
+                return position
+            chunk = os.pread(fd, want, offset)
+            n = len(chunk)
+            i = 0
+            while i + 32 <= n:
+                length, _v, _f, _t, term_offset = _head_from(chunk, i)
+                if length <= 0 or term_offset != (position + i) & term_mask:
+                    return position + i
+                aligned = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+                if offset + i + aligned > size:
+                    self.torn_bytes_cut = size - offset - i
+                    return position + i
+                i += aligned
+                if limit is not None and position + i >= limit:
+                    return position + i
+            if i == 0:
+                return position
+            position += i
+        return position
+
+    def _frame_around(self, start: int, target: int) -> tuple[int, int]:
+        """Walk headers from the boundary ``start`` to the frame boundaries around ``target``:
+        ``(before, after)`` with ``before <= target < after``, or ``(target, target)``."""
+        term_mask = self.d.term_length - 1
+        position = start
+        while position < target:
+            base = self._segment_base(position)
+            fd = self._fd(base, create=False)
+            if fd is None:
+                return position, position
+            chunk = os.pread(fd, min(target + 32 - position, 8 * 1024 * 1024), position - base)
+            i = 0
+            n = len(chunk)
+            while i + 32 <= n and position + i < target:
+                length, _v, _f, _t, term_offset = _head_from(chunk, i)
+                if length <= 0 or term_offset != (position + i) & term_mask:
+                    return position + i, position + i
+                aligned = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+                if position + i + aligned > target:
+                    return position + i, position + i + aligned
+                i += aligned
+            if i == 0:
+                return position, position
+            position += i
+        return target, target
+
+    # --- writing ------------------------------------------------------------------------------
+
+    def append(self, block: bytes | memoryview, position: int, now_ns: int) -> None:
+        if position != self.recorded_position:
+            raise PositionOutOfRangeError(
+                f"recording {self.d.recording_id}: append at {position}, expected "
+                f"{self.recorded_position}",
+                position=position,
+            )
+        view = memoryview(block)
+        written = 0
+        while written < len(view):
+            pos = position + written
+            base = self._segment_base(pos)
+            room = base + self.d.segment_length - pos
+            piece = view[written : written + room]
+            fd = self._fd(base, create=True)
+            assert fd is not None
+            os.pwrite(fd, piece, pos - base)
+            if self.fsync:
+                os.fsync(fd)
+            written += len(piece)
+        if not self.index_positions or (
+            position - self.index_positions[-1] >= INDEX_INTERVAL_BYTES
+            or now_ns - self.index_times[-1] >= INDEX_INTERVAL_NS
+        ):
+            self._add_index(position, now_ns)
+        self.recorded_position = position + len(view)
+
+    def _add_index(self, position: int, now_ns: int) -> None:
+        if self._index_fh is None:
+            self._index_fh = open(os.path.join(self.directory, "index"), "ab")
+        self._index_fh.write(_INDEX.pack(position, now_ns))
+        self._index_fh.flush()
+        self.index_positions.append(position)
+        self.index_times.append(now_ns)
+
+    def force(self) -> None:
+        for fd in self._fds.values():
+            os.fsync(fd)
+        if self._index_fh is not None:
+            os.fsync(self._index_fh.fileno())
+
+    def stop(self, now_ns: int) -> None:
+        if self.stop_position is None:
+            self.force()
+            self.stop_position = self.recorded_position
+            _write_meta(
+                os.path.join(self.directory, "stop.msgpack"),
+                {"stop_position": self.stop_position, "stop_timestamp_ns": now_ns},
+            )
+
+    def reopen(self) -> None:
+        """Extend a stopped recording (sink recordings after a restart)."""
+        if self.stop_position is not None:
+            os.unlink(os.path.join(self.directory, "stop.msgpack"))
+            _fsync_dir(self.directory)
+            self.stop_position = None
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def check_position(self, position: int, limit: int, what: str) -> None:
+        """Raise the typed error unless ``position`` is a readable frame boundary <= limit."""
+        rid = self.d.recording_id
+        if position < self.purged_position and position >= self.d.start_position:
+            raise PurgedError(
+                f"recording {rid}: {what} {position} was purged (first readable position is "
+                f"{self.purged_position})",
+                position=position,
+                purged_position=self.purged_position,
+            )
+        if not self.d.start_position <= position <= limit:
+            raise PositionOutOfRangeError(
+                f"recording {rid}: {what} {position} is outside [{self.d.start_position}, {limit}]",
+                position=position,
+                start_position=self.d.start_position,
+                end_position=limit,
+            )
+        if position == limit or position in (self.d.start_position, self.purged_position):
+            return
+        i = bisect.bisect_right(self.index_positions, position) - 1
+        boundary = self.index_positions[i] if i >= 0 else self.d.start_position
+        if boundary < self.purged_position:
+            boundary = self.purged_position
+        before, after = self._frame_around(boundary, position)
+        if before != position:
+            raise NotFrameBoundaryError(
+                f"recording {rid}: {what} {position} is inside a frame; the nearest frame "
+                f"boundaries are {before} and {after}",
+                position=position,
+                before=before,
+                after=after,
+            )
+
+    def read(self, position: int, max_bytes: int, limit: int) -> tuple[int, bytes, int]:
+        """Whole frames from ``position`` (a boundary) within one term, ending at most at
+        ``limit``: returns ``(end_position, frames without PAD, timestamp_ns)``. The end is past
+        a trailing PAD frame; the frames may be empty when only a PAD was read."""
+        if position < self.purged_position:
+            raise PurgedError(
+                f"recording {self.d.recording_id}: position {position} was purged",
+                position=position,
+                purged_position=self.purged_position,
+            )
+        term_end = (position | (self.d.term_length - 1)) + 1
+        end = min(limit, term_end, position + max_bytes)
+        base = self._segment_base(position)
+        fd = self._fd(base, create=False)
+        if fd is None:
+            raise PurgedError(
+                f"recording {self.d.recording_id}: segment of {position} is gone",
+                position=position,
+                purged_position=self.purged_position,
+            )
+        chunk = os.pread(fd, end - position, position - base)
+        n = len(chunk)
+        i = 0
+        data_end = 0
+        while i + 32 <= n:
+            length, _v, _f, ftype, _o = _head_from(chunk, i)
+            if length <= 0:
+                break
+            aligned = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+            if ftype == _PAD:
+                if i + 32 <= n and position + i + aligned <= limit:
+                    data_end_pos = position + i + aligned
+                    return data_end_pos, chunk[:i], self._time_at(position)
+                break
+            if i + aligned > n:
+                break
+            i += aligned
+            data_end = i
+        if data_end == 0 and n and position + n < limit:
+            # a single frame larger than max_bytes: read exactly that frame
+            length = _head_from(chunk, 0)[0] if n >= 32 else 0
+            if length > 0:
+                aligned = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+                return self.read(position, aligned, limit)
+        return position + data_end, chunk[:data_end], self._time_at(position)
+
+    def _time_at(self, position: int) -> int:
+        i = bisect.bisect_right(self.index_positions, position) - 1
+        return self.index_times[i] if i >= 0 else self.d.start_timestamp_ns
+
+    def position_at(self, timestamp_ns: int) -> int:
+        """The first indexed boundary recorded at or after ``timestamp_ns`` (the recorded end
+        when none is)."""
+        i = bisect.bisect_left(self.index_times, timestamp_ns)
+        while i < len(self.index_positions) and self.index_positions[i] < self.purged_position:
+            i += 1
+        if i >= len(self.index_positions):
+            return self.recorded_position
+        return self.index_positions[i]
+
+    def purge(self, position: int) -> int:
+        """Make ``position`` (a boundary) the first readable one; delete whole segments below."""
+        if position <= self.purged_position:
+            return self.purged_position
+        self.check_position(position, self.recorded_position, "purge position")
+        _write_meta(os.path.join(self.directory, "purged.msgpack"), {"purged_position": position})
+        self.purged_position = position
+        base = self._segment_base(position)
+        for name in os.listdir(self.directory):
+            if name.endswith(".seg") and int(name[:-4]) < base:
+                fd = self._fds.pop(int(name[:-4]), None)
+                if fd is not None:
+                    os.close(fd)
+                os.unlink(os.path.join(self.directory, name))
+        return position
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        if self._index_fh is not None:
+            self._index_fh.close()
+            self._index_fh = None
+
+
+class RecordingStore:
+    """All recordings under ``<directory>/recordings``."""
+
+    def __init__(self, directory: str, fsync: bool) -> None:
+        self.root = os.path.join(directory, "recordings")
+        os.makedirs(self.root, exist_ok=True)
+        self.fsync = fsync
+        self.recordings: dict[int, Recording] = {}
+        self.torn_bytes_cut = 0
+        for name in sorted(os.listdir(self.root)):
+            if not name.isdigit():
+                continue
+            path = os.path.join(self.root, name)
+            meta = _read_meta(os.path.join(path, "meta.msgpack"))
+            if meta is None:  # died between mkdir and its descriptor: never had data
+                continue
+            rec = Recording(path, Descriptor(**meta), fsync)
+            self.torn_bytes_cut += rec.torn_bytes_cut
+            if rec.stop_position is None and not rec.d.source.startswith("sink:"):
+                rec.stop(0)  # recovered after a crash: finished where its frames end
+            self.recordings[rec.d.recording_id] = rec
+        self._next_id = max(self.recordings, default=-1) + 1
+
+    def get(self, recording_id: int) -> Recording:
+        rec = self.recordings.get(recording_id)
+        if rec is None:
+            raise UnknownRecordingError(f"no recording {recording_id}", recording_id=recording_id)
+        return rec
+
+    def create(
+        self,
+        stream_id: int,
+        session_id: int,
+        source: str,
+        initial_term_id: int,
+        term_id: int,
+        term_offset: int,
+        term_length: int,
+        mtu: int,
+        now_ns: int,
+    ) -> Recording:
+        rid = self._next_id
+        self._next_id += 1
+        shift = term_length.bit_length() - 1
+        start = compute_position(term_id, term_offset, shift, initial_term_id)
+        descriptor = Descriptor(
+            rid,
+            stream_id,
+            session_id,
+            source,
+            start,
+            now_ns,
+            initial_term_id,
+            term_length,
+            mtu,
+            max(term_length, 64 * 1024 * 1024),
+        )
+        path = os.path.join(self.root, str(rid))
+        os.makedirs(path, exist_ok=True)
+        _write_meta(os.path.join(path, "meta.msgpack"), descriptor.__dict__)
+        rec = Recording(path, descriptor, self.fsync)
+        self.recordings[rid] = rec
+        return rec
+
+    def close(self, now_ns: int) -> None:
+        for rec in self.recordings.values():
+            if rec.stop_position is None and not rec.d.source.startswith("sink:"):
+                rec.stop(now_ns)
+            rec.close()
+
+
+__all__ = ["Descriptor", "Recording", "RecordingStore"]

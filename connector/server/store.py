@@ -1,0 +1,332 @@
+"""What the server core reads and writes: recordings, replays, publishers, sink writers, ingest.
+
+:class:`ArchiveStore` implements the core's ``Store`` protocol and the committer's
+``SinkRecordings`` protocol on top of
+:class:`~aeron_spark.connector.server.recordings.RecordingStore`.
+
+Visibility rule: for a sink recording the readable end is the end of its last *committed* batch
+(``set_visible``), never the raw recorded end, so readers never see half a commit. Every other
+recording is readable up to its recorded end.
+
+Ingest: a subscription on ``config.ingest_channel`` per ingest stream id; every image (one plain
+Aeron publisher session) becomes one recording, fed with ``Image.block_poll`` (raw frames as the
+publisher wrote them, PAD frames included), stopped when the image goes away.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from aeron_spark.connector.errors import PositionOutOfRangeError, UnknownRecordingError
+from aeron_spark.connector.server.config import ServerConfig
+from aeron_spark.connector.server.framing import Framer
+from aeron_spark.connector.server.recordings import Recording, RecordingStore
+from aeron_spark.transport.protocol.logbuffer import LogGeometry, is_reserved_session_id
+
+_INGEST_BLOCK_BYTES = 1024 * 1024
+_INGEST_BLOCKS_PER_PASS = 64
+
+
+def _random_session_id() -> int:
+    while True:
+        session_id = random.getrandbits(32) - 2**31
+        if not is_reserved_session_id(session_id):
+            return session_id
+
+
+class ReplayCursor:
+    """Reads ``[position, end)`` (``end=None``: follow the live end) of one recording."""
+
+    def __init__(self, store: ArchiveStore, rec: Recording, start: int, end: int | None) -> None:
+        self._store = store
+        self._rec = rec
+        self.position = start
+        self.end = end
+        self._closed = False
+
+    def read(self, max_bytes: int, now_ns: int) -> tuple[int, int, int, bytes] | None:
+        limit = self._store.visible_end(self._rec)
+        if self.end is not None:
+            limit = min(limit, self.end)
+        if self.position >= limit:
+            return None
+        start = self.position
+        end, frames, ts = self._rec.read(start, max_bytes, limit)
+        if end == start:
+            return None
+        self.position = end
+        return start, end, ts, frames
+
+    @property
+    def done(self) -> bool:
+        if self.end is not None:
+            return self.position >= self.end
+        stop = self._store.stop_position(self._rec)
+        return stop is not None and self.position >= stop
+
+    def close(self) -> None:
+        self._closed = True
+
+
+class _Publisher:
+    """A session's publications into one stream: one recording, framed by the server."""
+
+    def __init__(self, store: ArchiveStore, rec: Recording) -> None:
+        self._store = store
+        self.rec = rec
+        self.recording_id = rec.d.recording_id
+        geometry = LogGeometry(rec.d.term_length, rec.d.mtu, rec.d.initial_term_id)
+        self._framer = Framer(geometry, rec.d.session_id, rec.d.stream_id, rec.recorded_position)
+
+    def publish(
+        self, payloads: Sequence[bytes], reserved_values: Sequence[int] | None, now_ns: int
+    ) -> int:
+        for payload in payloads:
+            self._framer.check(len(payload))
+        for position, block in self._framer.frame(payloads, reserved_values):
+            self.rec.append(block, position, now_ns)
+        if self._store.config.fsync:
+            self.rec.force()
+        return self.rec.recorded_position
+
+    def close(self, now_ns: int) -> None:
+        self.rec.stop(now_ns)
+
+
+class _SinkWriter:
+    def __init__(self, rec: Recording) -> None:
+        self.rec = rec
+        self.recording_id = rec.d.recording_id
+        self.session_id = rec.d.session_id
+        self.stream_id = rec.d.stream_id
+        self.geometry = LogGeometry(rec.d.term_length, rec.d.mtu, rec.d.initial_term_id)
+
+    @property
+    def recorded_position(self) -> int:
+        return self.rec.recorded_position
+
+    def append(self, block: bytes, position: int, now_ns: int) -> None:
+        self.rec.append(block, position, now_ns)
+
+    def force(self) -> None:
+        self.rec.force()
+
+
+class ArchiveStore:
+    def __init__(self, config: ServerConfig, driver: Any) -> None:
+        self.config = config
+        self.driver = driver
+        self.recordings = RecordingStore(config.directory, config.fsync)
+        self._visible: dict[int, int] = {}
+        self._sink_writers: dict[tuple[int, str], _SinkWriter] = {}
+        self._ingest_subs: list[Any] = []
+        self._ingest: dict[int, tuple[Any, Recording]] = {}  # id(image) -> (image, recording)
+        self.ingest_bytes = 0
+        self.ingest_images = 0
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def visible_end(self, rec: Recording) -> int:
+        cap = self._visible.get(rec.d.recording_id)
+        if rec.d.source.startswith("sink:"):
+            return cap if cap is not None else rec.d.start_position
+        return rec.recorded_position
+
+    def stop_position(self, rec: Recording) -> int | None:
+        if rec.d.source.startswith("sink:"):
+            return None
+        return rec.stop_position
+
+    def _info(self, rec: Recording) -> dict[str, Any]:
+        d = rec.d
+        return {
+            "recording_id": d.recording_id,
+            "stream_id": d.stream_id,
+            "session_id": d.session_id,
+            "source": d.source,
+            "start_position": d.start_position,
+            "stop_position": self.stop_position(rec),
+            "recorded_position": self.visible_end(rec),
+            "purged_position": rec.purged_position,
+            "start_timestamp_ns": d.start_timestamp_ns,
+            "term_length": d.term_length,
+            "mtu": d.mtu,
+            "initial_term_id": d.initial_term_id,
+        }
+
+    def list_recordings(self, stream_ids: set[int] | None) -> list[dict[str, Any]]:
+        return [
+            self._info(rec)
+            for rid, rec in sorted(self.recordings.recordings.items())
+            if stream_ids is None or rec.d.stream_id in stream_ids
+        ]
+
+    def recording_info(self, recording_id: int) -> dict[str, Any]:
+        return self._info(self.recordings.get(recording_id))
+
+    def position_at(self, recording_id: int, timestamp_ns: int) -> int:
+        rec = self.recordings.get(recording_id)
+        return min(rec.position_at(timestamp_ns), self.visible_end(rec))
+
+    def open_replay(self, recording_id: int, start: int, end: int | None) -> ReplayCursor:
+        rec = self.recordings.get(recording_id)
+        visible = self.visible_end(rec)
+        if end is not None:
+            if end < start:
+                raise PositionOutOfRangeError(
+                    f"recording {recording_id}: replay end {end} is before its start {start}",
+                    position=end,
+                    start_position=start,
+                    end_position=visible,
+                )
+            rec.check_position(end, visible, "replay end")
+        rec.check_position(start, visible, "replay start")
+        return ReplayCursor(self, rec, start, end)
+
+    def purge(self, recording_id: int, position: int, now_ns: int) -> int:
+        rec = self.recordings.get(recording_id)
+        return rec.purge(min(position, self.visible_end(rec)))
+
+    # --- writing ------------------------------------------------------------------------------
+
+    def _create(self, stream_id: int, source: str, now_ns: int) -> Recording:
+        initial_term_id = random.getrandbits(32) - 2**31
+        return self.recordings.create(
+            stream_id,
+            _random_session_id(),
+            source,
+            initial_term_id,
+            initial_term_id,
+            0,
+            self.config.term_length,
+            self.config.mtu,
+            now_ns,
+        )
+
+    def open_publisher(self, stream_id: int, source: str, now_ns: int) -> _Publisher:
+        return _Publisher(self, self._create(stream_id, source, now_ns))
+
+    def sink_writer(self, stream_id: int, sink_id: str, now_ns: int) -> _SinkWriter:
+        key = (stream_id, sink_id)
+        writer = self._sink_writers.get(key)
+        if writer is None:
+            source = f"sink:{sink_id}"
+            for rec in self.recordings.recordings.values():
+                if rec.d.source == source and rec.d.stream_id == stream_id:
+                    writer = self._resume(rec)
+            if writer is None:
+                writer = _SinkWriter(self._create(stream_id, source, now_ns))
+                self._visible[writer.recording_id] = writer.rec.d.start_position
+            self._sink_writers[key] = writer
+        return writer
+
+    def _resume(self, rec: Recording) -> _SinkWriter:
+        rec.reopen()
+        return _SinkWriter(rec)
+
+    def resume_writer(self, recording_id: int, now_ns: int) -> _SinkWriter | None:
+        try:
+            rec = self.recordings.get(recording_id)
+        except UnknownRecordingError:
+            return None
+        key = (rec.d.stream_id, rec.d.source[len("sink:") :])
+        writer = self._sink_writers.get(key) or self._resume(rec)
+        self._sink_writers[key] = writer
+        return writer
+
+    def set_visible(self, recording_id: int, position: int) -> None:
+        self._visible[recording_id] = position
+
+    # --- ingest -------------------------------------------------------------------------------
+
+    def start_ingest(self) -> None:
+        channel = self.config.ingest_channel
+        if channel is None:
+            return
+        for stream_id in self.config.ingest_stream_ids:
+            self._ingest_subs.append(self.driver.add_subscription(channel, stream_id))
+
+    def record_ingest(self, now_ns: int) -> int:
+        if not self._ingest_subs:
+            return 0
+        work = 0
+        live: set[int] = set()
+        for sub in self._ingest_subs:
+            for image in sub.images:
+                key = id(image)
+                live.add(key)
+                entry = self._ingest.get(key)
+                if entry is None:
+                    rec = self.recordings.create(
+                        image.stream_id,
+                        image.session_id,
+                        f"ingest:{image.source_identity}",
+                        image.initial_term_id,
+                        *self._term_of(image),
+                        image.term_length,
+                        image.mtu,
+                        now_ns,
+                    )
+                    entry = self._ingest[key] = (image, rec)
+                    self.ingest_images += 1
+                rec = entry[1]
+
+                def on_block(
+                    term: memoryview,
+                    offset: int,
+                    length: int,
+                    _session: int,
+                    _term_id: int,
+                    rec: Recording = rec,
+                ) -> None:
+                    rec.append(term[offset : offset + length], rec.recorded_position, now_ns)
+
+                for _ in range(_INGEST_BLOCKS_PER_PASS):
+                    n = image.block_poll(on_block, _INGEST_BLOCK_BYTES)
+                    if n == 0:
+                        break
+                    self.ingest_bytes += n
+                    work += 1
+        for key in [k for k in self._ingest if k not in live]:
+            image, rec = self._ingest.pop(key)
+            rec.stop(now_ns)
+            work += 1
+        return work
+
+    @staticmethod
+    def _term_of(image: Any) -> tuple[int, int]:
+        shift = image.term_length.bit_length() - 1
+        position = image.join_position
+        term_id = (image.initial_term_id + (position >> shift) + 2**31) % 2**32 - 2**31
+        return term_id, position & (image.term_length - 1)
+
+    # --- housekeeping -------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "recordings": len(self.recordings.recordings),
+            "ingest_images": self.ingest_images,
+            "ingest_bytes": self.ingest_bytes,
+            "torn_bytes_cut": self.recordings.torn_bytes_cut,
+        }
+
+    def close(self, now_ns: int = 0) -> None:
+        for sub in self._ingest_subs:
+            for image in sub.images:
+                entry = self._ingest.get(id(image))
+                if entry is not None:  # drain what the image already holds
+                    rec = entry[1]
+                    while image.block_poll(
+                        lambda t, o, n, _s, _i, rec=rec: rec.append(
+                            t[o : o + n], rec.recorded_position, now_ns
+                        ),
+                        _INGEST_BLOCK_BYTES,
+                    ):
+                        pass
+            sub.close()
+        self.recordings.close(now_ns)
+
+
+__all__ = ["ArchiveStore", "ReplayCursor"]

@@ -1,0 +1,98 @@
+"""Sink staging and exactly-once commits through a real server (issue 7's server side)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from aeron_spark.connector.errors import NotAuthorisedError, StagedDataMissingError
+from aeron_spark.connector.server import ServerConfig, StreamServer
+from aeron_spark.connector.server.testing import client_for, messages_of
+
+STREAM = 20
+
+
+def _config(tmp_path, **kw) -> ServerConfig:
+    return ServerConfig(
+        directory=str(tmp_path / "srv"),
+        port=0,
+        encryption=False,
+        term_length=1024 * 1024,
+        mtu=4096,
+        **kw,
+    )
+
+
+def _stream_payloads(client, stream_id=STREAM) -> list[bytes]:
+    out: list[bytes] = []
+    for rec in client.list_recordings([stream_id]):
+        blocks = client.replay(rec.recording_id, rec.start_position, rec.recorded_position)
+        out += [m.payload for m in messages_of(blocks, rec.initial_term_id, rec.term_length)]
+    return out
+
+
+def test_commit_appends_in_partition_order_once(tmp_path) -> None:
+    with StreamServer(_config(tmp_path)) as srv, client_for(srv.endpoint) as c:
+        assert c.last_committed_batch("q1") is None
+        staged = [
+            c.stage("q1", 0, p, 0, STREAM, [f"b0-p{p}-{i}".encode() for i in range(3)])
+            for p in (2, 0, 1)
+        ]
+        # a failed first attempt of partition 1 and a speculative duplicate: never committed
+        dead = c.stage("q1", 0, 1, 7, STREAM, [b"dead attempt"])
+        first = c.commit("q1", 0, STREAM, staged)
+        assert first["count"] == 9
+        again = c.commit("q1", 0, STREAM, staged)  # e.g. after a driver restart
+        assert again == first
+        assert c.last_committed_batch("q1") == 0
+        assert _stream_payloads(c) == [f"b0-p{p}-{i}".encode() for p in (0, 1, 2) for i in range(3)]
+        # the batch's directory, dead attempt included, is gone after the commit
+        with pytest.raises(StagedDataMissingError):
+            c.commit("q1", 1, STREAM, [dict(dead, batch_id=1)])
+        assert c.latest_positions([STREAM]) == {first["recording_id"]: first["end_position"]}
+
+
+def test_commit_survives_a_server_restart_and_stays_idempotent(tmp_path) -> None:
+    config = _config(tmp_path)
+    with StreamServer(config) as srv, client_for(srv.endpoint) as c:
+        staged = [c.stage("q", 5, 0, 0, STREAM, [b"x", b"y"])]
+        result = c.commit("q", 5, STREAM, staged)
+        pending = [c.stage("q", 6, 0, 0, STREAM, [b"z"])]
+    with StreamServer(config) as srv, client_for(srv.endpoint) as c:
+        assert c.last_committed_batch("q") == 5
+        assert c.commit("q", 5, STREAM, staged) == result  # no second append
+        c.commit("q", 6, STREAM, pending)  # staged before the restart, committed after
+        assert _stream_payloads(c) == [b"x", b"y", b"z"]
+
+
+def test_abort_discards_and_commit_of_aborted_part_is_refused(tmp_path) -> None:
+    with StreamServer(_config(tmp_path)) as srv, client_for(srv.endpoint) as c:
+        staged = [c.stage("q", 1, 0, 0, STREAM, [b"never"])]
+        c.abort("q", 1, staged)
+        with pytest.raises(StagedDataMissingError):
+            c.commit("q", 1, STREAM, staged)
+        with pytest.raises(NotAuthorisedError):  # a commit may only name its own batch's parts
+            c.commit("q", 2, STREAM, staged)
+        assert _stream_payloads(c) == []
+
+
+def test_unnamed_parts_are_garbage_collected_after_their_lease(tmp_path) -> None:
+    config = _config(tmp_path, staging_lease_s=0.2, gc_interval_ns=50_000_000)
+    with StreamServer(config) as srv, client_for(srv.endpoint) as c:
+        c.stage("q", 9, 0, 0, STREAM, [b"orphan"])  # its task died before the commit
+        staged_root = os.path.join(config.directory, "sink", "staged")
+        deadline = time.monotonic() + 30
+        while os.listdir(staged_root) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.listdir(staged_root) == []
+        assert c.stats()["counters"]["sink_parts_garbage_collected"] >= 1
+
+
+def test_large_stage_is_chunked_and_committed(tmp_path) -> None:
+    with StreamServer(_config(tmp_path)) as srv, client_for(srv.endpoint) as c:
+        big = [os.urandom(100_000) for _ in range(40)]  # 4 MB: several requests, large messages
+        staged = c.stage("big", 0, 0, 0, STREAM, big)
+        assert staged["count"] == 40 and staged["bytes"] == 4_000_000
+        c.commit("big", 0, STREAM, [staged])
+        assert _stream_payloads(c) == big
