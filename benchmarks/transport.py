@@ -39,6 +39,7 @@ def _driver() -> Driver:
 
 # ---------------------------------------------------------------------------- child side
 
+
 def child_subscribe(port_out: Any, expected_seconds: float) -> None:
     with _driver() as d:
         sub = d.add_subscription("aeron:udp?endpoint=127.0.0.1:0|rcv-wnd=2m", STREAM)
@@ -47,14 +48,20 @@ def child_subscribe(port_out: Any, expected_seconds: float) -> None:
         last = 0.0
         first = 0.0
         idle_since = time.monotonic()
-        handler = _noop
+        ends = [0]
+
+        def handler(payload: memoryview, header: Any) -> None:
+            # Count whole messages (END fragments), not fragments.
+            if header.buffer[header.offset + 5] & 0x40:
+                ends[0] += 1
+
         limit = 1 << 16
         deadline = time.monotonic() + expected_seconds + 60
         while time.monotonic() < deadline:
             n = sub.poll(handler, limit)
             work = d.do_work() + n
             if n:
-                count += n
+                count = ends[0]
                 last = time.monotonic()
                 if not first:
                     first = last
@@ -64,7 +71,13 @@ def child_subscribe(port_out: Any, expected_seconds: float) -> None:
                 d.idle(0.001)
                 if not count:
                     idle_since = time.monotonic()
-        _say(count=count, first=first, last=last, idle_since=idle_since, counters=d.counters.snapshot())
+        _say(
+            count=count,
+            first=first,
+            last=last,
+            idle_since=idle_since,
+            counters=d.counters.snapshot(),
+        )
 
 
 def child_pong() -> None:
@@ -91,10 +104,6 @@ def child_pong() -> None:
         _say(done=True)
 
 
-def _noop(payload: memoryview, header: Any) -> None:
-    pass
-
-
 def _say(**event: Any) -> None:
     sys.stdout.write(json.dumps(event) + "\n")
     sys.stdout.flush()
@@ -102,10 +111,15 @@ def _say(**event: Any) -> None:
 
 # ---------------------------------------------------------------------------- parent side
 
+
 def _spawn(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "benchmarks.transport", *args],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.transport", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
 
 
 def _read(proc: subprocess.Popen[str]) -> dict[str, Any]:
@@ -136,17 +150,14 @@ def throughput(size: int, mtu: int, seconds: float) -> dict[str, float]:
             sent = 0
             start = time.monotonic()
             stop = start + seconds
-            while True:
+            clock = time.monotonic
+            while clock() < stop:
                 for _ in range(256):
                     if offer(payload) < 0:
                         break
                     sent += 1
                 if do_work() == 0:
-                    if time.monotonic() >= stop:
-                        break
                     d.idle(0.0005)
-                elif sent & 0x3FF == 0 and time.monotonic() >= stop:
-                    break
             # Let the last messages drain to the subscriber.
             drain_until = time.monotonic() + 2.0
             while time.monotonic() < drain_until and pub.sender_position < pub.position:

@@ -65,8 +65,12 @@ class SystemCounters:
 class Counters:
     """What ``driver.counters`` returns: system counters plus per-stream positions."""
 
-    def __init__(self, system: SystemCounters, streams: Callable[[], dict[str, int]],
-                 totals: Callable[[], dict[str, int]] | None = None) -> None:
+    def __init__(
+        self,
+        system: SystemCounters,
+        streams: Callable[[], dict[str, int]],
+        totals: Callable[[], dict[str, int]] | None = None,
+    ) -> None:
         self.system = system
         self._streams = streams
         self._totals = totals
@@ -97,7 +101,7 @@ def read_counters(directory: str | Path) -> list[dict[str, Any]]:
     Each item is ``{"pid": int, "time_ns": int, "counters": {name: value}}``; files left by dead
     processes and files being replaced are skipped.
     """
-    result = []
+    result: list[dict[str, Any]] = []
     base = Path(directory)
     if not base.is_dir():
         return result

@@ -136,5 +136,11 @@ def make_message(index: int, size: int) -> bytes:
 _PATTERN = bytes(range(256)) * 2
 
 
-__all__ = ["LossConfig", "LossInjector", "ManualClock", "free_udp_port", "make_message",
-           "message_sizes"]
+__all__ = [
+    "LossConfig",
+    "LossInjector",
+    "ManualClock",
+    "free_udp_port",
+    "make_message",
+    "message_sizes",
+]

@@ -71,8 +71,10 @@ class SendEndpoint:
         if ftype == _TYPE_SM:
             sm = StatusMessage.decode(buf[:length])
             if sm.session_id == 0 and sm.flags & SmFlags.SEND_SETUP:
+                # A receiver announcing itself (MDC dynamic). The real driver sends stream id 0
+                # too ("pending setup"): that one is for every publication on the endpoint.
                 for pub in self.publications:
-                    if pub.stream_id == sm.stream_id:
+                    if pub.stream_id == sm.stream_id or sm.stream_id == 0:
                         pub.on_status_message(sm, source, now_ns)
                 return
             pub = self.by_session.get((sm.session_id, sm.stream_id))
@@ -105,8 +107,11 @@ class ReceiveEndpoint:
 class SenderAgent:
     """Reads control frames on publication sockets and sends data, SETUP, heartbeats."""
 
-    def __init__(self, counters: SystemCounters,
-                 on_publication_done: Callable[[SendEndpoint, PublicationState], None]) -> None:
+    def __init__(
+        self,
+        counters: SystemCounters,
+        on_publication_done: Callable[[SendEndpoint, PublicationState], None],
+    ) -> None:
         self.counters = counters
         self.endpoints: tuple[SendEndpoint, ...] = ()
         self.on_publication_done = on_publication_done
@@ -229,8 +234,9 @@ class ConductorAgent:
 class AgentRunner:
     """Runs agents on one thread (or steps them by hand), sleeping in select when idle."""
 
-    def __init__(self, name: str, agents: Sequence[Agent], on_error: Callable[[BaseException], None]
-                 ) -> None:
+    def __init__(
+        self, name: str, agents: Sequence[Agent], on_error: Callable[[BaseException], None]
+    ) -> None:
         self.name = name
         self.agents = tuple(agents)
         self.on_error = on_error

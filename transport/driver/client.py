@@ -1,4 +1,5 @@
-"""Client API objects: :class:`Publication`, :class:`Subscription`, :class:`Image`, :class:`BufferClaim`.
+"""Client API objects: :class:`Publication`, :class:`Subscription`, :class:`Image` and
+:class:`BufferClaim`.
 
 They wrap the sans-I/O states that the driver's agents step. A publication is exclusive (one
 thread offers) or concurrent (``offer`` takes a lock). Handlers given to ``poll`` run on the
@@ -49,8 +50,9 @@ class BufferClaim:
 
     __slots__ = ("_term", "_offset", "buffer", "position", "_publication", "_done")
 
-    def __init__(self, publication: Publication, term: memoryview, offset: int, length: int,
-                 position: int) -> None:
+    def __init__(
+        self, publication: Publication, term: memoryview, offset: int, length: int, position: int
+    ) -> None:
         self._publication = publication
         self._term = term
         self._offset = offset
@@ -84,8 +86,14 @@ class BufferClaim:
 class Publication:
     """A network (or spied) publication: ``offer`` messages, read its position and limit."""
 
-    def __init__(self, driver: Driver, state: PublicationState, channel: str, exclusive: bool,
-                 registration: Any) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        state: PublicationState,
+        channel: str,
+        exclusive: bool,
+        registration: Any,
+    ) -> None:
         self._driver = driver
         self._state = state
         self._registration = registration
@@ -99,6 +107,7 @@ class Publication:
         self.max_message_length = state.max_message_length
         self.max_payload_length = state.max_payload_length
         self._lock = None if exclusive else threading.Lock()
+        self._state_offer = state.offer
         self._limit_event = threading.Event()
         self._waiters = 0
         self.spy_notify: tuple[Callable[[], None], ...] = ()
@@ -144,16 +153,21 @@ class Publication:
         """Append one message; the new position (> 0) or NOT_CONNECTED, BACK_PRESSURED,
         ADMIN_ACTION, CLOSED or MAX_POSITION_EXCEEDED."""
         if self._lock is None:
-            result = self._state.offer(payload, reserved_value)
+            result = self._state_offer(payload, reserved_value)
         else:
             with self._lock:
-                result = self._state.offer(payload, reserved_value)
+                result = self._state_offer(payload, reserved_value)
         if result > 0:
-            self._after_append()
+            runner = self._driver._sender_runner
+            if runner is not None and runner.sleeping:
+                runner.wake()
+            if self.spy_notify:
+                for notify in self.spy_notify:
+                    notify()
         return result
 
     def try_claim(self, length: int, reserved_value: int = 0) -> BufferClaim | int:
-        """Reserve ``length`` bytes (at most ``max_payload_length``) in the log, or a result code."""
+        """Reserve ``length`` bytes (at most ``max_payload_length``) in the log, or a code."""
         state = self._state
         if self._lock is not None:
             self._lock.acquire()
@@ -205,8 +219,13 @@ class Publication:
                 return self._state.is_connected
         return True
 
-    def offer_blocking(self, payload: bytes | bytearray | memoryview, *, reserved_value: int = 0,
-                       timeout_s: float = 10.0) -> int:
+    def offer_blocking(
+        self,
+        payload: bytes | bytearray | memoryview,
+        *,
+        reserved_value: int = 0,
+        timeout_s: float = 10.0,
+    ) -> int:
         """Offer, retrying on BACK_PRESSURED/ADMIN_ACTION/NOT_CONNECTED until ``timeout_s``.
 
         Returns the new position; raises :class:`NotConnectedError`,
@@ -221,17 +240,24 @@ class Publication:
                 raise ClosedError(f"publication {self.session_id}/{self.stream_id} is closed")
             if result == MAX_POSITION_EXCEEDED:
                 raise MaxPositionExceededError(
-                    f"publication {self.session_id} reached its maximum position", "MAX_POSITION_EXCEEDED")
+                    f"publication {self.session_id} reached its maximum position",
+                    "MAX_POSITION_EXCEEDED",
+                )
             if not self._wait_for_limit(deadline):
                 name = RESULT_NAMES.get(result, str(result))
                 if result == NOT_CONNECTED:
                     raise NotConnectedError(
                         f"no subscriber connected to {self.channel} stream {self.stream_id} "
-                        f"within {timeout_s} s", name)
+                        f"within {timeout_s} s",
+                        name,
+                    )
                 assert result in (BACK_PRESSURED, ADMIN_ACTION)
                 raise BackPressuredError(
-                    f"publication {self.session_id}/{self.stream_id} stayed {name} for {timeout_s} s "
-                    f"(position {self.position}, limit {self.position_limit})", name)
+                    f"publication {self.session_id}/{self.stream_id} stayed {name} "
+                    f"for {timeout_s} s "
+                    f"(position {self.position}, limit {self.position_limit})",
+                    name,
+                )
 
     def add_destination(self, endpoint: str) -> None:
         """Manual multi-destination-cast: also send to ``endpoint`` (``host:port``)."""
@@ -249,8 +275,10 @@ class Publication:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"Publication({self.channel!r}, stream_id={self.stream_id}, "
-                f"session_id={self.session_id}, position={self.position})")
+        return (
+            f"Publication({self.channel!r}, stream_id={self.stream_id}, "
+            f"session_id={self.session_id}, position={self.position})"
+        )
 
 
 class Image:
@@ -296,16 +324,23 @@ class Image:
         return count
 
     def __repr__(self) -> str:
-        return (f"Image(session_id={self.session_id}, stream_id={self.stream_id}, "
-                f"source={self.source_identity}, position={self.position})")
+        return (
+            f"Image(session_id={self.session_id}, stream_id={self.stream_id}, "
+            f"source={self.source_identity}, position={self.position})"
+        )
 
 
 class Subscription:
     """Receives the images of one stream on one channel; ``poll`` them in turn."""
 
-    def __init__(self, driver: Driver, channel: str, stream_id: int,
-                 on_available_image: Callable[[Image], object] | None,
-                 on_unavailable_image: Callable[[Image], object] | None) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        channel: str,
+        stream_id: int,
+        on_available_image: Callable[[Image], object] | None,
+        on_unavailable_image: Callable[[Image], object] | None,
+    ) -> None:
         self._driver = driver
         self.channel = channel
         self.stream_id = stream_id
@@ -447,4 +482,5 @@ class Subscription:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Subscription({self.channel!r}, stream_id={self.stream_id}, images={len(self._images)})"
+        images = len(self._images)
+        return f"Subscription({self.channel!r}, stream_id={self.stream_id}, images={images})"

@@ -81,13 +81,19 @@ class DriverConfig:
 
     def __post_init__(self) -> None:
         if self.threading_mode not in ("shared", "dedicated", "invoker"):
-            raise ChannelError("threading_mode", self.threading_mode, "shared, dedicated or invoker")
+            raise ChannelError(
+                "threading_mode", self.threading_mode, "shared, dedicated or invoker"
+            )
         if self.socket_buffer_length < 0:
-            raise ChannelError("socket_buffer_length", self.socket_buffer_length, "a byte count >= 0")
+            raise ChannelError(
+                "socket_buffer_length", self.socket_buffer_length, "a byte count >= 0"
+            )
         if self.retransmit_linger_ns < 0:
             raise ChannelError("retransmit_linger_ns", self.retransmit_linger_ns, "a duration >= 0")
         if self.counters_interval_ns <= 0:
-            raise ChannelError("counters_interval_ns", self.counters_interval_ns, "a positive duration")
+            raise ChannelError(
+                "counters_interval_ns", self.counters_interval_ns, "a positive duration"
+            )
 
     @property
     def resolved_directory(self) -> Path:
@@ -137,8 +143,10 @@ class Driver:
             mode = self.config.threading_mode
             agents = (self._conductor, self._sender, self._receiver)
             if mode == "dedicated":
-                self._runners = [AgentRunner(f"aeron-{n}", [a], self._record_error)
-                                 for n, a in zip(("conductor", "sender", "receiver"), agents)]
+                self._runners = [
+                    AgentRunner(f"aeron-{n}", [a], self._record_error)
+                    for n, a in zip(("conductor", "sender", "receiver"), agents, strict=True)
+                ]
                 self._sender_runner, self._receiver_runner = self._runners[1], self._runners[2]
             else:
                 runner = AgentRunner("aeron-driver", agents, self._record_error)
@@ -202,11 +210,13 @@ class Driver:
         if not self._started:
             self.start()
         if not self.is_invoker:
-            raise LocalProtocolError("do_work() is for threading_mode='invoker'; the driver has threads")
+            raise LocalProtocolError(
+                "do_work() is for threading_mode='invoker'; the driver has threads"
+            )
         return self._runners[0].do_work(now_ns)
 
     def idle(self, timeout_s: float) -> None:
-        """Invoker mode: sleep until a socket is readable or the next deadline (at most timeout_s)."""
+        """Invoker mode: sleep until a socket is readable or the next deadline (<= timeout_s)."""
         if self.is_invoker and self._runners:
             self._runners[0].idle(timeout_s)
         else:
@@ -245,7 +255,9 @@ class Driver:
         if self._closed:
             raise ClosedError("driver is closed")
         if config.spy:
-            raise ChannelError("channel", channel, "a publication channel (aeron-spy: is for subscriptions)")
+            raise ChannelError(
+                "channel", channel, "a publication channel (aeron-spy: is for subscriptions)"
+            )
         if config.media == "ipc":
             return self._add_ipc_publication(config, stream_id, exclusive)
         dynamic = config.control is not None and config.control_mode in ("", "dynamic")
@@ -262,7 +274,9 @@ class Driver:
                 initial_term_id = config.initial_term_id
                 term_id = config.term_id
                 term_offset = config.term_offset
-                assert initial_term_id is not None and term_id is not None and term_offset is not None
+                assert (
+                    initial_term_id is not None and term_id is not None and term_offset is not None
+                )
             else:
                 initial_term_id = random.getrandbits(32) - 2**31
                 term_id, term_offset = initial_term_id, 0
@@ -270,16 +284,27 @@ class Driver:
             if config.endpoint is not None and not dynamic and not manual:
                 destination = destination_address(config.endpoint)
             state = PublicationState(
-                session_id=session_id, stream_id=stream_id, initial_term_id=initial_term_id,
-                term_id=term_id, term_offset=term_offset, term_length=config.term_length,
-                mtu=config.mtu, publication_window_length=config.publication_window_length,
-                linger_ns=config.linger_ns, retransmit_linger_ns=self.config.retransmit_linger_ns,
-                destination=destination, dynamic=dynamic, now_ns=now,
+                session_id=session_id,
+                stream_id=stream_id,
+                initial_term_id=initial_term_id,
+                term_id=term_id,
+                term_offset=term_offset,
+                term_length=config.term_length,
+                mtu=config.mtu,
+                publication_window_length=config.publication_window_length,
+                linger_ns=config.linger_ns,
+                retransmit_linger_ns=self.config.retransmit_linger_ns,
+                destination=destination,
+                dynamic=dynamic,
+                now_ns=now,
             )
             if dynamic or manual:
                 assert config.control is not None or manual
-                bind = config.control if config.control is not None else bind_endpoint_for(
-                    config.endpoint or Endpoint("0.0.0.0", 0, 2))
+                bind = (
+                    config.control
+                    if config.control is not None
+                    else bind_endpoint_for(config.endpoint or Endpoint("0.0.0.0", 0, 2))
+                )
                 key: Any = ("control", str(bind))
             else:
                 assert config.endpoint is not None
@@ -292,7 +317,9 @@ class Driver:
                 self._send_endpoints[key] = ep
                 self._sender.endpoints = (*self._sender.endpoints, ep)
             elif (session_id, stream_id) in ep.by_session:
-                raise ChannelError("session-id", session_id, "a session id not already used on this channel")
+                raise ChannelError(
+                    "session-id", session_id, "a session id not already used on this channel"
+                )
             ep.add(state)
             pub = Publication(self, state, channel, exclusive, ep)
             self._publications.append(pub)
@@ -310,9 +337,13 @@ class Driver:
             from aeron_spark.transport.testing import LossInjector
 
             loss = LossInjector(self.config.loss, self.system_counters)
-        return UdpEndpoint(bind, self.system_counters,
-                           so_rcvbuf=max(config.so_rcvbuf, buffer),
-                           so_sndbuf=max(config.so_sndbuf, buffer), loss=loss)
+        return UdpEndpoint(
+            bind,
+            self.system_counters,
+            so_rcvbuf=max(config.so_rcvbuf, buffer),
+            so_sndbuf=max(config.so_sndbuf, buffer),
+            loss=loss,
+        )
 
     def _add_destination(self, pub: Publication, endpoint: str) -> None:
         address = destination_address(parse_endpoint("endpoint", endpoint, allow_port_zero=False))
@@ -358,7 +389,7 @@ class Driver:
         on_available_image: Callable[[Image], object] | None = None,
         on_unavailable_image: Callable[[Image], object] | None = None,
     ) -> Any:
-        """A subscription on ``aeron:udp?endpoint=host:port|...``, ``aeron:ipc`` or ``aeron-spy:``."""
+        """A subscription on ``aeron:udp?endpoint=host:port|...``, ``aeron:ipc``, ``aeron-spy:``."""
         config = ChannelConfig.from_uri(channel)
         _check_stream_id(stream_id)
         if not self._started:
@@ -366,7 +397,9 @@ class Driver:
         if self._closed:
             raise ClosedError("driver is closed")
         if config.media == "ipc":
-            return self._add_ipc_subscription(config, stream_id, on_available_image, on_unavailable_image)
+            return self._add_ipc_subscription(
+                config, stream_id, on_available_image, on_unavailable_image
+            )
         sub = Subscription(self, channel, stream_id, on_available_image, on_unavailable_image)
         if config.spy:
             with self._lock:
@@ -381,10 +414,15 @@ class Driver:
             raise ChannelError("endpoint", "", "an endpoint=host:port to bind the subscription to")
         control = destination_address(config.control) if config.control is not None else None
         interest = StreamInterest(
-            stream_id, session_id=config.session_id, control_address=control,
-            receiver_window=config.receiver_window_length, nak_delay_ns=config.nak_delay_ns,
-            reliable=config.reliable, on_image=sub._image_available,
-            on_image_gone=sub._image_unavailable, on_data=sub._data_arrived,
+            stream_id,
+            session_id=config.session_id,
+            control_address=control,
+            receiver_window=config.receiver_window_length,
+            nak_delay_ns=config.nak_delay_ns,
+            reliable=config.reliable,
+            on_image=sub._image_available,
+            on_image_gone=sub._image_unavailable,
+            on_data=sub._data_arrived,
         )
         with self._lock:
             key: Any = ("sub", str(config.endpoint), str(config.control))
@@ -409,11 +447,15 @@ class Driver:
         state = pub._state
         position = state.sender_position
         image = ImageState(
-            session_id=state.session_id, stream_id=state.stream_id,
+            session_id=state.session_id,
+            stream_id=state.stream_id,
             initial_term_id=state.initial_term_id,
             active_term_id=wrap_int32(state.initial_term_id + (position >> state.shift)),
-            term_offset=position & (state.term_length - 1), term_length=state.term_length,
-            mtu=state.mtu, source_address=("127.0.0.1", 0), log=state.log,
+            term_offset=position & (state.term_length - 1),
+            term_length=state.term_length,
+            mtu=state.mtu,
+            source_address=("127.0.0.1", 0),
+            log=state.log,
             now_ns=time.monotonic_ns(),
         )
         image.terms = state.terms
@@ -431,8 +473,12 @@ class Driver:
                 for image in list(sub._images):
                     for pub in self._publications:
                         if image._state in pub._state.spies:
-                            pub._state.spies = tuple(s for s in pub._state.spies if s is not image._state)
-                            pub.spy_notify = tuple(n for n in pub.spy_notify if n != sub._data_arrived)
+                            pub._state.spies = tuple(
+                                s for s in pub._state.spies if s is not image._state
+                            )
+                            pub.spy_notify = tuple(
+                                n for n in pub.spy_notify if n != sub._data_arrived
+                            )
                     sub._image_unavailable(image._state)
                 return
             if isinstance(reg, tuple):
@@ -453,7 +499,9 @@ class Driver:
             for key, rep in list(self._receive_endpoints.items()):
                 if not rep.dispatcher.has_interests():
                     del self._receive_endpoints[key]
-                    self._receiver.endpoints = tuple(e for e in self._receiver.endpoints if e is not rep)
+                    self._receiver.endpoints = tuple(
+                        e for e in self._receiver.endpoints if e is not rep
+                    )
                     self._retire_dispatcher(rep)
                     rep.endpoint.close()
 
@@ -469,24 +517,37 @@ class Driver:
         except ImportError as exc:  # pragma: no cover - the package exists
             raise DriverError(f"aeron:ipc is not available: {exc}") from exc
         if not hasattr(ipc, "add_publication") or not hasattr(ipc, "add_subscription"):
-            raise DriverError("aeron:ipc channels are not implemented yet (transport.ipc has no "
-                              "add_publication/add_subscription)")
+            raise DriverError(
+                "aeron:ipc channels are not implemented yet (transport.ipc has no "
+                "add_publication/add_subscription)"
+            )
         return ipc
 
     def _add_ipc_publication(self, config: ChannelConfig, stream_id: int, exclusive: bool) -> Any:
         ipc = self._ipc_module()
         self.directory.mkdir(parents=True, exist_ok=True)
-        resource = ipc.add_publication(config, stream_id, directory=self.directory, exclusive=exclusive)
+        resource = ipc.add_publication(
+            config, stream_id, directory=self.directory, exclusive=exclusive
+        )
         self._register_ipc(resource)
         return resource
 
-    def _add_ipc_subscription(self, config: ChannelConfig, stream_id: int,
-                              on_available_image: Any, on_unavailable_image: Any) -> Any:
+    def _add_ipc_subscription(
+        self,
+        config: ChannelConfig,
+        stream_id: int,
+        on_available_image: Any,
+        on_unavailable_image: Any,
+    ) -> Any:
         ipc = self._ipc_module()
         self.directory.mkdir(parents=True, exist_ok=True)
-        resource = ipc.add_subscription(config, stream_id, directory=self.directory,
-                                        on_available_image=on_available_image,
-                                        on_unavailable_image=on_unavailable_image)
+        resource = ipc.add_subscription(
+            config,
+            stream_id,
+            directory=self.directory,
+            on_available_image=on_available_image,
+            on_unavailable_image=on_unavailable_image,
+        )
         self._register_ipc(resource)
         return resource
 
@@ -587,11 +648,18 @@ def _spy_matches(spy: ChannelConfig, pub: ChannelConfig) -> bool:
         return False
     if spy.endpoint is not None:
         return pub.endpoint is not None and (spy.endpoint.host, spy.endpoint.port) == (
-            pub.endpoint.host, pub.endpoint.port)
+            pub.endpoint.host,
+            pub.endpoint.port,
+        )
     if spy.control is not None:
         return pub.control is not None and str(spy.control) == str(pub.control)
     return True
 
 
-__all__ = ["Driver", "DriverConfig", "RESERVED_SESSION_ID_HIGH", "RESERVED_SESSION_ID_LOW",
-           "default_directory"]
+__all__ = [
+    "Driver",
+    "DriverConfig",
+    "RESERVED_SESSION_ID_HIGH",
+    "RESERVED_SESSION_ID_LOW",
+    "default_directory",
+]

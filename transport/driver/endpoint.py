@@ -17,8 +17,15 @@ from aeron_spark.transport.errors import DriverError
 from aeron_spark.transport.uri import Endpoint
 
 RECEIVE_BUFFER_LENGTH = 65536
-_TRANSIENT = {errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS, errno.ECONNREFUSED, errno.EINTR,
-              errno.EHOSTUNREACH, errno.ENETUNREACH}
+_TRANSIENT = {
+    errno.EAGAIN,
+    errno.EWOULDBLOCK,
+    errno.ENOBUFS,
+    errno.ECONNREFUSED,
+    errno.EINTR,
+    errno.EHOSTUNREACH,
+    errno.ENETUNREACH,
+}
 
 
 def _sockaddr(endpoint: Endpoint) -> tuple[Any, ...]:

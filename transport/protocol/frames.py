@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass
-from typing import ClassVar, Union
+from typing import Any, ClassVar, Union
 
 from aeron_spark.transport.errors import InvalidFrameError
 
@@ -249,12 +249,25 @@ class SetupFrame:
     @classmethod
     def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> SetupFrame:
         _need(buf, offset, SETUP_LENGTH, "SETUP")
-        (length, version, flags, _t, term_offset, session_id, stream_id, initial, active, tlen,
-         mtu, ttl) = SETUP.unpack_from(buf, offset)
+        (
+            length,
+            version,
+            flags,
+            _t,
+            term_offset,
+            session_id,
+            stream_id,
+            initial,
+            active,
+            tlen,
+            mtu,
+            ttl,
+        ) = SETUP.unpack_from(buf, offset)
         _check_version(version)
         _check_length(length, SETUP_LENGTH, "SETUP")
-        return cls(term_offset, session_id, stream_id, initial, active, tlen, mtu, ttl, flags,
-                   version)
+        return cls(
+            term_offset, session_id, stream_id, initial, active, tlen, mtu, ttl, flags, version
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,8 +315,18 @@ class StatusMessage:
     @classmethod
     def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> StatusMessage:
         _need(buf, offset, SM_LENGTH, "SM")
-        (length, version, flags, _t, session_id, stream_id, term_id, term_offset, window,
-         receiver_id) = SM.unpack_from(buf, offset)
+        (
+            length,
+            version,
+            flags,
+            _t,
+            session_id,
+            stream_id,
+            term_id,
+            term_offset,
+            window,
+            receiver_id,
+        ) = SM.unpack_from(buf, offset)
         _check_version(version)
         group_tag = None
         if length == SM_WITH_GROUP_TAG_LENGTH:
@@ -311,8 +334,17 @@ class StatusMessage:
             (group_tag,) = SM_GROUP_TAG.unpack_from(buf, offset + SM_LENGTH)
         elif length != SM_LENGTH:
             raise InvalidFrameError(f"SM frame_length {length} is neither 36 nor 44")
-        return cls(session_id, stream_id, term_id, term_offset, window, receiver_id, group_tag,
-                   flags, version)
+        return cls(
+            session_id,
+            stream_id,
+            term_id,
+            term_offset,
+            window,
+            receiver_id,
+            group_tag,
+            flags,
+            version,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,8 +367,17 @@ class NakFrame:
     TYPE: ClassVar[int] = FrameType.NAK
 
     def encode(self) -> bytes:
-        return NAK.pack(NAK_LENGTH, self.version, self.flags, FrameType.NAK, self.session_id,
-                        self.stream_id, self.term_id, self.term_offset, self.length)
+        return NAK.pack(
+            NAK_LENGTH,
+            self.version,
+            self.flags,
+            FrameType.NAK,
+            self.session_id,
+            self.stream_id,
+            self.term_id,
+            self.term_offset,
+            self.length,
+        )
 
     @classmethod
     def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> NakFrame:
@@ -374,9 +415,17 @@ class RttMeasurement:
         return bool(self.flags & RTTM_REPLY_FLAG)
 
     def encode(self) -> bytes:
-        return RTTM.pack(RTTM_LENGTH, self.version, self.flags, FrameType.RTTM, self.session_id,
-                         self.stream_id, self.echo_timestamp, self.reception_delta,
-                         self.receiver_id)
+        return RTTM.pack(
+            RTTM_LENGTH,
+            self.version,
+            self.flags,
+            FrameType.RTTM,
+            self.session_id,
+            self.stream_id,
+            self.echo_timestamp,
+            self.reception_delta,
+            self.receiver_id,
+        )
 
     @classmethod
     def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> RttMeasurement:
@@ -412,22 +461,52 @@ class ErrorFrame:
 
     def encode(self) -> bytes:
         text = self.message.encode("utf-8")[:ERR_MAX_TEXT_LENGTH]
-        return ERR.pack(ERR_HEADER_LENGTH + len(text), self.version, self.flags, FrameType.ERR,
-                        self.session_id, self.stream_id, self.receiver_id, self.group_tag,
-                        self.error_code, len(text)) + text
+        return (
+            ERR.pack(
+                ERR_HEADER_LENGTH + len(text),
+                self.version,
+                self.flags,
+                FrameType.ERR,
+                self.session_id,
+                self.stream_id,
+                self.receiver_id,
+                self.group_tag,
+                self.error_code,
+                len(text),
+            )
+            + text
+        )
 
     @classmethod
     def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ErrorFrame:
         _need(buf, offset, ERR_HEADER_LENGTH, "ERR")
-        (flen, version, flags, _t, session_id, stream_id, receiver_id, group_tag, code,
-         text_len) = ERR.unpack_from(buf, offset)
+        (
+            flen,
+            version,
+            flags,
+            _t,
+            session_id,
+            stream_id,
+            receiver_id,
+            group_tag,
+            code,
+            text_len,
+        ) = ERR.unpack_from(buf, offset)
         _check_version(version)
         if not 0 <= text_len <= ERR_MAX_TEXT_LENGTH or flen != ERR_HEADER_LENGTH + text_len:
             raise InvalidFrameError(f"ERR frame_length {flen} / error_length {text_len} mismatch")
         _need(buf, offset, flen, "ERR text")
         raw = bytes(buf[offset + ERR_HEADER_LENGTH : offset + flen])
-        return cls(session_id, stream_id, receiver_id, code, raw.decode("utf-8", "replace"),
-                   group_tag, flags, version)
+        return cls(
+            session_id,
+            stream_id,
+            receiver_id,
+            code,
+            raw.decode("utf-8", "replace"),
+            group_tag,
+            flags,
+            version,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -443,8 +522,15 @@ class ResponseSetupFrame:
     TYPE: ClassVar[int] = FrameType.RSP_SETUP
 
     def encode(self) -> bytes:
-        return RSP_SETUP.pack(RSP_SETUP_LENGTH, self.version, self.flags, FrameType.RSP_SETUP,
-                              self.session_id, self.stream_id, self.response_session_id)
+        return RSP_SETUP.pack(
+            RSP_SETUP_LENGTH,
+            self.version,
+            self.flags,
+            FrameType.RSP_SETUP,
+            self.session_id,
+            self.stream_id,
+            self.response_session_id,
+        )
 
     @classmethod
     def decode(cls, buf: bytes | bytearray | memoryview, offset: int = 0) -> ResponseSetupFrame:
@@ -459,7 +545,7 @@ Frame = Union[
     DataFrame, SetupFrame, StatusMessage, NakFrame, RttMeasurement, ErrorFrame, ResponseSetupFrame
 ]
 
-_CONTROL_DECODERS: dict[int, type] = {
+_CONTROL_DECODERS: dict[int, Any] = {
     FrameType.SETUP: SetupFrame,
     FrameType.SM: StatusMessage,
     FrameType.NAK: NakFrame,

@@ -150,8 +150,21 @@ class ImageState:
 
     # ------------------------------------------------------------------ receiver side
 
-    def on_data(self, packet: Any, length: int, term_id: int, term_offset: int, now_ns: int) -> bool:
-        """A datagram of DATA/PAD frames (already validated) or a heartbeat; True if inserted."""
+    def on_data(
+        self,
+        packet: Any,
+        length: int,
+        term_id: int,
+        term_offset: int,
+        now_ns: int,
+        extent: int | None = None,
+    ) -> bool:
+        """A datagram of DATA/PAD frames (already validated) or a heartbeat; True if inserted.
+
+        ``extent`` is how far the datagram reaches in the term (past ``length`` when it ends with
+        a PAD frame); an in-order datagram moves ``rebuild_position`` at once, anything else is
+        left to the next gap scan.
+        """
         self.last_packet_ns = now_ns
         relative = wrap_int32(term_id - self.initial_term_id)
         if relative < 0:
@@ -173,10 +186,17 @@ class ImageState:
         if end > self.last_sm_position + (self.term_length >> 1):
             self.over_runs += 1
             return False
-        insert_packet(self.terms[relative % PARTITION_COUNT], term_offset,
-                      packet if len(packet) == length else packet[:length])
-        self._dirty = True
+        insert_packet(
+            self.terms[relative % PARTITION_COUNT],
+            term_offset,
+            packet if len(packet) == length else packet[:length],
+        )
         self.bytes_received += length
+        if position == self.rebuild_position and position >= self.hwm and not self._dirty:
+            end = position + (length if extent is None else extent)
+            self.rebuild_position = end
+        else:
+            self._dirty = True
         if end > self.hwm:
             self.hwm = end
         return True
@@ -248,9 +268,11 @@ class ImageState:
                     work += self._on_nak_due(gap_position, entry, now_ns, transmit)
         sub = self.subscriber_position
         eos = self.eos_position
-        closing = self.is_closing or (
-            eos is not None and self.rebuild_position >= eos and sub >= eos
-        ) or now_ns - self.last_packet_ns > self.liveness_timeout_ns
+        closing = (
+            self.is_closing
+            or (eos is not None and self.rebuild_position >= eos and sub >= eos)
+            or now_ns - self.last_packet_ns > self.liveness_timeout_ns
+        )
         if closing:
             self._send_sm(sub, SmFlags.EOS, transmit)
             self.eos_sms_left -= 1
@@ -274,26 +296,57 @@ class ImageState:
         if not self.reliable:
             term = self.terms[(position >> self.shift) % PARTITION_COUNT]
             # Fill the gap with padding so the subscriber moves past it (reliable=false).
-            struct.pack_into("<BBhiiiiq", term, offset + 4, 0, DataFlags.UNFRAGMENTED, _TYPE_PAD,
-                             offset, self.session_id, self.stream_id,
-                             wrap_int32(self.initial_term_id + (position >> self.shift)), 0)
+            struct.pack_into(
+                "<BBhiiiiq",
+                term,
+                offset + 4,
+                0,
+                DataFlags.UNFRAGMENTED,
+                _TYPE_PAD,
+                offset,
+                self.session_id,
+                self.stream_id,
+                wrap_int32(self.initial_term_id + (position >> self.shift)),
+                0,
+            )
             _I32.pack_into(term, offset, length)
             self.gaps_filled += 1
             del self.gaps[position]
             self._dirty = True
             return 1
-        NAK.pack_into(self._nak_buffer, 0, NAK_LENGTH, 0, 0, FrameType.NAK, self.session_id,
-                      self.stream_id, wrap_int32(self.initial_term_id + (position >> self.shift)),
-                      offset, length)
+        NAK.pack_into(
+            self._nak_buffer,
+            0,
+            NAK_LENGTH,
+            0,
+            0,
+            FrameType.NAK,
+            self.session_id,
+            self.stream_id,
+            wrap_int32(self.initial_term_id + (position >> self.shift)),
+            offset,
+            length,
+        )
         transmit(bytes(self._nak_buffer), self.sm_address)
         self.naks_sent += 1
         entry[1] = now_ns + self.nak_retry_ns
         return 1
 
     def _send_sm(self, position: int, flags: int, transmit: Transmit) -> None:
-        SM.pack_into(self._sm_buffer, 0, SM_LENGTH, 0, flags, FrameType.SM, self.session_id,
-                     self.stream_id, wrap_int32(self.initial_term_id + (position >> self.shift)),
-                     position & self.term_mask, self.window, self.receiver_id)
+        SM.pack_into(
+            self._sm_buffer,
+            0,
+            SM_LENGTH,
+            0,
+            flags,
+            FrameType.SM,
+            self.session_id,
+            self.stream_id,
+            wrap_int32(self.initial_term_id + (position >> self.shift)),
+            position & self.term_mask,
+            self.window,
+            self.receiver_id,
+        )
         transmit(bytes(self._sm_buffer), self.sm_address)
         self.status_messages_sent += 1
 
@@ -307,8 +360,12 @@ class ImageState:
 
     def needs_work(self) -> bool:
         """True when :meth:`do_work` has something to do right now (before a driver sleeps)."""
-        return (self.sm_scheduled or self.subscriber_position - self.last_sm_position > self.window >> 2
-                or self._dirty and self.hwm > self.rebuild_position)
+        return (
+            self.sm_scheduled
+            or self.subscriber_position - self.last_sm_position > self.window >> 2
+            or self._dirty
+            and self.hwm > self.rebuild_position
+        )
 
     # ------------------------------------------------------------------ subscriber side
 

@@ -46,7 +46,9 @@ def is_power_of_two(value: int) -> bool:
 
 def check_term_length(term_length: int, name: str = "term-length") -> int:
     if not (is_power_of_two(term_length) and TERM_MIN_LENGTH <= term_length <= TERM_MAX_LENGTH):
-        raise ChannelError(name, term_length, "a power of two from 65536 (64 KiB) to 1073741824 (1 GiB)")
+        raise ChannelError(
+            name, term_length, "a power of two from 65536 (64 KiB) to 1073741824 (1 GiB)"
+        )
     return term_length
 
 
@@ -91,7 +93,9 @@ def max_payload_length(mtu: int) -> int:
     return mtu - DATA_HEADER_LENGTH
 
 
-def receiver_window_length(term_length: int, initial_window: int = DEFAULT_RECEIVER_WINDOW_LENGTH) -> int:
+def receiver_window_length(
+    term_length: int, initial_window: int = DEFAULT_RECEIVER_WINDOW_LENGTH
+) -> int:
     """Receiver window: the configured initial window, capped at half a term."""
     return min(initial_window, term_length // 2)
 
@@ -112,7 +116,9 @@ class LogGeometry:
         check_term_length(self.term_length)
         check_mtu(self.mtu)
         if self.mtu > self.term_length // 2:
-            raise ChannelError("mtu", self.mtu, f"at most half the term length ({self.term_length // 2})")
+            raise ChannelError(
+                "mtu", self.mtu, f"at most half the term length ({self.term_length // 2})"
+            )
 
     @property
     def shift(self) -> int:

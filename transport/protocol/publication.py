@@ -110,10 +110,13 @@ class PublicationState:
         self.log = bytearray(PARTITION_COUNT * term_length)
         view = memoryview(self.log)
         self.terms = [view[i * term_length : (i + 1) * term_length] for i in range(PARTITION_COUNT)]
-        self.appender = TermAppender(self.geometry, self.terms, session_id, stream_id, term_id,
-                                     term_offset)
+        self.appender = TermAppender(
+            self.geometry, self.terms, session_id, stream_id, term_id, term_offset
+        )
         start = self.appender.position
         self.start_position = start
+        self._max_position = 0
+        self._max_position_guard = 0
         self.max_position = (1 << 31) * term_length - 1  # int32 term count, as Aeron
         self.sender_position = start
         self.sender_limit = start
@@ -147,6 +150,15 @@ class PublicationState:
     # ------------------------------------------------------------------ client side
 
     @property
+    def max_position(self) -> int:
+        return self._max_position
+
+    @max_position.setter
+    def max_position(self, value: int) -> None:
+        self._max_position = value
+        self._max_position_guard = value - 2 * self.term_length - 2 * self.max_message_length
+
+    @property
     def position(self) -> int:
         return self.appender.position
 
@@ -166,13 +178,20 @@ class PublicationState:
         appender = self.appender
         position = appender.position
         if position < self.publisher_limit:
-            if position + appender.required_length(length) > self.max_position:
+            if position > self._max_position_guard and (
+                position + appender.required_length(length) > self.max_position
+            ):
                 return MAX_POSITION_EXCEEDED
             return appender.append(payload, reserved_value)
         if self.receivers:
             self.back_pressure_events += 1
             return BACK_PRESSURED
         return NOT_CONNECTED
+
+    @property
+    def max_position_guard(self) -> int:
+        """Below this position no message can reach ``max_position`` (skips the exact check)."""
+        return self._max_position_guard
 
     def claim_check(self, length: int) -> int:
         """0 if ``length`` bytes may be claimed now, else a negative result code."""
@@ -205,8 +224,9 @@ class PublicationState:
     # ------------------------------------------------------------------ sender side
 
     def sm_position(self, sm: StatusMessage) -> int:
-        return compute_position(sm.consumption_term_id, sm.consumption_term_offset, self.shift,
-                                self.initial_term_id)
+        return compute_position(
+            sm.consumption_term_id, sm.consumption_term_offset, self.shift, self.initial_term_id
+        )
 
     def on_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
         """Flow control, connection tracking, SETUP requests and (MDC dynamic) destinations."""
@@ -291,8 +311,9 @@ class PublicationState:
 
     def on_rttm(self, rttm: RttMeasurement, source: Address) -> None:
         if rttm.flags & RTTM_REPLY_FLAG:
-            reply = RttMeasurement(self.session_id, self.stream_id, rttm.echo_timestamp, 0,
-                                   rttm.receiver_id, 0)
+            reply = RttMeasurement(
+                self.session_id, self.stream_id, rttm.echo_timestamp, 0, rttm.receiver_id, 0
+            )
             self.pending.append((reply.encode(), source))
 
     def _update_publisher_limit(self) -> None:
@@ -330,9 +351,17 @@ class PublicationState:
         flags = DataFlags.UNFRAGMENTED
         if self.is_closed and position >= self.appender.position:
             flags |= DataFlags.EOS
-        return DATA_HEADER.pack(0, 0, flags, FrameType.DATA, position & (self.term_length - 1),
-                                self.session_id, self.stream_id,
-                                wrap_int32(self.initial_term_id + (position >> self.shift)), 0)
+        return DATA_HEADER.pack(
+            0,
+            0,
+            flags,
+            FrameType.DATA,
+            position & (self.term_length - 1),
+            self.session_id,
+            self.stream_id,
+            wrap_int32(self.initial_term_id + (position >> self.shift)),
+            0,
+        )
 
     def has_data_to_send(self) -> bool:
         """True when :meth:`send` would send data now (used before a driver goes to sleep)."""
@@ -361,13 +390,22 @@ class PublicationState:
             appender._pad_and_rotate()
         term = self.terms[appender.partition]
         offset = appender.term_offset
-        _TAIL.pack_into(term, offset + 4, 0, DataFlags.UNFRAGMENTED, FrameType.DATA, offset,
-                        self.session_id, self.stream_id, appender.term_id, reserved_value)
+        _TAIL.pack_into(
+            term,
+            offset + 4,
+            0,
+            DataFlags.UNFRAGMENTED,
+            FrameType.DATA,
+            offset,
+            self.session_id,
+            self.stream_id,
+            appender.term_id,
+            reserved_value,
+        )
         _I32.pack_into(term, offset, -(length + DATA_HEADER_LENGTH))
         appender.term_offset = offset + aligned
         appender.position += aligned
         return term, offset
-
 
     def send(self, now_ns: int, transmit: Transmit) -> int:
         """Send what is due: replies, SETUP, data up to the sender limit, heartbeats; work count."""
@@ -380,8 +418,11 @@ class PublicationState:
         if self.dynamic and self.destinations:
             self._expire_destinations(now_ns)
         if now_ns >= self.setup_deadline_ns and not self.is_eos_sent:
-            targets = [d for d in self.destinations.values()
-                       if d.needs_setup or not self.has_initial_connection]
+            targets = [
+                d
+                for d in self.destinations.values()
+                if d.needs_setup or not self.has_initial_connection
+            ]
             if targets:
                 frame = self.setup_frame()
                 for dest in targets:
@@ -392,8 +433,9 @@ class PublicationState:
             else:
                 self.setup_deadline_ns = now_ns + SETUP_INTERVAL_NS
         if self.receivers:
-            expired = [rid for rid, seen in self.receivers.items()
-                       if now_ns - seen > CONNECTION_TIMEOUT_NS]
+            expired = [
+                rid for rid, seen in self.receivers.items() if now_ns - seen > CONNECTION_TIMEOUT_NS
+            ]
             for rid in expired:
                 del self.receivers[rid]
             if expired:
@@ -443,8 +485,9 @@ class PublicationState:
             term = terms[(position >> shift) % PARTITION_COUNT]
             available = limit - position
             rest = term_length - offset
-            to_send, advance = scan_for_send(term, offset, available if available < rest else rest,
-                                             mtu)
+            to_send, advance = scan_for_send(
+                term, offset, available if available < rest else rest, mtu
+            )
             if advance == 0:
                 break
             data = term[offset : offset + to_send]
@@ -458,8 +501,11 @@ class PublicationState:
         return datagrams
 
     def _expire_destinations(self, now_ns: int) -> None:
-        stale = [a for a, d in self.destinations.items()
-                 if now_ns - d.last_seen_ns > CONNECTION_TIMEOUT_NS]
+        stale = [
+            a
+            for a, d in self.destinations.items()
+            if now_ns - d.last_seen_ns > CONNECTION_TIMEOUT_NS
+        ]
         for address in stale:
             dest = self.destinations.pop(address)
             for rid in dest.receiver_ids:
@@ -468,7 +514,11 @@ class PublicationState:
     @property
     def next_deadline_ns(self) -> int:
         """Earliest time :meth:`send` has something to do without new input."""
-        deadline = self.setup_deadline_ns if not self.has_initial_connection else self.heartbeat_deadline_ns
+        deadline = (
+            self.setup_deadline_ns
+            if not self.has_initial_connection
+            else self.heartbeat_deadline_ns
+        )
         if self.has_initial_connection and any(d.needs_setup for d in self.destinations.values()):
             deadline = min(deadline, self.setup_deadline_ns)
         if self.linger_deadline_ns is not None and not self.is_done:

@@ -50,6 +50,7 @@ COOL_DOWN_NS = 1_000_000_000
 _I32 = struct.Struct("<i")
 _i32_from = _I32.unpack_from
 _unpack_header = DATA_HEADER.unpack_from
+_head_from = struct.Struct("<iBBh").unpack_from
 _TYPE_DATA = int(FrameType.DATA)
 _TYPE_PAD = int(FrameType.PAD)
 _TYPE_SETUP = int(FrameType.SETUP)
@@ -124,9 +125,10 @@ class ReceiveDispatcher:
 
     # --------------------------------------------------------------- datagrams
 
-    def on_datagram(self, buf: Any, length: int, source: Address, now_ns: int,
-                    transmit: Transmit) -> int:
-        """Handle one received datagram (``buf[:length]``); raises InvalidFrameError if malformed."""
+    def on_datagram(
+        self, buf: Any, length: int, source: Address, now_ns: int, transmit: Transmit
+    ) -> int:
+        """Handle one datagram (``buf[:length]``); raises InvalidFrameError if malformed."""
         if length < 8:
             raise InvalidFrameError(f"datagram of {length} bytes is shorter than a frame header")
         if buf[4] != 0:
@@ -139,8 +141,9 @@ class ReceiveDispatcher:
         frame_type_of(buf[:length])  # validates; SM/NAK/RTTM/ERR here are for publications
         return 0
 
-    def _on_data(self, buf: Any, length: int, source: Address, now_ns: int,
-                 transmit: Transmit) -> int:
+    def _on_data(
+        self, buf: Any, length: int, source: Address, now_ns: int, transmit: Transmit
+    ) -> int:
         if length < DATA_HEADER_LENGTH:
             raise InvalidFrameError(f"DATA datagram of {length} bytes, need 32")
         (frame_length, _v, flags, _t, term_offset, session_id, stream_id, term_id, _r) = (
@@ -167,7 +170,7 @@ class ReceiveDispatcher:
             known = True
             if term_offset + extent > image.term_length:
                 raise InvalidFrameError(f"DATA at {term_offset}+{length} runs past the term")
-            if image.on_data(buf, length, term_id, term_offset, now_ns):
+            if image.on_data(buf, length, term_id, term_offset, now_ns, extent):
                 work += 1
                 if interest.on_data is not None:
                     interest.on_data()
@@ -177,16 +180,26 @@ class ReceiveDispatcher:
                 if now_ns < self.cool_down[key]:
                     return work
                 del self.cool_down[key]
-            if any(not i.closed and (i.session_id is None or i.session_id == session_id)
-                   for i in interests):
+            if any(
+                not i.closed and (i.session_id is None or i.session_id == session_id)
+                for i in interests
+            ):
                 self.unknown_session_data += 1
                 due = self.pending_setups.get(key)
                 if due is None or now_ns >= due:
                     self.pending_setups[key] = now_ns + SEND_SETUP_INTERVAL_NS
-                    target = next((i.control_address for i in interests
-                                   if i.control_address is not None), source)
-                    self._send_sm(transmit, target, session_id, stream_id, interests[0].receiver_id,
-                                  SmFlags.SEND_SETUP)
+                    target = next(
+                        (i.control_address for i in interests if i.control_address is not None),
+                        source,
+                    )
+                    self._send_sm(
+                        transmit,
+                        target,
+                        session_id,
+                        stream_id,
+                        interests[0].receiver_id,
+                        SmFlags.SEND_SETUP,
+                    )
                     work += 1
         return work
 
@@ -199,8 +212,11 @@ class ReceiveDispatcher:
         if not (is_power_of_two(term_length) and TERM_MIN_LENGTH <= term_length <= TERM_MAX_LENGTH):
             raise InvalidFrameError(f"SETUP term_length {term_length} is not a valid term length")
         mtu = setup.mtu
-        if not (DATA_HEADER_LENGTH < mtu <= MAX_UDP_PAYLOAD_LENGTH and mtu % FRAME_ALIGNMENT == 0
-                and mtu <= term_length // 2):
+        if not (
+            DATA_HEADER_LENGTH < mtu <= MAX_UDP_PAYLOAD_LENGTH
+            and mtu % FRAME_ALIGNMENT == 0
+            and mtu <= term_length // 2
+        ):
             raise InvalidFrameError(f"SETUP mtu {mtu} is not valid")
         if not 0 <= setup.term_offset < term_length or setup.term_offset % FRAME_ALIGNMENT:
             raise InvalidFrameError(f"SETUP term_offset {setup.term_offset} is not valid")
@@ -240,10 +256,29 @@ class ReceiveDispatcher:
             work += 1
         return work
 
-    def _send_sm(self, transmit: Transmit, address: Address, session_id: int, stream_id: int,
-                 receiver_id: int, flags: int) -> None:
-        SM.pack_into(self._sm, 0, SM_LENGTH, 0, flags, FrameType.SM, session_id, stream_id, 0, 0,
-                     0, receiver_id)
+    def _send_sm(
+        self,
+        transmit: Transmit,
+        address: Address,
+        session_id: int,
+        stream_id: int,
+        receiver_id: int,
+        flags: int,
+    ) -> None:
+        SM.pack_into(
+            self._sm,
+            0,
+            SM_LENGTH,
+            0,
+            flags,
+            FrameType.SM,
+            session_id,
+            stream_id,
+            0,
+            0,
+            0,
+            receiver_id,
+        )
         transmit(bytes(self._sm), address)
         self.status_messages_sent += 1
 
@@ -263,11 +298,22 @@ class ReceiveDispatcher:
                         self.cool_down[(session_id, stream_id)] = now_ns + COOL_DOWN_NS
                         if interest.on_image_gone is not None:
                             interest.on_image_gone(image)
-                if (interest.control_address is not None and not interest.closed
-                        and now_ns >= interest.elicit_deadline_ns):
-                    self._send_sm(transmit, interest.control_address, 0, stream_id,
-                                  interest.receiver_id, SmFlags.SEND_SETUP)
-                    interval = ELICIT_CONNECTED_INTERVAL_NS if interest.images else ELICIT_INTERVAL_NS
+                if (
+                    interest.control_address is not None
+                    and not interest.closed
+                    and now_ns >= interest.elicit_deadline_ns
+                ):
+                    self._send_sm(
+                        transmit,
+                        interest.control_address,
+                        0,
+                        stream_id,
+                        interest.receiver_id,
+                        SmFlags.SEND_SETUP,
+                    )
+                    interval = (
+                        ELICIT_CONNECTED_INTERVAL_NS if interest.images else ELICIT_INTERVAL_NS
+                    )
                     interest.elicit_deadline_ns = now_ns + interval
                     work += 1
             remaining = tuple(i for i in interests if not (i.closed and not i.images))
@@ -297,8 +343,12 @@ class ReceiveDispatcher:
         return deadline
 
     def images(self) -> list[ImageState]:
-        return [im for interests in self.interests.values() for i in interests
-                for im in i.images.values()]
+        return [
+            im
+            for interests in self.interests.values()
+            for i in interests
+            for im in i.images.values()
+        ]
 
 
 def _check_frames(buf: Any, length: int) -> int:
@@ -307,20 +357,26 @@ def _check_frames(buf: Any, length: int) -> int:
     Returns the extent of the datagram in the term (a final PAD covers the rest of the term).
     """
     offset = 0
+    head = _head_from
     while offset < length:
         if length - offset < DATA_HEADER_LENGTH:
             raise InvalidFrameError(f"{length - offset} trailing bytes after the last frame")
-        frame_length = _i32_from(buf, offset)[0]
-        ftype = buf[offset + 6] | (buf[offset + 7] << 8)
+        frame_length, version, _flags, ftype = head(buf, offset)
+        if (
+            ftype == _TYPE_DATA
+            and version == 0
+            and DATA_HEADER_LENGTH <= frame_length <= length - offset
+        ):
+            offset += (frame_length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+            continue
         if ftype == _TYPE_PAD:
             if frame_length < DATA_HEADER_LENGTH or offset + DATA_HEADER_LENGTH != length:
                 raise InvalidFrameError("PAD frame that is not the last of its datagram")
             return offset + frame_length
-        if ftype != _TYPE_DATA or buf[offset + 4] != 0:
-            raise InvalidFrameError(f"frame of type {ftype:#x} inside a DATA datagram")
-        if frame_length < DATA_HEADER_LENGTH or offset + frame_length > length:
-            raise InvalidFrameError(f"DATA frame_length {frame_length} at {offset} is not valid")
-        offset += (frame_length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+        raise InvalidFrameError(
+            f"frame (type {ftype:#x}, version {version}, length {frame_length}) at {offset} "
+            "is not a valid DATA frame"
+        )
     return length
 
 

@@ -122,8 +122,18 @@ class TermAppender:
     """
 
     __slots__ = (
-        "geometry", "terms", "session_id", "stream_id", "term_id", "term_offset", "partition",
-        "term_length", "max_payload", "max_message", "position", "on_rotate",
+        "geometry",
+        "terms",
+        "session_id",
+        "stream_id",
+        "term_id",
+        "term_offset",
+        "partition",
+        "term_length",
+        "max_payload",
+        "max_message",
+        "position",
+        "on_rotate",
     )
 
     def __init__(
@@ -159,8 +169,18 @@ class TermAppender:
             offset = self.term_offset
             start = offset + DATA_HEADER_LENGTH
             term[start : start + length] = payload
-            _tail_into(term, offset + 4, 0, _FLAG_UNFRAGMENTED, _TYPE_DATA, offset,
-                       self.session_id, self.stream_id, self.term_id, reserved_value)
+            _tail_into(
+                term,
+                offset + 4,
+                0,
+                _FLAG_UNFRAGMENTED,
+                _TYPE_DATA,
+                offset,
+                self.session_id,
+                self.stream_id,
+                self.term_id,
+                reserved_value,
+            )
             _i32_into(term, offset, length + DATA_HEADER_LENGTH)
             self.term_offset = offset + aligned
             self.position += aligned
@@ -192,8 +212,18 @@ class TermAppender:
                 flags |= _FLAG_END
             start = offset + DATA_HEADER_LENGTH
             term[start : start + chunk] = view[consumed : consumed + chunk]
-            _tail_into(term, offset + 4, 0, flags, _TYPE_DATA, offset, self.session_id,
-                       self.stream_id, self.term_id, reserved_value)
+            _tail_into(
+                term,
+                offset + 4,
+                0,
+                flags,
+                _TYPE_DATA,
+                offset,
+                self.session_id,
+                self.stream_id,
+                self.term_id,
+                reserved_value,
+            )
             if consumed == 0:
                 first_length = chunk + DATA_HEADER_LENGTH
             else:
@@ -211,8 +241,18 @@ class TermAppender:
         offset = self.term_offset
         pad_length = self.term_length - offset
         if pad_length > 0:
-            _tail_into(term, offset + 4, 0, _FLAG_UNFRAGMENTED, _TYPE_PAD, offset,
-                       self.session_id, self.stream_id, self.term_id, 0)
+            _tail_into(
+                term,
+                offset + 4,
+                0,
+                _FLAG_UNFRAGMENTED,
+                _TYPE_PAD,
+                offset,
+                self.session_id,
+                self.stream_id,
+                self.term_id,
+                0,
+            )
             _i32_into(term, offset, pad_length)
             self.position += pad_length
         self.term_id = wrap_int32(self.term_id + 1)
@@ -279,9 +319,7 @@ def insert_packet(term: memoryview, term_offset: int, packet: memoryview | bytes
     term[term_offset : term_offset + 4] = packet[0:4]
 
 
-def scan_for_gap(
-    term: memoryview, rebuild_offset: int, hwm_offset: int
-) -> tuple[int, int, int]:
+def scan_for_gap(term: memoryview, rebuild_offset: int, hwm_offset: int) -> tuple[int, int, int]:
     """Find the first gap in ``[rebuild_offset, hwm_offset)`` (Aeron's ``TermGapScanner``).
 
     Returns ``(new_rebuild_offset, gap_offset, gap_length)``; ``gap_length`` is 0 when the range
@@ -339,8 +377,17 @@ def encode_data_header(
     reserved_value: int = 0,
 ) -> bytes:
     """A 32-byte DATA/PAD header (heartbeats use frame_length 0)."""
-    return DATA_HEADER.pack(frame_length, 0, flags, frame_type, term_offset, session_id,
-                            stream_id, term_id, reserved_value)
+    return DATA_HEADER.pack(
+        frame_length,
+        0,
+        flags,
+        frame_type,
+        term_offset,
+        session_id,
+        stream_id,
+        term_id,
+        reserved_value,
+    )
 
 
 class FragmentAssemblerHandler(Protocol):

@@ -7,9 +7,6 @@ import struct
 import time
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from aeron_spark.transport import Driver, DriverConfig
 from aeron_spark.transport.counters import SystemCounters
 from aeron_spark.transport.driver.agents import SendEndpoint
@@ -19,13 +16,16 @@ from aeron_spark.transport.protocol.frames import SetupFrame
 from aeron_spark.transport.protocol.publication import PublicationState
 from aeron_spark.transport.protocol.receiver import ReceiveDispatcher, StreamInterest
 from aeron_spark.transport.uri import Endpoint
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 SOURCE = ("127.0.0.1", 41000)
 
 # Structured garbage: a plausible header (version 0, a known type, our stream) and random rest.
 headers = st.builds(
-    lambda length, flags, ftype, offset, session, stream, term, rest: struct.pack(
-        "<iBBhiiii", length, 0, flags, ftype, offset, session, stream, term) + rest,
+    lambda length, flags, ftype, offset, session, stream, term, rest: (
+        struct.pack("<iBBhiiii", length, 0, flags, ftype, offset, session, stream, term) + rest
+    ),
     st.integers(-(2**31), 2**31 - 1) | st.sampled_from([0, 32, 33, 64, 1408, 65536]),
     st.integers(0, 255),
     st.sampled_from([0, 1, 2, 3, 4, 5, 6, 0x0B, 0x7F]),
@@ -72,8 +72,16 @@ def test_control_path_raises_only_remote_protocol_errors(packets: list[bytes]) -
     udp = UdpEndpoint(Endpoint("127.0.0.1", 0, socket.AF_INET), counters)
     try:
         ep = SendEndpoint("k", udp)
-        pub = PublicationState(session_id=3, stream_id=10, initial_term_id=7, term_id=7,
-                               term_offset=0, term_length=65536, mtu=1408, destination=SOURCE)
+        pub = PublicationState(
+            session_id=3,
+            stream_id=10,
+            initial_term_id=7,
+            term_id=7,
+            term_offset=0,
+            term_length=65536,
+            mtu=1408,
+            destination=SOURCE,
+        )
         ep.add(pub)
         pub.offer(b"x" * 100)
         for packet in packets:
@@ -97,8 +105,13 @@ def test_a_driver_counts_garbage_and_keeps_delivering(tmp_path: Path) -> None:
             d.do_work()
             d.idle(0.005)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as attacker:
-            for junk in (b"", b"\x00", b"\xff" * 40, struct.pack("<iBBh", 5, 0, 0, 1) + bytes(40),
-                         struct.pack("<iBBh", 40, 1, 0, 5) + bytes(32)):
+            for junk in (
+                b"",
+                b"\x00",
+                b"\xff" * 40,
+                struct.pack("<iBBh", 5, 0, 0, 1) + bytes(40),
+                struct.pack("<iBBh", 40, 1, 0, 5) + bytes(32),
+            ):
                 attacker.sendto(junk, ("127.0.0.1", port))
                 attacker.sendto(junk, pub.local_endpoints[0])
         pub.offer(b"still fine")

@@ -11,7 +11,11 @@ from aeron_spark.transport.protocol.frames import (
     SmFlags,
     StatusMessage,
 )
-from aeron_spark.transport.protocol.image import IMAGE_LIVENESS_TIMEOUT_NS, SM_INTERVAL_NS, ImageState
+from aeron_spark.transport.protocol.image import (
+    IMAGE_LIVENESS_TIMEOUT_NS,
+    SM_INTERVAL_NS,
+    ImageState,
+)
 from aeron_spark.transport.protocol.publication import PublicationState
 from aeron_spark.transport.protocol.receiver import ReceiveDispatcher, StreamInterest
 from aeron_spark.transport.testing import ManualClock
@@ -40,17 +44,36 @@ def sms(wire: Wire) -> list[StatusMessage]:
 class Pair:
     """A publication state and a dispatcher with one subscription, wired by hand."""
 
-    def __init__(self, clock: ManualClock, *, term_length: int = 64 * 1024, window: int = 32 * 1024,
-                 **interest: Any) -> None:
+    def __init__(
+        self,
+        clock: ManualClock,
+        *,
+        term_length: int = 64 * 1024,
+        window: int = 32 * 1024,
+        **interest: Any,
+    ) -> None:
         self.clock = clock
-        self.pub = PublicationState(session_id=5, stream_id=10, initial_term_id=100, term_id=100,
-                                    term_offset=0, term_length=term_length, mtu=1408,
-                                    destination=("127.0.0.1", 40000), now_ns=clock.now_ns)
+        self.pub = PublicationState(
+            session_id=5,
+            stream_id=10,
+            initial_term_id=100,
+            term_id=100,
+            term_offset=0,
+            term_length=term_length,
+            mtu=1408,
+            destination=("127.0.0.1", 40000),
+            now_ns=clock.now_ns,
+        )
         self.images: list[ImageState] = []
         self.gone: list[ImageState] = []
         self.dispatcher = ReceiveDispatcher()
-        self.interest = StreamInterest(10, receiver_window=window, on_image=self.images.append,
-                                       on_image_gone=self.gone.append, **interest)
+        self.interest = StreamInterest(
+            10,
+            receiver_window=window,
+            on_image=self.images.append,
+            on_image_gone=self.gone.append,
+            **interest,
+        )
         self.dispatcher.add(self.interest)
         self.to_sub = Wire()
         self.to_pub = Wire()
@@ -84,8 +107,15 @@ def test_image_is_created_from_setup_at_the_setup_position_and_sends_a_first_sm_
     dispatcher = ReceiveDispatcher()
     images: list[ImageState] = []
     dispatcher.add(StreamInterest(10, on_image=images.append))
-    setup = SetupFrame(term_offset=128, session_id=3, stream_id=10, initial_term_id=7,
-                       active_term_id=9, term_length=65536, mtu=1408).encode()
+    setup = SetupFrame(
+        term_offset=128,
+        session_id=3,
+        stream_id=10,
+        initial_term_id=7,
+        active_term_id=9,
+        term_length=65536,
+        mtu=1408,
+    ).encode()
     dispatcher.on_datagram(setup, len(setup), SENDER, clock.now_ns, wire)
     (image,) = images
     assert image.join_position == 2 * 65536 + 128
@@ -118,7 +148,11 @@ def test_data_of_an_unknown_session_elicits_a_send_setup_sm_at_most_every_100ms(
     assert len(sent) == 1 and sent[0][1] == SENDER
     status = StatusMessage.decode(sent[0][0])
     assert status.flags == SmFlags.SEND_SETUP
-    assert (status.consumption_term_id, status.consumption_term_offset, status.receiver_window) == (0, 0, 0)
+    assert (status.consumption_term_id, status.consumption_term_offset, status.receiver_window) == (
+        0,
+        0,
+        0,
+    )
     clock.advance(100 * MS)
     dispatcher.on_datagram(data, len(data), SENDER, clock.now_ns, wire)
     assert len(wire.take()) == 1
@@ -264,7 +298,7 @@ def test_subscription_control_address_elicits_setup_and_receives_sms() -> None:
     control = ("127.0.0.1", 45000)
     dispatcher.add(StreamInterest(10, control_address=control))
     dispatcher.do_work(clock.now_ns, wire)
-    (data, address), = wire.take()
+    ((data, address),) = wire.take()
     status = StatusMessage.decode(data)
     assert address == control and status.flags == SmFlags.SEND_SETUP and status.session_id == 0
     clock.advance(100 * MS)

@@ -28,13 +28,17 @@ def test_dynamic_mdc_sends_to_every_registered_receiver(tmp_path: Path) -> None:
         pub = d.add_publication("aeron:udp?control=127.0.0.1:0|control-mode=dynamic", 20)
         control_port = pub.local_endpoints[0][1]
         assert control_port > 0
-        channel = f"aeron:udp?endpoint=127.0.0.1:0|control=127.0.0.1:{control_port}|control-mode=dynamic"
+        channel = (
+            f"aeron:udp?endpoint=127.0.0.1:0|control=127.0.0.1:{control_port}|control-mode=dynamic"
+        )
         subs = [d.add_subscription(channel, 20) for _ in range(2)]
         pump(d, lambda: all(s.is_connected for s in subs) and len(pub.destinations) == 2)
         assert sorted(pub.destinations) == sorted(s.local_endpoints[0] for s in subs)
         messages = [bytes([i]) * (i * 50) for i in range(60)]
         received: list[list[bytes]] = [[], []]
-        assemblers = [FragmentAssembler(lambda p, h, got=got: got.append(bytes(p))) for got in received]
+        assemblers = [
+            FragmentAssembler(lambda p, h, got=got: got.append(bytes(p))) for got in received
+        ]
         sent = 0
         deadline = time.monotonic() + TIMEOUT_S
         while any(len(r) < len(messages) for r in received):
@@ -42,7 +46,7 @@ def test_dynamic_mdc_sends_to_every_registered_receiver(tmp_path: Path) -> None:
             while sent < len(messages) and pub.offer(messages[sent]) > 0:
                 sent += 1
             work = d.do_work()
-            for sub, assembler in zip(subs, assemblers):
+            for sub, assembler in zip(subs, assemblers, strict=True):
                 work += sub.poll(assembler, 100)
             if work == 0:
                 d.idle(0.002)
@@ -53,8 +57,10 @@ def test_dynamic_mdc_sends_to_every_registered_receiver(tmp_path: Path) -> None:
 def test_a_receiver_that_leaves_is_dropped_and_the_others_keep_receiving(tmp_path: Path) -> None:
     with Driver(DriverConfig(threading_mode="invoker", directory=tmp_path)) as d:
         pub = d.add_publication("aeron:udp?control=127.0.0.1:0|control-mode=dynamic", 21)
-        channel = (f"aeron:udp?endpoint=127.0.0.1:0|control=127.0.0.1:{pub.local_endpoints[0][1]}"
-                   "|control-mode=dynamic")
+        channel = (
+            f"aeron:udp?endpoint=127.0.0.1:0|control=127.0.0.1:{pub.local_endpoints[0][1]}"
+            "|control-mode=dynamic"
+        )
         stay, leave = d.add_subscription(channel, 21), d.add_subscription(channel, 21)
         pump(d, lambda: len(pub.destinations) == 2 and stay.is_connected and leave.is_connected)
         leave.close()
@@ -68,8 +74,17 @@ def test_a_receiver_that_leaves_is_dropped_and_the_others_keep_receiving(tmp_pat
 
 def test_destinations_expire_after_the_connection_timeout() -> None:
     clock = ManualClock()
-    pub = PublicationState(session_id=8, stream_id=1, initial_term_id=0, term_id=0, term_offset=0,
-                           term_length=65536, mtu=1408, dynamic=True, now_ns=clock.now_ns)
+    pub = PublicationState(
+        session_id=8,
+        stream_id=1,
+        initial_term_id=0,
+        term_id=0,
+        term_offset=0,
+        term_length=65536,
+        mtu=1408,
+        dynamic=True,
+        now_ns=clock.now_ns,
+    )
     a, b = ("10.0.0.1", 5000), ("192.168.1.7", 6000)  # e.g. two clients behind NAT
 
     def status(receiver_id: int) -> StatusMessage:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from aeron_spark.transport.api import BACK_PRESSURED, CLOSED, MAX_POSITION_EXCEEDED, NOT_CONNECTED
 from aeron_spark.transport.errors import LocalProtocolError
 from aeron_spark.transport.protocol.frames import (
@@ -45,18 +44,38 @@ class Wire:
 
 
 def make(clock: ManualClock, **kw: Any) -> PublicationState:
-    args: dict[str, Any] = dict(session_id=77, stream_id=10, initial_term_id=5, term_id=5,
-                                term_offset=0, term_length=64 * 1024, mtu=1408,
-                                destination=DEST, now_ns=clock.now_ns)
+    args: dict[str, Any] = dict(
+        session_id=77,
+        stream_id=10,
+        initial_term_id=5,
+        term_id=5,
+        term_offset=0,
+        term_length=64 * 1024,
+        mtu=1408,
+        destination=DEST,
+        now_ns=clock.now_ns,
+    )
     args.update(kw)
     return PublicationState(**args)
 
 
-def sm(pub: PublicationState, position: int, window: int = 128 * 1024, flags: int = 0,
-       receiver_id: int = 9) -> StatusMessage:
+def sm(
+    pub: PublicationState,
+    position: int,
+    window: int = 128 * 1024,
+    flags: int = 0,
+    receiver_id: int = 9,
+) -> StatusMessage:
     term_id = pub.initial_term_id + (position >> pub.shift)
-    return StatusMessage(pub.session_id, pub.stream_id, term_id, position & (pub.term_length - 1),
-                         window, receiver_id, flags=flags)
+    return StatusMessage(
+        pub.session_id,
+        pub.stream_id,
+        term_id,
+        position & (pub.term_length - 1),
+        window,
+        receiver_id,
+        flags=flags,
+    )
 
 
 def test_setup_repeats_every_100ms_until_first_status_message() -> None:
@@ -66,7 +85,12 @@ def test_setup_repeats_every_100ms_until_first_status_message() -> None:
     frames = wire.take()
     assert len(frames) == 1 and frames[0][1] == DEST
     setup = SetupFrame.decode(frames[0][0])
-    assert (setup.session_id, setup.stream_id, setup.term_offset, setup.active_term_id) == (77, 10, 128, 5)
+    assert (setup.session_id, setup.stream_id, setup.term_offset, setup.active_term_id) == (
+        77,
+        10,
+        128,
+        5,
+    )
     clock.advance(SETUP_INTERVAL_NS - 1)
     pub.send(clock.now_ns, wire)
     assert wire.take() == []
@@ -79,8 +103,8 @@ def test_setup_repeats_every_100ms_until_first_status_message() -> None:
     assert all(DataFrame.decode(d).is_heartbeat for d, _ in wire.take())
 
 
-def test_offers_fail_not_connected_until_a_status_message_then_back_pressure_at_the_window() -> None:
-    clock, wire = ManualClock(), Wire()
+def test_offers_are_not_connected_until_a_status_message_then_back_pressured() -> None:
+    clock = ManualClock()
     pub = make(clock)
     assert pub.offer(b"x") == NOT_CONNECTED
     pub.on_status_message(sm(pub, 0), RECEIVER, clock.now_ns)
@@ -137,7 +161,7 @@ def test_heartbeat_after_100ms_idle_with_frame_length_zero() -> None:
     assert wire.take() == []
     clock.advance(1)
     pub.send(clock.now_ns, wire)
-    (data, _), = wire.take()
+    ((data, _),) = wire.take()
     frame = DataFrame.decode(data)
     assert len(data) == 32 and frame.is_heartbeat and frame.flags == 0xC0
     assert frame.term_offset == 64 and frame.term_id == 5
@@ -155,7 +179,7 @@ def test_close_drains_then_sends_eos_and_lingers() -> None:
     assert frames[0].payload == b"last words"
     clock.advance(MS)
     pub.send(clock.now_ns, wire)
-    (data, _), = wire.take()
+    ((data, _),) = wire.take()
     eos = DataFrame.decode(data)
     assert eos.is_heartbeat and eos.flags == 0xE0
     assert not pub.is_done
@@ -242,8 +266,9 @@ def test_send_setup_status_message_makes_the_sender_repeat_setup() -> None:
     pub.on_status_message(sm(pub, 0), RECEIVER, clock.now_ns)
     pub.send(clock.now_ns, wire)
     wire.take()
-    pub.on_status_message(StatusMessage(77, 10, 0, 0, 0, 1, flags=SmFlags.SEND_SETUP), RECEIVER,
-                          clock.now_ns)
+    pub.on_status_message(
+        StatusMessage(77, 10, 0, 0, 0, 1, flags=SmFlags.SEND_SETUP), RECEIVER, clock.now_ns
+    )
     pub.send(clock.now_ns, wire)
     assert [d[6] for d, _ in wire.take()] == [5]
 

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler
 from aeron_spark.transport.testing import LossConfig, make_message, message_sizes
 
@@ -36,8 +35,12 @@ DELIVERY_TIMEOUT_S = 240.0
 class Peer:
     def __init__(self, *args: object) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(PEER), *map(str, args)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+            [sys.executable, str(PEER), *map(str, args)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -51,7 +54,9 @@ class Peer:
         try:
             return self.events.get(timeout=timeout_s)
         except queue.Empty:
-            raise AssertionError(f"peer said nothing for {timeout_s} s; stderr: {self.stderr()}") from None
+            raise AssertionError(
+                f"peer said nothing for {timeout_s} s; stderr: {self.stderr()}"
+            ) from None
 
     def poll_event(self) -> dict[str, Any] | None:
         try:
@@ -90,10 +95,14 @@ def peer(*args: object) -> Iterator[Peer]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("drop", "dup", "reorder"), [(0.0, 0.0, 0.0), (0.05, 0.02, 0.02), (0.20, 0.05, 0.05)],
-                         ids=["no-loss", "5pct-loss", "20pct-loss"])
-def test_100k_messages_arrive_complete_in_order_exactly_once(tmp_path: Path, drop: float, dup: float,
-                                                             reorder: float) -> None:
+@pytest.mark.parametrize(
+    ("drop", "dup", "reorder"),
+    [(0.0, 0.0, 0.0), (0.05, 0.02, 0.02), (0.20, 0.05, 0.05)],
+    ids=["no-loss", "5pct-loss", "20pct-loss"],
+)
+def test_100k_messages_arrive_complete_in_order_exactly_once(
+    tmp_path: Path, drop: float, dup: float, reorder: float
+) -> None:
     seed = int(drop * 1000) + 7
     loss = LossConfig(drop, dup, reorder, seed=seed) if drop else None
     config = DriverConfig(threading_mode="invoker", directory=tmp_path, loss=loss)
@@ -101,7 +110,7 @@ def test_100k_messages_arrive_complete_in_order_exactly_once(tmp_path: Path, dro
     with Driver(config) as d:
         sub = d.add_subscription("aeron:udp?endpoint=127.0.0.1:0|rcv-wnd=512k|nak-delay=20us", 30)
         channel = f"aeron:udp?endpoint=127.0.0.1:{sub.local_endpoints[0][1]}|term-length=1m"
-        state = {"next": 0, "bad": None}
+        state: dict[str, Any] = {"next": 0, "bad": None}
 
         def on_message(payload: memoryview, header: Any) -> None:
             i = state["next"]
@@ -113,7 +122,9 @@ def test_100k_messages_arrive_complete_in_order_exactly_once(tmp_path: Path, dro
         with peer("stream", channel, 30, COUNT, seed, 10 * MTU, drop, dup, reorder) as p:
             deadline = time.monotonic() + DELIVERY_TIMEOUT_S
             while state["next"] < COUNT:
-                assert time.monotonic() < deadline, f"{state['next']} of {COUNT} arrived: {d.counters.snapshot()}"
+                assert time.monotonic() < deadline, (
+                    f"{state['next']} of {COUNT} arrived: {d.counters.snapshot()}"
+                )
                 assert p.proc.poll() is None, p.stderr()
                 if d.do_work() + sub.poll(assembler, 1000) == 0:
                     d.idle(0.005)
@@ -161,7 +172,7 @@ def test_a_publisher_killed_mid_message_never_delivers_the_torn_message(tmp_path
         assert image.position > offered["begin"]  # fragments of the big message were read
         assert delivered == [make_message(i, 1000) for i in range(5)]
         # A new publisher (new session) is delivered intact alongside the dead session's leftovers.
-        with peer("torn", channel, 31, 1, 20_000) as p2:
+        with peer("torn", channel, 31, 1, 20_000) as _second:
             deadline = time.monotonic() + 60
             while len(delivered) < 7:
                 assert time.monotonic() < deadline, delivered[5:]

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from aeron_spark.transport import (
     BACK_PRESSURED,
     CLOSED,
@@ -47,8 +46,9 @@ def pump(driver: Driver, until: Callable[[], bool], timeout_s: float = TIMEOUT_S
             driver.idle(0.005)
 
 
-def connect(driver: Driver, params: str = "", stream_id: int = 10, host: str = "127.0.0.1",
-            **callbacks: Any) -> tuple[Any, Any]:
+def connect(
+    driver: Driver, params: str = "", stream_id: int = 10, host: str = "127.0.0.1", **callbacks: Any
+) -> tuple[Any, Any]:
     sub = driver.add_subscription(f"aeron:udp?endpoint={host}:0", stream_id, **callbacks)
     port = sub.local_endpoints[0][1]
     where = f"[{host}]" if ":" in host else host
@@ -129,7 +129,9 @@ def test_slow_subscriber_back_pressures_the_publisher_and_nothing_is_lost(tmp_pa
 def test_offer_blocking_waits_for_the_window_and_delivers_everything(tmp_path: Path) -> None:
     with Driver(DriverConfig(directory=tmp_path)) as d:
         sub = d.add_subscription("aeron:udp?endpoint=127.0.0.1:0", 4)
-        pub = d.add_publication(f"aeron:udp?endpoint=127.0.0.1:{sub.local_endpoints[0][1]}|term-length=64k", 4)
+        pub = d.add_publication(
+            f"aeron:udp?endpoint=127.0.0.1:{sub.local_endpoints[0][1]}|term-length=64k", 4
+        )
         assert pub.wait_until_connected(TIMEOUT_S)
         messages = [i.to_bytes(4, "little") * 100 for i in range(2000)]
         got: list[bytes] = []
@@ -150,7 +152,9 @@ def test_offer_blocking_waits_for_the_window_and_delivers_everything(tmp_path: P
 
 def test_term_id_wraps_past_int32_max(driver: Driver) -> None:
     start = 2**31 - 2
-    pub, sub = connect(driver, f"|term-length=64k|init-term-id={start}|term-id={start}|term-offset=0")
+    pub, sub = connect(
+        driver, f"|term-length=64k|init-term-id={start}|term-id={start}|term-offset=0"
+    )
     term_ids: set[int] = set()
     got: list[bytes] = []
 
@@ -188,8 +192,12 @@ def test_ipv6_loopback(driver: Driver) -> None:
 def test_image_callbacks_and_end_of_stream_on_close(driver: Driver) -> None:
     available: list[Image] = []
     unavailable: list[Image] = []
-    pub, sub = connect(driver, "|linger=0", on_available_image=available.append,
-                       on_unavailable_image=unavailable.append)
+    pub, sub = connect(
+        driver,
+        "|linger=0",
+        on_available_image=available.append,
+        on_unavailable_image=unavailable.append,
+    )
     assert [i.session_id for i in available] == [pub.session_id]
     image = available[0]
     assert image.initial_term_id == pub.initial_term_id and image.mtu == pub.mtu
@@ -198,7 +206,12 @@ def test_image_callbacks_and_end_of_stream_on_close(driver: Driver) -> None:
     pub.close()
     assert pub.offer(b"late") == CLOSED
     got: list[bytes] = []
-    pump(driver, lambda: bool(unavailable) or bool(sub.poll(lambda p, h: got.append(bytes(p)), 10) and False))
+    pump(
+        driver,
+        lambda: (
+            bool(unavailable) or bool(sub.poll(lambda p, h: got.append(bytes(p)), 10) and False)
+        ),
+    )
     assert got == [b"final"]
     assert unavailable == [image] and image.is_closed and image.is_end_of_stream
     assert sub.images == []
@@ -216,8 +229,14 @@ def test_try_claim_commit_and_abort(driver: Driver) -> None:
     with pub.try_claim(2) as c:  # type: ignore[union-attr]
         c.buffer[:] = b"ok"
     got: list[tuple[bytes, int]] = []
-    pump(driver, lambda: sub.poll(lambda p, h: got.append((bytes(p), h.reserved_value)), 10) > 0
-         and len(got) >= 2 or len(got) >= 2)
+    pump(
+        driver,
+        lambda: (
+            sub.poll(lambda p, h: got.append((bytes(p), h.reserved_value)), 10) > 0
+            and len(got) >= 2
+            or len(got) >= 2
+        ),
+    )
     assert got == [(b"hello", 99), (b"ok", 0)]
 
 
@@ -249,7 +268,10 @@ def test_block_poll_hands_whole_raw_frames(driver: Driver) -> None:
     image = sub.images[0]
     consumed = image.block_poll(
         lambda term, offset, length, session, term_id: blocks.append(
-            (bytes(term[offset : offset + length]), offset, session, term_id)), 1 << 20)
+            (bytes(term[offset : offset + length]), offset, session, term_id)
+        ),
+        1 << 20,
+    )
     assert consumed == 10 * 64 and image.position == pub.position
     raw, offset, session, term_id = blocks[0]
     assert session == pub.session_id and term_id == pub.initial_term_id and len(raw) == 640
@@ -289,9 +311,15 @@ def test_two_publications_to_one_subscription_are_two_images(driver: Driver) -> 
     for p in pubs:
         p.offer(p.session_id.to_bytes(4, "little", signed=True))
     got: list[tuple[int, bytes]] = []
-    pump(driver, lambda: sub.poll(lambda pl, h: got.append((h.session_id, bytes(pl))), 10) >= 0
-         and len(got) == 2)
-    assert sorted(got) == sorted((p.session_id, p.session_id.to_bytes(4, "little", signed=True)) for p in pubs)
+    pump(
+        driver,
+        lambda: (
+            sub.poll(lambda pl, h: got.append((h.session_id, bytes(pl))), 10) >= 0 and len(got) == 2
+        ),
+    )
+    assert sorted(got) == sorted(
+        (p.session_id, p.session_id.to_bytes(4, "little", signed=True)) for p in pubs
+    )
 
 
 def test_spy_subscription_reads_a_local_publication(driver: Driver) -> None:

@@ -40,11 +40,23 @@ def serve(driver: Driver, until: float) -> None:
             driver.idle(STEP_S)
 
 
-def stream(channel: str, stream_id: int, count: int, seed: int, max_size: int, drop: float,
-           dup: float, reorder: float) -> None:
+def stream(
+    channel: str,
+    stream_id: int,
+    count: int,
+    seed: int,
+    max_size: int,
+    drop: float,
+    dup: float,
+    reorder: float,
+) -> None:
     loss = LossConfig(drop, dup, reorder, seed=seed + 1) if (drop or dup or reorder) else None
-    config = DriverConfig(threading_mode="invoker", loss=loss, write_counters_file=False,
-                          retransmit_linger_ns=1_000_000)
+    config = DriverConfig(
+        threading_mode="invoker",
+        loss=loss,
+        write_counters_file=False,
+        retransmit_linger_ns=1_000_000,
+    )
     with Driver(config) as d:
         pub = d.add_publication(channel, stream_id)
         deadline = time.monotonic() + 30
@@ -84,8 +96,16 @@ def torn(channel: str, stream_id: int, complete: int, big_size: int) -> None:
 if __name__ == "__main__":
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "stream":
-        stream(args[0], int(args[1]), int(args[2]), int(args[3]), int(args[4]), float(args[5]),
-               float(args[6]), float(args[7]))
+        stream(
+            args[0],
+            int(args[1]),
+            int(args[2]),
+            int(args[3]),
+            int(args[4]),
+            float(args[5]),
+            float(args[6]),
+            float(args[7]),
+        )
     elif mode == "torn":
         torn(args[0], int(args[1]), int(args[2]), int(args[3]))
     else:
