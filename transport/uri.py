@@ -31,14 +31,48 @@ Media = Literal["udp", "ipc"]
 ControlMode = Literal["", "manual", "dynamic", "response"]
 
 # Parameters accepted (others real Aeron knows are accepted and kept, but ignored here).
-KNOWN_PARAMS = frozenset({
-    "endpoint", "interface", "control", "control-mode", "mtu", "term-length", "init-term-id",
-    "term-id", "term-offset", "session-id", "reliable", "linger", "rcv-wnd", "so-rcvbuf",
-    "so-sndbuf", "nak-delay", "ttl", "alias", "tags", "sparse", "eos", "tether", "group", "rejoin",
-    "fc", "gtag", "cc", "ssc", "pub-wnd", "max-resend", "stream-id", "response-correlation-id",
-    "untethered-window-limit-timeout", "untethered-resting-timeout", "media-rcv-ts-offset",
-    "channel-rcv-ts-offset", "channel-snd-ts-offset", "spies-simulate-connection",
-})
+KNOWN_PARAMS = frozenset(
+    {
+        "endpoint",
+        "interface",
+        "control",
+        "control-mode",
+        "mtu",
+        "term-length",
+        "init-term-id",
+        "term-id",
+        "term-offset",
+        "session-id",
+        "reliable",
+        "linger",
+        "rcv-wnd",
+        "so-rcvbuf",
+        "so-sndbuf",
+        "nak-delay",
+        "ttl",
+        "alias",
+        "tags",
+        "sparse",
+        "eos",
+        "tether",
+        "group",
+        "rejoin",
+        "fc",
+        "gtag",
+        "cc",
+        "ssc",
+        "pub-wnd",
+        "max-resend",
+        "stream-id",
+        "response-correlation-id",
+        "untethered-window-limit-timeout",
+        "untethered-resting-timeout",
+        "media-rcv-ts-offset",
+        "channel-rcv-ts-offset",
+        "channel-snd-ts-offset",
+        "spies-simulate-connection",
+    }
+)
 
 _DURATION = re.compile(r"^(\d+)(ns|us|ms|s)?$")
 _SIZE = re.compile(r"^(\d+)([kKmMgG])?$")
@@ -77,10 +111,10 @@ def parse_uri(text: str) -> ChannelUri:
     rest = text.strip()
     spy = rest.startswith(SPY_PREFIX)
     if spy:
-        rest = rest[len(SPY_PREFIX):]
+        rest = rest[len(SPY_PREFIX) :]
     if not rest.startswith(AERON_PREFIX):
         raise ChannelError("channel", text, "a URI starting with 'aeron:' or 'aeron-spy:aeron:'")
-    rest = rest[len(AERON_PREFIX):]
+    rest = rest[len(AERON_PREFIX) :]
     media, _, query = rest.partition("?")
     if media not in ("udp", "ipc"):
         raise ChannelError("channel", text, "media 'udp' or 'ipc' (aeron:udp?... or aeron:ipc)")
@@ -145,7 +179,11 @@ class Endpoint:
         return (self.host, self.port)
 
     def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if self.family == socket.AF_INET6 else f"{self.host}:{self.port}"
+        return (
+            f"[{self.host}]:{self.port}"
+            if self.family == socket.AF_INET6
+            else f"{self.host}:{self.port}"
+        )
 
 
 def parse_endpoint(name: str, value: str, *, allow_port_zero: bool = True) -> Endpoint:
@@ -164,7 +202,11 @@ def parse_endpoint(name: str, value: str, *, allow_port_zero: bool = True) -> En
     except ValueError:
         raise ChannelError(name, value, "host:port with a numeric port") from None
     if not (0 if allow_port_zero else 1) <= port <= 65535:
-        raise ChannelError(name, value, "a port from 1 to 65535" if not allow_port_zero else "a port from 0 to 65535")
+        raise ChannelError(
+            name,
+            value,
+            "a port from 1 to 65535" if not allow_port_zero else "a port from 0 to 65535",
+        )
     try:
         addr = ipaddress.ip_address(host)
         family = socket.AF_INET6 if addr.version == 6 else socket.AF_INET
@@ -215,7 +257,11 @@ class ChannelConfig:
         p = uri.params
         for key in p:
             if key not in KNOWN_PARAMS:
-                raise ChannelError(key, p[key], "a known channel parameter (" + ", ".join(sorted(KNOWN_PARAMS)) + ")")
+                raise ChannelError(
+                    key,
+                    p[key],
+                    "a known channel parameter (" + ", ".join(sorted(KNOWN_PARAMS)) + ")",
+                )
         kwargs: dict[str, object] = {"media": uri.media, "spy": uri.spy, "uri": str(uri)}
         if uri.media == "ipc":
             kwargs["term_length"] = DEFAULT_IPC_TERM_LENGTH
@@ -236,8 +282,11 @@ class ChannelConfig:
             kwargs["term_length"] = check_term_length(parse_size("term-length", p["term-length"]))
         position_keys = [k for k in ("init-term-id", "term-id", "term-offset") if k in p]
         if position_keys and len(position_keys) != 3:
-            raise ChannelError(position_keys[0], p[position_keys[0]],
-                               "init-term-id, term-id and term-offset given together")
+            raise ChannelError(
+                position_keys[0],
+                p[position_keys[0]],
+                "init-term-id, term-id and term-offset given together",
+            )
         if position_keys:
             kwargs["initial_term_id"] = parse_int32("init-term-id", p["init-term-id"])
             kwargs["term_id"] = parse_int32("term-id", p["term-id"])
@@ -265,16 +314,27 @@ class ChannelConfig:
 
     def validate(self) -> None:
         if self.mtu > self.term_length // 2:
-            raise ChannelError("mtu", self.mtu, f"at most half the term length ({self.term_length // 2})")
+            raise ChannelError(
+                "mtu", self.mtu, f"at most half the term length ({self.term_length // 2})"
+            )
         if self.term_offset is not None:
             if not 0 <= self.term_offset < self.term_length or self.term_offset % 32:
-                raise ChannelError("term-offset", self.term_offset,
-                                   f"a multiple of 32 from 0 to {self.term_length - 32}")
+                raise ChannelError(
+                    "term-offset",
+                    self.term_offset,
+                    f"a multiple of 32 from 0 to {self.term_length - 32}",
+                )
         if self.receiver_window_length <= 0:
             raise ChannelError("rcv-wnd", self.receiver_window_length, "a positive byte count")
-        if self.publication_window_length < 0 or self.publication_window_length > self.term_length // 2:
-            raise ChannelError("pub-wnd", self.publication_window_length,
-                               f"0 (default) to half the term length ({self.term_length // 2})")
+        if (
+            self.publication_window_length < 0
+            or self.publication_window_length > self.term_length // 2
+        ):
+            raise ChannelError(
+                "pub-wnd",
+                self.publication_window_length,
+                f"0 (default) to half the term length ({self.term_length // 2})",
+            )
         if self.media == "udp" and not self.spy:
             if self.control_mode == "dynamic" and self.control is None:
                 raise ChannelError("control-mode", "dynamic", "a 'control' endpoint to go with it")

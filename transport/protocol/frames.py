@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar
 
 from aeron_spark.transport.errors import InvalidFrameError
 
@@ -541,9 +541,15 @@ class ResponseSetupFrame:
         return cls(session_id, stream_id, rsp, flags, version)
 
 
-Frame = Union[
-    DataFrame, SetupFrame, StatusMessage, NakFrame, RttMeasurement, ErrorFrame, ResponseSetupFrame
-]
+Frame = (
+    DataFrame
+    | SetupFrame
+    | StatusMessage
+    | NakFrame
+    | RttMeasurement
+    | ErrorFrame
+    | ResponseSetupFrame
+)
 
 _CONTROL_DECODERS: dict[int, Any] = {
     FrameType.SETUP: SetupFrame,

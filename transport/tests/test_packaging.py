@@ -19,8 +19,12 @@ def test_every_package_folder_is_listed() -> None:
             rel = init.parent.relative_to(base)
             if "tests" in rel.parts or any(part.startswith(".") for part in rel.parts):
                 continue
-            if any(m != name and m.startswith(name + ".") and (ROOT / f).resolve() == init.parent.resolve()
-                   for m, f in mapping.items()):
+            if any(
+                m != name
+                and m.startswith(name + ".")
+                and (ROOT / f).resolve() == init.parent.resolve()
+                for m, f in mapping.items()
+            ):
                 continue
             found.add(".".join((name, *rel.parts)) if rel.parts else name)
     # Folders mapped to their own import name are found through their own mapping entry.

@@ -6,19 +6,41 @@ import json
 from pathlib import Path
 
 import pytest
-
 from aeron_spark.transport.protocol import frames as f
 from aeron_spark.transport.protocol.logbuffer import compute_position, position_bits_to_shift
 
 VECTORS = json.loads((Path(__file__).parent / "data" / "aeron-vectors.json").read_text())["vectors"]
 
 FIELDS = {
-    "SETUP": ["term_offset", "session_id", "stream_id", "initial_term_id", "active_term_id",
-              "term_length", "mtu", "ttl", "flags"],
-    "SM": ["session_id", "stream_id", "consumption_term_id", "consumption_term_offset",
-           "receiver_window", "receiver_id", "flags"],
+    "SETUP": [
+        "term_offset",
+        "session_id",
+        "stream_id",
+        "initial_term_id",
+        "active_term_id",
+        "term_length",
+        "mtu",
+        "ttl",
+        "flags",
+    ],
+    "SM": [
+        "session_id",
+        "stream_id",
+        "consumption_term_id",
+        "consumption_term_offset",
+        "receiver_window",
+        "receiver_id",
+        "flags",
+    ],
     "NAK": ["session_id", "stream_id", "term_id", "term_offset", "length", "flags"],
-    "RTTM": ["session_id", "stream_id", "echo_timestamp", "reception_delta", "receiver_id", "flags"],
+    "RTTM": [
+        "session_id",
+        "stream_id",
+        "echo_timestamp",
+        "reception_delta",
+        "receiver_id",
+        "flags",
+    ],
     "DATA": ["term_offset", "session_id", "stream_id", "term_id", "reserved_value", "flags"],
     "PAD": ["term_offset", "session_id", "stream_id", "term_id", "reserved_value", "flags"],
 }
@@ -41,7 +63,10 @@ def test_decode_matches_capture(vector: dict) -> None:
             assert frame.frame_type == expected["type"]
             if frame.frame_type == f.FrameType.DATA:
                 assert len(frame.payload) == expected["payload_length"]
-                assert frame.payload[: len(expected["payload_prefix_hex"]) // 2].hex() == expected["payload_prefix_hex"]
+                assert (
+                    frame.payload[: len(expected["payload_prefix_hex"]) // 2].hex()
+                    == expected["payload_prefix_hex"]
+                )
         else:
             assert frame.TYPE == expected["type"]
         for name in FIELDS[expected["type_name"]]:
@@ -80,6 +105,8 @@ def test_positions_match_capture() -> None:
             shift = position_bits_to_shift(setup["term_length"])
             term_id = fr.get("term_id", fr.get("consumption_term_id"))
             offset = fr.get("term_offset", fr.get("consumption_term_offset"))
-            assert compute_position(term_id, offset, shift, setup["initial_term_id"]) == fr["position"]
+            assert (
+                compute_position(term_id, offset, shift, setup["initial_term_id"]) == fr["position"]
+            )
             checked += 1
     assert checked >= 5
