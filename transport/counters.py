@@ -5,7 +5,7 @@ to them from one thread each; readers take a :meth:`Counters.snapshot`). Per-str
 (publisher limit, sender position, receiver high-water mark, subscriber position) are read from
 the live publications and images at snapshot time.
 
-A running driver writes its snapshot as JSON to ``<driver directory>/counters-<pid>.json`` about
+A running driver writes its snapshot as JSON to ``<driver directory>/counters-<pid>-<n>.json`` about
 once a second (written to a temporary file and renamed, so a reader never sees half a file);
 :func:`read_counters` reads every such file of a directory from another process (``aeron-spark
 stat``). Files of processes that no longer exist are skipped.
@@ -13,6 +13,7 @@ stat``). Files of processes that no longer exist are skipped.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 COUNTERS_FILE_PREFIX = "counters-"
+_INSTANCES = itertools.count(1)
 
 
 @dataclass(slots=True)
@@ -74,6 +76,7 @@ class Counters:
         self.system = system
         self._streams = streams
         self._totals = totals
+        self.instance = next(_INSTANCES)
 
     def snapshot(self) -> dict[str, int]:
         """System counters (name -> value) and positions keyed ``<kind>:<session>:<stream>``."""
@@ -84,10 +87,14 @@ class Counters:
         values.update(self._streams())
         return values
 
+    def file_path(self, directory: Path) -> Path:
+        """``directory/counters-<pid>-<driver number>.json``: one file per driver."""
+        return directory / f"{COUNTERS_FILE_PREFIX}{os.getpid()}-{self.instance}.json"
+
     def write(self, directory: Path) -> Path:
-        """Write the snapshot to ``directory/counters-<pid>.json`` atomically; returns the path."""
+        """Write the snapshot to :meth:`file_path` atomically; returns the path."""
         directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"{COUNTERS_FILE_PREFIX}{os.getpid()}.json"
+        path = self.file_path(directory)
         tmp = path.with_suffix(".tmp")
         payload = {"pid": os.getpid(), "time_ns": time.time_ns(), "counters": self.snapshot()}
         tmp.write_text(json.dumps(payload, sort_keys=True))

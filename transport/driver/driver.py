@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -77,7 +77,6 @@ class DriverConfig:
     write_counters_file: bool = True
     retransmit_linger_ns: int = 10_000_000  # NAKs for a range just resent are ignored this long
     loss: Any = None  # an aeron_spark.transport.testing.LossConfig
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.threading_mode not in ("shared", "dedicated", "invoker"):
@@ -195,7 +194,7 @@ class Driver:
             self._ipc.clear()
         if self.config.write_counters_file:
             try:
-                (self.directory / f"counters-{os.getpid()}.json").unlink(missing_ok=True)
+                self.counters.file_path(self.directory).unlink(missing_ok=True)
             except OSError:
                 pass
 
@@ -484,15 +483,11 @@ class Driver:
             if isinstance(reg, tuple):
                 rep, interest = reg
                 rep.dispatcher.remove(interest, time.monotonic_ns())
-                self._schedule_endpoint_close(rep)
+                # The receiver sends EOS SMs for the images over the next steps; the
+                # conductor's tick closes the socket once the dispatcher has no interest left.
             else:
                 reg.close()
         self._wake_receiver()
-
-    def _schedule_endpoint_close(self, rep: ReceiveEndpoint) -> None:
-        # The receiver sends EOS SMs for the closed interest's images over the next few steps;
-        # the conductor's tick closes the socket once the dispatcher has nothing left.
-        pass
 
     def _reap_receive_endpoints(self) -> None:
         with self._lock:

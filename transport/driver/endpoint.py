@@ -34,11 +34,6 @@ def _sockaddr(endpoint: Endpoint) -> tuple[Any, ...]:
     return (endpoint.host, endpoint.port)
 
 
-def normalize_address(address: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Socket addresses as returned by ``recvfrom``: (host, port) or (host, port, flow, scope)."""
-    return address
-
-
 class UdpEndpoint:
     """A bound non-blocking UDP socket with counted sends and a preallocated receive buffer."""
 

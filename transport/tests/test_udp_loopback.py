@@ -371,3 +371,22 @@ def test_closed_driver_refuses_new_resources(tmp_path: Path) -> None:
     d.close()
     with pytest.raises(ClosedError):
         d.add_subscription("aeron:udp?endpoint=127.0.0.1:0", 1)
+
+
+@pytest.mark.parametrize("mode", ["shared", "dedicated"])
+def test_threaded_driver_modes_deliver_with_blocking_helpers(tmp_path: Path, mode: str) -> None:
+    with Driver(DriverConfig(threading_mode=mode, directory=tmp_path)) as d:  # type: ignore[arg-type]
+        sub = d.add_subscription("aeron:udp?endpoint=127.0.0.1:0", 7)
+        pub = d.add_publication(f"aeron:udp?endpoint=127.0.0.1:{sub.local_endpoints[0][1]}", 7)
+        assert pub.wait_until_connected(TIMEOUT_S)
+        messages = [bytes([i]) * (i * 31) for i in range(200)]
+        got: list[bytes] = []
+        assembler = FragmentAssembler(lambda p, h: got.append(bytes(p)))
+        for m in messages:
+            pub.offer_blocking(m, timeout_s=TIMEOUT_S)
+            sub.poll(assembler, 10)
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(got) < len(messages) and time.monotonic() < deadline:
+            if sub.poll(assembler, 100) == 0:
+                sub.wait(0.1)
+        assert got == messages
