@@ -79,6 +79,10 @@ class DriverConfig:
     loss: Any = None  # an aeron_spark.transport.testing.LossConfig
 
     def __post_init__(self) -> None:
+        if self.directory is not None and not isinstance(self.directory, Path):
+            if not isinstance(self.directory, str):
+                raise ChannelError("directory", self.directory, "a path (str or pathlib.Path)")
+            object.__setattr__(self, "directory", Path(self.directory))
         if self.threading_mode not in ("shared", "dedicated", "invoker"):
             raise ChannelError(
                 "threading_mode", self.threading_mode, "shared, dedicated or invoker"

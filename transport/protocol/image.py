@@ -274,6 +274,8 @@ class ImageState:
             or now_ns - self.last_packet_ns > self.liveness_timeout_ns
         )
         if closing:
+            if now_ns < self.sm_deadline_ns and self.eos_sms_left < EOS_SM_COUNT:
+                return work  # EOS SMs are spaced out, so a short loss burst cannot eat them all
             self._send_sm(sub, SmFlags.EOS, transmit)
             self.eos_sms_left -= 1
             if self.eos_sms_left <= 0:

@@ -335,7 +335,7 @@ class ReceiveDispatcher:
                 if interest.control_address is not None and interest.elicit_deadline_ns < deadline:
                     deadline = interest.elicit_deadline_ns
                 for image in interest.images.values():
-                    if image.needs_work() or image.is_closing:
+                    if image.needs_work():
                         return now_ns
                     d = image.next_deadline_ns
                     if d < deadline:

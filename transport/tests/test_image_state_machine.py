@@ -327,3 +327,36 @@ def test_term_rotation_cleans_consumed_partitions_across_many_terms() -> None:
         clock.advance(MS)
     assert got == expected
     assert image.subscriber_position > 5 * 64 * 1024
+
+
+def test_a_lost_last_datagram_is_naked_once_heartbeats_show_the_gap() -> None:
+    clock = ManualClock()
+    pair = Pair(clock)
+    pair.step()
+    pair.step()
+    image = pair.images[0]
+    pair.pub.offer(b"only message")
+    pair.step(drop=lambda i, data: True)  # its one DATA datagram is lost
+    assert image.hwm == image.join_position
+    for _ in range(3):
+        clock.advance(100 * MS)  # idle: heartbeats carry the sender position
+        pair.step()
+    assert image.naks_sent >= 1
+    assert poll_all(image) == [b"only message"]
+
+
+def test_eos_status_messages_are_spaced_out() -> None:
+    clock = ManualClock()
+    pair = Pair(clock)
+    pair.step()
+    pair.step()
+    image = pair.images[0]
+    image.is_closing = True
+    sent = []
+    for _ in range(5):
+        pair.dispatcher.do_work(clock.now_ns, pair.to_pub)
+        sent += sms(pair.to_pub)
+    assert len(sent) == 1 and sent[0].flags == SmFlags.EOS
+    clock.advance(SM_INTERVAL_NS)
+    pair.dispatcher.do_work(clock.now_ns, pair.to_pub)
+    assert len(sms(pair.to_pub)) == 1

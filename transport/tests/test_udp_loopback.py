@@ -390,3 +390,11 @@ def test_threaded_driver_modes_deliver_with_blocking_helpers(tmp_path: Path, mod
             if sub.poll(assembler, 100) == 0:
                 sub.wait(0.1)
         assert got == messages
+
+
+def test_driver_config_takes_a_directory_as_text(tmp_path: Path) -> None:
+    config = DriverConfig(threading_mode="invoker", directory=str(tmp_path))  # type: ignore[arg-type]
+    assert config.directory == tmp_path
+    with pytest.raises(ChannelError) as info:
+        DriverConfig(directory=42)  # type: ignore[arg-type]
+    assert info.value.name == "directory"
