@@ -36,7 +36,12 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 
-from aeron_spark.connector.errors import ChunkMissingError, ControlProtocolError, PayloadTooLargeError
+from aeron_spark.connector.errors import (
+    ChunkMissingError,
+    ControlProtocolError,
+    PayloadTooLargeError,
+)
+
 from aeron_spark.errors import ConfigurationError
 
 KIND_CHUNK = 0x03
@@ -60,8 +65,9 @@ def split(
     """
     piece = max_message_length - CHUNK_HEADER_LENGTH
     if piece <= 0:
-        raise ConfigurationError("max_message_length", max_message_length,
-                                 f"more than {CHUNK_HEADER_LENGTH} bytes")
+        raise ConfigurationError(
+            "max_message_length", max_message_length, f"more than {CHUNK_HEADER_LENGTH} bytes"
+        )
     view = memoryview(payload)
     total = len(view)
     count = max(1, -(-total // piece))
@@ -84,7 +90,9 @@ class Reassembler:
         timeout_ns: int = DEFAULT_TIMEOUT_NS,
     ) -> None:
         if max_payload_bytes <= 0:
-            raise ConfigurationError("max_payload_bytes", max_payload_bytes, "a positive byte count")
+            raise ConfigurationError(
+                "max_payload_bytes", max_payload_bytes, "a positive byte count"
+            )
         if timeout_ns <= 0:
             raise ConfigurationError("timeout_ns", timeout_ns, "a positive duration")
         self.max_payload_bytes = max_payload_bytes
@@ -121,8 +129,11 @@ class Reassembler:
             self._discard()
             raise ChunkMissingError(
                 f"chunk {expected} of payload {pid} did not arrive within "
-                f"{self.timeout_ns / 1e9:.1f} s", payload_id=pid, expected_index=expected,
-                got_index=None)
+                f"{self.timeout_ns / 1e9:.1f} s",
+                payload_id=pid,
+                expected_index=expected,
+                got_index=None,
+            )
 
     def feed(self, message: bytes | bytearray | memoryview, now_ns: int) -> bytes | None:
         if len(message) < CHUNK_HEADER_LENGTH or message[0] != KIND_CHUNK:
@@ -135,17 +146,25 @@ class Reassembler:
                 self.discarded += 1
                 raise ChunkMissingError(
                     f"chunk {index} of payload {pid} arrived without its first chunk",
-                    payload_id=pid, expected_index=0, got_index=index)
+                    payload_id=pid,
+                    expected_index=0,
+                    got_index=index,
+                )
             if count == 0 or total > self.max_payload_bytes:
                 raise PayloadTooLargeError(
                     f"chunked payload {pid} of {total} bytes in {count} chunks exceeds the "
-                    f"limit of {self.max_payload_bytes} bytes", length=total,
-                    limit=self.max_payload_bytes)
+                    f"limit of {self.max_payload_bytes} bytes",
+                    length=total,
+                    limit=self.max_payload_bytes,
+                )
             if count == 1:
                 if len(body) != total:
                     raise ChunkMissingError(
                         f"payload {pid}: single chunk has {len(body)} bytes, header says {total}",
-                        payload_id=pid, expected_index=0, got_index=0)
+                        payload_id=pid,
+                        expected_index=0,
+                        got_index=0,
+                    )
                 self.completed += 1
                 return bytes(body)
             self._payload_id = pid
@@ -157,14 +176,22 @@ class Reassembler:
             expected, open_id = self._next_index, self._payload_id
             self._discard()
             raise ChunkMissingError(
-                f"expected chunk {expected} of payload {open_id}, got chunk {index} of payload {pid}",
-                payload_id=open_id, expected_index=expected, got_index=index)
+                f"expected chunk {expected} of payload {open_id}, "
+                f"got chunk {index} of payload {pid}",
+                payload_id=open_id,
+                expected_index=expected,
+                got_index=index,
+            )
         end = self._filled + len(body)
         if end > len(self._buffer):
             open_id = self._payload_id
             self._discard()
-            raise ChunkMissingError(f"payload {open_id}: chunks exceed the announced length",
-                                    payload_id=open_id, expected_index=index, got_index=index)
+            raise ChunkMissingError(
+                f"payload {open_id}: chunks exceed the announced length",
+                payload_id=open_id,
+                expected_index=index,
+                got_index=index,
+            )
         self._buffer[self._filled : end] = body
         self._filled = end
         self._next_index = index + 1
@@ -174,8 +201,12 @@ class Reassembler:
         if self._filled != len(self._buffer):
             open_id = self._payload_id
             self._discard()
-            raise ChunkMissingError(f"payload {open_id}: chunks are shorter than announced",
-                                    payload_id=open_id, expected_index=index, got_index=index)
+            raise ChunkMissingError(
+                f"payload {open_id}: chunks are shorter than announced",
+                payload_id=open_id,
+                expected_index=index,
+                got_index=index,
+            )
         result = bytes(self._buffer)
         self._payload_id = None
         self._buffer = bytearray()

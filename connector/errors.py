@@ -152,9 +152,18 @@ class StagedDataMissingError(ConnectorError):
 _BY_CODE: dict[int, type[ConnectorError]] = {
     int(cls.code): cls
     for cls in (
-        ServerError, ServerUnavailableError, UnknownStreamError, UnknownRecordingError,
-        PositionOutOfRangeError, NotFrameBoundaryError, PurgedError, NotAuthorisedError,
-        ControlProtocolError, ChunkMissingError, PayloadTooLargeError, LimitExceededError,
+        ServerError,
+        ServerUnavailableError,
+        UnknownStreamError,
+        UnknownRecordingError,
+        PositionOutOfRangeError,
+        NotFrameBoundaryError,
+        PurgedError,
+        NotAuthorisedError,
+        ControlProtocolError,
+        ChunkMissingError,
+        PayloadTooLargeError,
+        LimitExceededError,
         StagedDataMissingError,
     )
 }
@@ -175,7 +184,9 @@ def error_from_wire(error: object) -> ConnectorError:
         return ControlProtocolError(f"malformed error reply: {error!r:.200}")
     cls = _BY_CODE.get(code, ServerError)
     safe = {
-        k: v for k, v in details.items() if isinstance(k, str) and k.isidentifier() and k != "message"
+        k: v
+        for k, v in details.items()
+        if isinstance(k, str) and k.isidentifier() and k != "message"
     }
     return cls(message, **safe)
 

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-
 from aeron_spark.connector.errors import ConnectorError, ControlProtocolError, PayloadTooLargeError
 
 KIND_CONTROL = 0x01
@@ -54,19 +53,39 @@ OPS: dict[str, dict[str, tuple[str, bool]]] = {
     "list_recordings": {"stream_ids": ("int32_list?", False)},
     "latest_positions": {"stream_ids": ("int32_list?", False)},
     "position_at": {"recording_id": ("pos", True), "timestamp_ns": ("int64", True)},
-    "replay": {"recording_id": ("pos", True), "start": ("pos", True), "end": ("pos?", False),
-               "max_block_bytes": ("uint32", False)},
+    "replay": {
+        "recording_id": ("pos", True),
+        "start": ("pos", True),
+        "end": ("pos?", False),
+        "max_block_bytes": ("uint32", False),
+    },
     "stop_replay": {"replay_id": ("uint32", True)},
-    "publish": {"stream_id": ("int32", True), "payloads": ("bytes_list", True),
-                "reserved_values": ("int64_list?", False)},
-    "stage": {"sink_id": ("sink_id", True), "batch_id": ("pos", True),
-              "partition_id": ("pos", True), "attempt": ("pos", True),
-              "stream_id": ("int32", True), "payloads": ("bytes_list", True),
-              "reserved_values": ("int64_list?", False), "final": ("bool", True)},
-    "commit": {"sink_id": ("sink_id", True), "batch_id": ("pos", True),
-               "stream_id": ("int32", True), "staged": ("staged_list", True)},
-    "abort": {"sink_id": ("sink_id", True), "batch_id": ("pos", True),
-              "staged": ("staged_list", True)},
+    "publish": {
+        "stream_id": ("int32", True),
+        "payloads": ("bytes_list", True),
+        "reserved_values": ("int64_list?", False),
+    },
+    "stage": {
+        "sink_id": ("sink_id", True),
+        "batch_id": ("pos", True),
+        "partition_id": ("pos", True),
+        "attempt": ("pos", True),
+        "stream_id": ("int32", True),
+        "payloads": ("bytes_list", True),
+        "reserved_values": ("int64_list?", False),
+        "final": ("bool", True),
+    },
+    "commit": {
+        "sink_id": ("sink_id", True),
+        "batch_id": ("pos", True),
+        "stream_id": ("int32", True),
+        "staged": ("staged_list", True),
+    },
+    "abort": {
+        "sink_id": ("sink_id", True),
+        "batch_id": ("pos", True),
+        "staged": ("staged_list", True),
+    },
     "last_committed_batch": {"sink_id": ("sink_id", True)},
     "purge": {"recording_id": ("pos", True), "position": ("pos", True)},
     "stats": {},
@@ -75,15 +94,21 @@ OPS: dict[str, dict[str, tuple[str, bool]]] = {
 
 # The commit message a stage returns (and commit/abort take back): a small picklable map.
 STAGED_KEYS: dict[str, str] = {
-    "sink_id": "sink_id", "batch_id": "pos", "partition_id": "pos", "attempt": "pos",
-    "stream_id": "int32", "part": "str", "count": "pos", "bytes": "pos",
+    "sink_id": "sink_id",
+    "batch_id": "pos",
+    "partition_id": "pos",
+    "attempt": "pos",
+    "stream_id": "int32",
+    "part": "str",
+    "count": "pos",
+    "bytes": "pos",
 }
 
 
 def _fail(op: str, name: str, value: object, expected: str) -> ControlProtocolError:
     return ControlProtocolError(
-        f"{op}: argument {name}={value!r:.80} is invalid: expected {expected}",
-        op=op, argument=name)
+        f"{op}: argument {name}={value!r:.80} is invalid: expected {expected}", op=op, argument=name
+    )
 
 
 def _is_int(value: object) -> bool:
@@ -115,7 +140,9 @@ def _check(op: str, name: str, kind: str, value: object) -> None:
             raise _fail(op, name, value, "a string of at most 4096 characters")
     elif kind == "sink_id":
         if not isinstance(value, str) or not 0 < len(value) <= MAX_SINK_ID_LENGTH:
-            raise _fail(op, name, value, f"a non-empty string of at most {MAX_SINK_ID_LENGTH} characters")
+            raise _fail(
+                op, name, value, f"a non-empty string of at most {MAX_SINK_ID_LENGTH} characters"
+            )
     elif kind == "int32_list":
         if not isinstance(value, list) or not all(
             _is_int(v) and INT32_MIN <= v <= INT32_MAX for v in value
@@ -156,9 +183,15 @@ class Request:
 def _unpack(body: bytes | bytearray | memoryview) -> Any:
     try:
         return msgpack.unpackb(
-            body, raw=False, strict_map_key=True, use_list=True,
-            max_str_len=64 * 1024, max_bin_len=MAX_CONTROL_MESSAGE_BYTES,
-            max_array_len=MAX_LIST_LENGTH, max_map_len=1024, max_ext_len=0,
+            body,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            max_str_len=64 * 1024,
+            max_bin_len=MAX_CONTROL_MESSAGE_BYTES,
+            max_array_len=MAX_LIST_LENGTH,
+            max_map_len=1024,
+            max_ext_len=0,
         )
     except (ValueError, msgpack.UnpackException) as exc:  # ExtraData, FormatError, StackError...
         raise ControlProtocolError(f"undecodable control message: {exc}") from exc
@@ -166,7 +199,8 @@ def _unpack(body: bytes | bytearray | memoryview) -> Any:
 
 def encode_request(request_id: int, op: str, args: dict[str, Any]) -> bytes:
     return bytes((KIND_CONTROL,)) + msgpack.packb(
-        {"id": request_id, "op": op, "args": args}, use_bin_type=True)
+        {"id": request_id, "op": op, "args": args}, use_bin_type=True
+    )
 
 
 def decode_request(message: bytes | bytearray | memoryview) -> Request:
@@ -176,12 +210,16 @@ def decode_request(message: bytes | bytearray | memoryview) -> Request:
     message got far enough to have one, so the error can be answered on that id.
     """
     if len(message) > MAX_CONTROL_MESSAGE_BYTES:
-        raise PayloadTooLargeError(f"control message of {len(message)} bytes", length=len(message),
-                                   limit=MAX_CONTROL_MESSAGE_BYTES)
+        raise PayloadTooLargeError(
+            f"control message of {len(message)} bytes",
+            length=len(message),
+            limit=MAX_CONTROL_MESSAGE_BYTES,
+        )
     if len(message) < 2 or message[0] != KIND_CONTROL:
         raise ControlProtocolError(
             f"expected a control message (kind 0x01), got {len(message)} bytes starting "
-            f"{bytes(message[:1]).hex() or 'empty'}")
+            f"{bytes(message[:1]).hex() or 'empty'}"
+        )
     body = _unpack(memoryview(message)[1:])
     if not isinstance(body, dict) or set(body) != {"id", "op", "args"}:
         rid = body.get("id") if isinstance(body, dict) else None
@@ -204,7 +242,9 @@ def decode_request(message: bytes | bytearray | memoryview) -> Request:
         for name, (kind, required) in schema.items():
             if name not in args:
                 if required:
-                    raise ControlProtocolError(f"{op}: missing argument {name}", op=op, argument=name)
+                    raise ControlProtocolError(
+                        f"{op}: missing argument {name}", op=op, argument=name
+                    )
                 continue
             _check(op, name, kind, args[name])
     except ControlProtocolError as exc:
@@ -215,23 +255,28 @@ def decode_request(message: bytes | bytearray | memoryview) -> Request:
 
 def encode_ok(request_id: int, result: Any) -> bytes:
     return bytes((KIND_CONTROL,)) + msgpack.packb(
-        {"id": request_id, "ok": True, "result": result}, use_bin_type=True)
+        {"id": request_id, "ok": True, "result": result}, use_bin_type=True
+    )
 
 
 def encode_error(request_id: int, error: ConnectorError) -> bytes:
     return bytes((KIND_CONTROL,)) + msgpack.packb(
-        {"id": request_id, "ok": False, "error": error.to_wire()}, use_bin_type=True, default=repr)
+        {"id": request_id, "ok": False, "error": error.to_wire()}, use_bin_type=True, default=repr
+    )
 
 
 def encode_event(request_id: int, event: str, result: Any) -> bytes:
     return bytes((KIND_CONTROL,)) + msgpack.packb(
-        {"id": request_id, "ok": True, "event": event, "result": result}, use_bin_type=True)
+        {"id": request_id, "ok": True, "event": event, "result": result}, use_bin_type=True
+    )
 
 
 def encode_event_error(request_id: int, event: str, error: ConnectorError) -> bytes:
     return bytes((KIND_CONTROL,)) + msgpack.packb(
         {"id": request_id, "ok": False, "event": event, "error": error.to_wire()},
-        use_bin_type=True, default=repr)
+        use_bin_type=True,
+        default=repr,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +294,11 @@ def decode_reply(message: bytes | bytearray | memoryview) -> Reply:
     if len(message) < 2 or message[0] != KIND_CONTROL:
         raise ControlProtocolError("expected a control reply")
     body = _unpack(memoryview(message)[1:])
-    if not isinstance(body, dict) or not _is_int(body.get("id")) or not isinstance(body.get("ok"), bool):
+    if (
+        not isinstance(body, dict)
+        or not _is_int(body.get("id"))
+        or not isinstance(body.get("ok"), bool)
+    ):
         raise ControlProtocolError(f"malformed reply {body!r:.200}")
     keys = set(body) - {"event"}
     if keys != ({"id", "ok", "result"} if body["ok"] else {"id", "ok", "error"}):
@@ -260,8 +309,12 @@ def decode_reply(message: bytes | bytearray | memoryview) -> Reply:
     return Reply(body["id"], body["ok"], body.get("result"), body.get("error"), event)
 
 
-def encode_replay_header(request_id: int, position: int, end_position: int, timestamp_ns: int) -> bytes:
-    return REPLAY_DATA_HEADER.pack(KIND_REPLAY_DATA, request_id, position, end_position, timestamp_ns)
+def encode_replay_header(
+    request_id: int, position: int, end_position: int, timestamp_ns: int
+) -> bytes:
+    return REPLAY_DATA_HEADER.pack(
+        KIND_REPLAY_DATA, request_id, position, end_position, timestamp_ns
+    )
 
 
 def decode_replay_data(

@@ -135,6 +135,7 @@ class PlainClientLink:
         self._stream_id = random.randrange(1, 2**31)
         bind = "127.0.0.1" if _is_loopback(host) else "0.0.0.0"
         self._inbox = _Inbox()
+        self._welcomed = False
         self._sub = self._driver.add_subscription(f"aeron:udp?endpoint={bind}:0", self._stream_id)
         self._pub = None
         try:
@@ -168,6 +169,7 @@ class PlainClientLink:
                 or not isinstance(body.get("max_message_length"), int)
             ):
                 raise ControlProtocolError(f"unexpected session reply {body!r:.200}")
+            self._welcomed = True
             self.max_message_length = min(
                 int(body["max_message_length"]), self._pub.max_message_length
             )
@@ -187,18 +189,12 @@ class PlainClientLink:
         _offer(self._pub, message, deadline)
 
     def receive(self, deadline: float) -> bytes | None:
+        """The next whole message, or None at the deadline or once the session is lost."""
         inbox = self._inbox
         while not inbox.messages:
             if self._sub.poll(inbox.assembler, _POLL_FRAGMENTS) == 0:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                if (
-                    self._pub is not None
-                    and self._sub.images == []
-                    and self._pub.is_connected is False
-                    and self._pub.is_closed
-                ):
+                if remaining <= 0 or (self._welcomed and not self.is_connected):
                     return None
                 self._sub.wait(min(remaining, 0.05))
         return inbox.messages.popleft()

@@ -18,7 +18,7 @@ STREAM = 10
 def _publish_until_killed(endpoint: str, prefix: bytes, acked: list[int], stop: threading.Event):
     """Publish numbered messages in batches; record how many the server acknowledged."""
     try:
-        with client_for(endpoint, timeout_s=10) as c:
+        with client_for(endpoint, timeout_s=3) as c:
             n = 0
             while not stop.is_set():
                 batch = [prefix + b"%08d" % i + b"." * (i % 200) for i in range(n, n + 500)]
@@ -71,6 +71,7 @@ def test_kill_9_during_recording_loses_no_complete_frame(tmp_path, seed: int) ->
                 key = msgs[0].payload[: msgs[0].payload.index(b"-", 3) + 1]
                 contents.setdefault(key, []).extend(m.payload for m in msgs)
         for prefix, acked in runs:
+            assert acked, "the publisher had nothing acknowledged before the kill"
             got = contents.get(prefix, [])
             expected_min = acked[-1] if acked else 0
             # every acknowledged message is there, in order, with nothing torn or duplicated
