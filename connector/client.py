@@ -60,7 +60,7 @@ class ClientSettings:
     server_key: str | None = None
     trust_on_first_use: bool = True
     timeout_s: float = 30.0
-    max_request_bytes: int = 1024 * 1024
+    max_request_bytes: int = 2 * 1024 * 1024
     max_in_flight: int = 4
     keepalive_interval_s: float = 10.0
 
@@ -328,6 +328,7 @@ class StreamClient:
         payloads: Iterable[bytes],
         reserved_values: Iterable[int] | None,
     ) -> Iterator[tuple[list[bytes], list[int] | None]]:
+        # stay under one transport message (no chunking) unless a single payload is larger
         limit = self.settings.max_request_bytes
         batch: list[bytes] = []
         rvs: list[int] | None = None if reserved_values is None else []
@@ -336,7 +337,13 @@ class StreamClient:
         for payload in payloads:
             if not isinstance(payload, bytes):
                 payload = bytes(payload)
+            cost = len(payload) + 16  # msgpack bin header and list slot, generously
+            if batch and size + cost > limit:
+                yield batch, rvs
+                batch, size = [], 0
+                rvs = None if reserved_values is None else []
             batch.append(payload)
+            size += cost
             if rv_iter is not None and rvs is not None:
                 try:
                     rvs.append(int(next(rv_iter)))
@@ -344,11 +351,6 @@ class StreamClient:
                     raise ConfigurationError(
                         "reserved_values", "shorter than payloads", "one reserved value per payload"
                     ) from None
-            size += len(payload) + 16
-            if size >= limit:
-                yield batch, rvs
-                batch, size = [], 0
-                rvs = None if reserved_values is None else []
         yield batch, rvs
 
     def _pipelined(
