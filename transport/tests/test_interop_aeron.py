@@ -147,6 +147,14 @@ class RealProgram:
         return line
 
     def wait_for_line(self, pattern: re.Pattern[str], timeout_s: float) -> re.Match[str]:
+        """The first line matching ``pattern``, among those already read or still to come.
+
+        Lines already read count because the samples' output order is not fixed (an image
+        that is ready at once is announced before "Subscription channel status").
+        """
+        for seen in self.lines:
+            if m := pattern.search(seen):
+                return m
         deadline = time.monotonic() + timeout_s
         while True:
             line = self.next_line(deadline)
