@@ -18,7 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -118,6 +118,8 @@ class ServerCore:
             "chunks_discarded": 0,
         }
         self._replay_owner: dict[int, object] = {}
+        # set by the I/O shell: extra sections of ``stats`` (server identity, transport counters)
+        self.stats_hook: Callable[[], dict[str, Any]] | None = None
 
     # --- sessions -----------------------------------------------------------------------------
 
@@ -430,13 +432,16 @@ class ServerCore:
                 "sink_parts_garbage_collected": committer.staging.parts_garbage_collected,
             }
         )
-        return {
+        result = {
             "streams": self._list_streams(),
             "recordings": self._visible_recordings(None),
             "sessions": sessions,
             "counters": counters,
             "store": self.store.stats(),
         }
+        if self.stats_hook is not None:
+            result.update(self.stats_hook())
+        return result
 
 
 __all__ = ["Publisher", "ReplayCursor", "ServerCore", "Session", "Store"]

@@ -237,6 +237,8 @@ class Recording:
             if self.fsync:
                 os.fsync(fd)
             written += len(piece)
+        if self.index_times and now_ns < self.index_times[-1]:
+            now_ns = self.index_times[-1]  # the wall clock stepped back: keep the index sorted
         if not self.index_positions or (
             position - self.index_positions[-1] >= INDEX_INTERVAL_BYTES
             or now_ns - self.index_times[-1] >= INDEX_INTERVAL_NS

@@ -85,6 +85,7 @@ class StreamServer:
             committer = SinkCommitter(os.path.join(self.config.directory, "sink"), self._store)
             committer.recover(time.monotonic_ns())
             self.core = ServerCore(self.config, self._store, committer)
+            self.core.stats_hook = self._extra_stats
             self._listener = ServerListener(self.config.host, self.config.port, self._driver)
             self._store.start_ingest()
         except BaseException:
@@ -217,18 +218,24 @@ class StreamServer:
             io.outbound.popleft()
         return True
 
-    def snapshot(self) -> dict[str, Any]:
-        assert self.core is not None
-        now_ns = time.monotonic_ns()
-        stats = self.core.stats(now_ns)
-        stats["server"] = {
-            "endpoint": self.endpoint,
-            "pid": os.getpid(),
-            "directory": self.config.directory,
-            "uptime_s": (now_ns - self._started_ns) / 1e9,
+    def _extra_stats(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {
+            "server": {
+                "endpoint": self.endpoint,
+                "pid": os.getpid(),
+                "directory": self.config.directory,
+                "uptime_s": (time.monotonic_ns() - self._started_ns) / 1e9,
+            },
+            "written_at_s": time.time(),
         }
-        stats["written_at_s"] = time.time()
-        return stats
+        if self._driver is not None:
+            extra["transport"] = self._driver.counters.snapshot()
+        return extra
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything ``aeron-spark stat`` shows (also written to ``stat.json`` every second)."""
+        assert self.core is not None
+        return self.core.stats(time.monotonic_ns())
 
     def _write_stat(self, now_ns: int) -> None:
         try:

@@ -94,6 +94,16 @@ def render(snapshot: dict[str, Any]) -> str:
     for name, value in sorted(snapshot.get("store", {}).items()):
         if isinstance(value, int | float):
             lines.append(f"  store.{name:<28} {value:>16,}")
+    transport = snapshot.get("transport", {})
+    if transport:
+        lines.append("")
+        lines.append("transport")
+        for name, value in sorted(transport.items()):
+            if ":" not in name and value:
+                lines.append(f"  {name:<34} {value:>16,}")
+        for name, value in sorted(transport.items()):
+            if ":" in name:
+                lines.append(f"  {name:<34} {value:>16,}")
     return "\n".join(lines) + "\n"
 
 

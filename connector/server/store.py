@@ -16,6 +16,7 @@ publisher wrote them, PAD frames included), stopped when the image goes away.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -85,19 +86,21 @@ class _Publisher:
     ) -> int:
         for payload in payloads:
             self._framer.check(len(payload))
+        timestamp_ns = self._store.clock()
         for position, block in self._framer.frame(payloads, reserved_values):
-            self.rec.append(block, position, now_ns)
+            self.rec.append(block, position, timestamp_ns)
         if self._store.config.fsync:
             self.rec.force()
         return self.rec.recorded_position
 
     def close(self, now_ns: int) -> None:
-        self.rec.stop(now_ns)
+        self.rec.stop(self._store.clock())
 
 
 class _SinkWriter:
-    def __init__(self, rec: Recording) -> None:
+    def __init__(self, rec: Recording, clock: Any) -> None:
         self.rec = rec
+        self._clock = clock
         self.recording_id = rec.d.recording_id
         self.session_id = rec.d.session_id
         self.stream_id = rec.d.stream_id
@@ -108,7 +111,7 @@ class _SinkWriter:
         return self.rec.recorded_position
 
     def append(self, block: bytes, position: int, now_ns: int) -> None:
-        self.rec.append(block, position, now_ns)
+        self.rec.append(block, position, self._clock())
 
     def force(self) -> None:
         self.rec.force()
@@ -118,6 +121,9 @@ class ArchiveStore:
     def __init__(self, config: ServerConfig, driver: Any) -> None:
         self.config = config
         self.driver = driver
+        # recordings carry wall-clock (epoch) timestamps: position_at answers Spark's
+        # startingTimestamp; the now_ns the core passes around is monotonic (leases only)
+        self.clock = time.time_ns
         self.recordings = RecordingStore(config.directory, config.fsync)
         self._visible: dict[int, int] = {}
         self._sink_writers: dict[tuple[int, str], _SinkWriter] = {}
@@ -202,7 +208,7 @@ class ArchiveStore:
             0,
             self.config.term_length,
             self.config.mtu,
-            now_ns,
+            self.clock(),
         )
 
     def open_publisher(self, stream_id: int, source: str, now_ns: int) -> _Publisher:
@@ -217,14 +223,14 @@ class ArchiveStore:
                 if rec.d.source == source and rec.d.stream_id == stream_id:
                     writer = self._resume(rec)
             if writer is None:
-                writer = _SinkWriter(self._create(stream_id, source, now_ns))
+                writer = _SinkWriter(self._create(stream_id, source, now_ns), self.clock)
                 self._visible[writer.recording_id] = writer.rec.d.start_position
             self._sink_writers[key] = writer
         return writer
 
     def _resume(self, rec: Recording) -> _SinkWriter:
         rec.reopen()
-        return _SinkWriter(rec)
+        return _SinkWriter(rec, self.clock)
 
     def resume_writer(self, recording_id: int, now_ns: int) -> _SinkWriter | None:
         try:
@@ -251,6 +257,7 @@ class ArchiveStore:
     def record_ingest(self, now_ns: int) -> int:
         if not self._ingest_subs:
             return 0
+        timestamp_ns = self.clock()
         work = 0
         live: set[int] = set()
         for sub in self._ingest_subs:
@@ -267,7 +274,7 @@ class ArchiveStore:
                         *self._term_of(image),
                         image.term_length,
                         image.mtu,
-                        now_ns,
+                        timestamp_ns,
                     )
                     entry = self._ingest[key] = (image, rec)
                     self.ingest_images += 1
@@ -281,7 +288,7 @@ class ArchiveStore:
                     _term_id: int,
                     rec: Recording = rec,
                 ) -> None:
-                    rec.append(term[offset : offset + length], rec.recorded_position, now_ns)
+                    rec.append(term[offset : offset + length], rec.recorded_position, timestamp_ns)
 
                 for _ in range(_INGEST_BLOCKS_PER_PASS):
                     n = image.block_poll(on_block, _INGEST_BLOCK_BYTES)
@@ -291,7 +298,7 @@ class ArchiveStore:
                     work += 1
         for key in [k for k in self._ingest if k not in live]:
             image, rec = self._ingest.pop(key)
-            rec.stop(now_ns)
+            rec.stop(timestamp_ns)
             work += 1
         return work
 
@@ -313,6 +320,7 @@ class ArchiveStore:
         }
 
     def close(self, now_ns: int = 0) -> None:
+        timestamp_ns = self.clock()
         for sub in self._ingest_subs:
             for image in sub.images:
                 entry = self._ingest.get(id(image))
@@ -320,13 +328,13 @@ class ArchiveStore:
                     rec = entry[1]
                     while image.block_poll(
                         lambda t, o, n, _s, _i, rec=rec: rec.append(
-                            t[o : o + n], rec.recorded_position, now_ns
+                            t[o : o + n], rec.recorded_position, timestamp_ns
                         ),
                         _INGEST_BLOCK_BYTES,
                     ):
                         pass
             sub.close()
-        self.recordings.close(now_ns)
+        self.recordings.close(timestamp_ns)
 
 
 __all__ = ["ArchiveStore", "ReplayCursor"]

@@ -141,3 +141,21 @@ def test_purge_then_replay_of_the_purged_range_is_purged_error(server) -> None:
         assert info.value.purged_position == purged
         tail = _replay_messages(c, rec, cut, rec.recorded_position)
         assert tail == msgs[2000:]
+
+
+def test_position_at_finds_the_first_message_at_or_after_a_time(server) -> None:
+    import time
+
+    with client_for(server.endpoint) as c:
+        before = time.time_ns()
+        c.publish(STREAM, [b"early"] * 10)
+        time.sleep(0.02)
+        middle = time.time_ns()
+        time.sleep(0.02)
+        c.publish(STREAM, [b"late"] * 10)
+        (rec,) = c.list_recordings([STREAM])
+        msgs = _replay_messages(c, rec, rec.start_position, rec.recorded_position)
+        assert c.position_at(rec.recording_id, before) == rec.start_position
+        assert c.position_at(rec.recording_id, middle) == msgs[10].position
+        assert c.position_at(rec.recording_id, time.time_ns() + 10**9) == rec.recorded_position
+        assert rec.start_timestamp_ns >= before

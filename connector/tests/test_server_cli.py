@@ -1,0 +1,59 @@
+"""The server command: graceful SIGTERM shutdown, ``stat`` against a running server."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from aeron_spark.connector.server import main, stat_main
+from aeron_spark.connector.server.recordings import RecordingStore
+from aeron_spark.connector.server.testing import client_for, server_process
+
+
+@pytest.mark.slow
+def test_stat_then_sigterm_finishes_recordings(tmp_path) -> None:
+    directory = str(tmp_path / "srv")
+    with server_process(directory) as (proc, endpoint):
+        with client_for(endpoint) as c:
+            end = c.publish(10, [b"hello"] * 100)
+            out = io.StringIO()
+            assert stat_main(["--endpoint", endpoint, "--once", "--no-encryption"], out=out) == 0
+            text = out.getvalue()
+            assert "recordings" in text and f"{end:,}" in text and "sessions (2)" in text
+            deadline = time.monotonic() + 30  # the snapshot is rewritten every second
+            while True:
+                out = io.StringIO()
+                if os.path.exists(os.path.join(directory, "stat.json")):
+                    assert stat_main(["--dir", directory, "--once", "--json"], out=out) == 0
+                    snapshot = json.loads(out.getvalue())
+                    if snapshot["counters"]["messages_published"] >= 100:
+                        break
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            assert snapshot["server"]["pid"] == proc.pid
+            assert [r["recorded_position"] for r in snapshot["recordings"]] == [end]
+            assert "transport" in snapshot
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    assert not os.path.exists(os.path.join(directory, "stat.json"))
+    store = RecordingStore(directory, fsync=False)
+    (rec,) = store.recordings.values()
+    assert rec.stop_position == end  # stopped by the shutdown, at the last message
+
+
+def test_stat_without_a_server_fails_clearly(tmp_path) -> None:
+    from aeron_spark.connector.errors import ServerUnavailableError
+
+    with pytest.raises(ServerUnavailableError, match="no running server"):
+        stat_main(["--dir", str(tmp_path), "--once"], out=io.StringIO())
+
+
+def test_main_dispatches_and_rejects_bad_arguments() -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["server", "--port", "70000"])  # no --dir: argparse usage error
+    assert info.value.code == 2
