@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import ipaddress
+import logging
 import random
 import threading
 import time
@@ -46,6 +47,7 @@ LOOPBACK_MTU = 65504
 NETWORK_MTU = 8192
 _HELLO_KEYS = {"hello", "port", "stream_id", "mtu", "term_length"}
 _POLL_FRAGMENTS = 64
+log = logging.getLogger(__name__)
 
 
 class Link(Protocol):
@@ -349,8 +351,16 @@ class ServerListener:
         self._sub.close()
 
 
+_warned_plain = False
+
+
 def open_client_link(settings: Any) -> Link:
     """A link for :class:`~aeron_spark.connector.client.ClientSettings` (plain sessions)."""
+    global _warned_plain
+    if settings.encryption and not _warned_plain:
+        _warned_plain = True
+        log.warning("encryption was asked for, but this build runs sessions in plain mode "
+                    "(the handshake layer is not wired in yet): traffic is NOT sealed")
     return PlainClientLink(settings.endpoint, settings.timeout_s)
 
 

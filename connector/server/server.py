@@ -94,6 +94,9 @@ class StreamServer:
             self._driver.close()
             raise
         self._started_ns = time.monotonic_ns()
+        if self.config.encryption:
+            log.warning("sessions run in plain mode (the handshake layer is not wired in yet): "
+                        "session traffic is NOT encrypted; use --no-encryption to silence this")
         self._thread = threading.Thread(target=self._run, name="aeron-spark-server", daemon=True)
         self._thread.start()
         if not self._started.wait(timeout_s):
