@@ -6,9 +6,6 @@ import os
 
 import msgpack
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from aeron_spark.connector import chunking
 from aeron_spark.connector import protocol as proto
 from aeron_spark.connector.errors import ErrorCode
@@ -16,6 +13,8 @@ from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.core import ServerCore
 from aeron_spark.connector.server.staging import SinkCommitter
 from aeron_spark.connector.server.store import ArchiveStore
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 MAX_MESSAGE = 64 * 1024
 
