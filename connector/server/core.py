@@ -90,6 +90,9 @@ class Session:
 
 
 WRITE_OPS = frozenset({"publish", "stage", "commit", "abort", "purge"})
+# Long-running operations the I/O shell may run off its loop (``ServerCore.defer``), so a large
+# sink commit does not stall every replay. They only touch the committer and sink recordings.
+DEFERRED_OPS = frozenset({"commit", "abort"})
 
 
 class ServerCore:
@@ -120,6 +123,8 @@ class ServerCore:
         self._replay_owner: dict[int, object] = {}
         # set by the I/O shell: extra sections of ``stats`` (server identity, transport counters)
         self.stats_hook: Callable[[], dict[str, Any]] | None = None
+        # set by the I/O shell: run ``job`` (returns the reply) elsewhere, reply on ``key`` later
+        self.defer: Callable[[object, Callable[[], bytes]], None] | None = None
 
     # --- sessions -----------------------------------------------------------------------------
 
@@ -188,6 +193,13 @@ class ServerCore:
             self.counters["protocol_errors"] += 1
             session.errors += 1
             return [proto.encode_error(int(exc.details.pop("request_id", 0)), exc)]
+        if request.op in DEFERRED_OPS and self.defer is not None:
+            self.defer(key, lambda: self._answer(session, request, now_ns))
+            return []
+        return [self._answer(session, request, now_ns)]
+
+    def _answer(self, session: Session, request: proto.Request, now_ns: int) -> bytes:
+        """Run one decoded request; its reply (ok or the typed error). Never raises."""
         try:
             result = self._dispatch(session, request, now_ns)
         except ConnectorError as exc:
@@ -195,18 +207,16 @@ class ServerCore:
             if isinstance(exc, NotAuthorisedError):
                 self.counters["not_authorised"] += 1
             session.errors += 1
-            return [proto.encode_error(request.id, exc)]
+            return proto.encode_error(request.id, exc)
         except Exception as exc:  # a bug or I/O failure: report it typed, count it, keep serving
             self.counters["internal_errors"] += 1
             session.errors += 1
             log.exception("internal error in %s from %s", request.op, session.peer)
-            return [
-                proto.encode_error(
-                    request.id,
-                    ServerError(f"{request.op} failed on the server: {type(exc).__name__}: {exc}"),
-                )
-            ]
-        return [proto.encode_ok(request.id, result)]
+            return proto.encode_error(
+                request.id,
+                ServerError(f"{request.op} failed on the server: {type(exc).__name__}: {exc}"),
+            )
+        return proto.encode_ok(request.id, result)
 
     def _authorise(self, op: str, stream_ids: Iterable[int] = ()) -> None:
         if op in WRITE_OPS and self.config.read_only:

@@ -359,8 +359,10 @@ def open_client_link(settings: Any) -> Link:
     global _warned_plain
     if settings.encryption and not _warned_plain:
         _warned_plain = True
-        log.warning("encryption was asked for, but this build runs sessions in plain mode "
-                    "(the handshake layer is not wired in yet): traffic is NOT sealed")
+        log.warning(
+            "encryption was asked for, but this build runs sessions in plain mode "
+            "(the handshake layer is not wired in yet): traffic is NOT sealed"
+        )
     return PlainClientLink(settings.endpoint, settings.timeout_s)
 
 

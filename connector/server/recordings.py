@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import os
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +104,7 @@ class Recording:
             descriptor.start_position if purged is None else int(purged["purged_position"])
         )
         self._fds: dict[int, int] = {}
+        self._fd_lock = threading.Lock()
         self._index_fh: Any = None
         self.torn_bytes_cut = 0
         self._load_index()
@@ -117,6 +119,13 @@ class Recording:
         return os.path.join(self.directory, f"{base:020d}.seg")
 
     def _fd(self, base: int, create: bool) -> int | None:
+        fd = self._fds.get(base)
+        if fd is None:
+            with self._fd_lock:  # a sink commit thread and the event loop may both open segments
+                return self._open_fd(base, create)
+        return fd
+
+    def _open_fd(self, base: int, create: bool) -> int | None:
         fd = self._fds.get(base)
         if fd is None:
             flags = os.O_RDWR | (os.O_CREAT if create else 0)
@@ -251,8 +260,9 @@ class Recording:
             self._index_fh = open(os.path.join(self.directory, "index"), "ab")
         self._index_fh.write(_INDEX.pack(position, now_ns))
         self._index_fh.flush()
-        self.index_positions.append(position)
+        # times first: a reader in another thread bisects positions, then indexes times
         self.index_times.append(now_ns)
+        self.index_positions.append(position)
 
     def force(self) -> None:
         for fd in self._fds.values():
@@ -418,6 +428,7 @@ class RecordingStore:
                 rec.stop(0)  # recovered after a crash: finished where its frames end
             self.recordings[rec.d.recording_id] = rec
         self._next_id = max(self.recordings, default=-1) + 1
+        self._lock = threading.Lock()
 
     def get(self, recording_id: int) -> Recording:
         rec = self.recordings.get(recording_id)
@@ -437,8 +448,9 @@ class RecordingStore:
         mtu: int,
         now_ns: int,
     ) -> Recording:
-        rid = self._next_id
-        self._next_id += 1
+        with self._lock:
+            rid = self._next_id
+            self._next_id += 1
         shift = term_length.bit_length() - 1
         start = compute_position(term_id, term_offset, shift, initial_term_id)
         descriptor = Descriptor(

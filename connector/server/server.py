@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aeron_spark.connector import chunking
@@ -71,6 +73,9 @@ class StreamServer:
         self._listener: ServerListener | None = None
         self.core: ServerCore | None = None
         self._sessions: dict[object, _SessionIO] = {}
+        # sink commits/aborts run here, one at a time, so they never stall the event loop
+        self._worker: ThreadPoolExecutor | None = None
+        self._deferred_replies: queue.SimpleQueue[tuple[object, bytes]] = queue.SimpleQueue()
         self._started_ns = 0
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -86,6 +91,8 @@ class StreamServer:
             committer.recover(time.monotonic_ns())
             self.core = ServerCore(self.config, self._store, committer)
             self.core.stats_hook = self._extra_stats
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="aeron-spark-commit")
+            self.core.defer = self._defer
             self._listener = ServerListener(self.config.host, self.config.port, self._driver)
             self._store.start_ingest()
         except BaseException:
@@ -95,8 +102,10 @@ class StreamServer:
             raise
         self._started_ns = time.monotonic_ns()
         if self.config.encryption:
-            log.warning("sessions run in plain mode (the handshake layer is not wired in yet): "
-                        "session traffic is NOT encrypted; use --no-encryption to silence this")
+            log.warning(
+                "sessions run in plain mode (the handshake layer is not wired in yet): "
+                "session traffic is NOT encrypted; use --no-encryption to silence this"
+            )
         self._thread = threading.Thread(target=self._run, name="aeron-spark-server", daemon=True)
         self._thread.start()
         if not self._started.wait(timeout_s):
@@ -149,6 +158,7 @@ class StreamServer:
                 work = self._accept(now_ns)
                 work += self._store.record_ingest(now_ns)
                 work += self._serve_sessions(now_ns)
+                work += self._deliver_deferred()
                 for key in self.core.expire(now_ns):
                     io = self._sessions.pop(key, None)
                     if io is not None:
@@ -168,6 +178,27 @@ class StreamServer:
             self._started.set()
         finally:
             self._shutdown()
+
+    def _defer(self, key: object, job: Any) -> None:
+        assert self._worker is not None
+
+        def run() -> None:
+            self._deferred_replies.put((key, job()))
+
+        self._worker.submit(run)
+
+    def _deliver_deferred(self) -> int:
+        delivered = 0
+        while True:
+            try:
+                key, reply = self._deferred_replies.get_nowait()
+            except queue.Empty:
+                return delivered
+            io = self._sessions.get(key)
+            if io is not None:  # the session may have gone meanwhile: the reply is dropped
+                io.enqueue([reply])
+                self._flush(io)
+            delivered += 1
 
     def _accept(self, now_ns: int) -> int:
         assert self.core is not None and self._listener is not None
@@ -256,6 +287,8 @@ class StreamServer:
         self._sessions.clear()
         if self._listener is not None:
             self._listener.close()
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)  # a commit in progress finishes (it is fsynced)
         if self.core is not None:
             self.core.committer.close()
         if self._store is not None:

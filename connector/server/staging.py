@@ -286,6 +286,7 @@ class SinkCommitter:
         self.last_batch: dict[str, int] = {}
         self.visible: dict[int, int] = {}
         self._pending: dict[tuple[str, int], dict[str, Any]] = {}
+        self._active: tuple[str, int] | None = None  # the commit running now (another thread)
         self.commits = 0
         self.duplicate_commits = 0
         self.resumed_commits = 0
@@ -388,7 +389,11 @@ class SinkCommitter:
             "parts": parts,
         }
         self.log.append(begin)
-        result = self._run(begin, writer, now_ns)
+        self._active = key
+        try:
+            result = self._run(begin, writer, now_ns)
+        finally:
+            self._active = None
         self.commits += 1
         return result
 
@@ -439,7 +444,11 @@ class SinkCommitter:
         return self.staging.discard(sink_id, batch_id, [item["part"] for item in staged])
 
     def gc(self, now_wall_s: float, lease_s: float) -> int:
-        return self.staging.gc(now_wall_s, lease_s, set(self._pending))
+        protected = set(self._pending)
+        active = self._active
+        if active is not None:
+            protected.add(active)
+        return self.staging.gc(now_wall_s, lease_s, protected)
 
     def close(self) -> None:
         self.staging.close()
