@@ -132,6 +132,9 @@ class StreamClient:
         self._reassembler = chunking.Reassembler()
         self._last_send = time.monotonic()
         self._session_error: ConnectorError | None = None
+        self.reconnects = 0
+        self._outstanding: set[int] = set()  # requests sent, reply not yet taken
+        self._in_operation = False  # a multi-request publish/stage is running
         self._closed = False
 
     @classmethod
@@ -172,9 +175,30 @@ class StreamClient:
                 self._link.send(chunk, deadline)
         self._last_send = time.monotonic()
 
+    def _reconnect_if_idle_and_lost(self) -> None:
+        """A session the server closed (lease expiry while we were idle, a server restart) is
+        replaced by a new one before the next request -- but only between requests, never
+        under a running replay or pipelined publish, whose state would be lost."""
+        if self._closed or self._link.is_connected:
+            return
+        if self._replay_queues or self._replies or self._outstanding or self._in_operation:
+            raise ServerUnavailableError(
+                f"the session to {self.settings.endpoint} was lost during an operation"
+            )
+        self._link.close()
+        self._link = open_client_link(self.settings)
+        self._reassembler = chunking.Reassembler()
+        self._abandoned.clear()
+        self._last_send = time.monotonic()
+        self.reconnects += 1
+
     def _send_request(self, op: str, args: dict[str, Any]) -> int:
+        if op not in ("stop_replay", "keepalive"):
+            self._reconnect_if_idle_and_lost()
         request_id = next(self._ids) & proto.MAX_REQUEST_ID or next(self._ids)
         self._send(proto.encode_request(request_id, op, args))
+        if op != "stop_replay":
+            self._outstanding.add(request_id)
         return request_id
 
     def _receive_one(self, deadline: float) -> bool:
@@ -230,6 +254,7 @@ class StreamClient:
                     f"no reply from {self.settings.endpoint} within {self.settings.timeout_s} s"
                 )
         reply = self._replies.pop(request_id)
+        self._outstanding.discard(request_id)
         if not reply.ok:
             raise error_from_wire(reply.error)
         return reply.result
@@ -365,22 +390,41 @@ class StreamClient:
         result: Any = None
         batches = self._batched(payloads, reserved_values)
         current = next(batches)
-        while current is not None:
-            following = next(batches, None)
-            batch, rvs = current
-            args = dict(base, payloads=batch)
-            if rvs is not None:
-                args["reserved_values"] = rvs
-            if final_flag:
-                args["final"] = following is None
-            if batch or following is None:
-                pending.append(self._send_request(op, args))
-            while len(pending) >= self.settings.max_in_flight:
+        try:
+            while current is not None:
+                following = next(batches, None)
+                batch, rvs = current
+                args = dict(base, payloads=batch)
+                if rvs is not None:
+                    args["reserved_values"] = rvs
+                if final_flag:
+                    args["final"] = following is None
+                if batch or following is None:
+                    pending.append(self._send_request(op, args))
+                    self._in_operation = True  # no silent reconnect halfway through
+                while len(pending) >= self.settings.max_in_flight:
+                    result = self._wait_reply(pending.popleft())
+                current = following
+            while pending:
                 result = self._wait_reply(pending.popleft())
-            current = following
-        while pending:
-            result = self._wait_reply(pending.popleft())
-        return result
+            return result
+        except BaseException:
+            self._settle(pending)
+            raise
+        finally:
+            self._in_operation = False
+
+    def _settle(self, pending: deque[int]) -> None:
+        """After a failed pipelined operation: collect the replies still due (so the session is
+        clean for the next call), or forget them if the session is gone."""
+        for request_id in pending:
+            try:
+                if self._link.is_connected:
+                    self._wait_reply(request_id)
+            except ConnectorError:
+                pass
+            self._outstanding.discard(request_id)
+            self._replies.pop(request_id, None)
 
     def publish(
         self,

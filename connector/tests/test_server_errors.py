@@ -104,3 +104,27 @@ def test_stop_replay_of_another_sessions_replay_does_nothing(tmp_path) -> None:
 def test_request_encoding_is_checked_before_sending() -> None:
     with pytest.raises(ControlProtocolError):
         proto.decode_request(proto.encode_request(1, "replay", {"recording_id": -1, "start": 0}))
+
+
+def test_client_reconnects_after_the_server_expired_its_idle_session(tmp_path) -> None:
+    import time
+
+    cfg = _config(tmp_path, session_lease_ns=300_000_000)
+    with StreamServer(cfg) as srv, client_for(srv.endpoint) as c:
+        c.publish(10, [b"x"])
+        deadline = time.monotonic() + 30
+        while c._link.is_connected:  # idle: the server expires the session
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert [r.recorded_position > 0 for r in c.list_recordings([10])] == [True]
+        assert c.reconnects == 1
+
+
+def test_a_failed_publish_leaves_the_session_usable(tmp_path) -> None:
+    from aeron_spark.connector.errors import PayloadTooLargeError
+
+    cfg = _config(tmp_path)  # term 1 MiB: messages of at most 128 KiB
+    with StreamServer(cfg) as srv, client_for(srv.endpoint) as c:
+        with pytest.raises(PayloadTooLargeError):
+            c.publish(10, [b"a" * 1000] * 5000 + [b"b" * 200_000] + [b"c"] * 10)
+        assert c.publish(10, [b"after"]) > 0
