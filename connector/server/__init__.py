@@ -1,8 +1,24 @@
 """The stream server: records streams, serves replays by position, commits sink batches.
 
-Embedded: ``with StreamServer(ServerConfig(directory=...)) as server: server.endpoint``.
-Command line: ``aeron-spark server`` (:func:`server_main`) and ``aeron-spark stat``
-(:func:`stat_main`).
+Embedded::
+
+    from aeron_spark.connector.server import ServerConfig, StreamServer
+    with StreamServer(ServerConfig(directory="/data/aeron", port=0)) as server:
+        print(server.endpoint)          # "127.0.0.1:<bound port>"
+
+Command line: ``aeron-spark server --dir DIR --port PORT [--host H] [--ingest-channel URI]
+[--ingest-stream-id N ...] [--no-encryption] [--key-store DIR] [--fsync] [--read-only]
+[--no-purge]`` (:func:`server_main`) and ``aeron-spark stat [--dir DIR | --endpoint H:P] [--once
+[--json]]`` (:func:`stat_main`).
+
+Modules: ``config`` (ServerConfig), ``core`` (sans-I/O request handling), ``server`` (the event
+loop), ``link`` (session transport: plain HELLO/WELCOME sessions over UDP), ``store`` (recordings,
+replays, publishers, ingest, sink writers), ``recordings`` (segment files, index, purge, crash
+recovery), ``framing`` (payloads -> Aeron frames), ``staging`` + ``commitlog`` (exactly-once sink
+commits), ``stat``, ``cli``, ``testing`` (helpers for tests and benchmarks).
+
+Wire protocol on a session: see :mod:`aeron_spark.connector.protocol` (control messages and replay
+data) and :mod:`aeron_spark.connector.chunking` (messages above the transport's limit).
 """
 
 from __future__ import annotations
