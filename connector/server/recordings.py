@@ -152,7 +152,13 @@ class Recording:
 
     def _recover(self) -> None:
         """Find the end of the complete frames (see the module invariants)."""
-        start = self.index_positions[-1] if self.index_positions else self.d.start_position
+        # Start from the last indexed boundary whose bytes are on disk: after a crash the index
+        # can name positions whose data never reached the segment file.
+        start = self.d.start_position
+        for position in reversed(self.index_positions):
+            if self._data_end(position) >= position + 32:
+                start = position
+                break
         start = max(start, self.purged_position)
         end = self._walk(start, None)
         if self.stop_position is not None and end >= self.stop_position:
@@ -162,6 +168,12 @@ class Recording:
         cut = bisect.bisect_right(self.index_positions, end)
         del self.index_positions[cut:]
         del self.index_times[cut:]
+
+    def _data_end(self, position: int) -> int:
+        """Where the bytes of ``position``'s segment file end (its written size)."""
+        base = self._segment_base(position)
+        fd = self._fd(base, create=False)
+        return base if fd is None else base + os.fstat(fd).st_size
 
     def _walk(self, position: int, limit: int | None) -> int:
         """The end of the run of complete frames from ``position`` (up to ``limit``).

@@ -20,7 +20,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from aeron_spark.connector.errors import PositionOutOfRangeError, UnknownRecordingError
+from aeron_spark.connector.errors import (
+    PositionOutOfRangeError,
+    ServerError,
+    UnknownRecordingError,
+)
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.framing import Framer
 from aeron_spark.connector.server.recordings import Recording, RecordingStore
@@ -55,8 +59,11 @@ class ReplayCursor:
             return None
         start = self.position
         end, frames, ts = self._rec.read(start, max_bytes, limit)
-        if end == start:
-            return None
+        if end == start:  # below the readable end there is always a whole frame to read
+            raise ServerError(
+                f"recording {self._rec.d.recording_id}: no complete frame at {start} although "
+                f"the recording is readable to {limit} (damaged segment file?)"
+            )
         self.position = end
         return start, end, ts, frames
 

@@ -96,3 +96,41 @@ def test_large_stage_is_chunked_and_committed(tmp_path) -> None:
         assert staged["count"] == 40 and staged["bytes"] == 4_000_000
         c.commit("big", 0, STREAM, [staged])
         assert _stream_payloads(c) == big
+
+
+def test_a_commit_torn_by_a_crash_is_completed_exactly_once_on_restart(tmp_path) -> None:
+    from aeron_spark.connector.server.commitlog import CommitLog
+
+    config = _config(tmp_path)
+    payloads = {p: [f"p{p}-{i}".encode() * 20 for i in range(2000)] for p in range(3)}
+    with StreamServer(config) as srv, client_for(srv.endpoint) as c:
+        staged = [c.stage("q", 0, p, 0, STREAM, payloads[p]) for p in range(3)]
+        # keep copies of the parts: the commit deletes them, a crash before "done" would not
+        sink_dir = os.path.join(config.directory, "sink")
+        saved = {}
+        for root, _dirs, files in os.walk(os.path.join(sink_dir, "staged")):
+            for name in files:
+                saved[os.path.join(root, name)] = open(os.path.join(root, name), "rb").read()
+        result = c.commit("q", 0, STREAM, staged)
+    # Rewind to "crashed in the middle of the commit": the log has "begin" but not "done", half
+    # of the frames reached the segment (cut inside a frame), the staged parts are still there.
+    log_path = os.path.join(sink_dir, "commit.log")
+    records = CommitLog(log_path).records
+    assert [r["t"] for r in records] == ["begin", "done"]
+    os.unlink(log_path)
+    rewound = CommitLog(log_path)
+    rewound.append(records[0])
+    rewound.close()
+    for path, data in saved.items():
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(data)
+    rec_dir = os.path.join(config.directory, "recordings", str(result["recording_id"]))
+    (segment,) = [n for n in os.listdir(rec_dir) if n.endswith(".seg")]
+    middle = (result["start_position"] + result["end_position"]) // 2 + 7
+    os.truncate(os.path.join(rec_dir, segment), middle - int(segment[:-4]))
+    with StreamServer(config) as srv, client_for(srv.endpoint) as c:
+        assert c.last_committed_batch("q") == 0
+        assert c.commit("q", 0, STREAM, staged) == result
+        assert _stream_payloads(c) == payloads[0] + payloads[1] + payloads[2]
+        assert c.stats()["counters"]["sink_resumed_commits"] == 1
