@@ -1,0 +1,98 @@
+"""The recording store on disk: torn tails, boundaries, purge, reads that skip PAD frames."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+from aeron_spark.connector.errors import NotFrameBoundaryError, PurgedError
+from aeron_spark.connector.server.framing import Framer
+from aeron_spark.connector.server.recordings import RecordingStore
+from aeron_spark.transport.protocol.logbuffer import LogGeometry
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+TERM = 64 * 1024
+
+
+def _fill(directory: str, seed: int, count: int = 400):
+    rng = random.Random(seed)
+    store = RecordingStore(directory, fsync=False)
+    rec = store.create(7, 42, "test", 5, 5, 0, TERM, 1408, now_ns=1)
+    framer = Framer(LogGeometry(TERM, 1408, 5), 42, 7, 0, max_block_bytes=3000)
+    payloads = [rng.randbytes(rng.choice([10, 100, 1000, 3000])) for _ in range(count)]
+    ends = []
+    for p in payloads:
+        for position, block in framer.frame([p]):
+            rec.append(block, position, now_ns=position)
+        ends.append(framer.position)
+    return store, rec, payloads, ends
+
+
+def _read_all(rec, start: int, limit: int) -> tuple[bytes, int]:
+    out, position = bytearray(), start
+    while position < limit:
+        end, frames, _ts = rec.read(position, 5000, limit)
+        assert end > position
+        out += frames
+        position = end
+    return bytes(out), position
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(seed=st.integers(0, 10_000), cut=st.floats(0.0, 1.0))
+def test_recovery_keeps_every_complete_frame_and_cuts_the_torn_tail(tmp_path_factory, seed, cut):
+    directory = str(tmp_path_factory.mktemp("rec"))
+    store, rec, _payloads, _ends = _fill(directory, seed)
+    full, _ = _read_all(rec, 0, rec.recorded_position)
+    store.close(now_ns=2)
+    # the crash: the segment ends somewhere, possibly inside a frame; stop marker never written
+    seg = [n for n in os.listdir(rec.directory) if n.endswith(".seg")][0]
+    path = os.path.join(rec.directory, seg)
+    raw = open(path, "rb").read()
+    boundaries, offset = [0], 0
+    while offset < len(raw) and (length := int.from_bytes(raw[offset : offset + 4], "little")):
+        offset += (length + 31) & -32
+        boundaries.append(offset)
+    keep = int(len(raw) * cut)
+    os.truncate(path, keep)
+    os.unlink(os.path.join(rec.directory, "stop.msgpack"))
+    again = RecordingStore(directory, fsync=False).get(rec.d.recording_id)
+    recovered = again.recorded_position
+    # every frame complete on disk is kept, the torn one is cut
+    assert recovered == max(b for b in boundaries if b <= keep)
+    data, end = _read_all(again, 0, recovered)
+    assert end == recovered and full.startswith(data)
+    assert again.stop_position == recovered  # recovered recordings are finished
+
+
+def test_positions_inside_frames_name_the_nearest_boundaries(tmp_path) -> None:
+    _store, rec, _payloads, ends = _fill(str(tmp_path), 1, count=20)
+    with pytest.raises(NotFrameBoundaryError) as info:
+        rec.check_position(ends[3] + 32, rec.recorded_position, "start")
+    assert info.value.before <= ends[3] + 32 < info.value.after
+    rec.check_position(ends[3], rec.recorded_position, "start")  # a boundary is accepted
+
+
+def test_purge_deletes_whole_segments_and_refuses_reads_below(tmp_path) -> None:
+    store, rec, _payloads, ends = _fill(str(tmp_path), 2, count=50)
+    assert rec.purge(ends[10]) == ends[10]
+    with pytest.raises(PurgedError):
+        rec.read(ends[5], 1000, rec.recorded_position)
+    with pytest.raises(PurgedError):
+        rec.check_position(ends[5], rec.recorded_position, "start")
+    data, end = _read_all(rec, ends[10], rec.recorded_position)
+    assert end == rec.recorded_position and data
+    store.close(now_ns=3)
+    assert RecordingStore(str(tmp_path), fsync=False).get(0).purged_position == ends[10]
+
+
+def test_reads_skip_pad_frames_but_cover_their_positions(tmp_path) -> None:
+    _store, rec, payloads, _ends = _fill(str(tmp_path), 3, count=300)  # several terms
+    data, end = _read_all(rec, 0, rec.recorded_position)
+    assert end == rec.recorded_position > 2 * TERM
+    assert len(data) < end  # the PAD frames' bytes were not returned
+    assert sum(len(p) for p in payloads) < len(data)
