@@ -389,7 +389,7 @@ class StreamClient:
         pending: deque[int] = deque()
         result: Any = None
         batches = self._batched(payloads, reserved_values)
-        current = next(batches)
+        current: tuple[list[bytes], list[int] | None] | None = next(batches)
         try:
             while current is not None:
                 following = next(batches, None)

@@ -224,7 +224,7 @@ def decode_request(message: bytes | bytearray | memoryview) -> Request:
     if not isinstance(body, dict) or set(body) != {"id", "op", "args"}:
         rid = body.get("id") if isinstance(body, dict) else None
         err = ControlProtocolError("a request is a map with exactly the keys id, op and args")
-        if _is_int(rid) and 0 <= rid <= MAX_REQUEST_ID:
+        if isinstance(rid, int) and not isinstance(rid, bool) and 0 <= rid <= MAX_REQUEST_ID:
             err.details["request_id"] = rid
         raise err
     rid, op, args = body["id"], body["op"], body["args"]
