@@ -42,7 +42,7 @@ def _replay(client: StreamClient, stream_id: int) -> tuple[float, int]:
 
 def run(scale: float) -> dict[str, object]:
     n_small = int(1_000_000 * scale)
-    n_large = int(2_000 * scale)
+    n_large = int(8_000 * scale)
     small, large = b"s" * 100, b"L" * 65536
     result: dict[str, object] = {"messages_100b": n_small, "messages_64k": n_large}
     with tempfile.TemporaryDirectory() as tmp, server_process(f"{tmp}/srv") as (_p, endpoint):
