@@ -31,6 +31,8 @@ from aeron_spark.transport.protocol.logbuffer import LogGeometry
 
 _HEADER = struct.Struct("<iBBhiiiiq")
 _pack_into = _HEADER.pack_into
+_pack = _HEADER.pack
+_ZEROS = bytes(FRAME_ALIGNMENT)
 _UNFRAG = int(DataFlags.UNFRAGMENTED)
 _BEGIN = int(DataFlags.BEGIN)
 _END = int(DataFlags.END)
@@ -124,11 +126,9 @@ class Framer:
                 block_start = position
             term_id = (initial + (position >> shift) + 2**31) % 2**32 - 2**31
             start = len(block)
-            block += bytes(framed)
             if length <= max_payload:
-                _pack_into(
-                    block,
-                    start,
+                # hot path (most messages): header, payload, alignment zeros appended in place
+                block += _pack(
                     length + DATA_HEADER_LENGTH,
                     0,
                     _UNFRAG,
@@ -139,8 +139,10 @@ class Framer:
                     term_id,
                     rv,
                 )
-                block[start + DATA_HEADER_LENGTH : start + DATA_HEADER_LENGTH + length] = payload
+                block += payload
+                block += _ZEROS[: framed - DATA_HEADER_LENGTH - length]
             else:
+                block += bytes(framed)
                 view = memoryview(payload)
                 consumed = 0
                 offset = start
