@@ -135,6 +135,7 @@ class StreamClient:
         self.reconnects = 0
         self._outstanding: set[int] = set()  # requests sent, reply not yet taken
         self._in_operation = False  # a multi-request publish/stage is running
+        self._ignored_replies: set[int] = set()  # replies to fire-and-forget stop_replay
         self._closed = False
 
     @classmethod
@@ -240,6 +241,9 @@ class StreamClient:
             if not reply.ok:  # a request too broken to have an id: fail the next call
                 self._session_error = error_from_wire(reply.error)
             return True
+        if reply.id in self._ignored_replies:
+            self._ignored_replies.discard(reply.id)
+            return True
         self._replies[reply.id] = reply
         return True
 
@@ -339,11 +343,11 @@ class StreamClient:
             self._replay_queues.pop(request_id, None)
             if not finished and not self._closed:
                 self._abandoned.add(request_id)
+                stop_id = next(self._ids) & proto.MAX_REQUEST_ID
+                self._ignored_replies.add(stop_id)  # nobody waits for it: drop it on arrival
                 try:
                     self._send(
-                        proto.encode_request(
-                            next(self._ids), "stop_replay", {"replay_id": request_id}
-                        )
+                        proto.encode_request(stop_id, "stop_replay", {"replay_id": request_id})
                     )
                 except ConnectorError:
                     pass  # the session is gone; the server's lease ends the replay

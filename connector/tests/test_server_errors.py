@@ -128,3 +128,15 @@ def test_a_failed_publish_leaves_the_session_usable(tmp_path) -> None:
         with pytest.raises(PayloadTooLargeError):
             c.publish(10, [b"a" * 1000] * 5000 + [b"b" * 200_000] + [b"c"] * 10)
         assert c.publish(10, [b"after"]) > 0
+
+
+def test_abandoned_replays_leave_no_state_behind(tmp_path) -> None:
+    with StreamServer(_config(tmp_path)) as srv, client_for(srv.endpoint) as c:
+        c.publish(10, [b"z" * 500] * 5000)
+        rec = c.list_recordings([10])[0]
+        for _ in range(3):
+            blocks = c.replay(rec.recording_id, rec.start_position, rec.recorded_position)
+            next(blocks)
+            blocks.close()  # stop early: the server stops the replay, late data is dropped
+        assert c.latest_positions([10]) == {rec.recording_id: rec.recorded_position}
+        assert not c._replies and not c._outstanding and not c._replay_queues
