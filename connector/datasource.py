@@ -1,0 +1,61 @@
+"""The data source ``aeron``: ``spark.read``/``readStream``/``write``/``writeStream`` ``.format("aeron")``.
+
+Registered automatically through the ``pyspark_aeron`` module once the package is installed;
+``spark.dataSource.register(AeronDataSource)`` works too.
+
+Example::
+
+    df = (spark.readStream.format("aeron")
+          .option("endpoint", "127.0.0.1:40123").option("streamId", 10).load())
+    (df.select("value").writeStream.format("aeron")
+       .option("endpoint", "127.0.0.1:40123").option("streamId", 20).option("sinkId", "copy")
+       .option("checkpointLocation", "/tmp/ckpt").start())
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
+from pyspark.sql.types import StructType
+
+from aeron_spark.connector.formats import BINARY_SCHEMA_DDL, TEXT_SCHEMA_DDL
+from aeron_spark.connector.options import parse_sink_options, parse_source_options
+from aeron_spark.connector.sink import AeronBatchWriter, AeronStreamWriter, check_sink_schema
+from aeron_spark.connector.source import AeronBatchReader, AeronStreamReader
+
+
+class AeronDataSource(DataSource):
+    """Streams recorded by an aeron-spark stream server, as rows; and an exactly-once sink."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "aeron"
+
+    def schema(self) -> str:
+        fmt = str(dict((k.lower(), v) for k, v in self.options.items()).get("format", "binary"))
+        return TEXT_SCHEMA_DDL if fmt.strip().lower() == "text" else BINARY_SCHEMA_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return AeronBatchReader(parse_source_options(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return AeronStreamReader(parse_source_options(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        options = parse_sink_options(self.options)
+        check_sink_schema(schema, options.format)
+        if overwrite:
+            from aeron_spark.errors import ConfigurationError
+
+            raise ConfigurationError("mode", "overwrite", "append (a stream cannot be overwritten)")
+        return AeronBatchWriter(options)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        options = parse_sink_options(self.options)
+        check_sink_schema(schema, options.format)
+        return AeronStreamWriter(options)

@@ -1,0 +1,204 @@
+"""Rows from recorded Aeron frames, and payloads from rows.
+
+A replay block is whole raw DATA frames as recorded (see ``client.ReplayBlock``). Each frame's
+header carries its term id and term offset, so positions come from the frames themselves; a
+fragmented message (BEGIN ... END) becomes one row whose position is its first fragment's.
+
+The ``timestamp`` column is the time the server recorded the message, at the granularity of a
+replay block (the record time of the block's first message).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from aeron_spark.connector.client import ReplayBlock
+from aeron_spark.connector.errors import ControlProtocolError
+from aeron_spark.transport.protocol.logbuffer import wrap_int32
+
+BINARY_SCHEMA_DDL = (
+    "value binary, stream_id int, session_id int, recording_id long, position long, "
+    "timestamp timestamp, reserved_value long"
+)
+TEXT_SCHEMA_DDL = BINARY_SCHEMA_DDL.replace("value binary", "value string", 1)
+
+_HEADER = struct.Struct("<iBBhiiiiq")
+_FLAG_BEGIN = 0x80
+_FLAG_END = 0x40
+_TYPE_PAD = 0x00
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    payload: bytes | memoryview
+    position: int
+    session_id: int
+    stream_id: int
+    reserved_value: int
+    timestamp_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    initial_term_id: int
+    term_length: int
+
+    @property
+    def shift(self) -> int:
+        return self.term_length.bit_length() - 1
+
+
+def iter_messages(blocks: Iterable[ReplayBlock], geometry: Geometry) -> Iterator[Message]:
+    """Messages of consecutive replay blocks, fragments reassembled (also across blocks),
+    positions from the frame headers.
+
+    A range must start and end on message boundaries: a middle or END fragment without its BEGIN,
+    or a BEGIN never closed, raises :class:`ControlProtocolError` instead of dropping data.
+    """
+    partial: bytearray | None = None
+    partial_position = 0
+    initial_term_id, shift = geometry.initial_term_id, geometry.shift
+    unpack = _HEADER.unpack_from
+    for block in blocks:
+        data = memoryview(block.data)
+        ts = block.timestamp_ns
+        partial, partial_position = yield from _block_messages(
+            data, ts, partial, partial_position, initial_term_id, shift, unpack)
+    if partial is not None:
+        raise ControlProtocolError("the replayed range ends inside a fragmented message")
+
+
+def _block_messages(data, ts, partial, partial_position, initial_term_id, shift, unpack):  # type: ignore[no-untyped-def]
+    size = len(data)
+    offset = 0
+    while offset < size:
+        if size - offset < 32:
+            raise ControlProtocolError(f"replay block ends inside a frame header at byte {offset}")
+        length, _v, flags, ftype, term_offset, session_id, stream_id, term_id, rv = unpack(data, offset)
+        if length < 32 or offset + length > size:
+            raise ControlProtocolError(f"replay block holds a bad frame length {length} at byte {offset}")
+        if ftype != _TYPE_PAD:
+            position = (wrap_int32(term_id - initial_term_id) << shift) + term_offset
+            payload = data[offset + 32: offset + length]
+            if flags & (_FLAG_BEGIN | _FLAG_END) == (_FLAG_BEGIN | _FLAG_END):
+                yield Message(payload, position, session_id, stream_id, rv, ts)
+            elif flags & _FLAG_BEGIN:
+                partial = bytearray(payload)
+                partial_position = position
+            elif partial is None:
+                raise ControlProtocolError(
+                    f"the replayed range starts inside a fragmented message (position {position})")
+            else:
+                partial += payload
+                if flags & _FLAG_END:
+                    yield Message(bytes(partial), partial_position, session_id, stream_id, rv, ts)
+                    partial = None
+        offset += (length + 31) & -32
+    return partial, partial_position
+
+
+def arrow_schema(text: bool) -> pa.Schema:
+    """Exactly what Spark's ``to_arrow_schema`` gives for the source's DDL schema."""
+    return pa.schema([
+        pa.field("value", pa.string() if text else pa.binary()),
+        pa.field("stream_id", pa.int32()),
+        pa.field("session_id", pa.int32()),
+        pa.field("recording_id", pa.int64()),
+        pa.field("position", pa.int64()),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("reserved_value", pa.int64()),
+    ])
+
+
+class BatchBuilder:
+    """Accumulates messages of one recording and emits Arrow record batches."""
+
+    def __init__(self, recording_id: int, text: bool, rows_per_batch: int = 65536) -> None:
+        self.recording_id = recording_id
+        self.text = text
+        self.schema = arrow_schema(text)
+        self.rows_per_batch = rows_per_batch
+        self._reset()
+
+    def _reset(self) -> None:
+        self.offsets = [0]
+        self.values: list[bytes | memoryview] = []
+        self.total = 0
+        self.stream_ids: list[int] = []
+        self.session_ids: list[int] = []
+        self.positions: list[int] = []
+        self.timestamps: list[int] = []
+        self.reserved: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def add(self, message: Message) -> None:
+        self.values.append(message.payload)
+        self.total += len(message.payload)
+        self.offsets.append(self.total)
+        self.stream_ids.append(message.stream_id)
+        self.session_ids.append(message.session_id)
+        self.positions.append(message.position)
+        self.timestamps.append(message.timestamp_ns // 1000)
+        self.reserved.append(message.reserved_value)
+
+    def flush(self) -> pa.RecordBatch | None:
+        n = len(self.positions)
+        if n == 0:
+            return None
+        if self.total >= 2**31:
+            raise ControlProtocolError("a batch of messages exceeds 2 GiB; lower rows_per_batch")
+        values = pa.py_buffer(b"".join(self.values))
+        offsets = pa.array(self.offsets, pa.int32()).buffers()[1]
+        value_type = pa.string() if self.text else pa.binary()
+        value_array = pa.Array.from_buffers(value_type, n, [None, offsets, values])
+        if self.text:
+            value_array.validate(full=True)  # invalid UTF-8 fails here, naming the batch
+        batch = pa.RecordBatch.from_arrays([
+            value_array,
+            pa.array(self.stream_ids, pa.int32()),
+            pa.array(self.session_ids, pa.int32()),
+            pa.array([self.recording_id] * n, pa.int64()),
+            pa.array(self.positions, pa.int64()),
+            pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
+            pa.array(self.reserved, pa.int64()),
+        ], schema=self.schema)
+        self._reset()
+        return batch
+
+
+def batches_from_blocks(
+    blocks: Iterable[ReplayBlock], recording_id: int, geometry: Geometry, text: bool,
+    rows_per_batch: int = 65536,
+) -> Iterator[pa.RecordBatch]:
+    builder = BatchBuilder(recording_id, text, rows_per_batch)
+    for message in iter_messages(blocks, geometry):
+        builder.add(message)
+        if len(builder) >= rows_per_batch:
+            batch = builder.flush()
+            if batch is not None:
+                yield batch
+    batch = builder.flush()
+    if batch is not None:
+        yield batch
+
+
+def payloads_from_batch(batch: pa.RecordBatch, fmt: str) -> tuple[list[bytes], list[int] | None]:
+    """Payloads (and reserved values, when a ``reserved_value`` column is given) of a sink batch."""
+    names = batch.schema.names
+    if "value" not in names:
+        raise ControlProtocolError("the sink needs a `value` column")
+    column = batch.column(names.index("value"))
+    if fmt == "text":
+        payloads = [b"" if v is None else v.encode("utf-8") for v in column.to_pylist()]
+    else:
+        payloads = [b"" if v is None else bytes(v) for v in column.to_pylist()]
+    reserved = None
+    if "reserved_value" in names:
+        reserved = [0 if v is None else int(v) for v in batch.column(names.index("reserved_value")).to_pylist()]
+    return payloads, reserved

@@ -1,0 +1,195 @@
+"""Every option of the ``aeron`` data source, parsed and validated in one place.
+
+Spark hands options over as a case-insensitive mapping of strings. :func:`parse_source_options`
+and :func:`parse_sink_options` turn them into frozen dataclasses; anything unknown or malformed
+raises :class:`~aeron_spark.errors.ConfigurationError` naming the option and what it accepts, so a
+bad query fails at ``load()`` / ``save()`` / ``start()``, before any task runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from aeron_spark.connector.client import ClientSettings
+from aeron_spark.errors import ConfigurationError
+
+SOURCE_FORMATS = ("binary", "text")
+SINK_FORMATS = ("binary", "text")
+
+# name (lower case) -> (canonical name, default text, meaning) -- the README's tables come from here.
+SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
+    "endpoint": ("endpoint", "127.0.0.1:40123", "stream server session endpoint host:port"),
+    "streamid": ("streamId", "(required, or streamIds)", "stream to read"),
+    "streamids": ("streamIds", "", "comma-separated stream ids to read together"),
+    "startingpositions": ("startingPositions", "earliest",
+                          "earliest, latest, or JSON {\"recording_id\": position}; recordings not "
+                          "named start at earliest"),
+    "startingtimestamp": ("startingTimestamp", "", "epoch milliseconds: start each recording at its "
+                          "first message recorded at or after this time (overrides startingPositions)"),
+    "endingpositions": ("endingPositions", "latest", "batch reads only: latest, or JSON "
+                        "{\"recording_id\": position}"),
+    "failondataloss": ("failOnDataLoss", "true", "fail when a wanted range was purged; false "
+                       "skips to the first readable position"),
+    "format": ("format", "binary", "binary (value column + metadata) or text (value as string)"),
+    "encryption": ("encryption", "true", "seal the session with AES-GCM (must match the server)"),
+    "keystore": ("keyStore", "~/.aeron-spark/keys", "key store directory of known server keys"),
+    "serverkey": ("serverKey", "", "pin the server's public key (hex)"),
+    "trustonfirstuse": ("trustOnFirstUse", "true", "accept and remember an unknown server key"),
+    "timeoutms": ("timeoutMs", "30000", "bound on connecting and on every wait for the server"),
+}
+
+SINK_OPTIONS: dict[str, tuple[str, str, str]] = {
+    "endpoint": ("endpoint", "127.0.0.1:40123", "stream server session endpoint host:port"),
+    "streamid": ("streamId", "(required)", "stream to append to"),
+    "sinkid": ("sinkId", "(required for streaming)", "stable identity of this sink: the server "
+               "commits each (sinkId, batch) once; keep it across restarts of the query"),
+    "format": ("format", "binary", "binary (a binary `value` column) or text (a string `value` column)"),
+    "encryption": ("encryption", "true", "seal the session with AES-GCM (must match the server)"),
+    "keystore": ("keyStore", "~/.aeron-spark/keys", "key store directory of known server keys"),
+    "serverkey": ("serverKey", "", "pin the server's public key (hex)"),
+    "trustonfirstuse": ("trustOnFirstUse", "true", "accept and remember an unknown server key"),
+    "timeoutms": ("timeoutMs", "30000", "bound on connecting and on every wait for the server"),
+}
+
+StartSpec = Literal["earliest", "latest"] | dict[int, int]
+
+
+def _bool(name: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise ConfigurationError(name, value, "true or false")
+
+
+def _int(name: str, value: str, low: int, high: int) -> int:
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise ConfigurationError(name, value, f"an integer from {low} to {high}") from None
+    if not low <= number <= high:
+        raise ConfigurationError(name, value, f"an integer from {low} to {high}")
+    return number
+
+
+def _positions(name: str, value: str, keywords: tuple[str, ...]) -> StartSpec:
+    text = value.strip()
+    if text.lower() in keywords:
+        return text.lower()  # type: ignore[return-value]
+    expected = " or ".join(keywords) + " or a JSON object {\"recording_id\": position}"
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        raise ConfigurationError(name, value, expected) from None
+    if not isinstance(parsed, dict):
+        raise ConfigurationError(name, value, expected)
+    out: dict[int, int] = {}
+    for key, pos in parsed.items():
+        try:
+            rid = int(key)
+        except ValueError:
+            raise ConfigurationError(name, value, expected + " with integer recording ids") from None
+        if not isinstance(pos, int) or isinstance(pos, bool) or pos < 0:
+            raise ConfigurationError(name, value, expected + " with non-negative integer positions")
+        out[rid] = pos
+    return out
+
+
+# Options Spark itself passes along with the user's (not ours to validate).
+SPARK_OPTIONS = frozenset({"path", "checkpointlocation", "queryname"})
+
+
+def _check_known(options: Mapping[str, str], known: dict[str, tuple[str, str, str]], kind: str) -> dict[str, str]:
+    lowered: dict[str, str] = {}
+    for key, value in options.items():
+        name = str(key).lower()
+        if name in SPARK_OPTIONS:
+            continue
+        if name not in known:
+            names = ", ".join(spec[0] for spec in known.values())
+            raise ConfigurationError(str(key), value, f"a known {kind} option ({names})")
+        lowered[name] = str(value)
+    return lowered
+
+
+def _settings(o: dict[str, str]) -> ClientSettings:
+    timeout_ms = _int("timeoutMs", o.get("timeoutms", "30000"), 1, 3_600_000)
+    return ClientSettings(
+        endpoint=o.get("endpoint", "127.0.0.1:40123").strip(),
+        encryption=_bool("encryption", o.get("encryption", "true")),
+        key_store_dir=o.get("keystore") or None,
+        server_key=o.get("serverkey") or None,
+        trust_on_first_use=_bool("trustOnFirstUse", o.get("trustonfirstuse", "true")),
+        timeout_s=timeout_ms / 1000.0,
+    )
+
+
+def _stream_ids(o: dict[str, str], required: bool = True) -> tuple[int, ...]:
+    ids: list[int] = []
+    if "streamid" in o:
+        ids.append(_int("streamId", o["streamid"], -(2**31), 2**31 - 1))
+    if "streamids" in o:
+        for part in o["streamids"].split(","):
+            if part.strip():
+                ids.append(_int("streamIds", part, -(2**31), 2**31 - 1))
+    if not ids and required:
+        raise ConfigurationError("streamId", None, "a stream id (option streamId or streamIds)")
+    return tuple(sorted(set(ids)))
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    settings: ClientSettings
+    stream_ids: tuple[int, ...]
+    starting: StartSpec = "earliest"
+    starting_timestamp_ms: int | None = None
+    ending: StartSpec = "latest"
+    fail_on_data_loss: bool = True
+    format: str = "binary"
+
+
+@dataclass(frozen=True, slots=True)
+class SinkOptions:
+    settings: ClientSettings
+    stream_id: int
+    sink_id: str | None = None
+    format: str = "binary"
+
+
+def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
+    o = _check_known(options, SOURCE_OPTIONS, "source")
+    if "," in o.get("endpoint", ""):
+        raise ConfigurationError("endpoint", o["endpoint"],
+                                 "one server host:port (several servers per source are not supported yet)")
+    fmt = o.get("format", "binary").strip().lower()
+    if fmt not in SOURCE_FORMATS:
+        raise ConfigurationError("format", fmt, " or ".join(SOURCE_FORMATS))
+    ts = o.get("startingtimestamp")
+    return SourceOptions(
+        settings=_settings(o),
+        stream_ids=_stream_ids(o),
+        starting=_positions("startingPositions", o.get("startingpositions", "earliest"),
+                            ("earliest", "latest")),
+        starting_timestamp_ms=None if ts is None else _int("startingTimestamp", ts, 0, 2**53),
+        ending=_positions("endingPositions", o.get("endingpositions", "latest"), ("latest",)),
+        fail_on_data_loss=_bool("failOnDataLoss", o.get("failondataloss", "true")),
+        format=fmt,
+    )
+
+
+def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
+    o = _check_known(options, SINK_OPTIONS, "sink")
+    ids = _stream_ids(o)
+    if len(ids) != 1:
+        raise ConfigurationError("streamId", ids, "exactly one stream id for a sink")
+    fmt = o.get("format", "binary").strip().lower()
+    if fmt not in SINK_FORMATS:
+        raise ConfigurationError("format", fmt, " or ".join(SINK_FORMATS))
+    sink_id = o.get("sinkid")
+    if sink_id is not None and not sink_id.strip():
+        raise ConfigurationError("sinkId", sink_id, "a non-empty identity")
+    return SinkOptions(settings=_settings(o), stream_id=ids[0], sink_id=sink_id, format=fmt)

@@ -1,0 +1,120 @@
+"""The ``aeron`` sink: exactly-once appends through the stream server's stage/commit protocol.
+
+Each task stages its rows on the server under (sinkId, batch id, partition id, attempt) and
+returns the staging receipt as its commit message; the driver's ``commit`` asks the server to
+append every named part, in partition order, once per (sinkId, batch id). A retried or
+speculative task stages under another attempt that no commit names (garbage-collected by lease),
+and a batch committed twice after a restart is appended once: the server's commit is idempotent.
+
+The streaming batch id reaches the executor through the task-local property
+``streaming.sql.batchId`` that Spark's micro-batch engine sets. A batch write (``df.write``) uses
+an id drawn once on the driver for that write job.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import BinaryType, StringType, StructType
+
+from aeron_spark.connector.client import StreamClient
+from aeron_spark.connector.formats import payloads_from_batch
+from aeron_spark.connector.options import SinkOptions
+from aeron_spark.errors import ConfigurationError
+
+log = logging.getLogger("aeron_spark.connector.sink")
+
+
+def check_sink_schema(schema: StructType, fmt: str) -> None:
+    """Fail before any task runs when the DataFrame does not fit the format."""
+    names = [f.name for f in schema.fields]
+    if "value" not in names:
+        raise ConfigurationError("value", names, "a DataFrame with a `value` column "
+                                 f"({'string' if fmt == 'text' else 'binary'}) to write")
+    value = schema["value"].dataType
+    wanted = StringType() if fmt == "text" else BinaryType()
+    if value != wanted:
+        raise ConfigurationError("value", value.simpleString(),
+                                 f"{wanted.simpleString()} for format={fmt} (cast the column)")
+    if "reserved_value" in names and schema["reserved_value"].dataType.simpleString() not in ("bigint", "int"):
+        raise ConfigurationError("reserved_value", schema["reserved_value"].dataType.simpleString(),
+                                 "bigint or int")
+
+
+@dataclass
+class StagedPart(WriterCommitMessage):
+    receipt: dict = field(default_factory=dict)
+
+
+def _stage(options: SinkOptions, sink_id: str, batch_id: int,
+           iterator: Iterator[pa.RecordBatch]) -> StagedPart:
+    ctx = TaskContext.get()
+    partition_id = ctx.partitionId() if ctx else 0
+    attempt = ctx.attemptNumber() if ctx else 0
+
+    def payloads() -> Iterator[bytes]:
+        for batch in iterator:
+            values, _ = payloads_from_batch(batch, options.format)
+            yield from values
+
+    with StreamClient.connect(options.settings) as client:
+        receipt = client.stage(sink_id, batch_id, partition_id, attempt, options.stream_id, payloads())
+    return StagedPart(receipt)
+
+
+def _receipts(messages: list) -> list[dict]:
+    return [m.receipt for m in messages if isinstance(m, StagedPart) and m.receipt]
+
+
+class AeronStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: SinkOptions) -> None:
+        if not options.sink_id:
+            raise ConfigurationError("sinkId", None, "a stable sink identity for exactly-once "
+                                     "streaming writes (keep it across query restarts)")
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedPart:
+        ctx = TaskContext.get()
+        batch_text = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
+        if batch_text is None:
+            raise RuntimeError("the streaming batch id is not set on this task "
+                               "(property streaming.sql.batchId); cannot stage exactly once")
+        return _stage(self.options, str(self.options.sink_id), int(batch_text), iterator)
+
+    def commit(self, messages: list, batchId: int) -> None:
+        with StreamClient.connect(self.options.settings) as client:
+            result = client.commit(str(self.options.sink_id), batchId, self.options.stream_id,
+                                   _receipts(messages))
+        log.info("aeron sink %s: batch %d committed: %s", self.options.sink_id, batchId, result)
+
+    def abort(self, messages: list, batchId: int) -> None:
+        with StreamClient.connect(self.options.settings) as client:
+            client.abort(str(self.options.sink_id), batchId, _receipts(messages))
+
+
+class AeronBatchWriter(DataSourceArrowWriter):
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+        self.sink_id = options.sink_id or "batch-write"
+        self.batch_id = secrets.randbits(62)  # drawn once on the driver, pickled to the tasks
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedPart:
+        return _stage(self.options, self.sink_id, self.batch_id, iterator)
+
+    def commit(self, messages: list) -> None:
+        with StreamClient.connect(self.options.settings) as client:
+            client.commit(self.sink_id, self.batch_id, self.options.stream_id, _receipts(messages))
+
+    def abort(self, messages: list) -> None:
+        with StreamClient.connect(self.options.settings) as client:
+            client.abort(self.sink_id, self.batch_id, _receipts(messages))
