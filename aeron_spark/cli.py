@@ -123,7 +123,7 @@ def tail_main(argv: Sequence[str]) -> int:
     parser.add_argument("--hex", action="store_true", help="print payloads as hex")
     args = parser.parse_args(argv)
     from aeron_spark.connector.client import StreamClient
-    from aeron_spark.connector.frames import iter_messages
+    from aeron_spark.connector.formats import Geometry, iter_messages
 
     printed = 0
     with StreamClient.connect(_client_settings(args)) as client:
@@ -144,14 +144,15 @@ def tail_main(argv: Sequence[str]) -> int:
                 start, end = positions[rec.recording_id], rec.recorded_position
                 if end <= start:
                     continue
-                for block in client.replay(rec.recording_id, start, end):
-                    for message in iter_messages(block):
-                        payload = bytes(message.payload)
-                        text = payload.hex() if args.hex else payload.decode("utf-8", "replace")
-                        print(f"{rec.recording_id}\t{message.position}\t{text}")
-                        printed += 1
-                        if args.max_messages and printed >= args.max_messages:
-                            return EXIT_OK
+                geometry = Geometry(rec.initial_term_id, rec.term_length)
+                blocks = client.replay(rec.recording_id, start, end)
+                for message in iter_messages(blocks, geometry):
+                    payload = bytes(message.payload)
+                    text = payload.hex() if args.hex else payload.decode("utf-8", "replace")
+                    print(f"{rec.recording_id}\t{message.position}\t{text}")
+                    printed += 1
+                    if args.max_messages and printed >= args.max_messages:
+                        return EXIT_OK
                 positions[rec.recording_id] = end
             first = False
             if not args.follow:

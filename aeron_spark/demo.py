@@ -83,6 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                      .config("spark.sql.shuffle.partitions", "4")
                      .getOrCreate())
             spark.sparkContext.setLogLevel("ERROR")
+            from aeron_spark.connector.datasource import ensure_registered
+
+            ensure_registered(spark)
             try:
                 ticks = (spark.readStream.format("aeron")
                          .option("endpoint", endpoint)

@@ -59,3 +59,15 @@ class AeronDataSource(DataSource):
         options = parse_sink_options(self.options)
         check_sink_schema(schema, options.format)
         return AeronStreamWriter(options)
+
+
+def ensure_registered(spark) -> None:  # type: ignore[no-untyped-def]
+    """Register ``aeron`` on ``spark`` unless Spark's own discovery will find it.
+
+    A regular install is found by Spark (it imports installed ``pyspark_*`` modules); an editable
+    install (``pip install -e``) is invisible to that ``pkgutil``-based lookup, so register it.
+    """
+    import pkgutil
+
+    if not any(m.name == "pyspark_aeron" for m in pkgutil.iter_modules()):
+        spark.dataSource.register(AeronDataSource)

@@ -27,14 +27,9 @@ def spark():  # type: ignore[no-untyped-def]
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    import pkgutil
+    from aeron_spark.connector.datasource import ensure_registered
 
-    if not any(m.name == "pyspark_aeron" for m in pkgutil.iter_modules()):
-        # An editable install (pip install -e) is invisible to Spark's pkgutil-based discovery of
-        # pyspark_* modules; a regular install (as in the README and CI) registers by itself.
-        from aeron_spark.connector.datasource import AeronDataSource
-
-        session.dataSource.register(AeronDataSource)
+    ensure_registered(session)  # a no-op for a regular install (README, CI): Spark finds it itself
     yield session
     session.stop()
 
