@@ -38,7 +38,11 @@ class RecordingRange(InputPartition):
     text: bool
 
 
-def read_range(partition: RecordingRange) -> Iterator[pa.RecordBatch]:
+def read_range(partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    if not isinstance(partition, RecordingRange):
+        # Spark plans one placeholder InputPartition when partitions() returned none (a micro-batch
+        # with no new data, e.g. one run only to move the watermark): it holds no rows.
+        return
     if partition.end <= partition.start:
         return
     geometry = Geometry(partition.initial_term_id, partition.term_length)
@@ -120,7 +124,6 @@ class AeronBatchReader(DataSourceReader):
         return _partitions(o, recordings, start, end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, RecordingRange)
         return read_range(partition)
 
 
@@ -162,7 +165,6 @@ class AeronStreamReader(DataSourceStreamReader):
         return _partitions(self.options, recordings, begin, decode_offset(end))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, RecordingRange)
         started = time.monotonic()
         rows = 0
         for batch in read_range(partition):
