@@ -20,9 +20,7 @@ def test_every_package_folder_is_listed() -> None:
             if "tests" in rel.parts or any(part.startswith(".") for part in rel.parts):
                 continue
             if any(
-                m != name
-                and m.startswith(name + ".")
-                and (ROOT / f).resolve() == init.parent.resolve()
+                m != name and (ROOT / f).resolve() == init.parent.resolve()
                 for m, f in mapping.items()
             ):
                 continue
