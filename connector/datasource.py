@@ -14,6 +14,10 @@ Example::
 
 from __future__ import annotations
 
+from aeron_spark.connector.formats import BINARY_SCHEMA_DDL, TEXT_SCHEMA_DDL
+from aeron_spark.connector.options import parse_sink_options, parse_source_options
+from aeron_spark.connector.sink import AeronBatchWriter, AeronStreamWriter, check_sink_schema
+from aeron_spark.connector.source import AeronBatchReader, AeronStreamReader
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -22,11 +26,6 @@ from pyspark.sql.datasource import (
     DataSourceWriter,
 )
 from pyspark.sql.types import StructType
-
-from aeron_spark.connector.formats import BINARY_SCHEMA_DDL, TEXT_SCHEMA_DDL
-from aeron_spark.connector.options import parse_sink_options, parse_source_options
-from aeron_spark.connector.sink import AeronBatchWriter, AeronStreamWriter, check_sink_schema
-from aeron_spark.connector.source import AeronBatchReader, AeronStreamReader
 
 
 class AeronDataSource(DataSource):

@@ -15,7 +15,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
-
 from aeron_spark.connector.client import ReplayBlock
 from aeron_spark.connector.errors import ControlProtocolError
 from aeron_spark.transport.protocol.logbuffer import wrap_int32
@@ -67,7 +66,8 @@ def iter_messages(blocks: Iterable[ReplayBlock], geometry: Geometry) -> Iterator
         data = memoryview(block.data)
         ts = block.timestamp_ns
         partial, partial_position = yield from _block_messages(
-            data, ts, partial, partial_position, initial_term_id, shift, unpack)
+            data, ts, partial, partial_position, initial_term_id, shift, unpack
+        )
     if partial is not None:
         raise ControlProtocolError("the replayed range ends inside a fragmented message")
 
@@ -78,12 +78,16 @@ def _block_messages(data, ts, partial, partial_position, initial_term_id, shift,
     while offset < size:
         if size - offset < 32:
             raise ControlProtocolError(f"replay block ends inside a frame header at byte {offset}")
-        length, _v, flags, ftype, term_offset, session_id, stream_id, term_id, rv = unpack(data, offset)
+        length, _v, flags, ftype, term_offset, session_id, stream_id, term_id, rv = unpack(
+            data, offset
+        )
         if length < 32 or offset + length > size:
-            raise ControlProtocolError(f"replay block holds a bad frame length {length} at byte {offset}")
+            raise ControlProtocolError(
+                f"replay block holds a bad frame length {length} at byte {offset}"
+            )
         if ftype != _TYPE_PAD:
             position = (wrap_int32(term_id - initial_term_id) << shift) + term_offset
-            payload = data[offset + 32: offset + length]
+            payload = data[offset + 32 : offset + length]
             if flags & (_FLAG_BEGIN | _FLAG_END) == (_FLAG_BEGIN | _FLAG_END):
                 yield Message(payload, position, session_id, stream_id, rv, ts)
             elif flags & _FLAG_BEGIN:
@@ -91,7 +95,8 @@ def _block_messages(data, ts, partial, partial_position, initial_term_id, shift,
                 partial_position = position
             elif partial is None:
                 raise ControlProtocolError(
-                    f"the replayed range starts inside a fragmented message (position {position})")
+                    f"the replayed range starts inside a fragmented message (position {position})"
+                )
             else:
                 partial += payload
                 if flags & _FLAG_END:
@@ -103,15 +108,17 @@ def _block_messages(data, ts, partial, partial_position, initial_term_id, shift,
 
 def arrow_schema(text: bool) -> pa.Schema:
     """Exactly what Spark's ``to_arrow_schema`` gives for the source's DDL schema."""
-    return pa.schema([
-        pa.field("value", pa.string() if text else pa.binary()),
-        pa.field("stream_id", pa.int32()),
-        pa.field("session_id", pa.int32()),
-        pa.field("recording_id", pa.int64()),
-        pa.field("position", pa.int64()),
-        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-        pa.field("reserved_value", pa.int64()),
-    ])
+    return pa.schema(
+        [
+            pa.field("value", pa.string() if text else pa.binary()),
+            pa.field("stream_id", pa.int32()),
+            pa.field("session_id", pa.int32()),
+            pa.field("recording_id", pa.int64()),
+            pa.field("position", pa.int64()),
+            pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+            pa.field("reserved_value", pa.int64()),
+        ]
+    )
 
 
 class BatchBuilder:
@@ -159,21 +166,27 @@ class BatchBuilder:
         value_array = pa.Array.from_buffers(value_type, n, [None, offsets, values])
         if self.text:
             value_array.validate(full=True)  # invalid UTF-8 fails here, naming the batch
-        batch = pa.RecordBatch.from_arrays([
-            value_array,
-            pa.array(self.stream_ids, pa.int32()),
-            pa.array(self.session_ids, pa.int32()),
-            pa.array([self.recording_id] * n, pa.int64()),
-            pa.array(self.positions, pa.int64()),
-            pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
-            pa.array(self.reserved, pa.int64()),
-        ], schema=self.schema)
+        batch = pa.RecordBatch.from_arrays(
+            [
+                value_array,
+                pa.array(self.stream_ids, pa.int32()),
+                pa.array(self.session_ids, pa.int32()),
+                pa.array([self.recording_id] * n, pa.int64()),
+                pa.array(self.positions, pa.int64()),
+                pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
+                pa.array(self.reserved, pa.int64()),
+            ],
+            schema=self.schema,
+        )
         self._reset()
         return batch
 
 
 def batches_from_blocks(
-    blocks: Iterable[ReplayBlock], recording_id: int, geometry: Geometry, text: bool,
+    blocks: Iterable[ReplayBlock],
+    recording_id: int,
+    geometry: Geometry,
+    text: bool,
     rows_per_batch: int = 65536,
 ) -> Iterator[pa.RecordBatch]:
     builder = BatchBuilder(recording_id, text, rows_per_batch)
@@ -200,5 +213,8 @@ def payloads_from_batch(batch: pa.RecordBatch, fmt: str) -> tuple[list[bytes], l
         payloads = [b"" if v is None else bytes(v) for v in column.to_pylist()]
     reserved = None
     if "reserved_value" in names:
-        reserved = [0 if v is None else int(v) for v in batch.column(names.index("reserved_value")).to_pylist()]
+        reserved = [
+            0 if v is None else int(v)
+            for v in batch.column(names.index("reserved_value")).to_pylist()
+        ]
     return payloads, reserved

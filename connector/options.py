@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from aeron_spark.connector.client import ClientSettings
+
 from aeron_spark.errors import ConfigurationError
 
 SOURCE_FORMATS = ("binary", "text")
@@ -24,15 +25,28 @@ SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
     "endpoint": ("endpoint", "127.0.0.1:40123", "stream server session endpoint host:port"),
     "streamid": ("streamId", "(required, or streamIds)", "stream to read"),
     "streamids": ("streamIds", "", "comma-separated stream ids to read together"),
-    "startingpositions": ("startingPositions", "earliest",
-                          "earliest, latest, or JSON {\"recording_id\": position}; recordings not "
-                          "named start at earliest"),
-    "startingtimestamp": ("startingTimestamp", "", "epoch milliseconds: start each recording at its "
-                          "first message recorded at or after this time (overrides startingPositions)"),
-    "endingpositions": ("endingPositions", "latest", "batch reads only: latest, or JSON "
-                        "{\"recording_id\": position}"),
-    "failondataloss": ("failOnDataLoss", "true", "fail when a wanted range was purged; false "
-                       "skips to the first readable position"),
+    "startingpositions": (
+        "startingPositions",
+        "earliest",
+        'earliest, latest, or JSON {"recording_id": position}; recordings not '
+        "named start at earliest",
+    ),
+    "startingtimestamp": (
+        "startingTimestamp",
+        "",
+        "epoch milliseconds: start each recording at its "
+        "first message recorded at or after this time (overrides startingPositions)",
+    ),
+    "endingpositions": (
+        "endingPositions",
+        "latest",
+        'batch reads only: latest, or JSON {"recording_id": position}',
+    ),
+    "failondataloss": (
+        "failOnDataLoss",
+        "true",
+        "fail when a wanted range was purged; false skips to the first readable position",
+    ),
     "format": ("format", "binary", "binary (value column + metadata) or text (value as string)"),
     "encryption": ("encryption", "true", "seal the session with AES-GCM (must match the server)"),
     "keystore": ("keyStore", "~/.aeron-spark/keys", "key store directory of known server keys"),
@@ -44,9 +58,17 @@ SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
 SINK_OPTIONS: dict[str, tuple[str, str, str]] = {
     "endpoint": ("endpoint", "127.0.0.1:40123", "stream server session endpoint host:port"),
     "streamid": ("streamId", "(required)", "stream to append to"),
-    "sinkid": ("sinkId", "(required for streaming)", "stable identity of this sink: the server "
-               "commits each (sinkId, batch) once; keep it across restarts of the query"),
-    "format": ("format", "binary", "binary (a binary `value` column) or text (a string `value` column)"),
+    "sinkid": (
+        "sinkId",
+        "(required for streaming)",
+        "stable identity of this sink: the server "
+        "commits each (sinkId, batch) once; keep it across restarts of the query",
+    ),
+    "format": (
+        "format",
+        "binary",
+        "binary (a binary `value` column) or text (a string `value` column)",
+    ),
     "encryption": ("encryption", "true", "seal the session with AES-GCM (must match the server)"),
     "keystore": ("keyStore", "~/.aeron-spark/keys", "key store directory of known server keys"),
     "serverkey": ("serverKey", "", "pin the server's public key (hex)"),
@@ -80,7 +102,7 @@ def _positions(name: str, value: str, keywords: tuple[str, ...]) -> StartSpec:
     text = value.strip()
     if text.lower() in keywords:
         return text.lower()  # type: ignore[return-value]
-    expected = " or ".join(keywords) + " or a JSON object {\"recording_id\": position}"
+    expected = " or ".join(keywords) + ' or a JSON object {"recording_id": position}'
     try:
         parsed = json.loads(text)
     except ValueError:
@@ -92,7 +114,9 @@ def _positions(name: str, value: str, keywords: tuple[str, ...]) -> StartSpec:
         try:
             rid = int(key)
         except ValueError:
-            raise ConfigurationError(name, value, expected + " with integer recording ids") from None
+            raise ConfigurationError(
+                name, value, expected + " with integer recording ids"
+            ) from None
         if not isinstance(pos, int) or isinstance(pos, bool) or pos < 0:
             raise ConfigurationError(name, value, expected + " with non-negative integer positions")
         out[rid] = pos
@@ -103,7 +127,9 @@ def _positions(name: str, value: str, keywords: tuple[str, ...]) -> StartSpec:
 SPARK_OPTIONS = frozenset({"path", "checkpointlocation", "queryname"})
 
 
-def _check_known(options: Mapping[str, str], known: dict[str, tuple[str, str, str]], kind: str) -> dict[str, str]:
+def _check_known(
+    options: Mapping[str, str], known: dict[str, tuple[str, str, str]], kind: str
+) -> dict[str, str]:
     lowered: dict[str, str] = {}
     for key, value in options.items():
         name = str(key).lower()
@@ -163,8 +189,11 @@ class SinkOptions:
 def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
     o = _check_known(options, SOURCE_OPTIONS, "source")
     if "," in o.get("endpoint", ""):
-        raise ConfigurationError("endpoint", o["endpoint"],
-                                 "one server host:port (several servers per source are not supported yet)")
+        raise ConfigurationError(
+            "endpoint",
+            o["endpoint"],
+            "one server host:port (several servers per source are not supported yet)",
+        )
     fmt = o.get("format", "binary").strip().lower()
     if fmt not in SOURCE_FORMATS:
         raise ConfigurationError("format", fmt, " or ".join(SOURCE_FORMATS))
@@ -172,8 +201,9 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
     return SourceOptions(
         settings=_settings(o),
         stream_ids=_stream_ids(o),
-        starting=_positions("startingPositions", o.get("startingpositions", "earliest"),
-                            ("earliest", "latest")),
+        starting=_positions(
+            "startingPositions", o.get("startingpositions", "earliest"), ("earliest", "latest")
+        ),
         starting_timestamp_ms=None if ts is None else _int("startingTimestamp", ts, 0, 2**53),
         ending=_positions("endingPositions", o.get("endingpositions", "latest"), ("latest",)),
         fail_on_data_loss=_bool("failOnDataLoss", o.get("failondataloss", "true")),

@@ -19,6 +19,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+from aeron_spark.connector.client import StreamClient
+from aeron_spark.connector.formats import payloads_from_batch
+from aeron_spark.connector.options import SinkOptions
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -27,9 +30,6 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, StringType, StructType
 
-from aeron_spark.connector.client import StreamClient
-from aeron_spark.connector.formats import payloads_from_batch
-from aeron_spark.connector.options import SinkOptions
 from aeron_spark.errors import ConfigurationError
 
 log = logging.getLogger("aeron_spark.connector.sink")
@@ -39,16 +39,27 @@ def check_sink_schema(schema: StructType, fmt: str) -> None:
     """Fail before any task runs when the DataFrame does not fit the format."""
     names = [f.name for f in schema.fields]
     if "value" not in names:
-        raise ConfigurationError("value", names, "a DataFrame with a `value` column "
-                                 f"({'string' if fmt == 'text' else 'binary'}) to write")
+        raise ConfigurationError(
+            "value",
+            names,
+            "a DataFrame with a `value` column "
+            f"({'string' if fmt == 'text' else 'binary'}) to write",
+        )
     value = schema["value"].dataType
     wanted = StringType() if fmt == "text" else BinaryType()
     if value != wanted:
-        raise ConfigurationError("value", value.simpleString(),
-                                 f"{wanted.simpleString()} for format={fmt} (cast the column)")
-    if "reserved_value" in names and schema["reserved_value"].dataType.simpleString() not in ("bigint", "int"):
-        raise ConfigurationError("reserved_value", schema["reserved_value"].dataType.simpleString(),
-                                 "bigint or int")
+        raise ConfigurationError(
+            "value",
+            value.simpleString(),
+            f"{wanted.simpleString()} for format={fmt} (cast the column)",
+        )
+    if "reserved_value" in names and schema["reserved_value"].dataType.simpleString() not in (
+        "bigint",
+        "int",
+    ):
+        raise ConfigurationError(
+            "reserved_value", schema["reserved_value"].dataType.simpleString(), "bigint or int"
+        )
 
 
 @dataclass
@@ -56,8 +67,9 @@ class StagedPart(WriterCommitMessage):
     receipt: dict = field(default_factory=dict)
 
 
-def _stage(options: SinkOptions, sink_id: str, batch_id: int,
-           iterator: Iterator[pa.RecordBatch]) -> StagedPart:
+def _stage(
+    options: SinkOptions, sink_id: str, batch_id: int, iterator: Iterator[pa.RecordBatch]
+) -> StagedPart:
     ctx = TaskContext.get()
     partition_id = ctx.partitionId() if ctx else 0
     attempt = ctx.attemptNumber() if ctx else 0
@@ -68,7 +80,9 @@ def _stage(options: SinkOptions, sink_id: str, batch_id: int,
             yield from values
 
     with StreamClient.connect(options.settings) as client:
-        receipt = client.stage(sink_id, batch_id, partition_id, attempt, options.stream_id, payloads())
+        receipt = client.stage(
+            sink_id, batch_id, partition_id, attempt, options.stream_id, payloads()
+        )
     return StagedPart(receipt)
 
 
@@ -79,22 +93,29 @@ def _receipts(messages: list) -> list[dict]:
 class AeronStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: SinkOptions) -> None:
         if not options.sink_id:
-            raise ConfigurationError("sinkId", None, "a stable sink identity for exactly-once "
-                                     "streaming writes (keep it across query restarts)")
+            raise ConfigurationError(
+                "sinkId",
+                None,
+                "a stable sink identity for exactly-once "
+                "streaming writes (keep it across query restarts)",
+            )
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedPart:
         ctx = TaskContext.get()
         batch_text = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
         if batch_text is None:
-            raise RuntimeError("the streaming batch id is not set on this task "
-                               "(property streaming.sql.batchId); cannot stage exactly once")
+            raise RuntimeError(
+                "the streaming batch id is not set on this task "
+                "(property streaming.sql.batchId); cannot stage exactly once"
+            )
         return _stage(self.options, str(self.options.sink_id), int(batch_text), iterator)
 
     def commit(self, messages: list, batchId: int) -> None:
         with StreamClient.connect(self.options.settings) as client:
-            result = client.commit(str(self.options.sink_id), batchId, self.options.stream_id,
-                                   _receipts(messages))
+            result = client.commit(
+                str(self.options.sink_id), batchId, self.options.stream_id, _receipts(messages)
+            )
         log.info("aeron sink %s: batch %d committed: %s", self.options.sink_id, batchId, result)
 
     def abort(self, messages: list, batchId: int) -> None:

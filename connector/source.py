@@ -15,12 +15,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
-
 from aeron_spark.connector.client import ClientSettings, RecordingInfo, StreamClient
 from aeron_spark.connector.errors import PositionOutOfRangeError, PurgedError
 from aeron_spark.connector.formats import Geometry, batches_from_blocks
 from aeron_spark.connector.options import SourceOptions
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
 log = logging.getLogger("aeron_spark.connector.source")
 
@@ -53,13 +52,17 @@ def read_range(partition: InputPartition) -> Iterator[pa.RecordBatch]:
 
 def _recordings(options: SourceOptions) -> dict[int, RecordingInfo]:
     with StreamClient.connect(options.settings) as client:
-        return {r.recording_id: r for r in client.list_recordings(stream_ids=list(options.stream_ids))}
+        return {
+            r.recording_id: r for r in client.list_recordings(stream_ids=list(options.stream_ids))
+        }
 
 
 def _start_position(options: SourceOptions, rec: RecordingInfo, client: StreamClient | None) -> int:
     if options.starting_timestamp_ms is not None and client is not None:
-        return max(rec.purged_position,
-                   client.position_at(rec.recording_id, options.starting_timestamp_ms * 1_000_000))
+        return max(
+            rec.purged_position,
+            client.position_at(rec.recording_id, options.starting_timestamp_ms * 1_000_000),
+        )
     spec = options.starting
     if spec == "latest":
         return rec.recorded_position
@@ -75,14 +78,20 @@ def _check_loss(options: SourceOptions, rec: RecordingInfo, start: int) -> int:
     if options.fail_on_data_loss:
         raise PurgedError(
             f"recording {rec.recording_id}: positions [{start}, {rec.purged_position}) were purged; "
-            "set failOnDataLoss=false to skip them")
-    log.warning("recording %d: skipping purged range [%d, %d)", rec.recording_id, start,
-                rec.purged_position)
+            "set failOnDataLoss=false to skip them"
+        )
+    log.warning(
+        "recording %d: skipping purged range [%d, %d)", rec.recording_id, start, rec.purged_position
+    )
     return rec.purged_position
 
 
-def _partitions(options: SourceOptions, recordings: dict[int, RecordingInfo],
-                start: dict[int, int], end: dict[int, int]) -> list[RecordingRange]:
+def _partitions(
+    options: SourceOptions,
+    recordings: dict[int, RecordingInfo],
+    start: dict[int, int],
+    end: dict[int, int],
+) -> list[RecordingRange]:
     parts = []
     for rid in sorted(end):
         rec = recordings.get(rid)
@@ -90,8 +99,17 @@ def _partitions(options: SourceOptions, recordings: dict[int, RecordingInfo],
             continue
         begin = _check_loss(options, rec, start.get(rid, rec.start_position))
         if end[rid] > begin:
-            parts.append(RecordingRange(options.settings, rid, begin, end[rid], rec.initial_term_id,
-                                        rec.term_length, options.format == "text"))
+            parts.append(
+                RecordingRange(
+                    options.settings,
+                    rid,
+                    begin,
+                    end[rid],
+                    rec.initial_term_id,
+                    rec.term_length,
+                    options.format == "text",
+                )
+            )
     return parts
 
 
@@ -112,13 +130,19 @@ class AeronBatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         o = self.options
         with StreamClient.connect(o.settings) as client:
-            recordings = {r.recording_id: r for r in client.list_recordings(stream_ids=list(o.stream_ids))}
+            recordings = {
+                r.recording_id: r for r in client.list_recordings(stream_ids=list(o.stream_ids))
+            }
             start = {rid: _start_position(o, rec, client) for rid, rec in recordings.items()}
         if isinstance(o.ending, dict):
             unknown = set(o.ending) - set(recordings)
             if unknown:
-                raise PositionOutOfRangeError(f"endingPositions names unknown recordings {sorted(unknown)}")
-            end = {rid: min(pos, recordings[rid].recorded_position) for rid, pos in o.ending.items()}
+                raise PositionOutOfRangeError(
+                    f"endingPositions names unknown recordings {sorted(unknown)}"
+                )
+            end = {
+                rid: min(pos, recordings[rid].recorded_position) for rid, pos in o.ending.items()
+            }
         else:
             end = {rid: rec.recorded_position for rid, rec in recordings.items()}
         return _partitions(o, recordings, start, end)
@@ -138,7 +162,9 @@ class AeronStreamReader(DataSourceStreamReader):
         o = self.options
         with StreamClient.connect(o.settings) as client:
             recordings = client.list_recordings(stream_ids=list(o.stream_ids))
-            return encode_offset({r.recording_id: _start_position(o, r, client) for r in recordings})
+            return encode_offset(
+                {r.recording_id: _start_position(o, r, client) for r in recordings}
+            )
 
     def latestOffset(self, start: dict | None = None, limit: object | None = None) -> dict:
         recordings = _recordings(self.options)
@@ -148,8 +174,12 @@ class AeronStreamReader(DataSourceStreamReader):
             latest[rid] = max(rec.recorded_position, current.get(rid, 0))
         lag = sum(latest[r] - current.get(r, recordings[r].start_position) for r in recordings)
         if lag:
-            log.info("aeron source streams %s: %d recordings, %d bytes behind the latest position",
-                     list(self.options.stream_ids), len(recordings), lag)
+            log.info(
+                "aeron source streams %s: %d recordings, %d bytes behind the latest position",
+                list(self.options.stream_ids),
+                len(recordings),
+                lag,
+            )
         self._latest = latest
         return encode_offset(latest)
 
@@ -170,8 +200,14 @@ class AeronStreamReader(DataSourceStreamReader):
         for batch in read_range(partition):
             rows += batch.num_rows
             yield batch
-        log.debug("recording %d [%d, %d): %d rows in %.3f s", partition.recording_id,
-                  partition.start, partition.end, rows, time.monotonic() - started)
+        log.debug(
+            "recording %d [%d, %d): %d rows in %.3f s",
+            partition.recording_id,
+            partition.start,
+            partition.end,
+            rows,
+            time.monotonic() - started,
+        )
 
     def commit(self, end: dict) -> None:
         """Nothing to release: the server keeps recordings until a retention purge."""

@@ -18,16 +18,17 @@ import sys
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
+from aeron_spark.connector.datasource import ensure_registered  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
-
-from aeron_spark.connector.datasource import ensure_registered  # noqa: E402
 
 SCHEMA = "symbol string, price double, qty long, ts double"
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--master", default="local[2]")
     p.add_argument("--endpoint", default="127.0.0.1:40123")
     p.add_argument("--in-stream-id", type=int, default=10)
@@ -35,25 +36,56 @@ def main() -> int:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--available-now", action="store_true")
     args = p.parse_args()
-    spark = (SparkSession.builder.master(args.master).appName("market-ticks")
-             .config("spark.sql.shuffle.partitions", "4").config("spark.ui.enabled", "false")
-             .getOrCreate())
+    spark = (
+        SparkSession.builder.master(args.master)
+        .appName("market-ticks")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("WARN")
     ensure_registered(spark)
-    ticks = (spark.readStream.format("aeron").option("endpoint", args.endpoint)
-             .option("streamId", args.in_stream_id).load())
-    parsed = (ticks.select(F.from_json(F.col("value").cast("string"), SCHEMA).alias("t"))
-              .select("t.*").withColumn("event_time", F.col("ts").cast("timestamp")))
-    per_minute = (parsed.withWatermark("event_time", "10 seconds")
-                  .groupBy(F.window("event_time", "1 minute"), "symbol")
-                  .agg(F.count("*").alias("ticks"), F.sum("qty").alias("volume"),
-                       F.round(F.avg("price"), 4).alias("avg_price")))
-    out = per_minute.select(F.to_json(F.struct(
-        F.col("window.start").cast("string").alias("minute"), "symbol", "ticks", "volume", "avg_price"
-    )).cast("binary").alias("value"))
-    writer = (out.writeStream.outputMode("append").format("aeron").option("endpoint", args.endpoint)
-              .option("streamId", args.out_stream_id).option("sinkId", f"market-ticks-{args.out_stream_id}")
-              .option("checkpointLocation", args.checkpoint))
+    ticks = (
+        spark.readStream.format("aeron")
+        .option("endpoint", args.endpoint)
+        .option("streamId", args.in_stream_id)
+        .load()
+    )
+    parsed = (
+        ticks.select(F.from_json(F.col("value").cast("string"), SCHEMA).alias("t"))
+        .select("t.*")
+        .withColumn("event_time", F.col("ts").cast("timestamp"))
+    )
+    per_minute = (
+        parsed.withWatermark("event_time", "10 seconds")
+        .groupBy(F.window("event_time", "1 minute"), "symbol")
+        .agg(
+            F.count("*").alias("ticks"),
+            F.sum("qty").alias("volume"),
+            F.round(F.avg("price"), 4).alias("avg_price"),
+        )
+    )
+    out = per_minute.select(
+        F.to_json(
+            F.struct(
+                F.col("window.start").cast("string").alias("minute"),
+                "symbol",
+                "ticks",
+                "volume",
+                "avg_price",
+            )
+        )
+        .cast("binary")
+        .alias("value")
+    )
+    writer = (
+        out.writeStream.outputMode("append")
+        .format("aeron")
+        .option("endpoint", args.endpoint)
+        .option("streamId", args.out_stream_id)
+        .option("sinkId", f"market-ticks-{args.out_stream_id}")
+        .option("checkpointLocation", args.checkpoint)
+    )
     if args.available_now:
         writer = writer.trigger(availableNow=True)
     query = writer.start()
@@ -62,8 +94,12 @@ def main() -> int:
         print(f"query failed: {query.exception()}", file=sys.stderr)
         return 1
     input_rows = sum(p.get("numInputRows", 0) for p in query.recentProgress)
-    back = (spark.read.format("aeron").option("endpoint", args.endpoint)
-            .option("streamId", args.out_stream_id).load())
+    back = (
+        spark.read.format("aeron")
+        .option("endpoint", args.endpoint)
+        .option("streamId", args.out_stream_id)
+        .load()
+    )
     print(json.dumps({"input_rows": input_rows, "output_rows": back.count()}))
     spark.stop()
     return 0

@@ -18,15 +18,21 @@ SYMBOLS = ("AAPL", "MSFT", "NVDA", "AMZN", "GOOG")
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--endpoint", default="127.0.0.1:40123")
     p.add_argument("--stream-id", type=int, default=10)
     p.add_argument("--batches", type=int, default=20, help="publish requests to send")
     p.add_argument("--ticks-per-batch", type=int, default=1000)
     p.add_argument("--interval-s", type=float, default=0.0, help="pause between batches")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--backfill-minutes", type=float, default=0.0,
-                   help="spread the ticks' event times over this many past minutes (0: now)")
+    p.add_argument(
+        "--backfill-minutes",
+        type=float,
+        default=0.0,
+        help="spread the ticks' event times over this many past minutes (0: now)",
+    )
     args = p.parse_args()
     rng = random.Random(args.seed)
     published = 0
@@ -36,9 +42,17 @@ def main() -> int:
         step = args.backfill_minutes * 60 / max(args.batches, 1)
         for batch in range(args.batches):
             now = start + batch * step if args.backfill_minutes else time.time()
-            ticks = [json.dumps({"symbol": rng.choice(SYMBOLS), "price": round(100 + rng.random() * 50, 2),
-                                 "qty": rng.randint(1, 500), "ts": now}).encode()
-                     for _ in range(args.ticks_per_batch)]
+            ticks = [
+                json.dumps(
+                    {
+                        "symbol": rng.choice(SYMBOLS),
+                        "price": round(100 + rng.random() * 50, 2),
+                        "qty": rng.randint(1, 500),
+                        "ts": now,
+                    }
+                ).encode()
+                for _ in range(args.ticks_per_batch)
+            ]
             end = client.publish(args.stream_id, ticks)
             published += len(ticks)
             if args.interval_s:

@@ -15,7 +15,9 @@ from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--messages", type=int, default=10_000)
     p.add_argument("--size", type=int, default=3000, help="bytes per message (> MTU is fragmented)")
     args = p.parse_args()
@@ -39,8 +41,15 @@ def main() -> int:
         while len(received) < args.messages and time.monotonic() < deadline:
             if sub.poll(assembler, 1000) == 0:
                 sub.wait(0.05)
-    print(json.dumps({"sent": args.messages, "received": len(received),
-                      "in_order": received == list(range(args.messages))}))
+    print(
+        json.dumps(
+            {
+                "sent": args.messages,
+                "received": len(received),
+                "in_order": received == list(range(args.messages)),
+            }
+        )
+    )
     return 0 if received == list(range(args.messages)) else 1
 
 

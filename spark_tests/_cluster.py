@@ -34,15 +34,17 @@ def spark_home() -> Path:
 
 def cluster_env(work_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "SPARK_HOME": str(spark_home()),
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "SPARK_LOG_DIR": str(work_dir / "logs"),
-        "SPARK_WORKER_DIR": str(work_dir / "work"),
-        "SPARK_NO_DAEMONIZE": "1",
-    })
+    env.update(
+        {
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_HOME": str(spark_home()),
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "SPARK_LOG_DIR": str(work_dir / "logs"),
+            "SPARK_WORKER_DIR": str(work_dir / "work"),
+            "SPARK_NO_DAEMONIZE": "1",
+        }
+    )
     return env
 
 
@@ -63,32 +65,62 @@ class StandaloneCluster:
     def _spawn(self, name: str, args: list[str]) -> None:
         log = open(self.work_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
         cmd = [str(spark_home() / "bin" / "spark-class"), *args]
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=cluster_env(self.work_dir), start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=cluster_env(self.work_dir),
+            start_new_session=True,
+        )
         log.close()
         self.processes.append(proc)
 
     def start(self, timeout_s: float = 90.0) -> StandaloneCluster:
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                               "--port", str(self.master_port), "--webui-port", str(self.web_port)])
+        self._spawn(
+            "master",
+            [
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.master_port),
+                "--webui-port",
+                str(self.web_port),
+            ],
+        )
         for i in range(self.workers):
-            self._spawn(f"worker-{i}", [
-                "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                "--cores", str(self.worker_cores), "--memory", self.worker_memory,
-                "--webui-port", str(free_port()), self.master_url,
-            ])
+            self._spawn(
+                f"worker-{i}",
+                [
+                    "org.apache.spark.deploy.worker.Worker",
+                    "--host",
+                    "127.0.0.1",
+                    "--cores",
+                    str(self.worker_cores),
+                    "--memory",
+                    self.worker_memory,
+                    "--webui-port",
+                    str(free_port()),
+                    self.master_url,
+                ],
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for proc in self.processes:
                 if proc.poll() is not None:
                     self.stop()
-                    raise RuntimeError(f"a cluster process exited early; see logs in {self.work_dir}")
+                    raise RuntimeError(
+                        f"a cluster process exited early; see logs in {self.work_dir}"
+                    )
             if self.alive_workers() >= self.workers:
                 return self
             time.sleep(0.5)
         self.stop()
-        raise TimeoutError(f"{self.workers} workers did not register within {timeout_s} s; logs in {self.work_dir}")
+        raise TimeoutError(
+            f"{self.workers} workers did not register within {timeout_s} s; logs in {self.work_dir}"
+        )
 
     def alive_workers(self) -> int:
         try:

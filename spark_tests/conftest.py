@@ -38,6 +38,7 @@ def spark():  # type: ignore[no-untyped-def]
 def server(tmp_path: Path) -> Iterator[object]:
     from aeron_spark.connector.server import ServerConfig, StreamServer
 
-    with StreamServer(ServerConfig(directory=str(tmp_path / "server"), port=0,
-                                   term_length=1024 * 1024, mtu=8192)) as srv:
+    with StreamServer(
+        ServerConfig(directory=str(tmp_path / "server"), port=0, term_length=1024 * 1024, mtu=8192)
+    ) as srv:
         yield srv

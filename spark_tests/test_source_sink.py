@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from aeron_spark.connector.client import ClientSettings, StreamClient
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
-from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.errors import ConfigurationError
 
 pytestmark = pytest.mark.spark
@@ -24,16 +24,28 @@ def messages(producer: int, count: int, size: int = 0) -> list[bytes]:
 
 
 def read_stream(spark, endpoint: str, checkpoint: Path, name: str, stream_id: int = 10):  # type: ignore[no-untyped-def]
-    df = spark.readStream.format("aeron").option("endpoint", endpoint).option("streamId", stream_id).load()
-    query = (df.writeStream.format("memory").queryName(name)
-             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    df = (
+        spark.readStream.format("aeron")
+        .option("endpoint", endpoint)
+        .option("streamId", stream_id)
+        .load()
+    )
+    query = (
+        df.writeStream.format("memory")
+        .queryName(name)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
     assert query.awaitTermination(300), "query did not finish"
     assert query.exception() is None
     return spark.sql(f"SELECT * FROM {name}")
 
 
 def test_streaming_read_every_message_once_in_order_per_recording(spark, server, tmp_path):  # type: ignore[no-untyped-def]
-    sent = {p: messages(p, 3000, size=p * 700) for p in range(3)}  # p2: 1400 B > 1 frame at mtu 1408? no; mtu 8192
+    sent = {
+        p: messages(p, 3000, size=p * 700) for p in range(3)
+    }  # p2: 1400 B > 1 frame at mtu 1408? no; mtu 8192
     for p, payloads in sent.items():
         publish(server.endpoint, 10, payloads)
     rows = read_stream(spark, server.endpoint, tmp_path / "ckpt", "all_once").collect()
@@ -55,10 +67,20 @@ def test_restart_from_checkpoint_continues_without_gap_or_duplicate(spark, serve
     out = tmp_path / "out"
 
     def run() -> None:
-        df = spark.readStream.format("aeron").option("endpoint", server.endpoint).option("streamId", 11).load()
-        query = (df.select("value", "recording_id", "position").writeStream.format("parquet")
-                 .option("path", str(out)).option("checkpointLocation", str(tmp_path / "ckpt"))
-                 .trigger(availableNow=True).start())
+        df = (
+            spark.readStream.format("aeron")
+            .option("endpoint", server.endpoint)
+            .option("streamId", 11)
+            .load()
+        )
+        query = (
+            df.select("value", "recording_id", "position")
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
         assert query.awaitTermination(300)
         assert query.exception() is None
 
@@ -70,28 +92,46 @@ def test_restart_from_checkpoint_continues_without_gap_or_duplicate(spark, serve
     rows = spark.read.parquet(str(out)).collect()
     assert len(rows) == 910
     assert len({(r.recording_id, r.position) for r in rows}) == 910
-    assert sorted(bytes(r.value) for r in rows) == sorted(messages(0, 500) + messages(1, 400) + messages(0, 10))
+    assert sorted(bytes(r.value) for r in rows) == sorted(
+        messages(0, 500) + messages(1, 400) + messages(0, 10)
+    )
 
 
 def test_batch_read_of_a_position_range(spark, server):  # type: ignore[no-untyped-def]
     publish(server.endpoint, 12, messages(0, 100))
-    full = spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 12).load()
+    full = (
+        spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 12).load()
+    )
     rows = sorted(full.collect(), key=lambda r: r.position)
     assert [bytes(r.value) for r in rows] == messages(0, 100)
     rid = rows[0].recording_id
     start, end = rows[10].position, rows[20].position
-    part = (spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 12)
-            .option("startingPositions", f'{{"{rid}": {start}}}')
-            .option("endingPositions", f'{{"{rid}": {end}}}').load())
+    part = (
+        spark.read.format("aeron")
+        .option("endpoint", server.endpoint)
+        .option("streamId", 12)
+        .option("startingPositions", f'{{"{rid}": {start}}}')
+        .option("endingPositions", f'{{"{rid}": {end}}}')
+        .load()
+    )
     assert sorted(bytes(r.value) for r in part.collect()) == messages(0, 100)[10:20]
 
 
 def test_text_format(spark, server):  # type: ignore[no-untyped-def]
     publish(server.endpoint, 13, [b"alpha", b"beta"])
-    df = (spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 13)
-          .option("format", "text").load())
-    assert_df_equality(df.select("value"), spark.createDataFrame([("alpha",), ("beta",)], "value string"),
-                       ignore_row_order=True, ignore_nullable=True)
+    df = (
+        spark.read.format("aeron")
+        .option("endpoint", server.endpoint)
+        .option("streamId", 13)
+        .option("format", "text")
+        .load()
+    )
+    assert_df_equality(
+        df.select("value"),
+        spark.createDataFrame([("alpha",), ("beta",)], "value string"),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
 
 
 def test_bad_options_fail_at_load_naming_the_option(spark, server):  # type: ignore[no-untyped-def]
@@ -105,31 +145,63 @@ def test_bad_options_fail_at_load_naming_the_option(spark, server):  # type: ign
 
 
 def test_batch_write_then_read_back_exactly(spark, server):  # type: ignore[no-untyped-def]
-    df = spark.createDataFrame([(f"row-{i}".encode(),) for i in range(1000)], "value binary").repartition(3)
-    (df.write.format("aeron").option("endpoint", server.endpoint).option("streamId", 20)
-     .option("sinkId", "batch-test").mode("append").save())
-    back = spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 20).load()
-    assert sorted(bytes(r.value) for r in back.collect()) == sorted(f"row-{i}".encode() for i in range(1000))
+    df = spark.createDataFrame(
+        [(f"row-{i}".encode(),) for i in range(1000)], "value binary"
+    ).repartition(3)
+    (
+        df.write.format("aeron")
+        .option("endpoint", server.endpoint)
+        .option("streamId", 20)
+        .option("sinkId", "batch-test")
+        .mode("append")
+        .save()
+    )
+    back = (
+        spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 20).load()
+    )
+    assert sorted(bytes(r.value) for r in back.collect()) == sorted(
+        f"row-{i}".encode() for i in range(1000)
+    )
 
 
 def test_sink_schema_that_does_not_fit_fails_naming_the_column(spark, server):  # type: ignore[no-untyped-def]
     df = spark.createDataFrame([(1,)], "payload int")
     with pytest.raises(Exception, match="value"):
-        (df.write.format("aeron").option("endpoint", server.endpoint).option("streamId", 20)
-         .mode("append").save())
+        (
+            df.write.format("aeron")
+            .option("endpoint", server.endpoint)
+            .option("streamId", 20)
+            .mode("append")
+            .save()
+        )
 
 
 def test_streaming_write_exactly_once_into_a_stream(spark, server, tmp_path):  # type: ignore[no-untyped-def]
     publish(server.endpoint, 30, messages(0, 2000))
-    src = spark.readStream.format("aeron").option("endpoint", server.endpoint).option("streamId", 30).load()
+    src = (
+        spark.readStream.format("aeron")
+        .option("endpoint", server.endpoint)
+        .option("streamId", 30)
+        .load()
+    )
     out = src.select(F.concat(F.col("value"), F.lit(b"!")).alias("value"))
-    query = (out.writeStream.format("aeron").option("endpoint", server.endpoint).option("streamId", 31)
-             .option("sinkId", "copy-30-31").option("checkpointLocation", str(tmp_path / "ck"))
-             .trigger(availableNow=True).start())
+    query = (
+        out.writeStream.format("aeron")
+        .option("endpoint", server.endpoint)
+        .option("streamId", 31)
+        .option("sinkId", "copy-30-31")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
     assert query.awaitTermination(300)
     assert query.exception() is None
-    back = spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 31).load()
-    assert sorted(bytes(r.value) for r in back.collect()) == sorted(m + b"!" for m in messages(0, 2000))
+    back = (
+        spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 31).load()
+    )
+    assert sorted(bytes(r.value) for r in back.collect()) == sorted(
+        m + b"!" for m in messages(0, 2000)
+    )
 
 
 def test_options_module_rejects_unknown_names() -> None:

@@ -41,15 +41,26 @@ def _client_settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def _add_client_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--endpoint", default="127.0.0.1:40123",
-                        help="stream server handshake endpoint host:port (default %(default)s)")
+    parser.add_argument(
+        "--endpoint",
+        default="127.0.0.1:40123",
+        help="stream server handshake endpoint host:port (default %(default)s)",
+    )
     parser.add_argument("--stream-id", type=int, default=10, help="stream id (default %(default)s)")
-    parser.add_argument("--no-encryption", action="store_true",
-                        help="do not seal the session (only for trusted networks)")
-    parser.add_argument("--key-store", default=None,
-                        help="key store directory (default ~/.aeron-spark/keys)")
-    parser.add_argument("--timeout-s", type=float, default=30.0,
-                        help="connect and request timeout in seconds (default %(default)s)")
+    parser.add_argument(
+        "--no-encryption",
+        action="store_true",
+        help="do not seal the session (only for trusted networks)",
+    )
+    parser.add_argument(
+        "--key-store", default=None, help="key store directory (default ~/.aeron-spark/keys)"
+    )
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=30.0,
+        help="connect and request timeout in seconds (default %(default)s)",
+    )
 
 
 def _read_payloads(stream: TextIO, binary: bool) -> Iterator[bytes]:
@@ -68,11 +79,15 @@ def publish_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="aeron-spark publish",
         description="Publish messages into a stream of a running stream server: one message per "
-                    "line of the input files (or standard input), recorded as one recording.")
+        "line of the input files (or standard input), recorded as one recording.",
+    )
     _add_client_args(parser)
     parser.add_argument("files", nargs="*", help="input files (default: standard input)")
-    parser.add_argument("--whole-file", action="store_true",
-                        help="send each file as one message instead of one message per line")
+    parser.add_argument(
+        "--whole-file",
+        action="store_true",
+        help="send each file as one message instead of one message per line",
+    )
     parser.add_argument("--progress", action="store_true", help="print progress to stderr")
     args = parser.parse_args(argv)
     from aeron_spark.connector.client import StreamClient
@@ -110,16 +125,27 @@ def tail_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="aeron-spark tail",
         description="Print the messages of a stream from a running stream server, one line each "
-                    "(recording id, position, payload as UTF-8 or hex).")
+        "(recording id, position, payload as UTF-8 or hex).",
+    )
     _add_client_args(parser)
-    parser.add_argument("--from", dest="start", default="earliest",
-                        help="earliest, latest, or a JSON object {recording_id: position}")
-    parser.add_argument("--max-messages", type=int, default=0,
-                        help="stop after this many messages (0 = no limit)")
-    parser.add_argument("--follow", action="store_true",
-                        help="keep polling for new messages until interrupted")
-    parser.add_argument("--poll-interval-s", type=float, default=0.5,
-                        help="seconds between polls with --follow (default %(default)s)")
+    parser.add_argument(
+        "--from",
+        dest="start",
+        default="earliest",
+        help="earliest, latest, or a JSON object {recording_id: position}",
+    )
+    parser.add_argument(
+        "--max-messages", type=int, default=0, help="stop after this many messages (0 = no limit)"
+    )
+    parser.add_argument(
+        "--follow", action="store_true", help="keep polling for new messages until interrupted"
+    )
+    parser.add_argument(
+        "--poll-interval-s",
+        type=float,
+        default=0.5,
+        help="seconds between polls with --follow (default %(default)s)",
+    )
     parser.add_argument("--hex", action="store_true", help="print payloads as hex")
     args = parser.parse_args(argv)
     from aeron_spark.connector.client import StreamClient
@@ -132,14 +158,19 @@ def tail_main(argv: Sequence[str]) -> int:
             try:
                 positions = {int(k): int(v) for k, v in json.loads(args.start).items()}
             except (ValueError, AttributeError) as exc:
-                raise ConfigurationError("--from", args.start,
-                                         "earliest, latest or a JSON object {recording_id: position}") from exc
+                raise ConfigurationError(
+                    "--from",
+                    args.start,
+                    "earliest, latest or a JSON object {recording_id: position}",
+                ) from exc
         first = True
         while True:
             for rec in client.list_recordings(stream_ids=[args.stream_id]):
                 if rec.recording_id not in positions:
                     positions[rec.recording_id] = (
-                        rec.recorded_position if (args.start == "latest" and first) else rec.purged_position
+                        rec.recorded_position
+                        if (args.start == "latest" and first)
+                        else rec.purged_position
                     )
                 start, end = positions[rec.recording_id], rec.recorded_position
                 if end <= start:

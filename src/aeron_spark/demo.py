@@ -30,23 +30,32 @@ def make_ticks(producer: int, count: int, seed: int) -> list[bytes]:
     out = []
     for i in range(count):
         symbol = rng.choice(SYMBOLS)
-        out.append(json.dumps({
-            "symbol": symbol,
-            "price": round(100 + rng.random() * 50, 2),
-            "qty": rng.randint(1, 500),
-            "producer": producer,
-            "seq": i,
-            "ts": base + i * 0.001,
-        }).encode())
+        out.append(
+            json.dumps(
+                {
+                    "symbol": symbol,
+                    "price": round(100 + rng.random() * 50, 2),
+                    "qty": rng.randint(1, 500),
+                    "producer": producer,
+                    "seq": i,
+                    "ts": base + i * 0.001,
+                }
+            ).encode()
+        )
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="aeron-spark demo",
-        description="Quickstart: embedded stream server + producers + a local Spark streaming query.")
-    parser.add_argument("--producers", type=int, default=3, help="publishing sessions (default %(default)s)")
-    parser.add_argument("--ticks", type=int, default=20_000, help="ticks per producer (default %(default)s)")
+        description="Quickstart: embedded stream server + producers + a local Spark streaming query.",
+    )
+    parser.add_argument(
+        "--producers", type=int, default=3, help="publishing sessions (default %(default)s)"
+    )
+    parser.add_argument(
+        "--ticks", type=int, default=20_000, help="ticks per producer (default %(default)s)"
+    )
     parser.add_argument("--master", default="local[2]", help="Spark master (default %(default)s)")
     parser.add_argument("--seed", type=int, default=7, help="random seed (default %(default)s)")
     parser.add_argument("--dir", default=None, help="server directory (default: a temporary one)")
@@ -78,32 +87,45 @@ def main(argv: Sequence[str] | None = None) -> int:
             from pyspark.sql import SparkSession
             from pyspark.sql import functions as F
 
-            spark = (SparkSession.builder.master(args.master).appName("aeron-spark-demo")
-                     .config("spark.ui.enabled", "false")
-                     .config("spark.sql.shuffle.partitions", "4")
-                     .getOrCreate())
+            spark = (
+                SparkSession.builder.master(args.master)
+                .appName("aeron-spark-demo")
+                .config("spark.ui.enabled", "false")
+                .config("spark.sql.shuffle.partitions", "4")
+                .getOrCreate()
+            )
             spark.sparkContext.setLogLevel("ERROR")
             from aeron_spark.connector.datasource import ensure_registered
 
             ensure_registered(spark)
             try:
-                ticks = (spark.readStream.format("aeron")
-                         .option("endpoint", endpoint)
-                         .option("streamId", 10)
-                         .option("startingPositions", "earliest")
-                         .load())
+                ticks = (
+                    spark.readStream.format("aeron")
+                    .option("endpoint", endpoint)
+                    .option("streamId", 10)
+                    .option("startingPositions", "earliest")
+                    .load()
+                )
                 schema = "symbol string, price double, qty long, producer int, seq long, ts double"
                 parsed = ticks.select(
                     F.from_json(F.col("value").cast("string"), schema).alias("t"),
-                    "recording_id", "position")
-                summary = (parsed.groupBy("t.symbol")
-                           .agg(F.count("*").alias("ticks"),
-                                F.round(F.avg("t.price"), 2).alias("avg_price"),
-                                F.sum("t.qty").alias("volume")))
+                    "recording_id",
+                    "position",
+                )
+                summary = parsed.groupBy("t.symbol").agg(
+                    F.count("*").alias("ticks"),
+                    F.round(F.avg("t.price"), 2).alias("avg_price"),
+                    F.sum("t.qty").alias("volume"),
+                )
                 checkpoint = os.path.join(tmp, "checkpoint")
-                query = (summary.writeStream.outputMode("complete").format("memory")
-                         .queryName("ticks_by_symbol").option("checkpointLocation", checkpoint)
-                         .trigger(availableNow=True).start())
+                query = (
+                    summary.writeStream.outputMode("complete")
+                    .format("memory")
+                    .queryName("ticks_by_symbol")
+                    .option("checkpointLocation", checkpoint)
+                    .trigger(availableNow=True)
+                    .start()
+                )
                 query.awaitTermination(600)
                 if query.exception() is not None:
                     raise RuntimeError(f"streaming query failed: {query.exception()}")
@@ -112,24 +134,46 @@ def main(argv: Sequence[str] | None = None) -> int:
                 counted = sum(row["ticks"] for row in result.collect())
 
                 print("[4/5] writing the summary back through the exactly-once sink (stream 20)")
-                (result.withColumn("value", F.to_json(F.struct("symbol", "ticks", "avg_price", "volume"))
-                                   .cast("binary"))
-                 .select("value")
-                 .write.format("aeron").option("endpoint", endpoint).option("streamId", 20)
-                 .option("sinkId", "demo-summary").mode("append").save())
+                (
+                    result.withColumn(
+                        "value",
+                        F.to_json(F.struct("symbol", "ticks", "avg_price", "volume")).cast(
+                            "binary"
+                        ),
+                    )
+                    .select("value")
+                    .write.format("aeron")
+                    .option("endpoint", endpoint)
+                    .option("streamId", 20)
+                    .option("sinkId", "demo-summary")
+                    .mode("append")
+                    .save()
+                )
 
                 print("[5/5] reading stream 20 back with a batch read")
-                back = (spark.read.format("aeron").option("endpoint", endpoint)
-                        .option("streamId", 20).load()
-                        .select(F.col("value").cast("string").alias("value"), "position"))
+                back = (
+                    spark.read.format("aeron")
+                    .option("endpoint", endpoint)
+                    .option("streamId", 20)
+                    .load()
+                    .select(F.col("value").cast("string").alias("value"), "position")
+                )
                 back.show(truncate=False)
                 written_back = back.count()
             finally:
                 spark.stop()
 
     ok = counted == published and written_back == len(SYMBOLS)
-    print(json.dumps({"published": published, "counted_once": counted,
-                      "summary_rows_written_back": written_back, "ok": ok}))
+    print(
+        json.dumps(
+            {
+                "published": published,
+                "counted_once": counted,
+                "summary_rows_written_back": written_back,
+                "ok": ok,
+            }
+        )
+    )
     return 0 if ok else 1
 
 
