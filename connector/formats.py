@@ -14,6 +14,7 @@ import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 from aeron_spark.connector.client import ReplayBlock
 from aeron_spark.connector.errors import ControlProtocolError
@@ -182,6 +183,62 @@ class BatchBuilder:
         return batch
 
 
+_HEADER_DTYPE = np.dtype([
+    ("length", "<i4"), ("version", "u1"), ("flags", "u1"), ("type", "<i2"), ("term_offset", "<i4"),
+    ("session_id", "<i4"), ("stream_id", "<i4"), ("term_id", "<i4"), ("reserved_value", "<i8"),
+])
+
+
+def _uniform_block_batch(
+    block: ReplayBlock, recording_id: int, geometry: Geometry, text: bool, schema: pa.Schema
+) -> pa.RecordBatch | None:
+    """Fast path for a block of equal-length unfragmented DATA frames (fixed-size records):
+    every column is computed with numpy, no Python object per message. Returns None when the
+    block is not of that shape (the general path then handles it)."""
+    data = np.frombuffer(block.data, dtype=np.uint8)
+    if len(data) < 32:
+        return None
+    length = int(data[:4].view("<i4")[0])
+    aligned = (length + 31) & -32
+    if length < 32 or len(data) % aligned:
+        return None
+    rows = data.reshape(-1, aligned)
+    header = np.ascontiguousarray(rows[:, :32]).view(_HEADER_DTYPE).ravel()
+    if not (
+        (header["length"] == length).all()
+        and (header["flags"] == 0xC0).all()
+        and (header["type"] == 1).all()
+    ):
+        return None
+    n = len(rows)
+    payload_length = length - 32
+    values = np.ascontiguousarray(rows[:, 32:length]).ravel()
+    offsets = np.arange(0, (n + 1) * payload_length, payload_length, dtype=np.int32)
+    term_delta = header["term_id"].astype(np.int64) - geometry.initial_term_id
+    term_delta = ((term_delta + 2**31) % 2**32) - 2**31
+    positions = (term_delta << geometry.shift) + header["term_offset"]
+    value_type = pa.string() if text else pa.binary()
+    value_array = pa.Array.from_buffers(
+        value_type, n, [None, pa.py_buffer(offsets), pa.py_buffer(values)]
+    )
+    if text:
+        value_array.validate(full=True)
+    return pa.RecordBatch.from_arrays(
+        [
+            value_array,
+            pa.array(header["stream_id"], pa.int32()),
+            pa.array(header["session_id"], pa.int32()),
+            pa.array(np.full(n, recording_id, dtype=np.int64), pa.int64()),
+            pa.array(positions, pa.int64()),
+            pa.array(np.full(n, block.timestamp_ns // 1000, dtype=np.int64), pa.int64()).cast(
+                pa.timestamp("us", tz="UTC")
+            ),
+            pa.array(header["reserved_value"], pa.int64()),
+        ],
+        schema=schema,
+    )
+
+
 def batches_from_blocks(
     blocks: Iterable[ReplayBlock],
     recording_id: int,
@@ -189,13 +246,41 @@ def batches_from_blocks(
     text: bool,
     rows_per_batch: int = 65536,
 ) -> Iterator[pa.RecordBatch]:
+    """Arrow batches of the messages of consecutive replay blocks, in order.
+
+    Blocks of fixed-size unfragmented messages take a vectorised path; anything else (fragments,
+    mixed sizes) goes message by message. A fragmented message may span blocks.
+    """
     builder = BatchBuilder(recording_id, text, rows_per_batch)
-    for message in iter_messages(blocks, geometry):
-        builder.add(message)
-        if len(builder) >= rows_per_batch:
-            batch = builder.flush()
-            if batch is not None:
-                yield batch
+    partial: bytearray | None = None
+    partial_position = 0
+    unpack = _HEADER.unpack_from
+    for block in blocks:
+        if partial is None:
+            fast = _uniform_block_batch(block, recording_id, geometry, text, builder.schema)
+            if fast is not None:
+                pending = builder.flush()
+                if pending is not None:
+                    yield pending
+                yield fast
+                continue
+        messages = _block_messages(
+            memoryview(block.data), block.timestamp_ns, partial, partial_position,
+            geometry.initial_term_id, geometry.shift, unpack,
+        )
+        while True:
+            try:
+                message = next(messages)
+            except StopIteration as stop:
+                partial, partial_position = stop.value
+                break
+            builder.add(message)
+            if len(builder) >= rows_per_batch:
+                batch = builder.flush()
+                if batch is not None:
+                    yield batch
+    if partial is not None:
+        raise ControlProtocolError("the replayed range ends inside a fragmented message")
     batch = builder.flush()
     if batch is not None:
         yield batch

@@ -1,0 +1,142 @@
+"""Rows/s of the aeron source into a ``noop`` sink on local[2], side by side in one run with
+(a) a trivial Python data source yielding the same rows from memory as Arrow batches (the ceiling
+of Spark's Python path) and (b) Spark's built-in rate source (``rate-micro-batch``).
+
+    python -m benchmarks.source [--rows 1000000]
+
+Prints one JSON object. Each figure is the best of ``--repeats`` timed runs after a warm-up run.
+Formats and measurements not available yet are reported as null with a reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+import pyarrow as pa  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition  # noqa: E402
+
+from aeron_spark.connector.formats import BINARY_SCHEMA_DDL, arrow_schema  # noqa: E402
+
+MESSAGE_LENGTH = 116
+
+
+class _Slice(InputPartition):
+    def __init__(self, index: int, rows: int) -> None:
+        self.index = index
+        self.rows = rows
+
+
+class CeilingReader(DataSourceReader):
+    def __init__(self, rows: int, partitions: int) -> None:
+        self.rows = rows
+        self.parts = partitions
+
+    def partitions(self):  # type: ignore[no-untyped-def]
+        per = self.rows // self.parts
+        return [_Slice(i, per) for i in range(self.parts)]
+
+    def read(self, partition):  # type: ignore[no-untyped-def]
+        batch_rows = 65536
+        schema = arrow_schema(False)
+        value = pa.array([bytes(MESSAGE_LENGTH)] * batch_rows, pa.binary())
+        ints = pa.array([1] * batch_rows, pa.int32())
+        longs = pa.array(range(batch_rows), pa.int64())
+        ts = pa.array([0] * batch_rows, pa.timestamp("us", tz="UTC"))
+        full = pa.RecordBatch.from_arrays([value, ints, ints, longs, longs, ts, longs], schema=schema)
+        left = partition.rows
+        while left > 0:
+            n = min(left, batch_rows)
+            yield full.slice(0, n)
+            left -= n
+
+
+class CeilingSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "ceiling"
+
+    def schema(self) -> str:
+        return BINARY_SCHEMA_DDL
+
+    def reader(self, schema):  # type: ignore[no-untyped-def]
+        return CeilingReader(int(self.options["rows"]), int(self.options.get("partitions", "2")))
+
+
+def best_rate(run, rows: int, repeats: int) -> float:  # type: ignore[no-untyped-def]
+    run()  # warm-up: worker start, imports
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - started)
+    return rows / best
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--producers", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=2)
+    args = p.parse_args()
+    from aeron_spark.connector.client import ClientSettings, StreamClient
+    from aeron_spark.connector.datasource import ensure_registered
+    from aeron_spark.connector.server import ServerConfig, StreamServer
+
+    spark = (SparkSession.builder.master("local[2]").appName("bench-source")
+             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    ensure_registered(spark)
+    spark.dataSource.register(CeilingSource)
+    result: dict[str, object] = {"rows": args.rows, "message_length": MESSAGE_LENGTH, "master": "local[2]"}
+    with tempfile.TemporaryDirectory() as tmp, \
+            StreamServer(ServerConfig(directory=os.path.join(tmp, "s"), port=0)) as server:
+        per = args.rows // args.producers
+        payload = bytes(MESSAGE_LENGTH)
+        for _ in range(args.producers):
+            with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
+                client.publish(10, (payload for _ in range(per)))
+        rows = per * args.producers
+
+        def aeron_binary() -> None:
+            (spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 10)
+             .load().write.format("noop").mode("overwrite").save())
+
+        def ceiling() -> None:
+            (spark.read.format("ceiling").option("rows", rows).option("partitions", args.producers)
+             .load().write.format("noop").mode("overwrite").save())
+
+        def rate() -> None:
+            ckpt = tempfile.mkdtemp(dir=tmp)
+            q = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows)
+                 .option("numPartitions", 2).load().writeStream.format("noop")
+                 .option("checkpointLocation", ckpt).trigger(once=True).start())
+            q.awaitTermination()
+
+        result["ceiling_rows_per_s"] = round(best_rate(ceiling, rows, args.repeats))
+        result["rate_rows_per_s"] = round(best_rate(rate, rows, args.repeats))
+        result["binary_rows_per_s"] = round(best_rate(aeron_binary, rows, args.repeats))
+    result["binary_to_ceiling_ratio"] = round(result["binary_rows_per_s"] / result["ceiling_rows_per_s"], 3)  # type: ignore[operator]
+    result["arrow_rows_per_s"] = None
+    result["arrow_to_ceiling_ratio"] = None
+    result["latency_p50_ms"] = None
+    result["empty_batch_ms"] = None
+    result["latency_p50_to_empty_batch_ratio"] = None
+    result["not_measured"] = "arrow format and end-to-end latency are not implemented yet (issue 6)"
+    result["mode"] = "batch reads into noop (same read path as a micro-batch); rate via Trigger.Once"
+    spark.stop()
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
