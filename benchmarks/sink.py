@@ -1,0 +1,125 @@
+"""Rows/s from Spark's rate source into the aeron sink on local[2], 116-byte rows, side by side in
+one run with the same query into ``noop`` and into a trivial Python Arrow sink (the ceiling of
+Spark's Python write path).
+
+    python -m benchmarks.sink [--rows 1000000]
+
+Each figure is the best of ``--repeats`` runs of one micro-batch (``rate-micro-batch`` with
+``rowsPerBatch`` = rows, ``Trigger.Once``) after a warm-up run. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql.datasource import (  # noqa: E402
+    DataSource,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+
+ROW_LENGTH = 116
+
+
+class _Count(WriterCommitMessage):
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+
+class CeilingWriter(DataSourceStreamArrowWriter):
+    def write(self, iterator):  # type: ignore[no-untyped-def]
+        rows = 0
+        for batch in iterator:
+            column = batch.column(0)
+            rows += len(column)
+        return _Count(rows)
+
+    def commit(self, messages, batchId):  # type: ignore[no-untyped-def]
+        pass
+
+    def abort(self, messages, batchId):  # type: ignore[no-untyped-def]
+        pass
+
+
+class CeilingSink(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "ceiling_sink"
+
+    def streamWriter(self, schema, overwrite):  # type: ignore[no-untyped-def]
+        return CeilingWriter()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--repeats", type=int, default=2)
+    args = p.parse_args()
+    from aeron_spark.connector.client import ClientSettings, StreamClient
+    from aeron_spark.connector.datasource import ensure_registered
+    from aeron_spark.connector.server import ServerConfig, StreamServer
+
+    spark = (SparkSession.builder.master("local[2]").appName("bench-sink")
+             .config("spark.ui.enabled", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    ensure_registered(spark)
+    spark.dataSource.register(CeilingSink)
+    result: dict[str, object] = {"rows": args.rows, "row_length": ROW_LENGTH, "master": "local[2]"}
+    with tempfile.TemporaryDirectory() as tmp, \
+            StreamServer(ServerConfig(directory=os.path.join(tmp, "s"), port=0)) as server:
+        runs = 0
+
+        def run(fmt: str, **options: str) -> None:
+            nonlocal runs
+            runs += 1
+            df = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", args.rows)
+                  .option("numPartitions", 2).load()
+                  .selectExpr(f"cast(rpad(cast(value as string), {ROW_LENGTH}, 'x') as binary) as value"))
+            writer = df.writeStream.format(fmt).option("checkpointLocation", os.path.join(tmp, f"ck{runs}"))
+            for key, value in options.items():
+                writer = writer.option(key, value)
+            if fmt == "aeron":  # a new checkpoint is a new query: give it its own sink identity
+                writer = writer.option("sinkId", f"bench-{runs}")
+            q = writer.trigger(once=True).start()
+            q.awaitTermination()
+            if q.exception() is not None:
+                raise RuntimeError(str(q.exception()))
+
+        def best(fmt: str, **options: str) -> float:
+            run(fmt, **options)
+            fastest = float("inf")
+            for _ in range(args.repeats):
+                started = time.perf_counter()
+                run(fmt, **options)
+                fastest = min(fastest, time.perf_counter() - started)
+            return args.rows / fastest
+
+        result["noop_rows_per_s"] = round(best("noop"))
+        result["ceiling_rows_per_s"] = round(best("ceiling_sink"))
+        result["binary_rows_per_s"] = round(best("aeron", endpoint=server.endpoint, streamId="20"))
+        with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
+            written = sum(r.recorded_position for r in client.list_recordings(stream_ids=[20]))
+        result["binary_bytes_committed"] = written
+        expected = (args.repeats + 1) * args.rows * (ROW_LENGTH + 32 + 12)  # aligned to 160 B frames
+        if not expected <= written <= expected + 4096 * (args.repeats + 1):  # + per-commit framing
+            raise RuntimeError(f"the sink committed {written} bytes, expected {expected}")
+    result["binary_to_ceiling_ratio"] = round(result["binary_rows_per_s"] / result["ceiling_rows_per_s"], 3)  # type: ignore[operator]
+    result["arrow_rows_per_s"] = None
+    result["arrow_to_ceiling_ratio"] = None
+    result["not_measured"] = "the arrow payload format is not implemented yet (issue 7)"
+    spark.stop()
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
