@@ -116,6 +116,15 @@ class AeronStreamWriter(DataSourceStreamArrowWriter):
             result = client.commit(
                 str(self.options.sink_id), batchId, self.options.stream_id, _receipts(messages)
             )
+        staged = sum(int(r.get("count", 0)) for r in _receipts(messages))
+        if "count" in result and int(result["count"]) != staged:
+            # The server already holds a commit of this (sinkId, batch) from an earlier run: the
+            # usual cause is a query restarted with a new checkpoint but the same sinkId.
+            log.warning(
+                "aeron sink %s: batch %d was already committed earlier with %s rows; the %d rows "
+                "staged now were not appended (new checkpoint with an old sinkId?)",
+                self.options.sink_id, batchId, result["count"], staged,
+            )
         log.info("aeron sink %s: batch %d committed: %s", self.options.sink_id, batchId, result)
 
     def abort(self, messages: list, batchId: int) -> None:
