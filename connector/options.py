@@ -184,6 +184,20 @@ class SinkOptions:
     stream_id: int
     sink_id: str | None = None
     format: str = "binary"
+    checkpoint_location: str | None = None
+
+    @property
+    def commit_identity(self) -> str | None:
+        """The identity the server commits batches under: ``sinkId``, scoped to the query's
+        checkpoint when Spark passes it, so a new checkpoint (a new query whose batch ids start
+        again at 0) never collides with the batches of an earlier one under the same sinkId,
+        while a restart from the same checkpoint keeps its identity (exactly once)."""
+        if self.sink_id is None or self.checkpoint_location is None:
+            return self.sink_id
+        import hashlib
+
+        digest = hashlib.sha256(self.checkpoint_location.rstrip("/").encode()).hexdigest()[:16]
+        return f"{self.sink_id}@{digest}"
 
 
 def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
@@ -222,4 +236,8 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     sink_id = o.get("sinkid")
     if sink_id is not None and not sink_id.strip():
         raise ConfigurationError("sinkId", sink_id, "a non-empty identity")
-    return SinkOptions(settings=_settings(o), stream_id=ids[0], sink_id=sink_id, format=fmt)
+    checkpoint = next((str(v) for k, v in options.items() if str(k).lower() == "checkpointlocation"), None)
+    return SinkOptions(
+        settings=_settings(o), stream_id=ids[0], sink_id=sink_id, format=fmt,
+        checkpoint_location=checkpoint,
+    )

@@ -109,12 +109,12 @@ class AeronStreamWriter(DataSourceStreamArrowWriter):
                 "the streaming batch id is not set on this task "
                 "(property streaming.sql.batchId); cannot stage exactly once"
             )
-        return _stage(self.options, str(self.options.sink_id), int(batch_text), iterator)
+        return _stage(self.options, str(self.options.commit_identity), int(batch_text), iterator)
 
     def commit(self, messages: list, batchId: int) -> None:
         with StreamClient.connect(self.options.settings) as client:
             result = client.commit(
-                str(self.options.sink_id), batchId, self.options.stream_id, _receipts(messages)
+                str(self.options.commit_identity), batchId, self.options.stream_id, _receipts(messages)
             )
         staged = sum(int(r.get("count", 0)) for r in _receipts(messages))
         if "count" in result and int(result["count"]) != staged:
@@ -129,7 +129,7 @@ class AeronStreamWriter(DataSourceStreamArrowWriter):
 
     def abort(self, messages: list, batchId: int) -> None:
         with StreamClient.connect(self.options.settings) as client:
-            client.abort(str(self.options.sink_id), batchId, _receipts(messages))
+            client.abort(str(self.options.commit_identity), batchId, _receipts(messages))
 
 
 class AeronBatchWriter(DataSourceArrowWriter):

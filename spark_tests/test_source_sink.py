@@ -209,3 +209,25 @@ def test_options_module_rejects_unknown_names() -> None:
 
     with pytest.raises(ConfigurationError, match="maxOffsetsPerTrigger"):
         parse_source_options({"streamId": "1", "maxOffsetsPerTrigger": "5"})
+
+
+def test_same_sink_id_with_a_new_checkpoint_is_a_new_query(spark, server, tmp_path):  # type: ignore[no-untyped-def]
+    """Batch ids restart at 0 with a new checkpoint: the rows of the second query are appended too,
+    while each query's own batches stay exactly-once (commit identity = sinkId + checkpoint)."""
+
+    def copy(stream_in: int, checkpoint: str) -> None:
+        src = (spark.readStream.format("aeron").option("endpoint", server.endpoint)
+               .option("streamId", stream_in).load().select("value"))
+        query = (src.writeStream.format("aeron").option("endpoint", server.endpoint)
+                 .option("streamId", 41).option("sinkId", "shared-id")
+                 .option("checkpointLocation", str(tmp_path / checkpoint))
+                 .trigger(availableNow=True).start())
+        assert query.awaitTermination(300)
+        assert query.exception() is None
+
+    publish(server.endpoint, 40, messages(0, 300))
+    publish(server.endpoint, 42, messages(1, 200))
+    copy(40, "ck-a")
+    copy(42, "ck-b")
+    back = spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 41).load()
+    assert sorted(bytes(r.value) for r in back.collect()) == sorted(messages(0, 300) + messages(1, 200))
