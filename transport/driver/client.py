@@ -350,6 +350,7 @@ class Subscription:
         self._by_state: dict[int, Image] = {}
         self._event = threading.Event()
         self._waiting = 0
+        self._listeners: tuple[Callable[[], object], ...] = ()
         self._round_robin = 0
         self._closed = False
         self.local_endpoints: list[tuple[str, int]] = []
@@ -362,6 +363,7 @@ class Subscription:
         self._by_state[id(state)] = image
         self._images = (*self._images, image)
         self._event.set()
+        self._notify()
         if self._on_available is not None:
             try:
                 self._on_available(image)
@@ -375,6 +377,7 @@ class Subscription:
         image.closed = True
         self._images = tuple(i for i in self._images if i is not image)
         self._event.set()
+        self._notify()
         if self._on_unavailable is not None:
             try:
                 self._on_unavailable(image)
@@ -384,6 +387,23 @@ class Subscription:
     def _data_arrived(self) -> None:
         if self._waiting:
             self._event.set()
+        if self._listeners:
+            self._notify()
+
+    def _notify(self) -> None:
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception as exc:  # noqa: BLE001 - a user callback must not kill the driver
+                self._driver._record_error(exc)
+
+    def add_listener(self, listener: Callable[[], object]) -> None:
+        """Call ``listener()`` (from a driver thread; keep it cheap, e.g. ``Event.set``) whenever
+        data arrives or an image comes or goes: lets one thread wait on many subscriptions."""
+        self._listeners = (*self._listeners, listener)
+
+    def remove_listener(self, listener: Callable[[], object]) -> None:
+        self._listeners = tuple(x for x in self._listeners if x is not listener)
 
     def _after_poll(self, state: ImageState) -> None:
         if state.subscriber_position - state.last_sm_position > state.window >> 2:

@@ -1,0 +1,238 @@
+"""The handshake client: the I/O around :class:`~.machine.ClientHandshake`.
+
+``Client.connect("host:port")`` (or :func:`connect`) joins the server's reply channel, says HELLO,
+checks the server's key against the key store, opens the private pair with the secret session ids,
+proves its key with DONE and returns a :class:`~.connection.Connection` once the server confirms.
+Every failure is a typed exception (see :mod:`.errors`) and frees everything opened so far.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from aeron_spark.handshake.config import (
+    HANDSHAKE_STREAM_ID,
+    REPLY_STREAM_ID,
+    ClientConfig,
+    is_loopback,
+)
+from aeron_spark.handshake.connection import Connection
+from aeron_spark.handshake.crypto import SealCounters
+from aeron_spark.handshake.errors import ConnectionClosedError, HandshakeTimeoutError
+from aeron_spark.handshake.keystore import KeyStore
+from aeron_spark.handshake.machine import ClientEvent, ClientHandshake
+from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler, TransportError
+
+_HELLO_TERM_LENGTH = 64 * 1024
+_driver_lock = threading.Lock()
+_shared: Driver | None = None
+
+
+def shared_driver() -> Driver:
+    """The process-wide driver clients share (created on first use, closed at exit)."""
+    global _shared
+    with _driver_lock:
+        if _shared is None or _shared._closed:
+            _shared = Driver(DriverConfig(write_counters_file=False)).start()
+            atexit.register(_shared.close)
+        return _shared
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    host, sep, port = endpoint.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"endpoint {endpoint!r} is not host:port with a port 1..65535")
+    return host, int(port)
+
+
+class Client:
+    """Connects to handshake servers with one configuration, key store and driver."""
+
+    def __init__(
+        self,
+        config: ClientConfig | None = None,
+        *,
+        driver: Driver | None = None,
+        key_store: KeyStore | None = None,
+    ) -> None:
+        self.config = config or ClientConfig()
+        self.key_store = key_store or KeyStore(self.config.key_store_dir)
+        self._driver = driver
+
+    @property
+    def driver(self) -> Driver:
+        return self._driver or shared_driver()
+
+    def connect(
+        self,
+        endpoint: str,
+        *,
+        on_disconnect: Callable[[Connection], object] | None = None,
+        on_error: Callable[[Connection, BaseException], object] | None = None,
+    ) -> Connection:
+        host, port = split_endpoint(endpoint)
+        return _Attempt(self, host, port, endpoint).run(on_disconnect, on_error)
+
+    @classmethod
+    def connect_to(cls, endpoint: str, config: ClientConfig | None = None, **kw: Any) -> Connection:
+        return cls(config, driver=kw.pop("driver", None), key_store=kw.pop("key_store", None)
+                   ).connect(endpoint, **kw)
+
+
+def connect(endpoint: str, config: ClientConfig | None = None, **kw: Any) -> Connection:
+    """``Client(config).connect(endpoint)``."""
+    return Client.connect_to(endpoint, config, **kw)
+
+
+class _Attempt:
+    """One connection attempt; owns what it opens until it hands it to a Connection."""
+
+    def __init__(self, client: Client, host: str, port: int, endpoint: str) -> None:
+        self.client = client
+        self.config = client.config
+        self.driver = client.driver
+        self.host, self.port = host, port
+        self.endpoint = endpoint
+        self.control_port = self.config.control_port or port + 1
+        self.bind = "127.0.0.1" if is_loopback(host) else ("::" if ":" in host else "0.0.0.0")
+        self.deadline = time.monotonic() + self.config.timeout_s
+        self.machine = ClientHandshake(
+            self._check_key,
+            encryption=self.config.encryption,
+            timeout_ns=int(self.config.timeout_s * 1e9),
+            endpoint=endpoint,
+        )
+        self.opened: list[Any] = []
+
+    def _check_key(self, server_key: bytes) -> None:
+        self.client.key_store.check_server(
+            self.endpoint,
+            server_key,
+            pinned=self.config.pinned_key,
+            trust_on_first_use=self.config.trust_on_first_use,
+        )
+
+    def _h(self, host: str) -> str:
+        return f"[{host}]" if ":" in host else host
+
+    def _open(self, kind: str, channel: str, stream_id: int) -> Any:
+        add = self.driver.add_publication if kind == "pub" else self.driver.add_subscription
+        resource = add(channel, stream_id)
+        self.opened.append(resource)
+        return resource
+
+    def _wait_until(self, ready: Callable[[], bool], sub: Any | None) -> None:
+        while not ready():
+            self.machine.check_timeout(time.monotonic_ns())
+            remaining = self.deadline - time.monotonic()
+            if sub is not None:
+                sub.wait(min(max(remaining, 0.0), 0.01))
+            else:
+                time.sleep(min(max(remaining, 0.0), 0.002))
+
+    def run(
+        self,
+        on_disconnect: Callable[[Connection], object] | None,
+        on_error: Callable[[Connection, BaseException], object] | None,
+    ) -> Connection:
+        m = self.machine
+        host, control = self._h(self.host), f"{self._h(self.host)}:{self.control_port}"
+        try:
+            m.start(time.monotonic_ns())
+            replies = self._open(
+                "sub",
+                f"aeron:udp?endpoint={self.bind}:0|control={control}|control-mode=dynamic",
+                REPLY_STREAM_ID,
+            )
+            hello_pub = self._open(
+                "pub",
+                f"aeron:udp?endpoint={host}:{self.port}|term-length={_HELLO_TERM_LENGTH}",
+                HANDSHAKE_STREAM_ID,
+            )
+            self._wait_until(lambda: bool(replies.images) and hello_pub.is_connected, replies)
+            hello = m.hello()
+            self._wait_until(lambda: hello_pub.offer(hello) > 0, None)
+            inbox: deque[bytes] = deque()
+            assembler = FragmentAssembler(lambda p, h: inbox.append(bytes(p)))
+            details = None
+            while details is None:
+                if replies.poll(assembler, 16) == 0:
+                    self._wait_until(lambda: replies.has_data() or not replies.images, replies)
+                    if not replies.images:
+                        raise ConnectionClosedError(
+                            f"the server at {self.endpoint} went away during the handshake"
+                        )
+                while inbox and details is None:
+                    details = m.on_reply(inbox.popleft())
+            hello_pub.close()
+            replies.close()
+            rcv_wnd = self.config.receiver_window_length or details.term_length // 2
+            sub = self._open(
+                "sub",
+                f"aeron:udp?endpoint={self.bind}:0|control={control}|control-mode=dynamic"
+                f"|session-id={details.s2c_session_id}|rcv-wnd={rcv_wnd}",
+                details.s2c_stream_id,
+            )
+            pub = self._open(
+                "pub",
+                f"aeron:udp?endpoint={host}:{self.port}|session-id={details.c2s_session_id}"
+                f"|mtu={details.mtu}|term-length={details.term_length}",
+                details.c2s_stream_id,
+            )
+            self._wait_until(lambda: bool(sub.images) and pub.is_connected, sub)
+            done = m.done()
+            self._wait_until(lambda: pub.offer(done) > 0, None)
+            frames: deque[bytes] = deque()
+            pair_assembler = FragmentAssembler(lambda p, h: frames.append(bytes(p)))
+            while not frames:
+                if sub.poll(pair_assembler, 1) == 0:
+                    self._wait_until(lambda: sub.has_data() or not sub.images, sub)
+                    if not sub.images:
+                        raise ConnectionClosedError(
+                            f"the server at {self.endpoint} closed the session before confirming"
+                        )
+            m.on_confirm(frames.popleft())
+        except TransportError as exc:
+            m.fail(ClientEvent.TRANSPORT_LOST)
+            self._close_all()
+            raise ConnectionClosedError(f"handshake with {self.endpoint} failed: {exc}") from exc
+        except BaseException:
+            m.fail(ClientEvent.PROTOCOL_ERROR)
+            self._close_all()
+            raise
+        counters = SealCounters()
+        sealer = opener = None
+        if details.encryption:
+            assert m.keys is not None
+            sealer, opener = m.keys.client_sealer(counters)
+        conn = Connection(
+            pub,
+            sub,
+            peer=self.endpoint,
+            max_message_length=details.max_message_length,
+            sealer=sealer,
+            opener=opener,
+            seal_counters=counters,
+            on_disconnect=on_disconnect,
+            on_error=on_error,
+        )
+        conn.server_key = m.server_key  # type: ignore[attr-defined]
+        for frame in frames:
+            conn._on_fragment(memoryview(frame), None)
+        return conn
+
+    def _close_all(self) -> None:
+        for resource in self.opened:
+            try:
+                resource.close()
+            except TransportError:
+                pass
+
+
+__all__ = ["Client", "HandshakeTimeoutError", "connect", "shared_driver", "split_endpoint"]

@@ -1,0 +1,154 @@
+"""Frozen, validated configuration of handshake servers and clients (units in field names)."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from aeron_spark.errors import ConfigurationError
+
+HANDSHAKE_STREAM_ID = 0x48534B01  # client HELLOs -> server, on the server's port
+REPLY_STREAM_ID = 0x48534B02  # WELCOME / REFUSE -> every client, on the control port
+LOOPBACK_MTU = 65504
+NETWORK_MTU = 8192
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _networks(name: str, values: tuple[str, ...]) -> tuple[ipaddress._BaseNetwork, ...]:
+    out = []
+    for value in values:
+        try:
+            out.append(ipaddress.ip_network(value, strict=False))
+        except ValueError as exc:
+            raise ConfigurationError(name, value, f"an IP address or CIDR range ({exc})") from exc
+    return tuple(out)
+
+
+def _check_port(name: str, value: int | None, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or not 0 <= value < 65536:
+        raise ConfigurationError(name, value, "a port 0..65535")
+
+
+def _check_positive(name: str, value: int | float) -> None:
+    if not value > 0:
+        raise ConfigurationError(name, value, "a positive number")
+
+
+def _check_term_length(name: str, value: int) -> None:
+    if not (64 * 1024 <= value <= 1024**3 and value & (value - 1) == 0):
+        raise ConfigurationError(name, value, "a power of two from 64 KiB to 1 GiB")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """A handshake server.
+
+    ``host``/``port``: where clients send HELLOs and their session traffic (port 0 picks a free
+    one). ``control_port``: where clients join the server's replies and session publications in
+    dynamic control mode (None: ``port + 1``). ``encryption``: seal sessions (a session is sealed
+    when either side asks). Limits: ``max_clients`` (connected + pending), ``max_per_address``
+    (connected + pending from one IP address), ``max_pending`` (handshakes in flight).
+    ``allow``/``deny``: addresses or CIDR ranges, checked before anything is allocated (deny wins;
+    an empty allow list allows all). ``session_term_length``/``session_mtu`` (None: 65504 on
+    loopback, else 8192) and ``receiver_window_length`` size each session's streams.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    control_port: int | None = None
+    key_store_dir: str | None = None
+    encryption: bool = True
+    max_clients: int = 1024
+    max_per_address: int = 64
+    max_pending: int = 256
+    handshake_timeout_ns: int = 10_000_000_000
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    session_term_length: int = 1024 * 1024
+    session_mtu: int | None = None
+    receiver_window_length: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.host:
+            raise ConfigurationError("host", self.host, "an address to bind")
+        _check_port("port", self.port)
+        _check_port("control_port", self.control_port, allow_none=True)
+        if self.control_port is not None and self.control_port == self.port != 0:
+            raise ConfigurationError("control_port", self.control_port, "a port other than port")
+        for name in ("max_clients", "max_per_address", "max_pending", "handshake_timeout_ns"):
+            _check_positive(name, getattr(self, name))
+        _networks("allow", self.allow)
+        _networks("deny", self.deny)
+        _check_term_length("session_term_length", self.session_term_length)
+        if self.session_mtu is not None and not 64 <= self.session_mtu <= LOOPBACK_MTU:
+            raise ConfigurationError("session_mtu", self.session_mtu, f"64..{LOOPBACK_MTU}")
+        if self.receiver_window_length is not None:
+            _check_positive("receiver_window_length", self.receiver_window_length)
+
+    @property
+    def mtu(self) -> int:
+        if self.session_mtu is not None:
+            return self.session_mtu
+        return LOOPBACK_MTU if is_loopback(self.host) else NETWORK_MTU
+
+    @property
+    def max_message_length(self) -> int:
+        """Aeron's rule: a message is at most an eighth of the term."""
+        return min(self.session_term_length // 8, 16 * 1024 * 1024)
+
+    def window(self) -> int:
+        return self.receiver_window_length or self.session_term_length // 2
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """A handshake client.
+
+    ``encryption``: ask for a sealed session (the server may seal it anyway). ``server_key``:
+    expected server public key (64 hex digits), pinned instead of the key store.
+    ``trust_on_first_use``: remember an unknown server's key (else refuse it).
+    ``key_store_dir``: the known-servers store (None: ``$AERON_SPARK_KEY_STORE`` or
+    ``~/.aeron-spark/keys``). ``control_port``: the server's control port (None: port + 1).
+    ``timeout_s``: bound on the whole handshake.
+    """
+
+    encryption: bool = True
+    server_key: str | None = None
+    trust_on_first_use: bool = True
+    key_store_dir: str | None = None
+    control_port: int | None = None
+    timeout_s: float = 10.0
+    receiver_window_length: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_positive("timeout_s", self.timeout_s)
+        _check_port("control_port", self.control_port, allow_none=True)
+        if self.server_key is not None:
+            try:
+                if len(bytes.fromhex(self.server_key)) != 32:
+                    raise ValueError
+            except ValueError:
+                raise ConfigurationError(
+                    "server_key", self.server_key, "64 hex digits (an X25519 public key)"
+                ) from None
+
+    @property
+    def pinned_key(self) -> bytes | None:
+        return bytes.fromhex(self.server_key) if self.server_key is not None else None
+
+
+__all__ = [
+    "HANDSHAKE_STREAM_ID",
+    "REPLY_STREAM_ID",
+    "ClientConfig",
+    "ServerConfig",
+    "is_loopback",
+]

@@ -1,0 +1,275 @@
+"""A connected session: one private publication/subscription pair, sealed or plain frames.
+
+Not thread-safe, like Aeron's Publication/Subscription it wraps: one thread sends, receives and
+pings (a server may poll many connections from its one loop thread). Session frames are a kind byte
+and a body (see :mod:`.messages`); sealed sessions wrap each frame with :class:`~.crypto.Sealer`.
+
+Invariants: messages are delivered whole, in order, once; a frame that fails to open is dropped and
+counted (``counters``) and reported to ``on_error``, never delivered; once ``is_connected`` is False
+it stays False, and the connection frees its publication and subscription on ``close``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from aeron_spark.handshake.crypto import SEAL_OVERHEAD, Opener, SealCounters, Sealer
+from aeron_spark.handshake.errors import ConnectionClosedError, HandshakeError, RemoteProtocolError
+from aeron_spark.handshake.messages import FrameKind
+from aeron_spark.transport import ADMIN_ACTION, BACK_PRESSURED, FragmentAssembler, TransportError
+
+log = logging.getLogger(__name__)
+_DATA = bytes([FrameKind.DATA])
+_PING = bytes([FrameKind.PING])
+_PONG = bytes([FrameKind.PONG])
+_CLOSE = bytes([FrameKind.CLOSE])
+_POLL_FRAGMENTS = 64
+
+
+class Connection:
+    """One end of a session. ``peer`` names the other end (``ip:port`` or ``ipc``)."""
+
+    def __init__(
+        self,
+        publication: Any,
+        subscription: Any,
+        *,
+        peer: str,
+        max_message_length: int,
+        sealer: Sealer | None = None,
+        opener: Opener | None = None,
+        seal_counters: SealCounters | None = None,
+        on_disconnect: Callable[[Connection], object] | None = None,
+        on_error: Callable[[Connection, BaseException], object] | None = None,
+        on_close: Callable[[Connection], object] | None = None,
+    ) -> None:
+        self.publication = publication
+        self.subscription = subscription
+        self.peer = peer
+        self.encrypted = sealer is not None
+        overhead = 1 + (SEAL_OVERHEAD if self.encrypted else 0)
+        self.max_message_length = max_message_length - overhead
+        self._sealer = sealer
+        self._opener = opener
+        self.seal_counters = seal_counters or SealCounters()
+        self.on_disconnect = on_disconnect
+        self.on_error = on_error
+        self._on_close = on_close
+        self._inbox: deque[bytes] = deque()
+        self._assembler = FragmentAssembler(self._on_fragment)
+        self._pongs: deque[tuple[bytes, int]] = deque()
+        self._closed = False
+        self._peer_closed = False
+        self._lost_reported = False
+        self.messages_sent = 0
+        self.messages_received = 0
+        self.frames_dropped = 0
+
+    # ---------------------------------------------------------------- state
+
+    @property
+    def is_connected(self) -> bool:
+        if self._closed or self._peer_closed:
+            return False
+        pub, sub = self.publication, self.subscription
+        if pub.is_closed or sub.is_closed or not sub.images:
+            return False
+        return pub.is_connected
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def _check_lost(self) -> None:
+        if not self.is_connected and not self._lost_reported and not self._closed:
+            self._lost_reported = True
+            if self.on_disconnect is not None:
+                self.on_disconnect(self)
+
+    # ---------------------------------------------------------------- sending
+
+    def _frame(self, kind: bytes, body: bytes | bytearray | memoryview) -> bytes:
+        frame = kind + body
+        return self._sealer.seal(frame) if self._sealer is not None else frame
+
+    def try_send(self, message: bytes | bytearray | memoryview) -> bool:
+        """Offer one message without waiting: False if back-pressured (try again later)."""
+        return self._offer(_DATA, message)
+
+    def _offer(self, kind: bytes, body: bytes | bytearray | memoryview) -> bool:
+        if self._closed:
+            raise ConnectionClosedError(f"the connection to {self.peer} is closed")
+        if len(body) > self.max_message_length:
+            raise ValueError(
+                f"message of {len(body)} bytes is longer than {self.max_message_length}"
+            )
+        sealer = self._sealer
+        frame = self._frame(kind, body)
+        result = self.publication.offer(frame)
+        if result > 0:
+            if kind is _DATA:
+                self.messages_sent += 1
+            return True
+        if sealer is not None:
+            # The sealed frame was never sent, so its counter (nonce) is unused: take it back.
+            sealer.counter -= 1
+        if result in (BACK_PRESSURED, ADMIN_ACTION):
+            return False
+        self._check_lost()
+        raise ConnectionClosedError(f"the connection to {self.peer} is lost (offer {result})")
+
+    def send(self, message: bytes | bytearray | memoryview, timeout_s: float = 10.0) -> None:
+        """Send one message, waiting up to ``timeout_s`` while back-pressured."""
+        self._send_kind(_DATA, message, timeout_s)
+
+    def _send_kind(self, kind: bytes, body: bytes | bytearray | memoryview, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        delay = 0.0001
+        while not self._offer(kind, body):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"back-pressured by {self.peer} for {timeout_s:g} s")
+            if not self.is_connected:
+                self._check_lost()
+                raise ConnectionClosedError(f"the connection to {self.peer} is lost")
+            time.sleep(min(delay, remaining))  # wait for the peer to consume; bounded back-off
+            delay = min(delay * 2, 0.005)
+
+    # ---------------------------------------------------------------- receiving
+
+    def _on_fragment(self, payload: memoryview, header: object) -> None:
+        if self._opener is not None:
+            try:
+                frame = self._opener.open(payload)
+            except RemoteProtocolError as exc:
+                self.frames_dropped += 1
+                if self.on_error is not None:
+                    self.on_error(self, exc)
+                else:
+                    log.warning("session %s: dropped a frame: %s", self.peer, exc)
+                return
+        else:
+            frame = bytes(payload)
+        if not frame:
+            self.frames_dropped += 1
+            return
+        kind, body = frame[0], frame[1:]
+        if kind == FrameKind.DATA:
+            self.messages_received += 1
+            self._inbox.append(body)
+        elif kind == FrameKind.PING:
+            try:
+                self._offer(_PONG, body)  # best effort: a lost PONG only times a ping out
+            except (HandshakeError, TransportError, ValueError):
+                pass
+        elif kind == FrameKind.PONG:
+            self._pongs.append((body, time.monotonic_ns()))
+        elif kind == FrameKind.CLOSE:
+            self._peer_closed = True
+            self._check_lost()
+        else:
+            self.frames_dropped += 1
+            exc = RemoteProtocolError(f"unknown session frame kind {kind}")
+            if self.on_error is not None:
+                self.on_error(self, exc)
+
+    def poll_frames(self, fragment_limit: int = _POLL_FRAGMENTS) -> int:
+        """Read up to ``fragment_limit`` fragments into the inbox (handles PING/PONG/CLOSE)."""
+        if self._closed:
+            return 0
+        count = self.subscription.poll(self._assembler, fragment_limit)
+        if count == 0:
+            self._check_lost()
+        return count
+
+    def receive_nowait(self) -> bytes | None:
+        if not self._inbox:
+            self.poll_frames()
+            if not self._inbox:
+                return None
+        return self._inbox.popleft()
+
+    def receive(self, timeout_s: float) -> bytes | None:
+        """The next message, or None at the timeout or once the connection is lost."""
+        deadline = time.monotonic() + timeout_s
+        while not self._inbox:
+            if self.poll_frames() == 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self.is_connected:
+                    return None
+                self.subscription.wait(min(remaining, 0.05))
+        return self._inbox.popleft()
+
+    def poll(self, handler: Callable[[bytes], object], limit: int = 64) -> int:
+        """Call ``handler(message)`` for up to ``limit`` messages already arrived."""
+        delivered = 0
+        while delivered < limit:
+            message = self.receive_nowait()
+            if message is None:
+                break
+            handler(message)
+            delivered += 1
+        return delivered
+
+    def __iter__(self) -> Iterator[bytes]:
+        """Messages until the connection is closed or lost."""
+        while True:
+            message = self.receive(1.0)
+            if message is not None:
+                yield message
+            elif not self.is_connected:
+                return
+
+    def ping(self, timeout_s: float = 5.0) -> float:
+        """Round-trip time in seconds (data arriving meanwhile stays queued for ``receive``)."""
+        token = time.monotonic_ns().to_bytes(8, "big")
+        sent = time.monotonic_ns()
+        self._send_kind(_PING, token, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            while self._pongs:
+                body, arrived = self._pongs.popleft()
+                if body == token:
+                    return (arrived - sent) / 1e9
+            if self.poll_frames() == 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no answer to a ping from {self.peer} in {timeout_s:g} s")
+                if not self.is_connected:
+                    raise ConnectionClosedError(f"the connection to {self.peer} is lost")
+                self.subscription.wait(min(remaining, 0.05))
+
+    # ---------------------------------------------------------------- closing
+
+    def close(self) -> None:
+        """Tell the peer (best effort), then free the publication and subscription."""
+        if self._closed:
+            return
+        try:
+            if not self._peer_closed and self.publication.is_connected:
+                self._offer(_CLOSE, b"")
+        except (HandshakeError, TransportError, ValueError):
+            pass
+        self._closed = True
+        self.publication.close()
+        self.subscription.close()
+        if self._on_close is not None:
+            self._on_close(self)
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "connected" if self.is_connected else "closed" if self._closed else "lost"
+        sealed = "sealed" if self.encrypted else "plain"
+        return f"Connection({self.peer}, {sealed}, {state})"
+
+
+__all__ = ["Connection"]

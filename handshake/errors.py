@@ -1,0 +1,148 @@
+"""Exception tree of the handshake layer.
+
+``HandshakeError`` is the root. Refusals the server sends carry a wire :class:`ErrorCode`; the
+client raises the matching subclass of :class:`HandshakeRefusedError`, so callers can tell a full
+server from a refused key without parsing text.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from aeron_spark.errors import AeronSparkError
+
+
+class ErrorCode(enum.IntEnum):
+    """Codes of REFUSE messages (stable on the wire)."""
+
+    MALFORMED = 1
+    UNSUPPORTED_VERSION = 2
+    SERVER_FULL = 3
+    TOO_MANY_FROM_ADDRESS = 4
+    TOO_MANY_PENDING = 5
+    ADDRESS_DENIED = 6
+    KEY_REFUSED = 7
+    HANDSHAKE_TIMEOUT = 8
+    SHUTTING_DOWN = 9
+
+
+class HandshakeError(AeronSparkError):
+    """Base class of handshake and session errors."""
+
+
+class LocalProtocolError(HandshakeError):
+    """We were asked to do something the protocol does not allow in this state (our bug/misuse)."""
+
+
+class RemoteProtocolError(HandshakeError):
+    """The peer sent a message that is malformed, oversized, unexpected or fails authentication."""
+
+
+class HandshakeRefusedError(HandshakeError):
+    """The server refused the handshake; ``code`` is the wire code, ``detail`` its text."""
+
+    code: ErrorCode = ErrorCode.MALFORMED
+
+    def __init__(self, detail: str, endpoint: str = "") -> None:
+        self.detail = detail
+        self.endpoint = endpoint
+        where = f" at {endpoint}" if endpoint else ""
+        super().__init__(f"the server{where} refused the connection ({self.code.name}): {detail}")
+
+
+class MalformedHandshakeError(HandshakeRefusedError):
+    code = ErrorCode.MALFORMED
+
+
+class UnsupportedVersionError(HandshakeRefusedError):
+    code = ErrorCode.UNSUPPORTED_VERSION
+
+
+class ServerFullError(HandshakeRefusedError):
+    code = ErrorCode.SERVER_FULL
+
+
+class TooManyConnectionsError(HandshakeRefusedError):
+    """Too many connections (or pending handshakes) from this address."""
+
+    code = ErrorCode.TOO_MANY_FROM_ADDRESS
+
+
+class TooManyPendingError(HandshakeRefusedError):
+    code = ErrorCode.TOO_MANY_PENDING
+
+
+class AddressDeniedError(HandshakeRefusedError):
+    code = ErrorCode.ADDRESS_DENIED
+
+
+class ShuttingDownError(HandshakeRefusedError):
+    code = ErrorCode.SHUTTING_DOWN
+
+
+class HandshakeTimeoutError(HandshakeRefusedError):
+    """No answer (or no confirmation) within the handshake timeout."""
+
+    code = ErrorCode.HANDSHAKE_TIMEOUT
+
+
+class KeyRefusedError(HandshakeRefusedError):
+    """The server's public key is not the one we know (or pinned) for this endpoint."""
+
+    code = ErrorCode.KEY_REFUSED
+
+
+class ConnectionClosedError(HandshakeError):
+    """The connection is closed (by us, by the peer, or because the transport lost the peer)."""
+
+
+class KeyStoreError(HandshakeError):
+    """The key store on disk is unreadable, malformed or has unsafe permissions."""
+
+
+REFUSALS: dict[ErrorCode, type[HandshakeRefusedError]] = {
+    cls.code: cls
+    for cls in (
+        MalformedHandshakeError,
+        UnsupportedVersionError,
+        ServerFullError,
+        TooManyConnectionsError,
+        TooManyPendingError,
+        AddressDeniedError,
+        KeyRefusedError,
+        HandshakeTimeoutError,
+        ShuttingDownError,
+    )
+}
+
+
+def refusal(code: int, detail: str, endpoint: str = "") -> HandshakeRefusedError:
+    """The typed exception for a REFUSE message's code (unknown codes become MALFORMED)."""
+    try:
+        cls = REFUSALS[ErrorCode(code)]
+    except ValueError:
+        cls = MalformedHandshakeError
+        detail = f"unknown refusal code {code}: {detail}"
+    return cls(detail, endpoint)
+
+
+__all__ = [
+    "REFUSALS",
+    "AddressDeniedError",
+    "ConnectionClosedError",
+    "ErrorCode",
+    "HandshakeError",
+    "HandshakeRefusedError",
+    "HandshakeTimeoutError",
+    "KeyRefusedError",
+    "KeyStoreError",
+    "LocalProtocolError",
+    "MalformedHandshakeError",
+    "RemoteProtocolError",
+    "ServerFullError",
+    "ShuttingDownError",
+    "TooManyConnectionsError",
+    "TooManyPendingError",
+    "UnsupportedVersionError",
+    "refusal",
+]

@@ -1,0 +1,530 @@
+"""Sans-I/O handshake state machines: bytes and ``now_ns`` in, bytes and decisions out.
+
+Both sides are explicit transition tables (after h11): an input the table does not list for the
+current state is a protocol error, raised as :class:`LocalProtocolError` when it is our own call
+out of order and :class:`RemoteProtocolError` when the peer's message caused it; either way the
+machine ends in ``FAILED`` (client) or ``CLOSED`` (server session) and frees what it held.
+
+Client::
+
+    IDLE --start--> JOINING --channels_ready/send HELLO--> HELLO_SENT
+    HELLO_SENT --WELCOME ok--> OPENING --pair_ready/send DONE--> DONE_SENT --CONFIRM ok--> CONNECTED
+    CONNECTED --close / peer close / transport lost--> CLOSED
+    any unfinished --REFUSE / bad WELCOME / timeout / transport lost--> FAILED
+
+Server session::
+
+    WELCOMED --DONE ok--> CONNECTED --close / peer close / transport lost--> CLOSED
+    WELCOMED --bad DONE / timeout / transport lost / close--> CLOSED
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from aeron_spark.handshake import messages as m
+from aeron_spark.handshake.config import ServerConfig, _networks
+from aeron_spark.handshake.crypto import SessionKeys, client_keys, public_bytes, server_keys
+from aeron_spark.handshake.errors import (
+    ErrorCode,
+    HandshakeError,
+    HandshakeTimeoutError,
+    LocalProtocolError,
+    RemoteProtocolError,
+    refusal,
+)
+
+# Aeron reserves session ids -1..1000 by default for publications given an explicit session-id.
+RESERVED_SESSION_ID_LOW = -1
+RESERVED_SESSION_ID_HIGH = 1000
+MIN_SESSION_STREAM_ID = 0x10000
+
+
+class ClientState(enum.Enum):
+    IDLE = "idle"
+    JOINING = "joining"
+    HELLO_SENT = "hello_sent"
+    OPENING = "opening"
+    DONE_SENT = "done_sent"
+    CONNECTED = "connected"
+    CLOSED = "closed"
+    FAILED = "failed"
+
+
+class ClientEvent(enum.Enum):
+    START = "start"
+    CHANNELS_READY = "channels_ready"
+    WELCOME = "welcome"
+    REFUSE = "refuse"
+    PAIR_READY = "pair_ready"
+    CONFIRM = "confirm"
+    CLOSE = "close"
+    PEER_CLOSED = "peer_closed"
+    TRANSPORT_LOST = "transport_lost"
+    TIMEOUT = "timeout"
+    PROTOCOL_ERROR = "protocol_error"
+
+
+_C = ClientState
+_CE = ClientEvent
+CLIENT_TRANSITIONS: dict[tuple[ClientState, ClientEvent], ClientState] = {
+    (_C.IDLE, _CE.START): _C.JOINING,
+    (_C.JOINING, _CE.CHANNELS_READY): _C.HELLO_SENT,
+    (_C.HELLO_SENT, _CE.WELCOME): _C.OPENING,
+    (_C.OPENING, _CE.PAIR_READY): _C.DONE_SENT,
+    (_C.DONE_SENT, _CE.CONFIRM): _C.CONNECTED,
+    (_C.CONNECTED, _CE.CLOSE): _C.CLOSED,
+    (_C.CONNECTED, _CE.PEER_CLOSED): _C.CLOSED,
+    (_C.CONNECTED, _CE.TRANSPORT_LOST): _C.CLOSED,
+    (_C.CONNECTED, _CE.PROTOCOL_ERROR): _C.CLOSED,
+    (_C.CLOSED, _CE.CLOSE): _C.CLOSED,
+    (_C.FAILED, _CE.CLOSE): _C.FAILED,
+}
+for _state in (_C.JOINING, _C.HELLO_SENT, _C.OPENING, _C.DONE_SENT):
+    for _event in (_CE.REFUSE, _CE.TIMEOUT, _CE.TRANSPORT_LOST, _CE.CLOSE, _CE.PROTOCOL_ERROR):
+        CLIENT_TRANSITIONS[(_state, _event)] = _C.FAILED
+CLIENT_TRANSITIONS[(_C.IDLE, _CE.CLOSE)] = _C.CLOSED
+
+# Events a peer's message causes (an unknown pair with these is the peer's fault).
+CLIENT_REMOTE_EVENTS = {_CE.WELCOME, _CE.REFUSE, _CE.CONFIRM, _CE.PEER_CLOSED}
+
+
+class SessionState(enum.Enum):
+    WELCOMED = "welcomed"
+    CONNECTED = "connected"
+    CLOSED = "closed"
+
+
+class SessionEvent(enum.Enum):
+    DONE = "done"
+    BAD_DONE = "bad_done"
+    CLOSE = "close"
+    PEER_CLOSED = "peer_closed"
+    TRANSPORT_LOST = "transport_lost"
+    TIMEOUT = "timeout"
+    PROTOCOL_ERROR = "protocol_error"
+
+
+_S = SessionState
+_SE = SessionEvent
+SESSION_TRANSITIONS: dict[tuple[SessionState, SessionEvent], SessionState] = {
+    (_S.WELCOMED, _SE.DONE): _S.CONNECTED,
+    (_S.CLOSED, _SE.CLOSE): _S.CLOSED,
+}
+for _event in (_SE.BAD_DONE, _SE.CLOSE, _SE.TRANSPORT_LOST, _SE.TIMEOUT, _SE.PROTOCOL_ERROR):
+    SESSION_TRANSITIONS[(_S.WELCOMED, _event)] = _S.CLOSED
+for _event in (_SE.CLOSE, _SE.PEER_CLOSED, _SE.TRANSPORT_LOST, _SE.PROTOCOL_ERROR):
+    SESSION_TRANSITIONS[(_S.CONNECTED, _event)] = _S.CLOSED
+SESSION_REMOTE_EVENTS = {_SE.DONE, _SE.BAD_DONE, _SE.PEER_CLOSED}
+
+
+def _step(table: dict, state: enum.Enum, event: enum.Enum, remote: set, what: str) -> enum.Enum:
+    try:
+        return table[(state, event)]
+    except KeyError:
+        error = RemoteProtocolError if event in remote else LocalProtocolError
+        raise error(f"{what}: {event.value!r} is not allowed in state {state.value!r}") from None
+
+
+# ============================================================================ client
+
+
+class ClientHandshake:
+    """One client handshake (sans-I/O). The I/O layer calls, in order:
+
+    ``start(now_ns)``; ``hello()`` once the reply channel is joined and the HELLO publication is
+    connected; ``on_reply(bytes)`` for every message on the reply channel until it returns the
+    :class:`~.messages.SessionDetails`; ``done()`` once the private pair is open; ``on_confirm``
+    with the first message on the pair. ``check_timeout(now_ns)`` at any time.
+    ``check_server_key(spk)`` is called with the server's static key before anything is derived
+    and raises to refuse it.
+    """
+
+    def __init__(
+        self,
+        check_server_key: Callable[[bytes], None],
+        *,
+        encryption: bool = True,
+        timeout_ns: int = 10_000_000_000,
+        endpoint: str = "",
+    ) -> None:
+        self.state = ClientState.IDLE
+        self._check_server_key = check_server_key
+        self.endpoint = endpoint
+        self.encryption = encryption
+        self.timeout_ns = timeout_ns
+        self.deadline_ns = 0
+        self.connect_key = secrets.randbelow(m.MAX_CONNECT_KEY) + 1
+        self._ephemeral = X25519PrivateKey.generate()
+        self._hello = b""
+        self.keys: SessionKeys | None = None
+        self.details: m.SessionDetails | None = None
+        self.server_key: bytes | None = None
+        self.ignored_replies = 0
+
+    def _fire(self, event: ClientEvent) -> None:
+        try:
+            self.state = _step(  # type: ignore[assignment]
+                CLIENT_TRANSITIONS, self.state, event, CLIENT_REMOTE_EVENTS, "client handshake"
+            )
+        except HandshakeError:
+            self.state = ClientState.FAILED
+            raise
+
+    def start(self, now_ns: int) -> None:
+        self._fire(ClientEvent.START)
+        self.deadline_ns = now_ns + self.timeout_ns
+
+    def hello(self) -> bytes:
+        self._fire(ClientEvent.CHANNELS_READY)
+        self._hello = m.Hello(
+            m.PROTOCOL_VERSION, self.connect_key, public_bytes(self._ephemeral), self.encryption
+        ).encode()
+        return self._hello
+
+    def on_reply(self, data: bytes) -> m.SessionDetails | None:
+        """Handle one reply-channel message: None if it is not for us (or not yet decisive)."""
+        try:
+            message = m.decode_message(data)
+        except RemoteProtocolError:
+            self.ignored_replies += 1  # another client's business or garbage: not ours to fail on
+            return None
+        if not isinstance(message, m.Welcome | m.Refuse) or message.connect_key != self.connect_key:
+            self.ignored_replies += 1
+            return None
+        if self.state is not ClientState.HELLO_SENT:
+            self.ignored_replies += 1
+            return None
+        if isinstance(message, m.Refuse):
+            self._fire(ClientEvent.REFUSE)
+            raise refusal(message.code, message.message, self.endpoint)
+        try:
+            keys = client_keys(
+                self._ephemeral, self._hello, message.server_key, message.ephemeral_key
+            )
+            details = m.SessionDetails.decode(keys.open_details(message.box))
+        except RemoteProtocolError:
+            # Sealed for someone else (a spoofed HELLO reused our connect key): not ours.
+            self.ignored_replies += 1
+            return None
+        try:
+            self._check_server_key(message.server_key)
+        except HandshakeError:
+            self._fire(ClientEvent.PROTOCOL_ERROR)
+            raise
+        self._fire(ClientEvent.WELCOME)
+        self.keys, self.details, self.server_key = keys, details, message.server_key
+        return details
+
+    def done(self) -> bytes:
+        self._fire(ClientEvent.PAIR_READY)
+        assert self.keys is not None
+        return m.Done(self.keys.done_proof()).encode()
+
+    def on_confirm(self, data: bytes) -> None:
+        assert self.keys is not None or self.state is not ClientState.DONE_SENT
+        try:
+            message = m.decode_message(data)
+            if not isinstance(message, m.Confirm):
+                raise RemoteProtocolError(f"expected CONFIRM, got {type(message).__name__}")
+            assert self.keys is not None
+            if not SessionKeys.proofs_equal(message.proof, self.keys.confirm_proof()):
+                raise RemoteProtocolError("CONFIRM's proof does not match our keys")
+        except RemoteProtocolError:
+            self._fire(ClientEvent.PROTOCOL_ERROR)
+            raise
+        self._fire(ClientEvent.CONFIRM)
+
+    def check_timeout(self, now_ns: int) -> None:
+        if self.state in (ClientState.CONNECTED, ClientState.CLOSED, ClientState.FAILED):
+            return
+        if self.state is not ClientState.IDLE and now_ns >= self.deadline_ns:
+            stage = self.state.value
+            self._fire(ClientEvent.TIMEOUT)
+            raise HandshakeTimeoutError(
+                f"no answer within {self.timeout_ns / 1e9:g} s (stuck in {stage})", self.endpoint
+            )
+
+    def fail(self, event: ClientEvent = ClientEvent.TRANSPORT_LOST) -> None:
+        if self.state not in (ClientState.CLOSED, ClientState.FAILED):
+            self._fire(event)
+
+    def close(self) -> None:
+        self._fire(ClientEvent.CLOSE)
+
+
+# ============================================================================ server
+
+
+@dataclass(eq=False)
+class ServerSession:
+    """One client's allocation on the server: ids, keys and its state (sans-I/O)."""
+
+    address: str
+    connect_key: int
+    details: m.SessionDetails
+    keys: SessionKeys
+    welcome: bytes
+    deadline_ns: int
+    state: SessionState = SessionState.WELCOMED
+    transport: object = None  # the I/O layer's resources for this session
+    released: bool = False
+    pending: bool = True  # counted in ServerCore.pending until DONE or release
+
+    def fire(self, event: SessionEvent) -> None:
+        try:
+            self.state = _step(  # type: ignore[assignment]
+                SESSION_TRANSITIONS, self.state, event, SESSION_REMOTE_EVENTS, "server session"
+            )
+        except HandshakeError:
+            self.state = SessionState.CLOSED
+            raise
+
+    def on_done(self, data: bytes) -> bytes:
+        """Check DONE; the CONFIRM to send back. Raises :class:`RemoteProtocolError` if bad."""
+        try:
+            message = m.decode_message(data)
+            if not isinstance(message, m.Done):
+                raise RemoteProtocolError(f"expected DONE, got {type(message).__name__}")
+            if not SessionKeys.proofs_equal(message.proof, self.keys.done_proof()):
+                raise RemoteProtocolError("DONE's proof does not match the session keys")
+        except RemoteProtocolError:
+            self.fire(SessionEvent.BAD_DONE)
+            raise
+        self.fire(SessionEvent.DONE)
+        return m.Confirm(self.keys.confirm_proof()).encode()
+
+
+@dataclass
+class ServerCounters:
+    hellos: int = 0
+    malformed: int = 0
+    accepted: int = 0
+    connected: int = 0
+    bad_done: int = 0
+    expired: int = 0
+    closed: int = 0
+    refused: Counter = field(default_factory=Counter)  # by ErrorCode name
+
+
+class Rejected(Exception):
+    """A HELLO the server answers with REFUSE (``reply``), allocating nothing."""
+
+    def __init__(self, code: ErrorCode, reply: bytes | None) -> None:
+        super().__init__(code.name)
+        self.code = code
+        self.reply = reply
+
+
+class ServerCore:
+    """Admission, allocation and key agreement for a handshake server (sans-I/O).
+
+    Invariant: every id and per-address slot taken in :meth:`on_hello` is given back exactly once by
+    :meth:`release`, whatever way the session ends.
+    """
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        static_key: X25519PrivateKey,
+        *,
+        rng: Callable[[int], int] = secrets.randbelow,
+    ) -> None:
+        self.config = config
+        self.static_key = static_key
+        self.static_public = public_bytes(static_key)
+        self._allow = _networks("allow", config.allow)
+        self._deny = _networks("deny", config.deny)
+        self._rng = rng
+        self.sessions: set[ServerSession] = set()
+        self.pending = 0
+        self.per_address: Counter[str] = Counter()
+        self.session_ids: set[int] = set()
+        self.stream_ids: set[int] = set()
+        self.connect_keys: set[int] = set()
+        self.counters = ServerCounters()
+        self.shutting_down = False
+
+    # ---------------------------------------------------------------- admission
+
+    def address_allowed(self, address: str) -> bool:
+        import ipaddress
+
+        if address == "ipc":
+            return True
+        try:
+            ip = ipaddress.ip_address(address.strip("[]"))
+        except ValueError:
+            return False
+        if any(ip in net for net in self._deny):
+            return False
+        return not self._allow or any(ip in net for net in self._allow)
+
+    def on_hello(self, address: str, data: bytes, now_ns: int) -> ServerSession:
+        """Admit a HELLO from ``address`` or raise :class:`Rejected` (reply None: stay silent)."""
+        self.counters.hellos += 1
+        try:
+            hello = m.decode_message(data)
+            if not isinstance(hello, m.Hello):
+                raise RemoteProtocolError(f"expected HELLO, got {type(hello).__name__}")
+        except RemoteProtocolError:
+            # Without a connect key there is nobody to address a refusal to.
+            self.counters.malformed += 1
+            self._refused(ErrorCode.MALFORMED)
+            raise Rejected(ErrorCode.MALFORMED, None) from None
+        ck = hello.connect_key
+        code, text = self._admission(address, hello)
+        if code is not None:
+            self._refused(code)
+            raise Rejected(code, m.refuse_for(ck, code, text).encode())
+        ephemeral = X25519PrivateKey.generate()
+        try:
+            keys = server_keys(self.static_key, ephemeral, hello.public_key, data)
+        except RemoteProtocolError as exc:
+            self.counters.malformed += 1
+            self._refused(ErrorCode.MALFORMED)
+            raise Rejected(
+                ErrorCode.MALFORMED, m.refuse_for(ck, ErrorCode.MALFORMED, str(exc)).encode()
+            ) from None
+        details = m.SessionDetails(
+            c2s_session_id=self._new_session_id(),
+            c2s_stream_id=self._new_stream_id(),
+            s2c_session_id=self._new_session_id(),
+            s2c_stream_id=self._new_stream_id(),
+            encryption=self.config.encryption or hello.encryption,
+            max_message_length=self.config.max_message_length,
+            term_length=self.config.session_term_length,
+            mtu=self.config.mtu,
+        )
+        welcome = m.Welcome(
+            ck, self.static_public, public_bytes(ephemeral), keys.seal_details(details.encode())
+        ).encode()
+        session = ServerSession(
+            address=address,
+            connect_key=ck,
+            details=details,
+            keys=keys,
+            welcome=welcome,
+            deadline_ns=now_ns + self.config.handshake_timeout_ns,
+        )
+        self.sessions.add(session)
+        self.pending += 1
+        self.per_address[address] += 1
+        self.connect_keys.add(ck)
+        self.counters.accepted += 1
+        return session
+
+    def _admission(self, address: str, hello: m.Hello) -> tuple[ErrorCode | None, str]:
+        cfg = self.config
+        if self.shutting_down:
+            return ErrorCode.SHUTTING_DOWN, "the server is shutting down"
+        if not self.address_allowed(address):
+            return ErrorCode.ADDRESS_DENIED, f"address {address} is not allowed"
+        if hello.version != m.PROTOCOL_VERSION:
+            return (
+                ErrorCode.UNSUPPORTED_VERSION,
+                f"protocol version {hello.version} is not supported (this server speaks "
+                f"{m.PROTOCOL_VERSION})",
+            )
+        if hello.connect_key in self.connect_keys:
+            return ErrorCode.MALFORMED, "connect key already in use"
+        if len(self.sessions) >= cfg.max_clients:
+            return ErrorCode.SERVER_FULL, f"the server is full ({cfg.max_clients} clients)"
+        if self.per_address[address] >= cfg.max_per_address:
+            return (
+                ErrorCode.TOO_MANY_FROM_ADDRESS,
+                f"{address} already has {cfg.max_per_address} connections",
+            )
+        if self.pending >= cfg.max_pending:
+            return ErrorCode.TOO_MANY_PENDING, f"{cfg.max_pending} handshakes already pending"
+        return None, ""
+
+    def _refused(self, code: ErrorCode) -> None:
+        self.counters.refused[code.name] += 1
+
+    def _new_session_id(self) -> int:
+        while True:
+            sid = self._rng(2**32) - 2**31
+            if (
+                not RESERVED_SESSION_ID_LOW <= sid <= RESERVED_SESSION_ID_HIGH
+                and sid not in self.session_ids
+            ):
+                self.session_ids.add(sid)
+                return sid
+
+    def _new_stream_id(self) -> int:
+        while True:
+            sid = MIN_SESSION_STREAM_ID + self._rng(2**31 - MIN_SESSION_STREAM_ID)
+            if sid not in self.stream_ids and sid not in (0x48534B01, 0x48534B02):
+                self.stream_ids.add(sid)
+                return sid
+
+    # ---------------------------------------------------------------- life cycle
+
+    def on_done(self, session: ServerSession, data: bytes) -> bytes:
+        try:
+            confirm = session.on_done(data)
+        except RemoteProtocolError:
+            self.counters.bad_done += 1
+            raise
+        session.pending = False
+        self.pending -= 1
+        self.counters.connected += 1
+        return confirm
+
+    def expired(self, now_ns: int) -> list[ServerSession]:
+        """Pending sessions past their deadline (moved to CLOSED; the caller releases them)."""
+        out = []
+        for session in self.sessions:
+            if session.state is SessionState.WELCOMED and now_ns >= session.deadline_ns:
+                session.fire(SessionEvent.TIMEOUT)
+                self.counters.expired += 1
+                out.append(session)
+        return out
+
+    def next_deadline_ns(self) -> int | None:
+        pending = [s.deadline_ns for s in self.sessions if s.state is SessionState.WELCOMED]
+        return min(pending) if pending else None
+
+    def release(self, session: ServerSession, event: SessionEvent = SessionEvent.CLOSE) -> None:
+        """Close ``session`` (if not yet) and give back everything it held, exactly once."""
+        if session.released:
+            return
+        if session.state is not SessionState.CLOSED:
+            session.fire(event)
+        if session.pending:
+            session.pending = False
+            self.pending -= 1
+        session.released = True
+        self.sessions.discard(session)
+        d = session.details
+        self.session_ids.discard(d.c2s_session_id)
+        self.session_ids.discard(d.s2c_session_id)
+        self.stream_ids.discard(d.c2s_stream_id)
+        self.stream_ids.discard(d.s2c_stream_id)
+        self.connect_keys.discard(session.connect_key)
+        self.per_address[session.address] -= 1
+        if self.per_address[session.address] <= 0:
+            del self.per_address[session.address]
+        self.counters.closed += 1
+
+
+__all__ = [
+    "CLIENT_TRANSITIONS",
+    "SESSION_TRANSITIONS",
+    "ClientEvent",
+    "ClientHandshake",
+    "ClientState",
+    "Rejected",
+    "ServerCore",
+    "ServerCounters",
+    "ServerSession",
+    "SessionEvent",
+    "SessionState",
+]

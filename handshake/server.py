@@ -1,0 +1,438 @@
+"""The handshake server: the I/O around :class:`~.machine.ServerCore`.
+
+Channels (UDP; ``H`` = host, ``P`` = port, ``C`` = control port, default ``P + 1``)::
+
+    HELLO in        subscription  aeron:udp?endpoint=H:P                     HANDSHAKE_STREAM_ID
+    replies out     publication   aeron:udp?control=H:C|control-mode=dynamic REPLY_STREAM_ID
+    client -> us    subscription  aeron:udp?endpoint=H:P|session-id=<secret>  <per-client stream>
+    us -> client    publication   aeron:udp?control=H:C|control-mode=dynamic|session-id=<secret>
+
+Every client joins the reply publication in dynamic control mode (so replies reach clients behind
+NAT) and picks out the replies addressed to its connect key. Each session's subscription only
+accepts the secret session id, so a stranger's publication on that stream is ignored by the
+transport. All of a server's subscriptions share the one socket on ``P`` and all its publications
+the one on ``C``.
+
+Use it either from your own loop (``accept(now_ns)`` returns new connections, ``wait(timeout)``
+sleeps until any of the server's subscriptions has something) or with ``start()``, which runs a
+thread that accepts, polls every connection and calls ``on_connect(conn)``,
+``on_message(conn, bytes)``, ``on_disconnect(conn)`` and ``on_error(conn | None, exc)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from aeron_spark.handshake.config import HANDSHAKE_STREAM_ID, REPLY_STREAM_ID, ServerConfig
+from aeron_spark.handshake.connection import Connection
+from aeron_spark.handshake.crypto import SealCounters
+from aeron_spark.handshake.errors import ErrorCode, HandshakeError, RemoteProtocolError
+from aeron_spark.handshake.keystore import KeyStore
+from aeron_spark.handshake.machine import Rejected, ServerCore, ServerSession, SessionEvent
+from aeron_spark.handshake.messages import refuse_for
+from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler, TransportError
+
+log = logging.getLogger(__name__)
+_HANDSHAKE_TERM_LENGTH = 64 * 1024
+_BIND_ATTEMPTS = 20
+
+
+def _udp_port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+class _HelloInbox:
+    """The first message of one client's HELLO publication (later ones are ignored)."""
+
+    __slots__ = ("image", "messages", "assembler", "done")
+
+    def __init__(self, image: Any) -> None:
+        self.image = image
+        self.messages: deque[bytes] = deque()
+        self.assembler = FragmentAssembler(lambda p, h: self.messages.append(bytes(p)))
+        self.done = False
+
+
+class _Pending:
+    """I/O of a session between WELCOME and CONFIRM."""
+
+    __slots__ = ("sub", "pub", "inbox", "assembler", "confirm", "welcome_sent")
+
+    def __init__(self, sub: Any, pub: Any) -> None:
+        self.sub = sub
+        self.pub = pub
+        self.inbox: deque[bytes] = deque()
+        self.assembler = FragmentAssembler(lambda p, h: self.inbox.append(bytes(p)))
+        self.confirm: bytes | None = None
+        self.welcome_sent = False
+
+
+class Server:
+    """Accepts handshake sessions (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: ServerConfig | None = None,
+        *,
+        driver: Driver | None = None,
+        key_store: KeyStore | None = None,
+        on_connect: Callable[[Connection], object] | None = None,
+        on_message: Callable[[Connection, bytes], object] | None = None,
+        on_disconnect: Callable[[Connection], object] | None = None,
+        on_error: Callable[[Connection | None, BaseException], object] | None = None,
+    ) -> None:
+        self.config = config = config or ServerConfig()
+        self.key_store = key_store or KeyStore(config.key_store_dir)
+        self.core = ServerCore(config, self.key_store.server_private_key())
+        self.public_key = self.core.static_public
+        self._own_driver = driver is None
+        self.driver = driver or Driver(DriverConfig(write_counters_file=False)).start()
+        self.on_connect = on_connect
+        self.on_message = on_message
+        self.on_disconnect = on_disconnect
+        self.on_error = on_error
+        self._wakeup = threading.Event()
+        self._hellos: dict[int, _HelloInbox] = {}
+        self._replies: deque[bytes] = deque()
+        self.connections: list[Connection] = []
+        self._by_conn: dict[int, ServerSession] = {}
+        self.seal_counters = SealCounters()
+        self.reply_drops = 0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._closed = False
+        try:
+            self._open_listeners()
+        except BaseException:
+            if self._own_driver:
+                self.driver.close()
+            raise
+
+    # ---------------------------------------------------------------- set-up
+
+    def _open_listeners(self) -> None:
+        cfg = self.config
+        for _ in range(_BIND_ATTEMPTS):
+            port = cfg.port
+            if port == 0:
+                with socket.socket(
+                    socket.AF_INET6 if ":" in cfg.host else socket.AF_INET, socket.SOCK_DGRAM
+                ) as probe:
+                    probe.bind((cfg.host, 0))
+                    port = probe.getsockname()[1]
+            control = cfg.control_port if cfg.control_port is not None else port + 1
+            if cfg.port == 0 and (control > 65535 or not _udp_port_free(cfg.host, control)):
+                continue
+            try:
+                self._open_on(port, control)
+                return
+            except TransportError:
+                if cfg.port != 0:
+                    raise
+        raise HandshakeError(f"no free pair of UDP ports on {cfg.host} for the handshake server")
+
+    def _open_on(self, port: int, control: int) -> None:
+        host = _host(self.config.host)
+        self.port, self.control_port = port, control
+        self._hello_sub = self.driver.add_subscription(
+            f"aeron:udp?endpoint={host}:{port}", HANDSHAKE_STREAM_ID
+        )
+        try:
+            self._reply_pub = self.driver.add_publication(
+                f"aeron:udp?control={host}:{control}|control-mode=dynamic"
+                f"|term-length={_HANDSHAKE_TERM_LENGTH}",
+                REPLY_STREAM_ID,
+            )
+        except BaseException:
+            self._hello_sub.close()
+            raise
+        self._listen(self._hello_sub)
+
+    def _listen(self, sub: Any) -> None:
+        add = getattr(sub, "add_listener", None)
+        if add is not None:
+            add(self._wakeup.set)
+
+    @property
+    def endpoint(self) -> str:
+        return f"{_host(self.config.host)}:{self.port}"
+
+    # ---------------------------------------------------------------- the loop step
+
+    def accept(self, now_ns: int | None = None) -> list[Connection]:
+        """Advance every handshake; the connections that completed. Never blocks."""
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        self._read_hellos(now)
+        accepted = self._advance_pending()
+        for session in self.core.expired(now):
+            self._refuse_quietly(session, ErrorCode.HANDSHAKE_TIMEOUT, "handshake timed out")
+            self._free(session, SessionEvent.TIMEOUT)
+        self._flush_replies()
+        self._reap()
+        return accepted
+
+    def _read_hellos(self, now_ns: int) -> None:
+        images = self._hello_sub.images
+        live = {id(image) for image in images}
+        for key in [k for k in self._hellos if k not in live]:
+            del self._hellos[key]
+        for image in images:
+            inbox = self._hellos.get(id(image))
+            if inbox is None:
+                inbox = self._hellos[id(image)] = _HelloInbox(image)
+            if inbox.done:
+                continue
+            image.poll(inbox.assembler, 4)
+            if not inbox.messages:
+                continue
+            inbox.done = True
+            address = image.source_identity.rpartition(":")[0].strip("[]")
+            self._on_hello(address, inbox.messages.popleft(), now_ns)
+
+    def _on_hello(self, address: str, data: bytes, now_ns: int) -> None:
+        try:
+            session = self.core.on_hello(address, data, now_ns)
+        except Rejected as rejected:
+            if rejected.reply is not None:
+                self._replies.append(rejected.reply)
+            return
+        try:
+            session.transport = self._open_pair(session)
+        except (TransportError, OSError) as exc:
+            log.warning("handshake server: cannot open a session for %s: %s", address, exc)
+            self._replies.append(
+                refuse_for(session.connect_key, ErrorCode.SERVER_FULL, f"cannot allocate: {exc}")
+                .encode()
+            )
+            self._free(session, SessionEvent.CLOSE)
+            return
+        self._replies.append(session.welcome)
+
+    def _open_pair(self, session: ServerSession) -> _Pending:
+        host = _host(self.config.host)
+        d = session.details
+        sub = self.driver.add_subscription(
+            f"aeron:udp?endpoint={host}:{self.port}|session-id={d.c2s_session_id}"
+            f"|rcv-wnd={self.config.window()}",
+            d.c2s_stream_id,
+        )
+        try:
+            pub = self.driver.add_publication(
+                f"aeron:udp?control={host}:{self.control_port}|control-mode=dynamic"
+                f"|session-id={d.s2c_session_id}|mtu={d.mtu}|term-length={d.term_length}",
+                d.s2c_stream_id,
+            )
+        except BaseException:
+            sub.close()
+            raise
+        self._listen(sub)
+        return _Pending(sub, pub)
+
+    def _advance_pending(self) -> list[Connection]:
+        accepted = []
+        for session in list(self.core.sessions):
+            pending = session.transport
+            if not isinstance(pending, _Pending):
+                continue
+            if pending.confirm is None:
+                pending.sub.poll(pending.assembler, 4)
+                if not pending.inbox:
+                    continue
+                try:
+                    pending.confirm = self.core.on_done(session, pending.inbox.popleft())
+                except (RemoteProtocolError, HandshakeError) as exc:
+                    self._report(None, exc)
+                    self._free(session, SessionEvent.BAD_DONE)
+                    continue
+            if pending.pub.offer(pending.confirm) < 0:
+                continue  # not joined yet or back-pressured: try again on the next step
+            conn = self._connection(session, pending)
+            session.transport = conn
+            accepted.append(conn)
+        return accepted
+
+    def _connection(self, session: ServerSession, pending: _Pending) -> Connection:
+        sealer = opener = None
+        if session.details.encryption:
+            sealer, opener = session.keys.server_sealer(self.seal_counters)
+        image = pending.sub.images[0] if pending.sub.images else None
+        peer = image.source_identity if image is not None else session.address
+        conn = Connection(
+            pending.pub,
+            pending.sub,
+            peer=peer,
+            max_message_length=session.details.max_message_length,
+            sealer=sealer,
+            opener=opener,
+            seal_counters=self.seal_counters,
+            on_disconnect=self.on_disconnect,
+            on_error=self._report,
+        )
+        for frame in pending.inbox:  # whole frames the client sent right after DONE
+            conn._on_fragment(memoryview(frame), None)
+        pending.inbox.clear()
+        self.connections.append(conn)
+        self._by_conn[id(conn)] = session
+        if self.on_connect is not None:
+            self.on_connect(conn)
+        return conn
+
+    def _refuse_quietly(self, session: ServerSession, code: ErrorCode, text: str) -> None:
+        self._replies.append(refuse_for(session.connect_key, code, text).encode())
+
+    def _free(self, session: ServerSession, event: SessionEvent) -> None:
+        resources = session.transport
+        if isinstance(resources, _Pending):
+            resources.pub.close()
+            resources.sub.close()
+        elif isinstance(resources, Connection):
+            resources.close()
+        session.transport = None
+        self.core.release(session, event)
+
+    def _flush_replies(self) -> None:
+        while self._replies:
+            result = self._reply_pub.offer(self._replies[0])
+            if result > 0:
+                self._replies.popleft()
+                continue
+            if len(self._replies) > 4 * self.config.max_pending:
+                self._replies.popleft()  # nobody is listening and it keeps growing
+                self.reply_drops += 1
+                continue
+            break
+
+    def _reap(self) -> None:
+        for conn in [c for c in self.connections if not c.is_connected]:
+            self.connections.remove(conn)
+            session = self._by_conn.pop(id(conn), None)
+            if not conn.is_closed and self.on_disconnect is not None and not conn._lost_reported:
+                conn._lost_reported = True
+                self.on_disconnect(conn)
+            conn.close()
+            if session is not None:
+                session.transport = None
+                self.core.release(session, SessionEvent.TRANSPORT_LOST)
+
+    def _report(self, conn: Connection | None, exc: BaseException) -> None:
+        if self.on_error is not None:
+            self.on_error(conn, exc)
+        else:
+            log.info("handshake server: %s", exc)
+
+    # ---------------------------------------------------------------- waiting and threads
+
+    def wait(self, timeout_s: float) -> None:
+        """Sleep until a HELLO, a session message or an image change arrives (or the timeout)."""
+        self._wakeup.clear()
+        if self._hello_sub.has_data() or any(
+            c.subscription.has_data() for c in self.connections
+        ):
+            return
+        deadline = self.core.next_deadline_ns()
+        if deadline is not None:
+            timeout_s = min(timeout_s, max(deadline - time.monotonic_ns(), 0) / 1e9)
+        if self.core.pending or self._replies:
+            timeout_s = min(timeout_s, 0.005)  # pending sessions wait on joins we are not told of
+        self._wakeup.wait(timeout_s)
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    def start(self) -> Server:
+        """Run accept + poll on a thread, delivering through the callbacks."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="handshake-server", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.accept()
+                busy = False
+                for conn in list(self.connections):
+                    for message in _drain(conn):
+                        busy = True
+                        if self.on_message is not None:
+                            self.on_message(conn, message)
+                if not busy:
+                    self.wait(0.05)
+            except Exception as exc:  # noqa: BLE001 - report and keep serving others
+                self._report(None, exc)
+
+    # ---------------------------------------------------------------- closing
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.core.shutting_down = True
+        self._stop.set()
+        self._wakeup.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        for session in list(self.core.sessions):
+            self._free(session, SessionEvent.CLOSE)
+        for conn in self.connections:
+            conn.close()
+        self.connections.clear()
+        self._hello_sub.close()
+        self._reply_pub.close()
+        if self._own_driver:
+            self.driver.close()
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stats(self) -> dict[str, Any]:
+        c = self.core.counters
+        return {
+            "connections": len(self.connections),
+            "pending": self.core.pending,
+            "hellos": c.hellos,
+            "malformed": c.malformed,
+            "accepted": c.accepted,
+            "connected": c.connected,
+            "bad_done": c.bad_done,
+            "expired": c.expired,
+            "closed": c.closed,
+            "refused": dict(c.refused),
+            "reply_drops": self.reply_drops,
+            "frames_opened": self.seal_counters.opened,
+            "frames_rejected": self.seal_counters.rejected(),
+            "frames_tampered": self.seal_counters.tampered,
+            "frames_replayed": self.seal_counters.replayed,
+            "frames_reordered": self.seal_counters.reordered,
+        }
+
+
+def _drain(conn: Connection) -> list[bytes]:
+    out = []
+    while True:
+        message = conn.receive_nowait()
+        if message is None:
+            return out
+        out.append(message)
+
+
+__all__ = ["Server"]
