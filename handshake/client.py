@@ -128,13 +128,17 @@ class _Attempt:
         return resource
 
     def _wait_until(self, ready: Callable[[], bool], sub: Any | None) -> None:
+        """Wait for ``ready()``: on ``sub`` (woken by its data and images), else in short sleeps
+        (a publication becoming connected wakes nobody), growing from 0.1 ms to 2 ms."""
+        delay = 0.0001
         while not ready():
             self.machine.check_timeout(time.monotonic_ns())
-            remaining = self.deadline - time.monotonic()
+            remaining = max(self.deadline - time.monotonic(), 0.0)
             if sub is not None:
-                sub.wait(min(max(remaining, 0.0), 0.01))
+                sub.wait(min(remaining, 0.01))
             else:
-                time.sleep(min(max(remaining, 0.0), 0.002))
+                time.sleep(min(remaining, delay))
+                delay = min(delay * 2, 0.002)
 
     def run(
         self,
@@ -155,7 +159,8 @@ class _Attempt:
                 f"aeron:udp?endpoint={host}:{self.port}|term-length={_HELLO_TERM_LENGTH}",
                 HANDSHAKE_STREAM_ID,
             )
-            self._wait_until(lambda: bool(replies.images) and hello_pub.is_connected, replies)
+            self._wait_until(lambda: bool(replies.images), replies)
+            self._wait_until(lambda: hello_pub.is_connected, None)
             hello = m.hello()
             self._wait_until(lambda: hello_pub.offer(hello) > 0, None)
             inbox: deque[bytes] = deque()
@@ -185,7 +190,8 @@ class _Attempt:
                 f"|mtu={details.mtu}|term-length={details.term_length}",
                 details.c2s_stream_id,
             )
-            self._wait_until(lambda: bool(sub.images) and pub.is_connected, sub)
+            self._wait_until(lambda: bool(sub.images), sub)
+            self._wait_until(lambda: pub.is_connected, None)
             done = m.done()
             self._wait_until(lambda: pub.offer(done) > 0, None)
             frames: deque[bytes] = deque()

@@ -1,0 +1,173 @@
+"""Handshake benchmark over UDP loopback; prints one JSON object.
+
+    python -m benchmarks.handshake [--connects N] [--seconds S] [--messages-mb MB]
+
+A child process runs three handshake servers: one with the default configuration (sealed, 1 MiB
+session terms) for the connect figures, and a sealed and a plain one with 8 MiB session terms that
+count what they receive and answer a final message with the byte count. This process is the
+client:
+
+* ``connect_p50_ms`` / ``connect_p99_ms``: ``--connects`` sequential connect+close cycles (HELLO,
+  WELCOME, private pair, DONE, CONFIRM), timed from the call to the returned connection.
+* ``handshakes_per_s``: ``--threads`` client threads connecting and closing for ``--seconds``;
+  completed handshakes / elapsed.
+* ``encrypted_<size>_mb_per_s`` / ``plain_<size>_mb_per_s`` and ``encrypted_to_plain_<size>_ratio``
+  for 1 KiB and 64 KiB messages: one connection sends ``--messages-mb`` MB; the rate is bytes
+  acknowledged by the server / elapsed. Sealed and plain runs alternate (``--rounds`` each) so both
+  see the same machine; the ratio is of the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from aeron_spark.handshake import Client, ClientConfig, Connection, Server, ServerConfig
+
+
+def _say(**kw: Any) -> None:
+    print(json.dumps(kw), flush=True)
+
+
+# ---------------------------------------------------------------------------- child: servers
+
+
+def serve(key_dir: str) -> None:
+    received: dict[int, int] = {}
+
+    def on_message(conn: Connection, message: bytes) -> None:
+        if message[:4] == b"END?":
+            conn.send(str(received.pop(id(conn), 0)).encode())
+        else:
+            received[id(conn)] = received.get(id(conn), 0) + len(message)
+
+    big = dict(session_term_length=8 * 1024 * 1024, max_per_address=1024, max_pending=1024)
+    sealed = Server(
+        ServerConfig(key_store_dir=key_dir, encryption=True, **big), on_message=on_message
+    ).start()
+    plain = Server(
+        ServerConfig(key_store_dir=key_dir, encryption=False, **big), on_message=on_message
+    ).start()
+    defaults = Server(ServerConfig(key_store_dir=key_dir, max_per_address=1024)).start()
+    _say(sealed=sealed.endpoint, plain=plain.endpoint, defaults=defaults.endpoint)
+    sys.stdin.readline()  # until the parent closes our stdin
+    for server in (sealed, plain, defaults):
+        server.close()
+
+
+# ---------------------------------------------------------------------------- parent: clients
+
+
+def _connect_latencies(client: Client, endpoint: str, count: int) -> list[float]:
+    out = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        conn = client.connect(endpoint)
+        out.append(time.perf_counter() - t0)
+        conn.close()
+    return out
+
+
+def _handshake_rate(client: Client, endpoint: str, threads: int, seconds: float) -> float:
+    done = [0] * threads
+    stop = time.monotonic() + seconds
+
+    def worker(i: int) -> None:
+        while time.monotonic() < stop:
+            client.connect(endpoint).close()
+            done[i] += 1
+
+    t0 = time.monotonic()
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return sum(done) / (time.monotonic() - t0)
+
+
+def _throughput(conn: Connection, size: int, total_bytes: int) -> float:
+    payload = os.urandom(size)
+    count = max(total_bytes // size, 1)
+    t0 = time.perf_counter()
+    for _ in range(count):
+        conn.send(payload, timeout_s=30.0)
+    conn.send(b"END?", timeout_s=30.0)
+    reply = conn.receive(60.0)
+    elapsed = time.perf_counter() - t0
+    if reply is None or int(reply) != count * size:
+        raise RuntimeError(f"server acknowledged {reply!r}, expected {count * size}")
+    return count * size / elapsed / 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--connects", type=int, default=300)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--messages-mb", type=float, default=200.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--serve", metavar="KEY_DIR", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve)
+        return
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.handshake", "--serve", os.path.join(tmp, "srv")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert child.stdout is not None and child.stdin is not None
+            endpoints = json.loads(child.stdout.readline())
+            client = Client(ClientConfig(key_store_dir=os.path.join(tmp, "cli")))
+            plain_client = Client(
+                ClientConfig(key_store_dir=os.path.join(tmp, "cli"), encryption=False)
+            )
+            client.connect(endpoints["defaults"]).close()  # warm up both drivers
+            lat = sorted(_connect_latencies(client, endpoints["defaults"], args.connects))
+            rate = _handshake_rate(client, endpoints["defaults"], args.threads, args.seconds)
+            result: dict[str, Any] = {
+                "handshakes_per_s": round(rate, 1),
+                "connect_p50_ms": round(lat[len(lat) // 2] * 1000, 3),
+                "connect_p99_ms": round(lat[int(len(lat) * 0.99) - 1] * 1000, 3),
+                "connects_timed": len(lat),
+                "handshake_threads": args.threads,
+            }
+            sealed = client.connect(endpoints["sealed"])
+            plain = plain_client.connect(endpoints["plain"])
+            assert sealed.encrypted and not plain.encrypted
+            for name, size in (("1k", 1024), ("64k", 65536)):
+                total = int(args.messages_mb * 1e6 / (8 if size == 1024 else 1))
+                runs: dict[str, list[float]] = {"encrypted": [], "plain": []}
+                for _ in range(args.rounds):
+                    runs["plain"].append(_throughput(plain, size, total))
+                    runs["encrypted"].append(_throughput(sealed, size, total))
+                enc, pln = statistics.median(runs["encrypted"]), statistics.median(runs["plain"])
+                result[f"encrypted_{name}_mb_per_s"] = round(enc, 1)
+                result[f"plain_{name}_mb_per_s"] = round(pln, 1)
+                result[f"encrypted_to_plain_{name}_ratio"] = round(enc / pln, 3)
+            sealed.close()
+            plain.close()
+            result["load_average_at_start"] = load
+            result["cpus"] = os.cpu_count()
+        finally:
+            if child.stdin is not None:
+                child.stdin.close()
+            child.wait(timeout=30)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""Handshakes and sessions over real UDP sockets on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from aeron_spark.handshake import (
+    ConnectionClosedError,
+    HandshakeTimeoutError,
+    KeyRefusedError,
+    TooManyConnectionsError,
+)
+from aeron_spark.handshake.client import split_endpoint
+from aeron_spark.handshake.config import HANDSHAKE_STREAM_ID, REPLY_STREAM_ID
+from aeron_spark.handshake.machine import ClientHandshake
+from aeron_spark.transport import FragmentAssembler
+from aeron_spark.transport.testing import free_udp_port
+
+from .conftest import wait_for
+
+
+def test_connect_echo_ping_and_close(make_server, make_client) -> None:
+    server = make_server()
+    conn = make_client().connect(server.endpoint)
+    assert conn.encrypted and conn.is_connected
+    conn.send(b"hello")
+    assert conn.receive(5.0) == b"hello"
+    big = os.urandom(100_000)  # fragmented
+    conn.send(big)
+    assert conn.receive(5.0) == big
+    assert 0 < conn.ping(5.0) < 5.0
+    assert conn.receive(0.05) is None
+    conn.close()
+    wait_for(lambda: server.stats()["connections"] == 0, what="the server to reap the session")
+    stats = server.stats()
+    assert stats["connected"] == 1 and stats["closed"] == 1 and stats["frames_rejected"] == 0
+    assert stats["frames_opened"] >= 3
+    with pytest.raises(ConnectionClosedError):
+        conn.send(b"after close")
+
+
+def test_plain_sessions_only_when_both_sides_turn_encryption_off(make_server, make_client) -> None:
+    plain_server = make_server(encryption=False)
+    sealed = make_client().connect(plain_server.endpoint)
+    plain = make_client(encryption=False).connect(plain_server.endpoint)
+    assert sealed.encrypted and not plain.encrypted
+    for conn in (sealed, plain):
+        conn.send(b"x" * 1000)
+        assert conn.receive(5.0) == b"x" * 1000
+        conn.close()
+    strict = make_server(encryption=True, key_dir="k2")
+    conn = make_client(encryption=False).connect(strict.endpoint)
+    assert conn.encrypted
+    conn.close()
+
+
+def test_100_clients_connect_concurrently_and_exchange_messages(make_server, make_client) -> None:
+    server = make_server()
+    client = make_client()
+
+    def session(i: int) -> int:
+        with client.connect(server.endpoint) as conn:
+            for j in range(10):
+                conn.send(b"%d:%d" % (i, j))
+            got = [conn.receive(10.0) for _ in range(10)]
+            assert got == [b"%d:%d" % (i, j) for j in range(10)]
+            return len(got)
+
+    with ThreadPoolExecutor(max_workers=25) as pool:
+        assert sum(pool.map(session, range(100))) == 1000
+    wait_for(lambda: server.stats()["connections"] == 0, what="all sessions reaped")
+    stats = server.stats()
+    assert stats["connected"] == 100 and stats["frames_rejected"] == 0
+    assert not server.core.session_ids and not server.core.per_address
+
+
+def test_per_address_limit_over_real_sockets(make_server, make_client) -> None:
+    server = make_server(max_per_address=3)
+    client = make_client()
+    conns = [client.connect(server.endpoint) for _ in range(3)]
+    with pytest.raises(TooManyConnectionsError, match="127.0.0.1 already has 3"):
+        client.connect(server.endpoint)
+    conns.pop().close()
+    wait_for(lambda: server.stats()["connections"] == 2, what="the closed session to be freed")
+    conns.append(client.connect(server.endpoint))
+    for conn in conns:
+        conn.close()
+    assert server.stats()["refused"] == {"TOO_MANY_FROM_ADDRESS": 1}
+
+
+def _raw_hello(driver, endpoint: str, payload: bytes | None = None):
+    """Say HELLO (or ``payload``) by hand and return the WELCOME, never sending DONE."""
+    host, port = split_endpoint(endpoint)
+    replies = driver.add_subscription(
+        f"aeron:udp?endpoint=127.0.0.1:0|control={host}:{port + 1}|control-mode=dynamic",
+        REPLY_STREAM_ID,
+    )
+    pub = driver.add_publication(f"aeron:udp?endpoint={endpoint}", HANDSHAKE_STREAM_ID)
+    wait_for(lambda: bool(replies.images) and pub.is_connected, what="handshake channels")
+    machine = ClientHandshake(lambda key: None)
+    machine.start(0)
+    hello = machine.hello()
+    pub.offer_blocking(payload if payload is not None else hello, timeout_s=5.0)
+    got: list[bytes] = []
+    assembler = FragmentAssembler(lambda p, h: got.append(bytes(p)))
+    if payload is None:
+        wait_for(lambda: replies.poll(assembler, 10) > 0 or bool(got), what="WELCOME")
+    return machine, got, pub, replies
+
+
+def test_client_that_never_sends_done_expires_and_frees_everything(
+    make_server, client_driver
+) -> None:
+    server = make_server(handshake_timeout_ns=300_000_000)
+    machine, got, pub, replies = _raw_hello(client_driver, server.endpoint)
+    assert machine.on_reply(got[0]) is not None  # a real WELCOME, sealed for us
+    assert server.stats()["pending"] == 1
+    wait_for(lambda: server.stats()["expired"] == 1, what="the pending session to expire")
+    assert server.stats()["pending"] == 0 and not server.core.session_ids
+    assert not server.core.stream_ids and not server.core.per_address
+    pub.close()
+    replies.close()
+
+
+def test_garbage_and_truncated_hellos_are_counted_and_others_still_connect(
+    make_server, make_client, client_driver
+) -> None:
+    server = make_server()
+    good = ClientHandshake(lambda key: None)
+    good.start(0)
+    for payload in (b"", b"\xff" * 50, good.hello()[:20], b"\x81\xa1t\x01"):
+        _, _, pub, replies = _raw_hello(client_driver, server.endpoint, payload or b"\xc1")
+        pub.close()
+        replies.close()
+    wait_for(lambda: server.stats()["malformed"] == 4, what="4 malformed HELLOs counted")
+    conn = make_client().connect(server.endpoint)
+    conn.send(b"ok")
+    assert conn.receive(5.0) == b"ok"
+    conn.close()
+
+
+def test_wrong_session_id_on_the_private_pair_is_ignored(
+    make_server, make_client, client_driver
+) -> None:
+    server = make_server()
+    conn = make_client().connect(server.endpoint)
+    wait_for(lambda: len(server.connections) == 1, what="the server side")
+    details = next(iter(server.core.sessions)).details
+    intruder = client_driver.add_publication(
+        f"aeron:udp?endpoint={server.endpoint}|session-id={details.c2s_session_id + 1}",
+        details.c2s_stream_id,
+    )
+    intruder.wait_until_connected(2.0)  # it may never connect: nobody subscribes to its session
+    for _ in range(5):
+        intruder.offer(b"\x00injected")
+    conn.send(b"real")
+    assert conn.receive(5.0) == b"real"  # the echo only ever contains the real message
+    assert conn.receive(0.2) is None
+    assert server.stats()["frames_rejected"] == 0
+    intruder.close()
+    conn.close()
+
+
+def test_changed_server_key_is_refused(make_server, make_client, tmp_path) -> None:
+    port = free_udp_port()
+    first = make_server(port=port, control_port=free_udp_port(), key_dir="key-a")
+    client = make_client(control_port=first.control_port)
+    client.connect(first.endpoint).close()
+    control = first.control_port
+    first.close()
+    second = make_server(port=port, control_port=control, key_dir="key-b")
+    with pytest.raises(KeyRefusedError, match="CHANGED"):
+        client.connect(second.endpoint)
+    assert second.stats()["connected"] == 0
+    client.key_store.forget(second.endpoint)
+    client.connect(second.endpoint).close()
+
+
+def test_no_server_times_out_with_a_typed_error(make_client) -> None:
+    client = make_client(timeout_s=0.5)
+    with pytest.raises(HandshakeTimeoutError, match="joining"):
+        client.connect(f"127.0.0.1:{free_udp_port()}")
+
+
+def test_server_close_is_seen_by_the_client(make_server, make_client) -> None:
+    server = make_server()
+    lost = threading.Event()
+    conn = make_client().connect(server.endpoint, on_disconnect=lambda c: lost.set())
+    server.close()
+    wait_for(lambda: conn.receive(0.05) is None and not conn.is_connected, what="loss seen")
+    assert lost.is_set()
+    conn.close()
+
+
+@pytest.mark.slow
+def test_thousands_of_connect_close_cycles_leak_nothing(make_server, make_client) -> None:
+    server = make_server()
+    client = make_client()
+    client.connect(server.endpoint).close()  # warm up the driver's endpoints
+    wait_for(lambda: server.stats()["connections"] == 0)
+    fds = len(os.listdir("/proc/self/fd"))
+    pubs, subs = len(server.driver._publications), len(server.driver._subscriptions)
+    cycles = 2000
+    for i in range(cycles):
+        conn = client.connect(server.endpoint)
+        if i % 100 == 0:
+            conn.send(b"ping")
+            assert conn.receive(5.0) == b"ping"
+        conn.close()
+    wait_for(lambda: server.stats()["connections"] == 0, what="all sessions reaped")
+    wait_for(lambda: len(server.driver._publications) == pubs, 15, "server publications freed")
+    core = server.core
+    assert not core.sessions and not core.session_ids and not core.stream_ids
+    assert not core.connect_keys and not core.per_address and core.pending == 0
+    assert len(server.driver._subscriptions) == subs
+    wait_for(lambda: len(client.driver._publications) == 0, 15, "client publications freed")
+    assert len(client.driver._subscriptions) == 0
+    assert len(os.listdir("/proc/self/fd")) <= fds + 2
+    assert server.stats()["connected"] == cycles + 1
