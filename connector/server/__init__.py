@@ -12,7 +12,7 @@ Command line: ``aeron-spark server --dir DIR --port PORT [--host H] [--ingest-ch
 [--json]]`` (:func:`stat_main`).
 
 Modules: ``config`` (ServerConfig), ``core`` (sans-I/O request handling), ``server`` (the event
-loop), ``link`` (session transport: plain HELLO/WELCOME sessions over UDP), ``store`` (recordings,
+loop), ``link`` (sessions: handshake connections, sealed with AES-GCM), ``store`` (recordings,
 replays, publishers, ingest, sink writers), ``recordings`` (segment files, index, purge, crash
 recovery), ``framing`` (payloads -> Aeron frames), ``staging`` + ``commitlog`` (exactly-once sink
 commits), ``stat``, ``cli``, ``testing`` (helpers for tests and benchmarks).

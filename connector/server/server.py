@@ -93,7 +93,13 @@ class StreamServer:
             self.core.stats_hook = self._extra_stats
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="aeron-spark-commit")
             self.core.defer = self._defer
-            self._listener = ServerListener(self.config.host, self.config.port, self._driver)
+            self._listener = ServerListener(
+                self.config.host,
+                self.config.port,
+                self._driver,
+                encryption=self.config.encryption,
+                key_store_dir=self.config.key_store_dir,
+            )
             self._store.start_ingest()
         except BaseException:
             if self._store is not None:
@@ -101,11 +107,12 @@ class StreamServer:
             self._driver.close()
             raise
         self._started_ns = time.monotonic_ns()
-        if self.config.encryption:
-            log.warning(
-                "sessions run in plain mode (the handshake layer is not wired in yet): "
-                "session traffic is NOT encrypted; use --no-encryption to silence this"
-            )
+        log.info(
+            "stream server at %s (sessions %s), server key %s",
+            self._listener.endpoint,
+            "sealed" if self.config.encryption else "plain unless a client asks for sealing",
+            self._listener.public_key,
+        )
         self._thread = threading.Thread(target=self._run, name="aeron-spark-server", daemon=True)
         self._thread.start()
         if not self._started.wait(timeout_s):
@@ -113,6 +120,13 @@ class StreamServer:
         if self._failure is not None:
             raise ServerUnavailableError(f"the server failed to start: {self._failure}")
         return self
+
+    @property
+    def public_key(self) -> str:
+        """The server's X25519 public key (hex): what clients pin with ``serverKey``."""
+        if self._listener is None:
+            raise ServerUnavailableError("the server is not started")
+        return self._listener.public_key
 
     @property
     def endpoint(self) -> str:
@@ -262,6 +276,8 @@ class StreamServer:
             },
             "written_at_s": time.time(),
         }
+        if self._listener is not None:
+            extra["handshake"] = self._listener.stats()
         if self._driver is not None:
             extra["transport"] = self._driver.counters.snapshot()
         return extra
