@@ -25,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--port",
         type=int,
         default=DEFAULT_PORT,
-        help="session port (default %(default)s; 0 picks a free port)",
+        help="handshake/session UDP port; port + 1 carries replies (default %(default)s; 0 picks "
+        "a free pair)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument(
@@ -46,7 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not seal session traffic (trusted networks only)",
     )
-    parser.add_argument("--key-store", default=None, help="server key store directory")
+    parser.add_argument(
+        "--key-store",
+        default=None,
+        help="key store holding server.key (default $AERON_SPARK_KEY_STORE or ~/.aeron-spark/keys)",
+    )
     parser.add_argument(
         "--fsync", action="store_true", help="fsync recordings after every append batch"
     )
@@ -90,8 +95,11 @@ def server_main(argv: Sequence[str]) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         server.start()
+        port = int(server.endpoint.rpartition(":")[2])
         print(
-            f"aeron-spark server listening on {server.endpoint} (dir {args.dir})",
+            f"aeron-spark server listening on {server.endpoint} (UDP ports {port} and "
+            f"{port + 1}, dir {args.dir})\nserver key {server.public_key} "
+            "(clients pin it with the option serverKey)",
             file=sys.stderr,
             flush=True,
         )

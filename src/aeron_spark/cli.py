@@ -26,7 +26,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
-COMMANDS = ("server", "stat", "publish", "tail", "demo")
+COMMANDS = ("server", "stat", "publish", "tail", "keys", "demo")
 
 
 def _client_settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -36,6 +36,8 @@ def _client_settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         endpoint=args.endpoint,
         encryption=not args.no_encryption,
         key_store_dir=args.key_store,
+        server_key=args.server_key,
+        trust_on_first_use=not args.no_trust_on_first_use,
         timeout_s=args.timeout_s,
     )
 
@@ -53,7 +55,19 @@ def _add_client_args(parser: argparse.ArgumentParser) -> None:
         help="do not seal the session (only for trusted networks)",
     )
     parser.add_argument(
-        "--key-store", default=None, help="key store directory (default ~/.aeron-spark/keys)"
+        "--key-store",
+        default=None,
+        help="key store directory (default $AERON_SPARK_KEY_STORE or ~/.aeron-spark/keys)",
+    )
+    parser.add_argument(
+        "--server-key",
+        default=None,
+        help="pin the server's public key (hex, from 'aeron-spark keys show' on the server)",
+    )
+    parser.add_argument(
+        "--no-trust-on-first-use",
+        action="store_true",
+        help="refuse a server whose key is neither pinned nor already known",
     )
     parser.add_argument(
         "--timeout-s",
@@ -191,6 +205,44 @@ def tail_main(argv: Sequence[str]) -> int:
             time.sleep(args.poll_interval_s)
 
 
+def keys_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="aeron-spark keys",
+        description="Show the server key of this host, list or forget known server keys.",
+    )
+    parser.add_argument("action", choices=("show", "list", "forget"))
+    parser.add_argument("endpoint", nargs="?", help="for 'forget': the server's host:port")
+    parser.add_argument(
+        "--key-store",
+        default=None,
+        help="key store directory (default $AERON_SPARK_KEY_STORE or ~/.aeron-spark/keys)",
+    )
+    args = parser.parse_args(list(argv))
+    from aeron_spark.handshake.crypto import fingerprint
+    from aeron_spark.handshake.keystore import KeyStore, server_public_key_hex
+
+    store = KeyStore(args.key_store)
+    if args.action == "show":
+        key = server_public_key_hex(store.directory)
+        print(key)
+        print(
+            f"fingerprint {fingerprint(bytes.fromhex(key))} (key store {store.directory})",
+            file=sys.stderr,
+        )
+        return EXIT_OK
+    if args.action == "list":
+        for endpoint, key in sorted(store.known_servers().items()):
+            print(f"{endpoint} {key.hex()} {fingerprint(key)}")
+        return EXIT_OK
+    if not args.endpoint:
+        parser.error("forget needs the server's host:port")
+    if store.forget(args.endpoint):
+        print(f"forgot the key of {args.endpoint}; the next connection trusts the key it sees")
+        return EXIT_OK
+    print(f"no key is known for {args.endpoint} in {store.directory}", file=sys.stderr)
+    return EXIT_FAILED
+
+
 def _lazy(module: str, func: str) -> Callable[[Sequence[str]], int]:
     def run(argv: Sequence[str]) -> int:
         import importlib
@@ -205,6 +257,7 @@ HANDLERS: dict[str, Callable[[Sequence[str]], int]] = {
     "stat": _lazy("aeron_spark.connector.server", "stat_main"),
     "publish": publish_main,
     "tail": tail_main,
+    "keys": keys_main,
     "demo": _lazy("aeron_spark.demo", "main"),
 }
 
@@ -215,6 +268,7 @@ commands:
   stat      show streams, recordings, positions, sessions and counters of a running server
   publish   publish lines or files into a stream
   tail      print the messages of a stream
+  keys      show this host's server key, list or forget known server keys
   demo      the quickstart: embedded server + producer + a local Spark query
 
 'aeron-spark COMMAND --help' describes each command.
