@@ -81,9 +81,14 @@ class ShuttingDownError(HandshakeRefusedError):
 
 
 class HandshakeTimeoutError(HandshakeRefusedError):
-    """No answer (or no confirmation) within the handshake timeout."""
+    """No answer (or no confirmation) within the handshake timeout (ours or the server's)."""
 
     code = ErrorCode.HANDSHAKE_TIMEOUT
+
+    def __init__(self, detail: str, endpoint: str = "") -> None:
+        super().__init__(detail, endpoint)
+        where = f" with {endpoint}" if endpoint else ""
+        self.args = (f"the handshake{where} did not complete (HANDSHAKE_TIMEOUT): {detail}",)
 
 
 class KeyRefusedError(HandshakeRefusedError):

@@ -134,6 +134,13 @@ def _step(table: dict, state: enum.Enum, event: enum.Enum, remote: set, what: st
 
 # ============================================================================ client
 
+_STAGE_HINTS = {
+    "joining": "no server answers; is it running, and are its UDP port and port + 1 reachable?",
+    "hello_sent": "the server got no HELLO or its reply was lost",
+    "opening": "the private session streams did not connect (a firewall on the server's ports?)",
+    "done_sent": "the server did not confirm the session",
+}
+
 
 class ClientHandshake:
     """One client handshake (sans-I/O). The I/O layer calls, in order:
@@ -248,7 +255,9 @@ class ClientHandshake:
             stage = self.state.value
             self._fire(ClientEvent.TIMEOUT)
             raise HandshakeTimeoutError(
-                f"no answer within {self.timeout_ns / 1e9:g} s (stuck in {stage})", self.endpoint
+                f"no answer within {self.timeout_ns / 1e9:g} s (stuck in {stage}): "
+                + _STAGE_HINTS.get(stage, "the server stopped answering"),
+                self.endpoint,
             )
 
     def fail(self, event: ClientEvent = ClientEvent.TRANSPORT_LOST) -> None:

@@ -59,6 +59,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--read-only", action="store_true", help="refuse publish, stage, commit, abort and purge"
     )
     parser.add_argument("--no-purge", action="store_true", help="refuse purge requests")
+    parser.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="only these addresses / CIDR ranges may open sessions (repeatable)",
+    )
+    parser.add_argument(
+        "--deny", action="append", default=[], metavar="CIDR", help="refuse these (repeatable)"
+    )
+    parser.add_argument("--max-clients", type=int, default=1024, help="sessions in total")
+    parser.add_argument(
+        "--max-per-address", type=int, default=256, help="sessions per client IP address"
+    )
     parser.add_argument("--log-level", default="INFO")
     return parser
 
@@ -75,6 +89,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         fsync=args.fsync,
         read_only=args.read_only,
         allow_purge=not args.no_purge,
+        allow=tuple(args.allow),
+        deny=tuple(args.deny),
+        max_clients=args.max_clients,
+        max_per_address=args.max_per_address,
     )
 
 

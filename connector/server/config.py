@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from aeron_spark.transport.protocol.logbuffer import check_mtu, check_term_length
 
 from aeron_spark.errors import ConfigurationError
+from aeron_spark.handshake.config import _networks
 
 DEFAULT_PORT = 40123
 
@@ -21,6 +22,9 @@ class ServerConfig:
     ``ingest_stream_ids``   stream ids recorded from the ingest channel
     ``encryption``          seal session traffic (AES-GCM) when the handshake layer offers it
     ``key_store_dir``       the server's key store (None: the handshake layer's default)
+    ``allow`` / ``deny``    addresses or CIDR ranges allowed / denied a session (deny wins; an
+                            empty allow list allows everyone)
+    ``max_clients`` / ``max_per_address``  session limits (in total / per client IP address)
     ``term_length`` / ``mtu``  geometry of recordings the server creates (publish, sink commits)
     ``session_lease_ns``    a session with no request for this long is closed (Spark's ``stop()``
                             is best-effort); clients send keepalives while they wait
@@ -40,6 +44,10 @@ class ServerConfig:
     ingest_stream_ids: tuple[int, ...] = (10,)
     encryption: bool = True
     key_store_dir: str | None = None
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    max_clients: int = 1024
+    max_per_address: int = 256
     term_length: int = 64 * 1024 * 1024
     mtu: int = 8192
     session_lease_ns: int = 60_000_000_000
@@ -62,6 +70,8 @@ class ServerConfig:
         if self.mtu > self.term_length // 2:
             raise ConfigurationError("mtu", self.mtu, "at most half of term_length")
         for name in (
+            "max_clients",
+            "max_per_address",
             "session_lease_ns",
             "gc_interval_ns",
             "max_replays_per_session",
@@ -73,6 +83,8 @@ class ServerConfig:
             raise ConfigurationError("staging_lease_s", self.staging_lease_s, "a positive number")
         if self.max_block_bytes < 4096:
             raise ConfigurationError("max_block_bytes", self.max_block_bytes, "at least 4096")
+        _networks("allow", self.allow)  # an unparsable address is named here, not at start
+        _networks("deny", self.deny)
         if not all(-(2**31) <= s < 2**31 for s in self.ingest_stream_ids):
             raise ConfigurationError(
                 "ingest_stream_ids", self.ingest_stream_ids, "32-bit stream ids"

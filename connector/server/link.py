@@ -125,6 +125,7 @@ class ServerListener:
         *,
         encryption: bool = True,
         key_store_dir: str | None = None,
+        **limits: Any,
     ) -> None:
         self.server = Server(
             HandshakeServerConfig(
@@ -132,6 +133,7 @@ class ServerListener:
                 port=port,
                 encryption=encryption,
                 key_store_dir=key_store_dir,
+                **limits,
                 session_term_length=SESSION_TERM_LENGTH,
                 session_mtu=session_mtu(host),
             ),

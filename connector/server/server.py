@@ -99,6 +99,10 @@ class StreamServer:
                 self._driver,
                 encryption=self.config.encryption,
                 key_store_dir=self.config.key_store_dir,
+                allow=self.config.allow,
+                deny=self.config.deny,
+                max_clients=self.config.max_clients,
+                max_per_address=self.config.max_per_address,
             )
             self._store.start_ingest()
         except BaseException:

@@ -1,0 +1,59 @@
+"""The stream server's sessions are handshake connections: sealed, pinned, limited."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aeron_spark.connector.client import ClientSettings, StreamClient
+from aeron_spark.connector.errors import ServerUnavailableError
+from aeron_spark.connector.server import ServerConfig, StreamServer
+
+
+def _server(tmp_path: Path, **kw: object) -> StreamServer:
+    config = ServerConfig(directory=str(tmp_path / "srv"), port=0, term_length=1 << 20, **kw)
+    return StreamServer(config).start()  # type: ignore[arg-type]
+
+
+def test_sessions_are_sealed_and_pinning_the_servers_key_works(tmp_path: Path) -> None:
+    with _server(tmp_path) as server:
+        settings = ClientSettings(
+            endpoint=server.endpoint,
+            server_key=server.public_key,
+            trust_on_first_use=False,
+            key_store_dir=str(tmp_path / "client-keys"),
+        )
+        with StreamClient.connect(settings) as client:
+            assert client._link.encrypted
+            client.publish(5, [b"sealed"])
+            stats = client.stats()
+        assert stats["handshake"]["connected"] >= 1
+        assert stats["handshake"]["frames_rejected"] == 0
+        assert stats["handshake"]["frames_opened"] > 0
+
+
+def test_a_wrong_pinned_key_is_refused_before_any_request(tmp_path: Path) -> None:
+    with _server(tmp_path) as server:
+        settings = ClientSettings(
+            endpoint=server.endpoint,
+            server_key="11" * 32,
+            key_store_dir=str(tmp_path / "client-keys"),
+            timeout_s=10,
+        )
+        with pytest.raises(ServerUnavailableError, match="KEY_REFUSED.*pinned server_key"):
+            StreamClient.connect(settings)
+        assert server.snapshot()["handshake"]["connected"] == 0
+
+
+def test_denied_addresses_and_per_address_limits_are_refused_with_their_code(
+    tmp_path: Path,
+) -> None:
+    with _server(tmp_path / "a", deny=("127.0.0.0/8",)) as server:
+        with pytest.raises(ServerUnavailableError, match="ADDRESS_DENIED"):
+            StreamClient.connect(ClientSettings(endpoint=server.endpoint, timeout_s=10))
+    with _server(tmp_path / "b", max_per_address=1) as server:
+        with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as first:
+            with pytest.raises(ServerUnavailableError, match="TOO_MANY_FROM_ADDRESS"):
+                StreamClient.connect(ClientSettings(endpoint=server.endpoint, timeout_s=10))
+            first.publish(1, [b"still served"])
