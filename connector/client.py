@@ -40,6 +40,16 @@ DEFAULT_ENDPOINT = "127.0.0.1:40123"
 
 
 @dataclass(frozen=True, slots=True)
+class ScanResult:
+    """What :meth:`StreamClient.scan` found: ``end`` (a message boundary), whole ``messages`` in
+    ``[start, end)`` and ``splits`` (message boundaries strictly inside it)."""
+
+    end: int
+    messages: int
+    splits: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ClientSettings:
     """How to reach a stream server. Frozen and picklable (Spark ships it to executors).
 
@@ -280,6 +290,28 @@ class StreamClient:
         args = {} if stream_ids is None else {"stream_ids": [int(s) for s in stream_ids]}
         return {int(rid): int(pos) for rid, pos in self.call("latest_positions", **args)}
 
+    def scan(
+        self,
+        recording_id: int,
+        start: int,
+        end: int | None = None,
+        *,
+        max_messages: int | None = None,
+        max_bytes: int | None = None,
+        parts: int = 1,
+    ) -> ScanResult:
+        """Whole messages from ``start`` (a message boundary): where ``[start, end)`` may end
+        within the limits without tearing a message, how many messages that is, and up to
+        ``parts - 1`` message boundaries splitting it evenly. ``end=None``: the recorded end."""
+        args: dict[str, Any] = {"recording_id": recording_id, "start": start, "parts": parts}
+        for name, value in (("end", end), ("max_messages", max_messages), ("max_bytes", max_bytes)):
+            if value is not None:
+                args[name] = int(value)
+        result = self.call("scan", **args)
+        return ScanResult(
+            int(result["end"]), int(result["messages"]), tuple(int(p) for p in result["splits"])
+        )
+
     def position_at(self, recording_id: int, timestamp_ns: int) -> int:
         return int(self.call("position_at", recording_id=recording_id, timestamp_ns=timestamp_ns))
 
@@ -492,4 +524,4 @@ class StreamClient:
         return dict(self.call("stats"))
 
 
-__all__ = ["ClientSettings", "RecordingInfo", "ReplayBlock", "StreamClient"]
+__all__ = ["ClientSettings", "RecordingInfo", "ReplayBlock", "ScanResult", "StreamClient"]

@@ -53,6 +53,14 @@ OPS: dict[str, dict[str, tuple[str, bool]]] = {
     "list_recordings": {"stream_ids": ("int32_list?", False)},
     "latest_positions": {"stream_ids": ("int32_list?", False)},
     "position_at": {"recording_id": ("pos", True), "timestamp_ns": ("int64", True)},
+    "scan": {
+        "recording_id": ("pos", True),
+        "start": ("pos", True),
+        "end": ("pos?", False),
+        "max_messages": ("pos?", False),
+        "max_bytes": ("pos?", False),
+        "parts": ("uint32", False),
+    },
     "replay": {
         "recording_id": ("pos", True),
         "start": ("pos", True),

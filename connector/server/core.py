@@ -32,6 +32,7 @@ from aeron_spark.connector.errors import (
     ServerError,
 )
 from aeron_spark.connector.server.config import ServerConfig
+from aeron_spark.connector.server.scan import scan
 from aeron_spark.connector.server.staging import SinkCommitter
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class Session:
 WRITE_OPS = frozenset({"publish", "stage", "commit", "abort", "purge"})
 # Long-running operations the I/O shell may run off its loop (``ServerCore.defer``), so a large
 # sink commit does not stall every replay. They only touch the committer and sink recordings.
-DEFERRED_OPS = frozenset({"commit", "abort"})
+DEFERRED_OPS = frozenset({"commit", "abort", "scan"})
 
 
 class ServerCore:
@@ -252,6 +253,19 @@ class ServerCore:
         if op == "position_at":
             self._authorise(op, [self._stream_of(args["recording_id"])])
             return self.store.position_at(args["recording_id"], args["timestamp_ns"])
+        if op == "scan":
+            self._authorise(op, [self._stream_of(args["recording_id"])])
+            if args.get("parts", 1) > 4096:
+                raise ControlProtocolError("scan: parts must be at most 4096")
+            cursor = self.store.open_replay(args["recording_id"], args["start"], args.get("end"))
+            return scan(
+                cursor,
+                args["start"],
+                max_messages=args.get("max_messages"),
+                max_bytes=args.get("max_bytes"),
+                parts=max(int(args.get("parts", 1)), 1),
+                now_ns=now_ns,
+            )
         if op == "replay":
             return self._start_replay(session, request, now_ns)
         if op == "stop_replay":
