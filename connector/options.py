@@ -48,6 +48,31 @@ SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
         "fail when a wanted range was purged; false skips to the first readable position",
     ),
     "format": ("format", "binary", "binary (value column + metadata) or text (value as string)"),
+    "maxmessagespertrigger": (
+        "maxMessagesPerTrigger",
+        "",
+        "at most this many messages per micro-batch (over all recordings)",
+    ),
+    "maxbytespertrigger": (
+        "maxBytesPerTrigger",
+        "",
+        "at most about this many recorded bytes per micro-batch (at least one message)",
+    ),
+    "minmessagespertrigger": (
+        "minMessagesPerTrigger",
+        "",
+        "wait until this many messages are available (or maxTriggerDelayMs passed)",
+    ),
+    "maxtriggerdelayms": (
+        "maxTriggerDelayMs",
+        "900000",
+        "with minMessagesPerTrigger: run a batch with fewer messages after this long",
+    ),
+    "minpartitions": (
+        "minPartitions",
+        "",
+        "split recording ranges at message boundaries into at least this many partitions",
+    ),
     "encryption": ("encryption", "true", "seal the session with AES-GCM (must match the server)"),
     "keystore": ("keyStore", "~/.aeron-spark/keys", "key store directory of known server keys"),
     "serverkey": ("serverKey", "", "pin the server's public key (hex)"),
@@ -176,6 +201,11 @@ class SourceOptions:
     ending: StartSpec = "latest"
     fail_on_data_loss: bool = True
     format: str = "binary"
+    max_messages_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
+    min_messages_per_trigger: int | None = None
+    max_trigger_delay_ms: int = 900_000
+    min_partitions: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +252,22 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         ending=_positions("endingPositions", o.get("endingpositions", "latest"), ("latest",)),
         fail_on_data_loss=_bool("failOnDataLoss", o.get("failondataloss", "true")),
         format=fmt,
+        **_limits(o),
     )
+
+
+def _limits(o: dict[str, str]) -> dict[str, int | None]:
+    def opt(key: str, name: str, low: int, high: int) -> int | None:
+        return _int(name, o[key], low, high) if o.get(key, "").strip() else None
+
+    delay = opt("maxtriggerdelayms", "maxTriggerDelayMs", 0, 2**53)
+    return {
+        "max_messages_per_trigger": opt("maxmessagespertrigger", "maxMessagesPerTrigger", 1, 2**53),
+        "max_bytes_per_trigger": opt("maxbytespertrigger", "maxBytesPerTrigger", 1, 2**53),
+        "min_messages_per_trigger": opt("minmessagespertrigger", "minMessagesPerTrigger", 1, 2**53),
+        "max_trigger_delay_ms": 900_000 if delay is None else delay,
+        "min_partitions": opt("minpartitions", "minPartitions", 1, 100_000),
+    }
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:

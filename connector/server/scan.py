@@ -19,6 +19,8 @@ import struct
 from array import array
 from typing import Any
 
+import numpy as np
+
 from aeron_spark.transport.protocol.frames import FrameType
 
 _HEADER = struct.Struct("<iBBH")  # frame_length, version, flags, type
@@ -26,6 +28,22 @@ _END_FLAG = 0x40
 _ALIGN = 32
 _BLOCK_BYTES = 4 * 1024 * 1024
 _PAD = int(FrameType.PAD)
+_DATA = int(FrameType.DATA)
+_UNFRAGMENTED = 0xC0  # BEGIN | END
+
+
+def _uniform_run(frames: Any, offset: int, frame_length: int, aligned: int) -> int:
+    """How many frames from ``offset`` are whole DATA messages of ``frame_length`` bytes."""
+    count = (len(frames) - offset) // aligned
+    if count < 2:
+        return count
+    raw = np.frombuffer(frames, dtype=np.uint8, count=count * aligned, offset=offset)
+    rows = raw.reshape(count, aligned)
+    lengths = rows[:, :4].copy().view("<i4")[:, 0]
+    ok = (lengths == frame_length) & (rows[:, 5] == _UNFRAGMENTED) & (rows[:, 6] == _DATA)
+    if ok.all():
+        return count
+    return int(np.argmin(ok))
 
 
 def scan(
@@ -50,6 +68,30 @@ def scan(
         offset, length = 0, len(frames)
         while offset < length:
             frame_length, _v, flags, kind = unpack(frames, offset)
+            if flags == _UNFRAGMENTED and kind == _DATA and frame_length > 0:
+                # A run of equal-length whole messages (the common case) is taken at once.
+                aligned = (frame_length + _ALIGN - 1) & ~(_ALIGN - 1)
+                run = _uniform_run(frames, offset, frame_length, aligned)
+                if run > 1:
+                    base = position + offset
+                    if max_messages is not None:
+                        run = min(run, max_messages - messages)
+                    if max_bytes is not None:
+                        fit = (start + max_bytes - base) // aligned
+                        run = min(run, fit if fit > 0 or messages else 1)
+                    if run > 0:
+                        boundaries.extend(range(base + aligned, base + (run + 1) * aligned, aligned))
+                        messages += run
+                        last_boundary = base + run * aligned
+                        offset += run * aligned
+                    if (max_messages is not None and messages >= max_messages) or (
+                        max_bytes is not None
+                        and offset < length
+                        and last_boundary + aligned - start > max_bytes
+                    ):
+                        done = True
+                        break
+                    continue
             if frame_length <= 0:
                 break  # nothing more is written (cannot happen below the visible end)
             aligned = (frame_length + _ALIGN - 1) & ~(_ALIGN - 1)
