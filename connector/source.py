@@ -9,6 +9,7 @@ replays exactly ``[start, end)``, so a re-run task returns the same rows.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -20,6 +21,14 @@ from aeron_spark.connector.errors import PositionOutOfRangeError, PurgedError
 from aeron_spark.connector.formats import Geometry, batches_from_blocks
 from aeron_spark.connector.options import SourceOptions
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
 
 log = logging.getLogger("aeron_spark.connector.source")
 
@@ -113,6 +122,74 @@ def _partitions(
     return parts
 
 
+def _split(
+    client: StreamClient, parts: list[RecordingRange], min_partitions: int | None
+) -> list[RecordingRange]:
+    """Cut ranges at message boundaries until there are about ``min_partitions`` of them, each
+    recording's share proportional to its bytes (deterministic: recorded data never changes)."""
+    if not min_partitions or len(parts) >= min_partitions or not parts:
+        return parts
+    total = sum(p.end - p.start for p in parts)
+    out: list[RecordingRange] = []
+    for part in parts:
+        share = max(1, round(min_partitions * (part.end - part.start) / total))
+        if share == 1:
+            out.append(part)
+            continue
+        splits = client.scan(part.recording_id, part.start, part.end, parts=share).splits
+        bounds = [part.start, *splits, part.end]
+        out.extend(
+            dataclasses.replace(part, start=a, end=b)
+            for a, b in zip(bounds, bounds[1:], strict=False)
+            if b > a
+        )
+    return out
+
+
+def _limited_ends(
+    client: StreamClient,
+    begin: dict[int, int],
+    target: dict[int, int],
+    max_messages: int | None,
+    max_bytes: int | None,
+) -> tuple[dict[int, int], int]:
+    """Ends (message boundaries) of the next micro-batch within the limits, and its message count.
+
+    The budget is shared evenly between recordings with data first, then what is left goes to
+    those with more, so one recording's backlog never starves the others."""
+    ends = dict(begin)
+    waiting = sorted(rid for rid in target if target[rid] > begin.get(rid, target[rid]))
+    messages_left = max_messages
+    bytes_left = max_bytes
+    total = 0
+    for rounds in (0, 1):
+        if not waiting:
+            break
+        share_messages = (
+            None if messages_left is None else max(1, messages_left // len(waiting))
+        )
+        share_bytes = None if bytes_left is None else max(1, bytes_left // len(waiting))
+        for rid in list(waiting):
+            if messages_left is not None and messages_left <= 0:
+                break
+            if bytes_left is not None and bytes_left <= 0:
+                break
+            want_messages = messages_left if rounds else share_messages
+            want_bytes = bytes_left if rounds else share_bytes
+            got = client.scan(
+                rid, ends[rid], target[rid], max_messages=want_messages, max_bytes=want_bytes
+            )
+            total += got.messages
+            if messages_left is not None:
+                messages_left -= got.messages
+            if bytes_left is not None:
+                bytes_left -= got.end - ends[rid]
+            ends[rid] = got.end
+            if got.end >= target[rid] or got.messages == 0:
+                waiting.remove(rid)
+    return ends, total
+
+
 def encode_offset(positions: dict[int, int]) -> dict[str, int]:
     return {str(k): positions[k] for k in sorted(positions)}
 
@@ -145,18 +222,28 @@ class AeronBatchReader(DataSourceReader):
             }
         else:
             end = {rid: rec.recorded_position for rid, rec in recordings.items()}
-        return _partitions(o, recordings, start, end)
+        with StreamClient.connect(o.settings) as client:
+            parts = _partitions(o, recordings, start, end)
+            return _split(client, parts, o.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_range(partition)
 
 
-class AeronStreamReader(DataSourceStreamReader):
-    """``spark.readStream.format("aeron")``: micro-batches of newly recorded messages."""
+class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("aeron")``: micro-batches of newly recorded messages.
+
+    Admission control: ``maxMessagesPerTrigger`` / ``maxBytesPerTrigger`` / ``minMessagesPerTrigger``
+    become Spark's default read limit; every micro-batch ends on message boundaries the server
+    finds (``scan``), so no batch tears a fragmented message. ``Trigger.AvailableNow`` reads up to
+    the recorded positions at the time the query starts, in limited batches if limits are set.
+    """
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._latest: dict[int, int] = {}
+        self._available_now: dict[int, int] | None = None
+        self._last_batch = time.monotonic()
 
     def initialOffset(self) -> dict:
         o = self.options
@@ -166,22 +253,66 @@ class AeronStreamReader(DataSourceStreamReader):
                 {r.recording_id: _start_position(o, r, client) for r in recordings}
             )
 
-    def latestOffset(self, start: dict | None = None, limit: object | None = None) -> dict:
-        recordings = _recordings(self.options)
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now = {
+            rid: rec.recorded_position for rid, rec in _recordings(self.options).items()
+        }
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        o = self.options
+        if o.max_messages_per_trigger is not None:
+            return ReadMaxRows(o.max_messages_per_trigger)
+        if o.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(o.max_bytes_per_trigger)
+        if o.min_messages_per_trigger is not None:
+            return ReadMinRows(o.min_messages_per_trigger)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
+        o = self.options
+        recordings = _recordings(o)
         current = decode_offset(start) if start else {}
-        latest = dict(current)
+        begin = dict(current)
+        target: dict[int, int] = {}
         for rid, rec in recordings.items():
-            latest[rid] = max(rec.recorded_position, current.get(rid, 0))
-        lag = sum(latest[r] - current.get(r, recordings[r].start_position) for r in recordings)
-        if lag:
+            # Scan from the first readable position; a purged gap is partitions()' business
+            # (failOnDataLoss), so it fails or is skipped there, not here.
+            begin[rid] = max(begin.get(rid, rec.start_position), rec.purged_position)
+            latest = rec.recorded_position
+            if self._available_now is not None:
+                latest = min(latest, self._available_now.get(rid, begin[rid]))
+            target[rid] = max(latest, begin[rid])
+        self._latest = {**current, **{rid: recordings[rid].recorded_position for rid in recordings}}
+        max_messages = max_bytes = min_messages = None
+        if limit is not None and not isinstance(limit, ReadAllAvailable):
+            # Spark hands one limit; the other limits from the options still apply.
+            max_messages = o.max_messages_per_trigger
+            max_bytes = o.max_bytes_per_trigger
+            min_messages = o.min_messages_per_trigger
+            if isinstance(limit, ReadMaxRows):
+                max_messages = limit.max_rows
+            elif isinstance(limit, ReadMaxBytes):
+                max_bytes = limit.max_bytes
+            elif isinstance(limit, ReadMinRows):
+                min_messages = limit.min_rows
+        with StreamClient.connect(o.settings) as client:
+            ends, messages = _limited_ends(client, begin, target, max_messages, max_bytes)
+        if min_messages is not None and messages < min_messages and self._available_now is None:
+            waited_ms = (time.monotonic() - self._last_batch) * 1000
+            if waited_ms < o.max_trigger_delay_ms:
+                return encode_offset(current) if start else encode_offset(begin)
+        if messages:
+            self._last_batch = time.monotonic()
             log.info(
-                "aeron source streams %s: %d recordings, %d bytes behind the latest position",
-                list(self.options.stream_ids),
-                len(recordings),
-                lag,
+                "aeron source streams %s: next batch %d messages; %d bytes behind the latest "
+                "position after it",
+                list(o.stream_ids),
+                messages,
+                sum(self._latest[r] - ends[r] for r in recordings),
             )
-        self._latest = latest
-        return encode_offset(latest)
+        for rid, pos in current.items():
+            ends.setdefault(rid, pos)  # a recording no longer listed keeps its offset
+        return encode_offset(ends)
 
     def reportLatestOffset(self) -> dict | None:
         return encode_offset(self._latest) if self._latest else None
@@ -192,7 +323,11 @@ class AeronStreamReader(DataSourceStreamReader):
         for rid in recordings:
             # A recording that appeared after the start offset was taken starts at its beginning.
             begin.setdefault(rid, recordings[rid].start_position)
-        return _partitions(self.options, recordings, begin, decode_offset(end))
+        parts = _partitions(self.options, recordings, begin, decode_offset(end))
+        if not self.options.min_partitions or len(parts) >= self.options.min_partitions:
+            return parts
+        with StreamClient.connect(self.options.settings) as client:
+            return _split(client, parts, self.options.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         started = time.monotonic()
