@@ -52,11 +52,19 @@ class AeronDataSource(DataSource):
             from aeron_spark.errors import ConfigurationError
 
             raise ConfigurationError("mode", "overwrite", "append (a stream cannot be overwritten)")
+        if options.channel is not None:
+            from aeron_spark.connector.raw import RawBatchWriter
+
+            return RawBatchWriter(options)
         return AeronBatchWriter(options)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         options = parse_sink_options(self.options)
         check_sink_schema(schema, options.format)
+        if options.channel is not None:
+            from aeron_spark.connector.raw import RawStreamWriter
+
+            return RawStreamWriter(options)
         return AeronStreamWriter(options)
 
 

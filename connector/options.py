@@ -94,6 +94,11 @@ SINK_OPTIONS: dict[str, tuple[str, str, str]] = {
         "binary",
         "binary (a binary `value` column) or text (a string `value` column)",
     ),
+    "channel": (
+        "channel",
+        "",
+        "raw mode: publish rows straight to this Aeron channel (no server; at-least-once)",
+    ),
     "encryption": ("encryption", "true", "seal the session with AES-GCM (must match the server)"),
     "keystore": ("keyStore", "~/.aeron-spark/keys", "key store directory of known server keys"),
     "serverkey": ("serverKey", "", "pin the server's public key (hex)"),
@@ -215,6 +220,7 @@ class SinkOptions:
     sink_id: str | None = None
     format: str = "binary"
     checkpoint_location: str | None = None
+    channel: str | None = None  # raw mode: an Aeron channel URI
 
     @property
     def commit_identity(self) -> str | None:
@@ -282,7 +288,17 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     if sink_id is not None and not sink_id.strip():
         raise ConfigurationError("sinkId", sink_id, "a non-empty identity")
     checkpoint = next((str(v) for k, v in options.items() if str(k).lower() == "checkpointlocation"), None)
+    channel = o.get("channel", "").strip() or None
+    if channel is not None:
+        from aeron_spark.transport import ChannelConfig, ChannelError
+
+        try:
+            config = ChannelConfig.from_uri(channel)
+        except ChannelError as exc:
+            raise ConfigurationError("channel", channel, f"an Aeron channel URI ({exc})") from None
+        if config.spy:
+            raise ConfigurationError("channel", channel, "a publication channel, not aeron-spy:")
     return SinkOptions(
         settings=_settings(o), stream_id=ids[0], sink_id=sink_id, format=fmt,
-        checkpoint_location=checkpoint,
+        checkpoint_location=checkpoint, channel=channel,
     )
