@@ -17,7 +17,9 @@ raises :class:`ServerUnavailableError`. Errors the server reports are raised as 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -524,4 +526,45 @@ class StreamClient:
         return dict(self.call("stats"))
 
 
-__all__ = ["ClientSettings", "RecordingInfo", "ReplayBlock", "ScanResult", "StreamClient"]
+_POOL_IDLE_S = 20.0  # well inside the server's session lease (60 s by default)
+_pool_lock = threading.Lock()
+_pool: dict[ClientSettings, list[tuple[float, StreamClient]]] = {}
+
+
+@contextlib.contextmanager
+def pooled(settings: ClientSettings) -> Iterator[StreamClient]:
+    """A session for ``settings`` from this process's pool (a new one if none is idle), given back
+    after a clean exit so the next task or micro-batch skips the handshake. A session with
+    anything in flight, or used in a block that raised, is closed instead of pooled."""
+    client = None
+    now = time.monotonic()
+    with _pool_lock:
+        idle = _pool.get(settings, [])
+        while idle:
+            since, candidate = idle.pop()
+            if now - since < _POOL_IDLE_S and not candidate._closed:
+                client = candidate
+                break
+            candidate.close()
+    if client is None:
+        client = StreamClient.connect(settings)
+    try:
+        yield client
+    except BaseException:
+        client.close()
+        raise
+    if client._closed or client._replay_queues or client._outstanding or client._in_operation:
+        client.close()
+        return
+    with _pool_lock:
+        _pool.setdefault(settings, []).append((time.monotonic(), client))
+
+
+__all__ = [
+    "ClientSettings",
+    "RecordingInfo",
+    "ReplayBlock",
+    "ScanResult",
+    "StreamClient",
+    "pooled",
+]

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
-from aeron_spark.connector.client import ClientSettings, RecordingInfo, StreamClient
+from aeron_spark.connector.client import ClientSettings, RecordingInfo, StreamClient, pooled
 from aeron_spark.connector.errors import PositionOutOfRangeError, PurgedError
 from aeron_spark.connector.formats import Geometry, batches_from_blocks
 from aeron_spark.connector.options import SourceOptions
@@ -54,13 +54,13 @@ def read_range(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     if partition.end <= partition.start:
         return
     geometry = Geometry(partition.initial_term_id, partition.term_length)
-    with StreamClient.connect(partition.settings) as client:
+    with pooled(partition.settings) as client:  # Python workers are reused: so are sessions
         blocks = client.replay(partition.recording_id, partition.start, partition.end)
         yield from batches_from_blocks(blocks, partition.recording_id, geometry, partition.text)
 
 
 def _recordings(options: SourceOptions) -> dict[int, RecordingInfo]:
-    with StreamClient.connect(options.settings) as client:
+    with pooled(options.settings) as client:
         return {
             r.recording_id: r for r in client.list_recordings(stream_ids=list(options.stream_ids))
         }
@@ -295,7 +295,7 @@ class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 max_bytes = limit.max_bytes
             elif isinstance(limit, ReadMinRows):
                 min_messages = limit.min_rows
-        with StreamClient.connect(o.settings) as client:
+        with pooled(o.settings) as client:
             ends, messages = _limited_ends(client, begin, target, max_messages, max_bytes)
         if min_messages is not None and messages < min_messages and self._available_now is None:
             waited_ms = (time.monotonic() - self._last_batch) * 1000
@@ -326,7 +326,7 @@ class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         parts = _partitions(self.options, recordings, begin, decode_offset(end))
         if not self.options.min_partitions or len(parts) >= self.options.min_partitions:
             return parts
-        with StreamClient.connect(self.options.settings) as client:
+        with pooled(self.options.settings) as client:
             return _split(client, parts, self.options.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
