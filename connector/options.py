@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from aeron_spark.connector.client import ClientSettings
@@ -22,7 +22,11 @@ SINK_FORMATS = ("binary", "text")
 
 # name (lower case) -> (canonical name, default text, meaning) -- the README's tables come from here.
 SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
-    "endpoint": ("endpoint", "127.0.0.1:40123", "stream server session endpoint host:port"),
+    "endpoint": (
+        "endpoint",
+        "127.0.0.1:40123",
+        "stream server host:port, or several separated by commas (all read together)",
+    ),
     "streamid": ("streamId", "(required, or streamIds)", "stream to read"),
     "streamids": ("streamIds", "", "comma-separated stream ids to read together"),
     "startingpositions": (
@@ -106,7 +110,7 @@ SINK_OPTIONS: dict[str, tuple[str, str, str]] = {
     "timeoutms": ("timeoutMs", "30000", "bound on connecting and on every wait for the server"),
 }
 
-StartSpec = Literal["earliest", "latest"] | dict[int, int]
+StartSpec = Literal["earliest", "latest"] | dict[str, int]
 
 
 def _bool(name: str, value: str) -> bool:
@@ -139,17 +143,17 @@ def _positions(name: str, value: str, keywords: tuple[str, ...]) -> StartSpec:
         raise ConfigurationError(name, value, expected) from None
     if not isinstance(parsed, dict):
         raise ConfigurationError(name, value, expected)
-    out: dict[int, int] = {}
+    out: dict[str, int] = {}
     for key, pos in parsed.items():
-        try:
-            rid = int(key)
-        except ValueError:
+        rid = str(key).rpartition("/")[2]
+        if not rid.isdigit():
             raise ConfigurationError(
-                name, value, expected + " with integer recording ids"
-            ) from None
+                name, value, expected + ' with keys "recording_id" (or "host:port/recording_id" '
+                "when reading from several servers)"
+            )
         if not isinstance(pos, int) or isinstance(pos, bool) or pos < 0:
             raise ConfigurationError(name, value, expected + " with non-negative integer positions")
-        out[rid] = pos
+        out[str(key)] = pos
     return out
 
 
@@ -211,6 +215,11 @@ class SourceOptions:
     min_messages_per_trigger: int | None = None
     max_trigger_delay_ms: int = 900_000
     min_partitions: int | None = None
+    more_settings: tuple[ClientSettings, ...] = ()  # further servers (endpoint=a:1,b:2)
+
+    @property
+    def all_settings(self) -> tuple[ClientSettings, ...]:
+        return (self.settings, *self.more_settings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,18 +247,19 @@ class SinkOptions:
 
 def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
     o = _check_known(options, SOURCE_OPTIONS, "source")
-    if "," in o.get("endpoint", ""):
+    endpoints = [e.strip() for e in o.get("endpoint", "127.0.0.1:40123").split(",") if e.strip()]
+    if not endpoints or len(set(endpoints)) != len(endpoints):
         raise ConfigurationError(
-            "endpoint",
-            o["endpoint"],
-            "one server host:port (several servers per source are not supported yet)",
+            "endpoint", o.get("endpoint"), "host:port, or several distinct ones separated by commas"
         )
+    o["endpoint"] = endpoints[0]
     fmt = o.get("format", "binary").strip().lower()
     if fmt not in SOURCE_FORMATS:
         raise ConfigurationError("format", fmt, " or ".join(SOURCE_FORMATS))
     ts = o.get("startingtimestamp")
+    settings = _settings(o)
     return SourceOptions(
-        settings=_settings(o),
+        settings=settings,
         stream_ids=_stream_ids(o),
         starting=_positions(
             "startingPositions", o.get("startingpositions", "earliest"), ("earliest", "latest")
@@ -259,6 +269,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         fail_on_data_loss=_bool("failOnDataLoss", o.get("failondataloss", "true")),
         format=fmt,
         **_limits(o),
+        more_settings=tuple(replace(settings, endpoint=e) for e in endpoints[1:]),
     )
 
 

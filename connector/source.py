@@ -1,7 +1,8 @@
 """The ``aeron`` source: batch and streaming readers over a stream server's recordings.
 
 Offsets are ``{"<recording_id>": position}`` (JSON object, keys sorted), one entry per recording
-of the chosen streams: a recording is a Spark "partition" the way a Kafka partition is. Every
+of the chosen streams: a recording is a Spark "partition" the way a Kafka partition is. With several
+servers (``endpoint=a:1,b:2``) the keys are ``"<endpoint>/<recording_id>"``. Every
 input partition is a small picklable value that carries all a task needs (server settings,
 recording id, range, geometry, format); ``read()`` runs on an executor, opens its own session and
 replays exactly ``[start, end)``, so a re-run task returns the same rows.
@@ -59,72 +60,101 @@ def read_range(partition: InputPartition) -> Iterator[pa.RecordBatch]:
         yield from batches_from_blocks(blocks, partition.recording_id, geometry, partition.text)
 
 
-def _recordings(options: SourceOptions) -> dict[int, RecordingInfo]:
-    with pooled(options.settings) as client:
-        return {
-            r.recording_id: r for r in client.list_recordings(stream_ids=list(options.stream_ids))
-        }
+@dataclass(frozen=True)
+class _Rec:
+    """A recording of one of the source's servers, under its offset key."""
+
+    key: str
+    settings: ClientSettings
+    info: RecordingInfo
 
 
-def _start_position(options: SourceOptions, rec: RecordingInfo, client: StreamClient | None) -> int:
+def offset_key(options: SourceOptions, endpoint: str, recording_id: int) -> str:
+    """``"<recording_id>"`` with one server, ``"<endpoint>/<recording_id>"`` with several."""
+    if len(options.all_settings) == 1:
+        return str(recording_id)
+    return f"{endpoint}/{recording_id}"
+
+
+def _recordings(options: SourceOptions) -> dict[str, _Rec]:
+    out: dict[str, _Rec] = {}
+    for settings in options.all_settings:
+        with pooled(settings) as client:
+            for r in client.list_recordings(stream_ids=list(options.stream_ids)):
+                key = offset_key(options, settings.endpoint, r.recording_id)
+                out[key] = _Rec(key, settings, r)
+    return out
+
+
+def _start_position(options: SourceOptions, rec: _Rec, client: StreamClient | None) -> int:
+    info = rec.info
     if options.starting_timestamp_ms is not None and client is not None:
         return max(
-            rec.purged_position,
-            client.position_at(rec.recording_id, options.starting_timestamp_ms * 1_000_000),
+            info.purged_position,
+            client.position_at(info.recording_id, options.starting_timestamp_ms * 1_000_000),
         )
     spec = options.starting
     if spec == "latest":
-        return rec.recorded_position
-    if isinstance(spec, dict) and rec.recording_id in spec:
-        return spec[rec.recording_id]
-    return rec.purged_position
+        return info.recorded_position
+    if isinstance(spec, dict) and rec.key in spec:
+        return spec[rec.key]
+    return info.purged_position
 
 
-def _check_loss(options: SourceOptions, rec: RecordingInfo, start: int) -> int:
+def _start_positions(options: SourceOptions, recordings: dict[str, _Rec]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for settings in options.all_settings:
+        mine = [r for r in recordings.values() if r.settings == settings]
+        if not mine:
+            continue
+        with pooled(settings) as client:
+            for rec in mine:
+                out[rec.key] = _start_position(options, rec, client)
+    return out
+
+
+def _check_loss(options: SourceOptions, rec: _Rec, start: int) -> int:
     """The position to read from: ``start``, or the first readable one when data was purged."""
-    if start >= rec.purged_position:
+    purged = rec.info.purged_position
+    if start >= purged:
         return start
     if options.fail_on_data_loss:
         raise PurgedError(
-            f"recording {rec.recording_id}: positions [{start}, {rec.purged_position}) were purged; "
+            f"recording {rec.key}: positions [{start}, {purged}) were purged; "
             "set failOnDataLoss=false to skip them"
         )
-    log.warning(
-        "recording %d: skipping purged range [%d, %d)", rec.recording_id, start, rec.purged_position
-    )
-    return rec.purged_position
+    log.warning("recording %s: skipping purged range [%d, %d)", rec.key, start, purged)
+    return purged
 
 
 def _partitions(
     options: SourceOptions,
-    recordings: dict[int, RecordingInfo],
-    start: dict[int, int],
-    end: dict[int, int],
+    recordings: dict[str, _Rec],
+    start: dict[str, int],
+    end: dict[str, int],
 ) -> list[RecordingRange]:
     parts = []
-    for rid in sorted(end):
-        rec = recordings.get(rid)
+    for key in sorted(end):
+        rec = recordings.get(key)
         if rec is None:
             continue
-        begin = _check_loss(options, rec, start.get(rid, rec.start_position))
-        if end[rid] > begin:
+        begin = _check_loss(options, rec, start.get(key, rec.info.start_position))
+        if end[key] > begin:
             parts.append(
                 RecordingRange(
-                    options.settings,
-                    rid,
+                    rec.settings,
+                    rec.info.recording_id,
                     begin,
-                    end[rid],
-                    rec.initial_term_id,
-                    rec.term_length,
+                    end[key],
+                    rec.info.initial_term_id,
+                    rec.info.term_length,
                     options.format == "text",
                 )
             )
     return parts
 
 
-def _split(
-    client: StreamClient, parts: list[RecordingRange], min_partitions: int | None
-) -> list[RecordingRange]:
+def _split(parts: list[RecordingRange], min_partitions: int | None) -> list[RecordingRange]:
     """Cut ranges at message boundaries until there are about ``min_partitions`` of them, each
     recording's share proportional to its bytes (deterministic: recorded data never changes)."""
     if not min_partitions or len(parts) >= min_partitions or not parts:
@@ -136,7 +166,8 @@ def _split(
         if share == 1:
             out.append(part)
             continue
-        splits = client.scan(part.recording_id, part.start, part.end, parts=share).splits
+        with pooled(part.settings) as client:
+            splits = client.scan(part.recording_id, part.start, part.end, parts=share).splits
         bounds = [part.start, *splits, part.end]
         out.extend(
             dataclasses.replace(part, start=a, end=b)
@@ -147,55 +178,57 @@ def _split(
 
 
 def _limited_ends(
-    client: StreamClient,
-    begin: dict[int, int],
-    target: dict[int, int],
+    recordings: dict[str, _Rec],
+    begin: dict[str, int],
+    target: dict[str, int],
     max_messages: int | None,
     max_bytes: int | None,
-) -> tuple[dict[int, int], int]:
+) -> tuple[dict[str, int], int]:
     """Ends (message boundaries) of the next micro-batch within the limits, and its message count.
 
     The budget is shared evenly between recordings with data first, then what is left goes to
     those with more, so one recording's backlog never starves the others."""
     ends = dict(begin)
-    waiting = sorted(rid for rid in target if target[rid] > begin.get(rid, target[rid]))
+    waiting = sorted(key for key in target if target[key] > begin.get(key, target[key]))
     messages_left = max_messages
     bytes_left = max_bytes
     total = 0
     for rounds in (0, 1):
         if not waiting:
             break
-        share_messages = (
-            None if messages_left is None else max(1, messages_left // len(waiting))
-        )
+        share_messages = None if messages_left is None else max(1, messages_left // len(waiting))
         share_bytes = None if bytes_left is None else max(1, bytes_left // len(waiting))
-        for rid in list(waiting):
+        for key in list(waiting):
             if messages_left is not None and messages_left <= 0:
                 break
             if bytes_left is not None and bytes_left <= 0:
                 break
-            want_messages = messages_left if rounds else share_messages
-            want_bytes = bytes_left if rounds else share_bytes
-            got = client.scan(
-                rid, ends[rid], target[rid], max_messages=want_messages, max_bytes=want_bytes
-            )
+            rec = recordings[key]
+            with pooled(rec.settings) as client:
+                got = client.scan(
+                    rec.info.recording_id,
+                    ends[key],
+                    target[key],
+                    max_messages=messages_left if rounds else share_messages,
+                    max_bytes=bytes_left if rounds else share_bytes,
+                )
             total += got.messages
             if messages_left is not None:
                 messages_left -= got.messages
             if bytes_left is not None:
-                bytes_left -= got.end - ends[rid]
-            ends[rid] = got.end
-            if got.end >= target[rid] or got.messages == 0:
-                waiting.remove(rid)
+                bytes_left -= got.end - ends[key]
+            ends[key] = got.end
+            if got.end >= target[key] or got.messages == 0:
+                waiting.remove(key)
     return ends, total
 
 
-def encode_offset(positions: dict[int, int]) -> dict[str, int]:
-    return {str(k): positions[k] for k in sorted(positions)}
+def encode_offset(positions: dict[str, int]) -> dict[str, int]:
+    return {str(k): int(positions[k]) for k in sorted(positions, key=str)}
 
 
-def decode_offset(offset: dict) -> dict[int, int]:
-    return {int(k): int(v) for k, v in offset.items()}
+def decode_offset(offset: dict) -> dict[str, int]:
+    return {str(k): int(v) for k, v in offset.items()}
 
 
 class AeronBatchReader(DataSourceReader):
@@ -206,11 +239,8 @@ class AeronBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         o = self.options
-        with StreamClient.connect(o.settings) as client:
-            recordings = {
-                r.recording_id: r for r in client.list_recordings(stream_ids=list(o.stream_ids))
-            }
-            start = {rid: _start_position(o, rec, client) for rid, rec in recordings.items()}
+        recordings = _recordings(o)
+        start = _start_positions(o, recordings)
         if isinstance(o.ending, dict):
             unknown = set(o.ending) - set(recordings)
             if unknown:
@@ -218,13 +248,12 @@ class AeronBatchReader(DataSourceReader):
                     f"endingPositions names unknown recordings {sorted(unknown)}"
                 )
             end = {
-                rid: min(pos, recordings[rid].recorded_position) for rid, pos in o.ending.items()
+                key: min(pos, recordings[key].info.recorded_position)
+                for key, pos in o.ending.items()
             }
         else:
-            end = {rid: rec.recorded_position for rid, rec in recordings.items()}
-        with StreamClient.connect(o.settings) as client:
-            parts = _partitions(o, recordings, start, end)
-            return _split(client, parts, o.min_partitions)
+            end = {key: rec.info.recorded_position for key, rec in recordings.items()}
+        return _split(_partitions(o, recordings, start, end), o.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_range(partition)
@@ -241,21 +270,16 @@ class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
-        self._latest: dict[int, int] = {}
-        self._available_now: dict[int, int] | None = None
+        self._latest: dict[str, int] = {}
+        self._available_now: dict[str, int] | None = None
         self._last_batch = time.monotonic()
 
     def initialOffset(self) -> dict:
-        o = self.options
-        with StreamClient.connect(o.settings) as client:
-            recordings = client.list_recordings(stream_ids=list(o.stream_ids))
-            return encode_offset(
-                {r.recording_id: _start_position(o, r, client) for r in recordings}
-            )
+        return encode_offset(_start_positions(self.options, _recordings(self.options)))
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._available_now = {
-            rid: rec.recorded_position for rid, rec in _recordings(self.options).items()
+            key: rec.info.recorded_position for key, rec in _recordings(self.options).items()
         }
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -273,16 +297,16 @@ class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         recordings = _recordings(o)
         current = decode_offset(start) if start else {}
         begin = dict(current)
-        target: dict[int, int] = {}
-        for rid, rec in recordings.items():
+        target: dict[str, int] = {}
+        for key, rec in recordings.items():
             # Scan from the first readable position; a purged gap is partitions()' business
             # (failOnDataLoss), so it fails or is skipped there, not here.
-            begin[rid] = max(begin.get(rid, rec.start_position), rec.purged_position)
-            latest = rec.recorded_position
+            begin[key] = max(begin.get(key, rec.info.start_position), rec.info.purged_position)
+            latest = rec.info.recorded_position
             if self._available_now is not None:
-                latest = min(latest, self._available_now.get(rid, begin[rid]))
-            target[rid] = max(latest, begin[rid])
-        self._latest = {**current, **{rid: recordings[rid].recorded_position for rid in recordings}}
+                latest = min(latest, self._available_now.get(key, begin[key]))
+            target[key] = max(latest, begin[key])
+        self._latest = {**current, **{k: r.info.recorded_position for k, r in recordings.items()}}
         max_messages = max_bytes = min_messages = None
         if limit is not None and not isinstance(limit, ReadAllAvailable):
             # Spark hands one limit; the other limits from the options still apply.
@@ -295,8 +319,7 @@ class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 max_bytes = limit.max_bytes
             elif isinstance(limit, ReadMinRows):
                 min_messages = limit.min_rows
-        with pooled(o.settings) as client:
-            ends, messages = _limited_ends(client, begin, target, max_messages, max_bytes)
+        ends, messages = _limited_ends(recordings, begin, target, max_messages, max_bytes)
         if min_messages is not None and messages < min_messages and self._available_now is None:
             waited_ms = (time.monotonic() - self._last_batch) * 1000
             if waited_ms < o.max_trigger_delay_ms:
@@ -308,10 +331,10 @@ class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "position after it",
                 list(o.stream_ids),
                 messages,
-                sum(self._latest[r] - ends[r] for r in recordings),
+                sum(self._latest[k] - ends[k] for k in recordings),
             )
-        for rid, pos in current.items():
-            ends.setdefault(rid, pos)  # a recording no longer listed keeps its offset
+        for key, pos in current.items():
+            ends.setdefault(key, pos)  # a recording no longer listed keeps its offset
         return encode_offset(ends)
 
     def reportLatestOffset(self) -> dict | None:
@@ -320,14 +343,11 @@ class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         recordings = _recordings(self.options)
         begin = decode_offset(start)
-        for rid in recordings:
+        for key, rec in recordings.items():
             # A recording that appeared after the start offset was taken starts at its beginning.
-            begin.setdefault(rid, recordings[rid].start_position)
+            begin.setdefault(key, rec.info.start_position)
         parts = _partitions(self.options, recordings, begin, decode_offset(end))
-        if not self.options.min_partitions or len(parts) >= self.options.min_partitions:
-            return parts
-        with pooled(self.options.settings) as client:
-            return _split(client, parts, self.options.min_partitions)
+        return _split(parts, self.options.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         started = time.monotonic()
