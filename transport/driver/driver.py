@@ -76,6 +76,7 @@ class DriverConfig:
     counters_interval_ns: int = 1_000_000_000
     write_counters_file: bool = True
     retransmit_linger_ns: int = 10_000_000  # NAKs for a range just resent are ignored this long
+    ipc_liveness_timeout_ns: int = 10_000_000_000  # an IPC peer silent this long is gone
     loss: Any = None  # an aeron_spark.transport.testing.LossConfig
 
     def __post_init__(self) -> None:
@@ -90,6 +91,10 @@ class DriverConfig:
         if self.socket_buffer_length < 0:
             raise ChannelError(
                 "socket_buffer_length", self.socket_buffer_length, "a byte count >= 0"
+            )
+        if self.ipc_liveness_timeout_ns <= 0:
+            raise ChannelError(
+                "ipc_liveness_timeout_ns", self.ipc_liveness_timeout_ns, "a positive duration"
             )
         if self.retransmit_linger_ns < 0:
             raise ChannelError("retransmit_linger_ns", self.retransmit_linger_ns, "a duration >= 0")
@@ -526,7 +531,11 @@ class Driver:
         ipc = self._ipc_module()
         self.directory.mkdir(parents=True, exist_ok=True)
         resource = ipc.add_publication(
-            config, stream_id, directory=self.directory, exclusive=exclusive
+            config,
+            stream_id,
+            directory=self.directory,
+            exclusive=exclusive,
+            liveness_timeout_ns=self.config.ipc_liveness_timeout_ns,
         )
         self._register_ipc(resource)
         return resource
@@ -546,6 +555,7 @@ class Driver:
             directory=self.directory,
             on_available_image=on_available_image,
             on_unavailable_image=on_unavailable_image,
+            liveness_timeout_ns=self.config.ipc_liveness_timeout_ns,
         )
         self._register_ipc(resource)
         return resource
