@@ -30,7 +30,7 @@ from aeron_spark.transport.errors import (
 )
 from aeron_spark.transport.ipc.logfile import STATE_CLOSED, LogFile
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
-from aeron_spark.transport.protocol.term import TermAppender
+from aeron_spark.transport.protocol.term import TermAppender, zero_fill
 from aeron_spark.transport.uri import ChannelConfig
 
 HEARTBEAT_INTERVAL_NS = 100_000_000
@@ -74,6 +74,11 @@ class IpcPublication:
         self.window = config.publication_window_length or config.term_length // 2
         self._appender = TermAppender(geometry, self.log.terms, session_id, stream_id,
                                       initial_term_id, 0)
+        # Readers share the terms, so the term after the current one is cleaned when the current
+        # one starts (nobody can be reading it: the window is half a term), never the one a reader
+        # may be about to cross into.
+        self._appender.clean_on_rotate = False
+        self._appender.on_rotate = self._clean_ahead
         self._max_position = (1 << 31) * config.term_length - 1
         self._limit = 0
         self._connected = False
@@ -115,6 +120,9 @@ class IpcPublication:
         self._connected = bool(positions)
         self._limit = min(positions) + self.window if positions else 0
         return self._limit
+
+    def _clean_ahead(self, term_id: int, partition: int) -> None:
+        zero_fill(self.log.terms[(partition + 1) % 3])
 
     # ---------------------------------------------------------------- offering
 

@@ -134,6 +134,7 @@ class TermAppender:
         "max_message",
         "position",
         "on_rotate",
+        "clean_on_rotate",
     )
 
     def __init__(
@@ -157,6 +158,8 @@ class TermAppender:
         self.max_message = geometry.max_message_length
         self.position = geometry.position(term_id, term_offset)
         self.on_rotate: Callable[[int, int], None] | None = None
+        # False when the owner cleans terms ahead itself (IPC: readers share the terms)
+        self.clean_on_rotate = True
 
     def append(self, payload: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
         """Append one message; returns the new position. Caller checks limits first."""
@@ -258,7 +261,8 @@ class TermAppender:
         self.term_id = wrap_int32(self.term_id + 1)
         self.partition = (self.partition + 1) % 3
         self.term_offset = 0
-        zero_fill(self.terms[self.partition])
+        if self.clean_on_rotate:
+            zero_fill(self.terms[self.partition])
         if self.on_rotate is not None:
             self.on_rotate(self.term_id, self.partition)
 

@@ -1,0 +1,198 @@
+"""aeron:ipc between processes through shared log buffer files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from aeron_spark.transport import (
+    BACK_PRESSURED,
+    NOT_CONNECTED,
+    Driver,
+    DriverConfig,
+    DriverError,
+    FragmentAssembler,
+)
+
+PEER = str(Path(__file__).with_name("ipc_peer.py"))
+sys.path.insert(0, str(Path(__file__).parent))
+from ipc_peer import payload  # noqa: E402
+
+
+@pytest.fixture
+def ipc_dir(tmp_path: Path) -> Path:
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    path = base / f"aeron-spark-test-{os.getpid()}-{time.monotonic_ns()}"
+    yield path
+    for leftover in (path / "ipc").glob("*") if (path / "ipc").exists() else []:
+        leftover.unlink()
+
+
+def _driver(ipc_dir: Path, **kw: object) -> Driver:
+    return Driver(DriverConfig(directory=ipc_dir, write_counters_file=False, **kw))  # type: ignore[arg-type]
+
+
+def _peer(*args: object) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, PEER, *map(str, args)], stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def _result(proc: subprocess.Popen) -> dict:
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _files(ipc_dir: Path) -> list[str]:
+    folder = ipc_dir / "ipc"
+    return sorted(os.listdir(folder)) if folder.exists() else []
+
+
+def test_same_api_as_udp_in_one_process(ipc_dir: Path) -> None:
+    with _driver(ipc_dir) as driver:
+        pub = driver.add_publication("aeron:ipc?term-length=64k", 7)
+        assert pub.offer(b"nobody listens") == NOT_CONNECTED and not pub.is_connected
+        sub = driver.add_subscription("aeron:ipc", 7)
+        assert pub.wait_until_connected(5)
+        got: list[tuple[bytes, int]] = []
+        assembler = FragmentAssembler(lambda p, h: got.append((bytes(p), h.reserved_value)))
+        for i in range(2000):  # several term rotations of a 64 KiB term
+            pub.offer_blocking(payload(i, 1 + i % 3000), reserved_value=i, timeout_s=5)
+            sub.poll(assembler, 100)
+        while len(got) < 2000:
+            if sub.poll(assembler, 100) == 0:
+                assert sub.wait(5)
+        assert [g[1] for g in got] == list(range(2000))
+        assert all(g[0] == payload(i, 1 + i % 3000) for i, g in enumerate(got))
+        pub.close()
+        deadline = time.monotonic() + 5
+        while sub.images and time.monotonic() < deadline:
+            sub.wait(0.05)
+        assert not sub.images and _files(ipc_dir) == []  # drained, then removed
+        sub.close()
+
+
+def test_100k_messages_of_random_sizes_between_two_processes(ipc_dir: Path) -> None:
+    rng = random.Random(7)
+    sizes = [rng.choice((8, 40, 500, 1400, 3000, 9000, 40_000)) for _ in range(100_000)]
+    child = _peer("subscribe", ipc_dir, 9, len(sizes), 0)
+    digest = hashlib.sha256()
+    with _driver(ipc_dir) as driver:
+        pub = driver.add_publication("aeron:ipc?term-length=1m", 9)
+        assert pub.wait_until_connected(10)
+        for i, size in enumerate(sizes):
+            data = payload(i, size)
+            digest.update(data)
+            pub.offer_blocking(data, timeout_s=30)
+        result = _result(child)
+        pub.close()
+    assert result == {"count": len(sizes), "sha256": digest.hexdigest(), "in_order": True}
+    assert _files(ipc_dir) == []
+
+
+def test_two_subscribers_at_different_speeds_get_everything_and_the_slow_one_holds_back(
+    ipc_dir: Path,
+) -> None:
+    fast = _peer("subscribe", ipc_dir, 11, 5000, 0)
+    slow = _peer("subscribe", ipc_dir, 11, 5000, 0.002)
+    pressured = 0
+    digest = hashlib.sha256()
+    with _driver(ipc_dir) as driver:
+        pub = driver.add_publication("aeron:ipc?term-length=64k", 11)
+        deadline = time.monotonic() + 10
+        assert pub.wait_until_connected(10)
+        time.sleep(0.2)  # both have joined at position 0 (they were started first)
+        for i in range(5000):
+            data = payload(i, 300)
+            digest.update(data)
+            while (result := pub.offer(data)) < 0:
+                assert result == BACK_PRESSURED, result
+                pressured += 1
+                time.sleep(0.0005)
+                assert time.monotonic() < deadline + 60
+        expected = {"count": 5000, "sha256": digest.hexdigest(), "in_order": True}
+        assert _result(fast) == expected
+        assert _result(slow) == expected
+        pub.close()
+    assert pressured > 0  # 1.6 MB through a 32 KiB window: the slow reader paced the publisher
+
+
+def test_publisher_killed_mid_message_never_delivers_the_torn_message(ipc_dir: Path) -> None:
+    got: list[bytes] = []
+    with _driver(ipc_dir, ipc_liveness_timeout_ns=1_000_000_000) as driver:
+        sub = driver.add_subscription("aeron:ipc", 13)
+        proc = subprocess.Popen(
+            [sys.executable, PEER, "publish-torn", str(ipc_dir), "13", "10"],
+            stdin=subprocess.DEVNULL,
+        )
+        assembler = FragmentAssembler(lambda p, h: got.append(bytes(p)))
+        deadline = time.monotonic() + 30
+        seen_image = False
+        while time.monotonic() < deadline:
+            sub.poll(assembler, 100)
+            seen_image = seen_image or bool(sub.images)
+            if seen_image and not sub.images and proc.poll() is not None:
+                break
+            sub.wait(0.05)
+        assert proc.wait(10) == 0
+    assert got == [payload(i, 100) for i in range(10)]
+    assert _files(ipc_dir) == []  # the dead publisher's file was cleaned up
+
+
+def test_subscriber_stalled_while_back_pressured_is_dropped_after_the_liveness_timeout(
+    ipc_dir: Path,
+) -> None:
+    child = _peer("hold", ipc_dir, 15)
+    with _driver(ipc_dir, ipc_liveness_timeout_ns=1_000_000_000) as driver:
+        pub = driver.add_publication("aeron:ipc?term-length=64k", 15)
+        own = driver.add_subscription("aeron:ipc", 15)  # a live reader that keeps up
+        assert pub.wait_until_connected(10)
+        time.sleep(0.2)
+        os.kill(child.pid, signal.SIGSTOP)  # alive but silent: only the liveness timeout helps
+        try:
+            sink = FragmentAssembler(lambda p, h: None)
+            sent, pressured_since = 0, None
+            deadline = time.monotonic() + 20
+            while sent < 2000 and time.monotonic() < deadline:
+                if pub.offer(payload(sent, 200)) > 0:
+                    sent += 1
+                elif pressured_since is None:
+                    pressured_since = time.monotonic()
+                own.poll(sink, 100)
+            assert sent == 2000 and pressured_since is not None
+            assert time.monotonic() - pressured_since >= 0.5  # held until the timeout passed
+        finally:
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait(10)
+        pub.close()
+        own.close()
+    assert _files(ipc_dir) == []
+
+
+def test_too_small_a_directory_says_what_to_do(ipc_dir: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    from aeron_spark.transport.ipc import logfile
+
+    real = shutil.disk_usage
+    monkeypatch.setattr(  # a /dev/shm with 1 MiB free, as in a default docker container's 64 MiB
+        logfile.shutil, "disk_usage", lambda p: real(p)._replace(free=1 << 20)
+    )
+    with _driver(ipc_dir) as driver, pytest.raises(DriverError) as info:
+        driver.add_publication("aeron:ipc?term-length=1m", 17)
+    assert "/dev/shm" in str(info.value) and "term-length" in str(info.value)
+    assert "directory" in str(info.value) and _files(ipc_dir) == []
