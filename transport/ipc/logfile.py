@@ -41,9 +41,13 @@ SLOT_LENGTH = 32
 STATE_ACTIVE = 1
 STATE_CLOSED = 2
 
-_HEAD = struct.Struct("<8s6i")  # magic, term_length, mtu, session, stream, initial term id, pid
+_HEAD = struct.Struct("<8s6i")
+# Fields other processes read while we write them are stored with one memcpy of pre-packed bytes:
+# struct.pack_into zero-fills its target before writing, so a reader could see a transient 0
+# (a dead-looking heartbeat, a join position of 0).  # magic, term_length, mtu, session, stream, initial term id, pid
 _I32 = struct.Struct("<i")
 _I64 = struct.Struct("<q")
+_SLOT = struct.Struct("<qqii")
 OFF_STATE = 32
 OFF_POSITION = 40
 OFF_HEARTBEAT = 48
@@ -186,7 +190,7 @@ class LogFile:
 
     @state.setter
     def state(self, value: int) -> None:
-        _I32.pack_into(self.map, OFF_STATE, value)
+        self.map[OFF_STATE : OFF_STATE + 4] = _I32.pack(value)
 
     @property
     def position(self) -> int:
@@ -194,7 +198,7 @@ class LogFile:
 
     @position.setter
     def position(self, value: int) -> None:
-        _I64.pack_into(self.map, OFF_POSITION, value)
+        self.map[OFF_POSITION : OFF_POSITION + 8] = _I64.pack(value)
 
     @property
     def heartbeat_ns(self) -> int:
@@ -202,7 +206,7 @@ class LogFile:
 
     @heartbeat_ns.setter
     def heartbeat_ns(self, value: int) -> None:
-        _I64.pack_into(self.map, OFF_HEARTBEAT, value)
+        self.map[OFF_HEARTBEAT : OFF_HEARTBEAT + 8] = _I64.pack(value)
 
     # ---------------------------------------------------------------- subscriber slots
 
@@ -227,23 +231,23 @@ class LogFile:
                 _, heartbeat, pid, state = self.read_slot(index)
                 if state == 0 or not self.slot_live(index, now_ns, liveness_ns):
                     base = self.slot_offset(index)
-                    _I64.pack_into(self.map, base, position)
-                    _I64.pack_into(self.map, base + 8, now_ns)
-                    _I32.pack_into(self.map, base + 16, os.getpid())
-                    _I32.pack_into(self.map, base + 20, 1)
+                    self.map[base : base + 24] = _SLOT.pack(position, now_ns, os.getpid(), 1)
                     return index
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         raise DriverError(f"{self.path.name} already has {MAX_SUBSCRIBERS} subscribers")
 
     def release_slot(self, index: int) -> None:
-        _I32.pack_into(self.map, self.slot_offset(index) + 20, 0)
+        base = self.slot_offset(index) + 20
+        self.map[base : base + 4] = _I32.pack(0)
 
     def set_slot_position(self, index: int, position: int) -> None:
-        _I64.pack_into(self.map, self.slot_offset(index), position)
+        base = self.slot_offset(index)
+        self.map[base : base + 8] = _I64.pack(position)
 
     def set_slot_heartbeat(self, index: int, now_ns: int) -> None:
-        _I64.pack_into(self.map, self.slot_offset(index) + 8, now_ns)
+        base = self.slot_offset(index) + 8
+        self.map[base : base + 8] = _I64.pack(now_ns)
 
     def slot_live(self, index: int, now_ns: int, liveness_ns: int) -> bool:
         _, heartbeat, pid, state = self.read_slot(index)

@@ -183,10 +183,14 @@ class IpcSubscription:
                 continue
             position = log.position
             slot = log.claim_slot(position, now_ns, self.liveness_timeout_ns)
-            # Claiming raced with the publisher: re-read, so we never start behind the limit
-            # it computed without us (it only moves forward from the position it published).
-            position = max(position, log.position)
-            log.set_slot_position(slot, position)
+            # The publisher may have run on (for other subscribers) before it saw our slot. Within
+            # half a term of where we claimed, nothing we have yet to read can have been cleaned
+            # (it cleans two terms ahead), so we keep every message from the claim on; further
+            # than that, we join at its current position instead.
+            latest = log.position
+            if latest - position >= log.term_length // 2:
+                position = latest
+                log.set_slot_position(slot, position)
             image = IpcImage(log, slot, position, self)
             self._known.add(name)
             self._images = (*self._images, image)
@@ -204,7 +208,7 @@ class IpcSubscription:
                 if image.position >= log.position:
                     gone.append(image)
             elif not log.publisher_live(now_ns, self.liveness_timeout_ns) and not image.has_data():
-                gone.append(image)  # died: deliver what was complete, then let go
+                gone.append(image)  # died: deliver what was complete, then let go  # died: deliver what was complete, then let go
         for image in gone:
             self._drop(image, now_ns)
         return len(gone)
