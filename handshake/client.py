@@ -15,12 +15,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from aeron_spark.handshake.config import (
-    HANDSHAKE_STREAM_ID,
-    REPLY_STREAM_ID,
-    ClientConfig,
-    is_loopback,
-)
+from aeron_spark.handshake.channels import Channels
+from aeron_spark.handshake.config import ClientConfig, is_loopback
 from aeron_spark.handshake.connection import Connection
 from aeron_spark.handshake.crypto import SealCounters
 from aeron_spark.handshake.errors import ConnectionClosedError, HandshakeTimeoutError
@@ -28,7 +24,6 @@ from aeron_spark.handshake.keystore import KeyStore
 from aeron_spark.handshake.machine import ClientEvent, ClientHandshake
 from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler, TransportError
 
-_HELLO_TERM_LENGTH = 64 * 1024
 _driver_lock = threading.Lock()
 _shared: Driver | None = None
 
@@ -44,6 +39,8 @@ def shared_driver() -> Driver:
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """``host:port``; ``ipc:port`` names the server listening on ``port`` on this host, reached
+    over shared memory (same driver directory)."""
     host, sep, port = endpoint.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -101,6 +98,8 @@ class _Attempt:
         self.endpoint = endpoint
         self.control_port = self.config.control_port or port + 1
         self.bind = "127.0.0.1" if is_loopback(host) else ("::" if ":" in host else "0.0.0.0")
+        media = "ipc" if host == "ipc" else "udp"
+        self.channels = Channels(media, host, port, self.control_port, self.bind)
         self.deadline = time.monotonic() + self.config.timeout_s
         self.machine = ClientHandshake(
             self._check_key,
@@ -117,9 +116,6 @@ class _Attempt:
             pinned=self.config.pinned_key,
             trust_on_first_use=self.config.trust_on_first_use,
         )
-
-    def _h(self, host: str) -> str:
-        return f"[{host}]" if ":" in host else host
 
     def _open(self, kind: str, channel: str, stream_id: int) -> Any:
         add = self.driver.add_publication if kind == "pub" else self.driver.add_subscription
@@ -146,19 +142,11 @@ class _Attempt:
         on_error: Callable[[Connection, BaseException], object] | None,
     ) -> Connection:
         m = self.machine
-        host, control = self._h(self.host), f"{self._h(self.host)}:{self.control_port}"
+        ch = self.channels
         try:
             m.start(time.monotonic_ns())
-            replies = self._open(
-                "sub",
-                f"aeron:udp?endpoint={self.bind}:0|control={control}|control-mode=dynamic",
-                REPLY_STREAM_ID,
-            )
-            hello_pub = self._open(
-                "pub",
-                f"aeron:udp?endpoint={host}:{self.port}|term-length={_HELLO_TERM_LENGTH}",
-                HANDSHAKE_STREAM_ID,
-            )
+            replies = self._open("sub", ch.reply_sub(), ch.reply_stream)
+            hello_pub = self._open("pub", ch.hello_pub(), ch.hello_stream)
             self._wait_until(lambda: bool(replies.images), replies)
             self._wait_until(lambda: hello_pub.is_connected, None)
             hello = m.hello()
@@ -178,18 +166,8 @@ class _Attempt:
             hello_pub.close()
             replies.close()
             rcv_wnd = self.config.receiver_window_length or details.term_length // 2
-            sub = self._open(
-                "sub",
-                f"aeron:udp?endpoint={self.bind}:0|control={control}|control-mode=dynamic"
-                f"|session-id={details.s2c_session_id}|rcv-wnd={rcv_wnd}",
-                details.s2c_stream_id,
-            )
-            pub = self._open(
-                "pub",
-                f"aeron:udp?endpoint={host}:{self.port}|session-id={details.c2s_session_id}"
-                f"|mtu={details.mtu}|term-length={details.term_length}",
-                details.c2s_stream_id,
-            )
+            sub = self._open("sub", ch.s2c_sub(details, rcv_wnd), details.s2c_stream_id)
+            pub = self._open("pub", ch.c2s_pub(details), details.c2s_stream_id)
             self._wait_until(lambda: bool(sub.images), sub)
             self._wait_until(lambda: pub.is_connected, None)
             done = m.done()

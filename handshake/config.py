@@ -58,7 +58,8 @@ class ServerConfig:
     (connected + pending from one IP address), ``max_pending`` (handshakes in flight).
     ``allow``/``deny``: addresses or CIDR ranges, checked before anything is allocated (deny wins;
     an empty allow list allows all). ``session_term_length``/``session_mtu`` (None: 65504 on
-    loopback, else 8192) and ``receiver_window_length`` size each session's streams.
+    loopback, else 8192) and ``receiver_window_length`` size each session's streams. ``ipc``:
+    also accept same-host clients over ``aeron:ipc`` (they connect to ``ipc:<port>``).
     """
 
     host: str = "127.0.0.1"
@@ -75,6 +76,7 @@ class ServerConfig:
     session_term_length: int = 1024 * 1024
     session_mtu: int | None = None
     receiver_window_length: int | None = None
+    ipc: bool = True
 
     def __post_init__(self) -> None:
         if not self.host:

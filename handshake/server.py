@@ -29,7 +29,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from aeron_spark.handshake.config import HANDSHAKE_STREAM_ID, REPLY_STREAM_ID, ServerConfig
+from aeron_spark.handshake.channels import Channels
+from aeron_spark.handshake.config import ServerConfig
 from aeron_spark.handshake.connection import Connection
 from aeron_spark.handshake.crypto import SealCounters
 from aeron_spark.handshake.errors import ErrorCode, HandshakeError, RemoteProtocolError
@@ -39,7 +40,6 @@ from aeron_spark.handshake.messages import refuse_for
 from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler, TransportError
 
 log = logging.getLogger(__name__)
-_HANDSHAKE_TERM_LENGTH = 64 * 1024
 _BIND_ATTEMPTS = 20
 
 
@@ -109,10 +109,11 @@ class Server:
         self.on_error = on_error
         self._wakeup = threading.Event()
         self._hellos: dict[int, _HelloInbox] = {}
-        self._replies: deque[bytes] = deque()
+        self._replies: deque[tuple[Any, bytes]] = deque()  # (reply publication, message)
         self.connections: list[Connection] = []
         self._by_conn: dict[int, ServerSession] = {}
         self.seal_counters = SealCounters()
+        self._reply_of: dict[ServerSession, Any] = {}
         self.reply_drops = 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -148,21 +149,26 @@ class Server:
         raise HandshakeError(f"no free pair of UDP ports on {cfg.host} for the handshake server")
 
     def _open_on(self, port: int, control: int) -> None:
-        host = _host(self.config.host)
         self.port, self.control_port = port, control
-        self._hello_sub = self.driver.add_subscription(
-            f"aeron:udp?endpoint={host}:{port}", HANDSHAKE_STREAM_ID
-        )
+        self._listeners: list[tuple[Channels, Any, Any]] = []
+        media = ("udp", "ipc") if self.config.ipc else ("udp",)
         try:
-            self._reply_pub = self.driver.add_publication(
-                f"aeron:udp?control={host}:{control}|control-mode=dynamic"
-                f"|term-length={_HANDSHAKE_TERM_LENGTH}",
-                REPLY_STREAM_ID,
-            )
+            for kind in media:
+                channels = Channels(kind, self.config.host, port, control)
+                sub = self.driver.add_subscription(channels.hello_sub(), channels.hello_stream)
+                try:
+                    pub = self.driver.add_publication(channels.reply_pub(), channels.reply_stream)
+                except BaseException:
+                    sub.close()
+                    raise
+                self._listeners.append((channels, sub, pub))
+                self._listen(sub)
         except BaseException:
-            self._hello_sub.close()
+            for _, sub, pub in self._listeners:
+                sub.close()
+                pub.close()
             raise
-        self._listen(self._hello_sub)
+        self._hello_sub = self._listeners[0][1]
 
     def _listen(self, sub: Any) -> None:
         add = getattr(sub, "add_listener", None)
@@ -188,56 +194,57 @@ class Server:
         return accepted
 
     def _read_hellos(self, now_ns: int) -> None:
-        images = self._hello_sub.images
-        live = {id(image) for image in images}
+        live: set[int] = set()
+        for channels, sub, reply in self._listeners:
+            images = sub.images
+            live.update(id(image) for image in images)
+            for image in images:
+                inbox = self._hellos.get(id(image))
+                if inbox is None:
+                    inbox = self._hellos[id(image)] = _HelloInbox(image)
+                if inbox.done:
+                    continue
+                image.poll(inbox.assembler, 4)
+                if not inbox.messages:
+                    continue
+                inbox.done = True
+                if channels.media == "ipc":
+                    address = "ipc"
+                else:
+                    address = image.source_identity.rpartition(":")[0].strip("[]")
+                self._on_hello(channels, reply, address, inbox.messages.popleft(), now_ns)
         for key in [k for k in self._hellos if k not in live]:
             del self._hellos[key]
-        for image in images:
-            inbox = self._hellos.get(id(image))
-            if inbox is None:
-                inbox = self._hellos[id(image)] = _HelloInbox(image)
-            if inbox.done:
-                continue
-            image.poll(inbox.assembler, 4)
-            if not inbox.messages:
-                continue
-            inbox.done = True
-            address = image.source_identity.rpartition(":")[0].strip("[]")
-            self._on_hello(address, inbox.messages.popleft(), now_ns)
 
-    def _on_hello(self, address: str, data: bytes, now_ns: int) -> None:
+    def _on_hello(
+        self, channels: Channels, reply: Any, address: str, data: bytes, now_ns: int
+    ) -> None:
         try:
             session = self.core.on_hello(address, data, now_ns)
         except Rejected as rejected:
             if rejected.reply is not None:
-                self._replies.append(rejected.reply)
+                self._replies.append((reply, rejected.reply))
             return
+        self._reply_of[session] = reply
         try:
-            session.transport = self._open_pair(session)
+            session.transport = self._open_pair(channels, session)
         except (TransportError, OSError) as exc:
             log.warning("handshake server: cannot open a session for %s: %s", address, exc)
             self._replies.append(
-                refuse_for(session.connect_key, ErrorCode.SERVER_FULL, f"cannot allocate: {exc}")
-                .encode()
+                (reply, refuse_for(session.connect_key, ErrorCode.SERVER_FULL,
+                                   f"cannot allocate: {exc}").encode())
             )
             self._free(session, SessionEvent.CLOSE)
             return
-        self._replies.append(session.welcome)
+        self._replies.append((reply, session.welcome))
 
-    def _open_pair(self, session: ServerSession) -> _Pending:
-        host = _host(self.config.host)
+    def _open_pair(self, channels: Channels, session: ServerSession) -> _Pending:
         d = session.details
         sub = self.driver.add_subscription(
-            f"aeron:udp?endpoint={host}:{self.port}|session-id={d.c2s_session_id}"
-            f"|rcv-wnd={self.config.window()}",
-            d.c2s_stream_id,
+            channels.c2s_sub(d, self.config.window()), d.c2s_stream_id
         )
         try:
-            pub = self.driver.add_publication(
-                f"aeron:udp?control={host}:{self.control_port}|control-mode=dynamic"
-                f"|session-id={d.s2c_session_id}|mtu={d.mtu}|term-length={d.term_length}",
-                d.s2c_stream_id,
-            )
+            pub = self.driver.add_publication(channels.s2c_pub(d), d.s2c_stream_id)
         except BaseException:
             sub.close()
             raise
@@ -294,7 +301,9 @@ class Server:
         return conn
 
     def _refuse_quietly(self, session: ServerSession, code: ErrorCode, text: str) -> None:
-        self._replies.append(refuse_for(session.connect_key, code, text).encode())
+        reply = self._reply_of.get(session)
+        if reply is not None:
+            self._replies.append((reply, refuse_for(session.connect_key, code, text).encode()))
 
     def _free(self, session: ServerSession, event: SessionEvent) -> None:
         resources = session.transport
@@ -304,11 +313,13 @@ class Server:
         elif isinstance(resources, Connection):
             resources.close()
         session.transport = None
+        self._reply_of.pop(session, None)
         self.core.release(session, event)
 
     def _flush_replies(self) -> None:
         while self._replies:
-            result = self._reply_pub.offer(self._replies[0])
+            reply, message = self._replies[0]
+            result = reply.offer(message)
             if result > 0:
                 self._replies.popleft()
                 continue
@@ -328,6 +339,7 @@ class Server:
             conn.close()
             if session is not None:
                 session.transport = None
+                self._reply_of.pop(session, None)
                 self.core.release(session, SessionEvent.TRANSPORT_LOST)
 
     def _report(self, conn: Connection | None, exc: BaseException) -> None:
@@ -341,7 +353,7 @@ class Server:
     def wait(self, timeout_s: float) -> None:
         """Sleep until a HELLO, a session message or an image change arrives (or the timeout)."""
         self._wakeup.clear()
-        if self._hello_sub.has_data() or any(
+        if any(sub.has_data() for _, sub, _ in self._listeners) or any(
             c.subscription.has_data() for c in self.connections
         ):
             return
@@ -350,6 +362,8 @@ class Server:
             timeout_s = min(timeout_s, max(deadline - time.monotonic_ns(), 0) / 1e9)
         if self.core.pending or self._replies:
             timeout_s = min(timeout_s, 0.005)  # pending sessions wait on joins we are not told of
+        if any(c.subscription.channel.startswith("aeron:ipc") for c in self.connections):
+            timeout_s = min(timeout_s, 0.001)  # IPC data has no cross-process wake-up
         self._wakeup.wait(timeout_s)
 
     def wake(self) -> None:
@@ -393,8 +407,9 @@ class Server:
         for conn in self.connections:
             conn.close()
         self.connections.clear()
-        self._hello_sub.close()
-        self._reply_pub.close()
+        for _, sub, pub in self._listeners:
+            sub.close()
+            pub.close()
         if self._own_driver:
             self.driver.close()
 

@@ -57,3 +57,14 @@ def test_denied_addresses_and_per_address_limits_are_refused_with_their_code(
             with pytest.raises(ServerUnavailableError, match="TOO_MANY_FROM_ADDRESS"):
                 StreamClient.connect(ClientSettings(endpoint=server.endpoint, timeout_s=10))
             first.publish(1, [b"still served"])
+
+
+def test_same_host_clients_can_use_ipc_sessions(tmp_path: Path) -> None:
+    with _server(tmp_path) as server:
+        port = int(server.endpoint.rpartition(":")[2])
+        with StreamClient.connect(ClientSettings(endpoint=f"ipc:{port}")) as client:
+            client.publish(6, [b"via shared memory %d" % i for i in range(1000)])
+            (rec,) = client.list_recordings([6])
+            blocks = list(client.replay(rec.recording_id, 0, rec.recorded_position))
+        assert sum(len(b.data) for b in blocks) == rec.recorded_position
+        assert server.snapshot()["handshake"]["connected"] >= 1

@@ -1,0 +1,114 @@
+"""The channels of a handshake and its sessions, for UDP and for IPC (one place, one code path).
+
+UDP (``H`` = host, ``P`` = port, ``C`` = control port)::
+
+    HELLO in     aeron:udp?endpoint=H:P                                  HANDSHAKE_STREAM_ID
+    replies      aeron:udp?control=H:C|control-mode=dynamic              REPLY_STREAM_ID
+    client->us   aeron:udp?endpoint=H:P|session-id=<secret>              <per-client stream>
+    us->client   aeron:udp?control=H:C|control-mode=dynamic|session-id=<secret>
+
+IPC (same host, same driver directory; a client names the server by its UDP port, ``ipc:P``)::
+
+    HELLO in     aeron:ipc    HANDSHAKE_STREAM_ID ^ P
+    replies      aeron:ipc    REPLY_STREAM_ID ^ P
+    client->us   aeron:ipc?session-id=<secret>     us->client   aeron:ipc?session-id=<secret>
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aeron_spark.handshake.config import HANDSHAKE_STREAM_ID, REPLY_STREAM_ID
+from aeron_spark.handshake.messages import SessionDetails
+
+HANDSHAKE_TERM_LENGTH = 64 * 1024
+
+
+def _h(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+@dataclass(frozen=True, slots=True)
+class Channels:
+    media: str  # "udp" or "ipc"
+    host: str
+    port: int
+    control_port: int
+    bind: str = "127.0.0.1"  # where a UDP client binds its subscriptions
+
+    @property
+    def hello_stream(self) -> int:
+        return HANDSHAKE_STREAM_ID ^ self.port if self.media == "ipc" else HANDSHAKE_STREAM_ID
+
+    @property
+    def reply_stream(self) -> int:
+        return REPLY_STREAM_ID ^ self.port if self.media == "ipc" else REPLY_STREAM_ID
+
+    # -------------------------------------------------------------- handshake channels
+
+    def hello_sub(self) -> str:
+        if self.media == "ipc":
+            return "aeron:ipc"
+        return f"aeron:udp?endpoint={_h(self.host)}:{self.port}"
+
+    def hello_pub(self) -> str:
+        if self.media == "ipc":
+            return f"aeron:ipc?term-length={HANDSHAKE_TERM_LENGTH}"
+        return f"aeron:udp?endpoint={_h(self.host)}:{self.port}|term-length={HANDSHAKE_TERM_LENGTH}"
+
+    def reply_pub(self) -> str:
+        if self.media == "ipc":
+            return f"aeron:ipc?term-length={HANDSHAKE_TERM_LENGTH}"
+        return (
+            f"aeron:udp?control={_h(self.host)}:{self.control_port}|control-mode=dynamic"
+            f"|term-length={HANDSHAKE_TERM_LENGTH}"
+        )
+
+    def reply_sub(self) -> str:
+        if self.media == "ipc":
+            return "aeron:ipc"
+        return (
+            f"aeron:udp?endpoint={_h(self.bind)}:0|control={_h(self.host)}:{self.control_port}"
+            "|control-mode=dynamic"
+        )
+
+    # -------------------------------------------------------------- a session's pair
+
+    def c2s_pub(self, d: SessionDetails) -> str:
+        if self.media == "ipc":
+            return (
+                f"aeron:ipc?session-id={d.c2s_session_id}|mtu={d.mtu}|term-length={d.term_length}"
+            )
+        return (
+            f"aeron:udp?endpoint={_h(self.host)}:{self.port}|session-id={d.c2s_session_id}"
+            f"|mtu={d.mtu}|term-length={d.term_length}"
+        )
+
+    def c2s_sub(self, d: SessionDetails, window: int) -> str:
+        if self.media == "ipc":
+            return f"aeron:ipc?session-id={d.c2s_session_id}"
+        return (
+            f"aeron:udp?endpoint={_h(self.host)}:{self.port}|session-id={d.c2s_session_id}"
+            f"|rcv-wnd={window}"
+        )
+
+    def s2c_pub(self, d: SessionDetails) -> str:
+        if self.media == "ipc":
+            return (
+                f"aeron:ipc?session-id={d.s2c_session_id}|mtu={d.mtu}|term-length={d.term_length}"
+            )
+        return (
+            f"aeron:udp?control={_h(self.host)}:{self.control_port}|control-mode=dynamic"
+            f"|session-id={d.s2c_session_id}|mtu={d.mtu}|term-length={d.term_length}"
+        )
+
+    def s2c_sub(self, d: SessionDetails, window: int) -> str:
+        if self.media == "ipc":
+            return f"aeron:ipc?session-id={d.s2c_session_id}"
+        return (
+            f"aeron:udp?endpoint={_h(self.bind)}:0|control={_h(self.host)}:{self.control_port}"
+            f"|control-mode=dynamic|session-id={d.s2c_session_id}|rcv-wnd={window}"
+        )
+
+
+__all__ = ["Channels"]
