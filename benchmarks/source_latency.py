@@ -63,7 +63,7 @@ class _StampWriter(DataSourceStreamWriter):
 
 
 class StampSink(DataSource):
-    """``format("latencystamp")``: writes (now - stamp) in ms of each row's ``value`` to ``path``."""
+    """``format("latencystamp")``: appends (now - stamp) in ms per row's ``value`` to ``path``."""
 
     @classmethod
     def name(cls) -> str:

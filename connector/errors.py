@@ -209,3 +209,14 @@ __all__ = [
     "UnknownStreamError",
     "error_from_wire",
 ]
+
+
+def from_archive(exc: Exception) -> ConnectorError:
+    """The wire error for an archive error (same class name, message and details)."""
+    cls = {
+        "UnknownRecordingError": UnknownRecordingError,
+        "PositionOutOfRangeError": PositionOutOfRangeError,
+        "NotFrameBoundaryError": NotFrameBoundaryError,
+        "PurgedError": PurgedError,
+    }.get(type(exc).__name__, ServerError)
+    return cls(getattr(exc, "message", str(exc)), **getattr(exc, "details", {}))

@@ -20,7 +20,7 @@ from aeron_spark.errors import ConfigurationError
 SOURCE_FORMATS = ("binary", "text")
 SINK_FORMATS = ("binary", "text")
 
-# name (lower case) -> (canonical name, default text, meaning) -- the README's tables come from here.
+# name (lower case) -> (canonical name, default text, meaning); the README's tables come from here.
 SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
     "endpoint": (
         "endpoint",
@@ -298,7 +298,9 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     sink_id = o.get("sinkid")
     if sink_id is not None and not sink_id.strip():
         raise ConfigurationError("sinkId", sink_id, "a non-empty identity")
-    checkpoint = next((str(v) for k, v in options.items() if str(k).lower() == "checkpointlocation"), None)
+    checkpoint = next(
+        (str(v) for k, v in options.items() if str(k).lower() == "checkpointlocation"), None
+    )
     channel = o.get("channel", "").strip() or None
     if channel is not None:
         from aeron_spark.transport import ChannelConfig, ChannelError

@@ -262,7 +262,8 @@ class AeronBatchReader(DataSourceReader):
 class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """``spark.readStream.format("aeron")``: micro-batches of newly recorded messages.
 
-    Admission control: ``maxMessagesPerTrigger`` / ``maxBytesPerTrigger`` / ``minMessagesPerTrigger``
+    Admission control: ``maxMessagesPerTrigger`` / ``maxBytesPerTrigger`` /
+    ``minMessagesPerTrigger``
     become Spark's default read limit; every micro-batch ends on message boundaries the server
     finds (``scan``), so no batch tears a fragmented message. ``Trigger.AvailableNow`` reads up to
     the recorded positions at the time the query starts, in limited batches if limits are set.

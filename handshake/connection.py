@@ -126,7 +126,9 @@ class Connection:
         """Send one message, waiting up to ``timeout_s`` while back-pressured."""
         self._send_kind(_DATA, message, timeout_s)
 
-    def _send_kind(self, kind: bytes, body: bytes | bytearray | memoryview, timeout_s: float) -> None:
+    def _send_kind(
+        self, kind: bytes, body: bytes | bytearray | memoryview, timeout_s: float
+    ) -> None:
         deadline = time.monotonic() + timeout_s
         delay = 0.0001
         while not self._offer(kind, body):

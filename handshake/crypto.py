@@ -24,14 +24,13 @@ import hmac
 import struct
 from dataclasses import dataclass, field
 
+from aeron_spark.handshake.errors import RemoteProtocolError
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-
-from aeron_spark.handshake.errors import RemoteProtocolError
 
 _INFO = b"aeron-spark handshake v1"
 _COUNTER = struct.Struct(">Q")

@@ -20,10 +20,9 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-
 from aeron_spark.handshake.crypto import fingerprint, public_bytes
 from aeron_spark.handshake.errors import KeyRefusedError, KeyStoreError
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 SERVER_KEY_FILE = "server.key"
 KNOWN_SERVERS_FILE = "known_servers"

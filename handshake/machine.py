@@ -23,10 +23,8 @@ from __future__ import annotations
 import enum
 import secrets
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
-
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.config import ServerConfig, _networks
@@ -39,6 +37,7 @@ from aeron_spark.handshake.errors import (
     RemoteProtocolError,
     refusal,
 )
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 # Aeron reserves session ids -1..1000 by default for publications given an explicit session-id.
 RESERVED_SESSION_ID_LOW = -1

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-
 from aeron_spark.handshake.errors import ErrorCode, RemoteProtocolError
 
 PROTOCOL_VERSION = 1

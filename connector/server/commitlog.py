@@ -21,6 +21,7 @@ import zlib
 from typing import Any
 
 import msgpack
+from aeron_spark.transport.archive.recordings import fsync_dir
 
 _RECORD = struct.Struct("<II")
 MAX_RECORD_BYTES = 64 * 1024 * 1024
@@ -60,7 +61,7 @@ class CommitLog:
         if self.torn_bytes_truncated:
             self._fh.truncate(good_end)
             os.fsync(self._fh.fileno())
-        _fsync_dir(os.path.dirname(path) or ".")
+        fsync_dir(os.path.dirname(path) or ".")
 
     def append(self, record: dict[str, Any]) -> None:
         body = msgpack.packb(record, use_bin_type=True)
@@ -70,14 +71,6 @@ class CommitLog:
 
     def close(self) -> None:
         self._fh.close()
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 __all__ = ["CommitLog"]

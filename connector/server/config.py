@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from aeron_spark.handshake.config import _networks
 from aeron_spark.transport.protocol.logbuffer import check_mtu, check_term_length
 
 from aeron_spark.errors import ConfigurationError
-from aeron_spark.handshake.config import _networks
 
 DEFAULT_PORT = 40123
 

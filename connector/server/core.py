@@ -30,10 +30,12 @@ from aeron_spark.connector.errors import (
     LimitExceededError,
     NotAuthorisedError,
     ServerError,
+    from_archive,
 )
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.scan import scan
 from aeron_spark.connector.server.staging import SinkCommitter
+from aeron_spark.transport.archive import ArchiveError
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +204,10 @@ class ServerCore:
     def _answer(self, session: Session, request: proto.Request, now_ns: int) -> bytes:
         """Run one decoded request; its reply (ok or the typed error). Never raises."""
         try:
-            result = self._dispatch(session, request, now_ns)
+            try:
+                result = self._dispatch(session, request, now_ns)
+            except ArchiveError as exc:  # the archive's errors travel as the wire's own
+                raise from_archive(exc) from exc
         except ConnectorError as exc:
             self.counters["request_errors"] += 1
             if isinstance(exc, NotAuthorisedError):
@@ -407,8 +412,9 @@ class ServerCore:
                     replay.cursor.close()
                     del session.replays[rid]
                     self.counters["replays_completed"] += 1
-            except ConnectorError as exc:
-                out.append(proto.encode_event_error(rid, "replay_end", exc))
+            except (ConnectorError, ArchiveError) as exc:
+                error = exc if isinstance(exc, ConnectorError) else from_archive(exc)
+                out.append(proto.encode_event_error(rid, "replay_end", error))
                 replay.cursor.close()
                 del session.replays[rid]
                 self.counters["replays_failed"] += 1

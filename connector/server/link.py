@@ -1,4 +1,4 @@
-"""Session links: the stream server's sessions are handshake connections (``aeron_spark.handshake``).
+"""Session links: the stream server's sessions are handshake connections (``handshake``).
 
 A client connects with :class:`~aeron_spark.handshake.Client` (HELLO on the server's port, replies
 and session traffic joined on ``port + 1``, X25519 key agreement, the server's key checked against

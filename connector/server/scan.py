@@ -20,7 +20,6 @@ from array import array
 from typing import Any
 
 import numpy as np
-
 from aeron_spark.transport.protocol.frames import FrameType
 
 _HEADER = struct.Struct("<iBBH")  # frame_length, version, flags, type
@@ -80,7 +79,8 @@ def scan(
                         fit = (start + max_bytes - base) // aligned
                         run = min(run, fit if fit > 0 or messages else 1)
                     if run > 0:
-                        boundaries.extend(range(base + aligned, base + (run + 1) * aligned, aligned))
+                        stop = base + (run + 1) * aligned
+                        boundaries.extend(range(base + aligned, stop, aligned))
                         messages += run
                         last_boundary = base + run * aligned
                         offset += run * aligned

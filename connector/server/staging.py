@@ -35,8 +35,9 @@ from aeron_spark.connector.errors import (
     NotAuthorisedError,
     StagedDataMissingError,
 )
-from aeron_spark.connector.server.commitlog import CommitLog, _fsync_dir
+from aeron_spark.connector.server.commitlog import CommitLog
 from aeron_spark.connector.server.framing import Framer
+from aeron_spark.transport.archive.recordings import fsync_dir
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
 
 _RECORD = struct.Struct("<Iq")
@@ -137,7 +138,7 @@ class StagingStore:
         os.fsync(part.fh.fileno())
         part.fh.close()
         os.replace(os.path.join(directory, name + ".open"), os.path.join(directory, name + ".part"))
-        _fsync_dir(directory)
+        fsync_dir(directory)
         self.parts_staged += 1
         return {
             "sink_id": sink_id,

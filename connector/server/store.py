@@ -2,7 +2,7 @@
 
 :class:`ArchiveStore` implements the core's ``Store`` protocol and the committer's
 ``SinkRecordings`` protocol on top of
-:class:`~aeron_spark.connector.server.recordings.RecordingStore`.
+:class:`~aeron_spark.transport.archive.RecordingStore`.
 
 Visibility rule: for a sink recording the readable end is the end of its last *committed* batch
 (``set_visible``), never the raw recorded end, so readers never see half a commit. Every other
@@ -23,15 +23,12 @@ from typing import Any
 from aeron_spark.connector.errors import (
     PositionOutOfRangeError,
     ServerError,
-    UnknownRecordingError,
 )
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.framing import Framer
-from aeron_spark.connector.server.recordings import Recording, RecordingStore
+from aeron_spark.transport.archive import Recorder, Recording, RecordingStore
+from aeron_spark.transport.archive import UnknownRecordingError as ArchiveUnknownRecording
 from aeron_spark.transport.protocol.logbuffer import LogGeometry, is_reserved_session_id
-
-_INGEST_BLOCK_BYTES = 1024 * 1024
-_INGEST_BLOCKS_PER_PASS = 64
 
 
 def _random_session_id() -> int:
@@ -134,10 +131,7 @@ class ArchiveStore:
         self.recordings = RecordingStore(config.directory, config.fsync)
         self._visible: dict[int, int] = {}
         self._sink_writers: dict[tuple[int, str], _SinkWriter] = {}
-        self._ingest_subs: list[Any] = []
-        self._ingest: dict[int, tuple[Any, Recording]] = {}  # id(image) -> (image, recording)
-        self.ingest_bytes = 0
-        self.ingest_images = 0
+        self._recorders: list[Recorder] = []
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -242,7 +236,7 @@ class ArchiveStore:
     def resume_writer(self, recording_id: int, now_ns: int) -> _SinkWriter | None:
         try:
             rec = self.recordings.get(recording_id)
-        except UnknownRecordingError:
+        except ArchiveUnknownRecording:
             return None
         key = (rec.d.stream_id, rec.d.source[len("sink:") :])
         writer = self._sink_writers.get(key) or self._resume(rec)
@@ -259,62 +253,25 @@ class ArchiveStore:
         if channel is None:
             return
         for stream_id in self.config.ingest_stream_ids:
-            self._ingest_subs.append(self.driver.add_subscription(channel, stream_id))
+            self._recorders.append(
+                Recorder(
+                    self.recordings,
+                    self.driver.add_subscription(channel, stream_id),
+                    source="ingest",
+                    clock=self.clock,
+                )
+            )
 
     def record_ingest(self, now_ns: int) -> int:
-        if not self._ingest_subs:
-            return 0
-        timestamp_ns = self.clock()
-        work = 0
-        live: set[int] = set()
-        for sub in self._ingest_subs:
-            for image in sub.images:
-                key = id(image)
-                live.add(key)
-                entry = self._ingest.get(key)
-                if entry is None:
-                    rec = self.recordings.create(
-                        image.stream_id,
-                        image.session_id,
-                        f"ingest:{image.source_identity}",
-                        image.initial_term_id,
-                        *self._term_of(image),
-                        image.term_length,
-                        image.mtu,
-                        timestamp_ns,
-                    )
-                    entry = self._ingest[key] = (image, rec)
-                    self.ingest_images += 1
-                rec = entry[1]
+        return sum(recorder.do_work(now_ns) for recorder in self._recorders)
 
-                def on_block(
-                    term: memoryview,
-                    offset: int,
-                    length: int,
-                    _session: int,
-                    _term_id: int,
-                    rec: Recording = rec,
-                ) -> None:
-                    rec.append(term[offset : offset + length], rec.recorded_position, timestamp_ns)
+    @property
+    def ingest_images(self) -> int:
+        return sum(r.images_recorded for r in self._recorders)
 
-                for _ in range(_INGEST_BLOCKS_PER_PASS):
-                    n = image.block_poll(on_block, _INGEST_BLOCK_BYTES)
-                    if n == 0:
-                        break
-                    self.ingest_bytes += n
-                    work += 1
-        for key in [k for k in self._ingest if k not in live]:
-            image, rec = self._ingest.pop(key)
-            rec.stop(timestamp_ns)
-            work += 1
-        return work
-
-    @staticmethod
-    def _term_of(image: Any) -> tuple[int, int]:
-        shift = image.term_length.bit_length() - 1
-        position = image.join_position
-        term_id = (image.initial_term_id + (position >> shift) + 2**31) % 2**32 - 2**31
-        return term_id, position & (image.term_length - 1)
+    @property
+    def ingest_bytes(self) -> int:
+        return sum(r.bytes_recorded for r in self._recorders)
 
     # --- housekeeping -------------------------------------------------------------------------
 
@@ -327,21 +284,9 @@ class ArchiveStore:
         }
 
     def close(self, now_ns: int = 0) -> None:
-        timestamp_ns = self.clock()
-        for sub in self._ingest_subs:
-            for image in sub.images:
-                entry = self._ingest.get(id(image))
-                if entry is not None:  # drain what the image already holds
-                    rec = entry[1]
-                    while image.block_poll(
-                        lambda t, o, n, _s, _i, rec=rec: rec.append(
-                            t[o : o + n], rec.recorded_position, timestamp_ns
-                        ),
-                        _INGEST_BLOCK_BYTES,
-                    ):
-                        pass
-            sub.close()
-        self.recordings.close(timestamp_ns)
+        for recorder in self._recorders:
+            recorder.close()  # drains what the images already hold
+        self.recordings.close(self.clock())
 
 
 __all__ = ["ArchiveStore", "ReplayCursor"]

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from aeron_spark.connector.server import main, stat_main
-from aeron_spark.connector.server.recordings import RecordingStore
+from aeron_spark.transport.archive import RecordingStore
 from aeron_spark.connector.server.testing import client_for, server_process
 
 

@@ -6,9 +6,9 @@ import os
 import random
 
 import pytest
-from aeron_spark.connector.errors import NotFrameBoundaryError, PurgedError
+from aeron_spark.transport.archive import NotFrameBoundaryError, PurgedError
 from aeron_spark.connector.server.framing import Framer
-from aeron_spark.connector.server.recordings import RecordingStore
+from aeron_spark.transport.archive import RecordingStore
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -7,7 +7,6 @@ import stat
 from pathlib import Path
 
 import pytest
-
 from aeron_spark.handshake.crypto import public_bytes
 from aeron_spark.handshake.errors import KeyRefusedError, KeyStoreError
 from aeron_spark.handshake.keystore import KeyStore

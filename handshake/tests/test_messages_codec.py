@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import msgpack
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.errors import RemoteProtocolError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 KEY = bytes(range(32))
 

@@ -1,10 +1,8 @@
-"""Key agreement and sealed frames: both sides agree; tampering, replay and reordering are refused."""
+"""Key agreement and sealed frames: both sides agree; tampering, replay, reordering are refused."""
 
 from __future__ import annotations
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.crypto import (
     SealCounters,
@@ -13,6 +11,7 @@ from aeron_spark.handshake.crypto import (
     server_keys,
 )
 from aeron_spark.handshake.errors import RemoteProtocolError
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 
 def _agree() -> tuple:

@@ -8,8 +8,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
-from aeron_spark.handshake import Client, ClientConfig, Server, ServerConfig, TooManyConnectionsError
+from aeron_spark.handshake import (
+    Client,
+    ClientConfig,
+    Server,
+    ServerConfig,
+    TooManyConnectionsError,
+)
 from aeron_spark.transport import Driver, DriverConfig
 
 from .conftest import wait_for

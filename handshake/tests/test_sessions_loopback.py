@@ -7,7 +7,6 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from aeron_spark.handshake import (
     ConnectionClosedError,
     HandshakeTimeoutError,

@@ -4,10 +4,6 @@ memory with a manual clock, limits, expiry, spoofing and refusals."""
 from __future__ import annotations
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.config import ServerConfig
 from aeron_spark.handshake.crypto import SealCounters
@@ -36,6 +32,9 @@ from aeron_spark.handshake.machine import (
     SessionEvent,
     SessionState,
 )
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 S = 1_000_000_000
 

@@ -44,7 +44,8 @@ STATE_CLOSED = 2
 _HEAD = struct.Struct("<8s6i")
 # Fields other processes read while we write them are stored with one memcpy of pre-packed bytes:
 # struct.pack_into zero-fills its target before writing, so a reader could see a transient 0
-# (a dead-looking heartbeat, a join position of 0).  # magic, term_length, mtu, session, stream, initial term id, pid
+# (a dead-looking heartbeat, a join position of 0). _HEAD: magic, term_length, mtu, session,
+# stream, initial term id, pid.
 _I32 = struct.Struct("<i")
 _I64 = struct.Struct("<q")
 _SLOT = struct.Struct("<qqii")
@@ -96,7 +97,7 @@ class LogFile:
         (_, self.term_length, self.mtu, self.session_id, self.stream_id,
          self.initial_term_id, self.pid) = _HEAD.unpack_from(mapped, 0)
         self.terms = [
-            self.view[METADATA_LENGTH + i * self.term_length : METADATA_LENGTH + (i + 1) * self.term_length]
+            self.view[METADATA_LENGTH + i * self.term_length :][: self.term_length]
             for i in range(3)
         ]
 

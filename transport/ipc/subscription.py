@@ -109,7 +109,10 @@ class IpcImage:
         return int.from_bytes(term[offset : offset + 4], "little", signed=True) > 0
 
     def __repr__(self) -> str:
-        return f"IpcImage(session_id={self.session_id}, stream_id={self.stream_id}, position={self.position})"
+        return (
+            f"IpcImage(session_id={self.session_id}, stream_id={self.stream_id}, "
+            f"position={self.position})"
+        )
 
 
 class IpcSubscription:
@@ -208,7 +211,7 @@ class IpcSubscription:
                 if image.position >= log.position:
                     gone.append(image)
             elif not log.publisher_live(now_ns, self.liveness_timeout_ns) and not image.has_data():
-                gone.append(image)  # died: deliver what was complete, then let go  # died: deliver what was complete, then let go
+                gone.append(image)  # died: deliver what was complete, then let go
         for image in gone:
             self._drop(image, now_ns)
         return len(gone)

@@ -1,9 +1,10 @@
 """Recordings on disk: segment files, a sparse position/time index, purge, crash recovery.
 
-This is the server's storage engine until ``transport/archive`` (issue 5's recording part, built
-in parallel) is wired in behind :class:`~aeron_spark.connector.server.store.ArchiveStore`; it is
-a real engine, not a stand-in, and keeps Aeron's layout rules: a recording holds an image's raw
-frames at their stream positions, exactly as they were in the log buffer (PAD frames included).
+The archive's storage engine (used by the stream server through
+:class:`~aeron_spark.connector.server.store.ArchiveStore`, and on its own with
+:class:`~aeron_spark.transport.archive.recorder.Recorder`). It keeps Aeron's layout rules: a
+recording holds an image's raw frames at their stream positions, exactly as they were in the log
+buffer (PAD frames included).
 
 Layout of one recording, ``<dir>/recordings/<id>/``::
 
@@ -36,13 +37,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-from aeron_spark.connector.errors import (
+from aeron_spark.transport.archive.errors import (
     NotFrameBoundaryError,
     PositionOutOfRangeError,
     PurgedError,
     UnknownRecordingError,
 )
-from aeron_spark.connector.server.commitlog import _fsync_dir
 from aeron_spark.transport.protocol.frames import FRAME_ALIGNMENT, FrameType
 from aeron_spark.transport.protocol.logbuffer import compute_position
 
@@ -52,6 +52,15 @@ _head_from = _FRAME_HEAD.unpack_from
 _PAD = int(FrameType.PAD)
 INDEX_INTERVAL_BYTES = 64 * 1024
 INDEX_INTERVAL_NS = 1_000_000
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a directory, so a file created or renamed in it survives a crash."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -75,7 +84,7 @@ def _write_meta(path: str, body: dict[str, Any]) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path))
+    fsync_dir(os.path.dirname(path))
 
 
 def _read_meta(path: str) -> dict[str, Any] | None:
@@ -295,7 +304,7 @@ class Recording:
         """Extend a stopped recording (sink recordings after a restart)."""
         if self.stop_position is not None:
             os.unlink(os.path.join(self.directory, "stop.msgpack"))
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
             self.stop_position = None
 
     # --- reading ------------------------------------------------------------------------------
