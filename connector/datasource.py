@@ -14,10 +14,9 @@ Example::
 
 from __future__ import annotations
 
-from aeron_spark.connector.formats import BINARY_SCHEMA_DDL, TEXT_SCHEMA_DDL
 from aeron_spark.connector.options import parse_sink_options, parse_source_options
 from aeron_spark.connector.sink import AeronBatchWriter, AeronStreamWriter, check_sink_schema
-from aeron_spark.connector.source import AeronBatchReader, AeronStreamReader
+from aeron_spark.connector.source import AeronBatchReader, AeronStreamReader, source_schema
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -35,15 +34,14 @@ class AeronDataSource(DataSource):
     def name(cls) -> str:
         return "aeron"
 
-    def schema(self) -> str:
-        fmt = str(dict((k.lower(), v) for k, v in self.options.items()).get("format", "binary"))
-        return TEXT_SCHEMA_DDL if fmt.strip().lower() == "text" else BINARY_SCHEMA_DDL
+    def schema(self) -> str | StructType:
+        return source_schema(parse_source_options(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return AeronBatchReader(parse_source_options(self.options))
+        return AeronBatchReader(parse_source_options(self.options), schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return AeronStreamReader(parse_source_options(self.options))
+        return AeronStreamReader(parse_source_options(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         options = parse_sink_options(self.options)

@@ -17,8 +17,9 @@ from aeron_spark.connector.client import ClientSettings
 
 from aeron_spark.errors import ConfigurationError
 
-SOURCE_FORMATS = ("binary", "text")
-SINK_FORMATS = ("binary", "text")
+SOURCE_FORMATS = ("binary", "text", "arrow", "json", "msgpack")
+SINK_FORMATS = ("binary", "text", "arrow", "json", "msgpack")
+BAD_RECORD_POLICIES = ("fail", "drop", "column")
 
 # name (lower case) -> (canonical name, default text, meaning); the README's tables come from here.
 SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
@@ -51,7 +52,35 @@ SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
         "true",
         "fail when a wanted range was purged; false skips to the first readable position",
     ),
-    "format": ("format", "binary", "binary (value column + metadata) or text (value as string)"),
+    "format": (
+        "format",
+        "binary",
+        "binary (value column + metadata), text (value as string), arrow (each message an "
+        "Arrow IPC stream: its columns are the rows), json (each message one JSON object) or "
+        "msgpack (each message one map), decoded into `schema`",
+    ),
+    "schema": (
+        "schema",
+        "",
+        "arrow, json, msgpack: the rows' schema as Spark DDL (default: the first message's)",
+    ),
+    "badrecordspolicy": (
+        "badRecordsPolicy",
+        "fail",
+        "json, msgpack, text: a message that does not decode: fail (naming its position), "
+        "drop, or column (null data, its bytes in corruptRecordColumn)",
+    ),
+    "corruptrecordcolumn": (
+        "corruptRecordColumn",
+        "_corrupt_record",
+        "badRecordsPolicy=column: name of the binary column holding bad messages",
+    ),
+    "includemetadata": (
+        "includeMetadata",
+        "false",
+        "json, msgpack: also give stream_id, session_id, recording_id, position, timestamp, "
+        "reserved_value",
+    ),
     "maxmessagespertrigger": (
         "maxMessagesPerTrigger",
         "",
@@ -96,7 +125,9 @@ SINK_OPTIONS: dict[str, tuple[str, str, str]] = {
     "format": (
         "format",
         "binary",
-        "binary (a binary `value` column) or text (a string `value` column)",
+        "binary (a binary `value` column), text (a string `value` column), arrow (all "
+        "columns; each task's Arrow batches become Arrow IPC messages of about 64 KiB), json "
+        "(each row one JSON object) or msgpack (each row one map)",
     ),
     "channel": (
         "channel",
@@ -215,6 +246,10 @@ class SourceOptions:
     min_messages_per_trigger: int | None = None
     max_trigger_delay_ms: int = 900_000
     min_partitions: int | None = None
+    schema_ddl: str | None = None  # format=arrow/json/msgpack
+    bad_records_policy: str = "fail"  # json/msgpack/text
+    corrupt_record_column: str = "_corrupt_record"
+    include_metadata: bool = False  # json/msgpack
     more_settings: tuple[ClientSettings, ...] = ()  # further servers (endpoint=a:1,b:2)
 
     @property
@@ -269,8 +304,31 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         fail_on_data_loss=_bool("failOnDataLoss", o.get("failondataloss", "true")),
         format=fmt,
         **_limits(o),
+        schema_ddl=o.get("schema", "").strip() or None,
+        **_record_options(o, fmt),
         more_settings=tuple(replace(settings, endpoint=e) for e in endpoints[1:]),
     )
+
+
+def _record_options(o: dict[str, str], fmt: str) -> dict[str, object]:
+    policy = o.get("badrecordspolicy", "fail").strip().lower()
+    if policy not in BAD_RECORD_POLICIES:
+        raise ConfigurationError("badRecordsPolicy", policy, " or ".join(BAD_RECORD_POLICIES))
+    if policy != "fail" and fmt not in ("json", "msgpack", "text"):
+        raise ConfigurationError("badRecordsPolicy", policy, f"fail with format={fmt} "
+                                 "(only json, msgpack and text have bad records)")
+    column = o.get("corruptrecordcolumn", "_corrupt_record").strip()
+    if not column or "`" in column:
+        raise ConfigurationError("corruptRecordColumn", column, "a column name without backticks")
+    metadata = _bool("includeMetadata", o.get("includemetadata", "false"))
+    if metadata and fmt not in ("json", "msgpack"):
+        raise ConfigurationError("includeMetadata", "true", f"false with format={fmt} (binary "
+                                 "and text always have the metadata columns; arrow has none)")
+    if "schema" in o and fmt in ("binary", "text"):
+        raise ConfigurationError("schema", o["schema"], f"no schema with format={fmt} (its "
+                                 "columns are fixed); use arrow, json or msgpack")
+    return {"bad_records_policy": policy, "corrupt_record_column": column,
+            "include_metadata": metadata}
 
 
 def _limits(o: dict[str, str]) -> dict[str, int | None]:

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 from aeron_spark.connector.errors import ServerUnavailableError
-from aeron_spark.connector.formats import payloads_from_batch
 from aeron_spark.connector.options import SinkOptions
+from aeron_spark.connector.sink import sink_payloads
 from aeron_spark.transport import TransportError
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -54,7 +54,7 @@ def publish_rows(options: SinkOptions, iterator: Iterator[pa.RecordBatch]) -> Pu
                 f"{timeout_s:g} s (raw mode publishes only to a listening subscription)"
             )
         for batch in iterator:
-            payloads, reserved = payloads_from_batch(batch, options.format)
+            payloads, reserved = sink_payloads(batch, options.format)
             for i, payload in enumerate(payloads):
                 rv = reserved[i] if reserved is not None else 0
                 pub.offer_blocking(payload, reserved_value=rv, timeout_s=timeout_s)

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from aeron_spark.connector.client import StreamClient
 from aeron_spark.connector.formats import payloads_from_batch
+from aeron_spark.connector.formats_arrow import encode_batches
+from aeron_spark.connector.formats_records import RECORD_FORMATS, encode_rows
 from aeron_spark.connector.options import SinkOptions
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
@@ -28,16 +30,49 @@ from pyspark.sql.datasource import (
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
-from pyspark.sql.types import BinaryType, StringType, StructType
+from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StringType, StructType
 
 from aeron_spark.errors import ConfigurationError
 
 log = logging.getLogger("aeron_spark.connector.sink")
+ARROW_MESSAGE_BYTES = 128 * 1024  # the largest arrow message; pieces aim at half of it
+
+
+def _has_binary(t: DataType) -> bool:
+    if isinstance(t, BinaryType):
+        return True
+    if isinstance(t, StructType):
+        return any(_has_binary(f.dataType) for f in t.fields)
+    if isinstance(t, ArrayType):
+        return _has_binary(t.elementType)
+    if isinstance(t, MapType):
+        return _has_binary(t.keyType) or _has_binary(t.valueType)
+    return False
+
+
+def sink_payloads(batch: pa.RecordBatch, fmt: str) -> tuple[list[bytes], list[int] | None]:
+    """The messages of one sink batch in ``fmt`` (and reserved values, binary/text only)."""
+    if fmt == "arrow":  # whole batches, no Python per row
+        return list(encode_batches(batch, ARROW_MESSAGE_BYTES)), None
+    if fmt in RECORD_FORMATS:
+        return encode_rows(batch, fmt), None
+    return payloads_from_batch(batch, fmt)
 
 
 def check_sink_schema(schema: StructType, fmt: str) -> None:
     """Fail before any task runs when the DataFrame does not fit the format."""
     names = [f.name for f in schema.fields]
+    if fmt in ("arrow", *RECORD_FORMATS):
+        if not names:
+            raise ConfigurationError("schema", "struct<>", f"at least one column for format={fmt}")
+        if fmt == "json":
+            for f in schema.fields:
+                if _has_binary(f.dataType):
+                    raise ConfigurationError(
+                        f.name, f.dataType.simpleString(), "a column JSON can carry (binary is "
+                        "not: base64() it, or use format=msgpack or arrow)",
+                    )
+        return
     if "value" not in names:
         raise ConfigurationError(
             "value",
@@ -74,12 +109,13 @@ def _stage(
     partition_id = ctx.partitionId() if ctx else 0
     attempt = ctx.attemptNumber() if ctx else 0
 
-    def payloads() -> Iterator[bytes]:
-        for batch in iterator:
-            values, _ = payloads_from_batch(batch, options.format)
-            yield from values
-
     with StreamClient.connect(options.settings) as client:
+
+        def payloads() -> Iterator[bytes]:
+            for batch in iterator:
+                values, _ = sink_payloads(batch, options.format)
+                yield from values
+
         receipt = client.stage(
             sink_id, batch_id, partition_id, attempt, options.stream_id, payloads()
         )

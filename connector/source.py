@@ -17,9 +17,25 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+from aeron_spark.connector import formats_arrow
 from aeron_spark.connector.client import ClientSettings, RecordingInfo, StreamClient, pooled
 from aeron_spark.connector.errors import PositionOutOfRangeError, PurgedError
-from aeron_spark.connector.formats import Geometry, batches_from_blocks
+from aeron_spark.connector.formats import (
+    BINARY_SCHEMA_DDL,
+    TEXT_SCHEMA_DDL,
+    Geometry,
+    batches_from_blocks,
+    iter_messages,
+)
+from aeron_spark.connector.formats_records import (
+    BadRecordError,
+    Decoding,
+    RecordDecoder,
+    data_columns,
+    full_schema,
+    infer_schema,
+    output_ddl,
+)
 from aeron_spark.connector.options import SourceOptions
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -30,6 +46,9 @@ from pyspark.sql.streaming.datasource import (
     ReadMinRows,
     SupportsTriggerAvailableNow,
 )
+from pyspark.sql.types import StructType
+
+from aeron_spark.errors import ConfigurationError
 
 log = logging.getLogger("aeron_spark.connector.source")
 
@@ -45,6 +64,8 @@ class RecordingRange(InputPartition):
     initial_term_id: int
     term_length: int
     text: bool
+    arrow_schema: bytes | None = None  # format=arrow: the serialized Arrow schema of the rows
+    decoding: Decoding | None = None  # json, msgpack; text read past bad records
 
 
 def read_range(partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -57,7 +78,23 @@ def read_range(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     geometry = Geometry(partition.initial_term_id, partition.term_length)
     with pooled(partition.settings) as client:  # Python workers are reused: so are sessions
         blocks = client.replay(partition.recording_id, partition.start, partition.end)
-        yield from batches_from_blocks(blocks, partition.recording_id, geometry, partition.text)
+        if partition.arrow_schema is not None:
+            schema = pa.ipc.read_schema(pa.py_buffer(partition.arrow_schema))
+            yield from formats_arrow.batches_from_blocks(blocks, geometry, schema)
+        elif partition.decoding is not None:
+            decoder = RecordDecoder(partition.decoding, partition.recording_id)
+            yield from decoder.batches(blocks, geometry)
+        else:
+            try:
+                yield from batches_from_blocks(
+                    blocks, partition.recording_id, geometry, partition.text
+                )
+            except pa.ArrowInvalid as exc:  # text: invalid UTF-8 (the vectorised path)
+                raise BadRecordError(
+                    f"recording {partition.recording_id} holds a message in "
+                    f"[{partition.start}, {partition.end}) that is not UTF-8 text ({exc}); set "
+                    "badRecordsPolicy to drop or column to read past bad records"
+                ) from exc
 
 
 @dataclass(frozen=True)
@@ -231,11 +268,75 @@ def decode_offset(offset: dict) -> dict[str, int]:
     return {str(k): int(v) for k, v in offset.items()}
 
 
+def _with_format(parts: list[RecordingRange], fields: dict) -> list[RecordingRange]:
+    if not fields:
+        return parts
+    return [dataclasses.replace(p, **fields) for p in parts]
+
+
+def format_fields(options: SourceOptions, schema: StructType | None) -> dict:
+    """What each partition carries to decode its messages in the query's format and schema."""
+    fmt = options.format
+    if fmt in ("binary",) or schema is None:
+        return {}
+    if fmt == "text" and options.bad_records_policy == "fail":
+        return {}  # the vectorised path
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    arrow = to_arrow_schema(schema, timezone="UTC")
+    if fmt == "arrow":
+        return {"arrow_schema": arrow.serialize().to_pybytes()}
+    policy, column = options.bad_records_policy, options.corrupt_record_column
+    metadata = options.include_metadata or fmt == "text"
+    data = data_columns(arrow, policy, column, metadata)
+    return {"decoding": Decoding(fmt, data.serialize().to_pybytes(), policy, column, metadata)}
+
+
+def source_schema(options: SourceOptions) -> str | StructType:
+    """The rows' schema for ``DataSource.schema()``: given (``schema``) or inferred."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    fmt = options.format
+    if fmt in ("binary", "text"):
+        ddl = TEXT_SCHEMA_DDL if fmt == "text" else BINARY_SCHEMA_DDL
+        if fmt == "text" and options.bad_records_policy == "column":
+            ddl += f", `{options.corrupt_record_column}` binary"
+        return ddl
+    if fmt == "arrow":
+        return options.schema_ddl or from_arrow_schema(first_message_schema(options))
+    policy, column = options.bad_records_policy, options.corrupt_record_column
+    if options.schema_ddl:
+        return output_ddl(options.schema_ddl, policy, column, options.include_metadata)
+    data = first_message_schema(options)
+    return from_arrow_schema(full_schema(data, policy, column, options.include_metadata))
+
+
+def first_message_schema(options: SourceOptions) -> pa.Schema:
+    """The schema of the first message of the streams (no ``schema`` option given)."""
+    for settings in options.all_settings:
+        with pooled(settings) as client:
+            for rec in client.list_recordings(stream_ids=list(options.stream_ids)):
+                start = max(rec.start_position, rec.purged_position)
+                if rec.recorded_position <= start:
+                    continue
+                first = client.scan(rec.recording_id, start, max_messages=1)
+                blocks = client.replay(rec.recording_id, start, first.end)
+                geometry = Geometry(rec.initial_term_id, rec.term_length)
+                for message in iter_messages(blocks, geometry):
+                    if options.format == "arrow":
+                        return formats_arrow.schema_of_payload(message.payload, message.position)
+                    return infer_schema(options.format, message.payload)
+    raise ConfigurationError(
+        "schema", None, "a schema option (Spark DDL), since the streams hold no message yet"
+    )
+
+
 class AeronBatchReader(DataSourceReader):
     """``spark.read.format("aeron")``: a bounded read of every recording of the streams."""
 
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, schema: StructType | None = None) -> None:
         self.options = options
+        self._format = format_fields(options, schema)
 
     def partitions(self) -> Sequence[InputPartition]:
         o = self.options
@@ -253,7 +354,8 @@ class AeronBatchReader(DataSourceReader):
             }
         else:
             end = {key: rec.info.recorded_position for key, rec in recordings.items()}
-        return _split(_partitions(o, recordings, start, end), o.min_partitions)
+        parts = _split(_partitions(o, recordings, start, end), o.min_partitions)
+        return _with_format(parts, self._format)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_range(partition)
@@ -269,8 +371,9 @@ class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     the recorded positions at the time the query starts, in limited batches if limits are set.
     """
 
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, schema: StructType | None = None) -> None:
         self.options = options
+        self._format = format_fields(options, schema)
         self._latest: dict[str, int] = {}
         self._available_now: dict[str, int] | None = None
         self._last_batch = time.monotonic()
@@ -348,7 +451,7 @@ class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # A recording that appeared after the start offset was taken starts at its beginning.
             begin.setdefault(key, rec.info.start_position)
         parts = _partitions(self.options, recordings, begin, decode_offset(end))
-        return _split(parts, self.options.min_partitions)
+        return _with_format(_split(parts, self.options.min_partitions), self._format)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         started = time.monotonic()

@@ -1,0 +1,58 @@
+"""format=arrow: the sink writes Arrow batches as IPC messages, the source reads them back as rows."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from chispa import assert_df_equality
+
+from aeron_spark.connector.client import ClientSettings, StreamClient
+
+pytestmark = pytest.mark.spark
+
+
+def test_arrow_round_trip_batch_and_streaming(spark, server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    df = spark.range(20_000).selectExpr(
+        "id", "cast(id * 1.5 as double) as price", "concat('sym-', id % 7) as symbol",
+        "timestamp_seconds(1700000000 + id) as at",
+    )
+    (df.write.format("aeron").option("endpoint", server.endpoint).option("streamId", 70)
+     .option("format", "arrow").mode("append").save())
+    back = (spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 70)
+            .option("format", "arrow").load())
+    assert back.schema.simpleString() == "struct<id:bigint,price:double,symbol:string,at:timestamp>"
+    assert_df_equality(back, df, ignore_row_order=True, ignore_nullable=True)
+    query = (
+        spark.readStream.format("aeron").option("endpoint", server.endpoint)
+        .option("streamId", 70).option("format", "arrow")
+        .option("schema", "id long, price double, symbol string, at timestamp").load()
+        .where("symbol = 'sym-3'")
+        .writeStream.format("aeron").option("endpoint", server.endpoint)
+        .option("streamId", 71).option("format", "arrow").option("sinkId", "arrow-copy")
+        .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start()
+    )
+    assert query.awaitTermination(300) and query.exception() is None
+    copied = (spark.read.format("aeron").option("endpoint", server.endpoint)
+              .option("streamId", 71).option("format", "arrow").load())
+    assert_df_equality(copied, df.where("symbol = 'sym-3'"), ignore_row_order=True,
+                       ignore_nullable=True)
+
+
+def test_arrow_errors_name_the_problem(spark, server) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(Exception, match="schema"):  # nothing to infer from
+        spark.read.format("aeron").option("endpoint", server.endpoint).option(
+            "streamId", 72).option("format", "arrow").load().collect()
+    with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
+        client.publish(73, [b"not arrow at all"])
+    with pytest.raises(Exception, match="not an Arrow IPC stream"):
+        spark.read.format("aeron").option("endpoint", server.endpoint).option(
+            "streamId", 73).option("format", "arrow").load().collect()
+    table = pa.table({"x": pa.array(["a", "b"])})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
+        client.publish(74, [sink.getvalue().to_pybytes()])
+    with pytest.raises(Exception, match="does not fit the query's schema"):
+        spark.read.format("aeron").option("endpoint", server.endpoint).option(
+            "streamId", 74).option("format", "arrow").option("schema", "y long").load().collect()
