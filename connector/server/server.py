@@ -200,8 +200,12 @@ class StreamServer:
     def _defer(self, key: object, job: Any) -> None:
         assert self._worker is not None
 
+        listener = self._listener
+
         def run() -> None:
             self._deferred_replies.put((key, job()))
+            if listener is not None:
+                listener.wake()  # the loop may be asleep for up to _IDLE_WAIT_S
 
         self._worker.submit(run)
 
