@@ -3,21 +3,25 @@ micro-batch overhead. Used by ``python -m benchmarks.source`` (keys ``latency_p5
 ``empty_batch_ms``, ``latency_p50_to_empty_batch_ratio``).
 
 * Latency: a streaming query (trigger as fast as possible) reads a stream with
-  ``format("aeron")`` into a trivial Python sink that, in each task, stamps every row's arrival
-  (``time.time_ns()``) against the publish time the producer put in the message, and appends the
-  differences to a file. The producer publishes one message every ``interval_s``.
+  ``format("aeron")``. The producer writes its wall-clock time
+  (ns, as 20 ASCII digits) into each message, one message every ``interval_s``; the query adds
+  the time each row is processed in the sink's task with ``reflect('java.lang.System',
+  'currentTimeMillis')``, which Spark evaluates per row (it is non-deterministic), and gathers
+  the differences with ``observe`` (ms resolution) into a ``noop`` sink. A JVM sink keeps a
+  Python sink's own per-batch cost out of the figure; ``python_sink_latency_p50_ms`` is the same measured with a trivial Python
+  sink stamping rows in its ``write``, for context.
 * Empty micro-batch: a query over ``rate-micro-batch`` with one row per batch into ``noop``,
   triggered as fast as possible; the median ``triggerExecution`` duration of its batches is what
   Spark costs per micro-batch with (next to) nothing to do. For context,
   ``python_source_empty_batch_ms`` is the same for a trivial Python streaming source (one row per
-  batch from memory): the floor any Python data source starts from.
+  batch from memory): the floor any Python data source starts from, and
+  ``aeron_source_batch_ms`` the same for the aeron source fed a message every 50 ms.
 """
 
 from __future__ import annotations
 
 import os
 import statistics
-import struct
 import tempfile
 import threading
 import time
@@ -32,8 +36,6 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-_STAMP = struct.Struct("<q")
-
 
 class _Done(WriterCommitMessage):
     pass
@@ -44,12 +46,11 @@ class _StampWriter(DataSourceStreamWriter):
         self.path = path
 
     def write(self, iterator: Iterator[Any]) -> _Done:
-        now = time.time_ns()
         lines = []
-        for row in iterator:
+        for row in iterator:  # rows arrive as the source produces them: stamp each on arrival
             value = row["value"] if "value" in row.__fields__ else None
-            if isinstance(value, (bytes, bytearray)) and value[8:9] == b"M":  # measured ones
-                lines.append(str((now - _STAMP.unpack_from(value)[0]) / 1e6))
+            if isinstance(value, (bytes, bytearray)) and value[20:21] == b"M":  # measured ones
+                lines.append(str((time.time_ns() - int(value[:20])) / 1e6))
         if lines:
             with open(self.path, "a") as fh:
                 fh.write("\n".join(lines) + "\n")
@@ -87,7 +88,7 @@ class _TickReader(DataSourceStreamReader):
         return [InputPartition(end["n"])]
 
     def read(self, partition: InputPartition) -> Iterator[tuple]:
-        yield (_STAMP.pack(time.time_ns()),)
+        yield (_stamp(b"T"),)
 
 
 class TickSource(DataSource):
@@ -108,73 +109,151 @@ def _median_trigger_ms(spark: Any, df: Any, checkpoint: str, seconds: float) -> 
         .trigger(processingTime="0 seconds").start()
     )
     time.sleep(seconds)
-    progress = list(query.recentProgress)
+    progress = [p for p in list(query.recentProgress)[3:] if p["numInputRows"]]
     query.stop()
-    durations = [p["durationMs"]["triggerExecution"] for p in progress[3:]]
+    durations = [p["durationMs"]["triggerExecution"] for p in progress]
     return (round(statistics.median(durations), 1) if durations else 0.0), len(durations)
 
 
-def measure(spark: Any, endpoint: str, messages: int = 60, interval_s: float = 0.1) -> dict:
+def _stamp(kind: bytes) -> bytes:
+    """116 bytes: the wall-clock time in ns as 20 ASCII digits, then a kind byte (W or M)."""
+    return b"%020d" % time.time_ns() + kind + bytes(95)
+
+
+def _latencies(spark: Any, endpoint: str, stream_id: int, start_query: Any, collect: Any,
+               messages: int, interval_s: float) -> tuple[list[float], list[dict]]:
+    """Publish warm-up then ``messages`` stamped messages to a query started by ``start_query``;
+    ``collect()`` returns the latencies seen so far. Returns them and the busy batch timings."""
     from aeron_spark.connector.client import ClientSettings, StreamClient
 
+    with StreamClient.connect(ClientSettings(endpoint=endpoint)) as client:
+        client.publish(stream_id, [_stamp(b"W")])
+    query = start_query()
+    stop = threading.Event()
+
+    def produce() -> None:
+        with StreamClient.connect(ClientSettings(endpoint=endpoint)) as client:
+            for _ in range(int(5.0 / interval_s)):  # warm-up (not measured): workers start
+                client.publish(stream_id, [_stamp(b"W")])
+                time.sleep(interval_s)
+            for _ in range(messages):
+                if stop.is_set():
+                    return
+                client.publish(stream_id, [_stamp(b"M")])
+                time.sleep(interval_s)
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    deadline = time.monotonic() + 5.0 + messages * interval_s + 60
+    # collect only once everything is published: polling (a Spark job for the memory sink) while
+    # measuring would take the CPU the query needs
+    producer.join(max(0.0, deadline - time.monotonic()))
+    values: list[float] = collect()
+    while time.monotonic() < deadline and len(values) < messages:
+        time.sleep(0.5)
+        values = collect()
+    stop.set()
+    busy = [p["durationMs"] for p in query.recentProgress if p["numInputRows"]]
+    query.stop()
+    producer.join(5)
+    return values, busy
+
+
+def _p50(values: list[float]) -> float | None:
+    return round(statistics.median(values), 1) if values else None
+
+
+def measure(spark: Any, endpoint: str, messages: int = 60, interval_s: float = 0.1) -> dict:
     spark.dataSource.register(StampSink)
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        stamps = os.path.join(tmp, "latency.txt")
-        with StreamClient.connect(ClientSettings(endpoint=endpoint)) as client:
-            client.publish(77, [_STAMP.pack(time.time_ns()) + b"warm-up"])
-        query = (
-            spark.readStream.format("aeron").option("endpoint", endpoint).option("streamId", 77)
-            .option("startingPositions", "latest").load().select("value")
-            .writeStream.format("latencystamp").option("path", stamps)
-            .option("checkpointLocation", os.path.join(tmp, "ckpt-latency"))
-            .trigger(processingTime="0 seconds").start()
-        )
-        stop = threading.Event()
 
-        def produce() -> None:
-            with StreamClient.connect(ClientSettings(endpoint=endpoint)) as client:
-                # Warm-up messages (not measured) until the query's Python workers are running.
-                for _ in range(int(5.0 / interval_s)):
-                    client.publish(77, [_STAMP.pack(time.time_ns()) + b"W" + bytes(107)])
-                    time.sleep(interval_s)
-                for _ in range(messages):
-                    if stop.is_set():
-                        return
-                    client.publish(77, [_STAMP.pack(time.time_ns()) + b"M" + bytes(107)])
-                    time.sleep(interval_s)
+        def source(stream_id: int) -> Any:
+            return (spark.readStream.format("aeron").option("endpoint", endpoint)
+                    .option("streamId", stream_id).option("startingPositions", "latest").load())
 
-        producer = threading.Thread(target=produce, daemon=True)
-        producer.start()
-        deadline = time.monotonic() + 5.0 + messages * interval_s + 60
-        values: list[float] = []
-        while time.monotonic() < deadline:
-            if os.path.exists(stamps):
-                with open(stamps) as fh:
-                    values = [float(line) for line in fh if line.strip()]
-                if len(values) >= messages:
-                    break
-            time.sleep(0.2)
-        stop.set()
-        busy = [p["durationMs"] for p in query.recentProgress if p["numInputRows"]]
-        query.stop()
-        producer.join(5)
+        holder: dict[str, Any] = {}
+
+        def jvm_sink() -> Any:
+            from pyspark.sql import functions as F  # noqa: N812
+
+            rows = source(78).selectExpr(
+                "cast(substring(cast(value as string), 1, 20) as bigint) as sent_ns",
+                "substring(cast(value as string), 21, 1) as kind",
+                "cast(reflect('java.lang.System', 'currentTimeMillis') as bigint) as now_ms",
+            )
+            latency = F.expr("collect_list(if(kind = 'M', now_ms - sent_ns / 1e6, null))")
+            holder["query"] = (
+                rows.observe("latency", latency.alias("ms")).writeStream.format("noop")
+                .option("checkpointLocation", os.path.join(tmp, "ckpt-jvm"))
+                .trigger(processingTime="0 seconds").start()
+            )
+            return holder["query"]
+
+        def jvm_collect() -> list[float]:
+            values: list[float] = []
+            for progress in holder["query"].recentProgress:
+                observed = progress["observedMetrics"].get("latency")
+                if observed is not None:
+                    values.extend(float(v) for v in observed["ms"])
+            return values
+
+        values, busy = _latencies(spark, endpoint, 78, jvm_sink, jvm_collect, messages,
+                                  interval_s)
         if busy:
             keys = sorted({k for d in busy for k in d})
             out["aeron_batch_ms_p50"] = {
                 k: round(statistics.median(d.get(k, 0) for d in busy), 1) for k in keys
             }
         out["latency_samples"] = len(values)
-        out["latency_p50_ms"] = round(statistics.median(values), 1) if values else None
+        out["latency_p50_ms"] = _p50(values)
         out["latency_p90_ms"] = (
             round(sorted(values)[int(len(values) * 0.9)], 1) if values else None
         )
+
+        stamps = os.path.join(tmp, "latency.txt")
+
+        def python_sink() -> Any:
+            return (
+                source(77).select("value").writeStream.format("latencystamp")
+                .option("path", stamps).option("checkpointLocation", os.path.join(tmp, "ckpt-py"))
+                .trigger(processingTime="0 seconds").start()
+            )
+
+        def python_collect() -> list[float]:
+            if not os.path.exists(stamps):
+                return []
+            with open(stamps) as fh:
+                return [float(line) for line in fh if line.strip()]
+
+        values, _ = _latencies(spark, endpoint, 77, python_sink, python_collect, messages,
+                               interval_s)
+        out["python_sink_latency_p50_ms"] = _p50(values)
 
         seconds = 3.0 + messages * interval_s / 2
         rate = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).load()
         out["empty_batch_ms"], out["empty_batches"] = _median_trigger_ms(
             spark, rate, os.path.join(tmp, "ckpt-empty"), seconds
         )
+        # the aeron source into noop, fed a message every 50 ms: its cost per micro-batch with
+        # data, next to the trivial Python source's below (the floor of any Python source)
+        from aeron_spark.connector.client import ClientSettings, StreamClient
+
+        feeding = threading.Event()
+
+        def feed() -> None:
+            with StreamClient.connect(ClientSettings(endpoint=endpoint)) as client:
+                while not feeding.is_set():
+                    client.publish(79, [_stamp(b"W")])
+                    time.sleep(0.05)
+
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        out["aeron_source_batch_ms"], _ = _median_trigger_ms(
+            spark, source(79), os.path.join(tmp, "ckpt-aeron-noop"), seconds
+        )
+        feeding.set()
+        feeder.join(5)
         spark.dataSource.register(TickSource)
         tick = spark.readStream.format("pythontick").load()
         out["python_source_empty_batch_ms"], _ = _median_trigger_ms(
