@@ -8,8 +8,8 @@ micro-batch overhead. Used by ``python -m benchmarks.source`` (keys ``latency_p5
   the time each row is processed in the sink's task with ``reflect('java.lang.System',
   'currentTimeMillis')``, which Spark evaluates per row (it is non-deterministic), and gathers
   the differences with ``observe`` (ms resolution) into a ``noop`` sink. A JVM sink keeps a
-  Python sink's own per-batch cost out of the figure; ``python_sink_latency_p50_ms`` is the same measured with a trivial Python
-  sink stamping rows in its ``write``, for context.
+  Python sink's own per-batch cost out of the figure; ``python_sink_latency_p50_ms`` is the same
+  measured with a trivial Python sink stamping each row as it arrives in ``write``.
 * Empty micro-batch: a query over ``rate-micro-batch`` with one row per batch into ``noop``,
   triggered as fast as possible; the median ``triggerExecution`` duration of its batches is what
   Spark costs per micro-batch with (next to) nothing to do. For context,
