@@ -20,6 +20,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Iterator, Sequence
 
+import numpy as np
 from aeron_spark.connector.errors import PayloadTooLargeError
 from aeron_spark.transport.protocol.frames import (
     DATA_HEADER_LENGTH,
@@ -38,6 +39,11 @@ _BEGIN = int(DataFlags.BEGIN)
 _END = int(DataFlags.END)
 _DATA = int(FrameType.DATA)
 _PAD = int(FrameType.PAD)
+_HEADER_DTYPE = np.dtype([
+    ("length", "<i4"), ("version", "u1"), ("flags", "u1"), ("type", "<i2"),
+    ("term_offset", "<i4"), ("session_id", "<i4"), ("stream_id", "<i4"), ("term_id", "<i4"),
+    ("reserved_value", "<i8"),
+])
 
 
 class Framer:
@@ -74,8 +80,64 @@ class Framer:
 
     def frame(
         self,
+        payloads: Iterable[bytes | bytearray | memoryview] | np.ndarray,
+        reserved_values: Sequence[int] | np.ndarray | None = None,
+    ) -> Iterator[tuple[int, bytes]]:
+        """Frames of ``payloads``: a sequence of byte strings, or a 2-D uint8 array of equal-length
+        payloads (one per row), which is framed with numpy; the bytes are the same either way."""
+        if isinstance(payloads, np.ndarray):
+            if payloads.shape[1] <= self._max_payload:
+                yield from self._frame_uniform(payloads, reserved_values)
+                return
+            payloads = [row.tobytes() for row in payloads]  # fragmented: frame by frame
+        yield from self._frame_each(payloads, reserved_values)
+
+    def _frame_uniform(
+        self, payloads: np.ndarray, reserved_values: Sequence[int] | np.ndarray | None
+    ) -> Iterator[tuple[int, bytes]]:
+        """Equal-length unfragmented messages: whole runs of frames built as one 2-D array."""
+        geometry = self.geometry
+        term_length = geometry.term_length
+        count, length = payloads.shape
+        framed = (length + DATA_HEADER_LENGTH + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+        rvs = (np.zeros(count, np.int64) if reserved_values is None
+               else np.asarray(reserved_values, dtype=np.int64))
+        per_block = max(1, self.max_block_bytes // framed)
+        done = 0
+        while done < count:
+            position = self.position
+            term_offset = position & (term_length - 1)
+            term_index = geometry.initial_term_id + (position >> geometry.shift)
+            term_id = (term_index + 2**31) % 2**32 - 2**31
+            fit = (term_length - term_offset) // framed
+            if fit == 0:  # PAD to the end of the term (as _frame_each does)
+                pad = term_length - term_offset
+                block = bytearray(pad)
+                _pack_into(block, 0, pad, 0, _UNFRAG, _PAD, term_offset, self.session_id,
+                           self.stream_id, term_id, 0)
+                self.position = position + pad
+                yield position, bytes(block)
+                continue
+            n = min(fit, per_block, count - done)
+            frames = np.zeros((n, framed), dtype=np.uint8)
+            header = frames[:, :DATA_HEADER_LENGTH].view(_HEADER_DTYPE)[:, 0]
+            header["length"] = length + DATA_HEADER_LENGTH
+            header["flags"] = _UNFRAG
+            header["type"] = _DATA
+            header["term_offset"] = term_offset + np.arange(n, dtype=np.int64) * framed
+            header["session_id"] = self.session_id
+            header["stream_id"] = self.stream_id
+            header["term_id"] = term_id
+            header["reserved_value"] = rvs[done : done + n]
+            frames[:, DATA_HEADER_LENGTH : DATA_HEADER_LENGTH + length] = payloads[done : done + n]
+            done += n
+            self.position = position + n * framed
+            yield position, frames.tobytes()
+
+    def _frame_each(
+        self,
         payloads: Iterable[bytes | bytearray | memoryview],
-        reserved_values: Sequence[int] | None = None,
+        reserved_values: Sequence[int] | np.ndarray | None = None,
     ) -> Iterator[tuple[int, bytes]]:
         geometry = self.geometry
         term_length = geometry.term_length
@@ -120,7 +182,8 @@ class Framer:
                 block = bytearray()
                 block_start = position
                 term_offset = 0
-            elif len(block) >= self.max_block_bytes:
+            elif block and (len(block) >= self.max_block_bytes or term_offset == 0):
+                # full, or the last message ended exactly at the end of its term
                 yield block_start, bytes(block)
                 block = bytearray()
                 block_start = position

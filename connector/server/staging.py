@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 from aeron_spark.connector.errors import (
     ControlProtocolError,
     NotAuthorisedError,
@@ -42,6 +43,43 @@ from aeron_spark.transport.protocol.logbuffer import LogGeometry
 
 _RECORD = struct.Struct("<Iq")
 _READ_BLOCK_BYTES = 4 * 1024 * 1024
+_MIN_UNIFORM_RUN = 64
+
+
+def _records(payloads: Sequence[bytes], reserved_values: Sequence[int] | None) -> bytes:
+    """The staging file's records (length, reserved value, payload) of one stage call."""
+    lengths = list(map(len, payloads))
+    if len(lengths) >= _MIN_UNIFORM_RUN and min(lengths) == max(lengths):  # built with numpy
+        count, length = len(lengths), lengths[0]
+        rows = np.empty((count, _RECORD.size + length), dtype=np.uint8)
+        rows[:, :4] = np.frombuffer(struct.pack("<I", length), dtype=np.uint8)
+        rvs = (np.zeros(count, dtype="<i8") if reserved_values is None
+               else np.asarray(reserved_values, dtype="<i8"))
+        rows[:, 4:12] = rvs.view(np.uint8).reshape(count, 8)
+        rows[:, 12:] = np.frombuffer(b"".join(payloads), dtype=np.uint8).reshape(count, length)
+        return rows.tobytes()
+    buf = bytearray()
+    pack = _RECORD.pack
+    if reserved_values is None:
+        for payload in payloads:
+            buf += pack(len(payload), 0)
+            buf += payload
+    else:
+        for payload, rv in zip(payloads, reserved_values, strict=True):
+            buf += pack(len(payload), rv)
+            buf += payload
+    return bytes(buf)
+
+
+def _uniform_records(buf: bytes, offset: int, length: int) -> int:
+    """How many whole records from ``offset`` have a payload of ``length`` bytes (0 if few)."""
+    size = _RECORD.size + length
+    count = (len(buf) - offset) // size
+    if count < _MIN_UNIFORM_RUN:
+        return 0
+    rows = np.frombuffer(buf, np.uint8, count * size, offset).reshape(count, size)
+    same = rows[:, :4].copy().view("<u4").ravel() == length
+    return count if same.all() else int(np.argmin(same))
 
 
 class SinkWriter(Protocol):
@@ -117,16 +155,7 @@ class StagingStore:
             self._open[key] = part
         elif part.stream_id != stream_id:
             raise ControlProtocolError("stage: stream_id changed within one staged part")
-        buf = bytearray()
-        pack = _RECORD.pack
-        if reserved_values is None:
-            for payload in payloads:
-                buf += pack(len(payload), 0)
-                buf += payload
-        else:
-            for payload, rv in zip(payloads, reserved_values, strict=True):
-                buf += pack(len(payload), rv)
-                buf += payload
+        buf = _records(payloads, reserved_values)
         part.fh.write(buf)
         part.count += len(payloads)
         part.nbytes += len(buf) - _RECORD.size * len(payloads)
@@ -188,8 +217,10 @@ class StagingStore:
             )
         return path
 
-    def read_part(self, path: str) -> Iterator[tuple[list[bytes], list[int]]]:
-        """Payloads and reserved values of a part file, in bounded batches."""
+    def read_part(self, path: str) -> Iterator[tuple[Any, Any]]:
+        """Payloads and reserved values of a part file, in bounded batches, in order: lists of
+        payloads, or (for runs of equal-length payloads) a 2-D uint8 array with a row per
+        payload and an int64 array of reserved values, read without Python per payload."""
         with open(path, "rb") as fh:
             pending = b""
             while True:
@@ -197,16 +228,27 @@ class StagingStore:
                 if not data:
                     break
                 buf = pending + data if pending else data
-                payloads: list[bytes] = []
+                view = memoryview(buf)
+                payloads: list[Any] = []
                 rvs: list[int] = []
                 offset, end = 0, len(buf)
                 unpack = _RECORD.unpack_from
                 while offset + _RECORD.size <= end:
                     length, rv = unpack(buf, offset)
+                    run = _uniform_records(buf, offset, length)
+                    if run >= _MIN_UNIFORM_RUN:
+                        if payloads:
+                            yield payloads, rvs
+                            payloads, rvs = [], []
+                        size = _RECORD.size + length
+                        rows = np.frombuffer(buf, np.uint8, run * size, offset).reshape(run, size)
+                        yield rows[:, _RECORD.size :], rows[:, 4:12].copy().view("<i8").ravel()
+                        offset += run * size
+                        continue
                     stop = offset + _RECORD.size + length
                     if stop > end:
                         break
-                    payloads.append(buf[offset + _RECORD.size : stop])
+                    payloads.append(view[offset + _RECORD.size : stop])
                     rvs.append(rv)
                     offset = stop
                 pending = buf[offset:]
@@ -407,7 +449,9 @@ class SinkCommitter:
             path = self.staging.check_part(item)
             for payloads, rvs in self.staging.read_part(path):
                 count += len(payloads)
-                nbytes += sum(map(len, payloads))
+                nbytes += payloads.size if isinstance(payloads, np.ndarray) else sum(
+                    map(len, payloads)
+                )
                 for position, block in framer.frame(payloads, rvs):
                     end = position + len(block)
                     if end <= already:

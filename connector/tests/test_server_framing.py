@@ -69,3 +69,43 @@ def test_framing_is_deterministic_so_a_commit_can_resume() -> None:
     a = b"".join(b for _, b in Framer(geometry, 5, 6, 0).frame(payloads))
     b = b"".join(b for _, b in Framer(geometry, 5, 6, 0, max_block_bytes=5000).frame(payloads))
     assert a == b
+
+
+def _joined(blocks: list[tuple[int, bytes]], start: int) -> bytes:
+    out = bytearray()
+    for position, block in blocks:
+        assert position == start + len(out), "blocks are contiguous"
+        out += block
+    return bytes(out)
+
+
+def test_equal_length_payloads_framed_with_numpy_give_the_same_bytes() -> None:
+    import numpy as np
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        length=st.integers(0, 3000),
+        count=st.integers(1, 400),
+        start_frames=st.integers(0, 5000),
+        initial=st.integers(-(2**31), 2**31 - 1),
+        block=st.sampled_from([1024, 4096, 1 << 20]),
+    )
+    def check(length: int, count: int, start_frames: int, initial: int, block: int) -> None:
+        geometry = LogGeometry(64 * 1024, 1408, initial)
+        start = start_frames * 32
+        rng = np.random.default_rng(length * 7919 + count)
+        rows = rng.integers(0, 256, size=(count, length), dtype=np.uint8)
+        rvs = rng.integers(-(2**63), 2**63 - 1, size=count, dtype=np.int64)
+        each = Framer(geometry, 5, 6, start, max_block_bytes=block)
+        uniform = Framer(geometry, 5, 6, start, max_block_bytes=block)
+        expected = _joined(list(each.frame([r.tobytes() for r in rows], [int(v) for v in rvs])),
+                           start)
+        got_blocks = list(uniform.frame(rows, rvs))
+        assert _joined(got_blocks, start) == expected
+        assert uniform.position == each.position
+        for position, data in got_blocks:  # never across a term
+            assert geometry.term_offset(position) + len(data) <= geometry.term_length
+
+    check()

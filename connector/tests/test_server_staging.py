@@ -88,3 +88,30 @@ def test_gc_deletes_only_expired_unprotected_parts(tmp_path) -> None:
     assert store.gc(time.time() + 7200, lease_s=60, protected={("q", 2)}) == 1
     assert store.gc(time.time() + 7200, lease_s=60, protected=set()) == 1
     assert os.listdir(str(tmp_path)) == []
+
+
+def test_read_part_gives_runs_of_equal_payloads_as_arrays_in_order(tmp_path) -> None:
+    import numpy as np
+
+    store = StagingStore(str(tmp_path / "staging"))
+    owner = object()
+    payloads = [b"a" * 10] * 100 + [b"odd"] + [bytes([i % 256]) * 116 for i in range(5000)]
+    payloads += [b"", b"tail"] * 3
+    rvs = list(range(len(payloads)))
+    msg = None
+    for start in range(0, len(payloads), 1000):  # several stage calls
+        chunk = payloads[start : start + 1000]
+        final = start + 1000 >= len(payloads)
+        msg = store.write(owner, "u", 1, 0, 0, 10, chunk, rvs[start : start + 1000], final)
+    got_payloads: list[bytes] = []
+    got_rvs: list[int] = []
+    arrays = 0
+    for ps, rs in store.read_part(store.check_part(msg)):
+        if isinstance(ps, np.ndarray):
+            arrays += 1
+            got_payloads += [row.tobytes() for row in ps]
+        else:
+            got_payloads += [bytes(p) for p in ps]
+        got_rvs += [int(r) for r in rs]
+    assert got_payloads == payloads and got_rvs == rvs
+    assert arrays >= 2  # the 10-byte run and the 116-byte run took the array path
