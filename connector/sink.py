@@ -13,8 +13,10 @@ an id drawn once on the driver for that write job.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import secrets
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -111,13 +113,26 @@ def _stage(
 
     with StreamClient.connect(options.settings) as client:
 
+        first = next(iterator, None)
+        with_rv = first is not None and "reserved_value" in first.schema.names and (
+            options.format in ("binary", "text")
+        )
+        rv_queue: deque[int] = deque()
+
         def payloads() -> Iterator[bytes]:
-            for batch in iterator:
-                values, _ = sink_payloads(batch, options.format)
+            for batch in itertools.chain([] if first is None else [first], iterator):
+                values, rvs = sink_payloads(batch, options.format)
+                if with_rv and rvs is not None:
+                    rv_queue.extend(rvs)
                 yield from values
 
+        def reserved() -> Iterator[int]:  # the client takes one after each payload
+            while True:
+                yield rv_queue.popleft()
+
         receipt = client.stage(
-            sink_id, batch_id, partition_id, attempt, options.stream_id, payloads()
+            sink_id, batch_id, partition_id, attempt, options.stream_id, payloads(),
+            reserved() if with_rv else None,
         )
     return StagedPart(receipt)
 

@@ -231,3 +231,15 @@ def test_same_sink_id_with_a_new_checkpoint_is_a_new_query(spark, server, tmp_pa
     copy(42, "ck-b")
     back = spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 41).load()
     assert sorted(bytes(r.value) for r in back.collect()) == sorted(messages(0, 300) + messages(1, 200))
+
+
+def test_sink_reserved_value_column_goes_into_each_frame(spark, server):  # type: ignore[no-untyped-def]
+    df = spark.range(500).selectExpr("cast(concat('r-', id) as binary) as value",
+                                     "id * 3 as reserved_value").repartition(2)
+    (df.write.format("aeron").option("endpoint", server.endpoint).option("streamId", 21)
+     .mode("append").save())
+    back = (spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 21)
+            .load().collect())
+    assert sorted((bytes(r.value), r.reserved_value) for r in back) == sorted(
+        (f"r-{i}".encode(), i * 3) for i in range(500)
+    )
