@@ -522,6 +522,18 @@ class StreamClient:
         drop); returns the new first readable position."""
         return int(self.call("purge", recording_id=recording_id, position=up_to_position))
 
+    def consumer_commit(
+        self, consumer_id: str, stream_ids: Iterable[int], positions: dict[int, int]
+    ) -> None:
+        """Tell the server this consumer has processed each recording up to its position, so
+        retention may purge below it (and, with the server's default, not above it)."""
+        self.call("consumer_commit", consumer_id=consumer_id, stream_ids=sorted(set(stream_ids)),
+                  positions=[[int(r), int(p)] for r, p in sorted(positions.items())])
+
+    def consumer_forget(self, consumer_id: str) -> bool:
+        """Stop holding data for a consumer that will not come back."""
+        return bool(self.call("consumer_forget", consumer_id=consumer_id))
+
     def stats(self) -> dict[str, Any]:
         return dict(self.call("stats"))
 

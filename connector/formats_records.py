@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 from aeron_spark.connector.client import ReplayBlock
 from aeron_spark.connector.errors import ControlProtocolError
-from aeron_spark.connector.formats import Geometry, Message, iter_messages
+from aeron_spark.connector.formats import Geometry, Message, arrow_schema, iter_messages
 
 from aeron_spark.errors import ConfigurationError
 
@@ -42,14 +42,7 @@ log = logging.getLogger(__name__)
 
 RECORD_FORMATS = ("json", "msgpack")
 BAD_RECORD_POLICIES = ("fail", "drop", "column")
-METADATA_FIELDS = (
-    pa.field("stream_id", pa.int32()),
-    pa.field("session_id", pa.int32()),
-    pa.field("recording_id", pa.int64()),
-    pa.field("position", pa.int64()),
-    pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-    pa.field("reserved_value", pa.int64()),
-)
+METADATA_FIELDS = tuple(arrow_schema(False))[1:]  # binary's columns after `value`
 METADATA_DDL = (
     "stream_id int, session_id int, recording_id long, position long, timestamp timestamp, "
     "reserved_value long"
@@ -228,7 +221,9 @@ class RecordDecoder:
         self.decoder = _DECODERS[decoding.format](self.data_schema)
         self.dropped = 0
 
-    def batches(self, blocks: Iterable[ReplayBlock], geometry: Geometry) -> Iterator[pa.RecordBatch]:
+    def batches(
+        self, blocks: Iterable[ReplayBlock], geometry: Geometry
+    ) -> Iterator[pa.RecordBatch]:
         chunk: list[Message] = []
         size = 0
         for message in iter_messages(blocks, geometry):

@@ -106,6 +106,13 @@ SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
         "",
         "split recording ranges at message boundaries into at least this many partitions",
     ),
+    "consumerid": (
+        "consumerId",
+        "",
+        "streaming: a stable name under which each micro-batch's commit tells the servers how "
+        "far this query has read, so their retention keeps what it has not (keep it across "
+        "restarts; aeron-spark consumers forget NAME when the query is gone)",
+    ),
     "encryption": ("encryption", "true", "seal the session with AES-GCM (must match the server)"),
     "keystore": ("keyStore", "~/.aeron-spark/keys", "key store directory of known server keys"),
     "serverkey": ("serverKey", "", "pin the server's public key (hex)"),
@@ -250,6 +257,7 @@ class SourceOptions:
     bad_records_policy: str = "fail"  # json/msgpack/text
     corrupt_record_column: str = "_corrupt_record"
     include_metadata: bool = False  # json/msgpack
+    consumer_id: str | None = None  # streaming: commits positions for the servers' retention
     more_settings: tuple[ClientSettings, ...] = ()  # further servers (endpoint=a:1,b:2)
 
     @property
@@ -306,8 +314,18 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         **_limits(o),
         schema_ddl=o.get("schema", "").strip() or None,
         **_record_options(o, fmt),
+        consumer_id=_consumer_id(o),
         more_settings=tuple(replace(settings, endpoint=e) for e in endpoints[1:]),
     )
+
+
+def _consumer_id(o: dict[str, str]) -> str | None:
+    if "consumerid" not in o:
+        return None
+    value = o["consumerid"].strip()
+    if not 0 < len(value) <= 200:
+        raise ConfigurationError("consumerId", value, "a non-empty name of at most 200 characters")
+    return value
 
 
 def _record_options(o: dict[str, str], fmt: str) -> dict[str, object]:

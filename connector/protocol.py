@@ -46,7 +46,8 @@ MAX_LIST_LENGTH = 10_000_000
 
 # --- argument schemas -------------------------------------------------------------------------
 # Each argument: (kind, required). Kinds: "int32", "int64", "pos" (int64 >= 0), "uint32",
-# "str", "bool", "pos?" / "int32_list?" (None allowed), "bytes_list", "int64_list?", "staged_list".
+# "str", "bool", "pos?" / "int32_list?" (None allowed), "bytes_list", "int64_list?", "staged_list",
+# "pos_pairs" ([[recording_id, position], ...]).
 
 OPS: dict[str, dict[str, tuple[str, bool]]] = {
     "list_streams": {},
@@ -96,6 +97,12 @@ OPS: dict[str, dict[str, tuple[str, bool]]] = {
     },
     "last_committed_batch": {"sink_id": ("sink_id", True)},
     "purge": {"recording_id": ("pos", True), "position": ("pos", True)},
+    "consumer_commit": {
+        "consumer_id": ("sink_id", True),
+        "stream_ids": ("int32_list", True),
+        "positions": ("pos_pairs", True),
+    },
+    "consumer_forget": {"consumer_id": ("sink_id", True)},
     "stats": {},
     "keepalive": {},
 }
@@ -164,6 +171,13 @@ def _check(op: str, name: str, kind: str, value: object) -> None:
     elif kind == "bytes_list":
         if not isinstance(value, list) or not all(isinstance(v, bytes) for v in value):
             raise _fail(op, name, value, "a list of byte strings")
+    elif kind == "pos_pairs":
+        if not isinstance(value, list) or not all(
+            isinstance(v, list) and len(v) == 2 and all(
+                _is_int(x) and 0 <= x <= INT64_MAX for x in v
+            ) for v in value
+        ):
+            raise _fail(op, name, value, "a list of [recording_id, position] pairs")
     elif kind == "staged_list":
         if not isinstance(value, list):
             raise _fail(op, name, value, "a list of staged-part maps (what stage returned)")

@@ -469,7 +469,26 @@ class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
 
     def commit(self, end: dict) -> None:
-        """Nothing to release: the server keeps recordings until a retention purge."""
+        """With a ``consumerId``: tell each server how far this query has processed its
+        recordings, so its retention may purge below (and keeps what is above). Best effort: a
+        server that cannot be told is logged, not fatal (its retention then keeps more, or, if it
+        ignores consumers, ``failOnDataLoss`` reports what was purged unread)."""
+        o = self.options
+        if o.consumer_id is None:
+            return
+        offsets = decode_offset(end)
+        for settings in o.all_settings:
+            positions: dict[int, int] = {}
+            for key, pos in offsets.items():
+                endpoint, _, rid = key.rpartition("/")
+                if (endpoint or settings.endpoint) == settings.endpoint:
+                    positions[int(rid)] = pos
+            try:
+                with pooled(settings) as client:
+                    client.consumer_commit(o.consumer_id, o.stream_ids, positions)
+            except Exception as exc:  # noqa: BLE001 - see the docstring
+                log.warning("aeron source: could not commit consumer %r positions to %s: %s",
+                            o.consumer_id, settings.endpoint, exc)
 
     def stop(self) -> None:
         """Sessions are per call; nothing stays open between micro-batches."""

@@ -243,3 +243,35 @@ def test_sink_reserved_value_column_goes_into_each_frame(spark, server):  # type
     assert sorted((bytes(r.value), r.reserved_value) for r in back) == sorted(
         (f"r-{i}".encode(), i * 3) for i in range(500)
     )
+
+
+def test_consumer_id_commits_positions_for_the_servers_retention(spark, server, tmp_path):  # type: ignore[no-untyped-def]
+    with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
+        client.publish(90, [f"m{i}".encode() for i in range(300)])
+        [info] = client.list_recordings(stream_ids=[90])
+    def run() -> None:
+        query = (
+            spark.readStream.format("aeron").option("endpoint", server.endpoint)
+            .option("streamId", 90).option("consumerId", "retention-test")
+            .option("maxMessagesPerTrigger", 100).load()
+            .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt"))
+            .trigger(availableNow=True).start()
+        )
+        assert query.awaitTermination(120) and query.exception() is None
+
+    def committed() -> dict:
+        with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
+            consumers = {c["consumer_id"]: c for c in client.stats()["consumers"]}
+        assert consumers["retention-test"]["stream_ids"] == [90]
+        return consumers["retention-test"]["positions"]
+
+    run()
+    # Spark commits a batch's source offsets when it plans the next one: after three batches of
+    # 100 messages (64-byte frames) the server knows the end of the second
+    assert committed() == {str(info.recording_id): 200 * 64}
+    with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
+        client.publish(90, [b"more"])
+    run()  # the restarted query plans a batch for the new message: the first run's end follows
+    assert committed() == {str(info.recording_id): info.recorded_position}
+    with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
+        assert client.consumer_forget("retention-test")

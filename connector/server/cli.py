@@ -73,6 +73,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-per-address", type=int, default=256, help="sessions per client IP address"
     )
+    parser.add_argument(
+        "--retention-bytes", type=int, default=None,
+        help="purge each recording down to its last N bytes (term granularity; default: keep all)",
+    )
+    parser.add_argument(
+        "--retention-seconds", type=float, default=None,
+        help="purge what was recorded more than S seconds ago (default: keep all)",
+    )
+    parser.add_argument(
+        "--retention-ignores-consumers", action="store_true",
+        help="purge even what consumers (sources with a consumerId) have not committed",
+    )
+    parser.add_argument(
+        "--consumer-lease-seconds", type=float, default=7 * 24 * 3600.0,
+        help="a consumer silent this long holds nothing back (default 7 days)",
+    )
     parser.add_argument("--log-level", default="INFO")
     return parser
 
@@ -93,6 +109,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         deny=tuple(args.deny),
         max_clients=args.max_clients,
         max_per_address=args.max_per_address,
+        retention_bytes=args.retention_bytes,
+        retention_s=args.retention_seconds,
+        retention_respects_consumers=not args.retention_ignores_consumers,
+        consumer_lease_s=args.consumer_lease_seconds,
     )
 
 

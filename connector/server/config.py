@@ -35,6 +35,11 @@ class ServerConfig:
     ``allowed_stream_ids``  when set, only these streams may be read or written
     ``fsync``               fsync recordings after each append batch (crash safety of acknowledged
                             publishes); commits are always fsynced
+    ``retention_bytes`` / ``retention_s``  purge each recording down to its last so many bytes /
+                            seconds, on the gc tick, at term granularity (None: keep everything)
+    ``retention_respects_consumers``  never purge what a live consumer (a source with a
+                            ``consumerId``) has not committed yet
+    ``consumer_lease_s``    a consumer that has not committed for this long holds nothing
     """
 
     directory: str
@@ -59,6 +64,10 @@ class ServerConfig:
     allow_purge: bool = True
     allowed_stream_ids: frozenset[int] | None = None
     fsync: bool = False
+    retention_bytes: int | None = None
+    retention_s: float | None = None
+    retention_respects_consumers: bool = True
+    consumer_lease_s: float = 7 * 24 * 3600.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.directory, str) or not self.directory:
@@ -79,6 +88,12 @@ class ServerConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(name, getattr(self, name), "a positive number")
+        if self.retention_bytes is not None and self.retention_bytes < 0:
+            raise ConfigurationError("retention_bytes", self.retention_bytes, "0 or more bytes")
+        if self.retention_s is not None and self.retention_s < 0:
+            raise ConfigurationError("retention_s", self.retention_s, "0 or more seconds")
+        if self.consumer_lease_s <= 0:
+            raise ConfigurationError("consumer_lease_s", self.consumer_lease_s, "a positive number")
         if self.staging_lease_s <= 0:
             raise ConfigurationError("staging_lease_s", self.staging_lease_s, "a positive number")
         if self.max_block_bytes < 4096:

@@ -18,6 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -33,6 +34,7 @@ from aeron_spark.connector.errors import (
     from_archive,
 )
 from aeron_spark.connector.server.config import ServerConfig
+from aeron_spark.connector.server.retention import ConsumerRegistry, Retention, RetentionPolicy
 from aeron_spark.connector.server.scan import scan
 from aeron_spark.connector.server.staging import SinkCommitter
 from aeron_spark.transport.archive import ArchiveError
@@ -92,10 +94,10 @@ class Session:
     bytes_replayed: int = 0
 
 
-WRITE_OPS = frozenset({"publish", "stage", "commit", "abort", "purge"})
+WRITE_OPS = frozenset({"publish", "stage", "commit", "abort", "purge", "consumer_forget"})
 # Long-running operations the I/O shell may run off its loop (``ServerCore.defer``), so a large
 # sink commit does not stall every replay. They only touch the committer and sink recordings.
-DEFERRED_OPS = frozenset({"commit", "abort", "scan"})
+DEFERRED_OPS = frozenset({"commit", "abort", "scan", "consumer_commit"})
 
 
 class ServerCore:
@@ -124,6 +126,12 @@ class ServerCore:
             "chunks_discarded": 0,
         }
         self._replay_owner: dict[int, object] = {}
+        self.consumers = ConsumerRegistry(config.directory)
+        self.retention = Retention(
+            RetentionPolicy(config.retention_bytes, config.retention_s,
+                            config.retention_respects_consumers, config.consumer_lease_s),
+            self.consumers,
+        )
         # set by the I/O shell: extra sections of ``stats`` (server identity, transport counters)
         self.stats_hook: Callable[[], dict[str, Any]] | None = None
         # set by the I/O shell: run ``job`` (returns the reply) elsewhere, reply on ``key`` later
@@ -300,6 +308,14 @@ class ServerCore:
             self._authorise(op)
             self.committer.abort(args["sink_id"], args["batch_id"], args["staged"])
             return None
+        if op == "consumer_commit":
+            ids = [int(s) for s in args.get("stream_ids", [])]
+            self._authorise(op, ids)
+            positions = dict(args["positions"])
+            self.consumers.commit(args["consumer_id"], ids, positions, time.time())
+            return None
+        if op == "consumer_forget":
+            return self.consumers.forget(args["consumer_id"])
         if op == "last_committed_batch":
             return self.committer.last_committed_batch(args["sink_id"])
         if op == "purge":
@@ -452,6 +468,8 @@ class ServerCore:
         ]
         committer = self.committer
         counters = dict(self.counters)
+        counters.update(self.retention.counters)
+        counters["consumer_commits"] = self.consumers.commits
         counters.update(
             {
                 "sink_commits": committer.commits,
@@ -468,6 +486,7 @@ class ServerCore:
             "sessions": sessions,
             "counters": counters,
             "store": self.store.stats(),
+            "consumers": self.consumers.describe(time.time()),
         }
         if self.stats_hook is not None:
             result.update(self.stats_hook())

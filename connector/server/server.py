@@ -183,6 +183,8 @@ class StreamServer:
                         io.link.close()
                 if now_ns >= next_gc_ns:
                     self.core.committer.gc(time.time(), self.config.staging_lease_s)
+                    if self.core.retention.policy.enabled:  # with commits: one writer at a time
+                        self._worker.submit(self.core.retention.run, self._store, time.time_ns())
                     next_gc_ns = now_ns + self.config.gc_interval_ns
                 if now_ns >= next_stat_ns:
                     self._write_stat(now_ns)

@@ -8,9 +8,6 @@ import json
 import msgpack
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from aeron_spark.connector.client import ReplayBlock
 from aeron_spark.connector.formats import iter_messages
 from aeron_spark.connector.formats_records import (
@@ -20,6 +17,9 @@ from aeron_spark.connector.formats_records import (
     encode_rows,
     infer_schema,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from aeron_spark.errors import ConfigurationError
 from connector.tests.test_formats import record
 
@@ -30,7 +30,7 @@ SCHEMA = pa.schema([
 
 
 def rows(n: int) -> list[dict]:
-    base = dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.timezone.utc)
+    base = dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.UTC)
     return [
         {"id": i, "price": i * 1.5, "symbol": f"s{i % 3}", "at": base + dt.timedelta(seconds=i),
          "day": dt.date(2026, 1, 1) + dt.timedelta(days=i % 30)}
@@ -50,7 +50,7 @@ def decode(payloads: list[bytes], fmt: str, policy: str = "fail", metadata: bool
 def as_rows(table: pa.Table) -> list[dict]:
     out = table.to_pylist()
     for r in out:
-        r["at"] = r["at"].astimezone(dt.timezone.utc) if r.get("at") else r.get("at")
+        r["at"] = r["at"].astimezone(dt.UTC) if r.get("at") else r.get("at")
     return out
 
 

@@ -1,4 +1,5 @@
-"""The ``aeron-spark`` command line: ``server``, ``stat``, ``publish``, ``tail``, ``demo``.
+"""The ``aeron-spark`` command line: ``server``, ``stat``, ``publish``, ``tail``, ``keys``,
+``consumers``, ``demo``.
 
 Exit codes scripts can rely on:
 
@@ -26,7 +27,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
-COMMANDS = ("server", "stat", "publish", "tail", "keys", "demo")
+COMMANDS = ("server", "stat", "publish", "tail", "keys", "consumers", "demo")
 
 
 def _client_settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -243,6 +244,32 @@ def keys_main(argv: Sequence[str]) -> int:
     return EXIT_FAILED
 
 
+def consumers_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="aeron-spark consumers",
+        description="List the consumers (sources with a consumerId) a server's retention waits "
+        "for, or forget one whose query is gone so retention may purge what it held.",
+    )
+    parser.add_argument("action", choices=("list", "forget"))
+    parser.add_argument("consumer_id", nargs="?", help="for 'forget': the consumerId")
+    _add_client_args(parser)
+    args = parser.parse_args(list(argv))
+    from aeron_spark.connector.client import StreamClient
+
+    if args.action == "forget" and not args.consumer_id:
+        parser.error("forget needs the consumerId")
+    with StreamClient.connect(_client_settings(args)) as client:
+        if args.action == "list":
+            for consumer in client.stats().get("consumers", []):
+                print(json.dumps(consumer))
+            return EXIT_OK
+        if client.consumer_forget(args.consumer_id):
+            print(f"forgot consumer {args.consumer_id!r}")
+            return EXIT_OK
+    print(f"no consumer {args.consumer_id!r} on {args.endpoint}", file=sys.stderr)
+    return EXIT_FAILED
+
+
 def _lazy(module: str, func: str) -> Callable[[Sequence[str]], int]:
     def run(argv: Sequence[str]) -> int:
         import importlib
@@ -258,6 +285,7 @@ HANDLERS: dict[str, Callable[[Sequence[str]], int]] = {
     "publish": publish_main,
     "tail": tail_main,
     "keys": keys_main,
+    "consumers": consumers_main,
     "demo": _lazy("aeron_spark.demo", "main"),
 }
 
@@ -269,6 +297,7 @@ commands:
   publish   publish lines or files into a stream
   tail      print the messages of a stream
   keys      show this host's server key, list or forget known server keys
+  consumers list the consumers a server's retention waits for, or forget one
   demo      the quickstart: embedded server + producer + a local Spark query
 
 'aeron-spark COMMAND --help' describes each command.

@@ -1,0 +1,199 @@
+"""Retention: what the server may purge, and the consumers that hold data back.
+
+A Spark source with a ``consumerId`` reports, at each ``commit(end)``, the positions up to which
+it has processed each recording of its streams (``consumer_commit``). The server keeps these in
+``<directory>/consumers.msgpack`` (replaced atomically). Its retention policy, run on the garbage
+collection tick, purges each recording down to
+
+* the last ``retention_bytes`` bytes, and / or
+* what was recorded in the last ``retention_s`` seconds,
+
+rounded down to a term start (a message boundary), and — unless ``retention_respects_consumers``
+is off — never past the lowest position any live consumer of that stream has committed (a consumer
+of the stream that has not committed a position for a recording holds all of it). A consumer whose
+last commit is older than ``consumer_lease_s`` no longer holds anything (a query deleted long ago
+must not keep data forever). Active recordings are purged too (only below their recorded end).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+from aeron_spark.connector.errors import ControlProtocolError
+
+log = logging.getLogger("aeron_spark.connector.server.retention")
+
+
+@dataclass
+class Consumer:
+    consumer_id: str
+    stream_ids: tuple[int, ...]
+    positions: dict[int, int]  # recording id -> committed position
+    updated_s: float
+
+
+class ConsumerRegistry:
+    """Committed positions of the named consumers, persisted across restarts."""
+
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, "consumers.msgpack")
+        self.consumers: dict[str, Consumer] = {}
+        self.commits = 0
+        try:
+            with open(self.path, "rb") as fh:
+                body = msgpack.unpackb(fh.read(), raw=False, strict_map_key=False)
+        except FileNotFoundError:
+            body = {}
+        for cid, entry in body.items():
+            self.consumers[cid] = Consumer(
+                cid, tuple(entry["stream_ids"]),
+                {int(k): int(v) for k, v in entry["positions"].items()}, float(entry["updated_s"]),
+            )
+
+    def commit(
+        self, consumer_id: str, stream_ids: Iterable[int], positions: dict[Any, Any], now_s: float
+    ) -> None:
+        if not isinstance(consumer_id, str) or not consumer_id or len(consumer_id) > 256:
+            raise ControlProtocolError("consumer_commit: consumer_id must be 1..256 characters")
+        try:
+            parsed = {int(k): int(v) for k, v in positions.items()}
+            ids = tuple(sorted({int(s) for s in stream_ids}))
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ControlProtocolError(f"consumer_commit: malformed positions ({exc})") from None
+        old = self.consumers.get(consumer_id)
+        merged = dict(old.positions) if old is not None else {}
+        for rid, pos in parsed.items():  # a query restarted from an older checkpoint may go back
+            merged[rid] = pos
+        self.consumers[consumer_id] = Consumer(consumer_id, ids, merged, now_s)
+        self.commits += 1
+        self._save()
+
+    def forget(self, consumer_id: str) -> bool:
+        found = self.consumers.pop(consumer_id, None) is not None
+        if found:
+            self._save()
+        return found
+
+    def hold(self, recording_id: int, stream_id: int, now_s: float, lease_s: float) -> int | None:
+        """The lowest position live consumers of ``stream_id`` still need of the recording
+        (0 when one of them has no position for it yet); None when nobody holds it."""
+        held: int | None = None
+        for c in self.consumers.values():
+            if stream_id not in c.stream_ids or now_s - c.updated_s > lease_s:
+                continue
+            pos = c.positions.get(recording_id, 0)
+            held = pos if held is None else min(held, pos)
+        return held
+
+    def describe(self, now_s: float) -> list[dict[str, Any]]:
+        return [
+            {"consumer_id": c.consumer_id, "stream_ids": list(c.stream_ids),
+             "positions": {str(k): v for k, v in sorted(c.positions.items())},
+             "age_s": round(now_s - c.updated_s, 1)}
+            for c in sorted(self.consumers.values(), key=lambda c: c.consumer_id)
+        ]
+
+    def _save(self) -> None:
+        body = {
+            c.consumer_id: {"stream_ids": list(c.stream_ids), "updated_s": c.updated_s,
+                            "positions": {str(k): v for k, v in c.positions.items()}}
+            for c in self.consumers.values()
+        }
+        tmp = self.path + ".tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(msgpack.packb(body))
+        os.replace(tmp, self.path)  # losing the newest commit only makes retention keep more
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    retention_bytes: int | None = None
+    retention_s: float | None = None
+    respects_consumers: bool = True
+    consumer_lease_s: float = 7 * 24 * 3600.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.retention_bytes is not None or self.retention_s is not None
+
+
+def purge_target(
+    policy: RetentionPolicy,
+    rec: dict[str, Any],
+    now_wall_ns: int,
+    position_at: Callable[[int, int], int],
+    hold: int | None,
+) -> int | None:
+    """The position a recording should be purged to now, or None (nothing to purge).
+
+    ``rec`` is a recording as the store lists it; ``position_at(recording_id, timestamp_ns)`` the
+    first position recorded at or after a time; ``hold`` the consumers' lowest position."""
+    start, purged = rec["start_position"], rec["purged_position"]
+    end = rec["recorded_position"]
+    target = purged
+    if policy.retention_bytes is not None:
+        target = max(target, end - policy.retention_bytes)
+    if policy.retention_s is not None:
+        cutoff = now_wall_ns - int(policy.retention_s * 1e9)
+        target = max(target, position_at(rec["recording_id"], cutoff))
+    term = rec["term_length"]
+    if target < end:  # a term start is a message boundary; the recorded end is one too
+        target = start + (target - start) // term * term
+    if policy.respects_consumers and hold is not None:
+        target = min(target, max(hold, start))
+    target = min(target, end)
+    return target if target > purged else None
+
+
+class Retention:
+    """Applies a :class:`RetentionPolicy` to the store on each run; counts what it did."""
+
+    def __init__(self, policy: RetentionPolicy, registry: ConsumerRegistry) -> None:
+        self.policy = policy
+        self.registry = registry
+        self.counters = {"retention_runs": 0, "retention_purges": 0, "retention_bytes_purged": 0,
+                         "retention_held_by_consumers": 0, "retention_errors": 0}
+
+    def run(self, store: Any, now_wall_ns: int) -> int:
+        if not self.policy.enabled:
+            return 0
+        self.counters["retention_runs"] += 1
+        now_s = now_wall_ns / 1e9
+        purged = 0
+        try:
+            recordings = store.list_recordings(None)
+        except RuntimeError:  # a recording was created meanwhile (event loop): next tick
+            self.counters["retention_errors"] += 1
+            return 0
+        for rec in recordings:
+            hold = self.registry.hold(
+                rec["recording_id"], rec["stream_id"], now_s, self.policy.consumer_lease_s
+            )
+            target = purge_target(self.policy, rec, now_wall_ns, store.position_at, hold)
+            unheld = purge_target(
+                RetentionPolicy(self.policy.retention_bytes, self.policy.retention_s, False),
+                rec, now_wall_ns, store.position_at, None,
+            )
+            if unheld is not None and (target is None or target < unheld):
+                self.counters["retention_held_by_consumers"] += 1
+            if target is None:
+                continue
+            try:
+                store.purge(rec["recording_id"], target, 0)
+            except Exception:  # noqa: BLE001 - retention must never stop the server
+                self.counters["retention_errors"] += 1
+                log.exception("retention could not purge recording %d to %d",
+                              rec["recording_id"], target)
+                continue
+            self.counters["retention_purges"] += 1
+            self.counters["retention_bytes_purged"] += target - rec["purged_position"]
+            purged += 1
+        return purged
+
+
+__all__ = ["ConsumerRegistry", "Retention", "RetentionPolicy", "purge_target"]

@@ -1,0 +1,111 @@
+"""Retention: purge targets, the consumer registry, and a live server purging on its gc tick."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from aeron_spark.connector.client import ClientSettings, StreamClient
+from aeron_spark.connector.errors import ControlProtocolError, PurgedError
+from aeron_spark.connector.server import ServerConfig, StreamServer
+from aeron_spark.connector.server.retention import ConsumerRegistry, RetentionPolicy, purge_target
+from aeron_spark.errors import ConfigurationError
+
+TERM = 64 * 1024
+
+
+def rec(**kw: int) -> dict:
+    base = {"recording_id": 1, "stream_id": 10, "start_position": 0, "purged_position": 0,
+            "recorded_position": 10 * TERM + 100, "term_length": TERM}
+    return {**base, **kw}
+
+
+def no_time(recording_id: int, timestamp_ns: int) -> int:
+    raise AssertionError("time retention not configured")
+
+
+def test_purge_targets_round_to_term_starts_and_respect_holds() -> None:
+    by_bytes = RetentionPolicy(retention_bytes=3 * TERM)
+    assert purge_target(by_bytes, rec(), 0, no_time, None) == 7 * TERM  # 7*TERM+100 rounded
+    assert purge_target(by_bytes, rec(), 0, no_time, 5 * TERM + 64) == 5 * TERM + 64
+    assert purge_target(by_bytes, rec(), 0, no_time, 0) is None  # held entirely
+    assert purge_target(by_bytes, rec(purged_position=7 * TERM), 0, no_time, None) is None
+    ignoring = RetentionPolicy(retention_bytes=3 * TERM, respects_consumers=False)
+    assert purge_target(ignoring, rec(), 0, no_time, 0) == 7 * TERM
+    everything = RetentionPolicy(retention_bytes=0)
+    assert purge_target(everything, rec(), 0, no_time, None) == 10 * TERM + 100  # the end
+    start_mid = rec(start_position=TERM // 2, purged_position=TERM // 2)
+    assert purge_target(by_bytes, start_mid, 0, no_time, None) == TERM // 2 + 6 * TERM
+
+    def at(recording_id: int, timestamp_ns: int) -> int:
+        assert timestamp_ns == 100 * 10**9 - 30 * 10**9
+        return 4 * TERM + 32
+
+    by_time = RetentionPolicy(retention_s=30)
+    assert purge_target(by_time, rec(), 100 * 10**9, at, None) == 4 * TERM
+    assert not RetentionPolicy().enabled
+
+
+def test_consumer_registry_persists_and_expires(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    registry = ConsumerRegistry(str(tmp_path))
+    registry.commit("q1", [10], {1: 500, 2: 64}, now_s=1000.0)
+    registry.commit("q2", [10, 11], {1: 300}, now_s=1000.0)
+    again = ConsumerRegistry(str(tmp_path))
+    assert again.hold(1, 10, now_s=1001.0, lease_s=60) == 300
+    assert again.hold(2, 10, now_s=1001.0, lease_s=60) == 0  # q2 has not seen recording 2
+    assert again.hold(1, 12, now_s=1001.0, lease_s=60) is None  # nobody reads stream 12
+    assert again.hold(1, 10, now_s=2000.0, lease_s=60) is None  # both leases ran out
+    assert again.forget("q2") and not again.forget("q2")
+    assert ConsumerRegistry(str(tmp_path)).hold(1, 10, now_s=1001.0, lease_s=60) == 500
+    with pytest.raises(ControlProtocolError):
+        again.commit("", [10], {1: 1}, now_s=0)
+    with pytest.raises(ConfigurationError, match="retention_bytes"):
+        ServerConfig(directory=str(tmp_path), retention_bytes=-1)
+
+
+def _wait_for(predicate, what: str, timeout_s: float = 20.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_live_server_purges_what_consumers_have_committed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = ServerConfig(
+        directory=str(tmp_path / "s"), port=0, term_length=TERM, mtu=1408,
+        retention_bytes=2 * TERM, gc_interval_ns=50_000_000, encryption=False,
+    )
+    with StreamServer(config) as server, StreamClient.connect(
+        ClientSettings(endpoint=server.endpoint, encryption=False)
+    ) as client:
+        client.consumer_commit("reader", [30], {})  # registered before anything is recorded
+        client.publish(30, [bytes([i % 256]) * 1000 for i in range(700)])  # ~11 terms
+        [info] = client.list_recordings(stream_ids=[30])
+        rid, end = info.recording_id, info.recorded_position
+        time.sleep(0.3)  # several gc ticks: the consumer holds everything
+        assert client.list_recordings(stream_ids=[30])[0].purged_position == 0
+        stats = client.stats()
+        assert stats["counters"]["retention_held_by_consumers"] > 0
+        assert stats["consumers"][0]["consumer_id"] == "reader"
+
+        half = client.scan(rid, 0, end, max_messages=350).end  # a message boundary
+        client.consumer_commit("reader", [30], {rid: half})
+        purged = _wait_for(
+            lambda: client.list_recordings(stream_ids=[30])[0].purged_position, "a purge"
+        )
+        assert purged == half  # below the retention target, held at the committed position
+        with pytest.raises(PurgedError):
+            list(client.replay(rid, 0, half))
+        assert sum(len(b.data) for b in client.replay(rid, half, end)) > 0
+
+        assert client.consumer_forget("reader")  # nobody holds it: down to the last 2 terms
+        target = (end - 2 * TERM) // TERM * TERM
+        _wait_for(
+            lambda: client.list_recordings(stream_ids=[30])[0].purged_position == target,
+            "retention to the last two terms",
+        )
+        assert client.stats()["counters"]["retention_purges"] >= 2
