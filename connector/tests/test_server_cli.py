@@ -56,3 +56,19 @@ def test_main_dispatches_and_rejects_bad_arguments() -> None:
     with pytest.raises(SystemExit) as info:
         main(["server", "--port", "70000"])  # no --dir: argparse usage error
     assert info.value.code == 2
+
+
+def test_consumers_command_lists_and_forgets(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from aeron_spark.cli import main as cli_main
+    from aeron_spark.connector.server import ServerConfig, StreamServer
+
+    with StreamServer(ServerConfig(directory=str(tmp_path / "s"), port=0)) as server:
+        with client_for(server.endpoint, encryption=True) as client:
+            client.consumer_commit("job-a", [10], {3: 64})
+        common = ["--endpoint", server.endpoint]
+        assert cli_main(["consumers", "list", *common]) == 0
+        listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert listed[0]["consumer_id"] == "job-a" and listed[0]["positions"] == {"3": 64}
+        assert cli_main(["consumers", "forget", "job-a", *common]) == 0
+        assert cli_main(["consumers", "forget", "job-a", *common]) == 1
+        assert cli_main(["consumers", "forget", *common]) == 2  # which one?
