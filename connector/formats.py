@@ -34,7 +34,7 @@ _TYPE_PAD = 0x00
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    payload: bytes | memoryview
+    payload: bytes | bytearray | memoryview  # a reassembled message is its own bytearray
     position: int
     session_id: int
     stream_id: int
@@ -101,7 +101,7 @@ def _block_messages(data, ts, partial, partial_position, initial_term_id, shift,
             else:
                 partial += payload
                 if flags & _FLAG_END:
-                    yield Message(bytes(partial), partial_position, session_id, stream_id, rv, ts)
+                    yield Message(partial, partial_position, session_id, stream_id, rv, ts)
                     partial = None
         offset += (length + 31) & -32
     return partial, partial_position
