@@ -21,16 +21,20 @@ from aeron_spark.errors import ConfigurationError
 TARGET_MESSAGE_BYTES = 64 * 1024  # fits the smallest usual stream (1 MiB terms: 128 KiB messages)
 
 
-def encode_batches(batch: pa.RecordBatch, max_message_bytes: int) -> Iterator[bytes]:
-    """IPC stream messages for ``batch``: pieces of about ``min(TARGET, max)`` bytes each."""
+def encode_batches(
+    batch: pa.RecordBatch, max_message_bytes: int, compression: str | None = None
+) -> Iterator[bytes]:
+    """IPC stream messages for ``batch``: pieces of about ``min(TARGET, max)`` bytes each (before
+    compression: with ``lz4`` or ``zstd`` each message holds as many rows, in fewer bytes)."""
     if batch.num_rows == 0:
         return
+    options = pa.ipc.IpcWriteOptions(compression=compression)
     target = max(1024, min(TARGET_MESSAGE_BYTES, max_message_bytes // 2))
     rows = max(1, int(batch.num_rows * target / max(batch.nbytes, 1)))
     for start in range(0, batch.num_rows, rows):
         piece = batch.slice(start, rows)
         sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, piece.schema) as writer:
+        with pa.ipc.new_stream(sink, piece.schema, options=options) as writer:
             writer.write_batch(piece)
         data = sink.getvalue().to_pybytes()
         if len(data) > max_message_bytes:
@@ -40,8 +44,8 @@ def encode_batches(batch: pa.RecordBatch, max_message_bytes: int) -> Iterator[by
                     f"rows of at most {max_message_bytes} bytes (one row is {len(data)} bytes)",
                 )
             middle = piece.num_rows // 2
-            yield from encode_batches(piece.slice(0, middle), max_message_bytes)
-            yield from encode_batches(piece.slice(middle), max_message_bytes)
+            yield from encode_batches(piece.slice(0, middle), max_message_bytes, compression)
+            yield from encode_batches(piece.slice(middle), max_message_bytes, compression)
             continue
         yield data
 

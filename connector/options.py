@@ -136,6 +136,12 @@ SINK_OPTIONS: dict[str, tuple[str, str, str]] = {
         "columns; each task's Arrow batches become Arrow IPC messages of about 64 KiB), json "
         "(each row one JSON object) or msgpack (each row one map)",
     ),
+    "compression": (
+        "compression",
+        "none",
+        "format=arrow: compress the Arrow IPC messages with lz4 or zstd (readers need nothing: "
+        "Arrow IPC says how it is compressed)",
+    ),
     "channel": (
         "channel",
         "",
@@ -273,6 +279,7 @@ class SinkOptions:
     format: str = "binary"
     checkpoint_location: str | None = None
     channel: str | None = None  # raw mode: an Aeron channel URI
+    compression: str | None = None  # format=arrow: lz4 or zstd
 
     @property
     def commit_identity(self) -> str | None:
@@ -387,7 +394,14 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
             raise ConfigurationError("channel", channel, f"an Aeron channel URI ({exc})") from None
         if config.spy:
             raise ConfigurationError("channel", channel, "a publication channel, not aeron-spy:")
+    compression = o.get("compression", "none").strip().lower()
+    if compression not in ("none", "lz4", "zstd"):
+        raise ConfigurationError("compression", compression, "none, lz4 or zstd")
+    if compression != "none" and fmt != "arrow":
+        raise ConfigurationError("compression", compression, f"none with format={fmt} "
+                                 "(only arrow messages are compressed)")
     return SinkOptions(
         settings=_settings(o), stream_id=ids[0], sink_id=sink_id, format=fmt,
         checkpoint_location=checkpoint, channel=channel,
+        compression=None if compression == "none" else compression,
     )

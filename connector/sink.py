@@ -52,10 +52,12 @@ def _has_binary(t: DataType) -> bool:
     return False
 
 
-def sink_payloads(batch: pa.RecordBatch, fmt: str) -> tuple[list[bytes], list[int] | None]:
+def sink_payloads(
+    batch: pa.RecordBatch, fmt: str, compression: str | None = None
+) -> tuple[list[bytes], list[int] | None]:
     """The messages of one sink batch in ``fmt`` (and reserved values, binary/text only)."""
     if fmt == "arrow":  # whole batches, no Python per row
-        return list(encode_batches(batch, ARROW_MESSAGE_BYTES)), None
+        return list(encode_batches(batch, ARROW_MESSAGE_BYTES, compression)), None
     if fmt in RECORD_FORMATS:
         return encode_rows(batch, fmt), None
     return payloads_from_batch(batch, fmt)
@@ -121,7 +123,7 @@ def _stage(
 
         def payloads() -> Iterator[bytes]:
             for batch in itertools.chain([] if first is None else [first], iterator):
-                values, rvs = sink_payloads(batch, options.format)
+                values, rvs = sink_payloads(batch, options.format, options.compression)
                 if with_rv and rvs is not None:
                     rv_queue.extend(rvs)
                 yield from values

@@ -56,3 +56,23 @@ def test_arrow_errors_name_the_problem(spark, server) -> None:  # type: ignore[n
     with pytest.raises(Exception, match="does not fit the query's schema"):
         spark.read.format("aeron").option("endpoint", server.endpoint).option(
             "streamId", 74).option("format", "arrow").option("schema", "y long").load().collect()
+
+
+def test_arrow_compression_round_trips_in_fewer_bytes(spark, server) -> None:  # type: ignore[no-untyped-def]
+    df = spark.range(30_000).selectExpr("id", "concat('symbol-', id % 5) as symbol")
+    recorded = {}
+    for stream, compression in ((75, "none"), (76, "lz4"), (77, "zstd")):
+        (df.write.format("aeron").option("endpoint", server.endpoint).option("streamId", stream)
+         .option("format", "arrow").option("compression", compression).mode("append").save())
+        back = (spark.read.format("aeron").option("endpoint", server.endpoint)
+                .option("streamId", stream).option("format", "arrow").load())
+        assert_df_equality(back, df, ignore_row_order=True, ignore_nullable=True)
+        with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
+            recorded[compression] = sum(
+                r.recorded_position for r in client.list_recordings(stream_ids=[stream])
+            )
+    assert recorded["lz4"] < recorded["none"] / 2 and recorded["zstd"] < recorded["none"] / 2
+    with pytest.raises(Exception, match="compression"):
+        (spark.range(3).selectExpr("cast(cast(id as string) as binary) as value").write.format("aeron")
+         .option("endpoint", server.endpoint).option("streamId", 78)
+         .option("compression", "lz4").mode("append").save())
