@@ -117,6 +117,10 @@ def main() -> int:
         with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
             written = sum(r.recorded_position for r in client.list_recordings(stream_ids=[21]))
         result["arrow_bytes_committed"] = written
+        # for context, not a target: lz4-compressed arrow (these padded rows compress very well)
+        result["arrow_lz4_rows_per_s"] = round(
+            best("aeron", endpoint=server.endpoint, streamId="22", format="arrow",
+                 compression="lz4"))
         if written < (args.repeats + 1) * args.rows * ROW_LENGTH:
             raise RuntimeError(f"the arrow sink committed only {written} bytes")
     result["binary_to_ceiling_ratio"] = round(result["binary_rows_per_s"] / result["ceiling_rows_per_s"], 3)  # type: ignore[operator]
