@@ -4,7 +4,8 @@ Spark's Python write path).
 
     python -m benchmarks.sink [--rows 1000000]
 
-Each figure is the best of ``--repeats`` runs of one micro-batch (``rate-micro-batch`` with
+Each figure is the best of ``--repeats`` runs (contenders taking turns, see ``_timing``) of one
+micro-batch (``rate-micro-batch`` with
 ``rowsPerBatch`` = rows, ``Trigger.Once``) after a warm-up run. Prints one JSON object.
 """
 
@@ -15,7 +16,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -26,6 +26,8 @@ from pyspark.sql.datasource import (  # noqa: E402
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
+
+from benchmarks._timing import interleaved_best  # noqa: E402
 
 ROW_LENGTH = 116
 
@@ -94,35 +96,29 @@ def main() -> int:
             if q.exception() is not None:
                 raise RuntimeError(str(q.exception()))
 
-        def best(fmt: str, **options: str) -> float:
-            run(fmt, **options)
-            fastest = float("inf")
-            for _ in range(args.repeats):
-                started = time.perf_counter()
-                run(fmt, **options)
-                fastest = min(fastest, time.perf_counter() - started)
-            return args.rows / fastest
-
-        result["noop_rows_per_s"] = round(best("noop"))
-        result["ceiling_rows_per_s"] = round(best("ceiling_sink"))
-        result["binary_rows_per_s"] = round(best("aeron", endpoint=server.endpoint, streamId="20"))
-        with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
-            written = sum(r.recorded_position for r in client.list_recordings(stream_ids=[20]))
-        result["binary_bytes_committed"] = written
-        expected = (args.repeats + 1) * args.rows * (ROW_LENGTH + 32 + 12)  # aligned to 160 B frames
-        if not expected <= written <= expected + 4096 * (args.repeats + 1):  # + per-commit framing
-            raise RuntimeError(f"the sink committed {written} bytes, expected {expected}")
-        result["arrow_rows_per_s"] = round(
-            best("aeron", endpoint=server.endpoint, streamId="21", format="arrow"))
-        with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
-            written = sum(r.recorded_position for r in client.list_recordings(stream_ids=[21]))
-        result["arrow_bytes_committed"] = written
-        # for context, not a target: lz4-compressed arrow (these padded rows compress very well)
-        result["arrow_lz4_rows_per_s"] = round(
-            best("aeron", endpoint=server.endpoint, streamId="22", format="arrow",
-                 compression="lz4"))
-        if written < (args.repeats + 1) * args.rows * ROW_LENGTH:
-            raise RuntimeError(f"the arrow sink committed only {written} bytes")
+        ep = server.endpoint
+        contenders = {
+            "noop": lambda: run("noop"),
+            "ceiling": lambda: run("ceiling_sink"),
+            "binary": lambda: run("aeron", endpoint=ep, streamId="20"),
+            "arrow": lambda: run("aeron", endpoint=ep, streamId="21", format="arrow"),
+            # for context, not a target: lz4-compressed arrow (these padded rows compress well)
+            "arrow_lz4": lambda: run("aeron", endpoint=ep, streamId="22", format="arrow",
+                                     compression="lz4"),
+        }
+        for name, seconds in interleaved_best(contenders, args.repeats).items():
+            result[f"{name}_rows_per_s"] = round(args.rows / seconds)
+        with StreamClient.connect(ClientSettings(endpoint=ep)) as client:
+            binary = sum(r.recorded_position for r in client.list_recordings(stream_ids=[20]))
+            arrow = sum(r.recorded_position for r in client.list_recordings(stream_ids=[21]))
+        result["binary_bytes_committed"] = binary
+        result["arrow_bytes_committed"] = arrow
+        runs_each = args.repeats + 1
+        expected = runs_each * args.rows * (ROW_LENGTH + 32 + 12)  # aligned to 160 B frames
+        if not expected <= binary <= expected + 4096 * runs_each:  # + per-commit framing
+            raise RuntimeError(f"the sink committed {binary} bytes, expected {expected}")
+        if arrow < runs_each * args.rows * ROW_LENGTH:
+            raise RuntimeError(f"the arrow sink committed only {arrow} bytes")
     result["binary_to_ceiling_ratio"] = round(result["binary_rows_per_s"] / result["ceiling_rows_per_s"], 3)  # type: ignore[operator]
     result["arrow_to_ceiling_ratio"] = round(result["arrow_rows_per_s"] / result["ceiling_rows_per_s"], 3)  # type: ignore[operator]
     spark.stop()

@@ -4,7 +4,8 @@ of Spark's Python path) and (b) Spark's built-in rate source (``rate-micro-batch
 
     python -m benchmarks.source [--rows 1000000]
 
-Prints one JSON object. Each figure is the best of ``--repeats`` timed runs after a warm-up run.
+Prints one JSON object. Each figure is the best of ``--repeats`` timed runs after a warm-up run;
+the contenders take turns (one run each per round), so a slow spell of the machine hits all.
 The arrow figure reads the same rows published as Arrow IPC messages of about 64 KiB each.
 """
 
@@ -15,16 +16,16 @@ import json
 import os
 import sys
 import tempfile
-import time
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 import pyarrow as pa  # noqa: E402
+from aeron_spark.connector.formats import BINARY_SCHEMA_DDL, arrow_schema  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition  # noqa: E402
 
-from aeron_spark.connector.formats import BINARY_SCHEMA_DDL, arrow_schema  # noqa: E402
+from benchmarks._timing import interleaved_best  # noqa: E402
 
 MESSAGE_LENGTH = 116
 
@@ -69,16 +70,6 @@ class CeilingSource(DataSource):
 
     def reader(self, schema):  # type: ignore[no-untyped-def]
         return CeilingReader(int(self.options["rows"]), int(self.options.get("partitions", "2")))
-
-
-def best_rate(run, rows: int, repeats: int) -> float:  # type: ignore[no-untyped-def]
-    run()  # warm-up: worker start, imports
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - started)
-    return rows / best
 
 
 def main() -> int:
@@ -135,10 +126,9 @@ def main() -> int:
                  .option("checkpointLocation", ckpt).trigger(once=True).start())
             q.awaitTermination()
 
-        result["ceiling_rows_per_s"] = round(best_rate(ceiling, rows, args.repeats))
-        result["rate_rows_per_s"] = round(best_rate(rate, rows, args.repeats))
-        result["binary_rows_per_s"] = round(best_rate(aeron_binary, rows, args.repeats))
-        result["arrow_rows_per_s"] = round(best_rate(aeron_arrow, rows, args.repeats))
+        contenders = {"ceiling": ceiling, "rate": rate, "binary": aeron_binary, "arrow": aeron_arrow}
+        for name, seconds in interleaved_best(contenders, args.repeats).items():
+            result[f"{name}_rows_per_s"] = round(rows / seconds)
         result["arrow_messages"] = len(messages) * args.producers
         from benchmarks.source_latency import measure as measure_latency
 
