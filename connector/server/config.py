@@ -25,7 +25,10 @@ class ServerConfig:
     ``allow`` / ``deny``    addresses or CIDR ranges allowed / denied a session (deny wins; an
                             empty allow list allows everyone)
     ``max_clients`` / ``max_per_address``  session limits (in total / per client IP address)
-    ``term_length`` / ``mtu``  geometry of recordings the server creates (publish, sink commits)
+    ``term_length`` / ``mtu``  geometry of recordings the server creates (publish, sink commits);
+                            mtu None: Aeron's largest, 65504, or half a term if that is less
+                            (fewer fragments per large message; recordings are replayed through
+                            sessions, never sent frame by frame)
     ``session_lease_ns``    a session with no request for this long is closed (Spark's ``stop()``
                             is best-effort); clients send keepalives while they wait
     ``staging_lease_s``     staged sink parts untouched this long are garbage collected
@@ -54,7 +57,7 @@ class ServerConfig:
     max_clients: int = 1024
     max_per_address: int = 256
     term_length: int = 64 * 1024 * 1024
-    mtu: int = 8192
+    mtu: int | None = None
     session_lease_ns: int = 60_000_000_000
     staging_lease_s: float = 3600.0
     gc_interval_ns: int = 10_000_000_000
@@ -75,9 +78,10 @@ class ServerConfig:
         if not 0 <= self.port <= 65535:
             raise ConfigurationError("port", self.port, "0..65535 (0 picks a free port)")
         check_term_length(self.term_length, "term_length")
-        check_mtu(self.mtu, "mtu")
-        if self.mtu > self.term_length // 2:
-            raise ConfigurationError("mtu", self.mtu, "at most half of term_length")
+        if self.mtu is not None:
+            check_mtu(self.mtu, "mtu")
+            if self.mtu > self.term_length // 2:
+                raise ConfigurationError("mtu", self.mtu, "at most half of term_length")
         for name in (
             "max_clients",
             "max_per_address",
@@ -104,6 +108,11 @@ class ServerConfig:
             raise ConfigurationError(
                 "ingest_stream_ids", self.ingest_stream_ids, "32-bit stream ids"
             )
+
+    @property
+    def recording_mtu(self) -> int:
+        """The mtu of recordings the server creates."""
+        return self.mtu if self.mtu is not None else min(65504, self.term_length // 2)
 
 
 __all__ = ["DEFAULT_PORT", "ServerConfig"]

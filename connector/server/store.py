@@ -208,7 +208,7 @@ class ArchiveStore:
             initial_term_id,
             0,
             self.config.term_length,
-            self.config.mtu,
+            self.config.recording_mtu,
             self.clock(),
         )
 
