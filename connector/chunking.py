@@ -135,7 +135,11 @@ class Reassembler:
                 got_index=None,
             )
 
-    def feed(self, message: bytes | bytearray | memoryview, now_ns: int) -> bytes | None:
+    def feed(
+        self, message: bytes | bytearray | memoryview, now_ns: int
+    ) -> bytes | bytearray | None:
+        """The whole payload once its last chunk arrives (a multi-chunk payload is handed over
+        as the buffer it was assembled in: no copy), else None."""
         if len(message) < CHUNK_HEADER_LENGTH or message[0] != KIND_CHUNK:
             raise ControlProtocolError(f"not a chunk message ({len(message)} bytes)")
         _, pid, index, count, total = CHUNK_HEADER.unpack_from(message, 0)
@@ -207,7 +211,7 @@ class Reassembler:
                 expected_index=index,
                 got_index=index,
             )
-        result = bytes(self._buffer)
+        result = self._buffer  # handed over: the next payload gets a buffer of its own
         self._payload_id = None
         self._buffer = bytearray()
         self.completed += 1

@@ -82,7 +82,7 @@ class Framer:
         self,
         payloads: Iterable[bytes | bytearray | memoryview] | np.ndarray,
         reserved_values: Sequence[int] | np.ndarray | None = None,
-    ) -> Iterator[tuple[int, bytes]]:
+    ) -> Iterator[tuple[int, bytes | bytearray | memoryview]]:
         """Frames of ``payloads``: a sequence of byte strings, or a 2-D uint8 array of equal-length
         payloads (one per row), which is framed with numpy; the bytes are the same either way."""
         if isinstance(payloads, np.ndarray):
@@ -94,7 +94,7 @@ class Framer:
 
     def _frame_uniform(
         self, payloads: np.ndarray, reserved_values: Sequence[int] | np.ndarray | None
-    ) -> Iterator[tuple[int, bytes]]:
+    ) -> Iterator[tuple[int, bytes | bytearray | memoryview]]:
         """Equal-length unfragmented messages: whole runs of frames built as one 2-D array."""
         geometry = self.geometry
         term_length = geometry.term_length
@@ -132,13 +132,13 @@ class Framer:
             frames[:, DATA_HEADER_LENGTH : DATA_HEADER_LENGTH + length] = payloads[done : done + n]
             done += n
             self.position = position + n * framed
-            yield position, frames.tobytes()
+            yield position, memoryview(frames.reshape(-1))  # bytes-like, not copied
 
     def _frame_each(
         self,
         payloads: Iterable[bytes | bytearray | memoryview],
         reserved_values: Sequence[int] | np.ndarray | None = None,
-    ) -> Iterator[tuple[int, bytes]]:
+    ) -> Iterator[tuple[int, bytes | bytearray | memoryview]]:
         geometry = self.geometry
         term_length = geometry.term_length
         shift = geometry.shift
@@ -178,13 +178,13 @@ class Framer:
                     0,
                 )
                 position += pad
-                yield block_start, bytes(block)
+                yield block_start, block  # a fresh bytearray follows: no copy
                 block = bytearray()
                 block_start = position
                 term_offset = 0
             elif block and (len(block) >= self.max_block_bytes or term_offset == 0):
                 # full, or the last message ended exactly at the end of its term
-                yield block_start, bytes(block)
+                yield block_start, block  # a fresh bytearray follows: no copy
                 block = bytearray()
                 block_start = position
             term_id = (initial + (position >> shift) + 2**31) % 2**32 - 2**31
@@ -234,7 +234,7 @@ class Framer:
             position += framed
             self.position = position
         if block:
-            yield block_start, bytes(block)
+            yield block_start, block  # a fresh bytearray follows: no copy
         self.position = position
 
 

@@ -46,7 +46,9 @@ _READ_BLOCK_BYTES = 4 * 1024 * 1024
 _MIN_UNIFORM_RUN = 64
 
 
-def _records(payloads: Sequence[bytes], reserved_values: Sequence[int] | None) -> bytes:
+def _records(
+    payloads: Sequence[bytes], reserved_values: Sequence[int] | None
+) -> bytes | bytearray | memoryview:
     """The staging file's records (length, reserved value, payload) of one stage call."""
     lengths = list(map(len, payloads))
     if len(lengths) >= _MIN_UNIFORM_RUN and min(lengths) == max(lengths):  # built with numpy
@@ -57,7 +59,7 @@ def _records(payloads: Sequence[bytes], reserved_values: Sequence[int] | None) -
                else np.asarray(reserved_values, dtype="<i8"))
         rows[:, 4:12] = rvs.view(np.uint8).reshape(count, 8)
         rows[:, 12:] = np.frombuffer(b"".join(payloads), dtype=np.uint8).reshape(count, length)
-        return rows.tobytes()
+        return memoryview(rows.reshape(-1))  # written as it is, not copied
     buf = bytearray()
     pack = _RECORD.pack
     if reserved_values is None:
@@ -68,7 +70,7 @@ def _records(payloads: Sequence[bytes], reserved_values: Sequence[int] | None) -
         for payload, rv in zip(payloads, reserved_values, strict=True):
             buf += pack(len(payload), rv)
             buf += payload
-    return bytes(buf)
+    return buf
 
 
 def _uniform_records(buf: bytes, offset: int, length: int) -> int:
