@@ -43,7 +43,59 @@ BlockHandler = Callable[[memoryview, int, int, int, int], object]
 ControlledFragmentHandler = Callable[[memoryview, Header], ControlledAction]
 
 
+def offer_blocking(
+    pub: PublicationLike,
+    wait_for_limit: Callable[[float], bool],
+    payload: bytes | bytearray | memoryview,
+    reserved_value: int,
+    timeout_s: float,
+) -> int:
+    """``pub.offer`` retried on BACK_PRESSURED/ADMIN_ACTION/NOT_CONNECTED until ``timeout_s``;
+    ``wait_for_limit(deadline)`` waits (the publication's own way) and says False at the deadline.
+
+    Returns the new position; raises :class:`NotConnectedError`, :class:`BackPressuredError`,
+    :class:`MaxPositionExceededError` or :class:`ClosedError`.
+    """
+    import time
+
+    from aeron_spark.transport.errors import (
+        BackPressuredError,
+        ClosedError,
+        MaxPositionExceededError,
+        NotConnectedError,
+    )
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = pub.offer(payload, reserved_value)
+        if result > 0:
+            return result
+        if result == CLOSED:
+            raise ClosedError(f"publication {pub.session_id}/{pub.stream_id} is closed")
+        if result == MAX_POSITION_EXCEEDED:
+            raise MaxPositionExceededError(
+                f"publication {pub.session_id} reached its maximum position",
+                "MAX_POSITION_EXCEEDED",
+            )
+        if not wait_for_limit(deadline):
+            name = RESULT_NAMES.get(result, str(result))
+            if result == NOT_CONNECTED:
+                raise NotConnectedError(
+                    f"no subscriber connected to {pub.channel} stream {pub.stream_id} "
+                    f"within {timeout_s} s",
+                    name,
+                )
+            assert result in (BACK_PRESSURED, ADMIN_ACTION)
+            raise BackPressuredError(
+                f"publication {pub.session_id}/{pub.stream_id} stayed {name} "
+                f"for {timeout_s} s "
+                f"(position {pub.position}, limit {pub.position_limit})",
+                name,
+            )
+
+
 class PublicationLike(Protocol):
+    channel: str
     session_id: int
     stream_id: int
     initial_term_id: int

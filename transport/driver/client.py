@@ -18,20 +18,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aeron_spark.transport.api import (
-    ADMIN_ACTION,
-    BACK_PRESSURED,
-    CLOSED,
-    MAX_POSITION_EXCEEDED,
-    NOT_CONNECTED,
-    RESULT_NAMES,
     BlockHandler,
     ControlledFragmentHandler,
-)
-from aeron_spark.transport.errors import (
-    BackPressuredError,
-    ClosedError,
-    MaxPositionExceededError,
-    NotConnectedError,
+    offer_blocking,
 )
 from aeron_spark.transport.protocol.image import ImageState
 from aeron_spark.transport.protocol.publication import PublicationState, abort_claim, commit_claim
@@ -226,38 +215,9 @@ class Publication:
         reserved_value: int = 0,
         timeout_s: float = 10.0,
     ) -> int:
-        """Offer, retrying on BACK_PRESSURED/ADMIN_ACTION/NOT_CONNECTED until ``timeout_s``.
-
-        Returns the new position; raises :class:`NotConnectedError`,
-        :class:`BackPressuredError`, :class:`MaxPositionExceededError` or :class:`ClosedError`.
-        """
-        deadline = time.monotonic() + timeout_s
-        while True:
-            result = self.offer(payload, reserved_value)
-            if result > 0:
-                return result
-            if result == CLOSED:
-                raise ClosedError(f"publication {self.session_id}/{self.stream_id} is closed")
-            if result == MAX_POSITION_EXCEEDED:
-                raise MaxPositionExceededError(
-                    f"publication {self.session_id} reached its maximum position",
-                    "MAX_POSITION_EXCEEDED",
-                )
-            if not self._wait_for_limit(deadline):
-                name = RESULT_NAMES.get(result, str(result))
-                if result == NOT_CONNECTED:
-                    raise NotConnectedError(
-                        f"no subscriber connected to {self.channel} stream {self.stream_id} "
-                        f"within {timeout_s} s",
-                        name,
-                    )
-                assert result in (BACK_PRESSURED, ADMIN_ACTION)
-                raise BackPressuredError(
-                    f"publication {self.session_id}/{self.stream_id} stayed {name} "
-                    f"for {timeout_s} s "
-                    f"(position {self.position}, limit {self.position_limit})",
-                    name,
-                )
+        """Offer, retrying on BACK_PRESSURED/ADMIN_ACTION/NOT_CONNECTED until ``timeout_s``
+        (:func:`~aeron_spark.transport.api.offer_blocking`)."""
+        return offer_blocking(self, self._wait_for_limit, payload, reserved_value, timeout_s)
 
     def add_destination(self, endpoint: str) -> None:
         """Manual multi-destination-cast: also send to ``endpoint`` (``host:port``)."""

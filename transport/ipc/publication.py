@@ -21,12 +21,11 @@ from aeron_spark.transport.api import (
     CLOSED,
     MAX_POSITION_EXCEEDED,
     NOT_CONNECTED,
+    offer_blocking,
 )
 from aeron_spark.transport.errors import (
     BackPressuredError,
     ClosedError,
-    MaxPositionExceededError,
-    NotConnectedError,
 )
 from aeron_spark.transport.ipc.logfile import STATE_CLOSED, LogFile
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
@@ -193,29 +192,8 @@ class IpcPublication:
         reserved_value: int = 0,
         timeout_s: float = 10.0,
     ) -> int:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            result = self.offer(payload, reserved_value)
-            if result > 0:
-                return result
-            if result == CLOSED:
-                raise ClosedError(f"IPC publication {self.session_id}/{self.stream_id} is closed")
-            if result == MAX_POSITION_EXCEEDED:
-                raise MaxPositionExceededError(
-                    f"IPC publication {self.session_id} reached its maximum position",
-                    "MAX_POSITION_EXCEEDED",
-                )
-            if not self._wait_for_limit(deadline):
-                if result == NOT_CONNECTED:
-                    raise NotConnectedError(
-                        f"no subscriber on aeron:ipc stream {self.stream_id} within {timeout_s} s",
-                        "NOT_CONNECTED",
-                    )
-                raise BackPressuredError(
-                    f"IPC publication {self.session_id}/{self.stream_id} stayed back-pressured "
-                    f"for {timeout_s} s (position {self.position}, limit {self._limit})",
-                    "BACK_PRESSURED" if result == BACK_PRESSURED else "ADMIN_ACTION",
-                )
+        """Offer, retrying until ``timeout_s`` (``transport.api.offer_blocking``)."""
+        return offer_blocking(self, self._wait_for_limit, payload, reserved_value, timeout_s)
 
     # ---------------------------------------------------------------- driver duty cycle
 
