@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from aeron_spark.errors import AeronSparkError
+from aeron_spark.errors import DetailedError
 
 
 class ErrorCode(enum.IntEnum):
@@ -37,22 +37,10 @@ class ErrorCode(enum.IntEnum):
     LIMIT_EXCEEDED = 13
 
 
-class ConnectorError(AeronSparkError):
+class ConnectorError(DetailedError):
     """Base class of connector errors. ``code`` is the wire code; ``details`` structured fields."""
 
     code: ErrorCode = ErrorCode.INTERNAL
-
-    def __init__(self, message: str, **details: Any) -> None:
-        super().__init__(message)
-        self.message = message
-        self.details: dict[str, Any] = dict(details)
-
-    def __getattr__(self, name: str) -> Any:
-        # Only called for attributes not found normally: expose the structured details.
-        details = self.__dict__.get("details")
-        if details is not None and name in details:
-            return details[name]
-        raise AttributeError(name)
 
     def __reduce__(self) -> tuple[Any, ...]:  # picklable across Spark's Python workers
         return (_rebuild, (type(self), self.message, self.details))

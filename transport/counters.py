@@ -118,13 +118,14 @@ def read_counters(directory: str | Path) -> list[dict[str, Any]]:
         except (OSError, ValueError):
             continue
         pid = data.get("pid")
-        if not isinstance(pid, int) or not _alive(pid):
+        if not isinstance(pid, int) or not pid_alive(pid):
             continue
         result.append(data)
     return result
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (one we may not signal counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -7,24 +7,13 @@ stream server turns them into its wire errors of the same names.
 
 from __future__ import annotations
 
-from typing import Any
-
 from aeron_spark.transport.errors import TransportError
 
+from aeron_spark.errors import DetailedError
 
-class ArchiveError(TransportError):
+
+class ArchiveError(TransportError, DetailedError):
     """Base class of archive errors: a message and structured details."""
-
-    def __init__(self, message: str, **details: Any) -> None:
-        super().__init__(message)
-        self.message = message
-        self.details: dict[str, Any] = dict(details)
-
-    def __getattr__(self, name: str) -> Any:
-        details = self.__dict__.get("details")
-        if details is not None and name in details:
-            return details[name]
-        raise AttributeError(name)
 
 
 class UnknownRecordingError(ArchiveError):

@@ -31,6 +31,7 @@ import struct
 import time
 from pathlib import Path
 
+from aeron_spark.transport import counters
 from aeron_spark.transport.errors import DriverError
 
 MAGIC = b"ASIPCLB1"
@@ -75,15 +76,8 @@ def parse_name(name: str) -> tuple[int, int] | None:
 
 
 def pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """Whether the process that wrote a log file lives (0 or less: never written)."""
+    return pid > 0 and counters.pid_alive(pid)
 
 
 class LogFile:
