@@ -16,13 +16,20 @@ from __future__ import annotations
 
 from aeron_spark.connector.options import parse_sink_options, parse_source_options
 from aeron_spark.connector.sink import AeronBatchWriter, AeronStreamWriter, check_sink_schema
-from aeron_spark.connector.source import AeronBatchReader, AeronStreamReader, source_schema
+from aeron_spark.connector.source import (
+    AeronBatchReader,
+    AeronDriverStreamReader,
+    AeronStreamReader,
+    source_schema,
+)
+from pyspark.errors import PySparkNotImplementedError
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
+    SimpleDataSourceStreamReader,
 )
 from pyspark.sql.types import StructType
 
@@ -38,10 +45,26 @@ class AeronDataSource(DataSource):
         return source_schema(parse_source_options(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return AeronBatchReader(parse_source_options(self.options), schema)
+        options = parse_source_options(self.options)
+        if options.read_on == "driver":
+            from aeron_spark.errors import ConfigurationError
+
+            raise ConfigurationError("readOn", "driver", "executors for a batch read (readOn="
+                                     "driver is for streaming queries)")
+        return AeronBatchReader(options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return AeronStreamReader(parse_source_options(self.options), schema)
+        options = parse_source_options(self.options)
+        if options.read_on == "driver":
+            # Spark's documented fallback: a source whose streamReader() is not implemented is
+            # read through simpleStreamReader(), on Spark's prefetching path.
+            raise PySparkNotImplementedError(
+                errorClass="NOT_IMPLEMENTED", messageParameters={"feature": "streamReader"}
+            )
+        return AeronStreamReader(options, schema)
+
+    def simpleStreamReader(self, schema: StructType) -> SimpleDataSourceStreamReader:
+        return AeronDriverStreamReader(parse_source_options(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         options = parse_sink_options(self.options)

@@ -106,6 +106,14 @@ SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
         "",
         "split recording ranges at message boundaries into at least this many partitions",
     ),
+    "readon": (
+        "readOn",
+        "executors",
+        "streaming: executors (each task replays its range in its own session) or driver (the "
+        "driver reads each micro-batch as it plans it and Spark hands the rows to the tasks "
+        "with no Python worker: lowest latency for light streams; every row passes through "
+        "the driver)",
+    ),
     "consumerid": (
         "consumerId",
         "",
@@ -264,6 +272,7 @@ class SourceOptions:
     corrupt_record_column: str = "_corrupt_record"
     include_metadata: bool = False  # json/msgpack
     consumer_id: str | None = None  # streaming: commits positions for the servers' retention
+    read_on: str = "executors"  # streaming: executors (a session per task) or driver (prefetch)
     more_settings: tuple[ClientSettings, ...] = ()  # further servers (endpoint=a:1,b:2)
 
     @property
@@ -322,8 +331,19 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         schema_ddl=o.get("schema", "").strip() or None,
         **_record_options(o, fmt),
         consumer_id=_consumer_id(o),
+        read_on=_read_on(o),
         more_settings=tuple(replace(settings, endpoint=e) for e in endpoints[1:]),
     )
+
+
+def _read_on(o: dict[str, str]) -> str:
+    value = o.get("readon", "executors").strip().lower()
+    if value not in ("executors", "driver"):
+        raise ConfigurationError("readOn", value, "executors or driver")
+    if value == "driver" and o.get("minpartitions", "").strip():
+        raise ConfigurationError("minPartitions", o["minpartitions"], "no minPartitions with "
+                                 "readOn=driver (the driver reads each micro-batch whole)")
+    return value
 
 
 def _consumer_id(o: dict[str, str]) -> str | None:

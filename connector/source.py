@@ -6,6 +6,11 @@ servers (``endpoint=a:1,b:2``) the keys are ``"<endpoint>/<recording_id>"``. Eve
 input partition is a small picklable value that carries all a task needs (server settings,
 recording id, range, geometry, format); ``read()`` runs on an executor, opens its own session and
 replays exactly ``[start, end)``, so a re-run task returns the same rows.
+
+With ``readOn=driver`` the streaming reader is :class:`AeronDriverStreamReader` instead: the
+driver replays each micro-batch's ranges while it plans the batch, and Spark hands those rows to
+its tasks from the block manager (its prefetching path for Python sources), so a micro-batch costs
+no Python worker at all: the lowest latency, for streams light enough to pass through the driver.
 """
 
 from __future__ import annotations
@@ -37,7 +42,12 @@ from aeron_spark.connector.formats_records import (
     output_ddl,
 )
 from aeron_spark.connector.options import SourceOptions
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+    SimpleDataSourceStreamReader,
+)
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -492,3 +502,42 @@ class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         """Sessions are per call; nothing stays open between micro-batches."""
+
+
+class AeronDriverStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``readOn=driver``: the same offsets, limits and ranges as :class:`AeronStreamReader`, but
+    the driver replays each micro-batch when Spark asks for the next offset, and Spark passes the
+    rows to its tasks itself (no Python worker per task).
+
+    Spark keeps the prefetched rows until the batch commits; after a restart, batches planned but
+    not committed are read again through :meth:`readBetweenOffsets` (on an executor), which
+    replays the same ranges, so the rows are the same. Spark's own read limits do not reach such
+    a reader, so ``maxMessagesPerTrigger`` and the other limits are applied here.
+    """
+
+    def __init__(self, options: SourceOptions, schema: StructType | None = None) -> None:
+        self._planner = AeronStreamReader(options, schema)
+
+    def initialOffset(self) -> dict:
+        return self._planner.initialOffset()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._planner.prepareForTriggerAvailableNow()
+
+    def read(self, start: dict) -> tuple[Iterator[pa.RecordBatch], dict]:
+        planner = self._planner
+        end = planner.latestOffset(start, planner.getDefaultReadLimit())
+        if decode_offset(end) == decode_offset(start):
+            return iter(()), start
+        # A list, not a generator: Spark copies the iterator when it hands the batch on.
+        return iter(list(self._rows(start, end))), end
+
+    def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[pa.RecordBatch]:
+        return iter(list(self._rows(start, end)))
+
+    def _rows(self, start: dict, end: dict) -> Iterator[pa.RecordBatch]:
+        for partition in self._planner.partitions(start, end):
+            yield from read_range(partition)
+
+    def commit(self, end: dict) -> None:
+        self._planner.commit(end)
