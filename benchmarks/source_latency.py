@@ -3,7 +3,8 @@ micro-batch overhead. Used by ``python -m benchmarks.source`` (keys ``latency_p5
 ``empty_batch_ms``, ``latency_p50_to_empty_batch_ratio``).
 
 * Latency: a streaming query (trigger as fast as possible) reads a stream with
-  ``format("aeron")``. The producer writes its wall-clock time
+  ``format("aeron")`` and ``readOn=driver`` (the low-latency setting: no Python worker per
+  micro-batch); ``executors_latency_p50_ms`` is the same with the default ``readOn=executors``. The producer writes its wall-clock time
   (ns, as 20 ASCII digits) into each message, one message every ``interval_s``; the query adds
   the time each row is processed in the sink's task with ``reflect('java.lang.System',
   'currentTimeMillis')``, which Spark evaluates per row (it is non-deterministic), and gathers
@@ -15,7 +16,8 @@ micro-batch overhead. Used by ``python -m benchmarks.source`` (keys ``latency_p5
   Spark costs per micro-batch with (next to) nothing to do. For context,
   ``python_source_empty_batch_ms`` is the same for a trivial Python streaming source (one row per
   batch from memory): the floor any Python data source starts from, and
-  ``aeron_source_batch_ms`` the same for the aeron source fed a message every 50 ms.
+  ``aeron_source_batch_ms`` the same for the aeron source (``readOn=driver``) fed a message every
+  50 ms, ``aeron_executors_source_batch_ms`` with ``readOn=executors``.
 """
 
 from __future__ import annotations
@@ -168,16 +170,18 @@ def measure(spark: Any, endpoint: str, messages: int = 60, interval_s: float = 0
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
 
-        def source(stream_id: int) -> Any:
+        def source(stream_id: int, read_on: str = "driver") -> Any:
             return (spark.readStream.format("aeron").option("endpoint", endpoint)
-                    .option("streamId", stream_id).option("startingPositions", "latest").load())
+                    .option("streamId", stream_id).option("startingPositions", "latest")
+                    .option("readOn", read_on).load())
 
         holder: dict[str, Any] = {}
+        read_on = "driver"
 
         def jvm_sink() -> Any:
             from pyspark.sql import functions as F  # noqa: N812
 
-            rows = source(78).selectExpr(
+            rows = source(stream, read_on).selectExpr(
                 "cast(substring(cast(value as string), 1, 20) as bigint) as sent_ns",
                 "substring(cast(value as string), 21, 1) as kind",
                 "cast(reflect('java.lang.System', 'currentTimeMillis') as bigint) as now_ms",
@@ -185,7 +189,7 @@ def measure(spark: Any, endpoint: str, messages: int = 60, interval_s: float = 0
             latency = F.expr("collect_list(if(kind = 'M', now_ms - sent_ns / 1e6, null))")
             holder["query"] = (
                 rows.observe("latency", latency.alias("ms")).writeStream.format("noop")
-                .option("checkpointLocation", os.path.join(tmp, "ckpt-jvm"))
+                .option("checkpointLocation", os.path.join(tmp, f"ckpt-jvm-{read_on}"))
                 .trigger(processingTime="0 seconds").start()
             )
             return holder["query"]
@@ -198,7 +202,14 @@ def measure(spark: Any, endpoint: str, messages: int = 60, interval_s: float = 0
                     values.extend(float(v) for v in observed["ms"])
             return values
 
-        values, busy = _latencies(spark, endpoint, 78, jvm_sink, jvm_collect, messages,
+        stream = 80
+        read_on = "executors"
+        values, _ = _latencies(spark, endpoint, stream, jvm_sink, jvm_collect, messages,
+                               interval_s)
+        out["executors_latency_p50_ms"] = _p50(values)
+        stream = 78
+        read_on = "driver"
+        values, busy = _latencies(spark, endpoint, stream, jvm_sink, jvm_collect, messages,
                                   interval_s)
         if busy:
             keys = sorted({k for d in busy for k in d})
@@ -251,6 +262,9 @@ def measure(spark: Any, endpoint: str, messages: int = 60, interval_s: float = 0
         feeder.start()
         out["aeron_source_batch_ms"], _ = _median_trigger_ms(
             spark, source(79), os.path.join(tmp, "ckpt-aeron-noop"), seconds
+        )
+        out["aeron_executors_source_batch_ms"], _ = _median_trigger_ms(
+            spark, source(79, "executors"), os.path.join(tmp, "ckpt-aeron-exec-noop"), seconds
         )
         feeding.set()
         feeder.join(5)

@@ -50,9 +50,59 @@ def encode_batches(
         yield data
 
 
-def decode_message(payload: bytes | memoryview, position: int) -> list[pa.RecordBatch]:
+_CONTINUATION = b"\xff\xff\xff\xff"
+_EOS = _CONTINUATION + bytes(4)
+
+
+class _SchemaCache:
+    """Schemas by the bytes of their IPC schema message: a stream's messages repeat the same one,
+    so it is parsed once, not once per message."""
+
+    LIMIT = 64
+
+    def __init__(self) -> None:
+        self._by_bytes: dict[bytes, pa.Schema] = {}
+
+    def get(self, message: memoryview) -> pa.Schema:
+        key = bytes(message)
+        schema = self._by_bytes.get(key)
+        if schema is None:
+            schema = pa.ipc.read_schema(pa.py_buffer(key))
+            if len(self._by_bytes) >= self.LIMIT:
+                self._by_bytes.clear()
+            self._by_bytes[key] = schema
+        return schema
+
+
+def _decode_one_batch(view: memoryview, schemas: _SchemaCache) -> list[pa.RecordBatch] | None:
+    """The one record batch of a message laid out as the sink writes it (schema, one record batch,
+    end of stream), read with the schema from the cache; None for any other layout (dictionaries,
+    several batches, no continuation markers): the general reader takes those."""
+    if len(view) < 16 or view[:4] != _CONTINUATION:
+        return None
+    schema_end = 8 + int.from_bytes(view[4:8], "little")
+    if schema_end + 8 > len(view) or view[schema_end : schema_end + 4] != _CONTINUATION:
+        return None
+    buffer = pa.py_buffer(view)
+    message = pa.ipc.read_message(buffer.slice(schema_end))
+    if message.type != "record batch":
+        return None
+    end = schema_end + 8 + int.from_bytes(view[schema_end + 4 : schema_end + 8], "little")
+    tail = view[end + message.body.size :]
+    if len(tail) not in (0, 8) or (len(tail) == 8 and tail != _EOS):
+        return None
+    return [pa.ipc.read_record_batch(message, schemas.get(view[:schema_end]))]
+
+
+def decode_message(
+    payload: bytes | memoryview, position: int, schemas: _SchemaCache | None = None
+) -> list[pa.RecordBatch]:
     """The batches of one message; a message that is not an Arrow IPC stream names its position."""
     try:
+        if schemas is not None:
+            batches = _decode_one_batch(memoryview(payload), schemas)
+            if batches is not None:
+                return batches
         reader = pa.ipc.open_stream(pa.py_buffer(payload))
         return list(reader)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
@@ -66,8 +116,9 @@ def batches_from_blocks(
     blocks: Iterable[ReplayBlock], geometry: Geometry, schema: pa.Schema
 ) -> Iterator[pa.RecordBatch]:
     """Arrow batches of the messages in the replayed blocks, as ``schema``."""
+    schemas = _SchemaCache()
     for message in iter_messages(blocks, geometry):
-        for batch in decode_message(message.payload, message.position):
+        for batch in decode_message(message.payload, message.position, schemas):
             if batch.schema.equals(schema):
                 yield batch
                 continue
