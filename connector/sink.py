@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-from aeron_spark.connector.client import StreamClient
+from aeron_spark.connector.client import pooled
 from aeron_spark.connector.formats import payloads_from_batch
 from aeron_spark.connector.formats_arrow import encode_batches
 from aeron_spark.connector.formats_records import RECORD_FORMATS, encode_rows
@@ -113,8 +113,9 @@ def _stage(
     partition_id = ctx.partitionId() if ctx else 0
     attempt = ctx.attemptNumber() if ctx else 0
 
-    with StreamClient.connect(options.settings) as client:
-
+    # A pooled session: Python workers are reused across tasks and micro-batches, so the
+    # handshake and the session's buffers are paid once per worker, not once per task.
+    with pooled(options.settings) as client:
         first = next(iterator, None)
         with_rv = first is not None and "reserved_value" in first.schema.names and (
             options.format in ("binary", "text")
@@ -165,10 +166,9 @@ class AeronStreamWriter(DataSourceStreamArrowWriter):
         return _stage(self.options, str(self.options.commit_identity), int(batch_text), iterator)
 
     def commit(self, messages: list, batchId: int) -> None:
-        with StreamClient.connect(self.options.settings) as client:
-            result = client.commit(
-                str(self.options.commit_identity), batchId, self.options.stream_id, _receipts(messages)
-            )
+        with pooled(self.options.settings) as client:
+            result = client.commit(str(self.options.commit_identity), batchId,
+                                   self.options.stream_id, _receipts(messages))
         staged = sum(int(r.get("count", 0)) for r in _receipts(messages))
         if "count" in result and int(result["count"]) != staged:
             # The server already holds a commit of this (sinkId, batch) from an earlier run: the
@@ -181,7 +181,7 @@ class AeronStreamWriter(DataSourceStreamArrowWriter):
         log.info("aeron sink %s: batch %d committed: %s", self.options.sink_id, batchId, result)
 
     def abort(self, messages: list, batchId: int) -> None:
-        with StreamClient.connect(self.options.settings) as client:
+        with pooled(self.options.settings) as client:
             client.abort(str(self.options.commit_identity), batchId, _receipts(messages))
 
 
@@ -195,9 +195,9 @@ class AeronBatchWriter(DataSourceArrowWriter):
         return _stage(self.options, self.sink_id, self.batch_id, iterator)
 
     def commit(self, messages: list) -> None:
-        with StreamClient.connect(self.options.settings) as client:
+        with pooled(self.options.settings) as client:
             client.commit(self.sink_id, self.batch_id, self.options.stream_id, _receipts(messages))
 
     def abort(self, messages: list) -> None:
-        with StreamClient.connect(self.options.settings) as client:
+        with pooled(self.options.settings) as client:
             client.abort(self.sink_id, self.batch_id, _receipts(messages))

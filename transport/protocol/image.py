@@ -45,6 +45,7 @@ from aeron_spark.transport.protocol.frames import (
 )
 from aeron_spark.transport.protocol.logbuffer import (
     PARTITION_COUNT,
+    allocate_log,
     compute_position,
     position_bits_to_shift,
     receiver_window_length,
@@ -115,7 +116,7 @@ class ImageState:
         self.reliable = reliable
         self.liveness_timeout_ns = liveness_timeout_ns
         self.receiver_id = receiver_id if receiver_id is not None else random.getrandbits(63)
-        self.log = log if log is not None else bytearray(PARTITION_COUNT * term_length)
+        self.log = log if log is not None else allocate_log(PARTITION_COUNT * term_length)
         view = memoryview(self.log)
         self.terms = [view[i * term_length : (i + 1) * term_length] for i in range(PARTITION_COUNT)]
         join = compute_position(active_term_id, term_offset, self.shift, initial_term_id)

@@ -13,6 +13,7 @@ Everything above the transport (archive, handshake, connector) speaks in positio
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 
 from aeron_spark.transport.errors import ChannelError
@@ -32,6 +33,16 @@ RESERVED_SESSION_ID_HIGH = 1000
 LOG_META_DATA_LENGTH = 4096
 
 _INT32_MASK = 0xFFFFFFFF
+
+
+def allocate_log(length: int) -> mmap.mmap:
+    """Zeroed memory for an in-process log buffer (a publication's or an image's terms).
+
+    Anonymous private memory: the kernel hands out zero pages as they are first touched, so a
+    session whose terms are mostly never written (most are: a control exchange, a short replay)
+    does not pay for zeroing all of them up front, as ``bytearray(length)`` would (24 MiB for an
+    8 MiB term, on every connect)."""
+    return mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
 def wrap_int32(value: int) -> int:

@@ -44,6 +44,7 @@ from aeron_spark.transport.protocol.frames import (
 from aeron_spark.transport.protocol.logbuffer import (
     PARTITION_COUNT,
     LogGeometry,
+    allocate_log,
     compute_position,
     wrap_int32,
 )
@@ -107,7 +108,7 @@ class PublicationState:
         self.linger_ns = linger_ns
         self.retransmit_linger_ns = retransmit_linger_ns
         self.window = publication_window_length or term_length // 2
-        self.log = bytearray(PARTITION_COUNT * term_length)
+        self.log = allocate_log(PARTITION_COUNT * term_length)
         view = memoryview(self.log)
         self.terms = [view[i * term_length : (i + 1) * term_length] for i in range(PARTITION_COUNT)]
         self.appender = TermAppender(
