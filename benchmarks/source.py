@@ -77,6 +77,7 @@ def main() -> int:
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--producers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--no-latency", action="store_true", help="throughput only (no latency keys)")
     args = p.parse_args()
     from aeron_spark.connector.client import ClientSettings, StreamClient
     from aeron_spark.connector.datasource import ensure_registered
@@ -130,9 +131,10 @@ def main() -> int:
         for name, seconds in interleaved_best(contenders, args.repeats).items():
             result[f"{name}_rows_per_s"] = round(rows / seconds)
         result["arrow_messages"] = len(messages) * args.producers
-        from benchmarks.source_latency import measure as measure_latency
+        if not args.no_latency:
+            from benchmarks.source_latency import measure as measure_latency
 
-        result.update(measure_latency(spark, server.endpoint))
+            result.update(measure_latency(spark, server.endpoint))
     result["binary_to_ceiling_ratio"] = round(result["binary_rows_per_s"] / result["ceiling_rows_per_s"], 3)  # type: ignore[operator]
     result["arrow_to_ceiling_ratio"] = round(result["arrow_rows_per_s"] / result["ceiling_rows_per_s"], 3)  # type: ignore[operator]
     result["mode"] = "batch reads into noop (same read path as a micro-batch); rate via Trigger.Once"

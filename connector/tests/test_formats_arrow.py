@@ -102,3 +102,37 @@ def test_random_batches_round_trip(rows, max_bytes) -> None:  # type: ignore[no-
         return
     got = [b for m in messages for b in decode_message(m, 0, cache)]
     assert pa.Table.from_batches(got).equals(pa.Table.from_batches([batch]))
+
+
+def test_coalesce_keeps_rows_and_order_and_cuts_at_schema_changes() -> None:
+    from aeron_spark.connector.formats_arrow import coalesce
+
+    small = [pa.RecordBatch.from_pydict({"i": list(range(k * 10, k * 10 + 10))}) for k in range(25)]
+    other = pa.RecordBatch.from_pydict({"x": [1.0]})
+    big = pa.RecordBatch.from_pydict({"i": list(range(1000, 1500))})
+    out = list(coalesce([*small[:12], other, *small[12:], big], rows=100))
+    assert [b.num_rows for b in out] == [100, 20, 1, 100, 30, 500]
+    assert out[2].equals(other)
+    ints = [v for b in out if b.schema.names == ["i"] for v in b.column("i").to_pylist()]
+    assert ints == list(range(250)) + list(range(1000, 1500))
+    assert list(coalesce([])) == []
+    by_bytes = list(coalesce(small, rows=10**9, nbytes=small[0].nbytes * 5))
+    assert [b.num_rows for b in by_bytes] == [50] * 5
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 300), max_size=40), st.integers(1, 700))
+def test_coalesce_property(sizes, rows) -> None:  # type: ignore[no-untyped-def]
+    from aeron_spark.connector.formats_arrow import coalesce
+
+    start = 0
+    batches = []
+    for n in sizes:
+        batches.append(pa.RecordBatch.from_pydict({"i": list(range(start, start + n))}))
+        start += n
+    out = list(coalesce(batches, rows=rows))
+    assert [v for b in out for v in b.column("i").to_pylist()] == list(range(start))
+    # a short batch is the last one, or the rows gathered before a large batch that passes as is
+    assert all(b.num_rows >= rows or i == len(out) - 1 or out[i + 1].num_rows >= rows
+               for i, b in enumerate(out))
+    assert all(b.num_rows > 0 for b in out)
