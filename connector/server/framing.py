@@ -58,7 +58,11 @@ class Framer:
         stream_id: int,
         position: int,
         max_block_bytes: int = 4 * 1024 * 1024,
+        reuse_blocks: bool = False,
     ) -> None:
+        """``reuse_blocks``: build equal-length runs in one buffer kept between blocks (no fresh
+        memory to fault in for each block); a block yielded so is only valid until the next one
+        is asked for, so only a caller that writes each block out before going on may set it."""
         if position % FRAME_ALIGNMENT:
             raise ValueError(f"position {position} is not frame aligned")
         self.geometry = geometry
@@ -68,6 +72,8 @@ class Framer:
         self.max_block_bytes = max_block_bytes
         self._max_payload = geometry.max_payload_length
         self._max_message = geometry.max_message_length
+        self._reuse = reuse_blocks
+        self._buffer: np.ndarray | None = None
 
     def check(self, payload_length: int) -> None:
         if payload_length > self._max_message:
@@ -119,9 +125,12 @@ class Framer:
                 yield position, bytes(block)
                 continue
             n = min(fit, per_block, count - done)
-            frames = np.zeros((n, framed), dtype=np.uint8)
+            # Every byte is written below (header fields, payload, alignment padding), so the
+            # block is not zeroed first: that would touch every byte once more.
+            frames = self._block(n * framed).reshape(n, framed)
             header = frames[:, :DATA_HEADER_LENGTH].view(_HEADER_DTYPE)[:, 0]
             header["length"] = length + DATA_HEADER_LENGTH
+            header["version"] = 0
             header["flags"] = _UNFRAG
             header["type"] = _DATA
             header["term_offset"] = term_offset + np.arange(n, dtype=np.int64) * framed
@@ -130,9 +139,18 @@ class Framer:
             header["term_id"] = term_id
             header["reserved_value"] = rvs[done : done + n]
             frames[:, DATA_HEADER_LENGTH : DATA_HEADER_LENGTH + length] = payloads[done : done + n]
+            frames[:, DATA_HEADER_LENGTH + length :] = 0
             done += n
             self.position = position + n * framed
             yield position, memoryview(frames.reshape(-1))  # bytes-like, not copied
+
+    def _block(self, size: int) -> np.ndarray:
+        """``size`` bytes of uninitialised memory for a block (see ``reuse_blocks``)."""
+        if not self._reuse:
+            return np.empty(size, dtype=np.uint8)
+        if self._buffer is None or len(self._buffer) < size:
+            self._buffer = np.empty(max(size, self.max_block_bytes), dtype=np.uint8)
+        return self._buffer[:size]
 
     def _frame_each(
         self,

@@ -26,9 +26,9 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 from aeron_spark.connector.errors import (
@@ -44,6 +44,7 @@ from aeron_spark.transport.protocol.logbuffer import LogGeometry
 _RECORD = struct.Struct("<Iq")
 _READ_BLOCK_BYTES = 4 * 1024 * 1024
 _MIN_UNIFORM_RUN = 64
+_LARGE_PAYLOAD = 4096  # from this average size on, payloads are written one by one, not gathered
 
 
 def _records(
@@ -82,6 +83,55 @@ def _uniform_records(buf: bytes, offset: int, length: int) -> int:
     rows = np.frombuffer(buf, np.uint8, count * size, offset).reshape(count, size)
     same = rows[:, :4].copy().view("<u4").ravel() == length
     return count if same.all() else int(np.argmin(same))
+
+
+
+def _block_records(buf: bytes) -> Generator[tuple[Any, Any], None, int]:
+    """Yield the whole records of one block read from a part file (lists of payloads, or runs of
+    equal-length payloads as a 2-D uint8 array and their reserved values); return the offset of
+    the first byte not yet yielded (a record continuing in the next block)."""
+    view = memoryview(buf)
+    payloads: list[Any] = []
+    rvs: list[int] = []
+    offset, end = 0, len(buf)
+    unpack = _RECORD.unpack_from
+    while offset + _RECORD.size <= end:
+        length, rv = unpack(buf, offset)
+        run = _uniform_records(buf, offset, length)
+        if run >= _MIN_UNIFORM_RUN:
+            if payloads:
+                yield payloads, rvs
+                payloads, rvs = [], []
+            size = _RECORD.size + length
+            rows = np.frombuffer(buf, np.uint8, run * size, offset).reshape(run, size)
+            yield rows[:, _RECORD.size :], rows[:, 4:12].copy().view("<i8").ravel()
+            offset += run * size
+            continue
+        stop = offset + _RECORD.size + length
+        if stop > end:
+            break
+        payloads.append(view[offset + _RECORD.size : stop])
+        rvs.append(rv)
+        offset = stop
+    if payloads:
+        yield payloads, rvs
+    return offset
+
+
+def _complete_record(fh: BinaryIO, head: bytes, path: str) -> bytes:
+    """One whole record from its first bytes ``head`` and what follows them in ``fh``."""
+    if len(head) < _RECORD.size:
+        head += fh.read(_RECORD.size - len(head))
+    if len(head) >= _RECORD.size:
+        length, _rv = _RECORD.unpack_from(head, 0)
+        missing = _RECORD.size + length - len(head)
+        if missing > 0:
+            head += fh.read(missing)
+        if len(head) == _RECORD.size + length:
+            return head
+    raise StagedDataMissingError(
+        f"staged part {path} ends inside a record", part=os.path.basename(path)
+    )
 
 
 class SinkWriter(Protocol):
@@ -157,11 +207,19 @@ class StagingStore:
             self._open[key] = part
         elif part.stream_id != stream_id:
             raise ControlProtocolError("stage: stream_id changed within one staged part")
-        buf = _records(payloads, reserved_values)
-        part.fh.write(buf)
+        payload_bytes = sum(map(len, payloads))
+        if payloads and payload_bytes >= _LARGE_PAYLOAD * len(payloads):
+            # large payloads (Arrow messages): written as they are, with no gathering copy
+            pack, write = _RECORD.pack, part.fh.write
+            rvs = reserved_values if reserved_values is not None else [0] * len(payloads)
+            for payload, rv in zip(payloads, rvs, strict=True):
+                write(pack(len(payload), rv))
+                write(payload)
+        else:
+            part.fh.write(_records(payloads, reserved_values))
         part.count += len(payloads)
-        part.nbytes += len(buf) - _RECORD.size * len(payloads)
-        self.bytes_staged += len(buf)
+        part.nbytes += payload_bytes
+        self.bytes_staged += payload_bytes + _RECORD.size * len(payloads)
         if not final:
             return None
         del self._open[key]
@@ -224,42 +282,17 @@ class StagingStore:
         payloads, or (for runs of equal-length payloads) a 2-D uint8 array with a row per
         payload and an int64 array of reserved values, read without Python per payload."""
         with open(path, "rb") as fh:
-            pending = b""
+            carry = b""
             while True:
+                if carry:  # the record that straddled the last block's end: only it is copied
+                    record = _complete_record(fh, carry, path)
+                    length, rv = _RECORD.unpack_from(record, 0)
+                    yield [memoryview(record)[_RECORD.size :]], [rv]
                 data = fh.read(_READ_BLOCK_BYTES)
                 if not data:
                     break
-                buf = pending + data if pending else data
-                view = memoryview(buf)
-                payloads: list[Any] = []
-                rvs: list[int] = []
-                offset, end = 0, len(buf)
-                unpack = _RECORD.unpack_from
-                while offset + _RECORD.size <= end:
-                    length, rv = unpack(buf, offset)
-                    run = _uniform_records(buf, offset, length)
-                    if run >= _MIN_UNIFORM_RUN:
-                        if payloads:
-                            yield payloads, rvs
-                            payloads, rvs = [], []
-                        size = _RECORD.size + length
-                        rows = np.frombuffer(buf, np.uint8, run * size, offset).reshape(run, size)
-                        yield rows[:, _RECORD.size :], rows[:, 4:12].copy().view("<i8").ravel()
-                        offset += run * size
-                        continue
-                    stop = offset + _RECORD.size + length
-                    if stop > end:
-                        break
-                    payloads.append(view[offset + _RECORD.size : stop])
-                    rvs.append(rv)
-                    offset = stop
-                pending = buf[offset:]
-                if payloads:
-                    yield payloads, rvs
-            if pending:
-                raise StagedDataMissingError(
-                    f"staged part {path} ends inside a record", part=os.path.basename(path)
-                )
+                offset = yield from _block_records(data)
+                carry = data[offset:]
 
     def discard(self, sink_id: str, batch_id: int, names: Sequence[str] | None = None) -> int:
         """Delete named parts of a batch (all of it when ``names`` is None).
@@ -445,7 +478,10 @@ class SinkCommitter:
     def _run(self, begin: dict[str, Any], writer: SinkWriter, now_ns: int) -> dict[str, Any]:
         start = begin["start_position"]
         already = writer.recorded_position
-        framer = Framer(writer.geometry, begin["session_id"], begin["stream_id"], start)
+        # each block is written out before the next is framed: the framer may reuse its buffer
+        framer = Framer(
+            writer.geometry, begin["session_id"], begin["stream_id"], start, reuse_blocks=True
+        )
         count = nbytes = 0
         for item in begin["parts"]:
             path = self.staging.check_part(item)

@@ -83,7 +83,9 @@ class _Publisher:
         self.rec = rec
         self.recording_id = rec.d.recording_id
         geometry = LogGeometry(rec.d.term_length, rec.d.mtu, rec.d.initial_term_id)
-        self._framer = Framer(geometry, rec.d.session_id, rec.d.stream_id, rec.recorded_position)
+        # publish() writes each block out before the next is framed: the framer may reuse memory
+        self._framer = Framer(geometry, rec.d.session_id, rec.d.stream_id, rec.recorded_position,
+                              reuse_blocks=True)
 
     def publish(
         self, payloads: Sequence[bytes], reserved_values: Sequence[int] | None, now_ns: int

@@ -115,3 +115,65 @@ def test_read_part_gives_runs_of_equal_payloads_as_arrays_in_order(tmp_path) -> 
         got_rvs += [int(r) for r in rs]
     assert got_payloads == payloads and got_rvs == rvs
     assert arrays >= 2  # the 10-byte run and the 116-byte run took the array path
+
+
+@pytest.mark.parametrize("block", [7, 12, 13, 100, 4096, 1 << 20])
+def test_read_part_across_block_boundaries(tmp_path, monkeypatch, block: int) -> None:  # type: ignore[no-untyped-def]
+    """Records straddling the reads' block boundaries (headers and payloads cut anywhere,
+    records longer than a block) come back whole and in order; a torn tail is an error."""
+    import random
+
+    import numpy as np
+    from aeron_spark.connector.server import staging
+
+    monkeypatch.setattr(staging, "_READ_BLOCK_BYTES", block)
+    rnd = random.Random(block)
+    payloads = [rnd.randbytes(rnd.choice([0, 1, 5, 11, 12, 300, 5000])) for _ in range(400)]
+    payloads += [b"u" * 20] * 200 + [rnd.randbytes(70_000)]
+    rvs = [rnd.randrange(-(2**63), 2**63) for _ in payloads]
+    store = StagingStore(str(tmp_path / "staging"))
+    msg = store.write(object(), "u", 1, 0, 0, 10, payloads, rvs, True)
+    path = store.check_part(msg)
+    got_payloads: list[bytes] = []
+    got_rvs: list[int] = []
+    for ps, rs in store.read_part(path):
+        if isinstance(ps, np.ndarray):
+            got_payloads += [row.tobytes() for row in ps]
+        else:
+            got_payloads += [bytes(p) for p in ps]
+        got_rvs += [int(r) for r in rs]
+    assert got_payloads == payloads and got_rvs == rvs
+
+    with open(path, "r+b") as fh:  # tear the last record
+        fh.truncate(os.path.getsize(path) - 3)
+    with pytest.raises(StagedDataMissingError, match="ends inside a record"):
+        for _ in store.read_part(path):
+            pass
+
+
+@pytest.mark.parametrize("with_rvs", [False, True])
+def test_large_payloads_are_staged_one_by_one_with_the_same_records(tmp_path, with_rvs) -> None:  # type: ignore[no-untyped-def]
+    import random
+
+    import numpy as np
+
+    rnd = random.Random(7)
+    calls = [[rnd.randbytes(rnd.randrange(4096, 70_000)) for _ in range(30)],  # large: one by one
+             [rnd.randbytes(rnd.randrange(0, 100)) for _ in range(300)],  # small: gathered
+             [b"x" * 61_736] * 70]  # equal and large (arrow messages)
+    store = StagingStore(str(tmp_path / "staging"))
+    owner = object()
+    msg = None
+    for i, payloads in enumerate(calls):
+        rvs = [rnd.randrange(-(2**63), 2**63) for _ in payloads] if with_rvs else None
+        calls[i] = (payloads, rvs or [0] * len(payloads))  # type: ignore[call-overload]
+        msg = store.write(owner, "u", 1, 0, 0, 10, payloads, rvs, i == len(calls) - 1)
+    expected = [p for ps, _ in calls for p in ps]  # type: ignore[misc]
+    expected_rvs = [r for _, rs in calls for r in rs]  # type: ignore[misc]
+    assert msg["count"] == len(expected) and msg["bytes"] == sum(map(len, expected))
+    got: list[bytes] = []
+    got_rvs: list[int] = []
+    for ps, rs in store.read_part(store.check_part(msg)):
+        got += [row.tobytes() for row in ps] if isinstance(ps, np.ndarray) else [bytes(p) for p in ps]
+        got_rvs += [int(r) for r in rs]
+    assert got == expected and got_rvs == expected_rvs
