@@ -6,7 +6,7 @@ of Spark's Python path) and (b) Spark's built-in rate source (``rate-micro-batch
 
 Prints one JSON object. Each figure is the best of ``--repeats`` timed runs after a warm-up run;
 the contenders take turns (one run each per round), so a slow spell of the machine hits all.
-The arrow figure reads the same rows published as Arrow IPC messages of about 64 KiB each.
+The arrow figure reads the same rows published as Arrow IPC messages of about 60 KiB each.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def main() -> int:
             with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
                 client.publish(10, (payload for _ in range(per)))
         rows = per * args.producers
-        # the same rows as Arrow IPC messages (~64 KiB each), published by the same producers
+        # the same rows as Arrow IPC messages (~60 KiB each), published by the same producers
         from aeron_spark.connector.formats_arrow import encode_batches
 
         messages = [m for b in CeilingReader(per, 1).read(_Slice(0, per))

@@ -141,7 +141,7 @@ SINK_OPTIONS: dict[str, tuple[str, str, str]] = {
         "format",
         "binary",
         "binary (a binary `value` column), text (a string `value` column), arrow (all "
-        "columns; each task's Arrow batches become Arrow IPC messages of about 64 KiB), json "
+        "columns; each task's Arrow batches become Arrow IPC messages of about 60 KiB), json "
         "(each row one JSON object) or msgpack (each row one map)",
     ),
     "compression": (
