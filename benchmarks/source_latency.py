@@ -4,10 +4,11 @@ micro-batch overhead. Used by ``python -m benchmarks.source`` (keys ``latency_p5
 
 * Latency: a streaming query (trigger as fast as possible) reads a stream with
   ``format("aeron")`` and ``readOn=driver`` (the low-latency setting: no Python worker per
-  micro-batch); ``executors_latency_p50_ms`` is the same with the default ``readOn=executors``. The producer writes its wall-clock time
-  (ns, as 20 ASCII digits) into each message, one message every ``interval_s``; the query adds
-  the time each row is processed in the sink's task with ``reflect('java.lang.System',
-  'currentTimeMillis')``, which Spark evaluates per row (it is non-deterministic), and gathers
+  micro-batch); ``executors_latency_p50_ms`` is the same with the default ``readOn=executors``.
+  The producer writes its wall-clock time (ns, as 20 ASCII digits) into each message, one
+  message every ``interval_s``; the query adds the time each row is processed in the sink's
+  task with ``reflect('java.lang.System', 'currentTimeMillis')``, which Spark evaluates per row
+  (it is non-deterministic), and gathers
   the differences with ``observe`` (ms resolution) into a ``noop`` sink. A JVM sink keeps a
   Python sink's own per-batch cost out of the figure; ``python_sink_latency_p50_ms`` is the same
   measured with a trivial Python sink stamping each row as it arrives in ``write``.
@@ -176,9 +177,8 @@ def measure(spark: Any, endpoint: str, messages: int = 60, interval_s: float = 0
                     .option("readOn", read_on).load())
 
         holder: dict[str, Any] = {}
-        read_on = "driver"
 
-        def jvm_sink() -> Any:
+        def jvm_sink(stream: int, read_on: str) -> Any:
             from pyspark.sql import functions as F  # noqa: N812
 
             rows = source(stream, read_on).selectExpr(
@@ -202,15 +202,11 @@ def measure(spark: Any, endpoint: str, messages: int = 60, interval_s: float = 0
                     values.extend(float(v) for v in observed["ms"])
             return values
 
-        stream = 80
-        read_on = "executors"
-        values, _ = _latencies(spark, endpoint, stream, jvm_sink, jvm_collect, messages,
-                               interval_s)
+        values, _ = _latencies(spark, endpoint, 80, lambda: jvm_sink(80, "executors"),
+                               jvm_collect, messages, interval_s)
         out["executors_latency_p50_ms"] = _p50(values)
-        stream = 78
-        read_on = "driver"
-        values, busy = _latencies(spark, endpoint, stream, jvm_sink, jvm_collect, messages,
-                                  interval_s)
+        values, busy = _latencies(spark, endpoint, 78, lambda: jvm_sink(78, "driver"),
+                                  jvm_collect, messages, interval_s)
         if busy:
             keys = sorted({k for d in busy for k in d})
             out["aeron_batch_ms_p50"] = {

@@ -44,13 +44,15 @@ from aeron_spark.transport.protocol.logbuffer import LogGeometry
 _RECORD = struct.Struct("<Iq")
 _READ_BLOCK_BYTES = 4 * 1024 * 1024
 _MIN_UNIFORM_RUN = 64
-_LARGE_PAYLOAD = 4096  # from this average size on, payloads are written one by one, not gathered
+_LARGE_PAYLOAD = 4096  # from this average size on, staged payloads are written as they are
 
 
 def _records(
     payloads: Sequence[bytes], reserved_values: Sequence[int] | None
-) -> bytes | bytearray | memoryview:
-    """The staging file's records (length, reserved value, payload) of one stage call."""
+) -> list[bytes | bytearray | memoryview]:
+    """The staging file's records (length, reserved value, payload) of one stage call, as the
+    pieces to write: runs of equal payloads built with numpy, large payloads (Arrow messages)
+    as they are beside their record headers (no gathering copy), small ones gathered."""
     lengths = list(map(len, payloads))
     if len(lengths) >= _MIN_UNIFORM_RUN and min(lengths) == max(lengths):  # built with numpy
         count, length = len(lengths), lengths[0]
@@ -60,18 +62,19 @@ def _records(
                else np.asarray(reserved_values, dtype="<i8"))
         rows[:, 4:12] = rvs.view(np.uint8).reshape(count, 8)
         rows[:, 12:] = np.frombuffer(b"".join(payloads), dtype=np.uint8).reshape(count, length)
-        return memoryview(rows.reshape(-1))  # written as it is, not copied
-    buf = bytearray()
+        return [memoryview(rows.reshape(-1))]  # written as it is, not copied
     pack = _RECORD.pack
-    if reserved_values is None:
-        for payload in payloads:
-            buf += pack(len(payload), 0)
-            buf += payload
-    else:
-        for payload, rv in zip(payloads, reserved_values, strict=True):
-            buf += pack(len(payload), rv)
-            buf += payload
-    return buf
+    rv_list = reserved_values if reserved_values is not None else [0] * len(payloads)
+    if payloads and sum(lengths) >= _LARGE_PAYLOAD * len(payloads):
+        pieces: list[bytes | bytearray | memoryview] = []
+        for payload, rv in zip(payloads, rv_list, strict=True):
+            pieces += (pack(len(payload), rv), payload)
+        return pieces
+    buf = bytearray()
+    for payload, rv in zip(payloads, rv_list, strict=True):
+        buf += pack(len(payload), rv)
+        buf += payload
+    return [buf]
 
 
 def _uniform_records(buf: bytes, offset: int, length: int) -> int:
@@ -208,15 +211,7 @@ class StagingStore:
         elif part.stream_id != stream_id:
             raise ControlProtocolError("stage: stream_id changed within one staged part")
         payload_bytes = sum(map(len, payloads))
-        if payloads and payload_bytes >= _LARGE_PAYLOAD * len(payloads):
-            # large payloads (Arrow messages): written as they are, with no gathering copy
-            pack, write = _RECORD.pack, part.fh.write
-            rvs = reserved_values if reserved_values is not None else [0] * len(payloads)
-            for payload, rv in zip(payloads, rvs, strict=True):
-                write(pack(len(payload), rv))
-                write(payload)
-        else:
-            part.fh.write(_records(payloads, reserved_values))
+        part.fh.writelines(_records(payloads, reserved_values))
         part.count += len(payloads)
         part.nbytes += payload_bytes
         self.bytes_staged += payload_bytes + _RECORD.size * len(payloads)
@@ -286,8 +281,9 @@ class StagingStore:
             while True:
                 if carry:  # the record that straddled the last block's end: only it is copied
                     record = _complete_record(fh, carry, path)
-                    length, rv = _RECORD.unpack_from(record, 0)
+                    _length, rv = _RECORD.unpack_from(record, 0)
                     yield [memoryview(record)[_RECORD.size :]], [rv]
+                    carry = b""
                 data = fh.read(_READ_BLOCK_BYTES)
                 if not data:
                     break
