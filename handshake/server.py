@@ -331,7 +331,6 @@ class Server:
 
     def _reap(self) -> None:
         for conn in [c for c in self.connections if not c.is_connected]:
-            self.connections.remove(conn)
             session = self._by_conn.pop(id(conn), None)
             if not conn.is_closed and self.on_disconnect is not None and not conn._lost_reported:
                 conn._lost_reported = True
@@ -341,6 +340,8 @@ class Server:
                 session.transport = None
                 self._reply_of.pop(session, None)
                 self.core.release(session, SessionEvent.TRANSPORT_LOST)
+            # Last, so that a connection no longer counted has given back all it held.
+            self.connections.remove(conn)
 
     def _report(self, conn: Connection | None, exc: BaseException) -> None:
         if self.on_error is not None:

@@ -463,6 +463,10 @@ class PublicationState:
                     self.linger_deadline_ns = now_ns + self.linger_ns
             work += 1
         if self.is_closed and not self.is_done:
+            if self.linger_deadline_ns is None and not self.receivers:
+                # Aeron's DRAINING with nobody connected: what no receiver will take cannot be
+                # drained (flow control holds it back), so linger and free the log.
+                self.linger_deadline_ns = now_ns + self.linger_ns
             if self.linger_deadline_ns is not None and (
                 now_ns >= self.linger_deadline_ns or (self.is_eos_sent and not self.receivers)
             ):

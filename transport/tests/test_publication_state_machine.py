@@ -203,6 +203,30 @@ def test_eos_status_message_ends_the_linger_early() -> None:
     assert pub.is_done
 
 
+@pytest.mark.parametrize("leaves", ["eos", "timeout"])
+def test_closed_publication_whose_receivers_left_undrained_lingers_then_is_done(leaves: str) -> None:
+    # Aeron's DRAINING state: with no receiver left, what was never sent cannot be drained,
+    # so the publication lingers and is freed instead of waiting for a flow-control window.
+    clock, wire = ManualClock(), Wire()
+    pub = make(clock, linger_ns=500 * MS)
+    pub.on_status_message(sm(pub, 0, window=1024), RECEIVER, clock.now_ns)
+    for _ in range(4):
+        assert pub.offer(b"x" * 900) > 0
+    pub.close(clock.now_ns)
+    pub.send(clock.now_ns, wire)
+    assert pub.sender_position < pub.appender.position  # held back by the window
+    if leaves == "eos":
+        pub.on_status_message(sm(pub, 0, window=1024, flags=SmFlags.EOS), RECEIVER, clock.now_ns)
+    else:
+        clock.advance(CONNECTION_TIMEOUT_NS + 1)
+    pub.send(clock.now_ns, wire)
+    assert not pub.receivers and not pub.is_done
+    clock.advance(500 * MS)
+    pub.send(clock.now_ns, wire)
+    assert pub.is_done
+    assert pub.next_deadline_ns >= clock.now_ns
+
+
 def test_connection_times_out_without_status_messages() -> None:
     clock, wire = ManualClock(), Wire()
     pub = make(clock)
