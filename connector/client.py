@@ -120,8 +120,8 @@ class ReplayBlock:
     """Raw recorded Aeron DATA frames covering ``[position, end_position)`` of a recording.
 
     ``data`` holds whole frames exactly as recorded, PAD frames removed (so ``len(data)`` can be
-    less than ``end_position - position``). ``timestamp_ns`` is the record time of the block's
-    first message.
+    less than ``end_position - position``). ``timestamp_ns`` is the record time of every message
+    in the block (the server ends a block before the next entry of its time index).
     """
 
     position: int

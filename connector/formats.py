@@ -4,8 +4,9 @@ A replay block is whole raw DATA frames as recorded (see ``client.ReplayBlock``)
 header carries its term id and term offset, so positions come from the frames themselves; a
 fragmented message (BEGIN ... END) becomes one row whose position is its first fragment's.
 
-The ``timestamp`` column is the time the server recorded the message, at the granularity of a
-replay block (the record time of the block's first message).
+The ``timestamp`` column is the time the server recorded the message: the time its recording's
+index holds at or below the message's position (a replay block never spans two index entries, so
+this is the block's ``timestamp_ns``, the same however a replay cut its blocks).
 """
 
 from __future__ import annotations

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 TERM = 64 * 1024
 
 
-def _fill(directory: str, seed: int, count: int = 400):
+def _fill(directory: str, seed: int, count: int = 400, term: int = TERM):
     rng = random.Random(seed)
     store = RecordingStore(directory, fsync=False)
-    rec = store.create(7, 42, "test", 5, 5, 0, TERM, 1408, now_ns=1)
-    framer = Framer(LogGeometry(TERM, 1408, 5), 42, 7, 0, max_block_bytes=3000)
+    rec = store.create(7, 42, "test", 5, 5, 0, term, 1408, now_ns=1)
+    framer = Framer(LogGeometry(term, 1408, 5), 42, 7, 0, max_block_bytes=3000)
     payloads = [rng.randbytes(rng.choice([10, 100, 1000, 3000])) for _ in range(count)]
     ends = []
     for p in payloads:
@@ -96,3 +96,35 @@ def test_reads_skip_pad_frames_but_cover_their_positions(tmp_path) -> None:
     assert end == rec.recorded_position > 2 * TERM
     assert len(data) < end  # the PAD frames' bytes were not returned
     assert sum(len(p) for p in payloads) < len(data)
+
+
+def _frame_positions(block: bytes, start: int) -> list[int]:
+    out, i = [], 0
+    while i < len(block):
+        length = int.from_bytes(block[i : i + 4], "little", signed=True)
+        out.append(start + i)
+        i += (length + 31) & -32
+    return out
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(seed=st.integers(0, 10_000), sizes=st.lists(st.integers(4096, 200_000), min_size=1))
+def test_a_message_has_the_same_timestamp_however_the_reads_are_cut(tmp_path_factory, seed, sizes):
+    # A block's timestamp is the index time at its start; blocks end before the next index
+    # entry, so every message gets the time indexed at or below its own position, whatever
+    # block sizes a replay happens to use (re-reads give the same rows).
+    store, rec, _payloads, ends = _fill(
+        str(tmp_path_factory.mktemp("ts")), seed, count=600, term=1024 * 1024
+    )
+    assert len(rec.index_positions) > 3
+    limit = rec.recorded_position
+    position, k = ends[len(ends) // 3] if seed % 2 else 0, 0
+    while position < limit:
+        end, frames, ts = rec.read(position, sizes[k % len(sizes)], limit)
+        k += 1
+        for p in _frame_positions(frames, position):
+            assert ts == rec.time_at(p), (p, ts)
+        position = end
+    store.close(0)

@@ -343,8 +343,8 @@ class Recording:
             )
 
     def read(self, position: int, max_bytes: int, limit: int) -> tuple[int, bytes, int]:
-        """Whole frames from ``position`` (a boundary) within one term, ending at most at
-        ``limit``: returns ``(end_position, frames without PAD, timestamp_ns)``. The end is past
+        """Whole frames from ``position`` (a boundary) within one term and before the next
+        indexed boundary, ending at most at ``limit``: returns ``(end_position, frames without PAD, timestamp_ns)``. The end is past
         a trailing PAD frame; the frames may be empty when only a PAD was read."""
         if position < self.purged_position:
             raise PurgedError(
@@ -354,6 +354,11 @@ class Recording:
             )
         term_end = (position | (self.d.term_length - 1)) + 1
         end = min(limit, term_end, position + max_bytes)
+        # End before the next indexed boundary: every message of a block then has the block's
+        # time (time_at of its own position), however a replay cuts its blocks.
+        i = bisect.bisect_right(self.index_positions, position)
+        if i < len(self.index_positions) and self.index_positions[i] < end:
+            end = self.index_positions[i]
         base = self._segment_base(position)
         fd = self._fd(base, create=False)
         if fd is None:
@@ -374,7 +379,7 @@ class Recording:
             if ftype == _PAD:
                 if i + 32 <= n and position + i + aligned <= limit:
                     data_end_pos = position + i + aligned
-                    return data_end_pos, chunk[:i], self._time_at(position)
+                    return data_end_pos, chunk[:i], self.time_at(position)
                 break
             if i + aligned > n:
                 break
@@ -386,9 +391,10 @@ class Recording:
             if length > 0:
                 aligned = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
                 return self.read(position, aligned, limit)
-        return position + data_end, chunk[:data_end], self._time_at(position)
+        return position + data_end, chunk[:data_end], self.time_at(position)
 
-    def _time_at(self, position: int) -> int:
+    def time_at(self, position: int) -> int:
+        """The record time of the message at ``position``: the time indexed at or below it."""
         i = bisect.bisect_right(self.index_positions, position) - 1
         return self.index_times[i] if i >= 0 else self.d.start_timestamp_ns
 
