@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aeron_spark.connector import chunking
+from aeron_spark.connector import chunking, localread
 from aeron_spark.connector import protocol as proto
 from aeron_spark.connector.errors import (
     ConnectorError,
@@ -149,6 +149,8 @@ class StreamClient:
         self._in_operation = False  # a multi-request publish/stage is running
         self._ignored_replies: set[int] = set()  # replies to fire-and-forget stop_replay
         self._closed = False
+        self.local_reads = 0  # ranges read from the server's files (see localread)
+        self.replays = 0  # ranges replayed over the session
 
     @classmethod
     def connect(cls, settings: ClientSettings | str) -> StreamClient:
@@ -316,6 +318,21 @@ class StreamClient:
 
     def position_at(self, recording_id: int, timestamp_ns: int) -> int:
         return int(self.call("position_at", recording_id=recording_id, timestamp_ns=timestamp_ns))
+
+    def read_range(
+        self, recording_id: int, start: int, end: int, *, local: bool = True
+    ) -> Iterator[ReplayBlock]:
+        """Blocks covering exactly ``[start, end)``: read from the server's segment files when
+        ``local`` and this process sees them (see :mod:`~aeron_spark.connector.localread`; the
+        server checks the range first), else replayed over the session. Same blocks' rows
+        either way."""
+        if local:
+            where = self.call("local_read", recording_id=recording_id, start=start, end=end)
+            if where is not None and localread.sees_server_files(where):
+                self.local_reads += 1
+                return localread.read_blocks(where["directory"], recording_id, start, end)
+        self.replays += 1
+        return self.replay(recording_id, start, end)
 
     def replay(self, recording_id: int, start: int, end: int | None) -> Iterator[ReplayBlock]:
         """Blocks covering exactly ``[start, end)``; ``end=None`` follows the live recording

@@ -106,6 +106,13 @@ SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
         "",
         "split recording ranges at message boundaries into at least this many partitions",
     ),
+    "localreads": (
+        "localReads",
+        "true",
+        "read a range from the server's recording files when the reading process sees them "
+        "(same host or shared volume; the server checks the range and proves the files are "
+        "its own), else replay it over the session; false always replays",
+    ),
     "readon": (
         "readOn",
         "executors",
@@ -273,6 +280,7 @@ class SourceOptions:
     include_metadata: bool = False  # json/msgpack
     consumer_id: str | None = None  # streaming: commits positions for the servers' retention
     read_on: str = "executors"  # streaming: executors (a session per task) or driver (prefetch)
+    local_reads: bool = True  # read ranges from the server's files when this host sees them
     more_settings: tuple[ClientSettings, ...] = ()  # further servers (endpoint=a:1,b:2)
 
     @property
@@ -332,6 +340,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         **_record_options(o, fmt),
         consumer_id=_consumer_id(o),
         read_on=_read_on(o),
+        local_reads=_bool("localReads", o.get("localreads", "true")),
         more_settings=tuple(replace(settings, endpoint=e) for e in endpoints[1:]),
     )
 

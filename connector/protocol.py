@@ -69,6 +69,7 @@ OPS: dict[str, dict[str, tuple[str, bool]]] = {
         "max_block_bytes": ("uint32", False),
     },
     "stop_replay": {"replay_id": ("uint32", True)},
+    "local_read": {"recording_id": ("pos", True), "start": ("pos", True), "end": ("pos", True)},
     "publish": {
         "stream_id": ("int32", True),
         "payloads": ("bytes_list", True),

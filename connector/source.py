@@ -5,7 +5,9 @@ of the chosen streams: a recording is a Spark "partition" the way a Kafka partit
 servers (``endpoint=a:1,b:2``) the keys are ``"<endpoint>/<recording_id>"``. Every
 input partition is a small picklable value that carries all a task needs (server settings,
 recording id, range, geometry, format); ``read()`` runs on an executor, opens its own session and
-replays exactly ``[start, end)``, so a re-run task returns the same rows.
+reads exactly ``[start, end)`` (from the server's segment files when the executor sees them, see
+:mod:`~aeron_spark.connector.localread`, else replayed over the session), so a re-run task returns
+the same rows.
 
 With ``readOn=driver`` the streaming reader is :class:`AeronDriverStreamReader` instead: the
 driver replays each micro-batch's ranges while it plans the batch, and Spark hands those rows to
@@ -65,7 +67,7 @@ log = logging.getLogger("aeron_spark.connector.source")
 
 @dataclass(frozen=True)
 class RecordingRange(InputPartition):
-    """One task's work: replay ``[start, end)`` of one recording."""
+    """One task's work: read ``[start, end)`` of one recording."""
 
     settings: ClientSettings
     recording_id: int
@@ -76,6 +78,7 @@ class RecordingRange(InputPartition):
     text: bool
     arrow_schema: bytes | None = None  # format=arrow: the serialized Arrow schema of the rows
     decoding: Decoding | None = None  # json, msgpack; text read past bad records
+    local_reads: bool = True  # read from the server's files when this process sees them
 
 
 def read_range(partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -87,7 +90,9 @@ def read_range(partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return
     geometry = Geometry(partition.initial_term_id, partition.term_length)
     with pooled(partition.settings) as client:  # Python workers are reused: so are sessions
-        blocks = client.replay(partition.recording_id, partition.start, partition.end)
+        blocks = client.read_range(
+            partition.recording_id, partition.start, partition.end, local=partition.local_reads
+        )
         if partition.arrow_schema is not None:
             schema = pa.ipc.read_schema(pa.py_buffer(partition.arrow_schema))
             yield from formats_arrow.batches_from_blocks(blocks, geometry, schema)
@@ -196,6 +201,7 @@ def _partitions(
                     rec.info.initial_term_id,
                     rec.info.term_length,
                     options.format == "text",
+                    local_reads=options.local_reads,
                 )
             )
     return parts

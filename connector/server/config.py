@@ -43,6 +43,11 @@ class ServerConfig:
     ``retention_respects_consumers``  never purge what a live consumer (a source with a
                             ``consumerId``) has not committed yet
     ``consumer_lease_s``    a consumer that has not committed for this long holds nothing
+    ``local_reads``         tell a client that can see this directory where a recording's
+                            segment files are, so it reads a checked range from them instead of
+                            a replay over its session (readers on the server's own host or on a
+                            shared volume; a client proves it sees the files by reading a random
+                            token the server writes at start)
     """
 
     directory: str
@@ -71,6 +76,7 @@ class ServerConfig:
     retention_s: float | None = None
     retention_respects_consumers: bool = True
     consumer_lease_s: float = 7 * 24 * 3600.0
+    local_reads: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.directory, str) or not self.directory:

@@ -67,6 +67,7 @@ class Store(Protocol):
     def recording_info(self, recording_id: int) -> dict[str, Any]: ...
     def position_at(self, recording_id: int, timestamp_ns: int) -> int: ...
     def open_replay(self, recording_id: int, start: int, end: int | None) -> ReplayCursor: ...
+    def local_read(self, recording_id: int, start: int, end: int) -> dict[str, Any] | None: ...
     def open_publisher(self, stream_id: int, source: str, now_ns: int) -> Publisher: ...
     def purge(self, recording_id: int, position: int, now_ns: int) -> int: ...
     def stats(self) -> dict[str, Any]: ...
@@ -116,6 +117,8 @@ class ServerCore:
             "internal_errors": 0,
             "not_authorised": 0,
             "replays_started": 0,
+            "local_reads_offered": 0,
+            "local_reads_refused": 0,
             "replays_completed": 0,
             "replays_failed": 0,
             "replays_stopped": 0,
@@ -283,6 +286,11 @@ class ServerCore:
             return self._start_replay(session, request, now_ns)
         if op == "stop_replay":
             return self._stop_replay(session, args["replay_id"])
+        if op == "local_read":
+            self._authorise("replay", [self._stream_of(args["recording_id"])])
+            where = self.store.local_read(args["recording_id"], args["start"], args["end"])
+            self.counters["local_reads_offered" if where else "local_reads_refused"] += 1
+            return where
         if op == "publish":
             self._authorise(op, [args["stream_id"]])
             return self._publish(session, args, now_ns)

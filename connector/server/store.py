@@ -15,7 +15,10 @@ publisher wrote them, PAD frames included), stopped when the image goes away.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import secrets
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -29,6 +32,16 @@ from aeron_spark.connector.server.framing import Framer
 from aeron_spark.transport.archive import Recorder, Recording, RecordingStore
 from aeron_spark.transport.archive import UnknownRecordingError as ArchiveUnknownRecording
 from aeron_spark.transport.protocol.logbuffer import LogGeometry, is_reserved_session_id
+
+
+LOCAL_READ_TOKEN = "local-read.token"
+
+
+def _write_token(path: str, token: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(token)
+    os.replace(tmp, path)
 
 
 def _random_session_id() -> int:
@@ -131,6 +144,14 @@ class ArchiveStore:
         # startingTimestamp; the now_ns the core passes around is monotonic (leases only)
         self.clock = time.time_ns
         self.recordings = RecordingStore(config.directory, config.fsync)
+        self.local_read_token: str | None = None
+        self._token_path = os.path.join(os.path.abspath(config.directory), LOCAL_READ_TOKEN)
+        if config.local_reads:
+            self.local_read_token = secrets.token_hex(16)
+            _write_token(self._token_path, self.local_read_token)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._token_path)
         self._visible: dict[int, int] = {}
         self._sink_writers: dict[tuple[int, str], _SinkWriter] = {}
         self._recorders: list[Recorder] = []
@@ -193,6 +214,20 @@ class ArchiveStore:
             rec.check_position(end, visible, "replay end")
         rec.check_position(start, visible, "replay start")
         return ReplayCursor(self, rec, start, end)
+
+    def local_read(self, recording_id: int, start: int, end: int) -> dict[str, Any] | None:
+        """Where a client that sees this directory reads ``[start, end)`` itself (checked like
+        a replay: frame boundaries within what is visible, not purged); None when local reads
+        are off."""
+        self.open_replay(recording_id, start, end).close()
+        if self.local_read_token is None:
+            return None
+        rec = self.recordings.get(recording_id)
+        return {
+            "directory": os.path.abspath(rec.directory),
+            "token_path": self._token_path,
+            "token": self.local_read_token,
+        }
 
     def purge(self, recording_id: int, position: int, now_ns: int) -> int:
         rec = self.recordings.get(recording_id)

@@ -128,3 +128,46 @@ def test_a_message_has_the_same_timestamp_however_the_reads_are_cut(tmp_path_fac
             assert ts == rec.time_at(p), (p, ts)
         position = end
     store.close(0)
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    runs=st.lists(
+        st.tuples(st.sampled_from([0, 1, 31, 32, 100, 116, 500, 2000]), st.integers(1, 300)),
+        min_size=1,
+        max_size=8,
+    ),
+    max_bytes=st.integers(4096, 40_000),
+)
+def test_runs_of_equal_frames_read_as_the_frame_by_frame_walk_reads_them(
+    tmp_path_factory, monkeypatch, runs, max_bytes
+):
+    # reads take a run of equal-length frames at once (numpy); the blocks must be the ones the
+    # frame-by-frame walk gives, term-end PAD frames and torn block ends included
+    from aeron_spark.transport.archive import recordings
+
+    store = RecordingStore(str(tmp_path_factory.mktemp("runs")), fsync=False)
+    rec = store.create(7, 42, "test", 5, 5, 0, TERM, 1408, now_ns=1)
+    framer = Framer(LogGeometry(TERM, 1408, 5), 42, 7, 0)
+    for length, count in runs:
+        for position, block in framer.frame([bytes([count % 256]) * length] * count):
+            rec.append(block, position, now_ns=position)
+    limit = rec.recorded_position
+
+    def read_all() -> list[tuple[int, bytes, int]]:
+        out, position = [], 0
+        while position < limit:
+            end, frames, ts = rec.read(position, max_bytes, limit)
+            assert position < end <= limit
+            out.append((end, frames, ts))
+            position = end
+        return out
+
+    fast = read_all()
+    with monkeypatch.context() as patch:  # undone after each example
+        patch.setattr(recordings, "_uniform_prefix", lambda chunk, n: 0)
+        slow = read_all()
+    assert fast == slow
+    store.close(0)
