@@ -26,7 +26,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aeron_spark.connector import chunking, localread
+from aeron_spark.connector import chunking
+from aeron_spark.connector import local as local_io
 from aeron_spark.connector import protocol as proto
 from aeron_spark.connector.errors import (
     ConnectorError,
@@ -149,7 +150,8 @@ class StreamClient:
         self._in_operation = False  # a multi-request publish/stage is running
         self._ignored_replies: set[int] = set()  # replies to fire-and-forget stop_replay
         self._closed = False
-        self.local_reads = 0  # ranges read from the server's files (see localread)
+        self.local_reads = 0  # ranges read from the server's files (see connector.local)
+        self.local_stages = 0  # sink parts written into the server's directory
         self.replays = 0  # ranges replayed over the session
 
     @classmethod
@@ -323,14 +325,14 @@ class StreamClient:
         self, recording_id: int, start: int, end: int, *, local: bool = True
     ) -> Iterator[ReplayBlock]:
         """Blocks covering exactly ``[start, end)``: read from the server's segment files when
-        ``local`` and this process sees them (see :mod:`~aeron_spark.connector.localread`; the
+        ``local`` and this process sees them (see :mod:`~aeron_spark.connector.local`; the
         server checks the range first), else replayed over the session. Same blocks' rows
         either way."""
         if local:
             where = self.call("local_read", recording_id=recording_id, start=start, end=end)
-            if where is not None and localread.sees_server_files(where):
+            if where is not None and local_io.sees_server_files(where):
                 self.local_reads += 1
-                return localread.read_blocks(where["directory"], recording_id, start, end)
+                return local_io.read_blocks(where["directory"], recording_id, start, end)
         self.replays += 1
         return self.replay(recording_id, start, end)
 
@@ -503,8 +505,14 @@ class StreamClient:
         stream_id: int,
         payloads: Iterable[bytes],
         reserved_values: Iterable[int] | None = None,
+        *,
+        local: bool = True,
     ) -> dict:
-        """Stage payloads for a later :meth:`commit`; returns the picklable commit message."""
+        """Stage payloads for a later :meth:`commit`; returns the picklable commit message.
+
+        With ``local`` and a server that allows it, a process that can write the server's
+        directory writes the part file itself (see :mod:`~aeron_spark.connector.local`; the
+        server checks every record); otherwise the payloads go over the session."""
         base = {
             "sink_id": sink_id,
             "batch_id": batch_id,
@@ -512,6 +520,12 @@ class StreamClient:
             "attempt": attempt,
             "stream_id": stream_id,
         }
+        if local:
+            fd = local_io.open_part(self.call("local_stage", **base))
+            if fd is not None:
+                count, nbytes = local_io.write_part(fd, payloads, reserved_values)
+                self.local_stages += 1
+                return dict(self.call("local_stage_done", **base, count=count, bytes=nbytes))
         return dict(self._pipelined("stage", base, payloads, reserved_values, True))
 
     def commit(self, sink_id: str, batch_id: int, stream_id: int, staged: list[dict]) -> dict:

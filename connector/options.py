@@ -157,6 +157,13 @@ SINK_OPTIONS: dict[str, tuple[str, str, str]] = {
         "format=arrow: compress the Arrow IPC messages with lz4 or zstd (readers need nothing: "
         "Arrow IPC says how it is compressed)",
     ),
+    "localwrites": (
+        "localWrites",
+        "true",
+        "a task that can write the server's directory (same host or shared volume) writes its "
+        "staged part file there itself and the server checks every record; else, or with "
+        "false, it stages over its session",
+    ),
     "channel": (
         "channel",
         "",
@@ -297,6 +304,7 @@ class SinkOptions:
     checkpoint_location: str | None = None
     channel: str | None = None  # raw mode: an Aeron channel URI
     compression: str | None = None  # format=arrow: lz4 or zstd
+    local_writes: bool = True  # stage into the server's directory when this host can
 
     @property
     def commit_identity(self) -> str | None:
@@ -433,4 +441,5 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         settings=_settings(o), stream_id=ids[0], sink_id=sink_id, format=fmt,
         checkpoint_location=checkpoint, channel=channel,
         compression=None if compression == "none" else compression,
+        local_writes=_bool("localWrites", o.get("localwrites", "true")),
     )

@@ -85,6 +85,22 @@ OPS: dict[str, dict[str, tuple[str, bool]]] = {
         "reserved_values": ("int64_list?", False),
         "final": ("bool", True),
     },
+    "local_stage": {
+        "sink_id": ("sink_id", True),
+        "batch_id": ("pos", True),
+        "partition_id": ("pos", True),
+        "attempt": ("pos", True),
+        "stream_id": ("int32", True),
+    },
+    "local_stage_done": {
+        "sink_id": ("sink_id", True),
+        "batch_id": ("pos", True),
+        "partition_id": ("pos", True),
+        "attempt": ("pos", True),
+        "stream_id": ("int32", True),
+        "count": ("pos", True),
+        "bytes": ("pos", True),
+    },
     "commit": {
         "sink_id": ("sink_id", True),
         "batch_id": ("pos", True),

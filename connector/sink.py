@@ -135,7 +135,7 @@ def _stage(
 
         receipt = client.stage(
             sink_id, batch_id, partition_id, attempt, options.stream_id, payloads(),
-            reserved() if with_rv else None,
+            reserved() if with_rv else None, local=options.local_writes,
         )
     return StagedPart(receipt)
 

@@ -6,7 +6,7 @@ servers (``endpoint=a:1,b:2``) the keys are ``"<endpoint>/<recording_id>"``. Eve
 input partition is a small picklable value that carries all a task needs (server settings,
 recording id, range, geometry, format); ``read()`` runs on an executor, opens its own session and
 reads exactly ``[start, end)`` (from the server's segment files when the executor sees them, see
-:mod:`~aeron_spark.connector.localread`, else replayed over the session), so a re-run task returns
+:mod:`~aeron_spark.connector.local`, else replayed over the session), so a re-run task returns
 the same rows.
 
 With ``readOn=driver`` the streaming reader is :class:`AeronDriverStreamReader` instead: the

@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-purge", action="store_true", help="refuse purge requests")
     parser.add_argument(
+        "--no-local-writes", action="store_true",
+        help="sink tasks always stage over their session, even those that can write this "
+        "directory",
+    )
+    parser.add_argument(
         "--no-local-reads", action="store_true",
         help="never tell clients where recordings are on disk (every read is a replay over a "
         "session, even for readers that see this directory)",
@@ -111,6 +116,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         read_only=args.read_only,
         allow_purge=not args.no_purge,
         local_reads=not args.no_local_reads,
+        local_writes=not args.no_local_writes,
         allow=tuple(args.allow),
         deny=tuple(args.deny),
         max_clients=args.max_clients,

@@ -48,6 +48,10 @@ class ServerConfig:
                             a replay over its session (readers on the server's own host or on a
                             shared volume; a client proves it sees the files by reading a random
                             token the server writes at start)
+    ``local_writes``        let a sink task that can write this directory write its staged part
+                            file itself (the server creates it for the task's session, checks
+                            every record when the task says it is done, and commits it as any
+                            other part); tasks that cannot stage over their session
     """
 
     directory: str
@@ -77,6 +81,7 @@ class ServerConfig:
     retention_respects_consumers: bool = True
     consumer_lease_s: float = 7 * 24 * 3600.0
     local_reads: bool = True
+    local_writes: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.directory, str) or not self.directory:

@@ -63,6 +63,8 @@ class Publisher(Protocol):
 
 
 class Store(Protocol):
+    local_token: dict[str, str] | None  # {token_path, token}: proves a client sees the directory
+
     def list_recordings(self, stream_ids: set[int] | None) -> list[dict[str, Any]]: ...
     def recording_info(self, recording_id: int) -> dict[str, Any]: ...
     def position_at(self, recording_id: int, timestamp_ns: int) -> int: ...
@@ -95,7 +97,18 @@ class Session:
     bytes_replayed: int = 0
 
 
-WRITE_OPS = frozenset({"publish", "stage", "commit", "abort", "purge", "consumer_forget"})
+WRITE_OPS = frozenset(
+    {
+        "publish",
+        "stage",
+        "local_stage",
+        "local_stage_done",
+        "commit",
+        "abort",
+        "purge",
+        "consumer_forget",
+    }
+)
 # Long-running operations the I/O shell may run off its loop (``ServerCore.defer``), so a large
 # sink commit does not stall every replay. They only touch the committer and sink recordings.
 DEFERRED_OPS = frozenset({"commit", "abort", "scan", "consumer_commit"})
@@ -119,6 +132,8 @@ class ServerCore:
             "replays_started": 0,
             "local_reads_offered": 0,
             "local_reads_refused": 0,
+            "local_stages_offered": 0,
+            "local_stages_refused": 0,
             "replays_completed": 0,
             "replays_failed": 0,
             "replays_stopped": 0,
@@ -307,6 +322,34 @@ class ServerCore:
                 args.get("reserved_values"),
                 args["final"],
             )
+        if op == "local_stage":
+            self._authorise(op, [args["stream_id"]])
+            token = self.store.local_token
+            if not self.config.local_writes or token is None:
+                self.counters["local_stages_refused"] += 1
+                return None
+            path = self.committer.staging.open_local(
+                session.key,
+                args["sink_id"],
+                args["batch_id"],
+                args["partition_id"],
+                args["attempt"],
+                args["stream_id"],
+            )
+            self.counters["local_stages_offered"] += 1
+            return {"path": path, **token}
+        if op == "local_stage_done":
+            self._authorise(op, [args["stream_id"]])
+            return self.committer.staging.finish_local(
+                session.key,
+                args["sink_id"],
+                args["batch_id"],
+                args["partition_id"],
+                args["attempt"],
+                args["stream_id"],
+                args["count"],
+                args["bytes"],
+            )
         if op == "commit":
             self._authorise(op, [args["stream_id"]])
             return self.committer.commit(
@@ -485,6 +528,7 @@ class ServerCore:
                 "sink_resumed_commits": committer.resumed_commits,
                 "sink_aborts": committer.aborts,
                 "sink_parts_staged": committer.staging.parts_staged,
+                "sink_parts_staged_locally": committer.staging.parts_staged_locally,
                 "sink_parts_garbage_collected": committer.staging.parts_garbage_collected,
             }
         )

@@ -3,7 +3,9 @@
 Layout under ``<server dir>/sink/``::
 
     commit.log                                   fsynced commit log (commitlog.py)
-    staged/<sink id hex>/<batch id>/<partition>-<attempt>.open   being written by a task
+    staged/<sink id hex>/<batch id>/<partition>-<attempt>.open   being written (by the server
+                                                 for a session's stage calls, or by a task on
+                                                 the server's host itself: open_local)
     staged/<sink id hex>/<batch id>/<partition>-<attempt>.part   complete (fsynced, renamed)
 
 A part file is a sequence of records ``length (uint32) | reserved value (int64) | payload``.
@@ -23,6 +25,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import struct
@@ -47,7 +50,7 @@ _MIN_UNIFORM_RUN = 64
 _LARGE_PAYLOAD = 4096  # from this average size on, staged payloads are written as they are
 
 
-def _records(
+def records(
     payloads: Sequence[bytes], reserved_values: Sequence[int] | None
 ) -> list[bytes | bytearray | memoryview]:
     """The staging file's records (length, reserved value, payload) of one stage call, as the
@@ -161,7 +164,7 @@ class SinkRecordings(Protocol):
 class _OpenPart:
     owner: object
     stream_id: int
-    fh: Any
+    fh: Any  # None: the task writes the file itself (open_local / finish_local)
     count: int = 0
     nbytes: int = 0
 
@@ -178,6 +181,7 @@ class StagingStore:
         os.makedirs(root, exist_ok=True)
         self._open: dict[tuple[str, int, int, int], _OpenPart] = {}
         self.parts_staged = 0
+        self.parts_staged_locally = 0
         self.parts_garbage_collected = 0
         self.bytes_staged = 0
 
@@ -202,8 +206,8 @@ class StagingStore:
         part = self._open.get(key)
         directory = _key_dir(self.root, sink_id, batch_id)
         name = f"{partition_id}-{attempt}"
-        if part is None or part.owner != owner:
-            if part is not None:
+        if part is None or part.owner != owner or part.fh is None:
+            if part is not None and part.fh is not None:
                 part.fh.close()
             os.makedirs(directory, exist_ok=True)
             part = _OpenPart(owner, stream_id, open(os.path.join(directory, name + ".open"), "wb"))
@@ -211,7 +215,7 @@ class StagingStore:
         elif part.stream_id != stream_id:
             raise ControlProtocolError("stage: stream_id changed within one staged part")
         payload_bytes = sum(map(len, payloads))
-        part.fh.writelines(_records(payloads, reserved_values))
+        part.fh.writelines(records(payloads, reserved_values))
         part.count += len(payloads)
         part.nbytes += payload_bytes
         self.bytes_staged += payload_bytes + _RECORD.size * len(payloads)
@@ -221,6 +225,83 @@ class StagingStore:
         part.fh.flush()
         os.fsync(part.fh.fileno())
         part.fh.close()
+        return self._complete(key, part)
+
+    def open_local(
+        self,
+        owner: object,
+        sink_id: str,
+        batch_id: int,
+        partition_id: int,
+        attempt: int,
+        stream_id: int,
+    ) -> str:
+        """(Re)create the part of ``(sink, batch, partition, attempt)`` empty for a task that
+        writes it itself (records as :func:`records` lays them out, then fsync); the path."""
+        key = (sink_id, batch_id, partition_id, attempt)
+        part = self._open.pop(key, None)
+        if part is not None and part.fh is not None:
+            part.fh.close()
+        directory = _key_dir(self.root, sink_id, batch_id)
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, f"{partition_id}-{attempt}.open")
+        with open(path, "wb"):
+            pass
+        self._open[key] = _OpenPart(owner, stream_id, None)
+        return os.path.abspath(path)
+
+    def finish_local(
+        self,
+        owner: object,
+        sink_id: str,
+        batch_id: int,
+        partition_id: int,
+        attempt: int,
+        stream_id: int,
+        count: int,
+        nbytes: int,
+    ) -> dict[str, Any]:
+        """A task wrote (and fsynced) the part :meth:`open_local` gave this session: check
+        every record (whole, ``count`` payloads of ``nbytes`` bytes in all) and complete it.
+        A part that does not check out is deleted, with an error naming what was wrong."""
+        key = (sink_id, batch_id, partition_id, attempt)
+        part = self._open.get(key)
+        if part is None or part.owner != owner or part.fh is not None:
+            raise ControlProtocolError(
+                f"local_stage_done: this session has no part {partition_id}-{attempt} of sink "
+                f"{sink_id!r} batch {batch_id} open for writing (ask local_stage first)"
+            )
+        if part.stream_id != stream_id:
+            raise ControlProtocolError("local_stage_done: stream_id differs from local_stage's")
+        del self._open[key]
+        path = os.path.join(_key_dir(self.root, sink_id, batch_id), f"{partition_id}-{attempt}.open")
+        try:
+            got_count = got_bytes = 0
+            for payloads, _rvs in self.read_part(path):
+                got_count += len(payloads)
+                got_bytes += payloads.size if isinstance(payloads, np.ndarray) else sum(
+                    map(len, payloads)
+                )
+            if (got_count, got_bytes) != (count, nbytes):
+                raise StagedDataMissingError(
+                    f"the part written locally holds {got_count} payloads of {got_bytes} bytes, "
+                    f"the task reported {count} of {nbytes}",
+                    part=f"{partition_id}-{attempt}",
+                )
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            raise
+        part.count, part.nbytes = count, nbytes
+        self.bytes_staged += nbytes + _RECORD.size * count
+        self.parts_staged_locally += 1
+        return self._complete(key, part)
+
+    def _complete(self, key: tuple[str, int, int, int], part: _OpenPart) -> dict[str, Any]:
+        sink_id, batch_id, partition_id, attempt = key
+        stream_id = part.stream_id
+        directory = _key_dir(self.root, sink_id, batch_id)
+        name = f"{partition_id}-{attempt}"
         os.replace(os.path.join(directory, name + ".open"), os.path.join(directory, name + ".part"))
         fsync_dir(directory)
         self.parts_staged += 1
@@ -239,7 +320,8 @@ class StagingStore:
         """A session went away: close its unfinished parts (left for the lease GC)."""
         for key, part in list(self._open.items()):
             if part.owner == owner:
-                part.fh.close()
+                if part.fh is not None:
+                    part.fh.close()
                 del self._open[key]
 
     def part_path(self, staged: dict[str, Any]) -> str:
@@ -344,7 +426,8 @@ class StagingStore:
 
     def close(self) -> None:
         for part in self._open.values():
-            part.fh.close()
+            if part.fh is not None:
+                part.fh.close()
         self._open.clear()
 
 

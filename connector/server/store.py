@@ -144,11 +144,12 @@ class ArchiveStore:
         # startingTimestamp; the now_ns the core passes around is monotonic (leases only)
         self.clock = time.time_ns
         self.recordings = RecordingStore(config.directory, config.fsync)
-        self.local_read_token: str | None = None
+        # proves to a client that it sees this directory (local reads and sink writes)
+        self.local_token: dict[str, str] | None = None
         self._token_path = os.path.join(os.path.abspath(config.directory), LOCAL_READ_TOKEN)
-        if config.local_reads:
-            self.local_read_token = secrets.token_hex(16)
-            _write_token(self._token_path, self.local_read_token)
+        if config.local_reads or config.local_writes:
+            self.local_token = {"token_path": self._token_path, "token": secrets.token_hex(16)}
+            _write_token(self._token_path, self.local_token["token"])
         else:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._token_path)
@@ -220,14 +221,10 @@ class ArchiveStore:
         a replay: frame boundaries within what is visible, not purged); None when local reads
         are off."""
         self.open_replay(recording_id, start, end).close()
-        if self.local_read_token is None:
+        if not self.config.local_reads or self.local_token is None:
             return None
         rec = self.recordings.get(recording_id)
-        return {
-            "directory": os.path.abspath(rec.directory),
-            "token_path": self._token_path,
-            "token": self.local_read_token,
-        }
+        return {"directory": os.path.abspath(rec.directory), **self.local_token}
 
     def purge(self, recording_id: int, position: int, now_ns: int) -> int:
         rec = self.recordings.get(recording_id)

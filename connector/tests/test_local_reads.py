@@ -14,7 +14,7 @@ from aeron_spark.connector.errors import (
     PurgedError,
 )
 from aeron_spark.connector.formats import Geometry, batches_from_blocks
-from aeron_spark.connector.localread import read_blocks
+from aeron_spark.connector.local import read_blocks
 from aeron_spark.connector.server import ServerConfig, StreamServer
 from aeron_spark.connector.server.store import LOCAL_READ_TOKEN
 from aeron_spark.connector.server.testing import client_for, messages_of
@@ -87,10 +87,12 @@ def test_a_reader_that_does_not_see_the_servers_files_replays(tmp_path) -> None:
             assert (c.local_reads, c.replays) == (0, 1)
 
 
-def test_a_server_with_local_reads_off_says_nowhere_and_leaves_no_token(tmp_path) -> None:
-    with _server(tmp_path, local_reads=False) as server:
+@pytest.mark.parametrize("writes", [True, False])
+def test_a_server_with_local_reads_off_says_nowhere(tmp_path, writes) -> None:
+    with _server(tmp_path, local_reads=False, local_writes=writes) as server:
         rec, payloads = _publish(server, count=500)
-        assert not os.path.exists(os.path.join(server.config.directory, LOCAL_READ_TOKEN))
+        token = os.path.join(server.config.directory, LOCAL_READ_TOKEN)
+        assert os.path.exists(token) == writes  # left only when nothing local is allowed
         with client_for(server.endpoint) as c:
             assert c.call("local_read", recording_id=rec.recording_id, start=0, end=0) is None
             blocks = c.read_range(rec.recording_id, rec.start_position, rec.recorded_position)

@@ -1,4 +1,7 @@
-"""Short-circuit reads: a client on the server's host reads a recording's segment files itself.
+"""Short-circuit reads and writes: a client that sees the server's directory reads recordings
+and writes its staged sink parts there itself.
+
+Reads.
 
 A replay carries every byte through the server's event loop, the UDP transport and the
 session's sealing; a reader that sees the server's directory can read the same frames with
@@ -16,20 +19,32 @@ same, timestamps included. Recorded bytes never change once written (recordings 
 a purge deletes whole segments), so a range the server checked reads the same until a purge
 removes its segment, which raises :class:`~aeron_spark.connector.errors.PurgedError` as a replay
 would.
+
+Writes (sink staging). A sink task asks (``local_stage``, on its session) for its part; the
+server (re)creates the part file empty for that session and answers with its path and the token.
+A task that sees the token and may open the file for writing writes the records itself, in the
+staging layout (:func:`~aeron_spark.connector.server.staging.records`), fsyncs and closes it, and
+says ``local_stage_done`` with the count and bytes it wrote; the server reads every record back
+(a part that does not check out is deleted and the stage fails, naming what differed) and
+completes the part as if the task had sent its rows over the session. A task that cannot open
+the file stages over its session (the first stage call recreates the part).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from aeron_spark.connector.errors import ServerError, from_archive
+from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport.archive import ArchiveError, Recording
 
 #: Bytes read per block (a replay's default ``max_block_bytes``).
 BLOCK_BYTES = 1024 * 1024
+#: Payload bytes laid out and written at a time by :func:`write_part`.
+WRITE_BATCH_BYTES = 4 * 1024 * 1024
 
 _seen_lock = threading.Lock()
 _seen: dict[tuple[str, str], bool] = {}
@@ -50,6 +65,57 @@ def sees_server_files(where: dict[str, Any]) -> bool:
     with _seen_lock:
         _seen[key] = ok
     return ok
+
+
+def open_part(where: dict[str, Any] | None) -> int | None:
+    """A descriptor to append to the part the server created for a local stage, or None
+    (no local writes, another host, or no permission to write the file)."""
+    if where is None or not sees_server_files(where):
+        return None
+    try:
+        return os.open(str(where["path"]), os.O_WRONLY | os.O_APPEND)  # never created here
+    except OSError:
+        return None
+
+
+def write_part(
+    fd: int, payloads: Iterable[bytes], reserved_values: Iterable[int] | None
+) -> tuple[int, int]:
+    """Write ``payloads`` (a reserved value taken after each one) as staging records to ``fd``,
+    in batches of about ``WRITE_BATCH_BYTES``; fsync and close it. Returns (count, payload bytes)."""
+    from aeron_spark.connector.server.staging import records
+
+    count = nbytes = 0
+    rv_iter = None if reserved_values is None else iter(reserved_values)
+    batch: list[bytes] = []
+    rvs: list[int] | None = None if rv_iter is None else []
+    size = 0
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as fh:
+            for payload in payloads:
+                batch.append(payload)
+                size += len(payload)
+                if rv_iter is not None and rvs is not None:
+                    try:
+                        rvs.append(int(next(rv_iter)))
+                    except StopIteration:
+                        raise ConfigurationError(
+                            "reserved_values", "shorter than payloads",
+                            "one reserved value per payload",
+                        ) from None
+                if size >= WRITE_BATCH_BYTES:
+                    fh.writelines(records(batch, rvs))
+                    count, nbytes = count + len(batch), nbytes + size
+                    batch, size = [], 0
+                    rvs = None if rv_iter is None else []
+            if batch:
+                fh.writelines(records(batch, rvs))
+                count, nbytes = count + len(batch), nbytes + size
+            fh.flush()
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return count, nbytes
 
 
 def read_blocks(
@@ -90,4 +156,11 @@ def read_blocks(
         rec.close()
 
 
-__all__ = ["BLOCK_BYTES", "read_blocks", "sees_server_files"]
+__all__ = [
+    "BLOCK_BYTES",
+    "WRITE_BATCH_BYTES",
+    "open_part",
+    "read_blocks",
+    "sees_server_files",
+    "write_part",
+]

@@ -1,6 +1,6 @@
-"""``localReads``: tasks that see the server's directory read their ranges from its segment files;
-the rows are the ones a replay over the session gives, in batch and streaming reads and every
-format."""
+"""``localReads`` / ``localWrites``: tasks that see the server's directory read their ranges from
+its segment files and write their staged sink parts there; the rows are the ones a replay or a
+stage over the session gives, in batch and streaming queries."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ pytestmark = pytest.mark.spark
 def _counters(endpoint: str) -> dict[str, int]:
     with StreamClient.connect(ClientSettings(endpoint=endpoint)) as client:
         counters = client.stats()["counters"]
-    return {k: counters[k] for k in ("local_reads_offered", "replays_started")}
+    return {k: counters[k] for k in ("local_reads_offered", "replays_started",
+                                     "sink_parts_staged", "sink_parts_staged_locally")}
 
 
 def _read(spark, endpoint: str, stream_id: int, local: str, **options: str):  # type: ignore[no-untyped-def]
@@ -67,8 +68,13 @@ def test_local_and_replayed_reads_give_the_same_rows(spark, server, tmp_path):  
     assert final["replays_started"] > after["replays_started"]
 
 
-def test_local_reads_option_is_checked(spark, server):  # type: ignore[no-untyped-def]
-    from aeron_spark.connector.options import parse_source_options
+def test_local_options_are_checked(spark, server):  # type: ignore[no-untyped-def]
+    from aeron_spark.connector.options import parse_sink_options, parse_source_options
+
+    assert parse_sink_options({"streamId": "1"}).local_writes
+    assert not parse_sink_options({"streamId": "1", "localWrites": "false"}).local_writes
+    with pytest.raises(ConfigurationError, match="localWrites"):
+        parse_sink_options({"streamId": "1", "localWrites": "perhaps"})
 
     assert parse_source_options({"streamId": "1"}).local_reads
     assert not parse_source_options({"streamId": "1", "localReads": "false"}).local_reads
@@ -76,3 +82,33 @@ def test_local_reads_option_is_checked(spark, server):  # type: ignore[no-untype
         parse_source_options({"streamId": "1", "localReads": "sometimes"})
     with pytest.raises(Exception, match="localReads"):
         _read(spark, server.endpoint, 1, "sometimes").collect()
+
+
+def test_local_and_session_staging_write_the_same_stream(spark, server, tmp_path):  # type: ignore[no-untyped-def]
+    ep = server.endpoint
+    rows = spark.range(0, 30_000, numPartitions=3).selectExpr(
+        "cast(concat('r-', id) as binary) as value", "id as reserved_value")
+    before = _counters(ep)
+    for stream_id, local in ((50, "true"), (51, "false")):
+        (rows.write.format("aeron").option("endpoint", ep).option("streamId", stream_id)
+         .option("sinkId", f"local-{local}").option("localWrites", local).mode("append").save())
+    after = _counters(ep)
+    assert after["sink_parts_staged_locally"] - before["sink_parts_staged_locally"] == 3
+    assert after["sink_parts_staged"] - before["sink_parts_staged"] == 6
+
+    def back(stream_id: int):  # type: ignore[no-untyped-def]
+        return (spark.read.format("aeron").option("endpoint", ep).option("streamId", stream_id)
+                .load().select("value", "reserved_value"))
+
+    assert_df_equality(back(50), back(51), ignore_row_order=True)
+    assert back(50).count() == 30_000
+
+    # a streaming query into the sink stages locally and commits each batch once
+    q = (spark.readStream.format("aeron").option("endpoint", ep).option("streamId", 50)
+         .option("maxMessagesPerTrigger", "10000").load().select("value")
+         .writeStream.format("aeron").option("endpoint", ep).option("streamId", 52)
+         .option("sinkId", "local-stream").option("checkpointLocation", str(tmp_path / "ck"))
+         .trigger(availableNow=True).start())
+    assert q.awaitTermination(300) and q.exception() is None
+    assert_df_equality(back(52).select("value"), back(50).select("value"), ignore_row_order=True)
+    assert _counters(ep)["sink_parts_staged_locally"] > after["sink_parts_staged_locally"]
