@@ -49,6 +49,15 @@ MAX_LIST_LENGTH = 10_000_000
 # "str", "bool", "pos?" / "int32_list?" (None allowed), "bytes_list", "int64_list?", "staged_list",
 # "pos_pairs" ([[recording_id, position], ...]).
 
+# a staged part: one attempt of one partition of one batch of one sink, into one stream
+_PART: dict[str, tuple[str, bool]] = {
+    "sink_id": ("sink_id", True),
+    "batch_id": ("pos", True),
+    "partition_id": ("pos", True),
+    "attempt": ("pos", True),
+    "stream_id": ("int32", True),
+}
+
 OPS: dict[str, dict[str, tuple[str, bool]]] = {
     "list_streams": {},
     "list_recordings": {"stream_ids": ("int32_list?", False)},
@@ -76,31 +85,13 @@ OPS: dict[str, dict[str, tuple[str, bool]]] = {
         "reserved_values": ("int64_list?", False),
     },
     "stage": {
-        "sink_id": ("sink_id", True),
-        "batch_id": ("pos", True),
-        "partition_id": ("pos", True),
-        "attempt": ("pos", True),
-        "stream_id": ("int32", True),
+        **_PART,
         "payloads": ("bytes_list", True),
         "reserved_values": ("int64_list?", False),
         "final": ("bool", True),
     },
-    "local_stage": {
-        "sink_id": ("sink_id", True),
-        "batch_id": ("pos", True),
-        "partition_id": ("pos", True),
-        "attempt": ("pos", True),
-        "stream_id": ("int32", True),
-    },
-    "local_stage_done": {
-        "sink_id": ("sink_id", True),
-        "batch_id": ("pos", True),
-        "partition_id": ("pos", True),
-        "attempt": ("pos", True),
-        "stream_id": ("int32", True),
-        "count": ("pos", True),
-        "bytes": ("pos", True),
-    },
+    "local_stage": _PART,
+    "local_stage_done": {**_PART, "count": ("pos", True), "bytes": ("pos", True)},
     "commit": {
         "sink_id": ("sink_id", True),
         "batch_id": ("pos", True),

@@ -36,7 +36,7 @@ from aeron_spark.connector.errors import (
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.retention import ConsumerRegistry, Retention, RetentionPolicy
 from aeron_spark.connector.server.scan import scan
-from aeron_spark.connector.server.staging import SinkCommitter
+from aeron_spark.connector.server.staging import PartKey, SinkCommitter
 from aeron_spark.transport.archive import ArchiveError
 
 log = logging.getLogger(__name__)
@@ -313,10 +313,7 @@ class ServerCore:
             self._authorise(op, [args["stream_id"]])
             return self.committer.staging.write(
                 session.key,
-                args["sink_id"],
-                args["batch_id"],
-                args["partition_id"],
-                args["attempt"],
+                PartKey.of(args),
                 args["stream_id"],
                 args["payloads"],
                 args.get("reserved_values"),
@@ -329,26 +326,14 @@ class ServerCore:
                 self.counters["local_stages_refused"] += 1
                 return None
             path = self.committer.staging.open_local(
-                session.key,
-                args["sink_id"],
-                args["batch_id"],
-                args["partition_id"],
-                args["attempt"],
-                args["stream_id"],
+                session.key, PartKey.of(args), args["stream_id"]
             )
             self.counters["local_stages_offered"] += 1
             return {"path": path, **token}
         if op == "local_stage_done":
             self._authorise(op, [args["stream_id"]])
             return self.committer.staging.finish_local(
-                session.key,
-                args["sink_id"],
-                args["batch_id"],
-                args["partition_id"],
-                args["attempt"],
-                args["stream_id"],
-                args["count"],
-                args["bytes"],
+                session.key, PartKey.of(args), args["stream_id"], args["count"], args["bytes"]
             )
         if op == "commit":
             self._authorise(op, [args["stream_id"]])

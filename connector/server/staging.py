@@ -31,7 +31,7 @@ import shutil
 import struct
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO, NamedTuple, Protocol
 
 import numpy as np
 from aeron_spark.connector.errors import (
@@ -169,6 +169,23 @@ class _OpenPart:
     nbytes: int = 0
 
 
+class PartKey(NamedTuple):
+    """What names a staged part: one attempt of one partition of one batch of one sink."""
+
+    sink_id: str
+    batch_id: int
+    partition_id: int
+    attempt: int
+
+    @classmethod
+    def of(cls, args: dict[str, Any]) -> PartKey:
+        return cls(args["sink_id"], args["batch_id"], args["partition_id"], args["attempt"])
+
+    @property
+    def name(self) -> str:
+        return f"{self.partition_id}-{self.attempt}"
+
+
 def _key_dir(root: str, sink_id: str, batch_id: int) -> str:
     return os.path.join(root, sink_id.encode("utf-8").hex(), str(batch_id))
 
@@ -179,38 +196,36 @@ class StagingStore:
     def __init__(self, root: str) -> None:
         self.root = root
         os.makedirs(root, exist_ok=True)
-        self._open: dict[tuple[str, int, int, int], _OpenPart] = {}
+        self._open: dict[PartKey, _OpenPart] = {}
         self.parts_staged = 0
         self.parts_staged_locally = 0
         self.parts_garbage_collected = 0
         self.bytes_staged = 0
 
+    def _open_path(self, key: PartKey) -> str:
+        directory = _key_dir(self.root, key.sink_id, key.batch_id)
+        os.makedirs(directory, exist_ok=True)
+        return os.path.join(directory, key.name + ".open")
+
     def write(
         self,
         owner: object,
-        sink_id: str,
-        batch_id: int,
-        partition_id: int,
-        attempt: int,
+        key: PartKey,
         stream_id: int,
         payloads: Sequence[bytes],
         reserved_values: Sequence[int] | None,
         final: bool,
     ) -> dict[str, Any] | None:
-        """Append payloads to the part of ``(sink, batch, partition, attempt)``; on ``final`` make
-        it durable and return its commit message. The first write of a session to a part (re)creates
-        it, so a retried stage call never doubles a part."""
+        """Append payloads to the part ``key``; on ``final`` make it durable and return its
+        commit message. The first write of a session to a part (re)creates it, so a retried stage
+        call never doubles a part."""
         if reserved_values is not None and len(reserved_values) != len(payloads):
             raise ControlProtocolError("stage: reserved_values and payloads differ in length")
-        key = (sink_id, batch_id, partition_id, attempt)
         part = self._open.get(key)
-        directory = _key_dir(self.root, sink_id, batch_id)
-        name = f"{partition_id}-{attempt}"
         if part is None or part.owner != owner or part.fh is None:
             if part is not None and part.fh is not None:
                 part.fh.close()
-            os.makedirs(directory, exist_ok=True)
-            part = _OpenPart(owner, stream_id, open(os.path.join(directory, name + ".open"), "wb"))
+            part = _OpenPart(owner, stream_id, open(self._open_path(key), "wb"))
             self._open[key] = part
         elif part.stream_id != stream_id:
             raise ControlProtocolError("stage: stream_id changed within one staged part")
@@ -227,54 +242,34 @@ class StagingStore:
         part.fh.close()
         return self._complete(key, part)
 
-    def open_local(
-        self,
-        owner: object,
-        sink_id: str,
-        batch_id: int,
-        partition_id: int,
-        attempt: int,
-        stream_id: int,
-    ) -> str:
-        """(Re)create the part of ``(sink, batch, partition, attempt)`` empty for a task that
-        writes it itself (records as :func:`records` lays them out, then fsync); the path."""
-        key = (sink_id, batch_id, partition_id, attempt)
+    def open_local(self, owner: object, key: PartKey, stream_id: int) -> str:
+        """(Re)create the part ``key`` empty for a task that writes it itself (records as
+        :func:`records` lays them out, then fsync); the path."""
         part = self._open.pop(key, None)
         if part is not None and part.fh is not None:
             part.fh.close()
-        directory = _key_dir(self.root, sink_id, batch_id)
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, f"{partition_id}-{attempt}.open")
+        path = self._open_path(key)
         with open(path, "wb"):
             pass
         self._open[key] = _OpenPart(owner, stream_id, None)
         return os.path.abspath(path)
 
     def finish_local(
-        self,
-        owner: object,
-        sink_id: str,
-        batch_id: int,
-        partition_id: int,
-        attempt: int,
-        stream_id: int,
-        count: int,
-        nbytes: int,
+        self, owner: object, key: PartKey, stream_id: int, count: int, nbytes: int
     ) -> dict[str, Any]:
         """A task wrote (and fsynced) the part :meth:`open_local` gave this session: check
         every record (whole, ``count`` payloads of ``nbytes`` bytes in all) and complete it.
         A part that does not check out is deleted, with an error naming what was wrong."""
-        key = (sink_id, batch_id, partition_id, attempt)
         part = self._open.get(key)
         if part is None or part.owner != owner or part.fh is not None:
             raise ControlProtocolError(
-                f"local_stage_done: this session has no part {partition_id}-{attempt} of sink "
-                f"{sink_id!r} batch {batch_id} open for writing (ask local_stage first)"
+                f"local_stage_done: this session has no part {key.name} of sink "
+                f"{key.sink_id!r} batch {key.batch_id} open for writing (ask local_stage first)"
             )
         if part.stream_id != stream_id:
             raise ControlProtocolError("local_stage_done: stream_id differs from local_stage's")
         del self._open[key]
-        path = os.path.join(_key_dir(self.root, sink_id, batch_id), f"{partition_id}-{attempt}.open")
+        path = self._open_path(key)
         try:
             got_count = got_bytes = 0
             for payloads, _rvs in self.read_part(path):
@@ -286,7 +281,7 @@ class StagingStore:
                 raise StagedDataMissingError(
                     f"the part written locally holds {got_count} payloads of {got_bytes} bytes, "
                     f"the task reported {count} of {nbytes}",
-                    part=f"{partition_id}-{attempt}",
+                    part=key.name,
                 )
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
@@ -297,21 +292,16 @@ class StagingStore:
         self.parts_staged_locally += 1
         return self._complete(key, part)
 
-    def _complete(self, key: tuple[str, int, int, int], part: _OpenPart) -> dict[str, Any]:
-        sink_id, batch_id, partition_id, attempt = key
-        stream_id = part.stream_id
-        directory = _key_dir(self.root, sink_id, batch_id)
-        name = f"{partition_id}-{attempt}"
-        os.replace(os.path.join(directory, name + ".open"), os.path.join(directory, name + ".part"))
+    def _complete(self, key: PartKey, part: _OpenPart) -> dict[str, Any]:
+        directory = _key_dir(self.root, key.sink_id, key.batch_id)
+        opened = os.path.join(directory, key.name + ".open")
+        os.replace(opened, os.path.join(directory, key.name + ".part"))
         fsync_dir(directory)
         self.parts_staged += 1
         return {
-            "sink_id": sink_id,
-            "batch_id": batch_id,
-            "partition_id": partition_id,
-            "attempt": attempt,
-            "stream_id": stream_id,
-            "part": name,
+            **key._asdict(),
+            "stream_id": part.stream_id,
+            "part": key.name,
             "count": part.count,
             "bytes": part.nbytes,
         }
@@ -617,4 +607,4 @@ class SinkCommitter:
         self.log.close()
 
 
-__all__ = ["SinkCommitter", "SinkRecordings", "SinkWriter", "StagingStore"]
+__all__ = ["PartKey", "SinkCommitter", "SinkRecordings", "SinkWriter", "StagingStore", "records"]

@@ -8,7 +8,7 @@ import time
 import pytest
 from aeron_spark.connector.errors import ControlProtocolError, StagedDataMissingError
 from aeron_spark.connector.server.commitlog import CommitLog
-from aeron_spark.connector.server.staging import StagingStore
+from aeron_spark.connector.server.staging import PartKey, StagingStore
 
 
 def test_commit_log_survives_reopen_and_cuts_a_torn_tail(tmp_path) -> None:
@@ -44,10 +44,10 @@ def test_commit_log_stops_at_a_corrupt_record(tmp_path) -> None:
 def test_stage_write_read_and_retry_truncates(tmp_path) -> None:
     store = StagingStore(str(tmp_path))
     owner_a, owner_b = object(), object()
-    assert store.write(owner_a, "q", 3, 0, 0, 10, [b"a", b"bb"], None, False) is None
+    assert store.write(owner_a, PartKey("q", 3, 0, 0), 10, [b"a", b"bb"], None, False) is None
     # the same attempt restaged by a new session (a retried stage call) starts over
-    store.write(owner_b, "q", 3, 0, 0, 10, [b"x"], [7], False)
-    msg = store.write(owner_b, "q", 3, 0, 0, 10, [b"yy", b""], [8, 9], True)
+    store.write(owner_b, PartKey("q", 3, 0, 0), 10, [b"x"], [7], False)
+    msg = store.write(owner_b, PartKey("q", 3, 0, 0), 10, [b"yy", b""], [8, 9], True)
     assert msg == {
         "sink_id": "q",
         "batch_id": 3,
@@ -73,9 +73,9 @@ def test_stage_write_read_and_retry_truncates(tmp_path) -> None:
 def test_gc_deletes_only_expired_unprotected_parts(tmp_path) -> None:
     store = StagingStore(str(tmp_path))
     owner = object()
-    old = store.write(owner, "q", 1, 0, 0, 10, [b"old"], None, True)
-    kept = store.write(owner, "q", 2, 0, 0, 10, [b"in-commit"], None, True)
-    store.write(owner, "q", 3, 0, 0, 10, [b"open"], None, False)
+    old = store.write(owner, PartKey("q", 1, 0, 0), 10, [b"old"], None, True)
+    kept = store.write(owner, PartKey("q", 2, 0, 0), 10, [b"in-commit"], None, True)
+    store.write(owner, PartKey("q", 3, 0, 0), 10, [b"open"], None, False)
     for msg in (old, kept):
         path = store.part_path(msg)
         os.utime(path, (1000.0, 1000.0))
@@ -102,7 +102,7 @@ def test_read_part_gives_runs_of_equal_payloads_as_arrays_in_order(tmp_path) -> 
     for start in range(0, len(payloads), 1000):  # several stage calls
         chunk = payloads[start : start + 1000]
         final = start + 1000 >= len(payloads)
-        msg = store.write(owner, "u", 1, 0, 0, 10, chunk, rvs[start : start + 1000], final)
+        msg = store.write(owner, PartKey("u", 1, 0, 0), 10, chunk, rvs[start : start + 1000], final)
     got_payloads: list[bytes] = []
     got_rvs: list[int] = []
     arrays = 0
@@ -132,7 +132,7 @@ def test_read_part_across_block_boundaries(tmp_path, monkeypatch, block: int) ->
     payloads += [b"u" * 20] * 200 + [rnd.randbytes(70_000)]
     rvs = [rnd.randrange(-(2**63), 2**63) for _ in payloads]
     store = StagingStore(str(tmp_path / "staging"))
-    msg = store.write(object(), "u", 1, 0, 0, 10, payloads, rvs, True)
+    msg = store.write(object(), PartKey("u", 1, 0, 0), 10, payloads, rvs, True)
     path = store.check_part(msg)
     got_payloads: list[bytes] = []
     got_rvs: list[int] = []
@@ -167,7 +167,7 @@ def test_large_payloads_are_staged_one_by_one_with_the_same_records(tmp_path, wi
     for i, payloads in enumerate(calls):
         rvs = [rnd.randrange(-(2**63), 2**63) for _ in payloads] if with_rvs else None
         calls[i] = (payloads, rvs or [0] * len(payloads))  # type: ignore[call-overload]
-        msg = store.write(owner, "u", 1, 0, 0, 10, payloads, rvs, i == len(calls) - 1)
+        msg = store.write(owner, PartKey("u", 1, 0, 0), 10, payloads, rvs, i == len(calls) - 1)
     expected = [p for ps, _ in calls for p in ps]  # type: ignore[misc]
     expected_rvs = [r for _, rs in calls for r in rs]  # type: ignore[misc]
     assert msg["count"] == len(expected) and msg["bytes"] == sum(map(len, expected))
