@@ -30,6 +30,7 @@ from aeron_spark.connector.server.staging import SinkCommitter
 from aeron_spark.connector.server.stat import write_snapshot
 from aeron_spark.connector.server.store import ArchiveStore
 from aeron_spark.transport import Driver, DriverConfig
+from aeron_spark.transport.protocol.logbuffer import max_message_length
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,11 @@ class StreamServer:
         self._driver = Driver(DriverConfig(write_counters_file=False)).start()
         try:
             self._store = ArchiveStore(self.config, self._driver)
-            committer = SinkCommitter(os.path.join(self.config.directory, "sink"), self._store)
+            committer = SinkCommitter(
+                os.path.join(self.config.directory, "sink"),
+                self._store,
+                max_message_length(self.config.term_length),
+            )
             committer.recover(time.monotonic_ns())
             self.core = ServerCore(self.config, self._store, committer)
             self.core.stats_hook = self._extra_stats

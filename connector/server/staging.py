@@ -37,6 +37,7 @@ import numpy as np
 from aeron_spark.connector.errors import (
     ControlProtocolError,
     NotAuthorisedError,
+    PayloadTooLargeError,
     StagedDataMissingError,
 )
 from aeron_spark.connector.server.commitlog import CommitLog
@@ -193,8 +194,9 @@ def _key_dir(root: str, sink_id: str, batch_id: int) -> str:
 class StagingStore:
     """Staged part files. Not thread-safe: one caller (the server's request loop) at a time."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, max_payload: int | None = None) -> None:
         self.root = root
+        self.max_payload = max_payload  # the sink recordings' largest message (None: no check)
         os.makedirs(root, exist_ok=True)
         self._open: dict[PartKey, _OpenPart] = {}
         self.parts_staged = 0
@@ -229,7 +231,10 @@ class StagingStore:
             self._open[key] = part
         elif part.stream_id != stream_id:
             raise ControlProtocolError("stage: stream_id changed within one staged part")
-        payload_bytes = sum(map(len, payloads))
+        lengths = list(map(len, payloads))
+        if lengths:
+            self._check_payload(max(lengths), key)
+        payload_bytes = sum(lengths)
         part.fh.writelines(records(payloads, reserved_values))
         part.count += len(payloads)
         part.nbytes += payload_bytes
@@ -274,9 +279,13 @@ class StagingStore:
             got_count = got_bytes = 0
             for payloads, _rvs in self.read_part(path):
                 got_count += len(payloads)
-                got_bytes += payloads.size if isinstance(payloads, np.ndarray) else sum(
-                    map(len, payloads)
-                )
+                if isinstance(payloads, np.ndarray):
+                    got_bytes += payloads.size
+                    self._check_payload(payloads.shape[1], key)
+                else:
+                    lengths = list(map(len, payloads))
+                    got_bytes += sum(lengths)
+                    self._check_payload(max(lengths, default=0), key)
             if (got_count, got_bytes) != (count, nbytes):
                 raise StagedDataMissingError(
                     f"the part written locally holds {got_count} payloads of {got_bytes} bytes, "
@@ -291,6 +300,15 @@ class StagingStore:
         self.bytes_staged += nbytes + _RECORD.size * count
         self.parts_staged_locally += 1
         return self._complete(key, part)
+
+    def _check_payload(self, length: int, key: PartKey) -> None:
+        if self.max_payload is not None and length > self.max_payload:
+            raise PayloadTooLargeError(
+                f"part {key.name} of sink {key.sink_id!r} batch {key.batch_id} holds a message of "
+                f"{length} bytes; the stream's largest is {self.max_payload} (term_length / 8)",
+                length=length,
+                limit=self.max_payload,
+            )
 
     def _complete(self, key: PartKey, part: _OpenPart) -> dict[str, Any]:
         directory = _key_dir(self.root, key.sink_id, key.batch_id)
@@ -424,9 +442,11 @@ class StagingStore:
 class SinkCommitter:
     """Exactly-once commits of staged parts, driven by the commit log."""
 
-    def __init__(self, directory: str, recordings: SinkRecordings) -> None:
+    def __init__(
+        self, directory: str, recordings: SinkRecordings, max_payload: int | None = None
+    ) -> None:
         os.makedirs(directory, exist_ok=True)
-        self.staging = StagingStore(os.path.join(directory, "staged"))
+        self.staging = StagingStore(os.path.join(directory, "staged"), max_payload)
         self.log = CommitLog(os.path.join(directory, "commit.log"))
         self.recordings = recordings
         self.done: dict[tuple[str, int], dict[str, Any]] = {}

@@ -10,6 +10,7 @@ import pytest
 from aeron_spark.connector.errors import (
     ControlProtocolError,
     NotAuthorisedError,
+    PayloadTooLargeError,
     StagedDataMissingError,
 )
 from aeron_spark.connector.server import ServerConfig, StreamServer
@@ -129,3 +130,13 @@ def test_a_session_that_goes_away_after_local_stage_leaves_the_server_serving(tm
         with client_for(server.endpoint) as c:
             receipt = c.stage("q", 3, 1, 0, STREAM, [b"again"])
             assert c.commit("q", 3, STREAM, [receipt])["count"] == 1
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_a_message_larger_than_the_stream_allows_is_refused_when_staged(tmp_path, local) -> None:
+    # term 1 MiB: at most 128 KiB a message; refused at stage time, before any commit begins
+    with _server(tmp_path) as server, client_for(server.endpoint) as c:
+        with pytest.raises(PayloadTooLargeError, match="131072"):
+            c.stage("q", 0, 0, 0, STREAM, [b"ok", bytes(128 * 1024 + 1)], local=local)
+        receipt = c.stage("q", 0, 0, 1, STREAM, [bytes(128 * 1024)], local=local)
+        assert c.commit("q", 0, STREAM, [receipt])["count"] == 1
