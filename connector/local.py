@@ -126,7 +126,7 @@ def read_blocks(
     from aeron_spark.connector.client import ReplayBlock
 
     try:
-        rec = Recording.open_read_only(directory)
+        rec = Recording.open_read_only(directory, start, end)
     except ArchiveError as exc:
         raise from_archive(exc) from None
     try:

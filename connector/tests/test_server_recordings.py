@@ -8,7 +8,7 @@ import random
 import pytest
 from aeron_spark.transport.archive import NotFrameBoundaryError, PurgedError
 from aeron_spark.connector.server.framing import Framer
-from aeron_spark.transport.archive import RecordingStore
+from aeron_spark.transport.archive import Recording, RecordingStore
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -67,6 +67,11 @@ def test_recovery_keeps_every_complete_frame_and_cuts_the_torn_tail(tmp_path_fac
     data, end = _read_all(again, 0, recovered)
     assert end == recovered and full.startswith(data)
     assert again.stop_position == recovered  # recovered recordings are finished
+    # the index file holds exactly the entries kept (sorted, all below the recovered end)
+    index = open(os.path.join(rec.directory, "index"), "rb").read()
+    kept = [int.from_bytes(index[i : i + 8], "little") for i in range(0, len(index), 16)]
+    assert kept == again.index_positions and all(p < recovered for p in kept)
+    assert kept == sorted(set(kept))
 
 
 def test_positions_inside_frames_name_the_nearest_boundaries(tmp_path) -> None:
@@ -170,4 +175,30 @@ def test_runs_of_equal_frames_read_as_the_frame_by_frame_walk_reads_them(
         patch.setattr(recordings, "_uniform_prefix", lambda chunk, n: 0)
         slow = read_all()
     assert fast == slow
+    store.close(0)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(seed=st.integers(0, 10_000), picks=st.lists(st.integers(0, 10**9), min_size=2, max_size=8))
+def test_a_read_only_open_of_a_range_reads_what_the_writer_reads(tmp_path_factory, seed, picks):
+    # a read-only open loads only the index entries of its range (binary search in the file);
+    # its blocks and timestamps must be the writer's, whatever the range
+    store, rec, _payloads, ends = _fill(
+        str(tmp_path_factory.mktemp("ro")), seed, count=800, term=1024 * 1024
+    )
+    bounds = [0] + ends
+    for a, b in zip(picks, picks[1:]):
+        start, end = sorted((bounds[a % len(bounds)], bounds[b % len(bounds)]))
+        reader = Recording.open_read_only(rec.directory, start, end)
+        try:
+            position = start
+            while position < end:
+                got = reader.read(position, 20_000, end)
+                assert got == rec.read(position, 20_000, end)
+                position = got[0]
+            assert len(reader.index_positions) <= len(rec.index_positions)
+        finally:
+            reader.close()
     store.close(0)

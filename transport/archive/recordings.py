@@ -120,7 +120,13 @@ class Recording:
     """One recording: append (while recording), read, check boundaries, purge."""
 
     def __init__(
-        self, directory: str, descriptor: Descriptor, fsync: bool, *, read_only: bool = False
+        self,
+        directory: str,
+        descriptor: Descriptor,
+        fsync: bool,
+        *,
+        read_only: bool = False,
+        index_range: tuple[int, int | None] | None = None,
     ) -> None:
         self.directory = directory
         self.d = descriptor
@@ -140,21 +146,26 @@ class Recording:
         self._fd_lock = threading.Lock()
         self._index_fh: Any = None
         self.torn_bytes_cut = 0
-        self._load_index()
+        if index_range is None:
+            self._load_index()
+        else:
+            self._load_index_range(*index_range)
         if not read_only:
             self._recover()
 
     @classmethod
-    def open_read_only(cls, directory: str) -> Recording:
-        """Open a recording another process writes, to read ranges it has reported recorded.
+    def open_read_only(cls, directory: str, start: int = 0, end: int | None = None) -> Recording:
+        """Open a recording another process writes, to read ``[start, end)``, a range it has
+        reported recorded.
 
-        Nothing is recovered or written: the segment files are opened read-only and the index is
-        read as it is now (it holds every entry below any position the writer has reported,
-        since the writer indexes an append before counting it recorded)."""
+        Nothing is recovered or written: the segment files are opened read-only, and of the index
+        (sorted by position, a binary search finds ``start``) only the entries that time that
+        range are read, as they are now: the writer indexes an append before it counts it
+        recorded, so they are all there."""
         meta = _read_meta(os.path.join(directory, "meta.msgpack"))
         if meta is None:
             raise UnknownRecordingError(f"no recording in {directory} (no meta.msgpack)")
-        return cls(directory, Descriptor(**meta), False, read_only=True)
+        return cls(directory, Descriptor(**meta), False, read_only=True, index_range=(start, end))
 
     # --- files --------------------------------------------------------------------------------
 
@@ -196,6 +207,37 @@ class Recording:
             self.index_positions.append(position)
             self.index_times.append(ts)
 
+    def _load_index_range(self, start: int, end: int | None) -> None:
+        """The index entries that time ``[start, end)``: the last one at or below ``start`` and
+        every one after it below ``end``."""
+        try:
+            fd = os.open(os.path.join(self.directory, "index"), os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            count = os.fstat(fd).st_size // _INDEX.size
+            lo, hi = 0, count
+            while lo < hi:  # the first entry above start
+                mid = (lo + hi) // 2
+                if _INDEX.unpack(os.pread(fd, _INDEX.size, mid * _INDEX.size))[0] <= start:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            i = max(lo - 1, 0)
+            while i < count:
+                n = min(count - i, 4096)
+                data = os.pread(fd, n * _INDEX.size, i * _INDEX.size)
+                for position, ts in _INDEX.iter_unpack(data[: len(data) - len(data) % _INDEX.size]):
+                    if end is not None and position >= end:
+                        return
+                    if self.index_positions and position <= self.index_positions[-1]:
+                        return
+                    self.index_positions.append(position)
+                    self.index_times.append(ts)
+                i += n
+        finally:
+            os.close(fd)
+
     def _recover(self) -> None:
         """Find the end of the complete frames (see the module invariants)."""
         # Start from the last indexed boundary whose bytes are on disk: after a crash the index
@@ -210,10 +252,17 @@ class Recording:
         if self.stop_position is not None and end >= self.stop_position:
             end = self.stop_position
         self.recorded_position = end
-        # the index may name positions past the recovered end (a torn tail): drop them
-        cut = bisect.bisect_right(self.index_positions, end)
+        # the index may name positions at or past the recovered end (a torn tail): drop them,
+        # from the file too, so that it stays sorted for readers that search it (read-only opens)
+        cut = bisect.bisect_left(self.index_positions, end)
         del self.index_positions[cut:]
         del self.index_times[cut:]
+        path = os.path.join(self.directory, "index")
+        if os.path.exists(path) and os.path.getsize(path) > cut * _INDEX.size:
+            with open(path, "r+b") as fh:
+                fh.truncate(cut * _INDEX.size)
+                fh.flush()
+                os.fsync(fh.fileno())
 
     def _data_end(self, position: int) -> int:
         """Where the bytes of ``position``'s segment file end (its written size)."""
