@@ -405,36 +405,6 @@ class StreamClient:
                 except ConnectorError:
                     pass  # the session is gone; the server's lease ends the replay
 
-    def _batched(
-        self,
-        payloads: Iterable[bytes],
-        reserved_values: Iterable[int] | None,
-    ) -> Iterator[tuple[list[bytes], list[int] | None]]:
-        # stay under one transport message (no chunking) unless a single payload is larger
-        limit = self.settings.max_request_bytes
-        batch: list[bytes] = []
-        rvs: list[int] | None = None if reserved_values is None else []
-        size = 0
-        rv_iter = None if reserved_values is None else iter(reserved_values)
-        for payload in payloads:
-            if not isinstance(payload, bytes):
-                payload = bytes(payload)
-            cost = len(payload) + 16  # msgpack bin header and list slot, generously
-            if batch and size + cost > limit:
-                yield batch, rvs
-                batch, size = [], 0
-                rvs = None if reserved_values is None else []
-            batch.append(payload)
-            size += cost
-            if rv_iter is not None and rvs is not None:
-                try:
-                    rvs.append(int(next(rv_iter)))
-                except StopIteration:
-                    raise ConfigurationError(
-                        "reserved_values", "shorter than payloads", "one reserved value per payload"
-                    ) from None
-        yield batch, rvs
-
     def _pipelined(
         self,
         op: str,
@@ -445,7 +415,9 @@ class StreamClient:
     ) -> Any:
         pending: deque[int] = deque()
         result: Any = None
-        batches = self._batched(payloads, reserved_values)
+        # stay under one transport message (no chunking) unless a single payload is larger;
+        # 16 bytes a payload for its msgpack bin header and list slot, generously
+        batches = batched(payloads, reserved_values, self.settings.max_request_bytes, 16)
         current: tuple[list[bytes], list[int] | None] | None = next(batches)
         try:
             while current is not None:
@@ -523,7 +495,8 @@ class StreamClient:
         if local:
             fd = local_io.open_part(self.call("local_stage", **base))
             if fd is not None:
-                count, nbytes = local_io.write_part(fd, payloads, reserved_values)
+                batches = batched(payloads, reserved_values, local_io.WRITE_BATCH_BYTES)
+                count, nbytes = local_io.write_part(fd, batches)
                 self.local_stages += 1
                 return dict(self.call("local_stage_done", **base, count=count, bytes=nbytes))
         return dict(self._pipelined("stage", base, payloads, reserved_values, True))
@@ -567,6 +540,39 @@ class StreamClient:
 
     def stats(self) -> dict[str, Any]:
         return dict(self.call("stats"))
+
+
+def batched(
+    payloads: Iterable[bytes],
+    reserved_values: Iterable[int] | None,
+    limit: int,
+    overhead: int = 0,
+) -> Iterator[tuple[list[bytes], list[int] | None]]:
+    """Payloads (as bytes) with their reserved values (one taken after each payload), in
+    batches of at most ``limit`` bytes counting ``overhead`` per payload (a larger payload alone);
+    always at least one batch, the last possibly empty."""
+    batch: list[bytes] = []
+    rvs: list[int] | None = None if reserved_values is None else []
+    size = 0
+    rv_iter = None if reserved_values is None else iter(reserved_values)
+    for payload in payloads:
+        if not isinstance(payload, bytes):
+            payload = bytes(payload)
+        cost = len(payload) + overhead
+        if batch and size + cost > limit:
+            yield batch, rvs
+            batch, size = [], 0
+            rvs = None if reserved_values is None else []
+        batch.append(payload)
+        size += cost
+        if rv_iter is not None and rvs is not None:
+            try:
+                rvs.append(int(next(rv_iter)))
+            except StopIteration:
+                raise ConfigurationError(
+                    "reserved_values", "shorter than payloads", "one reserved value per payload"
+                ) from None
+    yield batch, rvs
 
 
 _POOL_IDLE_S = 20.0  # well inside the server's session lease (60 s by default)

@@ -38,12 +38,11 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from aeron_spark.connector.errors import ServerError, from_archive
-from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport.archive import ArchiveError, Recording
 
 #: Bytes read per block (a replay's default ``max_block_bytes``).
 BLOCK_BYTES = 1024 * 1024
-#: Payload bytes laid out and written at a time by :func:`write_part`.
+#: Payload bytes a task lays out and writes at a time into a part it stages locally.
 WRITE_BATCH_BYTES = 4 * 1024 * 1024
 
 _seen_lock = threading.Lock()
@@ -79,38 +78,19 @@ def open_part(where: dict[str, Any] | None) -> int | None:
 
 
 def write_part(
-    fd: int, payloads: Iterable[bytes], reserved_values: Iterable[int] | None
+    fd: int, batches: Iterable[tuple[list[bytes], list[int] | None]]
 ) -> tuple[int, int]:
-    """Write ``payloads`` (a reserved value taken after each one) as staging records to ``fd``,
-    in batches of about ``WRITE_BATCH_BYTES``; fsync and close it. Returns (count, payload bytes)."""
+    """Write batches of payloads and their reserved values (``client.batched``) as staging
+    records to ``fd``; fsync and close it. Returns (count, payload bytes)."""
     from aeron_spark.connector.server.staging import records
 
     count = nbytes = 0
-    rv_iter = None if reserved_values is None else iter(reserved_values)
-    batch: list[bytes] = []
-    rvs: list[int] | None = None if rv_iter is None else []
-    size = 0
     try:
         with os.fdopen(fd, "wb", closefd=False) as fh:
-            for payload in payloads:
-                batch.append(payload)
-                size += len(payload)
-                if rv_iter is not None and rvs is not None:
-                    try:
-                        rvs.append(int(next(rv_iter)))
-                    except StopIteration:
-                        raise ConfigurationError(
-                            "reserved_values", "shorter than payloads",
-                            "one reserved value per payload",
-                        ) from None
-                if size >= WRITE_BATCH_BYTES:
-                    fh.writelines(records(batch, rvs))
-                    count, nbytes = count + len(batch), nbytes + size
-                    batch, size = [], 0
-                    rvs = None if rv_iter is None else []
-            if batch:
-                fh.writelines(records(batch, rvs))
-                count, nbytes = count + len(batch), nbytes + size
+            for payloads, reserved_values in batches:
+                fh.writelines(records(payloads, reserved_values))
+                count += len(payloads)
+                nbytes += sum(map(len, payloads))
             fh.flush()
             os.fsync(fd)
     finally:

@@ -66,7 +66,7 @@ def records(
                else np.asarray(reserved_values, dtype="<i8"))
         rows[:, 4:12] = rvs.view(np.uint8).reshape(count, 8)
         rows[:, 12:] = np.frombuffer(b"".join(payloads), dtype=np.uint8).reshape(count, length)
-        return [memoryview(rows.reshape(-1))]  # written as it is, not copied
+        return [rows.reshape(-1).data]  # written as it is, not copied
     pack = _RECORD.pack
     rv_list = reserved_values if reserved_values is not None else [0] * len(payloads)
     if payloads and sum(lengths) >= _LARGE_PAYLOAD * len(payloads):
@@ -204,10 +204,14 @@ class StagingStore:
         self.parts_garbage_collected = 0
         self.bytes_staged = 0
 
-    def _open_path(self, key: PartKey) -> str:
-        directory = _key_dir(self.root, key.sink_id, key.batch_id)
-        os.makedirs(directory, exist_ok=True)
-        return os.path.join(directory, key.name + ".open")
+    def _file(self, key: PartKey, suffix: str) -> str:
+        return os.path.join(_key_dir(self.root, key.sink_id, key.batch_id), key.name + suffix)
+
+    def _create(self, key: PartKey) -> BinaryIO:
+        """The part's ``.open`` file, created empty (its batch directory too)."""
+        path = self._file(key, ".open")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return open(path, "wb")
 
     def write(
         self,
@@ -227,7 +231,7 @@ class StagingStore:
         if part is None or part.owner != owner or part.fh is None:
             if part is not None and part.fh is not None:
                 part.fh.close()
-            part = _OpenPart(owner, stream_id, open(self._open_path(key), "wb"))
+            part = _OpenPart(owner, stream_id, self._create(key))
             self._open[key] = part
         elif part.stream_id != stream_id:
             raise ControlProtocolError("stage: stream_id changed within one staged part")
@@ -253,11 +257,10 @@ class StagingStore:
         part = self._open.pop(key, None)
         if part is not None and part.fh is not None:
             part.fh.close()
-        path = self._open_path(key)
-        with open(path, "wb"):
-            pass
+        with self._create(key) as fh:
+            path = os.path.abspath(fh.name)
         self._open[key] = _OpenPart(owner, stream_id, None)
-        return os.path.abspath(path)
+        return path
 
     def finish_local(
         self, owner: object, key: PartKey, stream_id: int, count: int, nbytes: int
@@ -274,7 +277,7 @@ class StagingStore:
         if part.stream_id != stream_id:
             raise ControlProtocolError("local_stage_done: stream_id differs from local_stage's")
         del self._open[key]
-        path = self._open_path(key)
+        path = self._file(key, ".open")
         try:
             got_count = got_bytes = 0
             for payloads, _rvs in self.read_part(path):
@@ -311,10 +314,9 @@ class StagingStore:
             )
 
     def _complete(self, key: PartKey, part: _OpenPart) -> dict[str, Any]:
-        directory = _key_dir(self.root, key.sink_id, key.batch_id)
-        opened = os.path.join(directory, key.name + ".open")
-        os.replace(opened, os.path.join(directory, key.name + ".part"))
-        fsync_dir(directory)
+        path = self._file(key, ".part")
+        os.replace(self._file(key, ".open"), path)
+        fsync_dir(os.path.dirname(path))
         self.parts_staged += 1
         return {
             **key._asdict(),
