@@ -48,7 +48,8 @@ def test_local_and_replayed_reads_give_the_same_rows(spark, server, tmp_path):  
     assert middle["local_reads_offered"] > before["local_reads_offered"]
 
     arrow = {"format": "arrow", "schema": "id long, name string"}
-    assert_df_equality(_read(spark, ep, 41, "true", **arrow), _read(spark, ep, 41, "false", **arrow),
+    assert_df_equality(_read(spark, ep, 41, "true", **arrow),
+                       _read(spark, ep, 41, "false", **arrow),
                        ignore_row_order=True)
 
     # a streaming query (micro-batches of at most 5,000 messages) reads the same rows

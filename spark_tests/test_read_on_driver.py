@@ -1,5 +1,6 @@
-"""``readOn=driver``: the driver reads each micro-batch while planning it (Spark's prefetching path
-for Python sources). Same rows, same offsets, same exactly-once behaviour as reading on executors."""
+"""``readOn=driver``: the driver reads each micro-batch while planning it (Spark's prefetching
+path for Python sources). Same rows, same offsets, same exactly-once behaviour as reading on
+executors."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ Embedded::
 
 Command line: ``aeron-spark server --dir DIR --port PORT [--host H] [--ingest-channel URI]
 [--ingest-stream-id N ...] [--no-encryption] [--key-store DIR] [--fsync] [--read-only]
-[--no-purge] [--no-local-reads] [--no-local-writes]`` (:func:`server_main`) and ``aeron-spark stat [--dir DIR | --endpoint H:P] [--once
-[--json]]`` (:func:`stat_main`).
+[--no-purge] [--no-local-reads] [--no-local-writes]`` (:func:`server_main`) and ``aeron-spark
+stat [--dir DIR | --endpoint H:P] [--once [--json]]`` (:func:`stat_main`).
 
 Modules: ``config`` (ServerConfig), ``core`` (sans-I/O request handling), ``server`` (the event
 loop), ``link`` (sessions: handshake connections, sealed with AES-GCM), ``store`` (recordings,

@@ -33,7 +33,6 @@ from aeron_spark.transport.archive import Recorder, Recording, RecordingStore
 from aeron_spark.transport.archive import UnknownRecordingError as ArchiveUnknownRecording
 from aeron_spark.transport.protocol.logbuffer import LogGeometry, is_reserved_session_id
 
-
 LOCAL_READ_TOKEN = "local-read.token"
 
 

@@ -1,4 +1,5 @@
-"""Short-circuit reads from the server's segment files, against replays over real loopback sessions."""
+"""Short-circuit reads from the server's segment files, against replays over real loopback
+sessions."""
 
 from __future__ import annotations
 
@@ -98,7 +99,8 @@ def test_a_server_with_local_reads_off_says_nowhere(tmp_path, writes) -> None:
             blocks = c.read_range(rec.recording_id, rec.start_position, rec.recorded_position)
             assert [m.payload for m in messages_of(blocks, rec.initial_term_id, TERM)] == payloads
             assert (c.local_reads, c.replays) == (0, 1)
-            assert c.stats()["counters"]["local_reads_refused"] == 2  # the call above and read_range
+            # the call above and read_range
+            assert c.stats()["counters"]["local_reads_refused"] == 2
 
 
 def test_the_server_checks_a_local_range_as_it_checks_a_replay(tmp_path) -> None:

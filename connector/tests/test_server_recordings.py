@@ -6,9 +6,13 @@ import os
 import random
 
 import pytest
-from aeron_spark.transport.archive import NotFrameBoundaryError, PurgedError
 from aeron_spark.connector.server.framing import Framer
-from aeron_spark.transport.archive import Recording, RecordingStore
+from aeron_spark.transport.archive import (
+    NotFrameBoundaryError,
+    PurgedError,
+    Recording,
+    RecordingStore,
+)
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -189,7 +193,7 @@ def test_a_read_only_open_of_a_range_reads_what_the_writer_reads(tmp_path_factor
         str(tmp_path_factory.mktemp("ro")), seed, count=800, term=1024 * 1024
     )
     bounds = [0] + ends
-    for a, b in zip(picks, picks[1:]):
+    for a, b in zip(picks, picks[1:], strict=False):
         start, end = sorted((bounds[a % len(bounds)], bounds[b % len(bounds)]))
         reader = Recording.open_read_only(rec.directory, start, end)
         try:

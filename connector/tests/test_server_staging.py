@@ -174,6 +174,8 @@ def test_large_payloads_are_staged_one_by_one_with_the_same_records(tmp_path, wi
     got: list[bytes] = []
     got_rvs: list[int] = []
     for ps, rs in store.read_part(store.check_part(msg)):
-        got += [row.tobytes() for row in ps] if isinstance(ps, np.ndarray) else [bytes(p) for p in ps]
+        got += (
+            [row.tobytes() for row in ps] if isinstance(ps, np.ndarray) else [bytes(p) for p in ps]
+        )
         got_rvs += [int(r) for r in rs]
     assert got == expected and got_rvs == expected_rvs

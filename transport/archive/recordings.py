@@ -430,8 +430,9 @@ class Recording:
 
     def read(self, position: int, max_bytes: int, limit: int) -> tuple[int, bytes, int]:
         """Whole frames from ``position`` (a boundary) within one term and before the next
-        indexed boundary, ending at most at ``limit``: returns ``(end_position, frames without PAD, timestamp_ns)``. The end is past
-        a trailing PAD frame; the frames may be empty when only a PAD was read."""
+        indexed boundary, ending at most at ``limit``: returns ``(end_position, frames without
+        PAD, timestamp_ns)``. The end is past a trailing PAD frame; the frames may be empty when
+        only a PAD was read."""
         if position < self.purged_position:
             raise PurgedError(
                 f"recording {self.d.recording_id}: position {position} was purged",

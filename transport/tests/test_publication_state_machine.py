@@ -204,7 +204,9 @@ def test_eos_status_message_ends_the_linger_early() -> None:
 
 
 @pytest.mark.parametrize("leaves", ["eos", "timeout"])
-def test_closed_publication_whose_receivers_left_undrained_lingers_then_is_done(leaves: str) -> None:
+def test_closed_publication_whose_receivers_left_undrained_lingers_then_is_done(
+    leaves: str,
+) -> None:
     # Aeron's DRAINING state: with no receiver left, what was never sent cannot be drained,
     # so the publication lingers and is freed instead of waiting for a flow-control window.
     clock, wire = ManualClock(), Wire()
