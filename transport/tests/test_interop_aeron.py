@@ -27,15 +27,14 @@ machine.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
-import queue
 import random
 import re
 import select
 import shutil
-import signal
 import socket
-import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -45,25 +44,9 @@ from pathlib import Path
 
 import pytest
 
-_PROGRAMS = ("aeronmd", "basic_publisher", "basic_subscriber", "streaming_publisher")
-_DIR_ENV = "AERON_DRIVER_DIR"
-
-
-def _driver_dir_or_skip_reason() -> tuple[Path | None, str]:
-    raw = os.environ.get(_DIR_ENV, "")
-    if not raw:
-        return None, f"{_DIR_ENV} is not set (point it at a directory with {', '.join(_PROGRAMS)})"
-    path = Path(raw)
-    missing = [p for p in _PROGRAMS if not os.access(path / p, os.X_OK)]
-    if missing:
-        return None, f"{_DIR_ENV}={raw} lacks executable {', '.join(missing)}"
-    return path, ""
-
-
-AERON_BIN, _SKIP_REASON = _driver_dir_or_skip_reason()
-if AERON_BIN is None:
-    pytest.skip(_SKIP_REASON, allow_module_level=True)
-
+sys.path.insert(0, str(Path(__file__).parent))
+import aeron_peer  # noqa: E402
+from aeron_peer import JavaMediaDriver, PeerProgram  # noqa: E402
 from aeron_spark.transport import (  # noqa: E402
     BufferClaim,
     Driver,
@@ -78,10 +61,42 @@ from aeron_spark.transport.testing import LossConfig  # noqa: E402
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(180)]
 
-_STDBUF = shutil.which("stdbuf")  # line-buffer the samples' stdout (they printf to a pipe)
+_C_PROGRAMS = ("aeronmd", "basic_publisher", "basic_subscriber", "streaming_publisher")
+_C_DIR_ENV = "AERON_DRIVER_DIR"
+_STDBUF = shutil.which("stdbuf")  # line-buffer the C samples' stdout (they printf to a pipe)
 _PROCESS_STOP_S = 10.0
 _CONNECT_S = 15.0
 _DELIVERY_S = 60.0
+
+
+def _c_dir() -> tuple[Path | None, str]:
+    raw = os.environ.get(_C_DIR_ENV, "")
+    if not raw:
+        return None, f"{_C_DIR_ENV} is not set"
+    path = Path(raw)
+    missing = [p for p in _C_PROGRAMS if not os.access(path / p, os.X_OK)]
+    if missing:
+        return None, f"{_C_DIR_ENV}={raw} lacks executable {', '.join(missing)}"
+    return path, ""
+
+
+C_BIN, _C_REASON = _c_dir()
+# The Java driver (aeron-all from Maven Central) is always a peer; the C driver is a second,
+# optional one, listed only when AERON_DRIVER_DIR is set (and then it must work).
+PEERS = ["java"] + (["c"] if os.environ.get(_C_DIR_ENV) else [])
+
+
+def _require_peer(kind: str) -> None:
+    """Skip (or, with AERON_INTEROP_REQUIRED=1 as in CI, fail) when ``kind`` cannot run here."""
+    if kind == "java":
+        reason = aeron_peer.unavailable_reason()
+        if reason is not None:
+            message = f"the real Aeron (Java) is not available: {reason}"
+            if aeron_peer.required():
+                pytest.fail(f"{aeron_peer.REQUIRED_ENV} is set but {message}", pytrace=False)
+            pytest.skip(message)
+    elif C_BIN is None:
+        pytest.fail(_C_REASON, pytrace=False)
 
 
 # --------------------------------------------------------------------------- helpers: processes
@@ -102,154 +117,147 @@ def _has_ipv6_loopback() -> bool:
     return True
 
 
-class RealProgram:
-    """One real Aeron program in its own process group; stdout lines go to a queue.
+class RealDriver:
+    """A running real media driver (Java or C) and its sample programs, with one API.
 
-    A daemon thread blocks on ``readline`` so waiting for output is a bounded ``Queue.get``.
-    ``stop()`` is idempotent and always leaves the process reaped.
+    The samples of both print the same lines ("Available image on ...", "Message to stream ...",
+    "offering i/n - yay!"), so the tests read either.
     """
 
-    def __init__(self, argv: list[str], env: dict[str, str], name: str) -> None:
-        self.name = name
-        cmd = ([_STDBUF, "-oL", "-eL"] if _STDBUF else []) + argv
-        self.lines: list[str] = []
-        self._queue: queue.Queue[str | None] = queue.Queue()
-        self.proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self._reader = threading.Thread(target=self._read, name=f"{name}-stdout", daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            self._queue.put(raw.decode("utf-8", "replace").rstrip("\n"))
-        self._queue.put(None)
-
-    def next_line(self, deadline: float) -> str | None:
-        """The next stdout line, or None at EOF or when ``deadline`` (monotonic) passes."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return None
-        try:
-            line = self._queue.get(timeout=remaining)
-        except queue.Empty:
-            return None
-        if line is None:
-            self._queue.put(None)  # keep EOF visible to later callers
-            return None
-        self.lines.append(line)
-        return line
-
-    def wait_for_line(self, pattern: re.Pattern[str], timeout_s: float) -> re.Match[str]:
-        """The first line matching ``pattern``, among those already read or still to come.
-
-        Lines already read count because the samples' output order is not fixed (an image
-        that is ready at once is announced before "Subscription channel status").
-        """
-        for seen in self.lines:
-            if m := pattern.search(seen):
-                return m
-        deadline = time.monotonic() + timeout_s
-        while True:
-            line = self.next_line(deadline)
-            if line is None:
-                raise AssertionError(
-                    f"{self.name}: no line matching {pattern.pattern!r} within {timeout_s} s "
-                    f"(exit code {self.proc.poll()}); output so far:\n" + self.transcript()
-                )
-            m = pattern.search(line)
-            if m:
-                return m
-
-    def drain(self, timeout_s: float) -> None:
-        """Read whatever is left until EOF (after the process ends) or the timeout."""
-        deadline = time.monotonic() + timeout_s
-        while self.next_line(deadline) is not None:
-            pass
-
-    def transcript(self, last: int = 40) -> str:
-        return "\n".join(self.lines[-last:])
-
-    def wait_exit(self, timeout_s: float) -> int:
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired as exc:
-            raise AssertionError(
-                f"{self.name} did not exit within {timeout_s} s:\n" + self.transcript()
-            ) from exc
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(timeout=_PROCESS_STOP_S)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=_PROCESS_STOP_S)
-        self._reader.join(timeout=_PROCESS_STOP_S)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-
-@dataclass
-class RealDriver:
-    """A running real ``aeronmd`` with its own Aeron directory."""
-
+    kind: str
     aeron_dir: str
-    env: dict[str, str]
-    programs: list[RealProgram] = field(default_factory=list)
 
-    def run(self, program: str, *args: str) -> RealProgram:
-        assert AERON_BIN is not None
-        p = RealProgram([str(AERON_BIN / program), "-p", self.aeron_dir, *args], self.env, program)
+    def basic_publisher(self, channel: str, stream_id: int, count: int) -> PeerProgram:
+        raise NotImplementedError
+
+    def streaming_publisher(
+        self, channel: str, stream_id: int, count: int, length: int
+    ) -> PeerProgram:
+        raise NotImplementedError
+
+    def basic_subscriber(self, channel: str, stream_id: int) -> PeerProgram:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class JavaRealDriver(RealDriver):
+    """``io.aeron.driver.MediaDriver`` with the Java samples ``BasicPublisher``,
+    ``StreamingPublisher`` and ``BasicSubscriber`` (configured by system properties)."""
+
+    kind = "java"
+
+    def __init__(self, **driver_properties: object) -> None:
+        self.java = JavaMediaDriver(**driver_properties)
+        self.aeron_dir = self.java.aeron_dir
+
+    def basic_publisher(self, channel: str, stream_id: int, count: int) -> PeerProgram:
+        props = {
+            "aeron.sample.channel": channel,
+            "aeron.sample.streamId": stream_id,
+            "aeron.sample.messages": count,
+        }
+        return self.java.run("io.aeron.samples.BasicPublisher", props)
+
+    def streaming_publisher(
+        self, channel: str, stream_id: int, count: int, length: int
+    ) -> PeerProgram:
+        props = {
+            "aeron.sample.channel": channel,
+            "aeron.sample.streamId": stream_id,
+            "aeron.sample.messages": count,
+            "aeron.sample.messageLength": length,
+        }
+        # "n" answers its "Execute again? (y/n)" prompt.
+        return self.java.run("io.aeron.samples.StreamingPublisher", props, stdin=b"n\n")
+
+    def basic_subscriber(self, channel: str, stream_id: int) -> PeerProgram:
+        props = {"aeron.sample.channel": channel, "aeron.sample.streamId": stream_id}
+        return self.java.run("io.aeron.samples.BasicSubscriber", props)
+
+    def rate_subscriber(self, channel: str, stream_id: int) -> PeerProgram:
+        props = {"aeron.sample.channel": channel, "aeron.sample.streamId": stream_id}
+        return self.java.run("io.aeron.samples.RateSubscriber", props)
+
+    def close(self) -> None:
+        self.java.close()
+
+
+class CRealDriver(RealDriver):
+    """``aeronmd`` with the C samples (built by whoever runs the tests, see AERON_DRIVER_DIR)."""
+
+    kind = "c"
+
+    def __init__(self) -> None:
+        assert C_BIN is not None
+        self.aeron_dir = f"/dev/shm/aeron-real-interop-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        env = dict(os.environ)
+        env.update(
+            {
+                "AERON_DIR": self.aeron_dir,
+                "AERON_DIR_DELETE_ON_START": "true",
+                "AERON_DIR_DELETE_ON_SHUTDOWN": "true",
+                "AERON_THREADING_MODE": "SHARED",
+                "AERON_TERM_BUFFER_SPARSE_FILE": "true",
+                # Only used by channels with cc=cubic: then the real receiver sends RTTM requests.
+                "AERON_CUBICCONGESTIONCONTROL_MEASURERTT": "true",
+                # aeronmd links libaeron_driver.so; allow it to sit beside the binaries.
+                "LD_LIBRARY_PATH": ":".join(filter(None, [str(C_BIN), env.get("LD_LIBRARY_PATH")])),
+            }
+        )
+        self.env = env
+        self.programs: list[PeerProgram] = []
+        self.md = self._program("aeronmd", [])
+        cnc = Path(self.aeron_dir) / "cnc.dat"
+        deadline = time.monotonic() + _CONNECT_S
+        try:
+            while not (cnc.exists() and cnc.stat().st_size > 0):
+                if self.md.proc.poll() is not None or time.monotonic() > deadline:
+                    self.md.drain(1.0)
+                    raise AssertionError("aeronmd did not start:\n" + self.md.transcript())
+                time.sleep(0.02)
+        except BaseException:
+            self.close()
+            raise
+
+    def _program(self, program: str, args: list[str]) -> PeerProgram:
+        assert C_BIN is not None
+        argv = ([_STDBUF, "-oL", "-eL"] if _STDBUF else []) + [str(C_BIN / program), *args]
+        return PeerProgram(argv, program, env=self.env)
+
+    def run(self, program: str, *args: str) -> PeerProgram:
+        p = self._program(program, ["-p", self.aeron_dir, *args])
         self.programs.append(p)
         return p
 
-    def stop_programs(self) -> None:
+    def basic_publisher(self, channel: str, stream_id: int, count: int) -> PeerProgram:
+        return self.run("basic_publisher", "-c", channel, "-s", str(stream_id), "-m", str(count))
+
+    def streaming_publisher(
+        self, channel: str, stream_id: int, count: int, length: int
+    ) -> PeerProgram:
+        args = ["-c", channel, "-s", str(stream_id), "-m", str(count), "-L", str(length)]
+        return self.run("streaming_publisher", *args)
+
+    def basic_subscriber(self, channel: str, stream_id: int) -> PeerProgram:
+        return self.run("basic_subscriber", "-c", channel, "-s", str(stream_id))
+
+    def close(self) -> None:
         for p in self.programs:
             p.stop()
+        self.md.stop()
+        shutil.rmtree(self.aeron_dir, ignore_errors=True)
 
 
-def _start_real_driver(stack: contextlib.ExitStack) -> RealDriver:
-    """Start an ``aeronmd`` with its own directory; ``stack`` stops it and its programs."""
-    assert AERON_BIN is not None
-    aeron_dir = f"/dev/shm/aeron-real-interop-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    env = dict(os.environ)
-    env.update(
-        {
-            "AERON_DIR": aeron_dir,
-            "AERON_DIR_DELETE_ON_START": "true",
-            "AERON_DIR_DELETE_ON_SHUTDOWN": "true",
-            "AERON_THREADING_MODE": "SHARED",
-            "AERON_TERM_BUFFER_SPARSE_FILE": "true",
-            # Only used by channels with cc=cubic: then the real receiver sends RTTM requests.
-            "AERON_CUBICCONGESTIONCONTROL_MEASURERTT": "true",
-            # aeronmd links libaeron_driver.so; allow it to sit beside the binaries.
-            "LD_LIBRARY_PATH": ":".join(filter(None, [str(AERON_BIN), env.get("LD_LIBRARY_PATH")])),
-        }
-    )
-    driver = RealDriver(aeron_dir, env)
-    stack.callback(shutil.rmtree, aeron_dir, ignore_errors=True)
-    md = RealProgram([str(AERON_BIN / "aeronmd")], env, "aeronmd")
-    stack.callback(md.stop)
-    stack.callback(driver.stop_programs)  # runs first: clients, then the driver
-    cnc = Path(aeron_dir) / "cnc.dat"
-    deadline = time.monotonic() + _CONNECT_S
-    # The driver writes cnc.dat when ready; the clients would wait for it too, but a driver that
-    # fails to start should fail here with its own output.
-    while not (cnc.exists() and cnc.stat().st_size > 0):
-        if md.proc.poll() is not None or time.monotonic() > deadline:
-            md.drain(1.0)
-            raise AssertionError("aeronmd did not start:\n" + md.transcript())
-        time.sleep(0.02)
+def _start_real_driver(
+    stack: contextlib.ExitStack, kind: str, **java_properties: object
+) -> RealDriver:
+    """Start a real driver of ``kind`` with its own directory; ``stack`` stops it and its
+    programs (clients first, then the driver)."""
+    _require_peer(kind)
+    driver: RealDriver = JavaRealDriver(**java_properties) if kind == "java" else CRealDriver()
+    stack.callback(driver.close)
     return driver
 
 
@@ -259,9 +267,16 @@ def real_stack() -> Iterator[contextlib.ExitStack]:
         yield stack
 
 
+@pytest.fixture(params=PEERS)
+def peer(request: pytest.FixtureRequest) -> str:
+    kind: str = request.param
+    _require_peer(kind)
+    return kind
+
+
 @pytest.fixture
-def real_driver(real_stack: contextlib.ExitStack) -> RealDriver:
-    return _start_real_driver(real_stack)
+def real_driver(real_stack: contextlib.ExitStack, peer: str) -> RealDriver:
+    return _start_real_driver(real_stack, peer)
 
 
 class OurDrivers:
@@ -364,13 +379,13 @@ def _channel(port: int, **params: object) -> str:
 
 # ----------------------------------------------------------------- (a) real publisher -> our sub
 
-_OFFER = re.compile(r"^offering (\d+)/(\d+) - (.*)$")
+_OFFER = re.compile(r"^[Oo]ffering (\d+)/(\d+) - (.*)$")  # C: "offering", Java: "Offering"
 _WRAP = {"term_length": 65536, "init_term_id": 2147483645, "term_id": 2147483647, "term_offset": 0}
 # Start in the fourth term at offset 1024: the image's join position is not 0.
 _START = {"term_length": 65536, "init_term_id": 100, "term_id": 103, "term_offset": 1024}
 
 
-def _accepted_offers(pub: RealProgram) -> list[int]:
+def _accepted_offers(pub: PeerProgram) -> list[int]:
     """Indices basic_publisher reports as accepted ("yay!"); the others were refused."""
     matches = (_OFFER.match(line) for line in pub.lines)
     return [int(m.group(1)) for m in matches if m and "yay!" in m.group(3)]
@@ -378,9 +393,8 @@ def _accepted_offers(pub: RealProgram) -> list[int]:
 
 def _run_streaming(
     real_driver: RealDriver, channel: str, stream_id: int, count: int, length: int
-) -> RealProgram:
-    args = ["-c", channel, "-s", str(stream_id), "-m", str(count), "-L", str(length)]
-    return real_driver.run("streaming_publisher", *args)
+) -> PeerProgram:
+    return real_driver.streaming_publisher(channel, stream_id, count, length)
 
 
 def _check_streamed(payloads: list[bytes], count: int, length: int) -> None:
@@ -405,7 +419,7 @@ def test_basic_publisher_to_our_subscription(real_driver: RealDriver, our_driver
     channel = _channel(port)
     received = Received()
     sub = received.subscribe(our_driver, channel, stream_id)
-    pub = real_driver.run("basic_publisher", "-c", channel, "-s", str(stream_id), "-m", str(count))
+    pub = real_driver.basic_publisher(channel, stream_id, count)
     try:
         _poll_until(sub, received, lambda: pub.proc.poll() is not None, _DELIVERY_S)
         pub.wait_exit(_PROCESS_STOP_S)
@@ -479,7 +493,7 @@ def test_streaming_publisher_to_our_subscription(
 
 
 def test_two_real_publishers_interleave_into_our_subscription(
-    real_stack: contextlib.ExitStack, our_driver: Driver
+    real_stack: contextlib.ExitStack, peer: str, our_driver: Driver
 ) -> None:
     """Two real publications (two sessions, from two real drivers) on one stream: their
     fragments interleave on our socket; each session's messages are reassembled separately,
@@ -493,7 +507,11 @@ def test_two_real_publishers_interleave_into_our_subscription(
     sub = received.subscribe(our_driver, _channel(port), stream_id)
     pubs = [
         _run_streaming(
-            _start_real_driver(real_stack), _channel(port, session_id=sid), stream_id, count, length
+            _start_real_driver(real_stack, peer),
+            _channel(port, session_id=sid),
+            stream_id,
+            count,
+            length,
         )
         for sid in (424242, 424243)
     ]
@@ -549,7 +567,7 @@ def test_our_subscription_rejoins_a_running_real_publication(
     first, second = Received(), Received()
     driver = our_drivers.start()
     sub = first.subscribe(driver, channel, stream_id)
-    pub = real_driver.run("basic_publisher", "-c", channel, "-s", str(stream_id), "-m", str(count))
+    pub = real_driver.basic_publisher(channel, stream_id, count)
     try:
         _poll_until(sub, first, lambda: b"Hello World! 1" in first.payloads, _DELIVERY_S)
         assert b"Hello World! 1" in first.payloads, pub.transcript()
@@ -573,12 +591,16 @@ def test_our_subscription_rejoins_a_running_real_publication(
 # ----------------------------------------------------------------- (b) our pub -> real subscriber
 
 _SUB_READY = re.compile(r"^Subscription channel status (\d+)")
+_SUBSCRIBING = re.compile(r"^Subscribing to ")
 _AVAILABLE = re.compile(
     r"^Available image on \S+ streamId=(-?\d+) sessionId=(-?\d+) "
     r"mtu=(\d+) term-length=(\d+) from (\S+)"
 )
 _UNAVAILABLE = re.compile(r"^Unavailable image on \S+ streamId=(-?\d+) sessionId=(-?\d+)")
-_MESSAGE = re.compile(r"^Message to stream (-?\d+) from session (-?\d+) \((\d+) bytes\) <<(.*)>>$")
+# C: "(123 bytes)", Java: "(123@offset)".
+_MESSAGE = re.compile(
+    r"^Message to stream (-?\d+) from session (-?\d+) \((\d+)(?: bytes|@\d+)\) <<(.*)>>$"
+)
 
 
 def _text_message(i: int, length: int) -> bytes:
@@ -588,15 +610,18 @@ def _text_message(i: int, length: int) -> bytes:
     return (head + body)[:length]
 
 
-def _start_real_subscriber(real_driver: RealDriver, channel: str, stream_id: int) -> RealProgram:
-    sub = real_driver.run("basic_subscriber", "-c", channel, "-s", str(stream_id))
-    status = sub.wait_for_line(_SUB_READY, _CONNECT_S)
-    assert status.group(1) == "1", "real subscriber's channel is not ACTIVE:\n" + sub.transcript()
+def _start_real_subscriber(real_driver: RealDriver, channel: str, stream_id: int) -> PeerProgram:
+    sub = real_driver.basic_subscriber(channel, stream_id)
+    if real_driver.kind == "c":
+        status = sub.wait_for_line(_SUB_READY, _CONNECT_S)
+        assert status.group(1) == "1", "the channel is not ACTIVE:\n" + sub.transcript()
+    else:  # the Java sample prints no channel status; our publication waits for its SM anyway
+        sub.wait_for_line(_SUBSCRIBING, _CONNECT_S)
     return sub
 
 
 def _collect_messages(
-    sub: RealProgram, count: int, timeout_s: float
+    sub: PeerProgram, count: int, timeout_s: float
 ) -> list[tuple[int, int, bytes]]:
     out: list[tuple[int, int, bytes]] = []
     deadline = time.monotonic() + timeout_s
@@ -614,7 +639,7 @@ def _collect_messages(
     return out
 
 
-def _check_real_image(sub: RealProgram, pub: Publication, stream_id: int) -> None:
+def _check_real_image(sub: PeerProgram, pub: Publication, stream_id: int) -> None:
     image = sub.wait_for_line(_AVAILABLE, _CONNECT_S)
     assert int(image.group(1)) == stream_id
     assert int(image.group(2)) == pub.session_id
@@ -837,6 +862,10 @@ def test_our_manual_mdc_publication_to_two_real_subscribers(
         pub.add_destination(f"127.0.0.1:{p}")
     try:
         assert pub.wait_until_connected(_CONNECT_S)
+        # Connected means one receiver answered; a receiver whose image appears later joins at
+        # the position of its SETUP (as with a real publication), so wait for both images.
+        for s in real_subs:
+            _check_real_image(s, pub, stream_id)
         messages = [_text_message(i, 100 + (i * 61) % 5000) for i in range(200)]
         _offer_all(pub, messages, _DELIVERY_S)
         got = [_collect_messages(s, len(messages), _DELIVERY_S) for s in real_subs]
@@ -984,7 +1013,9 @@ def test_ipv6_our_publication_to_real_subscriber(
     try:
         assert pub.wait_until_connected(_CONNECT_S)
         image = real_sub.wait_for_line(_AVAILABLE, _CONNECT_S)
-        assert image.group(5).startswith("[::1]:"), image.group(0)
+        # C: "[::1]:port", Java: "0:0:0:0:0:0:0:1:port".
+        source = image.group(5).rsplit(":", 1)[0].strip("[]")
+        assert ipaddress.ip_address(source) == ipaddress.ip_address("::1"), image.group(0)
         messages = [_text_message(i, 100 + (i * 53) % 3000) for i in range(100)]
         _offer_all(pub, messages, _DELIVERY_S)
         got = _collect_messages(real_sub, len(messages), _DELIVERY_S)
