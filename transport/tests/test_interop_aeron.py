@@ -1053,3 +1053,119 @@ def test_claimed_and_aborted_frames_to_real_subscriber(
         real_sub.stop()
     assert [body for _, _, body in got] == messages
     _assert_understood_everything(our_driver)
+
+
+# ----------------------------------------------------------------- loss inside the real Java driver
+
+_JAVA_DEBUG_SEND = "io.aeron.driver.ext.DebugSendChannelEndpointSupplier"
+_JAVA_DEBUG_RECEIVE = "io.aeron.driver.ext.DebugReceiveChannelEndpointSupplier"
+
+
+@pytest.mark.parametrize(
+    ("data_loss", "control_loss"),
+    [
+        pytest.param(0.05, 0.0, id="5pct-data"),
+        pytest.param(0.05, 0.2, id="5pct-data-20pct-of-our-sm-and-naks"),
+    ],
+)
+def test_java_driver_send_loss_to_our_subscription(
+    real_stack: contextlib.ExitStack, our_driver: Driver, data_loss: float, control_loss: float
+) -> None:
+    """The real Java driver's own loss generator (``DebugSendChannelEndpoint``) drops a share of
+    what its publication sends (DATA, SETUP, heartbeats) and of the status messages and NAKs it
+    receives from us: our NAKs (repeated when lost) get every message, once and in order."""
+    real = _start_real_driver(
+        real_stack,
+        "java",
+        **{
+            "aeron.SendChannelEndpoint.supplier": _JAVA_DEBUG_SEND,
+            "aeron.debug.send.data.loss.rate": data_loss,
+            "aeron.debug.send.data.loss.seed": 5,
+            "aeron.debug.send.control.loss.rate": control_loss,
+            "aeron.debug.send.control.loss.seed": 6,
+        },
+    )
+    port, stream_id, count, length = _free_udp_port(), 1020, 2000, 3000
+    received = Received()
+    sub = received.subscribe(our_driver, _channel(port), stream_id)
+    pub = _run_streaming(real, _channel(port, term_length=65536), stream_id, count, length)
+    try:
+        _poll_until(sub, received, lambda: len(received.payloads) >= count, _DELIVERY_S)
+        pub.wait_exit(_DELIVERY_S)
+    finally:
+        pub.stop()
+    _check_streamed(received.payloads, count, length)
+    assert our_driver.counters.snapshot()["naks_sent"] > 0
+    _assert_understood_everything(our_driver)
+
+
+@pytest.mark.parametrize(
+    ("data_loss", "control_loss"),
+    [
+        pytest.param(0.05, 0.0, id="5pct-data"),
+        pytest.param(0.05, 0.2, id="5pct-data-20pct-of-its-sm-and-naks"),
+    ],
+)
+def test_our_publication_to_java_receiver_with_loss(
+    real_stack: contextlib.ExitStack, our_driver: Driver, data_loss: float, control_loss: float
+) -> None:
+    """The real Java receiver (``DebugReceiveChannelEndpoint``) drops a share of our DATA,
+    SETUP and RTTM frames and of its own status messages and NAKs: it NAKs (again, when a NAK
+    is lost), we retransmit, and the real BasicSubscriber prints every message in order."""
+    real = _start_real_driver(
+        real_stack,
+        "java",
+        **{
+            "aeron.ReceiveChannelEndpoint.supplier": _JAVA_DEBUG_RECEIVE,
+            "aeron.debug.receive.data.loss.rate": data_loss,
+            "aeron.debug.receive.data.loss.seed": 7,
+            "aeron.debug.receive.control.loss.rate": control_loss,
+            "aeron.debug.receive.control.loss.seed": 8,
+        },
+    )
+    port, stream_id = _free_udp_port(), 1021
+    real_sub = _start_real_subscriber(real, _channel(port), stream_id)
+    pub = our_driver.add_publication(_channel(port, term_length=65536), stream_id)
+    try:
+        assert pub.wait_until_connected(_CONNECT_S)
+        messages = [_text_message(i, 100 + (i * 37) % 4000) for i in range(600)]
+        _offer_all(pub, messages, _DELIVERY_S)
+        got = _collect_messages(real_sub, len(messages), _DELIVERY_S)
+    finally:
+        real_sub.stop()
+    assert [body for _, _, body in got] == messages
+    counters = our_driver.counters.snapshot()
+    assert counters["naks_received"] > 0 and counters["retransmits_sent"] > 0, counters
+    _assert_understood_everything(our_driver)
+
+
+# ----------------------------------------------------------------- real RateSubscriber
+
+_RATE_TOTALS = re.compile(r"totals (\d+) messages")
+
+
+def test_our_publication_to_java_rate_subscriber(
+    real_stack: contextlib.ExitStack, our_driver: Driver
+) -> None:
+    """The real ``RateSubscriber`` (which counts whole messages through a FragmentAssembler)
+    counts exactly what we sent: 20,000 unfragmented and 1,000 fragmented messages."""
+    real = _start_real_driver(real_stack, "java")
+    port, stream_id = _free_udp_port(), 1022
+    rate_sub = real.rate_subscriber(_channel(port), stream_id)  # type: ignore[attr-defined]
+    pub = our_driver.add_publication(_channel(port), stream_id)
+    count = 21_000
+    try:
+        assert pub.wait_until_connected(_CONNECT_S), rate_sub.transcript()
+        for i in range(count):
+            pub.offer_blocking(bytes(64 if i < 20_000 else 5000), timeout_s=_DELIVERY_S)
+        deadline = time.monotonic() + _DELIVERY_S
+        total = 0
+        while total < count:
+            line = rate_sub.next_line(deadline)
+            assert line is not None, f"RateSubscriber counted {total} of {count}"
+            if m := _RATE_TOTALS.search(line):
+                total = int(m.group(1))
+    finally:
+        rate_sub.stop()
+    assert total == count
+    _assert_understood_everything(our_driver)
