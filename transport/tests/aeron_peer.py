@@ -371,3 +371,59 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+# --------------------------------------------------------------------------- the driver's CnC file
+
+_CNC_END_OF_METADATA = 128  # align(5 ints + 3 longs, 2 cache lines)
+_METADATA_RECORD = 512  # Agrona CountersReader: state, type id, deadline, key, label
+_VALUE_RECORD = 128
+_LABEL_OFFSET = 128
+_RECORD_ALLOCATED = 1
+
+
+def read_cnc(aeron_dir: str) -> tuple[dict[str, int], str]:
+    """The real driver's counters (label -> value; labels repeated get their values summed) and
+    the text of its first error-log entry ("" when the driver logged no error), read from its
+    ``cnc.dat`` (Aeron's CnC layout, version 0.2.x)."""
+    data = (Path(aeron_dir) / "cnc.dat").read_bytes()
+    version = int.from_bytes(data[0:4], "little")
+    if version >> 16 != 0 or (version >> 8) & 0xFF != 2:
+        raise RuntimeError(f"unexpected CnC version {version:#x} in {aeron_dir}")
+    to_driver, to_clients, meta_len, values_len, error_len = (
+        int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "little") for i in range(5)
+    )
+    meta_at = _CNC_END_OF_METADATA + to_driver + to_clients
+    values_at = meta_at + meta_len
+    error_at = values_at + values_len
+    counters: dict[str, int] = {}
+    for counter_id in range(meta_len // _METADATA_RECORD):
+        rec = meta_at + counter_id * _METADATA_RECORD
+        state = int.from_bytes(data[rec : rec + 4], "little", signed=True)
+        if state == 0:
+            break  # records are allocated in order; the rest is unused
+        if state != _RECORD_ALLOCATED:
+            continue
+        label_len = int.from_bytes(data[rec + _LABEL_OFFSET : rec + _LABEL_OFFSET + 4], "little")
+        label_at = rec + _LABEL_OFFSET + 4
+        label = data[label_at : label_at + label_len].decode("ascii", "replace")
+        value_at = values_at + counter_id * _VALUE_RECORD
+        value = int.from_bytes(data[value_at : value_at + 8], "little", signed=True)
+        counters[label] = counters.get(label, 0) + value
+    # Distinct error log record: length, count, last and first timestamps, then the text.
+    first_len = int.from_bytes(data[error_at : error_at + 4], "little") if error_len else 0
+    first_error = data[error_at + 24 : error_at + first_len].decode("ascii", "replace")
+    return counters, first_error
+
+
+def assert_driver_clean(aeron_dir: str) -> None:
+    """The real driver counted no invalid packet, no error, no error frame and logged no error."""
+    counters, first_error = read_cnc(aeron_dir)
+    bad = {
+        k: v
+        for k, v in counters.items()
+        if v and (k == "Invalid packets" or k.startswith("Errors") or k.startswith("Error Frames"))
+    }
+    assert not bad and not first_error, (
+        f"the real Aeron driver complained: {bad} {first_error[:2000]}"
+    )

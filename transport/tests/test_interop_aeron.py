@@ -258,6 +258,9 @@ def _start_real_driver(
     _require_peer(kind)
     driver: RealDriver = JavaRealDriver(**java_properties) if kind == "java" else CRealDriver()
     stack.callback(driver.close)
+    if kind == "java":
+        # Runs first (last in): the real driver counted no invalid packet and no error.
+        stack.callback(aeron_peer.assert_driver_clean, driver.aeron_dir)
     return driver
 
 
@@ -1169,3 +1172,46 @@ def test_our_publication_to_java_rate_subscriber(
         rate_sub.stop()
     assert total == count
     _assert_understood_everything(our_driver)
+
+
+def test_real_java_driver_counters_catch_invalid_packets(real_stack: contextlib.ExitStack) -> None:
+    """The check every Java case ends with has teeth: datagrams the real driver cannot parse
+    (too short; a DATA header with a wrong version) show up in its ``Invalid packets`` counter,
+    read from its cnc.dat, and make ``assert_driver_clean`` fail."""
+    real = _start_real_driver(real_stack, "java")
+    port, stream_id = _free_udp_port(), 1023
+    real_sub = _start_real_subscriber(real, _channel(port), stream_id)
+    try:
+        # The receiver binds the port once the subscription is added; wait until it is taken.
+        deadline = time.monotonic() + _CONNECT_S
+        while True:
+            try:
+                _free_udp_port_at(port)
+            except OSError:
+                break
+            assert time.monotonic() < deadline, "the real receiver never bound its port"
+            time.sleep(0.05)
+        bad_version = bytearray(64)
+        bad_version[0:4] = (64).to_bytes(4, "little")
+        bad_version[4] = 99  # version (the real driver checks it is 0)
+        bad_version[6] = 0x01  # DATA
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for _ in range(3):
+                s.sendto(b"\x01\x02\x03", ("127.0.0.1", port))
+                s.sendto(bytes(bad_version), ("127.0.0.1", port))
+        deadline = time.monotonic() + _CONNECT_S
+        while (invalid := aeron_peer.read_cnc(real.aeron_dir)[0]["Invalid packets"]) < 6:
+            assert time.monotonic() < deadline, f"Invalid packets = {invalid}"
+            time.sleep(0.05)
+        with pytest.raises(AssertionError, match="Invalid packets"):
+            aeron_peer.assert_driver_clean(real.aeron_dir)
+    finally:
+        real_sub.stop()
+    real_stack.pop_all()  # drop the clean-driver check (this driver is not clean) ...
+    real.close()  # ... and stop it here
+
+
+def _free_udp_port_at(port: int) -> None:
+    """Raises OSError when ``port`` on 127.0.0.1 is already bound."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", port))
