@@ -1215,3 +1215,88 @@ def _free_udp_port_at(port: int) -> None:
     """Raises OSError when ``port`` on 127.0.0.1 is already bound."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", port))
+
+
+# ----------------------------------------------------------------- ping-pong with the real samples
+
+_HISTOGRAM_ROW = re.compile(r"^\s*([\d.]+)\s+([\d.]+)\s+(\d+)\s+(\S+)\s*$")
+
+
+def _echo_until(
+    sub: Subscription, pub: Publication, stop: threading.Event, echoed: list[int]
+) -> None:
+    """Our pong: every message received on ``sub`` offered back on ``pub`` (bounded waits)."""
+
+    def echo(payload: memoryview, header: Header) -> None:
+        pub.offer_blocking(bytes(payload), timeout_s=_DELIVERY_S)
+        echoed[0] += 1
+
+    assembler = FragmentAssembler(echo)
+    while not stop.is_set():
+        if sub.poll(assembler, 64) == 0:
+            sub.wait(0.01)
+
+
+def test_real_ping_against_our_pong(real_stack: contextlib.ExitStack, our_driver: Driver) -> None:
+    """The real ``io.aeron.samples.Ping`` (its nanoTime stamps in 32-byte messages) gets every
+    one of its 1,200 pings echoed by our subscription + publication and reports them all in
+    its latency histogram."""
+    real = _start_real_driver(real_stack, "java")
+    ping_port, pong_port, rounds, warmup = _free_udp_port(), _free_udp_port(), 1000, 200
+    sub = our_driver.add_subscription(_channel(ping_port), 1030)
+    pub = our_driver.add_publication(_channel(pong_port), 1031)
+    stop, echoed = threading.Event(), [0]
+    pong = threading.Thread(target=_echo_until, args=(sub, pub, stop, echoed))
+    pong.start()
+    try:
+        ping = real.java.run(  # type: ignore[attr-defined]
+            "io.aeron.samples.Ping",
+            {
+                "aeron.sample.ping.channel": _channel(ping_port),
+                "aeron.sample.pong.channel": _channel(pong_port),
+                "aeron.sample.ping.streamId": 1030,
+                "aeron.sample.pong.streamId": 1031,
+                "aeron.sample.messages": rounds,
+                "aeron.sample.messageLength": 32,
+                "aeron.sample.warmup.iterations": 1,
+                "aeron.sample.warmup.messages": warmup,
+            },
+            stdin=b"n\n",  # answers "Execute again? (y/n)"
+        )
+        assert ping.wait_exit(_DELIVERY_S) == 0, ping.transcript()
+        ping.drain(_PROCESS_STOP_S)
+    finally:
+        stop.set()
+        pong.join(_DELIVERY_S)
+    rows = [m for line in ping.lines if (m := _HISTOGRAM_ROW.match(line))]
+    assert rows, "no latency histogram:\n" + ping.transcript()
+    assert int(rows[-1].group(3)) == rounds, ping.transcript()  # total count at the 100th pct
+    assert echoed[0] == rounds + warmup
+    _assert_understood_everything(our_driver)
+
+
+def test_our_ping_against_real_pong(real_stack: contextlib.ExitStack, our_driver: Driver) -> None:
+    """The real ``io.aeron.samples.Pong`` echoes each of our pings (various lengths, some
+    fragmented) byte for byte, one at a time."""
+    real = _start_real_driver(real_stack, "java")
+    ping_port, pong_port = _free_udp_port(), _free_udp_port()
+    real.java.run(  # type: ignore[attr-defined]
+        "io.aeron.samples.Pong",
+        {
+            "aeron.sample.ping.channel": _channel(ping_port),
+            "aeron.sample.pong.channel": _channel(pong_port),
+            "aeron.sample.ping.streamId": 1032,
+            "aeron.sample.pong.streamId": 1033,
+        },
+    )
+    received = Received()
+    pong_sub = received.subscribe(our_driver, _channel(pong_port), 1033)
+    pub = our_driver.add_publication(_channel(ping_port), 1032)
+    assert pub.wait_until_connected(_CONNECT_S)
+    messages = [random.Random(i).randbytes(1 + (i * 131) % 3000) for i in range(500)]
+    for i, msg in enumerate(messages):
+        pub.offer_blocking(msg, timeout_s=_DELIVERY_S)
+        _poll_until(pong_sub, received, lambda i=i: len(received.payloads) > i, _DELIVERY_S)
+        assert len(received.payloads) == i + 1, f"no pong for ping {i}"
+    assert received.payloads == messages
+    _assert_understood_everything(our_driver)
