@@ -1,27 +1,31 @@
-"""Interoperability with the real Aeron C media driver and its C sample programs.
+"""Interoperability with the real Aeron: its Java media driver and samples (``io.aeron:aeron-all``
+1.47.3 from Maven Central, fetched with ``python transport/tests/aeron_peer.py fetch``), and,
+when ``AERON_DRIVER_DIR`` names a directory with ``aeronmd``, ``basic_publisher``,
+``basic_subscriber`` and ``streaming_publisher`` (built by whoever runs the tests), the C driver
+and samples as a second peer. Nothing of Aeron is kept here; ``interop_README.md`` beside this
+file lists every case. Without the jar the Java cases skip, or fail when
+``AERON_INTEROP_REQUIRED`` is set (CI). Loopback only (127.0.0.1, ::1):
 
-Runs only when ``AERON_DRIVER_DIR`` names a directory holding ``aeronmd``, ``basic_publisher``,
-``basic_subscriber`` and ``streaming_publisher`` from real-logic/aeron's C driver and C samples,
-built by whoever runs the tests, outside this repository (nothing of Aeron is kept here; see
-``interop_README.md`` beside this file, which lists every case). Loopback only (127.0.0.1, ::1):
-
-* real publisher (sample program -> real ``aeronmd``) -> our ``Subscription``: every message
+* real publisher (sample program -> real media driver) -> our ``Subscription``: every message
   arrives once, in order, byte for byte; default and non-default ``term-length``/``mtu`` (up to
   65504), messages longer than the MTU, term rotation, a term-id wrap, a non-zero start
   position, small receiver windows, two interleaved sessions, injected loss (our NAKs), a lost
   last datagram, a subscriber that rejoins (SEND_SETUP), dynamic multi-destination-cast, IPv6;
   the publisher's EOS makes our image unavailable.
-* our ``Publication`` -> real ``basic_subscriber`` (through a real ``aeronmd``): it reports an
+* our ``Publication`` -> real ``basic_subscriber`` (through a real media driver): it reports an
   image with our session id, mtu and term length and prints each message intact, with the same
   variations, plus the real receiver's NAKs (through a lossy proxy), cubic congestion control
   (RTTM), a real subscriber that appears later (SEND_SETUP), idle heartbeats past the real image
   liveness timeout, ``try_claim`` and ``close()`` (EOS).
+* only with the Java driver: its own loss generators (DebugSend/DebugReceiveChannelEndpoint)
+  in both directions, the real RateSubscriber, Ping against our pong and our ping against Pong.
 
-Every test also checks that our driver counted no invalid frame and no error. Each real program
-runs in its own process group; every wait is bounded and every process is stopped in a
-``finally`` (SIGINT, then SIGKILL). The real driver gets its own ``AERON_DIR`` under
-``/dev/shm``, the shared threading mode and sparse term files, so it stays light on a small
-machine.
+Every test also checks that our driver counted no invalid frame and no error, and (Java) that
+the real driver's counters in its cnc.dat show no invalid packet, no error and an empty error
+log. Each real program runs in its own process group; every wait is bounded and every process
+is stopped in a ``finally`` (SIGINT, then SIGKILL). The real driver gets its own Aeron directory
+under ``/dev/shm``, the shared threading mode with a backoff idle strategy and sparse term
+files, so it stays light on a small machine.
 """
 
 from __future__ import annotations
