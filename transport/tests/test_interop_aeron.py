@@ -1186,13 +1186,10 @@ def test_real_java_driver_counters_catch_invalid_packets(real_stack: contextlib.
     port, stream_id = _free_udp_port(), 1023
     real_sub = _start_real_subscriber(real, _channel(port), stream_id)
     try:
-        # The receiver binds the port once the subscription is added; wait until it is taken.
+        # The receiver binds the port once the subscription is added; wait until it has (read
+        # from /proc, so that probing never races the real driver's bind).
         deadline = time.monotonic() + _CONNECT_S
-        while True:
-            try:
-                _free_udp_port_at(port)
-            except OSError:
-                break
+        while not _udp_port_bound(port):
             assert time.monotonic() < deadline, "the real receiver never bound its port"
             time.sleep(0.05)
         bad_version = bytearray(64)
@@ -1215,10 +1212,11 @@ def test_real_java_driver_counters_catch_invalid_packets(real_stack: contextlib.
     real.close()  # ... and stop it here
 
 
-def _free_udp_port_at(port: int) -> None:
-    """Raises OSError when ``port`` on 127.0.0.1 is already bound."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", port))
+def _udp_port_bound(port: int) -> bool:
+    """Whether a UDP socket is bound to 127.0.0.1:``port`` (or any address), per /proc/net/udp."""
+    wanted = {f"0100007F:{port:04X}", f"00000000:{port:04X}"}
+    with open("/proc/net/udp") as table:
+        return any(line.split()[1] in wanted for line in list(table)[1:])
 
 
 # ----------------------------------------------------------------- ping-pong with the real samples
