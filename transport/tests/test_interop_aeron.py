@@ -1302,3 +1302,72 @@ def test_our_ping_against_real_pong(real_stack: contextlib.ExitStack, our_driver
         assert len(received.payloads) == i + 1, f"no pong for ping {i}"
     assert received.payloads == messages
     _assert_understood_everything(our_driver)
+
+
+# ----------------------------------------------------------------- the real Aeron Archive
+
+_RECORDING = re.compile(r"^RECORDING ")
+_RECORDED = re.compile(r"^RECORDED (\d+) (-?\d+) (-?\d+)$")
+_REPLAYING = re.compile(r"^REPLAYING$")
+
+
+def test_our_publication_recorded_and_replayed_by_real_archive(
+    tmp_path: Path, our_driver: Driver
+) -> None:
+    """The real Aeron Archive (an ArchivingMediaDriver run by ``java/ArchivePeer.java``, our own
+    few lines compiled here against the jar) records our publication from the network until our
+    EOS ends its image, at exactly our start and end positions; its replay of the whole
+    recording, sent to our subscription by the real driver, is what we published, byte for byte.
+    """
+    _require_peer("java")
+    if shutil.which("javac") is None:
+        message = "no `javac` (a JDK) to compile java/ArchivePeer.java"
+        if aeron_peer.required():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    source = (Path(__file__).parent / "java" / "ArchivePeer.java").read_text()
+    classes = aeron_peer.compile_java(source, "ArchivePeer", tmp_path / "classes")
+    record_port, replay_port, stream_id, replay_stream_id = (
+        _free_udp_port(),
+        _free_udp_port(),
+        1040,
+        1041,
+    )
+    aeron_dir = aeron_peer.new_aeron_dir("archive")
+    argv = aeron_peer.java_argv(
+        "ArchivePeer",
+        {},
+        classpath=[classes],
+        args=[
+            aeron_dir,
+            str(tmp_path / "archive"),
+            _channel(record_port),
+            str(stream_id),
+            _channel(replay_port),
+            str(replay_stream_id),
+        ],
+    )
+    archive = PeerProgram(argv, "ArchivePeer")
+    rng = random.Random(40)
+    messages = [rng.randbytes(1 + (i * 97) % 5000) for i in range(400)]
+    received = Received()
+    try:
+        archive.wait_for_line(_RECORDING, _CONNECT_S * 2)
+        replay_sub = received.subscribe(our_driver, _channel(replay_port), replay_stream_id)
+        pub = our_driver.add_publication(_channel(record_port, term_length=65536), stream_id)
+        assert pub.wait_until_connected(_CONNECT_S), archive.transcript()
+        _offer_all(pub, messages, _DELIVERY_S)
+        end = pub.position
+        pub.close()  # drains, then EOS: the archive's image ends and the recording stops
+        recorded = archive.wait_for_line(_RECORDED, _DELIVERY_S)
+        archive.wait_for_line(_REPLAYING, _CONNECT_S)
+        _poll_until(
+            replay_sub, received, lambda: len(received.payloads) >= len(messages), _DELIVERY_S
+        )
+        aeron_peer.assert_driver_clean(aeron_dir)
+    finally:
+        archive.stop()
+        shutil.rmtree(aeron_dir, ignore_errors=True)
+    assert (int(recorded.group(2)), int(recorded.group(3))) == (0, end)
+    assert received.payloads == messages
+    _assert_understood_everything(our_driver)
