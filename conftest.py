@@ -11,3 +11,29 @@ import os
 import tempfile
 
 os.environ["AERON_SPARK_KEY_STORE"] = tempfile.mkdtemp(prefix="aeron-spark-test-keys-")
+
+
+_INTEROP_IDS: set[str] = set()
+
+
+def pytest_collection_modifyitems(items) -> None:  # type: ignore[no-untyped-def]
+    _INTEROP_IDS.update(item.nodeid for item in items if item.get_closest_marker("interop"))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+    """One line counting the interop tests (against the real Aeron), so a run shows how many of
+    them passed and that none skipped."""
+    outcomes: dict[str, str] = {}
+    for status in ("passed", "failed", "skipped", "error"):
+        for report in terminalreporter.stats.get(status, []):
+            if getattr(report, "nodeid", None) in _INTEROP_IDS:
+                if outcomes.get(report.nodeid) not in ("failed", "error"):
+                    outcomes[report.nodeid] = status
+    if outcomes:
+        counts = {
+            s: list(outcomes.values()).count(s) for s in ("passed", "failed", "error", "skipped")
+        }
+        terminalreporter.write_line(
+            "interop tests against the real Aeron: "
+            + ", ".join(f"{n} {s}" for s, n in counts.items())
+        )

@@ -1,6 +1,7 @@
 """Transport benchmark: two processes over UDP loopback; prints one JSON object.
 
-    python -m benchmarks.transport [--seconds S] [--pingpong-rounds N]
+    python -m benchmarks.transport [--seconds S] [--pingpong-rounds N] [--only-pingpong]
+        [--real-aeron [--java-driver-idle backoff|yield|sleep-ms|spin]]
 
 * Throughput (``udp_<size>_msgs_per_s`` and ``..._mb_per_s``): this process publishes messages of
   one size for ``--seconds`` as fast as flow control allows; a child process subscribes and
@@ -9,6 +10,14 @@
   1 KiB and 8 KiB at the default MTU (1408), 64 KiB at ``mtu=65504``.
 * Ping-pong (``pingpong_p50_us``, ``pingpong_p99_us``): 32-byte messages bounced by the child on
   a second stream; round-trip times of ``--pingpong-rounds`` rounds after a warm-up.
+* With ``--real-aeron`` (the jar from ``python transport/tests/aeron_peer.py fetch``), in the same
+  run: the real Java ``io.aeron.samples.Ping`` against our pong, our ping against the real
+  ``Pong``, and ``Ping`` against ``Pong`` on one real Java media driver (SHARED threading,
+  ``--java-driver-idle``), each with the same rounds, warm-up and 32-byte messages;
+  ``pingpong_p50_ratio_*_to_java`` divide each p50 by the Java <-> Java p50 (above 1: slower
+  than Java <-> Java). The Java samples busy-spin (their idle strategy is fixed), so on a
+  2-core machine they compete with the driver thread and with each other: compare ratios from
+  one run, on an otherwise idle machine.
 
 Both sides run the driver in invoker mode (no driver thread: the application loop steps the
 driver itself), with 2 MiB socket buffers. Terms are 16 MiB (default) except 64 KiB messages,
@@ -21,9 +30,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from aeron_spark.transport import Driver, DriverConfig
@@ -182,55 +194,209 @@ def throughput(size: int, mtu: int, seconds: float) -> dict[str, float]:
     }
 
 
+def _ping_rounds(
+    ping_channel: str,
+    pong_channel: str,
+    rounds: int,
+    warmup: int,
+    on_pong_port: Callable[[int], None] | None = None,
+) -> list[int]:
+    """Our ping: send 32 bytes on ``ping_channel``, wait for the echo on ``pong_channel``;
+    round-trip times (ns) of ``rounds`` rounds after ``warmup``."""
+    with _driver() as d:
+        pong = d.add_subscription(pong_channel, PONG_STREAM)
+        if on_pong_port is not None:
+            on_pong_port(pong.local_endpoints[0][1])
+        pub = d.add_publication(ping_channel, STREAM)
+        deadline = time.monotonic() + 30
+        while not (pub.is_connected and pong.is_connected):
+            if time.monotonic() > deadline:
+                raise RuntimeError("ping-pong peers never connected")
+            d.do_work()
+            d.idle(0.001)
+        payload = bytearray(32)
+        got = [0]
+
+        def on_pong(p: memoryview, h: Any) -> None:
+            got[0] += 1
+
+        samples: list[int] = []
+        for i in range(warmup + rounds):
+            got[0] = 0
+            t0 = time.perf_counter_ns()
+            while pub.offer(payload) < 0:
+                d.do_work()
+            d.do_work()
+            while got[0] == 0:
+                if pong.poll(on_pong, 1) == 0 and d.do_work() == 0:
+                    d.idle(0.0002)
+            if i >= warmup:
+                samples.append(time.perf_counter_ns() - t0)
+    return samples
+
+
+def _summary(samples_ns: list[int], rounds: int) -> dict[str, float]:
+    samples_ns = sorted(samples_ns)
+    return {
+        "p50_us": samples_ns[len(samples_ns) // 2] / 1000,
+        "p99_us": samples_ns[int(len(samples_ns) * 0.99)] / 1000,
+        "rounds": rounds,
+    }
+
+
 def pingpong(rounds: int, warmup: int = 500) -> dict[str, float]:
+    """Ours <-> ours: this process pings, a child process (its own driver) pongs."""
     child = _spawn("--child", "pong")
     try:
         port = _read(child)["port"]
-        with _driver() as d:
-            pong = d.add_subscription("aeron:udp?endpoint=127.0.0.1:0", PONG_STREAM)
+
+        def tell_child(pong_port: int) -> None:
             assert child.stdin is not None
-            child.stdin.write(f"{pong.local_endpoints[0][1]}\n")
+            child.stdin.write(f"{pong_port}\n")
             child.stdin.flush()
-            pub = d.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}", STREAM)
-            deadline = time.monotonic() + 30
-            while not (pub.is_connected and pong.is_connected):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("ping-pong peers never connected")
-                d.do_work()
-                d.idle(0.001)
-            payload = bytearray(32)
-            got = [0]
 
-            def on_pong(p: memoryview, h: Any) -> None:
-                got[0] += 1
-
-            samples: list[int] = []
-            for i in range(warmup + rounds):
-                got[0] = 0
-                t0 = time.perf_counter_ns()
-                while pub.offer(payload) < 0:
-                    d.do_work()
-                d.do_work()
-                while got[0] == 0:
-                    if pong.poll(on_pong, 1) == 0 and d.do_work() == 0:
-                        d.idle(0.0002)
-                if i >= warmup:
-                    samples.append(time.perf_counter_ns() - t0)
+        samples = _ping_rounds(
+            f"aeron:udp?endpoint=127.0.0.1:{port}",
+            "aeron:udp?endpoint=127.0.0.1:0",
+            rounds,
+            warmup,
+            tell_child,
+        )
     finally:
         child.kill()
         child.wait(10)
-    samples.sort()
+    return _summary(samples, rounds)
+
+
+# ------------------------------------------------------------- against the real Aeron (Java)
+
+
+def _aeron_peer() -> Any:
+    """``transport/tests/aeron_peer.py`` (the real Aeron jar, fetched with Maven)."""
+    tests = Path(__file__).resolve().parents[1] / "transport" / "tests"
+    if str(tests) not in sys.path:
+        sys.path.insert(0, str(tests))
+    import aeron_peer
+
+    return aeron_peer
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _java_ping(
+    java: Any, ping_port: int, pong_port: int, rounds: int, warmup: int
+) -> dict[str, float]:
+    """The real ``io.aeron.samples.Ping`` (32-byte messages); its HdrHistogram, in us."""
+    ping = java.run(
+        "io.aeron.samples.Ping",
+        {
+            "aeron.sample.ping.channel": f"aeron:udp?endpoint=127.0.0.1:{ping_port}",
+            "aeron.sample.pong.channel": f"aeron:udp?endpoint=127.0.0.1:{pong_port}",
+            "aeron.sample.ping.streamId": STREAM,
+            "aeron.sample.pong.streamId": PONG_STREAM,
+            "aeron.sample.messages": rounds,
+            "aeron.sample.messageLength": 32,
+            "aeron.sample.warmup.iterations": 1,
+            "aeron.sample.warmup.messages": warmup,
+        },
+        stdin=b"n\n",  # answers "Execute again? (y/n)"
+    )
+    if ping.wait_exit(180) != 0:
+        raise RuntimeError("the Java Ping failed:\n" + ping.transcript())
+    ping.drain(5)
+    # HdrHistogram rows: value(us) percentile total-count 1/(1-percentile)
+    rows: list[tuple[float, float]] = []
+    for line in ping.lines:
+        parts = line.split()
+        if len(parts) == 4:
+            try:
+                rows.append((float(parts[0]), float(parts[1])))
+            except ValueError:
+                continue
+    if not rows:
+        raise RuntimeError("no histogram in the Java Ping's output:\n" + ping.transcript())
+
+    def at(q: float) -> float:
+        return next(v for v, p in rows if p >= q)
+
+    return {"p50_us": at(0.5), "p99_us": at(0.99), "rounds": rounds}
+
+
+def _pong_properties(ping_port: int, pong_port: int) -> dict[str, object]:
     return {
-        "p50_us": samples[len(samples) // 2] / 1000,
-        "p99_us": samples[int(len(samples) * 0.99)] / 1000,
-        "rounds": rounds,
+        "aeron.sample.ping.channel": f"aeron:udp?endpoint=127.0.0.1:{ping_port}",
+        "aeron.sample.pong.channel": f"aeron:udp?endpoint=127.0.0.1:{pong_port}",
+        "aeron.sample.ping.streamId": STREAM,
+        "aeron.sample.pong.streamId": PONG_STREAM,
     }
+
+
+def pingpong_real_aeron(
+    rounds: int, warmup: int = 500, driver_idle: str = "backoff"
+) -> dict[str, Any]:
+    """Java Ping <-> our pong, our ping <-> Java Pong, and Java <-> Java (both samples on one
+    Java media driver), on this machine in this run."""
+    peer = _aeron_peer()
+    reason = peer.unavailable_reason()
+    if reason is not None:
+        raise SystemExit(f"--real-aeron: {reason}")
+    out: dict[str, Any] = {"aeron_version": peer.AERON_VERSION, "java_driver_idle": driver_idle}
+    driver_props = {"aeron.shared.idle.strategy": driver_idle}
+    # Java Ping -> our pong (a child process with its own driver).
+    with peer.JavaMediaDriver(tag="bench", **driver_props) as java:
+        child = _spawn("--child", "pong")
+        try:
+            port = _read(child)["port"]
+            pong_port = _free_port()
+            assert child.stdin is not None
+            child.stdin.write(f"{pong_port}\n")
+            child.stdin.flush()
+            out["java_ping_ours_pong"] = _java_ping(java, port, pong_port, rounds, warmup)
+        finally:
+            child.kill()
+            child.wait(10)
+    # Our ping -> Java Pong.
+    with peer.JavaMediaDriver(tag="bench", **driver_props) as java:
+        ping_port, pong_port = _free_port(), _free_port()
+        java.run("io.aeron.samples.Pong", _pong_properties(ping_port, pong_port))
+        samples = _ping_rounds(
+            f"aeron:udp?endpoint=127.0.0.1:{ping_port}",
+            f"aeron:udp?endpoint=127.0.0.1:{pong_port}",
+            rounds,
+            warmup,
+        )
+        out["ours_ping_java_pong"] = _summary(samples, rounds)
+    # Java Ping <-> Java Pong (one Java media driver, as Aeron is usually run on one host).
+    with peer.JavaMediaDriver(tag="bench", **driver_props) as java:
+        ping_port, pong_port = _free_port(), _free_port()
+        java.run("io.aeron.samples.Pong", _pong_properties(ping_port, pong_port))
+        out["java_java"] = _java_ping(java, ping_port, pong_port, rounds, warmup)
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=4.0, help="publishing time per size")
     parser.add_argument("--pingpong-rounds", type=int, default=5000)
+    parser.add_argument(
+        "--real-aeron",
+        action="store_true",
+        help="also ping-pong against the real Aeron (Java, fetched with "
+        "`python transport/tests/aeron_peer.py fetch`): ratios ours/Java in one run",
+    )
+    parser.add_argument(
+        "--java-driver-idle",
+        default="backoff",
+        help="idle strategy of the Java media driver (SHARED mode): backoff (default), "
+        "yield, sleep-ms, spin (busy-spins a core)",
+    )
+    parser.add_argument(
+        "--only-pingpong", action="store_true", help="skip the throughput measurements"
+    )
     parser.add_argument("--child", choices=["subscribe", "pong"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child == "subscribe":
@@ -241,7 +407,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     result: dict[str, Any] = {"load_average_at_start": os.getloadavg()[0], "cpus": os.cpu_count()}
     details: dict[str, Any] = {}
-    for name, size, mtu in SIZES:
+    for name, size, mtu in [] if args.only_pingpong else SIZES:
         r = throughput(size, mtu, args.seconds)
         details[name] = r
         result[f"udp_{name}_msgs_per_s"] = round(r["msgs_per_s"])
@@ -249,6 +415,18 @@ def main(argv: list[str] | None = None) -> None:
     p = pingpong(args.pingpong_rounds)
     result["pingpong_p50_us"] = round(p["p50_us"], 1)
     result["pingpong_p99_us"] = round(p["p99_us"], 1)
+    if args.real_aeron:
+        real = pingpong_real_aeron(args.pingpong_rounds, driver_idle=args.java_driver_idle)
+        details["pingpong_real_aeron"] = real
+        result["aeron_version"] = real["aeron_version"]
+        for key in ("java_ping_ours_pong", "ours_ping_java_pong", "java_java"):
+            result[f"pingpong_{key}_p50_us"] = round(real[key]["p50_us"], 1)
+            result[f"pingpong_{key}_p99_us"] = round(real[key]["p99_us"], 1)
+        java_p50 = real["java_java"]["p50_us"]
+        # ratio > 1: slower than Java <-> Java on this machine, in this run
+        result["pingpong_p50_ratio_ours_to_java"] = round(p["p50_us"] / java_p50, 2)
+        for key in ("java_ping_ours_pong", "ours_ping_java_pong"):
+            result[f"pingpong_p50_ratio_{key}_to_java"] = round(real[key]["p50_us"] / java_p50, 2)
     result["details"] = details
     result["mode"] = "invoker (no driver thread), two processes, UDP loopback"
     print(json.dumps(result))

@@ -1,41 +1,44 @@
-"""Interoperability with the real Aeron C media driver and its C sample programs.
+"""Interoperability with the real Aeron: its Java media driver and samples (``io.aeron:aeron-all``
+1.47.3 from Maven Central, fetched with ``python transport/tests/aeron_peer.py fetch``), and,
+when ``AERON_DRIVER_DIR`` names a directory with ``aeronmd``, ``basic_publisher``,
+``basic_subscriber`` and ``streaming_publisher`` (built by whoever runs the tests), the C driver
+and samples as a second peer. Nothing of Aeron is kept here; ``interop_README.md`` beside this
+file lists every case. Without the jar the Java cases skip, or fail when
+``AERON_INTEROP_REQUIRED`` is set (CI). Loopback only (127.0.0.1, ::1):
 
-Runs only when ``AERON_DRIVER_DIR`` names a directory holding ``aeronmd``, ``basic_publisher``,
-``basic_subscriber`` and ``streaming_publisher`` from real-logic/aeron's C driver and C samples,
-built by whoever runs the tests, outside this repository (nothing of Aeron is kept here; see
-``interop_README.md`` beside this file, which lists every case). Loopback only (127.0.0.1, ::1):
-
-* real publisher (sample program -> real ``aeronmd``) -> our ``Subscription``: every message
+* real publisher (sample program -> real media driver) -> our ``Subscription``: every message
   arrives once, in order, byte for byte; default and non-default ``term-length``/``mtu`` (up to
   65504), messages longer than the MTU, term rotation, a term-id wrap, a non-zero start
   position, small receiver windows, two interleaved sessions, injected loss (our NAKs), a lost
   last datagram, a subscriber that rejoins (SEND_SETUP), dynamic multi-destination-cast, IPv6;
   the publisher's EOS makes our image unavailable.
-* our ``Publication`` -> real ``basic_subscriber`` (through a real ``aeronmd``): it reports an
+* our ``Publication`` -> real ``basic_subscriber`` (through a real media driver): it reports an
   image with our session id, mtu and term length and prints each message intact, with the same
   variations, plus the real receiver's NAKs (through a lossy proxy), cubic congestion control
   (RTTM), a real subscriber that appears later (SEND_SETUP), idle heartbeats past the real image
   liveness timeout, ``try_claim`` and ``close()`` (EOS).
+* only with the Java driver: its own loss generators (DebugSend/DebugReceiveChannelEndpoint)
+  in both directions, the real RateSubscriber, Ping against our pong and our ping against Pong.
 
-Every test also checks that our driver counted no invalid frame and no error. Each real program
-runs in its own process group; every wait is bounded and every process is stopped in a
-``finally`` (SIGINT, then SIGKILL). The real driver gets its own ``AERON_DIR`` under
-``/dev/shm``, the shared threading mode and sparse term files, so it stays light on a small
-machine.
+Every test also checks that our driver counted no invalid frame and no error, and (Java) that
+the real driver's counters in its cnc.dat show no invalid packet, no error and an empty error
+log. Each real program runs in its own process group; every wait is bounded and every process
+is stopped in a ``finally`` (SIGINT, then SIGKILL). The real driver gets its own Aeron directory
+under ``/dev/shm``, the shared threading mode with a backoff idle strategy and sparse term
+files, so it stays light on a small machine.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
-import queue
 import random
 import re
 import select
 import shutil
-import signal
 import socket
-import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -45,25 +48,9 @@ from pathlib import Path
 
 import pytest
 
-_PROGRAMS = ("aeronmd", "basic_publisher", "basic_subscriber", "streaming_publisher")
-_DIR_ENV = "AERON_DRIVER_DIR"
-
-
-def _driver_dir_or_skip_reason() -> tuple[Path | None, str]:
-    raw = os.environ.get(_DIR_ENV, "")
-    if not raw:
-        return None, f"{_DIR_ENV} is not set (point it at a directory with {', '.join(_PROGRAMS)})"
-    path = Path(raw)
-    missing = [p for p in _PROGRAMS if not os.access(path / p, os.X_OK)]
-    if missing:
-        return None, f"{_DIR_ENV}={raw} lacks executable {', '.join(missing)}"
-    return path, ""
-
-
-AERON_BIN, _SKIP_REASON = _driver_dir_or_skip_reason()
-if AERON_BIN is None:
-    pytest.skip(_SKIP_REASON, allow_module_level=True)
-
+sys.path.insert(0, str(Path(__file__).parent))
+import aeron_peer  # noqa: E402
+from aeron_peer import JavaMediaDriver, PeerProgram  # noqa: E402
 from aeron_spark.transport import (  # noqa: E402
     BufferClaim,
     Driver,
@@ -78,10 +65,42 @@ from aeron_spark.transport.testing import LossConfig  # noqa: E402
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(180)]
 
-_STDBUF = shutil.which("stdbuf")  # line-buffer the samples' stdout (they printf to a pipe)
+_C_PROGRAMS = ("aeronmd", "basic_publisher", "basic_subscriber", "streaming_publisher")
+_C_DIR_ENV = "AERON_DRIVER_DIR"
+_STDBUF = shutil.which("stdbuf")  # line-buffer the C samples' stdout (they printf to a pipe)
 _PROCESS_STOP_S = 10.0
 _CONNECT_S = 15.0
 _DELIVERY_S = 60.0
+
+
+def _c_dir() -> tuple[Path | None, str]:
+    raw = os.environ.get(_C_DIR_ENV, "")
+    if not raw:
+        return None, f"{_C_DIR_ENV} is not set"
+    path = Path(raw)
+    missing = [p for p in _C_PROGRAMS if not os.access(path / p, os.X_OK)]
+    if missing:
+        return None, f"{_C_DIR_ENV}={raw} lacks executable {', '.join(missing)}"
+    return path, ""
+
+
+C_BIN, _C_REASON = _c_dir()
+# The Java driver (aeron-all from Maven Central) is always a peer; the C driver is a second,
+# optional one, listed only when AERON_DRIVER_DIR is set (and then it must work).
+PEERS = ["java"] + (["c"] if os.environ.get(_C_DIR_ENV) else [])
+
+
+def _require_peer(kind: str) -> None:
+    """Skip (or, with AERON_INTEROP_REQUIRED=1 as in CI, fail) when ``kind`` cannot run here."""
+    if kind == "java":
+        reason = aeron_peer.unavailable_reason()
+        if reason is not None:
+            message = f"the real Aeron (Java) is not available: {reason}"
+            if aeron_peer.required():
+                pytest.fail(f"{aeron_peer.REQUIRED_ENV} is set but {message}", pytrace=False)
+            pytest.skip(message)
+    elif C_BIN is None:
+        pytest.fail(_C_REASON, pytrace=False)
 
 
 # --------------------------------------------------------------------------- helpers: processes
@@ -102,154 +121,150 @@ def _has_ipv6_loopback() -> bool:
     return True
 
 
-class RealProgram:
-    """One real Aeron program in its own process group; stdout lines go to a queue.
+class RealDriver:
+    """A running real media driver (Java or C) and its sample programs, with one API.
 
-    A daemon thread blocks on ``readline`` so waiting for output is a bounded ``Queue.get``.
-    ``stop()`` is idempotent and always leaves the process reaped.
+    The samples of both print the same lines ("Available image on ...", "Message to stream ...",
+    "offering i/n - yay!"), so the tests read either.
     """
 
-    def __init__(self, argv: list[str], env: dict[str, str], name: str) -> None:
-        self.name = name
-        cmd = ([_STDBUF, "-oL", "-eL"] if _STDBUF else []) + argv
-        self.lines: list[str] = []
-        self._queue: queue.Queue[str | None] = queue.Queue()
-        self.proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self._reader = threading.Thread(target=self._read, name=f"{name}-stdout", daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            self._queue.put(raw.decode("utf-8", "replace").rstrip("\n"))
-        self._queue.put(None)
-
-    def next_line(self, deadline: float) -> str | None:
-        """The next stdout line, or None at EOF or when ``deadline`` (monotonic) passes."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return None
-        try:
-            line = self._queue.get(timeout=remaining)
-        except queue.Empty:
-            return None
-        if line is None:
-            self._queue.put(None)  # keep EOF visible to later callers
-            return None
-        self.lines.append(line)
-        return line
-
-    def wait_for_line(self, pattern: re.Pattern[str], timeout_s: float) -> re.Match[str]:
-        """The first line matching ``pattern``, among those already read or still to come.
-
-        Lines already read count because the samples' output order is not fixed (an image
-        that is ready at once is announced before "Subscription channel status").
-        """
-        for seen in self.lines:
-            if m := pattern.search(seen):
-                return m
-        deadline = time.monotonic() + timeout_s
-        while True:
-            line = self.next_line(deadline)
-            if line is None:
-                raise AssertionError(
-                    f"{self.name}: no line matching {pattern.pattern!r} within {timeout_s} s "
-                    f"(exit code {self.proc.poll()}); output so far:\n" + self.transcript()
-                )
-            m = pattern.search(line)
-            if m:
-                return m
-
-    def drain(self, timeout_s: float) -> None:
-        """Read whatever is left until EOF (after the process ends) or the timeout."""
-        deadline = time.monotonic() + timeout_s
-        while self.next_line(deadline) is not None:
-            pass
-
-    def transcript(self, last: int = 40) -> str:
-        return "\n".join(self.lines[-last:])
-
-    def wait_exit(self, timeout_s: float) -> int:
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired as exc:
-            raise AssertionError(
-                f"{self.name} did not exit within {timeout_s} s:\n" + self.transcript()
-            ) from exc
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(timeout=_PROCESS_STOP_S)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=_PROCESS_STOP_S)
-        self._reader.join(timeout=_PROCESS_STOP_S)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-
-@dataclass
-class RealDriver:
-    """A running real ``aeronmd`` with its own Aeron directory."""
-
+    kind: str
     aeron_dir: str
-    env: dict[str, str]
-    programs: list[RealProgram] = field(default_factory=list)
 
-    def run(self, program: str, *args: str) -> RealProgram:
-        assert AERON_BIN is not None
-        p = RealProgram([str(AERON_BIN / program), "-p", self.aeron_dir, *args], self.env, program)
+    def basic_publisher(self, channel: str, stream_id: int, count: int) -> PeerProgram:
+        raise NotImplementedError
+
+    def streaming_publisher(
+        self, channel: str, stream_id: int, count: int, length: int
+    ) -> PeerProgram:
+        raise NotImplementedError
+
+    def basic_subscriber(self, channel: str, stream_id: int) -> PeerProgram:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class JavaRealDriver(RealDriver):
+    """``io.aeron.driver.MediaDriver`` with the Java samples ``BasicPublisher``,
+    ``StreamingPublisher`` and ``BasicSubscriber`` (configured by system properties)."""
+
+    kind = "java"
+
+    def __init__(self, **driver_properties: object) -> None:
+        self.java = JavaMediaDriver(**driver_properties)
+        self.aeron_dir = self.java.aeron_dir
+
+    def basic_publisher(self, channel: str, stream_id: int, count: int) -> PeerProgram:
+        props = {
+            "aeron.sample.channel": channel,
+            "aeron.sample.streamId": stream_id,
+            "aeron.sample.messages": count,
+        }
+        return self.java.run("io.aeron.samples.BasicPublisher", props)
+
+    def streaming_publisher(
+        self, channel: str, stream_id: int, count: int, length: int
+    ) -> PeerProgram:
+        props = {
+            "aeron.sample.channel": channel,
+            "aeron.sample.streamId": stream_id,
+            "aeron.sample.messages": count,
+            "aeron.sample.messageLength": length,
+        }
+        # "n" answers its "Execute again? (y/n)" prompt.
+        return self.java.run("io.aeron.samples.StreamingPublisher", props, stdin=b"n\n")
+
+    def basic_subscriber(self, channel: str, stream_id: int) -> PeerProgram:
+        props = {"aeron.sample.channel": channel, "aeron.sample.streamId": stream_id}
+        return self.java.run("io.aeron.samples.BasicSubscriber", props)
+
+    def rate_subscriber(self, channel: str, stream_id: int) -> PeerProgram:
+        props = {"aeron.sample.channel": channel, "aeron.sample.streamId": stream_id}
+        return self.java.run("io.aeron.samples.RateSubscriber", props)
+
+    def close(self) -> None:
+        self.java.close()
+
+
+class CRealDriver(RealDriver):
+    """``aeronmd`` with the C samples (built by whoever runs the tests, see AERON_DRIVER_DIR)."""
+
+    kind = "c"
+
+    def __init__(self) -> None:
+        assert C_BIN is not None
+        self.aeron_dir = f"/dev/shm/aeron-real-interop-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        env = dict(os.environ)
+        env.update(
+            {
+                "AERON_DIR": self.aeron_dir,
+                "AERON_DIR_DELETE_ON_START": "true",
+                "AERON_DIR_DELETE_ON_SHUTDOWN": "true",
+                "AERON_THREADING_MODE": "SHARED",
+                "AERON_TERM_BUFFER_SPARSE_FILE": "true",
+                # Only used by channels with cc=cubic: then the real receiver sends RTTM requests.
+                "AERON_CUBICCONGESTIONCONTROL_MEASURERTT": "true",
+                # aeronmd links libaeron_driver.so; allow it to sit beside the binaries.
+                "LD_LIBRARY_PATH": ":".join(filter(None, [str(C_BIN), env.get("LD_LIBRARY_PATH")])),
+            }
+        )
+        self.env = env
+        self.programs: list[PeerProgram] = []
+        self.md = self._program("aeronmd", [])
+        cnc = Path(self.aeron_dir) / "cnc.dat"
+        deadline = time.monotonic() + _CONNECT_S
+        try:
+            while not (cnc.exists() and cnc.stat().st_size > 0):
+                if self.md.proc.poll() is not None or time.monotonic() > deadline:
+                    self.md.drain(1.0)
+                    raise AssertionError("aeronmd did not start:\n" + self.md.transcript())
+                time.sleep(0.02)
+        except BaseException:
+            self.close()
+            raise
+
+    def _program(self, program: str, args: list[str]) -> PeerProgram:
+        assert C_BIN is not None
+        argv = ([_STDBUF, "-oL", "-eL"] if _STDBUF else []) + [str(C_BIN / program), *args]
+        return PeerProgram(argv, program, env=self.env)
+
+    def run(self, program: str, *args: str) -> PeerProgram:
+        p = self._program(program, ["-p", self.aeron_dir, *args])
         self.programs.append(p)
         return p
 
-    def stop_programs(self) -> None:
+    def basic_publisher(self, channel: str, stream_id: int, count: int) -> PeerProgram:
+        return self.run("basic_publisher", "-c", channel, "-s", str(stream_id), "-m", str(count))
+
+    def streaming_publisher(
+        self, channel: str, stream_id: int, count: int, length: int
+    ) -> PeerProgram:
+        args = ["-c", channel, "-s", str(stream_id), "-m", str(count), "-L", str(length)]
+        return self.run("streaming_publisher", *args)
+
+    def basic_subscriber(self, channel: str, stream_id: int) -> PeerProgram:
+        return self.run("basic_subscriber", "-c", channel, "-s", str(stream_id))
+
+    def close(self) -> None:
         for p in self.programs:
             p.stop()
+        self.md.stop()
+        shutil.rmtree(self.aeron_dir, ignore_errors=True)
 
 
-def _start_real_driver(stack: contextlib.ExitStack) -> RealDriver:
-    """Start an ``aeronmd`` with its own directory; ``stack`` stops it and its programs."""
-    assert AERON_BIN is not None
-    aeron_dir = f"/dev/shm/aeron-real-interop-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    env = dict(os.environ)
-    env.update(
-        {
-            "AERON_DIR": aeron_dir,
-            "AERON_DIR_DELETE_ON_START": "true",
-            "AERON_DIR_DELETE_ON_SHUTDOWN": "true",
-            "AERON_THREADING_MODE": "SHARED",
-            "AERON_TERM_BUFFER_SPARSE_FILE": "true",
-            # Only used by channels with cc=cubic: then the real receiver sends RTTM requests.
-            "AERON_CUBICCONGESTIONCONTROL_MEASURERTT": "true",
-            # aeronmd links libaeron_driver.so; allow it to sit beside the binaries.
-            "LD_LIBRARY_PATH": ":".join(filter(None, [str(AERON_BIN), env.get("LD_LIBRARY_PATH")])),
-        }
-    )
-    driver = RealDriver(aeron_dir, env)
-    stack.callback(shutil.rmtree, aeron_dir, ignore_errors=True)
-    md = RealProgram([str(AERON_BIN / "aeronmd")], env, "aeronmd")
-    stack.callback(md.stop)
-    stack.callback(driver.stop_programs)  # runs first: clients, then the driver
-    cnc = Path(aeron_dir) / "cnc.dat"
-    deadline = time.monotonic() + _CONNECT_S
-    # The driver writes cnc.dat when ready; the clients would wait for it too, but a driver that
-    # fails to start should fail here with its own output.
-    while not (cnc.exists() and cnc.stat().st_size > 0):
-        if md.proc.poll() is not None or time.monotonic() > deadline:
-            md.drain(1.0)
-            raise AssertionError("aeronmd did not start:\n" + md.transcript())
-        time.sleep(0.02)
+def _start_real_driver(
+    stack: contextlib.ExitStack, kind: str, **java_properties: object
+) -> RealDriver:
+    """Start a real driver of ``kind`` with its own directory; ``stack`` stops it and its
+    programs (clients first, then the driver)."""
+    _require_peer(kind)
+    driver: RealDriver = JavaRealDriver(**java_properties) if kind == "java" else CRealDriver()
+    stack.callback(driver.close)
+    if kind == "java":
+        # Runs first (last in): the real driver counted no invalid packet and no error.
+        stack.callback(aeron_peer.assert_driver_clean, driver.aeron_dir)
     return driver
 
 
@@ -259,9 +274,16 @@ def real_stack() -> Iterator[contextlib.ExitStack]:
         yield stack
 
 
+@pytest.fixture(params=PEERS)
+def peer(request: pytest.FixtureRequest) -> str:
+    kind: str = request.param
+    _require_peer(kind)
+    return kind
+
+
 @pytest.fixture
-def real_driver(real_stack: contextlib.ExitStack) -> RealDriver:
-    return _start_real_driver(real_stack)
+def real_driver(real_stack: contextlib.ExitStack, peer: str) -> RealDriver:
+    return _start_real_driver(real_stack, peer)
 
 
 class OurDrivers:
@@ -364,13 +386,13 @@ def _channel(port: int, **params: object) -> str:
 
 # ----------------------------------------------------------------- (a) real publisher -> our sub
 
-_OFFER = re.compile(r"^offering (\d+)/(\d+) - (.*)$")
+_OFFER = re.compile(r"^[Oo]ffering (\d+)/(\d+) - (.*)$")  # C: "offering", Java: "Offering"
 _WRAP = {"term_length": 65536, "init_term_id": 2147483645, "term_id": 2147483647, "term_offset": 0}
 # Start in the fourth term at offset 1024: the image's join position is not 0.
 _START = {"term_length": 65536, "init_term_id": 100, "term_id": 103, "term_offset": 1024}
 
 
-def _accepted_offers(pub: RealProgram) -> list[int]:
+def _accepted_offers(pub: PeerProgram) -> list[int]:
     """Indices basic_publisher reports as accepted ("yay!"); the others were refused."""
     matches = (_OFFER.match(line) for line in pub.lines)
     return [int(m.group(1)) for m in matches if m and "yay!" in m.group(3)]
@@ -378,9 +400,8 @@ def _accepted_offers(pub: RealProgram) -> list[int]:
 
 def _run_streaming(
     real_driver: RealDriver, channel: str, stream_id: int, count: int, length: int
-) -> RealProgram:
-    args = ["-c", channel, "-s", str(stream_id), "-m", str(count), "-L", str(length)]
-    return real_driver.run("streaming_publisher", *args)
+) -> PeerProgram:
+    return real_driver.streaming_publisher(channel, stream_id, count, length)
 
 
 def _check_streamed(payloads: list[bytes], count: int, length: int) -> None:
@@ -405,7 +426,7 @@ def test_basic_publisher_to_our_subscription(real_driver: RealDriver, our_driver
     channel = _channel(port)
     received = Received()
     sub = received.subscribe(our_driver, channel, stream_id)
-    pub = real_driver.run("basic_publisher", "-c", channel, "-s", str(stream_id), "-m", str(count))
+    pub = real_driver.basic_publisher(channel, stream_id, count)
     try:
         _poll_until(sub, received, lambda: pub.proc.poll() is not None, _DELIVERY_S)
         pub.wait_exit(_PROCESS_STOP_S)
@@ -479,7 +500,7 @@ def test_streaming_publisher_to_our_subscription(
 
 
 def test_two_real_publishers_interleave_into_our_subscription(
-    real_stack: contextlib.ExitStack, our_driver: Driver
+    real_stack: contextlib.ExitStack, peer: str, our_driver: Driver
 ) -> None:
     """Two real publications (two sessions, from two real drivers) on one stream: their
     fragments interleave on our socket; each session's messages are reassembled separately,
@@ -493,7 +514,11 @@ def test_two_real_publishers_interleave_into_our_subscription(
     sub = received.subscribe(our_driver, _channel(port), stream_id)
     pubs = [
         _run_streaming(
-            _start_real_driver(real_stack), _channel(port, session_id=sid), stream_id, count, length
+            _start_real_driver(real_stack, peer),
+            _channel(port, session_id=sid),
+            stream_id,
+            count,
+            length,
         )
         for sid in (424242, 424243)
     ]
@@ -549,7 +574,7 @@ def test_our_subscription_rejoins_a_running_real_publication(
     first, second = Received(), Received()
     driver = our_drivers.start()
     sub = first.subscribe(driver, channel, stream_id)
-    pub = real_driver.run("basic_publisher", "-c", channel, "-s", str(stream_id), "-m", str(count))
+    pub = real_driver.basic_publisher(channel, stream_id, count)
     try:
         _poll_until(sub, first, lambda: b"Hello World! 1" in first.payloads, _DELIVERY_S)
         assert b"Hello World! 1" in first.payloads, pub.transcript()
@@ -573,12 +598,16 @@ def test_our_subscription_rejoins_a_running_real_publication(
 # ----------------------------------------------------------------- (b) our pub -> real subscriber
 
 _SUB_READY = re.compile(r"^Subscription channel status (\d+)")
+_SUBSCRIBING = re.compile(r"^Subscribing to ")
 _AVAILABLE = re.compile(
     r"^Available image on \S+ streamId=(-?\d+) sessionId=(-?\d+) "
     r"mtu=(\d+) term-length=(\d+) from (\S+)"
 )
 _UNAVAILABLE = re.compile(r"^Unavailable image on \S+ streamId=(-?\d+) sessionId=(-?\d+)")
-_MESSAGE = re.compile(r"^Message to stream (-?\d+) from session (-?\d+) \((\d+) bytes\) <<(.*)>>$")
+# C: "(123 bytes)", Java: "(123@offset)".
+_MESSAGE = re.compile(
+    r"^Message to stream (-?\d+) from session (-?\d+) \((\d+)(?: bytes|@\d+)\) <<(.*)>>$"
+)
 
 
 def _text_message(i: int, length: int) -> bytes:
@@ -588,15 +617,18 @@ def _text_message(i: int, length: int) -> bytes:
     return (head + body)[:length]
 
 
-def _start_real_subscriber(real_driver: RealDriver, channel: str, stream_id: int) -> RealProgram:
-    sub = real_driver.run("basic_subscriber", "-c", channel, "-s", str(stream_id))
-    status = sub.wait_for_line(_SUB_READY, _CONNECT_S)
-    assert status.group(1) == "1", "real subscriber's channel is not ACTIVE:\n" + sub.transcript()
+def _start_real_subscriber(real_driver: RealDriver, channel: str, stream_id: int) -> PeerProgram:
+    sub = real_driver.basic_subscriber(channel, stream_id)
+    if real_driver.kind == "c":
+        status = sub.wait_for_line(_SUB_READY, _CONNECT_S)
+        assert status.group(1) == "1", "the channel is not ACTIVE:\n" + sub.transcript()
+    else:  # the Java sample prints no channel status; our publication waits for its SM anyway
+        sub.wait_for_line(_SUBSCRIBING, _CONNECT_S)
     return sub
 
 
 def _collect_messages(
-    sub: RealProgram, count: int, timeout_s: float
+    sub: PeerProgram, count: int, timeout_s: float
 ) -> list[tuple[int, int, bytes]]:
     out: list[tuple[int, int, bytes]] = []
     deadline = time.monotonic() + timeout_s
@@ -614,7 +646,7 @@ def _collect_messages(
     return out
 
 
-def _check_real_image(sub: RealProgram, pub: Publication, stream_id: int) -> None:
+def _check_real_image(sub: PeerProgram, pub: Publication, stream_id: int) -> None:
     image = sub.wait_for_line(_AVAILABLE, _CONNECT_S)
     assert int(image.group(1)) == stream_id
     assert int(image.group(2)) == pub.session_id
@@ -837,6 +869,10 @@ def test_our_manual_mdc_publication_to_two_real_subscribers(
         pub.add_destination(f"127.0.0.1:{p}")
     try:
         assert pub.wait_until_connected(_CONNECT_S)
+        # Connected means one receiver answered; a receiver whose image appears later joins at
+        # the position of its SETUP (as with a real publication), so wait for both images.
+        for s in real_subs:
+            _check_real_image(s, pub, stream_id)
         messages = [_text_message(i, 100 + (i * 61) % 5000) for i in range(200)]
         _offer_all(pub, messages, _DELIVERY_S)
         got = [_collect_messages(s, len(messages), _DELIVERY_S) for s in real_subs]
@@ -984,7 +1020,9 @@ def test_ipv6_our_publication_to_real_subscriber(
     try:
         assert pub.wait_until_connected(_CONNECT_S)
         image = real_sub.wait_for_line(_AVAILABLE, _CONNECT_S)
-        assert image.group(5).startswith("[::1]:"), image.group(0)
+        # C: "[::1]:port", Java: "0:0:0:0:0:0:0:1:port".
+        source = image.group(5).rsplit(":", 1)[0].strip("[]")
+        assert ipaddress.ip_address(source) == ipaddress.ip_address("::1"), image.group(0)
         messages = [_text_message(i, 100 + (i * 53) % 3000) for i in range(100)]
         _offer_all(pub, messages, _DELIVERY_S)
         got = _collect_messages(real_sub, len(messages), _DELIVERY_S)
@@ -1021,4 +1059,315 @@ def test_claimed_and_aborted_frames_to_real_subscriber(
     finally:
         real_sub.stop()
     assert [body for _, _, body in got] == messages
+    _assert_understood_everything(our_driver)
+
+
+# ----------------------------------------------------------------- loss inside the real Java driver
+
+_JAVA_DEBUG_SEND = "io.aeron.driver.ext.DebugSendChannelEndpointSupplier"
+_JAVA_DEBUG_RECEIVE = "io.aeron.driver.ext.DebugReceiveChannelEndpointSupplier"
+
+
+@pytest.mark.parametrize(
+    ("data_loss", "control_loss"),
+    [
+        pytest.param(0.05, 0.0, id="5pct-data"),
+        pytest.param(0.05, 0.2, id="5pct-data-20pct-of-our-sm-and-naks"),
+    ],
+)
+def test_java_driver_send_loss_to_our_subscription(
+    real_stack: contextlib.ExitStack, our_driver: Driver, data_loss: float, control_loss: float
+) -> None:
+    """The real Java driver's own loss generator (``DebugSendChannelEndpoint``) drops a share of
+    what its publication sends (DATA, SETUP, heartbeats) and of the status messages and NAKs it
+    receives from us: our NAKs (repeated when lost) get every message, once and in order."""
+    real = _start_real_driver(
+        real_stack,
+        "java",
+        **{
+            "aeron.SendChannelEndpoint.supplier": _JAVA_DEBUG_SEND,
+            "aeron.debug.send.data.loss.rate": data_loss,
+            "aeron.debug.send.data.loss.seed": 5,
+            "aeron.debug.send.control.loss.rate": control_loss,
+            "aeron.debug.send.control.loss.seed": 6,
+        },
+    )
+    port, stream_id, count, length = _free_udp_port(), 1020, 2000, 3000
+    received = Received()
+    sub = received.subscribe(our_driver, _channel(port), stream_id)
+    pub = _run_streaming(real, _channel(port, term_length=65536), stream_id, count, length)
+    try:
+        _poll_until(sub, received, lambda: len(received.payloads) >= count, _DELIVERY_S)
+        pub.wait_exit(_DELIVERY_S)
+    finally:
+        pub.stop()
+    _check_streamed(received.payloads, count, length)
+    assert our_driver.counters.snapshot()["naks_sent"] > 0
+    _assert_understood_everything(our_driver)
+
+
+@pytest.mark.parametrize(
+    ("data_loss", "control_loss"),
+    [
+        pytest.param(0.05, 0.0, id="5pct-data"),
+        pytest.param(0.05, 0.2, id="5pct-data-20pct-of-its-sm-and-naks"),
+    ],
+)
+def test_our_publication_to_java_receiver_with_loss(
+    real_stack: contextlib.ExitStack, our_driver: Driver, data_loss: float, control_loss: float
+) -> None:
+    """The real Java receiver (``DebugReceiveChannelEndpoint``) drops a share of our DATA,
+    SETUP and RTTM frames and of its own status messages and NAKs: it NAKs (again, when a NAK
+    is lost), we retransmit, and the real BasicSubscriber prints every message in order."""
+    real = _start_real_driver(
+        real_stack,
+        "java",
+        **{
+            "aeron.ReceiveChannelEndpoint.supplier": _JAVA_DEBUG_RECEIVE,
+            "aeron.debug.receive.data.loss.rate": data_loss,
+            "aeron.debug.receive.data.loss.seed": 7,
+            "aeron.debug.receive.control.loss.rate": control_loss,
+            "aeron.debug.receive.control.loss.seed": 8,
+        },
+    )
+    port, stream_id = _free_udp_port(), 1021
+    real_sub = _start_real_subscriber(real, _channel(port), stream_id)
+    pub = our_driver.add_publication(_channel(port, term_length=65536), stream_id)
+    try:
+        assert pub.wait_until_connected(_CONNECT_S)
+        messages = [_text_message(i, 100 + (i * 37) % 4000) for i in range(600)]
+        _offer_all(pub, messages, _DELIVERY_S)
+        got = _collect_messages(real_sub, len(messages), _DELIVERY_S)
+    finally:
+        real_sub.stop()
+    assert [body for _, _, body in got] == messages
+    counters = our_driver.counters.snapshot()
+    assert counters["naks_received"] > 0 and counters["retransmits_sent"] > 0, counters
+    _assert_understood_everything(our_driver)
+
+
+# ----------------------------------------------------------------- real RateSubscriber
+
+_RATE_TOTALS = re.compile(r"totals (\d+) messages")
+
+
+def test_our_publication_to_java_rate_subscriber(
+    real_stack: contextlib.ExitStack, our_driver: Driver
+) -> None:
+    """The real ``RateSubscriber`` (which counts whole messages through a FragmentAssembler)
+    counts exactly what we sent: 20,000 unfragmented and 1,000 fragmented messages."""
+    real = _start_real_driver(real_stack, "java")
+    port, stream_id = _free_udp_port(), 1022
+    rate_sub = real.rate_subscriber(_channel(port), stream_id)  # type: ignore[attr-defined]
+    pub = our_driver.add_publication(_channel(port), stream_id)
+    count = 21_000
+    try:
+        assert pub.wait_until_connected(_CONNECT_S), rate_sub.transcript()
+        for i in range(count):
+            pub.offer_blocking(bytes(64 if i < 20_000 else 5000), timeout_s=_DELIVERY_S)
+        deadline = time.monotonic() + _DELIVERY_S
+        total = 0
+        while total < count:
+            line = rate_sub.next_line(deadline)
+            assert line is not None, f"RateSubscriber counted {total} of {count}"
+            if m := _RATE_TOTALS.search(line):
+                total = int(m.group(1))
+    finally:
+        rate_sub.stop()
+    assert total == count
+    _assert_understood_everything(our_driver)
+
+
+def test_real_java_driver_counters_catch_invalid_packets(real_stack: contextlib.ExitStack) -> None:
+    """The check every Java case ends with has teeth: datagrams the real driver cannot parse
+    (too short; a DATA header with a wrong version) show up in its ``Invalid packets`` counter,
+    read from its cnc.dat, and make ``assert_driver_clean`` fail."""
+    real = _start_real_driver(real_stack, "java")
+    port, stream_id = _free_udp_port(), 1023
+    real_sub = _start_real_subscriber(real, _channel(port), stream_id)
+    try:
+        # The receiver binds the port once the subscription is added; wait until it has (read
+        # from /proc, so that probing never races the real driver's bind).
+        deadline = time.monotonic() + _CONNECT_S
+        while not _udp_port_bound(port):
+            assert time.monotonic() < deadline, "the real receiver never bound its port"
+            time.sleep(0.05)
+        bad_version = bytearray(64)
+        bad_version[0:4] = (64).to_bytes(4, "little")
+        bad_version[4] = 99  # version (the real driver checks it is 0)
+        bad_version[6] = 0x01  # DATA
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for _ in range(3):
+                s.sendto(b"\x01\x02\x03", ("127.0.0.1", port))
+                s.sendto(bytes(bad_version), ("127.0.0.1", port))
+        deadline = time.monotonic() + _CONNECT_S
+        while (invalid := aeron_peer.read_cnc(real.aeron_dir)[0]["Invalid packets"]) < 6:
+            assert time.monotonic() < deadline, f"Invalid packets = {invalid}"
+            time.sleep(0.05)
+        with pytest.raises(AssertionError, match="Invalid packets"):
+            aeron_peer.assert_driver_clean(real.aeron_dir)
+    finally:
+        real_sub.stop()
+    real_stack.pop_all()  # drop the clean-driver check (this driver is not clean) ...
+    real.close()  # ... and stop it here
+
+
+def _udp_port_bound(port: int) -> bool:
+    """Whether a UDP socket is bound to 127.0.0.1:``port`` (or any address), per /proc/net/udp."""
+    wanted = {f"0100007F:{port:04X}", f"00000000:{port:04X}"}
+    with open("/proc/net/udp") as table:
+        return any(line.split()[1] in wanted for line in list(table)[1:])
+
+
+# ----------------------------------------------------------------- ping-pong with the real samples
+
+_HISTOGRAM_ROW = re.compile(r"^\s*([\d.]+)\s+([\d.]+)\s+(\d+)\s+(\S+)\s*$")
+
+
+def _echo_until(
+    sub: Subscription, pub: Publication, stop: threading.Event, echoed: list[int]
+) -> None:
+    """Our pong: every message received on ``sub`` offered back on ``pub`` (bounded waits)."""
+
+    def echo(payload: memoryview, header: Header) -> None:
+        pub.offer_blocking(bytes(payload), timeout_s=_DELIVERY_S)
+        echoed[0] += 1
+
+    assembler = FragmentAssembler(echo)
+    while not stop.is_set():
+        if sub.poll(assembler, 64) == 0:
+            sub.wait(0.01)
+
+
+def test_real_ping_against_our_pong(real_stack: contextlib.ExitStack, our_driver: Driver) -> None:
+    """The real ``io.aeron.samples.Ping`` (its nanoTime stamps in 32-byte messages) gets every
+    one of its 1,200 pings echoed by our subscription + publication and reports them all in
+    its latency histogram."""
+    real = _start_real_driver(real_stack, "java")
+    ping_port, pong_port, rounds, warmup = _free_udp_port(), _free_udp_port(), 1000, 200
+    sub = our_driver.add_subscription(_channel(ping_port), 1030)
+    pub = our_driver.add_publication(_channel(pong_port), 1031)
+    stop, echoed = threading.Event(), [0]
+    pong = threading.Thread(target=_echo_until, args=(sub, pub, stop, echoed))
+    pong.start()
+    try:
+        ping = real.java.run(  # type: ignore[attr-defined]
+            "io.aeron.samples.Ping",
+            {
+                "aeron.sample.ping.channel": _channel(ping_port),
+                "aeron.sample.pong.channel": _channel(pong_port),
+                "aeron.sample.ping.streamId": 1030,
+                "aeron.sample.pong.streamId": 1031,
+                "aeron.sample.messages": rounds,
+                "aeron.sample.messageLength": 32,
+                "aeron.sample.warmup.iterations": 1,
+                "aeron.sample.warmup.messages": warmup,
+            },
+            stdin=b"n\n",  # answers "Execute again? (y/n)"
+        )
+        assert ping.wait_exit(_DELIVERY_S) == 0, ping.transcript()
+        ping.drain(_PROCESS_STOP_S)
+    finally:
+        stop.set()
+        pong.join(_DELIVERY_S)
+    rows = [m for line in ping.lines if (m := _HISTOGRAM_ROW.match(line))]
+    assert rows, "no latency histogram:\n" + ping.transcript()
+    assert int(rows[-1].group(3)) == rounds, ping.transcript()  # total count at the 100th pct
+    assert echoed[0] == rounds + warmup
+    _assert_understood_everything(our_driver)
+
+
+def test_our_ping_against_real_pong(real_stack: contextlib.ExitStack, our_driver: Driver) -> None:
+    """The real ``io.aeron.samples.Pong`` echoes each of our pings (various lengths, some
+    fragmented) byte for byte, one at a time."""
+    real = _start_real_driver(real_stack, "java")
+    ping_port, pong_port = _free_udp_port(), _free_udp_port()
+    real.java.run(  # type: ignore[attr-defined]
+        "io.aeron.samples.Pong",
+        {
+            "aeron.sample.ping.channel": _channel(ping_port),
+            "aeron.sample.pong.channel": _channel(pong_port),
+            "aeron.sample.ping.streamId": 1032,
+            "aeron.sample.pong.streamId": 1033,
+        },
+    )
+    received = Received()
+    pong_sub = received.subscribe(our_driver, _channel(pong_port), 1033)
+    pub = our_driver.add_publication(_channel(ping_port), 1032)
+    assert pub.wait_until_connected(_CONNECT_S)
+    messages = [random.Random(i).randbytes(1 + (i * 131) % 3000) for i in range(500)]
+    for i, msg in enumerate(messages):
+        pub.offer_blocking(msg, timeout_s=_DELIVERY_S)
+        _poll_until(pong_sub, received, lambda i=i: len(received.payloads) > i, _DELIVERY_S)
+        assert len(received.payloads) == i + 1, f"no pong for ping {i}"
+    assert received.payloads == messages
+    _assert_understood_everything(our_driver)
+
+
+# ----------------------------------------------------------------- the real Aeron Archive
+
+_RECORDING = re.compile(r"^RECORDING ")
+_RECORDED = re.compile(r"^RECORDED (\d+) (-?\d+) (-?\d+)$")
+_REPLAYING = re.compile(r"^REPLAYING$")
+
+
+def test_our_publication_recorded_and_replayed_by_real_archive(
+    tmp_path: Path, our_driver: Driver
+) -> None:
+    """The real Aeron Archive (an ArchivingMediaDriver run by ``java/ArchivePeer.java``, our own
+    few lines compiled here against the jar) records our publication from the network until our
+    EOS ends its image, at exactly our start and end positions; its replay of the whole
+    recording, sent to our subscription by the real driver, is what we published, byte for byte.
+    """
+    _require_peer("java")
+    if shutil.which("javac") is None:
+        message = "no `javac` (a JDK) to compile java/ArchivePeer.java"
+        if aeron_peer.required():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    source = (Path(__file__).parent / "java" / "ArchivePeer.java").read_text()
+    classes = aeron_peer.compile_java(source, "ArchivePeer", tmp_path / "classes")
+    record_port, replay_port, stream_id, replay_stream_id = (
+        _free_udp_port(),
+        _free_udp_port(),
+        1040,
+        1041,
+    )
+    aeron_dir = aeron_peer.new_aeron_dir("archive")
+    argv = aeron_peer.java_argv(
+        "ArchivePeer",
+        {},
+        classpath=[classes],
+        args=[
+            aeron_dir,
+            str(tmp_path / "archive"),
+            _channel(record_port),
+            str(stream_id),
+            _channel(replay_port),
+            str(replay_stream_id),
+        ],
+    )
+    archive = PeerProgram(argv, "ArchivePeer")
+    rng = random.Random(40)
+    messages = [rng.randbytes(1 + (i * 97) % 5000) for i in range(400)]
+    received = Received()
+    try:
+        archive.wait_for_line(_RECORDING, _CONNECT_S * 2)
+        replay_sub = received.subscribe(our_driver, _channel(replay_port), replay_stream_id)
+        pub = our_driver.add_publication(_channel(record_port, term_length=65536), stream_id)
+        assert pub.wait_until_connected(_CONNECT_S), archive.transcript()
+        _offer_all(pub, messages, _DELIVERY_S)
+        end = pub.position
+        pub.close()  # drains, then EOS: the archive's image ends and the recording stops
+        recorded = archive.wait_for_line(_RECORDED, _DELIVERY_S)
+        archive.wait_for_line(_REPLAYING, _CONNECT_S)
+        _poll_until(
+            replay_sub, received, lambda: len(received.payloads) >= len(messages), _DELIVERY_S
+        )
+        aeron_peer.assert_driver_clean(aeron_dir)
+    finally:
+        archive.stop()
+        shutil.rmtree(aeron_dir, ignore_errors=True)
+    assert (int(recorded.group(2)), int(recorded.group(3))) == (0, end)
+    assert received.payloads == messages
     _assert_understood_everything(our_driver)

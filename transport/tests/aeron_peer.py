@@ -1,0 +1,429 @@
+"""The real Aeron (Java, from Maven Central) as a peer for the interop tests and benchmarks.
+
+``python transport/tests/aeron_peer.py fetch`` downloads ``io.aeron:aeron-all:<AERON_VERSION>``
+(media driver, client, samples, archive and AeronStat in one jar) with Maven into a cache
+directory git ignores (``<repo>/.cache/aeron/``, or ``$AERON_JAR_DIR``) and prints its path.
+``python transport/tests/aeron_peer.py path`` prints the jar's path if it is there (exit 1 if not).
+
+Nothing of Aeron is kept in the repository: the jar is fetched, pinned to one version.
+
+The rest of this module starts Java processes against that jar so that they stay light on a
+small machine: a media driver in the SHARED threading mode with a backoff idle strategy, its
+own ``aeron.dir``, sparse term files, a small heap, the ``--add-opens`` Java 17 needs; every
+process in its own process group, stopped with SIGINT then SIGKILL. Used by
+``test_interop_aeron.py``, ``spark_tests/test_interop_ingest.py`` and ``benchmarks/transport.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+AERON_VERSION = "1.47.3"
+ARTIFACT = f"io.aeron:aeron-all:{AERON_VERSION}"
+JAR_NAME = f"aeron-all-{AERON_VERSION}.jar"
+JAR_DIR_ENV = "AERON_JAR_DIR"
+# Set by CI: a missing jar (or Java) fails the interop tests instead of skipping them.
+REQUIRED_ENV = "AERON_INTEROP_REQUIRED"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FETCH_COMMAND = "python transport/tests/aeron_peer.py fetch"
+
+# Java 17: Aeron/Agrona reach into these JDK internals (direct buffers, socket channels).
+JVM_FLAGS = (
+    "-Xmx256m",
+    "-Xss512k",
+    "-XX:+UseSerialGC",  # one GC thread: the machine has 2 cores
+    "-XX:CICompilerCount=2",
+    "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED",
+    "--add-opens=java.base/java.nio=ALL-UNNAMED",
+    "--add-opens=java.base/jdk.internal.misc=ALL-UNNAMED",
+    "--add-exports=java.base/jdk.internal.misc=ALL-UNNAMED",
+)
+STOP_TIMEOUT_S = 10.0
+DRIVER_START_S = 30.0
+
+
+class PeerUnavailable(RuntimeError):
+    """The Java peer cannot run here (no Java, no Maven, the jar could not be fetched)."""
+
+
+def jar_dir() -> Path:
+    raw = os.environ.get(JAR_DIR_ENV)
+    return Path(raw) if raw else REPO_ROOT / ".cache" / "aeron"
+
+
+def jar_path() -> Path:
+    return jar_dir() / JAR_NAME
+
+
+def required() -> bool:
+    return os.environ.get(REQUIRED_ENV, "") not in ("", "0", "false", "no")
+
+
+def unavailable_reason() -> str | None:
+    """Why the Java peer cannot run, or None when it can."""
+    if shutil.which("java") is None:
+        return "no `java` on PATH (Java 17 runs the real Aeron media driver)"
+    if not jar_path().is_file():
+        return f"{jar_path()} is missing: fetch it with `{FETCH_COMMAND}` (needs Maven)"
+    return None
+
+
+def fetch(directory: Path | None = None, timeout_s: float = 600.0) -> Path:
+    """Download the pinned aeron-all jar with Maven into ``directory``; returns its path."""
+    directory = directory or jar_dir()
+    target = directory / JAR_NAME
+    if target.is_file() and target.stat().st_size > 0:
+        return target
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise PeerUnavailable(f"cannot fetch {ARTIFACT}: no `mvn` on PATH")
+    directory.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        mvn,
+        "-q",
+        "-B",
+        "dependency:copy",
+        f"-Dartifact={ARTIFACT}",
+        f"-DoutputDirectory={directory}",
+    ]
+    try:
+        done = subprocess.run(
+            cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise PeerUnavailable(f"cannot fetch {ARTIFACT}: mvn took over {timeout_s} s") from exc
+    if done.returncode != 0 or not target.is_file():
+        out = (done.stdout + done.stderr).decode("utf-8", "replace")[-3000:]
+        raise PeerUnavailable(
+            f"cannot fetch {ARTIFACT} from Maven Central (mvn exit {done.returncode}):\n{out}"
+        )
+    return target
+
+
+# --------------------------------------------------------------------------- processes
+
+
+class PeerProgram:
+    """One process in its own process group; its stdout+stderr lines go to a queue.
+
+    A daemon thread blocks on ``readline`` so waiting for output is a bounded ``Queue.get``.
+    ``stop()`` is idempotent and always leaves the process reaped.
+    """
+
+    def __init__(
+        self,
+        argv: list[str],
+        name: str,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = argv
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self.proc = subprocess.Popen(
+            argv,
+            env=dict(env) if env is not None else None,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        if stdin is not None:
+            # e.g. "n\n" for the samples' "Execute again? (y/n)" prompt (Scanner on System.in).
+            assert self.proc.stdin is not None
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.write(stdin)
+            self.proc.stdin.close()
+        self._reader = threading.Thread(target=self._read, name=f"{name}-stdout", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            self._queue.put(raw.decode("utf-8", "replace").rstrip("\n"))
+        self._queue.put(None)
+
+    def next_line(self, deadline: float) -> str | None:
+        """The next output line, or None at EOF or when ``deadline`` (monotonic) passes."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        try:
+            line = self._queue.get(timeout=remaining)
+        except queue.Empty:
+            return None
+        if line is None:
+            self._queue.put(None)  # keep EOF visible to later callers
+            return None
+        self.lines.append(line)
+        return line
+
+    def wait_for_line(self, pattern: re.Pattern[str], timeout_s: float) -> re.Match[str]:
+        """The first line matching ``pattern``, among those already read or still to come.
+
+        Lines already read count because the samples' output order is not fixed (an image
+        that is ready at once may be announced before the subscription reports itself ready).
+        """
+        for seen in self.lines:
+            if m := pattern.search(seen):
+                return m
+        deadline = time.monotonic() + timeout_s
+        while True:
+            line = self.next_line(deadline)
+            if line is None:
+                raise AssertionError(
+                    f"{self.name}: no line matching {pattern.pattern!r} within {timeout_s} s "
+                    f"(exit code {self.proc.poll()}); output so far:\n" + self.transcript()
+                )
+            if m := pattern.search(line):
+                return m
+
+    def wait_exit(self, timeout_s: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(
+                f"{self.name} did not exit within {timeout_s} s:\n" + self.transcript()
+            ) from exc
+
+    def drain(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.next_line(deadline) is not None:
+            pass
+
+    def transcript(self, last: int = 40, width: int = 300) -> str:
+        """The last lines of output for a failure message, long lines cut."""
+        return "\n".join(
+            line if len(line) <= width else line[:width] + f"... ({len(line)} chars)"
+            for line in self.lines[-last:]
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+        self._reader.join(timeout=STOP_TIMEOUT_S)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def java_argv(
+    main_class: str,
+    properties: Mapping[str, object],
+    *,
+    classpath: list[Path] | None = None,
+    args: list[str] | None = None,
+) -> list[str]:
+    java = shutil.which("java") or "java"
+    cp = os.pathsep.join(str(p) for p in [*(classpath or []), jar_path()])
+    props = [f"-D{k}={v}" for k, v in properties.items()]
+    return [java, *JVM_FLAGS, "-cp", cp, *props, main_class, *(args or [])]
+
+
+def driver_properties(aeron_dir: str, **extra: object) -> dict[str, object]:
+    """System properties for a light media driver with its own directory."""
+    props: dict[str, object] = {
+        "aeron.dir": aeron_dir,
+        "aeron.dir.delete.on.start": "true",
+        "aeron.dir.delete.on.shutdown": "true",
+        "aeron.threading.mode": "SHARED",
+        "aeron.shared.idle.strategy": "backoff",
+        "aeron.term.buffer.sparse.file": "true",
+        "aeron.print.configuration": "false",
+        # Only used by channels with cc=cubic: then the receiver sends RTTM requests.
+        "aeron.CubicCongestionControl.measureRtt": "true",
+    }
+    props.update(extra)
+    return props
+
+
+def new_aeron_dir(tag: str = "interop") -> str:
+    return f"/dev/shm/aeron-java-{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class JavaMediaDriver:
+    """A running ``io.aeron.driver.MediaDriver`` and the client programs started against it.
+
+    ``close()`` stops the clients first (SIGINT, then SIGKILL), then the driver, and removes
+    the Aeron directory.
+    """
+
+    def __init__(self, tag: str = "interop", **properties: object) -> None:
+        self.aeron_dir = new_aeron_dir(tag)
+        self.properties = driver_properties(self.aeron_dir, **properties)
+        self.programs: list[PeerProgram] = []
+        self.driver = PeerProgram(
+            java_argv("io.aeron.driver.MediaDriver", self.properties), "java-media-driver"
+        )
+        cnc = Path(self.aeron_dir) / "cnc.dat"
+        deadline = time.monotonic() + DRIVER_START_S
+        # The driver writes cnc.dat when ready (clients would wait for it too, but a driver that
+        # fails to start should fail here, with its own output).
+        try:
+            while not (cnc.exists() and cnc.stat().st_size > 0):
+                if self.driver.proc.poll() is not None or time.monotonic() > deadline:
+                    self.driver.drain(1.0)
+                    raise RuntimeError(
+                        "the Java media driver did not start:\n" + self.driver.transcript()
+                    )
+                time.sleep(0.02)
+        except BaseException:
+            self.close()
+            raise
+
+    def client_properties(self, **props: object) -> dict[str, object]:
+        base: dict[str, object] = {
+            "aeron.dir": self.aeron_dir,
+            "aeron.sample.idleStrategy": "backoff",
+        }
+        base.update(props)
+        return base
+
+    def run(
+        self,
+        main_class: str,
+        properties: Mapping[str, object] | None = None,
+        *,
+        classpath: list[Path] | None = None,
+        args: list[str] | None = None,
+        stdin: bytes | None = None,
+        name: str | None = None,
+    ) -> PeerProgram:
+        argv = java_argv(
+            main_class,
+            self.client_properties(**(properties or {})),
+            classpath=classpath,
+            args=args,
+        )
+        program = PeerProgram(argv, name or main_class.rsplit(".", 1)[-1], stdin=stdin)
+        self.programs.append(program)
+        return program
+
+    def close(self) -> None:
+        for p in self.programs:
+            p.stop()
+        self.driver.stop()
+        shutil.rmtree(self.aeron_dir, ignore_errors=True)
+
+    def __enter__(self) -> JavaMediaDriver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def compile_java(source: str, class_name: str, out_dir: Path) -> Path:
+    """Compile one class of our own against the jar into ``out_dir`` (returns it, a classpath
+    entry). For peers the samples do not cover."""
+    javac = shutil.which("javac")
+    if javac is None:
+        raise PeerUnavailable("no `javac` on PATH (a JDK, not only a JRE, is needed)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    src = out_dir / f"{class_name}.java"
+    src.write_text(source)
+    done = subprocess.run(
+        [javac, "-nowarn", "-cp", str(jar_path()), "-d", str(out_dir), str(src)],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"javac {src} failed:\n" + done.stderr.decode("utf-8", "replace"))
+    return out_dir
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or argv[0] not in ("fetch", "path"):
+        print(f"usage: {FETCH_COMMAND} | python transport/tests/aeron_peer.py path")
+        return 2
+    if argv[0] == "path":
+        if jar_path().is_file():
+            print(jar_path())
+            return 0
+        print(f"{jar_path()} is missing; run `{FETCH_COMMAND}`", file=sys.stderr)
+        return 1
+    try:
+        print(fetch())
+    except PeerUnavailable as exc:
+        print(f"ERROR: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+
+
+# --------------------------------------------------------------------------- the driver's CnC file
+
+_CNC_END_OF_METADATA = 128  # align(5 ints + 3 longs, 2 cache lines)
+_METADATA_RECORD = 512  # Agrona CountersReader: state, type id, deadline, key, label
+_VALUE_RECORD = 128
+_LABEL_OFFSET = 128
+_RECORD_ALLOCATED = 1
+
+
+def read_cnc(aeron_dir: str) -> tuple[dict[str, int], str]:
+    """The real driver's counters (label -> value; labels repeated get their values summed) and
+    the text of its first error-log entry ("" when the driver logged no error), read from its
+    ``cnc.dat`` (Aeron's CnC layout, version 0.2.x)."""
+    data = (Path(aeron_dir) / "cnc.dat").read_bytes()
+    version = int.from_bytes(data[0:4], "little")
+    if version >> 16 != 0 or (version >> 8) & 0xFF != 2:
+        raise RuntimeError(f"unexpected CnC version {version:#x} in {aeron_dir}")
+    to_driver, to_clients, meta_len, values_len, error_len = (
+        int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "little") for i in range(5)
+    )
+    meta_at = _CNC_END_OF_METADATA + to_driver + to_clients
+    values_at = meta_at + meta_len
+    error_at = values_at + values_len
+    counters: dict[str, int] = {}
+    for counter_id in range(meta_len // _METADATA_RECORD):
+        rec = meta_at + counter_id * _METADATA_RECORD
+        state = int.from_bytes(data[rec : rec + 4], "little", signed=True)
+        if state == 0:
+            break  # records are allocated in order; the rest is unused
+        if state != _RECORD_ALLOCATED:
+            continue
+        label_len = int.from_bytes(data[rec + _LABEL_OFFSET : rec + _LABEL_OFFSET + 4], "little")
+        label_at = rec + _LABEL_OFFSET + 4
+        label = data[label_at : label_at + label_len].decode("ascii", "replace")
+        value_at = values_at + counter_id * _VALUE_RECORD
+        value = int.from_bytes(data[value_at : value_at + 8], "little", signed=True)
+        counters[label] = counters.get(label, 0) + value
+    # Distinct error log record: length, count, last and first timestamps, then the text.
+    first_len = int.from_bytes(data[error_at : error_at + 4], "little") if error_len else 0
+    first_error = data[error_at + 24 : error_at + first_len].decode("ascii", "replace")
+    return counters, first_error
+
+
+def assert_driver_clean(aeron_dir: str) -> None:
+    """The real driver counted no invalid packet, no error, no error frame and logged no error."""
+    counters, first_error = read_cnc(aeron_dir)
+    bad = {
+        k: v
+        for k, v in counters.items()
+        if v and (k == "Invalid packets" or k.startswith("Errors") or k.startswith("Error Frames"))
+    }
+    assert not bad and not first_error, (
+        f"the real Aeron driver complained: {bad} {first_error[:2000]}"
+    )
