@@ -71,12 +71,27 @@ def required() -> bool:
     return os.environ.get(REQUIRED_ENV, "") not in ("", "0", "false", "no")
 
 
+_fetch_failure: list[str] = []  # the reason of a fetch this process already tried and lost
+
+
 def unavailable_reason() -> str | None:
-    """Why the Java peer cannot run, or None when it can."""
+    """Why the Java peer cannot run, or None when it can.
+
+    A missing jar is fetched here (once per process) when Maven is on PATH, so the README's test
+    command runs the interop tests on any machine that has Java and Maven, not only in CI.
+    """
     if shutil.which("java") is None:
         return "no `java` on PATH (Java 17 runs the real Aeron media driver)"
     if not jar_path().is_file():
-        return f"{jar_path()} is missing: fetch it with `{FETCH_COMMAND}` (needs Maven)"
+        if shutil.which("mvn") is None:
+            return f"{jar_path()} is missing and there is no `mvn` to fetch it ({FETCH_COMMAND})"
+        if not _fetch_failure:
+            try:
+                fetch()
+            except PeerUnavailable as exc:
+                _fetch_failure.append(str(exc))
+        if _fetch_failure:
+            return f"{jar_path()} is missing and fetching it failed: {_fetch_failure[0]}"
     return None
 
 
