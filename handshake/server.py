@@ -2,7 +2,7 @@
 
 Channels (UDP; ``H`` = host, ``P`` = port, ``C`` = control port, default ``P + 1``)::
 
-    HELLO in        subscription  aeron:udp?endpoint=H:P                     HANDSHAKE_STREAM_ID
+    HELLO in        subscription  aeron:udp?endpoint=H:P|max-term-length=64k|... HANDSHAKE_STREAM_ID
     replies out     publication   aeron:udp?control=H:C|control-mode=dynamic REPLY_STREAM_ID
     client -> us    subscription  aeron:udp?endpoint=H:P|session-id=<secret>  <per-client stream>
     us -> client    publication   aeron:udp?control=H:C|control-mode=dynamic|session-id=<secret>

@@ -71,6 +71,9 @@ KNOWN_PARAMS = frozenset(
         "channel-rcv-ts-offset",
         "channel-snd-ts-offset",
         "spies-simulate-connection",
+        # this transport's own (subscriptions): the largest term length / mtu a SETUP may ask
+        "max-term-length",
+        "max-mtu",
     }
 )
 
@@ -245,6 +248,8 @@ class ChannelConfig:
     so_sndbuf: int = 0
     nak_delay_ns: int = DEFAULT_NAK_DELAY_NS
     publication_window_length: int = 0
+    max_term_length: int | None = None  # subscriptions: refuse SETUPs asking for more
+    max_mtu: int | None = None
     uri: str = ""
 
     @property
@@ -308,6 +313,12 @@ class ChannelConfig:
             kwargs["nak_delay_ns"] = parse_duration_ns("nak-delay", p["nak-delay"])
         if "pub-wnd" in p:
             kwargs["publication_window_length"] = parse_size("pub-wnd", p["pub-wnd"])
+        if "max-term-length" in p:
+            kwargs["max_term_length"] = check_term_length(
+                parse_size("max-term-length", p["max-term-length"]), "max-term-length"
+            )
+        if "max-mtu" in p:
+            kwargs["max_mtu"] = check_mtu(parse_size("max-mtu", p["max-mtu"]), "max-mtu")
         config = cls(**kwargs)  # type: ignore[arg-type]
         config.validate()
         return config

@@ -43,8 +43,12 @@ from aeron_spark.transport.driver.endpoint import (
 from aeron_spark.transport.errors import ChannelError, ClosedError, DriverError, LocalProtocolError
 from aeron_spark.transport.protocol.image import ImageState
 from aeron_spark.transport.protocol.logbuffer import (
+    MAX_UDP_PAYLOAD_LENGTH,
     RESERVED_SESSION_ID_HIGH,
     RESERVED_SESSION_ID_LOW,
+    TERM_MAX_LENGTH,
+    check_mtu,
+    check_term_length,
     is_reserved_session_id,
     wrap_int32,
 )
@@ -77,6 +81,10 @@ class DriverConfig:
     write_counters_file: bool = True
     retransmit_linger_ns: int = 10_000_000  # NAKs for a range just resent are ignored this long
     ipc_liveness_timeout_ns: int = 10_000_000_000  # an IPC peer silent this long is gone
+    # Largest term length / mtu a SETUP may ask of our UDP subscriptions (each subscription may
+    # lower them: max-term-length / max-mtu); bigger SETUPs are dropped and counted.
+    max_image_term_length: int = TERM_MAX_LENGTH
+    max_image_mtu: int = MAX_UDP_PAYLOAD_LENGTH
     loss: Any = None  # an aeron_spark.transport.testing.LossConfig
 
     def __post_init__(self) -> None:
@@ -102,6 +110,8 @@ class DriverConfig:
             raise ChannelError(
                 "counters_interval_ns", self.counters_interval_ns, "a positive duration"
             )
+        check_term_length(self.max_image_term_length, "max_image_term_length")
+        check_mtu(self.max_image_mtu, "max_image_mtu")
 
     @property
     def resolved_directory(self) -> Path:
@@ -428,6 +438,11 @@ class Driver:
             receiver_window=config.receiver_window_length,
             nak_delay_ns=config.nak_delay_ns,
             reliable=config.reliable,
+            max_term_length=min(
+                self.config.max_image_term_length,
+                config.max_term_length or self.config.max_image_term_length,
+            ),
+            max_mtu=min(self.config.max_image_mtu, config.max_mtu or self.config.max_image_mtu),
             on_image=sub._image_available,
             on_image_gone=sub._image_unavailable,
             on_data=sub._data_arrived,
@@ -634,6 +649,7 @@ def _dispatcher_counts(rep: ReceiveEndpoint) -> dict[str, int]:
     counts = {
         "status_messages_sent": d.status_messages_sent,
         "setups_received": d.setups_received,
+        "setups_rejected": d.setups_rejected,
         "unknown_session_data": d.unknown_session_data,
         "images_created": d.images_created,
         "images_removed": d.images_removed,

@@ -7,6 +7,8 @@
   as an invalid frame, and changes nothing);
 * for a SETUP of a stream someone subscribes to, creates an :class:`ImageState` per interested
   subscription at the SETUP's position (unless the session is filtered out or cooling down);
+  a SETUP whose term length or mtu is above the subscription's bound (``max_term_length``,
+  ``max_mtu``) creates nothing and is counted (``setups_rejected``);
 * for DATA of a known session, copies the datagram into the image; for DATA of an unknown session
   (not EOS, not cooling down) answers an SM with SEND_SETUP to the sender, at most every 100 ms;
 * ignores control frames meant for publications.
@@ -72,6 +74,8 @@ class StreamInterest:
         receiver_window: int = 128 * 1024,
         nak_delay_ns: int = 100_000,
         reliable: bool = True,
+        max_term_length: int = TERM_MAX_LENGTH,
+        max_mtu: int = MAX_UDP_PAYLOAD_LENGTH,
         on_image: Callable[[ImageState], None] | None = None,
         on_image_gone: Callable[[ImageState], None] | None = None,
         on_data: Callable[[], None] | None = None,
@@ -82,6 +86,8 @@ class StreamInterest:
         self.receiver_window = receiver_window
         self.nak_delay_ns = nak_delay_ns
         self.reliable = reliable
+        self.max_term_length = max_term_length  # SETUPs asking for more are refused
+        self.max_mtu = max_mtu
         self.on_image = on_image
         self.on_image_gone = on_image_gone
         self.on_data = on_data
@@ -100,6 +106,7 @@ class ReceiveDispatcher:
         self.cool_down: dict[tuple[int, int], int] = {}
         self.status_messages_sent = 0
         self.setups_received = 0
+        self.setups_rejected = 0
         self.unknown_session_data = 0
         self.invalid_frames = 0
         self.heartbeats_received = 0
@@ -231,6 +238,9 @@ class ReceiveDispatcher:
             if interest.closed or setup.session_id in interest.images:
                 continue
             if interest.session_id is not None and interest.session_id != setup.session_id:
+                continue
+            if term_length > interest.max_term_length or mtu > interest.max_mtu:
+                self.setups_rejected += 1  # costs us nothing: no image, no log, no reply
                 continue
             image = ImageState(
                 session_id=setup.session_id,
