@@ -26,6 +26,7 @@ HANDSHAKE_TERM_LENGTH = 64 * 1024
 # messages in small terms, so the public HELLO subscription refuses any bigger SETUP
 # (``max-term-length``/``max-mtu``): a stranger cannot make the server map and scan a big log.
 HANDSHAKE_MAX_MTU = 8192
+HELLO_IMAGES_PER_SOURCE = 4
 _HANDSHAKE_BOUNDS = f"max-term-length={HANDSHAKE_TERM_LENGTH}|max-mtu={HANDSHAKE_MAX_MTU}"
 
 
@@ -51,10 +52,23 @@ class Channels:
 
     # -------------------------------------------------------------- handshake channels
 
-    def hello_sub(self) -> str:
+    def hello_sub(self, max_images: int = 0, max_images_per_address: int = 0) -> str:
+        """The server's public HELLO subscription: small terms only, one HELLO image per client
+        socket (a client publishes one HELLO per socket; allowing a few tolerates a retry), at
+        most ``max_images`` at once and ``max_images_per_address`` from one IP address (0: no
+        limit)."""
         if self.media == "ipc":
             return "aeron:ipc"
-        return f"aeron:udp?endpoint={_h(self.host)}:{self.port}|{_HANDSHAKE_BOUNDS}"
+        limits = "".join(
+            f"|{key}={value}"
+            for key, value in (
+                ("max-images", max_images),
+                ("max-images-per-source", HELLO_IMAGES_PER_SOURCE),
+                ("max-images-per-address", max_images_per_address),
+            )
+            if value
+        )
+        return f"aeron:udp?endpoint={_h(self.host)}:{self.port}|{_HANDSHAKE_BOUNDS}{limits}"
 
     def hello_pub(self) -> str:
         if self.media == "ipc":

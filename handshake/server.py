@@ -155,7 +155,12 @@ class Server:
         try:
             for kind in media:
                 channels = Channels(kind, self.config.host, port, control)
-                sub = self.driver.add_subscription(channels.hello_sub(), channels.hello_stream)
+                # HELLO images are bounded like the handshakes they start: a stranger sending
+                # SETUPs for new session ids gets no more images than its address may have
+                sub = self.driver.add_subscription(
+                    channels.hello_sub(2 * self.config.max_pending, self.config.max_per_address),
+                    channels.hello_stream,
+                )
                 try:
                     pub = self.driver.add_publication(channels.reply_pub(), channels.reply_stream)
                 except BaseException:

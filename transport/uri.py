@@ -74,6 +74,9 @@ KNOWN_PARAMS = frozenset(
         # this transport's own (subscriptions): the largest term length / mtu a SETUP may ask
         "max-term-length",
         "max-mtu",
+        "max-images",  # images at once (0: no limit), from one address+port, from one IP
+        "max-images-per-source",
+        "max-images-per-address",
     }
 )
 
@@ -250,6 +253,9 @@ class ChannelConfig:
     publication_window_length: int = 0
     max_term_length: int | None = None  # subscriptions: refuse SETUPs asking for more
     max_mtu: int | None = None
+    max_images: int | None = None
+    max_images_per_source: int | None = None
+    max_images_per_address: int | None = None
     uri: str = ""
 
     @property
@@ -319,6 +325,9 @@ class ChannelConfig:
             )
         if "max-mtu" in p:
             kwargs["max_mtu"] = check_mtu(parse_size("max-mtu", p["max-mtu"]), "max-mtu")
+        for key in ("max-images", "max-images-per-source", "max-images-per-address"):
+            if key in p:
+                kwargs[key.replace("-", "_")] = parse_size(key, p[key])
         config = cls(**kwargs)  # type: ignore[arg-type]
         config.validate()
         return config

@@ -8,7 +8,9 @@
 * for a SETUP of a stream someone subscribes to, creates an :class:`ImageState` per interested
   subscription at the SETUP's position (unless the session is filtered out or cooling down);
   a SETUP whose term length or mtu is above the subscription's bound (``max_term_length``,
-  ``max_mtu``) creates nothing and is counted (``setups_rejected``);
+  ``max_mtu``) creates nothing and is counted (``setups_rejected``), as is one past the
+  subscription's image limits (``max_images`` in all, ``max_images_per_source`` from one sender's
+  address and port, ``max_images_per_address`` from one IP address: ``images_refused``);
 * for DATA of a known session, copies the datagram into the image; for DATA of an unknown session
   (not EOS, not cooling down) answers an SM with SEND_SETUP to the sender, at most every 100 ms;
 * ignores control frames meant for publications.
@@ -76,6 +78,9 @@ class StreamInterest:
         reliable: bool = True,
         max_term_length: int = TERM_MAX_LENGTH,
         max_mtu: int = MAX_UDP_PAYLOAD_LENGTH,
+        max_images: int = 0,
+        max_images_per_source: int = 0,
+        max_images_per_address: int = 0,
         on_image: Callable[[ImageState], None] | None = None,
         on_image_gone: Callable[[ImageState], None] | None = None,
         on_data: Callable[[], None] | None = None,
@@ -88,6 +93,13 @@ class StreamInterest:
         self.reliable = reliable
         self.max_term_length = max_term_length  # SETUPs asking for more are refused
         self.max_mtu = max_mtu
+        # 0: no limit. A SETUP past any makes no image (a flood of valid SETUPs with new
+        # session ids would otherwise cost a log, SMs and loop time each). A source is one
+        # sender's socket (address and port), an address all sockets of one IP address.
+        self.max_images = max_images
+        self.max_images_per_source = max_images_per_source
+        self.max_images_per_address = max_images_per_address
+        self.images_per_source: dict[Any, int] = {}
         self.on_image = on_image
         self.on_image_gone = on_image_gone
         self.on_data = on_data
@@ -107,6 +119,8 @@ class ReceiveDispatcher:
         self.status_messages_sent = 0
         self.setups_received = 0
         self.setups_rejected = 0
+        self.images_refused = 0
+        self._prune_above = 256  # prune cool_down / pending_setups when they grow past this
         self.unknown_session_data = 0
         self.invalid_frames = 0
         self.heartbeats_received = 0
@@ -187,27 +201,31 @@ class ReceiveDispatcher:
                 if now_ns < self.cool_down[key]:
                     return work
                 del self.cool_down[key]
+            due = self.pending_setups.get(key)
+            if due is not None and now_ns < due:  # asked for its SETUP a moment ago
+                self.unknown_session_data += 1
+                return work
             if any(
-                not i.closed and (i.session_id is None or i.session_id == session_id)
+                not i.closed
+                and (i.session_id is None or i.session_id == session_id)
+                and not _is_full(i, source)  # no SETUP of this source could make an image
                 for i in interests
             ):
                 self.unknown_session_data += 1
-                due = self.pending_setups.get(key)
-                if due is None or now_ns >= due:
-                    self.pending_setups[key] = now_ns + SEND_SETUP_INTERVAL_NS
-                    target = next(
-                        (i.control_address for i in interests if i.control_address is not None),
-                        source,
-                    )
-                    self._send_sm(
-                        transmit,
-                        target,
-                        session_id,
-                        stream_id,
-                        interests[0].receiver_id,
-                        SmFlags.SEND_SETUP,
-                    )
-                    work += 1
+                self.pending_setups[key] = now_ns + SEND_SETUP_INTERVAL_NS
+                target = next(
+                    (i.control_address for i in interests if i.control_address is not None),
+                    source,
+                )
+                self._send_sm(
+                    transmit,
+                    target,
+                    session_id,
+                    stream_id,
+                    interests[0].receiver_id,
+                    SmFlags.SEND_SETUP,
+                )
+                work += 1
         return work
 
     def _on_setup(self, setup: SetupFrame, source: Address, now_ns: int) -> int:
@@ -242,6 +260,9 @@ class ReceiveDispatcher:
             if term_length > interest.max_term_length or mtu > interest.max_mtu:
                 self.setups_rejected += 1  # costs us nothing: no image, no log, no reply
                 continue
+            if _is_full(interest, source):
+                self.images_refused += 1
+                continue
             image = ImageState(
                 session_id=setup.session_id,
                 stream_id=setup.stream_id,
@@ -259,6 +280,9 @@ class ReceiveDispatcher:
                 now_ns=now_ns,
             )
             interest.images[setup.session_id] = image
+            per_source = interest.images_per_source
+            for key in (source[:2], source[0]):
+                per_source[key] = per_source.get(key, 0) + 1
             self.images_created += 1
             self.pending_setups.pop(key, None)
             if interest.on_image is not None:
@@ -303,6 +327,7 @@ class ReceiveDispatcher:
                     if image.is_done:
                         del interest.images[session_id]
                         self.images_removed += 1
+                        _forget_source(interest, image.source_address)
                         for name, value in image_counts(image).items():
                             self.retired[name] = self.retired.get(name, 0) + value
                         self.cool_down[(session_id, stream_id)] = now_ns + COOL_DOWN_NS
@@ -332,10 +357,11 @@ class ReceiveDispatcher:
                     self.interests[stream_id] = remaining
                 else:
                     del self.interests[stream_id]
-        if len(self.cool_down) > 256:
+        if len(self.cool_down) + len(self.pending_setups) > self._prune_above:
+            # amortized: a flood of new session ids costs O(1) per datagram, not O(entries)
             self.cool_down = {k: v for k, v in self.cool_down.items() if v > now_ns}
-        if len(self.pending_setups) > 256:
             self.pending_setups = {k: v for k, v in self.pending_setups.items() if v > now_ns}
+            self._prune_above = max(256, 2 * (len(self.cool_down) + len(self.pending_setups)))
         return work
 
     def next_deadline_ns(self, now_ns: int) -> int:
@@ -359,6 +385,29 @@ class ReceiveDispatcher:
             for i in interests
             for im in i.images.values()
         ]
+
+
+def _is_full(interest: StreamInterest, source: Address) -> bool:
+    """Whether the interest takes no more images: in all, from this source (address and port)
+    or from its IP address."""
+    if interest.max_images and len(interest.images) >= interest.max_images:
+        return True
+    counts = interest.images_per_source  # keyed (host, port) for sources, host for addresses
+    limit = interest.max_images_per_source
+    if limit and counts.get(source[:2], 0) >= limit:
+        return True
+    limit = interest.max_images_per_address
+    return bool(limit) and counts.get(source[0], 0) >= limit
+
+
+def _forget_source(interest: StreamInterest, source: Address) -> None:
+    counts = interest.images_per_source
+    for key in (source[:2], source[0]):
+        left = counts.get(key, 0) - 1
+        if left > 0:
+            counts[key] = left
+        else:
+            counts.pop(key, None)
 
 
 def _check_frames(buf: Any, length: int) -> int:

@@ -25,7 +25,11 @@ from aeron_spark.transport.protocol.frames import (
     NakFrame,
     SetupFrame,
 )
-from aeron_spark.transport.protocol.image import ImageState
+from aeron_spark.transport.protocol.image import (
+    IMAGE_LIVENESS_TIMEOUT_NS,
+    SM_INTERVAL_NS,
+    ImageState,
+)
 from aeron_spark.transport.protocol.receiver import ReceiveDispatcher, StreamInterest
 from aeron_spark.transport.protocol.term import encode_data_header
 from aeron_spark.transport.testing import ManualClock
@@ -257,3 +261,52 @@ def test_a_driver_refuses_big_setups_by_configuration_and_by_channel(tmp_path: P
         assert d.counters.snapshot()["setups_rejected"] >= 2
         assert d.errors == []
 
+
+
+def test_image_limits_per_sender_per_address_and_in_all() -> None:
+    """SETUPs for new session ids: a sender (address and port) gets max_images_per_source, an
+    IP address max_images_per_address, everyone together max_images; the rest are counted."""
+    clock, wire = ManualClock(), Wire()
+    dispatcher = ReceiveDispatcher()
+    interest = StreamInterest(
+        10, max_images=5, max_images_per_source=2, max_images_per_address=3
+    )
+    dispatcher.add(interest)
+
+    def setup_from(source: tuple[str, int], session: int) -> None:
+        frame = SetupFrame(0, session, 10, 7, 7, 65536, 1408).encode()
+        dispatcher.on_datagram(frame, len(frame), source, clock.now_ns, wire)
+
+    for session in range(100, 110):  # one hostile socket
+        setup_from(("10.0.0.1", 5000), session)
+    assert len(interest.images) == 2 and dispatcher.images_refused == 8
+    setup_from(("10.0.0.1", 5001), 200)  # the same host, another socket
+    setup_from(("10.0.0.1", 5002), 201)  # past the address's 3
+    assert len(interest.images) == 3 and dispatcher.images_refused == 9
+    setup_from(("10.0.0.2", 6000), 300)
+    setup_from(("10.0.0.3", 7000), 400)
+    setup_from(("10.0.0.4", 8000), 500)  # past the 5 in all
+    assert sorted(interest.images) == [100, 101, 200, 300, 400]
+    assert dispatcher.images_refused == 10
+    # data of a refused session from a full sender asks for no SETUP (no reply to the flood)
+    wire.sent.clear()
+    hb = encode_data_header(0, DataFlags.UNFRAGMENTED, FrameType.DATA, 0, 105, 10, 7)
+    dispatcher.on_datagram(hb, len(hb), ("10.0.0.1", 5000), clock.now_ns, wire)
+    assert wire.sent == []
+    # once the hostile images time out, their slots are free again
+    for _ in range(2):
+        clock.advance(IMAGE_LIVENESS_TIMEOUT_NS + 1)
+        for session in (200, 300, 400):  # the others stay alive
+            hb = encode_data_header(0, DataFlags.UNFRAGMENTED, FrameType.DATA, 0, session, 10, 7)
+            source = {200: ("10.0.0.1", 5001), 300: ("10.0.0.2", 6000), 400: ("10.0.0.3", 7000)}
+            dispatcher.on_datagram(hb, len(hb), source[session], clock.now_ns, wire)
+        for _ in range(5):
+            clock.advance(SM_INTERVAL_NS)
+            dispatcher.do_work(clock.now_ns, wire)
+    assert sorted(interest.images) == [200, 300, 400]
+    setup_from(("10.0.0.4", 8000), 500)
+    assert sorted(interest.images) == [200, 300, 400, 500]
+    assert interest.images_per_source == {
+        ("10.0.0.1", 5001): 1, "10.0.0.1": 1, ("10.0.0.2", 6000): 1, "10.0.0.2": 1,
+        ("10.0.0.3", 7000): 1, "10.0.0.3": 1, ("10.0.0.4", 8000): 1, "10.0.0.4": 1,
+    }
