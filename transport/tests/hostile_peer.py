@@ -8,8 +8,9 @@ Sends crafted datagrams to ``HOST:PORT`` on ``STREAM_ID`` as fast as one thread 
 of the SETUP's position, a DATA frame just past half a term, a heartbeat 512 MiB ahead, and a
 SETUP with the smallest term but an mtu no receiver should accept. ``MODE`` ``images`` sends
 instead valid small SETUPs (64 KiB term), each followed by a heartbeat, for a new session id
-every time (an image flood: each would cost the receiver a log, SMs and a slot). Prints one JSON line at the
-start (``{"event": "started"}``) and one at the end with how many datagrams it sent.
+every time (an image flood: each would cost the receiver a log, SMs and a slot). Prints one
+JSON line at the start (``{"event": "started"}``) and one at the end with how many datagrams
+it sent.
 """
 
 from __future__ import annotations
@@ -79,9 +80,7 @@ def main(argv: list[str]) -> int:
     mode = argv[5] if len(argv) > 5 else "crafted"
     make = image_flood_datagrams if mode == "images" else crafted_datagrams
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    packets = [
-        p for s in range(sessions) for p in make(stream_id, 0x0BAD0000 + s)
-    ]
+    packets = [p for s in range(sessions) for p in make(stream_id, 0x0BAD0000 + s)]
     sent = 0
     errors = 0
     sys.stdout.write(json.dumps({"event": "started", "pid": os.getpid()}) + "\n")
@@ -91,7 +90,8 @@ def main(argv: list[str]) -> int:
         sock.setblocking(False)
         target = (host, port)
         sendto = sock.sendto
-        while time.monotonic() < deadline:
+        running = True
+        while running:
             for packet in packets:
                 try:
                     sendto(packet, target)
@@ -100,8 +100,11 @@ def main(argv: list[str]) -> int:
                     select.select([], [sock], [], 0.01)  # wait for room, never spin
                 except OSError:
                     errors += 1  # e.g. ECONNREFUSED from an ICMP error: keep going
-            if sent % 4096 < len(packets) and stdin_closed():
-                break
+                if (sent + errors) % 4096 == 0 and (
+                    time.monotonic() >= deadline or stdin_closed()
+                ):
+                    running = False
+                    break
     sys.stdout.write(json.dumps({"event": "done", "sent": sent, "errors": errors}) + "\n")
     sys.stdout.flush()
     return 0
