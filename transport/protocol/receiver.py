@@ -31,6 +31,7 @@ from aeron_spark.transport.protocol.frames import (
     DATA_HEADER,
     DATA_HEADER_LENGTH,
     FRAME_ALIGNMENT,
+    SETUP_LENGTH,
     SM,
     SM_LENGTH,
     FrameType,
@@ -55,6 +56,7 @@ _I32 = struct.Struct("<i")
 _i32_from = _I32.unpack_from
 _unpack_header = DATA_HEADER.unpack_from
 _head_from = struct.Struct("<iBBh").unpack_from
+_setup_peek = struct.Struct("<ii8xii").unpack_from  # session, stream, term length, mtu (from 12)
 _TYPE_DATA = int(FrameType.DATA)
 _TYPE_PAD = int(FrameType.PAD)
 _TYPE_SETUP = int(FrameType.SETUP)
@@ -158,6 +160,8 @@ class ReceiveDispatcher:
         if ftype == _TYPE_DATA or ftype == _TYPE_PAD:
             return self._on_data(buf, length, source, now_ns, transmit)
         if ftype == _TYPE_SETUP:
+            if length == SETUP_LENGTH and self._refused_setup(buf, source):
+                return 0
             return self._on_setup(SetupFrame.decode(buf[:length]), source, now_ns)
         frame_type_of(buf[:length])  # validates; SM/NAK/RTTM/ERR here are for publications
         return 0
@@ -227,6 +231,35 @@ class ReceiveDispatcher:
                 )
                 work += 1
         return work
+
+    def _refused_setup(self, buf: Any, source: Address) -> bool:
+        """True (and counted) for a SETUP that every interest refuses for its geometry or image
+        limits, read from the bytes without decoding a frame object: a flood of them is cheap.
+        False when the full path must decide."""
+        if _i32_from(buf, 0)[0] != SETUP_LENGTH:
+            return False  # malformed: the full path raises
+        session_id, stream_id, term_length, mtu = _setup_peek(buf, 12)
+        interests = self.interests.get(stream_id)
+        if not interests or term_length <= 0 or mtu <= 0:
+            return False
+        rejected = refused = 0
+        for i in interests:
+            if i.session_id not in (None, session_id):
+                continue  # filtered out: this interest ignores the SETUP either way
+            if i.closed or session_id in i.images:
+                return False
+            if term_length > i.max_term_length or mtu > i.max_mtu:
+                rejected += 1
+            elif _is_full(i, source):
+                refused += 1
+            else:
+                return False
+        if not rejected + refused:
+            return False
+        self.setups_received += 1
+        self.setups_rejected += rejected
+        self.images_refused += refused
+        return True
 
     def _on_setup(self, setup: SetupFrame, source: Address, now_ns: int) -> int:
         self.setups_received += 1
