@@ -9,12 +9,15 @@ one after the other so all see the same machine: ``quiet`` (nothing else sends),
 crafted SETUP/DATA pair and friends) and ``images`` (the same sender with valid small SETUPs for
 a new session id every time). For each: p50 / p90 / max milliseconds, failures (a cycle that
 raised, e.g. a handshake timeout after ``--timeout-s``), the flood's datagrams per second, and
-how much the server's ``setups_rejected`` / ``images_refused`` counters rose.
+how much the server's ``setups_rejected`` / ``images_refused`` counters rose. Also, in this
+process, ``dispatch_us_<mode>``: microseconds the receiver's dispatcher spends per flood datagram
+(no sockets: the handshake's HELLO subscription limits, ``do_work`` every 64 datagrams).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -27,6 +30,8 @@ from typing import Any
 from aeron_spark.connector.errors import ConnectorError
 from aeron_spark.connector.server.testing import client_for, server_process
 from aeron_spark.handshake.config import HANDSHAKE_STREAM_ID
+from aeron_spark.transport.errors import RemoteProtocolError
+from aeron_spark.transport.protocol.receiver import ReceiveDispatcher, StreamInterest
 
 PEER = Path(__file__).resolve().parents[1] / "transport" / "tests" / "hostile_peer.py"
 
@@ -44,6 +49,46 @@ def _cycles(endpoint: str, count: int, timeout_s: float) -> tuple[list[float], i
             continue
         times.append((time.perf_counter() - started) * 1000)
     return times, failures
+
+
+def _dispatch_us(mode: str, count: int = 200_000) -> float:
+    spec = importlib.util.spec_from_file_location("hostile_peer", PEER)
+    assert spec is not None and spec.loader is not None
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    make = peer.image_flood_datagrams if mode == "images" else peer.crafted_datagrams
+    sessions = 20_000 if mode == "images" else 8
+    dispatcher = ReceiveDispatcher()
+    dispatcher.add(  # what the handshake server's HELLO subscription is given
+        StreamInterest(
+            HANDSHAKE_STREAM_ID,
+            max_term_length=64 * 1024,
+            max_mtu=8192,
+            max_images=512,
+            max_images_per_source=4,
+            max_images_per_address=256,
+        )
+    )
+    packets = [
+        (memoryview(bytearray(p) + bytearray(2048)), len(p))
+        for s in range(sessions)
+        for p in make(HANDSHAKE_STREAM_ID, 0x0BAD0000 + s)
+    ]
+    source = ("127.0.0.1", 5000)
+    now = 0
+    done = 0
+    started = time.perf_counter()
+    while done < count:
+        for buf, length in packets:
+            now += 10_000
+            try:
+                dispatcher.on_datagram(buf, length, source, now, lambda d, a: None)
+            except RemoteProtocolError:
+                pass
+            done += 1
+            if done % 64 == 0:
+                dispatcher.do_work(now, lambda d, a: None)
+    return (time.perf_counter() - started) / done * 1e6
 
 
 def _counters(endpoint: str) -> dict[str, int]:
@@ -111,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             result[f"{mode}_flood_datagrams_per_s"] = round(statistics.median(rates[mode]))
             for name, value in rose[mode].items():
                 result[f"{mode}_{name}"] = value
+    for mode in ("crafted", "images"):
+        result[f"dispatch_us_{mode}"] = round(min(_dispatch_us(mode) for _ in range(3)), 2)
     print(json.dumps(result))
     return 0
 
