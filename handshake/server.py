@@ -448,7 +448,7 @@ class Server:
 
 
 def _drain(conn: Connection) -> list[bytes]:
-    out = []
+    out: list[bytes] = []
     while True:
         message = conn.receive_nowait()
         if message is None:
