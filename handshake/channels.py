@@ -22,6 +22,12 @@ from aeron_spark.handshake.config import HANDSHAKE_STREAM_ID, REPLY_STREAM_ID
 from aeron_spark.handshake.messages import SessionDetails
 
 HANDSHAKE_TERM_LENGTH = 64 * 1024
+# The largest mtu a HELLO or reply publication may announce: the handshake streams carry small
+# messages in small terms, so the public HELLO subscription refuses any bigger SETUP
+# (``max-term-length``/``max-mtu``): a stranger cannot make the server map and scan a big log.
+HANDSHAKE_MAX_MTU = 8192
+HELLO_IMAGES_PER_SOURCE = 4
+_HANDSHAKE_BOUNDS = f"max-term-length={HANDSHAKE_TERM_LENGTH}|max-mtu={HANDSHAKE_MAX_MTU}"
 
 
 def _h(host: str) -> str:
@@ -46,10 +52,23 @@ class Channels:
 
     # -------------------------------------------------------------- handshake channels
 
-    def hello_sub(self) -> str:
+    def hello_sub(self, max_images: int = 0, max_images_per_address: int = 0) -> str:
+        """The server's public HELLO subscription: small terms only, one HELLO image per client
+        socket (a client publishes one HELLO per socket; allowing a few tolerates a retry), at
+        most ``max_images`` at once and ``max_images_per_address`` from one IP address (0: no
+        limit)."""
         if self.media == "ipc":
             return "aeron:ipc"
-        return f"aeron:udp?endpoint={_h(self.host)}:{self.port}"
+        limits = "".join(
+            f"|{key}={value}"
+            for key, value in (
+                ("max-images", max_images),
+                ("max-images-per-source", HELLO_IMAGES_PER_SOURCE),
+                ("max-images-per-address", max_images_per_address),
+            )
+            if value
+        )
+        return f"aeron:udp?endpoint={_h(self.host)}:{self.port}|{_HANDSHAKE_BOUNDS}{limits}"
 
     def hello_pub(self) -> str:
         if self.media == "ipc":
@@ -69,7 +88,7 @@ class Channels:
             return "aeron:ipc"
         return (
             f"aeron:udp?endpoint={_h(self.bind)}:0|control={_h(self.host)}:{self.control_port}"
-            "|control-mode=dynamic"
+            f"|control-mode=dynamic|{_HANDSHAKE_BOUNDS}"
         )
 
     # -------------------------------------------------------------- a session's pair
@@ -89,7 +108,7 @@ class Channels:
             return f"aeron:ipc?session-id={d.c2s_session_id}"
         return (
             f"aeron:udp?endpoint={_h(self.host)}:{self.port}|session-id={d.c2s_session_id}"
-            f"|rcv-wnd={window}"
+            f"|rcv-wnd={window}|max-term-length={d.term_length}|max-mtu={d.mtu}"
         )
 
     def s2c_pub(self, d: SessionDetails) -> str:
@@ -108,6 +127,7 @@ class Channels:
         return (
             f"aeron:udp?endpoint={_h(self.bind)}:0|control={_h(self.host)}:{self.control_port}"
             f"|control-mode=dynamic|session-id={d.s2c_session_id}|rcv-wnd={window}"
+            f"|max-term-length={d.term_length}|max-mtu={d.mtu}"
         )
 
 

@@ -2,7 +2,7 @@
 
 Channels (UDP; ``H`` = host, ``P`` = port, ``C`` = control port, default ``P + 1``)::
 
-    HELLO in        subscription  aeron:udp?endpoint=H:P                     HANDSHAKE_STREAM_ID
+    HELLO in        subscription  aeron:udp?endpoint=H:P|max-term-length=64k|... HANDSHAKE_STREAM_ID
     replies out     publication   aeron:udp?control=H:C|control-mode=dynamic REPLY_STREAM_ID
     client -> us    subscription  aeron:udp?endpoint=H:P|session-id=<secret>  <per-client stream>
     us -> client    publication   aeron:udp?control=H:C|control-mode=dynamic|session-id=<secret>
@@ -155,7 +155,12 @@ class Server:
         try:
             for kind in media:
                 channels = Channels(kind, self.config.host, port, control)
-                sub = self.driver.add_subscription(channels.hello_sub(), channels.hello_stream)
+                # HELLO images are bounded like the handshakes they start: a stranger sending
+                # SETUPs for new session ids gets no more images than its address may have
+                sub = self.driver.add_subscription(
+                    channels.hello_sub(2 * self.config.max_pending, self.config.max_per_address),
+                    channels.hello_stream,
+                )
                 try:
                     pub = self.driver.add_publication(channels.reply_pub(), channels.reply_stream)
                 except BaseException:
@@ -443,7 +448,7 @@ class Server:
 
 
 def _drain(conn: Connection) -> list[bytes]:
-    out = []
+    out: list[bytes] = []
     while True:
         message = conn.receive_nowait()
         if message is None:

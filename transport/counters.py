@@ -44,6 +44,8 @@ class SystemCounters:
     heartbeats_received: int = 0
     setups_sent: int = 0
     setups_received: int = 0
+    setups_rejected: int = 0  # SETUPs asking for a term length or mtu above the configured bound
+    images_refused: int = 0  # SETUPs past a subscription's image limits (in all / per source)
     invalid_frames: int = 0
     short_sends: int = 0
     send_errors: int = 0

@@ -71,6 +71,12 @@ KNOWN_PARAMS = frozenset(
         "channel-rcv-ts-offset",
         "channel-snd-ts-offset",
         "spies-simulate-connection",
+        # this transport's own (subscriptions): the largest term length / mtu a SETUP may ask
+        "max-term-length",
+        "max-mtu",
+        "max-images",  # images at once (0: no limit), from one address+port, from one IP
+        "max-images-per-source",
+        "max-images-per-address",
     }
 )
 
@@ -245,6 +251,11 @@ class ChannelConfig:
     so_sndbuf: int = 0
     nak_delay_ns: int = DEFAULT_NAK_DELAY_NS
     publication_window_length: int = 0
+    max_term_length: int | None = None  # subscriptions: refuse SETUPs asking for more
+    max_mtu: int | None = None
+    max_images: int | None = None
+    max_images_per_source: int | None = None
+    max_images_per_address: int | None = None
     uri: str = ""
 
     @property
@@ -308,6 +319,15 @@ class ChannelConfig:
             kwargs["nak_delay_ns"] = parse_duration_ns("nak-delay", p["nak-delay"])
         if "pub-wnd" in p:
             kwargs["publication_window_length"] = parse_size("pub-wnd", p["pub-wnd"])
+        if "max-term-length" in p:
+            kwargs["max_term_length"] = check_term_length(
+                parse_size("max-term-length", p["max-term-length"]), "max-term-length"
+            )
+        if "max-mtu" in p:
+            kwargs["max_mtu"] = check_mtu(parse_size("max-mtu", p["max-mtu"]), "max-mtu")
+        for key in ("max-images", "max-images-per-source", "max-images-per-address"):
+            if key in p:
+                kwargs[key.replace("-", "_")] = parse_size(key, p[key])
         config = cls(**kwargs)  # type: ignore[arg-type]
         config.validate()
         return config

@@ -98,7 +98,10 @@ def _raw_hello(driver, endpoint: str, payload: bytes | None = None):
         f"aeron:udp?endpoint=127.0.0.1:0|control={host}:{port + 1}|control-mode=dynamic",
         REPLY_STREAM_ID,
     )
-    pub = driver.add_publication(f"aeron:udp?endpoint={endpoint}", HANDSHAKE_STREAM_ID)
+    # a HELLO publication has the handshake's small term: the server refuses bigger SETUPs
+    pub = driver.add_publication(
+        f"aeron:udp?endpoint={endpoint}|term-length=64k", HANDSHAKE_STREAM_ID
+    )
     wait_for(lambda: bool(replies.images) and pub.is_connected, what="handshake channels")
     machine = ClientHandshake(lambda key: None)
     machine.start(0)

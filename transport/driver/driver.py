@@ -43,8 +43,12 @@ from aeron_spark.transport.driver.endpoint import (
 from aeron_spark.transport.errors import ChannelError, ClosedError, DriverError, LocalProtocolError
 from aeron_spark.transport.protocol.image import ImageState
 from aeron_spark.transport.protocol.logbuffer import (
+    MAX_UDP_PAYLOAD_LENGTH,
     RESERVED_SESSION_ID_HIGH,
     RESERVED_SESSION_ID_LOW,
+    TERM_MAX_LENGTH,
+    check_mtu,
+    check_term_length,
     is_reserved_session_id,
     wrap_int32,
 )
@@ -77,6 +81,16 @@ class DriverConfig:
     write_counters_file: bool = True
     retransmit_linger_ns: int = 10_000_000  # NAKs for a range just resent are ignored this long
     ipc_liveness_timeout_ns: int = 10_000_000_000  # an IPC peer silent this long is gone
+    # Largest term length / mtu a SETUP may ask of our UDP subscriptions (each subscription may
+    # lower them: max-term-length / max-mtu); bigger SETUPs are dropped and counted.
+    max_image_term_length: int = TERM_MAX_LENGTH
+    max_image_mtu: int = MAX_UDP_PAYLOAD_LENGTH
+    # Images one UDP subscription takes at once: in all, from one sender (address and port),
+    # from one IP address (0: no limit; channels may lower them: max-images,
+    # max-images-per-source, max-images-per-address); SETUPs past them are counted.
+    max_images: int = 0
+    max_images_per_source: int = 0
+    max_images_per_address: int = 0
     loss: Any = None  # an aeron_spark.transport.testing.LossConfig
 
     def __post_init__(self) -> None:
@@ -102,6 +116,11 @@ class DriverConfig:
             raise ChannelError(
                 "counters_interval_ns", self.counters_interval_ns, "a positive duration"
             )
+        check_term_length(self.max_image_term_length, "max_image_term_length")
+        check_mtu(self.max_image_mtu, "max_image_mtu")
+        for name in ("max_images", "max_images_per_source", "max_images_per_address"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ChannelError(name, getattr(self, name), "a count >= 0 (0: no limit)")
 
     @property
     def resolved_directory(self) -> Path:
@@ -428,6 +447,18 @@ class Driver:
             receiver_window=config.receiver_window_length,
             nak_delay_ns=config.nak_delay_ns,
             reliable=config.reliable,
+            max_term_length=min(
+                self.config.max_image_term_length,
+                config.max_term_length or self.config.max_image_term_length,
+            ),
+            max_mtu=min(self.config.max_image_mtu, config.max_mtu or self.config.max_image_mtu),
+            max_images=_limit(self.config.max_images, config.max_images),
+            max_images_per_source=_limit(
+                self.config.max_images_per_source, config.max_images_per_source
+            ),
+            max_images_per_address=_limit(
+                self.config.max_images_per_address, config.max_images_per_address
+            ),
             on_image=sub._image_available,
             on_image_gone=sub._image_unavailable,
             on_data=sub._data_arrived,
@@ -634,6 +665,8 @@ def _dispatcher_counts(rep: ReceiveEndpoint) -> dict[str, int]:
     counts = {
         "status_messages_sent": d.status_messages_sent,
         "setups_received": d.setups_received,
+        "setups_rejected": d.setups_rejected,
+        "images_refused": d.images_refused,
         "unknown_session_data": d.unknown_session_data,
         "images_created": d.images_created,
         "images_removed": d.images_removed,
@@ -645,6 +678,12 @@ def _dispatcher_counts(rep: ReceiveEndpoint) -> dict[str, int]:
         for name, value in image_counts(image).items():
             counts[name] = counts.get(name, 0) + value
     return counts
+
+
+def _limit(driver: int, channel: int | None) -> int:
+    """The tighter of two image limits, where 0 (or None) means no limit."""
+    limits = [v for v in (driver, channel) if v]
+    return min(limits) if limits else 0
 
 
 def _check_stream_id(stream_id: int) -> None:

@@ -10,9 +10,11 @@ Invariants:
 * Created from a SETUP: term length, MTU and initial term id come from it; ``join_position`` is
   the SETUP's (active_term_id, term_offset) position and every position starts there.
 * A datagram is copied whole into its term (``insert_packet``) only if it lies in
-  ``[subscriber_position, last_sm_position + term_length/2]``; otherwise it is an under-run or an
-  over-run and is counted and dropped. So writes never reach a partition the subscriber has not
-  finished with.
+  ``[subscriber_position, last_sm_position + window]`` (the window our SMs advertise, at most half
+  a term); otherwise it is an under-run or an over-run and is counted and dropped (Aeron's
+  ``isFlowControlOverRun``). A heartbeat beyond that moves nothing either. So writes never reach
+  a partition the subscriber has not finished with, and a sender can make us hold and scan at
+  most one window of data ahead of the subscriber.
 * The receiver zeroes the partition of a term once the subscriber is past it (before any SM
   that would let the sender write into it again).
 * SMs: the first at once, then when ``subscriber_position > last_sm_position + window/4``, and
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import random
 import struct
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable
 from typing import Any
 
@@ -133,6 +136,9 @@ class ImageState:
         self.gap_length = 0
         self.gaps: dict[int, list[int]] = {}  # gap position -> [length, next NAK time]
         self._dirty = False  # something was inserted since the last gap scan
+        # Positions where datagrams were inserted out of order, sorted, each once; a gap ends at
+        # the next of them, so a gap scan never walks empty term (pruned below rebuild).
+        self._inserted: list[int] = []
         self.eos_position: int | None = None
         self.eos_sms_left = EOS_SM_COUNT
         self.is_done = False  # receiver finished with it: remove and report unavailable
@@ -174,7 +180,10 @@ class ImageState:
         position = (relative << self.shift) + term_offset
         if _i32_from(packet, 0)[0] == 0:  # heartbeat
             self.heartbeats_received += 1
-            if position > self.hwm and position <= self.last_sm_position + self.term_length // 2:
+            if position > self.last_sm_position + self.window:
+                self.over_runs += 1
+                return False
+            if position > self.hwm:
                 self.hwm = position
                 self._dirty = True  # data up to here may be missing: scan for gaps
             if packet[5] & _FLAG_EOS and position >= self.rebuild_position:
@@ -184,20 +193,20 @@ class ImageState:
         if end <= self.subscriber_position:
             self.under_runs += 1
             return False
-        if end > self.last_sm_position + (self.term_length >> 1):
+        if end > self.last_sm_position + self.window:  # past what our last SM allowed
             self.over_runs += 1
             return False
-        insert_packet(
-            self.terms[relative % PARTITION_COUNT],
-            term_offset,
-            packet if len(packet) == length else packet[:length],
-        )
+        term = self.terms[relative % PARTITION_COUNT]
+        fresh = _i32_from(term, term_offset)[0] == 0  # else a duplicate: nothing is written
+        insert_packet(term, term_offset, packet if len(packet) == length else packet[:length])
         self.bytes_received += length
         if position == self.rebuild_position and position >= self.hwm and not self._dirty:
             end = position + (length if extent is None else extent)
             self.rebuild_position = end
         else:
             self._dirty = True
+            if fresh:
+                insort(self._inserted, position)
         if end > self.hwm:
             self.hwm = end
         return True
@@ -223,7 +232,9 @@ class ImageState:
             if limit > self.term_length:
                 limit = self.term_length
             term = self.terms[(position >> self.shift) % PARTITION_COUNT]
-            new_offset, gap_offset, length = scan_for_gap(term, offset, limit)
+            new_offset, gap_offset, length = scan_for_gap(
+                term, offset, limit, self._next_inserted(term_start)
+            )
             if length:
                 if contiguous:
                     rebuild = term_start + gap_offset
@@ -237,6 +248,9 @@ class ImageState:
             if new_offset < self.term_length:
                 break
         self.rebuild_position = rebuild
+        inserted = self._inserted
+        if inserted and inserted[0] < rebuild:
+            del inserted[: bisect_left(inserted, rebuild)]
         old = self.gaps
         gaps: dict[int, list[int]] = {}
         for gap_position, length in found:
@@ -247,6 +261,16 @@ class ImageState:
             self.gap_position, self.gap_length = found[0]
         else:
             self.gap_position, self.gap_length = -1, 0
+
+    def _next_inserted(self, term_start: int) -> Callable[[int], int]:
+        """For scan_for_gap: term offset of the first datagram inserted after an offset."""
+        inserted = self._inserted
+
+        def next_offset(offset: int) -> int:
+            i = bisect_right(inserted, term_start + offset)
+            return inserted[i] - term_start if i < len(inserted) else self.term_length
+
+        return next_offset
 
     def do_work(self, now_ns: int, transmit: Transmit) -> int:
         """Clean consumed terms, NAK gaps, send SMs, check liveness and EOS; work count."""

@@ -7,6 +7,10 @@
   as an invalid frame, and changes nothing);
 * for a SETUP of a stream someone subscribes to, creates an :class:`ImageState` per interested
   subscription at the SETUP's position (unless the session is filtered out or cooling down);
+  a SETUP whose term length or mtu is above the subscription's bound (``max_term_length``,
+  ``max_mtu``) creates nothing and is counted (``setups_rejected``), as is one past the
+  subscription's image limits (``max_images`` in all, ``max_images_per_source`` from one sender's
+  address and port, ``max_images_per_address`` from one IP address: ``images_refused``);
 * for DATA of a known session, copies the datagram into the image; for DATA of an unknown session
   (not EOS, not cooling down) answers an SM with SEND_SETUP to the sender, at most every 100 ms;
 * ignores control frames meant for publications.
@@ -27,6 +31,7 @@ from aeron_spark.transport.protocol.frames import (
     DATA_HEADER,
     DATA_HEADER_LENGTH,
     FRAME_ALIGNMENT,
+    SETUP_LENGTH,
     SM,
     SM_LENGTH,
     FrameType,
@@ -51,6 +56,7 @@ _I32 = struct.Struct("<i")
 _i32_from = _I32.unpack_from
 _unpack_header = DATA_HEADER.unpack_from
 _head_from = struct.Struct("<iBBh").unpack_from
+_setup_peek = struct.Struct("<ii8xii").unpack_from  # session, stream, term length, mtu (from 12)
 _TYPE_DATA = int(FrameType.DATA)
 _TYPE_PAD = int(FrameType.PAD)
 _TYPE_SETUP = int(FrameType.SETUP)
@@ -72,6 +78,11 @@ class StreamInterest:
         receiver_window: int = 128 * 1024,
         nak_delay_ns: int = 100_000,
         reliable: bool = True,
+        max_term_length: int = TERM_MAX_LENGTH,
+        max_mtu: int = MAX_UDP_PAYLOAD_LENGTH,
+        max_images: int = 0,
+        max_images_per_source: int = 0,
+        max_images_per_address: int = 0,
         on_image: Callable[[ImageState], None] | None = None,
         on_image_gone: Callable[[ImageState], None] | None = None,
         on_data: Callable[[], None] | None = None,
@@ -82,6 +93,15 @@ class StreamInterest:
         self.receiver_window = receiver_window
         self.nak_delay_ns = nak_delay_ns
         self.reliable = reliable
+        self.max_term_length = max_term_length  # SETUPs asking for more are refused
+        self.max_mtu = max_mtu
+        # 0: no limit. A SETUP past any makes no image (a flood of valid SETUPs with new
+        # session ids would otherwise cost a log, SMs and loop time each). A source is one
+        # sender's socket (address and port), an address all sockets of one IP address.
+        self.max_images = max_images
+        self.max_images_per_source = max_images_per_source
+        self.max_images_per_address = max_images_per_address
+        self.images_per_source: dict[Any, int] = {}
         self.on_image = on_image
         self.on_image_gone = on_image_gone
         self.on_data = on_data
@@ -100,6 +120,9 @@ class ReceiveDispatcher:
         self.cool_down: dict[tuple[int, int], int] = {}
         self.status_messages_sent = 0
         self.setups_received = 0
+        self.setups_rejected = 0
+        self.images_refused = 0
+        self._prune_above = 256  # prune cool_down / pending_setups when they grow past this
         self.unknown_session_data = 0
         self.invalid_frames = 0
         self.heartbeats_received = 0
@@ -137,6 +160,8 @@ class ReceiveDispatcher:
         if ftype == _TYPE_DATA or ftype == _TYPE_PAD:
             return self._on_data(buf, length, source, now_ns, transmit)
         if ftype == _TYPE_SETUP:
+            if length == SETUP_LENGTH and self._refused_setup(buf, source):
+                return 0
             return self._on_setup(SetupFrame.decode(buf[:length]), source, now_ns)
         frame_type_of(buf[:length])  # validates; SM/NAK/RTTM/ERR here are for publications
         return 0
@@ -180,28 +205,61 @@ class ReceiveDispatcher:
                 if now_ns < self.cool_down[key]:
                     return work
                 del self.cool_down[key]
+            due = self.pending_setups.get(key)
+            if due is not None and now_ns < due:  # asked for its SETUP a moment ago
+                self.unknown_session_data += 1
+                return work
             if any(
-                not i.closed and (i.session_id is None or i.session_id == session_id)
+                not i.closed
+                and (i.session_id is None or i.session_id == session_id)
+                and not _is_full(i, source)  # no SETUP of this source could make an image
                 for i in interests
             ):
                 self.unknown_session_data += 1
-                due = self.pending_setups.get(key)
-                if due is None or now_ns >= due:
-                    self.pending_setups[key] = now_ns + SEND_SETUP_INTERVAL_NS
-                    target = next(
-                        (i.control_address for i in interests if i.control_address is not None),
-                        source,
-                    )
-                    self._send_sm(
-                        transmit,
-                        target,
-                        session_id,
-                        stream_id,
-                        interests[0].receiver_id,
-                        SmFlags.SEND_SETUP,
-                    )
-                    work += 1
+                self.pending_setups[key] = now_ns + SEND_SETUP_INTERVAL_NS
+                target = next(
+                    (i.control_address for i in interests if i.control_address is not None),
+                    source,
+                )
+                self._send_sm(
+                    transmit,
+                    target,
+                    session_id,
+                    stream_id,
+                    interests[0].receiver_id,
+                    SmFlags.SEND_SETUP,
+                )
+                work += 1
         return work
+
+    def _refused_setup(self, buf: Any, source: Address) -> bool:
+        """True (and counted) for a SETUP that every interest refuses for its geometry or image
+        limits, read from the bytes without decoding a frame object: a flood of them is cheap.
+        False when the full path must decide."""
+        if _i32_from(buf, 0)[0] != SETUP_LENGTH:
+            return False  # malformed: the full path raises
+        session_id, stream_id, term_length, mtu = _setup_peek(buf, 12)
+        interests = self.interests.get(stream_id)
+        if not interests or term_length <= 0 or mtu <= 0:
+            return False
+        rejected = refused = 0
+        for i in interests:
+            if i.session_id not in (None, session_id):
+                continue  # filtered out: this interest ignores the SETUP either way
+            if i.closed or session_id in i.images:
+                return False
+            if term_length > i.max_term_length or mtu > i.max_mtu:
+                rejected += 1
+            elif _is_full(i, source):
+                refused += 1
+            else:
+                return False
+        if not rejected + refused:
+            return False
+        self.setups_received += 1
+        self.setups_rejected += rejected
+        self.images_refused += refused
+        return True
 
     def _on_setup(self, setup: SetupFrame, source: Address, now_ns: int) -> int:
         self.setups_received += 1
@@ -232,6 +290,12 @@ class ReceiveDispatcher:
                 continue
             if interest.session_id is not None and interest.session_id != setup.session_id:
                 continue
+            if term_length > interest.max_term_length or mtu > interest.max_mtu:
+                self.setups_rejected += 1  # costs us nothing: no image, no log, no reply
+                continue
+            if _is_full(interest, source):
+                self.images_refused += 1
+                continue
             image = ImageState(
                 session_id=setup.session_id,
                 stream_id=setup.stream_id,
@@ -249,6 +313,9 @@ class ReceiveDispatcher:
                 now_ns=now_ns,
             )
             interest.images[setup.session_id] = image
+            per_source = interest.images_per_source
+            for key in (source[:2], source[0]):
+                per_source[key] = per_source.get(key, 0) + 1
             self.images_created += 1
             self.pending_setups.pop(key, None)
             if interest.on_image is not None:
@@ -293,6 +360,7 @@ class ReceiveDispatcher:
                     if image.is_done:
                         del interest.images[session_id]
                         self.images_removed += 1
+                        _forget_source(interest, image.source_address)
                         for name, value in image_counts(image).items():
                             self.retired[name] = self.retired.get(name, 0) + value
                         self.cool_down[(session_id, stream_id)] = now_ns + COOL_DOWN_NS
@@ -322,10 +390,11 @@ class ReceiveDispatcher:
                     self.interests[stream_id] = remaining
                 else:
                     del self.interests[stream_id]
-        if len(self.cool_down) > 256:
+        if len(self.cool_down) + len(self.pending_setups) > self._prune_above:
+            # amortized: a flood of new session ids costs O(1) per datagram, not O(entries)
             self.cool_down = {k: v for k, v in self.cool_down.items() if v > now_ns}
-        if len(self.pending_setups) > 256:
             self.pending_setups = {k: v for k, v in self.pending_setups.items() if v > now_ns}
+            self._prune_above = max(256, 2 * (len(self.cool_down) + len(self.pending_setups)))
         return work
 
     def next_deadline_ns(self, now_ns: int) -> int:
@@ -349,6 +418,29 @@ class ReceiveDispatcher:
             for i in interests
             for im in i.images.values()
         ]
+
+
+def _is_full(interest: StreamInterest, source: Address) -> bool:
+    """Whether the interest takes no more images: in all, from this source (address and port)
+    or from its IP address."""
+    if interest.max_images and len(interest.images) >= interest.max_images:
+        return True
+    counts = interest.images_per_source  # keyed (host, port) for sources, host for addresses
+    limit = interest.max_images_per_source
+    if limit and counts.get(source[:2], 0) >= limit:
+        return True
+    limit = interest.max_images_per_address
+    return bool(limit) and counts.get(source[0], 0) >= limit
+
+
+def _forget_source(interest: StreamInterest, source: Address) -> None:
+    counts = interest.images_per_source
+    for key in (source[:2], source[0]):
+        left = counts.get(key, 0) - 1
+        if left > 0:
+            counts[key] = left
+        else:
+            counts.pop(key, None)
 
 
 def _check_frames(buf: Any, length: int) -> int:

@@ -323,9 +323,18 @@ def insert_packet(term: memoryview, term_offset: int, packet: memoryview | bytes
     term[term_offset : term_offset + 4] = packet[0:4]
 
 
-def scan_for_gap(term: memoryview, rebuild_offset: int, hwm_offset: int) -> tuple[int, int, int]:
+def scan_for_gap(
+    term: memoryview,
+    rebuild_offset: int,
+    hwm_offset: int,
+    next_frame_offset: Callable[[int], int],
+) -> tuple[int, int, int]:
     """Find the first gap in ``[rebuild_offset, hwm_offset)`` (Aeron's ``TermGapScanner``).
 
+    Walks frame headers from ``rebuild_offset`` (one read per frame). A gap starts at the first
+    unwritten frame and ends where the next received datagram starts: ``next_frame_offset(o)``
+    names the first offset after ``o`` where one was inserted (the image keeps that index), so
+    the cost is one step per frame and one call per gap, never one per 32 bytes of empty term.
     Returns ``(new_rebuild_offset, gap_offset, gap_length)``; ``gap_length`` is 0 when the range
     is complete up to ``hwm_offset``. ``new_rebuild_offset`` is the end of the contiguous frames.
     """
@@ -337,11 +346,10 @@ def scan_for_gap(term: memoryview, rebuild_offset: int, hwm_offset: int) -> tupl
         offset += (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
     if offset >= hwm_offset:
         return offset, 0, 0
-    gap_start = offset
-    offset += FRAME_ALIGNMENT
-    while offset < hwm_offset and _i32_from(term, offset)[0] == 0:
-        offset += FRAME_ALIGNMENT
-    return gap_start, gap_start, min(offset, hwm_offset) - gap_start
+    end = next_frame_offset(offset)
+    if end <= offset:
+        end = offset + FRAME_ALIGNMENT
+    return offset, offset, min(end, hwm_offset) - offset
 
 
 def scan_for_send(term: memoryview, term_offset: int, max_bytes: int, mtu: int) -> tuple[int, int]:

@@ -123,3 +123,66 @@ def test_a_driver_counts_garbage_and_keeps_delivering(tmp_path: Path) -> None:
         assert got == [b"still fine"]
         assert d.counters.snapshot()["invalid_frames"] >= 6
         assert d.errors == []
+
+
+# The crafted inputs of issue 15 (item 3): SETUPs asking for huge terms or mtus, DATA and
+# heartbeats far ahead (~512 MiB in a 1 GiB term, just past half a term, just past the window).
+GIB = 1024**3
+MIB = 1024**2
+crafted_setups = st.builds(
+    lambda session, term_length, mtu, active: SetupFrame(
+        0, session, 10, 7, active, term_length, mtu
+    ).encode(),
+    st.sampled_from([3, 4, 5]),
+    st.sampled_from([GIB, 512 * MIB, 64 * MIB, MIB, 128 * 1024, 65536]),
+    st.sampled_from([65504, 32768, 8192, 1408, 64]),
+    st.sampled_from([7, 8]),
+)
+crafted_data = st.builds(
+    lambda session, offset, term, size, heartbeat: (
+        struct.pack("<iBBhiiii", 0, 0, 0xC0, 1, offset, session, 10, term) + bytes(24)
+        if heartbeat
+        else struct.pack("<iBBhiiii", 32 + size, 0, 0xC0, 1, offset, session, 10, term)
+        + bytes(24)
+        + b"\xab" * size
+        + bytes(-size % 32)
+    ),
+    st.sampled_from([3, 4, 5]),
+    st.sampled_from(
+        [512 * MIB - 4096, GIB // 2 - 1056, 32 * 1024, 32 * 1024 - 64, 128 * 1024, 0, 1024]
+    )
+    | st.integers(0, GIB // 32 - 64).map(lambda n: n * 32),
+    st.sampled_from([7, 8, 9]),
+    st.sampled_from([0, 32, 1000]),
+    st.booleans(),
+)
+
+
+def _check_bounded(dispatcher: ReceiveDispatcher, bounded: StreamInterest) -> None:
+    for image in bounded.images.values():
+        assert image.term_length <= 65536 and image.mtu <= 8192
+    for image in dispatcher.images():
+        assert image.hwm <= image.last_sm_position + image.window
+        assert image.rebuild_position <= max(image.hwm, image.subscriber_position)
+        assert len(image._inserted) <= image.window // 32
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(crafted_setups | crafted_data, min_size=1, max_size=12))
+def test_crafted_setups_and_far_data_are_refused_or_dropped(packets: list[bytes]) -> None:
+    """Only RemoteProtocolError; a bounded interest never gets a big image; no image holds,
+    or scans, anything past the window its SMs advertise."""
+    dispatcher = ReceiveDispatcher()
+    wide, bounded = StreamInterest(10), StreamInterest(10, max_term_length=65536, max_mtu=8192)
+    dispatcher.add(wide)
+    dispatcher.add(bounded)
+    now = 1
+    for packet in packets:
+        try:
+            dispatcher.on_datagram(packet, len(packet), SOURCE, now, lambda d, a: None)
+        except RemoteProtocolError:
+            pass
+        _check_bounded(dispatcher, bounded)
+        now += 1_000_000
+        dispatcher.do_work(now, lambda d, a: None)
+        _check_bounded(dispatcher, bounded)
