@@ -65,6 +65,12 @@ class ServerUnavailableError(ConnectorError):
     code = ErrorCode.SERVER_UNAVAILABLE
 
 
+class DirectoryInUseError(ServerUnavailableError):
+    """A server cannot start: another server holds its data directory's lock. Raised at start
+    only, never sent on the wire. ``details``: ``directory``, ``pid`` (the holder, or None when
+    it cannot be read) and ``lock_file``."""
+
+
 class UnknownStreamError(ConnectorError):
     """No recording exists (or is allowed) for the stream id."""
 
@@ -183,6 +189,7 @@ __all__ = [
     "ChunkMissingError",
     "ConnectorError",
     "ControlProtocolError",
+    "DirectoryInUseError",
     "ErrorCode",
     "LimitExceededError",
     "NotAuthorisedError",

@@ -1,15 +1,24 @@
-"""A Spark standalone cluster (one master, N workers) started from the installed PySpark on loopback.
+"""A Spark standalone cluster (one master, N workers) from the installed PySpark on loopback.
 
 The pip package ships ``bin/spark-class`` but no ``sbin/start-master.sh``; the master and workers
 are started as child processes (each in its own process group so it can be stopped with all its
 children) with ``SPARK_LOCAL_IP=127.0.0.1``. Readiness is read from the master's JSON status page,
 polled with a deadline. This is what ``docker-compose.yml`` runs, without Docker.
+
+As in containers, each worker has directories of its own (``worker-N/``: its work directory,
+Spark's local directories and ``TMPDIR``), and shares with the job only what it is told to: a
+worker given ``hidden`` directories runs in its own mount namespace where each of them is covered
+by an empty private tmpfs (what a container that does not mount a volume sees at that path: its
+own directory, whose writes no other process sees). That needs root (CAP_SYS_ADMIN) and
+``unshare`` from util-linux.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,6 +42,9 @@ def spark_home() -> Path:
 
 
 def cluster_env(work_dir: Path) -> dict[str, str]:
+    """The environment of one cluster process whose own directories are under ``work_dir``."""
+    for sub in ("logs", "work", "local", "tmp"):
+        (work_dir / sub).mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.update(
         {
@@ -41,11 +53,39 @@ def cluster_env(work_dir: Path) -> dict[str, str]:
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,
             "SPARK_LOG_DIR": str(work_dir / "logs"),
-            "SPARK_WORKER_DIR": str(work_dir / "work"),
+            "SPARK_WORKER_DIR": str(work_dir / "work"),  # executors' working directories
+            "SPARK_LOCAL_DIRS": str(work_dir / "local"),  # shuffle and spill files
+            "TMPDIR": str(work_dir / "tmp"),  # Python workers' temporary files
             "SPARK_NO_DAEMONIZE": "1",
         }
     )
     return env
+
+
+def can_hide_directories() -> str | None:
+    """None when private mounts work here, else why not (a skip reason)."""
+    if shutil.which("unshare") is None:
+        return "unshare (util-linux) is not installed"
+    probe = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "mount", "-t", "tmpfs",
+         "-o", "size=1m", "aeron-spark-probe", "/mnt"],
+        capture_output=True, text=True, timeout=30,
+    )
+    if probe.returncode != 0:
+        return f"cannot make a private mount namespace here (needs root): {probe.stderr.strip()}"
+    return None
+
+
+def hiding(hidden: list[Path], argv: list[str]) -> list[str]:
+    """``argv`` run in a mount namespace of its own where each of ``hidden`` is an empty tmpfs."""
+    if not hidden:
+        return argv
+    mounts = " && ".join(
+        f"mount -t tmpfs -o size=512m,mode=0755 aeron-spark-hidden {shlex.quote(str(d))}"
+        for d in hidden
+    )
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            f"{mounts} && exec {shlex.join(argv)}"]
 
 
 @dataclass
@@ -56,21 +96,25 @@ class StandaloneCluster:
     worker_memory: str = "1g"
     master_port: int = field(default_factory=free_port)
     web_port: int = field(default_factory=free_port)
+    # per worker: host directories it must not see (each covered by its own private tmpfs)
+    hidden: list[list[Path]] = field(default_factory=list)
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
     def master_url(self) -> str:
         return f"spark://127.0.0.1:{self.master_port}"
 
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def _spawn(self, name: str, args: list[str], hidden: list[Path] | None = None) -> None:
         log = open(self.work_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
         cmd = [str(spark_home() / "bin" / "spark-class"), *args]
+        for d in hidden or []:
+            d.mkdir(parents=True, exist_ok=True)  # the mount point
         proc = subprocess.Popen(
-            cmd,
+            hiding(hidden or [], cmd),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=cluster_env(self.work_dir),
+            env=cluster_env(self.work_dir / name),
             start_new_session=True,
         )
         log.close()
@@ -105,6 +149,7 @@ class StandaloneCluster:
                     str(free_port()),
                     self.master_url,
                 ],
+                self.hidden[i] if i < len(self.hidden) else None,
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

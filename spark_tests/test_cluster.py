@@ -1,6 +1,13 @@
 """The demo cluster's topology without Docker: a standalone master and two workers from the
 installed PySpark on 127.0.0.1, the stream server, the producer, and the job of
-docker-compose.yml, run against spark://127.0.0.1:PORT."""
+docker-compose.yml, run against spark://127.0.0.1:PORT.
+
+The topology is read from docker-compose.yml: each named volume is a host directory, the server's
+``--dir`` and the job's ``--checkpoint`` are where the file puts them, and each worker has its own
+directories and sees only the volumes the file mounts on it (the others are hidden behind a
+private tmpfs in its own mount namespace). A checkpoint on a volume the workers do not mount
+leaves the aggregation's state, which executors write, out of the job's checkpoint: caught here.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_tests._cluster import StandaloneCluster
+from spark_tests import _compose
+from spark_tests._cluster import StandaloneCluster, can_hide_directories, hiding
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -39,12 +47,36 @@ def run(args: list[str], timeout_s: float) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _state_files(checkpoint: Path) -> dict[str, list[str]]:
+    """The aggregation's state store files per partition, as the job sees its checkpoint."""
+    state = checkpoint / "state" / "0"
+    return {
+        p.name: sorted(f.name for f in p.iterdir() if f.suffix in (".delta", ".snapshot"))
+        for p in sorted(state.iterdir()) if p.name.isdigit()
+    } if state.is_dir() else {}
+
+
+@pytest.mark.timeout(1200)  # two job runs of up to 600 s each on a loaded 2-core machine
 def test_job_on_a_standalone_cluster_with_two_workers(tmp_path: Path) -> None:
     from aeron_spark.connector.server import ServerConfig, StreamServer
 
+    compose = _compose.load()
+    volumes = tmp_path / "volumes"
+    server_dir = _compose.host_path(
+        compose, "stream-server", _compose.argument(compose, "stream-server", "--dir"), volumes
+    )
+    checkpoint = _compose.host_path(
+        compose, "job", _compose.argument(compose, "job", "--checkpoint"), volumes
+    )
+    names = _compose.workers(compose)
+    assert len(names) == 2, names
+    hidden = [[volumes / v for v in _compose.hidden_volumes(compose, w)] for w in names]
+    if any(hidden) and (reason := can_hide_directories()) is not None:
+        pytest.skip(f"workers must not see {hidden} but {reason}")
+
     with (
-        StreamServer(ServerConfig(directory=str(tmp_path / "server"), port=0)) as server,
-        StandaloneCluster(tmp_path / "cluster", workers=2) as cluster,
+        StreamServer(ServerConfig(directory=str(server_dir), port=0)) as server,
+        StandaloneCluster(tmp_path / "cluster", workers=2, hidden=hidden) as cluster,
     ):
         assert cluster.alive_workers() == 2
         produced = run(
@@ -69,11 +101,18 @@ def test_job_on_a_standalone_cluster_with_two_workers(tmp_path: Path) -> None:
             "--endpoint",
             server.endpoint,
             "--checkpoint",
-            str(tmp_path / "ckpt"),
+            str(checkpoint),
             "--available-now",
         ]
         first = run(job, 600)
         assert first["input_rows"] == 5000
+        # the executors' state store files are in the job's checkpoint, for every shuffle
+        # partition (spark.sql.shuffle.partitions=4 in the job): a restarted job or a task
+        # moved to the other worker finds them
+        state = _state_files(checkpoint)
+        assert sorted(state) == ["0", "1", "2", "3"] and all(state.values()), (
+            f"the aggregation's state is not in the job's checkpoint {checkpoint}: {state}"
+        )
         # Trigger.AvailableNow runs no empty batch to move the watermark, so the closed minutes
         # are written by the next run: more ticks, then the same job again from its checkpoint.
         more = run(
@@ -96,6 +135,51 @@ def test_job_on_a_standalone_cluster_with_two_workers(tmp_path: Path) -> None:
         # Ticks spanned 5 minutes: the watermark (latest event - 10 s) closed the earlier minutes,
         # whose per-symbol aggregates were appended exactly once.
         assert second["output_rows"] >= 5
+
+
+def test_hidden_directory_is_private_to_a_worker(tmp_path: Path) -> None:
+    """What the cluster test relies on: a worker's hidden directory is its own empty tmpfs."""
+    if (reason := can_hide_directories()) is not None:
+        pytest.skip(reason)
+    shared = tmp_path / "volume"
+    shared.mkdir()
+    (shared / "job-file").write_text("job")
+    done = subprocess.run(
+        hiding([shared], ["sh", "-c", f"ls -A {shared}; echo worker > {shared}/worker-file"]),
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""  # the worker does not see the job's file...
+    assert sorted(p.name for p in shared.iterdir()) == ["job-file"]  # ...nor the job the worker's
+
+
+def test_compose_checkpoint_volume_is_shared_by_job_and_workers() -> None:
+    compose = _compose.load()
+    checkpoint = _compose.argument(compose, "job", "--checkpoint")
+    mount = _compose.mount_of(compose, "job", checkpoint)
+    assert mount is not None, f"the job's checkpoint {checkpoint} is on no named volume"
+    for worker in _compose.workers(compose):
+        assert mount in _compose.mounts(compose, worker), (
+            f"{worker} does not mount {mount.volume} at {mount.target}, where the job keeps its "
+            f"checkpoint {checkpoint}: its executors would write the state in their own container"
+        )
+    assert len(_compose.workers(compose)) == 2
+
+
+def test_compose_file_has_no_obsolete_version_key() -> None:
+    assert "version" not in _compose.load()
+
+
+def test_docker_build_context_and_image_are_portable() -> None:
+    ignored = {
+        line.strip().strip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {".venv", ".git"} <= ignored and "**/__pycache__" in ignored
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    # JAVA_HOME is found at build time, on any architecture (not Debian's amd64 directory)
+    assert "amd64" not in dockerfile and "JAVA_HOME=" in dockerfile
+    assert "COPY . ." in dockerfile
 
 
 def test_compose_file_is_valid() -> None:

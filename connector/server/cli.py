@@ -25,8 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--port",
         type=int,
         default=DEFAULT_PORT,
-        help="handshake/session UDP port; port + 1 carries replies (default %(default)s; 0 picks "
-        "a free pair)",
+        help="handshake/session UDP port, at most 65534: port + 1 carries replies (default "
+        "%(default)s; 0 picks a free pair)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument(

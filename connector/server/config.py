@@ -10,6 +10,7 @@ from aeron_spark.transport.protocol.logbuffer import check_mtu, check_term_lengt
 from aeron_spark.errors import ConfigurationError
 
 DEFAULT_PORT = 40123
+MAX_PORT = 65534  # the server also takes port + 1 (its replies)
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,7 +18,8 @@ class ServerConfig:
     """How a :class:`~aeron_spark.connector.server.StreamServer` runs.
 
     ``directory``           where recordings, the catalog, staged sink data and the commit log live
-    ``host`` / ``port``     the session (handshake) endpoint; port 0 picks a free port
+    ``host`` / ``port``     the session (handshake) endpoint; the server also uses port + 1, so
+                            65534 is the highest port; port 0 picks a free pair
     ``ingest_channel``      an Aeron channel whose plain publications are recorded (None: off)
     ``ingest_stream_ids``   stream ids recorded from the ingest channel
     ``encryption``          seal session traffic (AES-GCM) when the handshake layer offers it
@@ -86,8 +88,12 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.directory, str) or not self.directory:
             raise ConfigurationError("directory", self.directory, "a directory path")
-        if not 0 <= self.port <= 65535:
-            raise ConfigurationError("port", self.port, "0..65535 (0 picks a free port)")
+        if not 0 <= self.port <= MAX_PORT:
+            raise ConfigurationError(
+                "port", self.port,
+                f"0..{MAX_PORT}: the server also uses port + 1, so {MAX_PORT} is the highest "
+                "usable port (0 picks a free pair)",
+            )
         check_term_length(self.term_length, "term_length")
         if self.mtu is not None:
             check_mtu(self.mtu, "mtu")
@@ -126,4 +132,4 @@ class ServerConfig:
         return self.mtu if self.mtu is not None else min(65504, self.term_length // 2)
 
 
-__all__ = ["DEFAULT_PORT", "ServerConfig"]
+__all__ = ["DEFAULT_PORT", "MAX_PORT", "ServerConfig"]

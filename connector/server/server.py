@@ -25,6 +25,7 @@ from aeron_spark.connector import chunking
 from aeron_spark.connector.errors import ConnectorError, ServerUnavailableError
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.core import ServerCore
+from aeron_spark.connector.server.dirlock import DirectoryLock
 from aeron_spark.connector.server.link import ServerLink, ServerListener
 from aeron_spark.connector.server.staging import SinkCommitter
 from aeron_spark.connector.server.stat import write_snapshot
@@ -78,6 +79,7 @@ class StreamServer:
         self._worker: ThreadPoolExecutor | None = None
         self._deferred_replies: queue.SimpleQueue[tuple[object, bytes]] = queue.SimpleQueue()
         self._started_ns = 0
+        self._dir_lock: DirectoryLock | None = None
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -85,7 +87,13 @@ class StreamServer:
         if self._thread is not None:
             return self
         os.makedirs(self.config.directory, exist_ok=True)
-        self._driver = Driver(DriverConfig(write_counters_file=False)).start()
+        # before anything in the directory is opened: a second server there is refused
+        self._dir_lock = DirectoryLock(self.config.directory).acquire()
+        try:
+            self._driver = Driver(DriverConfig(write_counters_file=False)).start()
+        except BaseException:
+            self._release_dir_lock()
+            raise
         try:
             self._store = ArchiveStore(self.config, self._driver)
             committer = SinkCommitter(
@@ -114,6 +122,7 @@ class StreamServer:
             if self._store is not None:
                 self._store.close()
             self._driver.close()
+            self._release_dir_lock()
             raise
         self._started_ns = time.monotonic_ns()
         log.info(
@@ -330,6 +339,12 @@ class StreamServer:
             os.unlink(os.path.join(self.config.directory, "stat.json"))
         except OSError:
             pass
+        self._release_dir_lock()  # last: everything in the directory is closed
+
+    def _release_dir_lock(self) -> None:
+        if self._dir_lock is not None:
+            self._dir_lock.release()
+            self._dir_lock = None
 
 
 __all__ = ["StreamServer"]
