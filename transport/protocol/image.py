@@ -17,9 +17,11 @@ Invariants:
   that would let the sender write into it again).
 * SMs: the first at once, then when ``subscriber_position > last_sm_position + window/4``, and
   every 200 ms repeating the last position. Each gap (up to ``MAX_GAPS`` of them, in order) is
-  NAKed ``nak_delay_ns`` after it is first seen, then every ``nak_delay_ns * 100`` (at least
-  1 ms) while it stays. Real Aeron NAKs only the first gap; a NAK is a NAK to its publisher, so
-  this stays wire-compatible and recovers from heavy loss in parallel.
+  NAKed ``nak_delay_ns`` after it is first seen, then again while it stays, first after
+  ``nak_delay_ns * 100`` (at least 1 ms), the interval doubling with each NAK up to 8 times
+  that. A gap that shrinks or splits as retransmits land keeps its timer (the rest is on its
+  way). Real Aeron NAKs only the first gap; a NAK is a NAK to its publisher, so this stays
+  wire-compatible and recovers from heavy loss in parallel.
 * End of stream: an EOS heartbeat at position P; when everything up to P is rebuilt and
   consumed, SMs carry EOS and the image is done. No packet for ``liveness_timeout_ns``: done too.
 """
@@ -64,6 +66,7 @@ SM_INTERVAL_NS = 200_000_000
 IMAGE_LIVENESS_TIMEOUT_NS = 10_000_000_000
 NAK_RETRY_RATIO = 100
 MIN_NAK_RETRY_NS = 1_000_000
+NAK_BACKOFF_MAX_SHIFT = 3  # re-NAK intervals: retry, 2x, 4x, then 8x the retry time
 EOS_SM_COUNT = 3
 MAX_GAPS = 64  # gaps NAKed at once (Aeron tracks one; more recovers faster under heavy loss)
 
@@ -131,7 +134,7 @@ class ImageState:
         self.last_packet_ns = now_ns
         self.gap_position = -1  # the first gap (for tests and counters); -1 when none
         self.gap_length = 0
-        self.gaps: dict[int, list[int]] = {}  # gap position -> [length, next NAK time]
+        self.gaps: dict[int, list[int]] = {}  # gap position -> [length, next NAK time, NAKs]
         self._dirty = False  # something was inserted since the last gap scan
         self.eos_position: int | None = None
         self.eos_sms_left = EOS_SM_COUNT
@@ -237,16 +240,26 @@ class ImageState:
             if new_offset < self.term_length:
                 break
         self.rebuild_position = rebuild
-        old = self.gaps
-        gaps: dict[int, list[int]] = {}
-        for gap_position, length in found:
-            entry = old.get(gap_position)
-            gaps[gap_position] = [length, entry[1] if entry else now_ns + self.nak_delay_ns]
-        self.gaps = gaps
+        self._schedule_naks(found, now_ns)
         if found:
             self.gap_position, self.gap_length = found[0]
         else:
             self.gap_position, self.gap_length = -1, 0
+
+    def _schedule_naks(self, found: list[tuple[int, int]], now_ns: int) -> None:
+        """The gaps just found (in order) keep the timer of the gap they lie in, if any."""
+        old = list(self.gaps.items())
+        gaps: dict[int, list[int]] = {}
+        i = 0
+        for gap_position, length in found:
+            while i < len(old) and old[i][0] + old[i][1][0] <= gap_position:
+                i += 1
+            if i < len(old) and old[i][0] <= gap_position:
+                entry = old[i][1]
+                gaps[gap_position] = [length, entry[1], entry[2]]
+            else:
+                gaps[gap_position] = [length, now_ns + self.nak_delay_ns, 0]
+        self.gaps = gaps
 
     def do_work(self, now_ns: int, transmit: Transmit) -> int:
         """Clean consumed terms, NAK gaps, send SMs, check liveness and EOS; work count."""
@@ -332,7 +345,8 @@ class ImageState:
         )
         transmit(bytes(self._nak_buffer), self.sm_address)
         self.naks_sent += 1
-        entry[1] = now_ns + self.nak_retry_ns
+        entry[1] = now_ns + (self.nak_retry_ns << min(entry[2], NAK_BACKOFF_MAX_SHIFT))
+        entry[2] += 1
         return 1
 
     def _send_sm(self, position: int, flags: int, transmit: Transmit) -> None:
