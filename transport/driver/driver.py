@@ -75,7 +75,7 @@ class DriverConfig:
     socket_buffer_length: int = DEFAULT_SOCKET_BUFFER_LENGTH
     counters_interval_ns: int = 1_000_000_000
     write_counters_file: bool = True
-    retransmit_linger_ns: int = 30_000_000  # NAKs for a range just resent are ignored this long
+    retransmit_linger_ns: int = 10_000_000  # NAKs for a range just resent are ignored this long
     ipc_liveness_timeout_ns: int = 10_000_000_000  # an IPC peer silent this long is gone
     loss: Any = None  # an aeron_spark.transport.testing.LossConfig
 

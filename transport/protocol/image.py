@@ -18,9 +18,10 @@ Invariants:
 * SMs: the first at once, then when ``subscriber_position > last_sm_position + window/4``, and
   every 200 ms repeating the last position. Each gap (up to ``MAX_GAPS`` of them, in order) is
   NAKed ``nak_delay_ns`` after it is first seen, then again while it stays, first after
-  ``nak_delay_ns * 100`` (at least 1 ms), the interval doubling with each NAK up to 8 times
-  that. A gap that shrinks or splits as retransmits land keeps its timer (the rest is on its
-  way). Real Aeron NAKs only the first gap; a NAK is a NAK to its publisher, so this stays
+  the retry interval (``nak_delay_ns * 100``, at least 1 ms, until NAK round trips are
+  measured, then twice the smoothed round trip), the interval doubling with each NAK up to 8
+  times that. A gap that shrinks or splits as retransmits land keeps its timer (the rest is on
+  its way). Real Aeron NAKs only the first gap; a NAK is a NAK to its publisher, so this stays
   wire-compatible and recovers from heavy loss in parallel.
 * End of stream: an EOS heartbeat at position P; when everything up to P is rebuilt and
   consumed, SMs carry EOS and the image is done. No packet for ``liveness_timeout_ns``: done too.
@@ -67,6 +68,7 @@ IMAGE_LIVENESS_TIMEOUT_NS = 10_000_000_000
 NAK_RETRY_RATIO = 100
 MIN_NAK_RETRY_NS = 1_000_000
 NAK_BACKOFF_MAX_SHIFT = 3  # re-NAK intervals: retry, 2x, 4x, then 8x the retry time
+MAX_NAK_RETRY_NS = 100_000_000
 EOS_SM_COUNT = 3
 MAX_GAPS = 64  # gaps NAKed at once (Aeron tracks one; more recovers faster under heavy loss)
 
@@ -134,7 +136,9 @@ class ImageState:
         self.last_packet_ns = now_ns
         self.gap_position = -1  # the first gap (for tests and counters); -1 when none
         self.gap_length = 0
-        self.gaps: dict[int, list[int]] = {}  # gap position -> [length, next NAK time, NAKs]
+        # gap position -> [length, next NAK time, NAKs sent, time of the last NAK]
+        self.gaps: dict[int, list[int]] = {}
+        self.nak_rtt_ns = -1  # smoothed NAK -> first retransmitted bytes time; -1: no sample
         self._dirty = False  # something was inserted since the last gap scan
         self.eos_position: int | None = None
         self.eos_sms_left = EOS_SM_COUNT
@@ -247,7 +251,12 @@ class ImageState:
             self.gap_position, self.gap_length = -1, 0
 
     def _schedule_naks(self, found: list[tuple[int, int]], now_ns: int) -> None:
-        """The gaps just found (in order) keep the timer of the gap they lie in, if any."""
+        """The gaps just found (in order) keep the timer of the gap they lie in, if any.
+
+        A NAKed gap whose start moved or that is gone got its first retransmitted bytes: the
+        time since its last NAK is a round-trip sample (``nak_rtt_ns``, smoothed) that sets the
+        re-NAK interval (twice the round trip, 1 ms to 100 ms; ``nak_retry_ns`` before any).
+        """
         old = list(self.gaps.items())
         gaps: dict[int, list[int]] = {}
         i = 0
@@ -256,9 +265,16 @@ class ImageState:
                 i += 1
             if i < len(old) and old[i][0] <= gap_position:
                 entry = old[i][1]
-                gaps[gap_position] = [length, entry[1], entry[2]]
+                gaps[gap_position] = [length, *entry[1:]]
             else:
-                gaps[gap_position] = [length, now_ns + self.nak_delay_ns, 0]
+                gaps[gap_position] = [length, now_ns + self.nak_delay_ns, 0, 0]
+        for gap_position, entry in old:
+            if entry[2] and gap_position not in gaps:
+                sample = now_ns - entry[3]
+                rtt = self.nak_rtt_ns
+                self.nak_rtt_ns = sample if rtt < 0 else rtt + (sample - rtt) // 8
+                retry = max(2 * self.nak_rtt_ns, MIN_NAK_RETRY_NS)
+                self.nak_retry_ns = min(retry, MAX_NAK_RETRY_NS)
         self.gaps = gaps
 
     def do_work(self, now_ns: int, transmit: Transmit) -> int:
@@ -347,6 +363,7 @@ class ImageState:
         self.naks_sent += 1
         entry[1] = now_ns + (self.nak_retry_ns << min(entry[2], NAK_BACKOFF_MAX_SHIFT))
         entry[2] += 1
+        entry[3] = now_ns
         return 1
 
     def _send_sm(self, position: int, flags: int, transmit: Transmit) -> None:

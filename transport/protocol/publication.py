@@ -60,7 +60,7 @@ from aeron_spark.transport.protocol.term import TermAppender, scan_for_send
 SETUP_INTERVAL_NS = 100_000_000
 HEARTBEAT_INTERVAL_NS = 100_000_000
 CONNECTION_TIMEOUT_NS = 5_000_000_000
-RETRANSMIT_LINGER_NS = 30_000_000
+RETRANSMIT_LINGER_NS = 10_000_000
 MAX_RETRANSMIT_RANGES = 256  # lingering retransmit ranges tracked; NAKs past this wait
 DATAGRAMS_PER_SEND = 64  # datagrams per publication per send() call: bounds one step's work
 
