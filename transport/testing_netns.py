@@ -154,8 +154,23 @@ class LossyLink:
                 _run(["ip", "netns", "add", ns])
                 self.namespaces.append(ns)
                 _run(["ip", "-n", ns, "link", "set", "lo", "up"])
-        _run(["ip", "link", "add", dev_a, "mtu", str(self.mtu), "type", "veth", "peer", "name",
-              dev_b, "mtu", str(self.mtu)])
+        _run(
+            [
+                "ip",
+                "link",
+                "add",
+                dev_a,
+                "mtu",
+                str(self.mtu),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                dev_b,
+                "mtu",
+                str(self.mtu),
+            ]
+        )
         self._root_device = dev_a
         _run(["ip", "link", "set", dev_b, "netns", ns_b])
         if ns_a is not None:
@@ -298,6 +313,7 @@ class TransferResult:
     subscriber: dict[str, int]  # the subscribing driver's counters
     dropped_to_b: tuple[int, int]  # (packets, bytes) dropped on arrival at b (data direction)
     dropped_to_a: tuple[int, int]  # (packets, bytes) dropped on arrival at a (SMs, NAKs)
+    overflows_b: int  # datagrams b's kernel dropped for a full socket buffer (UDP RcvbufErrors)
 
     @property
     def lost_bytes(self) -> int:
@@ -360,6 +376,7 @@ def transfer(
         port = json.loads(first)["port"]
         reader.start()
         before_b, before_a = link.dropped(link.b), link.dropped(link.a)
+        overflows_before = udp_receive_buffer_errors(link.b)
         config = DriverConfig(threading_mode="invoker", write_counters_file=False)
         with Driver(config) as driver:
             pub = driver.add_publication(
@@ -401,6 +418,7 @@ def transfer(
             )
         report = json.loads(lines[0])
         after_b, after_a = link.dropped(link.b), link.dropped(link.a)
+        overflows = udp_receive_buffer_errors(link.b) - overflows_before
     finally:
         if child.poll() is None:
             try:
@@ -421,7 +439,20 @@ def transfer(
         subscriber=report["counters"],
         dropped_to_b=(after_b[0] - before_b[0], after_b[1] - before_b[1]),
         dropped_to_a=(after_a[0] - before_a[0], after_a[1] - before_a[1]),
+        overflows_b=overflows,
     )
+
+
+def udp_receive_buffer_errors(host: Host) -> int:
+    """The kernel's count of UDP datagrams dropped for a full receive buffer in ``host``'s
+    namespace (``RcvbufErrors`` of /proc/net/snmp): loss the nftables counters do not see."""
+    lines = [
+        line.split()
+        for line in _run(host.command(["cat", "/proc/net/snmp"])).splitlines()
+        if line.startswith("Udp:")
+    ]
+    names, values = lines[0], lines[1]
+    return int(values[names.index("RcvbufErrors")])
 
 
 __all__ = [
@@ -430,6 +461,7 @@ __all__ = [
     "NetnsError",
     "TransferResult",
     "transfer",
+    "udp_receive_buffer_errors",
     "unavailable_reason",
 ]
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import getpass
 import os
 import random
+import socket
 import tempfile
 import threading
 import time
@@ -421,17 +422,6 @@ class Driver:
         if config.endpoint is None:
             raise ChannelError("endpoint", "", "an endpoint=host:port to bind the subscription to")
         control = destination_address(config.control) if config.control is not None else None
-        interest = StreamInterest(
-            stream_id,
-            session_id=config.session_id,
-            control_address=control,
-            receiver_window=config.receiver_window_length,
-            nak_delay_ns=config.nak_delay_ns,
-            reliable=config.reliable,
-            on_image=sub._image_available,
-            on_image_gone=sub._image_unavailable,
-            on_data=sub._data_arrived,
-        )
         with self._lock:
             key: Any = ("sub", str(config.endpoint), str(config.control))
             rep = self._receive_endpoints.get(key) if config.endpoint.port != 0 else None
@@ -442,6 +432,17 @@ class Driver:
                 rep = ReceiveEndpoint(key, udp)
                 self._receive_endpoints[key] = rep
                 self._receiver.endpoints = (*self._receiver.endpoints, rep)
+            interest = StreamInterest(
+                stream_id,
+                session_id=config.session_id,
+                control_address=control,
+                receiver_window=_window_for(config.receiver_window_length, rep.endpoint),
+                nak_delay_ns=config.nak_delay_ns,
+                reliable=config.reliable,
+                on_image=sub._image_available,
+                on_image_gone=sub._image_unavailable,
+                on_data=sub._data_arrived,
+            )
             rep.dispatcher.add(interest)
             sub._registration = (rep, interest)
             local = rep.endpoint.local_address
@@ -646,6 +647,18 @@ def _dispatcher_counts(rep: ReceiveEndpoint) -> dict[str, int]:
         for name, value in image_counts(image).items():
             counts[name] = counts.get(name, 0) + value
     return counts
+
+
+def _window_for(window: int, endpoint: UdpEndpoint) -> int:
+    """The receiver window, at most what the socket's receive buffer holds (as Aeron requires):
+    a window the kernel cannot buffer turns a burst into socket overflows, i.e. loss. Linux
+    reports twice the buffer asked for and charges each datagram more than its payload, so
+    half of the reported length is what fits."""
+    try:
+        buffered = endpoint.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2
+    except OSError:
+        return window
+    return max(min(window, buffered), 64 * 1024)
 
 
 def _check_stream_id(stream_id: int) -> None:
