@@ -3,8 +3,9 @@
 Issue 15: on such a link, 50,000 x 1 KiB took 186 s and the sender retransmitted 48.8 GB for
 52.8 MB (NAKs every 10 ms per gap, whole ranges re-queued for every NAK). Here every message must
 arrive once, in order, byte for byte, and the sender may resend at most twice what the link lost
-on its way to the subscriber (nftables' drop counter, plus any datagram the subscriber's kernel
-dropped for a full socket buffer, counted at a whole mtu).
+on its way to the subscriber (nftables' drop counter). The old sender's storm of retransmits
+overflowed the subscriber's socket buffer many times over; those overflows are not loss of the
+link and do not count.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def test_every_message_arrives_once_and_retransmits_stay_within_twice_the_loss(
             timeout_s=120,
         )
     assert (result.offered, result.received, result.bad) == (count, count, 0)
-    lost = result.lost_bytes + result.overflows_b * MTU
+    lost = result.lost_bytes
     assert result.dropped_to_b[0] > 0, "the link lost nothing: loss is not working"
     assert result.retransmitted_bytes <= 2 * lost, (
         f"retransmitted {result.retransmitted_bytes} bytes for {lost} lost "
