@@ -59,7 +59,8 @@ class ServerConfig:
     ``allow``/``deny``: addresses or CIDR ranges, checked before anything is allocated (deny wins;
     an empty allow list allows all). ``session_term_length``/``session_mtu`` (None: 65504 on
     loopback, else 1408, which fits a 1,500-byte Ethernet path) and ``receiver_window_length``
-    size each session's streams. ``ipc``: also accept same-host clients over ``aeron:ipc`` (they connect to ``ipc:<port>``).
+    size each session's streams. ``ipc``: also accept same-host clients over ``aeron:ipc``
+    (they connect to ``ipc:<port>``).
     """
 
     host: str = "127.0.0.1"
