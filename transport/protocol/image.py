@@ -140,6 +140,7 @@ class ImageState:
         self.gaps: dict[int, list[int]] = {}
         self.nak_rtt_ns = -1  # smoothed NAK -> first retransmitted bytes time; -1: no sample
         self._dirty = False  # something was inserted since the last gap scan
+        self._scanned_to = join  # the last gap scan's end: beyond it nothing is known
         self.eos_position: int | None = None
         self.eos_sms_left = EOS_SM_COUNT
         self.is_done = False  # receiver finished with it: remove and report unavailable
@@ -216,34 +217,51 @@ class ImageState:
             zero_fill(self.terms[self.cleaned_term_count % PARTITION_COUNT])
 
     def _scan_gaps(self, now_ns: int) -> None:
-        """Advance ``rebuild_position`` over complete frames and find up to MAX_GAPS gaps."""
+        """Advance ``rebuild_position`` over complete frames and find up to MAX_GAPS gaps.
+
+        Incremental: what arrived since the last scan can only fill the gaps it found or lie
+        beyond where it stopped (``_scanned_to``); the frames between those gaps were complete
+        and stay so until consumed. So only the known gaps and the new tail are scanned, not
+        everything from the first gap to the high-water mark again on every datagram.
+        """
         self._dirty = False
         rebuild = self.rebuild_position
         hwm = self.hwm
+        ranges = [(p, p + e[0]) for p, e in self.gaps.items() if p + e[0] > rebuild]
+        tail = self._scanned_to if self._scanned_to > rebuild else rebuild
+        if tail < hwm:
+            ranges.append((tail, hwm))
         found: list[tuple[int, int]] = []
-        position = rebuild
-        contiguous = True
-        while position < hwm and len(found) < MAX_GAPS:
-            offset = position & self.term_mask
-            term_start = position - offset
-            limit = hwm - term_start
-            if limit > self.term_length:
-                limit = self.term_length
-            term = self.terms[(position >> self.shift) % PARTITION_COUNT]
-            new_offset, gap_offset, length = scan_for_gap(term, offset, limit)
-            if length:
-                if contiguous:
-                    rebuild = term_start + gap_offset
-                    contiguous = False
-                found.append((term_start + gap_offset, length))
-                position = term_start + gap_offset + length
-                continue
-            position = term_start + new_offset
-            if contiguous:
-                rebuild = position
-            if new_offset < self.term_length:
+        scanned_to = tail
+        for low, high in ranges:
+            position = low if low > rebuild else rebuild
+            while position < high:
+                if len(found) >= MAX_GAPS:
+                    break
+                offset = position & self.term_mask
+                term_start = position - offset
+                limit = high - term_start
+                if limit > self.term_length:
+                    limit = self.term_length
+                term = self.terms[(position >> self.shift) % PARTITION_COUNT]
+                new_offset, gap_offset, length = scan_for_gap(term, offset, limit)
+                if length:
+                    gap = term_start + gap_offset
+                    if found and found[-1][0] + found[-1][1] == gap:
+                        found[-1] = (found[-1][0], found[-1][1] + length)  # one gap, two ranges
+                    else:
+                        found.append((gap, length))
+                    position = gap + length
+                    continue
+                position = term_start + new_offset
+                if new_offset < self.term_length:
+                    break
+            if len(found) >= MAX_GAPS:
+                scanned_to = min(position, high)  # gaps past here are not tracked: rescan
                 break
-        self.rebuild_position = rebuild
+            scanned_to = max(scanned_to, position)
+        self._scanned_to = scanned_to
+        self.rebuild_position = found[0][0] if found else max(rebuild, scanned_to)
         self._schedule_naks(found, now_ns)
         if found:
             self.gap_position, self.gap_length = found[0]

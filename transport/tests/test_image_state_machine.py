@@ -13,6 +13,7 @@ from aeron_spark.transport.protocol.frames import (
 )
 from aeron_spark.transport.protocol.image import (
     IMAGE_LIVENESS_TIMEOUT_NS,
+    MAX_GAPS,
     SM_INTERVAL_NS,
     ImageState,
 )
@@ -436,3 +437,28 @@ def test_many_gaps_are_naked_once_each_until_their_retry_time() -> None:
         naks += naks_of(pair.to_pub)
     assert len(naks) == 10 == len({n.term_offset for n in naks})
     assert image.naks_sent == 10
+
+
+def test_more_gaps_than_are_tracked_at_once_are_all_recovered_in_order() -> None:
+    # ~190 separate gaps (more than MAX_GAPS) before any NAK; gap scans are incremental (only
+    # known gaps and the new tail are rescanned), so the untracked ones must still be found.
+    clock = ManualClock()
+    pair = Pair(clock, term_length=1024 * 1024, window=512 * 1024)
+    pair.step()
+    pair.step()
+    image = pair.images[0]
+    expected: list[bytes] = []
+    got: list[bytes] = []
+    n = 0
+    most_gaps = 0
+    for round_ in range(80):
+        while n < 3000 and pair.pub.offer(msg := n.to_bytes(4, "little") * 50) > 0:
+            expected.append(msg)
+            n += 1
+        pair.step(drop=lambda i, data: round_ < 6 and i % 2 == 1 and data[6] == 1)
+        most_gaps = max(most_gaps, len(image.gaps))
+        got += poll_all(image)
+        if round_ >= 6:
+            clock.advance(2 * MS)
+    assert most_gaps == MAX_GAPS
+    assert got == expected
