@@ -455,7 +455,8 @@ def test_more_gaps_than_are_tracked_at_once_are_all_recovered_in_order() -> None
         while n < 3000 and pair.pub.offer(msg := n.to_bytes(4, "little") * 50) > 0:
             expected.append(msg)
             n += 1
-        pair.step(drop=lambda i, data: round_ < 6 and i % 2 == 1 and data[6] == 1)
+        lossy = round_ < 6
+        pair.step(drop=lambda i, data, lossy=lossy: lossy and i % 2 == 1 and data[6] == 1)
         most_gaps = max(most_gaps, len(image.gaps))
         got += poll_all(image)
         if round_ >= 6:
