@@ -104,7 +104,7 @@ def _free_subnet() -> ipaddress.IPv4Network:
     ]
     rnd = random.Random(os.getpid() * 1000 + next(_COUNTER))
     for _ in range(1000):
-        net = ipaddress.ip_network(f"10.{rnd.randrange(200, 250)}.{rnd.randrange(256)}.0/30")
+        net = ipaddress.IPv4Network(f"10.{rnd.randrange(200, 250)}.{rnd.randrange(256)}.0/30")
         if not any(net.overlaps(other) for other in taken):
             return net
     raise NetnsError("no free 10.200-249.x.0/30 subnet for a test link")
@@ -372,7 +372,8 @@ def transfer(
         assert child.stdout is not None and child.stdin is not None
         first = child.stdout.readline()
         if not first:
-            raise NetnsError(f"subscriber on {link.b.netns} exited: {child.stderr.read()}")
+            err = child.stderr.read() if child.stderr is not None else ""
+            raise NetnsError(f"subscriber on {link.b.netns} exited: {err}")
         port = json.loads(first)["port"]
         reader.start()
         before_b, before_a = link.dropped(link.b), link.dropped(link.a)
@@ -414,7 +415,8 @@ def transfer(
         if not lines:
             raise NetnsError(
                 f"the subscriber did not report within {timeout_s} s "
-                f"(offered {offered}); stderr: {child.stderr.read() if child.poll() else ''}"
+                f"(offered {offered}); stderr: "
+                f"{child.stderr.read() if child.poll() is not None and child.stderr else ''}"
             )
         report = json.loads(lines[0])
         after_b, after_a = link.dropped(link.b), link.dropped(link.a)
