@@ -10,7 +10,7 @@ from aeron_spark.errors import ConfigurationError
 HANDSHAKE_STREAM_ID = 0x48534B01  # client HELLOs -> server, on the server's port
 REPLY_STREAM_ID = 0x48534B02  # WELCOME / REFUSE -> every client, on the control port
 LOOPBACK_MTU = 65504
-NETWORK_MTU = 8192
+NETWORK_MTU = 1408  # Aeron's default: one datagram fits a 1,500-byte path, never IP-fragmented
 
 
 def is_loopback(host: str) -> bool:
@@ -58,8 +58,9 @@ class ServerConfig:
     (connected + pending from one IP address), ``max_pending`` (handshakes in flight).
     ``allow``/``deny``: addresses or CIDR ranges, checked before anything is allocated (deny wins;
     an empty allow list allows all). ``session_term_length``/``session_mtu`` (None: 65504 on
-    loopback, else 8192) and ``receiver_window_length`` size each session's streams. ``ipc``:
-    also accept same-host clients over ``aeron:ipc`` (they connect to ``ipc:<port>``).
+    loopback, else 1408, which fits a 1,500-byte Ethernet path) and ``receiver_window_length``
+    size each session's streams. ``ipc``: also accept same-host clients over ``aeron:ipc``
+    (they connect to ``ipc:<port>``).
     """
 
     host: str = "127.0.0.1"

@@ -38,6 +38,7 @@ class SystemCounters:
     naks_received: int = 0
     retransmits_sent: int = 0
     retransmitted_bytes: int = 0
+    retransmits_suppressed: int = 0  # NAKed ranges not resent: lingering or over the window
     status_messages_sent: int = 0
     status_messages_received: int = 0
     heartbeats_sent: int = 0

@@ -31,8 +31,9 @@ class ServerConfig:
                             mtu None: Aeron's largest, 65504, or half a term if that is less
                             (fewer fragments per large message; recordings are replayed through
                             sessions, never sent frame by frame)
-    ``session_lease_ns``    a session with no request for this long is closed (Spark's ``stop()``
-                            is best-effort); clients send keepalives while they wait
+    ``session_lease_ns``    a session with no request for this long, and that consumed nothing
+                            sent to it, is closed (Spark's ``stop()`` is best-effort); clients
+                            send keepalives while they wait
     ``staging_lease_s``     staged sink parts untouched this long are garbage collected
     ``max_replays_per_session``, ``max_block_bytes``  replay limits
     ``read_only``           refuse publish, stage, commit, abort and purge

@@ -11,7 +11,8 @@ Invariants:
   request of one session can disturb another session (errors are per request, state per session).
 - A replay belongs to the session that asked for it and ends with one ``replay_end`` event
   (``ok`` with the end position, or an error such as :class:`PurgedError`).
-- A session that sends nothing for ``session_lease_ns`` is expired: its replays stop, its
+- A session that sends nothing and consumes nothing (no message to it goes out) for
+  ``session_lease_ns`` is expired: its replays stop, its
   publications' recordings stop, its unfinished staged parts are left to the lease GC.
 """
 
@@ -181,6 +182,12 @@ class ServerCore:
             publisher.close(now_ns)
         self.committer.staging.release_owner(key)
         self.counters["sessions_closed"] += 1
+
+    def renew_lease(self, key: object, now_ns: int) -> None:
+        """The session made progress without a request (it consumed what was sent to it)."""
+        session = self.sessions.get(key)
+        if session is not None:
+            session.lease_deadline_ns = now_ns + self.config.session_lease_ns
 
     def expire(self, now_ns: int) -> list[object]:
         """Close sessions whose lease ran out; returns their keys (the shell closes connections)."""

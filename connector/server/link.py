@@ -40,7 +40,7 @@ from aeron_spark.transport import Driver, TransportError
 
 SESSION_TERM_LENGTH = 8 * 1024 * 1024
 LOOPBACK_MTU = 65504
-NETWORK_MTU = 8192
+NETWORK_MTU = 1408  # fits a 1,500-byte path: 8 KiB datagrams were IP-fragmented (issue 15)
 log = logging.getLogger(__name__)
 
 

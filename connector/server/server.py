@@ -278,17 +278,28 @@ class StreamServer:
         return work
 
     def _flush(self, io: _SessionIO) -> bool:
-        """Send queued messages until back pressure; True when the queue is empty."""
+        """Send queued messages until back pressure; True when the queue is empty.
+
+        A message that goes out renews the session's lease: the client consumed what was sent
+        before (flow control let this one through), so it is alive and progressing, however
+        slowly, even if it sends nothing itself.
+        """
         link = io.link
-        while io.outbound:
-            try:
-                if not link.try_send(io.outbound[0]):
-                    return False
-            except ConnectorError:
-                io.outbound.clear()
-                return True
-            io.outbound.popleft()
-        return True
+        sent = False
+        try:
+            while io.outbound:
+                try:
+                    if not link.try_send(io.outbound[0]):
+                        return False
+                except ConnectorError:
+                    io.outbound.clear()
+                    return True
+                io.outbound.popleft()
+                sent = True
+            return True
+        finally:
+            if sent and self.core is not None:
+                self.core.renew_lease(link, time.monotonic_ns())
 
     def _extra_stats(self) -> dict[str, Any]:
         extra: dict[str, Any] = {

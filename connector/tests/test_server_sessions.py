@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,28 @@ def test_same_host_clients_can_use_ipc_sessions(tmp_path: Path) -> None:
             blocks = list(client.replay(rec.recording_id, 0, rec.recorded_position))
         assert sum(len(b.data) for b in blocks) == rec.recorded_position
         assert server.snapshot()["handshake"]["connected"] >= 1
+
+
+def test_a_slow_reader_that_keeps_consuming_is_not_expired_though_it_sends_nothing(
+    tmp_path: Path,
+) -> None:
+    # Issue 15: liveness must not close a session that is slow but progressing. The client
+    # reads a long replay slowly and sends no request (not even a keepalive) for several
+    # leases; its consumption is what lets the server send more, and that renews the lease.
+    lease_s = 1.5
+    with _server(tmp_path, session_lease_ns=int(lease_s * 1e9)) as server:
+        payloads = [i.to_bytes(4, "little") * 256 for i in range(20_000)]  # 20 MB
+        with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
+            client.publish(7, payloads)
+        settings = ClientSettings(endpoint=server.endpoint, keepalive_interval_s=1000.0)
+        with StreamClient.connect(settings) as client:
+            (rec,) = client.list_recordings([7])
+            started = time.monotonic()
+            got = 0
+            for block in client.replay(rec.recording_id, 0, rec.recorded_position):
+                got = block.end_position
+                time.sleep(0.1)  # a slow consumer
+            took = time.monotonic() - started
+        assert got == rec.recorded_position
+        assert took > 2 * lease_s  # it really outlived the lease while sending nothing
+        assert server.core is not None and server.core.counters["sessions_expired"] == 0

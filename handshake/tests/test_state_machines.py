@@ -303,3 +303,14 @@ def test_no_leak_whatever_order_sessions_end_in(plan) -> None:
         core.release(session)
     assert core.pending == 0 and not core.sessions and not core.session_ids
     assert not core.stream_ids and not core.connect_keys and not core.per_address
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "::", "server.example"])
+def test_sessions_off_loopback_use_datagrams_that_fit_a_1500_byte_path_unfragmented(host) -> None:
+    # Issue 15: 8 KiB datagrams were IP-fragmented on a 1,500-byte link, so 5% packet loss was
+    # ~26% datagram loss. A datagram must fit 1500 - 20 (IPv4) - 8 (UDP) bytes (1452 on IPv6).
+    from aeron_spark.connector.server.link import session_mtu
+
+    assert ServerConfig(host=host).mtu <= 1452
+    assert session_mtu(host) <= 1452
+    assert ServerConfig(host="127.0.0.1").mtu == 65504  # loopback keeps the largest

@@ -17,6 +17,7 @@ from __future__ import annotations
 import getpass
 import os
 import random
+import socket
 import tempfile
 import threading
 import time
@@ -440,29 +441,6 @@ class Driver:
         if config.endpoint is None:
             raise ChannelError("endpoint", "", "an endpoint=host:port to bind the subscription to")
         control = destination_address(config.control) if config.control is not None else None
-        interest = StreamInterest(
-            stream_id,
-            session_id=config.session_id,
-            control_address=control,
-            receiver_window=config.receiver_window_length,
-            nak_delay_ns=config.nak_delay_ns,
-            reliable=config.reliable,
-            max_term_length=min(
-                self.config.max_image_term_length,
-                config.max_term_length or self.config.max_image_term_length,
-            ),
-            max_mtu=min(self.config.max_image_mtu, config.max_mtu or self.config.max_image_mtu),
-            max_images=_limit(self.config.max_images, config.max_images),
-            max_images_per_source=_limit(
-                self.config.max_images_per_source, config.max_images_per_source
-            ),
-            max_images_per_address=_limit(
-                self.config.max_images_per_address, config.max_images_per_address
-            ),
-            on_image=sub._image_available,
-            on_image_gone=sub._image_unavailable,
-            on_data=sub._data_arrived,
-        )
         with self._lock:
             key: Any = ("sub", str(config.endpoint), str(config.control))
             rep = self._receive_endpoints.get(key) if config.endpoint.port != 0 else None
@@ -473,6 +451,29 @@ class Driver:
                 rep = ReceiveEndpoint(key, udp)
                 self._receive_endpoints[key] = rep
                 self._receiver.endpoints = (*self._receiver.endpoints, rep)
+            interest = StreamInterest(
+                stream_id,
+                session_id=config.session_id,
+                control_address=control,
+                receiver_window=_window_for(config.receiver_window_length, rep.endpoint),
+                nak_delay_ns=config.nak_delay_ns,
+                reliable=config.reliable,
+                max_term_length=min(
+                    self.config.max_image_term_length,
+                    config.max_term_length or self.config.max_image_term_length,
+                ),
+                max_mtu=min(self.config.max_image_mtu, config.max_mtu or self.config.max_image_mtu),
+                max_images=_limit(self.config.max_images, config.max_images),
+                max_images_per_source=_limit(
+                    self.config.max_images_per_source, config.max_images_per_source
+                ),
+                max_images_per_address=_limit(
+                    self.config.max_images_per_address, config.max_images_per_address
+                ),
+                on_image=sub._image_available,
+                on_image_gone=sub._image_unavailable,
+                on_data=sub._data_arrived,
+            )
             rep.dispatcher.add(interest)
             sub._registration = (rep, interest)
             local = rep.endpoint.local_address
@@ -652,6 +653,7 @@ def _publication_counts(state: PublicationState) -> dict[str, int]:
         "naks_received": state.naks_received,
         "retransmits_sent": state.retransmits_sent,
         "retransmitted_bytes": state.retransmitted_bytes,
+        "retransmits_suppressed": state.retransmits_suppressed,
         "heartbeats_sent": state.heartbeats_sent,
         "setups_sent": state.setups_sent,
         "status_messages_received": state.status_messages_received,
@@ -684,6 +686,18 @@ def _limit(driver: int, channel: int | None) -> int:
     """The tighter of two image limits, where 0 (or None) means no limit."""
     limits = [v for v in (driver, channel) if v]
     return min(limits) if limits else 0
+
+
+def _window_for(window: int, endpoint: UdpEndpoint) -> int:
+    """The receiver window, at most what the socket's receive buffer holds (as Aeron requires):
+    a window the kernel cannot buffer turns a burst into socket overflows, i.e. loss. Linux
+    reports twice the buffer asked for and charges each datagram more than its payload, so
+    half of the reported length is what fits."""
+    try:
+        buffered = endpoint.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2
+    except OSError:
+        return window
+    return max(min(window, buffered), 64 * 1024)
 
 
 def _check_stream_id(stream_id: int) -> None:

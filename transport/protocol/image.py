@@ -19,9 +19,12 @@ Invariants:
   that would let the sender write into it again).
 * SMs: the first at once, then when ``subscriber_position > last_sm_position + window/4``, and
   every 200 ms repeating the last position. Each gap (up to ``MAX_GAPS`` of them, in order) is
-  NAKed ``nak_delay_ns`` after it is first seen, then every ``nak_delay_ns * 100`` (at least
-  1 ms) while it stays. Real Aeron NAKs only the first gap; a NAK is a NAK to its publisher, so
-  this stays wire-compatible and recovers from heavy loss in parallel.
+  NAKed ``nak_delay_ns`` after it is first seen, then again while it stays, first after
+  the retry interval (``nak_delay_ns * 100``, at least 1 ms, until NAK round trips are
+  measured, then twice the smoothed round trip), the interval doubling with each NAK up to 8
+  times that. A gap that shrinks or splits as retransmits land keeps its timer (the rest is on
+  its way). Real Aeron NAKs only the first gap; a NAK is a NAK to its publisher, so this stays
+  wire-compatible and recovers from heavy loss in parallel.
 * End of stream: an EOS heartbeat at position P; when everything up to P is rebuilt and
   consumed, SMs carry EOS and the image is done. No packet for ``liveness_timeout_ns``: done too.
 """
@@ -67,6 +70,8 @@ SM_INTERVAL_NS = 200_000_000
 IMAGE_LIVENESS_TIMEOUT_NS = 10_000_000_000
 NAK_RETRY_RATIO = 100
 MIN_NAK_RETRY_NS = 1_000_000
+NAK_BACKOFF_MAX_SHIFT = 3  # re-NAK intervals: retry, 2x, 4x, then 8x the retry time
+MAX_NAK_RETRY_NS = 100_000_000
 EOS_SM_COUNT = 3
 MAX_GAPS = 64  # gaps NAKed at once (Aeron tracks one; more recovers faster under heavy loss)
 
@@ -134,11 +139,14 @@ class ImageState:
         self.last_packet_ns = now_ns
         self.gap_position = -1  # the first gap (for tests and counters); -1 when none
         self.gap_length = 0
-        self.gaps: dict[int, list[int]] = {}  # gap position -> [length, next NAK time]
+        # gap position -> [length, next NAK time, NAKs sent, time of the last NAK]
+        self.gaps: dict[int, list[int]] = {}
+        self.nak_rtt_ns = -1  # smoothed NAK -> first retransmitted bytes time; -1: no sample
         self._dirty = False  # something was inserted since the last gap scan
         # Positions where datagrams were inserted out of order, sorted, each once; a gap ends at
         # the next of them, so a gap scan never walks empty term (pruned below rebuild).
         self._inserted: list[int] = []
+        self._scanned_to = join  # the last gap scan's end: beyond it nothing is known
         self.eos_position: int | None = None
         self.eos_sms_left = EOS_SM_COUNT
         self.is_done = False  # receiver finished with it: remove and report unavailable
@@ -218,45 +226,57 @@ class ImageState:
             zero_fill(self.terms[self.cleaned_term_count % PARTITION_COUNT])
 
     def _scan_gaps(self, now_ns: int) -> None:
-        """Advance ``rebuild_position`` over complete frames and find up to MAX_GAPS gaps."""
+        """Advance ``rebuild_position`` over complete frames and find up to MAX_GAPS gaps.
+
+        Incremental: what arrived since the last scan can only fill the gaps it found or lie
+        beyond where it stopped (``_scanned_to``); the frames between those gaps were complete
+        and stay so until consumed. So only the known gaps and the new tail are scanned, not
+        everything from the first gap to the high-water mark again on every datagram.
+        """
         self._dirty = False
         rebuild = self.rebuild_position
         hwm = self.hwm
+        ranges = [(p, p + e[0]) for p, e in self.gaps.items() if p + e[0] > rebuild]
+        tail = self._scanned_to if self._scanned_to > rebuild else rebuild
+        if tail < hwm:
+            ranges.append((tail, hwm))
         found: list[tuple[int, int]] = []
-        position = rebuild
-        contiguous = True
-        while position < hwm and len(found) < MAX_GAPS:
-            offset = position & self.term_mask
-            term_start = position - offset
-            limit = hwm - term_start
-            if limit > self.term_length:
-                limit = self.term_length
-            term = self.terms[(position >> self.shift) % PARTITION_COUNT]
-            new_offset, gap_offset, length = scan_for_gap(
-                term, offset, limit, self._next_inserted(term_start)
-            )
-            if length:
-                if contiguous:
-                    rebuild = term_start + gap_offset
-                    contiguous = False
-                found.append((term_start + gap_offset, length))
-                position = term_start + gap_offset + length
-                continue
-            position = term_start + new_offset
-            if contiguous:
-                rebuild = position
-            if new_offset < self.term_length:
+        scanned_to = tail
+        for low, high in ranges:
+            position = low if low > rebuild else rebuild
+            while position < high:
+                if len(found) >= MAX_GAPS:
+                    break
+                offset = position & self.term_mask
+                term_start = position - offset
+                limit = high - term_start
+                if limit > self.term_length:
+                    limit = self.term_length
+                term = self.terms[(position >> self.shift) % PARTITION_COUNT]
+                new_offset, gap_offset, length = scan_for_gap(
+                    term, offset, limit, self._next_inserted(term_start)
+                )
+                if length:
+                    gap = term_start + gap_offset
+                    if found and found[-1][0] + found[-1][1] == gap:
+                        found[-1] = (found[-1][0], found[-1][1] + length)  # one gap, two ranges
+                    else:
+                        found.append((gap, length))
+                    position = gap + length
+                    continue
+                position = term_start + new_offset
+                if new_offset < self.term_length:
+                    break
+            if len(found) >= MAX_GAPS:
+                scanned_to = min(position, high)  # gaps past here are not tracked: rescan
                 break
-        self.rebuild_position = rebuild
+            scanned_to = max(scanned_to, position)
+        self._scanned_to = scanned_to
+        rebuild = self.rebuild_position = found[0][0] if found else max(rebuild, scanned_to)
         inserted = self._inserted
         if inserted and inserted[0] < rebuild:
             del inserted[: bisect_left(inserted, rebuild)]
-        old = self.gaps
-        gaps: dict[int, list[int]] = {}
-        for gap_position, length in found:
-            entry = old.get(gap_position)
-            gaps[gap_position] = [length, entry[1] if entry else now_ns + self.nak_delay_ns]
-        self.gaps = gaps
+        self._schedule_naks(found, now_ns)
         if found:
             self.gap_position, self.gap_length = found[0]
         else:
@@ -271,6 +291,33 @@ class ImageState:
             return inserted[i] - term_start if i < len(inserted) else self.term_length
 
         return next_offset
+
+    def _schedule_naks(self, found: list[tuple[int, int]], now_ns: int) -> None:
+        """The gaps just found (in order) keep the timer of the gap they lie in, if any.
+
+        A NAKed gap whose start moved or that is gone got its first retransmitted bytes: the
+        time since its last NAK is a round-trip sample (``nak_rtt_ns``, smoothed) that sets the
+        re-NAK interval (twice the round trip, 1 ms to 100 ms; ``nak_retry_ns`` before any).
+        """
+        old = list(self.gaps.items())
+        gaps: dict[int, list[int]] = {}
+        i = 0
+        for gap_position, length in found:
+            while i < len(old) and old[i][0] + old[i][1][0] <= gap_position:
+                i += 1
+            if i < len(old) and old[i][0] <= gap_position:
+                entry = old[i][1]
+                gaps[gap_position] = [length, *entry[1:]]
+            else:
+                gaps[gap_position] = [length, now_ns + self.nak_delay_ns, 0, 0]
+        for gap_position, entry in old:
+            if entry[2] and gap_position not in gaps:
+                sample = now_ns - entry[3]
+                rtt = self.nak_rtt_ns
+                self.nak_rtt_ns = sample if rtt < 0 else rtt + (sample - rtt) // 8
+                retry = max(2 * self.nak_rtt_ns, MIN_NAK_RETRY_NS)
+                self.nak_retry_ns = min(retry, MAX_NAK_RETRY_NS)
+        self.gaps = gaps
 
     def do_work(self, now_ns: int, transmit: Transmit) -> int:
         """Clean consumed terms, NAK gaps, send SMs, check liveness and EOS; work count."""
@@ -356,7 +403,9 @@ class ImageState:
         )
         transmit(bytes(self._nak_buffer), self.sm_address)
         self.naks_sent += 1
-        entry[1] = now_ns + self.nak_retry_ns
+        entry[1] = now_ns + (self.nak_retry_ns << min(entry[2], NAK_BACKOFF_MAX_SHIFT))
+        entry[2] += 1
+        entry[3] = now_ns
         return 1
 
     def _send_sm(self, position: int, flags: int, transmit: Transmit) -> None:

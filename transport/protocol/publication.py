@@ -17,6 +17,12 @@ Invariants:
   connected it drops back to ``sender_position`` so offers answer NOT_CONNECTED.
 * a retransmission is an exact copy of term bytes in
   ``[sender_position - term_length/2 - max_message_length, sender_position)``.
+* Retransmits (Aeron's ``RetransmitHandler``): a range queued or resent less than
+  ``retransmit_linger_ns`` ago is not resent again (a NAK overlapping it resends only the part
+  not covered), and the bytes of the ranges still lingering never exceed the receiver window of
+  the last SM (at least one mtu): a flood of NAKs cannot make the sender resend more than one
+  window per linger. What is not resent is counted in ``retransmits_suppressed``; the receiver
+  NAKs it again later.
 * Nothing is sent before the first SM except SETUP (every 100 ms); after the first SM SETUP is
   only sent again when an SM asks for it (SEND_SETUP) and never after EOS.
 """
@@ -32,6 +38,7 @@ from aeron_spark.transport.errors import LocalProtocolError
 from aeron_spark.transport.protocol.frames import (
     DATA_HEADER,
     DATA_HEADER_LENGTH,
+    FRAME_ALIGNMENT,
     RTTM_REPLY_FLAG,
     DataFlags,
     FrameType,
@@ -54,6 +61,7 @@ SETUP_INTERVAL_NS = 100_000_000
 HEARTBEAT_INTERVAL_NS = 100_000_000
 CONNECTION_TIMEOUT_NS = 5_000_000_000
 RETRANSMIT_LINGER_NS = 10_000_000
+MAX_RETRANSMIT_RANGES = 256  # lingering retransmit ranges tracked; NAKs past this wait
 DATAGRAMS_PER_SEND = 64  # datagrams per publication per send() call: bounds one step's work
 
 _I32 = struct.Struct("<i")
@@ -134,11 +142,13 @@ class PublicationState:
         self.is_eos_sent = False
         self.linger_deadline_ns: int | None = None
         self.is_done = False  # may be removed by the driver
-        self.retransmit_linger: dict[tuple[int, int], int] = {}
+        self.retransmit_ranges: list[tuple[int, int, int]] = []  # (start, end, linger until)
+        self.retransmit_window = self.window  # the receiver window of the last SM
         self.status_messages_received = 0
         self.naks_received = 0
         self.retransmits_sent = 0
         self.retransmitted_bytes = 0
+        self.retransmits_suppressed = 0
         self.heartbeats_sent = 0
         self.setups_sent = 0
         self.bytes_sent = 0
@@ -269,33 +279,81 @@ class PublicationState:
             for d in self.destinations.values():
                 d.needs_setup = False
         self.has_initial_connection = True
+        if sm.receiver_window > 0:
+            self.retransmit_window = sm.receiver_window
         proposed = self.sm_position(sm) + sm.receiver_window
         if proposed > self.sender_limit:
             self.sender_limit = proposed
         self._update_publisher_limit()
 
     def on_nak(self, nak: NakFrame, now_ns: int) -> int:
-        """Resend exactly the original bytes of a lost range; returns datagrams queued."""
+        """Resend exactly the original bytes of a lost range; returns datagrams queued.
+
+        Parts of the range queued or resent within the linger are skipped, and what would take
+        the lingering bytes past the receiver window is refused (both counted as suppressed).
+        """
         self.naks_received += 1
         term_offset = nak.term_offset
-        if not 0 <= term_offset <= self.term_length - DATA_HEADER_LENGTH or nak.length <= 0:
+        if (
+            not 0 <= term_offset <= self.term_length - DATA_HEADER_LENGTH
+            or term_offset & (FRAME_ALIGNMENT - 1)
+            or nak.length <= 0
+        ):
             self.invalid_naks += 1
-            return 0
-        key = (nak.term_id, term_offset)
-        until = self.retransmit_linger.get(key)
-        if until is not None and now_ns < until:
             return 0
         start = compute_position(nak.term_id, term_offset, self.shift, self.initial_term_id)
         low = self.sender_position - self.term_length // 2 - self.max_message_length
         if start < low or start >= self.sender_position:
             return 0
-        length = min(nak.length, self.term_length - term_offset, self.sender_position - start)
-        term = self.terms[(start >> self.shift) % PARTITION_COUNT]
-        offset = term_offset
-        end = term_offset + length
+        end = start + min(nak.length, self.term_length - term_offset, self.sender_position - start)
+        ranges = self.retransmit_ranges
+        if ranges and any(until <= now_ns for _, _, until in ranges):
+            ranges = self.retransmit_ranges = [r for r in ranges if r[2] > now_ns]
+        pieces = [(start, end)]
+        lingering = 0
+        for r_start, r_end, _ in ranges:
+            lingering += r_end - r_start
+            if r_end <= start or r_start >= end:
+                continue
+            cut: list[tuple[int, int]] = []
+            for p_start, p_end in pieces:
+                if r_end <= p_start or r_start >= p_end:
+                    cut.append((p_start, p_end))
+                    continue
+                if p_start < r_start:
+                    cut.append((p_start, r_start))
+                if r_end < p_end:
+                    cut.append((r_end, p_end))
+            pieces = cut
+        suppressed = len(pieces) != 1 or pieces[0] != (start, end)
+        budget = max(self.retransmit_window, self.mtu) - lingering
         queued = 0
-        while offset < end:
-            to_send, advance = scan_for_send(term, offset, end - offset, self.mtu)
+        for p_start, p_end in pieces:
+            if budget <= 0 or len(ranges) >= MAX_RETRANSMIT_RANGES:
+                suppressed = True
+                break
+            if p_end - p_start > budget:
+                p_end = p_start + budget
+                suppressed = True
+            count, resent = self._resend(p_start, p_end)
+            if resent == 0:
+                suppressed = True
+                break
+            queued += count
+            budget -= resent
+            ranges.append((p_start, p_start + resent, now_ns + self.retransmit_linger_ns))
+        if suppressed:
+            self.retransmits_suppressed += 1
+        return queued
+
+    def _resend(self, start: int, end: int) -> tuple[int, int]:
+        """Queue the datagrams of whole frames in ``[start, end)``: (datagrams, bytes covered)."""
+        term = self.terms[(start >> self.shift) % PARTITION_COUNT]
+        offset = first = start & (self.term_length - 1)
+        stop = offset + (end - start)
+        queued = 0
+        while offset < stop:
+            to_send, advance = scan_for_send(term, offset, stop - offset, self.mtu)
             if advance == 0:
                 break
             data = bytes(term[offset : offset + to_send])
@@ -305,10 +363,7 @@ class PublicationState:
             self.retransmitted_bytes += to_send
             queued += 1
             offset += advance
-        self.retransmit_linger[key] = now_ns + self.retransmit_linger_ns
-        if len(self.retransmit_linger) > 64:
-            self.retransmit_linger = {k: v for k, v in self.retransmit_linger.items() if v > now_ns}
-        return queued
+        return queued, offset - first
 
     def on_rttm(self, rttm: RttMeasurement, source: Address) -> None:
         if rttm.flags & RTTM_REPLY_FLAG:

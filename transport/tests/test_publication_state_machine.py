@@ -256,7 +256,7 @@ def test_nak_is_answered_with_exact_copies_of_the_original_datagrams_then_linger
     pub.on_nak(NakFrame(77, 10, 5, offset, len(second)), clock.now_ns + MS)
     pub.send(clock.now_ns, wire)
     assert wire.take() == []  # inside the retransmit linger
-    clock.advance(20 * MS)
+    clock.advance(pub.retransmit_linger_ns)
     pub.on_nak(NakFrame(77, 10, 5, offset, len(second)), clock.now_ns)
     pub.send(clock.now_ns, wire)
     assert [d for d, _ in wire.take()] == [second]
@@ -328,3 +328,71 @@ def test_claimed_frame_blocks_the_sender_until_committed_and_abort_becomes_paddi
     assert frames[0].payload == b"0123456789"
     assert frames[1].frame_type == 0  # the aborted claim, as padding
     assert frames[2].payload == b"after"
+
+
+def _sent_twenty_four(clock: ManualClock, wire: Wire, window: int = 128 * 1024) -> tuple[
+    PublicationState, list[bytes], list[int]
+]:
+    """A connected publication that has sent 24 datagrams; (pub, datagrams, their offsets)."""
+    pub = make(clock)
+    pub.on_status_message(sm(pub, 0, window=window), RECEIVER, clock.now_ns)
+    for i in range(120):
+        pub.offer(bytes([i]) * 200)  # 256-byte frames, five to a 1408-byte datagram
+    pub.send(clock.now_ns, wire)
+    originals = [d for d, _ in wire.take()]
+    assert len(originals) == 24
+    return pub, originals, [DataFrame.decode(d).term_offset for d in originals]
+
+
+def test_a_nak_overlapping_a_range_just_retransmitted_resends_only_what_is_new() -> None:
+    # Two NAKs for overlapping ranges with different starts (a gap whose start moved as its
+    # retransmit arrived): the overlap is not sent twice within the linger (issue 15).
+    clock, wire = ManualClock(), Wire()
+    pub, originals, offsets = _sent_twenty_four(clock, wire)
+    pub.on_nak(NakFrame(77, 10, 5, offsets[1], offsets[4] - offsets[1]), clock.now_ns)
+    pub.send(clock.now_ns, wire)
+    assert [d for d, _ in wire.take()] == originals[1:4]
+    clock.advance(MS)
+    pub.on_nak(NakFrame(77, 10, 5, offsets[2], offsets[6] - offsets[2]), clock.now_ns)
+    pub.on_nak(NakFrame(77, 10, 5, offsets[3], offsets[4] - offsets[3]), clock.now_ns)
+    pub.send(clock.now_ns, wire)
+    assert [d for d, _ in wire.take()] == originals[4:6]
+    assert pub.retransmitted_bytes == sum(len(d) for d in originals[1:6])
+    assert pub.retransmits_suppressed == 2
+
+
+def test_a_nak_for_a_range_still_queued_is_not_queued_twice() -> None:
+    clock, wire = ManualClock(), Wire()
+    pub, originals, offsets = _sent_twenty_four(clock, wire)
+    for _ in range(5):  # a burst of NAKs before the sender got to send anything
+        pub.on_nak(NakFrame(77, 10, 5, offsets[7], offsets[9] - offsets[7]), clock.now_ns)
+    pub.on_nak(NakFrame(77, 10, 5, offsets[8], offsets[10] - offsets[8]), clock.now_ns)
+    pub.send(clock.now_ns, wire)
+    assert [d for d, _ in wire.take()] == originals[7:10]
+
+
+def test_retransmits_within_a_linger_are_bounded_by_the_receiver_window() -> None:
+    # A flood of NAKs for distinct ranges may not make the sender resend more than one receiver
+    # window per linger period; what is refused is counted and NAKed again later.
+    clock, wire = ManualClock(), Wire()
+    window = 4 * 1408
+    pub, originals, offsets = _sent_twenty_four(clock, wire, window=128 * 1024)
+    pub.on_status_message(sm(pub, 0, window=window), RECEIVER, clock.now_ns)
+    for i in range(23):
+        pub.on_nak(NakFrame(77, 10, 5, offsets[i], offsets[i + 1] - offsets[i]), clock.now_ns)
+    pub.send(clock.now_ns, wire)
+    resent = [d for d, _ in wire.take()]
+    assert 0 < sum(len(d) for d in resent) <= window and len(resent) < 23
+    assert pub.retransmits_suppressed >= 23 - len(resent)
+    clock.advance(pub.retransmit_linger_ns + 1)
+    pub.on_nak(NakFrame(77, 10, 5, offsets[20], offsets[21] - offsets[20]), clock.now_ns)
+    pub.send(clock.now_ns, wire)
+    assert [d for d, _ in wire.take()] == [originals[20]]
+
+
+def test_a_nak_at_an_offset_that_is_not_frame_aligned_is_invalid() -> None:
+    clock, wire = ManualClock(), Wire()
+    pub, originals, offsets = _sent_twenty_four(clock, wire)
+    pub.on_nak(NakFrame(77, 10, 5, offsets[1] + 8, 512), clock.now_ns)
+    pub.send(clock.now_ns, wire)
+    assert wire.take() == [] and pub.invalid_naks == 1
