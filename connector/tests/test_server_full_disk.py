@@ -73,12 +73,12 @@ def test_full_disk_refuses_publishes_coded_keeps_serving_and_loses_nothing_ackno
         filler = fill(tmpfs, leave_bytes=700_000)
         acked, error = publish_until_refused(publisher, 50)
 
+        assert proc.poll() is None, "the server died"
+        # every other session goes on: it replays exactly what was acknowledged
+        assert replayed(reader) == msgs(0, acked), "acknowledged messages are not on disk"
         assert error.code == STORAGE_FULL, f"not a coded STORAGE_FULL error: {error!r}"
         assert error.details["directory"] == os.path.abspath(tmpfs)
         assert 0 <= error.details["free_bytes"] < 64 * 1024
-        assert proc.poll() is None, "the server died"
-        # every other session goes on: it replays exactly what was acknowledged
-        assert replayed(reader) == msgs(0, acked)
         # the refused session is refused again, coded (its position did not move on)
         with pytest.raises(ConnectorError) as again:
             publisher.publish(STREAM, msgs(acked, 50))
