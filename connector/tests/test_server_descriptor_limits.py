@@ -23,7 +23,7 @@ def payloads(thread: int, index: int) -> list[bytes]:
 
 @pytest.mark.slow
 def test_thousands_of_short_lived_producers_under_a_low_descriptor_limit(tmp_path) -> None:
-    threads, per_thread = 4, 500
+    threads, per_thread = 4, 375
     with server_process(str(tmp_path / "srv"), nofile=(64, 160)) as (proc, endpoint):
         with client_for(endpoint) as c:
             c.publish(STREAM, [b"first"])

@@ -7,10 +7,12 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import time
 from pathlib import Path
 
 import pytest
-from aeron_spark.transport.archive import Recording, RecordingStore
+from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler, Header
+from aeron_spark.transport.archive import Recorder, Recording, RecordingStore
 from aeron_spark.transport.archive.recordings import Descriptor
 from aeron_spark.transport.archive.testing import (
     MountUnavailable,
@@ -18,6 +20,7 @@ from aeron_spark.transport.archive.testing import (
     open_fds,
     small_tmpfs,
 )
+from aeron_spark.transport.protocol.term import read_term
 
 TERM = 1024 * 1024
 FRAME = 1024  # aligned DATA frames of 992 payload bytes
@@ -222,3 +225,63 @@ def test_a_full_tmpfs_fails_appends_whole_stops_anyway_and_appends_resume_when_f
         again.close(0)
     finally:
         mount.__exit__(None, None, None)
+
+
+def test_a_recorder_on_a_full_disk_keeps_blocks_in_the_image_until_they_fit(tmp_path: Path) -> None:
+    try:
+        mount = small_tmpfs(2 * 1024 * 1024)
+        directory = mount.__enter__()
+    except MountUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        store = RecordingStore(os.path.join(directory, "archive"), fsync=False)
+        config = DriverConfig(directory=tmp_path / "driver", write_counters_file=False)
+        payloads = [b"%06d" % i + b"." * 994 for i in range(1500)]  # 1.5 MB through 200 KB
+        with Driver(config) as driver:
+            sub = driver.add_subscription("aeron:ipc", 5)
+            pub = driver.add_publication("aeron:ipc?term-length=256k", 5)
+            recorder = Recorder(store, sub, source="ipc")
+            assert pub.wait_until_connected(10)
+            pub.offer(payloads[0])
+            deadline = time.monotonic() + 30
+            while not store.recordings:  # the recording is made while there is room
+                recorder.do_work()
+                sub.wait(0.01)
+                assert time.monotonic() < deadline
+            filler = fill(directory, leave_bytes=200_000)
+            for payload in payloads[1:]:
+                deadline = time.monotonic() + 30
+                while pub.offer(payload) < 0:  # back pressure: the recorder cannot keep up
+                    recorder.do_work()
+                    if getattr(recorder, "append_failures", 0) and os.path.exists(filler):
+                        os.unlink(filler)  # the disk was full; now there is room again
+                    assert time.monotonic() < deadline, "the recorder never caught up"
+                    sub.wait(0.01)
+            (rec,) = store.recordings.values()
+            deadline = time.monotonic() + 30
+            while rec.recorded_position < pub.position:
+                recorder.do_work()
+                sub.wait(0.01)
+                assert time.monotonic() < deadline
+            assert recorder.append_failures >= 1, "the disk never filled up"
+            assert not os.path.exists(filler)
+            got = read_all(rec, rec.recorded_position)
+            pub.close()
+            recorder.close()
+        assert _payloads(got, rec.d.initial_term_id, rec.d.term_length) == payloads
+        store.close(0)
+    finally:
+        mount.__exit__(None, None, None)
+
+
+def _payloads(frames: bytes, initial_term_id: int, term_length: int) -> list[bytes]:
+    out: list[bytes] = []
+    assembler = FragmentAssembler(lambda p, h: out.append(bytes(p)))
+    header = Header(initial_term_id, term_length.bit_length() - 1)
+    view = memoryview(frames)
+    offset = 0
+    while offset < len(view):
+        _, new = read_term(view, offset, assembler, 1 << 30, header, len(view))
+        assert new > offset
+        offset = new
+    return out
