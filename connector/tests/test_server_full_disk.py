@@ -13,9 +13,13 @@ from collections.abc import Iterator
 import pytest
 from aeron_spark.connector.client import StreamClient
 from aeron_spark.connector.errors import ConnectorError
+from aeron_spark.connector.server.cli import build_parser, config_from_args
+from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.stat import render
 from aeron_spark.connector.server.testing import client_for, messages_of, server_process
 from aeron_spark.transport.archive.testing import MountUnavailable, fill, small_tmpfs
+
+from aeron_spark.errors import ConfigurationError
 
 STREAM = 10
 STORAGE_FULL = 14  # ErrorCode.STORAGE_FULL on the wire
@@ -157,3 +161,16 @@ def test_stage_and_commit_on_a_full_disk_fail_coded_and_commit_once_when_retried
     with server_process(tmpfs) as (_proc, endpoint), client_for(endpoint) as client:
         assert replayed(client, "sink:") == payloads
         assert client.last_committed_batch("sink-a") == 0
+
+
+def test_min_free_bytes_takes_sizes_with_units_and_refuses_nonsense() -> None:
+    parse = build_parser().parse_args
+    assert config_from_args(parse(["--dir", "d"])).min_free_bytes == 0
+    for text, value in (("4096", 4096), ("512M", 512 * MIB), ("2G", 2048 * MIB), ("64KiB", 65536)):
+        assert config_from_args(parse(["--dir", "d", "--min-free-bytes", text])).min_free_bytes == (
+            value
+        )
+    with pytest.raises(SystemExit):
+        parse(["--dir", "d", "--min-free-bytes", "lots"])
+    with pytest.raises(ConfigurationError, match="min_free_bytes"):
+        ServerConfig(directory="d", min_free_bytes=-1)
