@@ -16,6 +16,7 @@ publisher wrote them, PAD frames included), stopped when the image goes away.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import secrets
@@ -40,6 +41,8 @@ from aeron_spark.transport.archive import UnknownRecordingError as ArchiveUnknow
 from aeron_spark.transport.protocol.logbuffer import LogGeometry, is_reserved_session_id
 
 LOCAL_READ_TOKEN = "local-read.token"
+
+log = logging.getLogger(__name__)
 
 
 def _write_token(path: str, token: str) -> None:
@@ -173,7 +176,14 @@ class ArchiveStore:
         self._token_path = os.path.join(os.path.abspath(config.directory), LOCAL_READ_TOKEN)
         if config.local_reads or config.local_writes:
             self.local_token = {"token_path": self._token_path, "token": secrets.token_hex(16)}
-            _write_token(self._token_path, self.local_token["token"])
+            try:
+                _write_token(self._token_path, self.local_token["token"])
+            except OSError as exc:  # a full disk: start anyway, every read over its session
+                log.warning("local reads and writes are off: cannot write %s: %s",
+                            self._token_path, exc)
+                self.local_token = None
+                with contextlib.suppress(OSError):
+                    os.unlink(self._token_path + ".tmp")
         else:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._token_path)

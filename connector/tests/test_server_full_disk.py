@@ -104,12 +104,19 @@ def test_full_disk_refuses_publishes_coded_keeps_serving_and_loses_nothing_ackno
         )
         assert proc.poll() is None, "closing a session on a full disk killed the server"
         assert replayed(reader) == msgs(0, acked)
-        os.unlink(filler)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(30)
 
-    with server_process(tmpfs) as (_proc, endpoint), client_for(endpoint) as reader:
-        assert replayed(reader) == msgs(0, acked)  # nothing acknowledged was lost
+    # a restart on the still full disk: it starts, serves what was acknowledged, refuses appends
+    with server_process(tmpfs) as (proc, endpoint), client_for(endpoint) as client:
+        assert replayed(client) == msgs(0, acked)  # nothing acknowledged was lost
+        with pytest.raises(ConnectorError) as refused:
+            client.publish(STREAM, msgs(acked, 50))
+        assert refused.value.code == STORAGE_FULL
+        os.unlink(filler)
+        client.publish(STREAM, msgs(acked, 50))
+        assert replayed(client) == msgs(0, acked + 50)
+        assert proc.poll() is None
 
 
 @pytest.mark.slow
