@@ -4,6 +4,7 @@ to be resumed after a restart, and its retry commits it once. A real tmpfs is mo
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator
 
@@ -70,4 +71,38 @@ def test_a_failed_commit_is_cut_off_cancelled_and_committed_once_when_retried(
     assert store.visible_end(rec) == result["end_position"] == rec.recorded_position
     assert committer.commit("s", 0, 10, [staged], 0) == result  # a duplicate appends nothing
     committer.close()
+    store.close()
+
+
+def test_a_publish_failing_in_its_second_block_takes_back_its_first_and_the_next_one_fits(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ArchiveStore(ServerConfig(directory=str(tmp_path), port=0), driver=None)
+    publisher = store.open_publisher(10, "session:test", 0)
+    start = publisher.publish([b"first"], None, 0)
+    real_pwrite = os.pwrite
+    calls = []
+
+    def second_block_fails(fd: int, data: bytes, offset: int) -> int:
+        calls.append(offset)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    big = [b"%07d" % i + b"." * 993 for i in range(5000)]  # 5 MB: two framer blocks
+    monkeypatch.setattr(os, "pwrite", second_block_fails)
+    with pytest.raises(OSError):
+        publisher.publish(big, None, 0)
+    monkeypatch.undo()
+    rec = publisher.rec
+    assert rec.recorded_position == start  # the first block was taken back
+    assert os.path.getsize(rec._segment_path(0)) == start
+    # the session goes on at the same position (the framer did not run ahead)
+    end = publisher.publish([b"next"], None, 0)
+    cursor = store.open_replay(rec.d.recording_id, rec.d.start_position, end)
+    got = []
+    while (chunk := cursor.read(1 << 20, 0)) is not None:
+        got.append(bytes(chunk[3]))
+    frames = b"".join(got)
+    assert b"first" in frames and b"next" in frames and b"0000000" not in frames
     store.close()
