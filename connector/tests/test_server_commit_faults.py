@@ -9,8 +9,10 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from aeron_spark.connector import protocol as proto
 from aeron_spark.connector.server.commitlog import CommitLog
 from aeron_spark.connector.server.config import ServerConfig
+from aeron_spark.connector.server.core import ServerCore
 from aeron_spark.connector.server.staging import PartKey, SinkCommitter
 from aeron_spark.connector.server.store import ArchiveStore
 from aeron_spark.transport.archive.testing import MountUnavailable, fill, small_tmpfs
@@ -105,4 +107,42 @@ def test_a_publish_failing_in_its_second_block_takes_back_its_first_and_the_next
         got.append(bytes(chunk[3]))
     frames = b"".join(got)
     assert b"first" in frames and b"next" in frames and b"0000000" not in frames
+    store.close()
+
+
+@pytest.mark.parametrize(("err", "code", "reason"), [
+    (errno.EIO, 14, "EIO"), (errno.ENOSPC, 14, "ENOSPC"), (errno.EMFILE, 15, None),
+])
+def test_an_io_error_fails_only_that_request_coded_and_the_session_goes_on(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, err: int, code: int, reason: str | None
+) -> None:
+    config = ServerConfig(directory=str(tmp_path), port=0)
+    store = ArchiveStore(config, driver=None)
+    core = ServerCore(config, store, SinkCommitter(os.path.join(str(tmp_path), "sink"), store))
+    core.open_session("a", "peer-a", 1 << 20, now_ns=0)
+
+    def request(rid: int, op: str, args: dict) -> proto.Reply:
+        (reply,) = core.on_message("a", proto.encode_request(rid, op, args), rid)
+        return proto.decode_reply(reply)
+
+    assert request(1, "publish", {"stream_id": 5, "payloads": [b"a" * 100] * 10}).ok
+    real_pwrite = os.pwrite
+
+    def failing(fd: int, data: bytes, offset: int) -> int:
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(os, "pwrite", failing)
+    failed = request(2, "publish", {"stream_id": 5, "payloads": [b"b" * 100] * 10})
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    assert not failed.ok and failed.error["code"] == code
+    if reason is not None:
+        assert failed.error["details"]["reason"] == reason
+        assert failed.error["details"]["directory"] == os.path.abspath(str(tmp_path))
+    else:
+        assert failed.error["details"]["soft_limit"] != 0
+    end = request(3, "publish", {"stream_id": 5, "payloads": [b"c" * 100] * 10}).result
+    assert end == 2 * 10 * 160  # the failed publish left no trace: 20 frames of 160 bytes
+    counters = request(4, "stats", {}).result["counters"]
+    assert counters["internal_errors"] == 0
+    assert counters["storage_full_errors" if code == 14 else "too_many_open_files_errors"] == 1
     store.close()
