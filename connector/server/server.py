@@ -361,10 +361,18 @@ class StreamServer:
         return self.core.stats(time.monotonic_ns())
 
     def _write_stat(self, now_ns: int) -> None:
+        """Best effort: a snapshot that cannot be taken or written (a full disk, a counter
+        read racing the driver thread) is skipped, logged and counted, never fatal."""
         try:
             write_snapshot(self.config.directory, self.snapshot())
-        except OSError as exc:  # a full disk must not stop serving; counted in the log once
-            log.warning("cannot write stat snapshot: %s", exc)
+        except Exception as exc:  # noqa: BLE001
+            assert self.core is not None
+            counters = self.core.counters
+            counters["stat_snapshot_failures"] = counters.get("stat_snapshot_failures", 0) + 1
+            if now_ns >= self._next_failure_log_ns:
+                log.warning("cannot write the stat snapshot (skipped): %s: %s",
+                            type(exc).__name__, exc)
+                self._next_failure_log_ns = now_ns + 1_000_000_000
 
     def _shutdown(self) -> None:
         now_ns = time.monotonic_ns()
