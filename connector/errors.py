@@ -35,6 +35,8 @@ class ErrorCode(enum.IntEnum):
     PAYLOAD_TOO_LARGE = 11
     CHUNK_MISSING = 12
     LIMIT_EXCEEDED = 13
+    STORAGE_FULL = 14
+    TOO_MANY_OPEN_FILES = 15
 
 
 class ConnectorError(DetailedError):
@@ -136,6 +138,24 @@ class LimitExceededError(ConnectorError):
     code = ErrorCode.LIMIT_EXCEEDED
 
 
+class StorageFullError(ConnectorError):
+    """The server could not store what was asked (publish, stage, commit): its directory's file
+    system is full (ENOSPC/EDQUOT), below the ``--min-free-bytes`` watermark, or failing (EIO).
+    Nothing of the request was acknowledged; positions stay where they were, so the same request
+    can be sent again once space is freed. ``details``: ``directory``, ``free_bytes``,
+    ``min_free_bytes``, ``reason`` (the errno name, or ``WATERMARK``)."""
+
+    code = ErrorCode.STORAGE_FULL
+
+
+class TooManyOpenFilesError(ConnectorError):
+    """The server ran out of file descriptors (EMFILE/ENFILE) for this request; the request
+    failed, the server and every other session go on. ``details``: ``soft_limit``,
+    ``hard_limit``, ``open_files``."""
+
+    code = ErrorCode.TOO_MANY_OPEN_FILES
+
+
 class StagedDataMissingError(ConnectorError):
     """A commit names a staged part the server no longer has (never staged, aborted, or garbage
     collected after its lease ran out). ``details``: ``part``."""
@@ -159,6 +179,8 @@ _BY_CODE: dict[int, type[ConnectorError]] = {
         PayloadTooLargeError,
         LimitExceededError,
         StagedDataMissingError,
+        StorageFullError,
+        TooManyOpenFilesError,
     )
 }
 
@@ -200,6 +222,8 @@ __all__ = [
     "ServerError",
     "ServerUnavailableError",
     "StagedDataMissingError",
+    "StorageFullError",
+    "TooManyOpenFilesError",
     "UnknownRecordingError",
     "UnknownStreamError",
     "error_from_wire",

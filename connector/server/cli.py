@@ -11,6 +11,23 @@ from types import FrameType
 
 from aeron_spark.connector.server.config import DEFAULT_PORT, ServerConfig
 
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _byte_size(text: str) -> int:
+    """``4096``, ``64K``, ``512M``, ``2G``, ``1T`` (binary units, optional ``B``/``iB``)."""
+    value = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = value[-1:] if value[-1:] in _UNITS else ""
+    try:
+        number = float(value[: len(value) - len(unit)])
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size in bytes (e.g. 4096, 512M, 2G)"
+        ) from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size cannot be negative")
+    return int(number * _UNITS[unit])
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -99,6 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--consumer-lease-seconds", type=float, default=7 * 24 * 3600.0,
         help="a consumer silent this long holds nothing back (default 7 days)",
     )
+    parser.add_argument(
+        "--min-free-bytes", type=_byte_size, default=0, metavar="BYTES",
+        help="refuse publish, stage and commit (error STORAGE_FULL) and hold ingest back while "
+        "the directory's file system has less than this free, e.g. 512M or 2G (default 0: only "
+        "a full disk refuses)",
+    )
     parser.add_argument("--log-level", default="INFO")
     return parser
 
@@ -125,6 +148,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         retention_s=args.retention_seconds,
         retention_respects_consumers=not args.retention_ignores_consumers,
         consumer_lease_s=args.consumer_lease_seconds,
+        min_free_bytes=args.min_free_bytes,
     )
 
 

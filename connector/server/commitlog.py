@@ -10,11 +10,15 @@ Two record types, written by :class:`connector.server.staging.SinkCommitter`:
 - ``{"t": "begin", sink_id, batch_id, stream_id, recording_id, session_id, start_position,
   parts: [...]}`` -- the commit's plan, written before any frame is appended;
 - ``{"t": "done", sink_id, batch_id, recording_id, start_position, end_position, count, bytes}``
-  -- written after the frames are durable. A ``begin`` without ``done`` is resumed on restart.
+  -- written after the frames are durable. A ``begin`` without ``done`` is resumed on restart;
+- ``{"t": "cancel", sink_id, batch_id}`` -- the commit failed (disk full) and its frames were cut
+  off again; the ``begin`` before it is not resumed (the client was told, and sends it again).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import struct
 import zlib
@@ -57,20 +61,41 @@ class CommitLog:
                 offset = end
                 good_end = end
             self.torn_bytes_truncated = len(data) - good_end
-        self._fh = open(path, "ab")
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         if self.torn_bytes_truncated:
-            self._fh.truncate(good_end)
-            os.fsync(self._fh.fileno())
+            os.ftruncate(self._fd, good_end)
+            os.fsync(self._fd)
+        self._size = good_end
+        self.failed_appends = 0
         fsync_dir(os.path.dirname(path) or ".")
 
     def append(self, record: dict[str, Any]) -> None:
+        """Write and fsync one record, all or nothing: a short write is continued; a failed
+        one (ENOSPC, EIO) raises after cutting the file back to its last whole record, so a
+        later record never follows a torn one (which would hide it from the next open)."""
         body = msgpack.packb(record, use_bin_type=True)
-        self._fh.write(_RECORD.pack(len(body), zlib.crc32(body)) + body)
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        data = memoryview(_RECORD.pack(len(body), zlib.crc32(body)) + body)
+        try:
+            if os.fstat(self._fd).st_size != self._size:  # an earlier cut failed: retry it
+                os.ftruncate(self._fd, self._size)
+            done = 0
+            while done < len(data):
+                count = os.pwrite(self._fd, data[done:], self._size + done)
+                if count <= 0:
+                    raise OSError(errno.ENOSPC, "write made no progress", self.path)
+                done += count
+            os.fsync(self._fd)
+        except BaseException:
+            self.failed_appends += 1
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size)
+            raise
+        self._size += len(data)
 
     def close(self) -> None:
-        self._fh.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 __all__ = ["CommitLog"]

@@ -55,6 +55,13 @@ class ServerConfig:
                             file itself (the server creates it for the task's session, checks
                             every record when the task says it is done, and commits it as any
                             other part); tasks that cannot stage over their session
+    ``min_free_bytes``      refuse publish, stage, commit and ingest appends (a coded
+                            ``STORAGE_FULL`` error; ingest waits) while the directory's file
+                            system has less than this free, before it is full (0: only a full
+                            disk refuses)
+    ``max_open_files``      recording files (segments, indexes) kept open at once, for appends
+                            and replays, in a shared least-recently-used cache; None: a quarter
+                            of the descriptor limit, between 16 and 1024
     """
 
     directory: str
@@ -85,6 +92,8 @@ class ServerConfig:
     consumer_lease_s: float = 7 * 24 * 3600.0
     local_reads: bool = True
     local_writes: bool = True
+    min_free_bytes: int = 0
+    max_open_files: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.directory, str) or not self.directory:
@@ -118,6 +127,10 @@ class ServerConfig:
             raise ConfigurationError("consumer_lease_s", self.consumer_lease_s, "a positive number")
         if self.staging_lease_s <= 0:
             raise ConfigurationError("staging_lease_s", self.staging_lease_s, "a positive number")
+        if self.min_free_bytes < 0:
+            raise ConfigurationError("min_free_bytes", self.min_free_bytes, "0 or more bytes")
+        if self.max_open_files is not None and self.max_open_files < 1:
+            raise ConfigurationError("max_open_files", self.max_open_files, "at least 1")
         if self.max_block_bytes < 4096:
             raise ConfigurationError("max_block_bytes", self.max_block_bytes, "at least 4096")
         _networks("allow", self.allow)  # an unparsable address is named here, not at start

@@ -32,6 +32,8 @@ from aeron_spark.connector.errors import (
     LimitExceededError,
     NotAuthorisedError,
     ServerError,
+    StorageFullError,
+    TooManyOpenFilesError,
     from_archive,
 )
 from aeron_spark.connector.server.config import ServerConfig
@@ -73,6 +75,8 @@ class Store(Protocol):
     def local_read(self, recording_id: int, start: int, end: int) -> dict[str, Any] | None: ...
     def open_publisher(self, stream_id: int, source: str, now_ns: int) -> Publisher: ...
     def purge(self, recording_id: int, position: int, now_ns: int) -> int: ...
+    def check_space(self, what: str) -> None: ...
+    def resource_error(self, exc: OSError, what: str) -> ConnectorError | None: ...
     def stats(self) -> dict[str, Any]: ...
 
 
@@ -143,6 +147,8 @@ class ServerCore:
             "messages_published": 0,
             "bytes_published": 0,
             "chunks_discarded": 0,
+            "storage_full_errors": 0,
+            "too_many_open_files_errors": 0,
         }
         self._replay_owner: dict[int, object] = {}
         self.consumers = ConsumerRegistry(config.directory)
@@ -179,7 +185,11 @@ class ServerCore:
             replay.cursor.close()
             self._replay_owner.pop(replay.request_id, None)
         for publisher in session.publishers.values():
-            publisher.close(now_ns)
+            try:
+                publisher.close(now_ns)
+            except Exception:  # noqa: BLE001 - closing one session must not stop the server
+                self.counters["internal_errors"] += 1
+                log.exception("closing a publication of %s failed", session.peer)
         self.committer.staging.release_owner(key)
         self.counters["sessions_closed"] += 1
 
@@ -241,10 +251,14 @@ class ServerCore:
                 result = self._dispatch(session, request, now_ns)
             except ArchiveError as exc:  # the archive's errors travel as the wire's own
                 raise from_archive(exc) from exc
+            except OSError as exc:  # a full disk or no descriptor left: that request fails
+                coded = self.store.resource_error(exc, request.op)
+                if coded is None:
+                    raise
+                raise coded from exc
         except ConnectorError as exc:
             self.counters["request_errors"] += 1
-            if isinstance(exc, NotAuthorisedError):
-                self.counters["not_authorised"] += 1
+            self._count_error(exc)
             session.errors += 1
             return proto.encode_error(request.id, exc)
         except Exception as exc:  # a bug or I/O failure: report it typed, count it, keep serving
@@ -256,6 +270,14 @@ class ServerCore:
                 ServerError(f"{request.op} failed on the server: {type(exc).__name__}: {exc}"),
             )
         return proto.encode_ok(request.id, result)
+
+    def _count_error(self, exc: ConnectorError) -> None:
+        if isinstance(exc, NotAuthorisedError):
+            self.counters["not_authorised"] += 1
+        elif isinstance(exc, StorageFullError):
+            self.counters["storage_full_errors"] += 1
+        elif isinstance(exc, TooManyOpenFilesError):
+            self.counters["too_many_open_files_errors"] += 1
 
     def _authorise(self, op: str, stream_ids: Iterable[int] = ()) -> None:
         if op in WRITE_OPS and self.config.read_only:
@@ -318,6 +340,7 @@ class ServerCore:
             return self._publish(session, args, now_ns)
         if op == "stage":
             self._authorise(op, [args["stream_id"]])
+            self.store.check_space(op)
             return self.committer.staging.write(
                 session.key,
                 PartKey.of(args),
@@ -332,6 +355,7 @@ class ServerCore:
             if not self.config.local_writes or token is None:
                 self.counters["local_stages_refused"] += 1
                 return None
+            self.store.check_space(op)
             path = self.committer.staging.open_local(
                 session.key, PartKey.of(args), args["stream_id"]
             )
@@ -344,6 +368,7 @@ class ServerCore:
             )
         if op == "commit":
             self._authorise(op, [args["stream_id"]])
+            self.store.check_space(op)
             return self.committer.commit(
                 args["sink_id"], args["batch_id"], args["stream_id"], args["staged"], now_ns
             )
@@ -471,28 +496,30 @@ class ServerCore:
                     replay.cursor.close()
                     del session.replays[rid]
                     self.counters["replays_completed"] += 1
-            except (ConnectorError, ArchiveError) as exc:
-                error = exc if isinstance(exc, ConnectorError) else from_archive(exc)
-                out.append(proto.encode_event_error(rid, "replay_end", error))
-                replay.cursor.close()
-                del session.replays[rid]
-                self.counters["replays_failed"] += 1
             except Exception as exc:
-                log.exception("replay %s of %s failed", rid, session.peer)
-                self.counters["internal_errors"] += 1
-                out.append(
-                    proto.encode_event_error(
-                        rid,
-                        "replay_end",
-                        ServerError(f"replay failed on the server: {type(exc).__name__}: {exc}"),
-                    )
-                )
+                error = self._replay_error(exc, rid, session)
+                out.append(proto.encode_event_error(rid, "replay_end", error))
                 replay.cursor.close()
                 del session.replays[rid]
                 self.counters["replays_failed"] += 1
             if sent >= budget_bytes:
                 break
         return out
+
+    def _replay_error(self, exc: Exception, rid: int, session: Session) -> ConnectorError:
+        """The typed ``replay_end`` error of a replay that failed."""
+        if isinstance(exc, ConnectorError):
+            return exc
+        if isinstance(exc, ArchiveError):
+            return from_archive(exc)
+        if isinstance(exc, OSError):
+            coded = self.store.resource_error(exc, "replay")
+            if coded is not None:
+                self._count_error(coded)
+                return coded
+        log.exception("replay %s of %s failed", rid, session.peer)
+        self.counters["internal_errors"] += 1
+        return ServerError(f"replay failed on the server: {type(exc).__name__}: {exc}")
 
     # --- housekeeping -------------------------------------------------------------------------
 
@@ -522,6 +549,8 @@ class ServerCore:
                 "sink_parts_staged": committer.staging.parts_staged,
                 "sink_parts_staged_locally": committer.staging.parts_staged_locally,
                 "sink_parts_garbage_collected": committer.staging.parts_garbage_collected,
+                "sink_failed_commits": committer.failed_commits,
+                "sink_stage_failures": committer.staging.stage_failures,
             }
         )
         result = {

@@ -27,6 +27,13 @@ from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.core import ServerCore
 from aeron_spark.connector.server.dirlock import DirectoryLock
 from aeron_spark.connector.server.link import ServerLink, ServerListener
+from aeron_spark.connector.server.resources import (
+    DESCRIPTOR_ERRNOS,
+    STORAGE_ERRNOS,
+    nofile_limits,
+    open_fd_count,
+    raise_nofile_limit,
+)
 from aeron_spark.connector.server.staging import SinkCommitter
 from aeron_spark.connector.server.stat import write_snapshot
 from aeron_spark.connector.server.store import ArchiveStore
@@ -80,6 +87,8 @@ class StreamServer:
         self._deferred_replies: queue.SimpleQueue[tuple[object, bytes]] = queue.SimpleQueue()
         self._started_ns = 0
         self._dir_lock: DirectoryLock | None = None
+        self._nofile_at_start = self._nofile = (-1, -1)
+        self._next_failure_log_ns = 0
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -90,6 +99,11 @@ class StreamServer:
         # before anything in the directory is opened: a second server there is refused
         self._dir_lock = DirectoryLock(self.config.directory).acquire()
         try:
+            self._nofile_at_start = nofile_limits()
+            self._nofile = raise_nofile_limit()
+            if self._nofile != self._nofile_at_start:
+                log.info("raised the open files limit from %s to %s (hard limit %s)",
+                         self._nofile_at_start[0], self._nofile[0], self._nofile[1])
             self._driver = Driver(DriverConfig(write_counters_file=False)).start()
         except BaseException:
             self._release_dir_lock()
@@ -187,22 +201,28 @@ class StreamServer:
             self._started.set()
             while not self._stop.is_set():
                 now_ns = time.monotonic_ns()
-                work = self._accept(now_ns)
-                work += self._store.record_ingest(now_ns)
-                work += self._serve_sessions(now_ns)
-                work += self._deliver_deferred()
-                for key in self.core.expire(now_ns):
-                    io = self._sessions.pop(key, None)
-                    if io is not None:
-                        io.link.close()
-                if now_ns >= next_gc_ns:
-                    self.core.committer.gc(time.time(), self.config.staging_lease_s)
-                    if self.core.retention.policy.enabled:  # with commits: one writer at a time
-                        self._worker.submit(self.core.retention.run, self._store, time.time_ns())
-                    next_gc_ns = now_ns + self.config.gc_interval_ns
-                if now_ns >= next_stat_ns:
-                    self._write_stat(now_ns)
-                    next_stat_ns = now_ns + _STAT_INTERVAL_NS
+                try:
+                    work = self._accept(now_ns)
+                    work += self._store.record_ingest(now_ns)
+                    work += self._serve_sessions(now_ns)
+                    work += self._deliver_deferred()
+                    for key in self.core.expire(now_ns):
+                        io = self._sessions.pop(key, None)
+                        if io is not None:
+                            io.link.close()
+                    if now_ns >= next_gc_ns:
+                        self._housekeeping()
+                        next_gc_ns = now_ns + self.config.gc_interval_ns
+                    if now_ns >= next_stat_ns:
+                        self._write_stat(now_ns)
+                        next_stat_ns = now_ns + _STAT_INTERVAL_NS
+                except OSError as exc:
+                    # requests already fail one by one on a full disk or without descriptors;
+                    # anything of that kind still escaping is the pass's, not the server's end
+                    if exc.errno not in STORAGE_ERRNOS | DESCRIPTOR_ERRNOS:
+                        raise
+                    self._resource_failure(exc, now_ns)
+                    work = 0
                 if not work:
                     live = any(self.core.has_replays(k) for k in self._sessions)
                     self._listener.wait(_LIVE_REPLAY_WAIT_S if live else _IDLE_WAIT_S)
@@ -212,6 +232,29 @@ class StreamServer:
             self._started.set()
         finally:
             self._shutdown()
+
+    def _resource_failure(self, exc: OSError, now_ns: int) -> None:
+        assert self.core is not None
+        counters = self.core.counters
+        counters["loop_resource_failures"] = counters.get("loop_resource_failures", 0) + 1
+        if now_ns >= self._next_failure_log_ns:  # at most one line a second
+            log.warning("a pass of the server loop failed (serving goes on): %s", exc)
+            self._next_failure_log_ns = now_ns + 1_000_000_000
+
+    def _housekeeping(self) -> None:
+        """Staging gc, retention, stop files a full disk held back. A failure here (disk
+        full, no descriptor) is logged and retried on the next tick, never fatal."""
+        assert self.core is not None and self._store is not None and self._worker is not None
+        try:
+            self.core.committer.gc(time.time(), self.config.staging_lease_s)
+            self._store.housekeeping()
+            if self.core.retention.policy.enabled:  # with commits: one writer at a time
+                self._worker.submit(self.core.retention.run, self._store, time.time_ns())
+        except OSError as exc:
+            self.core.counters["housekeeping_failures"] = (
+                self.core.counters.get("housekeeping_failures", 0) + 1
+            )
+            log.warning("housekeeping failed (retried on the next tick): %s", exc)
 
     def _defer(self, key: object, job: Any) -> None:
         assert self._worker is not None
@@ -241,7 +284,13 @@ class StreamServer:
     def _accept(self, now_ns: int) -> int:
         assert self.core is not None and self._listener is not None
         accepted = 0
-        for link in self._listener.accept(now_ns):
+        try:
+            links = self._listener.accept(now_ns)
+        except OSError as exc:  # e.g. EMFILE: refuse now, accept again on the next pass
+            self.core.counters["accept_failures"] = self.core.counters.get("accept_failures", 0) + 1
+            log.warning("cannot accept sessions now: %s", exc)
+            return 0
+        for link in links:
             self._sessions[link] = _SessionIO(link)
             self.core.open_session(link, link.peer, link.max_message_length, now_ns)
             accepted += 1
@@ -302,6 +351,7 @@ class StreamServer:
                 self.core.renew_lease(link, time.monotonic_ns())
 
     def _extra_stats(self) -> dict[str, Any]:
+        soft, hard = nofile_limits()
         extra: dict[str, Any] = {
             "server": {
                 "endpoint": self.endpoint,
@@ -309,8 +359,16 @@ class StreamServer:
                 "directory": self.config.directory,
                 "uptime_s": (time.monotonic_ns() - self._started_ns) / 1e9,
             },
+            "limits": {
+                "open_files": open_fd_count(),
+                "open_files_soft_limit": soft,
+                "open_files_hard_limit": hard,
+                "open_files_soft_limit_at_start": self._nofile_at_start[0],
+            },
             "written_at_s": time.time(),
         }
+        if self._store is not None:
+            extra["storage"] = self._store.space.stats()
         if self._listener is not None:
             extra["handshake"] = self._listener.stats()
         if self._driver is not None:
@@ -323,10 +381,18 @@ class StreamServer:
         return self.core.stats(time.monotonic_ns())
 
     def _write_stat(self, now_ns: int) -> None:
+        """Best effort: a snapshot that cannot be taken or written (a full disk, a counter
+        read racing the driver thread) is skipped, logged and counted, never fatal."""
         try:
             write_snapshot(self.config.directory, self.snapshot())
-        except OSError as exc:  # a full disk must not stop serving; counted in the log once
-            log.warning("cannot write stat snapshot: %s", exc)
+        except Exception as exc:  # noqa: BLE001
+            assert self.core is not None
+            counters = self.core.counters
+            counters["stat_snapshot_failures"] = counters.get("stat_snapshot_failures", 0) + 1
+            if now_ns >= self._next_failure_log_ns:
+                log.warning("cannot write the stat snapshot (skipped): %s: %s",
+                            type(exc).__name__, exc)
+                self._next_failure_log_ns = now_ns + 1_000_000_000
 
     def _shutdown(self) -> None:
         now_ns = time.monotonic_ns()

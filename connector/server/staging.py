@@ -26,6 +26,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import struct
@@ -44,6 +45,8 @@ from aeron_spark.connector.server.commitlog import CommitLog
 from aeron_spark.connector.server.framing import Framer
 from aeron_spark.transport.archive.recordings import fsync_dir
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
+
+log = logging.getLogger(__name__)
 
 _RECORD = struct.Struct("<Iq")
 _READ_BLOCK_BYTES = 4 * 1024 * 1024
@@ -141,6 +144,16 @@ def _complete_record(fh: BinaryIO, head: bytes, path: str) -> bytes:
     )
 
 
+def _close_quietly(fh: BinaryIO) -> None:
+    """Close a part file whose data no longer matters; its buffered bytes may not fit on a
+    full disk (the flush error is dropped: the part is incomplete either way)."""
+    try:
+        fh.close()
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.close(fh.fileno())
+
+
 class SinkWriter(Protocol):
     """A recording the committer appends frames to (provided by the server's stream store)."""
 
@@ -152,6 +165,7 @@ class SinkWriter(Protocol):
     @property
     def recorded_position(self) -> int: ...
     def append(self, block: bytes, position: int, now_ns: int) -> None: ...
+    def rollback(self, position: int) -> None: ...
     def force(self) -> None: ...
 
 
@@ -203,6 +217,7 @@ class StagingStore:
         self.parts_staged_locally = 0
         self.parts_garbage_collected = 0
         self.bytes_staged = 0
+        self.stage_failures = 0  # parts dropped because a write to them failed
 
     def _file(self, key: PartKey, suffix: str) -> str:
         return os.path.join(_key_dir(self.root, key.sink_id, key.batch_id), key.name + suffix)
@@ -230,7 +245,7 @@ class StagingStore:
         part = self._open.get(key)
         if part is None or part.owner != owner or part.fh is None:
             if part is not None and part.fh is not None:
-                part.fh.close()
+                _close_quietly(part.fh)
             part = _OpenPart(owner, stream_id, self._create(key))
             self._open[key] = part
         elif part.stream_id != stream_id:
@@ -239,24 +254,40 @@ class StagingStore:
         if lengths:
             self._check_payload(max(lengths), key)
         payload_bytes = sum(lengths)
-        part.fh.writelines(records(payloads, reserved_values))
+        try:
+            part.fh.writelines(records(payloads, reserved_values))
+            if final:
+                part.fh.flush()
+                os.fsync(part.fh.fileno())
+        except OSError:
+            # disk full or failing: the part is incomplete, so it is dropped (its space freed);
+            # the task fails and its retry stages it anew
+            self.stage_failures += 1
+            self._drop(key, part)
+            raise
         part.count += len(payloads)
         part.nbytes += payload_bytes
         self.bytes_staged += payload_bytes + _RECORD.size * len(payloads)
         if not final:
             return None
         del self._open[key]
-        part.fh.flush()
-        os.fsync(part.fh.fileno())
         part.fh.close()
         return self._complete(key, part)
+
+    def _drop(self, key: PartKey, part: _OpenPart) -> None:
+        """Forget an open part and delete its file (a failed write left it incomplete)."""
+        self._open.pop(key, None)
+        if part.fh is not None:
+            _close_quietly(part.fh)
+        with contextlib.suppress(OSError):
+            os.unlink(self._file(key, ".open"))
 
     def open_local(self, owner: object, key: PartKey, stream_id: int) -> str:
         """(Re)create the part ``key`` empty for a task that writes it itself (records as
         :func:`records` lays them out, then fsync); the path."""
         part = self._open.pop(key, None)
         if part is not None and part.fh is not None:
-            part.fh.close()
+            _close_quietly(part.fh)
         with self._create(key) as fh:
             path = os.path.abspath(fh.name)
         self._open[key] = _OpenPart(owner, stream_id, None)
@@ -331,7 +362,7 @@ class StagingStore:
         for key, part in list(self._open.items()):
             if part.owner == owner:
                 if part.fh is not None:
-                    part.fh.close()
+                    _close_quietly(part.fh)  # a full disk must not fail closing a session
                 del self._open[key]
 
     def part_path(self, staged: dict[str, Any]) -> str:
@@ -437,7 +468,7 @@ class StagingStore:
     def close(self) -> None:
         for part in self._open.values():
             if part.fh is not None:
-                part.fh.close()
+                _close_quietly(part.fh)
         self._open.clear()
 
 
@@ -456,6 +487,10 @@ class SinkCommitter:
         self.visible: dict[int, int] = {}
         self._pending: dict[tuple[str, int], dict[str, Any]] = {}
         self._active: tuple[str, int] | None = None  # the commit running now (another thread)
+        # cancel records of failed commits not yet in the log (it was full): written before any
+        # other record, so a failed begin is never followed by another commit's records
+        self._cancels: list[dict[str, Any]] = []
+        self.failed_commits = 0
         self.commits = 0
         self.duplicate_commits = 0
         self.resumed_commits = 0
@@ -467,6 +502,8 @@ class SinkCommitter:
             elif record["t"] == "done":
                 self._pending.pop(key, None)
                 self._mark_done(record)
+            elif record["t"] == "cancel":
+                self._pending.pop(key, None)
 
     def _mark_done(self, record: dict[str, Any]) -> None:
         key = (record["sink_id"], record["batch_id"])
@@ -557,14 +594,40 @@ class SinkCommitter:
             "start_position": writer.recorded_position,
             "parts": parts,
         }
+        self._write_cancels()
         self.log.append(begin)
         self._active = key
         try:
             result = self._run(begin, writer, now_ns)
+        except BaseException:
+            self._fail(key, begin, writer)
+            raise
         finally:
             self._active = None
         self.commits += 1
         return result
+
+    def _fail(self, key: tuple[str, int], begin: dict[str, Any], writer: SinkWriter) -> None:
+        """A commit failed (disk full, I/O error) before its ``done``: cut its frames off the
+        recording and cancel its ``begin``, so nothing of it is visible, now or after a restart,
+        and the client's retry commits it from the start (its staged parts are kept)."""
+        if key in self.done:
+            return
+        self.failed_commits += 1
+        try:
+            writer.rollback(begin["start_position"])
+        except Exception:  # noqa: BLE001 - reported; the next append overwrites what is left
+            log.exception("cannot cut a failed commit of %s off its recording", key)
+        self._cancels.append(
+            {"t": "cancel", "sink_id": begin["sink_id"], "batch_id": begin["batch_id"]}
+        )
+        with contextlib.suppress(OSError):
+            self._write_cancels()
+
+    def _write_cancels(self) -> None:
+        while self._cancels:
+            self.log.append(self._cancels[0])
+            self._cancels.pop(0)
 
     def _run(self, begin: dict[str, Any], writer: SinkWriter, now_ns: int) -> dict[str, Any]:
         start = begin["start_position"]
@@ -619,6 +682,7 @@ class SinkCommitter:
 
     def gc(self, now_wall_s: float, lease_s: float) -> int:
         protected = set(self._pending)
+        protected.update((c["sink_id"], c["batch_id"]) for c in self._cancels)
         active = self._active
         if active is not None:
             protected.add(active)

@@ -49,6 +49,20 @@ def _fmt_pos(value: int | None) -> str:
     return "-" if value is None else f"{value:,}"
 
 
+def _fmt_bytes(value: int | None) -> str:
+    if value is None or value < 0:
+        return "?"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if value >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{value} B"
+
+
+def _fmt_limit(limits: dict[str, Any], which: str) -> str:
+    value = limits.get(f"open_files_{which}_limit")
+    return "unlimited" if value == -1 else str(value)
+
+
 def render(snapshot: dict[str, Any]) -> str:
     """A plain-text view of one snapshot (what the terminal shows)."""
     lines: list[str] = []
@@ -58,6 +72,22 @@ def render(snapshot: dict[str, Any]) -> str:
         f"aeron-spark server {server.get('endpoint', '?')}  pid {server.get('pid', '?')}  "
         f"dir {server.get('directory', '?')}  up {server.get('uptime_s', 0):.0f}s{stale}"
     )
+    storage = snapshot.get("storage")
+    if storage:
+        below = "  BELOW THE WATERMARK: appends refused" if storage.get("below_watermark") else ""
+        lines.append(
+            f"storage {storage.get('directory', '?')}: {_fmt_bytes(storage.get('free_bytes'))} "
+            f"free, --min-free-bytes {_fmt_bytes(storage.get('min_free_bytes'))}, "
+            f"{storage.get('refused_by_watermark', 0):,} refused, "
+            f"{storage.get('write_failures', 0):,} write failures{below}"
+        )
+    limits = snapshot.get("limits")
+    if limits:
+        lines.append(
+            f"open files {limits.get('open_files', '?')} of {_fmt_limit(limits, 'soft')} "
+            f"(hard limit {_fmt_limit(limits, 'hard')}; "
+            f"{limits.get('open_files_soft_limit_at_start', '?')} at start)"
+        )
     lines.append("")
     lines.append("streams")
     lines.append(f"  {'stream':>8} {'recordings':>10} {'active':>6} {'bytes':>16}")

@@ -16,6 +16,7 @@ publisher wrote them, PAD frames included), stopped when the image goes away.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import secrets
@@ -24,16 +25,24 @@ from collections.abc import Sequence
 from typing import Any
 
 from aeron_spark.connector.errors import (
+    ConnectorError,
     PositionOutOfRangeError,
     ServerError,
 )
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.framing import Framer
+from aeron_spark.connector.server.resources import (
+    SpaceGuard,
+    file_cache_capacity,
+    nofile_limits,
+)
 from aeron_spark.transport.archive import Recorder, Recording, RecordingStore
 from aeron_spark.transport.archive import UnknownRecordingError as ArchiveUnknownRecording
 from aeron_spark.transport.protocol.logbuffer import LogGeometry, is_reserved_session_id
 
 LOCAL_READ_TOKEN = "local-read.token"
+
+log = logging.getLogger(__name__)
 
 
 def _write_token(path: str, token: str) -> None:
@@ -102,13 +111,26 @@ class _Publisher:
     def publish(
         self, payloads: Sequence[bytes], reserved_values: Sequence[int] | None, now_ns: int
     ) -> int:
+        """Frame and append ``payloads``; the recorded end after them.
+
+        All or nothing: when an append fails (disk full, I/O error, no descriptor) the blocks
+        this call already appended are cut off again and the framer goes back to the recorded
+        end, so the error is the only answer, nothing of the call is on disk, and the session's
+        next publish continues at the same position."""
         for payload in payloads:
             self._framer.check(len(payload))
+        self._store.space.check("publish")
         timestamp_ns = self._store.clock()
-        for position, block in self._framer.frame(payloads, reserved_values):
-            self.rec.append(block, position, timestamp_ns)
-        if self._store.config.fsync:
-            self.rec.force()
+        start = self.rec.recorded_position
+        try:
+            for position, block in self._framer.frame(payloads, reserved_values):
+                self.rec.append(block, position, timestamp_ns)
+            if self._store.config.fsync:
+                self.rec.force()
+        except BaseException:
+            self.rec.rollback(start)
+            self._framer.position = start
+            raise
         return self.rec.recorded_position
 
     def close(self, now_ns: int) -> None:
@@ -131,6 +153,9 @@ class _SinkWriter:
     def append(self, block: bytes, position: int, now_ns: int) -> None:
         self.rec.append(block, position, self._clock())
 
+    def rollback(self, position: int) -> None:
+        self.rec.rollback(position)
+
     def force(self) -> None:
         self.rec.force()
 
@@ -142,13 +167,23 @@ class ArchiveStore:
         # recordings carry wall-clock (epoch) timestamps: position_at answers Spark's
         # startingTimestamp; the now_ns the core passes around is monotonic (leases only)
         self.clock = time.time_ns
-        self.recordings = RecordingStore(config.directory, config.fsync)
+        self.space = SpaceGuard(config.directory, config.min_free_bytes)
+        max_open = config.max_open_files or file_cache_capacity(nofile_limits()[0])
+        self.recordings = RecordingStore(config.directory, config.fsync, max_open)
+        self.ingest_held_back = 0  # ingest passes skipped below the free-space watermark
         # proves to a client that it sees this directory (local reads and sink writes)
         self.local_token: dict[str, str] | None = None
         self._token_path = os.path.join(os.path.abspath(config.directory), LOCAL_READ_TOKEN)
         if config.local_reads or config.local_writes:
             self.local_token = {"token_path": self._token_path, "token": secrets.token_hex(16)}
-            _write_token(self._token_path, self.local_token["token"])
+            try:
+                _write_token(self._token_path, self.local_token["token"])
+            except OSError as exc:  # a full disk: start anyway, every read over its session
+                log.warning("local reads and writes are off: cannot write %s: %s",
+                            self._token_path, exc)
+                self.local_token = None
+                with contextlib.suppress(OSError):
+                    os.unlink(self._token_path + ".tmp")
         else:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._token_path)
@@ -246,7 +281,16 @@ class ArchiveStore:
         )
 
     def open_publisher(self, stream_id: int, source: str, now_ns: int) -> _Publisher:
+        self.space.check("publish")
         return _Publisher(self, self._create(stream_id, source, now_ns))
+
+    def check_space(self, what: str) -> None:
+        """Raise the coded STORAGE_FULL error below the free-space watermark."""
+        self.space.check(what)
+
+    def resource_error(self, exc: OSError, what: str) -> ConnectorError | None:
+        """The coded error (STORAGE_FULL, TOO_MANY_OPEN_FILES) of an I/O failure, or None."""
+        return self.space.error_for(exc, what)
 
     def sink_writer(self, stream_id: int, sink_id: str, now_ns: int) -> _SinkWriter:
         key = (stream_id, sink_id)
@@ -296,6 +340,11 @@ class ArchiveStore:
             )
 
     def record_ingest(self, now_ns: int) -> int:
+        if not self._recorders:
+            return 0
+        if self.space.below_watermark():  # the images keep it: publishers are held back
+            self.ingest_held_back += 1
+            return 0
         return sum(recorder.do_work(now_ns) for recorder in self._recorders)
 
     @property
@@ -313,8 +362,15 @@ class ArchiveStore:
             "recordings": len(self.recordings.recordings),
             "ingest_images": self.ingest_images,
             "ingest_bytes": self.ingest_bytes,
+            "ingest_append_failures": sum(r.append_failures for r in self._recorders),
+            "ingest_held_back": self.ingest_held_back,
             "torn_bytes_cut": self.recordings.torn_bytes_cut,
+            **self.recordings.stats(),
         }
+
+    def housekeeping(self) -> None:
+        """Retry what a full disk held back (stop files of finished recordings)."""
+        self.recordings.persist_stops()
 
     def close(self, now_ns: int = 0) -> None:
         for recorder in self._recorders:

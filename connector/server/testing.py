@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -68,9 +69,15 @@ def client_for(endpoint: str, encryption: bool = False, timeout_s: float = 30.0)
 
 @contextlib.contextmanager
 def server_process(
-    directory: str, extra: Iterable[str] = ()
+    directory: str, extra: Iterable[str] = (), nofile: tuple[int, int] | None = None
 ) -> Iterator[tuple[subprocess.Popen, str]]:
-    """A server in its own process on a free port; yields (process, endpoint)."""
+    """A server in its own process on a free port; yields (process, endpoint). ``nofile``:
+    the ``(soft, hard)`` RLIMIT_NOFILE it starts with (as ``prlimit --nofile`` would set)."""
+
+    def limit() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
+
     code = (
         "import sys; from aeron_spark.connector.server import server_main; "
         "sys.exit(server_main(sys.argv[1:]))"
@@ -92,6 +99,7 @@ def server_process(
             stdout=log,
             stderr=log,
             env=dict(os.environ),
+            preexec_fn=limit if nofile is not None else None,
         )
     try:
         endpoint = None

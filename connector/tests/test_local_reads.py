@@ -148,8 +148,8 @@ def test_read_only_recordings_read_what_the_writer_reads_and_cannot_write(tmp_pa
                 ts,
                 end,
             )
-            with pytest.raises(OSError):
-                os.write(reader._fd(0, create=False), b"x")
+            with reader._segment(0) as fd, pytest.raises(OSError):
+                os.write(fd, b"x")
         finally:
             reader.close()
         with pytest.raises(Exception, match="no recording"):

@@ -99,6 +99,8 @@ def test_garbage_only_raises_protocol_errors(data: bytes) -> None:
         E.PayloadTooLargeError,
         E.LimitExceededError,
         E.StagedDataMissingError,
+        E.StorageFullError,
+        E.TooManyOpenFilesError,
         E.ServerError,
     ],
 )

@@ -22,6 +22,7 @@ from aeron_spark.transport.archive.recordings import Recording, RecordingStore
 
 BLOCK_BYTES = 4 * 1024 * 1024
 BLOCKS_PER_PASS = 16
+RETRY_DELAY_NS = 100_000_000
 
 
 def _term_of(image: Any) -> tuple[int, int]:
@@ -49,6 +50,9 @@ class Recorder:
         self._recording: dict[int, tuple[Any, Recording]] = {}  # id(image) -> (image, recording)
         self.images_recorded = 0
         self.bytes_recorded = 0
+        self.append_failures = 0  # blocks left in their image because they could not be written
+        self.last_error: str | None = None
+        self._retry_at: dict[int, int] = {}  # id(image) -> now_ns of its next try
 
     def recording_of(self, image: Any) -> Recording | None:
         entry = self._recording.get(id(image))
@@ -83,15 +87,32 @@ class Recorder:
         return work
 
     def do_work(self, now_ns: int = 0) -> int:
-        """Record what every image holds (bounded per call); start and stop recordings."""
+        """Record what every image holds (bounded per call); start and stop recordings.
+
+        A block that cannot be written (disk full, I/O error, no descriptor) stays in its image
+        (``block_poll`` consumes a block only once it is recorded, so the publisher is held back
+        by flow control): the failure is counted and that image retried after
+        ``RETRY_DELAY_NS``, while the other images go on."""
         timestamp_ns = self.clock()
+        now_ns = now_ns or time.monotonic_ns()
         work = 0
         live = set()
         for image in self.subscription.images:
             live.add(id(image))
-            entry = self._recording.get(id(image))
-            rec = entry[1] if entry is not None else self._start(image, timestamp_ns)
-            work += self._drain(image, rec, timestamp_ns, BLOCKS_PER_PASS)
+            if self._retry_at.get(id(image), 0) > now_ns:
+                continue
+            try:
+                entry = self._recording.get(id(image))
+                rec = entry[1] if entry is not None else self._start(image, timestamp_ns)
+                work += self._drain(image, rec, timestamp_ns, BLOCKS_PER_PASS)
+            except OSError as exc:
+                self.append_failures += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                self._retry_at[id(image)] = now_ns + RETRY_DELAY_NS
+                continue
+            self._retry_at.pop(id(image), None)
+        for key in [k for k in self._retry_at if k not in live]:
+            del self._retry_at[key]
         for key in [k for k in self._recording if k not in live]:
             _, rec = self._recording.pop(key)
             rec.stop(timestamp_ns)
@@ -103,7 +124,11 @@ class Recorder:
         timestamp_ns = self.clock()
         for image, rec in list(self._recording.values()):
             if not image.is_closed:
-                self._drain(image, rec, timestamp_ns, None)
+                try:
+                    self._drain(image, rec, timestamp_ns, None)
+                except OSError as exc:  # what is left in the image was never acknowledged
+                    self.append_failures += 1
+                    self.last_error = f"{type(exc).__name__}: {exc}"
         self._recording.clear()
         self.subscription.close()
 

@@ -25,11 +25,19 @@ Invariants:
 - Every index position is a frame boundary; a replay position is checked by walking frames from
   the nearest indexed boundary below it (never more than about INDEX_INTERVAL_BYTES).
 - ``purged_position`` only grows; segments wholly below it are deleted.
+- ``recorded_position`` never passes what is in the files: an append writes all its bytes
+  (short writes are continued) or raises after cutting them off again (:meth:`Recording.append`).
+- A recording holds no file descriptor of its own: segment and index files are opened on demand
+  through a bounded cache shared by the store (:class:`~.fdcache.FdCache`), and a stopped
+  recording's are closed at once.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
+import errno
+import logging
 import os
 import struct
 import threading
@@ -44,6 +52,7 @@ from aeron_spark.transport.archive.errors import (
     PurgedError,
     UnknownRecordingError,
 )
+from aeron_spark.transport.archive.fdcache import FdCache
 from aeron_spark.transport.protocol.frames import FRAME_ALIGNMENT, FrameType
 from aeron_spark.transport.protocol.logbuffer import compute_position
 
@@ -54,6 +63,8 @@ _PAD = int(FrameType.PAD)
 _DATA = int(FrameType.DATA)
 INDEX_INTERVAL_BYTES = 64 * 1024
 INDEX_INTERVAL_NS = 1_000_000
+
+log = logging.getLogger(__name__)
 
 
 def fsync_dir(path: str) -> None:
@@ -116,6 +127,44 @@ def _uniform_prefix(chunk: bytes, n: int) -> int:
     return (count if bad.size == 0 else int(bad[0])) * aligned
 
 
+def _whole_frames(chunk: bytes, position: int, limit: int) -> tuple[int, bytes] | None:
+    """The whole frames ``chunk`` (read at ``position``) starts with, without PAD: ``(end
+    position, frames)``, the end past a trailing PAD frame; None when it holds no whole frame."""
+    n = len(chunk)
+    i = data_end = _uniform_prefix(chunk, n)
+    while i + 32 <= n:
+        length, _v, _f, ftype, _o = _head_from(chunk, i)
+        if length <= 0:
+            break
+        aligned = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+        if ftype == _PAD:
+            if position + i + aligned <= limit:
+                return position + i + aligned, chunk[:i]
+            break
+        if i + aligned > n:
+            break
+        i += aligned
+        data_end = i
+    if data_end == 0:
+        return None
+    return position + data_end, chunk[:data_end]
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int, path: str) -> int:
+    """``pwrite`` all of ``data`` at ``offset``, continuing after short writes (a filesystem
+    may write less than asked without an error). Raises ``OSError`` (ENOSPC when a write makes
+    no progress); returns ``-short_writes`` (0 when the first write took everything)."""
+    done = short = 0
+    while done < len(data):
+        count = os.pwrite(fd, data[done:], offset + done)
+        if count <= 0:
+            raise OSError(errno.ENOSPC, "write made no progress (file system full?)", path)
+        done += count
+        if done < len(data):
+            short += 1
+    return -short
+
+
 class Recording:
     """One recording: append (while recording), read, check boundaries, purge."""
 
@@ -127,6 +176,7 @@ class Recording:
         *,
         read_only: bool = False,
         index_range: tuple[int, int | None] | None = None,
+        fds: FdCache | None = None,
     ) -> None:
         self.directory = directory
         self.d = descriptor
@@ -142,10 +192,18 @@ class Recording:
         self.purged_position = (
             descriptor.start_position if purged is None else int(purged["purged_position"])
         )
-        self._fds: dict[int, int] = {}
-        self._fd_lock = threading.Lock()
-        self._index_fh: Any = None
+        # descriptors come from a cache shared by the store (bounded, least recently used), so a
+        # recording holds none while no one reads or appends it
+        self._own_files = fds is None
+        self._files = FdCache(8) if fds is None else fds
+        self._dirty: set[int] = set()  # segment bases written since the last force()
+        self._index_dirty = False
+        self.stop_pending = False  # stopped, but stop.msgpack is not written yet (disk full)
+        self._stop_ns = 0
         self.torn_bytes_cut = 0
+        self.short_writes = 0  # pwrite wrote less than asked (the rest was retried)
+        self.failed_appends = 0  # appends that failed (ENOSPC, EIO, ...) and were rolled back
+        self.cut_failures = 0  # a rollback could not truncate its bytes away (see _cut)
         if index_range is None:
             self._load_index()
         else:
@@ -175,23 +233,16 @@ class Recording:
     def _segment_path(self, base: int) -> str:
         return os.path.join(self.directory, f"{base:020d}.seg")
 
-    def _fd(self, base: int, create: bool) -> int | None:
-        fd = self._fds.get(base)
-        if fd is None:
-            with self._fd_lock:  # a sink commit thread and the event loop may both open segments
-                return self._open_fd(base, create)
-        return fd
+    def _segment(self, base: int, create: bool = False) -> contextlib.AbstractContextManager[
+        int | None
+    ]:
+        """The segment file's descriptor (from the shared cache, pinned for the block); None
+        when the file does not exist and ``create`` is false."""
+        return self._files.use(self._segment_path(base), not self.read_only, create)
 
-    def _open_fd(self, base: int, create: bool) -> int | None:
-        fd = self._fds.get(base)
-        if fd is None:
-            flags = os.O_RDONLY if self.read_only else os.O_RDWR | (os.O_CREAT if create else 0)
-            try:
-                fd = os.open(self._segment_path(base), flags, 0o644)
-            except FileNotFoundError:
-                return None
-            self._fds[base] = fd
-        return fd
+    @property
+    def _index_path(self) -> str:
+        return os.path.join(self.directory, "index")
 
     def _load_index(self) -> None:
         path = os.path.join(self.directory, "index")
@@ -267,8 +318,8 @@ class Recording:
     def _data_end(self, position: int) -> int:
         """Where the bytes of ``position``'s segment file end (its written size)."""
         base = self._segment_base(position)
-        fd = self._fd(base, create=False)
-        return base if fd is None else base + os.fstat(fd).st_size
+        with self._segment(base) as fd:
+            return base if fd is None else base + os.fstat(fd).st_size
 
     def _walk(self, position: int, limit: int | None) -> int:
         """The end of the run of complete frames from ``position`` (up to ``limit``).
@@ -278,15 +329,15 @@ class Recording:
         term_mask = self.d.term_length - 1
         while limit is None or position < limit:
             base = self._segment_base(position)
-            fd = self._fd(base, create=False)
-            if fd is None:
-                return position
-            size = os.fstat(fd).st_size
-            offset = position - base
-            want = min(size - offset, 4 * 1024 * 1024)
-            if want < 32:
-                return position
-            chunk = os.pread(fd, want, offset)
+            with self._segment(base) as fd:
+                if fd is None:
+                    return position
+                size = os.fstat(fd).st_size
+                offset = position - base
+                want = min(size - offset, 4 * 1024 * 1024)
+                if want < 32:
+                    return position
+                chunk = os.pread(fd, want, offset)
             n = len(chunk)
             i = 0
             while i + 32 <= n:
@@ -312,10 +363,12 @@ class Recording:
         position = start
         while position < target:
             base = self._segment_base(position)
-            fd = self._fd(base, create=False)
-            if fd is None:
-                return position, position
-            chunk = os.pread(fd, min(target + 32 - position, 8 * 1024 * 1024), position - base)
+            with self._segment(base) as fd:
+                if fd is None:
+                    return position, position
+                chunk = os.pread(
+                    fd, min(target + 32 - position, 8 * 1024 * 1024), position - base
+                )
             i = 0
             n = len(chunk)
             while i + 32 <= n and position + i < target:
@@ -334,6 +387,12 @@ class Recording:
     # --- writing ------------------------------------------------------------------------------
 
     def append(self, block: bytes | memoryview, position: int, now_ns: int) -> None:
+        """Write ``block`` at ``position`` (the recorded end) and index it.
+
+        All or nothing: a short ``pwrite`` is continued where it stopped; a write that fails
+        (ENOSPC, EIO, EMFILE, ...) or makes no progress raises ``OSError`` after the bytes and
+        index entry of this call are cut off again, so ``recorded_position`` never moves past
+        what is in the files and the next append starts at the same position."""
         if position != self.recorded_position:
             raise PositionOutOfRangeError(
                 f"recording {self.d.recording_id}: append at {position}, expected "
@@ -341,57 +400,149 @@ class Recording:
                 position=position,
             )
         view = memoryview(block)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        size = len(view)
         written = 0
-        while written < len(view):
-            pos = position + written
-            base = self._segment_base(pos)
-            room = base + self.d.segment_length - pos
-            piece = view[written : written + room]
-            fd = self._fd(base, create=True)
-            assert fd is not None
-            os.pwrite(fd, piece, pos - base)
+        try:
+            while written < size:
+                pos = position + written
+                base = self._segment_base(pos)
+                piece = view[written : written + base + self.d.segment_length - pos]
+                with self._segment(base, create=True) as fd:
+                    assert fd is not None
+                    self._dirty.add(base)
+                    count = _pwrite_all(fd, piece, pos - base, self._segment_path(base))
+                if count < 0:  # short writes happened, all were continued
+                    self.short_writes += -count
+                written += len(piece)
             if self.fsync:
-                os.fsync(fd)
-            written += len(piece)
-        if self.index_times and now_ns < self.index_times[-1]:
-            now_ns = self.index_times[-1]  # the wall clock stepped back: keep the index sorted
-        if not self.index_positions or (
-            position - self.index_positions[-1] >= INDEX_INTERVAL_BYTES
-            or now_ns - self.index_times[-1] >= INDEX_INTERVAL_NS
-        ):
-            self._add_index(position, now_ns)
-        self.recorded_position = position + len(view)
+                self._force_segments()
+            if self.index_times and now_ns < self.index_times[-1]:
+                now_ns = self.index_times[-1]  # the wall clock stepped back: keep it sorted
+            if not self.index_positions or (
+                position - self.index_positions[-1] >= INDEX_INTERVAL_BYTES
+                or now_ns - self.index_times[-1] >= INDEX_INTERVAL_NS
+            ):
+                self._add_index(position, now_ns)
+        except BaseException:
+            self.failed_appends += 1
+            self._cut(position, position + size)
+            raise
+        self.recorded_position = position + size
 
     def _add_index(self, position: int, now_ns: int) -> None:
-        if self._index_fh is None:
-            self._index_fh = open(os.path.join(self.directory, "index"), "ab")
-        self._index_fh.write(_INDEX.pack(position, now_ns))
-        self._index_fh.flush()
+        # the index file holds exactly the entries in memory (recovery cuts anything else), so
+        # the next one goes at their end; a failed write is cut off by the caller
+        offset = len(self.index_positions) * _INDEX.size
+        with self._files.use(self._index_path, True, create=True) as fd:
+            assert fd is not None
+            self._index_dirty = True
+            _pwrite_all(fd, memoryview(_INDEX.pack(position, now_ns)), offset, self._index_path)
         # times first: a reader in another thread bisects positions, then indexes times
         self.index_times.append(now_ns)
         self.index_positions.append(position)
 
+    def rollback(self, position: int) -> None:
+        """Forget what was appended from ``position`` (a boundary this writer appended at, not
+        below what readers were told is recorded) on: a publish or commit that failed half-way
+        takes back its first blocks, so nothing of it stays on disk or in the index."""
+        if not self.d.start_position <= position <= self.recorded_position:
+            raise PositionOutOfRangeError(
+                f"recording {self.d.recording_id}: rollback to {position} is outside "
+                f"[{self.d.start_position}, {self.recorded_position}]",
+                position=position,
+            )
+        end = self.recorded_position
+        self.recorded_position = position
+        self._cut(position, end)
+
+    def _cut(self, position: int, end: int) -> None:
+        """Truncate segment and index files back to ``position`` (bytes up to ``end`` may have
+        been written). Needs no descriptor (``truncate``/``unlink`` by path), so it works after
+        EMFILE too. Should it still fail, the bytes past ``position`` are overwritten by the next
+        append, and until then only a crash would show them (recovery walks complete frames)."""
+        cut = bisect.bisect_left(self.index_positions, position)
+        del self.index_positions[cut:]  # positions first: readers bisect them
+        del self.index_times[cut:]
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.getsize(self._index_path) > cut * _INDEX.size:
+                    os.truncate(self._index_path, cut * _INDEX.size)
+            first = self._segment_base(position)
+            last = self._segment_base(max(end - 1, position))
+            for base in range(last, first, -self.d.segment_length):
+                path = self._segment_path(base)
+                self._files.forget(path)
+                self._dirty.discard(base)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.getsize(self._segment_path(first)) > position - first:
+                    os.truncate(self._segment_path(first), position - first)
+        except OSError as exc:
+            self.cut_failures += 1
+            log.warning("recording %s: cannot cut back to %s: %s", self.d.recording_id,
+                        position, exc)
+
+    def _force_segments(self) -> None:
+        for base in sorted(self._dirty):
+            with self._segment(base) as fd:
+                if fd is not None:
+                    os.fsync(fd)
+        self._dirty.clear()
+
     def force(self) -> None:
-        for fd in self._fds.values():
-            os.fsync(fd)
-        if self._index_fh is not None:
-            os.fsync(self._index_fh.fileno())
+        """fsync what was appended since the last force (segments and index)."""
+        self._force_segments()
+        if self._index_dirty:
+            with self._files.use(self._index_path, True) as fd:
+                if fd is not None:
+                    os.fsync(fd)
+            self._index_dirty = False
 
     def stop(self, now_ns: int) -> None:
+        """Finish the recording at its recorded end and close its files.
+
+        Never raises for a full or failing disk: the stop position holds in memory at once
+        (the end is final either way) and ``stop.msgpack`` is written by :meth:`persist_stop`
+        later (the store retries); a crash before that is recovered to the same end, since
+        recovery stops a recording where its complete frames end and appends never leave bytes
+        past the recorded end."""
         if self.stop_position is None:
-            self.force()
             self.stop_position = self.recorded_position
+            self._stop_ns = now_ns
+            self.stop_pending = True
+            self.persist_stop()
+        self._files.forget_under(self.directory)
+
+    def persist_stop(self) -> bool:
+        """Write ``stop.msgpack`` if :meth:`stop` could not; True once it is on disk."""
+        if not self.stop_pending:
+            return True
+        try:
+            self.force()
             _write_meta(
                 os.path.join(self.directory, "stop.msgpack"),
-                {"stop_position": self.stop_position, "stop_timestamp_ns": now_ns},
+                {"stop_position": self.stop_position, "stop_timestamp_ns": self._stop_ns},
             )
+        except OSError as exc:
+            log.warning("recording %s: cannot write its stop position yet: %s",
+                        self.d.recording_id, exc)
+            return False
+        finally:
+            self._files.forget_under(self.directory)
+        self.stop_pending = False
+        return True
 
     def reopen(self) -> None:
         """Extend a stopped recording (sink recordings after a restart)."""
         if self.stop_position is not None:
-            os.unlink(os.path.join(self.directory, "stop.msgpack"))
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.directory, "stop.msgpack"))
             fsync_dir(self.directory)
             self.stop_position = None
+            self.stop_pending = False
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -447,37 +598,25 @@ class Recording:
         if i < len(self.index_positions) and self.index_positions[i] < end:
             end = self.index_positions[i]
         base = self._segment_base(position)
-        fd = self._fd(base, create=False)
-        if fd is None:
-            raise PurgedError(
-                f"recording {self.d.recording_id}: segment of {position} is gone",
-                position=position,
-                purged_position=self.purged_position,
-            )
-        chunk = os.pread(fd, end - position, position - base)
-        n = len(chunk)
-        i = data_end = _uniform_prefix(chunk, n)
-        while i + 32 <= n:
-            length, _v, _f, ftype, _o = _head_from(chunk, i)
-            if length <= 0:
-                break
-            aligned = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
-            if ftype == _PAD:
-                if i + 32 <= n and position + i + aligned <= limit:
-                    data_end_pos = position + i + aligned
-                    return data_end_pos, chunk[:i], self.time_at(position)
-                break
-            if i + aligned > n:
-                break
-            i += aligned
-            data_end = i
-        if data_end == 0 and n and position + n < limit:
-            # a single frame larger than max_bytes: read exactly that frame
-            length = _head_from(chunk, 0)[0] if n >= 32 else 0
-            if length > 0:
+        with self._segment(base) as fd:
+            if fd is None:
+                raise PurgedError(
+                    f"recording {self.d.recording_id}: segment of {position} is gone",
+                    position=position,
+                    purged_position=self.purged_position,
+                )
+            chunk = os.pread(fd, end - position, position - base)
+            got = _whole_frames(chunk, position, limit)
+            if got is None:
+                # a single frame larger than max_bytes: read exactly that frame, once (when the
+                # file holds less than the frame, nothing is returned: the caller says so)
+                length = _head_from(chunk, 0)[0] if len(chunk) >= 32 else 0
                 aligned = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
-                return self.read(position, aligned, limit)
-        return position + data_end, chunk[:data_end], self.time_at(position)
+                if length > 0 and len(chunk) < aligned and position + aligned <= limit:
+                    chunk = os.pread(fd, aligned, position - base)
+                    got = _whole_frames(chunk, position, limit)
+        end_position, frames = got if got is not None else (position, b"")
+        return end_position, frames, self.time_at(position)
 
     def time_at(self, position: int) -> int:
         """The record time of the message at ``position``: the time indexed at or below it."""
@@ -504,28 +643,29 @@ class Recording:
         base = self._segment_base(position)
         for name in os.listdir(self.directory):
             if name.endswith(".seg") and int(name[:-4]) < base:
-                fd = self._fds.pop(int(name[:-4]), None)
-                if fd is not None:
-                    os.close(fd)
-                os.unlink(os.path.join(self.directory, name))
+                path = os.path.join(self.directory, name)
+                self._files.forget(path)
+                os.unlink(path)
         return position
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-        if self._index_fh is not None:
-            self._index_fh.close()
-            self._index_fh = None
+        """Close this recording's descriptors (it can still be used: they reopen on demand)."""
+        if self._own_files:
+            self._files.close()
+        else:
+            self._files.forget_under(self.directory)
 
 
 class RecordingStore:
     """All recordings under ``<directory>/recordings``."""
 
-    def __init__(self, directory: str, fsync: bool) -> None:
+    def __init__(self, directory: str, fsync: bool, max_open_files: int = 64) -> None:
         self.root = os.path.join(directory, "recordings")
         os.makedirs(self.root, exist_ok=True)
         self.fsync = fsync
+        # every recording's segment and index descriptors: at most max_open_files besides those
+        # in use this instant, whatever the number of recordings
+        self.files = FdCache(max_open_files)
         self.recordings: dict[int, Recording] = {}
         self.torn_bytes_cut = 0
         for name in sorted(os.listdir(self.root)):
@@ -535,7 +675,7 @@ class RecordingStore:
             meta = _read_meta(os.path.join(path, "meta.msgpack"))
             if meta is None:  # died between mkdir and its descriptor: never had data
                 continue
-            rec = Recording(path, Descriptor(**meta), fsync)
+            rec = Recording(path, Descriptor(**meta), fsync, fds=self.files)
             self.torn_bytes_cut += rec.torn_bytes_cut
             if rec.stop_position is None and not rec.d.source.startswith("sink:"):
                 rec.stop(0)  # recovered after a crash: finished where its frames end
@@ -581,15 +721,32 @@ class RecordingStore:
         path = os.path.join(self.root, str(rid))
         os.makedirs(path, exist_ok=True)
         _write_meta(os.path.join(path, "meta.msgpack"), descriptor.__dict__)
-        rec = Recording(path, descriptor, self.fsync)
+        rec = Recording(path, descriptor, self.fsync, fds=self.files)
         self.recordings[rid] = rec
         return rec
+
+    def persist_stops(self) -> int:
+        """Write the stop files a full disk held back (see :meth:`Recording.stop`); how many
+        are still missing."""
+        return sum(not rec.persist_stop() for rec in list(self.recordings.values()))
+
+    def stats(self) -> dict[str, int]:
+        recs = list(self.recordings.values())
+        return {
+            **self.files.stats(),
+            "short_writes": sum(r.short_writes for r in recs),
+            "failed_appends": sum(r.failed_appends for r in recs),
+            "cut_failures": sum(r.cut_failures for r in recs),
+            "stops_pending": sum(r.stop_pending for r in recs),
+        }
 
     def close(self, now_ns: int) -> None:
         for rec in self.recordings.values():
             if rec.stop_position is None and not rec.d.source.startswith("sink:"):
                 rec.stop(now_ns)
+            rec.persist_stop()
             rec.close()
+        self.files.close()
 
 
 __all__ = ["Descriptor", "Recording", "RecordingStore"]

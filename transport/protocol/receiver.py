@@ -412,11 +412,15 @@ class ReceiveDispatcher:
         return deadline
 
     def images(self) -> list[ImageState]:
+        """Every image, safe to call from another thread than the receiver's (stats snapshots):
+        each dict is copied in one step (``list`` of a dict view runs without releasing the GIL)
+        before it is walked, so the receiver adding or removing an image meanwhile cannot break
+        the iteration ("dictionary changed size during iteration" killed a server's loop)."""
         return [
             im
-            for interests in self.interests.values()
-            for i in interests
-            for im in i.images.values()
+            for interests in list(self.interests.values())
+            for i in list(interests)
+            for im in list(i.images.values())
         ]
 
 

@@ -1,0 +1,159 @@
+"""A bounded, shared cache of open file descriptors (segment and index files of recordings).
+
+A process serving thousands of recordings cannot keep every one's files open: a stopped
+recording holds no descriptor, and the files replays and appends use are opened on demand and
+kept in this least-recently-used cache, at most ``capacity`` of them. A descriptor in use is
+pinned (:meth:`FdCache.use`) and never closed under its user, even when another thread evicts
+it (it is closed when the last user releases it), so a descriptor number is never reused while
+a ``pread`` or ``pwrite`` may still run on it.
+
+When ``open`` fails with ``EMFILE``/``ENFILE`` the cache closes every descriptor no one uses and
+tries once more; if that fails too the ``OSError`` is raised to the caller (one request fails,
+nothing else).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+
+_NO_DESCRIPTOR = (errno.EMFILE, errno.ENFILE)
+
+
+class _Entry:
+    __slots__ = ("evicted", "fd", "pins")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.pins = 0
+        self.evicted = False
+
+
+class FdCache:
+    """See the module docstring. Keys are ``(path, writable)``."""
+
+    def __init__(self, capacity: int = 64) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, not {capacity}")
+        self.capacity = capacity
+        self._entries: OrderedDict[tuple[str, bool], _Entry] = OrderedDict()
+        self._lock = threading.Lock()
+        self.opens = 0
+        self.evictions = 0
+        self.open_failures = 0  # EMFILE/ENFILE even after closing every unused descriptor
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @contextlib.contextmanager
+    def use(self, path: str, writable: bool, create: bool = False) -> Iterator[int | None]:
+        """A descriptor of ``path`` (read-write when ``writable``; created when ``create``),
+        pinned for the ``with`` block; None when the file does not exist (and not ``create``)."""
+        entry = self._acquire(path, writable, create)
+        if entry is None:
+            yield None
+            return
+        try:
+            yield entry.fd
+        finally:
+            self._release(entry)
+
+    def _acquire(self, path: str, writable: bool, create: bool) -> _Entry | None:
+        key = (path, writable)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                entry.pins += 1
+                return entry
+            flags = (os.O_RDWR | (os.O_CREAT if create else 0)) if writable else os.O_RDONLY
+            try:
+                fd = self._open(path, flags)
+            except FileNotFoundError:
+                return None
+            entry = _Entry(fd)
+            entry.pins = 1
+            self._entries[key] = entry
+            self.opens += 1
+            self._trim(self.capacity)
+            return entry
+
+    def _open(self, path: str, flags: int) -> int:
+        try:
+            return os.open(path, flags, 0o644)
+        except OSError as exc:
+            if exc.errno not in _NO_DESCRIPTOR:
+                raise
+        self._trim(0)  # close every descriptor no one uses, then try once more
+        try:
+            return os.open(path, flags, 0o644)
+        except OSError as exc:
+            if exc.errno in _NO_DESCRIPTOR:
+                self.open_failures += 1
+            raise
+
+    def _trim(self, keep: int) -> None:
+        """Close least recently used unpinned descriptors until at most ``keep`` are cached
+        (pinned ones are only marked: their last user closes them)."""
+        if len(self._entries) <= keep:
+            return
+        for key in list(self._entries):
+            if len(self._entries) <= keep:
+                break
+            entry = self._entries[key]
+            if entry.pins:
+                continue
+            del self._entries[key]
+            self.evictions += 1
+            os.close(entry.fd)
+
+    def _release(self, entry: _Entry) -> None:
+        with self._lock:
+            entry.pins -= 1
+            if entry.evicted and entry.pins == 0:
+                os.close(entry.fd)
+
+    def forget(self, path: str) -> None:
+        """Close the descriptors of ``path`` (before it is deleted or truncated away)."""
+        with self._lock:
+            for writable in (False, True):
+                self._drop((path, writable))
+
+    def forget_under(self, directory: str) -> int:
+        """Close the descriptors of every file in ``directory`` (a stopped recording's)."""
+        prefix = os.path.join(directory, "")
+        with self._lock:
+            keys = [k for k in self._entries if k[0].startswith(prefix)]
+            for key in keys:
+                self._drop(key)
+        return len(keys)
+
+    def _drop(self, key: tuple[str, bool]) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return
+        if entry.pins:
+            entry.evicted = True  # closed by its last user
+        else:
+            os.close(entry.fd)
+
+    def close(self) -> None:
+        with self._lock:
+            for key in list(self._entries):
+                self._drop(key)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "open_files": len(self._entries),
+            "open_files_capacity": self.capacity,
+            "file_opens": self.opens,
+            "file_evictions": self.evictions,
+            "file_open_failures": self.open_failures,
+        }
+
+
+__all__ = ["FdCache"]
