@@ -339,7 +339,7 @@ class MessageCodec:
             high = int(leaf.max_value)
             if (counts > high).any():
                 row = int(rows[int(np.argmax(counts > high))])
-                raise SbeEncodeError(f"column {name!r}, row {row}: at most {high} entries",
+                raise SbeEncodeError(f"column {name!r}, row {row}: expected at most {high} entries",
                                      column=name, row=row)
             entry_rows = np.repeat(rows, counts)
             matrix = self._encoders[id(g)].encode(entries, m, name + ".", entry_rows)
@@ -374,8 +374,8 @@ class MessageCodec:
                                          f"bytes, not {type(v).__name__}", column=name,
                                          row=int(rows[i]))
                 if len(raw) > d.max_length:
-                    raise SbeEncodeError(f"column {name!r}, row {int(rows[i])}: at most "
-                                         f"{d.max_length} bytes, not {len(raw)}", column=name,
+                    raise SbeEncodeError(f"column {name!r}, row {int(rows[i])}: expected at "
+                                         f"most {d.max_length} bytes, not {len(raw)}", column=name,
                                          row=int(rows[i]))
                 tails[i].append(pack(len(raw)) + raw)
         return [b"".join(t) for t in tails]

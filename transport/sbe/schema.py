@@ -157,7 +157,7 @@ class Schema:
                 return m
         known = ", ".join(f"{m.name} ({m.id})" for m in self.messages)
         raise UnknownMessageError(
-            f"the schema has no message {text!r} (it has {known})", message=text
+            f"the schema has no message {text!r} (it has {known})", name=text
         )
 
 
