@@ -212,7 +212,8 @@ def test_truncated_messages_raise_decode_errors() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.binary(max_size=120), min_size=1, max_size=5), st.sampled_from(["Tick", "Order"]))
+@given(st.lists(st.binary(max_size=120), min_size=1, max_size=5),
+       st.sampled_from(["Tick", "Order"]))
 def test_garbage_only_ever_raises_engine_errors(payloads: list[bytes], message: str) -> None:
     codec = sbe.load(V1, message)
     tick = payloads[0][:2] + struct.pack("<HH", codec.message.id, 901) + payloads[0][6:]
