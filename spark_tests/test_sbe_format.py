@@ -11,7 +11,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "transport" / "tests"))
 import sbe_values as sv  # noqa: E402
-
 from aeron_spark.connector.client import ClientSettings, StreamClient  # noqa: E402
 from aeron_spark.transport import sbe  # noqa: E402
 
