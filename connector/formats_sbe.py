@@ -40,11 +40,22 @@ log = logging.getLogger(__name__)
 OTHER_TEMPLATE_POLICIES = ("fail", "skip")
 ENUM_MODES = ("names", "raw")
 CHUNK_MESSAGES = 8192
+ROWS_PER_BATCH = 65536  # uniform blocks are gathered up to this many rows, then decoded
 
 _FRAME_DTYPE = np.dtype([
     ("length", "<i4"), ("version", "u1"), ("flags", "u1"), ("type", "<i2"), ("term_offset", "<i4"),
     ("session_id", "<i4"), ("stream_id", "<i4"), ("term_id", "<i4"), ("reserved_value", "<i8"),
 ])
+
+
+@dataclass
+class _Run:
+    """A uniform replay block: its payloads as rows of a matrix, and its frames' headers."""
+
+    payloads: np.ndarray
+    header: np.ndarray
+    positions: np.ndarray
+    timestamps_us: np.ndarray
 
 
 class OtherTemplateRecordError(BadRecordError):
@@ -152,16 +163,25 @@ class SbeBatches:
         partial: bytearray | None = None
         partial_position = 0
         chunk: list[Message] = []
+        runs: list[_Run] = []  # uniform blocks not decoded yet (decoded together)
         for block in blocks:
             if partial is None and self.codec.fixed:
-                fast = self._uniform(block, geometry)
-                if fast is not None:
+                run = self._uniform(block, geometry)
+                if run is not None:
                     if chunk:
                         yield from self._messages(chunk)
                         chunk = []
-                    if fast.num_rows:
-                        yield fast
+                    if runs and runs[0].payloads.shape[1] != run.payloads.shape[1]:
+                        yield from self._runs(runs)
+                        runs = []
+                    runs.append(run)
+                    if sum(len(r.payloads) for r in runs) >= ROWS_PER_BATCH:
+                        yield from self._runs(runs)
+                        runs = []
                     continue
+            if runs:
+                yield from self._runs(runs)
+                runs = []
             messages = _block_messages(
                 memoryview(block.data), block.timestamp_ns, partial, partial_position,
                 geometry.initial_term_id, geometry.shift, _HEADER.unpack_from,
@@ -177,6 +197,8 @@ class SbeBatches:
                     chunk = []
         if partial is not None:
             raise ControlProtocolError("the replayed range ends inside a fragmented message")
+        if runs:
+            yield from self._runs(runs)
         if chunk:
             yield from self._messages(chunk)
         if self.skipped:
@@ -184,8 +206,8 @@ class SbeBatches:
                         "(sbeOtherTemplates=skip)", self.recording_id, self.skipped,
                         self.codec.message.name)
 
-    def _uniform(self, block: ReplayBlock, geometry: Geometry) -> pa.RecordBatch | None:
-        """A block of equal-length unfragmented DATA frames, decoded as one matrix."""
+    def _uniform(self, block: ReplayBlock, geometry: Geometry) -> _Run | None:
+        """A block of equal-length unfragmented DATA frames, as a payload matrix (no copy)."""
         data = np.frombuffer(block.data, dtype=np.uint8)
         if len(data) < 32:
             return None
@@ -201,32 +223,41 @@ class SbeBatches:
         term = header["term_id"].astype(np.int64) - geometry.initial_term_id
         term = ((term + 2**31) % 2**32) - 2**31
         positions = (term << geometry.shift) + header["term_offset"]
+        return _Run(rows[:, 32:length], header, positions,
+                    np.full(len(rows), block.timestamp_ns // 1000, np.int64))
+
+    def _runs(self, runs: list[_Run]) -> Iterator[pa.RecordBatch]:
+        """Uniform blocks (of one message length) decoded as one matrix: no Python per message."""
+        payloads = np.concatenate([r.payloads for r in runs]) if len(runs) > 1 else \
+            np.ascontiguousarray(runs[0].payloads)
+        header = np.concatenate([r.header for r in runs])
+        positions = np.concatenate([r.positions for r in runs])
         try:
-            batch, others = self.codec.decode_matrix(rows[:, 32:length])
+            batch, others = self.codec.decode_matrix(payloads)
         except sbe.SbeDecodeError as exc:
             raise self._bad(exc, [int(p) for p in positions]) from None
         keep = None
         if len(others):
-            self._others(others, [int(p) for p in positions],
-                         lambda i: bytes(rows[i, 32:length]))
-            keep = np.ones(len(rows), bool)
+            self._others(others, [int(p) for p in positions], lambda i: bytes(payloads[i]))
+            keep = np.ones(len(payloads), bool)
             keep[others] = False
+        if not batch.num_rows:
+            return
         columns = list(batch.columns)
         if self.read.include_metadata:
             def pick(a: np.ndarray) -> np.ndarray:
                 return a if keep is None else a[keep]
 
-            n = batch.num_rows
             columns += [
                 pa.array(pick(header["stream_id"]), pa.int32()),
                 pa.array(pick(header["session_id"]), pa.int32()),
-                pa.array(np.full(n, self.recording_id, np.int64)),
+                pa.array(np.full(batch.num_rows, self.recording_id, np.int64)),
                 pa.array(pick(positions), pa.int64()),
-                pa.array(np.full(n, block.timestamp_ns // 1000, np.int64)).cast(
+                pa.array(pick(np.concatenate([r.timestamps_us for r in runs]))).cast(
                     pa.timestamp("us", tz="UTC")),
                 pa.array(pick(header["reserved_value"]), pa.int64()),
             ]
-        return self._out(columns)
+        yield self._out(columns)
 
     def _messages(self, messages: list[Message]) -> Iterator[pa.RecordBatch]:
         positions = [m.position for m in messages]

@@ -344,12 +344,13 @@ class BlockEncoder:
             raise _error(path, int(owner[np.argmax(values > 0x7F)]), rows, "US-ASCII text")
         if node.optional is False and len(values) and not values.all():
             pass  # an embedded NUL ends the string early; allowed, as SbeTool allows it
-        matrix = np.zeros((n, width), np.uint8)
-        if len(values):
-            owner = np.repeat(np.arange(n), lengths)
-            column = np.arange(len(values)) - np.repeat(offsets[:-1] - offsets[0], lengths)
-            matrix[owner, column] = values
-        return matrix
+        if not len(values):
+            return np.zeros((n, width), np.uint8)
+        # gather each row's first `width` bytes, zero past its length (no Python per row)
+        index = (offsets[:-1, None] - offsets[0]) + np.arange(width, dtype=np.int32)[None, :]
+        inside = np.arange(width)[None, :] < lengths[:, None]
+        np.minimum(index, len(values) - 1, out=index)
+        return np.where(inside, values[index], np.uint8(0))
 
     def _array_values(self, node: Node, arr: pa.Array, n: int, path: str,
                       rows: np.ndarray | None) -> np.ndarray:
