@@ -159,8 +159,8 @@ def main() -> int:
                  .option("checkpointLocation", ckpt).trigger(once=True).start())
             q.awaitTermination()
 
-        contenders = {"ceiling": ceiling, "rate": rate, "binary": aeron_binary, "arrow": aeron_arrow,
-                      "sbe": aeron_sbe, "sbe_arrow": aeron_sbe_arrow}
+        contenders = {"ceiling": ceiling, "rate": rate, "binary": aeron_binary,
+                      "arrow": aeron_arrow, "sbe": aeron_sbe, "sbe_arrow": aeron_sbe_arrow}
         for name, seconds in interleaved_best(contenders, args.repeats).items():
             result[f"{name}_rows_per_s"] = round(rows / seconds)
         result["arrow_messages"] = len(messages) * args.producers
@@ -171,7 +171,9 @@ def main() -> int:
     result["binary_to_ceiling_ratio"] = round(result["binary_rows_per_s"] / result["ceiling_rows_per_s"], 3)  # type: ignore[operator]
     result["arrow_to_ceiling_ratio"] = round(result["arrow_rows_per_s"] / result["ceiling_rows_per_s"], 3)  # type: ignore[operator]
     result["sbe_message_length"] = 103
-    result["sbe_to_arrow_ratio"] = round(result["sbe_rows_per_s"] / result["sbe_arrow_rows_per_s"], 3)  # type: ignore[operator]
+    result["sbe_to_arrow_ratio"] = round(
+        result["sbe_rows_per_s"] / result["sbe_arrow_rows_per_s"], 3  # type: ignore[operator]
+    )
     result["mode"] = "batch reads into noop (same read path as a micro-batch); rate via Trigger.Once"
     spark.stop()
     print(json.dumps(result))
