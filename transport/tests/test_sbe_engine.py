@@ -227,3 +227,35 @@ def test_errors_survive_pickling() -> None:
     err = sbe.SbeEncodeError("column 'x', row 2: expected y", column="x", row=2)
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is sbe.SbeEncodeError and back.row == 2 and back.column == "x"
+
+
+PADDED = """<sbe:messageSchema xmlns:sbe="http://fixprotocol.io/2016/sbe" id="5" version="{v}">
+  <types>
+    <composite name="messageHeader">
+      <type name="blockLength" primitiveType="uint16"/>
+      <type name="templateId" primitiveType="uint16"/>
+      <type name="schemaId" primitiveType="uint16"/>
+      <type name="version" primitiveType="uint16"/>
+    </composite>
+  </types>
+  <sbe:message name="M" id="1" blockLength="16">
+    <field name="a" id="1" type="int64"/>
+    {extra}
+  </sbe:message>
+</sbe:messageSchema>"""
+
+
+def test_fields_newer_than_the_message_are_null_inside_its_block() -> None:
+    """A v0 block padded to 16 bytes (blockLength) whose padding v1 uses for a new field: the v0
+    message's block is long enough, only its version says the field is not there."""
+    v0 = sbe.load(PADDED.format(v=0, extra=""), "M")
+    v1 = sbe.load(PADDED.format(v=1, extra='<field name="b" id="2" type="int64" '
+                                           'sinceVersion="1"/>'), "M")
+    (old,) = v0.encode(pa.RecordBatch.from_pylist([{"a": 7}], schema=v0.arrow_schema))
+    assert len(old) == 8 + 16
+    dirty = old[:16] + b"\xff" * 8  # whatever a v0 writer left in its padding
+    got, _ = v1.decode([dirty])
+    assert got.to_pylist() == [{"a": 7, "b": None}]
+    (new,) = v1.encode(pa.RecordBatch.from_pylist([{"a": 7, "b": 9}], schema=v1.arrow_schema))
+    assert v1.decode([new])[0].to_pylist() == [{"a": 7, "b": 9}]
+    assert v0.decode([new])[0].to_pylist() == [{"a": 7}]
