@@ -101,9 +101,9 @@ def parse_sbe_options(o: Mapping[str, str], fmt: str, sink: bool) -> SbeOptions 
     key = o.get("sbemessage", "").strip()
     if not key:
         if len(schema.messages) != 1:
-            names = ", ".join(f"{m.name} ({m.id})" for m in schema.messages)
+            listing = ", ".join(f"{m.name} ({m.id})" for m in schema.messages)
             raise ConfigurationError("sbeMessage", None, f"the message to read or write, by name "
-                                     f"or template id (the schema has {names})")
+                                     f"or template id (the schema has {listing})")
         key = schema.messages[0].name
     try:
         message = schema.message(key)

@@ -181,8 +181,7 @@ class MessageCodec:
         mine = (template == self.message.id) & (schema_id == self.schema.id)
         others = np.flatnonzero(~mine)
         if not self.fixed:
-            rows = [memoryview(r) for r in matrix[mine]]
-            batch, _ = self.decode([bytes(r) for r in rows])
+            batch, _ = self.decode([bytes(r) for r in matrix[mine]])
             return batch, others
         acting = col("blockLength")[mine]
         versions = col("version")[mine]
@@ -209,9 +208,9 @@ class MessageCodec:
                 sub.counts.append(-1)
                 continue
             unpack, names = self._dims[id(g)]
-            values = dict(zip(names, unpack.unpack_from(buf, pos), strict=True))
+            dim = dict(zip(names, unpack.unpack_from(buf, pos), strict=True))
             pos += g.dimension.size
-            gbl, count = values["blockLength"], values["numInGroup"]
+            gbl, count = dim["blockLength"], dim["numInGroup"]
             sub.counts.append(count)
             if g.fixed:
                 sub.runs.append((buf, pos, gbl, count, version))
@@ -350,8 +349,8 @@ class MessageCodec:
             dim = bytearray(g.dimension.size)
             for i in range(n):
                 count, s, e = int(counts[i]), int(starts[i]), int(starts[i + 1])
-                values = {"blockLength": g.block_length, "numInGroup": count}
-                unpack.pack_into(dim, 0, *(values[k] for k in names))
+                members = {"blockLength": g.block_length, "numInGroup": count}
+                unpack.pack_into(dim, 0, *(members[k] for k in names))
                 if sub is None:
                     tails[i].append(bytes(dim) + matrix[s:e].tobytes())
                 else:
@@ -360,9 +359,9 @@ class MessageCodec:
         for d in block.data:
             arr = columns.get(d.name)
             name = path + d.name
-            values = [None] * n if arr is None else arr.to_pylist()
+            items = [None] * n if arr is None else arr.to_pylist()
             pack = self._lengths[id(d)].pack
-            for i, v in enumerate(values):
+            for i, v in enumerate(items):
                 if v is None:
                     raw = b""
                 elif isinstance(v, str):

@@ -307,7 +307,8 @@ class _Parser:
             (v.get("name", ""), int(_number((v.text or "").strip(), prim))) for v in el
             if _local(v.tag) == "validValue"
         )
-        null = _number(el.get("nullValue"), prim) if el.get("nullValue") else PRIMITIVES[prim][2]
+        null_text = el.get("nullValue")
+        null = _number(null_text, prim) if null_text else PRIMITIVES[prim][2]
         presence = presence or el.get("presence", "required")
         const = None
         if presence == "constant":
