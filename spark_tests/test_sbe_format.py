@@ -133,3 +133,23 @@ def test_option_errors(spark, server) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(Exception, match="sbeSchema"):
         (spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 95)
          .option("format", "json").option("sbeSchema", V1).load().collect())
+
+
+def test_streaming_sbe_to_sbe(spark, server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """readStream format=sbe into writeStream format=sbe (exactly once through the sink)."""
+    codec = sbe.load(V1, "Order")
+    rows = sv.random_rows(codec.message, 200, seed=14)
+    payloads = codec.encode(pa.RecordBatch.from_pylist(rows, schema=codec.arrow_schema))
+    with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
+        client.publish(96, payloads)
+    query = (
+        spark.readStream.format("aeron").option("endpoint", server.endpoint)
+        .option("streamId", 96).option("format", "sbe").option("sbeSchema", V1)
+        .option("sbeMessage", "Order").option("maxMessagesPerTrigger", 70).load()
+        .writeStream.format("aeron").option("endpoint", server.endpoint).option("streamId", 97)
+        .option("format", "sbe").option("sbeSchema", V1).option("sbeMessage", "Order")
+        .option("sinkId", "sbe-stream").option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True).start()
+    )
+    assert query.awaitTermination(300) and query.exception() is None
+    assert published(server, 97) == payloads  # in order: one recording, one task per batch
