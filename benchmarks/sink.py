@@ -7,6 +7,10 @@ Spark's Python write path).
 Each figure is the best of ``--repeats`` runs (contenders taking turns, see ``_timing``) of one
 micro-batch (``rate-micro-batch`` with
 ``rowsPerBatch`` = rows, ``Trigger.Once``) after a warm-up run. Prints one JSON object.
+
+The ``sbe`` contender writes each row as a 103-byte SBE message (``benchmarks/sbe_message.py``:
+15 columns from the rate source's value, ``format=sbe``); ``sbe_arrow`` writes the same 15
+columns with ``format=arrow``: ``sbe_to_arrow_ratio`` is sbe / sbe_arrow.
 """
 
 from __future__ import annotations
@@ -80,12 +84,15 @@ def main() -> int:
             StreamServer(ServerConfig(directory=os.path.join(tmp, "s"), port=0)) as server:
         runs = 0
 
-        def run(fmt: str, **options: str) -> None:
+        from benchmarks import sbe_message
+
+        def run(fmt: str, select: list[str] | None = None, **options: str) -> None:
             nonlocal runs
             runs += 1
             df = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", args.rows)
                   .option("numPartitions", 2).load()
-                  .selectExpr(f"cast(rpad(cast(value as string), {ROW_LENGTH}, 'x') as binary) as value"))
+                  .selectExpr(*(select or [
+                      f"cast(rpad(cast(value as string), {ROW_LENGTH}, 'x') as binary) as value"])))
             writer = df.writeStream.format(fmt).option("checkpointLocation", os.path.join(tmp, f"ck{runs}"))
             for key, value in options.items():
                 writer = writer.option(key, value)
@@ -105,22 +112,34 @@ def main() -> int:
             # for context, not a target: lz4-compressed arrow (these padded rows compress well)
             "arrow_lz4": lambda: run("aeron", endpoint=ep, streamId="22", format="arrow",
                                      compression="lz4"),
+            "sbe": lambda: run("aeron", sbe_message.SELECT, endpoint=ep, streamId="23",
+                               format="sbe", sbeSchema=sbe_message.SCHEMA_XML, sbeMessage="Trade"),
+            "sbe_arrow": lambda: run("aeron", sbe_message.SELECT, endpoint=ep, streamId="24",
+                                     format="arrow"),
         }
         for name, seconds in interleaved_best(contenders, args.repeats).items():
             result[f"{name}_rows_per_s"] = round(args.rows / seconds)
         with StreamClient.connect(ClientSettings(endpoint=ep)) as client:
             binary = sum(r.recorded_position for r in client.list_recordings(stream_ids=[20]))
             arrow = sum(r.recorded_position for r in client.list_recordings(stream_ids=[21]))
+            sbe_bytes = sum(r.recorded_position for r in client.list_recordings(stream_ids=[23]))
         result["binary_bytes_committed"] = binary
+        result["sbe_bytes_committed"] = sbe_bytes
         result["arrow_bytes_committed"] = arrow
         runs_each = args.repeats + 1
         expected = runs_each * args.rows * (ROW_LENGTH + 32 + 12)  # aligned to 160 B frames
         if not expected <= binary <= expected + 4096 * runs_each:  # + per-commit framing
             raise RuntimeError(f"the sink committed {binary} bytes, expected {expected}")
+        if sbe_bytes < runs_each * args.rows * (103 + 32):  # 103-byte messages, 32-byte frames
+            raise RuntimeError(f"the sbe sink committed only {sbe_bytes} bytes")
         if arrow < runs_each * args.rows * ROW_LENGTH:
             raise RuntimeError(f"the arrow sink committed only {arrow} bytes")
     result["binary_to_ceiling_ratio"] = round(result["binary_rows_per_s"] / result["ceiling_rows_per_s"], 3)  # type: ignore[operator]
     result["arrow_to_ceiling_ratio"] = round(result["arrow_rows_per_s"] / result["ceiling_rows_per_s"], 3)  # type: ignore[operator]
+    result["sbe_message_length"] = 103
+    result["sbe_to_arrow_ratio"] = round(
+        result["sbe_rows_per_s"] / result["sbe_arrow_rows_per_s"], 3  # type: ignore[operator]
+    )
     spark.stop()
     print(json.dumps(result))
     return 0

@@ -7,6 +7,10 @@ of Spark's Python path) and (b) Spark's built-in rate source (``rate-micro-batch
 Prints one JSON object. Each figure is the best of ``--repeats`` timed runs after a warm-up run;
 the contenders take turns (one run each per round), so a slow spell of the machine hits all.
 The arrow figure reads the same rows published as Arrow IPC messages of about 60 KiB each.
+
+The ``sbe`` contender reads 103-byte SBE messages (``benchmarks/sbe_message.py``: 15 fields) as
+typed columns (``format=sbe``); ``sbe_arrow`` reads the same rows, the same 15 columns, published
+as Arrow IPC messages (``format=arrow``): ``sbe_to_arrow_ratio`` is sbe / sbe_arrow.
 """
 
 from __future__ import annotations
@@ -107,6 +111,34 @@ def main() -> int:
             with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
                 client.publish(11, messages)
 
+        # the SBE message, and the same rows as Arrow IPC messages (~60 KiB), one producer each
+        from benchmarks import sbe_message
+
+        sbe_table = sbe_message.table(rows)
+        sbe_payloads = sbe_message.codec().encode(sbe_table)
+        sbe_arrow = [m for b in sbe_table.to_batches(max_chunksize=65536)
+                     for m in encode_batches(b, 128 * 1024)]
+        for k in range(args.producers):  # as many recordings (partitions) as the others
+            with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
+                client.publish(12, sbe_payloads[k::args.producers])
+            with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
+                client.publish(13, sbe_arrow[k::args.producers])
+        del sbe_payloads
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        sbe_ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}"
+                            for f in from_arrow_schema(sbe_table.schema).fields)
+
+        def aeron_sbe() -> None:
+            (spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 12)
+             .option("format", "sbe").option("sbeSchema", sbe_message.SCHEMA_XML)
+             .option("sbeMessage", "Trade").load().write.format("noop").mode("overwrite").save())
+
+        def aeron_sbe_arrow() -> None:
+            (spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 13)
+             .option("format", "arrow").option("schema", sbe_ddl)
+             .load().write.format("noop").mode("overwrite").save())
+
         def aeron_binary() -> None:
             (spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 10)
              .load().write.format("noop").mode("overwrite").save())
@@ -127,7 +159,8 @@ def main() -> int:
                  .option("checkpointLocation", ckpt).trigger(once=True).start())
             q.awaitTermination()
 
-        contenders = {"ceiling": ceiling, "rate": rate, "binary": aeron_binary, "arrow": aeron_arrow}
+        contenders = {"ceiling": ceiling, "rate": rate, "binary": aeron_binary,
+                      "arrow": aeron_arrow, "sbe": aeron_sbe, "sbe_arrow": aeron_sbe_arrow}
         for name, seconds in interleaved_best(contenders, args.repeats).items():
             result[f"{name}_rows_per_s"] = round(rows / seconds)
         result["arrow_messages"] = len(messages) * args.producers
@@ -137,6 +170,10 @@ def main() -> int:
             result.update(measure_latency(spark, server.endpoint))
     result["binary_to_ceiling_ratio"] = round(result["binary_rows_per_s"] / result["ceiling_rows_per_s"], 3)  # type: ignore[operator]
     result["arrow_to_ceiling_ratio"] = round(result["arrow_rows_per_s"] / result["ceiling_rows_per_s"], 3)  # type: ignore[operator]
+    result["sbe_message_length"] = 103
+    result["sbe_to_arrow_ratio"] = round(
+        result["sbe_rows_per_s"] / result["sbe_arrow_rows_per_s"], 3  # type: ignore[operator]
+    )
     result["mode"] = "batch reads into noop (same read path as a micro-batch); rate via Trigger.Once"
     spark.stop()
     print(json.dumps(result))

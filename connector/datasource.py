@@ -68,7 +68,7 @@ class AeronDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         options = parse_sink_options(self.options)
-        check_sink_schema(schema, options.format)
+        check_sink_schema(schema, options.format, options.sbe)
         if overwrite:
             from aeron_spark.errors import ConfigurationError
 
@@ -81,7 +81,7 @@ class AeronDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         options = parse_sink_options(self.options)
-        check_sink_schema(schema, options.format)
+        check_sink_schema(schema, options.format, options.sbe)
         if options.channel is not None:
             from aeron_spark.connector.raw import RawStreamWriter
 

@@ -14,11 +14,12 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from aeron_spark.connector.client import ClientSettings
+from aeron_spark.connector.formats_sbe import SbeOptions, parse_sbe_options
 
 from aeron_spark.errors import ConfigurationError
 
-SOURCE_FORMATS = ("binary", "text", "arrow", "json", "msgpack")
-SINK_FORMATS = ("binary", "text", "arrow", "json", "msgpack")
+SOURCE_FORMATS = ("binary", "text", "arrow", "json", "msgpack", "sbe")
+SINK_FORMATS = ("binary", "text", "arrow", "json", "msgpack", "sbe")
 BAD_RECORD_POLICIES = ("fail", "drop", "column")
 
 # name (lower case) -> (canonical name, default text, meaning); the README's tables come from here.
@@ -56,8 +57,9 @@ SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
         "format",
         "binary",
         "binary (value column + metadata), text (value as string), arrow (each message an "
-        "Arrow IPC stream: its columns are the rows), json (each message one JSON object) or "
-        "msgpack (each message one map), decoded into `schema`",
+        "Arrow IPC stream: its columns are the rows), json (each message one JSON object), "
+        "msgpack (each message one map), decoded into `schema`, or sbe (each message one SBE "
+        "message of sbeMessage, typed by sbeSchema)",
     ),
     "schema": (
         "schema",
@@ -78,8 +80,25 @@ SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
     "includemetadata": (
         "includeMetadata",
         "false",
-        "json, msgpack: also give stream_id, session_id, recording_id, position, timestamp, "
+        "json, msgpack, sbe: also give stream_id, session_id, recording_id, position, timestamp, "
         "reserved_value",
+    ),
+    "sbeschema": (
+        "sbeSchema",
+        "(required with format=sbe)",
+        "format=sbe: the SBE message schema, a path to its XML file or the XML text",
+    ),
+    "sbemessage": (
+        "sbeMessage",
+        "(the schema's only message)",
+        "format=sbe: the message (template) to read, by name or template id",
+    ),
+    "sbeenums": ("sbeEnums", "names", "format=sbe: enum columns as names (string) or raw values"),
+    "sbeothertemplates": (
+        "sbeOtherTemplates",
+        "fail",
+        "format=sbe: a message of another template or schema: fail (naming its position and "
+        "template id) or skip (counted in the executor's log)",
     ),
     "maxmessagespertrigger": (
         "maxMessagesPerTrigger",
@@ -149,8 +168,14 @@ SINK_OPTIONS: dict[str, tuple[str, str, str]] = {
         "binary",
         "binary (a binary `value` column), text (a string `value` column), arrow (all "
         "columns; each task's Arrow batches become Arrow IPC messages of about 60 KiB), json "
-        "(each row one JSON object) or msgpack (each row one map)",
+        "(each row one JSON object), msgpack (each row one map) or sbe (each row one SBE message "
+        "of sbeMessage)",
     ),
+    "sbeschema": ("sbeSchema", "(required with format=sbe)",
+                  "format=sbe: the SBE message schema, a path to its XML file or the XML text"),
+    "sbemessage": ("sbeMessage", "(the schema's only message)",
+                   "format=sbe: the message (template) each row becomes, by name or template id"),
+    "sbeenums": ("sbeEnums", "names", "format=sbe: enum columns hold names (string) or raw values"),
     "compression": (
         "compression",
         "none",
@@ -289,6 +314,7 @@ class SourceOptions:
     read_on: str = "executors"  # streaming: executors (a session per task) or driver (prefetch)
     local_reads: bool = True  # read ranges from the server's files when this host sees them
     more_settings: tuple[ClientSettings, ...] = ()  # further servers (endpoint=a:1,b:2)
+    sbe: SbeOptions | None = None  # format=sbe
 
     @property
     def all_settings(self) -> tuple[ClientSettings, ...]:
@@ -305,6 +331,7 @@ class SinkOptions:
     channel: str | None = None  # raw mode: an Aeron channel URI
     compression: str | None = None  # format=arrow: lz4 or zstd
     local_writes: bool = True  # stage into the server's directory when this host can
+    sbe: SbeOptions | None = None  # format=sbe
 
     @property
     def commit_identity(self) -> str | None:
@@ -350,6 +377,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         read_on=_read_on(o),
         local_reads=_bool("localReads", o.get("localreads", "true")),
         more_settings=tuple(replace(settings, endpoint=e) for e in endpoints[1:]),
+        sbe=parse_sbe_options(o, fmt, sink=False),
     )
 
 
@@ -383,12 +411,12 @@ def _record_options(o: dict[str, str], fmt: str) -> dict[str, object]:
     if not column or "`" in column:
         raise ConfigurationError("corruptRecordColumn", column, "a column name without backticks")
     metadata = _bool("includeMetadata", o.get("includemetadata", "false"))
-    if metadata and fmt not in ("json", "msgpack"):
+    if metadata and fmt not in ("json", "msgpack", "sbe"):
         raise ConfigurationError("includeMetadata", "true", f"false with format={fmt} (binary "
                                  "and text always have the metadata columns; arrow has none)")
-    if "schema" in o and fmt in ("binary", "text"):
+    if "schema" in o and fmt in ("binary", "text", "sbe"):
         raise ConfigurationError("schema", o["schema"], f"no schema with format={fmt} (its "
-                                 "columns are fixed); use arrow, json or msgpack")
+                                 "columns are fixed, or sbeSchema's); use arrow, json or msgpack")
     return {"bad_records_policy": policy, "corrupt_record_column": column,
             "include_metadata": metadata}
 
@@ -442,4 +470,5 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         checkpoint_location=checkpoint, channel=channel,
         compression=None if compression == "none" else compression,
         local_writes=_bool("localWrites", o.get("localwrites", "true")),
+        sbe=parse_sbe_options(o, fmt, sink=True),
     )

@@ -54,7 +54,9 @@ def publish_rows(options: SinkOptions, iterator: Iterator[pa.RecordBatch]) -> Pu
                 f"{timeout_s:g} s (raw mode publishes only to a listening subscription)"
             )
         for batch in iterator:
-            payloads, reserved = sink_payloads(batch, options.format, options.compression)
+            payloads, reserved = sink_payloads(
+                batch, options.format, options.compression, options.sbe
+            )
             for i, payload in enumerate(payloads):
                 rv = reserved[i] if reserved is not None else 0
                 pub.offer_blocking(payload, reserved_value=rv, timeout_s=timeout_s)

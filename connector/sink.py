@@ -25,6 +25,8 @@ from aeron_spark.connector.client import pooled
 from aeron_spark.connector.formats import payloads_from_batch
 from aeron_spark.connector.formats_arrow import encode_batches
 from aeron_spark.connector.formats_records import RECORD_FORMATS, encode_rows
+from aeron_spark.connector.formats_sbe import SbeOptions, encode_task
+from aeron_spark.connector.formats_sbe import check_sink_schema as check_sbe_schema
 from aeron_spark.connector.options import SinkOptions
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
@@ -53,9 +55,11 @@ def _has_binary(t: DataType) -> bool:
 
 
 def sink_payloads(
-    batch: pa.RecordBatch, fmt: str, compression: str | None = None
+    batch: pa.RecordBatch, fmt: str, compression: str | None = None, sbe: SbeOptions | None = None
 ) -> tuple[list[bytes], list[int] | None]:
     """The messages of one sink batch in ``fmt`` (and reserved values, binary/text only)."""
+    if sbe is not None:
+        return encode_task([batch], sbe), None
     if fmt == "arrow":  # whole batches, no Python per row
         return list(encode_batches(batch, ARROW_MESSAGE_BYTES, compression)), None
     if fmt in RECORD_FORMATS:
@@ -63,9 +67,14 @@ def sink_payloads(
     return payloads_from_batch(batch, fmt)
 
 
-def check_sink_schema(schema: StructType, fmt: str) -> None:
+def check_sink_schema(schema: StructType, fmt: str, sbe: SbeOptions | None = None) -> None:
     """Fail before any task runs when the DataFrame does not fit the format."""
     names = [f.name for f in schema.fields]
+    if fmt == "sbe" and sbe is not None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        check_sbe_schema(to_arrow_schema(schema, timezone="UTC"), sbe)
+        return
     if fmt in ("arrow", *RECORD_FORMATS):
         if not names:
             raise ConfigurationError("schema", "struct<>", f"at least one column for format={fmt}")
@@ -123,6 +132,10 @@ def _stage(
         rv_queue: deque[int] = deque()
 
         def payloads() -> Iterator[bytes]:
+            if options.sbe is not None:  # every row checked before anything is staged
+                yield from encode_task(
+                    itertools.chain([] if first is None else [first], iterator), options.sbe)
+                return
             for batch in itertools.chain([] if first is None else [first], iterator):
                 values, rvs = sink_payloads(batch, options.format, options.compression)
                 if with_rv and rvs is not None:

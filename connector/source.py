@@ -43,6 +43,7 @@ from aeron_spark.connector.formats_records import (
     infer_schema,
     output_ddl,
 )
+from aeron_spark.connector.formats_sbe import SbeBatches, SbeRead, source_arrow_schema
 from aeron_spark.connector.options import SourceOptions
 from pyspark.sql.datasource import (
     DataSourceReader,
@@ -79,6 +80,7 @@ class RecordingRange(InputPartition):
     arrow_schema: bytes | None = None  # format=arrow: the serialized Arrow schema of the rows
     decoding: Decoding | None = None  # json, msgpack; text read past bad records
     local_reads: bool = True  # read from the server's files when this process sees them
+    sbe: SbeRead | None = None  # format=sbe
 
 
 def read_range(partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -96,6 +98,8 @@ def read_range(partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if partition.arrow_schema is not None:
             schema = pa.ipc.read_schema(pa.py_buffer(partition.arrow_schema))
             yield from formats_arrow.batches_from_blocks(blocks, geometry, schema)
+        elif partition.sbe is not None:
+            yield from SbeBatches(partition.sbe, partition.recording_id).batches(blocks, geometry)
         elif partition.decoding is not None:
             decoder = RecordDecoder(partition.decoding, partition.recording_id)
             yield from decoder.batches(blocks, geometry)
@@ -300,6 +304,9 @@ def format_fields(options: SourceOptions, schema: StructType | None) -> dict:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     arrow = to_arrow_schema(schema, timezone="UTC")
+    if fmt == "sbe" and options.sbe is not None:
+        return {"sbe": SbeRead(options.sbe, options.include_metadata,
+                               arrow.serialize().to_pybytes())}
     if fmt == "arrow":
         return {"arrow_schema": arrow.serialize().to_pybytes()}
     policy, column = options.bad_records_policy, options.corrupt_record_column
@@ -320,6 +327,8 @@ def source_schema(options: SourceOptions) -> str | StructType:
         return ddl
     if fmt == "arrow":
         return options.schema_ddl or from_arrow_schema(first_message_schema(options))
+    if fmt == "sbe" and options.sbe is not None:
+        return from_arrow_schema(source_arrow_schema(options.sbe, options.include_metadata))
     policy, column = options.bad_records_policy, options.corrupt_record_column
     if options.schema_ddl:
         return output_ddl(options.schema_ddl, policy, column, options.include_metadata)
