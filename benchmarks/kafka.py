@@ -245,50 +245,58 @@ def aeron_server() -> Iterator[dict[str, Any]]:
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _proc_table() -> dict[int, tuple[int, float]]:
-    """pid -> (ppid, CPU seconds of the process and its reaped children)."""
-    table: dict[int, tuple[int, float]] = {}
+def _proc_table() -> dict[int, tuple[int, str, float]]:
+    """pid -> (ppid, command name, CPU seconds of the process and its reaped children)."""
+    table: dict[int, tuple[int, str, float]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rpartition(")")[2].split()
+                head, _, tail = fh.read().rpartition(")")
         except OSError:
             continue
-        # after the command: state ppid ... utime(12) stime(13) cutime(14) cstime(15)
+        fields = tail.split()
+        # after the command: state ppid ... utime(11) stime(12) cutime(13) cstime(14)
         ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))
-        table[int(entry)] = (int(fields[1]), ticks / _TICK)
+        table[int(entry)] = (int(fields[1]), head.partition("(")[2], ticks / _TICK)
     return table
 
 
-def cpu_seconds(exclude: set[int]) -> float:
+def cpu_seconds(server: int, exclude: set[int]) -> dict[str, float]:
     """CPU seconds so far of this process and all its descendants, less the subtrees of
-    ``exclude`` (the server a contender does not use)."""
+    ``exclude`` (the server a contender does not use), by part: ``server`` (the subtree of
+    ``server``), ``spark_jvm`` (Java processes), ``python`` (the driver and Python workers)."""
     table = _proc_table()
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
+    for pid, (ppid, _, _) in table.items():
         children.setdefault(ppid, []).append(pid)
-    total, todo = 0.0, [os.getpid()]
+    parts = {"server": 0.0, "spark_jvm": 0.0, "python": 0.0}
+    todo = [(os.getpid(), False)]
     while todo:
-        pid = todo.pop()
+        pid, in_server = todo.pop()
         if pid in exclude or pid not in table:
             continue
-        total += table[pid][1]
-        todo.extend(children.get(pid, ()))
-    return total
+        in_server = in_server or pid == server
+        _, comm, seconds = table[pid]
+        part = "server" if in_server else "spark_jvm" if comm == "java" else "python"
+        parts[part] += seconds
+        todo.extend((child, in_server) for child in children.get(pid, ()))
+    return parts
 
 
 class Contender:
     """A timed run that also records the CPU seconds of each run (all processes it uses)."""
 
-    def __init__(self, run: Callable[[], None], exclude: set[int]) -> None:
-        self.run, self.exclude, self.cpu = run, exclude, []  # type: list[float]
+    def __init__(self, run: Callable[[], None], server: int, exclude: set[int]) -> None:
+        self.run, self.server, self.exclude = run, server, exclude
+        self.cpu: list[dict[str, float]] = []
 
     def __call__(self) -> None:
-        before = cpu_seconds(self.exclude)
+        before = cpu_seconds(self.server, self.exclude)
         self.run()
-        self.cpu.append(cpu_seconds(self.exclude) - before)
+        after = cpu_seconds(self.server, self.exclude)
+        self.cpu.append({k: after[k] - before[k] for k in after})
 
 
 # --- the contenders ----------------------------------------------------------------------------
@@ -396,23 +404,31 @@ def measure_throughput(spark: Any, kafka: dict, aeron: dict, args: argparse.Name
         arrow_bytes = sum(r.recorded_position for r in client.list_recordings(stream_ids=[11]))
     arrow_bytes_per_row = -(-arrow_bytes // rows)
     ep = aeron["endpoint"]
+    def on_kafka(run: Callable[[], None]) -> Contender:
+        return Contender(run, kafka["pid"], not_aeron)
+
+    def on_aeron(run: Callable[[], None]) -> Contender:
+        return Contender(run, aeron["pid"], not_kafka)
+
     contenders = {
-        "source_kafka": Contender(kafka_source, not_aeron),
-        "source_aeron_binary": Contender(aeron_source(10, "binary", True), not_kafka),
-        "source_aeron_binary_remote": Contender(aeron_source(10, "binary", False), not_kafka),
-        "source_aeron_arrow": Contender(aeron_source(11, "arrow", True), not_kafka),
-        "source_aeron_arrow_remote": Contender(aeron_source(11, "arrow", False), not_kafka),
-        "sink_kafka": Contender(sink("kafka", **{"kafka.bootstrap.servers": kafka["bootstrap"],
-                                                 "topic": "dst"}), not_aeron),
-        "sink_aeron_binary": Contender(sink("aeron", endpoint=ep, streamId="20"), not_kafka),
-        "sink_aeron_arrow": Contender(sink("aeron", endpoint=ep, streamId="21", format="arrow"),
-                                      not_kafka),
+        "source_kafka": on_kafka(kafka_source),
+        "source_aeron_binary": on_aeron(aeron_source(10, "binary", True)),
+        "source_aeron_binary_remote": on_aeron(aeron_source(10, "binary", False)),
+        "source_aeron_arrow": on_aeron(aeron_source(11, "arrow", True)),
+        "source_aeron_arrow_remote": on_aeron(aeron_source(11, "arrow", False)),
+        "sink_kafka": on_kafka(sink("kafka", **{"kafka.bootstrap.servers": kafka["bootstrap"],
+                                                "topic": "dst"})),
+        "sink_aeron_binary": on_aeron(sink("aeron", endpoint=ep, streamId="20")),
+        "sink_aeron_arrow": on_aeron(sink("aeron", endpoint=ep, streamId="21", format="arrow")),
     }
     best = interleaved_best(dict(contenders), args.repeats)
     for name, seconds in best.items():
         out[f"{name}_rows_per_s"] = round(rows / seconds)
         timed = contenders[name].cpu[1:]  # the warm-up run is not counted
-        out[f"{name}_cpu_s_per_million_rows"] = round(min(timed) / rows * 1e6, 2)
+        least = min(timed, key=lambda parts: sum(parts.values()))
+        out[f"{name}_cpu_s_per_million_rows"] = round(sum(least.values()) / rows * 1e6, 2)
+        out[f"{name}_cpu_parts_s_per_million_rows"] = {
+            k: round(v / rows * 1e6, 2) for k, v in least.items()}
     return out
 
 
@@ -579,7 +595,9 @@ def _session(master: str, package: str, name: str) -> Any:
     spark = (SparkSession.builder.master(master).appName(name)
              .config("spark.jars.packages", package)
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-             .config("spark.driver.memory", "2g").getOrCreate())
+             .config("spark.driver.memory", "2g")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.driver.host", "127.0.0.1").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     ensure_registered(spark)
     return spark
