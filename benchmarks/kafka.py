@@ -263,7 +263,7 @@ def _proc_table() -> dict[int, tuple[int, str, float]]:
     return table
 
 
-def cpu_seconds(server: int, exclude: set[int]) -> dict[str, float]:
+def cpu_seconds(server: int, exclude: set[int]) -> dict[int, tuple[str, float]]:
     """CPU seconds so far of this process and all its descendants, less the subtrees of
     ``exclude`` (the server a contender does not use), by part: ``server`` (the subtree of
     ``server``), ``spark_jvm`` (Java processes), ``python`` (the driver and Python workers)."""
@@ -271,7 +271,7 @@ def cpu_seconds(server: int, exclude: set[int]) -> dict[str, float]:
     children: dict[int, list[int]] = {}
     for pid, (ppid, _, _) in table.items():
         children.setdefault(ppid, []).append(pid)
-    parts = {"server": 0.0, "spark_jvm": 0.0, "python": 0.0}
+    parts: dict[int, tuple[str, float]] = {}
     todo = [(os.getpid(), False)]
     while todo:
         pid, in_server = todo.pop()
@@ -280,7 +280,7 @@ def cpu_seconds(server: int, exclude: set[int]) -> dict[str, float]:
         in_server = in_server or pid == server
         _, comm, seconds = table[pid]
         part = "server" if in_server else "spark_jvm" if comm == "java" else "python"
-        parts[part] += seconds
+        parts[pid] = (part, seconds)
         todo.extend((child, in_server) for child in children.get(pid, ()))
     return parts
 
@@ -296,7 +296,11 @@ class Contender:
         before = cpu_seconds(self.server, self.exclude)
         self.run()
         after = cpu_seconds(self.server, self.exclude)
-        self.cpu.append({k: after[k] - before[k] for k in after})
+        # per process: a process gone by the end (not reaped inside the tree) would subtract
+        parts = {"server": 0.0, "spark_jvm": 0.0, "python": 0.0}
+        for pid, (part, seconds) in after.items():
+            parts[part] += max(0.0, seconds - before.get(pid, (part, 0.0))[1])
+        self.cpu.append(parts)
 
 
 # --- the contenders ----------------------------------------------------------------------------
