@@ -59,8 +59,8 @@ def _leaves(fields: tuple[Node, ...]) -> list[Node]:
 # --- decode --------------------------------------------------------------------------------------
 
 
-class BlockDecoder:
-    """Decodes ``(n, block_length)`` byte matrices of one block layout into Arrow columns."""
+class _BlockLayout:
+    """One block layout: its fields, length, numpy dtype and each leaf field's column index."""
 
     def __init__(self, fields: tuple[Node, ...], block_length: int, order: str,
                  raw_enums: bool = False) -> None:
@@ -69,6 +69,10 @@ class BlockDecoder:
         self.dtype = block_dtype(fields, block_length, order)
         self.raw_enums = raw_enums
         self._index = {id(leaf): i for i, leaf in enumerate(_leaves(fields))}
+
+
+class BlockDecoder(_BlockLayout):
+    """Decodes ``(n, block_length)`` byte matrices of one block layout into Arrow columns."""
 
     def decode(self, matrix: np.ndarray, versions: np.ndarray,
                acting_lengths: np.ndarray) -> list[pa.Array]:
@@ -215,16 +219,8 @@ class BlockDecoder:
 # --- encode --------------------------------------------------------------------------------------
 
 
-class BlockEncoder:
+class BlockEncoder(_BlockLayout):
     """Fills ``(n, block_length)`` byte matrices from Arrow columns, checking every value fits."""
-
-    def __init__(self, fields: tuple[Node, ...], block_length: int, order: str,
-                 raw_enums: bool = False) -> None:
-        self.fields = fields
-        self.block_length = block_length
-        self.dtype = block_dtype(fields, block_length, order)
-        self.raw_enums = raw_enums
-        self._index = {id(leaf): i for i, leaf in enumerate(_leaves(fields))}
 
     def encode(self, columns: dict[str, pa.Array | None], n: int, path: str = "",
                rows: np.ndarray | None = None) -> np.ndarray:
