@@ -144,3 +144,20 @@ __all__ = [
     "make_message",
     "message_sizes",
 ]
+
+
+def recorded_payloads(frames: bytes, initial_term_id: int, term_length: int) -> list[bytes]:
+    """The messages (reassembled payloads) in a run of recorded frames, as a subscriber gets."""
+    from aeron_spark.transport import FragmentAssembler, Header  # not at import: no cycle
+    from aeron_spark.transport.protocol.term import read_term
+
+    out: list[bytes] = []
+    assembler = FragmentAssembler(lambda p, h: out.append(bytes(p)))
+    header = Header(initial_term_id, term_length.bit_length() - 1)
+    view = memoryview(frames)
+    offset = 0
+    while offset < len(view):
+        _, new = read_term(view, offset, assembler, 1 << 30, header, len(view))
+        assert new > offset, f"no frame read at offset {offset}"
+        offset = new
+    return out

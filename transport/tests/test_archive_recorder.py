@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler, Header
 from aeron_spark.transport.archive import (
     NotFrameBoundaryError,
@@ -17,20 +16,7 @@ from aeron_spark.transport.archive import (
     RecordingStore,
 )
 from aeron_spark.transport.protocol.term import read_term
-from aeron_spark.transport.testing import free_udp_port
-
-
-def _messages(frames: bytes, initial_term_id: int, term_length: int) -> list[bytes]:
-    out: list[bytes] = []
-    assembler = FragmentAssembler(lambda p, h: out.append(bytes(p)))
-    header = Header(initial_term_id, term_length.bit_length() - 1)
-    view = memoryview(frames)
-    offset = 0
-    while offset < len(view):
-        _, new = read_term(view, offset, assembler, 1 << 30, header, len(view))
-        assert new > offset
-        offset = new
-    return out
+from aeron_spark.transport.testing import free_udp_port, recorded_payloads
 
 
 def _read_all(rec, start: int, end: int) -> bytes:  # type: ignore[no-untyped-def]
@@ -75,7 +61,7 @@ def test_record_a_live_stream_and_replay_ranges_byte_for_byte(tmp_path: Path, me
         recorder.close()
     itid, term = rec.d.initial_term_id, rec.d.term_length
     everything = _read_all(rec, rec.d.start_position, rec.recorded_position)
-    assert _messages(everything, itid, term) == payloads
+    assert recorded_payloads(everything, itid, term) == payloads
     # Any message boundary is a valid start: find the 1000th message's.
     boundaries: list[int] = []
 
@@ -90,7 +76,7 @@ def test_record_a_live_stream_and_replay_ranges_byte_for_byte(tmp_path: Path, me
         _, offset = read_term(view, offset, _messages_positions, 1 << 30, header, len(view))
     middle = boundaries[999]
     tail = _read_all(rec, middle, rec.recorded_position)
-    assert _messages(tail, itid, term) == payloads[1000:]
+    assert recorded_payloads(tail, itid, term) == payloads[1000:]
     with pytest.raises(NotFrameBoundaryError) as info:
         rec.check_position(middle + 8, rec.recorded_position, "replay start")
     assert info.value.details
@@ -104,7 +90,6 @@ def test_record_a_live_stream_and_replay_ranges_byte_for_byte(tmp_path: Path, me
     reopened.purge(middle)
     with pytest.raises(PurgedError):
         reopened.check_position(reopened.d.start_position, reopened.recorded_position, "start")
-    assert _messages(_read_all(reopened, middle, reopened.recorded_position), itid, term) == (
-        payloads[1000:]
-    )
+    tail = _read_all(reopened, middle, reopened.recorded_position)
+    assert recorded_payloads(tail, itid, term) == payloads[1000:]
     again.close(time.time_ns())

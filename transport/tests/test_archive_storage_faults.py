@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler, Header
+from aeron_spark.transport import Driver, DriverConfig
 from aeron_spark.transport.archive import Recorder, Recording, RecordingStore
 from aeron_spark.transport.archive.recordings import Descriptor
 from aeron_spark.transport.archive.testing import (
@@ -20,7 +20,7 @@ from aeron_spark.transport.archive.testing import (
     open_fds,
     small_tmpfs,
 )
-from aeron_spark.transport.protocol.term import read_term
+from aeron_spark.transport.testing import recorded_payloads
 
 TERM = 1024 * 1024
 FRAME = 1024  # aligned DATA frames of 992 payload bytes
@@ -268,20 +268,9 @@ def test_a_recorder_on_a_full_disk_keeps_blocks_in_the_image_until_they_fit(tmp_
             got = read_all(rec, rec.recorded_position)
             pub.close()
             recorder.close()
-        assert _payloads(got, rec.d.initial_term_id, rec.d.term_length) == payloads
+        assert recorded_payloads(got, rec.d.initial_term_id, rec.d.term_length) == payloads
         store.close(0)
     finally:
         mount.__exit__(None, None, None)
 
 
-def _payloads(frames: bytes, initial_term_id: int, term_length: int) -> list[bytes]:
-    out: list[bytes] = []
-    assembler = FragmentAssembler(lambda p, h: out.append(bytes(p)))
-    header = Header(initial_term_id, term_length.bit_length() - 1)
-    view = memoryview(frames)
-    offset = 0
-    while offset < len(view):
-        _, new = read_term(view, offset, assembler, 1 << 30, header, len(view))
-        assert new > offset
-        offset = new
-    return out
