@@ -163,6 +163,10 @@ class _Attempt:
                         )
                 while inbox and details is None:
                     details = m.on_reply(inbox.popleft())
+                    retry = m.retry_hello
+                    if retry is not None:  # the server's COOKIE: say HELLO again with it
+                        m.retry_hello = None
+                        self._wait_until(lambda: hello_pub.offer(retry) > 0, None)
             hello_pub.close()
             replies.close()
             rcv_wnd = self.config.receiver_window_length or details.term_length // 2
