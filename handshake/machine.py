@@ -539,7 +539,7 @@ class ServerCore:
             hello.connect_key.to_bytes(8, "big"),
             hello.public_key,
             bytes([hello.encryption]),
-            epoch.to_bytes(8, "big"),
+            epoch.to_bytes(8, "big", signed=True),
         ):
             mac.update(len(part).to_bytes(2, "big") + part)
         return mac.digest()[: m.COOKIE_LENGTH]
@@ -561,18 +561,20 @@ class ServerCore:
         rate = self.config.hellos_per_prefix_per_s
         table = self._hello_rate
         tokens, at = table.get(prefix, (rate, now_ns))
-        tokens = min(rate, tokens + (now_ns - at) * rate / 1e9)
+        tokens = min(rate, tokens + max(now_ns - at, 0) * rate / 1e9)
         if tokens < 1.0:
-            table[prefix] = (tokens, now_ns)
+            table[prefix] = (tokens, max(now_ns, at))
             return False
         if prefix not in table and len(table) >= _RATE_TABLE_LIMIT:
             # Forget the prefixes whose bucket has refilled (they are as if never seen).
-            full = [k for k, (t, a) in table.items() if t + (now_ns - a) * rate / 1e9 >= rate]
+            full = [
+                k for k, (t, a) in table.items() if t + max(now_ns - a, 0) * rate / 1e9 >= rate
+            ]
             for key in full:
                 del table[key]
             if len(table) >= _RATE_TABLE_LIMIT:
                 return False
-        table[prefix] = (tokens - 1.0, now_ns)
+        table[prefix] = (tokens - 1.0, max(now_ns, at))
         return True
 
     def _admission(
