@@ -159,11 +159,11 @@ class Connection:
         if self._opener is not None:
             try:
                 frame = self._opener.open(payload)
-            except RemoteProtocolError as exc:
+            except RemoteProtocolError as failure:
                 self.frames_dropped += 1
-                self.close_reason = f"a sealed frame failed authentication ({exc})"
+                self.close_reason = f"a sealed frame failed authentication ({failure})"
                 error = ConnectionClosedError(self._closed_text())
-                error.__cause__ = exc
+                error.__cause__ = failure
                 if self.on_error is not None:
                     self.on_error(self, error)
                 else:
