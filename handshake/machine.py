@@ -8,9 +8,16 @@ machine ends in ``FAILED`` (client) or ``CLOSED`` (server session) and frees wha
 Client::
 
     IDLE --start--> JOINING --channels_ready/send HELLO--> HELLO_SENT
+    HELLO_SENT --COOKIE (at most MAX_COOKIES)/send HELLO with it--> HELLO_SENT
     HELLO_SENT --WELCOME ok--> OPENING --pair_ready/send DONE--> DONE_SENT --CONFIRM ok--> CONNECTED
     CONNECTED --close / peer close / transport lost--> CLOSED
     any unfinished --REFUSE / bad WELCOME / timeout / transport lost--> FAILED
+
+Server admission (:class:`ServerCore`, stateless until the cookie is valid): a HELLO is rate
+limited per /24 or /64, checked against deny/allow and the version, answered with a COOKIE unless
+it carries a valid one for its source address and port, then checked against the stateful limits
+(connect key in use, total, per address, pending per /24 or /64, pending) and only then given ids
+and keys. Every address is normalised first (``::ffff:a.b.c.d`` is ``a.b.c.d``).
 
 Server session::
 

@@ -8,7 +8,9 @@ Channels (UDP; ``H`` = host, ``P`` = port, ``C`` = control port, default ``P + 1
     us -> client    publication   aeron:udp?control=H:C|control-mode=dynamic|session-id=<secret>
 
 Every client joins the reply publication in dynamic control mode (so replies reach clients behind
-NAT) and picks out the replies addressed to its connect key. Each session's subscription only
+NAT) and picks out the replies addressed to its connect key. A HELLO without a valid cookie gets a
+COOKIE and allocates nothing; the client says HELLO again with it on the same publication (so
+from the same address and port), and only that HELLO is admitted. Each session's subscription only
 accepts the secret session id, so a stranger's publication on that stream is ignored by the
 transport. All of a server's subscriptions share the one socket on ``P`` and all its publications
 the one on ``C``.
