@@ -393,6 +393,21 @@ def normalise_address(address: str) -> str:
     return str(ip)
 
 
+def _mapped_as_ipv4(networks: tuple) -> tuple:
+    """Ranges written as IPv4-mapped IPv6 (``::ffff:10.0.0.0/104``) as the IPv4 ranges they are,
+    since the addresses they are matched against are normalised (:func:`normalise_address`)."""
+    import ipaddress
+
+    mapped = ipaddress.ip_network("::ffff:0:0/96")
+    out = []
+    for net in networks:
+        if net.version == 6 and net.subnet_of(mapped):
+            v4 = net.network_address.ipv4_mapped
+            net = ipaddress.ip_network(f"{v4}/{net.prefixlen - 96}")
+        out.append(net)
+    return tuple(out)
+
+
 def address_prefix(address: str) -> str:
     """The network an address is accounted in: its /24 (IPv4) or /64 (IPv6)."""
     import ipaddress
@@ -422,8 +437,8 @@ class ServerCore:
         self.config = config
         self.static_key = static_key
         self.static_public = public_bytes(static_key)
-        self._allow = _networks("allow", config.allow)
-        self._deny = _networks("deny", config.deny)
+        self._allow = _mapped_as_ipv4(_networks("allow", config.allow))
+        self._deny = _mapped_as_ipv4(_networks("deny", config.deny))
         self._rng = rng
         self.sessions: set[ServerSession] = set()
         self.pending = 0

@@ -58,6 +58,13 @@ def test_ipv4_mapped_addresses_are_checked_against_ipv4_ranges_and_limits() -> N
     session = _admit(core, "::ffff:10.1.2.3", _client())
     assert session.address == "10.1.2.3"  # one key for the mapped and the plain form
     assert core.per_address["10.1.2.3"] == 1
+    # A range written in the mapped form matches the plain IPv4 address as well.
+    mapped_deny = ServerCore(
+        ServerConfig(host="::", deny=("::ffff:10.6.0.0/112",)), X25519PrivateKey.generate()
+    )
+    assert not mapped_deny.address_allowed("10.6.1.2")
+    assert not mapped_deny.address_allowed("::ffff:10.6.1.2")
+    assert mapped_deny.address_allowed("10.7.1.2")
 
 
 def _dual_stack() -> bool:
