@@ -195,3 +195,24 @@ def test_every_client_in_the_repository_goes_through_the_cookie(make_server, mak
     conn.close()
     stats = server.stats()
     assert stats["cookies_sent"] == 1 and stats["cookies_bad"] == 0 and stats["connected"] == 1
+
+
+def test_a_client_answers_a_few_cookies_then_ignores_them() -> None:
+    # A stale cookie gets a fresh COOKIE; a client answers at most MAX_COOKIES of them, so
+    # somebody who keeps sending it COOKIEs cannot keep it saying HELLO (it times out instead).
+    from aeron_spark.handshake.machine import MAX_COOKIES
+
+    client = _client()
+    first = client.hello()
+    for i in range(MAX_COOKIES + 2):
+        assert client.on_reply(m.Cookie(client.connect_key, bytes([i]) * 16).encode()) is None
+        if i < MAX_COOKIES:
+            retry = m.decode_message(client.retry_hello)
+            assert isinstance(retry, m.Hello) and retry.cookie == bytes([i]) * 16
+            assert client._hello == client.retry_hello != first
+            client.retry_hello = None
+        else:
+            assert client.retry_hello is None
+    assert client.cookies == MAX_COOKIES and client.ignored_replies == 2
+    other = m.Cookie(client.connect_key + 1, b"\0" * 16).encode()
+    assert client.on_reply(other) is None and client.ignored_replies == 3
