@@ -17,6 +17,7 @@ from aeron_spark.handshake.crypto import SealCounters, fingerprint
 from aeron_spark.handshake.errors import (
     AddressDeniedError,
     ConnectionClosedError,
+    EncryptionRequiredError,
     ErrorCode,
     HandshakeError,
     HandshakeRefusedError,
@@ -41,6 +42,7 @@ __all__ = [
     "ClientConfig",
     "Connection",
     "ConnectionClosedError",
+    "EncryptionRequiredError",
     "ErrorCode",
     "HandshakeError",
     "HandshakeRefusedError",

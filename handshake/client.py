@@ -163,6 +163,9 @@ class _Attempt:
                         )
                 while inbox and details is None:
                     details = m.on_reply(inbox.popleft())
+                    if m.retry_hello is not None:  # the server's COOKIE: say HELLO again
+                        self._say_again(hello_pub, m.retry_hello)
+                        m.retry_hello = None
             hello_pub.close()
             replies.close()
             rcv_wnd = self.config.receiver_window_length or details.term_length // 2
@@ -210,6 +213,9 @@ class _Attempt:
         for frame in frames:
             conn._on_fragment(memoryview(frame), None)
         return conn
+
+    def _say_again(self, hello_pub: Any, hello: bytes) -> None:
+        self._wait_until(lambda: hello_pub.offer(hello) > 0, None)
 
     def _close_all(self) -> None:
         for resource in self.opened:

@@ -55,7 +55,13 @@ class ServerConfig:
     one). ``control_port``: where clients join the server's replies and session publications in
     dynamic control mode (None: ``port + 1``). ``encryption``: seal sessions (a session is sealed
     when either side asks). Limits: ``max_clients`` (connected + pending), ``max_per_address``
-    (connected + pending from one IP address), ``max_pending`` (handshakes in flight).
+    (connected + pending from one IP address), ``max_pending`` (handshakes in flight),
+    ``max_pending_per_prefix`` (handshakes in flight from one /24 IPv4 or /64 IPv6 network: far
+    below ``max_pending``, so one host or one network cannot fill the server's pending slots),
+    ``hellos_per_prefix_per_s`` (HELLOs one /24 or /64 may have answered per second, with a burst
+    of as many; past it they are dropped unanswered and counted). A HELLO is answered with a
+    stateless COOKIE first and allocates nothing until the client echoes it (see
+    :mod:`.messages`).
     ``allow``/``deny``: addresses or CIDR ranges, checked before anything is allocated (deny wins;
     an empty allow list allows all). ``session_term_length``/``session_mtu`` (None: 65504 on
     loopback, else 1408, which fits a 1,500-byte Ethernet path) and ``receiver_window_length``
@@ -71,6 +77,8 @@ class ServerConfig:
     max_clients: int = 1024
     max_per_address: int = 64
     max_pending: int = 256
+    max_pending_per_prefix: int = 32
+    hellos_per_prefix_per_s: float = 1000.0
     handshake_timeout_ns: int = 10_000_000_000
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
@@ -86,7 +94,14 @@ class ServerConfig:
         _check_port("control_port", self.control_port, allow_none=True)
         if self.control_port is not None and self.control_port == self.port != 0:
             raise ConfigurationError("control_port", self.control_port, "a port other than port")
-        for name in ("max_clients", "max_per_address", "max_pending", "handshake_timeout_ns"):
+        for name in (
+            "max_clients",
+            "max_per_address",
+            "max_pending",
+            "max_pending_per_prefix",
+            "hellos_per_prefix_per_s",
+            "handshake_timeout_ns",
+        ):
             _check_positive(name, getattr(self, name))
         _networks("allow", self.allow)
         _networks("deny", self.deny)

@@ -4,9 +4,12 @@ Not thread-safe, like Aeron's Publication/Subscription it wraps: one thread send
 pings (a server may poll many connections from its one loop thread). Session frames are a kind byte
 and a body (see :mod:`.messages`); sealed sessions wrap each frame with :class:`~.crypto.Sealer`.
 
-Invariants: messages are delivered whole, in order, once; a frame that fails to open is dropped and
-counted (``counters``) and reported to ``on_error``, never delivered; once ``is_connected`` is False
-it stays False, and the connection frees its publication and subscription on ``close``.
+Invariants: messages are delivered whole, in order, once; a sealed frame that fails to open
+(tampered, replayed or out of order: an injected frame) is counted (``seal_counters``), reported to
+``on_error``, never delivered, and ends the session: nothing after it is delivered, the connection
+closes (``is_connected`` False, ``close_reason`` and later errors say why), since a sealed stream
+cannot resynchronise past a substituted frame; once ``is_connected`` is False it stays False, and
+the connection frees its publication and subscription on ``close``.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class Connection:
         self._closed = False
         self._peer_closed = False
         self._lost_reported = False
+        self.close_reason: str | None = None  # why we closed it ourselves (e.g. a forged frame)
         self.messages_sent = 0
         self.messages_received = 0
         self.frames_dropped = 0
@@ -73,7 +77,7 @@ class Connection:
 
     @property
     def is_connected(self) -> bool:
-        if self._closed or self._peer_closed:
+        if self._closed or self._peer_closed or self.close_reason is not None:
             return False
         pub, sub = self.publication, self.subscription
         if pub.is_closed or sub.is_closed or not sub.images:
@@ -101,8 +105,8 @@ class Connection:
         return self._offer(_DATA, message)
 
     def _offer(self, kind: bytes, body: bytes | bytearray | memoryview) -> bool:
-        if self._closed:
-            raise ConnectionClosedError(f"the connection to {self.peer} is closed")
+        if self._closed or self.close_reason is not None:
+            raise ConnectionClosedError(self._closed_text())
         if len(body) > self.max_message_length:
             raise ValueError(
                 f"message of {len(body)} bytes is longer than {self.max_message_length}"
@@ -143,16 +147,27 @@ class Connection:
 
     # ---------------------------------------------------------------- receiving
 
+    def _closed_text(self) -> str:
+        if self.close_reason is not None:
+            return f"the connection to {self.peer} was closed: {self.close_reason}"
+        return f"the connection to {self.peer} is closed"
+
     def _on_fragment(self, payload: memoryview, header: object) -> None:
+        if self.close_reason is not None:
+            self.frames_dropped += 1  # after a forged frame nothing more is trusted
+            return
         if self._opener is not None:
             try:
                 frame = self._opener.open(payload)
-            except RemoteProtocolError as exc:
+            except RemoteProtocolError as failure:
                 self.frames_dropped += 1
+                self.close_reason = f"a sealed frame failed authentication ({failure})"
+                error = ConnectionClosedError(self._closed_text())
+                error.__cause__ = failure
                 if self.on_error is not None:
-                    self.on_error(self, exc)
+                    self.on_error(self, error)
                 else:
-                    log.warning("session %s: dropped a frame: %s", self.peer, exc)
+                    log.warning("session %s: %s", self.peer, error)
                 return
         else:
             frame = bytes(payload)
@@ -184,12 +199,16 @@ class Connection:
         if self._closed:
             return 0
         count = self.subscription.poll(self._assembler, fragment_limit)
+        if self.close_reason is not None:
+            self._check_lost()
+            self.close()  # after the poll: never free the subscription from inside it
+            return count
         if count == 0:
             self._check_lost()
         return count
 
     def receive_nowait(self) -> bytes | None:
-        if not self._inbox:
+        if not self._inbox and not self._closed:
             self.poll_frames()
             if not self._inbox:
                 return None
@@ -253,7 +272,11 @@ class Connection:
             return
         try:
             if not self._peer_closed and self.publication.is_connected:
-                self._offer(_CLOSE, b"")
+                reason, self.close_reason = self.close_reason, None
+                try:
+                    self._offer(_CLOSE, b"")  # tell the peer, even after a forged frame
+                finally:
+                    self.close_reason = reason
         except (HandshakeError, TransportError, ValueError):
             pass
         self._closed = True

@@ -24,6 +24,7 @@ class ErrorCode(enum.IntEnum):
     KEY_REFUSED = 7
     HANDSHAKE_TIMEOUT = 8
     SHUTTING_DOWN = 9
+    ENCRYPTION_REQUIRED = 10
 
 
 class HandshakeError(AeronSparkError):
@@ -97,6 +98,17 @@ class KeyRefusedError(HandshakeRefusedError):
     code = ErrorCode.KEY_REFUSED
 
 
+class EncryptionRequiredError(HandshakeRefusedError):
+    """We asked for a sealed session and the server offered an unsealed one: refused by us."""
+
+    code = ErrorCode.ENCRYPTION_REQUIRED
+
+    def __init__(self, detail: str, endpoint: str = "") -> None:
+        super().__init__(detail, endpoint)
+        where = f" at {endpoint}" if endpoint else ""
+        self.args = (f"refused the server{where} (ENCRYPTION_REQUIRED): {detail}",)
+
+
 class ConnectionClosedError(HandshakeError):
     """The connection is closed (by us, by the peer, or because the transport lost the peer)."""
 
@@ -117,6 +129,7 @@ REFUSALS: dict[ErrorCode, type[HandshakeRefusedError]] = {
         KeyRefusedError,
         HandshakeTimeoutError,
         ShuttingDownError,
+        EncryptionRequiredError,
     )
 }
 
@@ -135,6 +148,7 @@ __all__ = [
     "REFUSALS",
     "AddressDeniedError",
     "ConnectionClosedError",
+    "EncryptionRequiredError",
     "ErrorCode",
     "HandshakeError",
     "HandshakeRefusedError",

@@ -8,15 +8,23 @@ Layout of a key store directory (created with mode 0700, files 0600)::
 Clients trust a server key on first use and refuse a *changed* key with an error that says how to
 accept it deliberately (``KeyStore.forget(endpoint)``, ``aeron-spark keys forget ENDPOINT``, or
 deleting the line). Writers take an exclusive ``flock`` so concurrent Spark tasks on one host do
-not lose each other's lines. A file readable by group or others is refused, not silently used.
+not lose each other's lines.
+
+Nothing is trusted that another local user could have prepared: the directory must be a real
+directory (not a symbolic link) owned by us with mode 0700 (a pre-created one that is not is
+refused, not repaired); every file is opened with ``O_NOFOLLOW`` and must be ours and not
+accessible by group or others; files are replaced through a fresh ``mkstemp`` file
+(``O_CREAT|O_EXCL|O_NOFOLLOW``, random name) renamed over the old one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import stat
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,9 +57,9 @@ class KeyStore:
         """The server's private key, created (0600) on first use."""
         path = self.directory / SERVER_KEY_FILE
         with self._locked():
-            if path.exists():
-                self._check_private(path)
-                text = path.read_text().strip()
+            text = self._read_private(path)
+            if text is not None:
+                text = text.strip()
                 try:
                     return X25519PrivateKey.from_private_bytes(bytes.fromhex(text))
                 except ValueError as exc:
@@ -65,11 +73,12 @@ class KeyStore:
 
     def known_servers(self) -> dict[str, bytes]:
         path = self.directory / KNOWN_SERVERS_FILE
-        if not path.exists():
+        self._check_directory()
+        text = self._read_private(path)
+        if text is None:
             return {}
-        self._check_private(path)
         known: dict[str, bytes] = {}
-        for number, line in enumerate(path.read_text().splitlines(), 1):
+        for number, line in enumerate(text.splitlines(), 1):
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
@@ -143,34 +152,105 @@ class KeyStore:
 
     def _append_known(self, endpoint: str, public_key: bytes) -> None:
         path = self.directory / KNOWN_SERVERS_FILE
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = self._open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         with os.fdopen(fd, "a") as fh:
             fh.write(f"{endpoint} {public_key.hex()}\n")
             fh.flush()
             os.fsync(fh.fileno())
 
     def _write_private(self, path: Path, text: str) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        # mkstemp: O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600, an unpredictable name in our directory
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".new", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
-    def _check_private(self, path: Path) -> None:
-        mode = path.stat().st_mode
+    def _open_private(self, path: Path, flags: int) -> int:
+        """``path`` opened without following a symbolic link, checked to be ours and private."""
+        try:
+            fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise KeyStoreError(
+                    f"{path} is a symbolic link; the key store does not follow links "
+                    "(replace it with the file itself)"
+                ) from exc
+            raise
+        try:
+            self._check_private(path, os.fstat(fd))
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _read_private(self, path: Path) -> str | None:
+        """The text of a private file, None if there is none."""
+        try:
+            fd = self._open_private(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise KeyStoreError(f"cannot read {path}: {exc}") from exc
+        with os.fdopen(fd, "r") as fh:
+            return fh.read()
+
+    def _check_private(self, path: Path, st: os.stat_result | None = None) -> None:
+        st = st if st is not None else os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise KeyStoreError(f"{path} is not a regular file")
+        if st.st_uid != os.geteuid():
+            raise KeyStoreError(
+                f"{path} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()}); "
+                "another user could have written it: remove it"
+            )
+        mode = st.st_mode
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise KeyStoreError(
                 f"{path} is accessible by group or others (mode {stat.S_IMODE(mode):o}); "
                 f"run 'chmod 600 {path}'"
             )
 
+    def _check_directory(self) -> None:
+        """The directory, if it exists, must be a real directory of ours with mode 0700."""
+        directory = self.directory
+        try:
+            st = os.lstat(directory)
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            raise KeyStoreError(
+                f"key store {directory} is a symbolic link; the key store does not follow links "
+                "(point --key-store at the directory itself)"
+            )
+        if not stat.S_ISDIR(st.st_mode):
+            raise KeyStoreError(f"key store {directory} is not a directory")
+        if st.st_uid != os.geteuid():
+            raise KeyStoreError(
+                f"key store {directory} is owned by uid {st.st_uid}, not by this user "
+                f"(uid {os.geteuid()}); another user could read or replace its keys: use a "
+                "directory of your own"
+            )
+        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise KeyStoreError(
+                f"key store {directory} is accessible by group or others (mode "
+                f"{stat.S_IMODE(st.st_mode):o}); run 'chmod 700 {directory}'"
+            )
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         try:
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(self.directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+            self.directory.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(self.directory, 0o700)
+            self._check_directory()
+            fd = self._open_private(self.directory / ".lock", os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             raise KeyStoreError(f"cannot use key store {self.directory}: {exc}") from exc
         try:

@@ -8,9 +8,16 @@ machine ends in ``FAILED`` (client) or ``CLOSED`` (server session) and frees wha
 Client::
 
     IDLE --start--> JOINING --channels_ready/send HELLO--> HELLO_SENT
+    HELLO_SENT --COOKIE (at most MAX_COOKIES)/send HELLO with it--> HELLO_SENT
     HELLO_SENT --WELCOME ok--> OPENING --pair_ready/send DONE--> DONE_SENT --CONFIRM ok--> CONNECTED
     CONNECTED --close / peer close / transport lost--> CLOSED
     any unfinished --REFUSE / bad WELCOME / timeout / transport lost--> FAILED
+
+Server admission (:class:`ServerCore`, stateless until the cookie is valid): a HELLO is rate
+limited per /24 or /64, checked against deny/allow and the version, answered with a COOKIE unless
+it carries a valid one for its source address and port, then checked against the stateful limits
+(connect key in use, total, per address, pending per /24 or /64, pending) and only then given ids
+and keys. Every address is normalised first (``::ffff:a.b.c.d`` is ``a.b.c.d``).
 
 Server session::
 
@@ -21,6 +28,8 @@ Server session::
 from __future__ import annotations
 
 import enum
+import hashlib
+import hmac
 import secrets
 from collections import Counter
 from collections.abc import Callable
@@ -30,6 +39,7 @@ from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.config import ServerConfig, _networks
 from aeron_spark.handshake.crypto import SessionKeys, client_keys, public_bytes, server_keys
 from aeron_spark.handshake.errors import (
+    EncryptionRequiredError,
     ErrorCode,
     HandshakeError,
     HandshakeTimeoutError,
@@ -43,6 +53,9 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 RESERVED_SESSION_ID_LOW = -1
 RESERVED_SESSION_ID_HIGH = 1000
 MIN_SESSION_STREAM_ID = 0x10000
+MAX_COOKIES = 3  # COOKIEs a client answers in one handshake (a stale one gets a fresh one)
+COOKIE_PERIOD_NS = 10_000_000_000  # a cookie is valid for 10-20 s
+_RATE_TABLE_LIMIT = 65536  # prefixes whose HELLO rate is tracked at once
 
 
 class ClientState(enum.Enum):
@@ -169,6 +182,8 @@ class ClientHandshake:
         self.connect_key = secrets.randbelow(m.MAX_CONNECT_KEY) + 1
         self._ephemeral = X25519PrivateKey.generate()
         self._hello = b""
+        self.retry_hello: bytes | None = None  # a HELLO with the server's cookie, to send
+        self.cookies = 0
         self.keys: SessionKeys | None = None
         self.details: m.SessionDetails | None = None
         self.server_key: bytes | None = None
@@ -195,17 +210,37 @@ class ClientHandshake:
         return self._hello
 
     def on_reply(self, data: bytes) -> m.SessionDetails | None:
-        """Handle one reply-channel message: None if it is not for us (or not yet decisive)."""
+        """Handle one reply-channel message: None if it is not for us (or not yet decisive).
+
+        A COOKIE for us sets :attr:`retry_hello`, the HELLO to send again (the I/O layer sends
+        it and sets the attribute back to None); later messages are answers to that HELLO.
+        """
         try:
             message = m.decode_message(data)
         except RemoteProtocolError:
             self.ignored_replies += 1  # another client's business or garbage: not ours to fail on
             return None
-        if not isinstance(message, m.Welcome | m.Refuse) or message.connect_key != self.connect_key:
+        if (
+            not isinstance(message, m.Welcome | m.Refuse | m.Cookie)
+            or message.connect_key != self.connect_key
+        ):
             self.ignored_replies += 1
             return None
         if self.state is not ClientState.HELLO_SENT:
             self.ignored_replies += 1
+            return None
+        if isinstance(message, m.Cookie):
+            if self.cookies >= MAX_COOKIES:
+                self.ignored_replies += 1  # a server (or someone) that never admits us: time out
+                return None
+            self.cookies += 1
+            self._hello = self.retry_hello = m.Hello(
+                m.PROTOCOL_VERSION,
+                self.connect_key,
+                public_bytes(self._ephemeral),
+                self.encryption,
+                message.cookie,
+            ).encode()
             return None
         if isinstance(message, m.Refuse):
             self._fire(ClientEvent.REFUSE)
@@ -221,6 +256,14 @@ class ClientHandshake:
             return None
         try:
             self._check_server_key(message.server_key)
+            if self.encryption and not details.encryption:
+                # Only the key holder can seal this, but a client that asked for sealing never
+                # sends its data in the clear, whoever offers it.
+                raise EncryptionRequiredError(
+                    "this client asked for a sealed session and the server offered one with "
+                    "encryption=false; connect with encryption=False to accept plain sessions",
+                    self.endpoint,
+                )
         except HandshakeError:
             self._fire(ClientEvent.PROTOCOL_ERROR)
             raise
@@ -284,6 +327,7 @@ class ServerSession:
     transport: object = None  # the I/O layer's resources for this session
     released: bool = False
     pending: bool = True  # counted in ServerCore.pending until DONE or release
+    prefix: str = ""  # the /24 or /64 the address is accounted in
 
     def fire(self, event: SessionEvent) -> None:
         try:
@@ -318,16 +362,62 @@ class ServerCounters:
     bad_done: int = 0
     expired: int = 0
     closed: int = 0
+    cookies_sent: int = 0  # HELLOs answered with a COOKIE (nothing allocated)
+    cookies_bad: int = 0  # HELLOs with a cookie that is not valid (forged, stale, other source)
+    rate_limited: int = 0  # HELLOs dropped unanswered: their /24 or /64 sent too many
     refused: Counter = field(default_factory=Counter)  # by ErrorCode name
 
 
 class Rejected(Exception):
-    """A HELLO the server answers with REFUSE (``reply``), allocating nothing."""
+    """A HELLO the server answers with REFUSE (``reply``), allocating nothing; ``code`` None is
+    a HELLO answered with a COOKIE (the client may send its HELLO again with it)."""
 
-    def __init__(self, code: ErrorCode, reply: bytes | None) -> None:
-        super().__init__(code.name)
+    def __init__(self, code: ErrorCode | None, reply: bytes | None) -> None:
+        super().__init__(code.name if code is not None else "COOKIE")
         self.code = code
         self.reply = reply
+
+
+def normalise_address(address: str) -> str:
+    """``address`` as every check sees it: brackets dropped, an IPv4-mapped IPv6 address
+    (``::ffff:a.b.c.d``, how a server on ``::`` sees IPv4 clients) as plain IPv4."""
+    import ipaddress
+
+    bare = address.strip("[]")
+    try:
+        ip = ipaddress.ip_address(bare)
+    except ValueError:
+        return bare
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ip)
+
+
+def _mapped_as_ipv4(networks: tuple) -> tuple:
+    """Ranges written as IPv4-mapped IPv6 (``::ffff:10.0.0.0/104``) as the IPv4 ranges they are,
+    since the addresses they are matched against are normalised (:func:`normalise_address`)."""
+    import ipaddress
+
+    mapped = ipaddress.ip_network("::ffff:0:0/96")
+    out = []
+    for net in networks:
+        if net.version == 6 and net.subnet_of(mapped):
+            v4 = net.network_address.ipv4_mapped
+            net = ipaddress.ip_network(f"{v4}/{net.prefixlen - 96}")
+        out.append(net)
+    return tuple(out)
+
+
+def address_prefix(address: str) -> str:
+    """The network an address is accounted in: its /24 (IPv4) or /64 (IPv6)."""
+    import ipaddress
+
+    try:
+        ip = ipaddress.ip_address(normalise_address(address))
+    except ValueError:
+        return address
+    bits = 24 if ip.version == 4 else 64
+    return str(ipaddress.ip_network(f"{ip}/{bits}", strict=False))
 
 
 class ServerCore:
@@ -347,12 +437,15 @@ class ServerCore:
         self.config = config
         self.static_key = static_key
         self.static_public = public_bytes(static_key)
-        self._allow = _networks("allow", config.allow)
-        self._deny = _networks("deny", config.deny)
+        self._allow = _mapped_as_ipv4(_networks("allow", config.allow))
+        self._deny = _mapped_as_ipv4(_networks("deny", config.deny))
         self._rng = rng
         self.sessions: set[ServerSession] = set()
         self.pending = 0
         self.per_address: Counter[str] = Counter()
+        self.pending_per_prefix: Counter[str] = Counter()
+        self._cookie_secret = secrets.token_bytes(32)
+        self._hello_rate: dict[str, tuple[float, int]] = {}  # prefix -> (tokens, at ns)
         self.session_ids: set[int] = set()
         self.stream_ids: set[int] = set()
         self.connect_keys: set[int] = set()
@@ -367,16 +460,27 @@ class ServerCore:
         if address == "ipc":
             return True
         try:
-            ip = ipaddress.ip_address(address.strip("[]"))
+            ip = ipaddress.ip_address(normalise_address(address))
         except ValueError:
             return False
         if any(ip in net for net in self._deny):
             return False
         return not self._allow or any(ip in net for net in self._allow)
 
-    def on_hello(self, address: str, data: bytes, now_ns: int) -> ServerSession:
-        """Admit a HELLO from ``address`` or raise :class:`Rejected` (reply None: stay silent)."""
+    def on_hello(
+        self, address: str, data: bytes, now_ns: int, *, source: str | None = None
+    ) -> ServerSession:
+        """Admit a HELLO from ``address`` or raise :class:`Rejected` (reply None: stay silent).
+
+        ``source`` is where the HELLO came from, address and port (None: ``address``); the
+        cookie is bound to it. Over IPC (``address`` "ipc") there is no cookie round trip.
+        """
         self.counters.hellos += 1
+        address = normalise_address(address)
+        prefix = address_prefix(address)
+        if address != "ipc" and not self._rate_allows(prefix, now_ns):
+            self.counters.rate_limited += 1
+            raise Rejected(ErrorCode.TOO_MANY_FROM_ADDRESS, None)
         try:
             hello = m.decode_message(data)
             if not isinstance(hello, m.Hello):
@@ -387,7 +491,11 @@ class ServerCore:
             self._refused(ErrorCode.MALFORMED)
             raise Rejected(ErrorCode.MALFORMED, None) from None
         ck = hello.connect_key
-        code, text = self._admission(address, hello)
+        code, text = self._stateless_admission(address, hello)
+        if code is None and address != "ipc":
+            self._check_cookie(source or address, hello, now_ns)
+        if code is None:
+            code, text = self._admission(address, prefix, hello)
         if code is not None:
             self._refused(code)
             raise Rejected(code, m.refuse_for(ck, code, text).encode())
@@ -420,16 +528,20 @@ class ServerCore:
             keys=keys,
             welcome=welcome,
             deadline_ns=now_ns + self.config.handshake_timeout_ns,
+            prefix=prefix,
         )
         self.sessions.add(session)
         self.pending += 1
+        self.pending_per_prefix[prefix] += 1
         self.per_address[address] += 1
         self.connect_keys.add(ck)
         self.counters.accepted += 1
         return session
 
-    def _admission(self, address: str, hello: m.Hello) -> tuple[ErrorCode | None, str]:
-        cfg = self.config
+    def _stateless_admission(
+        self, address: str, hello: m.Hello
+    ) -> tuple[ErrorCode | None, str]:
+        """Checks that need no state: answered before the cookie round trip."""
         if self.shutting_down:
             return ErrorCode.SHUTTING_DOWN, "the server is shutting down"
         if not self.address_allowed(address):
@@ -440,6 +552,57 @@ class ServerCore:
                 f"protocol version {hello.version} is not supported (this server speaks "
                 f"{m.PROTOCOL_VERSION})",
             )
+        return None, ""
+
+    def _cookie(self, source: str, hello: m.Hello, epoch: int) -> bytes:
+        mac = hmac.new(self._cookie_secret, digestmod=hashlib.sha256)
+        for part in (
+            source.encode(),
+            hello.connect_key.to_bytes(8, "big"),
+            hello.public_key,
+            bytes([hello.encryption]),
+            epoch.to_bytes(8, "big", signed=True),
+        ):
+            mac.update(len(part).to_bytes(2, "big") + part)
+        return mac.digest()[: m.COOKIE_LENGTH]
+
+    def _check_cookie(self, source: str, hello: m.Hello, now_ns: int) -> None:
+        """Return if ``hello`` carries a valid cookie for ``source``, else raise the COOKIE."""
+        epoch = now_ns // COOKIE_PERIOD_NS
+        if hello.cookie:
+            for valid in (epoch, epoch - 1):
+                if hmac.compare_digest(hello.cookie, self._cookie(source, hello, valid)):
+                    return
+            self.counters.cookies_bad += 1
+        self.counters.cookies_sent += 1
+        reply = m.Cookie(hello.connect_key, self._cookie(source, hello, epoch)).encode()
+        raise Rejected(None, reply)
+
+    def _rate_allows(self, prefix: str, now_ns: int) -> bool:
+        """Token bucket per /24 or /64: ``hellos_per_prefix_per_s``, burst as many."""
+        rate = self.config.hellos_per_prefix_per_s
+        table = self._hello_rate
+        tokens, at = table.get(prefix, (rate, now_ns))
+        tokens = min(rate, tokens + max(now_ns - at, 0) * rate / 1e9)
+        if tokens < 1.0:
+            table[prefix] = (tokens, max(now_ns, at))
+            return False
+        if prefix not in table and len(table) >= _RATE_TABLE_LIMIT:
+            # Forget the prefixes whose bucket has refilled (they are as if never seen).
+            full = [
+                k for k, (t, a) in table.items() if t + max(now_ns - a, 0) * rate / 1e9 >= rate
+            ]
+            for key in full:
+                del table[key]
+            if len(table) >= _RATE_TABLE_LIMIT:
+                return False
+        table[prefix] = (tokens - 1.0, max(now_ns, at))
+        return True
+
+    def _admission(
+        self, address: str, prefix: str, hello: m.Hello
+    ) -> tuple[ErrorCode | None, str]:
+        cfg = self.config
         if hello.connect_key in self.connect_keys:
             return ErrorCode.MALFORMED, "connect key already in use"
         if len(self.sessions) >= cfg.max_clients:
@@ -448,6 +611,11 @@ class ServerCore:
             return (
                 ErrorCode.TOO_MANY_FROM_ADDRESS,
                 f"{address} already has {cfg.max_per_address} connections",
+            )
+        if address != "ipc" and self.pending_per_prefix[prefix] >= cfg.max_pending_per_prefix:
+            return (
+                ErrorCode.TOO_MANY_FROM_ADDRESS,
+                f"{prefix} already has {cfg.max_pending_per_prefix} handshakes pending",
             )
         if self.pending >= cfg.max_pending:
             return ErrorCode.TOO_MANY_PENDING, f"{cfg.max_pending} handshakes already pending"
@@ -481,10 +649,18 @@ class ServerCore:
         except RemoteProtocolError:
             self.counters.bad_done += 1
             raise
-        session.pending = False
-        self.pending -= 1
+        self._end_pending(session)
         self.counters.connected += 1
         return confirm
+
+    def _end_pending(self, session: ServerSession) -> None:
+        if not session.pending:
+            return
+        session.pending = False
+        self.pending -= 1
+        self.pending_per_prefix[session.prefix] -= 1
+        if self.pending_per_prefix[session.prefix] <= 0:
+            del self.pending_per_prefix[session.prefix]
 
     def expired(self, now_ns: int) -> list[ServerSession]:
         """Pending sessions past their deadline (moved to CLOSED; the caller releases them)."""
@@ -506,9 +682,7 @@ class ServerCore:
             return
         if session.state is not SessionState.CLOSED:
             session.fire(event)
-        if session.pending:
-            session.pending = False
-            self.pending -= 1
+        self._end_pending(session)
         session.released = True
         self.sessions.discard(session)
         d = session.details
@@ -531,6 +705,8 @@ __all__ = [
     "ClientState",
     "Rejected",
     "ServerCore",
+    "address_prefix",
+    "normalise_address",
     "ServerCounters",
     "ServerSession",
     "SessionEvent",

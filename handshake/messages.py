@@ -6,7 +6,13 @@ type and range, and unknown keys are refused, so anything odd becomes a
 
     HELLO    client -> server, handshake channel
              {t: 1, v: version, ck: connect key (1..2**63-1), pk: X25519 public key (32 bytes),
-              enc: bool (client wants sealed data)}
+              enc: bool (client wants sealed data), [cookie: 16 bytes, from COOKIE]}
+    COOKIE   server -> client, reply channel  {t: 6, ck, cookie: 16 bytes}
+             the answer to a HELLO without a valid cookie: the client sends its HELLO again with
+             the cookie (same ck, pk and enc). A cookie is a MAC, under a secret only the server
+             knows, of the HELLO's source address and port, ck, pk, enc and a coarse time, so
+             the server keeps no state and allocates nothing until a client has shown it
+             receives at its address (DTLS HelloVerifyRequest, QUIC Retry).
     WELCOME  server -> client, reply channel (all clients listen; addressed by ck)
              {t: 2, ck, spk: server static key (32), epk: server ephemeral key (32),
               box: AES-GCM sealed SessionDetails}
@@ -28,8 +34,9 @@ from typing import Any
 import msgpack
 from aeron_spark.handshake.errors import ErrorCode, RemoteProtocolError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the COOKIE round trip before any allocation
 KEY_LENGTH = 32
+COOKIE_LENGTH = 16
 PROOF_LENGTH = 16
 MAX_HANDSHAKE_MESSAGE_LENGTH = 1024
 MAX_CONNECT_KEY = 2**63 - 1
@@ -42,6 +49,7 @@ class MessageType(enum.IntEnum):
     REFUSE = 3
     DONE = 4
     CONFIRM = 5
+    COOKIE = 6
 
 
 class FrameKind(enum.IntEnum):
@@ -59,17 +67,28 @@ class Hello:
     connect_key: int
     public_key: bytes
     encryption: bool
+    cookie: bytes = b""  # empty: the first HELLO, before the server's COOKIE
 
     def encode(self) -> bytes:
-        return _pack(
-            {
-                "t": MessageType.HELLO,
-                "v": self.version,
-                "ck": self.connect_key,
-                "pk": self.public_key,
-                "enc": self.encryption,
-            }
-        )
+        body = {
+            "t": MessageType.HELLO,
+            "v": self.version,
+            "ck": self.connect_key,
+            "pk": self.public_key,
+            "enc": self.encryption,
+        }
+        if self.cookie:
+            body["cookie"] = self.cookie
+        return _pack(body)
+
+
+@dataclass(frozen=True, slots=True)
+class Cookie:
+    connect_key: int
+    cookie: bytes
+
+    def encode(self) -> bytes:
+        return _pack({"t": MessageType.COOKIE, "ck": self.connect_key, "cookie": self.cookie})
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +139,7 @@ class Confirm:
         return _pack({"t": MessageType.CONFIRM, "proof": self.proof})
 
 
-Message = Hello | Welcome | Refuse | Done | Confirm
+Message = Hello | Welcome | Refuse | Done | Confirm | Cookie
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,12 +208,20 @@ def decode_message(data: bytes | memoryview) -> Message:
     if type(kind) is not int:
         raise RemoteProtocolError("handshake message without an integer type 't'")
     if kind == MessageType.HELLO:
-        _exact_keys(body, {"t", "v", "ck", "pk", "enc"}, "HELLO")
+        keys = {"t", "v", "ck", "pk", "enc"}
+        _exact_keys(body, keys | {"cookie"} if "cookie" in body else keys, "HELLO")
         return Hello(
             version=_int(body, "v", 0, 2**16),
             connect_key=_int(body, "ck", 1, MAX_CONNECT_KEY),
             public_key=_bin(body, "pk", KEY_LENGTH, KEY_LENGTH),
             encryption=_bool(body, "enc"),
+            cookie=_bin(body, "cookie", COOKIE_LENGTH, COOKIE_LENGTH) if "cookie" in body else b"",
+        )
+    if kind == MessageType.COOKIE:
+        _exact_keys(body, {"t", "ck", "cookie"}, "COOKIE")
+        return Cookie(
+            connect_key=_int(body, "ck", 1, MAX_CONNECT_KEY),
+            cookie=_bin(body, "cookie", COOKIE_LENGTH, COOKIE_LENGTH),
         )
     if kind == MessageType.WELCOME:
         _exact_keys(body, {"t", "ck", "spk", "epk", "box"}, "WELCOME")
@@ -286,11 +313,13 @@ def _str(body: dict[str, Any], key: str, high: int) -> str:
 
 
 __all__ = [
+    "COOKIE_LENGTH",
     "KEY_LENGTH",
     "MAX_HANDSHAKE_MESSAGE_LENGTH",
     "PROOF_LENGTH",
     "PROTOCOL_VERSION",
     "Confirm",
+    "Cookie",
     "Done",
     "FrameKind",
     "Hello",

@@ -8,7 +8,9 @@ Channels (UDP; ``H`` = host, ``P`` = port, ``C`` = control port, default ``P + 1
     us -> client    publication   aeron:udp?control=H:C|control-mode=dynamic|session-id=<secret>
 
 Every client joins the reply publication in dynamic control mode (so replies reach clients behind
-NAT) and picks out the replies addressed to its connect key. Each session's subscription only
+NAT) and picks out the replies addressed to its connect key. A HELLO without a valid cookie gets a
+COOKIE and allocates nothing; the client says HELLO again with it on the same publication (so
+from the same address and port), and only that HELLO is admitted. Each session's subscription only
 accepts the secret session id, so a stranger's publication on that stream is ignored by the
 transport. All of a server's subscriptions share the one socket on ``P`` and all its publications
 the one on ``C``.
@@ -35,7 +37,13 @@ from aeron_spark.handshake.connection import Connection
 from aeron_spark.handshake.crypto import SealCounters
 from aeron_spark.handshake.errors import ErrorCode, HandshakeError, RemoteProtocolError
 from aeron_spark.handshake.keystore import KeyStore
-from aeron_spark.handshake.machine import Rejected, ServerCore, ServerSession, SessionEvent
+from aeron_spark.handshake.machine import (
+    MAX_COOKIES,
+    Rejected,
+    ServerCore,
+    ServerSession,
+    SessionEvent,
+)
 from aeron_spark.handshake.messages import refuse_for
 from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler, TransportError
 
@@ -58,15 +66,17 @@ def _host(host: str) -> str:
 
 
 class _HelloInbox:
-    """The first message of one client's HELLO publication (later ones are ignored)."""
+    """The HELLOs of one client's HELLO publication: the first, and after each COOKIE answer
+    one more (at most ``MAX_COOKIES`` times); anything else it sends is ignored."""
 
-    __slots__ = ("image", "messages", "assembler", "done")
+    __slots__ = ("image", "messages", "assembler", "done", "answered")
 
     def __init__(self, image: Any) -> None:
         self.image = image
         self.messages: deque[bytes] = deque()
         self.assembler = FragmentAssembler(lambda p, h: self.messages.append(bytes(p)))
         self.done = False
+        self.answered = 0
 
 
 class _Pending:
@@ -212,24 +222,27 @@ class Server:
                 image.poll(inbox.assembler, 4)
                 if not inbox.messages:
                     continue
-                inbox.done = True
-                if channels.media == "ipc":
-                    address = "ipc"
-                else:
-                    address = image.source_identity.rpartition(":")[0].strip("[]")
-                self._on_hello(channels, reply, address, inbox.messages.popleft(), now_ns)
+                inbox.answered += 1
+                source = "ipc" if channels.media == "ipc" else image.source_identity
+                address = "ipc" if channels.media == "ipc" else source.rpartition(":")[0]
+                message = inbox.messages.popleft()
+                inbox.messages.clear()  # one HELLO per answer: the rest is not read
+                challenged = self._on_hello(channels, reply, address, source, message, now_ns)
+                inbox.done = not challenged or inbox.answered > MAX_COOKIES
         for key in [k for k in self._hellos if k not in live]:
             del self._hellos[key]
 
     def _on_hello(
-        self, channels: Channels, reply: Any, address: str, data: bytes, now_ns: int
-    ) -> None:
+        self, channels: Channels, reply: Any, address: str, source: str, data: bytes,
+        now_ns: int,
+    ) -> bool:
+        """Answer one HELLO; True if the answer is a COOKIE (the client may say HELLO again)."""
         try:
-            session = self.core.on_hello(address, data, now_ns)
+            session = self.core.on_hello(address, data, now_ns, source=source)
         except Rejected as rejected:
             if rejected.reply is not None:
                 self._replies.append((reply, rejected.reply))
-            return
+            return rejected.code is None
         self._reply_of[session] = reply
         try:
             session.transport = self._open_pair(channels, session)
@@ -240,8 +253,9 @@ class Server:
                                    f"cannot allocate: {exc}").encode())
             )
             self._free(session, SessionEvent.CLOSE)
-            return
+            return False
         self._replies.append((reply, session.welcome))
+        return False
 
     def _open_pair(self, channels: Channels, session: ServerSession) -> _Pending:
         d = session.details
@@ -437,6 +451,10 @@ class Server:
             "bad_done": c.bad_done,
             "expired": c.expired,
             "closed": c.closed,
+            "cookies_sent": c.cookies_sent,
+            "cookies_bad": c.cookies_bad,
+            "rate_limited": c.rate_limited,
+            "pending_per_prefix": dict(self.core.pending_per_prefix),
             "refused": dict(c.refused),
             "reply_drops": self.reply_drops,
             "frames_opened": self.seal_counters.opened,

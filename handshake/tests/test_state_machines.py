@@ -49,9 +49,22 @@ def _client(**kw: object) -> ClientHandshake:
     return client
 
 
+def _admit(core: ServerCore, address: str, client: ClientHandshake, now: int = 0):
+    """The client's HELLO and, when the server answers with a COOKIE, the HELLO again with it."""
+    hello = client.hello() if client.state is ClientState.JOINING else client._hello
+    try:
+        return core.on_hello(address, hello, now, source=f"{address}:4000")
+    except Rejected as answer:
+        if answer.code is not None:
+            raise
+        assert client.on_reply(answer.reply) is None and client.retry_hello is not None
+        hello, client.retry_hello = client.retry_hello, None
+        return core.on_hello(address, hello, now, source=f"{address}:4000")
+
+
 def _handshake(core: ServerCore, address: str = "10.0.0.1", now: int = 0):
     client = _client()
-    session = core.on_hello(address, client.hello(), now)
+    session = _admit(core, address, client, now)
     details = client.on_reply(session.welcome)
     assert details == session.details
     confirm = core.on_done(session, client.done())
@@ -85,7 +98,7 @@ def test_client_table_walk_only_follows_the_table_or_raises_protocol_errors(even
 @given(st.lists(st.sampled_from(list(SessionEvent)), max_size=8))
 def test_session_table_walk(events) -> None:
     core = _core()
-    session = core.on_hello("10.0.0.1", _client().hello(), 0)
+    session = _admit(core, "10.0.0.1", _client(), 0)
     for event in events:
         expected = SESSION_TRANSITIONS.get((session.state, event))
         try:
@@ -134,7 +147,7 @@ def test_full_handshake_in_memory_then_sealed_messages_both_ways() -> None:
 def test_welcome_for_another_connect_key_is_ignored() -> None:
     core = _core()
     a, b = _client(), _client()
-    session_a = core.on_hello("10.0.0.1", a.hello(), 0)
+    session_a = _admit(core, "10.0.0.1", a, 0)
     b.hello()
     assert b.on_reply(session_a.welcome) is None and b.ignored_replies == 1
     assert b.state is ClientState.HELLO_SENT
@@ -144,20 +157,21 @@ def test_welcome_for_another_connect_key_is_ignored() -> None:
 def test_spoofed_hello_reusing_a_clients_connect_key_cannot_hijack_it() -> None:
     core = _core()
     victim = _client()
-    hello = victim.hello()
+    victim.hello()
     spoofer = ClientHandshake(lambda key: None)
     spoofer.connect_key = victim.connect_key
     spoofer.start(0)
-    spoofed = core.on_hello("10.9.9.9", spoofer.hello(), 0)
+    spoofed = _admit(core, "10.9.9.9", spoofer, 0)
     # The server refuses the victim's own HELLO (connect key in use) but the victim ignores a
     # WELCOME sealed for somebody else and keeps waiting; the spoofer's pending session expires.
     assert victim.on_reply(spoofed.welcome) is None
     with pytest.raises(Rejected) as info:
-        core.on_hello("10.0.0.1", hello, 0)
+        _admit(core, "10.0.0.1", victim, 0)
     assert info.value.code.name == "MALFORMED"
     assert [s.address for s in core.expired(11 * S)] == ["10.9.9.9"]
     core.release(spoofed)
-    assert core.on_hello("10.0.0.1", hello, 12 * S)  # after expiry the real HELLO is admitted
+    hello = victim._hello  # the same HELLO with its cookie, still valid 12 s later
+    assert core.on_hello("10.0.0.1", hello, 12 * S, source="10.0.0.1:4000")
 
 
 def test_refusals_become_typed_exceptions() -> None:
@@ -177,7 +191,7 @@ def test_changed_server_key_is_refused_before_connecting() -> None:
 
     client = ClientHandshake(refuse)
     client.start(0)
-    session = core.on_hello("10.0.0.1", client.hello(), 0)
+    session = _admit(core, "10.0.0.1", client, 0)
     with pytest.raises(KeyRefusedError):
         client.on_reply(session.welcome)
     assert client.state is ClientState.FAILED
@@ -186,7 +200,7 @@ def test_changed_server_key_is_refused_before_connecting() -> None:
 def test_bad_done_closes_the_session_and_frees_it() -> None:
     core = _core()
     client = _client()
-    session = core.on_hello("10.0.0.1", client.hello(), 0)
+    session = _admit(core, "10.0.0.1", client, 0)
     with pytest.raises(RemoteProtocolError):
         core.on_done(session, m.Done(b"\0" * 16).encode())
     with pytest.raises(RemoteProtocolError):
@@ -198,7 +212,7 @@ def test_bad_done_closes_the_session_and_frees_it() -> None:
 def test_bad_confirm_fails_the_client() -> None:
     core = _core()
     client = _client()
-    session = core.on_hello("10.0.0.1", client.hello(), 0)
+    session = _admit(core, "10.0.0.1", client, 0)
     client.on_reply(session.welcome)
     client.done()
     with pytest.raises(RemoteProtocolError, match="CONFIRM"):
@@ -222,21 +236,21 @@ def test_client_timeout_with_a_manual_clock() -> None:
 def test_limits_per_address_total_and_pending() -> None:
     core = _core(max_per_address=2, max_clients=5, max_pending=4)
     for _ in range(2):
-        core.on_hello("10.0.0.1", _client().hello(), 0)
+        _admit(core, "10.0.0.1", _client(), 0)
     with pytest.raises(Rejected) as info:
-        core.on_hello("10.0.0.1", _client().hello(), 0)
+        _admit(core, "10.0.0.1", _client(), 0)
     assert isinstance(refusal(info.value.code, "x"), TooManyConnectionsError)
-    core.on_hello("10.0.0.2", _client().hello(), 0)
-    core.on_hello("10.0.0.3", _client().hello(), 0)
+    _admit(core, "10.0.0.2", _client(), 0)
+    _admit(core, "10.0.0.3", _client(), 0)
     with pytest.raises(Rejected) as info:
-        core.on_hello("10.0.0.4", _client().hello(), 0)
+        _admit(core, "10.0.0.4", _client(), 0)
     assert isinstance(refusal(info.value.code, "x"), TooManyPendingError)
     # Connected sessions count against the total too.
     core2 = _core(max_clients=2)
     _handshake(core2, "10.0.0.1")
     _handshake(core2, "10.0.0.2")
     with pytest.raises(Rejected) as info:
-        core2.on_hello("10.0.0.3", _client().hello(), 0)
+        _admit(core2, "10.0.0.3", _client(), 0)
     assert isinstance(refusal(info.value.code, "x"), ServerFullError)
     assert core.counters.refused == {"TOO_MANY_FROM_ADDRESS": 1, "TOO_MANY_PENDING": 1}
 
@@ -246,14 +260,14 @@ def test_allow_and_deny_lists_with_cidr_ranges_v4_and_v6() -> None:
     assert core.address_allowed("10.1.2.3") and core.address_allowed("fd00::5")
     assert not core.address_allowed("10.6.6.6") and not core.address_allowed("192.168.1.1")
     with pytest.raises(Rejected) as info:
-        core.on_hello("10.6.6.6", _client().hello(), 0)
+        _admit(core, "10.6.6.6", _client(), 0)
     assert isinstance(refusal(info.value.code, "x"), AddressDeniedError)
     assert not core.sessions and not core.per_address
 
 
 def test_unsupported_version_and_malformed_hello() -> None:
     core = _core()
-    hello = m.Hello(2, 5, bytes(range(32)), True).encode()
+    hello = m.Hello(1, 5, bytes(range(32)), True).encode()  # version 1 had no cookie
     with pytest.raises(Rejected) as info:
         core.on_hello("10.0.0.1", hello, 0)
     assert isinstance(refusal(info.value.code, "x"), UnsupportedVersionError)
@@ -265,7 +279,7 @@ def test_unsupported_version_and_malformed_hello() -> None:
 
 def test_pending_sessions_expire_and_free_everything() -> None:
     core = _core(handshake_timeout_ns=5 * S)
-    sessions = [core.on_hello(f"10.0.0.{i}", _client().hello(), i * S) for i in range(4)]
+    sessions = [_admit(core, f"10.0.0.{i}", _client(), i * S) for i in range(4)]
     assert core.next_deadline_ns() == 5 * S
     expired = core.expired(6 * S)
     assert set(expired) == {sessions[0], sessions[1]}  # deadlines 5 s and 6 s
@@ -287,7 +301,7 @@ def test_no_leak_whatever_order_sessions_end_in(plan) -> None:
     live: list[tuple[ClientHandshake, ServerSession]] = []
     for now, (address, how) in enumerate(plan):
         client = _client()
-        live.append((client, core.on_hello(f"10.0.0.{address}", client.hello(), now * S)))
+        live.append((client, _admit(core, f"10.0.0.{address}", client, now * S)))
         client, session = live[0]
         if how == "done" and session.state is SessionState.WELCOMED:
             client.on_reply(session.welcome)
