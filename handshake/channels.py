@@ -3,9 +3,14 @@
 UDP (``H`` = host, ``P`` = port, ``C`` = control port)::
 
     HELLO in     aeron:udp?endpoint=H:P                                  HANDSHAKE_STREAM_ID
-    replies      aeron:udp?control=H:C|control-mode=dynamic              REPLY_STREAM_ID
+    replies      aeron:udp?control=H:C|control-mode=dynamic|destination-host=none  REPLY_STREAM_ID
     client->us   aeron:udp?endpoint=H:P|session-id=<secret>              <per-client stream>
     us->client   aeron:udp?control=H:C|control-mode=dynamic|session-id=<secret>
+                     |destination-host=<the HELLO's address>|max-destinations=1
+
+The reply publication takes as destinations only the addresses the server allows (those with a
+handshake in flight); a session's publication exactly one: the first SM carrying its own secret
+session id from the address whose HELLO opened it (see ``transport/protocol/publication.py``).
 
 IPC (same host, same driver directory; a client names the server by its UDP port, ``ipc:P``)::
 
@@ -80,7 +85,7 @@ class Channels:
             return f"aeron:ipc?term-length={HANDSHAKE_TERM_LENGTH}"
         return (
             f"aeron:udp?control={_h(self.host)}:{self.control_port}|control-mode=dynamic"
-            f"|term-length={HANDSHAKE_TERM_LENGTH}"
+            f"|term-length={HANDSHAKE_TERM_LENGTH}|destination-host=none"
         )
 
     def reply_sub(self) -> str:
@@ -111,14 +116,17 @@ class Channels:
             f"|rcv-wnd={window}|max-term-length={d.term_length}|max-mtu={d.mtu}"
         )
 
-    def s2c_pub(self, d: SessionDetails) -> str:
+    def s2c_pub(self, d: SessionDetails, client_host: str | None = None) -> str:
+        """The server's publication of a session; over UDP its one destination is the client
+        at ``client_host`` (the HELLO's address) whose SM names the secret session id."""
         if self.media == "ipc":
             return (
                 f"aeron:ipc?session-id={d.s2c_session_id}|mtu={d.mtu}|term-length={d.term_length}"
             )
+        only = f"|destination-host={_h(client_host)}|max-destinations=1" if client_host else ""
         return (
             f"aeron:udp?control={_h(self.host)}:{self.control_port}|control-mode=dynamic"
-            f"|session-id={d.s2c_session_id}|mtu={d.mtu}|term-length={d.term_length}"
+            f"|session-id={d.s2c_session_id}|mtu={d.mtu}|term-length={d.term_length}{only}"
         )
 
     def s2c_sub(self, d: SessionDetails, window: int) -> str:

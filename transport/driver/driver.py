@@ -326,6 +326,11 @@ class Driver:
                 dynamic=dynamic,
                 now_ns=now,
             )
+            if config.destination_host is not None:
+                host = config.destination_host
+                state.allowed_hosts = frozenset() if host == "none" else frozenset({host})
+                state.session_sm_only = config.session_id is not None
+            state.max_destinations = config.max_destinations
             if dynamic or manual:
                 assert config.control is not None or manual
                 bind = (
@@ -659,6 +664,8 @@ def _publication_counts(state: PublicationState) -> dict[str, int]:
         "status_messages_received": state.status_messages_received,
         "back_pressure_events": state.back_pressure_events,
         "invalid_frames": state.invalid_naks,
+        "status_messages_refused": state.status_messages_refused,
+        "naks_refused": state.naks_refused,
     }
 
 
@@ -670,6 +677,7 @@ def _dispatcher_counts(rep: ReceiveEndpoint) -> dict[str, int]:
         "setups_rejected": d.setups_rejected,
         "images_refused": d.images_refused,
         "unknown_session_data": d.unknown_session_data,
+        "data_wrong_source": d.data_wrong_source,
         "images_created": d.images_created,
         "images_removed": d.images_removed,
         "heartbeats_received": d.heartbeats_received,
