@@ -33,6 +33,10 @@ HANDSHAKE_TERM_LENGTH = 64 * 1024
 HANDSHAKE_MAX_MTU = 8192
 HELLO_IMAGES_PER_SOURCE = 4
 _HANDSHAKE_BOUNDS = f"max-term-length={HANDSHAKE_TERM_LENGTH}|max-mtu={HANDSHAKE_MAX_MTU}"
+# The server's two sockets send an address that has not completed a handshake at most this
+# many times the bytes it received from it (a spoofer cannot turn the server into a reflector).
+MAX_AMPLIFICATION = 3
+_GUARD = f"|max-amplification={MAX_AMPLIFICATION}"
 
 
 def _h(host: str) -> str:
@@ -73,7 +77,9 @@ class Channels:
             )
             if value
         )
-        return f"aeron:udp?endpoint={_h(self.host)}:{self.port}|{_HANDSHAKE_BOUNDS}{limits}"
+        return (
+            f"aeron:udp?endpoint={_h(self.host)}:{self.port}|{_HANDSHAKE_BOUNDS}{limits}{_GUARD}"
+        )
 
     def hello_pub(self) -> str:
         if self.media == "ipc":
@@ -85,7 +91,7 @@ class Channels:
             return f"aeron:ipc?term-length={HANDSHAKE_TERM_LENGTH}"
         return (
             f"aeron:udp?control={_h(self.host)}:{self.control_port}|control-mode=dynamic"
-            f"|term-length={HANDSHAKE_TERM_LENGTH}|destination-host=none"
+            f"|term-length={HANDSHAKE_TERM_LENGTH}|destination-host=none{_GUARD}"
         )
 
     def reply_sub(self) -> str:
@@ -113,7 +119,7 @@ class Channels:
             return f"aeron:ipc?session-id={d.c2s_session_id}"
         return (
             f"aeron:udp?endpoint={_h(self.host)}:{self.port}|session-id={d.c2s_session_id}"
-            f"|rcv-wnd={window}|max-term-length={d.term_length}|max-mtu={d.mtu}"
+            f"|rcv-wnd={window}|max-term-length={d.term_length}|max-mtu={d.mtu}{_GUARD}"
         )
 
     def s2c_pub(self, d: SessionDetails, client_host: str | None = None) -> str:
@@ -126,7 +132,7 @@ class Channels:
         only = f"|destination-host={_h(client_host)}|max-destinations=1" if client_host else ""
         return (
             f"aeron:udp?control={_h(self.host)}:{self.control_port}|control-mode=dynamic"
-            f"|session-id={d.s2c_session_id}|mtu={d.mtu}|term-length={d.term_length}{only}"
+            f"|session-id={d.s2c_session_id}|mtu={d.mtu}|term-length={d.term_length}{only}{_GUARD}"
         )
 
     def s2c_sub(self, d: SessionDetails, window: int) -> str:

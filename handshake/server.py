@@ -349,6 +349,10 @@ class Server:
             on_disconnect=self.on_disconnect,
             on_error=self._report,
         )
+        if session.address != "ipc":
+            # it proved it receives at its address: no amplification bound towards it
+            self.driver.trust_host(host_of((session.address,)))
+            conn._trusted_host = host_of((session.address,))  # type: ignore[attr-defined]
         for frame in pending.inbox:  # whole frames the client sent right after DONE
             conn._on_fragment(memoryview(frame), None)
         pending.inbox.clear()
@@ -371,6 +375,7 @@ class Server:
             resources.sub.close()
         elif isinstance(resources, Connection):
             resources.close()
+            self._distrust(resources)
         session.transport = None
         self._reply_of.pop(session, None)
         self.core.release(session, event)
@@ -405,12 +410,19 @@ class Server:
                 conn._lost_reported = True
                 self.on_disconnect(conn)
             conn.close()
+            self._distrust(conn)
             if session is not None:
                 session.transport = None
                 self._reply_of.pop(session, None)
                 self.core.release(session, SessionEvent.TRANSPORT_LOST)
             # Last, so that a connection no longer counted has given back all it held.
             self.connections.remove(conn)
+
+    def _distrust(self, conn: Connection) -> None:
+        host = getattr(conn, "_trusted_host", None)
+        if host is not None:
+            conn._trusted_host = None  # type: ignore[attr-defined]
+            self.driver.distrust_host(host)
 
     def _report(self, conn: Connection | None, exc: BaseException) -> None:
         if self.on_error is not None:
@@ -476,6 +488,7 @@ class Server:
             self._free(session, SessionEvent.CLOSE)
         for conn in self.connections:
             conn.close()
+            self._distrust(conn)
         self.connections.clear()
         for _, sub, pub in self._listeners:
             sub.close()
@@ -491,6 +504,7 @@ class Server:
 
     def stats(self) -> dict[str, Any]:
         c = self.core.counters
+        ledger = getattr(self.driver, "amplification", None)
         return {
             "connections": len(self.connections),
             "pending": self.core.pending,
@@ -504,6 +518,7 @@ class Server:
             "refused": dict(c.refused),
             "reply_drops": self.reply_drops,
             "pair_address_mismatches": self.pair_address_mismatches,
+            "amplification_drops": ledger.drops if ledger is not None else 0,
             "frames_opened": self.seal_counters.opened,
             "frames_rejected": self.seal_counters.rejected(),
             "frames_tampered": self.seal_counters.tampered,

@@ -70,6 +70,7 @@ KNOWN_PARAMS = frozenset(
         "media-rcv-ts-offset",
         "destination-host",
         "max-destinations",
+        "max-amplification",
         "channel-rcv-ts-offset",
         "channel-snd-ts-offset",
         "spies-simulate-connection",
@@ -262,6 +263,9 @@ class ChannelConfig:
     # until the owner allows some, None: anyone) and how many destinations at most (0: no limit)
     destination_host: str | None = None
     max_destinations: int = 0
+    # a socket opened for this channel sends an address that has not completed a handshake at
+    # most this many times what it received from it (0: no bound; see AmplificationLedger)
+    max_amplification: int = 0
     uri: str = ""
 
     @property
@@ -346,6 +350,8 @@ class ChannelConfig:
                         "destination-host", p["destination-host"], "an IP address or none"
                     ) from None
             kwargs["destination_host"] = host
+        if "max-amplification" in p:
+            kwargs["max_amplification"] = parse_size("max-amplification", p["max-amplification"])
         if "max-destinations" in p:
             kwargs["max_destinations"] = parse_size("max-destinations", p["max-destinations"])
         config = cls(**kwargs)  # type: ignore[arg-type]

@@ -37,6 +37,7 @@ from aeron_spark.transport.driver.agents import (
 )
 from aeron_spark.transport.driver.client import Image, Publication, Subscription
 from aeron_spark.transport.driver.endpoint import (
+    AmplificationLedger,
     UdpEndpoint,
     bind_endpoint_for,
     destination_address,
@@ -135,6 +136,7 @@ class Driver:
         self.config = config or DriverConfig()
         self.directory = self.config.resolved_directory
         self.system_counters = SystemCounters()
+        self.amplification: AmplificationLedger | None = None
         self._retired: dict[str, int] = {}
         self._lock = threading.RLock()
         self._sender = SenderAgent(self.system_counters, self._on_publication_done)
@@ -363,6 +365,16 @@ class Driver:
         self._wake_sender()
         return pub
 
+    def trust_host(self, host: str) -> None:
+        """``host`` completed a handshake: sends to it are no longer bounded by what it sent
+        (see ``max-amplification``); each call is undone by one :meth:`distrust_host`."""
+        if self.amplification is not None:
+            self.amplification.trust(host)
+
+    def distrust_host(self, host: str) -> None:
+        if self.amplification is not None:
+            self.amplification.distrust(host)
+
     def _open_endpoint(self, bind: Endpoint, config: ChannelConfig) -> UdpEndpoint:
         buffer = self.config.socket_buffer_length
         loss = None
@@ -370,13 +382,20 @@ class Driver:
             from aeron_spark.transport.testing import LossInjector
 
             loss = LossInjector(self.config.loss, self.system_counters)
-        return UdpEndpoint(
+        udp = UdpEndpoint(
             bind,
             self.system_counters,
             so_rcvbuf=max(config.so_rcvbuf, buffer),
             so_sndbuf=max(config.so_sndbuf, buffer),
             loss=loss,
         )
+        if config.max_amplification:
+            # the driver's guarded sockets share one ledger: what an address sent to one
+            # (a HELLO on the port) is its credit on the other (replies from port + 1)
+            if self.amplification is None:
+                self.amplification = AmplificationLedger(config.max_amplification)
+            udp.ledger = self.amplification
+        return udp
 
     def _add_destination(self, pub: Publication, endpoint: str) -> None:
         address = destination_address(parse_endpoint("endpoint", endpoint, allow_port_zero=False))
