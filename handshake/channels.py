@@ -3,9 +3,14 @@
 UDP (``H`` = host, ``P`` = port, ``C`` = control port)::
 
     HELLO in     aeron:udp?endpoint=H:P                                  HANDSHAKE_STREAM_ID
-    replies      aeron:udp?control=H:C|control-mode=dynamic              REPLY_STREAM_ID
+    replies      aeron:udp?control=H:C|control-mode=dynamic|destination-host=none  REPLY_STREAM_ID
     client->us   aeron:udp?endpoint=H:P|session-id=<secret>              <per-client stream>
     us->client   aeron:udp?control=H:C|control-mode=dynamic|session-id=<secret>
+                     |destination-host=<the HELLO's address>|max-destinations=1
+
+The reply publication takes as destinations only the addresses the server allows (those with a
+handshake in flight); a session's publication exactly one: the first SM carrying its own secret
+session id from the address whose HELLO opened it (see ``transport/protocol/publication.py``).
 
 IPC (same host, same driver directory; a client names the server by its UDP port, ``ipc:P``)::
 
@@ -28,6 +33,10 @@ HANDSHAKE_TERM_LENGTH = 64 * 1024
 HANDSHAKE_MAX_MTU = 8192
 HELLO_IMAGES_PER_SOURCE = 4
 _HANDSHAKE_BOUNDS = f"max-term-length={HANDSHAKE_TERM_LENGTH}|max-mtu={HANDSHAKE_MAX_MTU}"
+# The server's two sockets send an address that has not completed a handshake at most this
+# many times the bytes it received from it (a spoofer cannot turn the server into a reflector).
+MAX_AMPLIFICATION = 3
+_GUARD = f"|max-amplification={MAX_AMPLIFICATION}"
 
 
 def _h(host: str) -> str:
@@ -68,7 +77,9 @@ class Channels:
             )
             if value
         )
-        return f"aeron:udp?endpoint={_h(self.host)}:{self.port}|{_HANDSHAKE_BOUNDS}{limits}"
+        return (
+            f"aeron:udp?endpoint={_h(self.host)}:{self.port}|{_HANDSHAKE_BOUNDS}{limits}{_GUARD}"
+        )
 
     def hello_pub(self) -> str:
         if self.media == "ipc":
@@ -80,7 +91,7 @@ class Channels:
             return f"aeron:ipc?term-length={HANDSHAKE_TERM_LENGTH}"
         return (
             f"aeron:udp?control={_h(self.host)}:{self.control_port}|control-mode=dynamic"
-            f"|term-length={HANDSHAKE_TERM_LENGTH}"
+            f"|term-length={HANDSHAKE_TERM_LENGTH}|destination-host=none{_GUARD}"
         )
 
     def reply_sub(self) -> str:
@@ -108,17 +119,20 @@ class Channels:
             return f"aeron:ipc?session-id={d.c2s_session_id}"
         return (
             f"aeron:udp?endpoint={_h(self.host)}:{self.port}|session-id={d.c2s_session_id}"
-            f"|rcv-wnd={window}|max-term-length={d.term_length}|max-mtu={d.mtu}"
+            f"|rcv-wnd={window}|max-term-length={d.term_length}|max-mtu={d.mtu}{_GUARD}"
         )
 
-    def s2c_pub(self, d: SessionDetails) -> str:
+    def s2c_pub(self, d: SessionDetails, client_host: str | None = None) -> str:
+        """The server's publication of a session; over UDP its one destination is the client
+        at ``client_host`` (the HELLO's address) whose SM names the secret session id."""
         if self.media == "ipc":
             return (
                 f"aeron:ipc?session-id={d.s2c_session_id}|mtu={d.mtu}|term-length={d.term_length}"
             )
+        only = f"|destination-host={_h(client_host)}|max-destinations=1" if client_host else ""
         return (
             f"aeron:udp?control={_h(self.host)}:{self.control_port}|control-mode=dynamic"
-            f"|session-id={d.s2c_session_id}|mtu={d.mtu}|term-length={d.term_length}"
+            f"|session-id={d.s2c_session_id}|mtu={d.mtu}|term-length={d.term_length}{only}{_GUARD}"
         )
 
     def s2c_sub(self, d: SessionDetails, window: int) -> str:

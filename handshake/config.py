@@ -66,7 +66,9 @@ class ServerConfig:
     an empty allow list allows all). ``session_term_length``/``session_mtu`` (None: 65504 on
     loopback, else 1408, which fits a 1,500-byte Ethernet path) and ``receiver_window_length``
     size each session's streams. ``ipc``: also accept same-host clients over ``aeron:ipc``
-    (they connect to ``ipc:<port>``).
+    (they connect to ``ipc:<port>``). ``allow_plain_udp``: let a session over UDP go unsealed
+    when neither side asks for sealing (trusted networks only; otherwise such a session is sealed
+    anyway, loopback included: its only protection would be its secret session id).
     """
 
     host: str = "127.0.0.1"
@@ -86,6 +88,7 @@ class ServerConfig:
     session_mtu: int | None = None
     receiver_window_length: int | None = None
     ipc: bool = True
+    allow_plain_udp: bool = False
 
     def __post_init__(self) -> None:
         if not self.host:

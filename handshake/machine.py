@@ -513,7 +513,11 @@ class ServerCore:
             c2s_stream_id=self._new_stream_id(),
             s2c_session_id=self._new_session_id(),
             s2c_stream_id=self._new_stream_id(),
-            encryption=self.config.encryption or hello.encryption,
+            # over UDP a plain session's only protection is its secret session id: sealed
+            # anyway unless the network is declared trusted (allow_plain_udp)
+            encryption=self.config.encryption
+            or hello.encryption
+            or (address != "ipc" and not self.config.allow_plain_udp),
             max_message_length=self.config.max_message_length,
             term_length=self.config.session_term_length,
             mtu=self.config.mtu,

@@ -46,6 +46,7 @@ from aeron_spark.handshake.machine import (
 )
 from aeron_spark.handshake.messages import refuse_for
 from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler, TransportError
+from aeron_spark.transport.protocol.publication import host_of
 
 log = logging.getLogger(__name__)
 _BIND_ATTEMPTS = 20
@@ -119,7 +120,11 @@ class Server:
         self.on_error = on_error
         self._wakeup = threading.Event()
         self._hellos: dict[int, _HelloInbox] = {}
-        self._replies: deque[tuple[Any, bytes]] = deque()  # (reply publication, message)
+        # (reply publication, message, the client's address or None: IPC, expiry ns)
+        self._replies: deque[tuple[Any, bytes, str | None, int]] = deque()
+        # addresses that may join the UDP reply publication (a handshake in flight): expiry ns
+        self._reply_hosts: dict[str, int] = {}
+        self.pair_address_mismatches = 0
         self.connections: list[Connection] = []
         self._by_conn: dict[int, ServerSession] = {}
         self.seal_counters = SealCounters()
@@ -204,7 +209,8 @@ class Server:
         for session in self.core.expired(now):
             self._refuse_quietly(session, ErrorCode.HANDSHAKE_TIMEOUT, "handshake timed out")
             self._free(session, SessionEvent.TIMEOUT)
-        self._flush_replies()
+        self._flush_replies(now)
+        self._expire_reply_hosts(now)
         self._reap()
         return accepted
 
@@ -217,6 +223,11 @@ class Server:
                 inbox = self._hellos.get(id(image))
                 if inbox is None:
                     inbox = self._hellos[id(image)] = _HelloInbox(image)
+                    if channels.media == "udp":
+                        # a client joins the replies before it says HELLO: the address its
+                        # HELLO stream comes from (bounded by the HELLO images' limits) may
+                        # join the reply publication for a handshake's time
+                        self._allow_reply_host(reply, _address_of(image), now_ns)
                 if inbox.done:
                     continue
                 image.poll(inbox.assembler, 4)
@@ -224,7 +235,7 @@ class Server:
                     continue
                 inbox.answered += 1
                 source = "ipc" if channels.media == "ipc" else image.source_identity
-                address = "ipc" if channels.media == "ipc" else source.rpartition(":")[0]
+                address = "ipc" if channels.media == "ipc" else _address_of(image)
                 message = inbox.messages.popleft()
                 inbox.messages.clear()  # one HELLO per answer: the rest is not read
                 challenged = self._on_hello(channels, reply, address, source, message, now_ns)
@@ -241,29 +252,61 @@ class Server:
             session = self.core.on_hello(address, data, now_ns, source=source)
         except Rejected as rejected:
             if rejected.reply is not None:
-                self._replies.append((reply, rejected.reply))
+                self._reply(reply, rejected.reply, address, now_ns)
             return rejected.code is None
         self._reply_of[session] = reply
         try:
             session.transport = self._open_pair(channels, session)
         except (TransportError, OSError) as exc:
             log.warning("handshake server: cannot open a session for %s: %s", address, exc)
-            self._replies.append(
-                (reply, refuse_for(session.connect_key, ErrorCode.SERVER_FULL,
-                                   f"cannot allocate: {exc}").encode())
+            self._reply(
+                reply,
+                refuse_for(
+                    session.connect_key, ErrorCode.SERVER_FULL, f"cannot allocate: {exc}"
+                ).encode(),
+                address,
+                now_ns,
             )
             self._free(session, SessionEvent.CLOSE)
             return False
-        self._replies.append((reply, session.welcome))
+        self._reply(reply, session.welcome, address, now_ns)
         return False
+
+    def _reply(self, reply: Any, message: bytes, address: str, now_ns: int) -> None:
+        """Queue a reply for the client at ``address``: over UDP that address may now join the
+        reply publication (nobody else may), and the reply waits until it has joined."""
+        if address == "ipc":
+            self._replies.append((reply, message, None, 0))
+            return
+        host = self._allow_reply_host(reply, address, now_ns)
+        self._replies.append((reply, message, host, self._reply_hosts[host]))
+
+    def _allow_reply_host(self, reply: Any, address: str, now_ns: int) -> str:
+        host = host_of((address,))
+        known = host in self._reply_hosts
+        self._reply_hosts[host] = now_ns + self.config.handshake_timeout_ns
+        if not known:
+            reply.allow_destination_hosts(frozenset(self._reply_hosts))
+        return host
+
+    def _expire_reply_hosts(self, now_ns: int) -> None:
+        stale = [h for h, until in self._reply_hosts.items() if until <= now_ns]
+        if not stale:
+            return
+        for host in stale:
+            del self._reply_hosts[host]
+        for channels, _, reply in self._listeners:
+            if channels.media == "udp":
+                reply.allow_destination_hosts(frozenset(self._reply_hosts))
 
     def _open_pair(self, channels: Channels, session: ServerSession) -> _Pending:
         d = session.details
         sub = self.driver.add_subscription(
             channels.c2s_sub(d, self.config.window()), d.c2s_stream_id
         )
+        client = host_of((session.address,)) if channels.media == "udp" else None
         try:
-            pub = self.driver.add_publication(channels.s2c_pub(d), d.s2c_stream_id)
+            pub = self.driver.add_publication(channels.s2c_pub(d, client), d.s2c_stream_id)
         except BaseException:
             sub.close()
             raise
@@ -277,6 +320,10 @@ class Server:
             if not isinstance(pending, _Pending):
                 continue
             if pending.confirm is None:
+                if not self._pair_from_hello_address(session, pending):
+                    self.pair_address_mismatches += 1
+                    self._free(session, SessionEvent.BAD_DONE)
+                    continue
                 pending.sub.poll(pending.assembler, 4)
                 if not pending.inbox:
                     continue
@@ -292,6 +339,15 @@ class Server:
             session.transport = conn
             accepted.append(conn)
         return accepted
+
+    @staticmethod
+    def _pair_from_hello_address(session: ServerSession, pending: _Pending) -> bool:
+        """Whether the client's session publication comes from the address of its HELLO (so
+        a HELLO spoofed from an allowed address cannot open a session for another)."""
+        if session.address == "ipc":
+            return True
+        want = host_of((session.address,))
+        return all(host_of((_address_of(image),)) == want for image in pending.sub.images)
 
     def _connection(self, session: ServerSession, pending: _Pending) -> Connection:
         sealer = opener = None
@@ -310,6 +366,10 @@ class Server:
             on_disconnect=self.on_disconnect,
             on_error=self._report,
         )
+        if session.address != "ipc":
+            # it proved it receives at its address: no amplification bound towards it
+            self.driver.trust_host(host_of((session.address,)))
+            conn._trusted_host = host_of((session.address,))  # type: ignore[attr-defined]
         for frame in pending.inbox:  # whole frames the client sent right after DONE
             conn._on_fragment(memoryview(frame), None)
         pending.inbox.clear()
@@ -322,7 +382,8 @@ class Server:
     def _refuse_quietly(self, session: ServerSession, code: ErrorCode, text: str) -> None:
         reply = self._reply_of.get(session)
         if reply is not None:
-            self._replies.append((reply, refuse_for(session.connect_key, code, text).encode()))
+            message = refuse_for(session.connect_key, code, text).encode()
+            self._reply(reply, message, session.address, time.monotonic_ns())
 
     def _free(self, session: ServerSession, event: SessionEvent) -> None:
         resources = session.transport
@@ -331,22 +392,33 @@ class Server:
             resources.sub.close()
         elif isinstance(resources, Connection):
             resources.close()
+            self._distrust(resources)
         session.transport = None
         self._reply_of.pop(session, None)
         self.core.release(session, event)
 
-    def _flush_replies(self) -> None:
+    def _flush_replies(self, now_ns: int) -> None:
+        """Offer the queued replies; one for an address that has not joined the reply
+        publication yet waits (until its handshake's timeout), the others go on."""
+        held: deque[tuple[Any, bytes, str | None, int]] = deque()
+        blocked: set[int] = set()  # reply publications back-pressured in this step
         while self._replies:
-            reply, message = self._replies[0]
-            result = reply.offer(message)
-            if result > 0:
-                self._replies.popleft()
+            entry = self._replies.popleft()
+            reply, message, host, expiry = entry
+            if host is not None and host not in reply.destination_hosts:
+                if expiry <= now_ns:
+                    self.reply_drops += 1  # its client never joined
+                else:
+                    held.append(entry)
                 continue
-            if len(self._replies) > 4 * self.config.max_pending:
-                self._replies.popleft()  # nobody is listening and it keeps growing
-                self.reply_drops += 1
+            if id(reply) not in blocked and reply.offer(message) > 0:
                 continue
-            break
+            blocked.add(id(reply))
+            held.append(entry)
+        while len(held) > 4 * self.config.max_pending:
+            held.popleft()  # nobody is listening and it keeps growing
+            self.reply_drops += 1
+        self._replies = held
 
     def _reap(self) -> None:
         for conn in [c for c in self.connections if not c.is_connected]:
@@ -355,12 +427,19 @@ class Server:
                 conn._lost_reported = True
                 self.on_disconnect(conn)
             conn.close()
+            self._distrust(conn)
             if session is not None:
                 session.transport = None
                 self._reply_of.pop(session, None)
                 self.core.release(session, SessionEvent.TRANSPORT_LOST)
             # Last, so that a connection no longer counted has given back all it held.
             self.connections.remove(conn)
+
+    def _distrust(self, conn: Connection) -> None:
+        host = getattr(conn, "_trusted_host", None)
+        if host is not None:
+            conn._trusted_host = None  # type: ignore[attr-defined]
+            self.driver.distrust_host(host)
 
     def _report(self, conn: Connection | None, exc: BaseException) -> None:
         if self.on_error is not None:
@@ -426,6 +505,7 @@ class Server:
             self._free(session, SessionEvent.CLOSE)
         for conn in self.connections:
             conn.close()
+            self._distrust(conn)
         self.connections.clear()
         for _, sub, pub in self._listeners:
             sub.close()
@@ -441,6 +521,7 @@ class Server:
 
     def stats(self) -> dict[str, Any]:
         c = self.core.counters
+        ledger = getattr(self.driver, "amplification", None)
         return {
             "connections": len(self.connections),
             "pending": self.core.pending,
@@ -457,12 +538,19 @@ class Server:
             "pending_per_prefix": dict(self.core.pending_per_prefix),
             "refused": dict(c.refused),
             "reply_drops": self.reply_drops,
+            "pair_address_mismatches": self.pair_address_mismatches,
+            "amplification_drops": ledger.drops if ledger is not None else 0,
             "frames_opened": self.seal_counters.opened,
             "frames_rejected": self.seal_counters.rejected(),
             "frames_tampered": self.seal_counters.tampered,
             "frames_replayed": self.seal_counters.replayed,
             "frames_reordered": self.seal_counters.reordered,
         }
+
+
+def _address_of(image: Any) -> str:
+    """The IP address an image's SETUP (and so all its data) came from."""
+    return str(image.source_identity.rpartition(":")[0].strip("[]"))
 
 
 def _drain(conn: Connection) -> list[bytes]:

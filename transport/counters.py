@@ -55,6 +55,10 @@ class SystemCounters:
     flow_control_over_runs: int = 0
     flow_control_under_runs: int = 0
     unknown_session_data: int = 0
+    data_wrong_source: int = 0  # DATA for an image from another source than its SETUP's
+    status_messages_refused: int = 0  # SMs from a source that may not be a destination
+    amplification_drops: int = 0  # sends to an unproven address past 3x what came from it
+    naks_refused: int = 0  # NAKs from a source that is not a destination of the publication
     gaps_filled: int = 0
     back_pressure_events: int = 0
     images_created: int = 0

@@ -68,6 +68,9 @@ KNOWN_PARAMS = frozenset(
         "untethered-window-limit-timeout",
         "untethered-resting-timeout",
         "media-rcv-ts-offset",
+        "destination-host",
+        "max-destinations",
+        "max-amplification",
         "channel-rcv-ts-offset",
         "channel-snd-ts-offset",
         "spies-simulate-connection",
@@ -256,6 +259,13 @@ class ChannelConfig:
     max_images: int | None = None
     max_images_per_source: int | None = None
     max_images_per_address: int | None = None
+    # dynamic publications: the one IP address whose SMs may make a destination ("none": nobody
+    # until the owner allows some, None: anyone) and how many destinations at most (0: no limit)
+    destination_host: str | None = None
+    max_destinations: int = 0
+    # a socket opened for this channel sends an address that has not completed a handshake at
+    # most this many times what it received from it (0: no bound; see AmplificationLedger)
+    max_amplification: int = 0
     uri: str = ""
 
     @property
@@ -328,6 +338,22 @@ class ChannelConfig:
         for key in ("max-images", "max-images-per-source", "max-images-per-address"):
             if key in p:
                 kwargs[key.replace("-", "_")] = parse_size(key, p[key])
+        if "destination-host" in p:
+            host = p["destination-host"].strip("[]")
+            if host != "none":
+                try:
+                    ip = ipaddress.ip_address(host)
+                    mapped = getattr(ip, "ipv4_mapped", None)
+                    host = str(mapped or ip)
+                except ValueError:
+                    raise ChannelError(
+                        "destination-host", p["destination-host"], "an IP address or none"
+                    ) from None
+            kwargs["destination_host"] = host
+        if "max-amplification" in p:
+            kwargs["max_amplification"] = parse_size("max-amplification", p["max-amplification"])
+        if "max-destinations" in p:
+            kwargs["max_destinations"] = parse_size("max-destinations", p["max-destinations"])
         config = cls(**kwargs)  # type: ignore[arg-type]
         config.validate()
         return config

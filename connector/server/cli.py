@@ -65,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not seal session traffic (trusted networks only)",
     )
     parser.add_argument(
+        "--allow-plain-udp",
+        action="store_true",
+        help="let unsealed sessions run over UDP (trusted networks only); without it a session "
+        "over UDP is sealed even when neither side asks (IPC sessions may stay plain)",
+    )
+    parser.add_argument(
         "--key-store",
         default=None,
         help="key store holding server.key (default $AERON_SPARK_KEY_STORE or ~/.aeron-spark/keys)",
@@ -134,6 +140,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         ingest_channel=args.ingest_channel,
         ingest_stream_ids=tuple(args.ingest_stream_id or (10,)),
         encryption=not args.no_encryption,
+        allow_plain_udp=args.allow_plain_udp,
         key_store_dir=args.key_store,
         fsync=args.fsync,
         read_only=args.read_only,

@@ -23,6 +23,8 @@ class ServerConfig:
     ``ingest_channel``      an Aeron channel whose plain publications are recorded (None: off)
     ``ingest_stream_ids``   stream ids recorded from the ingest channel
     ``encryption``          seal session traffic (AES-GCM) when the handshake layer offers it
+    ``allow_plain_udp``     let unsealed sessions run over UDP (trusted networks only; without
+                            it a session over UDP is sealed even when neither side asks)
     ``key_store_dir``       the server's key store (None: the handshake layer's default)
     ``allow`` / ``deny``    addresses or CIDR ranges allowed / denied a session (deny wins; an
                             empty allow list allows everyone)
@@ -70,6 +72,7 @@ class ServerConfig:
     ingest_channel: str | None = None
     ingest_stream_ids: tuple[int, ...] = (10,)
     encryption: bool = True
+    allow_plain_udp: bool = False
     key_store_dir: str | None = None
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()

@@ -130,6 +130,7 @@ class StreamServer:
                 deny=self.config.deny,
                 max_clients=self.config.max_clients,
                 max_per_address=self.config.max_per_address,
+                allow_plain_udp=self.config.allow_plain_udp,
             )
             self._store.start_ingest()
         except BaseException:

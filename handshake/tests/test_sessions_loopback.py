@@ -43,7 +43,12 @@ def test_connect_echo_ping_and_close(make_server, make_client) -> None:
 
 
 def test_plain_sessions_only_when_both_sides_turn_encryption_off(make_server, make_client) -> None:
-    plain_server = make_server(encryption=False)
+    # Over UDP only a server told the network is trusted lets a session go unsealed.
+    untrusted = make_server(encryption=False, key_dir="k0")
+    conn = make_client(encryption=False).connect(untrusted.endpoint)
+    assert conn.encrypted
+    conn.close()
+    plain_server = make_server(encryption=False, allow_plain_udp=True)
     sealed = make_client().connect(plain_server.endpoint)
     plain = make_client(encryption=False).connect(plain_server.endpoint)
     assert sealed.encrypted and not plain.encrypted

@@ -73,8 +73,13 @@ class SendEndpoint:
             if sm.session_id == 0 and sm.flags & SmFlags.SEND_SETUP:
                 # A receiver announcing itself (MDC dynamic). The real driver sends stream id 0
                 # too ("pending setup"): that one is for every publication on the endpoint.
+                # A publication that takes only SMs of its own session (a secure session's)
+                # ignores and counts these: a stranger learns nothing of it from SETUPs.
                 for pub in self.publications:
                     if pub.stream_id == sm.stream_id or sm.stream_id == 0:
+                        if pub.session_sm_only and source not in pub.destinations:
+                            pub.status_messages_refused += 1
+                            continue
                         pub.on_status_message(sm, source, now_ns)
                 return
             pub = self.by_session.get((sm.session_id, sm.stream_id))
@@ -84,7 +89,7 @@ class SendEndpoint:
             nak = NakFrame.decode(buf[:length])
             pub = self.by_session.get((nak.session_id, nak.stream_id))
             if pub is not None:
-                pub.on_nak(nak, now_ns)
+                pub.on_nak(nak, now_ns, source)
         elif ftype == _TYPE_RTTM:
             rttm = RttMeasurement.decode(buf[:length])
             pub = self.by_session.get((rttm.session_id, rttm.stream_id))

@@ -108,6 +108,16 @@ class Publication:
     def position(self) -> int:
         return self._state.appender.position
 
+    def allow_destination_hosts(self, hosts: frozenset[str] | None) -> None:
+        """Which IP addresses' SMs may make (and keep) a destination of this dynamic
+        publication (None: anyone). Others' SMs and NAKs are refused and counted."""
+        self._state.allowed_hosts = None if hosts is None else frozenset(hosts)
+
+    @property
+    def destination_hosts(self) -> frozenset[str]:
+        """The IP addresses this publication currently sends to (dynamic: learnt from SMs)."""
+        return self._state.destination_hosts
+
     @property
     def position_limit(self) -> int:
         return self._state.publisher_limit

@@ -37,6 +37,7 @@ from aeron_spark.transport.driver.agents import (
 )
 from aeron_spark.transport.driver.client import Image, Publication, Subscription
 from aeron_spark.transport.driver.endpoint import (
+    AmplificationLedger,
     UdpEndpoint,
     bind_endpoint_for,
     destination_address,
@@ -135,6 +136,7 @@ class Driver:
         self.config = config or DriverConfig()
         self.directory = self.config.resolved_directory
         self.system_counters = SystemCounters()
+        self.amplification: AmplificationLedger | None = None
         self._retired: dict[str, int] = {}
         self._lock = threading.RLock()
         self._sender = SenderAgent(self.system_counters, self._on_publication_done)
@@ -326,6 +328,11 @@ class Driver:
                 dynamic=dynamic,
                 now_ns=now,
             )
+            if config.destination_host is not None:
+                host = config.destination_host
+                state.allowed_hosts = frozenset() if host == "none" else frozenset({host})
+                state.session_sm_only = config.session_id is not None
+            state.max_destinations = config.max_destinations
             if dynamic or manual:
                 assert config.control is not None or manual
                 bind = (
@@ -358,6 +365,16 @@ class Driver:
         self._wake_sender()
         return pub
 
+    def trust_host(self, host: str) -> None:
+        """``host`` completed a handshake: sends to it are no longer bounded by what it sent
+        (see ``max-amplification``); each call is undone by one :meth:`distrust_host`."""
+        if self.amplification is not None:
+            self.amplification.trust(host)
+
+    def distrust_host(self, host: str) -> None:
+        if self.amplification is not None:
+            self.amplification.distrust(host)
+
     def _open_endpoint(self, bind: Endpoint, config: ChannelConfig) -> UdpEndpoint:
         buffer = self.config.socket_buffer_length
         loss = None
@@ -365,13 +382,20 @@ class Driver:
             from aeron_spark.transport.testing import LossInjector
 
             loss = LossInjector(self.config.loss, self.system_counters)
-        return UdpEndpoint(
+        udp = UdpEndpoint(
             bind,
             self.system_counters,
             so_rcvbuf=max(config.so_rcvbuf, buffer),
             so_sndbuf=max(config.so_sndbuf, buffer),
             loss=loss,
         )
+        if config.max_amplification:
+            # the driver's guarded sockets share one ledger: what an address sent to one
+            # (a HELLO on the port) is its credit on the other (replies from port + 1)
+            if self.amplification is None:
+                self.amplification = AmplificationLedger(config.max_amplification)
+            udp.ledger = self.amplification
+        return udp
 
     def _add_destination(self, pub: Publication, endpoint: str) -> None:
         address = destination_address(parse_endpoint("endpoint", endpoint, allow_port_zero=False))
@@ -659,6 +683,8 @@ def _publication_counts(state: PublicationState) -> dict[str, int]:
         "status_messages_received": state.status_messages_received,
         "back_pressure_events": state.back_pressure_events,
         "invalid_frames": state.invalid_naks,
+        "status_messages_refused": state.status_messages_refused,
+        "naks_refused": state.naks_refused,
     }
 
 
@@ -670,6 +696,7 @@ def _dispatcher_counts(rep: ReceiveEndpoint) -> dict[str, int]:
         "setups_rejected": d.setups_rejected,
         "images_refused": d.images_refused,
         "unknown_session_data": d.unknown_session_data,
+        "data_wrong_source": d.data_wrong_source,
         "images_created": d.images_created,
         "images_removed": d.images_removed,
         "heartbeats_received": d.heartbeats_received,

@@ -28,6 +28,65 @@ _TRANSIENT = {
 }
 
 
+class AmplificationLedger:
+    """Bytes received from and sent to each IP address by a driver's guarded sockets: to an
+    address not trusted (one that has not completed a handshake) at most ``factor`` times what
+    came from it is sent; the rest is dropped and counted. A spoofer that names a victim as
+    its source so gets at most ``factor`` times its own traffic sent to the victim.
+
+    Received bytes are counted on the receiving thread and sent ones on the sending one (each
+    updates its own dict); ``trusted`` is replaced whole by :meth:`trust`/:meth:`distrust`.
+    """
+
+    def __init__(self, factor: int = 3, max_hosts: int = 65536) -> None:
+        self.factor = factor
+        self.max_hosts = max_hosts
+        self.received: dict[str, int] = {}
+        self.sent: dict[str, int] = {}
+        self.trusted: frozenset[str] = frozenset()
+        self._trust_counts: dict[str, int] = {}
+        self.drops = 0
+        self.dropped_bytes = 0
+
+    def on_receive(self, host: str, length: int) -> None:
+        received = self.received
+        if len(received) >= self.max_hosts and host not in received:
+            received.clear()  # a flood of sources: forget credit (sends get stricter, not looser)
+        received[host] = received.get(host, 0) + length
+
+    def may_send(self, host: str, length: int) -> bool:
+        if host in self.trusted:
+            return True
+        sent = self.sent
+        total = sent.get(host, 0) + length
+        if total > self.factor * self.received.get(host, 0):
+            self.drops += 1
+            self.dropped_bytes += length
+            return False
+        if len(sent) >= self.max_hosts and host not in sent:
+            sent.clear()
+            self.received.clear()
+        sent[host] = total
+        return True
+
+    def trust(self, host: str) -> None:
+        self._trust_counts[host] = self._trust_counts.get(host, 0) + 1
+        self.trusted = frozenset(self._trust_counts)
+
+    def distrust(self, host: str) -> None:
+        left = self._trust_counts.get(host, 0) - 1
+        if left > 0:
+            self._trust_counts[host] = left
+        else:
+            self._trust_counts.pop(host, None)
+        self.trusted = frozenset(self._trust_counts)
+
+
+def host_key(address: Any) -> str:
+    host = str(address[0])
+    return host[7:] if host.startswith("::ffff:") and "." in host else host
+
+
 def _sockaddr(endpoint: Endpoint) -> tuple[Any, ...]:
     if endpoint.family == socket.AF_INET6:
         return (endpoint.host, endpoint.port, 0, 0)
@@ -71,6 +130,7 @@ class UdpEndpoint:
         self.buffer = bytearray(RECEIVE_BUFFER_LENGTH)
         self.view = memoryview(self.buffer)
         self.loss = loss
+        self.ledger: AmplificationLedger | None = None  # set on a server's guarded sockets
         self._sendto = sock.sendto
         self._recvfrom_into = sock.recvfrom_into
         self.closed = False
@@ -81,6 +141,10 @@ class UdpEndpoint:
     def send(self, data: Any, address: Any) -> None:
         """Send one datagram; failures and short sends are counted, not raised."""
         counters = self.counters
+        ledger = self.ledger
+        if ledger is not None and not ledger.may_send(host_key(address), len(data)):
+            counters.amplification_drops += 1
+            return
         try:
             sent = self._sendto(data, address)
         except OSError as exc:
@@ -118,6 +182,8 @@ class UdpEndpoint:
         counters = self.counters
         counters.datagrams_received += 1
         counters.bytes_received += length
+        if self.ledger is not None:
+            self.ledger.on_receive(host_key(source), length)
         return self.view, length, source
 
     def close(self) -> None:

@@ -75,13 +75,20 @@ Transmit = Callable[[Any, Address], None]
 class Destination:
     """One place data goes: the unicast endpoint, or a receiver learned from its SMs (MDC)."""
 
-    __slots__ = ("address", "last_seen_ns", "receiver_ids", "needs_setup")
+    __slots__ = ("address", "last_seen_ns", "receiver_ids", "needs_setup", "window")
 
-    def __init__(self, address: Address, now_ns: int) -> None:
+    def __init__(self, address: Address, now_ns: int, window: int = 0) -> None:
         self.address = address
         self.last_seen_ns = now_ns
         self.receiver_ids: set[int] = set()
         self.needs_setup = True
+        self.window = window  # the receiver window of its last SM: bounds its retransmits
+
+
+def host_of(address: Address) -> str:
+    """The IP address of a socket address, IPv4-mapped IPv6 addresses as IPv4."""
+    host = str(address[0])
+    return host[7:] if host.startswith("::ffff:") and "." in host else host
 
 
 class PublicationState:
@@ -132,7 +139,15 @@ class PublicationState:
         self.publisher_limit = start
         self.has_initial_connection = False
         self.dynamic = dynamic
+        # Who may become a destination of a dynamic publication (None: anyone who sends an SM;
+        # replaced whole by other threads, read by the sender), how many at most (0: no limit),
+        # and whether only an SM carrying this publication's own session id makes one (a
+        # session-0 "send me SETUPs" SM from a stranger then gets nothing).
+        self.allowed_hosts: frozenset[str] | None = None
+        self.max_destinations = 0
+        self.session_sm_only = False
         self.destinations: dict[Address, Destination] = {}
+        self.destination_hosts: frozenset[str] = frozenset()  # replaced whole: read anywhere
         if destination is not None:
             self.destinations[destination] = Destination(destination, now_ns)
         self.receivers: dict[int, int] = {}  # receiver_id -> last SM time
@@ -142,7 +157,8 @@ class PublicationState:
         self.is_eos_sent = False
         self.linger_deadline_ns: int | None = None
         self.is_done = False  # may be removed by the driver
-        self.retransmit_ranges: list[tuple[int, int, int]] = []  # (start, end, linger until)
+        # (start, end, linger until, destination or None for all)
+        self.retransmit_ranges: list[tuple[int, int, int, Any]] = []
         self.retransmit_window = self.window  # the receiver window of the last SM
         self.status_messages_received = 0
         self.naks_received = 0
@@ -153,6 +169,8 @@ class PublicationState:
         self.setups_sent = 0
         self.bytes_sent = 0
         self.invalid_naks = 0
+        self.status_messages_refused = 0  # SMs from a source that is not (may not be) a destination
+        self.naks_refused = 0  # NAKs from a source that is not a destination
         self.back_pressure_events = 0
         self.pending: list[tuple[Any, Address]] = []  # replies to control frames, sent on send()
         self.on_limit_change: Callable[[], None] | None = None
@@ -245,10 +263,19 @@ class PublicationState:
         flags = sm.flags
         if self.dynamic:
             dest = self.destinations.get(source)
+            allowed = self.allowed_hosts
             if dest is None:
                 if flags & SmFlags.EOS:
                     return
-                dest = self.destinations[source] = Destination(source, now_ns)
+                if not self.may_add_destination(source, sm.session_id):
+                    self.status_messages_refused += 1
+                    return
+                dest = self.destinations[source] = Destination(source, now_ns, self.window)
+                self._hosts_changed()
+            elif allowed is not None and host_of(source) not in allowed:
+                self._drop_destination(source)  # no longer allowed (its handshake ended)
+                self.status_messages_refused += 1
+                return
             dest.last_seen_ns = now_ns
         else:
             dest = None
@@ -269,6 +296,7 @@ class PublicationState:
                 dest.receiver_ids.discard(sm.receiver_id)
                 if not dest.receiver_ids:
                     del self.destinations[source]
+                    self._hosts_changed()
             self._update_publisher_limit()
             return
         self.receivers[sm.receiver_id] = now_ns
@@ -281,17 +309,47 @@ class PublicationState:
         self.has_initial_connection = True
         if sm.receiver_window > 0:
             self.retransmit_window = sm.receiver_window
+            if dest is not None:
+                dest.window = sm.receiver_window
         proposed = self.sm_position(sm) + sm.receiver_window
         if proposed > self.sender_limit:
             self.sender_limit = proposed
         self._update_publisher_limit()
 
-    def on_nak(self, nak: NakFrame, now_ns: int) -> int:
+    def may_add_destination(self, source: Address, session_id: int) -> bool:
+        """Whether an SM from ``source`` (for ``session_id``) may make it a destination."""
+        if self.session_sm_only and session_id != self.session_id:
+            return False
+        if self.max_destinations and len(self.destinations) >= self.max_destinations:
+            return False
+        allowed = self.allowed_hosts
+        return allowed is None or host_of(source) in allowed
+
+    def _hosts_changed(self) -> None:
+        self.destination_hosts = frozenset(host_of(a) for a in self.destinations)
+
+    def _drop_destination(self, address: Address) -> None:
+        dest = self.destinations.pop(address, None)
+        if dest is not None:
+            self._hosts_changed()
+            for rid in dest.receiver_ids:
+                self.receivers.pop(rid, None)
+            self._update_publisher_limit()
+
+    def on_nak(self, nak: NakFrame, now_ns: int, source: Address | None = None) -> int:
         """Resend exactly the original bytes of a lost range; returns datagrams queued.
 
-        Parts of the range queued or resent within the linger are skipped, and what would take
-        the lingering bytes past the receiver window is refused (both counted as suppressed).
+        A dynamic publication takes NAKs only from its destinations (others are counted in
+        ``naks_refused``) and resends only to the one that asked. Parts of the range queued or
+        resent to it within the linger are skipped, and what would take its lingering bytes past
+        its receiver window is refused (both counted as suppressed).
         """
+        dest: Destination | None = None
+        if self.dynamic:
+            dest = self.destinations.get(source) if source is not None else None
+            if dest is None:
+                self.naks_refused += 1
+                return 0
         self.naks_received += 1
         term_offset = nak.term_offset
         if (
@@ -307,11 +365,14 @@ class PublicationState:
             return 0
         end = start + min(nak.length, self.term_length - term_offset, self.sender_position - start)
         ranges = self.retransmit_ranges
-        if ranges and any(until <= now_ns for _, _, until in ranges):
+        if ranges and any(r[2] <= now_ns for r in ranges):
             ranges = self.retransmit_ranges = [r for r in ranges if r[2] > now_ns]
+        to = dest.address if dest is not None else None
         pieces = [(start, end)]
         lingering = 0
-        for r_start, r_end, _ in ranges:
+        for r_start, r_end, _, r_to in ranges:
+            if r_to != to:
+                continue
             lingering += r_end - r_start
             if r_end <= start or r_start >= end:
                 continue
@@ -326,7 +387,8 @@ class PublicationState:
                     cut.append((r_end, p_end))
             pieces = cut
         suppressed = len(pieces) != 1 or pieces[0] != (start, end)
-        budget = max(self.retransmit_window, self.mtu) - lingering
+        window = dest.window if dest is not None else self.retransmit_window
+        budget = max(window, self.mtu) - lingering
         queued = 0
         for p_start, p_end in pieces:
             if budget <= 0 or len(ranges) >= MAX_RETRANSMIT_RANGES:
@@ -335,19 +397,21 @@ class PublicationState:
             if p_end - p_start > budget:
                 p_end = p_start + budget
                 suppressed = True
-            count, resent = self._resend(p_start, p_end)
+            count, resent = self._resend(p_start, p_end, to)
             if resent == 0:
                 suppressed = True
                 break
             queued += count
             budget -= resent
-            ranges.append((p_start, p_start + resent, now_ns + self.retransmit_linger_ns))
+            ranges.append((p_start, p_start + resent, now_ns + self.retransmit_linger_ns, to))
         if suppressed:
             self.retransmits_suppressed += 1
         return queued
 
-    def _resend(self, start: int, end: int) -> tuple[int, int]:
-        """Queue the datagrams of whole frames in ``[start, end)``: (datagrams, bytes covered)."""
+    def _resend(self, start: int, end: int, to: Address | None = None) -> tuple[int, int]:
+        """Queue the datagrams of whole frames in ``[start, end)`` (to ``to``, else to every
+        destination): (datagrams, bytes covered)."""
+        targets = [to] if to is not None else [d.address for d in self.destinations.values()]
         term = self.terms[(start >> self.shift) % PARTITION_COUNT]
         offset = first = start & (self.term_length - 1)
         stop = offset + (end - start)
@@ -357,8 +421,8 @@ class PublicationState:
             if advance == 0:
                 break
             data = bytes(term[offset : offset + to_send])
-            for dest in self.destinations.values():
-                self.pending.append((data, dest.address))
+            for address in targets:
+                self.pending.append((data, address))
             self.retransmits_sent += 1
             self.retransmitted_bytes += to_send
             queued += 1
@@ -561,15 +625,19 @@ class PublicationState:
         return datagrams
 
     def _expire_destinations(self, now_ns: int) -> None:
+        allowed = self.allowed_hosts
         stale = [
             a
             for a, d in self.destinations.items()
             if now_ns - d.last_seen_ns > CONNECTION_TIMEOUT_NS
+            or (allowed is not None and host_of(a) not in allowed)
         ]
         for address in stale:
             dest = self.destinations.pop(address)
             for rid in dest.receiver_ids:
                 self.receivers.pop(rid, None)
+        if stale:
+            self._hosts_changed()
 
     @property
     def next_deadline_ns(self) -> int:

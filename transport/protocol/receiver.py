@@ -11,8 +11,10 @@
   ``max_mtu``) creates nothing and is counted (``setups_rejected``), as is one past the
   subscription's image limits (``max_images`` in all, ``max_images_per_source`` from one sender's
   address and port, ``max_images_per_address`` from one IP address: ``images_refused``);
-* for DATA of a known session, copies the datagram into the image; for DATA of an unknown session
-  (not EOS, not cooling down) answers an SM with SEND_SETUP to the sender, at most every 100 ms;
+* for DATA of a known session from the source of its SETUP (address and port), copies the
+  datagram into the image (from any other source it is dropped: ``data_wrong_source``); for
+  DATA of an unknown session (not EOS, not cooling down) answers an SM with SEND_SETUP to the
+  sender, at most every 100 ms;
 * ignores control frames meant for publications.
 
 :meth:`do_work` steps every image (SMs, NAKs, cleaning, liveness) and, for subscriptions with a
@@ -124,6 +126,7 @@ class ReceiveDispatcher:
         self.images_refused = 0
         self._prune_above = 256  # prune cool_down / pending_setups when they grow past this
         self.unknown_session_data = 0
+        self.data_wrong_source = 0  # DATA for an image from another source than its SETUP's
         self.invalid_frames = 0
         self.heartbeats_received = 0
         self.images_created = 0
@@ -193,6 +196,11 @@ class ReceiveDispatcher:
             if image is None:
                 continue
             known = True
+            if source[:2] != image.source_address[:2]:
+                # An image is bound to the source of its SETUP: DATA for it from anywhere else
+                # (a spoofer that learnt or guessed the session id) is dropped and counted.
+                self.data_wrong_source += 1
+                continue
             if term_offset + extent > image.term_length:
                 raise InvalidFrameError(f"DATA at {term_offset}+{length} runs past the term")
             if image.on_data(buf, length, term_id, term_offset, now_ns, extent):
@@ -371,10 +379,12 @@ class ReceiveDispatcher:
                     and not interest.closed
                     and now_ns >= interest.elicit_deadline_ns
                 ):
+                    # a session-specific subscription names its session (a secure session's
+                    # publication answers only SMs that carry its own, secret, id)
                     self._send_sm(
                         transmit,
                         interest.control_address,
-                        0,
+                        interest.session_id or 0,
                         stream_id,
                         interest.receiver_id,
                         SmFlags.SEND_SETUP,
