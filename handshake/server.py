@@ -49,6 +49,17 @@ from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler, Trans
 from aeron_spark.transport.protocol.publication import host_of
 
 log = logging.getLogger(__name__)
+# The driver's counters of what strangers sent and the transport dropped, in :meth:`Server.stats`
+TRANSPORT_REFUSALS = (
+    "status_messages_refused",  # SMs from an address that may not be a destination (item 1)
+    "naks_refused",  # NAKs from an address that is not a destination (item 2)
+    "data_wrong_source",  # DATA for an image from another source than its SETUP's (item 3)
+    "setups_rejected",  # SETUPs asking for a bigger term or mtu than the channel takes (item 6)
+    "images_refused",  # SETUPs past a subscription's image limits (item 6)
+    "setups_rate_limited",  # SETUPs from one address past its rate (item 6)
+    "images_created",
+    "invalid_frames",
+)
 _BIND_ATTEMPTS = 20
 
 
@@ -522,6 +533,7 @@ class Server:
     def stats(self) -> dict[str, Any]:
         c = self.core.counters
         ledger = getattr(self.driver, "amplification", None)
+        transport = self.driver.counters.snapshot()
         return {
             "connections": len(self.connections),
             "pending": self.core.pending,
@@ -540,6 +552,8 @@ class Server:
             "reply_drops": self.reply_drops,
             "pair_address_mismatches": self.pair_address_mismatches,
             "amplification_drops": ledger.drops if ledger is not None else 0,
+            # what the transport under the server refused (the server's driver, all channels)
+            **{name: transport.get(name, 0) for name in TRANSPORT_REFUSALS},
             "frames_opened": self.seal_counters.opened,
             "frames_rejected": self.seal_counters.rejected(),
             "frames_tampered": self.seal_counters.tampered,

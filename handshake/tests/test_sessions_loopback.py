@@ -19,6 +19,7 @@ from aeron_spark.handshake.machine import ClientHandshake
 from aeron_spark.transport import FragmentAssembler
 from aeron_spark.transport.testing import free_udp_port
 
+from . import hostile
 from .conftest import wait_for
 
 
@@ -132,8 +133,12 @@ def test_client_that_never_sends_done_expires_and_frees_everything(
     machine, got, pub, replies = _raw_hello(client_driver, server.endpoint)
     assert machine.on_reply(got[0]) is not None  # a real WELCOME, sealed for us
     assert server.stats()["pending"] == 1
-    wait_for(lambda: server.stats()["expired"] == 1, what="the pending session to expire")
-    assert server.stats()["pending"] == 0 and not server.core.session_ids
+    # the server thread counts the expiry, then frees the session: wait for both
+    wait_for(
+        lambda: server.stats()["expired"] == 1 and server.stats()["pending"] == 0,
+        what="the pending session to expire and be freed",
+    )
+    assert not server.core.session_ids
     assert not server.core.stream_ids and not server.core.per_address
     pub.close()
     replies.close()
@@ -156,26 +161,52 @@ def test_garbage_and_truncated_hellos_are_counted_and_others_still_connect(
     conn.close()
 
 
-def test_wrong_session_id_on_the_private_pair_is_ignored(
-    make_server, make_client, client_driver
+def test_frames_injected_into_a_live_session_from_another_source_are_dropped_and_counted(
+    make_server, make_client
 ) -> None:
+    # An intruder that knows the session's secret ids (on main, any SETUP it asked for with a
+    # session-0 SM told it; here it reads them from the server) forges DATA frames of the
+    # client's publication at the very position the next real frame takes, from another
+    # address and from the client's address with another port. The server's image is bound to
+    # the source of its SETUP: they are dropped and counted, and never reach the session (which
+    # would close on the first frame failing authentication).
+    reason = hostile.spoof_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
     server = make_server()
     conn = make_client().connect(server.endpoint)
+    conn.send(b"before")
+    assert conn.receive(5.0) == b"before"
     wait_for(lambda: len(server.connections) == 1, what="the server side")
-    details = next(iter(server.core.sessions)).details
-    intruder = client_driver.add_publication(
-        f"aeron:udp?endpoint={server.endpoint}|session-id={details.c2s_session_id + 1}",
-        details.c2s_stream_id,
-    )
-    intruder.wait_until_connected(2.0)  # it may never connect: nobody subscribes to its session
-    for _ in range(5):
-        intruder.offer(b"\x00injected")
-    conn.send(b"real")
-    assert conn.receive(5.0) == b"real"  # the echo only ever contains the real message
-    assert conn.receive(0.2) is None
-    assert server.stats()["frames_rejected"] == 0
-    intruder.close()
-    conn.close()
+    server_conn = server.connections[0]
+    details = server._by_conn[id(server_conn)].details
+    image = server_conn.subscription.images[0]._state
+    client_host, client_port = image.source_address[:2]
+    position = image.hwm
+    term_id = image.initial_term_id + (position >> image.shift)
+    offset = position & (image.term_length - 1)
+    spoofer = hostile.Spoofer()
+    injected = 0
+    try:
+        for source in (("127.0.0.3", client_port), (client_host, client_port ^ 0x5A5A)):
+            for k in range(4):  # the next frame's slot and the three after it
+                forged = conn._sealer.counter.to_bytes(8, "big") + os.urandom(1 + 16)
+                frame = hostile.data(
+                    details.c2s_session_id, details.c2s_stream_id, forged,
+                    term_id=term_id, term_offset=offset + 64 * k,
+                )
+                spoofer.send(source, ("127.0.0.1", server.port), frame)
+                injected += 1
+        conn.send(b"real")  # takes the slot the first forged frame asked for
+        assert conn.receive(5.0) == b"real", "the session stopped working after the injection"
+        assert conn.receive(0.2) is None
+        stats = server.stats()
+        assert stats["frames_rejected"] == 0 and server_conn.is_connected
+        wait_for(lambda: server.stats()["data_wrong_source"] >= injected,
+                 what="every injected frame dropped and counted")
+    finally:
+        spoofer.close()
+        conn.close()
 
 
 def test_changed_server_key_is_refused(make_server, make_client, tmp_path) -> None:
