@@ -61,11 +61,13 @@ class Channels:
 
     # -------------------------------------------------------------- handshake channels
 
-    def hello_sub(self, max_images: int = 0, max_images_per_address: int = 0) -> str:
+    def hello_sub(
+        self, max_images: int = 0, max_images_per_address: int = 0, setups_per_s: int = 0
+    ) -> str:
         """The server's public HELLO subscription: small terms only, one HELLO image per client
         socket (a client publishes one HELLO per socket; allowing a few tolerates a retry), at
-        most ``max_images`` at once and ``max_images_per_address`` from one IP address (0: no
-        limit)."""
+        most ``max_images`` at once and ``max_images_per_address`` from one IP address, at most
+        ``setups_per_s`` new ones a second from one /24 or /64 (0: no limit)."""
         if self.media == "ipc":
             return "aeron:ipc"
         limits = "".join(
@@ -74,6 +76,7 @@ class Channels:
                 ("max-images", max_images),
                 ("max-images-per-source", HELLO_IMAGES_PER_SOURCE),
                 ("max-images-per-address", max_images_per_address),
+                ("setups-per-prefix-per-s", setups_per_s),
             )
             if value
         )

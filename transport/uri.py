@@ -80,6 +80,7 @@ KNOWN_PARAMS = frozenset(
         "max-images",  # images at once (0: no limit), from one address+port, from one IP
         "max-images-per-source",
         "max-images-per-address",
+        "setups-per-prefix-per-s",
     }
 )
 
@@ -259,6 +260,9 @@ class ChannelConfig:
     max_images: int | None = None
     max_images_per_source: int | None = None
     max_images_per_address: int | None = None
+    # new images a subscription makes per second for the senders of one /24 (IPv4) or /64
+    # (IPv6) network (0: no limit); SETUPs past it make nothing and are counted
+    setups_per_prefix_per_s: int = 0
     # dynamic publications: the one IP address whose SMs may make a destination ("none": nobody
     # until the owner allows some, None: anyone) and how many destinations at most (0: no limit)
     destination_host: str | None = None
@@ -338,6 +342,10 @@ class ChannelConfig:
         for key in ("max-images", "max-images-per-source", "max-images-per-address"):
             if key in p:
                 kwargs[key.replace("-", "_")] = parse_size(key, p[key])
+        if "setups-per-prefix-per-s" in p:
+            kwargs["setups_per_prefix_per_s"] = parse_size(
+                "setups-per-prefix-per-s", p["setups-per-prefix-per-s"]
+            )
         if "destination-host" in p:
             host = p["destination-host"].strip("[]")
             if host != "none":

@@ -308,9 +308,14 @@ def test_a_session_pair_from_another_address_than_the_hello_is_refused(
 # ------------------------------------------------------------------ item 6
 
 
-def test_hello_stream_setups_are_bounded_in_term_images_and_rate(
-    make_server, make_client
-) -> None:
+def _hello_images(server, prefix: str = "") -> int:
+    return sum(
+        1 for image in server._hello_sub.images
+        if image._state.source_address[0].startswith(prefix)
+    )
+
+
+def test_hello_stream_setups_are_bounded_in_term_and_images(make_server, make_client) -> None:
     server = make_server(ipc=False, max_pending=16, max_per_address=4)
     spoofer = h.Spoofer()
     try:
@@ -322,19 +327,48 @@ def test_hello_stream_setups_are_bounded_in_term_images_and_rate(
         wait_for(lambda: server.stats()["setups_rejected"] - base["setups_rejected"] >= 200,
                  what="200 big-term SETUPs refused and counted")
         assert server.stats()["images_created"] == base["images_created"]
-        # Small-term SETUPs from one address: at most max_per_address images (per address); from
-        # many, at most 2 * max_pending in all; the rest refused and counted.
+        assert _hello_images(server) == 0
+        # 40 SETUPs (the handshake's own term) from one address: max_per_address images.
         for i in range(40):
             spoofer.send(("127.0.2.1", 7000 + i), (SERVER, server.port),
                          h.setup(0x4D000000 + i, HANDSHAKE_STREAM_ID))
+        wait_for(lambda: server.stats()["images_refused"] - base["images_refused"] >= 36,
+                 what="SETUPs past the per-address limit refused and counted")
+        assert _hello_images(server, "127.0.2.") == 4
+        conn = make_client().connect(server.endpoint)  # another address still gets in
+        _echo([conn])
+        conn.close()
+        # 100 SETUPs from 100 networks: at most 2 * max_pending HELLO images in all.
+        refused = server.stats()["images_refused"]
         for i in range(100):
-            spoofer.send((f"127.0.3.{i + 1}", 7000), (SERVER, server.port),
+            spoofer.send((f"127.{10 + i}.0.1", 7000), (SERVER, server.port),
                          h.setup(0x4E000000 + i, HANDSHAKE_STREAM_ID))
-        wait_for(lambda: server.stats()["images_refused"] - base["images_refused"] >= 100,
-                 what="SETUPs past the HELLO image limits refused and counted")
-        hello_images = len(server._hello_sub.images)
-        assert hello_images <= 2 * 16
-        stats = server.stats()
-        assert stats["setups_rate_limited"] > 0
+        wait_for(lambda: server.stats()["images_refused"] - refused >= 100 - 2 * 16,
+                 what="SETUPs past the HELLO image cap refused and counted")
+        assert _hello_images(server) <= 2 * 16
+    finally:
+        spoofer.close()
+
+
+def test_hello_stream_setups_are_rate_limited_per_network(make_server, make_client) -> None:
+    # New HELLO images per /24 per second: as many as HELLOs (hellos_per_prefix_per_s).
+    server = make_server(ipc=False, hellos_per_prefix_per_s=10, max_per_address=256,
+                         max_pending=256)
+    spoofer = h.Spoofer()
+    try:
+        started = time.monotonic()
+        for i in range(60):
+            spoofer.send((f"127.0.4.{i + 1}", 7000), (SERVER, server.port),
+                         h.setup(0x4F000000 + i, HANDSHAKE_STREAM_ID))
+        wait_for(lambda: _refused(server, "setups_rate_limited") + _hello_images(server) >= 60,
+                 what="every SETUP made an image or was rate limited")
+        elapsed = time.monotonic() - started
+        images = _hello_images(server, "127.0.4.")
+        assert images <= 10 + int(10 * elapsed) + 1, (images, elapsed)
+        assert _refused(server, "setups_rate_limited") >= 60 - images
+        # Another /24 has its own budget: an honest client (127.0.0.1) connects meanwhile.
+        conn = make_client().connect(server.endpoint)
+        _echo([conn])
+        conn.close()
     finally:
         spoofer.close()

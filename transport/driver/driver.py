@@ -494,6 +494,7 @@ class Driver:
                 max_images_per_address=_limit(
                     self.config.max_images_per_address, config.max_images_per_address
                 ),
+                setups_per_prefix_per_s=config.setups_per_prefix_per_s,
                 on_image=sub._image_available,
                 on_image_gone=sub._image_unavailable,
                 on_data=sub._data_arrived,
@@ -695,6 +696,7 @@ def _dispatcher_counts(rep: ReceiveEndpoint) -> dict[str, int]:
         "setups_received": d.setups_received,
         "setups_rejected": d.setups_rejected,
         "images_refused": d.images_refused,
+        "setups_rate_limited": d.setups_rate_limited,
         "unknown_session_data": d.unknown_session_data,
         "data_wrong_source": d.data_wrong_source,
         "images_created": d.images_created,

@@ -10,7 +10,9 @@
   a SETUP whose term length or mtu is above the subscription's bound (``max_term_length``,
   ``max_mtu``) creates nothing and is counted (``setups_rejected``), as is one past the
   subscription's image limits (``max_images`` in all, ``max_images_per_source`` from one sender's
-  address and port, ``max_images_per_address`` from one IP address: ``images_refused``);
+  address and port, ``max_images_per_address`` from one IP address: ``images_refused``) or
+  past its rate of new images per /24 (IPv4) or /64 (IPv6) network of senders
+  (``setups_per_prefix_per_s``, a token bucket with as big a burst: ``setups_rate_limited``);
 * for DATA of a known session from the source of its SETUP (address and port), copies the
   datagram into the image (from any other source it is dropped: ``data_wrong_source``); for
   DATA of an unknown session (not EOS, not cooling down) answers an SM with SEND_SETUP to the
@@ -23,6 +25,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import random
 import struct
 from collections.abc import Callable
@@ -85,6 +88,7 @@ class StreamInterest:
         max_images: int = 0,
         max_images_per_source: int = 0,
         max_images_per_address: int = 0,
+        setups_per_prefix_per_s: int = 0,
         on_image: Callable[[ImageState], None] | None = None,
         on_image_gone: Callable[[ImageState], None] | None = None,
         on_data: Callable[[], None] | None = None,
@@ -104,6 +108,10 @@ class StreamInterest:
         self.max_images_per_source = max_images_per_source
         self.max_images_per_address = max_images_per_address
         self.images_per_source: dict[Any, int] = {}
+        # new images per second for the senders of one /24 or /64 (0: no limit): prefix ->
+        # (tokens, at ns)
+        self.setups_per_prefix_per_s = setups_per_prefix_per_s
+        self.setup_rate: dict[str, tuple[float, int]] = {}
         self.on_image = on_image
         self.on_image_gone = on_image_gone
         self.on_data = on_data
@@ -124,6 +132,7 @@ class ReceiveDispatcher:
         self.setups_received = 0
         self.setups_rejected = 0
         self.images_refused = 0
+        self.setups_rate_limited = 0  # SETUPs past the new images per /24 or /64 per second
         self._prune_above = 256  # prune cool_down / pending_setups when they grow past this
         self.unknown_session_data = 0
         self.data_wrong_source = 0  # DATA for an image from another source than its SETUP's
@@ -304,6 +313,11 @@ class ReceiveDispatcher:
             if _is_full(interest, source):
                 self.images_refused += 1
                 continue
+            if interest.setups_per_prefix_per_s and not _setup_rate_allows(
+                interest, source, now_ns
+            ):
+                self.setups_rate_limited += 1  # its publication sends SETUP again later
+                continue
             image = ImageState(
                 session_id=setup.session_id,
                 stream_id=setup.stream_id,
@@ -445,6 +459,44 @@ def _is_full(interest: StreamInterest, source: Address) -> bool:
         return True
     limit = interest.max_images_per_address
     return bool(limit) and counts.get(source[0], 0) >= limit
+
+
+_RATE_TABLE_LIMIT = 65536  # networks whose SETUP rate a subscription tracks at once
+
+
+def source_prefix(source: Address) -> str:
+    """The network a sender is accounted in: its /24 (IPv4, IPv4-mapped IPv6 too) or /64."""
+    host = str(source[0])
+    if host.startswith("::ffff:") and "." in host:
+        host = host[7:]
+    if ":" not in host:
+        return host.rpartition(".")[0]
+    try:
+        return ipaddress.ip_network(f"{host.partition('%')[0]}/64", strict=False).compressed
+    except ValueError:
+        return host
+
+
+def _setup_rate_allows(interest: StreamInterest, source: Address, now_ns: int) -> bool:
+    """Token bucket per /24 or /64 of senders: ``setups_per_prefix_per_s``, burst as many."""
+    rate = interest.setups_per_prefix_per_s
+    table = interest.setup_rate
+    prefix = source_prefix(source)
+    tokens, at = table.get(prefix, (float(rate), now_ns))
+    tokens = min(float(rate), tokens + max(now_ns - at, 0) * rate / 1e9)
+    if tokens < 1.0:
+        table[prefix] = (tokens, max(now_ns, at))
+        return False
+    if prefix not in table and len(table) >= _RATE_TABLE_LIMIT:
+        # forget the networks whose bucket has refilled (they are as if never seen)
+        for key in [
+            k for k, (t, a) in table.items() if t + max(now_ns - a, 0) * rate / 1e9 >= rate
+        ]:
+            del table[key]
+        if len(table) >= _RATE_TABLE_LIMIT:
+            return False
+    table[prefix] = (tokens - 1.0, max(now_ns, at))
+    return True
 
 
 def _forget_source(interest: StreamInterest, source: Address) -> None:
