@@ -5,6 +5,8 @@
   ``LossGenerator``). Pass ``DriverConfig(loss=LossConfig(...))`` to a driver.
 * :class:`ManualClock`: a ``now_ns`` source tests advance by hand.
 * :func:`free_udp_port`: a port number that was free a moment ago (prefer binding port 0).
+* :class:`Spoofer`: UDP datagrams over IPv4 with a forged source address and port (a raw
+  socket: root or CAP_NET_RAW; :func:`spoof_unavailable` says why not), for attack tests.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import math
 import random
 import socket
+import struct
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -140,9 +143,11 @@ __all__ = [
     "LossConfig",
     "LossInjector",
     "ManualClock",
+    "Spoofer",
     "free_udp_port",
     "make_message",
     "message_sizes",
+    "spoof_unavailable",
 ]
 
 
@@ -161,3 +166,36 @@ def recorded_payloads(frames: bytes, initial_term_id: int, term_length: int) -> 
         assert new > offset, f"no frame read at offset {offset}"
         offset = new
     return out
+
+
+def spoof_unavailable() -> str | None:
+    """Why forged datagrams cannot be sent here (None: they can)."""
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW).close()
+    except PermissionError:
+        return "raw IPv4 sockets need root or CAP_NET_RAW (CI runs as root)"
+    except OSError as exc:
+        return f"no raw IPv4 sockets: {exc}"
+    return None
+
+
+class Spoofer:
+    """Sends UDP datagrams over IPv4 with any source address and port (the kernel fills in the
+    IP checksum, length and id; the UDP checksum is left 0, "none", which IPv4 allows)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+        self.bytes_sent: dict[str, int] = {}  # UDP payload bytes per forged source address
+
+    def send(self, source: tuple[str, int], destination: tuple[str, int], payload: bytes) -> None:
+        udp = struct.pack("!HHHH", source[1], destination[1], 8 + len(payload), 0) + payload
+        ip = struct.pack(
+            "!BBHHHBBH4s4s",
+            0x45, 0, 20 + len(udp), 0, 0, 64, socket.IPPROTO_UDP, 0,
+            socket.inet_aton(source[0]), socket.inet_aton(destination[0]),
+        )
+        self.sock.sendto(ip + udp, (destination[0], 0))
+        self.bytes_sent[source[0]] = self.bytes_sent.get(source[0], 0) + len(payload)
+
+    def close(self) -> None:
+        self.sock.close()

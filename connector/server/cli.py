@@ -107,6 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-per-address", type=int, default=256, help="sessions per client IP address"
     )
     parser.add_argument(
+        "--max-pending-per-prefix", type=int, default=32,
+        help="handshakes in flight from one /24 (IPv4) or /64 (IPv6) network (default "
+        "%(default)s; raise it when more clients of one network connect at the same instant)",
+    )
+    parser.add_argument(
+        "--hellos-per-prefix-per-s", type=float, default=1000.0,
+        help="HELLOs (and new HELLO streams) one /24 or /64 network may have answered per "
+        "second, burst as many; past it they are dropped and counted (default %(default)s)",
+    )
+    parser.add_argument(
         "--retention-bytes", type=int, default=None,
         help="purge each recording down to its last N bytes (term granularity; default: keep all)",
     )
@@ -151,6 +161,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         deny=tuple(args.deny),
         max_clients=args.max_clients,
         max_per_address=args.max_per_address,
+        max_pending_per_prefix=args.max_pending_per_prefix,
+        hellos_per_prefix_per_s=args.hellos_per_prefix_per_s,
         retention_bytes=args.retention_bytes,
         retention_s=args.retention_seconds,
         retention_respects_consumers=not args.retention_ignores_consumers,

@@ -29,6 +29,9 @@ class ServerConfig:
     ``allow`` / ``deny``    addresses or CIDR ranges allowed / denied a session (deny wins; an
                             empty allow list allows everyone)
     ``max_clients`` / ``max_per_address``  session limits (in total / per client IP address)
+    ``max_pending_per_prefix``  handshakes in flight from one /24 (IPv4) or /64 (IPv6) network
+    ``hellos_per_prefix_per_s``  HELLOs (and new HELLO images) one /24 or /64 may have answered
+                            per second, burst as many; past it they are dropped and counted
     ``term_length`` / ``mtu``  geometry of recordings the server creates (publish, sink commits);
                             mtu None: Aeron's largest, 65504, or half a term if that is less
                             (fewer fragments per large message; recordings are replayed through
@@ -78,6 +81,8 @@ class ServerConfig:
     deny: tuple[str, ...] = ()
     max_clients: int = 1024
     max_per_address: int = 256
+    max_pending_per_prefix: int = 32
+    hellos_per_prefix_per_s: float = 1000.0
     term_length: int = 64 * 1024 * 1024
     mtu: int | None = None
     session_lease_ns: int = 60_000_000_000
@@ -115,6 +120,8 @@ class ServerConfig:
         for name in (
             "max_clients",
             "max_per_address",
+            "max_pending_per_prefix",
+            "hellos_per_prefix_per_s",
             "session_lease_ns",
             "gc_interval_ns",
             "max_replays_per_session",

@@ -130,6 +130,8 @@ class StreamServer:
                 deny=self.config.deny,
                 max_clients=self.config.max_clients,
                 max_per_address=self.config.max_per_address,
+                max_pending_per_prefix=self.config.max_pending_per_prefix,
+                hellos_per_prefix_per_s=self.config.hellos_per_prefix_per_s,
                 allow_plain_udp=self.config.allow_plain_udp,
             )
             self._store.start_ingest()

@@ -124,6 +124,17 @@ def render(snapshot: dict[str, Any]) -> str:
     for name, value in sorted(snapshot.get("store", {}).items()):
         if isinstance(value, int | float):
             lines.append(f"  store.{name:<28} {value:>16,}")
+    handshake = snapshot.get("handshake", {})
+    if handshake:
+        # admissions and everything strangers sent that was refused (issue 22)
+        lines.append("")
+        lines.append("handshake")
+        for name, value in sorted(handshake.items()):
+            if isinstance(value, dict):
+                for key, count in sorted(value.items()):
+                    lines.append(f"  {name + '.' + str(key):<34} {count:>16,}")
+            elif isinstance(value, int | float):
+                lines.append(f"  {name:<34} {value:>16,}")
     transport = snapshot.get("transport", {})
     if transport:
         lines.append("")

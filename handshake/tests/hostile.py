@@ -1,13 +1,12 @@
-"""Helpers for the hostile-network tests: datagrams with a forged source address (raw IPv4
-socket, ``IP_HDRINCL``: needs root or CAP_NET_RAW, which CI has), hand-made Aeron frames, and a
-victim socket that counts what the server sends it."""
+"""Helpers for the hostile-network tests: hand-made Aeron frames, a victim socket that counts
+what the server sends it, and (from ``transport.testing``) datagrams with a forged source
+address (raw IPv4 socket, ``IP_HDRINCL``: needs root or CAP_NET_RAW, which CI has)."""
 
 from __future__ import annotations
 
 import os
 import select
 import socket
-import struct
 import time
 from typing import Any
 
@@ -21,41 +20,9 @@ from aeron_spark.transport.protocol.frames import (
     StatusMessage,
 )
 from aeron_spark.transport.protocol.term import encode_data_header
+from aeron_spark.transport.testing import Spoofer, spoof_unavailable
 
 Address = tuple[str, int]
-
-
-def spoof_unavailable() -> str | None:
-    """Why forged datagrams cannot be sent here (None: they can)."""
-    try:
-        socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW).close()
-    except PermissionError:
-        return "raw IPv4 sockets need root or CAP_NET_RAW (CI runs as root)"
-    except OSError as exc:
-        return f"no raw IPv4 sockets: {exc}"
-    return None
-
-
-class Spoofer:
-    """Sends UDP datagrams over IPv4 with any source address and port (the kernel fills in the
-    IP checksum, length and id; the UDP checksum is left 0, "none", which IPv4 allows)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
-        self.bytes_sent: dict[str, int] = {}  # UDP payload bytes per forged source address
-
-    def send(self, source: Address, destination: Address, payload: bytes) -> None:
-        udp = struct.pack("!HHHH", source[1], destination[1], 8 + len(payload), 0) + payload
-        ip = struct.pack(
-            "!BBHHHBBH4s4s",
-            0x45, 0, 20 + len(udp), 0, 0, 64, socket.IPPROTO_UDP, 0,
-            socket.inet_aton(source[0]), socket.inet_aton(destination[0]),
-        )
-        self.sock.sendto(ip + udp, (destination[0], 0))
-        self.bytes_sent[source[0]] = self.bytes_sent.get(source[0], 0) + len(payload)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 class Victim:
