@@ -1,0 +1,92 @@
+"""Who a dynamic (multi-destination-cast) publication sends to, stepped by a manual clock (issue
+22, items 1 and 2): NAKs are taken only from its destinations and answered only to the one that
+asked, within that destination's own window; a publication limited to one host's SMs for its
+own session (a secure session's) takes no stranger and no session-0 SM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aeron_spark.transport.protocol.frames import NakFrame, SmFlags, StatusMessage
+from aeron_spark.transport.protocol.publication import PublicationState
+from aeron_spark.transport.testing import ManualClock
+
+A = ("127.0.0.5", 4000)
+B = ("127.0.0.6", 4000)
+STRANGER = ("127.0.0.66", 4000)
+TERM = 1 << 20
+
+
+class Wire:
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, Any]] = []
+
+    def __call__(self, data: Any, address: Any) -> None:
+        self.sent.append((bytes(data), address))
+
+    def take(self) -> list[tuple[bytes, Any]]:
+        out, self.sent = self.sent, []
+        return out
+
+
+def _pub(clock: ManualClock) -> PublicationState:
+    return PublicationState(
+        session_id=77, stream_id=10, initial_term_id=5, term_id=5, term_offset=0,
+        term_length=TERM, mtu=1408, dynamic=True, now_ns=clock.now_ns,
+    )
+
+
+def _sm(session_id: int, window: int, receiver_id: int, flags: int = 0) -> StatusMessage:
+    return StatusMessage(session_id, 10, 5, 0, window, receiver_id, flags=flags)
+
+
+def test_naks_only_from_destinations_and_retransmits_only_to_the_asker_within_its_window() -> None:
+    clock, wire = ManualClock(), Wire()
+    pub = _pub(clock)
+    pub.on_status_message(_sm(77, 64 * 1024, 1), A, clock.now_ns)
+    pub.on_status_message(_sm(77, 512 * 1024, 2), B, clock.now_ns)
+    for i in range(200):
+        assert pub.offer(bytes([i % 251]) * 1000) > 0
+    while pub.sender_position < pub.appender.position:
+        assert pub.send(clock.now_ns, wire) > 0
+    assert {address for _, address in wire.take()} == {A, B}
+
+    # 20 NAKs of half a term each (all that was sent) from an address that is no destination
+    for _ in range(20):
+        pub.on_nak(NakFrame(77, 10, 5, 0, TERM // 2), clock.now_ns, STRANGER)
+    pub.send(clock.now_ns, wire)
+    assert wire.take() == []
+    assert pub.naks_refused == 20 and pub.retransmits_sent == 0
+
+    # the same from destination A: resent to A only, at most A's window while they linger
+    for _ in range(20):
+        pub.on_nak(NakFrame(77, 10, 5, 0, TERM // 2), clock.now_ns, A)
+    pub.send(clock.now_ns, wire)
+    resent = wire.take()
+    assert resent and {address for _, address in resent} == {A}
+    assert sum(len(data) for data, _ in resent) <= 64 * 1024 + 1408
+    assert pub.retransmits_suppressed >= 19
+
+
+def test_a_session_publication_takes_one_destination_from_its_client_and_own_session() -> None:
+    clock, wire = ManualClock(), Wire()
+    pub = _pub(clock)
+    pub.allowed_hosts = frozenset({A[0]})
+    pub.session_sm_only = True
+    pub.max_destinations = 1
+    # a session-0 "send me SETUPs" SM, from the client's host or anyone else: nothing
+    pub.on_status_message(_sm(0, 1 << 16, 3, SmFlags.SEND_SETUP), STRANGER, clock.now_ns)
+    pub.on_status_message(_sm(0, 1 << 16, 4, SmFlags.SEND_SETUP), A, clock.now_ns)
+    # the session's own id from another host: nothing either
+    pub.on_status_message(_sm(77, 1 << 16, 5, SmFlags.SEND_SETUP), STRANGER, clock.now_ns)
+    assert pub.destinations == {} and pub.status_messages_refused == 3
+    pub.send(clock.now_ns, wire)
+    assert wire.take() == []
+    # the client: its own session id from its host
+    pub.on_status_message(_sm(77, 1 << 16, 6, SmFlags.SEND_SETUP), A, clock.now_ns)
+    assert list(pub.destinations) == [A] and pub.destination_hosts == {A[0]}
+    # a second socket on the client's host is past max_destinations
+    pub.on_status_message(_sm(77, 1 << 16, 7), (A[0], A[1] + 1), clock.now_ns)
+    assert list(pub.destinations) == [A] and pub.status_messages_refused == 4
+    pub.send(clock.now_ns, wire)
+    assert {address for _, address in wire.take()} == {A}
