@@ -162,14 +162,14 @@ def test_garbage_and_truncated_hellos_are_counted_and_others_still_connect(
 
 
 def test_frames_injected_into_a_live_session_from_another_source_are_dropped_and_counted(
-    make_server, make_client
+    make_server, make_client, client_driver
 ) -> None:
     # An intruder that knows the session's secret ids (on main, any SETUP it asked for with a
     # session-0 SM told it; here it reads them from the server) forges DATA frames of the
     # client's publication at the very position the next real frame takes, from another
     # address and from the client's address with another port. The server's image is bound to
     # the source of its SETUP: they are dropped and counted, and never reach the session (which
-    # would close on the first frame failing authentication).
+    # would close on the first frame failing authentication). The same towards the client.
     reason = hostile.spoof_unavailable()
     if reason is not None:
         pytest.skip(reason)
@@ -185,11 +185,18 @@ def test_frames_injected_into_a_live_session_from_another_source_are_dropped_and
     position = image.hwm
     term_id = image.initial_term_id + (position >> image.shift)
     offset = position & (image.term_length - 1)
+    # and the other way: the client's image of the server's publication
+    back = conn.subscription.images[0]._state
+    server_host, server_port = back.source_address[:2]
+    back_position = back.hwm
+    back_term_id = back.initial_term_id + (back_position >> back.shift)
+    back_offset = back_position & (back.term_length - 1)
+    client_endpoint = conn.subscription.local_endpoints[0]
     spoofer = hostile.Spoofer()
     injected = 0
     try:
-        for source in (("127.0.0.3", client_port), (client_host, client_port ^ 0x5A5A)):
-            for k in range(4):  # the next frame's slot and the three after it
+        for k in range(4):  # the next frame's slot and the three after it
+            for source in (("127.0.0.3", client_port), (client_host, client_port ^ 0x5A5A)):
                 forged = conn._sealer.counter.to_bytes(8, "big") + os.urandom(1 + 16)
                 frame = hostile.data(
                     details.c2s_session_id, details.c2s_stream_id, forged,
@@ -197,13 +204,25 @@ def test_frames_injected_into_a_live_session_from_another_source_are_dropped_and
                 )
                 spoofer.send(source, ("127.0.0.1", server.port), frame)
                 injected += 1
-        conn.send(b"real")  # takes the slot the first forged frame asked for
+            for source in (("127.0.0.3", server_port), (server_host, server_port ^ 0x5A5A)):
+                forged = server_conn._sealer.counter.to_bytes(8, "big") + os.urandom(1 + 16)
+                frame = hostile.data(
+                    details.s2c_session_id, details.s2c_stream_id, forged,
+                    term_id=back_term_id, term_offset=back_offset + 64 * k,
+                )
+                spoofer.send(source, client_endpoint, frame)
+        conn.send(b"real")  # takes the slots the first forged frames asked for, both ways
         assert conn.receive(5.0) == b"real", "the session stopped working after the injection"
         assert conn.receive(0.2) is None
         stats = server.stats()
         assert stats["frames_rejected"] == 0 and server_conn.is_connected
+        assert conn.seal_counters.rejected() == 0 and conn.is_connected
         wait_for(lambda: server.stats()["data_wrong_source"] >= injected,
-                 what="every injected frame dropped and counted")
+                 what="every frame injected towards the server dropped and counted")
+        wait_for(
+            lambda: client_driver.counters.snapshot()["data_wrong_source"] >= injected,
+            what="every frame injected towards the client dropped and counted",
+        )
     finally:
         spoofer.close()
         conn.close()
