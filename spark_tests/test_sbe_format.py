@@ -100,8 +100,8 @@ def test_other_templates_fail_or_skip(spark, server) -> None:  # type: ignore[no
                                                      schema=order.arrow_schema))
     with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
         client.publish(93, ticks[:10] + orders + ticks[10:])
-    with raises_project(OtherTemplateRecordError, r"position \d+ of recording \d+ is template 2 of schema "
-                       r"901, not Tick \(1\).*sbeOtherTemplates=skip"):
+    with raises_project(OtherTemplateRecordError, r"position \d+ of recording \d+ is template 2 "
+                        r"of schema 901, not Tick \(1\).*sbeOtherTemplates=skip"):
         read(spark, server, 93, sbeMessage="Tick").collect()
     assert read(spark, server, 93, sbeMessage="Tick", sbeOtherTemplates="skip").count() == 20
     assert read(spark, server, 93, sbeMessage="Order", sbeOtherTemplates="skip").count() == 5
@@ -113,7 +113,7 @@ def test_sink_errors_name_column_and_row_before_staging(spark, server) -> None: 
     rows[37]["u8"] = 300  # does not fit uint8 (max 254)
     df = spark.createDataFrame(pa.Table.from_pylist(rows, schema=codec.arrow_schema)).coalesce(1)
     with raises_project(SbeEncodeError, r"column 'u8', row 37 of this task: expected an integer "
-                       r"from 0 to 254"):
+                        r"from 0 to 254"):
         write(df, server, 94, sbeMessage="Tick")
     assert published(server, 94) == []  # nothing was appended
     # columns that cannot be the message fail on the driver, before any task
