@@ -47,15 +47,6 @@ datagrams = st.binary(max_size=300) | headers
 STREAM, LEGIT_SESSION = 10, 0x5EED  # the check after the garbage uses a session of its own
 
 
-def dispatcher_with_image() -> ReceiveDispatcher:
-    dispatcher = ReceiveDispatcher()
-    dispatcher.add(StreamInterest(10))
-    dispatcher.add(StreamInterest(10, session_id=4))
-    setup = SetupFrame(0, 3, 10, 7, 7, 65536, 1408).encode()
-    dispatcher.on_datagram(setup, len(setup), SOURCE, 0, lambda d, a: None)
-    return dispatcher
-
-
 class _Raised:
     """Calls the real handler and records how many datagrams it refused (raised for)."""
 
