@@ -11,6 +11,12 @@ The arrow figure reads the same rows published as Arrow IPC messages of about 60
 The ``sbe`` contender reads 103-byte SBE messages (``benchmarks/sbe_message.py``: 15 fields) as
 typed columns (``format=sbe``); ``sbe_arrow`` reads the same rows, the same 15 columns, published
 as Arrow IPC messages (``format=arrow``): ``sbe_to_arrow_ratio`` is sbe / sbe_arrow.
+
+Every run counts what the query read -- Spark's own count of the rows that reached the sink (an
+``Observation`` on the batch reads, the progress ``numInputRows`` summed over the micro-batches of
+the rate query) -- and the benchmark fails (exit status 2, the contender and both counts on
+stderr) when it differs from the rows published: a figure for rows that were not read is no
+figure. ``rows_read`` in the output is the count every contender read.
 """
 
 from __future__ import annotations
@@ -26,12 +32,39 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 import pyarrow as pa  # noqa: E402
 from aeron_spark.connector.formats import BINARY_SCHEMA_DDL, arrow_schema  # noqa: E402
-from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import Observation, SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition  # noqa: E402
 
 from benchmarks._timing import interleaved_best  # noqa: E402
 
 MESSAGE_LENGTH = 116
+
+
+class RowsMismatch(RuntimeError):
+    """A contender's query read a different number of rows than were published."""
+
+
+def _noop(df) -> int:  # type: ignore[no-untyped-def]
+    """Write ``df`` to the ``noop`` sink; the rows Spark counted on the way (what was read)."""
+    observed = Observation()
+    (df.observe(observed, F.count(F.lit(1)).alias("rows")).write.format("noop")
+     .mode("overwrite").save())
+    return int(observed.get["rows"])
+
+
+def counted(name: str, run, expected: int, read: dict[str, int]):  # type: ignore[no-untyped-def]
+    """``run`` (which returns the rows its query read) checked against ``expected``."""
+
+    def checked() -> None:
+        got = run()
+        read[name] = got
+        if got != expected:
+            raise RowsMismatch(
+                f"benchmark contender {name!r} read {got} rows, but {expected} were published"
+            )
+
+    return checked
 
 
 class _Slice(InputPartition):
@@ -56,7 +89,9 @@ class CeilingReader(DataSourceReader):
         ints = pa.array([1] * batch_rows, pa.int32())
         longs = pa.array(range(batch_rows), pa.int64())
         ts = pa.array([0] * batch_rows, pa.timestamp("us", tz="UTC"))
-        full = pa.RecordBatch.from_arrays([value, ints, ints, longs, longs, ts, longs], schema=schema)
+        full = pa.RecordBatch.from_arrays(
+            [value, ints, ints, longs, longs, ts, longs], schema=schema
+        )
         left = partition.rows
         while left > 0:
             n = min(left, batch_rows)
@@ -77,7 +112,9 @@ class CeilingSource(DataSource):
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--producers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2)
@@ -93,7 +130,9 @@ def main() -> int:
     spark.sparkContext.setLogLevel("ERROR")
     ensure_registered(spark)
     spark.dataSource.register(CeilingSource)
-    result: dict[str, object] = {"rows": args.rows, "message_length": MESSAGE_LENGTH, "master": "local[2]"}
+    result: dict[str, object] = {
+        "rows": args.rows, "message_length": MESSAGE_LENGTH, "master": "local[2]"
+    }
     with tempfile.TemporaryDirectory() as tmp, \
             StreamServer(ServerConfig(directory=os.path.join(tmp, "s"), port=0)) as server:
         per = args.rows // args.producers
@@ -129,52 +168,66 @@ def main() -> int:
         sbe_ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}"
                             for f in from_arrow_schema(sbe_table.schema).fields)
 
-        def aeron_sbe() -> None:
-            (spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 12)
-             .option("format", "sbe").option("sbeSchema", sbe_message.SCHEMA_XML)
-             .option("sbeMessage", "Trade").load().write.format("noop").mode("overwrite").save())
+        def aeron_sbe() -> int:
+            return _noop(spark.read.format("aeron").option("endpoint", server.endpoint)
+                         .option("streamId", 12).option("format", "sbe")
+                         .option("sbeSchema", sbe_message.SCHEMA_XML)
+                         .option("sbeMessage", "Trade").load())
 
-        def aeron_sbe_arrow() -> None:
-            (spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 13)
-             .option("format", "arrow").option("schema", sbe_ddl)
-             .load().write.format("noop").mode("overwrite").save())
+        def aeron_sbe_arrow() -> int:
+            return _noop(spark.read.format("aeron").option("endpoint", server.endpoint)
+                         .option("streamId", 13).option("format", "arrow")
+                         .option("schema", sbe_ddl).load())
 
-        def aeron_binary() -> None:
-            (spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 10)
-             .load().write.format("noop").mode("overwrite").save())
+        def aeron_binary() -> int:
+            return _noop(spark.read.format("aeron").option("endpoint", server.endpoint)
+                         .option("streamId", 10).load())
 
-        def aeron_arrow() -> None:
-            (spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 11)
-             .option("format", "arrow").option("schema", BINARY_SCHEMA_DDL)
-             .load().write.format("noop").mode("overwrite").save())
+        def aeron_arrow() -> int:
+            return _noop(spark.read.format("aeron").option("endpoint", server.endpoint)
+                         .option("streamId", 11).option("format", "arrow")
+                         .option("schema", BINARY_SCHEMA_DDL).load())
 
-        def ceiling() -> None:
-            (spark.read.format("ceiling").option("rows", rows).option("partitions", args.producers)
-             .load().write.format("noop").mode("overwrite").save())
+        def ceiling() -> int:
+            return _noop(spark.read.format("ceiling").option("rows", rows)
+                         .option("partitions", args.producers).load())
 
-        def rate() -> None:
+        def rate() -> int:
             ckpt = tempfile.mkdtemp(dir=tmp)
             q = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows)
                  .option("numPartitions", 2).load().writeStream.format("noop")
                  .option("checkpointLocation", ckpt).trigger(once=True).start())
             q.awaitTermination()
+            return sum(int(p["numInputRows"]) for p in q.recentProgress)
 
         contenders = {"ceiling": ceiling, "rate": rate, "binary": aeron_binary,
                       "arrow": aeron_arrow, "sbe": aeron_sbe, "sbe_arrow": aeron_sbe_arrow}
-        for name, seconds in interleaved_best(contenders, args.repeats).items():
+        read: dict[str, int] = {}
+        checked = {name: counted(name, run, rows, read) for name, run in contenders.items()}
+        try:
+            best = interleaved_best(checked, args.repeats)
+        except RowsMismatch as exc:
+            spark.stop()
+            print(f"error: {exc}; counts so far: {json.dumps(read)}", file=sys.stderr)
+            return 2
+        result["rows_read"] = rows  # every run of every contender read exactly this many
+        for name, seconds in best.items():
             result[f"{name}_rows_per_s"] = round(rows / seconds)
         result["arrow_messages"] = len(messages) * args.producers
         if not args.no_latency:
             from benchmarks.source_latency import measure as measure_latency
 
             result.update(measure_latency(spark, server.endpoint))
-    result["binary_to_ceiling_ratio"] = round(result["binary_rows_per_s"] / result["ceiling_rows_per_s"], 3)  # type: ignore[operator]
-    result["arrow_to_ceiling_ratio"] = round(result["arrow_rows_per_s"] / result["ceiling_rows_per_s"], 3)  # type: ignore[operator]
+    ceiling_rate = result["ceiling_rows_per_s"]
+    result["binary_to_ceiling_ratio"] = round(result["binary_rows_per_s"] / ceiling_rate, 3)  # type: ignore[operator]
+    result["arrow_to_ceiling_ratio"] = round(result["arrow_rows_per_s"] / ceiling_rate, 3)  # type: ignore[operator]
     result["sbe_message_length"] = 103
     result["sbe_to_arrow_ratio"] = round(
         result["sbe_rows_per_s"] / result["sbe_arrow_rows_per_s"], 3  # type: ignore[operator]
     )
-    result["mode"] = "batch reads into noop (same read path as a micro-batch); rate via Trigger.Once"
+    result["mode"] = (
+        "batch reads into noop (same read path as a micro-batch); rate via Trigger.Once"
+    )
     spark.stop()
     print(json.dumps(result))
     return 0

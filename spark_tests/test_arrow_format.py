@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from aeron_spark.connector.client import ClientSettings, StreamClient
+from aeron_spark.connector.errors import ControlProtocolError
 from chispa import assert_df_equality
 
-from aeron_spark.connector.client import ClientSettings, StreamClient
+from aeron_spark.errors import ConfigurationError
+from spark_tests._errors import raises_project
 
 pytestmark = pytest.mark.spark
 
@@ -39,12 +42,12 @@ def test_arrow_round_trip_batch_and_streaming(spark, server, tmp_path) -> None: 
 
 
 def test_arrow_errors_name_the_problem(spark, server) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(Exception, match="schema"):  # nothing to infer from
+    with raises_project(ConfigurationError, "schema"):  # nothing to infer from
         spark.read.format("aeron").option("endpoint", server.endpoint).option(
             "streamId", 72).option("format", "arrow").load().collect()
     with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
         client.publish(73, [b"not arrow at all"])
-    with pytest.raises(Exception, match="not an Arrow IPC stream"):
+    with raises_project(ControlProtocolError, "not an Arrow IPC stream"):
         spark.read.format("aeron").option("endpoint", server.endpoint).option(
             "streamId", 73).option("format", "arrow").load().collect()
     table = pa.table({"x": pa.array(["a", "b"])})
@@ -53,7 +56,7 @@ def test_arrow_errors_name_the_problem(spark, server) -> None:  # type: ignore[n
         writer.write_table(table)
     with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
         client.publish(74, [sink.getvalue().to_pybytes()])
-    with pytest.raises(Exception, match="does not fit the query's schema"):
+    with raises_project(ControlProtocolError, "does not fit the query's schema"):
         spark.read.format("aeron").option("endpoint", server.endpoint).option(
             "streamId", 74).option("format", "arrow").option("schema", "y long").load().collect()
 
@@ -72,7 +75,7 @@ def test_arrow_compression_round_trips_in_fewer_bytes(spark, server) -> None:  #
                 r.recorded_position for r in client.list_recordings(stream_ids=[stream])
             )
     assert recorded["lz4"] < recorded["none"] / 2 and recorded["zstd"] < recorded["none"] / 2
-    with pytest.raises(Exception, match="compression"):
+    with raises_project(ConfigurationError, "compression"):
         (spark.range(3).selectExpr("cast(cast(id as string) as binary) as value").write.format("aeron")
          .option("endpoint", server.endpoint).option("streamId", 78)
          .option("compression", "lz4").mode("append").save())

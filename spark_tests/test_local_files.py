@@ -11,6 +11,7 @@ from aeron_spark.connector.formats_arrow import encode_batches
 from chispa import assert_df_equality
 
 from aeron_spark.errors import ConfigurationError
+from spark_tests._errors import raises_project
 
 pytestmark = pytest.mark.spark
 
@@ -81,7 +82,7 @@ def test_local_options_are_checked(spark, server):  # type: ignore[no-untyped-de
     assert not parse_source_options({"streamId": "1", "localReads": "false"}).local_reads
     with pytest.raises(ConfigurationError, match="localReads"):
         parse_source_options({"streamId": "1", "localReads": "sometimes"})
-    with pytest.raises(Exception, match="localReads"):
+    with raises_project(ConfigurationError, "localReads"):
         _read(spark, server.endpoint, 1, "sometimes").collect()
 
 

@@ -8,9 +8,12 @@ import time
 from collections.abc import Iterator
 
 import pytest
-
 from aeron_spark.connector.client import ClientSettings, StreamClient
+from aeron_spark.connector.errors import ServerUnavailableError
 from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler
+
+from aeron_spark.errors import ConfigurationError
+from spark_tests._errors import raises_project
 
 pytestmark = pytest.mark.spark
 
@@ -78,11 +81,11 @@ def test_raw_mode_batch_write_reaches_a_plain_subscription(spark) -> None:  # ty
 
 def test_raw_mode_bad_channel_and_no_subscriber(spark) -> None:  # type: ignore[no-untyped-def]
     df = spark.range(3).selectExpr("cast(cast(id as string) as binary) as value")
-    with pytest.raises(Exception, match="invalid channel"):
+    with raises_project(ConfigurationError, "invalid channel"):
         df.write.format("aeron").option("channel", "aeron:udp?endpoint=nohost").option(
             "streamId", 1
         ).mode("append").save()
-    with pytest.raises(Exception, match="no subscriber"):
+    with raises_project(ServerUnavailableError, "no subscriber"):
         df.write.format("aeron").option("channel", "aeron:udp?endpoint=127.0.0.1:9").option(
             "streamId", 1
         ).option("timeoutMs", 1000).mode("append").save()

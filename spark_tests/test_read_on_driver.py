@@ -12,6 +12,7 @@ from aeron_spark.connector.client import ClientSettings, StreamClient
 from chispa import assert_df_equality
 
 from aeron_spark.errors import ConfigurationError
+from spark_tests._errors import raises_project
 
 pytestmark = pytest.mark.spark
 
@@ -108,11 +109,11 @@ def test_restart_from_checkpoint_continues_without_gap_or_duplicate(spark, serve
 
 
 def test_read_on_options_are_checked(spark, server):  # type: ignore[no-untyped-def]
-    with pytest.raises(Exception, match="readOn"):
+    with raises_project(ConfigurationError, "readOn"):
         source(spark, server.endpoint, 33, readOn="nowhere")
-    with pytest.raises(Exception, match="minPartitions"):
+    with raises_project(ConfigurationError, "minPartitions"):
         source(spark, server.endpoint, 33, minPartitions="4")
-    with pytest.raises(Exception, match="readOn"):
+    with raises_project(ConfigurationError, "readOn"):
         (spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 33)
          .option("readOn", "driver").load().collect())
     with pytest.raises(ConfigurationError, match="readOn"):

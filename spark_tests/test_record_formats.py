@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import msgpack
 import pytest
+from aeron_spark.connector.client import ClientSettings, StreamClient
+from aeron_spark.connector.formats_records import BadRecordError
 from chispa import assert_df_equality
 
-from aeron_spark.connector.client import ClientSettings, StreamClient
+from aeron_spark.errors import ConfigurationError
+from spark_tests._errors import raises_project
 
 pytestmark = pytest.mark.spark
 
@@ -61,7 +64,7 @@ def test_bad_records_fail_drop_or_column(spark, server) -> None:  # type: ignore
     with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
         client.publish(82, messages)
     ddl = "id long, symbol string"
-    with pytest.raises(Exception, match="is not a msgpack map.*badRecordsPolicy"):
+    with raises_project(BadRecordError, "is not a msgpack map.*badRecordsPolicy"):
         read(spark, server, 82, "msgpack", schema=ddl).collect()
     dropped = read(spark, server, 82, "msgpack", schema=ddl, badRecordsPolicy="drop")
     assert sorted(r.id for r in dropped.collect()) == [i for i in range(100) if i not in (10, 50)]
@@ -78,7 +81,7 @@ def test_bad_records_fail_drop_or_column(spark, server) -> None:  # type: ignore
 def test_text_bad_utf8(spark, server) -> None:  # type: ignore[no-untyped-def]
     with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
         client.publish(83, [b"one", b"\xff\xfe", b"three"])
-    with pytest.raises(Exception, match="not UTF-8 text"):
+    with raises_project(BadRecordError, "not UTF-8 text"):
         read(spark, server, 83, "text").collect()
     assert [r.value for r in read(spark, server, 83, "text", badRecordsPolicy="drop")
             .orderBy("position").collect()] == ["one", "three"]
@@ -88,13 +91,13 @@ def test_text_bad_utf8(spark, server) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_record_format_errors_name_the_option_or_column(spark, server) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(Exception, match="badRecordsPolicy"):
+    with raises_project(ConfigurationError, "badRecordsPolicy"):
         read(spark, server, 80, "json", badRecordsPolicy="ignore").collect()
-    with pytest.raises(Exception, match="includeMetadata"):
+    with raises_project(ConfigurationError, "includeMetadata"):
         read(spark, server, 80, "binary", includeMetadata="true").collect()
-    with pytest.raises(Exception, match="schema"):
+    with raises_project(ConfigurationError, "schema"):
         read(spark, server, 84, "json").collect()  # empty stream: nothing to infer from
     df = spark.range(3).selectExpr("id", "cast(id as string) as s", "cast('x' as binary) as blob")
-    with pytest.raises(Exception, match="blob"):
+    with raises_project(ConfigurationError, "blob"):
         (df.write.format("aeron").option("endpoint", server.endpoint).option("streamId", 85)
          .option("format", "json").mode("append").save())

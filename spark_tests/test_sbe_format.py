@@ -8,6 +8,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from aeron_spark.connector.formats_sbe import OtherTemplateRecordError
+from aeron_spark.transport.sbe.errors import SbeEncodeError
+
+from aeron_spark.errors import ConfigurationError
+from spark_tests._errors import raises_project
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "transport" / "tests"))
 import sbe_values as sv  # noqa: E402
@@ -95,8 +100,8 @@ def test_other_templates_fail_or_skip(spark, server) -> None:  # type: ignore[no
                                                      schema=order.arrow_schema))
     with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
         client.publish(93, ticks[:10] + orders + ticks[10:])
-    with pytest.raises(Exception, match=r"position \d+ of recording \d+ is template 2 of schema "
-                       r"901, not Tick \(1\).*sbeOtherTemplates=skip"):
+    with raises_project(OtherTemplateRecordError, r"position \d+ of recording \d+ is template 2 "
+                        r"of schema 901, not Tick \(1\).*sbeOtherTemplates=skip"):
         read(spark, server, 93, sbeMessage="Tick").collect()
     assert read(spark, server, 93, sbeMessage="Tick", sbeOtherTemplates="skip").count() == 20
     assert read(spark, server, 93, sbeMessage="Order", sbeOtherTemplates="skip").count() == 5
@@ -107,30 +112,30 @@ def test_sink_errors_name_column_and_row_before_staging(spark, server) -> None: 
     rows = sv.random_rows(codec.message, 50, seed=13)
     rows[37]["u8"] = 300  # does not fit uint8 (max 254)
     df = spark.createDataFrame(pa.Table.from_pylist(rows, schema=codec.arrow_schema)).coalesce(1)
-    with pytest.raises(Exception, match=r"column 'u8', row 37 of this task: expected an integer "
-                       r"from 0 to 254"):
+    with raises_project(SbeEncodeError, r"column 'u8', row 37 of this task: expected an integer "
+                        r"from 0 to 254"):
         write(df, server, 94, sbeMessage="Tick")
     assert published(server, 94) == []  # nothing was appended
     # columns that cannot be the message fail on the driver, before any task
-    with pytest.raises(Exception, match="nope"):
+    with raises_project(ConfigurationError, "nope"):
         write(df.withColumn("nope", df.qty), server, 94, sbeMessage="Tick")
-    with pytest.raises(Exception, match="qty"):
+    with raises_project(ConfigurationError, "qty"):
         write(df.drop("qty"), server, 94, sbeMessage="Tick")
-    with pytest.raises(Exception, match="an integer column, not string"):
+    with raises_project(ConfigurationError, "an integer column, not string"):
         write(df.withColumn("qty", df.symbol), server, 94, sbeMessage="Tick")
 
 
 def test_option_errors(spark, server) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(Exception, match="sbeMessage.*Tick \\(1\\), Order \\(2\\)"):
+    with raises_project(ConfigurationError, "sbeMessage.*Tick \\(1\\), Order \\(2\\)"):
         read(spark, server, 95).collect()
-    with pytest.raises(Exception, match="sbeMessage='Nope'"):
+    with raises_project(ConfigurationError, "sbeMessage='Nope'"):
         read(spark, server, 95, sbeMessage="Nope").collect()
-    with pytest.raises(Exception, match="sbeSchema"):
+    with raises_project(ConfigurationError, "sbeSchema"):
         (spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 95)
          .option("format", "sbe").load().collect())
-    with pytest.raises(Exception, match="sbeOtherTemplates"):
+    with raises_project(ConfigurationError, "sbeOtherTemplates"):
         read(spark, server, 95, sbeMessage="Tick", sbeOtherTemplates="ignore").collect()
-    with pytest.raises(Exception, match="sbeSchema"):
+    with raises_project(ConfigurationError, "sbeSchema"):
         (spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 95)
          .option("format", "json").option("sbeSchema", V1).load().collect())
 

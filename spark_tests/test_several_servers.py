@@ -6,9 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-
 from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.server import ServerConfig, StreamServer
+
+from aeron_spark.errors import ConfigurationError
+from spark_tests._errors import raises_project
 
 pytestmark = pytest.mark.spark
 
@@ -78,7 +80,7 @@ def test_batch_read_from_two_servers_with_per_server_ending_positions(spark, ser
         assert sorted(bytes(r.value) for r in part.select("value").collect()) == sorted(
             [b"x%03d" % i for i in range(10)] + [b"y%03d" % i for i in range(3)]
         )  # 64-byte frames: 640 = all ten, 192 = the first three
-        with pytest.raises(Exception, match="distinct"):
+        with raises_project(ConfigurationError, "distinct"):
             spark.read.format("aeron").option("endpoint", f"{server.endpoint},{server.endpoint}").option(
                 "streamId", 90
             ).load().collect()

@@ -10,6 +10,7 @@ from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
 from aeron_spark.errors import ConfigurationError
+from spark_tests._errors import raises_project
 
 pytestmark = pytest.mark.spark
 
@@ -136,11 +137,11 @@ def test_text_format(spark, server):  # type: ignore[no-untyped-def]
 
 def test_bad_options_fail_at_load_naming_the_option(spark, server):  # type: ignore[no-untyped-def]
     reader = spark.read.format("aeron").option("endpoint", server.endpoint)
-    with pytest.raises(Exception, match="streamId"):
+    with raises_project(ConfigurationError, "streamId"):
         reader.load().collect()
-    with pytest.raises(Exception, match="startingPositions"):
+    with raises_project(ConfigurationError, "startingPositions"):
         reader.option("streamId", 1).option("startingPositions", "yesterday").load().collect()
-    with pytest.raises(Exception, match="colour"):
+    with raises_project(ConfigurationError, "colour"):
         reader.option("streamId", 1).option("colour", "blue").load().collect()
 
 
@@ -166,7 +167,7 @@ def test_batch_write_then_read_back_exactly(spark, server):  # type: ignore[no-u
 
 def test_sink_schema_that_does_not_fit_fails_naming_the_column(spark, server):  # type: ignore[no-untyped-def]
     df = spark.createDataFrame([(1,)], "payload int")
-    with pytest.raises(Exception, match="value"):
+    with raises_project(ConfigurationError, "value"):
         (
             df.write.format("aeron")
             .option("endpoint", server.endpoint)

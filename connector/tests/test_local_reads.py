@@ -9,10 +9,13 @@ import random
 import pyarrow as pa
 import pytest
 from aeron_spark.connector.errors import (
+    ErrorCode,
     NotAuthorisedError,
     NotFrameBoundaryError,
     PositionOutOfRangeError,
     PurgedError,
+    ServerError,
+    UnknownRecordingError,
 )
 from aeron_spark.connector.formats import Geometry, batches_from_blocks
 from aeron_spark.connector.local import read_blocks
@@ -20,6 +23,7 @@ from aeron_spark.connector.server import ServerConfig, StreamServer
 from aeron_spark.connector.server.store import LOCAL_READ_TOKEN
 from aeron_spark.connector.server.testing import client_for, messages_of
 from aeron_spark.transport.archive import Recording
+from aeron_spark.transport.archive import errors as archive_errors
 
 STREAM = 10
 TERM = 1024 * 1024
@@ -152,7 +156,14 @@ def test_read_only_recordings_read_what_the_writer_reads_and_cannot_write(tmp_pa
                 os.write(fd, b"x")
         finally:
             reader.close()
-        with pytest.raises(Exception, match="no recording"):
+        with pytest.raises(archive_errors.UnknownRecordingError, match="no recording") as info:
             Recording.open_read_only(str(tmp_path / "nothing"))
-        with pytest.raises(Exception, match="holds recording"):
+        assert type(info.value) is archive_errors.UnknownRecordingError
+        # through the connector the archive's error is the wire's own, with its code
+        with pytest.raises(UnknownRecordingError, match="no recording") as coded:
+            list(read_blocks(str(tmp_path / "nothing"), rec.recording_id, 0, 64))
+        assert type(coded.value) is UnknownRecordingError
+        assert coded.value.code is ErrorCode.UNKNOWN_RECORDING
+        with pytest.raises(ServerError, match="holds recording") as wrong:
             list(read_blocks(directory, rec.recording_id + 1, 0, 64))
+        assert type(wrong.value) is ServerError and wrong.value.code is ErrorCode.INTERNAL

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 
 import msgpack
@@ -9,7 +10,11 @@ import pytest
 from aeron_spark.connector import chunking
 from aeron_spark.connector import errors as E
 from aeron_spark.connector import protocol as proto
-from hypothesis import given, settings
+from aeron_spark.connector.server.config import ServerConfig
+from aeron_spark.connector.server.core import ServerCore
+from aeron_spark.connector.server.staging import SinkCommitter
+from aeron_spark.connector.server.store import ArchiveStore
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 
@@ -74,14 +79,46 @@ def test_invalid_requests_are_protocol_errors(body: dict, fragment: str) -> None
         assert info.value.details["request_id"] == body["id"]
 
 
-@settings(max_examples=300, deadline=None)
+@pytest.fixture
+def core(tmp_path):
+    config = ServerConfig(directory=str(tmp_path), port=0, session_lease_ns=10**12)
+    store = ArchiveStore(config, driver=None)
+    core = ServerCore(config, store, SinkCommitter(os.path.join(str(tmp_path), "sink"), store))
+    core.open_session("peer", "peer", 64 * 1024, now_ns=0)
+    yield core
+    store.close()
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.binary(max_size=200))
-def test_garbage_only_raises_protocol_errors(data: bytes) -> None:
+def test_garbage_is_refused_counted_and_the_session_still_works(core, data: bytes) -> None:
+    """Garbage as a control message: the codec raises only ControlProtocolError; the server
+    answers it with exactly one CONTROL_PROTOCOL error, counts it, and the same session's next
+    request is served."""
     for message in (data, b"\x01" + data):
+        if message[:1] == bytes([proto.KIND_CHUNK]):
+            continue  # a chunk header: the reassembler's business, fuzzed in test_server_core
         try:
             proto.decode_request(message)
         except E.ControlProtocolError:
-            pass
+            refused = True
+        else:
+            refused = False  # hypothesis built a valid request: not garbage
+        before = dict(core.counters)
+        session_errors = core.sessions["peer"].errors
+        replies = core.on_message("peer", message, 1)
+        if refused:
+            (reply,) = (proto.decode_reply(r) for r in replies)
+            assert not reply.ok and reply.error["code"] == int(E.ErrorCode.CONTROL_PROTOCOL)
+            assert isinstance(E.error_from_wire(reply.error), E.ControlProtocolError)
+            assert core.counters["protocol_errors"] == before["protocol_errors"] + 1
+            assert core.sessions["peer"].errors == session_errors + 1
+        (answer,) = core.on_message("peer", proto.encode_request(9, "stats", {}), 2)
+        ok = proto.decode_reply(answer)
+        assert ok.ok and ok.id == 9
+    assert core.counters["internal_errors"] == 0
 
 
 @pytest.mark.parametrize(

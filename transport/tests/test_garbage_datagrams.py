@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
 import time
@@ -9,10 +10,15 @@ from pathlib import Path
 
 from aeron_spark.transport import Driver, DriverConfig
 from aeron_spark.transport.counters import SystemCounters
-from aeron_spark.transport.driver.agents import SendEndpoint
+from aeron_spark.transport.driver.agents import (
+    ReceiveEndpoint,
+    ReceiverAgent,
+    SendEndpoint,
+    SenderAgent,
+)
 from aeron_spark.transport.driver.endpoint import UdpEndpoint
 from aeron_spark.transport.errors import RemoteProtocolError
-from aeron_spark.transport.protocol.frames import SetupFrame
+from aeron_spark.transport.protocol.frames import DataFrame, SetupFrame, StatusMessage
 from aeron_spark.transport.protocol.publication import PublicationState
 from aeron_spark.transport.protocol.receiver import ReceiveDispatcher, StreamInterest
 from aeron_spark.transport.uri import Endpoint
@@ -38,40 +44,89 @@ headers = st.builds(
 datagrams = st.binary(max_size=300) | headers
 
 
-def dispatcher_with_image() -> ReceiveDispatcher:
-    dispatcher = ReceiveDispatcher()
-    dispatcher.add(StreamInterest(10))
-    dispatcher.add(StreamInterest(10, session_id=4))
-    setup = SetupFrame(0, 3, 10, 7, 7, 65536, 1408).encode()
-    dispatcher.on_datagram(setup, len(setup), SOURCE, 0, lambda d, a: None)
-    return dispatcher
+STREAM, LEGIT_SESSION = 10, 0x5EED  # the check after the garbage uses a session of its own
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+class _Raised:
+    """Calls the real handler and records how many datagrams it refused (raised for)."""
+
+    def __init__(self, handler) -> None:
+        self.handler = handler
+        self.count = 0
+
+    def __call__(self, *args):
+        try:
+            return self.handler(*args)
+        except RemoteProtocolError:
+            self.count += 1
+            raise
+
+
+def _deliver(sock: socket.socket, data: bytes, to, agent, now: int, readable) -> None:
+    """Send one datagram over loopback and let ``agent`` take it (bounded wait)."""
+    sock.sendto(data, to)
+    ready, _, _ = select.select([readable], [], [], 2.0)
+    assert ready, "a loopback datagram did not arrive within 2 s"
+    agent.do_work(now)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(datagrams, min_size=1, max_size=5))
-def test_receive_path_raises_only_remote_protocol_errors(packets: list[bytes]) -> None:
-    dispatcher = dispatcher_with_image()
-    now = 1
-    for packet in packets:
-        for buf in (packet, bytearray(packet) + bytearray(64)):
-            try:
-                dispatcher.on_datagram(buf, len(packet), SOURCE, now, lambda d, a: None)
-            except RemoteProtocolError:
-                pass
-        now += 1_000_000
-        dispatcher.do_work(now, lambda d, a: None)
-    for image in dispatcher.images():
-        image.poll(lambda p, h: None, 100)
-        image.block_poll(lambda *args: None, 65536)
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(datagrams, min_size=1, max_size=5))
-def test_control_path_raises_only_remote_protocol_errors(packets: list[bytes]) -> None:
+def test_receive_path_counts_every_refusal_and_still_delivers(packets: list[bytes]) -> None:
+    """Garbage from the image's own source through the real receiver agent: every datagram the
+    dispatcher refuses is counted (invalid_frames), and afterwards a new image from the same
+    peer is made and its data delivered."""
     counters = SystemCounters()
     udp = UdpEndpoint(Endpoint("127.0.0.1", 0, socket.AF_INET), counters)
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
+        peer.bind(("127.0.0.1", 0))
+        agent = ReceiverAgent(counters)
+        ep = ReceiveEndpoint("k", udp)
+        agent.endpoints = (ep,)
+        wide, only4 = StreamInterest(STREAM), StreamInterest(STREAM, session_id=4)
+        ep.dispatcher.add(wide)
+        ep.dispatcher.add(only4)
+        spy = _Raised(ep.dispatcher.on_datagram)
+        ep.dispatcher.on_datagram = spy  # the agent looks it up on every step
+        to, now = udp.local_address, 1
+        _deliver(peer, SetupFrame(0, 3, STREAM, 7, 7, 65536, 1408).encode(), to, agent, now, udp)
+        assert 3 in wide.images
+        for packet in packets:
+            now += 1_000_000
+            _deliver(peer, packet, to, agent, now, udp)
+            assert counters.invalid_frames == spy.count  # each refusal counted, no more
+        for image in list(wide.images.values()) + list(only4.images.values()):
+            image.poll(lambda p, h: None, 100)
+            image.block_poll(lambda *args: None, 65536)
+        assert counters.errors == 0
+        # Still works: a fresh session from the same peer gets an image and its data.
+        setup = SetupFrame(0, LEGIT_SESSION, STREAM, 7, 7, 65536, 1408).encode()
+        _deliver(peer, setup, to, agent, now + 1, udp)
+        data = DataFrame(0, LEGIT_SESSION, STREAM, 7, b"after the garbage").encode()
+        _deliver(peer, data, to, agent, now + 2, udp)
+        got: list[bytes] = []
+        wide.images[LEGIT_SESSION].poll(lambda p, h: got.append(bytes(p)), 10)
+        assert got == [b"after the garbage"]
+    finally:
+        peer.close()
+        udp.close()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(datagrams, min_size=1, max_size=5))
+def test_control_path_counts_every_refusal_and_still_sends(packets: list[bytes]) -> None:
+    """Garbage from the publication's own destination through the real sender agent: every
+    refused control datagram is counted and the publication still sends to its receiver."""
+    counters = SystemCounters()
+    udp = UdpEndpoint(Endpoint("127.0.0.1", 0, socket.AF_INET), counters)
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        peer.bind(("127.0.0.1", 0))
+        peer.setblocking(False)
+        agent = SenderAgent(counters, lambda ep, pub: None)
         ep = SendEndpoint("k", udp)
+        agent.endpoints = (ep,)
         pub = PublicationState(
             session_id=3,
             stream_id=10,
@@ -80,17 +135,34 @@ def test_control_path_raises_only_remote_protocol_errors(packets: list[bytes]) -
             term_offset=0,
             term_length=65536,
             mtu=1408,
-            destination=SOURCE,
+            destination=peer.getsockname(),
         )
         ep.add(pub)
-        pub.offer(b"x" * 100)
+        spy = _Raised(ep.on_control)
+        ep.on_control = spy  # the agent looks it up on every step
+        to, now = udp.local_address, 1
+        sm = StatusMessage(3, 10, 7, 0, 65536, 99).encode()
+        _deliver(peer, sm, to, agent, now, udp)
+        assert pub.offer(b"x" * 100) > 0
         for packet in packets:
-            try:
-                ep.on_control(packet, len(packet), SOURCE, 1)
-            except RemoteProtocolError:
-                pass
-            pub.send(2, lambda d, a: None)
+            now += 1_000_000
+            _deliver(peer, packet, to, agent, now, udp)
+            assert counters.invalid_frames == spy.count  # each refusal counted, no more
+        # Still works: after a fresh SM from its receiver, new data reaches the receiver.
+        _deliver(peer, sm, to, agent, now + 1, udp)
+        assert pub.offer(b"after the garbage") > 0
+        agent.do_work(now + 2)
+        seen: list[bytes] = []
+        deadline = time.monotonic() + 5
+        while not any(b"after the garbage" in d for d in seen):
+            assert time.monotonic() < deadline, "no DATA reached the receiver after the garbage"
+            if select.select([peer], [], [], 0.05)[0]:
+                seen.append(peer.recv(65536))
+            else:
+                now += 10_000_000
+                agent.do_work(now)
     finally:
+        peer.close()
         udp.close()
 
 
