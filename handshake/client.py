@@ -20,7 +20,7 @@ from aeron_spark.handshake.config import ClientConfig, is_loopback
 from aeron_spark.handshake.connection import Connection
 from aeron_spark.handshake.crypto import SealCounters
 from aeron_spark.handshake.errors import ConnectionClosedError, HandshakeTimeoutError
-from aeron_spark.handshake.keystore import KeyStore
+from aeron_spark.handshake.keystore import KeyStore, load_client_key
 from aeron_spark.handshake.machine import ClientEvent, ClientHandshake
 from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler, TransportError
 
@@ -61,6 +61,18 @@ class Client:
         self.config = config or ClientConfig()
         self.key_store = key_store or KeyStore(self.config.key_store_dir)
         self._driver = driver
+        self._static_key: Any = None
+
+    @property
+    def static_key(self) -> Any:
+        """This client's identity key (``client_key_file``, else the key store's client.key;
+        loaded once, created there on first use)."""
+        if self._static_key is None:
+            path = self.config.client_key_file
+            self._static_key = (
+                load_client_key(path) if path else self.key_store.client_private_key()
+            )
+        return self._static_key
 
     @property
     def driver(self) -> Driver:
@@ -103,6 +115,7 @@ class _Attempt:
         self.deadline = time.monotonic() + self.config.timeout_s
         self.machine = ClientHandshake(
             self._check_key,
+            static_key=client.static_key,
             encryption=self.config.encryption,
             timeout_ns=int(self.config.timeout_s * 1e9),
             endpoint=endpoint,

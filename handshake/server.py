@@ -107,10 +107,14 @@ class Server:
         on_message: Callable[[Connection, bytes], object] | None = None,
         on_disconnect: Callable[[Connection], object] | None = None,
         on_error: Callable[[Connection | None, BaseException], object] | None = None,
+        authorize: Callable[[bytes], bool] | None = None,
     ) -> None:
         self.config = config = config or ServerConfig()
         self.key_store = key_store or KeyStore(config.key_store_dir)
-        self.core = ServerCore(config, self.key_store.server_private_key())
+        # authorize(client static public key) -> may it connect (None: any client may)
+        self.core = ServerCore(
+            config, self.key_store.server_private_key(), authorize=authorize
+        )
         self.public_key = self.core.static_public
         self._own_driver = driver is None
         self.driver = driver or Driver(DriverConfig(write_counters_file=False)).start()
@@ -366,6 +370,7 @@ class Server:
             on_disconnect=self.on_disconnect,
             on_error=self._report,
         )
+        conn.client_key = session.client_key  # type: ignore[attr-defined]
         if session.address != "ipc":
             # it proved it receives at its address: no amplification bound towards it
             self.driver.trust_host(host_of((session.address,)))
@@ -535,6 +540,8 @@ class Server:
             "cookies_sent": c.cookies_sent,
             "cookies_bad": c.cookies_bad,
             "rate_limited": c.rate_limited,
+            "identities_bad": c.identities_bad,
+            "clients_refused": c.clients_refused,
             "pending_per_prefix": dict(self.core.pending_per_prefix),
             "refused": dict(c.refused),
             "reply_drops": self.reply_drops,
