@@ -40,6 +40,7 @@ def _client_settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         server_key=args.server_key,
         trust_on_first_use=not args.no_trust_on_first_use,
         timeout_s=args.timeout_s,
+        client_key=args.client_key,
     )
 
 
@@ -64,6 +65,13 @@ def _add_client_args(parser: argparse.ArgumentParser) -> None:
         "--server-key",
         default=None,
         help="pin the server's public key (hex, from 'aeron-spark keys show' on the server)",
+    )
+    parser.add_argument(
+        "--client-key",
+        default=None,
+        metavar="FILE",
+        help="this client's identity private key file (default: client.key in the key store, "
+        "created on first use; 'aeron-spark keys show --client' prints its public key)",
     )
     parser.add_argument(
         "--no-trust-on-first-use",
