@@ -170,7 +170,7 @@ def test_a_read_only_key_cannot_publish_stage_or_commit_and_sees_only_its_stream
     reader, reader_key = _key(tmp_path, "reader")
     keys = tmp_path / "authorized_keys"
     keys.write_text(f"{writer_key} writer write=10,11 read=10,11\n{reader_key} reader read=10\n")
-    with _server(tmp_path, keys, local_writes=False) as server:
+    with _server(tmp_path, keys) as server:
         with StreamClient.connect(_settings(server, writer)) as w:
             w.publish(10, [b"ten"])
             w.publish(11, [b"eleven"])
@@ -199,8 +199,20 @@ def test_a_read_only_key_cannot_publish_stage_or_commit_and_sees_only_its_stream
                 r.consumer_forget("someone")
             blocks = list(r.replay(recording.recording_id, 0, recording.recorded_position))
             assert blocks  # reading its own stream works
+            # local reads and local stages are offered only to sessions allowed the operation
+            assert r.call("local_read", recording_id=recording.recording_id, start=0,
+                          end=recording.recorded_position) is not None
+            with pytest.raises(NotAuthorisedError, match="local_stage on stream 10"):
+                r.call("local_stage", sink_id="sink", batch_id=3, partition_id=0, attempt=0,
+                       stream_id=10)
             counters = r.stats()["counters"]
-        assert counters["requests_not_authorised"] == 7
+        with StreamClient.connect(_settings(server, writer)) as w:
+            eleven = next(rec for rec in w.list_recordings() if rec.stream_id == 11)
+        with StreamClient.connect(_settings(server, reader)) as r:
+            with pytest.raises(NotAuthorisedError, match="local_read on stream 11"):
+                r.call("local_read", recording_id=eleven.recording_id, start=0,
+                       end=eleven.recorded_position)
+        assert counters["requests_not_authorised"] == 8
         with StreamClient.connect(_settings(server, writer)) as w:
             assert w.commit("sink", 1, 10, [staged])  # the writer may commit what it staged
 
