@@ -249,7 +249,7 @@ class Authorizer:
                 who = grant.name if grant is not None else "an unlisted key"
                 where = f"stream {stream_id}" if stream_id is not None else "any stream"
                 raise NotAuthorisedError(
-                    f"{op} on {where} is not authorised for client {who!r} "
+                    f"NOT_AUTHORISED: {op} on {where} is not authorised for client {who!r} "
                     f"(needs {OP_PERMISSION.get(op) or 'an operation the server serves'})",
                     op=op,
                     stream_id=stream_id,
