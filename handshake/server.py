@@ -70,10 +70,11 @@ class _HelloInbox:
     """The HELLOs of one client's HELLO publication: the first, and after each COOKIE answer
     one more (at most ``MAX_COOKIES`` times); anything else it sends is ignored."""
 
-    __slots__ = ("image", "messages", "assembler", "done", "answered")
+    __slots__ = ("image", "messages", "assembler", "done", "answered", "ipc")
 
-    def __init__(self, image: Any) -> None:
+    def __init__(self, image: Any, ipc: bool = False) -> None:
         self.image = image
+        self.ipc = ipc  # IPC data wakes nobody: a COOKIE's answer is polled for
         self.messages: deque[bytes] = deque()
         self.assembler = FragmentAssembler(lambda p, h: self.messages.append(bytes(p)))
         self.done = False
@@ -226,7 +227,9 @@ class Server:
             for image in images:
                 inbox = self._hellos.get(id(image))
                 if inbox is None:
-                    inbox = self._hellos[id(image)] = _HelloInbox(image)
+                    inbox = self._hellos[id(image)] = _HelloInbox(
+                        image, channels.media == "ipc"
+                    )
                     if channels.media == "udp":
                         # a client joins the replies before it says HELLO: the address its
                         # HELLO stream comes from (bounded by the HELLO images' limits) may
@@ -466,7 +469,9 @@ class Server:
             timeout_s = min(timeout_s, max(deadline - time.monotonic_ns(), 0) / 1e9)
         if self.core.pending or self._replies:
             timeout_s = min(timeout_s, 0.005)  # pending sessions wait on joins we are not told of
-        if any(c.subscription.channel.startswith("aeron:ipc") for c in self.connections):
+        if any(c.subscription.channel.startswith("aeron:ipc") for c in self.connections) or any(
+            i.ipc and i.answered and not i.done for i in self._hellos.values()
+        ):
             timeout_s = min(timeout_s, 0.001)  # IPC data has no cross-process wake-up
         self._wakeup.wait(timeout_s)
 
