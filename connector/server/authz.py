@@ -189,14 +189,19 @@ def allowed(grant: Grant | None, op: str, stream_id: int | None = None) -> bool:
 def request_streams(
     op: str, args: dict[str, Any], stream_of: Callable[[int], int]
 ) -> list[int] | None:
-    """The streams a request touches (None: it names none)."""
+    """The streams a request touches (None: it names none): its ``stream_id``, ``stream_ids``,
+    the stream of its ``recording_id`` and those of the staged parts it commits or aborts."""
+    streams: list[int] = []
     if "stream_id" in args:
-        return [int(args["stream_id"])]
+        streams.append(int(args["stream_id"]))
     if args.get("stream_ids") is not None:
-        return [int(s) for s in args["stream_ids"]]
+        streams.extend(int(s) for s in args["stream_ids"])
     if "recording_id" in args:
-        return [stream_of(int(args["recording_id"]))]
-    return None
+        streams.append(stream_of(int(args["recording_id"])))
+    for part in args.get("staged") or ():
+        if isinstance(part, dict) and "stream_id" in part:
+            streams.append(int(part["stream_id"]))
+    return sorted(set(streams)) or None
 
 
 class Authorizer:

@@ -343,6 +343,12 @@ class StreamServer:
             log.warning("cannot accept sessions now: %s", exc)
             return 0
         for link in links:
+            if self.authz is not None and not self.authz.knows(link.client_key):
+                link.close()  # its key was removed while its handshake was in flight
+                self.core.counters["sessions_revoked"] = (
+                    self.core.counters.get("sessions_revoked", 0) + 1
+                )
+                continue
             self._sessions[link] = _SessionIO(link)
             self.core.open_session(
                 link, link.peer, link.max_message_length, now_ns, identity=link.client_key

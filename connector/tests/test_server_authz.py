@@ -273,3 +273,21 @@ def test_an_explicit_client_key_file_is_used(tmp_path: Path) -> None:
             assert client.list_streams() == []
         assert not (tmp_path / "empty-store" / "client.key").exists()
     assert KeyStore(store).client_private_key()  # untouched
+
+
+def test_commit_and_abort_are_checked_against_every_staged_parts_stream(tmp_path: Path) -> None:
+    both, both_key = _key(tmp_path, "both")
+    ten, ten_key = _key(tmp_path, "ten")
+    keys = tmp_path / "authorized_keys"
+    keys.write_text(f"{both_key} both write=10,11\n{ten_key} ten write=10\n")
+    with _server(tmp_path, keys) as server:
+        with StreamClient.connect(_settings(server, both)) as c:
+            staged = c.stage("sink", 1, 0, 0, 11, [b"row"], local=False)
+        with StreamClient.connect(_settings(server, ten)) as c:
+            with pytest.raises(NotAuthorisedError, match="abort on stream 11"):
+                c.abort("sink", 1, [staged])
+            with pytest.raises(NotAuthorisedError, match="commit on stream 11"):
+                c.commit("sink", 1, 10, [staged])  # a stream it may write, a part it may not
+            assert c.last_committed_batch("sink") is None
+        with StreamClient.connect(_settings(server, both)) as c:
+            assert c.commit("sink", 1, 11, [staged])
