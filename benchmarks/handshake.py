@@ -16,6 +16,8 @@ client:
   stream server's parser), measured in the same run, alternating with the open server
   (``--rounds`` each, medians), and ``auth_to_open_*`` ratios. Every handshake (protocol
   version 3) proves the client's key; the open server just does not check it against a list.
+* ``cpu_ms_per_handshake_open`` / ``_auth``: CPU time of one whole handshake, client and server
+  machines in memory (no transport), so it does not depend on the machine's load.
 * ``encrypted_<size>_mb_per_s`` / ``plain_<size>_mb_per_s`` and ``encrypted_to_plain_<size>_ratio``
   for 1 KiB and 64 KiB messages: one connection sends ``--messages-mb`` MB; the rate is bytes
   acknowledged by the server / elapsed. Sealed and plain runs alternate (``--rounds`` each) so both
@@ -64,7 +66,9 @@ def serve(key_dir: str, keys_file: str) -> None:
         ServerConfig(key_store_dir=key_dir, encryption=True, **big), on_message=on_message
     ).start()
     plain = Server(
-        ServerConfig(key_store_dir=key_dir, encryption=False, **big), on_message=on_message
+        # loopback is a trusted network here: without allow_plain_udp the session is sealed
+        ServerConfig(key_store_dir=key_dir, encryption=False, allow_plain_udp=True, **big),
+        on_message=on_message,
     ).start()
     defaults = Server(ServerConfig(key_store_dir=key_dir, max_per_address=1024)).start()
     auth = Server(
@@ -106,6 +110,34 @@ def _handshake_rate(client: Client, endpoint: str, threads: int, seconds: float)
     for t in pool:
         t.join()
     return sum(done) / (time.monotonic() - t0)
+
+
+def _cpu_per_handshake(authorize: bool, count: int = 500) -> float:
+    """CPU milliseconds of one whole handshake, both sides, in memory (sans-I/O machines):
+    what the key agreement and admission cost without the transport or the machine's load."""
+    from aeron_spark.handshake.machine import ClientHandshake, Rejected, ServerCore
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    identity = X25519PrivateKey.generate()
+    listed = {public_bytes(identity)}
+    config = ServerConfig(max_pending=count + 1, max_clients=count + 1,
+                          max_per_address=count + 1, hellos_per_prefix_per_s=1e9)
+    core = ServerCore(config, X25519PrivateKey.generate(),
+                      authorize=listed.__contains__ if authorize else None)
+    t0 = time.process_time()
+    for _ in range(count):
+        client = ClientHandshake(lambda key: None, static_key=identity)
+        client.start(0)
+        try:
+            core.on_hello("10.0.0.1", client.hello(), 0, source="10.0.0.1:1")
+        except Rejected as cookie:
+            client.on_reply(cookie.reply or b"")
+        assert client.retry_hello is not None
+        session = core.on_hello("10.0.0.1", client.retry_hello, 0, source="10.0.0.1:1")
+        client.on_reply(session.welcome)
+        client.on_confirm(core.on_done(session, client.done()))
+        core.release(session)
+    return (time.process_time() - t0) / count * 1000
 
 
 def _throughput(conn: Connection, size: int, total_bytes: int) -> float:
@@ -187,6 +219,8 @@ def main() -> None:
                 ),
                 "auth_to_open_p50_ratio": round(med["auth"]["p50"] / med["open"]["p50"], 3),
                 "authorized_keys": endpoints["authorized_keys"],
+                "cpu_ms_per_handshake_open": round(_cpu_per_handshake(False), 3),
+                "cpu_ms_per_handshake_auth": round(_cpu_per_handshake(True), 3),
                 "connects_timed": per_round * args.rounds,
                 "handshake_threads": args.threads,
             }
