@@ -49,3 +49,20 @@ def test_keys_show_client_prints_the_client_public_key(tmp_path: Path, capsys) -
     assert shown == public_bytes(KeyStore(tmp_path / "k").client_private_key()).hex()
     assert main(["keys", "show", "--key-store", str(tmp_path / "k")]) == 0
     assert capsys.readouterr().out.strip() != shown  # the server key is another key
+
+
+def test_an_unusable_key_store_gives_a_process_key_but_unsafe_files_are_refused(
+    tmp_path: Path,
+) -> None:
+    from aeron_spark.handshake import Client, ClientConfig
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    unusable = Client(ClientConfig(key_store_dir=str(blocker / "keys")))
+    other = Client(ClientConfig(key_store_dir=str(blocker / "other")))
+    assert public_bytes(unusable.static_key) == public_bytes(other.static_key)  # one per process
+    store = KeyStore(tmp_path / "loose")
+    store.client_private_key()
+    os.chmod(tmp_path / "loose" / "client.key", 0o644)
+    with pytest.raises(KeyStoreError, match="chmod 600"):
+        _ = Client(ClientConfig(key_store_dir=str(tmp_path / "loose"))).static_key
