@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import os
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -291,3 +292,59 @@ def test_commit_and_abort_are_checked_against_every_staged_parts_stream(tmp_path
             assert c.last_committed_batch("sink") is None
         with StreamClient.connect(_settings(server, both)) as c:
             assert c.commit("sink", 1, 11, [staged])
+
+
+_REQUESTS = st.one_of(
+    st.tuples(st.sampled_from(["publish", "stage", "local_stage", "local_stage_done"]),
+              st.builds(lambda s: {"stream_id": s}, st.integers(0, 40))),
+    st.tuples(st.sampled_from(["list_recordings", "latest_positions", "consumer_commit"]),
+              st.builds(lambda ids: {"stream_ids": ids}, st.lists(st.integers(0, 40), max_size=3))),
+    st.tuples(st.sampled_from(["position_at", "scan", "replay", "local_read", "purge"]),
+              st.builds(lambda r: {"recording_id": r}, st.integers(0, 40))),
+    st.tuples(st.just("commit"),
+              st.builds(lambda s, parts: {"stream_id": s, "staged": [{"stream_id": p}
+                                                                      for p in parts]},
+                        st.integers(0, 40), st.lists(st.integers(0, 40), max_size=3))),
+    st.tuples(st.just("abort"),
+              st.builds(lambda parts: {"staged": [{"stream_id": p} for p in parts]},
+                        st.lists(st.integers(0, 40), max_size=3))),
+    st.tuples(st.sampled_from(["list_streams", "stats", "keepalive", "stop_replay",
+                               "last_committed_batch", "consumer_forget"]), st.just({})),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_PERMS, _REQUESTS)
+def test_every_request_is_checked_against_every_stream_it_touches(
+    tmp_path_factory, perms, request
+) -> None:
+    from aeron_spark.connector.server.authz import Authorizer
+
+    op, args = request
+    tokens = " ".join(f"{p}={v}" for p, v in perms.items() if v is not None)
+    path = tmp_path_factory.mktemp("authz") / "keys"
+    path.write_text(f"{'ab' * 32} who {tokens}\n")
+    authz = Authorizer(str(path))
+    key = bytes.fromhex("ab" * 32)
+
+    def stream_of(recording_id: int) -> int:  # recording r holds stream r + 1 here
+        return recording_id + 1
+
+    touched = set(args.get("stream_ids") or ())
+    touched |= {args["stream_id"]} if "stream_id" in args else set()
+    touched |= {args["recording_id"] + 1} if "recording_id" in args else set()
+    touched |= {p["stream_id"] for p in args.get("staged", ())}
+    grant = authz.table[key]
+    expected = all(allowed(grant, op, s) for s in touched) if touched else allowed(grant, op)
+    try:
+        authz.check(key, op, args, stream_of)
+        refused = None
+    except NotAuthorisedError as exc:
+        refused = exc
+    assert (refused is None) is expected
+    if refused is not None:
+        assert refused.details["op"] == op
+        bad = refused.details["stream_id"]
+        assert (bad in touched and not allowed(grant, op, bad)) or (bad is None and not touched)
+    with pytest.raises(NotAuthorisedError) if OP_PERMISSION[op] else nullcontext():
+        authz.check(bytes(32), op, args, stream_of)  # an unlisted key: nothing but the free ops
