@@ -61,6 +61,8 @@ class ClientSettings:
     ``key_store_dir``       where known server keys live (None: the handshake layer's default)
     ``server_key``          expected server public key (hex), pinning it instead of the key store
     ``trust_on_first_use``  accept and remember an unknown server key
+    ``client_key``          this client's identity private key file (64 hex digits, 0600); None:
+                            ``client.key`` in the key store (created on first use)
     ``timeout_s``           bound on connecting and on every wait for the server
     ``max_request_bytes``   publish/stage payloads are sent in requests of about this size
     ``max_in_flight``       requests of one publish/stage sent before waiting for replies
@@ -73,6 +75,7 @@ class ClientSettings:
     server_key: str | None = None
     trust_on_first_use: bool = True
     timeout_s: float = 30.0
+    client_key: str | None = None
     max_request_bytes: int = 2 * 1024 * 1024
     max_in_flight: int = 4
     keepalive_interval_s: float = 10.0

@@ -148,7 +148,17 @@ SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
         "restarts; aeron-spark consumers forget NAME when the query is gone)",
     ),
     "encryption": ("encryption", "true", "seal the session with AES-GCM (must match the server)"),
-    "keystore": ("keyStore", "~/.aeron-spark/keys", "key store directory of known server keys"),
+    "keystore": (
+        "keyStore",
+        "~/.aeron-spark/keys",
+        "key store directory of known server keys and of this client's identity (client.key)",
+    ),
+    "clientkey": (
+        "clientKey",
+        "",
+        "file holding this client's identity private key (64 hex digits, mode 0600, owned by "
+        "the executor's user) on every executor host; default: client.key in keyStore",
+    ),
     "serverkey": ("serverKey", "", "pin the server's public key (hex)"),
     "trustonfirstuse": ("trustOnFirstUse", "true", "accept and remember an unknown server key"),
     "timeoutms": ("timeoutMs", "30000", "bound on connecting and on every wait for the server"),
@@ -195,7 +205,17 @@ SINK_OPTIONS: dict[str, tuple[str, str, str]] = {
         "raw mode: publish rows straight to this Aeron channel (no server; at-least-once)",
     ),
     "encryption": ("encryption", "true", "seal the session with AES-GCM (must match the server)"),
-    "keystore": ("keyStore", "~/.aeron-spark/keys", "key store directory of known server keys"),
+    "keystore": (
+        "keyStore",
+        "~/.aeron-spark/keys",
+        "key store directory of known server keys and of this client's identity (client.key)",
+    ),
+    "clientkey": (
+        "clientKey",
+        "",
+        "file holding this client's identity private key (64 hex digits, mode 0600, owned by "
+        "the executor's user) on every executor host; default: client.key in keyStore",
+    ),
     "serverkey": ("serverKey", "", "pin the server's public key (hex)"),
     "trustonfirstuse": ("trustOnFirstUse", "true", "accept and remember an unknown server key"),
     "timeoutms": ("timeoutMs", "30000", "bound on connecting and on every wait for the server"),
@@ -276,6 +296,7 @@ def _settings(o: dict[str, str]) -> ClientSettings:
         server_key=o.get("serverkey") or None,
         trust_on_first_use=_bool("trustOnFirstUse", o.get("trustonfirstuse", "true")),
         timeout_s=timeout_ms / 1000.0,
+        client_key=o.get("clientkey") or None,
     )
 
 

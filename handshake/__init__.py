@@ -16,6 +16,7 @@ from aeron_spark.handshake.connection import Connection
 from aeron_spark.handshake.crypto import SealCounters, fingerprint
 from aeron_spark.handshake.errors import (
     AddressDeniedError,
+    ClientUnknownError,
     ConnectionClosedError,
     EncryptionRequiredError,
     ErrorCode,
@@ -42,6 +43,7 @@ __all__ = [
     "ClientConfig",
     "Connection",
     "ConnectionClosedError",
+    "ClientUnknownError",
     "EncryptionRequiredError",
     "ErrorCode",
     "HandshakeError",

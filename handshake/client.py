@@ -9,6 +9,7 @@ Every failure is a typed exception (see :mod:`.errors`) and frees everything ope
 from __future__ import annotations
 
 import atexit
+import logging
 import threading
 import time
 from collections import deque
@@ -19,13 +20,32 @@ from aeron_spark.handshake.channels import Channels
 from aeron_spark.handshake.config import ClientConfig, is_loopback
 from aeron_spark.handshake.connection import Connection
 from aeron_spark.handshake.crypto import SealCounters
-from aeron_spark.handshake.errors import ConnectionClosedError, HandshakeTimeoutError
-from aeron_spark.handshake.keystore import KeyStore
+from aeron_spark.handshake.errors import (
+    ConnectionClosedError,
+    HandshakeTimeoutError,
+    KeyStoreError,
+)
+from aeron_spark.handshake.keystore import KeyStore, load_client_key
 from aeron_spark.handshake.machine import ClientEvent, ClientHandshake
 from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler, TransportError
 
 _driver_lock = threading.Lock()
 _shared: Driver | None = None
+_process_key: Any = None
+log = logging.getLogger(__name__)
+
+
+def _process_identity(reason: BaseException) -> Any:
+    """One identity key for this process, for clients whose key store is unusable."""
+    global _process_key
+    with _driver_lock:
+        if _process_key is None:
+            from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+            _process_key = X25519PrivateKey.generate()
+            log.warning("no client key (%s): this process uses a key of its own, which servers "
+                        "with authorized keys refuse; set clientKey / --client-key", reason)
+        return _process_key
 
 
 def shared_driver() -> Driver:
@@ -61,6 +81,26 @@ class Client:
         self.config = config or ClientConfig()
         self.key_store = key_store or KeyStore(self.config.key_store_dir)
         self._driver = driver
+        self._static_key: Any = None
+
+    @property
+    def static_key(self) -> Any:
+        """This client's identity key (``client_key_file``, else the key store's client.key;
+        loaded once, created there on first use). A key store that cannot be created or
+        written (a read-only home on an executor) gives a key of this process's own, logged:
+        servers without authorized keys take it, the others refuse it (CLIENT_UNKNOWN)."""
+        if self._static_key is None:
+            path = self.config.client_key_file
+            if path:
+                self._static_key = load_client_key(path)
+            else:
+                try:
+                    self._static_key = self.key_store.client_private_key()
+                except KeyStoreError as exc:
+                    if not isinstance(exc.__cause__, OSError):
+                        raise  # unsafe permissions, a malformed key: never papered over
+                    self._static_key = _process_identity(exc)
+        return self._static_key
 
     @property
     def driver(self) -> Driver:
@@ -103,6 +143,7 @@ class _Attempt:
         self.deadline = time.monotonic() + self.config.timeout_s
         self.machine = ClientHandshake(
             self._check_key,
+            static_key=client.static_key,
             encryption=self.config.encryption,
             timeout_ns=int(self.config.timeout_s * 1e9),
             endpoint=endpoint,

@@ -138,13 +138,16 @@ class ClientConfig:
     ``trust_on_first_use``: remember an unknown server's key (else refuse it).
     ``key_store_dir``: the known-servers store (None: ``$AERON_SPARK_KEY_STORE`` or
     ``~/.aeron-spark/keys``). ``control_port``: the server's control port (None: port + 1).
-    ``timeout_s``: bound on the whole handshake.
+    ``timeout_s``: bound on the whole handshake. ``client_key_file``: this client's identity
+    private key (64 hex digits, a 0600 file of ours; None: the key store's ``client.key``,
+    created on first use).
     """
 
     encryption: bool = True
     server_key: str | None = None
     trust_on_first_use: bool = True
     key_store_dir: str | None = None
+    client_key_file: str | None = None
     control_port: int | None = None
     timeout_s: float = 10.0
     receiver_window_length: int | None = None

@@ -1,14 +1,42 @@
 """Key agreement, key derivation and sealing (X25519, HKDF-SHA256, AES-256-GCM).
 
-Key agreement (like Noise NK): the client has a fresh ephemeral key ``ce``; the server has a static
-key ``ss`` (the one clients pin) and makes a fresh ephemeral key ``se`` per handshake. Both sides
-compute ``dh1 = X25519(ce, se)`` (forward secrecy) and ``dh2 = X25519(ce, ss)`` (only the holder of
-the server's static private key can compute it, so a server that completes the handshake proves it
-holds the key the client pinned). HKDF-SHA256 over ``dh1 || dh2``, salted with the transcript hash
-``SHA-256(HELLO bytes || spk || epk)``, gives:
+Keys (protocol version 3, mutual authentication like Noise XK/IK): the client has a fresh
+ephemeral key ``ce`` and a static identity key ``cs`` (its key store's ``client.key``); the server
+has a static key ``ss`` (the one clients pin) and makes a fresh ephemeral key ``se`` per handshake.
 
-    handshake key (32)  seals WELCOME's session details and the DONE / CONFIRM proofs
-    c2s key (32), s2c key (32), c2s salt (4), s2c salt (4)   per-direction data keys
+1. The client's first HELLO carries ``ce``'s public key only. The server's COOKIE answer carries
+   ``ss``'s public key ``spk``, which the client checks (pinned or remembered) before it uses it.
+2. The client's second HELLO carries its identity sealed for the server only::
+
+       es      = X25519(ce, ss)
+       ad      = connect key (8 bytes, big-endian) || ce public || spk || cookie
+       id_key  = HKDF-SHA256(es, salt = SHA-256(ad), info = "aeron-spark client identity v3")
+       id      = AES-256-GCM(id_key, nonce 0, plaintext = cs public, ad)        (48 bytes)
+
+   A passive observer sees neither ``cs`` nor anything linkable to it (``ce`` is fresh for every
+   handshake); the cookie in ``ad`` ties the box to one cookie, so a box lifted into another
+   HELLO does not open. The server opens it, and refuses an unlisted key (``CLIENT_UNKNOWN``)
+   before it allocates anything.
+3. Both sides compute four X25519 results and HKDF-SHA256 over ``dh1 || dh2 || dh3 || dh4``,
+   salted with the transcript hash ``SHA-256(second HELLO bytes || spk || epk)`` (``epk`` = ``se``
+   public), info ``"aeron-spark handshake v3"``::
+
+       dh1 = X25519(ce, se)   forward secrecy
+       dh2 = X25519(ce, ss)   only the holder of the server's static private key
+       dh3 = X25519(cs, ss)   only the holder of the client's static private key (and the server)
+       dh4 = X25519(cs, se)   the client's key bound to this handshake's fresh server key
+
+   giving::
+
+       handshake key (32)  seals WELCOME's session details and the DONE / CONFIRM proofs
+       c2s key (32), s2c key (32), c2s salt (4), s2c salt (4)   per-direction data keys
+
+   A server that completes the handshake proves it holds ``ss``; a client that sends a correct
+   DONE (and every sealed frame after it) proves it holds ``cs``'s private key *for this
+   handshake* (``dh4`` mixes in the server's fresh ``se``). A recorded second HELLO replayed by
+   someone else is either refused (its cookie is bound to the source address and port and to
+   10-20 s) or gets a WELCOME it cannot open, and never a DONE the server accepts: without
+   ``ce`` (and ``cs``) there is no ``dh1`` (and ``dh3``/``dh4``).
 
 Sealed session frames are ``counter (8 bytes big-endian) || AES-GCM(key, salt || counter, frame)``.
 Counters start at 0 and go up by one per frame. Aeron delivers a session's messages in order and
@@ -32,12 +60,15 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-_INFO = b"aeron-spark handshake v1"
+_INFO = b"aeron-spark handshake v3"
+_ID_INFO = b"aeron-spark client identity v3"
+IDENTITY_BOX_LENGTH = 32 + 16
 _COUNTER = struct.Struct(">Q")
 COUNTER_LENGTH = 8
 TAG_LENGTH = 16
 SEAL_OVERHEAD = COUNTER_LENGTH + TAG_LENGTH
 _NONCE_DETAILS = bytes(12)
+_NONCE_IDENTITY = bytes(12)
 _NONCE_DONE = bytes(11) + b"\x01"
 _NONCE_CONFIRM = bytes(11) + b"\x02"
 
@@ -110,17 +141,9 @@ class SessionKeys:
         )
 
 
-def derive(
-    ephemeral: X25519PrivateKey,
-    peer_ephemeral: X25519PublicKey,
-    static_secret: bytes,
-    transcript: bytes,
-) -> SessionKeys:
-    """Derive the keys of one handshake from ``dh1`` (ephemeral-ephemeral) and ``dh2``."""
-    dh1 = _exchange(ephemeral, peer_ephemeral)
-    okm = HKDF(algorithm=hashes.SHA256(), length=104, salt=transcript, info=_INFO).derive(
-        dh1 + static_secret
-    )
+def derive(dh: bytes, transcript: bytes) -> SessionKeys:
+    """Derive the keys of one handshake from the concatenated X25519 results ``dh``."""
+    okm = HKDF(algorithm=hashes.SHA256(), length=104, salt=transcript, info=_INFO).derive(dh)
     return SessionKeys(
         transcript=transcript,
         handshake_key=okm[0:32],
@@ -131,31 +154,83 @@ def derive(
     )
 
 
-def client_keys(
-    client_ephemeral: X25519PrivateKey, hello: bytes, server_key: bytes, ephemeral_key: bytes
-) -> SessionKeys:
-    dh2 = _exchange(client_ephemeral, load_public(server_key))
-    return derive(
-        client_ephemeral,
-        load_public(ephemeral_key),
-        dh2,
-        transcript_hash(hello, server_key, ephemeral_key),
+def _identity_aead(
+    es: bytes, connect_key: int, ephemeral_public: bytes, server_key: bytes, cookie: bytes
+) -> tuple[AESGCM, bytes]:
+    ad = connect_key.to_bytes(8, "big") + ephemeral_public + server_key + cookie
+    key = HKDF(
+        algorithm=hashes.SHA256(), length=32, salt=hashlib.sha256(ad).digest(), info=_ID_INFO
+    ).derive(es)
+    return AESGCM(key), ad
+
+
+def seal_identity(
+    client_ephemeral: X25519PrivateKey,
+    client_static_public: bytes,
+    server_key: bytes,
+    connect_key: int,
+    cookie: bytes,
+) -> bytes:
+    """The client's static public key sealed for the holder of ``server_key`` (step 2)."""
+    es = _exchange(client_ephemeral, load_public(server_key))
+    aead, ad = _identity_aead(es, connect_key, public_bytes(client_ephemeral), server_key, cookie)
+    return aead.encrypt(_NONCE_IDENTITY, client_static_public, ad)
+
+
+def open_identity(
+    server_static: X25519PrivateKey,
+    ephemeral_public: bytes,
+    connect_key: int,
+    cookie: bytes,
+    box: bytes,
+) -> bytes:
+    """The client's static public key out of a HELLO's identity box; raises
+    :class:`RemoteProtocolError` if it does not open (or is not an X25519 public key)."""
+    es = _exchange(server_static, load_public(ephemeral_public))
+    aead, ad = _identity_aead(
+        es, connect_key, ephemeral_public, public_bytes(server_static), cookie
     )
+    try:
+        client_static = aead.decrypt(_NONCE_IDENTITY, box, ad)
+    except InvalidTag as exc:
+        raise RemoteProtocolError("the HELLO's client identity does not authenticate") from exc
+    load_public(client_static)
+    return client_static
+
+
+def client_keys(
+    client_ephemeral: X25519PrivateKey,
+    client_static: X25519PrivateKey,
+    hello: bytes,
+    server_key: bytes,
+    ephemeral_key: bytes,
+) -> SessionKeys:
+    ss, se = load_public(server_key), load_public(ephemeral_key)
+    dh = (
+        _exchange(client_ephemeral, se)
+        + _exchange(client_ephemeral, ss)
+        + _exchange(client_static, ss)
+        + _exchange(client_static, se)
+    )
+    return derive(dh, transcript_hash(hello, server_key, ephemeral_key))
 
 
 def server_keys(
     server_static: X25519PrivateKey,
     server_ephemeral: X25519PrivateKey,
     client_public: bytes,
+    client_static_public: bytes,
     hello: bytes,
 ) -> SessionKeys:
-    client = load_public(client_public)
-    dh2 = _exchange(server_static, client)
+    ce, cs = load_public(client_public), load_public(client_static_public)
+    dh = (
+        _exchange(server_ephemeral, ce)
+        + _exchange(server_static, ce)
+        + _exchange(server_static, cs)
+        + _exchange(server_ephemeral, cs)
+    )
     return derive(
-        server_ephemeral,
-        client,
-        dh2,
-        transcript_hash(hello, public_bytes(server_static), public_bytes(server_ephemeral)),
+        dh, transcript_hash(hello, public_bytes(server_static), public_bytes(server_ephemeral))
     )
 
 
@@ -244,6 +319,7 @@ def fingerprint(public_key: bytes) -> str:
 
 
 __all__ = [
+    "IDENTITY_BOX_LENGTH",
     "SEAL_OVERHEAD",
     "Opener",
     "SealCounters",
@@ -252,6 +328,8 @@ __all__ = [
     "SessionKeys",
     "client_keys",
     "fingerprint",
+    "open_identity",
+    "seal_identity",
     "public_bytes",
     "server_keys",
 ]

@@ -25,6 +25,7 @@ class ErrorCode(enum.IntEnum):
     HANDSHAKE_TIMEOUT = 8
     SHUTTING_DOWN = 9
     ENCRYPTION_REQUIRED = 10
+    CLIENT_UNKNOWN = 11
 
 
 class HandshakeError(AeronSparkError):
@@ -109,6 +110,13 @@ class EncryptionRequiredError(HandshakeRefusedError):
         self.args = (f"refused the server{where} (ENCRYPTION_REQUIRED): {detail}",)
 
 
+class ClientUnknownError(HandshakeRefusedError):
+    """The server takes only listed client keys (``--authorized-keys``) and ours is not one:
+    show it with ``aeron-spark keys show --client`` and have it added."""
+
+    code = ErrorCode.CLIENT_UNKNOWN
+
+
 class ConnectionClosedError(HandshakeError):
     """The connection is closed (by us, by the peer, or because the transport lost the peer)."""
 
@@ -130,6 +138,7 @@ REFUSALS: dict[ErrorCode, type[HandshakeRefusedError]] = {
         HandshakeTimeoutError,
         ShuttingDownError,
         EncryptionRequiredError,
+        ClientUnknownError,
     )
 }
 
@@ -147,6 +156,7 @@ def refusal(code: int, detail: str, endpoint: str = "") -> HandshakeRefusedError
 __all__ = [
     "REFUSALS",
     "AddressDeniedError",
+    "ClientUnknownError",
     "ConnectionClosedError",
     "EncryptionRequiredError",
     "ErrorCode",

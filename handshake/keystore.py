@@ -1,8 +1,11 @@
-"""The on-disk key store: the server's private key and the server keys a client knows.
+"""The on-disk key store: the server's private key, the client's identity key and the server
+keys a client knows.
 
 Layout of a key store directory (created with mode 0700, files 0600)::
 
     server.key       the server's X25519 private key, 64 hex digits (created on first use)
+    client.key       this client's static X25519 private key, 64 hex digits (created on first
+                     use): its identity towards servers that take ``--authorized-keys``
     known_servers    one line per server: "<endpoint> <public key hex>", like ssh's known_hosts
 
 Clients trust a server key on first use and refuse a *changed* key with an error that says how to
@@ -33,6 +36,7 @@ from aeron_spark.handshake.errors import KeyRefusedError, KeyStoreError
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 SERVER_KEY_FILE = "server.key"
+CLIENT_KEY_FILE = "client.key"
 KNOWN_SERVERS_FILE = "known_servers"
 ENV_KEY_STORE = "AERON_SPARK_KEY_STORE"
 
@@ -55,7 +59,14 @@ class KeyStore:
 
     def server_private_key(self) -> X25519PrivateKey:
         """The server's private key, created (0600) on first use."""
-        path = self.directory / SERVER_KEY_FILE
+        return self._private_key(SERVER_KEY_FILE)
+
+    def client_private_key(self) -> X25519PrivateKey:
+        """This client's static (identity) private key, created (0600) on first use."""
+        return self._private_key(CLIENT_KEY_FILE)
+
+    def _private_key(self, name: str) -> X25519PrivateKey:
+        path = self.directory / name
         with self._locked():
             text = self._read_private(path)
             if text is not None:
@@ -265,4 +276,34 @@ def server_public_key_hex(directory: str | os.PathLike[str] | None = None) -> st
     return public_bytes(KeyStore(directory).server_private_key()).hex()
 
 
-__all__ = ["ENV_KEY_STORE", "KeyStore", "default_key_store_dir", "server_public_key_hex"]
+def client_public_key_hex(directory: str | os.PathLike[str] | None = None) -> str:
+    """The public key (hex) of the client key in ``directory`` (creating it if needed)."""
+    return public_bytes(KeyStore(directory).client_private_key()).hex()
+
+
+def load_client_key(path: str | os.PathLike[str]) -> X25519PrivateKey:
+    """A client private key from a key file given explicitly (``clientKey``, ``--client-key``):
+    64 hex digits, a regular file of ours, not a symbolic link, not readable by group or others
+    (the same rules as the key store's own files). Never created: a missing file is an error."""
+    path = Path(path)
+    text = KeyStore(path.parent)._read_private(path)
+    if text is None:
+        raise KeyStoreError(
+            f"client key file {path} does not exist (create one with "
+            "'aeron-spark keys show --client --key-store DIR' and point at DIR/client.key)"
+        )
+    try:
+        return X25519PrivateKey.from_private_bytes(bytes.fromhex(text.strip()))
+    except ValueError as exc:
+        raise KeyStoreError(f"{path} does not hold a 32-byte hex key: {exc}") from exc
+
+
+__all__ = [
+    "CLIENT_KEY_FILE",
+    "ENV_KEY_STORE",
+    "KeyStore",
+    "client_public_key_hex",
+    "default_key_store_dir",
+    "load_client_key",
+    "server_public_key_hex",
+]

@@ -8,16 +8,19 @@ machine ends in ``FAILED`` (client) or ``CLOSED`` (server session) and frees wha
 Client::
 
     IDLE --start--> JOINING --channels_ready/send HELLO--> HELLO_SENT
-    HELLO_SENT --COOKIE (at most MAX_COOKIES)/send HELLO with it--> HELLO_SENT
+    HELLO_SENT --COOKIE (at most MAX_COOKIES; its server key checked)/send HELLO with the cookie
+                and the sealed client identity--> HELLO_SENT
     HELLO_SENT --WELCOME ok--> OPENING --pair_ready/send DONE--> DONE_SENT --CONFIRM ok--> CONNECTED
     CONNECTED --close / peer close / transport lost--> CLOSED
     any unfinished --REFUSE / bad WELCOME / timeout / transport lost--> FAILED
 
 Server admission (:class:`ServerCore`, stateless until the cookie is valid): a HELLO is rate
 limited per /24 or /64, checked against deny/allow and the version, answered with a COOKIE unless
-it carries a valid one for its source address and port, then checked against the stateful limits
-(connect key in use, total, per address, pending per /24 or /64, pending) and only then given ids
-and keys. Every address is normalised first (``::ffff:a.b.c.d`` is ``a.b.c.d``).
+it carries a valid one for its source address and port (``ipc`` over IPC), then its sealed client
+identity is opened and checked (``authorize``: an unlisted key is refused with CLIENT_UNKNOWN),
+then the stateful limits (connect key in use, total, per address, pending per /24 or /64,
+pending) and only then is it given ids and keys. Every address is normalised first
+(``::ffff:a.b.c.d`` is ``a.b.c.d``).
 
 Server session::
 
@@ -37,7 +40,15 @@ from dataclasses import dataclass, field
 
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.config import ServerConfig, _networks
-from aeron_spark.handshake.crypto import SessionKeys, client_keys, public_bytes, server_keys
+from aeron_spark.handshake.crypto import (
+    SessionKeys,
+    client_keys,
+    fingerprint,
+    open_identity,
+    public_bytes,
+    seal_identity,
+    server_keys,
+)
 from aeron_spark.handshake.errors import (
     EncryptionRequiredError,
     ErrorCode,
@@ -161,14 +172,16 @@ class ClientHandshake:
     connected; ``on_reply(bytes)`` for every message on the reply channel until it returns the
     :class:`~.messages.SessionDetails`; ``done()`` once the private pair is open; ``on_confirm``
     with the first message on the pair. ``check_timeout(now_ns)`` at any time.
-    ``check_server_key(spk)`` is called with the server's static key before anything is derived
-    and raises to refuse it.
+    ``check_server_key(spk)`` is called with the server's static key (from its COOKIE) before the
+    client's identity is sealed for it, and raises to refuse it. ``static_key`` is the client's
+    identity (None: a fresh one, for tests: no server that checks keys will list it).
     """
 
     def __init__(
         self,
         check_server_key: Callable[[bytes], None],
         *,
+        static_key: X25519PrivateKey | None = None,
         encryption: bool = True,
         timeout_ns: int = 10_000_000_000,
         endpoint: str = "",
@@ -181,6 +194,8 @@ class ClientHandshake:
         self.deadline_ns = 0
         self.connect_key = secrets.randbelow(m.MAX_CONNECT_KEY) + 1
         self._ephemeral = X25519PrivateKey.generate()
+        self._static = static_key if static_key is not None else X25519PrivateKey.generate()
+        self.static_public = public_bytes(self._static)
         self._hello = b""
         self.retry_hello: bytes | None = None  # a HELLO with the server's cookie, to send
         self.cookies = 0
@@ -233,6 +248,16 @@ class ClientHandshake:
             if self.cookies >= MAX_COOKIES:
                 self.ignored_replies += 1  # a server (or someone) that never admits us: time out
                 return None
+            if self.server_key is not None and message.server_key != self.server_key:
+                self.ignored_replies += 1  # another server key than the one we checked: forged
+                return None
+            if self.server_key is None:
+                try:
+                    self._check_server_key(message.server_key)
+                except HandshakeError:
+                    self._fire(ClientEvent.PROTOCOL_ERROR)
+                    raise
+                self.server_key = message.server_key
             self.cookies += 1
             self._hello = self.retry_hello = m.Hello(
                 m.PROTOCOL_VERSION,
@@ -240,14 +265,26 @@ class ClientHandshake:
                 public_bytes(self._ephemeral),
                 self.encryption,
                 message.cookie,
+                seal_identity(
+                    self._ephemeral,
+                    self.static_public,
+                    message.server_key,
+                    self.connect_key,
+                    message.cookie,
+                ),
             ).encode()
             return None
         if isinstance(message, m.Refuse):
             self._fire(ClientEvent.REFUSE)
             raise refusal(message.code, message.message, self.endpoint)
+        if self.server_key is None or message.server_key != self.server_key:
+            # A WELCOME before we sent our identity, or from another key than the COOKIE's.
+            self.ignored_replies += 1
+            return None
         try:
             keys = client_keys(
-                self._ephemeral, self._hello, message.server_key, message.ephemeral_key
+                self._ephemeral, self._static, self._hello, message.server_key,
+                message.ephemeral_key,
             )
             details = m.SessionDetails.decode(keys.open_details(message.box))
         except RemoteProtocolError:
@@ -255,7 +292,6 @@ class ClientHandshake:
             self.ignored_replies += 1
             return None
         try:
-            self._check_server_key(message.server_key)
             if self.encryption and not details.encryption:
                 # Only the key holder can seal this, but a client that asked for sealing never
                 # sends its data in the clear, whoever offers it.
@@ -268,7 +304,7 @@ class ClientHandshake:
             self._fire(ClientEvent.PROTOCOL_ERROR)
             raise
         self._fire(ClientEvent.WELCOME)
-        self.keys, self.details, self.server_key = keys, details, message.server_key
+        self.keys, self.details = keys, details
         return details
 
     def done(self) -> bytes:
@@ -328,6 +364,7 @@ class ServerSession:
     released: bool = False
     pending: bool = True  # counted in ServerCore.pending until DONE or release
     prefix: str = ""  # the /24 or /64 the address is accounted in
+    client_key: bytes = b""  # the client's static public key (proven by DONE)
 
     def fire(self, event: SessionEvent) -> None:
         try:
@@ -365,6 +402,8 @@ class ServerCounters:
     cookies_sent: int = 0  # HELLOs answered with a COOKIE (nothing allocated)
     cookies_bad: int = 0  # HELLOs with a cookie that is not valid (forged, stale, other source)
     rate_limited: int = 0  # HELLOs dropped unanswered: their /24 or /64 sent too many
+    identities_bad: int = 0  # HELLOs whose sealed client identity does not open
+    clients_refused: int = 0  # HELLOs from a client key that is not authorised (CLIENT_UNKNOWN)
     refused: Counter = field(default_factory=Counter)  # by ErrorCode name
 
 
@@ -433,8 +472,11 @@ class ServerCore:
         static_key: X25519PrivateKey,
         *,
         rng: Callable[[int], int] = secrets.randbelow,
+        authorize: Callable[[bytes], bool] | None = None,
     ) -> None:
         self.config = config
+        # ``authorize(client static public key)``: may it connect? None: any client may.
+        self.authorize = authorize
         self.static_key = static_key
         self.static_public = public_bytes(static_key)
         self._allow = _mapped_as_ipv4(_networks("allow", config.allow))
@@ -492,8 +534,10 @@ class ServerCore:
             raise Rejected(ErrorCode.MALFORMED, None) from None
         ck = hello.connect_key
         code, text = self._stateless_admission(address, hello)
-        if code is None and address != "ipc":
-            self._check_cookie(source or address, hello, now_ns)
+        client_key = b""
+        if code is None:
+            self._check_cookie(source or address, hello, data, now_ns)
+            code, text, client_key = self._identity(hello)
         if code is None:
             code, text = self._admission(address, prefix, hello)
         if code is not None:
@@ -501,7 +545,7 @@ class ServerCore:
             raise Rejected(code, m.refuse_for(ck, code, text).encode())
         ephemeral = X25519PrivateKey.generate()
         try:
-            keys = server_keys(self.static_key, ephemeral, hello.public_key, data)
+            keys = server_keys(self.static_key, ephemeral, hello.public_key, client_key, data)
         except RemoteProtocolError as exc:
             self.counters.malformed += 1
             self._refused(ErrorCode.MALFORMED)
@@ -533,6 +577,7 @@ class ServerCore:
             welcome=welcome,
             deadline_ns=now_ns + self.config.handshake_timeout_ns,
             prefix=prefix,
+            client_key=client_key,
         )
         self.sessions.add(session)
         self.pending += 1
@@ -558,6 +603,30 @@ class ServerCore:
             )
         return None, ""
 
+    def _identity(self, hello: m.Hello) -> tuple[ErrorCode | None, str, bytes]:
+        """The client's static key out of a HELLO with a valid cookie, checked against
+        ``authorize`` (before anything is allocated)."""
+        if not hello.identity:
+            self.counters.identities_bad += 1
+            return ErrorCode.MALFORMED, "a HELLO with a cookie must carry the client identity", b""
+        try:
+            client_key = open_identity(
+                self.static_key, hello.public_key, hello.connect_key, hello.cookie, hello.identity
+            )
+        except RemoteProtocolError as exc:
+            self.counters.identities_bad += 1
+            return ErrorCode.MALFORMED, str(exc), b""
+        if self.authorize is not None and not self.authorize(client_key):
+            self.counters.clients_refused += 1
+            return (
+                ErrorCode.CLIENT_UNKNOWN,
+                f"client key {fingerprint(client_key)} is not authorised on this server "
+                "(show it with 'aeron-spark keys show --client' and have it added to the "
+                "server's authorized keys)",
+                b"",
+            )
+        return None, "", client_key
+
     def _cookie(self, source: str, hello: m.Hello, epoch: int) -> bytes:
         mac = hmac.new(self._cookie_secret, digestmod=hashlib.sha256)
         for part in (
@@ -570,7 +639,9 @@ class ServerCore:
             mac.update(len(part).to_bytes(2, "big") + part)
         return mac.digest()[: m.COOKIE_LENGTH]
 
-    def _check_cookie(self, source: str, hello: m.Hello, now_ns: int) -> None:
+    def _check_cookie(
+        self, source: str, hello: m.Hello, hello_bytes: bytes, now_ns: int
+    ) -> None:
         """Return if ``hello`` carries a valid cookie for ``source``, else raise the COOKIE."""
         epoch = now_ns // COOKIE_PERIOD_NS
         if hello.cookie:
@@ -579,7 +650,12 @@ class ServerCore:
                     return
             self.counters.cookies_bad += 1
         self.counters.cookies_sent += 1
-        reply = m.Cookie(hello.connect_key, self._cookie(source, hello, epoch)).encode()
+        reply = m.Cookie(
+            hello.connect_key, self._cookie(source, hello, epoch), self.static_public
+        ).encode()
+        if len(reply) > len(hello_bytes):
+            self.counters.malformed += 1  # unpadded: never more bytes back than it sent
+            raise Rejected(ErrorCode.MALFORMED, None)
         raise Rejected(None, reply)
 
     def _rate_allows(self, prefix: str, now_ns: int) -> bool:

@@ -5,14 +5,20 @@ type and range, and unknown keys are refused, so anything odd becomes a
 :class:`RemoteProtocolError` at the boundary::
 
     HELLO    client -> server, handshake channel
-             {t: 1, v: version, ck: connect key (1..2**63-1), pk: X25519 public key (32 bytes),
-              enc: bool (client wants sealed data), [cookie: 16 bytes, from COOKIE]}
-    COOKIE   server -> client, reply channel  {t: 6, ck, cookie: 16 bytes}
-             the answer to a HELLO without a valid cookie: the client sends its HELLO again with
-             the cookie (same ck, pk and enc). A cookie is a MAC, under a secret only the server
-             knows, of the HELLO's source address and port, ck, pk, enc and a coarse time, so
-             the server keeps no state and allocates nothing until a client has shown it
-             receives at its address (DTLS HelloVerifyRequest, QUIC Retry).
+             {t: 1, v: version, ck: connect key (1..2**63-1), pk: X25519 ephemeral public key
+              (32 bytes), enc: bool (client wants sealed data),
+              [cookie: 16 bytes, from COOKIE, id: 48 bytes, the client's static public key
+              sealed for the server (see :mod:`.crypto`)], [pad: zero bytes]}
+             the first HELLO (no cookie) is padded with 32 zero bytes so that it is longer than
+             the COOKIE answering it (never more bytes back than a sender sent)
+    COOKIE   server -> client, reply channel  {t: 6, ck, cookie: 16 bytes, spk: server static
+             key (32)}
+             the answer to a HELLO without a valid cookie: the client checks ``spk`` (pinned or
+             known) and sends its HELLO again with the cookie and its sealed identity (same ck,
+             pk and enc). A cookie is a MAC, under a secret only the server knows, of the HELLO's
+             source address and port (``ipc`` over IPC), ck, pk, enc and a coarse time, so the
+             server keeps no state and allocates nothing until a client has shown it receives
+             at its address (DTLS HelloVerifyRequest, QUIC Retry) and who it is.
     WELCOME  server -> client, reply channel (all clients listen; addressed by ck)
              {t: 2, ck, spk: server static key (32), epk: server ephemeral key (32),
               box: AES-GCM sealed SessionDetails}
@@ -34,10 +40,12 @@ from typing import Any
 import msgpack
 from aeron_spark.handshake.errors import ErrorCode, RemoteProtocolError
 
-PROTOCOL_VERSION = 2  # 2: the COOKIE round trip before any allocation
+PROTOCOL_VERSION = 3  # 2: the COOKIE round trip; 3: client identity (sealed) and 4-DH keys
 KEY_LENGTH = 32
 COOKIE_LENGTH = 16
 PROOF_LENGTH = 16
+IDENTITY_LENGTH = 48  # a 32-byte key sealed with AES-GCM
+HELLO_PADDING = 32  # a first HELLO is longer than the COOKIE (which carries the server's key)
 MAX_HANDSHAKE_MESSAGE_LENGTH = 1024
 MAX_CONNECT_KEY = 2**63 - 1
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
@@ -68,6 +76,7 @@ class Hello:
     public_key: bytes
     encryption: bool
     cookie: bytes = b""  # empty: the first HELLO, before the server's COOKIE
+    identity: bytes = b""  # the sealed client static key (with the cookie only)
 
     def encode(self) -> bytes:
         body = {
@@ -79,6 +88,10 @@ class Hello:
         }
         if self.cookie:
             body["cookie"] = self.cookie
+        if self.identity:
+            body["id"] = self.identity
+        if not self.cookie:
+            body["pad"] = bytes(HELLO_PADDING)
         return _pack(body)
 
 
@@ -86,9 +99,17 @@ class Hello:
 class Cookie:
     connect_key: int
     cookie: bytes
+    server_key: bytes
 
     def encode(self) -> bytes:
-        return _pack({"t": MessageType.COOKIE, "ck": self.connect_key, "cookie": self.cookie})
+        return _pack(
+            {
+                "t": MessageType.COOKIE,
+                "ck": self.connect_key,
+                "cookie": self.cookie,
+                "spk": self.server_key,
+            }
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,19 +230,27 @@ def decode_message(data: bytes | memoryview) -> Message:
         raise RemoteProtocolError("handshake message without an integer type 't'")
     if kind == MessageType.HELLO:
         keys = {"t", "v", "ck", "pk", "enc"}
-        _exact_keys(body, keys | {"cookie"} if "cookie" in body else keys, "HELLO")
+        keys |= {"cookie"} & set(body)
+        keys |= {"id", "pad"} & set(body)
+        _exact_keys(body, keys, "HELLO")
+        if "pad" in body:
+            _bin(body, "pad", 0, 256)
         return Hello(
             version=_int(body, "v", 0, 2**16),
             connect_key=_int(body, "ck", 1, MAX_CONNECT_KEY),
             public_key=_bin(body, "pk", KEY_LENGTH, KEY_LENGTH),
             encryption=_bool(body, "enc"),
             cookie=_bin(body, "cookie", COOKIE_LENGTH, COOKIE_LENGTH) if "cookie" in body else b"",
+            identity=(
+                _bin(body, "id", IDENTITY_LENGTH, IDENTITY_LENGTH) if "id" in body else b""
+            ),
         )
     if kind == MessageType.COOKIE:
-        _exact_keys(body, {"t", "ck", "cookie"}, "COOKIE")
+        _exact_keys(body, {"t", "ck", "cookie", "spk"}, "COOKIE")
         return Cookie(
             connect_key=_int(body, "ck", 1, MAX_CONNECT_KEY),
             cookie=_bin(body, "cookie", COOKIE_LENGTH, COOKIE_LENGTH),
+            server_key=_bin(body, "spk", KEY_LENGTH, KEY_LENGTH),
         )
     if kind == MessageType.WELCOME:
         _exact_keys(body, {"t", "ck", "spk", "epk", "box"}, "WELCOME")
@@ -314,6 +343,7 @@ def _str(body: dict[str, Any], key: str, high: int) -> str:
 
 __all__ = [
     "COOKIE_LENGTH",
+    "IDENTITY_LENGTH",
     "KEY_LENGTH",
     "MAX_HANDSHAKE_MESSAGE_LENGTH",
     "PROOF_LENGTH",

@@ -81,10 +81,11 @@ class _HelloInbox:
     """The HELLOs of one client's HELLO publication: the first, and after each COOKIE answer
     one more (at most ``MAX_COOKIES`` times); anything else it sends is ignored."""
 
-    __slots__ = ("image", "messages", "assembler", "done", "answered")
+    __slots__ = ("image", "messages", "assembler", "done", "answered", "ipc")
 
-    def __init__(self, image: Any) -> None:
+    def __init__(self, image: Any, ipc: bool = False) -> None:
         self.image = image
+        self.ipc = ipc  # IPC data wakes nobody: a COOKIE's answer is polled for
         self.messages: deque[bytes] = deque()
         self.assembler = FragmentAssembler(lambda p, h: self.messages.append(bytes(p)))
         self.done = False
@@ -118,10 +119,14 @@ class Server:
         on_message: Callable[[Connection, bytes], object] | None = None,
         on_disconnect: Callable[[Connection], object] | None = None,
         on_error: Callable[[Connection | None, BaseException], object] | None = None,
+        authorize: Callable[[bytes], bool] | None = None,
     ) -> None:
         self.config = config = config or ServerConfig()
         self.key_store = key_store or KeyStore(config.key_store_dir)
-        self.core = ServerCore(config, self.key_store.server_private_key())
+        # authorize(client static public key) -> may it connect (None: any client may)
+        self.core = ServerCore(
+            config, self.key_store.server_private_key(), authorize=authorize
+        )
         self.public_key = self.core.static_public
         self._own_driver = driver is None
         self.driver = driver or Driver(DriverConfig(write_counters_file=False)).start()
@@ -238,7 +243,9 @@ class Server:
             for image in images:
                 inbox = self._hellos.get(id(image))
                 if inbox is None:
-                    inbox = self._hellos[id(image)] = _HelloInbox(image)
+                    inbox = self._hellos[id(image)] = _HelloInbox(
+                        image, channels.media == "ipc"
+                    )
                     if channels.media == "udp":
                         # a client joins the replies before it says HELLO: the address its
                         # HELLO stream comes from (bounded by the HELLO images' limits) may
@@ -382,6 +389,7 @@ class Server:
             on_disconnect=self.on_disconnect,
             on_error=self._report,
         )
+        conn.client_key = session.client_key  # type: ignore[attr-defined]
         if session.address != "ipc":
             # it proved it receives at its address: no amplification bound towards it
             self.driver.trust_host(host_of((session.address,)))
@@ -477,7 +485,9 @@ class Server:
             timeout_s = min(timeout_s, max(deadline - time.monotonic_ns(), 0) / 1e9)
         if self.core.pending or self._replies:
             timeout_s = min(timeout_s, 0.005)  # pending sessions wait on joins we are not told of
-        if any(c.subscription.channel.startswith("aeron:ipc") for c in self.connections):
+        if any(c.subscription.channel.startswith("aeron:ipc") for c in self.connections) or any(
+            i.ipc and i.answered and not i.done for i in self._hellos.values()
+        ):
             timeout_s = min(timeout_s, 0.001)  # IPC data has no cross-process wake-up
         self._wakeup.wait(timeout_s)
 
@@ -552,6 +562,8 @@ class Server:
             "cookies_sent": c.cookies_sent,
             "cookies_bad": c.cookies_bad,
             "rate_limited": c.rate_limited,
+            "identities_bad": c.identities_bad,
+            "clients_refused": c.clients_refused,
             "pending_per_prefix": dict(self.core.pending_per_prefix),
             "refused": dict(c.refused),
             "reply_drops": self.reply_drops,

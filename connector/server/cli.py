@@ -138,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
         "the directory's file system has less than this free, e.g. 512M or 2G (default 0: only "
         "a full disk refuses)",
     )
+    parser.add_argument(
+        "--authorized-keys", default=None, metavar="FILE",
+        help="only the client keys listed in FILE may connect, each with its permissions "
+        "('KEY NAME read=10,20-29 write=20 admin' per line; see 'aeron-spark keys show "
+        "--client'); re-read when it changes and on SIGHUP. Without it any client may connect",
+    )
     parser.add_argument("--log-level", default="INFO")
     return parser
 
@@ -168,6 +174,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         retention_respects_consumers=not args.retention_ignores_consumers,
         consumer_lease_s=args.consumer_lease_seconds,
         min_free_bytes=args.min_free_bytes,
+        authorized_keys_file=args.authorized_keys,
     )
 
 
@@ -185,7 +192,11 @@ def server_main(argv: Sequence[str]) -> int:
         logging.getLogger(__name__).info("signal %d: shutting down", signum)
         server.close(timeout_s=0)  # just ask the loop to stop; the main thread joins it
 
+    def on_hangup(signum: int, frame: FrameType | None) -> None:
+        server.request_reload()
+
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hangup)
     try:
         server.start()
         port = int(server.endpoint.rpartition(":")[2])

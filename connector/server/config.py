@@ -64,6 +64,10 @@ class ServerConfig:
                             ``STORAGE_FULL`` error; ingest waits) while the directory's file
                             system has less than this free, before it is full (0: only a full
                             disk refuses)
+    ``authorized_keys_file``  a file of client keys and their permissions (see ``authz.py``):
+                            only listed keys may connect and each request is checked against
+                            its key's permissions; re-read when it changes and on SIGHUP (None:
+                            any client may connect and do anything the settings above allow)
     ``max_open_files``      recording files (segments, indexes) kept open at once, for appends
                             and replays, in a shared least-recently-used cache; None: a quarter
                             of the descriptor limit, between 16 and 1024
@@ -102,6 +106,7 @@ class ServerConfig:
     local_writes: bool = True
     min_free_bytes: int = 0
     max_open_files: int | None = None
+    authorized_keys_file: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.directory, str) or not self.directory:

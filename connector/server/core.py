@@ -36,6 +36,7 @@ from aeron_spark.connector.errors import (
     TooManyOpenFilesError,
     from_archive,
 )
+from aeron_spark.connector.server.authz import Authorizer
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.retention import ConsumerRegistry, Retention, RetentionPolicy
 from aeron_spark.connector.server.scan import scan
@@ -100,6 +101,7 @@ class Session:
     requests: int = 0
     errors: int = 0
     bytes_replayed: int = 0
+    identity: bytes = b""  # the client's static public key (proven in the handshake)
 
 
 WRITE_OPS = frozenset(
@@ -134,6 +136,7 @@ class ServerCore:
             "protocol_errors": 0,
             "internal_errors": 0,
             "not_authorised": 0,
+            "requests_not_authorised": 0,
             "replays_started": 0,
             "local_reads_offered": 0,
             "local_reads_refused": 0,
@@ -161,10 +164,15 @@ class ServerCore:
         self.stats_hook: Callable[[], dict[str, Any]] | None = None
         # set by the I/O shell: run ``job`` (returns the reply) elsewhere, reply on ``key`` later
         self.defer: Callable[[object, Callable[[], bytes]], None] | None = None
+        # set by the I/O shell with --authorized-keys: per-client permissions (authz.py)
+        self.authz: Authorizer | None = None
 
     # --- sessions -----------------------------------------------------------------------------
 
-    def open_session(self, key: object, peer: str, max_message_length: int, now_ns: int) -> Session:
+    def open_session(
+        self, key: object, peer: str, max_message_length: int, now_ns: int,
+        identity: bytes = b"",
+    ) -> Session:
         session = Session(
             key,
             peer,
@@ -172,6 +180,7 @@ class ServerCore:
             now_ns + self.config.session_lease_ns,
             now_ns,
             Reassembler(timeout_ns=self.config.session_lease_ns),
+            identity=identity,
         )
         self.sessions[key] = session
         self.counters["sessions_opened"] += 1
@@ -248,7 +257,19 @@ class ServerCore:
         """Run one decoded request; its reply (ok or the typed error). Never raises."""
         try:
             try:
-                result = self._dispatch(session, request, now_ns)
+                authz = self.authz
+                if authz is None:
+                    result = self._dispatch(session, request, now_ns)
+                else:  # the one permission check of every request (op -> permission: authz.py)
+                    try:
+                        authz.check(session.identity, request.op, request.args, self._stream_of)
+                    except NotAuthorisedError:
+                        self.counters["requests_not_authorised"] += 1
+                        raise
+                    result = authz.visible(
+                        session.identity, request.op, self._dispatch(session, request, now_ns),
+                        self._stream_of,
+                    )
             except ArchiveError as exc:  # the archive's errors travel as the wire's own
                 raise from_archive(exc) from exc
             except OSError as exc:  # a full disk or no descriptor left: that request fails
@@ -533,6 +554,7 @@ class ServerCore:
                 "replays": len(s.replays),
                 "bytes_replayed": s.bytes_replayed,
                 "publishing": sorted(s.publishers),
+                **({"client": self.authz.name_of(s.identity)} if self.authz else {}),
             }
             for s in self.sessions.values()
         ]

@@ -93,6 +93,8 @@ class ServerLink:
         self.connection = connection
         self.peer = connection.peer
         self.max_message_length = connection.max_message_length
+        # the client's static public key, proven in the handshake
+        self.client_key: bytes = getattr(connection, "client_key", b"")
 
     @property
     def is_connected(self) -> bool:
@@ -125,6 +127,7 @@ class ServerListener:
         *,
         encryption: bool = True,
         key_store_dir: str | None = None,
+        authorize: Any = None,
         **limits: Any,
     ) -> None:
         self.server = Server(
@@ -139,6 +142,7 @@ class ServerListener:
             ),
             driver=driver,
             on_error=self._on_error,
+            authorize=authorize,
         )
         self.endpoint = self.server.endpoint
         self.public_key = self.server.public_key.hex()
@@ -174,6 +178,7 @@ def open_client_link(settings: Any) -> Link:
         server_key=settings.server_key,
         trust_on_first_use=settings.trust_on_first_use,
         key_store_dir=settings.key_store_dir,
+        client_key_file=getattr(settings, "client_key", None),
         timeout_s=settings.timeout_s,
     )
     try:

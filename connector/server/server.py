@@ -23,6 +23,7 @@ from typing import Any
 
 from aeron_spark.connector import chunking
 from aeron_spark.connector.errors import ConnectorError, ServerUnavailableError
+from aeron_spark.connector.server.authz import Authorizer
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.core import ServerCore
 from aeron_spark.connector.server.dirlock import DirectoryLock
@@ -39,6 +40,8 @@ from aeron_spark.connector.server.stat import write_snapshot
 from aeron_spark.connector.server.store import ArchiveStore
 from aeron_spark.transport import Driver, DriverConfig
 from aeron_spark.transport.protocol.logbuffer import max_message_length
+
+from aeron_spark.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +92,8 @@ class StreamServer:
         self._dir_lock: DirectoryLock | None = None
         self._nofile_at_start = self._nofile = (-1, -1)
         self._next_failure_log_ns = 0
+        self.authz: Authorizer | None = None
+        self._reload_requested = threading.Event()
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -120,6 +125,14 @@ class StreamServer:
             self.core.stats_hook = self._extra_stats
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="aeron-spark-commit")
             self.core.defer = self._defer
+            if self.config.authorized_keys_file is not None:
+                self.authz = Authorizer(self.config.authorized_keys_file)
+                self.core.authz = self.authz
+                log.info("client keys: %d authorised in %s (others are refused)",
+                         len(self.authz.table), self.config.authorized_keys_file)
+            else:
+                log.warning("no authorized keys file: any client may connect and read, write "
+                            "and purge every stream the settings allow (use --authorized-keys)")
             self._listener = ServerListener(
                 self.config.host,
                 self.config.port,
@@ -133,6 +146,7 @@ class StreamServer:
                 max_pending_per_prefix=self.config.max_pending_per_prefix,
                 hellos_per_prefix_per_s=self.config.hellos_per_prefix_per_s,
                 allow_plain_udp=self.config.allow_plain_udp,
+                authorize=self.authz.knows if self.authz is not None else None,
             )
             self._store.start_ingest()
         except BaseException:
@@ -219,6 +233,10 @@ class StreamServer:
                     if now_ns >= next_stat_ns:
                         self._write_stat(now_ns)
                         next_stat_ns = now_ns + _STAT_INTERVAL_NS
+                        if self.authz is not None and self.authz.changed():
+                            self._reload_requested.set()
+                    if self._reload_requested.is_set():
+                        self._reload_authorized_keys(now_ns)
                 except OSError as exc:
                     # requests already fail one by one on a full disk or without descriptors;
                     # anything of that kind still escaping is the pass's, not the server's end
@@ -235,6 +253,39 @@ class StreamServer:
             self._started.set()
         finally:
             self._shutdown()
+
+    def request_reload(self) -> None:
+        """Re-read the authorized keys file on the loop's next pass (SIGHUP)."""
+        self._reload_requested.set()
+        if self._listener is not None:
+            self._listener.wake()
+
+    def _reload_authorized_keys(self, now_ns: int) -> None:
+        """Re-read the authorized keys file (it changed, or SIGHUP); the live sessions of keys
+        no longer listed are closed. A file that does not parse leaves the old table."""
+        self._reload_requested.clear()
+        authz, core = self.authz, self.core
+        if authz is None or core is None:
+            return
+        try:
+            removed = authz.load()
+        except (ConfigurationError, OSError) as exc:
+            authz.reload_failures += 1
+            core.counters["authorized_keys_reload_failures"] = authz.reload_failures
+            log.error("authorized keys NOT reloaded (the previous ones stay in force): %s", exc)
+            return
+        core.counters["authorized_keys_reloads"] = authz.reloads - 1
+        closed = 0
+        for key, io in list(self._sessions.items()):
+            session = core.sessions.get(key)
+            if session is not None and session.identity in removed:
+                core.close_session(key, now_ns)
+                io.link.close()
+                del self._sessions[key]
+                closed += 1
+        core.counters["sessions_revoked"] = core.counters.get("sessions_revoked", 0) + closed
+        log.info("authorized keys reloaded: %d keys, %d removed, %d sessions closed",
+                 len(authz.table), len(removed), closed)
 
     def _resource_failure(self, exc: OSError, now_ns: int) -> None:
         assert self.core is not None
@@ -294,8 +345,16 @@ class StreamServer:
             log.warning("cannot accept sessions now: %s", exc)
             return 0
         for link in links:
+            if self.authz is not None and not self.authz.knows(link.client_key):
+                link.close()  # its key was removed while its handshake was in flight
+                self.core.counters["sessions_revoked"] = (
+                    self.core.counters.get("sessions_revoked", 0) + 1
+                )
+                continue
             self._sessions[link] = _SessionIO(link)
-            self.core.open_session(link, link.peer, link.max_message_length, now_ns)
+            self.core.open_session(
+                link, link.peer, link.max_message_length, now_ns, identity=link.client_key
+            )
             accepted += 1
         return accepted
 

@@ -116,6 +116,7 @@ def render(snapshot: dict[str, Any]) -> str:
             f"  {s['peer']:<28} age {s['age_s']:>7.1f}s  requests {s['requests']:>8}  "
             f"errors {s['errors']:>4}  replays {s['replays']:>2}  "
             f"replayed {s['bytes_replayed']:,} B"
+            + (f"  client {s['client']}" if "client" in s else "")
         )
     lines.append("")
     lines.append("counters")
@@ -157,6 +158,7 @@ def _source(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
         endpoint=args.endpoint,
         encryption=not args.no_encryption,
         key_store_dir=args.key_store,
+        client_key=args.client_key,
         timeout_s=args.timeout_s,
     )
 
@@ -181,6 +183,10 @@ def stat_main(argv: Sequence[str], out: TextIO | None = None) -> int:
     parser.add_argument("--interval-s", type=float, default=1.0, help="refresh interval")
     parser.add_argument("--no-encryption", action="store_true")
     parser.add_argument("--key-store", default=None)
+    parser.add_argument(
+        "--client-key", default=None, metavar="FILE",
+        help="this client's identity private key file (default: client.key in the key store)",
+    )
     parser.add_argument("--timeout-s", type=float, default=10.0)
     args = parser.parse_args(argv)
     out = out or sys.stdout

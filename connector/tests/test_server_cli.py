@@ -10,8 +10,8 @@ import time
 
 import pytest
 from aeron_spark.connector.server import main, stat_main
-from aeron_spark.transport.archive import RecordingStore
 from aeron_spark.connector.server.testing import client_for, server_process
+from aeron_spark.transport.archive import RecordingStore
 
 
 @pytest.mark.slow
@@ -59,8 +59,9 @@ def test_main_dispatches_and_rejects_bad_arguments() -> None:
 
 
 def test_consumers_command_lists_and_forgets(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from aeron_spark.cli import main as cli_main
     from aeron_spark.connector.server import ServerConfig, StreamServer
+
+    from aeron_spark.cli import main as cli_main
 
     with StreamServer(ServerConfig(directory=str(tmp_path / "s"), port=0)) as server:
         with client_for(server.endpoint, encryption=True) as client:
@@ -72,3 +73,41 @@ def test_consumers_command_lists_and_forgets(tmp_path, capsys) -> None:  # type:
         assert cli_main(["consumers", "forget", "job-a", *common]) == 0
         assert cli_main(["consumers", "forget", "job-a", *common]) == 1
         assert cli_main(["consumers", "forget", *common]) == 2  # which one?
+
+
+def test_authorized_keys_on_the_command_line_with_client_keys_and_sighup(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    # Issue 19: 'server --authorized-keys', 'publish/tail/stat --client-key', SIGHUP re-reads.
+    from aeron_spark.handshake.keystore import client_public_key_hex
+
+    from aeron_spark.cli import main as cli_main
+
+    writer, reader = str(tmp_path / "w"), str(tmp_path / "r")
+    keys = tmp_path / "authorized_keys"
+    keys.write_text(f"{client_public_key_hex(writer)} writer write=10 read=10\n"
+                    f"{client_public_key_hex(reader)} reader read=10\n")
+    source = tmp_path / "lines.txt"
+    source.write_text("one\ntwo\n")
+    with server_process(str(tmp_path / "srv"), ["--authorized-keys", str(keys)]) as (proc, ep):
+        common = ["--endpoint", ep, "--no-encryption", "--key-store", str(tmp_path / "known")]
+        wkey = ["--client-key", f"{writer}/client.key"]
+        rkey = ["--client-key", f"{reader}/client.key"]
+        assert cli_main(["publish", *common, *wkey, str(source)]) == 0
+        capsys.readouterr()
+        assert cli_main(["publish", *common, *rkey, str(source)]) == 1
+        assert "NOT_AUTHORISED" in capsys.readouterr().err
+        assert cli_main(["tail", *common, *rkey, "--max-messages", "2"]) == 0
+        printed = capsys.readouterr().out
+        assert "one" in printed and "two" in printed
+        out = io.StringIO()
+        assert stat_main(["--endpoint", ep, "--once", "--no-encryption", "--key-store",
+                          str(tmp_path / "known"), *rkey], out=out) == 0
+        assert "client reader" in out.getvalue()
+        keys.write_text(f"{client_public_key_hex(writer)} writer write=10 read=10\n")
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while cli_main(["tail", *common, *rkey, "--max-messages", "1"]) != 1:
+            assert time.monotonic() < deadline, "the reader's key still works after SIGHUP"
+            time.sleep(0.2)
+        assert "CLIENT_UNKNOWN" in capsys.readouterr().err
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0

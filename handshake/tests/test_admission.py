@@ -69,7 +69,9 @@ def test_hellos_without_a_valid_cookie_allocate_nothing() -> None:
     victim = clients[0]
     pk = victim._hello and m.decode_message(victim._hello).public_key
     forged = m.Hello(m.PROTOCOL_VERSION, victim.connect_key, pk, True, os.urandom(16)).encode()
-    real = m.Hello(m.PROTOCOL_VERSION, victim.connect_key, pk, True, cookies[0]).encode()
+    victim.on_reply(m.Cookie(victim.connect_key, cookies[0], core.static_public).encode())
+    real = victim.retry_hello  # with the cookie and the sealed client identity (version 3)
+    assert real is not None and m.decode_message(real).public_key == pk
     for data, source, now in (
         (forged, "10.0.0.1:5000", 0),
         (real, "10.0.0.1:5001", 0),
@@ -205,7 +207,8 @@ def test_a_client_answers_a_few_cookies_then_ignores_them() -> None:
     client = _client()
     first = client.hello()
     for i in range(MAX_COOKIES + 2):
-        assert client.on_reply(m.Cookie(client.connect_key, bytes([i]) * 16).encode()) is None
+        cookie = m.Cookie(client.connect_key, bytes([i]) * 16, bytes(range(32))).encode()
+        assert client.on_reply(cookie) is None
         if i < MAX_COOKIES:
             retry = m.decode_message(client.retry_hello)
             assert isinstance(retry, m.Hello) and retry.cookie == bytes([i]) * 16
@@ -214,5 +217,5 @@ def test_a_client_answers_a_few_cookies_then_ignores_them() -> None:
         else:
             assert client.retry_hello is None
     assert client.cookies == MAX_COOKIES and client.ignored_replies == 2
-    other = m.Cookie(client.connect_key + 1, b"\0" * 16).encode()
+    other = m.Cookie(client.connect_key + 1, b"\0" * 16, bytes(range(32))).encode()
     assert client.on_reply(other) is None and client.ignored_replies == 3

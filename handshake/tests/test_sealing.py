@@ -15,10 +15,10 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 
 def _agree() -> tuple:
-    static, ephemeral, client = (X25519PrivateKey.generate() for _ in range(3))
+    static, ephemeral, client, identity = (X25519PrivateKey.generate() for _ in range(4))
     hello = m.Hello(1, 5, public_bytes(client), True).encode()
-    server = server_keys(static, ephemeral, public_bytes(client), hello)
-    mine = client_keys(client, hello, public_bytes(static), public_bytes(ephemeral))
+    server = server_keys(static, ephemeral, public_bytes(client), public_bytes(identity), hello)
+    mine = client_keys(client, identity, hello, public_bytes(static), public_bytes(ephemeral))
     return server, mine
 
 
@@ -31,11 +31,15 @@ def test_both_sides_derive_the_same_keys() -> None:
 
 
 def test_a_different_server_key_gives_different_keys() -> None:
-    static, ephemeral, client, impostor = (X25519PrivateKey.generate() for _ in range(4))
+    static, ephemeral, client, impostor, identity = (
+        X25519PrivateKey.generate() for _ in range(5)
+    )
     hello = m.Hello(1, 5, public_bytes(client), True).encode()
     # The impostor claims the real server's static key but cannot compute dh2 with it.
-    fake = server_keys(impostor, ephemeral, public_bytes(client), hello)
-    mine = client_keys(client, hello, public_bytes(static), public_bytes(ephemeral))
+    fake = server_keys(impostor, ephemeral, public_bytes(client), public_bytes(identity), hello)
+    mine = client_keys(
+        client, identity, hello, public_bytes(static), public_bytes(ephemeral)
+    )
     with pytest.raises(RemoteProtocolError, match="authenticate"):
         mine.open_details(fake.seal_details(b"details"))
 
@@ -84,4 +88,6 @@ def test_a_frame_sealed_for_the_other_direction_does_not_open() -> None:
 def test_low_order_public_key_is_a_protocol_error() -> None:
     static, ephemeral = X25519PrivateKey.generate(), X25519PrivateKey.generate()
     with pytest.raises(RemoteProtocolError):
-        server_keys(static, ephemeral, bytes(32), b"hello")
+        server_keys(static, ephemeral, bytes(32), public_bytes(static), b"hello")
+    with pytest.raises(RemoteProtocolError):
+        server_keys(static, ephemeral, public_bytes(ephemeral), bytes(32), b"hello")

@@ -40,6 +40,7 @@ def _client_settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         server_key=args.server_key,
         trust_on_first_use=not args.no_trust_on_first_use,
         timeout_s=args.timeout_s,
+        client_key=args.client_key,
     )
 
 
@@ -64,6 +65,13 @@ def _add_client_args(parser: argparse.ArgumentParser) -> None:
         "--server-key",
         default=None,
         help="pin the server's public key (hex, from 'aeron-spark keys show' on the server)",
+    )
+    parser.add_argument(
+        "--client-key",
+        default=None,
+        metavar="FILE",
+        help="this client's identity private key file (default: client.key in the key store, "
+        "created on first use; 'aeron-spark keys show --client' prints its public key)",
     )
     parser.add_argument(
         "--no-trust-on-first-use",
@@ -209,10 +217,17 @@ def tail_main(argv: Sequence[str]) -> int:
 def keys_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="aeron-spark keys",
-        description="Show the server key of this host, list or forget known server keys.",
+        description="Show the server key (or with --client this client's identity key) of this "
+        "host, list or forget known server keys.",
     )
     parser.add_argument("action", choices=("show", "list", "forget"))
     parser.add_argument("endpoint", nargs="?", help="for 'forget': the server's host:port")
+    parser.add_argument(
+        "--client",
+        action="store_true",
+        help="for 'show': this client's identity key (what a server lists in --authorized-keys) "
+        "instead of the server key",
+    )
     parser.add_argument(
         "--key-store",
         default=None,
@@ -220,11 +235,16 @@ def keys_main(argv: Sequence[str]) -> int:
     )
     args = parser.parse_args(list(argv))
     from aeron_spark.handshake.crypto import fingerprint
-    from aeron_spark.handshake.keystore import KeyStore, server_public_key_hex
+    from aeron_spark.handshake.keystore import (
+        KeyStore,
+        client_public_key_hex,
+        server_public_key_hex,
+    )
 
     store = KeyStore(args.key_store)
     if args.action == "show":
-        key = server_public_key_hex(store.directory)
+        show = client_public_key_hex if args.client else server_public_key_hex
+        key = show(store.directory)
         print(key)
         print(
             f"fingerprint {fingerprint(bytes.fromhex(key))} (key store {store.directory})",

@@ -1,0 +1,293 @@
+"""Who may do what: the stream server's authorized keys file and its permission check.
+
+The file (``--authorized-keys FILE``) has one line per client key; blank lines and ``#``
+comments are ignored::
+
+    # key (64 hex digits or base64 of 32 bytes)      name      permissions
+    3b6a27bc...e1                                     ingest    write=10,11
+    q2V5IGZvciB0aGUgZGFzaGJvYXJkIHRlYW0gLi4uLi4uLi4=  dashboard read=10,11,20-29
+    9f0c...                                           ops       read=* write=* admin
+
+Permissions: ``read=LIST``, ``write=LIST``, ``admin`` (every stream) or ``admin=LIST``, where a
+LIST is stream ids and ranges ``a-b`` separated by commas, or ``*`` for every stream. What each
+permission covers (:data:`OP_PERMISSION`):
+
+    read   list_streams, list_recordings, latest_positions, position_at, scan, replay,
+           local_read, consumer_commit, stats  (listings show only readable streams)
+    write  publish, stage, local_stage, local_stage_done, commit, abort, last_committed_batch
+    admin  purge, consumer_forget
+
+Operations on a recording are checked against its stream; operations without a stream
+(``abort``, ``last_committed_batch``, ``consumer_forget``, listings) need the permission on at
+least one stream. ``keepalive`` and ``stop_replay`` (a session's own replay) need nothing.
+
+Parsing is strict: anything unexpected is a :class:`ConfigurationError` naming the file, the
+line number and what is wrong; a file that fails to parse on a reload leaves the previous table
+in force.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from aeron_spark.connector.errors import NotAuthorisedError
+from aeron_spark.handshake.crypto import fingerprint
+
+from aeron_spark.errors import ConfigurationError
+
+READ, WRITE, ADMIN = "read", "write", "admin"
+_ANY = ""  # the operation has no stream: the permission on at least one stream
+
+# op -> permission (None: any authenticated session may)
+OP_PERMISSION: dict[str, str | None] = {
+    "keepalive": None,
+    "stop_replay": None,
+    "list_streams": READ,
+    "list_recordings": READ,
+    "latest_positions": READ,
+    "position_at": READ,
+    "scan": READ,
+    "replay": READ,
+    "local_read": READ,
+    "consumer_commit": READ,
+    "stats": READ,
+    "publish": WRITE,
+    "stage": WRITE,
+    "local_stage": WRITE,
+    "local_stage_done": WRITE,
+    "commit": WRITE,
+    "abort": WRITE,
+    "last_committed_batch": WRITE,
+    "purge": ADMIN,
+    "consumer_forget": ADMIN,
+}
+_NAME = re.compile(r"[A-Za-z0-9_.@+-]{1,64}")
+_INT32 = (-(2**31), 2**31 - 1)
+_RANGE = re.compile(r"(-?[0-9]{1,10})(?:-(-?[0-9]{1,10}))?")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSet:
+    """Stream ids: every stream (``everything``) or a union of inclusive ranges."""
+
+    everything: bool = False
+    ranges: tuple[tuple[int, int], ...] = ()
+
+    def __contains__(self, stream_id: object) -> bool:
+        if self.everything:
+            return True
+        return isinstance(stream_id, int) and any(a <= stream_id <= b for a, b in self.ranges)
+
+    def __bool__(self) -> bool:
+        return self.everything or bool(self.ranges)
+
+    @classmethod
+    def parse(cls, text: str) -> StreamSet:
+        if text == "*":
+            return cls(everything=True)
+        ranges = []
+        for item in text.split(","):
+            match = _RANGE.fullmatch(item)
+            if match is None:
+                raise ValueError(f"{item!r} is not a stream id or a range a-b")
+            a = int(match[1])
+            b = int(match[2]) if match[2] is not None else a
+            if not (_INT32[0] <= a <= b <= _INT32[1]):
+                raise ValueError(f"{item!r} is not a range of 32-bit stream ids (low <= high)")
+            ranges.append((a, b))
+        return cls(ranges=tuple(ranges))
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """One authorized key: its name and what it may do."""
+
+    key: bytes
+    name: str
+    read: StreamSet = StreamSet()
+    write: StreamSet = StreamSet()
+    admin: StreamSet = StreamSet()
+
+    def streams(self, permission: str) -> StreamSet:
+        return getattr(self, permission)  # type: ignore[no-any-return]
+
+
+def _parse_key(text: str) -> bytes:
+    if re.fullmatch(r"[0-9a-fA-F]{64}", text):
+        return bytes.fromhex(text)
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raw = b""
+    if len(raw) != 32:
+        raise ValueError(f"key {text[:16]!r}... is neither 64 hex digits nor base64 of 32 bytes")
+    return raw
+
+
+def parse(text: str, source: str = "authorized keys") -> dict[bytes, Grant]:
+    """The table of an authorized keys file (see the module docstring); strict."""
+    table: dict[bytes, Grant] = {}
+    names: set[str] = set()
+    for number, raw_line in enumerate(text.splitlines(), 1):
+        line = raw_line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            fields = line.split()
+            if len(fields) < 2:
+                raise ValueError("expected '<key> <name> [read=LIST] [write=LIST] [admin[=LIST]]'")
+            key = _parse_key(fields[0])
+            name = fields[1]
+            if not _NAME.fullmatch(name):
+                raise ValueError(f"name {name!r} is not 1-64 of A-Z a-z 0-9 _ . @ + -")
+            perms: dict[str, StreamSet] = {}
+            for token in fields[2:]:
+                perm, eq, value = token.partition("=")
+                if perm not in (READ, WRITE, ADMIN):
+                    raise ValueError(f"unknown permission {perm!r} (read, write or admin)")
+                if perm in perms:
+                    raise ValueError(f"permission {perm!r} given twice")
+                if not eq:
+                    if perm != ADMIN:
+                        raise ValueError(f"{perm} needs a list of streams: {perm}=10,20-29 or *")
+                    value = "*"
+                perms[perm] = StreamSet.parse(value)
+            if key in table:
+                raise ValueError(f"key already listed (as {table[key].name!r})")
+            if name in names:
+                raise ValueError(f"name {name!r} already used by another key")
+        except ValueError as exc:
+            raise ConfigurationError(
+                "authorized_keys", f"{source}:{number}: {raw_line.strip()[:120]}", str(exc)
+            ) from None
+        names.add(name)
+        table[key] = Grant(key, name, **perms)
+    return table
+
+
+def allowed(grant: Grant | None, op: str, stream_id: int | None = None) -> bool:
+    """Whether ``grant`` may run ``op`` on ``stream_id`` (None: an operation with no stream,
+    allowed with the permission on at least one stream). No grant: nothing (except what needs
+    no permission)."""
+    if op not in OP_PERMISSION:
+        return False
+    permission = OP_PERMISSION[op]
+    if permission is None:
+        return True
+    if grant is None:
+        return False
+    streams = grant.streams(permission)
+    return bool(streams) if stream_id is None else stream_id in streams
+
+
+def request_streams(
+    op: str, args: dict[str, Any], stream_of: Callable[[int], int]
+) -> list[int] | None:
+    """The streams a request touches (None: it names none): its ``stream_id``, ``stream_ids``,
+    the stream of its ``recording_id`` and those of the staged parts it commits or aborts."""
+    streams: list[int] = []
+    if "stream_id" in args:
+        streams.append(int(args["stream_id"]))
+    if args.get("stream_ids") is not None:
+        streams.extend(int(s) for s in args["stream_ids"])
+    if "recording_id" in args:
+        streams.append(stream_of(int(args["recording_id"])))
+    for part in args.get("staged") or ():
+        if isinstance(part, dict) and "stream_id" in part:
+            streams.append(int(part["stream_id"]))
+    return sorted(set(streams)) or None
+
+
+class Authorizer:
+    """The table of one authorized keys file, re-read when it changes (see the module docs)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stamp: tuple[int, int, int] | None = None
+        self.table: dict[bytes, Grant] = {}
+        self.reloads = 0
+        self.reload_failures = 0
+        self.load()
+
+    def _stat(self) -> tuple[int, int, int]:
+        st = os.stat(self.path)
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def load(self) -> set[bytes]:
+        """(Re-)read the file; the keys that were removed. Raises ConfigurationError (the old
+        table stays) or OSError if it cannot be read."""
+        stamp = self._stat()
+        with open(self.path, encoding="utf-8") as fh:
+            table = parse(fh.read(), self.path)
+        removed = set(self.table) - set(table)
+        self.table, self._stamp = table, stamp
+        self.reloads += 1
+        return removed
+
+    def changed(self) -> bool:
+        try:
+            return self._stat() != self._stamp
+        except OSError:
+            return True
+
+    def knows(self, key: bytes) -> bool:
+        """Handshake admission: may this client key connect at all?"""
+        return key in self.table
+
+    def name_of(self, key: bytes) -> str:
+        grant = self.table.get(key)
+        return grant.name if grant is not None else f"unlisted:{fingerprint(key)[:16]}"
+
+    def check(self, key: bytes, op: str, args: dict[str, Any], stream_of: Callable[[int], int]
+              ) -> None:
+        """Raise :class:`NotAuthorisedError` (naming stream and operation) unless allowed."""
+        grant = self.table.get(key)
+        streams: Iterable[int | None] = request_streams(op, args, stream_of) or [None]
+        for stream_id in streams:
+            if not allowed(grant, op, stream_id):
+                who = grant.name if grant is not None else "an unlisted key"
+                where = f"stream {stream_id}" if stream_id is not None else "any stream"
+                raise NotAuthorisedError(
+                    f"NOT_AUTHORISED: {op} on {where} is not authorised for client {who!r} "
+                    f"(needs {OP_PERMISSION.get(op) or 'an operation the server serves'})",
+                    op=op,
+                    stream_id=stream_id,
+                    client=who,
+                )
+
+    def visible(self, key: bytes, op: str, result: Any, stream_of: Callable[[int], int]) -> Any:
+        """A listing narrowed to the streams ``key`` may read."""
+        grant = self.table.get(key)
+        readable = grant.read if grant is not None else StreamSet()
+        if readable.everything:
+            return result
+        if op in ("list_streams", "list_recordings"):
+            return [r for r in result if r["stream_id"] in readable]
+        if op == "latest_positions":
+            return [pair for pair in result if stream_of(pair[0]) in readable]
+        if op == "stats":
+            result = dict(result)
+            for section in ("streams", "recordings"):
+                result[section] = [r for r in result.get(section, []) if r["stream_id"] in readable]
+            return result
+        return result
+
+
+__all__ = [
+    "ADMIN",
+    "OP_PERMISSION",
+    "READ",
+    "WRITE",
+    "Authorizer",
+    "Grant",
+    "StreamSet",
+    "allowed",
+    "parse",
+    "request_streams",
+]

@@ -1,0 +1,235 @@
+"""Issue 19, item 2: mutual authentication in the handshake (protocol version 3).
+
+A known-answer test of the new key schedule computed independently with ``cryptography``
+primitives; the client identity hidden from observers and checked before any allocation; a
+recorded second HELLO replayed by someone else (in memory with a manual clock, and as raw UDP
+datagrams) gets nothing usable."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import time
+
+import pytest
+from aeron_spark.handshake import Client, ClientConfig, Server, ServerConfig
+from aeron_spark.handshake import messages as m
+from aeron_spark.handshake.client import _Attempt
+from aeron_spark.handshake.config import HANDSHAKE_STREAM_ID
+from aeron_spark.handshake.crypto import (
+    client_keys,
+    open_identity,
+    public_bytes,
+    seal_identity,
+    server_keys,
+)
+from aeron_spark.handshake.errors import ClientUnknownError, ErrorCode, RemoteProtocolError
+from aeron_spark.handshake.machine import ClientHandshake, Rejected, ServerCore
+from aeron_spark.transport.protocol.frames import DataFlags, FrameType, SetupFrame
+from aeron_spark.transport.protocol.term import encode_data_header
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from .conftest import wait_for
+
+S = 1_000_000_000
+
+
+def _fixed(byte: int) -> X25519PrivateKey:
+    return X25519PrivateKey.from_private_bytes(bytes([byte]) * 32)
+
+
+# Computed once with the primitives alone (the test below recomputes them the same way).
+KAT_BOX = bytes.fromhex(
+    "1cec9cb61b8e32c9d8ccd26480b59bd48733eb61752d4eaa998b042b5ca39fb5"
+    "cb5f54ba151d0d75d39924d94a8a7167"
+)
+KAT_OKM = bytes.fromhex(
+    "b43b5517591726b3cc83ae25ea780d4a091962988d503fa6b77fa2e74c9c4564"
+    "5b51c2ed295a85cda28a041045f51a5713da12f68bd66b9fcb369eee614fb686"
+    "20d08c0410296b1ca954927a33f667e537b8efd9618afec2fac3cdbdcc256f8c"
+    "5153ec8f0f1470c5"
+)
+
+
+def test_known_answer_of_the_version_3_key_schedule() -> None:
+    ce, cs, ss, se = _fixed(1), _fixed(2), _fixed(3), _fixed(4)
+    ck, cookie, hello = 0x0102030405060708, bytes(range(16)), b"example second HELLO bytes"
+
+    def pub(key: X25519PrivateKey) -> bytes:
+        return key.public_key().public_bytes_raw()
+
+    # independently: the identity box ...
+    ad = ck.to_bytes(8, "big") + pub(ce) + pub(ss) + cookie
+    id_key = HKDF(
+        hashes.SHA256(), 32, hashlib.sha256(ad).digest(), b"aeron-spark client identity v3"
+    ).derive(ce.exchange(ss.public_key()))
+    assert AESGCM(id_key).encrypt(bytes(12), pub(cs), ad) == KAT_BOX
+    # ... and the session keys from four X25519 results
+    dh = (
+        ce.exchange(se.public_key()) + ce.exchange(ss.public_key())
+        + cs.exchange(ss.public_key()) + cs.exchange(se.public_key())
+    )
+    transcript = hashlib.sha256(hello + pub(ss) + pub(se)).digest()
+    okm = HKDF(hashes.SHA256(), 104, transcript, b"aeron-spark handshake v3").derive(dh)
+    assert okm == KAT_OKM
+
+    # the implementation agrees
+    assert seal_identity(ce, pub(cs), pub(ss), ck, cookie) == KAT_BOX
+    assert open_identity(ss, pub(ce), ck, cookie, KAT_BOX) == pub(cs)
+    mine = client_keys(ce, cs, hello, pub(ss), pub(se))
+    theirs = server_keys(ss, se, pub(ce), pub(cs), hello)
+    assert mine == theirs and mine.transcript == transcript
+    assert (
+        mine.handshake_key + mine.c2s_key + mine.s2c_key + mine.c2s_salt + mine.s2c_salt == okm
+    )
+
+
+def test_the_identity_box_opens_only_with_its_cookie_and_server_key() -> None:
+    ce, cs, ss = _fixed(1), _fixed(2), _fixed(3)
+    box = seal_identity(ce, public_bytes(cs), public_bytes(ss), 7, bytes(16))
+    assert public_bytes(cs) not in box  # an observer does not see the client key
+    with pytest.raises(RemoteProtocolError, match="identity does not authenticate"):
+        open_identity(ss, public_bytes(ce), 7, bytes([1]) * 16, box)  # another cookie
+    with pytest.raises(RemoteProtocolError, match="identity does not authenticate"):
+        open_identity(_fixed(9), public_bytes(ce), 7, bytes(16), box)  # another server
+    with pytest.raises(RemoteProtocolError, match="identity does not authenticate"):
+        open_identity(ss, public_bytes(ce), 8, bytes(16), box)  # another connect key
+
+
+def _core(allowed: set[bytes] | None) -> ServerCore:
+    authorize = None if allowed is None else allowed.__contains__
+    return ServerCore(ServerConfig(), X25519PrivateKey.generate(), authorize=authorize)
+
+
+def _second_hello(core: ServerCore, client: ClientHandshake, source: str, now: int) -> bytes:
+    address = source.rpartition(":")[0]
+    with pytest.raises(Rejected) as cookie:
+        core.on_hello(address, client.hello(), now, source=source)
+    assert cookie.value.code is None
+    client.on_reply(cookie.value.reply)
+    assert client.retry_hello is not None
+    return client.retry_hello
+
+
+def test_an_unlisted_client_key_is_refused_before_anything_is_allocated() -> None:
+    listed = X25519PrivateKey.generate()
+    core = _core({public_bytes(listed)})
+    stranger = ClientHandshake(lambda key: None, static_key=X25519PrivateKey.generate())
+    stranger.start(0)
+    hello = _second_hello(core, stranger, "10.0.0.1:4000", 0)
+    with pytest.raises(Rejected) as refused:
+        core.on_hello("10.0.0.1", hello, 0, source="10.0.0.1:4000")
+    assert refused.value.code is ErrorCode.CLIENT_UNKNOWN
+    with pytest.raises(ClientUnknownError, match="CLIENT_UNKNOWN.*not authorised"):
+        stranger.on_reply(refused.value.reply)
+    assert not core.sessions and not core.session_ids and not core.stream_ids
+    assert not core.connect_keys and core.pending == 0 and core.counters.accepted == 0
+    assert core.counters.clients_refused == 1 and core.counters.refused["CLIENT_UNKNOWN"] == 1
+    # the listed key is admitted, and the session knows which key it is
+    friend = ClientHandshake(lambda key: None, static_key=listed)
+    friend.start(0)
+    hello = _second_hello(core, friend, "10.0.0.1:4001", 0)
+    session = core.on_hello("10.0.0.1", hello, 0, source="10.0.0.1:4001")
+    assert session.client_key == public_bytes(listed)
+    friend.on_reply(session.welcome)
+    friend.on_confirm(core.on_done(session, friend.done()))
+
+
+def test_a_replayed_second_hello_gets_nothing_usable() -> None:
+    listed = X25519PrivateKey.generate()
+    core = _core({public_bytes(listed)})
+    honest = ClientHandshake(lambda key: None, static_key=listed)
+    honest.start(0)
+    recorded = _second_hello(core, honest, "10.0.0.1:4000", 0)
+    session = core.on_hello("10.0.0.1", recorded, 0, source="10.0.0.1:4000")
+    honest.on_reply(session.welcome)
+    honest.on_confirm(core.on_done(session, honest.done()))
+    core.release(session)
+
+    # 1. From another address or port: the cookie is not valid there -> a COOKIE, nothing else.
+    with pytest.raises(Rejected) as answer:
+        core.on_hello("10.9.9.9", recorded, 1 * S, source="10.9.9.9:666")
+    assert answer.value.code is None and core.counters.cookies_bad == 1
+    # 2. With that fresh cookie put in: the identity box is bound to the old cookie.
+    fresh = m.decode_message(answer.value.reply).cookie  # type: ignore[union-attr]
+    old = m.decode_message(recorded)
+    assert isinstance(old, m.Hello)
+    forged = m.Hello(old.version, old.connect_key, old.public_key, old.encryption, fresh,
+                     old.identity).encode()
+    with pytest.raises(Rejected) as answer:
+        core.on_hello("10.9.9.9", forged, 1 * S, source="10.9.9.9:666")
+    assert answer.value.code is ErrorCode.MALFORMED and core.counters.identities_bad == 1
+    # 3. Spoofing the honest source within the cookie's time: a WELCOME nobody but the honest
+    #    client can open, and no DONE the attacker can make (it lacks ce and cs).
+    accepted = core.counters.accepted
+    replayed = core.on_hello("10.0.0.1", recorded, 2 * S, source="10.0.0.1:4000")
+    welcome = m.decode_message(replayed.welcome)
+    assert isinstance(welcome, m.Welcome)
+    guess_ce, guess_cs = X25519PrivateKey.generate(), X25519PrivateKey.generate()
+    guessed = client_keys(guess_ce, guess_cs, recorded, welcome.server_key, welcome.ephemeral_key)
+    with pytest.raises(RemoteProtocolError):
+        guessed.open_details(welcome.box)
+    with pytest.raises(RemoteProtocolError):
+        core.on_done(replayed, m.Done(guessed.done_proof()).encode())
+    assert core.counters.bad_done == 1 and core.counters.connected == 1
+    assert core.counters.accepted == accepted + 1 and replayed.released is False
+    core.release(replayed)
+    # 4. After the cookie's time (10-20 s): only a COOKIE again.
+    with pytest.raises(Rejected) as answer:
+        core.on_hello("10.0.0.1", recorded, 25 * S, source="10.0.0.1:4000")
+    assert answer.value.code is None
+
+
+# ------------------------------------------------------------------ over the network
+
+
+def test_a_recorded_handshake_replayed_as_raw_udp_gets_nothing(tmp_path) -> None:
+    key_dir = str(tmp_path / "client")
+    client = Client(ClientConfig(key_store_dir=key_dir, timeout_s=10))
+    listed = public_bytes(client.static_key)
+    server = Server(
+        ServerConfig(key_store_dir=str(tmp_path / "server"), ipc=False),
+        authorize={listed}.__contains__,
+        on_message=lambda c, msg: c.send(msg),
+    ).start()
+    recorded: list[bytes] = []
+    original = _Attempt._say_again
+
+    def record(self, pub, hello):  # type: ignore[no-untyped-def]
+        recorded.append(hello)
+        return original(self, pub, hello)
+
+    _Attempt._say_again = record  # type: ignore[method-assign]
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        with client.connect(server.endpoint) as conn:
+            conn.send(b"honest")
+            assert conn.receive(5) == b"honest"
+        _Attempt._say_again = original  # type: ignore[method-assign]
+        assert len(recorded) == 1
+        wait_for(lambda: server.stats()["connections"] == 0, what="the honest session closed")
+        before = server.stats()
+        # The attacker sends the recorded second HELLO from its own socket, as Aeron frames.
+        sock.bind(("127.0.0.1", 0))
+        session_id = 0x0F00BA12
+        setup = SetupFrame(0, session_id, HANDSHAKE_STREAM_ID, 7, 7, 64 * 1024, 1408)
+        data = encode_data_header(
+            32 + len(recorded[0]), DataFlags.UNFRAGMENTED, FrameType.DATA, 0, session_id,
+            HANDSHAKE_STREAM_ID, 7,
+        ) + recorded[0]
+        for _ in range(3):
+            sock.sendto(setup.encode(), ("127.0.0.1", server.port))
+            sock.sendto(data, ("127.0.0.1", server.port))
+            time.sleep(0.05)
+        wait_for(lambda: server.stats()["hellos"] > before["hellos"], what="the replay read")
+        after = server.stats()
+        assert after["cookies_bad"] == before["cookies_bad"] + 1  # bound to another port
+        assert after["accepted"] == before["accepted"] and after["pending"] == 0
+        assert after["connected"] == before["connected"] and after["connections"] == 0
+    finally:
+        _Attempt._say_again = original  # type: ignore[method-assign]
+        sock.close()
+        server.close()
