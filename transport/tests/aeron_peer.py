@@ -373,6 +373,9 @@ class JavaArchive:
             "aeron.archive.idle.strategy": sleeping,
             "aeron.archive.id": archive_id,
             "aeron.archive.segment.file.length": 1 << 20,
+            # A local recording (a spy) counts as a subscriber: a publisher recorded in the
+            # archive's own driver (RecordedBasicPublisher) can publish with no one else on.
+            "aeron.spies.simulate.connection": "true",
         })
         props.update(properties)
         self.properties = props

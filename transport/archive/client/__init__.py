@@ -20,6 +20,7 @@ from aeron_spark.transport.archive.client.errors import (
     ArchiveErrorCode,
     ArchiveLimitError,
     ArchiveProtocolError,
+    ArchiveReplayError,
     ArchiveResponseError,
     ArchiveSessionClosedError,
     ArchiveTimeoutError,
@@ -40,7 +41,7 @@ from aeron_spark.transport.archive.client.session import (
 __all__ = [
     "ArchiveActiveRecordingError", "ArchiveAuthenticationError", "ArchiveChallengeError",
     "ArchiveClient", "ArchiveClientConfig", "ArchiveClientError", "ArchiveErrorCode",
-    "ArchiveLimitError", "ArchiveProtocolError", "ArchiveResponseError",
+    "ArchiveLimitError", "ArchiveProtocolError", "ArchiveReplayError", "ArchiveResponseError",
     "ArchiveSessionClosedError", "ArchiveTimeoutError", "ArchiveUnknownRecordingError",
     "ArchiveUnknownReplayError", "ArchiveUnknownSubscriptionError", "ArchiveVersionError",
     "ControlConfig", "ControlSession", "RecordingDescriptor", "RecordingSignal", "ReplayedBlock",

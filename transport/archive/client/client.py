@@ -33,6 +33,7 @@ from typing import Any
 from aeron_spark.transport.archive.client import codecs
 from aeron_spark.transport.archive.client.errors import (
     ArchiveClientError,
+    ArchiveReplayError,
     ArchiveSessionClosedError,
     ArchiveTimeoutError,
 )
@@ -522,7 +523,7 @@ class ArchiveClient:
                 continue
             if image.is_closed or image.is_end_of_stream and image.position < end and \
                     not sub.has_data():
-                raise ArchiveSessionClosedError(
+                raise ArchiveReplayError(
                     f"the replay of recording {recording_id} ended at {image.position}, before "
                     f"{end}", recording_id=recording_id, position=image.position,
                 )

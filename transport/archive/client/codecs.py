@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 from aeron_spark.transport.archive.client.errors import ArchiveProtocolError
-from aeron_spark.transport.sbe import MessageCodec, Schema, SbeError, parse_schema
+from aeron_spark.transport.sbe import MessageCodec, SbeError, Schema, parse_schema
 
 # Aeron 1.47's archive control protocol: semantic version 1.11.0 (major, minor, patch bytes).
 PROTOCOL_MAJOR_VERSION = 1

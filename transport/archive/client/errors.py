@@ -138,6 +138,11 @@ class ArchiveSessionClosedError(ArchiveClientError):
     """The control session is closed, or the archive's responses stopped (its image went)."""
 
 
+class ArchiveReplayError(ArchiveClientError):
+    """A replay ended (its image went) before the end of its range: the range is no longer
+    all in the recording (truncated or purged meanwhile), or the archive stopped it."""
+
+
 class ArchiveProtocolError(ArchiveClientError):
     """A message from the archive that we cannot decode or that breaks the protocol."""
 
@@ -150,6 +155,7 @@ __all__ = [
     "ArchiveErrorCode",
     "ArchiveLimitError",
     "ArchiveProtocolError",
+    "ArchiveReplayError",
     "ArchiveResponseError",
     "ArchiveSessionClosedError",
     "ArchiveTimeoutError",
