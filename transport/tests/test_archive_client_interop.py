@@ -137,12 +137,16 @@ def test_record_list_positions_and_bounded_replay_byte_for_byte(
     assert client.recording_position(rid) == -1  # not active any more
     assert client.start_position(rid) == 0
     _GEOMETRY[:] = [d.initial_term_id, d.term_buffer_length]
-    blocks = list(client.replay(rid, 0, end, session_id=d.session_id))
+    blocks = list(client.replay(rid, 0, end, session_id=d.session_id, stream_id=d.stream_id))
     assert blocks[0].position == 0 and blocks[-1].end_position == end
     assert _messages(blocks) == messages
-    # Again: the same bytes (our session id written back over the replay's).
-    again = list(client.replay(rid, 0, end, session_id=d.session_id))
+    # Again: the same bytes (the recording's session and stream ids written back over the
+    # replay's), and they are the ones of the recorded frames.
+    again = list(client.replay(rid, 0, end, session_id=d.session_id, stream_id=d.stream_id))
     assert b"".join(b.data for b in again) == b"".join(b.data for b in blocks)
+    first = blocks[0].data
+    assert int.from_bytes(first[12:16], "little", signed=True) == d.session_id
+    assert int.from_bytes(first[16:20], "little", signed=True) == d.stream_id == 2101
     # A sub-range at message boundaries holds exactly its messages.
     bounds = [b.position for b in blocks]
     mid = bounds[len(bounds) // 2]

@@ -57,6 +57,7 @@ DEFAULT_REPLAY_STREAM_ID = 1101
 LIST_PAGE = 1000  # descriptors asked for per listing request
 _NS = 1_000_000_000
 _SESSION_ID_AT = 12  # in a DATA frame header
+_STREAM_ID_AT = 16
 
 _driver_lock = threading.Lock()
 _driver: tuple[int, Driver] | None = None
@@ -439,12 +440,14 @@ class ArchiveClient:
 
     def replay(
         self, recording_id: int, start: int, end: int, *, session_id: int | None = None,
-        replay_stream_id: int = DEFAULT_REPLAY_STREAM_ID, block_bytes: int = 1 << 20,
+        stream_id: int | None = None, replay_stream_id: int = DEFAULT_REPLAY_STREAM_ID,
+        block_bytes: int = 1 << 20,
     ) -> Iterator[ReplayedBlock]:
         """The raw frames of ``[start, end)`` of the recording, by a bounded replay to a
         subscription of our own (its own port, so its own replay session): each block is a copy
-        of whole frames as recorded, with the replay's session id written back to
-        ``session_id`` when given (so a re-read holds the same bytes). Fails with
+        of whole frames as recorded, with the replay's session and stream ids written back to
+        the recording's ``session_id`` and ``stream_id`` when given (so a re-read holds the same
+        bytes). Fails with
         :class:`ArchiveTimeoutError` when the replay makes no progress for ``timeout_s``."""
         if end <= start:
             return
@@ -461,7 +464,7 @@ class ArchiveClient:
             image_session = _int32(replay_session)
             image = self._await_image(sub, image_session, recording_id)
             yield from self._read_image(image, sub, recording_id, start, end, session_id,
-                                        block_bytes)
+                                        stream_id, block_bytes)
             finished = True
         finally:
             sub.close()
@@ -490,7 +493,7 @@ class ArchiveClient:
 
     def _read_image(
         self, image: Any, sub: Any, recording_id: int, start: int, end: int,
-        session_id: int | None, block_bytes: int,
+        session_id: int | None, stream_id: int | None, block_bytes: int,
     ) -> Iterator[ReplayedBlock]:
         if image.position != start:
             raise ArchiveClientError(
@@ -498,15 +501,17 @@ class ArchiveClient:
                 recording_id=recording_id,
             )
         blocks: list[ReplayedBlock] = []
-        patch = struct.Struct("<i").pack(session_id) if session_id is not None else None
+        patches = [(at, struct.pack("<i", value)) for at, value in
+                   ((_SESSION_ID_AT, session_id), (_STREAM_ID_AT, stream_id)) if value is not None]
 
         def on_block(term: memoryview, offset: int, length: int, _sid: int, _tid: int) -> None:
             data = bytearray(term[offset: offset + length])
-            if patch is not None:
+            if patches:
                 at = 0
                 while at < length:
                     frame = struct.unpack_from("<i", data, at)[0]
-                    data[at + _SESSION_ID_AT: at + _SESSION_ID_AT + 4] = patch
+                    for field_at, value in patches:
+                        data[at + field_at: at + field_at + 4] = value
                     at += (frame + 31) & -32 if frame > 0 else length
             position = image.position
             blocks.append(ReplayedBlock(position, bytes(data), position + length))
