@@ -148,8 +148,12 @@ def test_record_list_positions_and_bounded_replay_byte_for_byte(
     assert int.from_bytes(first[12:16], "little", signed=True) == d.session_id
     assert int.from_bytes(first[16:20], "little", signed=True) == d.stream_id == 2101
     # A sub-range at message boundaries holds exactly its messages.
-    bounds = [b.position for b in blocks]
-    mid = bounds[len(bounds) // 2]
+    from aeron_spark.connector.client import ReplayBlock
+    from aeron_spark.connector.formats import Geometry, iter_messages
+
+    rb = [ReplayBlock(b.position, b.data, 0, b.end_position) for b in blocks]
+    starts = [m.position for m in iter_messages(rb, Geometry(d.initial_term_id, 65536))]
+    mid = starts[len(starts) // 2]
     head = _messages(list(client.replay(rid, 0, mid)))
     tail = _messages(list(client.replay(rid, mid, end)))
     assert head + tail == messages
