@@ -25,6 +25,7 @@ from aeron_spark.transport.archive.client import (
     ArchiveActiveRecordingError,
     ArchiveClient,
     ArchiveReplayError,
+    ArchiveSessionClosedError,
     ArchiveTimeoutError,
     ArchiveUnknownRecordingError,
     RecordingSignal,
@@ -262,3 +263,33 @@ def test_unreachable_archive_times_out_clearly(driver: Driver) -> None:
         ArchiveClient.connect(f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}", driver,
                               timeout_s=1.0)
     assert time.monotonic() - started < 10
+
+
+def test_archive_killed_mid_replay_fails_within_the_timeout(
+    tmp_path: Path, driver: Driver
+) -> None:
+    """kill -9 of the archive while we replay: the replay (and the next request) fail with a
+    clear error within the client's timeout, not a hang."""
+    _require_java()
+    with aeron_peer.JavaArchive(tmp_path / "archive", free_udp_port(), 99,
+                                tag="archive-kill") as doomed:
+        ArchiveClient.connect(doomed.control_channel, driver, timeout_s=_WAIT_S).close()  # up
+        client = ArchiveClient.connect(doomed.control_channel, driver, timeout_s=2.0)
+        try:
+            messages = [bytes([i % 256]) * 4000 for i in range(1000)]  # ~4 MB
+            rid, end, _, _ = _record(client, driver, messages, 2151)
+            replay = client.replay(rid, 0, end)
+            next(replay)  # the replay runs
+            doomed.kill()
+            started = time.monotonic()
+            with pytest.raises((ArchiveTimeoutError, ArchiveReplayError), match="recording"):
+                for _ in replay:
+                    pass
+            assert time.monotonic() - started < 2.0 + 5.0
+            started = time.monotonic()
+            with pytest.raises((ArchiveTimeoutError, ArchiveSessionClosedError),
+                               match="archive"):
+                client.archive_id()
+            assert time.monotonic() - started < 2.0 + 5.0
+        finally:
+            client.close()
