@@ -167,3 +167,71 @@ def test_available_now_stream_then_only_new_data(  # type: ignore[no-untyped-def
     rows = spark.read.parquet(str(out)).orderBy("position").collect()
     assert [bytes(r.value) for r in rows] == first + later  # each once
     pub.close()
+
+
+def test_live_query_sees_new_recordings_and_data_arrive(  # type: ignore[no-untyped-def]
+    spark, recorded: Recorded, tmp_path: Path
+) -> None:
+    pub, _, rid = recorded.record(3031, [b"before-%d" % i for i in range(20)])
+    out = tmp_path / "out"
+    query = (
+        spark.readStream.format("aeron")
+        .option("archive", recorded.archive.control_channel)
+        .option("streamId", 3031)
+        .load()
+        .select("value", "position", "recording_id")
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(processingTime="1 second")
+        .start()
+    )
+    try:
+        def rows() -> list:  # type: ignore[type-arg]
+            try:
+                return spark.read.parquet(str(out)).collect()
+            except Exception:  # noqa: BLE001 - no file written yet
+                return []
+
+        def wait_for(n: int) -> list:  # type: ignore[type-arg]
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                assert query.exception() is None, query.exception()
+                got = rows()
+                if len(got) >= n:
+                    return got
+                time.sleep(1)
+            raise AssertionError(f"the live query had {len(rows())} rows, not {n}")
+
+        wait_for(20)
+        recorded.append(pub, rid, [b"after-%d" % i for i in range(30)])
+        pub2, _, rid2 = recorded.record(3031, [b"second-%d" % i for i in range(10)])
+        got = wait_for(60)
+        values = sorted(bytes(r.value) for r in got)
+        expected = sorted([b"before-%d" % i for i in range(20)] + [b"after-%d" % i for i in
+                          range(30)] + [b"second-%d" % i for i in range(10)])
+        assert values == expected
+        assert {r.recording_id for r in got} == {rid, rid2}
+    finally:
+        query.stop()
+        pub.close()
+    pub2.close()
+
+
+def test_truncated_range_fails_clearly_or_is_skipped(  # type: ignore[no-untyped-def]
+    spark, recorded: Recorded
+) -> None:
+    messages = [b"t" * 100] * 20  # 160-byte frames
+    pub, channel, rid = recorded.record(3041, messages)
+    recorded.client.stop_recording(channel, 3041)
+    recorded.client.wait_for_signal(lambda e: e.recording_id == rid
+                                    and e.signal == RecordingSignal.STOP)
+    recorded.client.truncate_recording(rid, 160 * 10)
+    key = f"{ARCHIVE_ID}/{rid}"
+    assert _read(spark, recorded, 3041).count() == 10
+    beyond = json.dumps({key: 160 * 15})  # an offset read before the truncation
+    with pytest.raises(Exception, match="truncated"):
+        _read(spark, recorded, 3041, startingPositions=beyond).collect()
+    assert _read(spark, recorded, 3041, startingPositions=beyond,
+                 failOnDataLoss="false").count() == 0
+    pub.close()
