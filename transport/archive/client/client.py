@@ -428,7 +428,7 @@ class ArchiveClient:
         return int(self._call(
             "ReplayRequest", recordingId=recording_id, position=position,
             length=codecs.LENGTH_TO_END if length is None else length,
-            replayStreamId=replay_stream_id, fileIoMaxLength=0,
+            replayStreamId=replay_stream_id, fileIoMaxLength=codecs.NULL_VALUE,
             replayToken=codecs.NULL_VALUE, replayChannel=replay_channel,
         ))
 
