@@ -111,3 +111,15 @@ def test_a_task_owns_the_messages_that_begin_in_its_share() -> None:
     # Cuts at every frame: every message exactly once over the shares.
     for cut in pos[1:]:
         assert owned(0, cut) + owned(cut, total) == begins, cut
+
+
+def test_a_sink_into_the_archive_is_refused_clearly() -> None:
+    from aeron_spark.connector.datasource import AeronDataSource
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    source = AeronDataSource({"archive": ARCHIVE, "streamId": "1"})
+    schema = StructType([StructField("value", BinaryType())])
+    for make in (lambda: source.writer(schema, False), lambda: source.streamWriter(schema, False)):
+        with pytest.raises(ConfigurationError, match="not supported yet") as info:
+            make()
+        assert info.value.name == "archive"
