@@ -429,28 +429,41 @@ class ArchiveStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 max_bytes = limit.max_bytes
         ends = dict(current)
         self._latest = {**current, **{k: r.end for k, r in recs.items()}}
-        with connect(o.connect) as client:
-            for key in sorted(recs):
-                rec = recs[key]
-                begin = max(current.get(key, rec.start), rec.start)
-                target = rec.end
-                if self._available_now is not None:
-                    target = min(target, self._available_now.get(key, begin))
-                if target <= begin:
-                    ends.setdefault(key, max(begin, current.get(key, begin)))
-                    continue
-                end, messages = scan(client, rec, begin, target, max_messages, max_bytes)
-                ends[key] = end
-                if max_messages is not None and messages > 0:
-                    max_messages -= messages
-                    if max_messages <= 0:
-                        max_messages = 0
-                if max_bytes is not None:
-                    max_bytes = max(0, max_bytes - (end - begin))
-                if max_messages == 0 or max_bytes == 0:
-                    break
+        begin: dict[str, int] = {}
+        target: dict[str, int] = {}
         for key, rec in recs.items():
-            ends.setdefault(key, current.get(key, _start_positions(o, {key: rec})[key]))
+            begin[key] = max(current.get(key, rec.start), rec.start)
+            latest = rec.end
+            if self._available_now is not None:
+                latest = min(latest, self._available_now.get(key, begin[key]))
+            target[key] = max(latest, begin[key])
+            ends[key] = begin[key] if key in current or target[key] > begin[key] else \
+                _start_positions(o, {key: rec})[key]
+        waiting = sorted(k for k in target if target[k] > begin[k])
+        if waiting:
+            with connect(o.connect) as client:
+                # The budget is shared evenly between the recordings with data first, then
+                # what is left goes to those with more: one backlog never starves the others.
+                for second_round in (False, True):
+                    if not waiting or max_messages == 0 or max_bytes == 0:
+                        break
+                    n = len(waiting)
+                    for key in list(waiting):
+                        if max_messages == 0 or max_bytes == 0:
+                            break
+                        share_m = max_messages if second_round or max_messages is None else \
+                            max(1, max_messages // n)
+                        share_b = max_bytes if second_round or max_bytes is None else \
+                            max(1, max_bytes // n)
+                        end, messages = scan(client, recs[key], ends[key], target[key],
+                                             share_m, share_b)
+                        if max_messages is not None:
+                            max_messages = max(0, max_messages - messages)
+                        if max_bytes is not None:
+                            max_bytes = max(0, max_bytes - (end - ends[key]))
+                        ends[key] = end
+                        if end >= target[key] or messages == 0:
+                            waiting.remove(key)
         return encode_offset(ends)
 
     def reportLatestOffset(self) -> dict | None:

@@ -235,3 +235,59 @@ def test_truncated_range_fails_clearly_or_is_skipped(  # type: ignore[no-untyped
     assert _read(spark, recorded, 3041, startingPositions=beyond,
                  failOnDataLoss="false").count() == 0
     pub.close()
+
+
+def test_archive_restarted_mid_query_fails_clearly_then_resumes_from_checkpoint(  # type: ignore[no-untyped-def]
+    spark, tmp_path: Path
+) -> None:
+    """kill -9 of the archive between micro-batches: the next run of the query fails clearly
+    (within timeoutMs); the archive restarted on the same directory, the query resumes from its
+    checkpoint: every row once, old recording and new."""
+    _require_java()
+    port, archive_dir = free_udp_port(), tmp_path / "archive"
+    driver = Driver(DriverConfig(directory=tmp_path / "driver", write_counters_file=False)).start()
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+
+    def run(control: str) -> object:
+        query = (
+            spark.readStream.format("aeron").option("archive", control)
+            .option("streamId", 3051).option("timeoutMs", 20000).load()
+            .select("value", "recording_id")
+            .writeStream.format("parquet").option("path", str(out))
+            .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start()
+        )
+        from pyspark.errors import StreamingQueryException
+
+        try:
+            query.awaitTermination(240)
+        except StreamingQueryException as exc:
+            return exc
+        return query.exception()
+
+    try:
+        archive = aeron_peer.JavaArchive(archive_dir, port, 17, tag="archive-restart")
+        try:
+            r = Recorded(archive, driver)
+            pub, _, rid = r.record(3051, [b"one-%d" % i for i in range(50)])
+            assert run(archive.control_channel) is None
+            archive.kill()
+            started = time.monotonic()
+            error = run(archive.control_channel)
+            assert error is not None and "archive" in str(error).lower(), error
+            assert time.monotonic() - started < 120
+            r.client.close()
+            pub.close()
+        finally:
+            archive.close()
+        with aeron_peer.JavaArchive(archive_dir, port, 17, tag="archive-restart") as again:
+            r = Recorded(again, driver)
+            pub2, _, rid2 = r.record(3051, [b"two-%d" % i for i in range(30)])
+            assert run(again.control_channel) is None
+            rows = spark.read.parquet(str(out)).collect()
+            assert sorted(bytes(x.value) for x in rows) == sorted(
+                [b"one-%d" % i for i in range(50)] + [b"two-%d" % i for i in range(30)])
+            assert {x.recording_id for x in rows} == {rid, rid2}
+            r.client.close()
+            pub2.close()
+    finally:
+        driver.close()
