@@ -187,31 +187,18 @@ def test_live_query_sees_new_recordings_and_data_arrive(  # type: ignore[no-unty
         .start()
     )
     try:
-        def rows() -> list:  # type: ignore[type-arg]
-            try:
-                return spark.read.parquet(str(out)).collect()
-            except Exception:  # noqa: BLE001 - no file written yet
-                return []
-
-        def wait_for(n: int) -> list:  # type: ignore[type-arg]
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                assert query.exception() is None, query.exception()
-                got = rows()
-                if len(got) >= n:
-                    return got
-                time.sleep(1)
-            raise AssertionError(f"the live query had {len(rows())} rows, not {n}")
-
-        wait_for(20)
+        query.processAllAvailable()  # returns once the query has read all the source offers
+        assert sorted(bytes(r.value) for r in spark.read.parquet(str(out)).collect()) == \
+            sorted(b"before-%d" % i for i in range(20))
         recorded.append(pub, rid, [b"after-%d" % i for i in range(30)])
         pub2, _, rid2 = recorded.record(3031, [b"second-%d" % i for i in range(10)])
-        got = wait_for(60)
-        values = sorted(bytes(r.value) for r in got)
+        query.processAllAvailable()
+        got = spark.read.parquet(str(out)).collect()
         expected = sorted([b"before-%d" % i for i in range(20)] + [b"after-%d" % i for i in
                           range(30)] + [b"second-%d" % i for i in range(10)])
-        assert values == expected
+        assert sorted(bytes(r.value) for r in got) == expected
         assert {r.recording_id for r in got} == {rid, rid2}
+        assert query.exception() is None
     finally:
         query.stop()
         pub.close()
