@@ -518,13 +518,18 @@ class ArchiveClient:
 
         timeout = self.config.timeout_s
         deadline = time.monotonic() + timeout
+        next_service = time.monotonic() + 0.1
         while image.position < end:
             got = image.block_poll(on_block, min(block_bytes, end - image.position))
             if blocks:
                 yield from blocks
                 blocks.clear()
             if got:
-                deadline = time.monotonic() + timeout
+                now = time.monotonic()
+                deadline = now + timeout
+                if now >= next_service:  # keep the control session alive on a long replay
+                    next_service = now + 0.1
+                    self.poll()
                 continue
             if image.is_closed or image.is_end_of_stream and image.position < end and \
                     not sub.has_data():
