@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+from aeron_spark.connector.archive_options import is_archive_mode
 from aeron_spark.connector.options import parse_sink_options, parse_source_options
 from aeron_spark.connector.sink import AeronBatchWriter, AeronStreamWriter, check_sink_schema
 from aeron_spark.connector.source import (
@@ -42,9 +43,17 @@ class AeronDataSource(DataSource):
         return "aeron"
 
     def schema(self) -> str | StructType:
+        if is_archive_mode(self.options):
+            from aeron_spark.connector import archive_source
+
+            return archive_source.schema(self.options)
         return source_schema(parse_source_options(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        if is_archive_mode(self.options):
+            from aeron_spark.connector import archive_source
+
+            return archive_source.batch_reader(self.options, schema)
         options = parse_source_options(self.options)
         if options.read_on == "driver":
             from aeron_spark.errors import ConfigurationError
@@ -54,6 +63,10 @@ class AeronDataSource(DataSource):
         return AeronBatchReader(options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if is_archive_mode(self.options):
+            from aeron_spark.connector import archive_source
+
+            return archive_source.stream_reader(self.options, schema)
         options = parse_source_options(self.options)
         if options.read_on == "driver":
             # Spark's documented fallback: a source whose streamReader() is not implemented is
@@ -67,6 +80,7 @@ class AeronDataSource(DataSource):
         return AeronDriverStreamReader(parse_source_options(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        _no_archive_sink(self.options)
         options = parse_sink_options(self.options)
         check_sink_schema(schema, options.format, options.sbe)
         if overwrite:
@@ -80,6 +94,7 @@ class AeronDataSource(DataSource):
         return AeronBatchWriter(options)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        _no_archive_sink(self.options)
         options = parse_sink_options(self.options)
         check_sink_schema(schema, options.format, options.sbe)
         if options.channel is not None:
@@ -87,6 +102,17 @@ class AeronDataSource(DataSource):
 
             return RawStreamWriter(options)
         return AeronStreamWriter(options)
+
+
+def _no_archive_sink(options: dict) -> None:
+    if is_archive_mode(options):
+        from aeron_spark.errors import ConfigurationError
+
+        raise ConfigurationError(
+            "archive", dict(options).get("archive"), "no archive option on a sink: writing into "
+            "an Aeron Archive is not supported yet (publish to a channel the archive records "
+            "with the raw sink, option channel, at least once)"
+        )
 
 
 def ensure_registered(spark) -> None:  # type: ignore[no-untyped-def]

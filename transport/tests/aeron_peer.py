@@ -346,6 +346,73 @@ class JavaMediaDriver:
         self.close()
 
 
+class JavaArchive:
+    """A running ``io.aeron.archive.ArchivingMediaDriver`` (media driver and archive in one
+    JVM) with a UDP control request channel on ``127.0.0.1:<control_port>``: what a team running
+    Aeron in production has. Sleeping idle strategies (2 cores); ``close()`` stops it (SIGINT,
+    then SIGKILL) and removes its Aeron directory (the archive directory is the caller's).
+    ``kill()`` is a kill -9 (the archive gone without a goodbye)."""
+
+    def __init__(
+        self, archive_dir: Path, control_port: int, archive_id: int = 0, tag: str = "archive",
+        **properties: object,
+    ) -> None:
+        self.aeron_dir = new_aeron_dir(tag)
+        self.archive_dir = archive_dir
+        self.control_port = control_port
+        self.archive_id = archive_id
+        self.control_channel = f"aeron:udp?endpoint=127.0.0.1:{control_port}"
+        sleeping = "org.agrona.concurrent.SleepingMillisIdleStrategy"
+        props = driver_properties(self.aeron_dir, **{"aeron.shared.idle.strategy": sleeping})
+        props.update({
+            "aeron.archive.dir": str(archive_dir),
+            "aeron.archive.control.channel": self.control_channel,
+            "aeron.archive.replication.channel": "aeron:udp?endpoint=127.0.0.1:0",
+            "aeron.archive.recording.events.enabled": "false",
+            "aeron.archive.threading.mode": "SHARED",
+            "aeron.archive.idle.strategy": sleeping,
+            "aeron.archive.id": archive_id,
+            "aeron.archive.segment.file.length": 1 << 20,
+            # A local recording (a spy) counts as a subscriber: a publisher recorded in the
+            # archive's own driver (RecordedBasicPublisher) can publish with no one else on.
+            "aeron.spies.simulate.connection": "true",
+        })
+        props.update(properties)
+        self.properties = props
+        self.program = PeerProgram(
+            java_argv("io.aeron.archive.ArchivingMediaDriver", props), "java-archive"
+        )
+        mark = archive_dir / "archive-mark.dat"
+        deadline = time.monotonic() + DRIVER_START_S
+        try:
+            while not (mark.exists() and mark.stat().st_size > 0):
+                if self.program.proc.poll() is not None or time.monotonic() > deadline:
+                    self.program.drain(1.0)
+                    raise RuntimeError(
+                        "the Java archive did not start:\n" + self.program.transcript()
+                    )
+                time.sleep(0.05)
+        except BaseException:
+            self.close()
+            raise
+
+    def kill(self) -> None:
+        if self.program.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.program.proc.pid, signal.SIGKILL)
+            self.program.proc.wait(timeout=STOP_TIMEOUT_S)
+
+    def close(self) -> None:
+        self.program.stop()
+        shutil.rmtree(self.aeron_dir, ignore_errors=True)
+
+    def __enter__(self) -> JavaArchive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def compile_java(source: str, class_name: str, out_dir: Path) -> Path:
     """Compile one class of our own against the jar into ``out_dir`` (returns it, a classpath
     entry). For peers the samples do not cover."""

@@ -1,0 +1,125 @@
+"""Archive mode of the source without Spark or an archive: its options, the term-aligned
+split of ranges, and which frames a split task owns (the messages that begin in its share)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from aeron_spark.connector.archive_options import (
+    ArchiveConnect,
+    is_archive_mode,
+    parse_archive_source_options,
+)
+from aeron_spark.connector.archive_source import ArchiveRange, _owned, _split
+from aeron_spark.connector.client import ReplayBlock
+from aeron_spark.connector.formats import Geometry, iter_messages
+from aeron_spark.transport.archive.client import ReplayedBlock
+
+from aeron_spark.errors import ConfigurationError
+
+ARCHIVE = "aeron:udp?endpoint=127.0.0.1:8010"
+HEADER = struct.Struct("<iBBhiiiiq")
+BEGIN, END = 0x80, 0x40
+
+
+def test_options_of_archive_mode() -> None:
+    assert is_archive_mode({"Archive": ARCHIVE}) and not is_archive_mode({"endpoint": "h:1"})
+    o = parse_archive_source_options({"archive": ARCHIVE, "streamId": "7", "channel": " x ",
+                                      "timeoutMs": "5000", "format": "json",
+                                      "schema": "a long", "maxMessagesPerTrigger": "10"})
+    assert o.connect == ArchiveConnect(ARCHIVE, 10, None, 5.0)
+    assert (o.channel, o.source.stream_ids, o.source.format) == ("x", (7,), "json")
+    assert o.source.max_messages_per_trigger == 10
+
+
+@pytest.mark.parametrize(
+    ("options", "name"),
+    [
+        ({"archive": "aeron:ipc", "streamId": "1"}, "archive"),
+        ({"archive": "h:8010", "streamId": "1"}, "archive"),
+        ({"archive": ARCHIVE, "streamId": "1", "endpoint": "h:1"}, "endpoint"),
+        ({"archive": ARCHIVE, "streamId": "1", "consumerId": "c"}, "consumerId"),
+        ({"archive": ARCHIVE, "streamId": "1", "startingTimestamp": "1"}, "startingTimestamp"),
+        ({"archive": ARCHIVE, "streamId": "1", "archiveControlStreamId": "x"},
+         "archiveControlStreamId"),
+        ({"archive": ARCHIVE, "streamId": "1", "bogus": "1"}, "bogus"),
+        ({"archive": ARCHIVE}, "streamId"),
+    ],
+)
+def test_bad_options_name_what_is_wrong(options: dict, name: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        parse_archive_source_options(options)
+    assert info.value.name.lower() == name.lower()
+
+
+def _range(start: int, end: int, term: int = 1024, limit: int | None = None) -> ArchiveRange:
+    return ArchiveRange(ArchiveConnect(ARCHIVE), "1/2", 2, 5, 6, start, end,
+                        end if limit is None else limit, limit is None, 0, term, 0, False)
+
+
+def test_split_cuts_at_term_boundaries_only() -> None:
+    parts = _split([_range(100, 5000)], 4)
+    assert [(p.start, p.end) for p in parts] == [(100, 1024), (1024, 2048), (2048, 3072),
+                                                  (3072, 5000)]
+    assert all(not p.exact and p.limit == 5000 for p in parts)
+    assert all(a.end == b.start for a, b in zip(parts, parts[1:], strict=False))
+    assert _split([_range(0, 500)], 4) == [_range(0, 500)]  # no term boundary inside
+
+
+def _frames(sizes_flags: list[tuple[int, int]], start: int = 0) -> tuple[bytes, list[int]]:
+    """Frames of payload sizes and flags from ``start`` (term length 1 MiB: one term)."""
+    out, positions = bytearray(), []
+    at = start
+    for size, flags in sizes_flags:
+        positions.append(at)
+        frame = HEADER.pack(32 + size, 0, flags, 1, at, 5, 6, 0, 0) + bytes([at % 251]) * size
+        frame += bytes(-len(frame) % 32)
+        out += frame
+        at += len(frame)
+    return bytes(out), positions
+
+
+def test_a_task_owns_the_messages_that_begin_in_its_share() -> None:
+    # m0 whole; m1 in three fragments; m2 whole; m3 in two fragments; m4 whole.
+    layout = [(40, BEGIN | END), (100, BEGIN), (100, 0), (100, END), (40, BEGIN | END),
+              (100, BEGIN), (100, END), (40, BEGIN | END)]
+    data, pos = _frames(layout)
+    total = len(data)
+    geometry = Geometry(0, 1 << 20)
+
+    def owned(start: int, end: int, cut: int = 96) -> list[int]:
+        # The replay from ``start`` to the range end, in blocks of at most ``cut`` bytes.
+        at = pos.index(start) if start in pos else 0
+        blocks, offset = [], pos[at] if start in pos else start
+        while offset < total:
+            n = min(cut, total - offset)
+            while offset + n < total and offset + n not in pos:
+                n += 32
+            blocks.append(ReplayedBlock(offset, data[offset: offset + n], offset + n))
+            offset += n
+        mine = _owned(blocks, _range(start, end, 1 << 20, limit=total))
+        rb = [ReplayBlock(b.position, b.data, 0, b.end_position) for b in mine]
+        return [m.position for m in iter_messages(rb, geometry)]
+
+    begins = [pos[0], pos[1], pos[4], pos[5], pos[7]]
+    assert owned(0, total) == begins
+    # A cut inside m1 (at its middle fragment): m1 belongs to the first share only.
+    cut = pos[2]
+    assert owned(0, cut) == begins[:2]
+    assert owned(cut, total) == begins[2:]
+    # Cuts at every frame: every message exactly once over the shares.
+    for cut in pos[1:]:
+        assert owned(0, cut) + owned(cut, total) == begins, cut
+
+
+def test_a_sink_into_the_archive_is_refused_clearly() -> None:
+    from aeron_spark.connector.datasource import AeronDataSource
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    source = AeronDataSource({"archive": ARCHIVE, "streamId": "1"})
+    schema = StructType([StructField("value", BinaryType())])
+    for make in (lambda: source.writer(schema, False), lambda: source.streamWriter(schema, False)):
+        with pytest.raises(ConfigurationError, match="not supported yet") as info:
+            make()
+        assert info.value.name == "archive"

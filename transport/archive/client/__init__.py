@@ -1,0 +1,49 @@
+"""A client of the real Aeron Archive (its control protocol), over the project's transport.
+
+:class:`ArchiveClient` (I/O) wraps :class:`ControlSession` (sans-I/O: requests, responses by
+correlation id, listings, recording signals, keep-alive and time-out deadlines driven by
+``now_ns``). Messages are encoded by the project's SBE engine from ``control.xml``. Errors are
+:class:`ArchiveClientError` and below (``errors``).
+"""
+
+from aeron_spark.transport.archive.client.client import (
+    ArchiveClient,
+    ArchiveClientConfig,
+    ReplayedBlock,
+    process_driver,
+)
+from aeron_spark.transport.archive.client.errors import (
+    ArchiveActiveRecordingError,
+    ArchiveAuthenticationError,
+    ArchiveChallengeError,
+    ArchiveClientError,
+    ArchiveErrorCode,
+    ArchiveLimitError,
+    ArchiveProtocolError,
+    ArchiveReplayError,
+    ArchiveResponseError,
+    ArchiveSessionClosedError,
+    ArchiveTimeoutError,
+    ArchiveUnknownRecordingError,
+    ArchiveUnknownReplayError,
+    ArchiveUnknownSubscriptionError,
+    ArchiveVersionError,
+)
+from aeron_spark.transport.archive.client.session import (
+    ControlConfig,
+    ControlSession,
+    RecordingDescriptor,
+    RecordingSignal,
+    SessionState,
+    SignalEvent,
+)
+
+__all__ = [
+    "ArchiveActiveRecordingError", "ArchiveAuthenticationError", "ArchiveChallengeError",
+    "ArchiveClient", "ArchiveClientConfig", "ArchiveClientError", "ArchiveErrorCode",
+    "ArchiveLimitError", "ArchiveProtocolError", "ArchiveReplayError", "ArchiveResponseError",
+    "ArchiveSessionClosedError", "ArchiveTimeoutError", "ArchiveUnknownRecordingError",
+    "ArchiveUnknownReplayError", "ArchiveUnknownSubscriptionError", "ArchiveVersionError",
+    "ControlConfig", "ControlSession", "RecordingDescriptor", "RecordingSignal", "ReplayedBlock",
+    "SessionState", "SignalEvent", "process_driver",
+]

@@ -1,0 +1,560 @@
+"""The Aeron Archive client over the project's transport: the thin I/O around
+:class:`~.session.ControlSession`.
+
+    with ArchiveClient.connect("aeron:udp?endpoint=archive-host:8010") as archive:
+        for r in archive.list_recordings_for_uri("aeron:udp", 1001):
+            ...
+        for block in archive.replay(r.recording_id, r.start_position, r.stop_position):
+            ...  # raw DATA frames, exactly [start, stop)
+
+Requests go out on a publication to the archive's control request channel; responses come back
+on a subscription of ours (``response_channel``, by default a UDP endpoint on the local address
+that routes to the archive, port chosen by the OS) that the archive publishes to. Every wait is
+bounded by ``timeout_s`` (an unanswered request, a replay without progress) and sleeps on the
+subscription, never spins; keep-alives go out while a call waits. One client is for one thread.
+
+Without a ``driver`` the client uses one in-process driver per process (:func:`process_driver`),
+shared by every client of the process (a Spark Python worker reuses it between tasks).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import struct
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from aeron_spark.transport.archive.client import codecs
+from aeron_spark.transport.archive.client.errors import (
+    ArchiveClientError,
+    ArchiveReplayError,
+    ArchiveSessionClosedError,
+    ArchiveTimeoutError,
+)
+from aeron_spark.transport.archive.client.session import (
+    ControlConfig,
+    ControlSession,
+    Pending,
+    RecordingDescriptor,
+    SignalEvent,
+)
+from aeron_spark.transport.driver.driver import Driver, DriverConfig
+from aeron_spark.transport.errors import OfferError
+from aeron_spark.transport.protocol.term import FragmentAssembler, Header
+from aeron_spark.transport.uri import ChannelConfig
+
+from aeron_spark.errors import ConfigurationError
+
+DEFAULT_CONTROL_STREAM_ID = 10
+DEFAULT_RESPONSE_STREAM_ID = 20
+DEFAULT_REPLAY_STREAM_ID = 1101
+LIST_PAGE = 1000  # descriptors asked for per listing request
+_NS = 1_000_000_000
+_SESSION_ID_AT = 12  # in a DATA frame header
+_STREAM_ID_AT = 16
+
+_driver_lock = threading.Lock()
+_driver: tuple[int, Driver] | None = None
+
+
+def process_driver() -> Driver:
+    """This process's in-process driver for archive clients (started on first use, closed at
+    exit; a forked child gets its own)."""
+    global _driver
+    with _driver_lock:
+        if _driver is not None and _driver[0] == os.getpid():
+            return _driver[1]
+        directory = tempfile.mkdtemp(prefix=f"aeron-archive-client-{os.getpid()}-")
+        driver = Driver(DriverConfig(directory=directory, write_counters_file=False)).start()
+        _driver = (os.getpid(), driver)
+        atexit.register(driver.close)
+        return driver
+
+
+def local_address_towards(host: str, port: int) -> str:
+    """The local IP address the kernel would send from to reach ``host:port`` (no packet is
+    sent: a UDP socket is connected, then asked for its name)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((host, port or 9))
+            return str(s.getsockname()[0])
+        except OSError:
+            return "::1" if family == socket.AF_INET6 else "127.0.0.1"
+
+
+def _endpoint_text(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveClientConfig:
+    """Where the archive is and how long to wait for it (validated)."""
+
+    control_channel: str
+    control_stream_id: int = DEFAULT_CONTROL_STREAM_ID
+    response_host: str | None = None  # our address the archive sends to (None: found)
+    response_stream_id: int = DEFAULT_RESPONSE_STREAM_ID
+    timeout_s: float = 10.0
+    keepalive_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        config = ChannelConfig.from_uri(self.control_channel)  # raises ChannelError
+        if config.media != "udp" or config.endpoint is None:
+            raise ConfigurationError(
+                "archive", self.control_channel,
+                "the archive's UDP control request channel, e.g. aeron:udp?endpoint=host:8010",
+            )
+        if not isinstance(self.timeout_s, int | float) or self.timeout_s <= 0:
+            raise ConfigurationError("timeout_s", self.timeout_s, "a positive number of seconds")
+        if not isinstance(self.keepalive_interval_s, int | float) or \
+                self.keepalive_interval_s <= 0:
+            raise ConfigurationError("keepalive_interval_s", self.keepalive_interval_s,
+                                     "a positive number of seconds")
+
+    @property
+    def archive_address(self) -> tuple[str, int]:
+        endpoint = ChannelConfig.from_uri(self.control_channel).endpoint
+        assert endpoint is not None
+        return endpoint.host, endpoint.port
+
+    def local_host(self) -> str:
+        return self.response_host or local_address_towards(*self.archive_address)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayedBlock:
+    """Whole raw DATA frames of a replay covering ``[position, end_position)``."""
+
+    position: int
+    data: bytes
+    end_position: int
+
+
+class ArchiveClient:
+    """A connected control session (see the module docstring). Use :meth:`connect`."""
+
+    def __init__(self, config: ArchiveClientConfig, driver: Driver | None = None) -> None:
+        self.config = config
+        self.driver = driver or process_driver()
+        self._host = config.local_host()
+        self._response_sub = self.driver.add_subscription(
+            f"aeron:udp?endpoint={_endpoint_text(self._host, 0)}", config.response_stream_id
+        )
+        port = self._response_sub.local_endpoints[0][1]
+        self.response_channel = f"aeron:udp?endpoint={_endpoint_text(self._host, port)}"
+        self.session = ControlSession(ControlConfig(
+            self.response_channel,
+            config.response_stream_id,
+            message_timeout_ns=int(config.timeout_s * _NS),
+            keepalive_interval_ns=int(config.keepalive_interval_s * _NS),
+        ))
+        self._assembler = FragmentAssembler(self._on_fragment)
+        self._publication: Any = None
+        self._response_image: Any = None
+        self._closed = False
+
+    # -------------------------------------------------------------- lifecycle
+
+    @classmethod
+    def connect(
+        cls, control_channel: str | ArchiveClientConfig, driver: Driver | None = None,
+        **settings: Any,
+    ) -> ArchiveClient:
+        """Connect to the archive whose control request channel is ``control_channel``."""
+        config = control_channel if isinstance(control_channel, ArchiveClientConfig) else \
+            ArchiveClientConfig(control_channel, **settings)
+        client = cls(config, driver)
+        try:
+            client._connect()
+        except BaseException:
+            client.close()
+            raise
+        return client
+
+    def _connect(self) -> None:
+        cfg = self.config
+        deadline = time.monotonic() + cfg.timeout_s
+        self._publication = self.driver.add_publication(cfg.control_channel,
+                                                         cfg.control_stream_id)
+        if not self._publication.wait_until_connected(cfg.timeout_s):
+            raise ArchiveTimeoutError(
+                f"no archive answered on {cfg.control_channel} (stream {cfg.control_stream_id}) "
+                f"within {cfg.timeout_s} s", timeout_ms=int(cfg.timeout_s * 1000),
+            )
+        self._offer(self.session.connect(time.monotonic_ns()))
+        while not self.session.connect_result():
+            self._service(deadline)
+
+    def close(self) -> None:
+        """Close the control session (best effort) and release the publication and
+        subscription. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            data = self.session.close()
+            if data is not None and self._publication is not None:
+                self._publication.offer(data)
+        finally:
+            if self._publication is not None:
+                self._publication.close()
+            self._response_sub.close()
+
+    def __enter__(self) -> ArchiveClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def control_session_id(self) -> int:
+        return self.session.control_session_id
+
+    @property
+    def archive_version(self) -> int:
+        return self.session.archive_version
+
+    # -------------------------------------------------------------- I/O
+
+    def _offer(self, data: bytes) -> None:
+        try:
+            self._publication.offer_blocking(data, timeout_s=self.config.timeout_s)
+        except OfferError as exc:
+            self.session.lost(f"requests cannot reach the archive ({exc})")
+            raise ArchiveSessionClosedError(
+                f"cannot send to the archive at {self.config.control_channel}: {exc}"
+            ) from exc
+
+    def _on_fragment(self, payload: memoryview, header: Header) -> None:
+        self.session.on_message(payload, time.monotonic_ns())
+
+    def _service(self, deadline: float) -> None:
+        """One round: poll responses, keep-alive and time-outs, then sleep until something
+        arrives or the next deadline; raises :class:`ArchiveTimeoutError` past ``deadline``."""
+        if self._response_sub.poll(self._assembler, 64):
+            return
+        now_ns = time.monotonic_ns()
+        keepalive = self.session.on_tick(now_ns)
+        if keepalive is not None:
+            self._offer(keepalive)
+        self._check_response_image()
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            self.session.on_tick(time.monotonic_ns() + int(self.config.timeout_s * _NS) + 1)
+            return
+        wake = (self.session.next_deadline_ns() - now_ns) / _NS
+        self._response_sub.wait(max(0.001, min(remaining, wake, 0.25)))
+
+    def _check_response_image(self) -> None:
+        images = self._response_sub.images
+        if self._response_image is None:
+            if images:
+                self._response_image = images[0]
+            return
+        if self._response_image.is_closed and not images:
+            self.session.lost("lost: the archive's response stream went away")
+
+    def _await(self, pending: Pending) -> Any:
+        deadline = time.monotonic() + self.config.timeout_s
+        while not pending.done and pending.error is None:
+            self._service(deadline)
+            if time.monotonic() > deadline + self.config.timeout_s:  # belt and braces
+                raise ArchiveTimeoutError(f"{pending.name} got no answer",
+                                          timeout_ms=int(self.config.timeout_s * 1000))
+        return pending.value()
+
+    def _call(self, name: str, *, kind: str = "single", count: int = 0, **fields: Any) -> Any:
+        if self._closed:
+            raise ArchiveSessionClosedError(f"cannot send {name}: the client is closed")
+        pending, data = self.session.request(
+            name, time.monotonic_ns(), kind=kind, count=count, **fields
+        )
+        self._offer(data)
+        return self._await(pending)
+
+    def keep_alive(self) -> None:
+        """Send a keep-alive now (calls that wait send them by themselves)."""
+        self._offer(self.session.keepalive(time.monotonic_ns()))
+
+    def poll(self) -> int:
+        """Read what the archive sent (signals), send a keep-alive if due; never blocks."""
+        count = self._response_sub.poll(self._assembler, 64)
+        keepalive = self.session.on_tick(time.monotonic_ns())
+        if keepalive is not None:
+            self._offer(keepalive)
+        self._check_response_image()
+        return count
+
+    # -------------------------------------------------------------- queries
+
+    def archive_id(self) -> int:
+        return int(self._call("ArchiveIdRequest"))
+
+    def list_recordings(
+        self, from_recording_id: int = 0, count: int | None = None
+    ) -> list[RecordingDescriptor]:
+        """Descriptors of recordings from ``from_recording_id`` on (all when ``count`` is
+        None), in recording id order."""
+        return self._pages("ListRecordingsRequest", from_recording_id, count)
+
+    def list_recordings_for_uri(
+        self, channel_fragment: str, stream_id: int, from_recording_id: int = 0,
+        count: int | None = None,
+    ) -> list[RecordingDescriptor]:
+        """Recordings of ``stream_id`` whose (stripped) channel contains ``channel_fragment``."""
+        return self._pages("ListRecordingsForUriRequest", from_recording_id, count,
+                           streamId=stream_id, channel=channel_fragment)
+
+    def _pages(self, name: str, start: int, count: int | None, **fields: Any) -> list:
+        out: list[RecordingDescriptor] = []
+        next_id = start
+        while count is None or len(out) < count:
+            ask = LIST_PAGE if count is None else min(LIST_PAGE, count - len(out))
+            page = self._call(name, kind="listing", count=ask, fromRecordingId=next_id,
+                              recordCount=ask, **fields)
+            out.extend(page)
+            if len(page) < ask:
+                break
+            next_id = page[-1].recording_id + 1
+        return out
+
+    def list_recording(self, recording_id: int) -> RecordingDescriptor | None:
+        """One recording's descriptor, or None when the archive has no such recording."""
+        return self._call("ListRecordingRequest", kind="one", recordingId=recording_id)
+
+    def recording_position(self, recording_id: int) -> int:
+        """Position recorded so far of an active recording; -1 when it is not active."""
+        return int(self._call("RecordingPositionRequest", recordingId=recording_id))
+
+    def stop_position(self, recording_id: int) -> int:
+        """Where a stopped recording ends; -1 while it is active."""
+        return int(self._call("StopPositionRequest", recordingId=recording_id))
+
+    def max_recorded_position(self, recording_id: int) -> int:
+        """The recording's end: its recorded position if active, its stop position if not."""
+        return int(self._call("MaxRecordedPositionRequest", recordingId=recording_id))
+
+    def start_position(self, recording_id: int) -> int:
+        """The first position of the recording still held (moves up with purges)."""
+        return int(self._call("StartPositionRequest", recordingId=recording_id))
+
+    # -------------------------------------------------------------- recording
+
+    def start_recording(
+        self, channel: str, stream_id: int, *, local: bool = False, auto_stop: bool = False
+    ) -> int:
+        """Record ``channel``/``stream_id`` (a remote publication unless ``local``); the
+        recording subscription's id. The recording itself is announced by a START signal."""
+        return int(self._call("StartRecordingRequest2", streamId=stream_id,
+                              sourceLocation=codecs.LOCAL if local else codecs.REMOTE,
+                              autoStop=int(auto_stop), channel=channel))
+
+    def stop_recording(self, channel: str, stream_id: int) -> None:
+        self._call("StopRecordingRequest", streamId=stream_id, channel=channel)
+
+    def stop_recording_subscription(self, subscription_id: int) -> None:
+        self._call("StopRecordingSubscriptionRequest", subscriptionId=subscription_id)
+
+    def stop_recording_by_identity(self, recording_id: int) -> bool:
+        """Stop the active recording ``recording_id``; False if it was not active."""
+        return bool(self._call("StopRecordingByIdentityRequest", recordingId=recording_id))
+
+    def extend_recording(
+        self, recording_id: int, channel: str, stream_id: int, *, local: bool = False,
+        auto_stop: bool = False,
+    ) -> int:
+        """Append what ``channel``/``stream_id`` brings to the stopped recording
+        ``recording_id`` (the publication must continue its positions); subscription id."""
+        return int(self._call("ExtendRecordingRequest2", recordingId=recording_id,
+                              streamId=stream_id,
+                              sourceLocation=codecs.LOCAL if local else codecs.REMOTE,
+                              autoStop=int(auto_stop), channel=channel))
+
+    def truncate_recording(self, recording_id: int, position: int) -> None:
+        """Cut a stopped recording back to ``position`` (a frame boundary)."""
+        self._call("TruncateRecordingRequest", recordingId=recording_id, position=position)
+
+    def purge_recording(self, recording_id: int) -> None:
+        """Delete a stopped recording and its files."""
+        self._call("PurgeRecordingRequest", recordingId=recording_id)
+
+    def purge_segments(self, recording_id: int, new_start_position: int) -> int:
+        """Delete the segment files below ``new_start_position`` (a segment boundary); the
+        number of segments deleted."""
+        return int(self._call("PurgeSegmentsRequest", recordingId=recording_id,
+                              newStartPosition=new_start_position))
+
+    # -------------------------------------------------------------- signals
+
+    def poll_signals(self) -> list[SignalEvent]:
+        """Recording signals received so far (and not yet returned)."""
+        self.poll()
+        out = list(self.session.signals)
+        self.session.signals.clear()
+        return out
+
+    def wait_for_signal(
+        self, match: Callable[[SignalEvent], bool], timeout_s: float | None = None
+    ) -> SignalEvent:
+        """The first signal ``match`` accepts (earlier ones are dropped from the queue)."""
+        timeout = self.config.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        while True:
+            while self.session.signals:
+                event = self.session.signals.popleft()
+                if match(event):
+                    return event
+            if time.monotonic() >= deadline:
+                raise ArchiveTimeoutError(f"no matching recording signal within {timeout} s",
+                                          timeout_ms=int(timeout * 1000))
+            self._service(deadline)
+
+    # -------------------------------------------------------------- replay
+
+    def start_replay(
+        self, recording_id: int, position: int, length: int | None, replay_channel: str,
+        replay_stream_id: int,
+    ) -> int:
+        """Replay ``length`` bytes of the recording from ``position`` (None: open-ended, the
+        replay follows an active recording as it grows) to ``replay_channel``; the replay
+        session id (its low 32 bits are the replay image's session id)."""
+        return int(self._call(
+            "ReplayRequest", recordingId=recording_id, position=position,
+            length=codecs.LENGTH_TO_END if length is None else length,
+            replayStreamId=replay_stream_id, fileIoMaxLength=codecs.NULL_VALUE,
+            replayToken=codecs.NULL_VALUE, replayChannel=replay_channel,
+        ))
+
+    def stop_replay(self, replay_session_id: int) -> None:
+        self._call("StopReplayRequest", replaySessionId=replay_session_id)
+
+    def stop_all_replays(self, recording_id: int = codecs.NULL_VALUE) -> None:
+        self._call("StopAllReplaysRequest", recordingId=recording_id)
+
+    def replay(
+        self, recording_id: int, start: int, end: int, *, session_id: int | None = None,
+        stream_id: int | None = None, replay_stream_id: int = DEFAULT_REPLAY_STREAM_ID,
+        block_bytes: int = 1 << 20,
+    ) -> Iterator[ReplayedBlock]:
+        """The raw frames of ``[start, end)`` of the recording, by a bounded replay to a
+        subscription of our own (its own port, so its own replay session): each block is a copy
+        of whole frames as recorded, with the replay's session and stream ids written back to
+        the recording's ``session_id`` and ``stream_id`` when given (so a re-read holds the same
+        bytes). Fails with
+        :class:`ArchiveTimeoutError` when the replay makes no progress for ``timeout_s``."""
+        if end <= start:
+            return
+        sub = self.driver.add_subscription(
+            f"aeron:udp?endpoint={_endpoint_text(self._host, 0)}", replay_stream_id
+        )
+        replay_session = None
+        finished = False
+        try:
+            port = sub.local_endpoints[0][1]
+            channel = f"aeron:udp?endpoint={_endpoint_text(self._host, port)}"
+            replay_session = self.start_replay(recording_id, start, end - start, channel,
+                                               replay_stream_id)
+            image_session = _int32(replay_session)
+            image = self._await_image(sub, image_session, recording_id)
+            yield from self._read_image(image, sub, recording_id, start, end, session_id,
+                                        stream_id, block_bytes)
+            finished = True
+        finally:
+            sub.close()
+            if replay_session is not None and not finished and not self._closed and \
+                    self.session.state.value == "connected":
+                try:
+                    self.stop_replay(replay_session)
+                except ArchiveClientError:
+                    pass  # it may have ended by itself
+
+    def _await_image(self, sub: Any, image_session: int, recording_id: int) -> Any:
+        deadline = time.monotonic() + self.config.timeout_s
+        while True:
+            image = sub.image_by_session_id(image_session)
+            if image is not None:
+                return image
+            self.poll()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ArchiveTimeoutError(
+                    f"the replay of recording {recording_id} did not reach "
+                    f"{sub.local_endpoints} within {self.config.timeout_s} s",
+                    timeout_ms=int(self.config.timeout_s * 1000), recording_id=recording_id,
+                )
+            sub.wait(min(remaining, 0.1))
+
+    def _read_image(
+        self, image: Any, sub: Any, recording_id: int, start: int, end: int,
+        session_id: int | None, stream_id: int | None, block_bytes: int,
+    ) -> Iterator[ReplayedBlock]:
+        if image.position != start:
+            raise ArchiveClientError(
+                f"the replay of recording {recording_id} began at {image.position}, not {start}",
+                recording_id=recording_id,
+            )
+        blocks: list[ReplayedBlock] = []
+        patches = [(at, struct.pack("<i", value)) for at, value in
+                   ((_SESSION_ID_AT, session_id), (_STREAM_ID_AT, stream_id)) if value is not None]
+
+        def on_block(term: memoryview, offset: int, length: int, _sid: int, _tid: int) -> None:
+            data = bytearray(term[offset: offset + length])
+            if patches:
+                at = 0
+                while at < length:
+                    frame = struct.unpack_from("<i", data, at)[0]
+                    for field_at, value in patches:
+                        data[at + field_at: at + field_at + 4] = value
+                    at += (frame + 31) & -32 if frame > 0 else length
+            position = image.position
+            blocks.append(ReplayedBlock(position, bytes(data), position + length))
+
+        timeout = self.config.timeout_s
+        deadline = time.monotonic() + timeout
+        next_service = time.monotonic() + 0.1
+        while image.position < end:
+            got = image.block_poll(on_block, min(block_bytes, end - image.position))
+            if blocks:
+                yield from blocks
+                blocks.clear()
+            if got:
+                now = time.monotonic()
+                deadline = now + timeout
+                if now >= next_service:  # keep the control session alive on a long replay
+                    next_service = now + 0.1
+                    self.poll()
+                continue
+            if image.is_closed or image.is_end_of_stream and image.position < end and \
+                    not sub.has_data():
+                raise ArchiveReplayError(
+                    f"the replay of recording {recording_id} ended at {image.position}, before "
+                    f"{end}", recording_id=recording_id, position=image.position,
+                )
+            self.poll()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ArchiveTimeoutError(
+                    f"the replay of recording {recording_id} stalled at {image.position} (of "
+                    f"[{start}, {end})) for {timeout} s",
+                    timeout_ms=int(timeout * 1000), recording_id=recording_id,
+                    position=image.position,
+                )
+            sub.wait(min(remaining, 0.25))
+
+
+def _int32(value: int) -> int:
+    low = value & 0xFFFFFFFF
+    return low - (1 << 32) if low >= 1 << 31 else low
+
+
+__all__ = [
+    "ArchiveClient", "ArchiveClientConfig", "ReplayedBlock", "local_address_towards",
+    "process_driver",
+]

@@ -1,0 +1,167 @@
+"""Errors of the Aeron Archive client (one tree, under :class:`~..errors.ArchiveError`).
+
+* :class:`ArchiveResponseError`: the archive answered a request with an error. ``error_code`` is
+  the archive's own code (:class:`ArchiveErrorCode`, the numbers of Aeron's ``ArchiveException``),
+  ``error_message`` its text, ``correlation_id`` the request's. Codes with a meaning of their own
+  have a subclass (an unknown recording is also the project's
+  :class:`~aeron_spark.transport.archive.errors.UnknownRecordingError`).
+* :class:`ArchiveChallengeError`: the archive asks for authentication we were not given.
+* :class:`ArchiveVersionError`: the archive speaks another major version of the protocol.
+* :class:`ArchiveTimeoutError`: no answer (or no replay progress) within the deadline: the
+  archive is gone, stalled or unreachable.
+* :class:`ArchiveSessionClosedError`: the control session is closed (by us, or the archive's
+  response stream went away).
+* :class:`ArchiveProtocolError`: the archive sent bytes that are not a message we understand.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from aeron_spark.transport.archive.errors import ArchiveError, UnknownRecordingError
+
+
+class ArchiveErrorCode(enum.IntEnum):
+    """The archive's error codes (``relevantId`` of an ERROR control response)."""
+
+    GENERIC = 0
+    ACTIVE_LISTING = 1
+    ACTIVE_RECORDING = 2
+    ACTIVE_SUBSCRIPTION = 3
+    UNKNOWN_SUBSCRIPTION = 4
+    UNKNOWN_RECORDING = 5
+    UNKNOWN_REPLAY = 6
+    MAX_REPLAYS = 7
+    MAX_RECORDINGS = 8
+    INVALID_EXTENSION = 9
+    AUTHENTICATION_REJECTED = 10
+    STORAGE_SPACE = 11
+    UNKNOWN_REPLICATION = 12
+    UNAUTHORISED_ACTION = 13
+    REPLICATION_CONNECTION_FAILURE = 14
+
+
+class ArchiveClientError(ArchiveError):
+    """Base class of the archive client's errors."""
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable across Spark's Python workers
+        return (_rebuild, (type(self), self.message, self.details))
+
+
+def _rebuild(cls: type[ArchiveClientError], message: str, details: dict[str, Any]) -> Any:
+    return cls(message, **details)
+
+
+class ArchiveResponseError(ArchiveClientError):
+    """The archive refused a request. ``details``: ``error_code`` (int, see
+    :class:`ArchiveErrorCode`), ``error_message``, ``correlation_id``, ``request``."""
+
+    @property
+    def code(self) -> ArchiveErrorCode | int:
+        raw = int(self.details.get("error_code", 0))
+        try:
+            return ArchiveErrorCode(raw)
+        except ValueError:
+            return raw
+
+
+class ArchiveUnknownRecordingError(ArchiveResponseError, UnknownRecordingError):
+    """The archive has no recording with that id."""
+
+
+class ArchiveActiveRecordingError(ArchiveResponseError):
+    """The recording is active (still recording) and the operation needs a stopped one."""
+
+
+class ArchiveUnknownSubscriptionError(ArchiveResponseError):
+    """No recording subscription matches."""
+
+
+class ArchiveUnknownReplayError(ArchiveResponseError):
+    """No replay session with that id."""
+
+
+class ArchiveLimitError(ArchiveResponseError):
+    """The archive reached a limit (concurrent replays, recordings, storage space)."""
+
+
+class ArchiveAuthenticationError(ArchiveResponseError):
+    """The archive rejected our credentials or the action."""
+
+
+_BY_CODE: dict[int, type[ArchiveResponseError]] = {
+    ArchiveErrorCode.ACTIVE_RECORDING: ArchiveActiveRecordingError,
+    ArchiveErrorCode.UNKNOWN_SUBSCRIPTION: ArchiveUnknownSubscriptionError,
+    ArchiveErrorCode.UNKNOWN_RECORDING: ArchiveUnknownRecordingError,
+    ArchiveErrorCode.UNKNOWN_REPLAY: ArchiveUnknownReplayError,
+    ArchiveErrorCode.MAX_REPLAYS: ArchiveLimitError,
+    ArchiveErrorCode.MAX_RECORDINGS: ArchiveLimitError,
+    ArchiveErrorCode.STORAGE_SPACE: ArchiveLimitError,
+    ArchiveErrorCode.AUTHENTICATION_REJECTED: ArchiveAuthenticationError,
+    ArchiveErrorCode.UNAUTHORISED_ACTION: ArchiveAuthenticationError,
+}
+
+
+def response_error(
+    request: str, error_code: int, error_message: str, correlation_id: int
+) -> ArchiveResponseError:
+    """The typed exception for an archive's ERROR response to ``request``."""
+    cls = _BY_CODE.get(error_code, ArchiveResponseError)
+    try:
+        name = ArchiveErrorCode(error_code).name
+    except ValueError:
+        name = f"code {error_code}"
+    return cls(
+        f"the archive refused {request} ({name}): {error_message}",
+        error_code=error_code,
+        error_message=error_message,
+        correlation_id=correlation_id,
+        request=request,
+    )
+
+
+class ArchiveChallengeError(ArchiveClientError):
+    """The archive answered the connect request with an authentication challenge; this client
+    connects without credentials, so the archive needs an authenticator that accepts that."""
+
+
+class ArchiveVersionError(ArchiveClientError):
+    """The archive speaks a protocol major version other than ours."""
+
+
+class ArchiveTimeoutError(ArchiveClientError):
+    """No response, or no replay progress, within the deadline (``details['timeout_ms']``)."""
+
+
+class ArchiveSessionClosedError(ArchiveClientError):
+    """The control session is closed, or the archive's responses stopped (its image went)."""
+
+
+class ArchiveReplayError(ArchiveClientError):
+    """A replay ended (its image went) before the end of its range: the range is no longer
+    all in the recording (truncated or purged meanwhile), or the archive stopped it."""
+
+
+class ArchiveProtocolError(ArchiveClientError):
+    """A message from the archive that we cannot decode or that breaks the protocol."""
+
+
+__all__ = [
+    "ArchiveActiveRecordingError",
+    "ArchiveAuthenticationError",
+    "ArchiveChallengeError",
+    "ArchiveClientError",
+    "ArchiveErrorCode",
+    "ArchiveLimitError",
+    "ArchiveProtocolError",
+    "ArchiveReplayError",
+    "ArchiveResponseError",
+    "ArchiveSessionClosedError",
+    "ArchiveTimeoutError",
+    "ArchiveUnknownRecordingError",
+    "ArchiveUnknownReplayError",
+    "ArchiveUnknownSubscriptionError",
+    "ArchiveVersionError",
+    "response_error",
+]
