@@ -32,6 +32,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from aeron_spark.counters import CounterType, counter_set
+
 _INFO = b"aeron-spark handshake v1"
 _COUNTER = struct.Struct(">Q")
 COUNTER_LENGTH = 8
@@ -159,6 +161,7 @@ def server_keys(
     )
 
 
+@counter_set(CounterType.SEAL)
 @dataclass(slots=True)
 class SealCounters:
     """What a session's opener rejected (all kept, never reset)."""

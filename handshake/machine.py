@@ -49,6 +49,8 @@ from aeron_spark.handshake.errors import (
 )
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from aeron_spark.counters import CounterType, counter_set
+
 # Aeron reserves session ids -1..1000 by default for publications given an explicit session-id.
 RESERVED_SESSION_ID_LOW = -1
 RESERVED_SESSION_ID_HIGH = 1000
@@ -353,8 +355,11 @@ class ServerSession:
         return m.Confirm(self.keys.confirm_proof()).encode()
 
 
+@counter_set(CounterType.HANDSHAKE)
 @dataclass
 class ServerCounters:
+    """A handshake server's admission counts (``refused`` is keyed by :class:`ErrorCode` name)."""
+
     hellos: int = 0
     malformed: int = 0
     accepted: int = 0

@@ -37,6 +37,7 @@ from aeron_spark.connector.errors import (
     from_archive,
 )
 from aeron_spark.connector.server.config import ServerConfig
+from aeron_spark.connector.server.counters import core_counters, server_counters
 from aeron_spark.connector.server.retention import ConsumerRegistry, Retention, RetentionPolicy
 from aeron_spark.connector.server.scan import scan
 from aeron_spark.connector.server.staging import PartKey, SinkCommitter
@@ -125,31 +126,7 @@ class ServerCore:
         self.store = store
         self.committer = committer
         self.sessions: dict[object, Session] = {}
-        self.counters: dict[str, int] = {
-            "sessions_opened": 0,
-            "sessions_closed": 0,
-            "sessions_expired": 0,
-            "requests": 0,
-            "request_errors": 0,
-            "protocol_errors": 0,
-            "internal_errors": 0,
-            "not_authorised": 0,
-            "replays_started": 0,
-            "local_reads_offered": 0,
-            "local_reads_refused": 0,
-            "local_stages_offered": 0,
-            "local_stages_refused": 0,
-            "replays_completed": 0,
-            "replays_failed": 0,
-            "replays_stopped": 0,
-            "replay_bytes": 0,
-            "replay_blocks": 0,
-            "messages_published": 0,
-            "bytes_published": 0,
-            "chunks_discarded": 0,
-            "storage_full_errors": 0,
-            "too_many_open_files_errors": 0,
-        }
+        self.counters = core_counters()
         self._replay_owner: dict[int, object] = {}
         self.consumers = ConsumerRegistry(config.directory)
         self.retention = Retention(
@@ -537,11 +514,11 @@ class ServerCore:
             for s in self.sessions.values()
         ]
         committer = self.committer
-        counters = dict(self.counters)
-        counters.update(self.retention.counters)
-        counters["consumer_commits"] = self.consumers.commits
-        counters.update(
+        counters = server_counters(
+            self.counters,
+            self.retention.counters,
             {
+                "consumer_commits": self.consumers.commits,
                 "sink_commits": committer.commits,
                 "sink_duplicate_commits": committer.duplicate_commits,
                 "sink_resumed_commits": committer.resumed_commits,
@@ -551,7 +528,7 @@ class ServerCore:
                 "sink_parts_garbage_collected": committer.staging.parts_garbage_collected,
                 "sink_failed_commits": committer.failed_commits,
                 "sink_stage_failures": committer.staging.stage_failures,
-            }
+            },
         )
         result = {
             "streams": self._list_streams(),
