@@ -14,7 +14,10 @@ Example::
 
 from __future__ import annotations
 
+import pkgutil
+
 from aeron_spark.connector.options import parse_sink_options, parse_source_options
+from aeron_spark.connector.raw import RawBatchWriter, RawStreamWriter
 from aeron_spark.connector.sink import AeronBatchWriter, AeronStreamWriter, check_sink_schema
 from aeron_spark.connector.source import (
     AeronBatchReader,
@@ -33,6 +36,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from aeron_spark.errors import ConfigurationError
+
 
 class AeronDataSource(DataSource):
     """Streams recorded by an aeron-spark stream server, as rows; and an exactly-once sink."""
@@ -47,8 +52,6 @@ class AeronDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         options = parse_source_options(self.options)
         if options.read_on == "driver":
-            from aeron_spark.errors import ConfigurationError
-
             raise ConfigurationError("readOn", "driver", "executors for a batch read (readOn="
                                      "driver is for streaming queries)")
         return AeronBatchReader(options, schema)
@@ -70,12 +73,8 @@ class AeronDataSource(DataSource):
         options = parse_sink_options(self.options)
         check_sink_schema(schema, options.format, options.sbe)
         if overwrite:
-            from aeron_spark.errors import ConfigurationError
-
             raise ConfigurationError("mode", "overwrite", "append (a stream cannot be overwritten)")
         if options.channel is not None:
-            from aeron_spark.connector.raw import RawBatchWriter
-
             return RawBatchWriter(options)
         return AeronBatchWriter(options)
 
@@ -83,8 +82,6 @@ class AeronDataSource(DataSource):
         options = parse_sink_options(self.options)
         check_sink_schema(schema, options.format, options.sbe)
         if options.channel is not None:
-            from aeron_spark.connector.raw import RawStreamWriter
-
             return RawStreamWriter(options)
         return AeronStreamWriter(options)
 
@@ -95,7 +92,5 @@ def ensure_registered(spark) -> None:  # type: ignore[no-untyped-def]
     A regular install is found by Spark (it imports installed ``pyspark_*`` modules); an editable
     install (``pip install -e``) is invisible to that ``pkgutil``-based lookup, so register it.
     """
-    import pkgutil
-
     if not any(m.name == "pyspark_aeron" for m in pkgutil.iter_modules()):
         spark.dataSource.register(AeronDataSource)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
-from aeron_spark.connector.client import ReplayBlock
 from aeron_spark.connector.errors import ControlProtocolError
 from aeron_spark.connector.formats import Geometry, iter_messages
+from aeron_spark.connector.session.replay import ReplayBlock
 
 from aeron_spark.errors import ConfigurationError
 

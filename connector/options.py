@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from aeron_spark.connector.client import ClientSettings
 from aeron_spark.connector.formats_sbe import SbeOptions, parse_sbe_options
+from aeron_spark.connector.session.settings import ClientSettings
+from aeron_spark.transport import ChannelConfig, ChannelError
 
 from aeron_spark.errors import ConfigurationError
 
@@ -451,8 +452,6 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     )
     channel = o.get("channel", "").strip() or None
     if channel is not None:
-        from aeron_spark.transport import ChannelConfig, ChannelError
-
         try:
             config = ChannelConfig.from_uri(channel)
         except ChannelError as exc:

@@ -21,12 +21,12 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from aeron_spark.connector import chunking
+from aeron_spark.connector.session import chunking
 from aeron_spark.connector.errors import ConnectorError, ServerUnavailableError
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.core import ServerCore
 from aeron_spark.connector.server.dirlock import DirectoryLock
-from aeron_spark.connector.server.link import ServerLink, ServerListener
+from aeron_spark.connector.session.link import ServerLink, ServerListener
 from aeron_spark.connector.server.resources import (
     DESCRIPTOR_ERRNOS,
     STORAGE_ERRNOS,

@@ -19,6 +19,8 @@ from typing import Any, TextIO
 
 from aeron_spark.connector.errors import ServerUnavailableError
 from aeron_spark.connector.server import counters as _declared  # noqa: F401 - declares them
+from aeron_spark.connector.session.call import call_once
+from aeron_spark.connector.session.settings import ClientSettings
 
 from aeron_spark.counters import REGISTRY, CounterType
 
@@ -158,8 +160,6 @@ def render(snapshot: dict[str, Any]) -> str:
 def _source(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
     if args.dir:
         return lambda: read_snapshot(args.dir, max_age_s=max(5.0, 3 * args.interval_s))
-    from aeron_spark.connector.client import ClientSettings, StreamClient
-
     settings = ClientSettings(
         endpoint=args.endpoint,
         encryption=not args.no_encryption,
@@ -168,8 +168,7 @@ def _source(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
     )
 
     def fetch() -> dict[str, Any]:
-        with StreamClient.connect(settings) as client:
-            return client.stats()
+        return dict(call_once(settings, "stats"))
 
     return fetch
 

@@ -6,8 +6,8 @@ import os
 
 import msgpack
 import pytest
-from aeron_spark.connector import chunking
-from aeron_spark.connector import protocol as proto
+from aeron_spark.connector.session import chunking
+from aeron_spark.connector.session import protocol as proto
 from aeron_spark.connector.errors import ErrorCode
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.core import ServerCore

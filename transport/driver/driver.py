@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from aeron_spark.transport import ipc
 from aeron_spark.transport.counters import Counters, SystemCounters
 from aeron_spark.transport.driver.agents import (
     AgentRunner,
@@ -93,7 +94,7 @@ class DriverConfig:
     max_images: int = 0
     max_images_per_source: int = 0
     max_images_per_address: int = 0
-    loss: Any = None  # an aeron_spark.transport.testing.LossConfig
+    loss: Any = None  # a transport.api.MediaHook, e.g. transport.testing.LossConfig (tests)
 
     def __post_init__(self) -> None:
         if self.directory is not None and not isinstance(self.directory, Path):
@@ -379,9 +380,7 @@ class Driver:
         buffer = self.config.socket_buffer_length
         loss = None
         if self.config.loss is not None:
-            from aeron_spark.transport.testing import LossInjector
-
-            loss = LossInjector(self.config.loss, self.system_counters)
+            loss = self.config.loss.receive_hook(self.system_counters)
         udp = UdpEndpoint(
             bind,
             self.system_counters,
@@ -572,10 +571,6 @@ class Driver:
     # ------------------------------------------------------------------ IPC
 
     def _ipc_module(self) -> Any:
-        try:
-            from aeron_spark.transport import ipc
-        except ImportError as exc:  # pragma: no cover - the package exists
-            raise DriverError(f"aeron:ipc is not available: {exc}") from exc
         if not hasattr(ipc, "add_publication") or not hasattr(ipc, "add_subscription"):
             raise DriverError(
                 "aeron:ipc channels are not implemented yet (transport.ipc has no "
