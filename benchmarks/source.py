@@ -56,7 +56,9 @@ class CeilingReader(DataSourceReader):
         ints = pa.array([1] * batch_rows, pa.int32())
         longs = pa.array(range(batch_rows), pa.int64())
         ts = pa.array([0] * batch_rows, pa.timestamp("us", tz="UTC"))
-        full = pa.RecordBatch.from_arrays([value, ints, ints, longs, longs, ts, longs], schema=schema)
+        full = pa.RecordBatch.from_arrays(
+            [value, ints, ints, longs, longs, ts, longs], schema=schema
+        )
         left = partition.rows
         while left > 0:
             n = min(left, batch_rows)
@@ -77,7 +79,9 @@ class CeilingSource(DataSource):
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--producers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2)
@@ -93,7 +97,9 @@ def main() -> int:
     spark.sparkContext.setLogLevel("ERROR")
     ensure_registered(spark)
     spark.dataSource.register(CeilingSource)
-    result: dict[str, object] = {"rows": args.rows, "message_length": MESSAGE_LENGTH, "master": "local[2]"}
+    result: dict[str, object] = {
+        "rows": args.rows, "message_length": MESSAGE_LENGTH, "master": "local[2]"
+    }
     with tempfile.TemporaryDirectory() as tmp, \
             StreamServer(ServerConfig(directory=os.path.join(tmp, "s"), port=0)) as server:
         per = args.rows // args.producers
@@ -168,13 +174,16 @@ def main() -> int:
             from benchmarks.source_latency import measure as measure_latency
 
             result.update(measure_latency(spark, server.endpoint))
-    result["binary_to_ceiling_ratio"] = round(result["binary_rows_per_s"] / result["ceiling_rows_per_s"], 3)  # type: ignore[operator]
-    result["arrow_to_ceiling_ratio"] = round(result["arrow_rows_per_s"] / result["ceiling_rows_per_s"], 3)  # type: ignore[operator]
+    ceiling = result["ceiling_rows_per_s"]
+    result["binary_to_ceiling_ratio"] = round(result["binary_rows_per_s"] / ceiling, 3)  # type: ignore[operator]
+    result["arrow_to_ceiling_ratio"] = round(result["arrow_rows_per_s"] / ceiling, 3)  # type: ignore[operator]
     result["sbe_message_length"] = 103
     result["sbe_to_arrow_ratio"] = round(
         result["sbe_rows_per_s"] / result["sbe_arrow_rows_per_s"], 3  # type: ignore[operator]
     )
-    result["mode"] = "batch reads into noop (same read path as a micro-batch); rate via Trigger.Once"
+    result["mode"] = (
+        "batch reads into noop (same read path as a micro-batch); rate via Trigger.Once"
+    )
     spark.stop()
     print(json.dumps(result))
     return 0

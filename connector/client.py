@@ -168,7 +168,7 @@ class StreamClient:
         if now - self._last_send >= self.settings.keepalive_interval_s:
             self._send(proto.encode_request(0, "keepalive", {}))
         wait_until = min(deadline, self._last_send + self.settings.keepalive_interval_s)
-        message = self._link.receive(wait_until)
+        message: bytes | bytearray | None = self._link.receive(wait_until)
         if message is None:
             if not self._link.is_connected:
                 raise ServerUnavailableError(

@@ -1,4 +1,5 @@
-"""The data source ``aeron``: ``spark.read``/``readStream``/``write``/``writeStream`` ``.format("aeron")``.
+"""The data source ``aeron``: ``spark.read``/``readStream``/``write``/``writeStream``
+``.format("aeron")``.
 
 Registered automatically through the ``pyspark_aeron`` module once the package is installed;
 ``spark.dataSource.register(AeronDataSource)`` works too.

@@ -135,7 +135,7 @@ class BatchBuilder:
 
     def _reset(self) -> None:
         self.offsets = [0]
-        self.values: list[bytes | memoryview] = []
+        self.values: list[bytes | bytearray | memoryview] = []
         self.total = 0
         self.stream_ids: list[int] = []
         self.session_ids: list[int] = []

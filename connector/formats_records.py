@@ -263,7 +263,8 @@ class RecordDecoder:
         if bad and d.policy == "column":
             # good rows in their places, nulls where the bad messages were
             bad_set = set(bad)
-            indices, j = [], 0
+            indices: list[int | None] = []
+            j = 0
             for i in range(len(messages)):
                 if i in bad_set:
                     indices.append(None)
@@ -296,7 +297,7 @@ class RecordDecoder:
 _NAMES = {"json": "JSON object", "msgpack": "msgpack map", "text": "UTF-8 text"}
 
 
-def infer_schema(fmt: str, payload: bytes | memoryview) -> pa.Schema:
+def infer_schema(fmt: str, payload: bytes | bytearray | memoryview) -> pa.Schema:
     """The data schema of one record (json/msgpack without a ``schema`` option)."""
     try:
         if fmt == "json":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from aeron_spark.connector.formats_sbe import SbeOptions, parse_sbe_options
 from aeron_spark.connector.session.settings import ClientSettings
@@ -401,7 +401,7 @@ def _consumer_id(o: dict[str, str]) -> str | None:
     return value
 
 
-def _record_options(o: dict[str, str], fmt: str) -> dict[str, object]:
+def _record_options(o: dict[str, str], fmt: str) -> dict[str, Any]:
     policy = o.get("badrecordspolicy", "fail").strip().lower()
     if policy not in BAD_RECORD_POLICIES:
         raise ConfigurationError("badRecordsPolicy", policy, " or ".join(BAD_RECORD_POLICIES))
@@ -422,7 +422,7 @@ def _record_options(o: dict[str, str], fmt: str) -> dict[str, object]:
             "include_metadata": metadata}
 
 
-def _limits(o: dict[str, str]) -> dict[str, int | None]:
+def _limits(o: dict[str, str]) -> dict[str, Any]:
     def opt(key: str, name: str, low: int, high: int) -> int | None:
         return _int(name, o[key], low, high) if o.get(key, "").strip() else None
 

@@ -32,8 +32,9 @@ import hashlib
 import hmac
 import secrets
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.config import ServerConfig, _networks
@@ -131,14 +132,22 @@ SESSION_TRANSITIONS: dict[tuple[SessionState, SessionEvent], SessionState] = {
     (_S.WELCOMED, _SE.DONE): _S.CONNECTED,
     (_S.CLOSED, _SE.CLOSE): _S.CLOSED,
 }
-for _event in (_SE.BAD_DONE, _SE.CLOSE, _SE.TRANSPORT_LOST, _SE.TIMEOUT, _SE.PROTOCOL_ERROR):
-    SESSION_TRANSITIONS[(_S.WELCOMED, _event)] = _S.CLOSED
-for _event in (_SE.CLOSE, _SE.PEER_CLOSED, _SE.TRANSPORT_LOST, _SE.PROTOCOL_ERROR):
-    SESSION_TRANSITIONS[(_S.CONNECTED, _event)] = _S.CLOSED
+for _session_event in (
+    _SE.BAD_DONE, _SE.CLOSE, _SE.TRANSPORT_LOST, _SE.TIMEOUT, _SE.PROTOCOL_ERROR
+):
+    SESSION_TRANSITIONS[(_S.WELCOMED, _session_event)] = _S.CLOSED
+for _session_event in (_SE.CLOSE, _SE.PEER_CLOSED, _SE.TRANSPORT_LOST, _SE.PROTOCOL_ERROR):
+    SESSION_TRANSITIONS[(_S.CONNECTED, _session_event)] = _S.CLOSED
 SESSION_REMOTE_EVENTS = {_SE.DONE, _SE.BAD_DONE, _SE.PEER_CLOSED}
 
 
-def _step(table: dict, state: enum.Enum, event: enum.Enum, remote: set, what: str) -> enum.Enum:
+def _step(
+    table: Mapping[tuple[Any, Any], Any],
+    state: enum.Enum,
+    event: enum.Enum,
+    remote: set[Any],
+    what: str,
+) -> enum.Enum:
     try:
         return table[(state, event)]
     except KeyError:
@@ -370,7 +379,7 @@ class ServerCounters:
     cookies_sent: int = 0  # HELLOs answered with a COOKIE (nothing allocated)
     cookies_bad: int = 0  # HELLOs with a cookie that is not valid (forged, stale, other source)
     rate_limited: int = 0  # HELLOs dropped unanswered: their /24 or /64 sent too many
-    refused: Counter = field(default_factory=Counter)  # by ErrorCode name
+    refused: Counter[str] = field(default_factory=Counter)  # by ErrorCode name
 
 
 class Rejected(Exception):
@@ -398,7 +407,7 @@ def normalise_address(address: str) -> str:
     return str(ip)
 
 
-def _mapped_as_ipv4(networks: tuple) -> tuple:
+def _mapped_as_ipv4(networks: tuple[Any, ...]) -> tuple[Any, ...]:
     """Ranges written as IPv4-mapped IPv6 (``::ffff:10.0.0.0/104``) as the IPv4 ranges they are,
     since the addresses they are matched against are normalised (:func:`normalise_address`)."""
     import ipaddress

@@ -1,12 +1,12 @@
-"""format=arrow: the sink writes Arrow batches as IPC messages, the source reads them back as rows."""
+"""format=arrow: the sink writes Arrow batches as IPC messages, the source reads them back as
+rows."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from chispa import assert_df_equality
-
 from aeron_spark.connector.client import ClientSettings, StreamClient
+from chispa import assert_df_equality
 
 pytestmark = pytest.mark.spark
 
@@ -73,6 +73,7 @@ def test_arrow_compression_round_trips_in_fewer_bytes(spark, server) -> None:  #
             )
     assert recorded["lz4"] < recorded["none"] / 2 and recorded["zstd"] < recorded["none"] / 2
     with pytest.raises(Exception, match="compression"):
-        (spark.range(3).selectExpr("cast(cast(id as string) as binary) as value").write.format("aeron")
+        (spark.range(3).selectExpr("cast(cast(id as string) as binary) as value")
+         .write.format("aeron")
          .option("endpoint", server.endpoint).option("streamId", 78)
          .option("compression", "lz4").mode("append").save())

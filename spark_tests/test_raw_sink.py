@@ -8,7 +8,6 @@ import time
 from collections.abc import Iterator
 
 import pytest
-
 from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import msgpack
 import pytest
-from chispa import assert_df_equality
-
 from aeron_spark.connector.client import ClientSettings, StreamClient
+from chispa import assert_df_equality
 
 pytestmark = pytest.mark.spark
 
@@ -16,7 +15,8 @@ DDL = "id long, price double, symbol string, at timestamp, day date"
 def frame(spark):  # type: ignore[no-untyped-def]
     return spark.range(3000).selectExpr(
         "id", "cast(id * 1.5 as double) as price", "concat('sym-', id % 7) as symbol",
-        "timestamp_seconds(1700000000 + id) as at", "date_add(date'2026-01-01', cast(id % 40 as int)) as day",
+        "timestamp_seconds(1700000000 + id) as at",
+        "date_add(date'2026-01-01', cast(id % 40 as int)) as day",
     )
 
 

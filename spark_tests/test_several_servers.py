@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.server import ServerConfig, StreamServer
 
@@ -41,9 +40,11 @@ def test_streaming_read_from_two_servers_exactly_once_across_runs(spark, server,
                 .trigger(availableNow=True).start()
             )
             assert query.awaitTermination(300) and query.exception() is None
-            return sorted(bytes(r.value) for r in spark.read.parquet(str(tmp_path / "out")).collect())
+            out = spark.read.parquet(str(tmp_path / "out")).collect()
+            return sorted(bytes(r.value) for r in out)
 
-        assert run() == sorted([b"a%04d" % i for i in range(300)] + [b"b%04d" % i for i in range(200)])
+        first = [b"a%04d" % i for i in range(300)] + [b"b%04d" % i for i in range(200)]
+        assert run() == sorted(first)
         publish(second.endpoint, [b"c%04d" % i for i in range(100)])
         expected = sorted(
             [b"a%04d" % i for i in range(300)] + [b"b%04d" % i for i in range(200)]
@@ -79,6 +80,7 @@ def test_batch_read_from_two_servers_with_per_server_ending_positions(spark, ser
             [b"x%03d" % i for i in range(10)] + [b"y%03d" % i for i in range(3)]
         )  # 64-byte frames: 640 = all ten, 192 = the first three
         with pytest.raises(Exception, match="distinct"):
-            spark.read.format("aeron").option("endpoint", f"{server.endpoint},{server.endpoint}").option(
+            twice = f"{server.endpoint},{server.endpoint}"
+            spark.read.format("aeron").option("endpoint", twice).option(
                 "streamId", 90
             ).load().collect()

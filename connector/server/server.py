@@ -21,12 +21,10 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from aeron_spark.connector.session import chunking
 from aeron_spark.connector.errors import ConnectorError, ServerUnavailableError
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.core import ServerCore
 from aeron_spark.connector.server.dirlock import DirectoryLock
-from aeron_spark.connector.session.link import ServerLink, ServerListener
 from aeron_spark.connector.server.resources import (
     DESCRIPTOR_ERRNOS,
     STORAGE_ERRNOS,
@@ -37,6 +35,8 @@ from aeron_spark.connector.server.resources import (
 from aeron_spark.connector.server.staging import SinkCommitter
 from aeron_spark.connector.server.stat import write_snapshot
 from aeron_spark.connector.server.store import ArchiveStore
+from aeron_spark.connector.session import chunking
+from aeron_spark.connector.session.link import ServerLink, ServerListener
 from aeron_spark.transport import Driver, DriverConfig
 from aeron_spark.transport.protocol.logbuffer import max_message_length
 

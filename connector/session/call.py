@@ -38,7 +38,7 @@ def call_once(settings: ClientSettings, op: str, args: dict[str, Any] | None = N
                 link.send(chunk, deadline)
         reassembler = chunking.Reassembler()
         while True:
-            received = link.receive(deadline)
+            received: bytes | bytearray | None = link.receive(deadline)
             if received is None:
                 if not link.is_connected:
                     raise ServerUnavailableError(

@@ -10,8 +10,8 @@ import time
 
 import pytest
 from aeron_spark.connector.server import main, stat_main
-from aeron_spark.transport.archive import RecordingStore
 from aeron_spark.connector.server.testing import client_for, server_process
+from aeron_spark.transport.archive import RecordingStore
 
 
 @pytest.mark.slow
@@ -59,8 +59,9 @@ def test_main_dispatches_and_rejects_bad_arguments() -> None:
 
 
 def test_consumers_command_lists_and_forgets(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from aeron_spark.cli import main as cli_main
     from aeron_spark.connector.server import ServerConfig, StreamServer
+
+    from aeron_spark.cli import main as cli_main
 
     with StreamServer(ServerConfig(directory=str(tmp_path / "s"), port=0)) as server:
         with client_for(server.endpoint, encryption=True) as client:

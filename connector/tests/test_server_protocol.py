@@ -6,8 +6,8 @@ import pickle
 
 import msgpack
 import pytest
-from aeron_spark.connector.session import chunking
 from aeron_spark.connector import errors as E
+from aeron_spark.connector.session import chunking
 from aeron_spark.connector.session import protocol as proto
 from hypothesis import given, settings
 from hypothesis import strategies as st

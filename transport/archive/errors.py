@@ -35,25 +35,25 @@ class ArchiveError(TransportError, DetailedError):
 class UnknownRecordingError(ArchiveError):
     """No recording with that id."""
 
-    code = ArchiveErrorCode.UNKNOWN_RECORDING
+    code: enum.IntEnum = ArchiveErrorCode.UNKNOWN_RECORDING
 
 
 class PositionOutOfRangeError(ArchiveError):
     """A position outside ``[start, recorded end]`` of the recording."""
 
-    code = ArchiveErrorCode.POSITION_OUT_OF_RANGE
+    code: enum.IntEnum = ArchiveErrorCode.POSITION_OUT_OF_RANGE
 
 
 class NotFrameBoundaryError(ArchiveError):
     """A position inside a frame; ``details`` name the nearest valid positions."""
 
-    code = ArchiveErrorCode.NOT_FRAME_BOUNDARY
+    code: enum.IntEnum = ArchiveErrorCode.NOT_FRAME_BOUNDARY
 
 
 class PurgedError(ArchiveError):
     """The position was purged; ``details['purged_position']`` is the first readable one."""
 
-    code = ArchiveErrorCode.PURGED
+    code: enum.IntEnum = ArchiveErrorCode.PURGED
 
 
 __all__ = [

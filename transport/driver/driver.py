@@ -29,6 +29,7 @@ from typing import Any, Literal
 from aeron_spark.transport import ipc
 from aeron_spark.transport.counters import Counters, SystemCounters
 from aeron_spark.transport.driver.agents import (
+    Agent,
     AgentRunner,
     ConductorAgent,
     ReceiveEndpoint,
@@ -172,7 +173,7 @@ class Driver:
                 return self
             self._started = True
             mode = self.config.threading_mode
-            agents = (self._conductor, self._sender, self._receiver)
+            agents: tuple[Agent, ...] = (self._conductor, self._sender, self._receiver)
             if mode == "dedicated":
                 self._runners = [
                     AgentRunner(f"aeron-{n}", [a], self._record_error)
