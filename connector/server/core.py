@@ -103,6 +103,19 @@ class Session:
     bytes_replayed: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What executing a request gave (``result``, or the ``error`` it raised): the effect a
+    deferred operation's job returns to the I/O loop, which feeds it to
+    :meth:`ServerCore.complete` for the reply."""
+
+    key: object
+    session: Session
+    request: proto.Request
+    result: Any = None
+    error: Exception | None = None
+
+
 # Long-running operations the I/O shell may run off its loop (``ServerCore.defer``), so a large
 # sink commit does not stall every replay. They only touch the committer and sink recordings.
 DEFERRED_OPS = frozenset({"commit", "abort", "scan", "consumer_commit"})
@@ -125,7 +138,7 @@ class ServerCore:
         # set by the I/O shell: extra sections of ``stats`` (server identity, transport counters)
         self.stats_hook: Callable[[], dict[str, Any]] | None = None
         # set by the I/O shell: run ``job`` (returns the reply) elsewhere, reply on ``key`` later
-        self.defer: Callable[[object, Callable[[], bytes]], None] | None = None
+        self.defer: Callable[[object, Callable[[], Outcome]], None] | None = None
 
     # --- sessions -----------------------------------------------------------------------------
 
@@ -205,12 +218,14 @@ class ServerCore:
             session.errors += 1
             return [proto.encode_error(int(exc.details.pop("request_id", 0)), exc)]
         if request.op in DEFERRED_OPS and self.defer is not None:
-            self.defer(key, lambda: self._answer(session, request, now_ns))
+            self.defer(key, lambda: self._run(key, session, request, now_ns))
             return []
-        return [self._answer(session, request, now_ns)]
+        return [self.complete(self._run(key, session, request, now_ns))]
 
-    def _answer(self, session: Session, request: proto.Request, now_ns: int) -> bytes:
-        """Run one decoded request; its reply (ok or the typed error). Never raises."""
+    def _run(self, key: object, session: Session, request: proto.Request, now_ns: int) -> Outcome:
+        """Execute one decoded request. For a deferred operation this runs on the I/O shell's
+        worker: it touches only the store, the committer and the consumers (never the core's
+        counters or sessions), and hands back an :class:`Outcome` for :meth:`complete`."""
         try:
             try:
                 result = self._dispatch(session, request, now_ns)
@@ -221,20 +236,28 @@ class ServerCore:
                 if coded is None:
                     raise
                 raise coded from exc
-        except ConnectorError as exc:
+        except Exception as exc:  # noqa: BLE001 - reported typed by complete()
+            return Outcome(key, session, request, error=exc)
+        return Outcome(key, session, request, result=result)
+
+    def complete(self, outcome: Outcome) -> bytes:
+        """The reply to an executed request (ok or the typed error), counted. Runs on the loop's
+        thread only, so the core's counters and sessions have one writer. Never raises."""
+        session, request, exc = outcome.session, outcome.request, outcome.error
+        if exc is None:
+            return proto.encode_ok(request.id, outcome.result)
+        session.errors += 1
+        if isinstance(exc, ConnectorError):
             self.counters["request_errors"] += 1
             self._count_error(exc)
-            session.errors += 1
             return proto.encode_error(request.id, exc)
-        except Exception as exc:  # a bug or I/O failure: report it typed, count it, keep serving
-            self.counters["internal_errors"] += 1
-            session.errors += 1
-            log.exception("internal error in %s from %s", request.op, session.peer)
-            return proto.encode_error(
-                request.id,
-                ServerError(f"{request.op} failed on the server: {type(exc).__name__}: {exc}"),
-            )
-        return proto.encode_ok(request.id, result)
+        # a bug or I/O failure: report it typed, count it, keep serving
+        self.counters["internal_errors"] += 1
+        log.error("internal error in %s from %s", request.op, session.peer, exc_info=exc)
+        return proto.encode_error(
+            request.id,
+            ServerError(f"{request.op} failed on the server: {type(exc).__name__}: {exc}"),
+        )
 
     def _count_error(self, exc: ConnectorError) -> None:
         if isinstance(exc, NotAuthorisedError):
@@ -588,4 +611,13 @@ if set(HANDLERS) != set(proto.OPS) or any(  # pragma: no cover - fails every tes
 # Refused by a read-only server: everything that is not a read.
 WRITE_OPS = frozenset(op for op, (_, p) in HANDLERS.items() if p is not proto.Permission.READ)
 
-__all__ = ["HANDLERS", "WRITE_OPS", "Publisher", "ReplayCursor", "ServerCore", "Session", "Store"]
+__all__ = [
+    "HANDLERS",
+    "WRITE_OPS",
+    "Outcome",
+    "Publisher",
+    "ReplayCursor",
+    "ServerCore",
+    "Session",
+    "Store",
+]
