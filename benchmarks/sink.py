@@ -66,7 +66,9 @@ class CeilingSink(DataSource):
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--repeats", type=int, default=2)
     args = p.parse_args()
@@ -93,7 +95,8 @@ def main() -> int:
                   .option("numPartitions", 2).load()
                   .selectExpr(*(select or [
                       f"cast(rpad(cast(value as string), {ROW_LENGTH}, 'x') as binary) as value"])))
-            writer = df.writeStream.format(fmt).option("checkpointLocation", os.path.join(tmp, f"ck{runs}"))
+            checkpoint = os.path.join(tmp, f"ck{runs}")
+            writer = df.writeStream.format(fmt).option("checkpointLocation", checkpoint)
             for key, value in options.items():
                 writer = writer.option(key, value)
             if fmt == "aeron":  # a new checkpoint is a new query: give it its own sink identity
@@ -134,8 +137,9 @@ def main() -> int:
             raise RuntimeError(f"the sbe sink committed only {sbe_bytes} bytes")
         if arrow < runs_each * args.rows * ROW_LENGTH:
             raise RuntimeError(f"the arrow sink committed only {arrow} bytes")
-    result["binary_to_ceiling_ratio"] = round(result["binary_rows_per_s"] / result["ceiling_rows_per_s"], 3)  # type: ignore[operator]
-    result["arrow_to_ceiling_ratio"] = round(result["arrow_rows_per_s"] / result["ceiling_rows_per_s"], 3)  # type: ignore[operator]
+    ceiling = result["ceiling_rows_per_s"]
+    result["binary_to_ceiling_ratio"] = round(result["binary_rows_per_s"] / ceiling, 3)  # type: ignore[operator]
+    result["arrow_to_ceiling_ratio"] = round(result["arrow_rows_per_s"] / ceiling, 3)  # type: ignore[operator]
     result["sbe_message_length"] = 103
     result["sbe_to_arrow_ratio"] = round(
         result["sbe_rows_per_s"] / result["sbe_arrow_rows_per_s"], 3  # type: ignore[operator]

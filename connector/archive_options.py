@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from aeron_spark.connector.options import SPARK_OPTIONS, SourceOptions, parse_source_options
+from aeron_spark.transport import ChannelConfig, ChannelError
 
 from aeron_spark.errors import ConfigurationError
 
@@ -85,8 +86,6 @@ def parse_archive_source_options(options: Mapping[str, str]) -> ArchiveSourceOpt
         else:
             rest[str(key)] = value
     control = mine.get("archive", "").strip()
-    from aeron_spark.transport import ChannelConfig, ChannelError
-
     try:
         config = ChannelConfig.from_uri(control)
     except ChannelError:

@@ -39,7 +39,6 @@ from aeron_spark.connector.archive_options import (
     ArchiveSourceOptions,
     parse_archive_source_options,
 )
-from aeron_spark.connector.client import ReplayBlock
 from aeron_spark.connector.errors import PositionOutOfRangeError, PurgedError
 from aeron_spark.connector.formats import Geometry, batches_from_blocks, iter_messages
 from aeron_spark.connector.formats_records import (
@@ -50,6 +49,7 @@ from aeron_spark.connector.formats_records import (
     infer_schema,
 )
 from aeron_spark.connector.formats_sbe import SbeBatches, SbeRead
+from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.connector.source import decode_offset, encode_offset, format_fields, source_schema
 from aeron_spark.transport.archive.client import ArchiveClient, RecordingDescriptor
 from aeron_spark.transport.archive.client.client import ReplayedBlock

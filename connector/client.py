@@ -26,20 +26,20 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aeron_spark.connector import chunking
 from aeron_spark.connector import local as local_io
-from aeron_spark.connector import protocol as proto
 from aeron_spark.connector.errors import (
     ConnectorError,
     ControlProtocolError,
     ServerUnavailableError,
     error_from_wire,
 )
-from aeron_spark.connector.server.link import Link, open_client_link
+from aeron_spark.connector.session import chunking
+from aeron_spark.connector.session import protocol as proto
+from aeron_spark.connector.session.link import Link, open_client_link
+from aeron_spark.connector.session.replay import ReplayBlock
+from aeron_spark.connector.session.settings import ClientSettings
 
 from aeron_spark.errors import ConfigurationError
-
-DEFAULT_ENDPOINT = "127.0.0.1:40123"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,50 +50,6 @@ class ScanResult:
     end: int
     messages: int
     splits: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ClientSettings:
-    """How to reach a stream server. Frozen and picklable (Spark ships it to executors).
-
-    ``endpoint``            ``host:port`` of the server's session endpoint
-    ``encryption``          seal the session (AES-GCM); must match the server's setting
-    ``key_store_dir``       where known server keys live (None: the handshake layer's default)
-    ``server_key``          expected server public key (hex), pinning it instead of the key store
-    ``trust_on_first_use``  accept and remember an unknown server key
-    ``client_key``          this client's identity private key file (64 hex digits, 0600); None:
-                            ``client.key`` in the key store (created on first use)
-    ``timeout_s``           bound on connecting and on every wait for the server
-    ``max_request_bytes``   publish/stage payloads are sent in requests of about this size
-    ``max_in_flight``       requests of one publish/stage sent before waiting for replies
-    ``keepalive_interval_s``  a keepalive is sent when the client has been silent this long
-    """
-
-    endpoint: str = DEFAULT_ENDPOINT
-    encryption: bool = True
-    key_store_dir: str | None = None
-    server_key: str | None = None
-    trust_on_first_use: bool = True
-    timeout_s: float = 30.0
-    client_key: str | None = None
-    max_request_bytes: int = 2 * 1024 * 1024
-    max_in_flight: int = 4
-    keepalive_interval_s: float = 10.0
-
-    def __post_init__(self) -> None:
-        host, sep, port = self.endpoint.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigurationError("endpoint", self.endpoint, "host:port with a port 1..65535")
-        if not self.timeout_s > 0:
-            raise ConfigurationError("timeout_s", self.timeout_s, "a positive number of seconds")
-        if self.max_request_bytes < 1024:
-            raise ConfigurationError("max_request_bytes", self.max_request_bytes, "at least 1024")
-        if self.max_in_flight < 1:
-            raise ConfigurationError("max_in_flight", self.max_in_flight, "at least 1")
-        if not self.keepalive_interval_s > 0:
-            raise ConfigurationError(
-                "keepalive_interval_s", self.keepalive_interval_s, "a positive number of seconds"
-            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,21 +73,6 @@ class RecordingInfo:
             return cls(**{name: item[name] for name in cls.__slots__})  # type: ignore[attr-defined]
         except (KeyError, TypeError) as exc:
             raise ControlProtocolError(f"malformed recording description {item!r:.200}") from exc
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayBlock:
-    """Raw recorded Aeron DATA frames covering ``[position, end_position)`` of a recording.
-
-    ``data`` holds whole frames exactly as recorded, PAD frames removed (so ``len(data)`` can be
-    less than ``end_position - position``). ``timestamp_ns`` is the record time of every message
-    in the block (the server ends a block before the next entry of its time index).
-    """
-
-    position: int
-    data: bytes | memoryview
-    timestamp_ns: int
-    end_position: int
 
 
 class StreamClient:
@@ -227,7 +168,7 @@ class StreamClient:
         if now - self._last_send >= self.settings.keepalive_interval_s:
             self._send(proto.encode_request(0, "keepalive", {}))
         wait_until = min(deadline, self._last_send + self.settings.keepalive_interval_s)
-        message = self._link.receive(wait_until)
+        message: bytes | bytearray | None = self._link.receive(wait_until)
         if message is None:
             if not self._link.is_connected:
                 raise ServerUnavailableError(

@@ -1,4 +1,5 @@
-"""The data source ``aeron``: ``spark.read``/``readStream``/``write``/``writeStream`` ``.format("aeron")``.
+"""The data source ``aeron``: ``spark.read``/``readStream``/``write``/``writeStream``
+``.format("aeron")``.
 
 Registered automatically through the ``pyspark_aeron`` module once the package is installed;
 ``spark.dataSource.register(AeronDataSource)`` works too.
@@ -14,8 +15,12 @@ Example::
 
 from __future__ import annotations
 
+import pkgutil
+
+from aeron_spark.connector import archive_source
 from aeron_spark.connector.archive_options import is_archive_mode
 from aeron_spark.connector.options import parse_sink_options, parse_source_options
+from aeron_spark.connector.raw import RawBatchWriter, RawStreamWriter
 from aeron_spark.connector.sink import AeronBatchWriter, AeronStreamWriter, check_sink_schema
 from aeron_spark.connector.source import (
     AeronBatchReader,
@@ -34,6 +39,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from aeron_spark.errors import ConfigurationError
+
 
 class AeronDataSource(DataSource):
     """Streams recorded by an aeron-spark stream server, as rows; and an exactly-once sink."""
@@ -44,28 +51,20 @@ class AeronDataSource(DataSource):
 
     def schema(self) -> str | StructType:
         if is_archive_mode(self.options):
-            from aeron_spark.connector import archive_source
-
             return archive_source.schema(self.options)
         return source_schema(parse_source_options(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         if is_archive_mode(self.options):
-            from aeron_spark.connector import archive_source
-
             return archive_source.batch_reader(self.options, schema)
         options = parse_source_options(self.options)
         if options.read_on == "driver":
-            from aeron_spark.errors import ConfigurationError
-
             raise ConfigurationError("readOn", "driver", "executors for a batch read (readOn="
                                      "driver is for streaming queries)")
         return AeronBatchReader(options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         if is_archive_mode(self.options):
-            from aeron_spark.connector import archive_source
-
             return archive_source.stream_reader(self.options, schema)
         options = parse_source_options(self.options)
         if options.read_on == "driver":
@@ -84,12 +83,8 @@ class AeronDataSource(DataSource):
         options = parse_sink_options(self.options)
         check_sink_schema(schema, options.format, options.sbe)
         if overwrite:
-            from aeron_spark.errors import ConfigurationError
-
             raise ConfigurationError("mode", "overwrite", "append (a stream cannot be overwritten)")
         if options.channel is not None:
-            from aeron_spark.connector.raw import RawBatchWriter
-
             return RawBatchWriter(options)
         return AeronBatchWriter(options)
 
@@ -98,16 +93,12 @@ class AeronDataSource(DataSource):
         options = parse_sink_options(self.options)
         check_sink_schema(schema, options.format, options.sbe)
         if options.channel is not None:
-            from aeron_spark.connector.raw import RawStreamWriter
-
             return RawStreamWriter(options)
         return AeronStreamWriter(options)
 
 
 def _no_archive_sink(options: dict) -> None:
     if is_archive_mode(options):
-        from aeron_spark.errors import ConfigurationError
-
         raise ConfigurationError(
             "archive", dict(options).get("archive"), "no archive option on a sink: writing into "
             "an Aeron Archive is not supported yet (publish to a channel the archive records "
@@ -121,7 +112,5 @@ def ensure_registered(spark) -> None:  # type: ignore[no-untyped-def]
     A regular install is found by Spark (it imports installed ``pyspark_*`` modules); an editable
     install (``pip install -e``) is invisible to that ``pkgutil``-based lookup, so register it.
     """
-    import pkgutil
-
     if not any(m.name == "pyspark_aeron" for m in pkgutil.iter_modules()):
         spark.dataSource.register(AeronDataSource)

@@ -15,6 +15,9 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+from aeron_spark.transport.archive import errors as archive
+
+from aeron_spark import errors as _root
 from aeron_spark.errors import DetailedError
 
 
@@ -79,27 +82,30 @@ class UnknownStreamError(ConnectorError):
     code = ErrorCode.UNKNOWN_STREAM
 
 
-class UnknownRecordingError(ConnectorError):
-    """No recording with this id exists."""
+# The archive's four errors travel as these: each is the archive's class (``except
+# archive.PurgedError`` catches it) with a wire code, so there is one class per meaning.
 
+
+class UnknownRecordingError(ConnectorError, archive.UnknownRecordingError):
+    __doc__ = archive.UnknownRecordingError.__doc__
     code = ErrorCode.UNKNOWN_RECORDING
 
 
-class PositionOutOfRangeError(ConnectorError):
+class PositionOutOfRangeError(ConnectorError, archive.PositionOutOfRangeError):
     """A position lies outside ``[purged_position, recorded_position]`` of the recording, or a
     range is reversed. ``details``: ``position``, ``start_position``, ``end_position``."""
 
     code = ErrorCode.POSITION_OUT_OF_RANGE
 
 
-class NotFrameBoundaryError(PositionOutOfRangeError):
+class NotFrameBoundaryError(PositionOutOfRangeError, archive.NotFrameBoundaryError):
     """A replay start or end falls inside a frame. ``details``: ``position``, ``before`` and
     ``after`` (the nearest frame boundaries around it)."""
 
     code = ErrorCode.NOT_FRAME_BOUNDARY
 
 
-class PurgedError(ConnectorError):
+class PurgedError(ConnectorError, archive.PurgedError):
     """The requested range was purged by retention. ``details``: ``position`` (asked for) and
     ``purged_position`` (first readable position). Spark's failOnDataLoss is built on this."""
 
@@ -112,7 +118,7 @@ class NotAuthorisedError(ConnectorError):
     code = ErrorCode.NOT_AUTHORISED
 
 
-class ControlProtocolError(ConnectorError):
+class ControlProtocolError(ConnectorError, _root.RemoteProtocolError):
     """A control message was malformed, oversized, of an unknown operation or with bad arguments."""
 
     code = ErrorCode.CONTROL_PROTOCOL
@@ -230,12 +236,20 @@ __all__ = [
 ]
 
 
-def from_archive(exc: Exception) -> ConnectorError:
-    """The wire error for an archive error (same class name, message and details)."""
-    cls = {
-        "UnknownRecordingError": UnknownRecordingError,
-        "PositionOutOfRangeError": PositionOutOfRangeError,
-        "NotFrameBoundaryError": NotFrameBoundaryError,
-        "PurgedError": PurgedError,
-    }.get(type(exc).__name__, ServerError)
-    return cls(getattr(exc, "message", str(exc)), **getattr(exc, "details", {}))
+_FROM_ARCHIVE: dict[int, type[ConnectorError]] = {
+    int(archive.ArchiveErrorCode.UNKNOWN_RECORDING): UnknownRecordingError,
+    int(archive.ArchiveErrorCode.POSITION_OUT_OF_RANGE): PositionOutOfRangeError,
+    int(archive.ArchiveErrorCode.NOT_FRAME_BOUNDARY): NotFrameBoundaryError,
+    int(archive.ArchiveErrorCode.PURGED): PurgedError,
+}
+
+
+def from_archive(exc: archive.ArchiveError) -> ConnectorError:
+    """The wire error for an archive error, chosen by its code (same message and details).
+
+    A connector error that is also an archive error (the four above) is already the wire's own.
+    """
+    if isinstance(exc, ConnectorError):
+        return exc
+    cls = _FROM_ARCHIVE.get(int(exc.code), ServerError)
+    return cls(exc.message, **exc.details)

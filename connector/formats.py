@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-from aeron_spark.connector.client import ReplayBlock
 from aeron_spark.connector.errors import ControlProtocolError
+from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.transport.protocol.logbuffer import wrap_int32
 
 BINARY_SCHEMA_DDL = (
@@ -135,7 +135,7 @@ class BatchBuilder:
 
     def _reset(self) -> None:
         self.offsets = [0]
-        self.values: list[bytes | memoryview] = []
+        self.values: list[bytes | bytearray | memoryview] = []
         self.total = 0
         self.stream_ids: list[int] = []
         self.session_ids: list[int] = []

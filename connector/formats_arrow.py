@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
-from aeron_spark.connector.client import ReplayBlock
 from aeron_spark.connector.errors import ControlProtocolError
 from aeron_spark.connector.formats import Geometry, iter_messages
+from aeron_spark.connector.session.replay import ReplayBlock
 
 from aeron_spark.errors import ConfigurationError
 
@@ -99,7 +99,7 @@ def _decode_one_batch(view: memoryview, schemas: _SchemaCache) -> list[pa.Record
 
 
 def decode_message(
-    payload: bytes | memoryview, position: int, schemas: _SchemaCache | None = None
+    payload: bytes | bytearray | memoryview, position: int, schemas: _SchemaCache | None = None
 ) -> list[pa.RecordBatch]:
     """The batches of one message; a message that is not an Arrow IPC stream names its position."""
     try:
@@ -192,7 +192,7 @@ def _message_batches(
                 ) from exc
 
 
-def schema_of_payload(payload: bytes | memoryview, position: int) -> pa.Schema:
+def schema_of_payload(payload: bytes | bytearray | memoryview, position: int) -> pa.Schema:
     """The schema of one arrow-format message (a clear error when it is not Arrow)."""
     decode_message(payload, position)
     return pa.ipc.open_stream(pa.py_buffer(payload)).schema

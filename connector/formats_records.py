@@ -32,9 +32,9 @@ import msgpack
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
-from aeron_spark.connector.client import ReplayBlock
 from aeron_spark.connector.errors import ControlProtocolError
 from aeron_spark.connector.formats import Geometry, Message, arrow_schema, iter_messages
+from aeron_spark.connector.session.replay import ReplayBlock
 
 from aeron_spark.errors import ConfigurationError
 
@@ -263,7 +263,8 @@ class RecordDecoder:
         if bad and d.policy == "column":
             # good rows in their places, nulls where the bad messages were
             bad_set = set(bad)
-            indices, j = [], 0
+            indices: list[int | None] = []
+            j = 0
             for i in range(len(messages)):
                 if i in bad_set:
                     indices.append(None)
@@ -296,7 +297,7 @@ class RecordDecoder:
 _NAMES = {"json": "JSON object", "msgpack": "msgpack map", "text": "UTF-8 text"}
 
 
-def infer_schema(fmt: str, payload: bytes | memoryview) -> pa.Schema:
+def infer_schema(fmt: str, payload: bytes | bytearray | memoryview) -> pa.Schema:
     """The data schema of one record (json/msgpack without a ``schema`` option)."""
     try:
         if fmt == "json":

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-from aeron_spark.connector.client import ReplayBlock
 from aeron_spark.connector.errors import ControlProtocolError
 from aeron_spark.connector.formats import _HEADER, Geometry, Message, _block_messages
 from aeron_spark.connector.formats_records import METADATA_FIELDS, BadRecordError
+from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.transport import sbe
 
 from aeron_spark.errors import ConfigurationError

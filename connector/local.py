@@ -23,7 +23,7 @@ would.
 Writes (sink staging). A sink task asks (``local_stage``, on its session) for its part; the
 server (re)creates the part file empty for that session and answers with its path and the token.
 A task that sees the token and may open the file for writing writes the records itself, in the
-staging layout (:func:`~aeron_spark.connector.server.staging.records`), fsyncs and closes it, and
+staging layout (:func:`~aeron_spark.connector.session.records.records`), fsyncs and closes it, and
 says ``local_stage_done`` with the count and bytes it wrote; the server reads every record back
 (a part that does not check out is deleted and the stage fails, naming what differed) and
 completes the part as if the task had sent its rows over the session. A task that cannot open
@@ -38,6 +38,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from aeron_spark.connector.errors import ServerError, from_archive
+from aeron_spark.connector.session.records import records
+from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.transport.archive import ArchiveError, Recording
 
 #: Bytes read per block (a replay's default ``max_block_bytes``).
@@ -82,8 +84,6 @@ def write_part(
 ) -> tuple[int, int]:
     """Write batches of payloads and their reserved values (``client.batched``) as staging
     records to ``fd``; fsync and close it. Returns (count, payload bytes)."""
-    from aeron_spark.connector.server.staging import records
-
     count = nbytes = 0
     try:
         with os.fdopen(fd, "wb", closefd=False) as fh:
@@ -101,10 +101,8 @@ def write_part(
 def read_blocks(
     directory: str, recording_id: int, start: int, end: int, block_bytes: int = BLOCK_BYTES
 ) -> Iterator[Any]:
-    """:class:`~aeron_spark.connector.client.ReplayBlock` s covering exactly ``[start, end)``
-    of the recording in ``directory`` (a range the server checked)."""
-    from aeron_spark.connector.client import ReplayBlock
-
+    """:class:`~aeron_spark.connector.session.replay.ReplayBlock` s covering exactly
+    ``[start, end)`` of the recording in ``directory`` (a range the server checked)."""
     try:
         rec = Recording.open_read_only(directory, start, end)
     except ArchiveError as exc:

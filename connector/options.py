@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
-from aeron_spark.connector.client import ClientSettings
 from aeron_spark.connector.formats_sbe import SbeOptions, parse_sbe_options
+from aeron_spark.connector.session.settings import ClientSettings
+from aeron_spark.transport import ChannelConfig, ChannelError
 
 from aeron_spark.errors import ConfigurationError
 
@@ -421,7 +422,7 @@ def _consumer_id(o: dict[str, str]) -> str | None:
     return value
 
 
-def _record_options(o: dict[str, str], fmt: str) -> dict[str, object]:
+def _record_options(o: dict[str, str], fmt: str) -> dict[str, Any]:
     policy = o.get("badrecordspolicy", "fail").strip().lower()
     if policy not in BAD_RECORD_POLICIES:
         raise ConfigurationError("badRecordsPolicy", policy, " or ".join(BAD_RECORD_POLICIES))
@@ -442,7 +443,7 @@ def _record_options(o: dict[str, str], fmt: str) -> dict[str, object]:
             "include_metadata": metadata}
 
 
-def _limits(o: dict[str, str]) -> dict[str, int | None]:
+def _limits(o: dict[str, str]) -> dict[str, Any]:
     def opt(key: str, name: str, low: int, high: int) -> int | None:
         return _int(name, o[key], low, high) if o.get(key, "").strip() else None
 
@@ -472,8 +473,6 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     )
     channel = o.get("channel", "").strip() or None
     if channel is not None:
-        from aeron_spark.transport import ChannelConfig, ChannelError
-
         try:
             config = ChannelConfig.from_uri(channel)
         except ChannelError as exc:

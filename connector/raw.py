@@ -23,6 +23,7 @@ import pyarrow as pa
 from aeron_spark.connector.errors import ServerUnavailableError
 from aeron_spark.connector.options import SinkOptions
 from aeron_spark.connector.sink import sink_payloads
+from aeron_spark.handshake import shared_driver
 from aeron_spark.transport import TransportError
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -41,8 +42,6 @@ class Published(WriterCommitMessage):
 
 
 def publish_rows(options: SinkOptions, iterator: Iterator[pa.RecordBatch]) -> Published:
-    from aeron_spark.handshake import shared_driver
-
     assert options.channel is not None
     timeout_s = options.settings.timeout_s
     pub = shared_driver().add_publication(options.channel, options.stream_id)

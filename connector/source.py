@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 from aeron_spark.connector import formats_arrow
@@ -479,6 +480,7 @@ class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _with_format(_split(parts, self.options.min_partitions), self._format)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        part: Any = partition  # a RecordingRange (or Spark's placeholder)
         started = time.monotonic()
         rows = 0
         for batch in read_range(partition):
@@ -486,9 +488,9 @@ class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             yield batch
         log.debug(
             "recording %d [%d, %d): %d rows in %.3f s",
-            partition.recording_id,
-            partition.start,
-            partition.end,
+            part.recording_id,
+            part.start,
+            part.end,
             rows,
             time.monotonic() - started,
         )

@@ -1,5 +1,6 @@
-"""Read ticks with format("aeron"), aggregate per symbol and minute with a watermark (append mode: a window is written once the watermark passes it), and write the
-result back through the exactly-once aeron sink.
+"""Read ticks with format("aeron"), aggregate per symbol and minute with a watermark (append
+mode: a window is written once the watermark passes it), and write the result back through
+the exactly-once aeron sink.
 
     python examples/market_ticks_job.py --master local[2] --endpoint 127.0.0.1:40123 \
         --in-stream-id 10 --out-stream-id 20 --checkpoint /tmp/ticks-ckpt [--available-now]

@@ -60,6 +60,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from aeron_spark.counters import CounterType, counter_set
+
 _INFO = b"aeron-spark handshake v3"
 _ID_INFO = b"aeron-spark client identity v3"
 IDENTITY_BOX_LENGTH = 32 + 16
@@ -234,6 +236,7 @@ def server_keys(
     )
 
 
+@counter_set(CounterType.SEAL)
 @dataclass(slots=True)
 class SealCounters:
     """What a session's opener rejected (all kept, never reset)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 
+from aeron_spark import errors as _root
 from aeron_spark.errors import AeronSparkError
 
 
@@ -32,11 +33,11 @@ class HandshakeError(AeronSparkError):
     """Base class of handshake and session errors."""
 
 
-class LocalProtocolError(HandshakeError):
+class LocalProtocolError(HandshakeError, _root.LocalProtocolError):
     """We were asked to do something the protocol does not allow in this state (our bug/misuse)."""
 
 
-class RemoteProtocolError(HandshakeError):
+class RemoteProtocolError(HandshakeError, _root.RemoteProtocolError):
     """The peer sent a message that is malformed, oversized, unexpected or fails authentication."""
 
 

@@ -35,8 +35,9 @@ import hashlib
 import hmac
 import secrets
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.config import ServerConfig, _networks
@@ -59,6 +60,8 @@ from aeron_spark.handshake.errors import (
     refusal,
 )
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from aeron_spark.counters import CounterType, counter_set
 
 # Aeron reserves session ids -1..1000 by default for publications given an explicit session-id.
 RESERVED_SESSION_ID_LOW = -1
@@ -140,14 +143,22 @@ SESSION_TRANSITIONS: dict[tuple[SessionState, SessionEvent], SessionState] = {
     (_S.WELCOMED, _SE.DONE): _S.CONNECTED,
     (_S.CLOSED, _SE.CLOSE): _S.CLOSED,
 }
-for _event in (_SE.BAD_DONE, _SE.CLOSE, _SE.TRANSPORT_LOST, _SE.TIMEOUT, _SE.PROTOCOL_ERROR):
-    SESSION_TRANSITIONS[(_S.WELCOMED, _event)] = _S.CLOSED
-for _event in (_SE.CLOSE, _SE.PEER_CLOSED, _SE.TRANSPORT_LOST, _SE.PROTOCOL_ERROR):
-    SESSION_TRANSITIONS[(_S.CONNECTED, _event)] = _S.CLOSED
+for _session_event in (
+    _SE.BAD_DONE, _SE.CLOSE, _SE.TRANSPORT_LOST, _SE.TIMEOUT, _SE.PROTOCOL_ERROR
+):
+    SESSION_TRANSITIONS[(_S.WELCOMED, _session_event)] = _S.CLOSED
+for _session_event in (_SE.CLOSE, _SE.PEER_CLOSED, _SE.TRANSPORT_LOST, _SE.PROTOCOL_ERROR):
+    SESSION_TRANSITIONS[(_S.CONNECTED, _session_event)] = _S.CLOSED
 SESSION_REMOTE_EVENTS = {_SE.DONE, _SE.BAD_DONE, _SE.PEER_CLOSED}
 
 
-def _step(table: dict, state: enum.Enum, event: enum.Enum, remote: set, what: str) -> enum.Enum:
+def _step(
+    table: Mapping[tuple[Any, Any], Any],
+    state: enum.Enum,
+    event: enum.Enum,
+    remote: set[Any],
+    what: str,
+) -> enum.Enum:
     try:
         return table[(state, event)]
     except KeyError:
@@ -390,8 +401,11 @@ class ServerSession:
         return m.Confirm(self.keys.confirm_proof()).encode()
 
 
+@counter_set(CounterType.HANDSHAKE)
 @dataclass
 class ServerCounters:
+    """A handshake server's admission counts (``refused`` is keyed by :class:`ErrorCode` name)."""
+
     hellos: int = 0
     malformed: int = 0
     accepted: int = 0
@@ -404,7 +418,7 @@ class ServerCounters:
     rate_limited: int = 0  # HELLOs dropped unanswered: their /24 or /64 sent too many
     identities_bad: int = 0  # HELLOs whose sealed client identity does not open
     clients_refused: int = 0  # HELLOs from a client key that is not authorised (CLIENT_UNKNOWN)
-    refused: Counter = field(default_factory=Counter)  # by ErrorCode name
+    refused: Counter[str] = field(default_factory=Counter)  # by ErrorCode name
 
 
 class Rejected(Exception):
@@ -432,7 +446,7 @@ def normalise_address(address: str) -> str:
     return str(ip)
 
 
-def _mapped_as_ipv4(networks: tuple) -> tuple:
+def _mapped_as_ipv4(networks: tuple[Any, ...]) -> tuple[Any, ...]:
     """Ranges written as IPv4-mapped IPv6 (``::ffff:10.0.0.0/104``) as the IPv4 ranges they are,
     since the addresses they are matched against are normalised (:func:`normalise_address`)."""
     import ipaddress

@@ -208,9 +208,12 @@ class SessionDetails:
     def decode(cls, data: bytes) -> SessionDetails:
         body = _unpack(data)
         _exact_keys(body, set(cls._KEYS), "session details")
-        ids = [_int(body, k, _INT32_MIN, _INT32_MAX) for k in ("cs", "cx", "ss", "sx")]
+        cs, cx, ss, sx = (_int(body, k, _INT32_MIN, _INT32_MAX) for k in ("cs", "cx", "ss", "sx"))
         return cls(
-            *ids,
+            cs,
+            cx,
+            ss,
+            sx,
             encryption=_bool(body, "enc"),
             max_message_length=_int(body, "mml", 1, 2**31 - 1),
             term_length=_int(body, "tl", 64 * 1024, 1024 * 1024 * 1024),

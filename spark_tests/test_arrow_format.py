@@ -1,4 +1,5 @@
-"""format=arrow: the sink writes Arrow batches as IPC messages, the source reads them back as rows."""
+"""format=arrow: the sink writes Arrow batches as IPC messages, the source reads them back as
+rows."""
 
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ DDL = "id long, price double, symbol string, at timestamp, day date"
 def frame(spark):  # type: ignore[no-untyped-def]
     return spark.range(3000).selectExpr(
         "id", "cast(id * 1.5 as double) as price", "concat('sym-', id % 7) as symbol",
-        "timestamp_seconds(1700000000 + id) as at", "date_add(date'2026-01-01', cast(id % 40 as int)) as day",
+        "timestamp_seconds(1700000000 + id) as at",
+        "date_add(date'2026-01-01', cast(id % 40 as int)) as day",
     )
 
 

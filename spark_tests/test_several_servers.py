@@ -43,9 +43,11 @@ def test_streaming_read_from_two_servers_exactly_once_across_runs(spark, server,
                 .trigger(availableNow=True).start()
             )
             assert query.awaitTermination(300) and query.exception() is None
-            return sorted(bytes(r.value) for r in spark.read.parquet(str(tmp_path / "out")).collect())
+            out = spark.read.parquet(str(tmp_path / "out")).collect()
+            return sorted(bytes(r.value) for r in out)
 
-        assert run() == sorted([b"a%04d" % i for i in range(300)] + [b"b%04d" % i for i in range(200)])
+        first = [b"a%04d" % i for i in range(300)] + [b"b%04d" % i for i in range(200)]
+        assert run() == sorted(first)
         publish(second.endpoint, [b"c%04d" % i for i in range(100)])
         expected = sorted(
             [b"a%04d" % i for i in range(300)] + [b"b%04d" % i for i in range(200)]

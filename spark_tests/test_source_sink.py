@@ -47,7 +47,7 @@ def test_streaming_read_every_message_once_in_order_per_recording(spark, server,
     sent = {
         p: messages(p, 3000, size=p * 700) for p in range(3)
     }  # p2: 1400 B > 1 frame at mtu 1408? no; mtu 8192
-    for p, payloads in sent.items():
+    for _p, payloads in sent.items():
         publish(server.endpoint, 10, payloads)
     rows = read_stream(spark, server.endpoint, tmp_path / "ckpt", "all_once").collect()
     assert len(rows) == 9000
@@ -56,7 +56,7 @@ def test_streaming_read_every_message_once_in_order_per_recording(spark, server,
         by_recording.setdefault(row.recording_id, []).append(row)
     assert len(by_recording) == 3
     got = {}
-    for rid, recs in by_recording.items():
+    for _rid, recs in by_recording.items():
         recs.sort(key=lambda r: r.position)
         got[bytes(recs[0].value)[:2]] = [bytes(r.value) for r in recs]
         assert all(r.stream_id == 10 for r in recs)
@@ -230,8 +230,11 @@ def test_same_sink_id_with_a_new_checkpoint_is_a_new_query(spark, server, tmp_pa
     publish(server.endpoint, 42, messages(1, 200))
     copy(40, "ck-a")
     copy(42, "ck-b")
-    back = spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 41).load()
-    assert sorted(bytes(r.value) for r in back.collect()) == sorted(messages(0, 300) + messages(1, 200))
+    back = (
+        spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 41).load()
+    )
+    expected = sorted(messages(0, 300) + messages(1, 200))
+    assert sorted(bytes(r.value) for r in back.collect()) == expected
 
 
 def test_sink_reserved_value_column_goes_into_each_frame(spark, server):  # type: ignore[no-untyped-def]

@@ -9,9 +9,16 @@ only valid during the call. ``Image.block_poll`` hands whole runs of raw frames 
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
+from aeron_spark.transport.errors import (
+    BackPressuredError,
+    ClosedError,
+    MaxPositionExceededError,
+    NotConnectedError,
+)
 from aeron_spark.transport.protocol.term import FragmentHandler, Header
 
 NOT_CONNECTED = -1
@@ -38,6 +45,22 @@ class ControlledAction(enum.IntEnum):
     CONTINUE = 4  # consume it and go on
 
 
+class ReceiveHook(Protocol):
+    """Sits between a UDP socket and the state machines: ``receive(endpoint)`` returns the next
+    datagram to deliver (``(buffer, length, source)`` or None), reading the socket through
+    ``endpoint.raw_receive()`` as it likes (dropping, holding back, duplicating)."""
+
+    def receive(self, endpoint: Any) -> tuple[Any, int, Any] | None: ...
+
+
+class MediaHook(Protocol):
+    """What ``DriverConfig(loss=...)`` takes: a factory of one :class:`ReceiveHook` per UDP
+    endpoint, given the driver's system counters. Tests install one
+    (``transport.testing.LossConfig``); production code never imports them."""
+
+    def receive_hook(self, counters: Any) -> ReceiveHook: ...
+
+
 # handler(term: memoryview, term_offset: int, length: int, session_id: int, term_id: int)
 BlockHandler = Callable[[memoryview, int, int, int, int], object]
 ControlledFragmentHandler = Callable[[memoryview, Header], ControlledAction]
@@ -56,15 +79,6 @@ def offer_blocking(
     Returns the new position; raises :class:`NotConnectedError`, :class:`BackPressuredError`,
     :class:`MaxPositionExceededError` or :class:`ClosedError`.
     """
-    import time
-
-    from aeron_spark.transport.errors import (
-        BackPressuredError,
-        ClosedError,
-        MaxPositionExceededError,
-        NotConnectedError,
-    )
-
     deadline = time.monotonic() + timeout_s
     while True:
         result = pub.offer(payload, reserved_value)

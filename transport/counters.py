@@ -1,9 +1,10 @@
 """Named counters of a driver, like Aeron's system counters, and their on-disk snapshot.
 
 System counters are plain integer attributes of :class:`SystemCounters` (the driver's agents add
-to them from one thread each; readers take a :meth:`Counters.snapshot`). Per-stream positions
-(publisher limit, sender position, receiver high-water mark, subscriber position) are read from
-the live publications and images at snapshot time.
+to them from one thread each; readers take a :meth:`Counters.snapshot`), declared as
+``CounterType.TRANSPORT`` counters in the one registry (:mod:`aeron_spark.counters`).
+Per-stream positions (publisher limit, sender position, receiver high-water mark, subscriber
+position) are read from the live publications and images at snapshot time.
 
 A running driver writes its snapshot as JSON to ``<driver directory>/counters-<pid>-<n>.json`` about
 once a second (written to a temporary file and renamed, so a reader never sees half a file);
@@ -22,10 +23,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from aeron_spark.counters import REGISTRY, CounterType, counter_set
+
 COUNTERS_FILE_PREFIX = "counters-"
 _INSTANCES = itertools.count(1)
 
 
+@counter_set(CounterType.TRANSPORT)
 @dataclass(slots=True)
 class SystemCounters:
     """Driver-wide counts of everything sent, received, dropped or retried."""
@@ -88,7 +92,7 @@ class Counters:
 
     def snapshot(self) -> dict[str, int]:
         """System counters (name -> value) and positions keyed ``<kind>:<session>:<stream>``."""
-        values = self.system.as_dict()
+        values = REGISTRY.snapshot(CounterType.TRANSPORT, self.system)
         if self._totals is not None:
             for name, value in self._totals().items():
                 values[name] = values.get(name, 0) + value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from aeron_spark import errors as _root
 from aeron_spark.errors import AeronSparkError, ConfigurationError
 
 
@@ -13,11 +14,11 @@ class ChannelError(ConfigurationError, TransportError):
     """A channel URI or one of its parameters is invalid."""
 
 
-class LocalProtocolError(TransportError):
+class LocalProtocolError(TransportError, _root.LocalProtocolError):
     """We were asked to do something the protocol does not allow (a bug or misuse on our side)."""
 
 
-class RemoteProtocolError(TransportError):
+class RemoteProtocolError(TransportError, _root.RemoteProtocolError):
     """A peer sent bytes that are not valid Aeron protocol (malformed or out-of-range frame).
 
     Parse failures of received datagrams always surface as this error (or a subclass); the driver

@@ -40,6 +40,10 @@ class LossConfig:
         if self.reorder_depth < 1:
             raise ChannelError("reorder_depth", self.reorder_depth, "at least 1")
 
+    def receive_hook(self, counters: Any = None) -> LossInjector:
+        """The media hook (``transport.api.MediaHook``) a driver installs on each UDP endpoint."""
+        return LossInjector(self, counters)
+
 
 class LossInjector:
     """Sits in an endpoint's receive path; counts what it drops in ``loss_injected_drops``."""

@@ -17,8 +17,9 @@ replays, publishers, ingest, sink writers), ``recordings`` (segment files, index
 recovery), ``framing`` (payloads -> Aeron frames), ``staging`` + ``commitlog`` (exactly-once sink
 commits), ``stat``, ``cli``, ``testing`` (helpers for tests and benchmarks).
 
-Wire protocol on a session: see :mod:`aeron_spark.connector.protocol` (control messages and replay
-data) and :mod:`aeron_spark.connector.chunking` (messages above the transport's limit).
+Wire protocol on a session: see :mod:`aeron_spark.connector.session.protocol` (control messages
+and replay data) and :mod:`aeron_spark.connector.session.chunking` (messages above the
+transport's limit).
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aeron_spark.connector.errors import NotAuthorisedError
+from aeron_spark.connector.session.protocol import PERMISSIONS
 from aeron_spark.handshake.crypto import fingerprint
 
 from aeron_spark.errors import ConfigurationError
@@ -44,28 +45,15 @@ from aeron_spark.errors import ConfigurationError
 READ, WRITE, ADMIN = "read", "write", "admin"
 _ANY = ""  # the operation has no stream: the permission on at least one stream
 
-# op -> permission (None: any authenticated session may)
+# op -> permission (None: any authenticated session may): the protocol's permission column
+# (session/protocol.PERMISSIONS, the dispatch table's), with three choices of this module: keeping a
+# session alive and stopping one's own replay need no stream, and asking which sink batch was
+# committed last is the sink's question (write).
 OP_PERMISSION: dict[str, str | None] = {
+    **{op: permission.value for op, permission in PERMISSIONS.items()},
     "keepalive": None,
     "stop_replay": None,
-    "list_streams": READ,
-    "list_recordings": READ,
-    "latest_positions": READ,
-    "position_at": READ,
-    "scan": READ,
-    "replay": READ,
-    "local_read": READ,
-    "consumer_commit": READ,
-    "stats": READ,
-    "publish": WRITE,
-    "stage": WRITE,
-    "local_stage": WRITE,
-    "local_stage_done": WRITE,
-    "commit": WRITE,
-    "abort": WRITE,
     "last_committed_batch": WRITE,
-    "purge": ADMIN,
-    "consumer_forget": ADMIN,
 }
 _NAME = re.compile(r"[A-Za-z0-9_.@+-]{1,64}")
 _INT32 = (-(2**31), 2**31 - 1)

@@ -24,8 +24,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from aeron_spark.connector import protocol as proto
-from aeron_spark.connector.chunking import Reassembler
 from aeron_spark.connector.errors import (
     ConnectorError,
     ControlProtocolError,
@@ -38,9 +36,12 @@ from aeron_spark.connector.errors import (
 )
 from aeron_spark.connector.server.authz import Authorizer
 from aeron_spark.connector.server.config import ServerConfig
+from aeron_spark.connector.server.counters import core_counters, server_counters
 from aeron_spark.connector.server.retention import ConsumerRegistry, Retention, RetentionPolicy
 from aeron_spark.connector.server.scan import scan
 from aeron_spark.connector.server.staging import PartKey, SinkCommitter
+from aeron_spark.connector.session import protocol as proto
+from aeron_spark.connector.session.chunking import Reassembler
 from aeron_spark.transport.archive import ArchiveError
 
 log = logging.getLogger(__name__)
@@ -104,18 +105,19 @@ class Session:
     identity: bytes = b""  # the client's static public key (proven in the handshake)
 
 
-WRITE_OPS = frozenset(
-    {
-        "publish",
-        "stage",
-        "local_stage",
-        "local_stage_done",
-        "commit",
-        "abort",
-        "purge",
-        "consumer_forget",
-    }
-)
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What executing a request gave (``result``, or the ``error`` it raised): the effect a
+    deferred operation's job returns to the I/O loop, which feeds it to
+    :meth:`ServerCore.complete` for the reply."""
+
+    key: object
+    session: Session
+    request: proto.Request
+    result: Any = None
+    error: Exception | None = None
+
+
 # Long-running operations the I/O shell may run off its loop (``ServerCore.defer``), so a large
 # sink commit does not stall every replay. They only touch the committer and sink recordings.
 DEFERRED_OPS = frozenset({"commit", "abort", "scan", "consumer_commit"})
@@ -127,32 +129,7 @@ class ServerCore:
         self.store = store
         self.committer = committer
         self.sessions: dict[object, Session] = {}
-        self.counters: dict[str, int] = {
-            "sessions_opened": 0,
-            "sessions_closed": 0,
-            "sessions_expired": 0,
-            "requests": 0,
-            "request_errors": 0,
-            "protocol_errors": 0,
-            "internal_errors": 0,
-            "not_authorised": 0,
-            "requests_not_authorised": 0,
-            "replays_started": 0,
-            "local_reads_offered": 0,
-            "local_reads_refused": 0,
-            "local_stages_offered": 0,
-            "local_stages_refused": 0,
-            "replays_completed": 0,
-            "replays_failed": 0,
-            "replays_stopped": 0,
-            "replay_bytes": 0,
-            "replay_blocks": 0,
-            "messages_published": 0,
-            "bytes_published": 0,
-            "chunks_discarded": 0,
-            "storage_full_errors": 0,
-            "too_many_open_files_errors": 0,
-        }
+        self.counters = core_counters()
         self._replay_owner: dict[int, object] = {}
         self.consumers = ConsumerRegistry(config.directory)
         self.retention = Retention(
@@ -163,7 +140,7 @@ class ServerCore:
         # set by the I/O shell: extra sections of ``stats`` (server identity, transport counters)
         self.stats_hook: Callable[[], dict[str, Any]] | None = None
         # set by the I/O shell: run ``job`` (returns the reply) elsewhere, reply on ``key`` later
-        self.defer: Callable[[object, Callable[[], bytes]], None] | None = None
+        self.defer: Callable[[object, Callable[[], Outcome]], None] | None = None
         # set by the I/O shell with --authorized-keys: per-client permissions (authz.py)
         self.authz: Authorizer | None = None
 
@@ -249,12 +226,14 @@ class ServerCore:
             session.errors += 1
             return [proto.encode_error(int(exc.details.pop("request_id", 0)), exc)]
         if request.op in DEFERRED_OPS and self.defer is not None:
-            self.defer(key, lambda: self._answer(session, request, now_ns))
+            self.defer(key, lambda: self._run(key, session, request, now_ns))
             return []
-        return [self._answer(session, request, now_ns)]
+        return [self.complete(self._run(key, session, request, now_ns))]
 
-    def _answer(self, session: Session, request: proto.Request, now_ns: int) -> bytes:
-        """Run one decoded request; its reply (ok or the typed error). Never raises."""
+    def _run(self, key: object, session: Session, request: proto.Request, now_ns: int) -> Outcome:
+        """Execute one decoded request. For a deferred operation this runs on the I/O shell's
+        worker: it touches only the store, the committer and the consumers (never the core's
+        counters or sessions), and hands back an :class:`Outcome` for :meth:`complete`."""
         try:
             try:
                 authz = self.authz
@@ -277,20 +256,28 @@ class ServerCore:
                 if coded is None:
                     raise
                 raise coded from exc
-        except ConnectorError as exc:
+        except Exception as exc:  # noqa: BLE001 - reported typed by complete()
+            return Outcome(key, session, request, error=exc)
+        return Outcome(key, session, request, result=result)
+
+    def complete(self, outcome: Outcome) -> bytes:
+        """The reply to an executed request (ok or the typed error), counted. Runs on the loop's
+        thread only, so the core's counters and sessions have one writer. Never raises."""
+        session, request, exc = outcome.session, outcome.request, outcome.error
+        if exc is None:
+            return proto.encode_ok(request.id, outcome.result)
+        session.errors += 1
+        if isinstance(exc, ConnectorError):
             self.counters["request_errors"] += 1
             self._count_error(exc)
-            session.errors += 1
             return proto.encode_error(request.id, exc)
-        except Exception as exc:  # a bug or I/O failure: report it typed, count it, keep serving
-            self.counters["internal_errors"] += 1
-            session.errors += 1
-            log.exception("internal error in %s from %s", request.op, session.peer)
-            return proto.encode_error(
-                request.id,
-                ServerError(f"{request.op} failed on the server: {type(exc).__name__}: {exc}"),
-            )
-        return proto.encode_ok(request.id, result)
+        # a bug or I/O failure: report it typed, count it, keep serving
+        self.counters["internal_errors"] += 1
+        log.error("internal error in %s from %s", request.op, session.peer, exc_info=exc)
+        return proto.encode_error(
+            request.id,
+            ServerError(f"{request.op} failed on the server: {type(exc).__name__}: {exc}"),
+        )
 
     def _count_error(self, exc: ConnectorError) -> None:
         if isinstance(exc, NotAuthorisedError):
@@ -317,102 +304,141 @@ class ServerCore:
         return int(self.store.recording_info(recording_id)["stream_id"])
 
     def _dispatch(self, session: Session, request: proto.Request, now_ns: int) -> Any:
-        op, args = request.op, request.args
-        self._authorise(op)  # operation-level policy first, before any lookup
-        if op == "keepalive":
+        try:
+            handler, _permission = HANDLERS[request.op]
+        except KeyError:  # pragma: no cover - decode_request admits only the schemas' ops
+            raise ControlProtocolError(f"operation {request.op} is not served") from None
+        self._authorise(request.op)  # operation-level policy first, before any lookup
+        return handler(self, session, request, now_ns)
+
+    # --- the operations (one handler each; see HANDLERS) --------------------------------------
+
+    def _op_keepalive(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+        return None
+
+    def _op_list_streams(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+        return self._list_streams()
+
+    def _wanted_recordings(self, op: str, args: dict[str, Any]) -> list[dict[str, Any]]:
+        ids = args.get("stream_ids")
+        wanted = set(ids) if ids is not None else None
+        self._authorise(op, wanted or ())
+        return self._visible_recordings(wanted)
+
+    def _op_list_recordings(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+        return self._wanted_recordings("list_recordings", request.args)
+
+    def _op_latest_positions(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+        recordings = self._wanted_recordings("latest_positions", request.args)
+        return [[r["recording_id"], r["recorded_position"]] for r in recordings]
+
+    def _op_position_at(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+        args = request.args
+        self._authorise("position_at", [self._stream_of(args["recording_id"])])
+        return self.store.position_at(args["recording_id"], args["timestamp_ns"])
+
+    def _op_scan(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+        args = request.args
+        self._authorise("scan", [self._stream_of(args["recording_id"])])
+        if args.get("parts", 1) > 4096:
+            raise ControlProtocolError("scan: parts must be at most 4096")
+        cursor = self.store.open_replay(args["recording_id"], args["start"], args.get("end"))
+        return scan(
+            cursor,
+            args["start"],
+            max_messages=args.get("max_messages"),
+            max_bytes=args.get("max_bytes"),
+            parts=max(int(args.get("parts", 1)), 1),
+            now_ns=now_ns,
+        )
+
+    def _op_replay(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+        return self._start_replay(session, request, now_ns)
+
+    def _op_stop_replay(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+        return self._stop_replay(session, request.args["replay_id"])
+
+    def _op_local_read(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+        args = request.args
+        self._authorise("replay", [self._stream_of(args["recording_id"])])
+        where = self.store.local_read(args["recording_id"], args["start"], args["end"])
+        self.counters["local_reads_offered" if where else "local_reads_refused"] += 1
+        return where
+
+    def _op_publish(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+        args = request.args
+        self._authorise("publish", [args["stream_id"]])
+        return self._publish(session, args, now_ns)
+
+    def _op_stage(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+        args = request.args
+        self._authorise("stage", [args["stream_id"]])
+        self.store.check_space("stage")
+        return self.committer.staging.write(
+            session.key,
+            PartKey.of(args),
+            args["stream_id"],
+            args["payloads"],
+            args.get("reserved_values"),
+            args["final"],
+        )
+
+    def _op_local_stage(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+        args = request.args
+        self._authorise("local_stage", [args["stream_id"]])
+        token = self.store.local_token
+        if not self.config.local_writes or token is None:
+            self.counters["local_stages_refused"] += 1
             return None
-        if op == "list_streams":
-            return self._list_streams()
-        if op in ("list_recordings", "latest_positions"):
-            ids = args.get("stream_ids")
-            wanted = set(ids) if ids is not None else None
-            self._authorise(op, wanted or ())
-            recordings = self._visible_recordings(wanted)
-            if op == "list_recordings":
-                return recordings
-            return [[r["recording_id"], r["recorded_position"]] for r in recordings]
-        if op == "position_at":
-            self._authorise(op, [self._stream_of(args["recording_id"])])
-            return self.store.position_at(args["recording_id"], args["timestamp_ns"])
-        if op == "scan":
-            self._authorise(op, [self._stream_of(args["recording_id"])])
-            if args.get("parts", 1) > 4096:
-                raise ControlProtocolError("scan: parts must be at most 4096")
-            cursor = self.store.open_replay(args["recording_id"], args["start"], args.get("end"))
-            return scan(
-                cursor,
-                args["start"],
-                max_messages=args.get("max_messages"),
-                max_bytes=args.get("max_bytes"),
-                parts=max(int(args.get("parts", 1)), 1),
-                now_ns=now_ns,
-            )
-        if op == "replay":
-            return self._start_replay(session, request, now_ns)
-        if op == "stop_replay":
-            return self._stop_replay(session, args["replay_id"])
-        if op == "local_read":
-            self._authorise("replay", [self._stream_of(args["recording_id"])])
-            where = self.store.local_read(args["recording_id"], args["start"], args["end"])
-            self.counters["local_reads_offered" if where else "local_reads_refused"] += 1
-            return where
-        if op == "publish":
-            self._authorise(op, [args["stream_id"]])
-            return self._publish(session, args, now_ns)
-        if op == "stage":
-            self._authorise(op, [args["stream_id"]])
-            self.store.check_space(op)
-            return self.committer.staging.write(
-                session.key,
-                PartKey.of(args),
-                args["stream_id"],
-                args["payloads"],
-                args.get("reserved_values"),
-                args["final"],
-            )
-        if op == "local_stage":
-            self._authorise(op, [args["stream_id"]])
-            token = self.store.local_token
-            if not self.config.local_writes or token is None:
-                self.counters["local_stages_refused"] += 1
-                return None
-            self.store.check_space(op)
-            path = self.committer.staging.open_local(
-                session.key, PartKey.of(args), args["stream_id"]
-            )
-            self.counters["local_stages_offered"] += 1
-            return {"path": path, **token}
-        if op == "local_stage_done":
-            self._authorise(op, [args["stream_id"]])
-            return self.committer.staging.finish_local(
-                session.key, PartKey.of(args), args["stream_id"], args["count"], args["bytes"]
-            )
-        if op == "commit":
-            self._authorise(op, [args["stream_id"]])
-            self.store.check_space(op)
-            return self.committer.commit(
-                args["sink_id"], args["batch_id"], args["stream_id"], args["staged"], now_ns
-            )
-        if op == "abort":
-            self._authorise(op)
-            self.committer.abort(args["sink_id"], args["batch_id"], args["staged"])
-            return None
-        if op == "consumer_commit":
-            ids = [int(s) for s in args.get("stream_ids", [])]
-            self._authorise(op, ids)
-            positions = dict(args["positions"])
-            self.consumers.commit(args["consumer_id"], ids, positions, time.time())
-            return None
-        if op == "consumer_forget":
-            return self.consumers.forget(args["consumer_id"])
-        if op == "last_committed_batch":
-            return self.committer.last_committed_batch(args["sink_id"])
-        if op == "purge":
-            self._authorise(op, [self._stream_of(args["recording_id"])])
-            return self.store.purge(args["recording_id"], args["position"], now_ns)
-        if op == "stats":
-            return self.stats(now_ns)
-        raise ControlProtocolError(f"operation {op} is not served")  # pragma: no cover
+        self.store.check_space("local_stage")
+        path = self.committer.staging.open_local(session.key, PartKey.of(args), args["stream_id"])
+        self.counters["local_stages_offered"] += 1
+        return {"path": path, **token}
+
+    def _op_local_stage_done(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+        args = request.args
+        self._authorise("local_stage_done", [args["stream_id"]])
+        return self.committer.staging.finish_local(
+            session.key, PartKey.of(args), args["stream_id"], args["count"], args["bytes"]
+        )
+
+    def _op_commit(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+        args = request.args
+        self._authorise("commit", [args["stream_id"]])
+        self.store.check_space("commit")
+        return self.committer.commit(
+            args["sink_id"], args["batch_id"], args["stream_id"], args["staged"], now_ns
+        )
+
+    def _op_abort(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+        args = request.args
+        self._authorise("abort")
+        self.committer.abort(args["sink_id"], args["batch_id"], args["staged"])
+        return None
+
+    def _op_consumer_commit(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+        args = request.args
+        ids = [int(s) for s in args.get("stream_ids", [])]
+        self._authorise("consumer_commit", ids)
+        positions = dict(args["positions"])
+        self.consumers.commit(args["consumer_id"], ids, positions, time.time())
+        return None
+
+    def _op_consumer_forget(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+        return self.consumers.forget(request.args["consumer_id"])
+
+    def _op_last_committed_batch(
+        self, session: Session, request: proto.Request, now_ns: int
+    ) -> Any:
+        return self.committer.last_committed_batch(request.args["sink_id"])
+
+    def _op_purge(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+        args = request.args
+        self._authorise("purge", [self._stream_of(args["recording_id"])])
+        return self.store.purge(args["recording_id"], args["position"], now_ns)
+
+    def _op_stats(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+        return self.stats(now_ns)
 
     def _visible_recordings(self, stream_ids: set[int] | None) -> list[dict[str, Any]]:
         allowed = self.config.allowed_stream_ids
@@ -559,11 +585,11 @@ class ServerCore:
             for s in self.sessions.values()
         ]
         committer = self.committer
-        counters = dict(self.counters)
-        counters.update(self.retention.counters)
-        counters["consumer_commits"] = self.consumers.commits
-        counters.update(
+        counters = server_counters(
+            self.counters,
+            self.retention.counters,
             {
+                "consumer_commits": self.consumers.commits,
                 "sink_commits": committer.commits,
                 "sink_duplicate_commits": committer.duplicate_commits,
                 "sink_resumed_commits": committer.resumed_commits,
@@ -573,7 +599,7 @@ class ServerCore:
                 "sink_parts_garbage_collected": committer.staging.parts_garbage_collected,
                 "sink_failed_commits": committer.failed_commits,
                 "sink_stage_failures": committer.staging.stage_failures,
-            }
+            },
         )
         result = {
             "streams": self._list_streams(),
@@ -588,4 +614,31 @@ class ServerCore:
         return result
 
 
-__all__ = ["Publisher", "ReplayCursor", "ServerCore", "Session", "Store"]
+
+Handler = Callable[[ServerCore, Session, proto.Request, int], Any]
+
+# The dispatch table: every operation of the protocol's schemas, its handler and the permission
+# it needs (``proto.PERMISSIONS``). Checked at import: an operation with a schema and no handler
+# (or the reverse) cannot be served by mistake.
+HANDLERS: dict[str, tuple[Handler, proto.Permission]] = {
+    op: (getattr(ServerCore, f"_op_{op}"), permission)
+    for op, permission in proto.PERMISSIONS.items()
+}
+if set(HANDLERS) != set(proto.OPS) or any(  # pragma: no cover - fails every test at import
+    name.startswith("_op_") and name[4:] not in HANDLERS for name in vars(ServerCore)
+):
+    raise AssertionError("ServerCore's handlers and the protocol's operations differ")
+
+# Refused by a read-only server: everything that is not a read.
+WRITE_OPS = frozenset(op for op, (_, p) in HANDLERS.items() if p is not proto.Permission.READ)
+
+__all__ = [
+    "HANDLERS",
+    "WRITE_OPS",
+    "Outcome",
+    "Publisher",
+    "ReplayCursor",
+    "ServerCore",
+    "Session",
+    "Store",
+]

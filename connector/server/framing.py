@@ -142,7 +142,7 @@ class Framer:
             frames[:, DATA_HEADER_LENGTH + length :] = 0
             done += n
             self.position = position + n * framed
-            yield position, memoryview(frames.reshape(-1))  # bytes-like, not copied
+            yield position, frames.reshape(-1).data  # bytes-like, not copied
 
     def _block(self, size: int) -> np.ndarray:
         """``size`` bytes of uninitialised memory for a block (see ``reuse_blocks``)."""

@@ -25,6 +25,7 @@ from typing import Any
 
 import msgpack
 from aeron_spark.connector.errors import ControlProtocolError
+from aeron_spark.connector.server.counters import retention_counters
 
 log = logging.getLogger("aeron_spark.connector.server.retention")
 
@@ -156,8 +157,7 @@ class Retention:
     def __init__(self, policy: RetentionPolicy, registry: ConsumerRegistry) -> None:
         self.policy = policy
         self.registry = registry
-        self.counters = {"retention_runs": 0, "retention_purges": 0, "retention_bytes_purged": 0,
-                         "retention_held_by_consumers": 0, "retention_errors": 0}
+        self.counters = retention_counters()
 
     def run(self, store: Any, now_wall_ns: int) -> int:
         if not self.policy.enabled:

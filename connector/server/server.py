@@ -21,13 +21,11 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from aeron_spark.connector import chunking
 from aeron_spark.connector.errors import ConnectorError, ServerUnavailableError
 from aeron_spark.connector.server.authz import Authorizer
 from aeron_spark.connector.server.config import ServerConfig
-from aeron_spark.connector.server.core import ServerCore
+from aeron_spark.connector.server.core import Outcome, ServerCore
 from aeron_spark.connector.server.dirlock import DirectoryLock
-from aeron_spark.connector.server.link import ServerLink, ServerListener
 from aeron_spark.connector.server.resources import (
     DESCRIPTOR_ERRNOS,
     STORAGE_ERRNOS,
@@ -38,6 +36,8 @@ from aeron_spark.connector.server.resources import (
 from aeron_spark.connector.server.staging import SinkCommitter
 from aeron_spark.connector.server.stat import write_snapshot
 from aeron_spark.connector.server.store import ArchiveStore
+from aeron_spark.connector.session import chunking
+from aeron_spark.connector.session.link import ServerLink, ServerListener
 from aeron_spark.transport import Driver, DriverConfig
 from aeron_spark.transport.protocol.logbuffer import max_message_length
 
@@ -87,7 +87,7 @@ class StreamServer:
         self._sessions: dict[object, _SessionIO] = {}
         # sink commits/aborts run here, one at a time, so they never stall the event loop
         self._worker: ThreadPoolExecutor | None = None
-        self._deferred_replies: queue.SimpleQueue[tuple[object, bytes]] = queue.SimpleQueue()
+        self._deferred: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._started_ns = 0
         self._dir_lock: DirectoryLock | None = None
         self._nofile_at_start = self._nofile = (-1, -1)
@@ -316,20 +316,22 @@ class StreamServer:
         listener = self._listener
 
         def run() -> None:
-            self._deferred_replies.put((key, job()))
+            self._deferred.put(job())  # the outcome only: the loop counts and encodes it
             if listener is not None:
                 listener.wake()  # the loop may be asleep for up to _IDLE_WAIT_S
 
         self._worker.submit(run)
 
     def _deliver_deferred(self) -> int:
+        assert self.core is not None
         delivered = 0
         while True:
             try:
-                key, reply = self._deferred_replies.get_nowait()
+                outcome = self._deferred.get_nowait()
             except queue.Empty:
                 return delivered
-            io = self._sessions.get(key)
+            reply = self.core.complete(outcome)
+            io = self._sessions.get(outcome.key)
             if io is not None:  # the session may have gone meanwhile: the reply is dropped
                 io.enqueue([reply])
                 self._flush(io)

@@ -29,8 +29,7 @@ import contextlib
 import logging
 import os
 import shutil
-import struct
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, NamedTuple, Protocol
 
@@ -43,105 +42,13 @@ from aeron_spark.connector.errors import (
 )
 from aeron_spark.connector.server.commitlog import CommitLog
 from aeron_spark.connector.server.framing import Framer
+from aeron_spark.connector.session.records import RECORD, block_records, complete_record, records
 from aeron_spark.transport.archive.recordings import fsync_dir
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
 
 log = logging.getLogger(__name__)
 
-_RECORD = struct.Struct("<Iq")
 _READ_BLOCK_BYTES = 4 * 1024 * 1024
-_MIN_UNIFORM_RUN = 64
-_LARGE_PAYLOAD = 4096  # from this average size on, staged payloads are written as they are
-
-
-def records(
-    payloads: Sequence[bytes], reserved_values: Sequence[int] | None
-) -> list[bytes | bytearray | memoryview]:
-    """The staging file's records (length, reserved value, payload) of one stage call, as the
-    pieces to write: runs of equal payloads built with numpy, large payloads (Arrow messages)
-    as they are beside their record headers (no gathering copy), small ones gathered."""
-    lengths = list(map(len, payloads))
-    if len(lengths) >= _MIN_UNIFORM_RUN and min(lengths) == max(lengths):  # built with numpy
-        count, length = len(lengths), lengths[0]
-        rows = np.empty((count, _RECORD.size + length), dtype=np.uint8)
-        rows[:, :4] = np.frombuffer(struct.pack("<I", length), dtype=np.uint8)
-        rvs = (np.zeros(count, dtype="<i8") if reserved_values is None
-               else np.asarray(reserved_values, dtype="<i8"))
-        rows[:, 4:12] = rvs.view(np.uint8).reshape(count, 8)
-        rows[:, 12:] = np.frombuffer(b"".join(payloads), dtype=np.uint8).reshape(count, length)
-        return [rows.reshape(-1).data]  # written as it is, not copied
-    pack = _RECORD.pack
-    rv_list = reserved_values if reserved_values is not None else [0] * len(payloads)
-    if payloads and sum(lengths) >= _LARGE_PAYLOAD * len(payloads):
-        pieces: list[bytes | bytearray | memoryview] = []
-        for payload, rv in zip(payloads, rv_list, strict=True):
-            pieces += (pack(len(payload), rv), payload)
-        return pieces
-    buf = bytearray()
-    for payload, rv in zip(payloads, rv_list, strict=True):
-        buf += pack(len(payload), rv)
-        buf += payload
-    return [buf]
-
-
-def _uniform_records(buf: bytes, offset: int, length: int) -> int:
-    """How many whole records from ``offset`` have a payload of ``length`` bytes (0 if few)."""
-    size = _RECORD.size + length
-    count = (len(buf) - offset) // size
-    if count < _MIN_UNIFORM_RUN:
-        return 0
-    rows = np.frombuffer(buf, np.uint8, count * size, offset).reshape(count, size)
-    same = rows[:, :4].copy().view("<u4").ravel() == length
-    return count if same.all() else int(np.argmin(same))
-
-
-
-def _block_records(buf: bytes) -> Generator[tuple[Any, Any], None, int]:
-    """Yield the whole records of one block read from a part file (lists of payloads, or runs of
-    equal-length payloads as a 2-D uint8 array and their reserved values); return the offset of
-    the first byte not yet yielded (a record continuing in the next block)."""
-    view = memoryview(buf)
-    payloads: list[Any] = []
-    rvs: list[int] = []
-    offset, end = 0, len(buf)
-    unpack = _RECORD.unpack_from
-    while offset + _RECORD.size <= end:
-        length, rv = unpack(buf, offset)
-        run = _uniform_records(buf, offset, length)
-        if run >= _MIN_UNIFORM_RUN:
-            if payloads:
-                yield payloads, rvs
-                payloads, rvs = [], []
-            size = _RECORD.size + length
-            rows = np.frombuffer(buf, np.uint8, run * size, offset).reshape(run, size)
-            yield rows[:, _RECORD.size :], rows[:, 4:12].copy().view("<i8").ravel()
-            offset += run * size
-            continue
-        stop = offset + _RECORD.size + length
-        if stop > end:
-            break
-        payloads.append(view[offset + _RECORD.size : stop])
-        rvs.append(rv)
-        offset = stop
-    if payloads:
-        yield payloads, rvs
-    return offset
-
-
-def _complete_record(fh: BinaryIO, head: bytes, path: str) -> bytes:
-    """One whole record from its first bytes ``head`` and what follows them in ``fh``."""
-    if len(head) < _RECORD.size:
-        head += fh.read(_RECORD.size - len(head))
-    if len(head) >= _RECORD.size:
-        length, _rv = _RECORD.unpack_from(head, 0)
-        missing = _RECORD.size + length - len(head)
-        if missing > 0:
-            head += fh.read(missing)
-        if len(head) == _RECORD.size + length:
-            return head
-    raise StagedDataMissingError(
-        f"staged part {path} ends inside a record", part=os.path.basename(path)
-    )
 
 
 def _close_quietly(fh: BinaryIO) -> None:
@@ -164,7 +71,7 @@ class SinkWriter(Protocol):
 
     @property
     def recorded_position(self) -> int: ...
-    def append(self, block: bytes, position: int, now_ns: int) -> None: ...
+    def append(self, block: bytes | bytearray | memoryview, position: int, now_ns: int) -> None: ...
     def rollback(self, position: int) -> None: ...
     def force(self) -> None: ...
 
@@ -267,7 +174,7 @@ class StagingStore:
             raise
         part.count += len(payloads)
         part.nbytes += payload_bytes
-        self.bytes_staged += payload_bytes + _RECORD.size * len(payloads)
+        self.bytes_staged += payload_bytes + RECORD.size * len(payloads)
         if not final:
             return None
         del self._open[key]
@@ -331,7 +238,7 @@ class StagingStore:
                 os.unlink(path)
             raise
         part.count, part.nbytes = count, nbytes
-        self.bytes_staged += nbytes + _RECORD.size * count
+        self.bytes_staged += nbytes + RECORD.size * count
         self.parts_staged_locally += 1
         return self._complete(key, part)
 
@@ -387,7 +294,7 @@ class StagingStore:
                 "lease, or never completed)",
                 part=staged["part"],
             ) from None
-        if size != staged["bytes"] + _RECORD.size * staged["count"]:
+        if size != staged["bytes"] + RECORD.size * staged["count"]:
             raise StagedDataMissingError(
                 f"staged part {staged['part']} has {size} bytes on disk, the commit message "
                 f"describes {staged['count']} payloads of {staged['bytes']} bytes",
@@ -403,14 +310,14 @@ class StagingStore:
             carry = b""
             while True:
                 if carry:  # the record that straddled the last block's end: only it is copied
-                    record = _complete_record(fh, carry, path)
-                    _length, rv = _RECORD.unpack_from(record, 0)
-                    yield [memoryview(record)[_RECORD.size :]], [rv]
+                    record = complete_record(fh, carry, path)
+                    _length, rv = RECORD.unpack_from(record, 0)
+                    yield [memoryview(record)[RECORD.size :]], [rv]
                     carry = b""
                 data = fh.read(_READ_BLOCK_BYTES)
                 if not data:
                     break
-                offset = yield from _block_records(data)
+                offset = yield from block_records(data)
                 carry = data[offset:]
 
     def discard(self, sink_id: str, batch_id: int, names: Sequence[str] | None = None) -> int:

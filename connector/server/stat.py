@@ -18,6 +18,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from aeron_spark.connector.errors import ServerUnavailableError
+from aeron_spark.connector.server import counters as _declared  # noqa: F401 - declares them
+from aeron_spark.connector.session.call import call_once
+from aeron_spark.connector.session.settings import ClientSettings
+
+from aeron_spark.counters import REGISTRY, CounterType
 
 STAT_FILE = "stat.json"
 
@@ -61,6 +66,21 @@ def _fmt_bytes(value: int | None) -> str:
 def _fmt_limit(limits: dict[str, Any], which: str) -> str:
     value = limits.get(f"open_files_{which}_limit")
     return "unlimited" if value == -1 else str(value)
+
+
+def _declared_first(counters: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The server's counters through the registry: declared ones in declaration order (server,
+    then retention), then any this version does not know (a newer server's), by name."""
+    declared = [
+        d.name
+        for t in (CounterType.SERVER, CounterType.RETENTION)
+        for d in REGISTRY.of_type(t)
+        if d.name in counters
+    ]
+    seen = set(declared)
+    return [(n, counters[n]) for n in declared] + sorted(
+        (n, v) for n, v in counters.items() if n not in seen
+    )
 
 
 def render(snapshot: dict[str, Any]) -> str:
@@ -120,7 +140,7 @@ def render(snapshot: dict[str, Any]) -> str:
         )
     lines.append("")
     lines.append("counters")
-    for name, value in sorted(snapshot.get("counters", {}).items()):
+    for name, value in _declared_first(snapshot.get("counters", {})):
         lines.append(f"  {name:<34} {value:>16,}")
     for name, value in sorted(snapshot.get("store", {}).items()):
         if isinstance(value, int | float):
@@ -152,8 +172,6 @@ def render(snapshot: dict[str, Any]) -> str:
 def _source(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
     if args.dir:
         return lambda: read_snapshot(args.dir, max_age_s=max(5.0, 3 * args.interval_s))
-    from aeron_spark.connector.client import ClientSettings, StreamClient
-
     settings = ClientSettings(
         endpoint=args.endpoint,
         encryption=not args.no_encryption,
@@ -163,8 +181,7 @@ def _source(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
     )
 
     def fetch() -> dict[str, Any]:
-        with StreamClient.connect(settings) as client:
-            return client.stats()
+        return dict(call_once(settings, "stats"))
 
     return fetch
 

@@ -150,7 +150,7 @@ class _SinkWriter:
     def recorded_position(self) -> int:
         return self.rec.recorded_position
 
-    def append(self, block: bytes, position: int, now_ns: int) -> None:
+    def append(self, block: bytes | bytearray | memoryview, position: int, now_ns: int) -> None:
         self.rec.append(block, position, self._clock())
 
     def rollback(self, position: int) -> None:

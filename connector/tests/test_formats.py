@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from aeron_spark.connector.client import ReplayBlock
 from aeron_spark.connector.errors import ControlProtocolError
 from aeron_spark.connector.formats import (
@@ -19,7 +18,9 @@ from aeron_spark.transport.protocol.term import TermAppender
 INITIAL_TERM_ID = 2**31 - 2  # the term id wraps inside the test
 
 
-def record(payloads: list[bytes], term_length: int = 64 * 1024, mtu: int = 1408) -> tuple[bytes, Geometry]:
+def record(
+    payloads: list[bytes], term_length: int = 64 * 1024, mtu: int = 1408
+) -> tuple[bytes, Geometry]:
     """Frames exactly as a recording holds them (PAD frames removed, as the server replays)."""
     geo = LogGeometry(term_length, mtu, INITIAL_TERM_ID)
     terms = [memoryview(bytearray(term_length)) for _ in range(3)]
@@ -56,7 +57,8 @@ def test_mixed_and_fragmented_messages_across_blocks() -> None:
         cut += (int.from_bytes(data[cut : cut + 4], "little") + 31) & -32
     cut += (int.from_bytes(data[cut : cut + 4], "little") + 31) & -32
     blocks = [ReplayBlock(0, data[:cut], 1, cut), ReplayBlock(cut, data[cut:], 2, len(data))]
-    got = [v for b in batches_from_blocks(blocks, 1, geo, False) for v in b.column("value").to_pylist()]
+    batches = batches_from_blocks(blocks, 1, geo, False)
+    got = [v for b in batches for v in b.column("value").to_pylist()]
     assert got == payloads
 
 

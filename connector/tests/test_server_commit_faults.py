@@ -9,12 +9,12 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from aeron_spark.connector import protocol as proto
 from aeron_spark.connector.server.commitlog import CommitLog
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.core import ServerCore
 from aeron_spark.connector.server.staging import PartKey, SinkCommitter
 from aeron_spark.connector.server.store import ArchiveStore
+from aeron_spark.connector.session import protocol as proto
 from aeron_spark.transport.archive.testing import MountUnavailable, fill, small_tmpfs
 
 

@@ -6,13 +6,13 @@ import os
 
 import msgpack
 import pytest
-from aeron_spark.connector import chunking
-from aeron_spark.connector import protocol as proto
 from aeron_spark.connector.errors import ErrorCode
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.core import ServerCore
 from aeron_spark.connector.server.staging import SinkCommitter
 from aeron_spark.connector.server.store import ArchiveStore
+from aeron_spark.connector.session import chunking
+from aeron_spark.connector.session import protocol as proto
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import msgpack
 import pytest
-from aeron_spark.connector import protocol as proto
 from aeron_spark.connector.errors import (
     ControlProtocolError,
     NotAuthorisedError,
@@ -12,6 +11,7 @@ from aeron_spark.connector.errors import (
 )
 from aeron_spark.connector.server import ServerConfig, StreamServer
 from aeron_spark.connector.server.testing import client_for
+from aeron_spark.connector.session import protocol as proto
 
 
 def _config(tmp_path, **kw) -> ServerConfig:

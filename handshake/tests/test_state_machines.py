@@ -324,7 +324,7 @@ def test_no_leak_whatever_order_sessions_end_in(plan) -> None:
 def test_sessions_off_loopback_use_datagrams_that_fit_a_1500_byte_path_unfragmented(host) -> None:
     # Issue 15: 8 KiB datagrams were IP-fragmented on a 1,500-byte link, so 5% packet loss was
     # ~26% datagram loss. A datagram must fit 1500 - 20 (IPv4) - 8 (UDP) bytes (1452 on IPv6).
-    from aeron_spark.connector.server.link import session_mtu
+    from aeron_spark.connector.session.link import session_mtu
 
     assert ServerConfig(host=host).mtu <= 1452
     assert session_mtu(host) <= 1452

@@ -252,8 +252,8 @@ def keys_main(argv: Sequence[str]) -> int:
         )
         return EXIT_OK
     if args.action == "list":
-        for endpoint, key in sorted(store.known_servers().items()):
-            print(f"{endpoint} {key.hex()} {fingerprint(key)}")
+        for endpoint, known in sorted(store.known_servers().items()):
+            print(f"{endpoint} {known.hex()} {fingerprint(known)}")
         return EXIT_OK
     if not args.endpoint:
         parser.error("forget needs the server's host:port")

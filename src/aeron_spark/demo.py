@@ -48,7 +48,9 @@ def make_ticks(producer: int, count: int, seed: int) -> list[bytes]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="aeron-spark demo",
-        description="Quickstart: embedded stream server + producers + a local Spark streaming query.",
+        description=(
+            "Quickstart: embedded stream server + producers + a local Spark streaming query."
+        ),
     )
     parser.add_argument(
         "--producers", type=int, default=3, help="publishing sessions (default %(default)s)"

@@ -2,7 +2,11 @@
 
 Each layer has its own tree below :class:`AeronSparkError` (``transport.errors``,
 ``handshake.errors``, ``connector.errors``), split, where it matters, into errors of our own making
-(``Local...``) and errors caused by the peer or by input we received (``Remote...``).
+(:class:`LocalProtocolError`) and errors caused by the peer or by input we received
+(:class:`RemoteProtocolError`). Those two bases live here, once: each layer's protocol errors
+subclass them (``transport.errors.RemoteProtocolError`` is a ``TransportError`` and an
+``aeron_spark.errors.RemoteProtocolError``), so ``except RemoteProtocolError`` at the top catches
+what any layer's peer did wrong, as h11/h2 split theirs.
 """
 
 from __future__ import annotations
@@ -29,6 +33,14 @@ class DetailedError(AeronSparkError):
         if details is not None and name in details:
             return details[name]
         raise AttributeError(name)
+
+
+class LocalProtocolError(AeronSparkError):
+    """We were asked to do something the protocol does not allow (a bug or misuse on our side)."""
+
+
+class RemoteProtocolError(AeronSparkError):
+    """A peer sent something that is not valid protocol (malformed, oversized, unexpected)."""
 
 
 class ConfigurationError(AeronSparkError, ValueError):

@@ -1,39 +1,64 @@
 """Errors of the archive (recording and replay by position).
 
-Each carries structured ``details`` (for :class:`NotFrameBoundaryError` the nearest valid
-positions, for :class:`PurgedError` the first readable position), exposed as attributes. The
-stream server turns them into its wire errors of the same names.
+Each carries a :class:`ArchiveErrorCode` (``code``) and structured ``details`` (for
+:class:`NotFrameBoundaryError` the nearest valid positions, for :class:`PurgedError` the first
+readable position), exposed as attributes. The stream server maps the code (never the class name)
+to its wire error, which is a subclass of the archive error of the same meaning.
 """
 
 from __future__ import annotations
+
+import enum
 
 from aeron_spark.transport.errors import TransportError
 
 from aeron_spark.errors import DetailedError
 
 
+class ArchiveErrorCode(enum.IntEnum):
+    """What went wrong, as a number a higher layer can map (``UNKNOWN_RECORDING`` is Aeron's
+    ``ArchiveException.UNKNOWN_RECORDING``; Aeron has no code for the others)."""
+
+    GENERIC = 0
+    UNKNOWN_RECORDING = 5
+    POSITION_OUT_OF_RANGE = 101
+    NOT_FRAME_BOUNDARY = 102
+    PURGED = 103
+
+
 class ArchiveError(TransportError, DetailedError):
-    """Base class of archive errors: a message and structured details."""
+    """Base class of archive errors: a code, a message and structured details."""
+
+    code: enum.IntEnum = ArchiveErrorCode.GENERIC
 
 
 class UnknownRecordingError(ArchiveError):
     """No recording with that id."""
 
+    code: enum.IntEnum = ArchiveErrorCode.UNKNOWN_RECORDING
+
 
 class PositionOutOfRangeError(ArchiveError):
     """A position outside ``[start, recorded end]`` of the recording."""
+
+    code: enum.IntEnum = ArchiveErrorCode.POSITION_OUT_OF_RANGE
 
 
 class NotFrameBoundaryError(ArchiveError):
     """A position inside a frame; ``details`` name the nearest valid positions."""
 
+    code: enum.IntEnum = ArchiveErrorCode.NOT_FRAME_BOUNDARY
+
 
 class PurgedError(ArchiveError):
     """The position was purged; ``details['purged_position']`` is the first readable one."""
 
+    code: enum.IntEnum = ArchiveErrorCode.PURGED
+
 
 __all__ = [
     "ArchiveError",
+    "ArchiveErrorCode",
     "NotFrameBoundaryError",
     "PositionOutOfRangeError",
     "PurgedError",

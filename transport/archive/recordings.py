@@ -386,7 +386,7 @@ class Recording:
 
     # --- writing ------------------------------------------------------------------------------
 
-    def append(self, block: bytes | memoryview, position: int, now_ns: int) -> None:
+    def append(self, block: bytes | bytearray | memoryview, position: int, now_ns: int) -> None:
         """Write ``block`` at ``position`` (the recorded end) and index it.
 
         All or nothing: a short ``pwrite`` is continued where it stopped; a write that fails

@@ -68,6 +68,7 @@ class SendEndpoint:
     def on_control(self, buf: Any, length: int, source: Any, now_ns: int) -> None:
         """An SM, NAK, RTTM or ERR for one of our publications; raises RemoteProtocolError."""
         ftype = frame_type_of(buf[:length])
+        pub: PublicationState | None
         if ftype == _TYPE_SM:
             sm = StatusMessage.decode(buf[:length])
             if sm.session_id == 0 and sm.flags & SmFlags.SEND_SETUP:

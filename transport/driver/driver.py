@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from aeron_spark.transport import ipc
 from aeron_spark.transport.counters import Counters, SystemCounters
 from aeron_spark.transport.driver.agents import (
+    Agent,
     AgentRunner,
     ConductorAgent,
     ReceiveEndpoint,
@@ -93,7 +95,7 @@ class DriverConfig:
     max_images: int = 0
     max_images_per_source: int = 0
     max_images_per_address: int = 0
-    loss: Any = None  # an aeron_spark.transport.testing.LossConfig
+    loss: Any = None  # a transport.api.MediaHook, e.g. transport.testing.LossConfig (tests)
 
     def __post_init__(self) -> None:
         if self.directory is not None and not isinstance(self.directory, Path):
@@ -171,7 +173,7 @@ class Driver:
                 return self
             self._started = True
             mode = self.config.threading_mode
-            agents = (self._conductor, self._sender, self._receiver)
+            agents: tuple[Agent, ...] = (self._conductor, self._sender, self._receiver)
             if mode == "dedicated":
                 self._runners = [
                     AgentRunner(f"aeron-{n}", [a], self._record_error)
@@ -379,9 +381,7 @@ class Driver:
         buffer = self.config.socket_buffer_length
         loss = None
         if self.config.loss is not None:
-            from aeron_spark.transport.testing import LossInjector
-
-            loss = LossInjector(self.config.loss, self.system_counters)
+            loss = self.config.loss.receive_hook(self.system_counters)
         udp = UdpEndpoint(
             bind,
             self.system_counters,
@@ -573,10 +573,6 @@ class Driver:
     # ------------------------------------------------------------------ IPC
 
     def _ipc_module(self) -> Any:
-        try:
-            from aeron_spark.transport import ipc
-        except ImportError as exc:  # pragma: no cover - the package exists
-            raise DriverError(f"aeron:ipc is not available: {exc}") from exc
         if not hasattr(ipc, "add_publication") or not hasattr(ipc, "add_subscription"):
             raise DriverError(
                 "aeron:ipc channels are not implemented yet (transport.ipc has no "

@@ -36,9 +36,10 @@ HEARTBEAT_INTERVAL_NS = 100_000_000
 class _ReadState:
     """The attributes :class:`ImageState`'s poll functions use, over a mapped log file."""
 
-    poll = ImageState.poll
-    controlled_poll = ImageState.controlled_poll
-    block_poll = ImageState.block_poll
+    # ImageState's functions run over this object's attributes (it is not an ImageState).
+    poll: Any = ImageState.poll
+    controlled_poll: Any = ImageState.controlled_poll
+    block_poll: Any = ImageState.block_poll
 
     def __init__(self, log: LogFile, position: int) -> None:
         self.terms = log.terms

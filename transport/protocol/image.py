@@ -31,6 +31,7 @@ Invariants:
 
 from __future__ import annotations
 
+import mmap
 import random
 import struct
 from bisect import bisect_left, bisect_right, insort
@@ -105,7 +106,7 @@ class ImageState:
         liveness_timeout_ns: int = IMAGE_LIVENESS_TIMEOUT_NS,
         receiver_id: int | None = None,
         now_ns: int = 0,
-        log: bytearray | None = None,
+        log: bytearray | mmap.mmap | None = None,
     ) -> None:
         self.session_id = session_id
         self.stream_id = stream_id

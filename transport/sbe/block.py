@@ -8,6 +8,8 @@ Type mapping (Spark has no unsigned integers, so unsigned types widen to the nex
 
 from __future__ import annotations
 
+from typing import SupportsInt, cast
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -108,7 +110,8 @@ class BlockDecoder(_BlockLayout):
         if node.constant:
             value = node.const
             if node.kind == "scalar" and node.primitive != "char" and node.primitive != "uint64":
-                value = int(value) if node.primitive not in ("float", "double") else value
+                if node.primitive not in ("float", "double"):
+                    value = int(cast("SupportsInt | str", value))
             if node.kind == "enum" and self.raw_enums:
                 value = dict(node.values)[str(value)]
             one = pa.array([value], arrow_type(node, self.raw_enums))

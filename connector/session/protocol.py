@@ -23,6 +23,7 @@ with types and ranges; anything else raises :class:`ControlProtocolError` naming
 
 from __future__ import annotations
 
+import enum
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -114,6 +115,43 @@ OPS: dict[str, dict[str, tuple[str, bool]]] = {
     "stats": {},
     "keepalive": {},
 }
+
+
+
+class Permission(enum.Enum):
+    """What an operation needs of the session that asks (the client-authentication issue
+    grants these; today a read-only server refuses ``WRITE`` and ``ADMIN`` alike)."""
+
+    READ = "read"  # list, position, scan, replay, stats, keep alive, consumer positions
+    WRITE = "write"  # publish, stage and commit sink batches
+    ADMIN = "admin"  # purge recordings, forget consumers
+
+
+# The permission of every operation of OPS (the server's dispatch table is checked against both).
+PERMISSIONS: dict[str, Permission] = {
+    "list_streams": Permission.READ,
+    "list_recordings": Permission.READ,
+    "latest_positions": Permission.READ,
+    "position_at": Permission.READ,
+    "scan": Permission.READ,
+    "replay": Permission.READ,
+    "stop_replay": Permission.READ,
+    "local_read": Permission.READ,
+    "publish": Permission.WRITE,
+    "stage": Permission.WRITE,
+    "local_stage": Permission.WRITE,
+    "local_stage_done": Permission.WRITE,
+    "commit": Permission.WRITE,
+    "abort": Permission.WRITE,
+    "last_committed_batch": Permission.READ,
+    "purge": Permission.ADMIN,
+    "consumer_commit": Permission.READ,
+    "consumer_forget": Permission.ADMIN,
+    "stats": Permission.READ,
+    "keepalive": Permission.READ,
+}
+if set(PERMISSIONS) != set(OPS):  # pragma: no cover - caught at import by every test
+    raise AssertionError(f"PERMISSIONS and OPS differ: {set(PERMISSIONS) ^ set(OPS)}")
 
 # The commit message a stage returns (and commit/abort take back): a small picklable map.
 STAGED_KEYS: dict[str, str] = {

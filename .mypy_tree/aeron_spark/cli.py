@@ -1,0 +1,1 @@
+../../src/aeron_spark/cli.py

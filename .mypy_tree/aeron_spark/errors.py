@@ -1,0 +1,1 @@
+../../src/aeron_spark/errors.py

@@ -1,0 +1,104 @@
+"""The stream server's counters, declared in the one registry (:mod:`aeron_spark.counters`).
+
+The core counts into a :class:`~aeron_spark.counters.CounterMap` of :data:`CORE_COUNTERS` (always
+exported) and :data:`SHELL_COUNTERS` (the I/O shell's failures, exported once they happen);
+retention into one of :data:`RETENTION_COUNTERS`. :func:`server_counters` is the ``counters``
+section of ``stats`` (and so of ``aeron-spark stat``), read through the registry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aeron_spark.counters import REGISTRY, CounterMap, CounterType
+
+CORE_COUNTERS = (
+    "sessions_opened",
+    "sessions_closed",
+    "sessions_expired",
+    "requests",
+    "request_errors",
+    "protocol_errors",
+    "internal_errors",
+    "not_authorised",
+    "requests_not_authorised",
+    "replays_started",
+    "local_reads_offered",
+    "local_reads_refused",
+    "local_stages_offered",
+    "local_stages_refused",
+    "replays_completed",
+    "replays_failed",
+    "replays_stopped",
+    "replay_bytes",
+    "replay_blocks",
+    "messages_published",
+    "bytes_published",
+    "chunks_discarded",
+    "storage_full_errors",
+    "too_many_open_files_errors",
+)
+SHELL_COUNTERS = (
+    "loop_resource_failures",
+    "housekeeping_failures",
+    "accept_failures",
+    "stat_snapshot_failures",
+    # with --authorized-keys
+    "authorized_keys_reloads",
+    "authorized_keys_reload_failures",
+    "sessions_revoked",
+)
+# Read from the sink committer and the consumer registry when a snapshot is taken.
+SINK_COUNTERS = (
+    "consumer_commits",
+    "sink_commits",
+    "sink_duplicate_commits",
+    "sink_resumed_commits",
+    "sink_aborts",
+    "sink_parts_staged",
+    "sink_parts_staged_locally",
+    "sink_parts_garbage_collected",
+    "sink_failed_commits",
+    "sink_stage_failures",
+)
+RETENTION_COUNTERS = (
+    "retention_runs",
+    "retention_purges",
+    "retention_bytes_purged",
+    "retention_held_by_consumers",
+    "retention_errors",
+)
+for _name in (*CORE_COUNTERS, *SHELL_COUNTERS, *SINK_COUNTERS):
+    REGISTRY.register(CounterType.SERVER, _name)
+for _name in RETENTION_COUNTERS:
+    REGISTRY.register(CounterType.RETENTION, _name)
+
+
+def core_counters() -> CounterMap:
+    return CounterMap(CounterType.SERVER, CORE_COUNTERS, optional=SHELL_COUNTERS)
+
+
+def retention_counters() -> CounterMap:
+    return CounterMap(CounterType.RETENTION, RETENTION_COUNTERS)
+
+
+def server_counters(
+    core: CounterMap, retention: CounterMap, sink: dict[str, Any]
+) -> dict[str, int]:
+    """The ``counters`` section of ``stats``: core, retention, then sink counts (every name a
+    declared one)."""
+    counters = REGISTRY.snapshot(CounterType.SERVER, core)
+    counters.update(REGISTRY.snapshot(CounterType.RETENTION, retention))
+    counters.update(REGISTRY.snapshot(CounterType.SERVER, sink))
+    return counters
+
+
+__all__ = [
+    "CORE_COUNTERS",
+    "RETENTION_COUNTERS",
+    "SHELL_COUNTERS",
+    "SINK_COUNTERS",
+    "core_counters",
+    "retention_counters",
+    "server_counters",
+]

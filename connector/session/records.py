@@ -1,0 +1,113 @@
+"""The part-file record format, shared by the server's staging and a client's local stage.
+
+A part file (``staged/<sink>/<batch>/<partition>-<attempt>.part``) is a sequence of records
+``length (uint32) | reserved value (int64) | payload``. The server writes them for a session's
+``stage`` calls; a task on the server's host writes them itself (``connector.local``); the
+server reads them back when it commits the batch.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Generator, Sequence
+from typing import Any, BinaryIO
+
+import numpy as np
+from aeron_spark.connector.errors import StagedDataMissingError
+
+RECORD = struct.Struct("<Iq")
+_MIN_UNIFORM_RUN = 64
+_LARGE_PAYLOAD = 4096  # from this average size on, staged payloads are written as they are
+
+
+def records(
+    payloads: Sequence[bytes], reserved_values: Sequence[int] | None
+) -> list[bytes | bytearray | memoryview]:
+    """The staging file's records (length, reserved value, payload) of one stage call, as the
+    pieces to write: runs of equal payloads built with numpy, large payloads (Arrow messages)
+    as they are beside their record headers (no gathering copy), small ones gathered."""
+    lengths = list(map(len, payloads))
+    if len(lengths) >= _MIN_UNIFORM_RUN and min(lengths) == max(lengths):  # built with numpy
+        count, length = len(lengths), lengths[0]
+        rows = np.empty((count, RECORD.size + length), dtype=np.uint8)
+        rows[:, :4] = np.frombuffer(struct.pack("<I", length), dtype=np.uint8)
+        rvs = (np.zeros(count, dtype="<i8") if reserved_values is None
+               else np.asarray(reserved_values, dtype="<i8"))
+        rows[:, 4:12] = rvs.view(np.uint8).reshape(count, 8)
+        rows[:, 12:] = np.frombuffer(b"".join(payloads), dtype=np.uint8).reshape(count, length)
+        return [rows.reshape(-1).data]  # written as it is, not copied
+    pack = RECORD.pack
+    rv_list = reserved_values if reserved_values is not None else [0] * len(payloads)
+    if payloads and sum(lengths) >= _LARGE_PAYLOAD * len(payloads):
+        pieces: list[bytes | bytearray | memoryview] = []
+        for payload, rv in zip(payloads, rv_list, strict=True):
+            pieces += (pack(len(payload), rv), payload)
+        return pieces
+    buf = bytearray()
+    for payload, rv in zip(payloads, rv_list, strict=True):
+        buf += pack(len(payload), rv)
+        buf += payload
+    return [buf]
+
+
+def _uniform_records(buf: bytes, offset: int, length: int) -> int:
+    """How many whole records from ``offset`` have a payload of ``length`` bytes (0 if few)."""
+    size = RECORD.size + length
+    count = (len(buf) - offset) // size
+    if count < _MIN_UNIFORM_RUN:
+        return 0
+    rows = np.frombuffer(buf, np.uint8, count * size, offset).reshape(count, size)
+    same = rows[:, :4].copy().view("<u4").ravel() == length
+    return count if same.all() else int(np.argmin(same))
+
+
+def block_records(buf: bytes) -> Generator[tuple[Any, Any], None, int]:
+    """Yield the whole records of one block read from a part file (lists of payloads, or runs of
+    equal-length payloads as a 2-D uint8 array and their reserved values); return the offset of
+    the first byte not yet yielded (a record continuing in the next block)."""
+    view = memoryview(buf)
+    payloads: list[Any] = []
+    rvs: list[int] = []
+    offset, end = 0, len(buf)
+    unpack = RECORD.unpack_from
+    while offset + RECORD.size <= end:
+        length, rv = unpack(buf, offset)
+        run = _uniform_records(buf, offset, length)
+        if run >= _MIN_UNIFORM_RUN:
+            if payloads:
+                yield payloads, rvs
+                payloads, rvs = [], []
+            size = RECORD.size + length
+            rows = np.frombuffer(buf, np.uint8, run * size, offset).reshape(run, size)
+            yield rows[:, RECORD.size :], rows[:, 4:12].copy().view("<i8").ravel()
+            offset += run * size
+            continue
+        stop = offset + RECORD.size + length
+        if stop > end:
+            break
+        payloads.append(view[offset + RECORD.size : stop])
+        rvs.append(rv)
+        offset = stop
+    if payloads:
+        yield payloads, rvs
+    return offset
+
+
+def complete_record(fh: BinaryIO, head: bytes, path: str) -> bytes:
+    """One whole record from its first bytes ``head`` and what follows them in ``fh``."""
+    if len(head) < RECORD.size:
+        head += fh.read(RECORD.size - len(head))
+    if len(head) >= RECORD.size:
+        length, _rv = RECORD.unpack_from(head, 0)
+        missing = RECORD.size + length - len(head)
+        if missing > 0:
+            head += fh.read(missing)
+        if len(head) == RECORD.size + length:
+            return head
+    raise StagedDataMissingError(
+        f"staged part {path} ends inside a record", part=os.path.basename(path)
+    )
+
+
+__all__ = ["RECORD", "block_records", "complete_record", "records"]
