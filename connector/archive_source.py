@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -494,13 +494,13 @@ class ArchiveStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Sessions are per call; nothing stays open between micro-batches."""
 
 
-def schema(options: dict) -> str | StructType:
+def schema(options: Mapping[str, str]) -> str | StructType:
     return archive_source_schema(parse_archive_source_options(options))
 
 
-def batch_reader(options: dict, schema: StructType) -> ArchiveBatchReader:
+def batch_reader(options: Mapping[str, str], schema: StructType) -> ArchiveBatchReader:
     return ArchiveBatchReader(parse_archive_source_options(options), schema)
 
 
-def stream_reader(options: dict, schema: StructType) -> ArchiveStreamReader:
+def stream_reader(options: Mapping[str, str], schema: StructType) -> ArchiveStreamReader:
     return ArchiveStreamReader(parse_archive_source_options(options), schema)

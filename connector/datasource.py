@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import pkgutil
+from collections.abc import Mapping
 
 from aeron_spark.connector import archive_source
 from aeron_spark.connector.archive_options import is_archive_mode
@@ -97,7 +98,7 @@ class AeronDataSource(DataSource):
         return AeronStreamWriter(options)
 
 
-def _no_archive_sink(options: dict) -> None:
+def _no_archive_sink(options: Mapping[str, str]) -> None:
     if is_archive_mode(options):
         raise ConfigurationError(
             "archive", dict(options).get("archive"), "no archive option on a sink: writing into "

@@ -101,7 +101,7 @@ def test_connect_refused_and_other_major_version() -> None:
                            message="no"), 1)
     with pytest.raises(ArchiveResponseError) as info:
         s.connect_result()
-    assert info.value.code is ArchiveErrorCode.AUTHENTICATION_REJECTED
+    assert info.value.archive_code is ArchiveErrorCode.AUTHENTICATION_REJECTED
     s = ControlSession(ControlConfig("aeron:udp?endpoint=127.0.0.1:1"))
     s.connect(0)
     s.on_message(_response(1, version=2 << 16), 1)
@@ -136,14 +136,14 @@ def test_single_response_by_correlation_id_and_typed_errors() -> None:
     assert isinstance(err, UnknownRecordingError) and isinstance(err, ArchiveError)
     assert isinstance(err, AeronSparkError)
     assert err.error_code == 5 and err.error_message == "unknown recording id: 3"
-    assert err.code is ArchiveErrorCode.UNKNOWN_RECORDING
+    assert err.archive_code is ArchiveErrorCode.UNKNOWN_RECORDING
     assert "UNKNOWN_RECORDING" in str(err) and "RecordingPositionRequest" in str(err)
     # An unknown code still maps (generic class, raw code kept).
     p3, _ = s.request("ArchiveIdRequest", 4 * MS)
     s.on_message(_response(p3.correlation_id, 77, codecs.ERROR, message="new"), 4 * MS)
     with pytest.raises(ArchiveResponseError) as info:
         p3.value()
-    assert info.value.code == 77
+    assert info.value.archive_code == 77
 
 
 def test_error_survives_pickling() -> None:

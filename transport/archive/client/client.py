@@ -26,8 +26,9 @@ import struct
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aeron_spark.transport.archive.client import codecs
@@ -71,7 +72,7 @@ def process_driver() -> Driver:
         if _driver is not None and _driver[0] == os.getpid():
             return _driver[1]
         directory = tempfile.mkdtemp(prefix=f"aeron-archive-client-{os.getpid()}-")
-        driver = Driver(DriverConfig(directory=directory, write_counters_file=False)).start()
+        driver = Driver(DriverConfig(directory=Path(directory), write_counters_file=False)).start()
         _driver = (os.getpid(), driver)
         atexit.register(driver.close)
         return driver
@@ -442,7 +443,7 @@ class ArchiveClient:
         self, recording_id: int, start: int, end: int, *, session_id: int | None = None,
         stream_id: int | None = None, replay_stream_id: int = DEFAULT_REPLAY_STREAM_ID,
         block_bytes: int = 1 << 20,
-    ) -> Iterator[ReplayedBlock]:
+    ) -> Generator[ReplayedBlock, None, None]:
         """The raw frames of ``[start, end)`` of the recording, by a bounded replay to a
         subscription of our own (its own port, so its own replay session): each block is a copy
         of whole frames as recorded, with the replay's session and stream ids written back to
@@ -494,7 +495,7 @@ class ArchiveClient:
     def _read_image(
         self, image: Any, sub: Any, recording_id: int, start: int, end: int,
         session_id: int | None, stream_id: int | None, block_bytes: int,
-    ) -> Iterator[ReplayedBlock]:
+    ) -> Generator[ReplayedBlock, None, None]:
         if image.position != start:
             raise ArchiveClientError(
                 f"the replay of recording {recording_id} began at {image.position}, not {start}",

@@ -58,7 +58,8 @@ class ArchiveResponseError(ArchiveClientError):
     :class:`ArchiveErrorCode`), ``error_message``, ``correlation_id``, ``request``."""
 
     @property
-    def code(self) -> ArchiveErrorCode | int:
+    def archive_code(self) -> ArchiveErrorCode | int:
+        """The archive's own error code (``code`` stays the project's archive-layer code)."""
         raw = int(self.details.get("error_code", 0))
         try:
             return ArchiveErrorCode(raw)
