@@ -268,8 +268,7 @@ def test_crypto_functions_directly_with_fixed_inputs() -> None:
     assert seal_identity(CLIENT_EPHEMERAL, cspk, spk, 7, cookie) == identity
     assert open_identity(SERVER_STATIC, cepk, 7, cookie, identity) == cspk
     hello = _pack(
-        {"t": 1, "v": VERSION, "ck": 7, "pk": cepk, "enc": False, "cookie": cookie,
-         "id": identity}
+        {"t": 1, "v": VERSION, "ck": 7, "pk": cepk, "enc": False, "cookie": cookie, "id": identity}
     )
     assert transcript_hash(hello, spk, epk) == hashlib.sha256(hello + spk + epk).digest()
     want = _independent_schedule(hello)
@@ -319,8 +318,12 @@ def test_every_key_pair_changes_every_key(which: str) -> None:
     the HELLO the same, gives other keys on both sides, and each side's keys then only match a
     peer holding the same four keys."""
     hello = _pack(_BASE_HELLO)
-    keys = {"ce": CLIENT_EPHEMERAL, "cs": CLIENT_STATIC, "ss": SERVER_STATIC,
-            "se": SERVER_EPHEMERAL}
+    keys = {
+        "ce": CLIENT_EPHEMERAL,
+        "cs": CLIENT_STATIC,
+        "ss": SERVER_STATIC,
+        "se": SERVER_EPHEMERAL,
+    }
     other = {**keys, which: X25519PrivateKey.from_private_bytes(bytes([77]) * 32)}
 
     def both(k: dict[str, X25519PrivateKey]):
