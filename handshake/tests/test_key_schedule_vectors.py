@@ -1,11 +1,17 @@
-"""Known-answer vectors for the handshake key schedule (issue 22).
+"""Known-answer vectors for the handshake key schedule of protocol version 3 (issues 19, 22).
 
-Fixed static and ephemeral keys, a fixed connect key, cookie secret and id generator go in; the
-HELLO, COOKIE, WELCOME, DONE and CONFIRM bytes, the transcript hash, every derived key and salt
-and the first sealed frame come out. The expected values are computed here, independently of the
-project's code, with a few lines of ``cryptography`` primitives and ``msgpack`` following the
-design (handshake/crypto.py and handshake/messages.py docstrings), and a handful are also pinned
-as hex so that a change made to both sides at once is still caught.
+Fixed static and ephemeral keys of both sides, a fixed connect key, cookie secret and id
+generator go in; the two HELLOs, the COOKIE, the client's identity box, WELCOME, DONE and CONFIRM
+bytes, the transcript hash, every derived key and salt and the first sealed frames come out. The
+expected values are computed here, independently of the project's code, with a few lines of
+``cryptography`` primitives and ``msgpack`` following the design (handshake/crypto.py and
+handshake/messages.py docstrings): the identity box under a key from X25519(ce, ss) bound to the
+connect key, ``ce``, ``spk`` and the cookie; the session keys from the four X25519 results
+ce·se, ce·ss, cs·ss, cs·se salted with the transcript of the second HELLO. A handful are also
+pinned as hex so that a change made to both sides at once is still caught.
+
+This is the one full known-answer test of the version 3 schedule (test_client_auth.py tests the
+identity box's binding and the admission around it).
 """
 
 from __future__ import annotations
@@ -19,7 +25,14 @@ import pytest
 from aeron_spark.handshake import machine
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.config import ServerConfig
-from aeron_spark.handshake.crypto import SealCounters, client_keys, server_keys, transcript_hash
+from aeron_spark.handshake.crypto import (
+    SealCounters,
+    client_keys,
+    open_identity,
+    seal_identity,
+    server_keys,
+    transcript_hash,
+)
 from aeron_spark.handshake.machine import ClientHandshake, ServerCore
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -32,21 +45,28 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 SERVER_STATIC = X25519PrivateKey.from_private_bytes(bytes(range(1, 33)))
 SERVER_EPHEMERAL = X25519PrivateKey.from_private_bytes(bytes(range(101, 133)))
 CLIENT_EPHEMERAL = X25519PrivateKey.from_private_bytes(bytes(range(201, 233)))
+CLIENT_STATIC = X25519PrivateKey.from_private_bytes(bytes(range(151, 183)))
 CONNECT_KEY = 0x0123456789ABCDEF
 COOKIE_SECRET = bytes(range(64, 96))
 ADDRESS, SOURCE = "10.0.0.1", "10.0.0.1:4000"
 NOW_NS = 25_000_000_000  # cookie epoch 2
-INFO = b"aeron-spark handshake v1"
+VERSION = 3
+INFO = b"aeron-spark handshake v3"
+ID_INFO = b"aeron-spark client identity v3"
 
 # Pinned outputs for the inputs above (computed once with the independent code below).
 PINNED = {
-    "transcript": "da836cd50933eec185b8447c711d8b880775907fd7f2210fb91aa49acb2e730b",
-    "handshake_key": "8ca2518a03bbc0f9631baf161cca4e28afdfbd0ce8110af43877364b63fb30c3",
-    "c2s_key": "1b4ab001ab54a6bad95fee36d6126d599666e26421de228164b9c249917a59ed",
-    "s2c_key": "2f66f60333fe174778325ae7d28b4e2d3738b03f54c2d924fa34d040e3f1cca4",
-    "c2s_salt": "1033b0fa",
-    "s2c_salt": "d20fcd92",
+    "transcript": "5e5e97828c85ab703452c1c7e323b5d543358d6563ce27136ff2e7c4112b40c4",
+    "handshake_key": "bad6306e0b783c670d24968dcc0ade81fca2bc35d7e6b50cc59ab1c0dd6790b4",
+    "c2s_key": "7824c7f0279bc7e8453734dd6c5cf269e2949d7619be3108c41f089c45413ae2",
+    "s2c_key": "387caaee6d12be16e45a33529ce5768b652d9ba8e1ee9c28ad890efee8760c26",
+    "c2s_salt": "71914d43",
+    "s2c_salt": "0cceab8a",
     "cookie": "6e815998ed0557360ae6cdc6f115d250",
+    "identity": (
+        "72b41bf613d276074ca6e1165f3af31693a0b9e38bc8e54d"
+        "435d59240ad178b892661c7dc73159d42ecc87487201ab47"
+    ),
 }
 
 
@@ -56,6 +76,10 @@ def _pub(key: X25519PrivateKey) -> bytes:
 
 def _pack(body: dict) -> bytes:
     return msgpack.packb(body, use_bin_type=True)
+
+
+def _dh(private: X25519PrivateKey, public: bytes) -> bytes:
+    return private.exchange(X25519PublicKey.from_public_bytes(public))
 
 
 def _independent_cookie(hello_ck: int, pk: bytes, enc: bool, now_ns: int) -> bytes:
@@ -71,17 +95,37 @@ def _independent_cookie(hello_ck: int, pk: bytes, enc: bool, now_ns: int) -> byt
     return mac.digest()[:16]
 
 
+def _independent_identity(ck: int, cookie: bytes) -> bytes:
+    """The client's static public key sealed for the server, from the design alone."""
+    spk, cepk = _pub(SERVER_STATIC), _pub(CLIENT_EPHEMERAL)
+    es = _dh(CLIENT_EPHEMERAL, spk)
+    assert es == _dh(SERVER_STATIC, cepk)  # the server derives the same secret
+    ad = ck.to_bytes(8, "big") + cepk + spk + cookie
+    id_key = HKDF(
+        algorithm=hashes.SHA256(), length=32, salt=hashlib.sha256(ad).digest(), info=ID_INFO
+    ).derive(es)
+    box = AESGCM(id_key).encrypt(bytes(12), _pub(CLIENT_STATIC), ad)
+    assert len(box) == 48 and _pub(CLIENT_STATIC) not in box
+    return box
+
+
 def _independent_schedule(hello: bytes) -> dict[str, bytes]:
     """The key schedule from the design, with nothing of the project's code."""
     spk, epk = _pub(SERVER_STATIC), _pub(SERVER_EPHEMERAL)
+    cepk, cspk = _pub(CLIENT_EPHEMERAL), _pub(CLIENT_STATIC)
     transcript = hashlib.sha256(hello + spk + epk).digest()
-    dh1 = CLIENT_EPHEMERAL.exchange(X25519PublicKey.from_public_bytes(epk))
-    dh2 = CLIENT_EPHEMERAL.exchange(X25519PublicKey.from_public_bytes(spk))
-    # The server side of the same two agreements must give the same secrets.
-    assert dh1 == SERVER_EPHEMERAL.exchange(CLIENT_EPHEMERAL.public_key())
-    assert dh2 == SERVER_STATIC.exchange(CLIENT_EPHEMERAL.public_key())
+    dh1 = _dh(CLIENT_EPHEMERAL, epk)  # ce·se
+    dh2 = _dh(CLIENT_EPHEMERAL, spk)  # ce·ss
+    dh3 = _dh(CLIENT_STATIC, spk)  # cs·ss
+    dh4 = _dh(CLIENT_STATIC, epk)  # cs·se
+    # The server side of the same four agreements must give the same secrets, and they differ.
+    assert dh1 == _dh(SERVER_EPHEMERAL, cepk)
+    assert dh2 == _dh(SERVER_STATIC, cepk)
+    assert dh3 == _dh(SERVER_STATIC, cspk)
+    assert dh4 == _dh(SERVER_EPHEMERAL, cspk)
+    assert len({dh1, dh2, dh3, dh4}) == 4
     okm = HKDF(algorithm=hashes.SHA256(), length=104, salt=transcript, info=INFO).derive(
-        dh1 + dh2
+        dh1 + dh2 + dh3 + dh4
     )
     return {
         "transcript": transcript,
@@ -105,9 +149,14 @@ class _FixedEphemeral:
 def handshake(monkeypatch: pytest.MonkeyPatch):
     """One whole handshake with every random input fixed; its messages and both machines."""
     monkeypatch.setattr(machine, "X25519PrivateKey", _FixedEphemeral)
-    core = ServerCore(ServerConfig(), SERVER_STATIC, rng=random.Random(22).randrange)
+    core = ServerCore(
+        ServerConfig(),
+        SERVER_STATIC,
+        rng=random.Random(22).randrange,
+        authorize={_pub(CLIENT_STATIC)}.__contains__,
+    )
     core._cookie_secret = COOKIE_SECRET
-    client = ClientHandshake(lambda key: None, encryption=True)
+    client = ClientHandshake(lambda key: None, static_key=CLIENT_STATIC, encryption=True)
     client.connect_key = CONNECT_KEY
     client._ephemeral = CLIENT_EPHEMERAL
     client.start(NOW_NS)
@@ -119,6 +168,7 @@ def handshake(monkeypatch: pytest.MonkeyPatch):
     assert client.on_reply(wire["cookie"]) is None
     wire["hello2"] = client.retry_hello
     session = core.on_hello(ADDRESS, wire["hello2"], NOW_NS, source=SOURCE)
+    assert session.client_key == _pub(CLIENT_STATIC)
     wire["welcome"] = session.welcome
     assert client.on_reply(wire["welcome"]) == session.details
     wire["done"] = client.done()
@@ -130,11 +180,15 @@ def handshake(monkeypatch: pytest.MonkeyPatch):
 def test_messages_keys_and_proofs_match_the_independent_computation(handshake) -> None:
     wire, client, session = handshake
     pk = _pub(CLIENT_EPHEMERAL)
-    hello = {"t": 1, "v": 2, "ck": CONNECT_KEY, "pk": pk, "enc": True}
-    assert wire["hello1"] == _pack(hello)
+    hello = {"t": 1, "v": VERSION, "ck": CONNECT_KEY, "pk": pk, "enc": True}
+    assert wire["hello1"] == _pack({**hello, "pad": bytes(32)})
     cookie = _independent_cookie(CONNECT_KEY, pk, True, NOW_NS)
-    assert wire["cookie"] == _pack({"t": 6, "ck": CONNECT_KEY, "cookie": cookie})
-    assert wire["hello2"] == _pack({**hello, "cookie": cookie})
+    assert wire["cookie"] == _pack(
+        {"t": 6, "ck": CONNECT_KEY, "cookie": cookie, "spk": _pub(SERVER_STATIC)}
+    )
+    assert len(wire["cookie"]) < len(wire["hello1"])  # never more bytes back than sent
+    identity = _independent_identity(CONNECT_KEY, cookie)
+    assert wire["hello2"] == _pack({**hello, "cookie": cookie, "id": identity})
 
     want = _independent_schedule(wire["hello2"])
     for keys in (client.keys, session.keys):
@@ -189,37 +243,95 @@ def test_sealed_frames_match_the_independent_computation(handshake) -> None:
 
 
 def test_pinned_vectors(handshake) -> None:
-    wire, client, _ = handshake
+    wire, client, session = handshake
     got = _independent_schedule(wire["hello2"])
     got["cookie"] = _independent_cookie(CONNECT_KEY, _pub(CLIENT_EPHEMERAL), True, NOW_NS)
+    got["identity"] = _independent_identity(CONNECT_KEY, got["cookie"])
     assert {k: v.hex() for k, v in got.items()} == PINNED
-    assert {k: getattr(client.keys, k).hex() for k in PINNED if k != "cookie"} == {
-        k: v for k, v in PINNED.items() if k != "cookie"
+    hello2 = m.decode_message(wire["hello2"])
+    assert isinstance(hello2, m.Hello)
+    assert {"cookie": hello2.cookie.hex(), "identity": hello2.identity.hex()} == {
+        "cookie": PINNED["cookie"],
+        "identity": PINNED["identity"],
     }
+    for keys in (client.keys, session.keys):
+        assert {k: getattr(keys, k).hex() for k in PINNED if hasattr(keys, k)} == {
+            k: v for k, v in PINNED.items() if k not in ("cookie", "identity")
+        }
 
 
 def test_crypto_functions_directly_with_fixed_inputs() -> None:
-    hello = _pack({"t": 1, "v": 2, "ck": 7, "pk": _pub(CLIENT_EPHEMERAL), "enc": False})
+    cookie = bytes(range(16))
     spk, epk = _pub(SERVER_STATIC), _pub(SERVER_EPHEMERAL)
+    cepk, cspk = _pub(CLIENT_EPHEMERAL), _pub(CLIENT_STATIC)
+    identity = _independent_identity(7, cookie)
+    assert seal_identity(CLIENT_EPHEMERAL, cspk, spk, 7, cookie) == identity
+    assert open_identity(SERVER_STATIC, cepk, 7, cookie, identity) == cspk
+    hello = _pack(
+        {"t": 1, "v": VERSION, "ck": 7, "pk": cepk, "enc": False, "cookie": cookie, "id": identity}
+    )
     assert transcript_hash(hello, spk, epk) == hashlib.sha256(hello + spk + epk).digest()
     want = _independent_schedule(hello)
     for keys in (
-        client_keys(CLIENT_EPHEMERAL, hello, spk, epk),
-        server_keys(SERVER_STATIC, SERVER_EPHEMERAL, _pub(CLIENT_EPHEMERAL), hello),
+        client_keys(CLIENT_EPHEMERAL, CLIENT_STATIC, hello, spk, epk),
+        server_keys(SERVER_STATIC, SERVER_EPHEMERAL, cepk, cspk, hello),
     ):
         assert {name: getattr(keys, name) for name in want} == want
 
 
-@pytest.mark.parametrize("changed", ["v", "ck", "pk", "enc"])
+_BASE_HELLO = {
+    "t": 1,
+    "v": VERSION,
+    "ck": 7,
+    "pk": _pub(CLIENT_EPHEMERAL),
+    "enc": True,
+    "cookie": bytes(16),
+    "id": bytes(48),
+}
+_OTHER_VALUE = {
+    "v": 2,
+    "ck": 8,
+    "pk": _pub(SERVER_STATIC),
+    "enc": False,
+    "cookie": bytes([1]) + bytes(15),
+    "id": bytes([1]) + bytes(47),
+}
+
+
+@pytest.mark.parametrize("changed", sorted(_OTHER_VALUE))
 def test_every_hello_field_changes_the_transcript_and_every_key(changed: str) -> None:
-    """The transcript covers the whole HELLO: a different value of any field, other inputs the
-    same, gives different keys (so the server and a tampered-with client cannot agree)."""
-    base = {"t": 1, "v": 2, "ck": 7, "pk": _pub(CLIENT_EPHEMERAL), "enc": True}
-    other = dict(base)
-    other[changed] = {"v": 3, "ck": 8, "pk": _pub(SERVER_STATIC), "enc": False}[changed]
+    """The transcript covers the whole second HELLO, identity box and cookie included: a
+    different value of any field, other inputs the same, gives different keys (so the server
+    and a tampered-with client cannot agree)."""
+    other = {**_BASE_HELLO, changed: _OTHER_VALUE[changed]}
     spk, epk = _pub(SERVER_STATIC), _pub(SERVER_EPHEMERAL)
-    a = client_keys(CLIENT_EPHEMERAL, _pack(base), spk, epk)
-    b = client_keys(CLIENT_EPHEMERAL, _pack(other), spk, epk)
-    for name in ("transcript", "handshake_key", "c2s_key", "s2c_key"):
+    a = client_keys(CLIENT_EPHEMERAL, CLIENT_STATIC, _pack(_BASE_HELLO), spk, epk)
+    b = client_keys(CLIENT_EPHEMERAL, CLIENT_STATIC, _pack(other), spk, epk)
+    for name in ("transcript", "handshake_key", "c2s_key", "s2c_key", "c2s_salt", "s2c_salt"):
         assert getattr(a, name) != getattr(b, name), name
     assert m.decode_message(_pack(other))  # still a well-formed HELLO
+
+
+@pytest.mark.parametrize("which", ["ce", "cs", "ss", "se"])
+def test_every_key_pair_changes_every_key(which: str) -> None:
+    """All four X25519 results are in the schedule: another key in any one of the four roles,
+    the HELLO the same, gives other keys on both sides, and each side's keys then only match a
+    peer holding the same four keys."""
+    hello = _pack(_BASE_HELLO)
+    keys = {
+        "ce": CLIENT_EPHEMERAL,
+        "cs": CLIENT_STATIC,
+        "ss": SERVER_STATIC,
+        "se": SERVER_EPHEMERAL,
+    }
+    other = {**keys, which: X25519PrivateKey.from_private_bytes(bytes([77]) * 32)}
+
+    def both(k: dict[str, X25519PrivateKey]):
+        mine = client_keys(k["ce"], k["cs"], hello, _pub(k["ss"]), _pub(k["se"]))
+        theirs = server_keys(k["ss"], k["se"], _pub(k["ce"]), _pub(k["cs"]), hello)
+        assert mine == theirs
+        return mine
+
+    a, b = both(keys), both(other)
+    for name in ("handshake_key", "c2s_key", "s2c_key", "c2s_salt", "s2c_salt"):
+        assert getattr(a, name) != getattr(b, name), name
