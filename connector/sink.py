@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 from aeron_spark.connector.client import pooled
-from aeron_spark.connector.formats import payloads_from_batch
+from aeron_spark.connector.formats import payload_run_from_batch, payloads_from_batch
 from aeron_spark.connector.formats_arrow import encode_batches
 from aeron_spark.connector.formats_records import RECORD_FORMATS, encode_rows
 from aeron_spark.connector.formats_sbe import SbeOptions, encode_task
@@ -125,6 +125,12 @@ def _stage(
     # A pooled session: Python workers are reused across tasks and micro-batches, so the
     # handshake and the session's buffers are paid once per worker, not once per task.
     with pooled(options.settings) as client:
+        if options.sbe is None and options.format in ("binary", "text"):
+            # one payload run per Arrow batch: no Python object per row on the local path
+            runs = (payload_run_from_batch(batch) for batch in iterator)
+            receipt = client.stage(sink_id, batch_id, partition_id, attempt, options.stream_id,
+                                   runs, None, local=options.local_writes)
+            return StagedPart(receipt)
         first = next(iterator, None)
         with_rv = first is not None and "reserved_value" in first.schema.names and (
             options.format in ("binary", "text")

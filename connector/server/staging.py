@@ -32,7 +32,7 @@ import shutil
 import struct
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, Protocol
 
 import numpy as np
 from aeron_spark.connector.errors import (
@@ -46,6 +46,9 @@ from aeron_spark.connector.server.framing import Framer
 from aeron_spark.transport.archive.recordings import fsync_dir
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
 
+if TYPE_CHECKING:
+    from aeron_spark.connector.runs import PayloadRun
+
 log = logging.getLogger(__name__)
 
 _RECORD = struct.Struct("<Iq")
@@ -55,11 +58,17 @@ _LARGE_PAYLOAD = 4096  # from this average size on, staged payloads are written 
 
 
 def records(
-    payloads: Sequence[bytes], reserved_values: Sequence[int] | None
+    payloads: Sequence[bytes] | PayloadRun, reserved_values: Sequence[int] | None
 ) -> list[bytes | bytearray | memoryview]:
     """The staging file's records (length, reserved value, payload) of one stage call, as the
     pieces to write: runs of equal payloads built with numpy, large payloads (Arrow messages)
-    as they are beside their record headers (no gathering copy), small ones gathered."""
+    as they are beside their record headers (no gathering copy), small ones gathered. A
+    :class:`PayloadRun` (its own reserved values) is laid out from its buffers with numpy."""
+    if not isinstance(payloads, list):  # the server never imports pyarrow for a list
+        from aeron_spark.connector.runs import PayloadRun
+
+        if isinstance(payloads, PayloadRun):
+            return [_run_records(payloads)]
     lengths = list(map(len, payloads))
     if len(lengths) >= _MIN_UNIFORM_RUN and min(lengths) == max(lengths):  # built with numpy
         count, length = len(lengths), lengths[0]
@@ -82,6 +91,34 @@ def records(
         buf += pack(len(payload), rv)
         buf += payload
     return [buf]
+
+
+def _run_records(run: PayloadRun) -> memoryview:
+    """The records of a payload run, built from its Arrow buffers without a Python object per
+    payload (the same bytes as ``records(run.payloads(), run.reserved_list())``)."""
+    count = len(run)
+    offsets = run.offsets()
+    data = run.data()
+    lengths = np.diff(offsets)
+    rvs = np.zeros(count, dtype="<i8") if run.reserved is None else run.reserved.astype("<i8")
+    if count and int(lengths.min()) == int(lengths.max()):  # equal lengths: one 2-D copy
+        length = int(lengths[0])
+        rows = np.empty((count, _RECORD.size + length), dtype=np.uint8)
+        rows[:, :4] = np.frombuffer(struct.pack("<I", length), dtype=np.uint8)
+        rows[:, 4:12] = rvs.view(np.uint8).reshape(count, 8)
+        rows[:, 12:] = data.reshape(count, length)
+        return rows.reshape(-1).data
+    header = np.empty((count, _RECORD.size), dtype=np.uint8)
+    header[:, :4] = lengths.astype("<u4").view(np.uint8).reshape(count, 4)
+    header[:, 4:12] = rvs.view(np.uint8).reshape(count, 8)
+    out = np.empty(len(data) + count * _RECORD.size, dtype=np.uint8)
+    starts = offsets[:-1] + _RECORD.size * np.arange(count, dtype=np.int64)
+    at = (starts[:, None] + np.arange(_RECORD.size, dtype=np.int64)).reshape(-1)
+    is_payload = np.ones(len(out), dtype=bool)
+    is_payload[at] = False
+    out[at] = header.reshape(-1)
+    out[is_payload] = data
+    return out.data
 
 
 def _uniform_records(buf: bytes, offset: int, length: int) -> int:
