@@ -38,6 +38,8 @@ CASES = {
                                     pa.binary(), [1, None, 3, 2**62, -1, 0]),
     "text, multibyte, null": (["é", "", None, "日本語" * 10, "x"], pa.string(), None),
     "one payload": ([b"only"], pa.binary(), [7]),
+    "large binary": ([b"a" * 10, None, b"bb"], pa.large_binary(), [1, 2, 3]),
+    "large string": (["é", None, "xyz"], pa.large_string(), None),
     "none": ([], pa.binary(), []),
 }
 
@@ -46,7 +48,7 @@ CASES = {
 def test_a_run_lays_out_the_same_records_as_the_payload_list(case: str) -> None:
     values, value_type, reserved = CASES[case]
     batch = _batch(values, value_type, reserved)
-    fmt = "text" if value_type == pa.string() else "binary"
+    fmt = "text" if value_type in (pa.string(), pa.large_string()) else "binary"
     payloads, rvs = payloads_from_batch(batch, fmt)
     run = payload_run_from_batch(batch)
     assert run.payloads() == payloads
@@ -60,7 +62,7 @@ def test_a_sliced_run_lays_out_its_own_records(case: str) -> None:
     """A slice (an Arrow array with a non-zero offset) reads its own offsets and bytes."""
     values, value_type, reserved = CASES[case]
     batch = _batch(values, value_type, reserved)
-    fmt = "text" if value_type == pa.string() else "binary"
+    fmt = "text" if value_type in (pa.string(), pa.large_string()) else "binary"
     payloads, rvs = payloads_from_batch(batch, fmt)
     run = payload_run_from_batch(batch)
     for start in range(len(payloads)):
