@@ -33,6 +33,7 @@ from aeron_spark.connector.errors import (
     ServerUnavailableError,
     error_from_wire,
 )
+from aeron_spark.connector.runs import PayloadRun
 from aeron_spark.connector.session import chunking
 from aeron_spark.connector.session import protocol as proto
 from aeron_spark.connector.session.link import Link, open_client_link
@@ -353,7 +354,7 @@ class StreamClient:
         self,
         op: str,
         base: dict[str, Any],
-        payloads: Iterable[bytes],
+        payloads: Iterable[bytes] | Iterable[PayloadRun],
         reserved_values: Iterable[int] | None,
         final_flag: bool,
     ) -> Any:
@@ -362,11 +363,14 @@ class StreamClient:
         # stay under one transport message (no chunking) unless a single payload is larger;
         # 16 bytes a payload for its msgpack bin header and list slot, generously
         batches = batched(payloads, reserved_values, self.settings.max_request_bytes, 16)
-        current: tuple[list[bytes], list[int] | None] | None = next(batches)
+        current: tuple[list[bytes] | PayloadRun, list[int] | None] | None = next(batches)
         try:
             while current is not None:
                 following = next(batches, None)
                 batch, rvs = current
+                if isinstance(batch, PayloadRun):  # a request carries bytes
+                    run = batch
+                    batch, rvs = run.payloads(), run.reserved_list()
                 args = dict(base, payloads=batch)
                 if rvs is not None:
                     args["reserved_values"] = rvs
@@ -419,7 +423,7 @@ class StreamClient:
         partition_id: int,
         attempt: int,
         stream_id: int,
-        payloads: Iterable[bytes],
+        payloads: Iterable[bytes] | Iterable[PayloadRun],
         reserved_values: Iterable[int] | None = None,
         *,
         local: bool = True,
@@ -487,24 +491,41 @@ class StreamClient:
 
 
 def batched(
-    payloads: Iterable[bytes],
+    payloads: Iterable[bytes | PayloadRun],
     reserved_values: Iterable[int] | None,
     limit: int,
     overhead: int = 0,
-) -> Iterator[tuple[list[bytes], list[int] | None]]:
+) -> Iterator[tuple[list[bytes] | PayloadRun, list[int] | None]]:
     """Payloads (as bytes) with their reserved values (one taken after each payload), in
     batches of at most ``limit`` bytes counting ``overhead`` per payload (a larger payload alone);
-    always at least one batch, the last possibly empty."""
+    always at least one batch (an empty one when there is no payload).
+
+    A :class:`~aeron_spark.connector.runs.PayloadRun` among the payloads is cut into pieces
+    within the limit (slices: no copy, no Python object per payload) yielded as batches of their
+    own, each with ``None`` (a run carries its reserved values)."""
     batch: list[bytes] = []
     rvs: list[int] | None = None if reserved_values is None else []
     size = 0
     rv_iter = None if reserved_values is None else iter(reserved_values)
+    yielded = False
     for payload in payloads:
+        if isinstance(payload, PayloadRun):  # its own reserved values; cut, never copied
+            if rv_iter is not None:
+                raise ConfigurationError("reserved_values", "given beside a payload run",
+                                         "the run's own reserved values")
+            if batch:
+                yield batch, rvs
+                batch, size = [], 0
+            for piece in payload.split(limit, overhead):
+                yield piece, None
+                yielded = True
+            continue
         if not isinstance(payload, bytes):
             payload = bytes(payload)
         cost = len(payload) + overhead
         if batch and size + cost > limit:
             yield batch, rvs
+            yielded = True
             batch, size = [], 0
             rvs = None if reserved_values is None else []
         batch.append(payload)
@@ -516,7 +537,8 @@ def batched(
                 raise ConfigurationError(
                     "reserved_values", "shorter than payloads", "one reserved value per payload"
                 ) from None
-    yield batch, rvs
+    if batch or not yielded:
+        yield batch, rvs
 
 
 _POOL_IDLE_S = 20.0  # well inside the server's session lease (60 s by default)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 from aeron_spark.connector.errors import ControlProtocolError
+from aeron_spark.connector.runs import PayloadRun
 from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.transport.protocol.logbuffer import wrap_int32
 
@@ -190,12 +191,25 @@ _HEADER_DTYPE = np.dtype([
 ])
 
 
-def _uniform_block_batch(
-    block: ReplayBlock, recording_id: int, geometry: Geometry, text: bool, schema: pa.Schema
-) -> pa.RecordBatch | None:
-    """Fast path for a block of equal-length unfragmented DATA frames (fixed-size records):
-    every column is computed with numpy, no Python object per message. Returns None when the
-    block is not of that shape (the general path then handles it)."""
+@dataclass(frozen=True, slots=True)
+class _UniformBlock:
+    """A replay block of equal-length unfragmented DATA frames, as views of its bytes."""
+
+    header: np.ndarray  # _HEADER_DTYPE, one per frame
+    values: np.ndarray  # (frames, payload length) uint8, strided over the block
+    timestamp_us: int
+
+    @property
+    def payload_length(self) -> int:
+        return int(self.values.shape[1])
+
+    def __len__(self) -> int:
+        return len(self.header)
+
+
+def _uniform_block(block: ReplayBlock) -> _UniformBlock | None:
+    """The block as a :class:`_UniformBlock` when it holds equal-length unfragmented DATA frames
+    only (fixed-size records), else None (the general path then handles it)."""
     data = np.frombuffer(block.data, dtype=np.uint8)
     if len(data) < 32:
         return None
@@ -211,13 +225,30 @@ def _uniform_block_batch(
         and (header["type"] == 1).all()
     ):
         return None
-    n = len(rows)
-    payload_length = length - 32
-    values = np.ascontiguousarray(rows[:, 32:length]).ravel()
+    return _UniformBlock(header, rows[:, 32:length], block.timestamp_ns // 1000)
+
+
+def _uniform_batch(
+    parts: list[_UniformBlock], recording_id: int, geometry: Geometry, text: bool,
+    schema: pa.Schema,
+) -> pa.RecordBatch:
+    """One record batch of consecutive uniform blocks of one payload length: every column is
+    computed with numpy, no Python object per message, the payloads copied once."""
+    header = parts[0].header if len(parts) == 1 else np.concatenate([p.header for p in parts])
+    n = len(header)
+    payload_length = parts[0].payload_length
+    if len(parts) == 1:
+        values = np.ascontiguousarray(parts[0].values).reshape(-1)
+    else:
+        values = np.concatenate([p.values for p in parts]).reshape(-1)
+    if n * payload_length >= 2**31:
+        raise ControlProtocolError("a batch of messages exceeds 2 GiB; lower rows_per_batch")
     offsets = np.arange(0, (n + 1) * payload_length, payload_length, dtype=np.int32)
     term_delta = header["term_id"].astype(np.int64) - geometry.initial_term_id
     term_delta = ((term_delta + 2**31) % 2**32) - 2**31
     positions = (term_delta << geometry.shift) + header["term_offset"]
+    timestamps = np.repeat(np.array([p.timestamp_us for p in parts], dtype=np.int64),
+                           [len(p) for p in parts])
     value_type = pa.string() if text else pa.binary()
     value_array = pa.Array.from_buffers(
         value_type, n, [None, pa.py_buffer(offsets), pa.py_buffer(values)]
@@ -231,13 +262,22 @@ def _uniform_block_batch(
             pa.array(header["session_id"], pa.int32()),
             pa.array(np.full(n, recording_id, dtype=np.int64), pa.int64()),
             pa.array(positions, pa.int64()),
-            pa.array(np.full(n, block.timestamp_ns // 1000, dtype=np.int64), pa.int64()).cast(
-                pa.timestamp("us", tz="UTC")
-            ),
+            pa.array(timestamps, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
             pa.array(header["reserved_value"], pa.int64()),
         ],
         schema=schema,
     )
+
+
+def _uniform_block_batch(
+    block: ReplayBlock, recording_id: int, geometry: Geometry, text: bool, schema: pa.Schema
+) -> pa.RecordBatch | None:
+    """The record batch of one block of equal-length unfragmented DATA frames (see
+    :func:`_uniform_batch`), or None when the block is not of that shape."""
+    uniform = _uniform_block(block)
+    if uniform is None:
+        return None
+    return _uniform_batch([uniform], recording_id, geometry, text, schema)
 
 
 def batches_from_blocks(
@@ -249,22 +289,36 @@ def batches_from_blocks(
 ) -> Iterator[pa.RecordBatch]:
     """Arrow batches of the messages of consecutive replay blocks, in order.
 
-    Blocks of fixed-size unfragmented messages take a vectorised path; anything else (fragments,
-    mixed sizes) goes message by message. A fragmented message may span blocks.
+    Blocks of fixed-size unfragmented messages take a vectorised path: consecutive such blocks
+    of one message size are gathered into batches of about ``rows_per_batch`` rows (a replay
+    block holds a few thousand; larger batches cost Spark less per row). Anything else
+    (fragments, mixed sizes) goes message by message. A fragmented message may span blocks.
     """
     builder = BatchBuilder(recording_id, text, rows_per_batch)
+    gathered: list[_UniformBlock] = []
+    gathered_rows = 0
     partial: bytearray | None = None
     partial_position = 0
     unpack = _HEADER.unpack_from
     for block in blocks:
         if partial is None:
-            fast = _uniform_block_batch(block, recording_id, geometry, text, builder.schema)
-            if fast is not None:
+            uniform = _uniform_block(block)
+            if uniform is not None:
                 pending = builder.flush()
                 if pending is not None:
                     yield pending
-                yield fast
+                if gathered and (
+                    uniform.payload_length != gathered[0].payload_length
+                    or gathered_rows + len(uniform) > rows_per_batch
+                ):
+                    yield _uniform_batch(gathered, recording_id, geometry, text, builder.schema)
+                    gathered, gathered_rows = [], 0
+                gathered.append(uniform)
+                gathered_rows += len(uniform)
                 continue
+        if gathered:
+            yield _uniform_batch(gathered, recording_id, geometry, text, builder.schema)
+            gathered, gathered_rows = [], 0
         messages = _block_messages(
             memoryview(block.data), block.timestamp_ns, partial, partial_position,
             geometry.initial_term_id, geometry.shift, unpack,
@@ -280,11 +334,24 @@ def batches_from_blocks(
                 batch = builder.flush()
                 if batch is not None:
                     yield batch
+    if gathered:
+        yield _uniform_batch(gathered, recording_id, geometry, text, builder.schema)
     if partial is not None:
         raise ControlProtocolError("the replayed range ends inside a fragmented message")
     batch = builder.flush()
     if batch is not None:
         yield batch
+
+
+def payload_run_from_batch(batch: pa.RecordBatch) -> PayloadRun:
+    """The payloads (and reserved values, when a ``reserved_value`` column is given) of a
+    ``binary`` or ``text`` sink batch as one :class:`PayloadRun`: the same payloads as
+    :func:`payloads_from_batch` without a Python object per row."""
+    names = batch.schema.names
+    if "value" not in names:
+        raise ControlProtocolError("the sink needs a `value` column")
+    reserved = batch.column(names.index("reserved_value")) if "reserved_value" in names else None
+    return PayloadRun.from_columns(batch.column(names.index("value")), reserved)
 
 
 def payloads_from_batch(batch: pa.RecordBatch, fmt: str) -> tuple[list[bytes], list[int] | None]:

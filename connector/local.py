@@ -38,6 +38,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from aeron_spark.connector.errors import ServerError, from_archive
+from aeron_spark.connector.runs import PayloadRun
 from aeron_spark.connector.session.records import records
 from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.transport.archive import ArchiveError, Recording
@@ -80,7 +81,7 @@ def open_part(where: dict[str, Any] | None) -> int | None:
 
 
 def write_part(
-    fd: int, batches: Iterable[tuple[list[bytes], list[int] | None]]
+    fd: int, batches: Iterable[tuple[list[bytes] | PayloadRun, list[int] | None]]
 ) -> tuple[int, int]:
     """Write batches of payloads and their reserved values (``client.batched``) as staging
     records to ``fd``; fsync and close it. Returns (count, payload bytes)."""
@@ -90,7 +91,8 @@ def write_part(
             for payloads, reserved_values in batches:
                 fh.writelines(records(payloads, reserved_values))
                 count += len(payloads)
-                nbytes += sum(map(len, payloads))
+                nbytes += payloads.nbytes if isinstance(payloads, PayloadRun) else sum(
+                    map(len, payloads))
             fh.flush()
             os.fsync(fd)
     finally:

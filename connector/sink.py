@@ -13,16 +13,14 @@ an id drawn once on the driver for that write job.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import secrets
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 from aeron_spark.connector.client import pooled
-from aeron_spark.connector.formats import payloads_from_batch
+from aeron_spark.connector.formats import payload_run_from_batch, payloads_from_batch
 from aeron_spark.connector.formats_arrow import encode_batches
 from aeron_spark.connector.formats_records import RECORD_FORMATS, encode_rows
 from aeron_spark.connector.formats_sbe import SbeOptions, encode_task
@@ -125,30 +123,24 @@ def _stage(
     # A pooled session: Python workers are reused across tasks and micro-batches, so the
     # handshake and the session's buffers are paid once per worker, not once per task.
     with pooled(options.settings) as client:
-        first = next(iterator, None)
-        with_rv = first is not None and "reserved_value" in first.schema.names and (
-            options.format in ("binary", "text")
-        )
-        rv_queue: deque[int] = deque()
+        if options.sbe is None and options.format in ("binary", "text"):
+            # one payload run per Arrow batch (its reserved values with it): no Python object
+            # per row on the local path
+            runs = (payload_run_from_batch(batch) for batch in iterator)
+            receipt = client.stage(sink_id, batch_id, partition_id, attempt, options.stream_id,
+                                   runs, None, local=options.local_writes)
+            return StagedPart(receipt)
 
-        def payloads() -> Iterator[bytes]:
+        def payloads() -> Iterator[bytes]:  # sbe, arrow and the record formats: no reserved
             if options.sbe is not None:  # every row checked before anything is staged
-                yield from encode_task(
-                    itertools.chain([] if first is None else [first], iterator), options.sbe)
+                yield from encode_task(iterator, options.sbe)
                 return
-            for batch in itertools.chain([] if first is None else [first], iterator):
-                values, rvs = sink_payloads(batch, options.format, options.compression)
-                if with_rv and rvs is not None:
-                    rv_queue.extend(rvs)
-                yield from values
-
-        def reserved() -> Iterator[int]:  # the client takes one after each payload
-            while True:
-                yield rv_queue.popleft()
+            for batch in iterator:
+                yield from sink_payloads(batch, options.format, options.compression)[0]
 
         receipt = client.stage(
-            sink_id, batch_id, partition_id, attempt, options.stream_id, payloads(),
-            reserved() if with_rv else None, local=options.local_writes,
+            sink_id, batch_id, partition_id, attempt, options.stream_id, payloads(), None,
+            local=options.local_writes,
         )
     return StagedPart(receipt)
 

@@ -31,7 +31,7 @@ import os
 import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, Protocol
 
 import numpy as np
 from aeron_spark.connector.errors import (
@@ -45,6 +45,9 @@ from aeron_spark.connector.server.framing import Framer
 from aeron_spark.connector.session.records import RECORD, block_records, complete_record, records
 from aeron_spark.transport.archive.recordings import fsync_dir
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
+
+if TYPE_CHECKING:
+    pass
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,13 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Generator, Sequence
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 from aeron_spark.connector.errors import StagedDataMissingError
+
+if TYPE_CHECKING:
+    from aeron_spark.connector.runs import PayloadRun
 
 RECORD = struct.Struct("<Iq")
 _MIN_UNIFORM_RUN = 64
@@ -22,11 +25,16 @@ _LARGE_PAYLOAD = 4096  # from this average size on, staged payloads are written 
 
 
 def records(
-    payloads: Sequence[bytes], reserved_values: Sequence[int] | None
+    payloads: Sequence[bytes] | PayloadRun, reserved_values: Sequence[int] | None
 ) -> list[bytes | bytearray | memoryview]:
     """The staging file's records (length, reserved value, payload) of one stage call, as the
     pieces to write: runs of equal payloads built with numpy, large payloads (Arrow messages)
-    as they are beside their record headers (no gathering copy), small ones gathered."""
+    as they are beside their record headers (no gathering copy), small ones gathered. A
+    :class:`~aeron_spark.connector.runs.PayloadRun` (its own reserved values) is laid out from
+    its buffers with numpy; it is recognised by its shape, so the server, which stages lists,
+    never imports pyarrow."""
+    if not isinstance(payloads, list) and hasattr(payloads, "offsets"):
+        return [_run_records(payloads)]  # type: ignore[arg-type]
     lengths = list(map(len, payloads))
     if len(lengths) >= _MIN_UNIFORM_RUN and min(lengths) == max(lengths):  # built with numpy
         count, length = len(lengths), lengths[0]
@@ -49,6 +57,34 @@ def records(
         buf += pack(len(payload), rv)
         buf += payload
     return [buf]
+
+
+def _run_records(run: PayloadRun) -> memoryview:
+    """The records of a payload run, built from its Arrow buffers without a Python object per
+    payload (the same bytes as ``records(run.payloads(), run.reserved_list())``)."""
+    count = len(run)
+    offsets = run.offsets()
+    data = run.data()
+    lengths = np.diff(offsets)
+    rvs = np.zeros(count, dtype="<i8") if run.reserved is None else run.reserved.astype("<i8")
+    if count and int(lengths.min()) == int(lengths.max()):  # equal lengths: one 2-D copy
+        length = int(lengths[0])
+        rows = np.empty((count, RECORD.size + length), dtype=np.uint8)
+        rows[:, :4] = np.frombuffer(struct.pack("<I", length), dtype=np.uint8)
+        rows[:, 4:12] = rvs.view(np.uint8).reshape(count, 8)
+        rows[:, 12:] = data.reshape(count, length)
+        return rows.reshape(-1).data
+    header = np.empty((count, RECORD.size), dtype=np.uint8)
+    header[:, :4] = lengths.astype("<u4").view(np.uint8).reshape(count, 4)
+    header[:, 4:12] = rvs.view(np.uint8).reshape(count, 8)
+    out = np.empty(len(data) + count * RECORD.size, dtype=np.uint8)
+    starts = offsets[:-1] + RECORD.size * np.arange(count, dtype=np.int64)
+    at = (starts[:, None] + np.arange(RECORD.size, dtype=np.int64)).reshape(-1)
+    is_payload = np.ones(len(out), dtype=bool)
+    is_payload[at] = False
+    out[at] = header.reshape(-1)
+    out[is_payload] = data
+    return out.data
 
 
 def _uniform_records(buf: bytes, offset: int, length: int) -> int:

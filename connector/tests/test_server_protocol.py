@@ -8,15 +8,13 @@ import pickle
 import msgpack
 import pytest
 from aeron_spark.connector import errors as E
-from aeron_spark.connector import protocol as proto
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.core import ServerCore
 from aeron_spark.connector.server.staging import SinkCommitter
 from aeron_spark.connector.server.store import ArchiveStore
-from hypothesis import HealthCheck, given, settings
 from aeron_spark.connector.session import chunking
 from aeron_spark.connector.session import protocol as proto
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 
