@@ -50,8 +50,9 @@ def _record(client, driver, rows: int, recordings: int) -> list[tuple[int, int]]
         pub = driver.add_publication(channel, STREAM)
         if not pub.wait_until_connected(30):
             raise RuntimeError("the archive's recording subscription did not connect")
-        rid = client.wait_for_signal(lambda e, s=sub_id: e.subscription_id == s
-                                     and e.signal == RecordingSignal.START).recording_id
+        rid = client.wait_for_signal(
+            lambda e, s=sub_id: e.subscription_id == s and e.signal == RecordingSignal.START
+        ).recording_id
         for _ in range(rows // recordings):
             pub.offer_blocking(payload, timeout_s=30)
         deadline = time.monotonic() + 120
@@ -67,8 +68,9 @@ def _record(client, driver, rows: int, recordings: int) -> list[tuple[int, int]]
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--rows", type=int, default=200_000)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--no-spark", action="store_true", help="replay figures only")
@@ -82,14 +84,20 @@ def main() -> int:
     if reason is not None:
         print(json.dumps({"error": f"the real Aeron (Java) is not available: {reason}"}))
         return 1
-    result: dict[str, object] = {"rows": args.rows, "message_length": MESSAGE_LENGTH,
-                                 "load_average_1m": os.getloadavg()[0]}
+    result: dict[str, object] = {
+        "rows": args.rows,
+        "message_length": MESSAGE_LENGTH,
+        "load_average_1m": os.getloadavg()[0],
+    }
     with tempfile.TemporaryDirectory() as tmp:
-        driver = Driver(DriverConfig(directory=Path(tmp) / "driver",
-                                     write_counters_file=False)).start()
+        driver = Driver(
+            DriverConfig(directory=Path(tmp) / "driver", write_counters_file=False)
+        ).start()
         try:
-            with aeron_peer.JavaArchive(Path(tmp) / "archive", free_udp_port(), 1) as archive, \
-                    ArchiveClient.connect(archive.control_channel, driver, timeout_s=30) as client:
+            with (
+                aeron_peer.JavaArchive(Path(tmp) / "archive", free_udp_port(), 1) as archive,
+                ArchiveClient.connect(archive.control_channel, driver, timeout_s=30) as client,
+            ):
                 recordings = _record(client, driver, args.rows, 2)
                 rid, end = recordings[0]
                 best = float("inf")
@@ -116,9 +124,13 @@ def _spark(control_channel: str, rows: int, repeats: int, tmp: str) -> dict[str,
 
     from benchmarks._timing import interleaved_best
 
-    spark = (SparkSession.builder.master("local[2]").appName("bench-archive")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-             .getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("bench-archive")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     ensure_registered(spark)
     out: dict[str, object] = {"master": "local[2]"}
@@ -129,15 +141,34 @@ def _spark(control_channel: str, rows: int, repeats: int, tmp: str) -> dict[str,
                 c.publish(STREAM, (payload for _ in range(rows // 2)))
 
         def archive_source() -> None:
-            (spark.read.format("aeron").option("archive", control_channel)
-             .option("streamId", STREAM).load().write.format("noop").mode("overwrite").save())
+            (
+                spark.read.format("aeron")
+                .option("archive", control_channel)
+                .option("streamId", STREAM)
+                .load()
+                .write.format("noop")
+                .mode("overwrite")
+                .save()
+            )
 
         def server_source() -> None:
-            (spark.read.format("aeron").option("endpoint", server.endpoint)
-             .option("streamId", STREAM).load().write.format("noop").mode("overwrite").save())
+            (
+                spark.read.format("aeron")
+                .option("endpoint", server.endpoint)
+                .option("streamId", STREAM)
+                .load()
+                .write.format("noop")
+                .mode("overwrite")
+                .save()
+            )
 
-        counted = spark.read.format("aeron").option("archive", control_channel) \
-            .option("streamId", STREAM).load().count()
+        counted = (
+            spark.read.format("aeron")
+            .option("archive", control_channel)
+            .option("streamId", STREAM)
+            .load()
+            .count()
+        )
         if counted != rows // 2 * 2:
             raise RuntimeError(f"the archive source read {counted} rows, not {rows}")
         best = interleaved_best({"archive": archive_source, "server": server_source}, repeats)

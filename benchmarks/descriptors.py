@@ -27,9 +27,10 @@ from aeron_spark.transport.archive.testing import open_fds
 
 def run(producers: int, threads: int, messages: int, soft: int, hard: int) -> dict[str, object]:
     result: dict[str, object] = {"producers": producers, "threads": threads}
-    with tempfile.TemporaryDirectory() as tmp, server_process(
-        f"{tmp}/srv", nofile=(soft, hard)
-    ) as (proc, endpoint):
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        server_process(f"{tmp}/srv", nofile=(soft, hard)) as (proc, endpoint),
+    ):
         with client_for(endpoint) as client:
             limits = client.stats()["limits"]
         result["soft_limit_at_start"] = soft
@@ -68,8 +69,9 @@ def run(producers: int, threads: int, messages: int, soft: int, hard: int) -> di
         peak_replay = 0
         with client_for(endpoint) as client:
             for rec in client.list_recordings([10]):
-                for _block in client.replay(rec.recording_id, rec.start_position,
-                                            rec.recorded_position):
+                for _block in client.replay(
+                    rec.recording_id, rec.start_position, rec.recorded_position
+                ):
                     pass
                 peak_replay = max(peak_replay, open_fds(proc.pid))
             result["open_files_capacity"] = client.stats()["store"]["open_files_capacity"]

@@ -74,8 +74,13 @@ def serve(key_dir: str, keys_file: str) -> None:
     auth = Server(
         ServerConfig(key_store_dir=key_dir, max_per_address=1024), authorize=authz.knows
     ).start()
-    _say(sealed=sealed.endpoint, plain=plain.endpoint, defaults=defaults.endpoint,
-         auth=auth.endpoint, authorized_keys=len(authz.table))
+    _say(
+        sealed=sealed.endpoint,
+        plain=plain.endpoint,
+        defaults=defaults.endpoint,
+        auth=auth.endpoint,
+        authorized_keys=len(authz.table),
+    )
     sys.stdin.readline()  # until the parent closes our stdin
     for server in (sealed, plain, defaults, auth):
         server.close()
@@ -120,10 +125,15 @@ def _cpu_per_handshake(authorize: bool, count: int = 500) -> float:
 
     identity = X25519PrivateKey.generate()
     listed = {public_bytes(identity)}
-    config = ServerConfig(max_pending=count + 1, max_clients=count + 1,
-                          max_per_address=count + 1, hellos_per_prefix_per_s=1e9)
-    core = ServerCore(config, X25519PrivateKey.generate(),
-                      authorize=listed.__contains__ if authorize else None)
+    config = ServerConfig(
+        max_pending=count + 1,
+        max_clients=count + 1,
+        max_per_address=count + 1,
+        hellos_per_prefix_per_s=1e9,
+    )
+    core = ServerCore(
+        config, X25519PrivateKey.generate(), authorize=listed.__contains__ if authorize else None
+    )
     t0 = time.process_time()
     for _ in range(count):
         client = ClientHandshake(lambda key: None, static_key=identity)
@@ -162,8 +172,9 @@ def main() -> None:
     parser.add_argument("--messages-mb", type=float, default=200.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--auth-keys", type=int, default=1000)
-    parser.add_argument("--serve", nargs=2, metavar=("KEY_DIR", "KEYS_FILE"),
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--serve", nargs=2, metavar=("KEY_DIR", "KEYS_FILE"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.serve:
         serve(*args.serve)
@@ -177,8 +188,14 @@ def main() -> None:
                 fh.write(f"{os.urandom(32).hex()} other{i} read=*\n")
             fh.write(f"{mine.hex()} bench read=* write=*\n")
         child = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.handshake", "--serve", os.path.join(tmp, "srv"),
-             keys_file],
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.handshake",
+                "--serve",
+                os.path.join(tmp, "srv"),
+                keys_file,
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -117,8 +117,16 @@ def main(argv: list[str] | None = None) -> int:
                 before = _counters(endpoint)
                 sessions = "8" if mode == "crafted" else "100000"
                 peer = subprocess.Popen(
-                    [sys.executable, str(PEER), host, port, str(HANDSHAKE_STREAM_ID), "3600",
-                     sessions, mode],
+                    [
+                        sys.executable,
+                        str(PEER),
+                        host,
+                        port,
+                        str(HANDSHAKE_STREAM_ID),
+                        "3600",
+                        sessions,
+                        mode,
+                    ],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     text=True,
@@ -138,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                 rates[mode].append(done.get("sent", 0) / elapsed)
                 after = _counters(endpoint)
                 for name in ("setups_rejected", "images_refused", "datagrams_received"):
-                    rose[mode][name] = rose[mode].get(name, 0) + after.get(name, 0) - before.get(
-                        name, 0
+                    rose[mode][name] = (
+                        rose[mode].get(name, 0) + after.get(name, 0) - before.get(name, 0)
                     )
     result: dict[str, Any] = {
         "benchmark": "hostile",

@@ -43,7 +43,6 @@ def child(directory: str, frame_bytes: int) -> None:
             if buffer[offset + 6] != 0:  # a block of DATA frames (a PAD comes alone: not counted)
                 total[0] += length
 
-
         idle_since = time.monotonic()
         while True:
             n = 0
@@ -60,8 +59,18 @@ def child(directory: str, frame_bytes: int) -> None:
                 break
             sub.wait(0.001)
         end = max((i.position for i in sub.images), default=0)
-        print(json.dumps({"bytes": total[0], "frames": total[0] // frame_bytes,
-                          "first": first, "last": last, "end_position": end}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "bytes": total[0],
+                    "frames": total[0] // frame_bytes,
+                    "first": first,
+                    "last": last,
+                    "end_position": end,
+                }
+            ),
+            flush=True,
+        )
         # frames = whole messages: every message has the same framed length here
 
 
@@ -71,7 +80,9 @@ def run(directory: str, size: int, term: str, mtu: int, seconds: float) -> dict[
     frame_bytes = frames * mtu + ((last + 32 + 31) & ~31)  # a message's framed length
     proc = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.ipc", "--child", directory, str(frame_bytes)],
-        stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
     )
     assert proc.stdout is not None
     proc.stdout.readline()

@@ -90,9 +90,18 @@ def broker_classpath(cache_dir: Path) -> str:
         return out.read_text().strip()
     cache_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(
-        [_mvn(), "-q", "-B", "-f", str(POM), "dependency:build-classpath",
-         f"-Dmdep.outputFile={out}"],
-        capture_output=True, text=True, timeout=900,
+        [
+            _mvn(),
+            "-q",
+            "-B",
+            "-f",
+            str(POM),
+            "dependency:build-classpath",
+            f"-Dmdep.outputFile={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     if proc.returncode != 0 or not out.exists():
         raise BenchmarkError(f"mvn could not resolve the Kafka broker:\n{proc.stdout[-3000:]}")
@@ -101,13 +110,22 @@ def broker_classpath(cache_dir: Path) -> str:
 
 def _served(artifact: str) -> bool:
     group, name, version = artifact.split(":")
-    jar = (Path.home() / ".m2" / "repository" / group.replace(".", "/") / name / version
-           / f"{name}-{version}.jar")
+    jar = (
+        Path.home()
+        / ".m2"
+        / "repository"
+        / group.replace(".", "/")
+        / name
+        / version
+        / f"{name}-{version}.jar"
+    )
     if jar.exists():
         return True
     proc = subprocess.run(
         [_mvn(), "-q", "-B", "dependency:get", f"-Dartifact={artifact}", "-Dtransitive=false"],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     return proc.returncode == 0
 
@@ -153,25 +171,29 @@ def kafka_broker(classpath: str, partitions: int, heap: str = "1g") -> Iterator[
     tmp = tempfile.mkdtemp(prefix="bench-kafka-")
     port, controller = _free_tcp_port(), _free_tcp_port()
     props = Path(tmp) / "server.properties"
-    props.write_text("\n".join([
-        "process.roles=broker,controller",
-        "node.id=1",
-        f"controller.quorum.voters=1@127.0.0.1:{controller}",
-        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
-        f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
-        "controller.listener.names=CONTROLLER",
-        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-        "inter.broker.listener.name=PLAINTEXT",
-        f"log.dirs={tmp}/logs",
-        f"num.partitions={partitions}",
-        "auto.create.topics.enable=true",
-        "offsets.topic.replication.factor=1",
-        "transaction.state.log.replication.factor=1",
-        "transaction.state.log.min.isr=1",
-        "share.coordinator.state.topic.replication.factor=1",
-        "group.initial.rebalance.delay.ms=0",
-        "",
-    ]))
+    props.write_text(
+        "\n".join(
+            [
+                "process.roles=broker,controller",
+                "node.id=1",
+                f"controller.quorum.voters=1@127.0.0.1:{controller}",
+                f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
+                f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+                "controller.listener.names=CONTROLLER",
+                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                "inter.broker.listener.name=PLAINTEXT",
+                f"log.dirs={tmp}/logs",
+                f"num.partitions={partitions}",
+                "auto.create.topics.enable=true",
+                "offsets.topic.replication.factor=1",
+                "transaction.state.log.replication.factor=1",
+                "transaction.state.log.min.isr=1",
+                "share.coordinator.state.topic.replication.factor=1",
+                "group.initial.rebalance.delay.ms=0",
+                "",
+            ]
+        )
+    )
     cluster_id = "-"
     while cluster_id.startswith("-"):  # the tool's parser would take it for an option
         cluster_id = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
@@ -180,22 +202,47 @@ def kafka_broker(classpath: str, partitions: int, heap: str = "1g") -> Iterator[
     proc: subprocess.Popen[Any] | None = None
     try:
         fmt = subprocess.run(
-            [java, "-Xmx256m", "-cp", classpath, "kafka.tools.StorageTool", "format",
-             "-t", cluster_id, "-c", str(props)],
-            capture_output=True, text=True, timeout=180,
+            [
+                java,
+                "-Xmx256m",
+                "-cp",
+                classpath,
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                cluster_id,
+                "-c",
+                str(props),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
         )
         if fmt.returncode != 0:
             raise BenchmarkError(f"kafka storage format failed:\n{fmt.stdout}\n{fmt.stderr}")
         proc = subprocess.Popen(
-            [java, f"-Xmx{heap}", f"-Xms{heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-             "-cp", classpath, "kafka.Kafka", str(props)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                java,
+                f"-Xmx{heap}",
+                f"-Xms{heap}",
+                "-XX:+UseG1GC",
+                "-Djava.awt.headless=true",
+                "-cp",
+                classpath,
+                "kafka.Kafka",
+                str(props),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         deadline = time.monotonic() + 120
         while True:
             if proc.poll() is not None:
-                raise BenchmarkError(f"the Kafka broker exited ({proc.returncode}):\n"
-                                     + (Path(tmp) / "broker.log").read_text()[-3000:])
+                raise BenchmarkError(
+                    f"the Kafka broker exited ({proc.returncode}):\n"
+                    + (Path(tmp) / "broker.log").read_text()[-3000:]
+                )
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
@@ -218,9 +265,21 @@ def aeron_server() -> Iterator[dict[str, Any]]:
     tmp = tempfile.mkdtemp(prefix="bench-aeron-")
     err = open(Path(tmp) / "server.log", "w+")  # noqa: SIM115 - closed in finally
     proc = subprocess.Popen(
-        [sys.executable, "-m", "aeron_spark.cli", "server", "--dir", f"{tmp}/data", "--port", "0",
-         "--log-level", "WARNING"],
-        stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "aeron_spark.cli",
+            "server",
+            "--dir",
+            f"{tmp}/data",
+            "--port",
+            "0",
+            "--log-level",
+            "WARNING",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=err,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 60
@@ -308,7 +367,8 @@ class Contender:
 
 def _padded(spark: Any, rows: int, partitions: int) -> Any:
     return spark.range(0, rows, 1, partitions).selectExpr(
-        f"cast(rpad(cast(id as string), {VALUE_LENGTH}, 'x') as binary) as value")
+        f"cast(rpad(cast(id as string), {VALUE_LENGTH}, 'x') as binary) as value"
+    )
 
 
 def _run_stream(query: Any, expect_rows: int | None) -> None:
@@ -332,7 +392,8 @@ def preload(spark: Any, kafka: dict, aeron: dict, rows: int, partitions: int) ->
     per = rows // partitions
     rows = per * partitions
     _padded(spark, rows, partitions).write.format("kafka").option(
-        "kafka.bootstrap.servers", kafka["bootstrap"]).option("topic", "src").save()
+        "kafka.bootstrap.servers", kafka["bootstrap"]
+    ).option("topic", "src").save()
     for p in range(partitions):
         values = [str(p * per + i).encode().ljust(VALUE_LENGTH, b"x") for i in range(per)]
         schema = arrow_schema(False)
@@ -341,7 +402,8 @@ def preload(spark: Any, kafka: dict, aeron: dict, rows: int, partitions: int) ->
         longs = pa.array(range(n), pa.int64())
         ts = pa.array([0] * n, pa.timestamp("us", tz="UTC"))
         batch = pa.RecordBatch.from_arrays(
-            [pa.array(values, pa.binary()), ints, ints, longs, longs, ts, longs], schema=schema)
+            [pa.array(values, pa.binary()), ints, ints, longs, longs, ts, longs], schema=schema
+        )
         messages = list(encode_batches(batch, 128 * 1024))
         with StreamClient.connect(ClientSettings(endpoint=aeron["endpoint"])) as client:
             client.publish(10, values)
@@ -350,8 +412,9 @@ def preload(spark: Any, kafka: dict, aeron: dict, rows: int, partitions: int) ->
     return rows
 
 
-def measure_throughput(spark: Any, kafka: dict, aeron: dict, args: argparse.Namespace,
-                       tmp: str) -> dict[str, Any]:
+def measure_throughput(
+    spark: Any, kafka: dict, aeron: dict, args: argparse.Namespace, tmp: str
+) -> dict[str, Any]:
     from aeron_spark.connector.formats import BINARY_SCHEMA_DDL
 
     out: dict[str, Any] = {}
@@ -366,33 +429,58 @@ def measure_throughput(spark: Any, kafka: dict, aeron: dict, args: argparse.Name
         return os.path.join(tmp, f"ck{next(seq)}")
 
     def kafka_source() -> None:
-        q = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", kafka["bootstrap"])
-             .option("subscribe", "src").option("startingOffsets", "earliest")
-             .option("maxOffsetsPerTrigger", args.per_trigger).load()
-             .writeStream.format("noop").option("checkpointLocation", ckpt())
-             .trigger(availableNow=True).start())
+        q = (
+            spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", kafka["bootstrap"])
+            .option("subscribe", "src")
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", args.per_trigger)
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", ckpt())
+            .trigger(availableNow=True)
+            .start()
+        )
         _run_stream(q, rows)
 
     def aeron_source(stream: int, fmt: str, local: bool) -> Callable[[], None]:
         def run() -> None:
-            r = (spark.readStream.format("aeron").option("endpoint", aeron["endpoint"])
-                 .option("streamId", stream).option("localReads", str(local).lower()))
+            r = (
+                spark.readStream.format("aeron")
+                .option("endpoint", aeron["endpoint"])
+                .option("streamId", stream)
+                .option("localReads", str(local).lower())
+            )
             if fmt == "arrow":  # a message holds many rows: the same limit in bytes
-                r = (r.option("format", "arrow").option("schema", BINARY_SCHEMA_DDL)
-                     .option("maxBytesPerTrigger", arrow_bytes_per_row * args.per_trigger))
+                r = (
+                    r.option("format", "arrow")
+                    .option("schema", BINARY_SCHEMA_DDL)
+                    .option("maxBytesPerTrigger", arrow_bytes_per_row * args.per_trigger)
+                )
             else:
                 r = r.option("maxMessagesPerTrigger", args.per_trigger)
-            q = (r.load().writeStream.format("noop").option("checkpointLocation", ckpt())
-                 .trigger(availableNow=True).start())
+            q = (
+                r.load()
+                .writeStream.format("noop")
+                .option("checkpointLocation", ckpt())
+                .trigger(availableNow=True)
+                .start()
+            )
             _run_stream(q, rows)
+
         return run
 
     def sink(fmt: str, **options: str) -> Callable[[], None]:
         def run() -> None:
-            df = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows)
-                  .option("numPartitions", args.partitions).load()
-                  .selectExpr(f"cast(rpad(cast(value as string), {VALUE_LENGTH}, 'x') as binary)"
-                              " as value"))
+            df = (
+                spark.readStream.format("rate-micro-batch")
+                .option("rowsPerBatch", rows)
+                .option("numPartitions", args.partitions)
+                .load()
+                .selectExpr(
+                    f"cast(rpad(cast(value as string), {VALUE_LENGTH}, 'x') as binary) as value"
+                )
+            )
             name = ckpt()
             w = df.writeStream.format(fmt).option("checkpointLocation", name)
             for key, value in options.items():
@@ -400,6 +488,7 @@ def measure_throughput(spark: Any, kafka: dict, aeron: dict, args: argparse.Name
             if fmt == "aeron":  # a new checkpoint is a new query: its own sink identity
                 w = w.option("sinkId", os.path.basename(name))
             _run_stream(w.trigger(once=True).start(), rows)
+
         return run
 
     from aeron_spark.connector.client import ClientSettings, StreamClient
@@ -408,6 +497,7 @@ def measure_throughput(spark: Any, kafka: dict, aeron: dict, args: argparse.Name
         arrow_bytes = sum(r.recorded_position for r in client.list_recordings(stream_ids=[11]))
     arrow_bytes_per_row = -(-arrow_bytes // rows)
     ep = aeron["endpoint"]
+
     def on_kafka(run: Callable[[], None]) -> Contender:
         return Contender(run, kafka["pid"], not_aeron)
 
@@ -420,8 +510,9 @@ def measure_throughput(spark: Any, kafka: dict, aeron: dict, args: argparse.Name
         "source_aeron_binary_remote": on_aeron(aeron_source(10, "binary", False)),
         "source_aeron_arrow": on_aeron(aeron_source(11, "arrow", True)),
         "source_aeron_arrow_remote": on_aeron(aeron_source(11, "arrow", False)),
-        "sink_kafka": on_kafka(sink("kafka", **{"kafka.bootstrap.servers": kafka["bootstrap"],
-                                                "topic": "dst"})),
+        "sink_kafka": on_kafka(
+            sink("kafka", **{"kafka.bootstrap.servers": kafka["bootstrap"], "topic": "dst"})
+        ),
         "sink_aeron_binary": on_aeron(sink("aeron", endpoint=ep, streamId="20")),
         "sink_aeron_arrow": on_aeron(sink("aeron", endpoint=ep, streamId="21", format="arrow")),
     }
@@ -432,7 +523,8 @@ def measure_throughput(spark: Any, kafka: dict, aeron: dict, args: argparse.Name
         least = min(timed, key=lambda parts: sum(parts.values()))
         out[f"{name}_cpu_s_per_million_rows"] = round(sum(least.values()) / rows * 1e6, 2)
         out[f"{name}_cpu_parts_s_per_million_rows"] = {
-            k: round(v / rows * 1e6, 2) for k, v in least.items()}
+            k: round(v / rows * 1e6, 2) for k, v in least.items()
+        }
     return out
 
 
@@ -443,8 +535,9 @@ def _percentile(values: list[float], q: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(len(ordered) * q))], 1)
 
 
-def measure_latency(spark: Any, kafka: dict, aeron: dict, classpath: str, messages: int,
-                    tmp: str) -> dict[str, Any]:
+def measure_latency(
+    spark: Any, kafka: dict, aeron: dict, classpath: str, messages: int, tmp: str
+) -> dict[str, Any]:
     """p50/p99 publish -> row in the sink's task (the JVM stamps it), as source_latency does."""
     from pyspark.sql import functions as F  # noqa: N812
 
@@ -461,9 +554,12 @@ def measure_latency(spark: Any, kafka: dict, aeron: dict, classpath: str, messag
         )
         latency = F.expr("collect_list(if(kind = 'M', now_ms - sent_ns / 1e6, null))")
         holder["query"] = (
-            rows.observe("latency", latency.alias("ms")).writeStream.format("noop")
+            rows.observe("latency", latency.alias("ms"))
+            .writeStream.format("noop")
             .option("checkpointLocation", os.path.join(tmp, f"lat-{name}"))
-            .trigger(processingTime="0 seconds").start())
+            .trigger(processingTime="0 seconds")
+            .start()
+        )
         return holder["query"]
 
     def collect() -> list[float]:
@@ -480,16 +576,34 @@ def measure_latency(spark: Any, kafka: dict, aeron: dict, classpath: str, messag
 
     def produce(warmup: int, measured: int) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [java, "-Xmx128m", "-cp", classpath, str(PRODUCER), kafka["bootstrap"], "lat",
-             str(warmup), str(measured), str(int(interval_s * 1000))],
-            capture_output=True, text=True, timeout=120 + messages * interval_s * 3)
+            [
+                java,
+                "-Xmx128m",
+                "-cp",
+                classpath,
+                str(PRODUCER),
+                kafka["bootstrap"],
+                "lat",
+                str(warmup),
+                str(measured),
+                str(int(interval_s * 1000)),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120 + messages * interval_s * 3,
+        )
 
     first = produce(1, 0)
     if first.returncode != 0:
         raise BenchmarkError(f"the Kafka producer failed:\n{first.stderr[-3000:]}")
-    query = stamped(spark.readStream.format("kafka")
-                    .option("kafka.bootstrap.servers", kafka["bootstrap"])
-                    .option("subscribe", "lat").option("startingOffsets", "latest").load(), "kafka")
+    query = stamped(
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", kafka["bootstrap"])
+        .option("subscribe", "lat")
+        .option("startingOffsets", "latest")
+        .load(),
+        "kafka",
+    )
     try:
         done = produce(int(5.0 / interval_s), messages)
         if done.returncode != 0:
@@ -506,15 +620,25 @@ def measure_latency(spark: Any, kafka: dict, aeron: dict, classpath: str, messag
     out["latency_kafka_p99_ms"] = _percentile(values, 0.99)
 
     def aeron_stream(stream: int, read_on: str) -> Any:
-        return (spark.readStream.format("aeron").option("endpoint", aeron["endpoint"])
-                .option("streamId", stream).option("startingPositions", "latest")
-                .option("readOn", read_on).load())
+        return (
+            spark.readStream.format("aeron")
+            .option("endpoint", aeron["endpoint"])
+            .option("streamId", stream)
+            .option("startingPositions", "latest")
+            .option("readOn", read_on)
+            .load()
+        )
 
     for stream, read_on in ((30, "executors"), (31, "driver")):
         values, _ = _latencies(
-            spark, aeron["endpoint"], stream,
+            spark,
+            aeron["endpoint"],
+            stream,
             lambda s=stream, r=read_on: stamped(aeron_stream(s, r), r),  # type: ignore[misc]
-            collect, messages, interval_s)
+            collect,
+            messages,
+            interval_s,
+        )
         out[f"latency_aeron_{read_on}_samples"] = len(values)
         out[f"latency_aeron_{read_on}_p50_ms"] = _percentile(values, 0.5)
         out[f"latency_aeron_{read_on}_p99_ms"] = _percentile(values, 0.99)
@@ -540,51 +664,90 @@ def _fail_once_udf(marker: bytes) -> Any:
 def _count_output(df: Any, expected: set[bytes]) -> dict[str, int]:
     values = [bytes(r.value) for r in df.select("value").collect()]
     distinct = set(values)
-    return {"rows": len(values), "duplicates": len(values) - len(distinct),
-            "missing": len(expected - distinct), "unexpected": len(distinct - expected)}
+    return {
+        "rows": len(values),
+        "duplicates": len(values) - len(distinct),
+        "missing": len(expected - distinct),
+        "unexpected": len(distinct - expected),
+    }
 
 
-def measure_exactly_once(spark: Any, kafka: dict, aeron: dict, rows: int, partitions: int,
-                         per_trigger: int, tmp: str) -> dict[str, Any]:
+def measure_exactly_once(
+    spark: Any, kafka: dict, aeron: dict, rows: int, partitions: int, per_trigger: int, tmp: str
+) -> dict[str, Any]:
     from aeron_spark.connector.client import ClientSettings, StreamClient
 
     expected = {b"eo-%012d" % i for i in range(rows)}
     marker = b"eo-%012d" % (rows // 3)
     spark.createDataFrame([(v,) for v in sorted(expected)], "value binary").repartition(
-        partitions).write.format("kafka").option("kafka.bootstrap.servers", kafka["bootstrap"]
-                                                 ).option("topic", "eo-in").save()
+        partitions
+    ).write.format("kafka").option("kafka.bootstrap.servers", kafka["bootstrap"]).option(
+        "topic", "eo-in"
+    ).save()
     per = -(-rows // partitions)
     ordered = sorted(expected)
     for p in range(partitions):
         with StreamClient.connect(ClientSettings(endpoint=aeron["endpoint"])) as client:
-            client.publish(40, ordered[p * per:(p + 1) * per])
+            client.publish(40, ordered[p * per : (p + 1) * per])
     fail = _fail_once_udf(marker)
-    out: dict[str, Any] = {"exactly_once_rows": rows,
-                           "exactly_once_master": spark.sparkContext.master}
+    out: dict[str, Any] = {
+        "exactly_once_rows": rows,
+        "exactly_once_master": spark.sparkContext.master,
+    }
 
-    kafka_in = (spark.readStream.format("kafka").option("kafka.bootstrap.servers",
-                                                        kafka["bootstrap"])
-                .option("subscribe", "eo-in").option("startingOffsets", "earliest")
-                .option("maxOffsetsPerTrigger", per_trigger).load())
-    q = (kafka_in.select(fail("value").alias("value")).writeStream.format("kafka")
-         .option("kafka.bootstrap.servers", kafka["bootstrap"]).option("topic", "eo-out")
-         .option("checkpointLocation", os.path.join(tmp, "eo-kafka"))
-         .trigger(availableNow=True).start())
+    kafka_in = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", kafka["bootstrap"])
+        .option("subscribe", "eo-in")
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", per_trigger)
+        .load()
+    )
+    q = (
+        kafka_in.select(fail("value").alias("value"))
+        .writeStream.format("kafka")
+        .option("kafka.bootstrap.servers", kafka["bootstrap"])
+        .option("topic", "eo-out")
+        .option("checkpointLocation", os.path.join(tmp, "eo-kafka"))
+        .trigger(availableNow=True)
+        .start()
+    )
     _run_stream(q, rows)
-    counts = _count_output(spark.read.format("kafka").option(
-        "kafka.bootstrap.servers", kafka["bootstrap"]).option("subscribe", "eo-out").option(
-        "startingOffsets", "earliest").load(), expected)
+    counts = _count_output(
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", kafka["bootstrap"])
+        .option("subscribe", "eo-out")
+        .option("startingOffsets", "earliest")
+        .load(),
+        expected,
+    )
     out.update({f"kafka_{k}": v for k, v in counts.items()})
 
-    aeron_in = (spark.readStream.format("aeron").option("endpoint", aeron["endpoint"])
-                .option("streamId", 40).option("maxMessagesPerTrigger", per_trigger).load())
-    q = (aeron_in.select(fail("value").alias("value")).writeStream.format("aeron")
-         .option("endpoint", aeron["endpoint"]).option("streamId", 41)
-         .option("sinkId", "eo-copy").option("checkpointLocation", os.path.join(tmp, "eo-aeron"))
-         .trigger(availableNow=True).start())
+    aeron_in = (
+        spark.readStream.format("aeron")
+        .option("endpoint", aeron["endpoint"])
+        .option("streamId", 40)
+        .option("maxMessagesPerTrigger", per_trigger)
+        .load()
+    )
+    q = (
+        aeron_in.select(fail("value").alias("value"))
+        .writeStream.format("aeron")
+        .option("endpoint", aeron["endpoint"])
+        .option("streamId", 41)
+        .option("sinkId", "eo-copy")
+        .option("checkpointLocation", os.path.join(tmp, "eo-aeron"))
+        .trigger(availableNow=True)
+        .start()
+    )
     _run_stream(q, rows)
-    counts = _count_output(spark.read.format("aeron").option("endpoint", aeron["endpoint"])
-                           .option("streamId", 41).load(), expected)
+    counts = _count_output(
+        spark.read.format("aeron")
+        .option("endpoint", aeron["endpoint"])
+        .option("streamId", 41)
+        .load(),
+        expected,
+    )
     out.update({f"aeron_{k}": v for k, v in counts.items()})
     return out
 
@@ -596,12 +759,17 @@ def _session(master: str, package: str, name: str) -> Any:
     from aeron_spark.connector.datasource import ensure_registered
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master(master).appName(name)
-             .config("spark.jars.packages", package)
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-             .config("spark.driver.memory", "2g")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.driver.host", "127.0.0.1").getOrCreate())
+    spark = (
+        SparkSession.builder.master(master)
+        .appName(name)
+        .config("spark.jars.packages", package)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "2g")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     ensure_registered(spark)
     return spark
@@ -633,47 +801,69 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "repeats": args.repeats,
         "load_average_before": os.getloadavg(),
     }
-    with tempfile.TemporaryDirectory(prefix="bench-kafka-run-") as tmp, \
-            kafka_broker(classpath, args.partitions) as kafka, aeron_server() as aeron:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-kafka-run-") as tmp,
+        kafka_broker(classpath, args.partitions) as kafka,
+        aeron_server() as aeron,
+    ):
         spark = _session("local[2]", package, "bench-kafka")
         try:
             result.update(measure_throughput(spark, kafka, aeron, args, tmp))
             if args.latency_messages:
-                result.update(measure_latency(spark, kafka, aeron, classpath,
-                                              args.latency_messages, tmp))
+                result.update(
+                    measure_latency(spark, kafka, aeron, classpath, args.latency_messages, tmp)
+                )
         finally:
             spark.stop()
         if args.exactly_once_rows:
             spark = _session("local[2,4]", package, "bench-kafka-exactly-once")
             try:
-                result.update(measure_exactly_once(
-                    spark, kafka, aeron, args.exactly_once_rows, args.partitions,
-                    max(1, args.exactly_once_rows // 2), tmp))
+                result.update(
+                    measure_exactly_once(
+                        spark,
+                        kafka,
+                        aeron,
+                        args.exactly_once_rows,
+                        args.partitions,
+                        max(1, args.exactly_once_rows // 2),
+                        tmp,
+                    )
+                )
             finally:
                 spark.stop()
     result["load_average_after"] = os.getloadavg()
     r = result
-    r["aeron_to_kafka_source_ratio"] = _ratio(r["source_aeron_binary_rows_per_s"],
-                                              r["source_kafka_rows_per_s"])
-    r["aeron_remote_to_kafka_source_ratio"] = _ratio(r["source_aeron_binary_remote_rows_per_s"],
-                                                     r["source_kafka_rows_per_s"])
-    r["aeron_to_kafka_sink_ratio"] = _ratio(r["sink_aeron_binary_rows_per_s"],
-                                            r["sink_kafka_rows_per_s"])
+    r["aeron_to_kafka_source_ratio"] = _ratio(
+        r["source_aeron_binary_rows_per_s"], r["source_kafka_rows_per_s"]
+    )
+    r["aeron_remote_to_kafka_source_ratio"] = _ratio(
+        r["source_aeron_binary_remote_rows_per_s"], r["source_kafka_rows_per_s"]
+    )
+    r["aeron_to_kafka_sink_ratio"] = _ratio(
+        r["sink_aeron_binary_rows_per_s"], r["sink_kafka_rows_per_s"]
+    )
     # CPU: source + sink, aeron binary (defaults) over Kafka (defaults)
-    aeron_cpu = (r["source_aeron_binary_cpu_s_per_million_rows"]
-                 + r["sink_aeron_binary_cpu_s_per_million_rows"])
-    kafka_cpu = (r["source_kafka_cpu_s_per_million_rows"]
-                 + r["sink_kafka_cpu_s_per_million_rows"])
+    aeron_cpu = (
+        r["source_aeron_binary_cpu_s_per_million_rows"]
+        + r["sink_aeron_binary_cpu_s_per_million_rows"]
+    )
+    kafka_cpu = r["source_kafka_cpu_s_per_million_rows"] + r["sink_kafka_cpu_s_per_million_rows"]
     r["aeron_to_kafka_cpu_ratio"] = _ratio(aeron_cpu, kafka_cpu)
     r["aeron_to_kafka_source_cpu_ratio"] = _ratio(
-        r["source_aeron_binary_cpu_s_per_million_rows"], r["source_kafka_cpu_s_per_million_rows"])
+        r["source_aeron_binary_cpu_s_per_million_rows"], r["source_kafka_cpu_s_per_million_rows"]
+    )
     r["aeron_to_kafka_sink_cpu_ratio"] = _ratio(
-        r["sink_aeron_binary_cpu_s_per_million_rows"], r["sink_kafka_cpu_s_per_million_rows"])
+        r["sink_aeron_binary_cpu_s_per_million_rows"], r["sink_kafka_cpu_s_per_million_rows"]
+    )
     if args.latency_messages:
-        p50s = [v for v in (r["latency_aeron_executors_p50_ms"], r["latency_aeron_driver_p50_ms"])
-                if v is not None]
-        r["aeron_to_kafka_latency_p50_ratio"] = _ratio(min(p50s) if p50s else None,
-                                                       r["latency_kafka_p50_ms"])
+        p50s = [
+            v
+            for v in (r["latency_aeron_executors_p50_ms"], r["latency_aeron_driver_p50_ms"])
+            if v is not None
+        ]
+        r["aeron_to_kafka_latency_p50_ratio"] = _ratio(
+            min(p50s) if p50s else None, r["latency_kafka_p50_ms"]
+        )
     targets = {
         "source": (r["aeron_to_kafka_source_ratio"] or 0) >= 1.0,
         "sink": (r["aeron_to_kafka_sink_ratio"] or 0) >= 1.0,
@@ -689,23 +879,46 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--rows", type=int, default=4_000_000, help="rows per contender run")
-    p.add_argument("--partitions", type=int, default=2,
-                   help="Kafka partitions = aeron publisher sessions = rate partitions")
-    p.add_argument("--per-trigger", type=int, default=1_000_000,
-                   help="maxOffsetsPerTrigger = maxMessagesPerTrigger")
+    p.add_argument(
+        "--partitions",
+        type=int,
+        default=2,
+        help="Kafka partitions = aeron publisher sessions = rate partitions",
+    )
+    p.add_argument(
+        "--per-trigger",
+        type=int,
+        default=1_000_000,
+        help="maxOffsetsPerTrigger = maxMessagesPerTrigger",
+    )
     p.add_argument("--repeats", type=int, default=2, help="timed runs each, after a warm-up run")
-    p.add_argument("--latency-messages", type=int, default=100,
-                   help="measured messages per latency contender, one per 100 ms (0: skip)")
-    p.add_argument("--exactly-once-rows", type=int, default=200_000,
-                   help="rows copied by the exactly-once check (0: skip)")
-    p.add_argument("--connector-version", default=None,
-                   help="spark-sql-kafka-0-10 version (default: the installed PySpark's if "
-                        "Maven Central serves it, else the newest fallback)")
-    p.add_argument("--cache-dir", default="~/.cache/aeron-spark-bench",
-                   help="where the broker's resolved classpath is cached")
+    p.add_argument(
+        "--latency-messages",
+        type=int,
+        default=100,
+        help="measured messages per latency contender, one per 100 ms (0: skip)",
+    )
+    p.add_argument(
+        "--exactly-once-rows",
+        type=int,
+        default=200_000,
+        help="rows copied by the exactly-once check (0: skip)",
+    )
+    p.add_argument(
+        "--connector-version",
+        default=None,
+        help="spark-sql-kafka-0-10 version (default: the installed PySpark's if "
+        "Maven Central serves it, else the newest fallback)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        default="~/.cache/aeron-spark-bench",
+        help="where the broker's resolved classpath is cached",
+    )
     return p
 
 

@@ -46,16 +46,21 @@ SCHEMA_XML = """<?xml version="1.0" encoding="UTF-8"?>
 
 # The same columns from Spark SQL (for the sink: a rate source's `value` spread over the fields).
 SELECT = [
-    "value as seq", "value * 1000 as at",
+    "value as seq",
+    "value * 1000 as at",
     "named_struct('mantissa', value * 7, 'exponent', cast(-4 as tinyint)) as price",
-    "value % 1000 as qty", "if(value % 2 = 0, 'BUY', 'SELL') as side",
+    "value % 1000 as qty",
+    "if(value % 2 = 0, 'BUY', 'SELL') as side",
     "concat('SYM', cast(value % 10000 as string)) as symbol",
-    "cast(value % 30 as smallint) as venue", "cast(value % 100000 as int) as trader",
+    "cast(value % 30 as smallint) as venue",
+    "cast(value % 100000 as int) as trader",
     "value * 3 as orderId",
     "named_struct('mantissa', value * 7 - 1, 'exponent', cast(-4 as tinyint)) as bid",
     "named_struct('mantissa', value * 7 + 1, 'exponent', cast(-4 as tinyint)) as ask",
-    "cast(value % 8 as tinyint) as flags", "value * 5 as tradeId",
-    "cast(value % 3 as int) as settle", "value * 11 as notional",
+    "cast(value % 8 as tinyint) as flags",
+    "value * 5 as tradeId",
+    "cast(value % 3 as int) as settle",
+    "value * 11 as notional",
 ]
 
 
@@ -74,14 +79,27 @@ def table(rows: int):  # type: ignore[no-untyped-def]
 
     def price(m: np.ndarray) -> pa.Array:
         return pa.StructArray.from_arrays(
-            [pa.array(m), pa.array(np.full(rows, -4, np.int8))], names=["mantissa", "exponent"])
+            [pa.array(m), pa.array(np.full(rows, -4, np.int8))], names=["mantissa", "exponent"]
+        )
 
     sym = pa.array(np.char.add("SYM", (v % 10000).astype(str)).astype(object), pa.string())
     side = pa.array(np.where(v % 2 == 0, "BUY", "SELL").astype(object), pa.string())
-    return pa.table({
-        "seq": v, "at": v * 1000, "price": price(v * 7), "qty": v % 1000, "side": side,
-        "symbol": sym, "venue": (v % 30).astype(np.int16), "trader": (v % 100000).astype(np.int32),
-        "orderId": v * 3, "bid": price(v * 7 - 1), "ask": price(v * 7 + 1),
-        "flags": (v % 8).astype(np.int8), "tradeId": v * 5, "settle": (v % 3).astype(np.int32),
-        "notional": v * 11,
-    })
+    return pa.table(
+        {
+            "seq": v,
+            "at": v * 1000,
+            "price": price(v * 7),
+            "qty": v % 1000,
+            "side": side,
+            "symbol": sym,
+            "venue": (v % 30).astype(np.int16),
+            "trader": (v % 100000).astype(np.int32),
+            "orderId": v * 3,
+            "bid": price(v * 7 - 1),
+            "ask": price(v * 7 + 1),
+            "flags": (v % 8).astype(np.int8),
+            "tradeId": v * 5,
+            "settle": (v % 3).astype(np.int32),
+            "notional": v * 11,
+        }
+    )

@@ -76,14 +76,20 @@ def main() -> int:
     from aeron_spark.connector.datasource import ensure_registered
     from aeron_spark.connector.server import ServerConfig, StreamServer
 
-    spark = (SparkSession.builder.master("local[2]").appName("bench-sink")
-             .config("spark.ui.enabled", "false").getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("bench-sink")
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     ensure_registered(spark)
     spark.dataSource.register(CeilingSink)
     result: dict[str, object] = {"rows": args.rows, "row_length": ROW_LENGTH, "master": "local[2]"}
-    with tempfile.TemporaryDirectory() as tmp, \
-            StreamServer(ServerConfig(directory=os.path.join(tmp, "s"), port=0)) as server:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        StreamServer(ServerConfig(directory=os.path.join(tmp, "s"), port=0)) as server,
+    ):
         runs = 0
 
         from benchmarks import sbe_message
@@ -91,10 +97,21 @@ def main() -> int:
         def run(fmt: str, select: list[str] | None = None, **options: str) -> None:
             nonlocal runs
             runs += 1
-            df = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", args.rows)
-                  .option("numPartitions", 2).load()
-                  .selectExpr(*(select or [
-                      f"cast(rpad(cast(value as string), {ROW_LENGTH}, 'x') as binary) as value"])))
+            df = (
+                spark.readStream.format("rate-micro-batch")
+                .option("rowsPerBatch", args.rows)
+                .option("numPartitions", 2)
+                .load()
+                .selectExpr(
+                    *(
+                        select
+                        or [
+                            f"cast(rpad(cast(value as string), {ROW_LENGTH}, 'x') as binary)"
+                            " as value"
+                        ]
+                    )
+                )
+            )
             checkpoint = os.path.join(tmp, f"ck{runs}")
             writer = df.writeStream.format(fmt).option("checkpointLocation", checkpoint)
             for key, value in options.items():
@@ -113,12 +130,21 @@ def main() -> int:
             "binary": lambda: run("aeron", endpoint=ep, streamId="20"),
             "arrow": lambda: run("aeron", endpoint=ep, streamId="21", format="arrow"),
             # for context, not a target: lz4-compressed arrow (these padded rows compress well)
-            "arrow_lz4": lambda: run("aeron", endpoint=ep, streamId="22", format="arrow",
-                                     compression="lz4"),
-            "sbe": lambda: run("aeron", sbe_message.SELECT, endpoint=ep, streamId="23",
-                               format="sbe", sbeSchema=sbe_message.SCHEMA_XML, sbeMessage="Trade"),
-            "sbe_arrow": lambda: run("aeron", sbe_message.SELECT, endpoint=ep, streamId="24",
-                                     format="arrow"),
+            "arrow_lz4": lambda: run(
+                "aeron", endpoint=ep, streamId="22", format="arrow", compression="lz4"
+            ),
+            "sbe": lambda: run(
+                "aeron",
+                sbe_message.SELECT,
+                endpoint=ep,
+                streamId="23",
+                format="sbe",
+                sbeSchema=sbe_message.SCHEMA_XML,
+                sbeMessage="Trade",
+            ),
+            "sbe_arrow": lambda: run(
+                "aeron", sbe_message.SELECT, endpoint=ep, streamId="24", format="arrow"
+            ),
         }
         for name, seconds in interleaved_best(contenders, args.repeats).items():
             result[f"{name}_rows_per_s"] = round(args.rows / seconds)
@@ -142,7 +168,8 @@ def main() -> int:
     result["arrow_to_ceiling_ratio"] = round(result["arrow_rows_per_s"] / ceiling, 3)  # type: ignore[operator]
     result["sbe_message_length"] = 103
     result["sbe_to_arrow_ratio"] = round(
-        result["sbe_rows_per_s"] / result["sbe_arrow_rows_per_s"], 3  # type: ignore[operator]
+        result["sbe_rows_per_s"] / result["sbe_arrow_rows_per_s"],
+        3,  # type: ignore[operator]
     )
     spark.stop()
     print(json.dumps(result))

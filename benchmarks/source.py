@@ -48,8 +48,12 @@ class RowsMismatch(RuntimeError):
 def _noop(df) -> int:  # type: ignore[no-untyped-def]
     """Write ``df`` to the ``noop`` sink; the rows Spark counted on the way (what was read)."""
     observed = Observation()
-    (df.observe(observed, F.count(F.lit(1)).alias("rows")).write.format("noop")
-     .mode("overwrite").save())
+    (
+        df.observe(observed, F.count(F.lit(1)).alias("rows"))
+        .write.format("noop")
+        .mode("overwrite")
+        .save()
+    )
     return int(observed.get["rows"])
 
 
@@ -124,17 +128,25 @@ def main() -> int:
     from aeron_spark.connector.datasource import ensure_registered
     from aeron_spark.connector.server import ServerConfig, StreamServer
 
-    spark = (SparkSession.builder.master("local[2]").appName("bench-source")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-             .getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("bench-source")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     ensure_registered(spark)
     spark.dataSource.register(CeilingSource)
     result: dict[str, object] = {
-        "rows": args.rows, "message_length": MESSAGE_LENGTH, "master": "local[2]"
+        "rows": args.rows,
+        "message_length": MESSAGE_LENGTH,
+        "master": "local[2]",
     }
-    with tempfile.TemporaryDirectory() as tmp, \
-            StreamServer(ServerConfig(directory=os.path.join(tmp, "s"), port=0)) as server:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        StreamServer(ServerConfig(directory=os.path.join(tmp, "s"), port=0)) as server,
+    ):
         per = args.rows // args.producers
         payload = bytes(MESSAGE_LENGTH)
         for _ in range(args.producers):
@@ -144,8 +156,11 @@ def main() -> int:
         # the same rows as Arrow IPC messages (~60 KiB each), published by the same producers
         from aeron_spark.connector.formats_arrow import encode_batches
 
-        messages = [m for b in CeilingReader(per, 1).read(_Slice(0, per))
-                    for m in encode_batches(b, 128 * 1024)]
+        messages = [
+            m
+            for b in CeilingReader(per, 1).read(_Slice(0, per))
+            for m in encode_batches(b, 128 * 1024)
+        ]
         for _ in range(args.producers):
             with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
                 client.publish(11, messages)
@@ -155,53 +170,94 @@ def main() -> int:
 
         sbe_table = sbe_message.table(rows)
         sbe_payloads = sbe_message.codec().encode(sbe_table)
-        sbe_arrow = [m for b in sbe_table.to_batches(max_chunksize=65536)
-                     for m in encode_batches(b, 128 * 1024)]
+        sbe_arrow = [
+            m
+            for b in sbe_table.to_batches(max_chunksize=65536)
+            for m in encode_batches(b, 128 * 1024)
+        ]
         for k in range(args.producers):  # as many recordings (partitions) as the others
             with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
-                client.publish(12, sbe_payloads[k::args.producers])
+                client.publish(12, sbe_payloads[k :: args.producers])
             with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
-                client.publish(13, sbe_arrow[k::args.producers])
+                client.publish(13, sbe_arrow[k :: args.producers])
         del sbe_payloads
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        sbe_ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}"
-                            for f in from_arrow_schema(sbe_table.schema).fields)
+        sbe_ddl = ", ".join(
+            f"`{f.name}` {f.dataType.simpleString()}"
+            for f in from_arrow_schema(sbe_table.schema).fields
+        )
 
         def aeron_sbe() -> int:
-            return _noop(spark.read.format("aeron").option("endpoint", server.endpoint)
-                         .option("streamId", 12).option("format", "sbe")
-                         .option("sbeSchema", sbe_message.SCHEMA_XML)
-                         .option("sbeMessage", "Trade").load())
+            return _noop(
+                spark.read.format("aeron")
+                .option("endpoint", server.endpoint)
+                .option("streamId", 12)
+                .option("format", "sbe")
+                .option("sbeSchema", sbe_message.SCHEMA_XML)
+                .option("sbeMessage", "Trade")
+                .load()
+            )
 
         def aeron_sbe_arrow() -> int:
-            return _noop(spark.read.format("aeron").option("endpoint", server.endpoint)
-                         .option("streamId", 13).option("format", "arrow")
-                         .option("schema", sbe_ddl).load())
+            return _noop(
+                spark.read.format("aeron")
+                .option("endpoint", server.endpoint)
+                .option("streamId", 13)
+                .option("format", "arrow")
+                .option("schema", sbe_ddl)
+                .load()
+            )
 
         def aeron_binary() -> int:
-            return _noop(spark.read.format("aeron").option("endpoint", server.endpoint)
-                         .option("streamId", 10).load())
+            return _noop(
+                spark.read.format("aeron")
+                .option("endpoint", server.endpoint)
+                .option("streamId", 10)
+                .load()
+            )
 
         def aeron_arrow() -> int:
-            return _noop(spark.read.format("aeron").option("endpoint", server.endpoint)
-                         .option("streamId", 11).option("format", "arrow")
-                         .option("schema", BINARY_SCHEMA_DDL).load())
+            return _noop(
+                spark.read.format("aeron")
+                .option("endpoint", server.endpoint)
+                .option("streamId", 11)
+                .option("format", "arrow")
+                .option("schema", BINARY_SCHEMA_DDL)
+                .load()
+            )
 
         def ceiling() -> int:
-            return _noop(spark.read.format("ceiling").option("rows", rows)
-                         .option("partitions", args.producers).load())
+            return _noop(
+                spark.read.format("ceiling")
+                .option("rows", rows)
+                .option("partitions", args.producers)
+                .load()
+            )
 
         def rate() -> int:
             ckpt = tempfile.mkdtemp(dir=tmp)
-            q = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows)
-                 .option("numPartitions", 2).load().writeStream.format("noop")
-                 .option("checkpointLocation", ckpt).trigger(once=True).start())
+            q = (
+                spark.readStream.format("rate-micro-batch")
+                .option("rowsPerBatch", rows)
+                .option("numPartitions", 2)
+                .load()
+                .writeStream.format("noop")
+                .option("checkpointLocation", ckpt)
+                .trigger(once=True)
+                .start()
+            )
             q.awaitTermination()
             return sum(int(p["numInputRows"]) for p in q.recentProgress)
 
-        contenders = {"ceiling": ceiling, "rate": rate, "binary": aeron_binary,
-                      "arrow": aeron_arrow, "sbe": aeron_sbe, "sbe_arrow": aeron_sbe_arrow}
+        contenders = {
+            "ceiling": ceiling,
+            "rate": rate,
+            "binary": aeron_binary,
+            "arrow": aeron_arrow,
+            "sbe": aeron_sbe,
+            "sbe_arrow": aeron_sbe_arrow,
+        }
         read: dict[str, int] = {}
         checked = {name: counted(name, run, rows, read) for name, run in contenders.items()}
         try:
@@ -223,7 +279,8 @@ def main() -> int:
     result["arrow_to_ceiling_ratio"] = round(result["arrow_rows_per_s"] / ceiling, 3)  # type: ignore[operator]
     result["sbe_message_length"] = 103
     result["sbe_to_arrow_ratio"] = round(
-        result["sbe_rows_per_s"] / result["sbe_arrow_rows_per_s"], 3  # type: ignore[operator]
+        result["sbe_rows_per_s"] / result["sbe_arrow_rows_per_s"],
+        3,  # type: ignore[operator]
     )
     result["mode"] = (
         "batch reads into noop (same read path as a micro-batch); rate via Trigger.Once"

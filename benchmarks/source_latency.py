@@ -108,8 +108,10 @@ class TickSource(DataSource):
 
 def _median_trigger_ms(spark: Any, df: Any, checkpoint: str, seconds: float) -> tuple[float, int]:
     query = (
-        df.writeStream.format("noop").option("checkpointLocation", checkpoint)
-        .trigger(processingTime="0 seconds").start()
+        df.writeStream.format("noop")
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime="0 seconds")
+        .start()
     )
     time.sleep(seconds)
     progress = [p for p in list(query.recentProgress)[3:] if p["numInputRows"]]
@@ -123,8 +125,15 @@ def _stamp(kind: bytes) -> bytes:
     return b"%020d" % time.time_ns() + kind + bytes(95)
 
 
-def _latencies(spark: Any, endpoint: str, stream_id: int, start_query: Any, collect: Any,
-               messages: int, interval_s: float) -> tuple[list[float], list[dict]]:
+def _latencies(
+    spark: Any,
+    endpoint: str,
+    stream_id: int,
+    start_query: Any,
+    collect: Any,
+    messages: int,
+    interval_s: float,
+) -> tuple[list[float], list[dict]]:
     """Publish warm-up then ``messages`` stamped messages to a query started by ``start_query``;
     ``collect()`` returns the latencies seen so far. Returns them and the busy batch timings."""
     from aeron_spark.connector.client import ClientSettings, StreamClient
@@ -172,9 +181,14 @@ def measure(spark: Any, endpoint: str, messages: int = 60, interval_s: float = 0
     with tempfile.TemporaryDirectory() as tmp:
 
         def source(stream_id: int, read_on: str = "driver") -> Any:
-            return (spark.readStream.format("aeron").option("endpoint", endpoint)
-                    .option("streamId", stream_id).option("startingPositions", "latest")
-                    .option("readOn", read_on).load())
+            return (
+                spark.readStream.format("aeron")
+                .option("endpoint", endpoint)
+                .option("streamId", stream_id)
+                .option("startingPositions", "latest")
+                .option("readOn", read_on)
+                .load()
+            )
 
         holder: dict[str, Any] = {}
 
@@ -188,9 +202,11 @@ def measure(spark: Any, endpoint: str, messages: int = 60, interval_s: float = 0
             )
             latency = F.expr("collect_list(if(kind = 'M', now_ms - sent_ns / 1e6, null))")
             holder["query"] = (
-                rows.observe("latency", latency.alias("ms")).writeStream.format("noop")
+                rows.observe("latency", latency.alias("ms"))
+                .writeStream.format("noop")
                 .option("checkpointLocation", os.path.join(tmp, f"ckpt-jvm-{read_on}"))
-                .trigger(processingTime="0 seconds").start()
+                .trigger(processingTime="0 seconds")
+                .start()
             )
             return holder["query"]
 
@@ -202,11 +218,19 @@ def measure(spark: Any, endpoint: str, messages: int = 60, interval_s: float = 0
                     values.extend(float(v) for v in observed["ms"])
             return values
 
-        values, _ = _latencies(spark, endpoint, 80, lambda: jvm_sink(80, "executors"),
-                               jvm_collect, messages, interval_s)
+        values, _ = _latencies(
+            spark,
+            endpoint,
+            80,
+            lambda: jvm_sink(80, "executors"),
+            jvm_collect,
+            messages,
+            interval_s,
+        )
         out["executors_latency_p50_ms"] = _p50(values)
-        values, busy = _latencies(spark, endpoint, 78, lambda: jvm_sink(78, "driver"),
-                                  jvm_collect, messages, interval_s)
+        values, busy = _latencies(
+            spark, endpoint, 78, lambda: jvm_sink(78, "driver"), jvm_collect, messages, interval_s
+        )
         if busy:
             keys = sorted({k for d in busy for k in d})
             out["aeron_batch_ms_p50"] = {
@@ -214,17 +238,19 @@ def measure(spark: Any, endpoint: str, messages: int = 60, interval_s: float = 0
             }
         out["latency_samples"] = len(values)
         out["latency_p50_ms"] = _p50(values)
-        out["latency_p90_ms"] = (
-            round(sorted(values)[int(len(values) * 0.9)], 1) if values else None
-        )
+        out["latency_p90_ms"] = round(sorted(values)[int(len(values) * 0.9)], 1) if values else None
 
         stamps = os.path.join(tmp, "latency.txt")
 
         def python_sink() -> Any:
             return (
-                source(77).select("value").writeStream.format("latencystamp")
-                .option("path", stamps).option("checkpointLocation", os.path.join(tmp, "ckpt-py"))
-                .trigger(processingTime="0 seconds").start()
+                source(77)
+                .select("value")
+                .writeStream.format("latencystamp")
+                .option("path", stamps)
+                .option("checkpointLocation", os.path.join(tmp, "ckpt-py"))
+                .trigger(processingTime="0 seconds")
+                .start()
             )
 
         def python_collect() -> list[float]:
@@ -233,8 +259,9 @@ def measure(spark: Any, endpoint: str, messages: int = 60, interval_s: float = 0
             with open(stamps) as fh:
                 return [float(line) for line in fh if line.strip()]
 
-        values, _ = _latencies(spark, endpoint, 77, python_sink, python_collect, messages,
-                               interval_s)
+        values, _ = _latencies(
+            spark, endpoint, 77, python_sink, python_collect, messages, interval_s
+        )
         out["python_sink_latency_p50_ms"] = _p50(values)
 
         seconds = 3.0 + messages * interval_s / 2

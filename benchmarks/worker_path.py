@@ -64,11 +64,14 @@ def _sink_batches(rows: int, partitions: int) -> list[list[pa.RecordBatch]]:
     out = []
     for p in range(partitions):
         values = _values(p * per, per)
-        out.append([
-            pa.RecordBatch.from_arrays([pa.array(values[i:i + SPARK_BATCH_ROWS], pa.binary())],
-                                       names=["value"])
-            for i in range(0, per, SPARK_BATCH_ROWS)
-        ])
+        out.append(
+            [
+                pa.RecordBatch.from_arrays(
+                    [pa.array(values[i : i + SPARK_BATCH_ROWS], pa.binary())], names=["value"]
+                )
+                for i in range(0, per, SPARK_BATCH_ROWS)
+            ]
+        )
     return out
 
 
@@ -85,8 +88,11 @@ def _cpu_of(pid: int) -> float:
 def _py_spy(pid: int) -> tuple[subprocess.Popen[bytes], str]:
     out = os.path.join(tempfile.mkdtemp(prefix="worker-path-spy-"), "server.txt")
     spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
-    proc = subprocess.Popen([spy, "record", "-p", str(pid), "-r", "250", "-f", "raw", "-o", out],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [spy, "record", "-p", str(pid), "-r", "250", "-f", "raw", "-o", out],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     time.sleep(1.0)  # attached before the run
     return proc, out
 
@@ -115,8 +121,9 @@ def _py_spy_report(proc: subprocess.Popen[bytes], out: str, top: int = 25) -> No
             print(f"{count:7d} {100 * count / max(1, total):5.1f}%  {frame}", file=sys.stderr)
 
 
-def _spark(args: argparse.Namespace, endpoint: str, rows: int, server_pid: int,
-           result: dict[str, object]) -> int:
+def _spark(
+    args: argparse.Namespace, endpoint: str, rows: int, server_pid: int, result: dict[str, object]
+) -> int:
     """The same paths inside Spark (``local[2]``): ``spark_source`` reads the published rows
     with ``readStream`` + ``Trigger.AvailableNow`` into ``noop`` (``maxMessagesPerTrigger`` =
     ``--per-trigger``), ``spark_sink`` writes one ``rate-micro-batch`` batch of as many rows
@@ -127,36 +134,58 @@ def _spark(args: argparse.Namespace, endpoint: str, rows: int, server_pid: int,
 
     from benchmarks.kafka import Contender, _run_stream
 
-    spark = (SparkSession.builder.master("local[2]").appName("bench-worker-path")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-             .config("spark.driver.memory", "2g").getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("bench-worker-path")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     ensure_registered(spark)
     seq = itertools.count()
     try:
         with tempfile.TemporaryDirectory(prefix="bench-worker-path-") as tmp:
+
             def source() -> None:
-                q = (spark.readStream.format("aeron").option("endpoint", endpoint)
-                     .option("streamId", 10).option("maxMessagesPerTrigger", args.per_trigger)
-                     .load().writeStream.format("noop")
-                     .option("checkpointLocation", os.path.join(tmp, f"ck{next(seq)}"))
-                     .trigger(availableNow=True).start())
+                q = (
+                    spark.readStream.format("aeron")
+                    .option("endpoint", endpoint)
+                    .option("streamId", 10)
+                    .option("maxMessagesPerTrigger", args.per_trigger)
+                    .load()
+                    .writeStream.format("noop")
+                    .option("checkpointLocation", os.path.join(tmp, f"ck{next(seq)}"))
+                    .trigger(availableNow=True)
+                    .start()
+                )
                 _run_stream(q, rows)
 
             def sink() -> None:
                 name = f"ck{next(seq)}"
-                q = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows)
-                     .option("numPartitions", args.partitions).load()
-                     .selectExpr(f"cast(rpad(cast(value as string), {VALUE_LENGTH}, 'x') as "
-                                 "binary) as value")
-                     .writeStream.format("aeron").option("endpoint", endpoint)
-                     .option("streamId", 20).option("sinkId", name)
-                     .option("checkpointLocation", os.path.join(tmp, name))
-                     .trigger(once=True).start())
+                q = (
+                    spark.readStream.format("rate-micro-batch")
+                    .option("rowsPerBatch", rows)
+                    .option("numPartitions", args.partitions)
+                    .load()
+                    .selectExpr(
+                        f"cast(rpad(cast(value as string), {VALUE_LENGTH}, 'x') as binary) as value"
+                    )
+                    .writeStream.format("aeron")
+                    .option("endpoint", endpoint)
+                    .option("streamId", 20)
+                    .option("sinkId", name)
+                    .option("checkpointLocation", os.path.join(tmp, name))
+                    .trigger(once=True)
+                    .start()
+                )
                 _run_stream(q, rows)
 
-            contenders = {"spark_source": Contender(source, server_pid, set()),
-                          "spark_sink": Contender(sink, server_pid, set())}
+            contenders = {
+                "spark_source": Contender(source, server_pid, set()),
+                "spark_sink": Contender(sink, server_pid, set()),
+            }
             best = interleaved_best(dict(contenders), args.repeats)
     finally:
         spark.stop()
@@ -174,9 +203,20 @@ def _spark(args: argparse.Namespace, endpoint: str, rows: int, server_pid: int,
 def _compare(args: argparse.Namespace) -> int:
     """Runs of ``before`` (``PYTHONPATH=SITE``) and ``after`` taking turns, each a process of
     its own (its own server too), the best rows/s and least CPU of each kept."""
-    base = [sys.executable, "-m", "benchmarks.worker_path", "--rows", str(args.rows),
-            "--partitions", str(args.partitions), "--repeats", str(args.repeats),
-            "--per-trigger", str(args.per_trigger), *(["--spark"] if args.spark else [])]
+    base = [
+        sys.executable,
+        "-m",
+        "benchmarks.worker_path",
+        "--rows",
+        str(args.rows),
+        "--partitions",
+        str(args.partitions),
+        "--repeats",
+        str(args.repeats),
+        "--per-trigger",
+        str(args.per_trigger),
+        *(["--spark"] if args.spark else []),
+    ]
     env_before = dict(os.environ, PYTHONPATH=os.path.abspath(args.compare))
     env_after = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
@@ -184,8 +224,11 @@ def _compare(args: argparse.Namespace) -> int:
         for name, env in (("before", env_before), ("after", env_after)):
             out = subprocess.run(base, env=env, capture_output=True, text=True, check=True)
             runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    result: dict[str, object] = {"rows": args.rows, "rounds": args.rounds,
-                                 "load_average": os.getloadavg()}
+    result: dict[str, object] = {
+        "rows": args.rows,
+        "rounds": args.rounds,
+        "load_average": os.getloadavg(),
+    }
     for key in runs["after"][0]:
         if key.endswith("_rows_per_s"):
             pick = max
@@ -196,30 +239,47 @@ def _compare(args: argparse.Namespace) -> int:
         for name in ("before", "after"):
             result[f"{name}_{key}"] = pick(r[key] for r in runs[name])
         if key.endswith("_rows_per_s"):
-            result[f"speedup_{key}"] = round(result[f"after_{key}"]  # type: ignore[operator]
-                                             / result[f"before_{key}"], 2)
+            result[f"speedup_{key}"] = round(
+                result[f"after_{key}"]  # type: ignore[operator]
+                / result[f"before_{key}"],
+                2,
+            )
     print(json.dumps(result))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--rows", type=int, default=2_000_000)
     p.add_argument("--partitions", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--profile", choices=("source", "source_remote", "sink", "sink_remote"))
-    p.add_argument("--profile-server", action="store_true",
-                   help="with --profile: also sample the server with py-spy (if installed)")
-    p.add_argument("--compare", metavar="SITE",
-                   help="before/after: alternate runs of this benchmark with the aeron_spark "
-                        "installed under SITE (e.g. pip install --target SITE of the base "
-                        "commit) and the current one, --rounds times; best figure of each")
+    p.add_argument(
+        "--profile-server",
+        action="store_true",
+        help="with --profile: also sample the server with py-spy (if installed)",
+    )
+    p.add_argument(
+        "--compare",
+        metavar="SITE",
+        help="before/after: alternate runs of this benchmark with the aeron_spark "
+        "installed under SITE (e.g. pip install --target SITE of the base "
+        "commit) and the current one, --rounds times; best figure of each",
+    )
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--spark", action="store_true",
-                   help="measure the same paths through Spark (local[2]) instead")
-    p.add_argument("--per-trigger", type=int, default=1_000_000,
-                   help="with --spark: the source's maxMessagesPerTrigger")
+    p.add_argument(
+        "--spark",
+        action="store_true",
+        help="measure the same paths through Spark (local[2]) instead",
+    )
+    p.add_argument(
+        "--per-trigger",
+        type=int,
+        default=1_000_000,
+        help="with --spark: the source's maxMessagesPerTrigger",
+    )
     args = p.parse_args(argv)
     if args.compare:
         return _compare(args)
@@ -231,9 +291,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks.kafka import aeron_server
 
-    result: dict[str, object] = {"rows": args.rows, "value_length": VALUE_LENGTH,
-                                 "partitions": args.partitions,
-                                 "load_average_before": os.getloadavg()}
+    result: dict[str, object] = {
+        "rows": args.rows,
+        "value_length": VALUE_LENGTH,
+        "partitions": args.partitions,
+        "load_average_before": os.getloadavg(),
+    }
     with aeron_server() as aeron:
         ep = aeron["endpoint"]
         settings = ClientSettings(endpoint=ep)
@@ -248,14 +311,25 @@ def main(argv: list[str] | None = None) -> int:
         from aeron_spark.connector.source import RecordingRange, read_range
 
         def source(local: bool) -> Callable[[], None]:
-            parts = [RecordingRange(settings, r.recording_id, r.start_position,
-                                    r.recorded_position, r.initial_term_id, r.term_length,
-                                    False, local_reads=local) for r in recordings]
+            parts = [
+                RecordingRange(
+                    settings,
+                    r.recording_id,
+                    r.start_position,
+                    r.recorded_position,
+                    r.initial_term_id,
+                    r.term_length,
+                    False,
+                    local_reads=local,
+                )
+                for r in recordings
+            ]
 
             def run() -> None:
                 got = sum(b.num_rows for part in parts for b in read_range(part))
                 if got != rows:
                     raise RuntimeError(f"read {got} rows, expected {rows}")
+
             return run
 
         batches = _sink_batches(rows, args.partitions)
@@ -263,30 +337,45 @@ def main(argv: list[str] | None = None) -> int:
 
         def sink(local: bool) -> Callable[[], None]:
             def run() -> None:
-                options = parse_sink_options({"endpoint": ep, "streamId": "20",
-                                             "sinkId": f"w{next(sink_ids)}",
-                                             "localWrites": str(local).lower()})
+                options = parse_sink_options(
+                    {
+                        "endpoint": ep,
+                        "streamId": "20",
+                        "sinkId": f"w{next(sink_ids)}",
+                        "localWrites": str(local).lower(),
+                    }
+                )
                 writer = AeronStreamWriter(options)
                 staged = []
                 try:
                     for part, part_batches in enumerate(batches):
                         # what a Spark task has: its partition, attempt and micro-batch id
-                        TaskContext._setTaskContext(TaskContext(
-                            stageId=0, partitionId=part, attemptNumber=0, taskAttemptId=part,
-                            localProperties={"streaming.sql.batchId": "0"}))
+                        TaskContext._setTaskContext(
+                            TaskContext(
+                                stageId=0,
+                                partitionId=part,
+                                attemptNumber=0,
+                                taskAttemptId=part,
+                                localProperties={"streaming.sql.batchId": "0"},
+                            )
+                        )
                         staged.append(writer.write(iter(part_batches)))
                 finally:
                     TaskContext._setTaskContext(None)
                 writer.commit(staged, 0)
+
             return run
 
-        contenders = {"source_local": source(True), "source_remote": source(False),
-                      "sink_local": sink(True), "sink_remote": sink(False)}
+        contenders = {
+            "source_local": source(True),
+            "source_remote": source(False),
+            "sink_local": sink(True),
+            "sink_remote": sink(False),
+        }
         if args.spark:
             return _spark(args, ep, rows, aeron["pid"], result)
         if args.profile:
-            name = {"source": "source_local", "sink": "sink_local"}.get(args.profile,
-                                                                          args.profile)
+            name = {"source": "source_local", "sink": "sink_local"}.get(args.profile, args.profile)
             contenders[name]()  # warm-up
             spy = _py_spy(aeron["pid"]) if args.profile_server else None
             prof = cProfile.Profile()
@@ -307,15 +396,16 @@ def main(argv: list[str] | None = None) -> int:
                 run()
                 cpu[name] = min(cpu[name], time.process_time() - started)
                 server_cpu[name] = min(server_cpu[name], _cpu_of(aeron["pid"]) - server_started)
+
             return wrapped
 
-        best = interleaved_best({k: timed_cpu(k, v) for k, v in contenders.items()},
-                                args.repeats)
+        best = interleaved_best({k: timed_cpu(k, v) for k, v in contenders.items()}, args.repeats)
         for name, seconds in best.items():
             result[f"{name}_rows_per_s"] = round(rows / seconds)
             result[f"{name}_cpu_s_per_million_rows"] = round(cpu[name] / rows * 1e6, 3)
             result[f"{name}_server_cpu_s_per_million_rows"] = round(
-                server_cpu[name] / rows * 1e6, 3)
+                server_cpu[name] / rows * 1e6, 3
+            )
     result["load_average_after"] = os.getloadavg()
     print(json.dumps(result))
     return 0

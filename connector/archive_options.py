@@ -29,7 +29,9 @@ ARCHIVE_SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
         "only recordings whose channel contains this text (e.g. aeron:udp?endpoint=host:40456)",
     ),
     "archivecontrolstreamid": (
-        "archiveControlStreamId", "10", "the archive's control request stream id",
+        "archiveControlStreamId",
+        "10",
+        "the archive's control request stream id",
     ),
     "archiveresponsehost": (
         "archiveResponseHost",
@@ -81,8 +83,9 @@ def parse_archive_source_options(options: Mapping[str, str]) -> ArchiveSourceOpt
         if name in ARCHIVE_SOURCE_OPTIONS:
             mine[name] = str(value)
         elif name in _NOT_IN_ARCHIVE_MODE:
-            raise ConfigurationError(str(key), value, f"no {key} with archive "
-                                     f"({_NOT_IN_ARCHIVE_MODE[name]})")
+            raise ConfigurationError(
+                str(key), value, f"no {key} with archive ({_NOT_IN_ARCHIVE_MODE[name]})"
+            )
         else:
             rest[str(key)] = value
     control = mine.get("archive", "").strip()
@@ -91,15 +94,19 @@ def parse_archive_source_options(options: Mapping[str, str]) -> ArchiveSourceOpt
     except ChannelError:
         config = None
     if config is None or config.media != "udp" or config.endpoint is None:
-        raise ConfigurationError("archive", control, "the archive's UDP control request channel, "
-                                 "e.g. aeron:udp?endpoint=archive-host:8010")
+        raise ConfigurationError(
+            "archive",
+            control,
+            "the archive's UDP control request channel, e.g. aeron:udp?endpoint=archive-host:8010",
+        )
     try:
         stream = int(mine.get("archivecontrolstreamid", "10"))
     except ValueError:
         stream = None
     if stream is None or not -(2**31) <= stream < 2**31:
-        raise ConfigurationError("archiveControlStreamId", mine.get("archivecontrolstreamid"),
-                                 "an int32 stream id")
+        raise ConfigurationError(
+            "archiveControlStreamId", mine.get("archivecontrolstreamid"), "an int32 stream id"
+        )
     source = parse_source_options(rest)
     if source.read_on != "executors":
         raise ConfigurationError("readOn", source.read_on, "executors in archive mode")
@@ -112,6 +119,10 @@ def parse_archive_source_options(options: Mapping[str, str]) -> ArchiveSourceOpt
 
 
 __all__ = [
-    "ARCHIVE_SOURCE_OPTIONS", "ArchiveConnect", "ArchiveSourceOptions", "SPARK_OPTIONS",
-    "is_archive_mode", "parse_archive_source_options",
+    "ARCHIVE_SOURCE_OPTIONS",
+    "ArchiveConnect",
+    "ArchiveSourceOptions",
+    "SPARK_OPTIONS",
+    "is_archive_mode",
+    "parse_archive_source_options",
 ]

@@ -72,8 +72,12 @@ _TYPE_PAD = 0x00
 
 
 def connect(c: ArchiveConnect) -> ArchiveClient:
-    return ArchiveClient.connect(c.control_channel, control_stream_id=c.control_stream_id,
-                                 response_host=c.response_host, timeout_s=c.timeout_s)
+    return ArchiveClient.connect(
+        c.control_channel,
+        control_stream_id=c.control_stream_id,
+        response_host=c.response_host,
+        timeout_s=c.timeout_s,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,17 +117,21 @@ def _frames(block: ReplayedBlock) -> Iterator[tuple[int, int, int, int]]:
     data = block.data
     at, size = 0, len(data)
     while at + 32 <= size:
-        length = int.from_bytes(data[at: at + 4], "little", signed=True)
+        length = int.from_bytes(data[at : at + 4], "little", signed=True)
         if length <= 0:
             break
         aligned = (length + 31) & -32
-        yield at, aligned, data[at + 5], int.from_bytes(data[at + 6: at + 8], "little")
+        yield at, aligned, data[at + 5], int.from_bytes(data[at + 6 : at + 8], "little")
         at += aligned
 
 
 def scan(
-    client: ArchiveClient, rec: ArchivedRecording, start: int, target: int,
-    max_messages: int | None, max_bytes: int | None,
+    client: ArchiveClient,
+    rec: ArchivedRecording,
+    start: int,
+    target: int,
+    max_messages: int | None,
+    max_bytes: int | None,
 ) -> tuple[int, int]:
     """(end, messages): the furthest message boundary in ``(start, target]`` within the
     budget (at least one message when there is one), found by replaying from ``start`` and
@@ -204,8 +212,9 @@ def _owned(blocks: Iterable[ReplayedBlock], p: ArchiveRange) -> Iterator[Replaye
                 first = at
             last = at + aligned
         if first is not None and last is not None:
-            yield ReplayedBlock(block.position + first, block.data[first:last],
-                                block.position + last)
+            yield ReplayedBlock(
+                block.position + first, block.data[first:last], block.position + last
+            )
         if done or (started and not open_message and block.end_position >= p.end):
             return
 
@@ -215,12 +224,18 @@ def read_archive_range(partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return
     p = partition
     with connect(p.connect) as client:
-        replayed = client.replay(p.recording_id, p.start, p.end if p.exact else p.limit,
-                                 session_id=p.session_id, stream_id=p.stream_id)
+        replayed = client.replay(
+            p.recording_id,
+            p.start,
+            p.end if p.exact else p.limit,
+            session_id=p.session_id,
+            stream_id=p.stream_id,
+        )
         try:
             owned = replayed if p.exact else _owned(replayed, p)
-            blocks = (ReplayBlock(b.position, b.data, p.timestamp_ns, b.end_position)
-                      for b in owned)
+            blocks = (
+                ReplayBlock(b.position, b.data, p.timestamp_ns, b.end_position) for b in owned
+            )
             yield from _rows(blocks, p)
         finally:
             replayed.close()
@@ -248,8 +263,7 @@ def _rows(blocks: Iterator[ReplayBlock], p: ArchiveRange) -> Iterator[pa.RecordB
 # ------------------------------------------------------------------ planning
 
 
-def _start_positions(o: ArchiveSourceOptions, recs: dict[str, ArchivedRecording]
-                     ) -> dict[str, int]:
+def _start_positions(o: ArchiveSourceOptions, recs: dict[str, ArchivedRecording]) -> dict[str, int]:
     spec = o.source.starting
     out = {}
     for key, rec in recs.items():
@@ -283,8 +297,13 @@ def _check_loss(o: ArchiveSourceOptions, rec: ArchivedRecording, start: int) -> 
     return start
 
 
-def _partitions(o: ArchiveSourceOptions, recs: dict[str, ArchivedRecording],
-                start: dict[str, int], end: dict[str, int], fmt: dict) -> list[ArchiveRange]:
+def _partitions(
+    o: ArchiveSourceOptions,
+    recs: dict[str, ArchivedRecording],
+    start: dict[str, int],
+    end: dict[str, int],
+    fmt: dict,
+) -> list[ArchiveRange]:
     parts = []
     for key in sorted(end):
         rec = recs.get(key)
@@ -299,12 +318,24 @@ def _partitions(o: ArchiveSourceOptions, recs: dict[str, ArchivedRecording],
                 "(truncated meanwhile?)"
             )
         d = rec.descriptor
-        parts.append(ArchiveRange(
-            o.connect, key, d.recording_id, d.session_id, d.stream_id, begin, end[key],
-            end[key], True,
-            d.initial_term_id, d.term_buffer_length, d.start_timestamp_ms * 1_000_000,
-            o.source.format == "text", **fmt,
-        ))
+        parts.append(
+            ArchiveRange(
+                o.connect,
+                key,
+                d.recording_id,
+                d.session_id,
+                d.stream_id,
+                begin,
+                end[key],
+                end[key],
+                True,
+                d.initial_term_id,
+                d.term_buffer_length,
+                d.start_timestamp_ms * 1_000_000,
+                o.source.format == "text",
+                **fmt,
+            )
+        )
     return _split(parts, o.source.min_partitions)
 
 
@@ -318,14 +349,17 @@ def _split(parts: list[ArchiveRange], min_partitions: int | None) -> list[Archiv
     for p in parts:
         share = max(1, round(min_partitions * (p.end - p.start) / total))
         term = p.term_length
-        cuts = sorted({(p.start + (p.end - p.start) * i // share) // term * term
-                       for i in range(1, share)})
+        cuts = sorted(
+            {(p.start + (p.end - p.start) * i // share) // term * term for i in range(1, share)}
+        )
         bounds = [p.start, *(c for c in cuts if p.start < c < p.end), p.end]
         if len(bounds) == 2:
             out.append(p)
             continue
-        out.extend(dataclasses.replace(p, start=a, end=b, limit=p.end, exact=False)
-                   for a, b in zip(bounds, bounds[1:], strict=False))
+        out.extend(
+            dataclasses.replace(p, start=a, end=b, limit=p.end, exact=False)
+            for a, b in zip(bounds, bounds[1:], strict=False)
+        )
     return out
 
 
@@ -344,21 +378,27 @@ def archive_source_schema(o: ArchiveSourceOptions) -> str | StructType:
             replay = client.replay(d.recording_id, rec.start, rec.end)
             try:
                 blocks = (ReplayBlock(b.position, b.data, 0, b.end_position) for b in replay)
-                for message in iter_messages(blocks, Geometry(d.initial_term_id,
-                                                              d.term_buffer_length)):
+                for message in iter_messages(
+                    blocks, Geometry(d.initial_term_id, d.term_buffer_length)
+                ):
                     if fmt == "arrow":
                         return from_arrow_schema(
-                            formats_arrow.schema_of_payload(message.payload, message.position))
+                            formats_arrow.schema_of_payload(message.payload, message.position)
+                        )
                     data = infer_schema(fmt, message.payload)
                     s = o.source
-                    return from_arrow_schema(full_schema(data, s.bad_records_policy,
-                                                         s.corrupt_record_column,
-                                                         s.include_metadata))
+                    return from_arrow_schema(
+                        full_schema(
+                            data, s.bad_records_policy, s.corrupt_record_column, s.include_metadata
+                        )
+                    )
             finally:
                 replay.close()
     raise ConfigurationError(
-        "schema", None, "a schema option (Spark DDL), since the archive's recordings of the "
-        "stream hold no message yet"
+        "schema",
+        None,
+        "a schema option (Spark DDL), since the archive's recordings of the "
+        "stream hold no message yet",
     )
 
 
@@ -437,8 +477,11 @@ class ArchiveStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if self._available_now is not None:
                 latest = min(latest, self._available_now.get(key, begin[key]))
             target[key] = max(latest, begin[key])
-            ends[key] = begin[key] if key in current or target[key] > begin[key] else \
-                _start_positions(o, {key: rec})[key]
+            ends[key] = (
+                begin[key]
+                if key in current or target[key] > begin[key]
+                else _start_positions(o, {key: rec})[key]
+            )
         waiting = sorted(k for k in target if target[k] > begin[k])
         if waiting:
             with connect(o.connect) as client:
@@ -451,12 +494,19 @@ class ArchiveStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     for key in list(waiting):
                         if max_messages == 0 or max_bytes == 0:
                             break
-                        share_m = max_messages if second_round or max_messages is None else \
-                            max(1, max_messages // n)
-                        share_b = max_bytes if second_round or max_bytes is None else \
-                            max(1, max_bytes // n)
-                        end, messages = scan(client, recs[key], ends[key], target[key],
-                                             share_m, share_b)
+                        share_m = (
+                            max_messages
+                            if second_round or max_messages is None
+                            else max(1, max_messages // n)
+                        )
+                        share_b = (
+                            max_bytes
+                            if second_round or max_bytes is None
+                            else max(1, max_bytes // n)
+                        )
+                        end, messages = scan(
+                            client, recs[key], ends[key], target[key], share_m, share_b
+                        )
                         if max_messages is not None:
                             max_messages = max(0, max_messages - messages)
                         if max_bytes is not None:
@@ -484,8 +534,14 @@ class ArchiveStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             rows += batch.num_rows
             yield batch
         if isinstance(partition, ArchiveRange):
-            log.debug("archive recording %s [%d, %d): %d rows in %.3f s", partition.key,
-                      partition.start, partition.end, rows, time.monotonic() - started)
+            log.debug(
+                "archive recording %s [%d, %d): %d rows in %.3f s",
+                partition.key,
+                partition.start,
+                partition.end,
+                rows,
+                time.monotonic() - started,
+            )
 
     def commit(self, end: dict) -> None:
         """Nothing to tell the archive: it keeps no consumer positions."""

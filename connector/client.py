@@ -479,8 +479,12 @@ class StreamClient:
     ) -> None:
         """Tell the server this consumer has processed each recording up to its position, so
         retention may purge below it (and, with the server's default, not above it)."""
-        self.call("consumer_commit", consumer_id=consumer_id, stream_ids=sorted(set(stream_ids)),
-                  positions=[[int(r), int(p)] for r, p in sorted(positions.items())])
+        self.call(
+            "consumer_commit",
+            consumer_id=consumer_id,
+            stream_ids=sorted(set(stream_ids)),
+            positions=[[int(r), int(p)] for r, p in sorted(positions.items())],
+        )
 
     def consumer_forget(self, consumer_id: str) -> bool:
         """Stop holding data for a consumer that will not come back."""
@@ -511,8 +515,9 @@ def batched(
     for payload in payloads:
         if isinstance(payload, PayloadRun):  # its own reserved values; cut, never copied
             if rv_iter is not None:
-                raise ConfigurationError("reserved_values", "given beside a payload run",
-                                         "the run's own reserved values")
+                raise ConfigurationError(
+                    "reserved_values", "given beside a payload run", "the run's own reserved values"
+                )
             if batch:
                 yield batch, rvs
                 batch, size = [], 0

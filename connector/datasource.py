@@ -60,8 +60,11 @@ class AeronDataSource(DataSource):
             return archive_source.batch_reader(self.options, schema)
         options = parse_source_options(self.options)
         if options.read_on == "driver":
-            raise ConfigurationError("readOn", "driver", "executors for a batch read (readOn="
-                                     "driver is for streaming queries)")
+            raise ConfigurationError(
+                "readOn",
+                "driver",
+                "executors for a batch read (readOn=driver is for streaming queries)",
+            )
         return AeronBatchReader(options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
@@ -101,9 +104,11 @@ class AeronDataSource(DataSource):
 def _no_archive_sink(options: Mapping[str, str]) -> None:
     if is_archive_mode(options):
         raise ConfigurationError(
-            "archive", dict(options).get("archive"), "no archive option on a sink: writing into "
+            "archive",
+            dict(options).get("archive"),
+            "no archive option on a sink: writing into "
             "an Aeron Archive is not supported yet (publish to a channel the archive records "
-            "with the raw sink, option channel, at least once)"
+            "with the raw sink, option channel, at least once)",
         )
 
 

@@ -185,10 +185,19 @@ class BatchBuilder:
         return batch
 
 
-_HEADER_DTYPE = np.dtype([
-    ("length", "<i4"), ("version", "u1"), ("flags", "u1"), ("type", "<i2"), ("term_offset", "<i4"),
-    ("session_id", "<i4"), ("stream_id", "<i4"), ("term_id", "<i4"), ("reserved_value", "<i8"),
-])
+_HEADER_DTYPE = np.dtype(
+    [
+        ("length", "<i4"),
+        ("version", "u1"),
+        ("flags", "u1"),
+        ("type", "<i2"),
+        ("term_offset", "<i4"),
+        ("session_id", "<i4"),
+        ("stream_id", "<i4"),
+        ("term_id", "<i4"),
+        ("reserved_value", "<i8"),
+    ]
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +238,10 @@ def _uniform_block(block: ReplayBlock) -> _UniformBlock | None:
 
 
 def _uniform_batch(
-    parts: list[_UniformBlock], recording_id: int, geometry: Geometry, text: bool,
+    parts: list[_UniformBlock],
+    recording_id: int,
+    geometry: Geometry,
+    text: bool,
     schema: pa.Schema,
 ) -> pa.RecordBatch:
     """One record batch of consecutive uniform blocks of one payload length: every column is
@@ -247,8 +259,9 @@ def _uniform_batch(
     term_delta = header["term_id"].astype(np.int64) - geometry.initial_term_id
     term_delta = ((term_delta + 2**31) % 2**32) - 2**31
     positions = (term_delta << geometry.shift) + header["term_offset"]
-    timestamps = np.repeat(np.array([p.timestamp_us for p in parts], dtype=np.int64),
-                           [len(p) for p in parts])
+    timestamps = np.repeat(
+        np.array([p.timestamp_us for p in parts], dtype=np.int64), [len(p) for p in parts]
+    )
     value_type = pa.string() if text else pa.binary()
     value_array = pa.Array.from_buffers(
         value_type, n, [None, pa.py_buffer(offsets), pa.py_buffer(values)]
@@ -320,8 +333,13 @@ def batches_from_blocks(
             yield _uniform_batch(gathered, recording_id, geometry, text, builder.schema)
             gathered, gathered_rows = [], 0
         messages = _block_messages(
-            memoryview(block.data), block.timestamp_ns, partial, partial_position,
-            geometry.initial_term_id, geometry.shift, unpack,
+            memoryview(block.data),
+            block.timestamp_ns,
+            partial,
+            partial_position,
+            geometry.initial_term_id,
+            geometry.shift,
+            unpack,
         )
         while True:
             try:

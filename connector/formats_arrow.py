@@ -44,7 +44,8 @@ def encode_batches(
         if len(data) > max_message_bytes:
             if piece.num_rows == 1:
                 raise ConfigurationError(
-                    "format", "arrow",
+                    "format",
+                    "arrow",
                     f"rows of at most {max_message_bytes} bytes (one row is {len(data)} bytes)",
                 )
             middle = piece.num_rows // 2
@@ -178,9 +179,10 @@ def _message_batches(
                 continue
             try:
                 yield pa.RecordBatch.from_arrays(
-                    [batch.column(name).cast(field.type) for name, field in zip(
-                        schema.names, schema, strict=True
-                    )],
+                    [
+                        batch.column(name).cast(field.type)
+                        for name, field in zip(schema.names, schema, strict=True)
+                    ],
                     schema=schema,
                 )
             except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
@@ -199,5 +201,9 @@ def schema_of_payload(payload: bytes | bytearray | memoryview, position: int) ->
 
 
 __all__ = [
-    "batches_from_blocks", "coalesce", "decode_message", "encode_batches", "schema_of_payload"
+    "batches_from_blocks",
+    "coalesce",
+    "decode_message",
+    "encode_batches",
+    "schema_of_payload",
 ]

@@ -173,9 +173,13 @@ class _TextDecoder:
         for p in payloads:
             offsets.append(offsets[-1] + len(p))
         values = pa.Array.from_buffers(
-            pa.string(), len(payloads),
-            [None, pa.array(offsets, pa.int32()).buffers()[1],
-             pa.py_buffer(b"".join(bytes(p) for p in payloads))],
+            pa.string(),
+            len(payloads),
+            [
+                None,
+                pa.array(offsets, pa.int32()).buffers()[1],
+                pa.py_buffer(b"".join(bytes(p) for p in payloads)),
+            ],
         )
         values.validate(full=True)
         return pa.RecordBatch.from_arrays([values], schema=self.schema)
@@ -183,8 +187,16 @@ class _TextDecoder:
 
 _DECODERS = {"json": _JsonDecoder, "msgpack": _MsgpackDecoder, "text": _TextDecoder}
 _DECODE_ERRORS = (
-    pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, ValueError, TypeError,
-    msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, OverflowError, KeyError,
+    pa.ArrowInvalid,
+    pa.ArrowTypeError,
+    pa.ArrowNotImplementedError,
+    ValueError,
+    TypeError,
+    msgpack.ExtraData,
+    msgpack.FormatError,
+    msgpack.StackError,
+    OverflowError,
+    KeyError,
 )
 
 
@@ -204,7 +216,8 @@ def _decode(decoder, payloads: list) -> tuple[pa.RecordBatch | None, list[int]]:
     right, right_bad = _decode(decoder, payloads[middle:])
     good = [b for b in (left, right) if b is not None and b.num_rows]
     batch = (
-        pa.Table.from_batches(good).combine_chunks().to_batches()[0] if len(good) > 1
+        pa.Table.from_batches(good).combine_chunks().to_batches()[0]
+        if len(good) > 1
         else (good[0] if good else None)
     )
     return batch, left_bad + [middle + i for i in right_bad]
@@ -237,7 +250,9 @@ class RecordDecoder:
         if self.dropped:
             log.warning(
                 "recording %d: dropped %d bad %s records (badRecordsPolicy=drop)",
-                self.recording_id, self.dropped, self.decoding.format,
+                self.recording_id,
+                self.dropped,
+                self.decoding.format,
             )
 
     def _chunk(self, messages: list[Message]) -> Iterator[pa.RecordBatch]:
@@ -287,10 +302,12 @@ class RecordDecoder:
             ]
         if d.policy == "column":
             bad_set = set(bad)
-            columns.append(pa.array(
-                [bytes(m.payload) if i in bad_set else None for i, m in enumerate(keep)],
-                pa.binary(),
-            ))
+            columns.append(
+                pa.array(
+                    [bytes(m.payload) if i in bad_set else None for i, m in enumerate(keep)],
+                    pa.binary(),
+                )
+            )
         yield pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
 
@@ -308,7 +325,8 @@ def infer_schema(fmt: str, payload: bytes | bytearray | memoryview) -> pa.Schema
         return pa.RecordBatch.from_pylist([row]).schema
     except _DECODE_ERRORS as exc:
         raise ConfigurationError(
-            "schema", None,
+            "schema",
+            None,
             f"a schema option (Spark DDL): the first message is not a {_NAMES[fmt]} ({exc})",
         ) from exc
 
@@ -342,21 +360,33 @@ def encode_rows(batch: pa.RecordBatch, fmt: str) -> list[bytes]:
         pa.types.is_timestamp(f.type) and f.type.tz is None for f in batch.schema
     ):  # msgpack timestamps are instants: read TIMESTAMP_NTZ columns as UTC
         batch = pa.RecordBatch.from_arrays(
-            [c.cast(pa.timestamp(f.type.unit, tz="UTC"))
-             if pa.types.is_timestamp(f.type) and f.type.tz is None else c
-             for f, c in zip(batch.schema, batch.columns, strict=True)],
+            [
+                c.cast(pa.timestamp(f.type.unit, tz="UTC"))
+                if pa.types.is_timestamp(f.type) and f.type.tz is None
+                else c
+                for f, c in zip(batch.schema, batch.columns, strict=True)
+            ],
             names=batch.schema.names,
         )
     rows = batch.to_pylist()
     if fmt == "json":
-        dumps = json.JSONEncoder(default=_json_default, separators=(",", ":"),
-                                 ensure_ascii=False).encode
+        dumps = json.JSONEncoder(
+            default=_json_default, separators=(",", ":"), ensure_ascii=False
+        ).encode
         return [dumps(r).encode("utf-8") for r in rows]
     packer = msgpack.Packer(default=_msgpack_default, datetime=True)
     return [packer.pack(r) for r in rows]
 
 
 __all__ = [
-    "BAD_RECORD_POLICIES", "BadRecordError", "Decoding", "RECORD_FORMATS", "RecordDecoder",
-    "data_columns", "encode_rows", "full_schema", "infer_schema", "output_ddl",
+    "BAD_RECORD_POLICIES",
+    "BadRecordError",
+    "Decoding",
+    "RECORD_FORMATS",
+    "RecordDecoder",
+    "data_columns",
+    "encode_rows",
+    "full_schema",
+    "infer_schema",
+    "output_ddl",
 ]

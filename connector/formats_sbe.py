@@ -42,10 +42,19 @@ ENUM_MODES = ("names", "raw")
 CHUNK_MESSAGES = 8192
 ROWS_PER_BATCH = 65536  # uniform blocks are gathered up to this many rows, then decoded
 
-_FRAME_DTYPE = np.dtype([
-    ("length", "<i4"), ("version", "u1"), ("flags", "u1"), ("type", "<i2"), ("term_offset", "<i4"),
-    ("session_id", "<i4"), ("stream_id", "<i4"), ("term_id", "<i4"), ("reserved_value", "<i8"),
-])
+_FRAME_DTYPE = np.dtype(
+    [
+        ("length", "<i4"),
+        ("version", "u1"),
+        ("flags", "u1"),
+        ("type", "<i2"),
+        ("term_offset", "<i4"),
+        ("session_id", "<i4"),
+        ("stream_id", "<i4"),
+        ("term_id", "<i4"),
+        ("reserved_value", "<i8"),
+    ]
+)
 
 
 @dataclass
@@ -82,18 +91,26 @@ def _codec(schema_xml: str, message: str, raw_enums: bool) -> sbe.MessageCodec:
 
 def parse_sbe_options(o: Mapping[str, str], fmt: str, sink: bool) -> SbeOptions | None:
     """The ``sbe*`` options (lower-cased keys), validated; None unless ``format=sbe``."""
-    names = {"sbeschema": "sbeSchema", "sbemessage": "sbeMessage", "sbeenums": "sbeEnums",
-             "sbeothertemplates": "sbeOtherTemplates"}
+    names = {
+        "sbeschema": "sbeSchema",
+        "sbemessage": "sbeMessage",
+        "sbeenums": "sbeEnums",
+        "sbeothertemplates": "sbeOtherTemplates",
+    }
     given = [k for k in names if k in o]
     if fmt != "sbe":
         if given:
-            raise ConfigurationError(names[given[0]], _short(o[given[0]]),
-                                     f"no SBE option with format={fmt}")
+            raise ConfigurationError(
+                names[given[0]], _short(o[given[0]]), f"no SBE option with format={fmt}"
+            )
         return None
     source = o.get("sbeschema", "").strip()
     if not source:
-        raise ConfigurationError("sbeSchema", None, "an SBE message schema (a path to its XML "
-                                 "file, or the XML text) with format=sbe")
+        raise ConfigurationError(
+            "sbeSchema",
+            None,
+            "an SBE message schema (a path to its XML file, or the XML text) with format=sbe",
+        )
     try:
         schema = sbe.parse_schema(source)
     except sbe.SbeSchemaError as exc:
@@ -102,8 +119,11 @@ def parse_sbe_options(o: Mapping[str, str], fmt: str, sink: bool) -> SbeOptions 
     if not key:
         if len(schema.messages) != 1:
             listing = ", ".join(f"{m.name} ({m.id})" for m in schema.messages)
-            raise ConfigurationError("sbeMessage", None, f"the message to read or write, by name "
-                                     f"or template id (the schema has {listing})")
+            raise ConfigurationError(
+                "sbeMessage",
+                None,
+                f"the message to read or write, by name or template id (the schema has {listing})",
+            )
         key = schema.messages[0].name
     try:
         message = schema.message(key)
@@ -183,8 +203,13 @@ class SbeBatches:
                 yield from self._runs(runs)
                 runs = []
             messages = _block_messages(
-                memoryview(block.data), block.timestamp_ns, partial, partial_position,
-                geometry.initial_term_id, geometry.shift, _HEADER.unpack_from,
+                memoryview(block.data),
+                block.timestamp_ns,
+                partial,
+                partial_position,
+                geometry.initial_term_id,
+                geometry.shift,
+                _HEADER.unpack_from,
             )
             while True:
                 try:
@@ -202,9 +227,13 @@ class SbeBatches:
         if chunk:
             yield from self._messages(chunk)
         if self.skipped:
-            log.warning("recording %d: skipped %d messages of other templates than %s "
-                        "(sbeOtherTemplates=skip)", self.recording_id, self.skipped,
-                        self.codec.message.name)
+            log.warning(
+                "recording %d: skipped %d messages of other templates than %s "
+                "(sbeOtherTemplates=skip)",
+                self.recording_id,
+                self.skipped,
+                self.codec.message.name,
+            )
 
     def _uniform(self, block: ReplayBlock, geometry: Geometry) -> _Run | None:
         """A block of equal-length unfragmented DATA frames, as a payload matrix (no copy)."""
@@ -217,19 +246,29 @@ class SbeBatches:
             return None
         rows = data.reshape(-1, aligned)
         header = np.ascontiguousarray(rows[:, :32]).view(_FRAME_DTYPE).ravel()
-        if not ((header["length"] == length).all() and (header["flags"] == 0xC0).all()
-                and (header["type"] == 1).all()):
+        if not (
+            (header["length"] == length).all()
+            and (header["flags"] == 0xC0).all()
+            and (header["type"] == 1).all()
+        ):
             return None
         term = header["term_id"].astype(np.int64) - geometry.initial_term_id
         term = ((term + 2**31) % 2**32) - 2**31
         positions = (term << geometry.shift) + header["term_offset"]
-        return _Run(rows[:, 32:length], header, positions,
-                    np.full(len(rows), block.timestamp_ns // 1000, np.int64))
+        return _Run(
+            rows[:, 32:length],
+            header,
+            positions,
+            np.full(len(rows), block.timestamp_ns // 1000, np.int64),
+        )
 
     def _runs(self, runs: list[_Run]) -> Iterator[pa.RecordBatch]:
         """Uniform blocks (of one message length) decoded as one matrix: no Python per message."""
-        payloads = np.concatenate([r.payloads for r in runs]) if len(runs) > 1 else \
-            np.ascontiguousarray(runs[0].payloads)
+        payloads = (
+            np.concatenate([r.payloads for r in runs])
+            if len(runs) > 1
+            else np.ascontiguousarray(runs[0].payloads)
+        )
         header = np.concatenate([r.header for r in runs])
         positions = np.concatenate([r.positions for r in runs])
         try:
@@ -245,6 +284,7 @@ class SbeBatches:
             return
         columns = list(batch.columns)
         if self.read.include_metadata:
+
             def pick(a: np.ndarray) -> np.ndarray:
                 return a if keep is None else a[keep]
 
@@ -254,7 +294,8 @@ class SbeBatches:
                 pa.array(np.full(batch.num_rows, self.recording_id, np.int64)),
                 pa.array(pick(positions), pa.int64()),
                 pa.array(pick(np.concatenate([r.timestamps_us for r in runs]))).cast(
-                    pa.timestamp("us", tz="UTC")),
+                    pa.timestamp("us", tz="UTC")
+                ),
                 pa.array(pick(header["reserved_value"]), pa.int64()),
             ]
         yield self._out(columns)
@@ -280,7 +321,8 @@ class SbeBatches:
                 pa.array(np.full(len(keep), self.recording_id, np.int64)),
                 pa.array([m.position for m in keep], pa.int64()),
                 pa.array([m.timestamp_ns // 1000 for m in keep], pa.int64()).cast(
-                    pa.timestamp("us", tz="UTC")),
+                    pa.timestamp("us", tz="UTC")
+                ),
                 pa.array([m.reserved_value for m in keep], pa.int64()),
             ]
         yield self._out(columns)
@@ -303,7 +345,9 @@ class SbeBatches:
             f"template {head[1]} of schema {head[2]}, not {self.codec.message.name} "
             f"({self.codec.message.id}) of schema {self.codec.schema.id} ({len(others)} such "
             "messages in this chunk); set sbeOtherTemplates=skip to read past them",
-            position=positions[first], template_id=head[1], schema_id=head[2],
+            position=positions[first],
+            template_id=head[1],
+            schema_id=head[2],
         )
 
     def _bad(self, exc: sbe.SbeDecodeError, positions: list[int]) -> BadRecordError:
@@ -311,7 +355,9 @@ class SbeBatches:
         position = positions[index] if index < len(positions) else positions[0]
         return BadRecordError(
             f"the message at position {position} of recording {self.recording_id} is not a "
-            f"valid SBE {self.codec.message.name} message: {exc.message}", position=position)
+            f"valid SBE {self.codec.message.name} message: {exc.message}",
+            position=position,
+        )
 
 
 # --- sink -----------------------------------------------------------------------------------------
@@ -323,10 +369,11 @@ def check_sink_schema(arrow: pa.Schema, options: SbeOptions) -> None:
     try:
         options.codec().encode(arrow.empty_table())
     except sbe.SbeEncodeError as exc:
-        raise ConfigurationError(str(exc.details.get("column") or "schema"),
-                                 arrow.to_string(show_schema_metadata=False),
-                                 f"columns that fit SBE message {options.message}: "
-                                 f"{exc.message}") from None
+        raise ConfigurationError(
+            str(exc.details.get("column") or "schema"),
+            arrow.to_string(show_schema_metadata=False),
+            f"columns that fit SBE message {options.message}: {exc.message}",
+        ) from None
 
 
 def encode_task(batches: Iterable[pa.RecordBatch], options: SbeOptions) -> list[bytes]:
@@ -345,11 +392,19 @@ def encode_task(batches: Iterable[pa.RecordBatch], options: SbeOptions) -> list[
             column = exc.details.get("column")
             raise sbe.SbeEncodeError(
                 f"column {column!r}, row {row} of this task: {exc.message.partition(': ')[2]}",
-                column=column, row=row) from None
+                column=column,
+                row=row,
+            ) from None
     return out
 
 
 __all__ = [
-    "OtherTemplateRecordError", "SbeBatches", "SbeOptions", "SbeRead", "check_sink_schema",
-    "encode_task", "parse_sbe_options", "source_arrow_schema",
+    "OtherTemplateRecordError",
+    "SbeBatches",
+    "SbeOptions",
+    "SbeRead",
+    "check_sink_schema",
+    "encode_task",
+    "parse_sbe_options",
+    "source_arrow_schema",
 ]

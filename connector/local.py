@@ -91,8 +91,9 @@ def write_part(
             for payloads, reserved_values in batches:
                 fh.writelines(records(payloads, reserved_values))
                 count += len(payloads)
-                nbytes += payloads.nbytes if isinstance(payloads, PayloadRun) else sum(
-                    map(len, payloads))
+                nbytes += (
+                    payloads.nbytes if isinstance(payloads, PayloadRun) else sum(map(len, payloads))
+                )
             fh.flush()
             os.fsync(fd)
     finally:
@@ -112,8 +113,7 @@ def read_blocks(
     try:
         if rec.d.recording_id != recording_id:
             raise ServerError(
-                f"local read: {directory} holds recording {rec.d.recording_id}, "
-                f"not {recording_id}"
+                f"local read: {directory} holds recording {rec.d.recording_id}, not {recording_id}"
             )
         position = start
         while position < end:

@@ -182,10 +182,16 @@ SINK_OPTIONS: dict[str, tuple[str, str, str]] = {
         "(each row one JSON object), msgpack (each row one map) or sbe (each row one SBE message "
         "of sbeMessage)",
     ),
-    "sbeschema": ("sbeSchema", "(required with format=sbe)",
-                  "format=sbe: the SBE message schema, a path to its XML file or the XML text"),
-    "sbemessage": ("sbeMessage", "(the schema's only message)",
-                   "format=sbe: the message (template) each row becomes, by name or template id"),
+    "sbeschema": (
+        "sbeSchema",
+        "(required with format=sbe)",
+        "format=sbe: the SBE message schema, a path to its XML file or the XML text",
+    ),
+    "sbemessage": (
+        "sbeMessage",
+        "(the schema's only message)",
+        "format=sbe: the message (template) each row becomes, by name or template id",
+    ),
     "sbeenums": ("sbeEnums", "names", "format=sbe: enum columns hold names (string) or raw values"),
     "compression": (
         "compression",
@@ -260,8 +266,10 @@ def _positions(name: str, value: str, keywords: tuple[str, ...]) -> StartSpec:
         rid = str(key).rpartition("/")[2]
         if not rid.isdigit():
             raise ConfigurationError(
-                name, value, expected + ' with keys "recording_id" (or "host:port/recording_id" '
-                "when reading from several servers)"
+                name,
+                value,
+                expected + ' with keys "recording_id" (or "host:port/recording_id" '
+                "when reading from several servers)",
             )
         if not isinstance(pos, int) or isinstance(pos, bool) or pos < 0:
             raise ConfigurationError(name, value, expected + " with non-negative integer positions")
@@ -408,8 +416,11 @@ def _read_on(o: dict[str, str]) -> str:
     if value not in ("executors", "driver"):
         raise ConfigurationError("readOn", value, "executors or driver")
     if value == "driver" and o.get("minpartitions", "").strip():
-        raise ConfigurationError("minPartitions", o["minpartitions"], "no minPartitions with "
-                                 "readOn=driver (the driver reads each micro-batch whole)")
+        raise ConfigurationError(
+            "minPartitions",
+            o["minpartitions"],
+            "no minPartitions with readOn=driver (the driver reads each micro-batch whole)",
+        )
     return value
 
 
@@ -427,20 +438,34 @@ def _record_options(o: dict[str, str], fmt: str) -> dict[str, Any]:
     if policy not in BAD_RECORD_POLICIES:
         raise ConfigurationError("badRecordsPolicy", policy, " or ".join(BAD_RECORD_POLICIES))
     if policy != "fail" and fmt not in ("json", "msgpack", "text"):
-        raise ConfigurationError("badRecordsPolicy", policy, f"fail with format={fmt} "
-                                 "(only json, msgpack and text have bad records)")
+        raise ConfigurationError(
+            "badRecordsPolicy",
+            policy,
+            f"fail with format={fmt} (only json, msgpack and text have bad records)",
+        )
     column = o.get("corruptrecordcolumn", "_corrupt_record").strip()
     if not column or "`" in column:
         raise ConfigurationError("corruptRecordColumn", column, "a column name without backticks")
     metadata = _bool("includeMetadata", o.get("includemetadata", "false"))
     if metadata and fmt not in ("json", "msgpack", "sbe"):
-        raise ConfigurationError("includeMetadata", "true", f"false with format={fmt} (binary "
-                                 "and text always have the metadata columns; arrow has none)")
+        raise ConfigurationError(
+            "includeMetadata",
+            "true",
+            f"false with format={fmt} (binary "
+            "and text always have the metadata columns; arrow has none)",
+        )
     if "schema" in o and fmt in ("binary", "text", "sbe"):
-        raise ConfigurationError("schema", o["schema"], f"no schema with format={fmt} (its "
-                                 "columns are fixed, or sbeSchema's); use arrow, json or msgpack")
-    return {"bad_records_policy": policy, "corrupt_record_column": column,
-            "include_metadata": metadata}
+        raise ConfigurationError(
+            "schema",
+            o["schema"],
+            f"no schema with format={fmt} (its "
+            "columns are fixed, or sbeSchema's); use arrow, json or msgpack",
+        )
+    return {
+        "bad_records_policy": policy,
+        "corrupt_record_column": column,
+        "include_metadata": metadata,
+    }
 
 
 def _limits(o: dict[str, str]) -> dict[str, Any]:
@@ -483,11 +508,18 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     if compression not in ("none", "lz4", "zstd"):
         raise ConfigurationError("compression", compression, "none, lz4 or zstd")
     if compression != "none" and fmt != "arrow":
-        raise ConfigurationError("compression", compression, f"none with format={fmt} "
-                                 "(only arrow messages are compressed)")
+        raise ConfigurationError(
+            "compression",
+            compression,
+            f"none with format={fmt} (only arrow messages are compressed)",
+        )
     return SinkOptions(
-        settings=_settings(o), stream_id=ids[0], sink_id=sink_id, format=fmt,
-        checkpoint_location=checkpoint, channel=channel,
+        settings=_settings(o),
+        stream_id=ids[0],
+        sink_id=sink_id,
+        format=fmt,
+        checkpoint_location=checkpoint,
+        channel=channel,
         compression=None if compression == "none" else compression,
         local_writes=_bool("localWrites", o.get("localwrites", "true")),
         sbe=parse_sbe_options(o, fmt, sink=True),

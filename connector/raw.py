@@ -88,12 +88,17 @@ class RawStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list, batchId: int) -> None:
         sent = sum(m.messages for m in messages if isinstance(m, Published))
-        log.info("aeron raw sink %s: batch %d published %d messages", self.options.channel,
-                 batchId, sent)
+        log.info(
+            "aeron raw sink %s: batch %d published %d messages", self.options.channel, batchId, sent
+        )
 
     def abort(self, messages: list, batchId: int) -> None:
-        log.warning("aeron raw sink %s: batch %d aborted; messages already published stay "
-                    "published (at-least-once)", self.options.channel, batchId)
+        log.warning(
+            "aeron raw sink %s: batch %d aborted; messages already published stay "
+            "published (at-least-once)",
+            self.options.channel,
+            batchId,
+        )
 
 
 class RawBatchWriter(DataSourceArrowWriter):
@@ -110,8 +115,10 @@ class RawBatchWriter(DataSourceArrowWriter):
         log.info("aeron raw sink %s: published %d messages", self.options.channel, sent)
 
     def abort(self, messages: list) -> None:
-        log.warning("aeron raw sink %s: write aborted; published messages stay published",
-                    self.options.channel)
+        log.warning(
+            "aeron raw sink %s: write aborted; published messages stay published",
+            self.options.channel,
+        )
 
 
 __all__ = ["Published", "RawBatchWriter", "RawStreamWriter", "publish_rows"]

@@ -63,8 +63,9 @@ class PayloadRun:
             return np.empty(0, np.uint8)
         width = 8 if pa.types.is_large_binary(self.values.type) else 4
         dtype = "<i8" if width == 8 else "<i4"
-        offsets = np.frombuffer(self.values.buffers()[1], dtype=dtype, count=n + 1,
-                                offset=self.values.offset * width)
+        offsets = np.frombuffer(
+            self.values.buffers()[1], dtype=dtype, count=n + 1, offset=self.values.offset * width
+        )
         first, last = int(offsets[0]), int(offsets[-1])
         buffer = self.values.buffers()[2]
         if buffer is None:
@@ -81,8 +82,10 @@ class PayloadRun:
         return int(offsets[-1])
 
     def slice(self, start: int, stop: int) -> PayloadRun:
-        return PayloadRun(self.values.slice(start, stop - start),
-                          None if self.reserved is None else self.reserved[start:stop])
+        return PayloadRun(
+            self.values.slice(start, stop - start),
+            None if self.reserved is None else self.reserved[start:stop],
+        )
 
     def split(self, limit: int, overhead: int = 0) -> Iterator[PayloadRun]:
         """Consecutive pieces of at most ``limit`` bytes counting ``overhead`` per payload (a

@@ -80,7 +80,9 @@ def check_sink_schema(schema: StructType, fmt: str, sbe: SbeOptions | None = Non
             for f in schema.fields:
                 if _has_binary(f.dataType):
                     raise ConfigurationError(
-                        f.name, f.dataType.simpleString(), "a column JSON can carry (binary is "
+                        f.name,
+                        f.dataType.simpleString(),
+                        "a column JSON can carry (binary is "
                         "not: base64() it, or use format=msgpack or arrow)",
                     )
         return
@@ -127,8 +129,16 @@ def _stage(
             # one payload run per Arrow batch (its reserved values with it): no Python object
             # per row on the local path
             runs = (payload_run_from_batch(batch) for batch in iterator)
-            receipt = client.stage(sink_id, batch_id, partition_id, attempt, options.stream_id,
-                                   runs, None, local=options.local_writes)
+            receipt = client.stage(
+                sink_id,
+                batch_id,
+                partition_id,
+                attempt,
+                options.stream_id,
+                runs,
+                None,
+                local=options.local_writes,
+            )
             return StagedPart(receipt)
 
         def payloads() -> Iterator[bytes]:  # sbe, arrow and the record formats: no reserved
@@ -139,7 +149,13 @@ def _stage(
                 yield from sink_payloads(batch, options.format, options.compression)[0]
 
         receipt = client.stage(
-            sink_id, batch_id, partition_id, attempt, options.stream_id, payloads(), None,
+            sink_id,
+            batch_id,
+            partition_id,
+            attempt,
+            options.stream_id,
+            payloads(),
+            None,
             local=options.local_writes,
         )
     return StagedPart(receipt)
@@ -172,8 +188,12 @@ class AeronStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list, batchId: int) -> None:
         with pooled(self.options.settings) as client:
-            result = client.commit(str(self.options.commit_identity), batchId,
-                                   self.options.stream_id, _receipts(messages))
+            result = client.commit(
+                str(self.options.commit_identity),
+                batchId,
+                self.options.stream_id,
+                _receipts(messages),
+            )
         staged = sum(int(r.get("count", 0)) for r in _receipts(messages))
         if "count" in result and int(result["count"]) != staged:
             # The server already holds a commit of this (sinkId, batch) from an earlier run: the
@@ -181,7 +201,10 @@ class AeronStreamWriter(DataSourceStreamArrowWriter):
             log.warning(
                 "aeron sink %s: batch %d was already committed earlier with %s rows; the %d rows "
                 "staged now were not appended (new checkpoint with an old sinkId?)",
-                self.options.sink_id, batchId, result["count"], staged,
+                self.options.sink_id,
+                batchId,
+                result["count"],
+                staged,
             )
         log.info("aeron sink %s: batch %d committed: %s", self.options.sink_id, batchId, result)
 

@@ -306,8 +306,9 @@ def format_fields(options: SourceOptions, schema: StructType | None) -> dict:
 
     arrow = to_arrow_schema(schema, timezone="UTC")
     if fmt == "sbe" and options.sbe is not None:
-        return {"sbe": SbeRead(options.sbe, options.include_metadata,
-                               arrow.serialize().to_pybytes())}
+        return {
+            "sbe": SbeRead(options.sbe, options.include_metadata, arrow.serialize().to_pybytes())
+        }
     if fmt == "arrow":
         return {"arrow_schema": arrow.serialize().to_pybytes()}
     policy, column = options.bad_records_policy, options.corrupt_record_column
@@ -514,8 +515,12 @@ class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 with pooled(settings) as client:
                     client.consumer_commit(o.consumer_id, o.stream_ids, positions)
             except Exception as exc:  # noqa: BLE001 - see the docstring
-                log.warning("aeron source: could not commit consumer %r positions to %s: %s",
-                            o.consumer_id, settings.endpoint, exc)
+                log.warning(
+                    "aeron source: could not commit consumer %r positions to %s: %s",
+                    o.consumer_id,
+                    settings.endpoint,
+                    exc,
+                )
 
     def stop(self) -> None:
         """Sessions are per call; nothing stays open between micro-batches."""

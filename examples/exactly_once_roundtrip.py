@@ -40,15 +40,18 @@ def main() -> int:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    with tempfile.TemporaryDirectory() as tmp, StreamServer(
-        ServerConfig(directory=os.path.join(tmp, "server"), port=0)
-    ).start() as server:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        StreamServer(ServerConfig(directory=os.path.join(tmp, "server"), port=0)).start() as server,
+    ):
         orders = [f"order-{i:06d},{i % 2 * 900 + 50}".encode() for i in range(args.orders)]
         with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
             client.publish(1, orders)
         spark = (
-            SparkSession.builder.master("local[2]").appName("exactly-once-roundtrip")
-            .config("spark.ui.enabled", "false").getOrCreate()
+            SparkSession.builder.master("local[2]")
+            .appName("exactly-once-roundtrip")
+            .config("spark.ui.enabled", "false")
+            .getOrCreate()
         )
         spark.sparkContext.setLogLevel("ERROR")
         ensure_registered(spark)
@@ -56,8 +59,11 @@ def main() -> int:
 
         def run() -> int:
             source = (
-                spark.readStream.format("aeron").option("endpoint", server.endpoint)
-                .option("streamId", 1).option("maxMessagesPerTrigger", args.per_batch).load()
+                spark.readStream.format("aeron")
+                .option("endpoint", server.endpoint)
+                .option("streamId", 1)
+                .option("maxMessagesPerTrigger", args.per_batch)
+                .load()
             )
             fields = F.split(F.col("value").cast("string"), ",")
             big = (
@@ -66,10 +72,13 @@ def main() -> int:
                 .select(F.concat_ws(":", F.upper("id"), "amount").cast("binary").alias("value"))
             )
             query = (
-                big.writeStream.format("aeron").option("endpoint", server.endpoint)
-                .option("streamId", 2).option("sinkId", "big-orders")
+                big.writeStream.format("aeron")
+                .option("endpoint", server.endpoint)
+                .option("streamId", 2)
+                .option("sinkId", "big-orders")
                 .option("checkpointLocation", checkpoint)
-                .trigger(availableNow=True).start()
+                .trigger(availableNow=True)
+                .start()
             )
             query.awaitTermination()
             progress = [p for p in query.recentProgress if p["numInputRows"]]
@@ -77,8 +86,9 @@ def main() -> int:
 
         try:
             batches, _ = run()
-            commits = sorted(int(n) for n in os.listdir(os.path.join(checkpoint, "commits"))
-                             if n.isdigit())
+            commits = sorted(
+                int(n) for n in os.listdir(os.path.join(checkpoint, "commits")) if n.isdigit()
+            )
             last = commits[-1]
             for name in (str(last), f".{last}.crc"):  # the simulated crash
                 path = os.path.join(checkpoint, "commits", name)
@@ -86,8 +96,12 @@ def main() -> int:
                     os.remove(path)
             _, rerun_rows = run()  # Spark runs batch `last` again; the sink's commit is idempotent
             written = [
-                bytes(r.value) for r in spark.read.format("aeron")
-                .option("endpoint", server.endpoint).option("streamId", 2).load().collect()
+                bytes(r.value)
+                for r in spark.read.format("aeron")
+                .option("endpoint", server.endpoint)
+                .option("streamId", 2)
+                .load()
+                .collect()
             ]
         finally:
             spark.stop()

@@ -43,14 +43,17 @@ def main() -> int:
     from pyspark.sql import SparkSession
 
     ingest_port = free_udp_port()
-    with tempfile.TemporaryDirectory() as tmp, StreamServer(
-        ServerConfig(
-            directory=os.path.join(tmp, "server"),
-            port=0,
-            ingest_channel=f"aeron:udp?endpoint=127.0.0.1:{ingest_port}",
-            ingest_stream_ids=(args.stream_id,),
-        )
-    ).start() as server:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        StreamServer(
+            ServerConfig(
+                directory=os.path.join(tmp, "server"),
+                port=0,
+                ingest_channel=f"aeron:udp?endpoint=127.0.0.1:{ingest_port}",
+                ingest_stream_ids=(args.stream_id,),
+            )
+        ).start() as server,
+    ):
         payloads = [f"tick-{i:07d}|".encode() + b"x" * (i % 3000) for i in range(args.messages)]
         with Driver(DriverConfig(write_counters_file=False)) as driver:  # the "plain Aeron" side
             pub = driver.add_publication(
@@ -70,29 +73,39 @@ def main() -> int:
                     time.sleep(0.05)
             pub.close()
         spark = (
-            SparkSession.builder.master("local[2]").appName("plain-aeron-ingest")
-            .config("spark.ui.enabled", "false").getOrCreate()
+            SparkSession.builder.master("local[2]")
+            .appName("plain-aeron-ingest")
+            .config("spark.ui.enabled", "false")
+            .getOrCreate()
         )
         try:
             spark.sparkContext.setLogLevel("ERROR")
             ensure_registered(spark)
             rows = (
-                spark.read.format("aeron").option("endpoint", server.endpoint)
-                .option("streamId", args.stream_id).load()
-                .select("value", "position", "recording_id").orderBy("position").collect()
+                spark.read.format("aeron")
+                .option("endpoint", server.endpoint)
+                .option("streamId", args.stream_id)
+                .load()
+                .select("value", "position", "recording_id")
+                .orderBy("position")
+                .collect()
             )
         finally:
             spark.stop()
         with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
             recs = client.list_recordings([args.stream_id])
     got = [bytes(r.value) for r in rows]
-    print(json.dumps({
-        "published": len(payloads),
-        "recordings": len(recs),
-        "read": len(got),
-        "in_order": got == payloads,
-        "source": recs[0].source if recs else None,
-    }))
+    print(
+        json.dumps(
+            {
+                "published": len(payloads),
+                "recordings": len(recs),
+                "read": len(got),
+                "in_order": got == payloads,
+                "source": recs[0].source if recs else None,
+            }
+        )
+    )
     return 0 if got == payloads else 1
 
 

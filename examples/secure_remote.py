@@ -37,12 +37,26 @@ def _start_server(tmp: str, stack: ExitStack) -> tuple[str, str]:
     keys = os.path.join(tmp, "server-keys")
     key = subprocess.run(
         [sys.executable, "-m", "aeron_spark.cli", "keys", "show", "--key-store", keys],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "aeron_spark.cli", "server", "--dir", os.path.join(tmp, "data"),
-         "--port", "0", "--key-store", keys],
-        stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "aeron_spark.cli",
+            "server",
+            "--dir",
+            os.path.join(tmp, "data"),
+            "--port",
+            "0",
+            "--key-store",
+            keys,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
     )
     stack.callback(proc.wait, 30)
     stack.callback(proc.terminate)
@@ -77,8 +91,8 @@ def main() -> int:
 
     with ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
-        endpoint, key = (args.endpoint, args.server_key) if args.endpoint else _start_server(
-            tmp, stack
+        endpoint, key = (
+            (args.endpoint, args.server_key) if args.endpoint else _start_server(tmp, stack)
         )
         client_keys = os.path.join(tmp, "client-keys")
         secure = {
@@ -89,8 +103,10 @@ def main() -> int:
             "encryption": "true",
         }
         spark = (
-            SparkSession.builder.master("local[2]").appName("secure-remote")
-            .config("spark.ui.enabled", "false").getOrCreate()
+            SparkSession.builder.master("local[2]")
+            .appName("secure-remote")
+            .config("spark.ui.enabled", "false")
+            .getOrCreate()
         )
         stack.callback(spark.stop)
         spark.sparkContext.setLogLevel("ERROR")
@@ -104,21 +120,29 @@ def main() -> int:
         )
         read = back.filter("value like 'row-%'").count()
 
-        settings = ClientSettings(endpoint=endpoint, server_key=key, trust_on_first_use=False,
-                                  key_store_dir=client_keys)
+        settings = ClientSettings(
+            endpoint=endpoint, server_key=key, trust_on_first_use=False, key_store_dir=client_keys
+        )
         with StreamClient.connect(settings) as client:
             sealed = bool(getattr(client._link, "encrypted", False))
         try:
             StreamClient.connect(
-                ClientSettings(endpoint=endpoint, server_key="00" * 32, trust_on_first_use=False,
-                               key_store_dir=client_keys, timeout_s=10)
+                ClientSettings(
+                    endpoint=endpoint,
+                    server_key="00" * 32,
+                    trust_on_first_use=False,
+                    key_store_dir=client_keys,
+                    timeout_s=10,
+                )
             ).close()
             refused = False
         except ServerUnavailableError as exc:
             refused = "pinned server_key" in str(exc)
-    print(json.dumps(
-        {"written": args.rows, "read": read, "sealed": sealed, "wrong_key_refused": refused}
-    ))
+    print(
+        json.dumps(
+            {"written": args.rows, "read": read, "sealed": sealed, "wrong_key_refused": refused}
+        )
+    )
     return 0 if read == args.rows and sealed and refused else 1
 
 

@@ -80,9 +80,7 @@ class Channels:
             )
             if value
         )
-        return (
-            f"aeron:udp?endpoint={_h(self.host)}:{self.port}|{_HANDSHAKE_BOUNDS}{limits}{_GUARD}"
-        )
+        return f"aeron:udp?endpoint={_h(self.host)}:{self.port}|{_HANDSHAKE_BOUNDS}{limits}{_GUARD}"
 
     def hello_pub(self) -> str:
         if self.media == "ipc":

@@ -43,8 +43,11 @@ def _process_identity(reason: BaseException) -> Any:
             from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
             _process_key = X25519PrivateKey.generate()
-            log.warning("no client key (%s): this process uses a key of its own, which servers "
-                        "with authorized keys refuse; set clientKey / --client-key", reason)
+            log.warning(
+                "no client key (%s): this process uses a key of its own, which servers "
+                "with authorized keys refuse; set clientKey / --client-key",
+                reason,
+            )
         return _process_key
 
 
@@ -118,8 +121,9 @@ class Client:
 
     @classmethod
     def connect_to(cls, endpoint: str, config: ClientConfig | None = None, **kw: Any) -> Connection:
-        return cls(config, driver=kw.pop("driver", None), key_store=kw.pop("key_store", None)
-                   ).connect(endpoint, **kw)
+        return cls(
+            config, driver=kw.pop("driver", None), key_store=kw.pop("key_store", None)
+        ).connect(endpoint, **kw)
 
 
 def connect(endpoint: str, config: ClientConfig | None = None, **kw: Any) -> Connection:

@@ -122,9 +122,7 @@ class SessionKeys:
         return AESGCM(self.handshake_key).encrypt(_NONCE_DONE, b"", self.transcript + b"done")
 
     def confirm_proof(self) -> bytes:
-        return AESGCM(self.handshake_key).encrypt(
-            _NONCE_CONFIRM, b"", self.transcript + b"confirm"
-        )
+        return AESGCM(self.handshake_key).encrypt(_NONCE_CONFIRM, b"", self.transcript + b"confirm")
 
     @staticmethod
     def proofs_equal(a: bytes, b: bytes) -> bool:

@@ -144,7 +144,11 @@ SESSION_TRANSITIONS: dict[tuple[SessionState, SessionEvent], SessionState] = {
     (_S.CLOSED, _SE.CLOSE): _S.CLOSED,
 }
 for _session_event in (
-    _SE.BAD_DONE, _SE.CLOSE, _SE.TRANSPORT_LOST, _SE.TIMEOUT, _SE.PROTOCOL_ERROR
+    _SE.BAD_DONE,
+    _SE.CLOSE,
+    _SE.TRANSPORT_LOST,
+    _SE.TIMEOUT,
+    _SE.PROTOCOL_ERROR,
 ):
     SESSION_TRANSITIONS[(_S.WELCOMED, _session_event)] = _S.CLOSED
 for _session_event in (_SE.CLOSE, _SE.PEER_CLOSED, _SE.TRANSPORT_LOST, _SE.PROTOCOL_ERROR):
@@ -294,7 +298,10 @@ class ClientHandshake:
             return None
         try:
             keys = client_keys(
-                self._ephemeral, self._static, self._hello, message.server_key,
+                self._ephemeral,
+                self._static,
+                self._hello,
+                message.server_key,
                 message.ephemeral_key,
             )
             details = m.SessionDetails.decode(keys.open_details(message.box))
@@ -601,9 +608,7 @@ class ServerCore:
         self.counters.accepted += 1
         return session
 
-    def _stateless_admission(
-        self, address: str, hello: m.Hello
-    ) -> tuple[ErrorCode | None, str]:
+    def _stateless_admission(self, address: str, hello: m.Hello) -> tuple[ErrorCode | None, str]:
         """Checks that need no state: answered before the cookie round trip."""
         if self.shutting_down:
             return ErrorCode.SHUTTING_DOWN, "the server is shutting down"
@@ -653,9 +658,7 @@ class ServerCore:
             mac.update(len(part).to_bytes(2, "big") + part)
         return mac.digest()[: m.COOKIE_LENGTH]
 
-    def _check_cookie(
-        self, source: str, hello: m.Hello, hello_bytes: bytes, now_ns: int
-    ) -> None:
+    def _check_cookie(self, source: str, hello: m.Hello, hello_bytes: bytes, now_ns: int) -> None:
         """Return if ``hello`` carries a valid cookie for ``source``, else raise the COOKIE."""
         epoch = now_ns // COOKIE_PERIOD_NS
         if hello.cookie:
@@ -683,9 +686,7 @@ class ServerCore:
             return False
         if prefix not in table and len(table) >= _RATE_TABLE_LIMIT:
             # Forget the prefixes whose bucket has refilled (they are as if never seen).
-            full = [
-                k for k, (t, a) in table.items() if t + max(now_ns - a, 0) * rate / 1e9 >= rate
-            ]
+            full = [k for k, (t, a) in table.items() if t + max(now_ns - a, 0) * rate / 1e9 >= rate]
             for key in full:
                 del table[key]
             if len(table) >= _RATE_TABLE_LIMIT:
@@ -693,9 +694,7 @@ class ServerCore:
         table[prefix] = (tokens - 1.0, max(now_ns, at))
         return True
 
-    def _admission(
-        self, address: str, prefix: str, hello: m.Hello
-    ) -> tuple[ErrorCode | None, str]:
+    def _admission(self, address: str, prefix: str, hello: m.Hello) -> tuple[ErrorCode | None, str]:
         cfg = self.config
         if hello.connect_key in self.connect_keys:
             return ErrorCode.MALFORMED, "connect key already in use"

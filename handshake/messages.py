@@ -139,8 +139,12 @@ class Refuse:
 
     def encode(self) -> bytes:
         return _pack(
-            {"t": MessageType.REFUSE, "ck": self.connect_key, "code": self.code,
-             "msg": self.message[:256]}
+            {
+                "t": MessageType.REFUSE,
+                "ck": self.connect_key,
+                "code": self.code,
+                "msg": self.message[:256],
+            }
         )
 
 
@@ -244,9 +248,7 @@ def decode_message(data: bytes | memoryview) -> Message:
             public_key=_bin(body, "pk", KEY_LENGTH, KEY_LENGTH),
             encryption=_bool(body, "enc"),
             cookie=_bin(body, "cookie", COOKIE_LENGTH, COOKIE_LENGTH) if "cookie" in body else b"",
-            identity=(
-                _bin(body, "id", IDENTITY_LENGTH, IDENTITY_LENGTH) if "id" in body else b""
-            ),
+            identity=(_bin(body, "id", IDENTITY_LENGTH, IDENTITY_LENGTH) if "id" in body else b""),
         )
     if kind == MessageType.COOKIE:
         _exact_keys(body, {"t", "ck", "cookie", "spk"}, "COOKIE")

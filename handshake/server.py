@@ -124,9 +124,7 @@ class Server:
         self.config = config = config or ServerConfig()
         self.key_store = key_store or KeyStore(config.key_store_dir)
         # authorize(client static public key) -> may it connect (None: any client may)
-        self.core = ServerCore(
-            config, self.key_store.server_private_key(), authorize=authorize
-        )
+        self.core = ServerCore(config, self.key_store.server_private_key(), authorize=authorize)
         self.public_key = self.core.static_public
         self._own_driver = driver is None
         self.driver = driver or Driver(DriverConfig(write_counters_file=False)).start()
@@ -243,9 +241,7 @@ class Server:
             for image in images:
                 inbox = self._hellos.get(id(image))
                 if inbox is None:
-                    inbox = self._hellos[id(image)] = _HelloInbox(
-                        image, channels.media == "ipc"
-                    )
+                    inbox = self._hellos[id(image)] = _HelloInbox(image, channels.media == "ipc")
                     if channels.media == "udp":
                         # a client joins the replies before it says HELLO: the address its
                         # HELLO stream comes from (bounded by the HELLO images' limits) may
@@ -267,7 +263,12 @@ class Server:
             del self._hellos[key]
 
     def _on_hello(
-        self, channels: Channels, reply: Any, address: str, source: str, data: bytes,
+        self,
+        channels: Channels,
+        reply: Any,
+        address: str,
+        source: str,
+        data: bytes,
         now_ns: int,
     ) -> bool:
         """Answer one HELLO; True if the answer is a COOKIE (the client may say HELLO again)."""

@@ -67,9 +67,22 @@ def can_hide_directories() -> str | None:
     if shutil.which("unshare") is None:
         return "unshare (util-linux) is not installed"
     probe = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "mount", "-t", "tmpfs",
-         "-o", "size=1m", "aeron-spark-probe", "/mnt"],
-        capture_output=True, text=True, timeout=30,
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "mount",
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=1m",
+            "aeron-spark-probe",
+            "/mnt",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     if probe.returncode != 0:
         return f"cannot make a private mount namespace here (needs root): {probe.stderr.strip()}"
@@ -84,8 +97,15 @@ def hiding(hidden: list[Path], argv: list[str]) -> list[str]:
         f"mount -t tmpfs -o size=512m,mode=0755 aeron-spark-hidden {shlex.quote(str(d))}"
         for d in hidden
     )
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-            f"{mounts} && exec {shlex.join(argv)}"]
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        f"{mounts} && exec {shlex.join(argv)}",
+    ]
 
 
 @dataclass

@@ -86,8 +86,10 @@ def mount_of(compose: dict[str, Any], name: str, path: str) -> Mount | None:
 def host_path(compose: dict[str, Any], name: str, path: str, volumes_root: Path) -> Path:
     """Where a path of a service's container is on the host: ``volumes_root/<volume>/<rest>``."""
     m = mount_of(compose, name, path)
-    assert m is not None, f"{path} of {name} is on no named volume: it would be lost with the " \
+    assert m is not None, (
+        f"{path} of {name} is on no named volume: it would be lost with the "
         "container and no other service could see it"
+    )
     return volumes_root / m.volume / posixpath.relpath(posixpath.normpath(path), m.target)
 
 

@@ -44,9 +44,11 @@ def test_max_messages_per_trigger_with_available_now_reads_everything_in_limited
         .load()
     )
     query = (
-        df.writeStream.format("memory").queryName("limited")
+        df.writeStream.format("memory")
+        .queryName("limited")
         .option("checkpointLocation", str(tmp_path / "ckpt"))
-        .trigger(availableNow=True).start()
+        .trigger(availableNow=True)
+        .start()
     )
     assert query.awaitTermination(300) and query.exception() is None
     rows = [bytes(r.value) for r in spark.sql("SELECT value FROM limited").collect()]
@@ -65,9 +67,7 @@ def test_read_limits_on_the_reader_end_on_message_boundaries(server) -> None:
     while True:
         nxt = reader.latestOffset(offset, ReadMaxRows(7))
         got = sum(
-            batch.num_rows
-            for part in reader.partitions(offset, nxt)
-            for batch in reader.read(part)
+            batch.num_rows for part in reader.partitions(offset, nxt) for batch in reader.read(part)
         )
         if got == 0:
             break

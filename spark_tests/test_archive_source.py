@@ -102,14 +102,14 @@ def test_batch_read_is_byte_for_byte(spark, recorded: Recorded) -> None:  # type
     session_id = recorded.client.list_recording(rid).session_id
     rows = _read(spark, recorded, 3001).orderBy("position").collect()
     assert [bytes(r.value) for r in rows] == messages
-    assert {(r.recording_id, r.stream_id, r.session_id) for r in rows} == \
-        {(rid, 3001, session_id)}
+    assert {(r.recording_id, r.stream_id, r.session_id) for r in rows} == {(rid, 3001, session_id)}
     # Split into term-aligned tasks (64 KiB terms): the same rows, none twice.
     df = _read(spark, recorded, 3001, minPartitions=4)
     assert df.rdd.getNumPartitions() >= 4
     split = df.orderBy("position").collect()
-    assert [(bytes(r.value), r.position) for r in split] == \
-        [(bytes(r.value), r.position) for r in rows]
+    assert [(bytes(r.value), r.position) for r in split] == [
+        (bytes(r.value), r.position) for r in rows
+    ]
     # The channel filter, and ending/starting positions as offsets.
     key = f"{ARCHIVE_ID}/{rid}"
     assert _read(spark, recorded, 3001, channel=channel).count() == len(messages)
@@ -188,14 +188,18 @@ def test_live_query_sees_new_recordings_and_data_arrive(  # type: ignore[no-unty
     )
     try:
         query.processAllAvailable()  # returns once the query has read all the source offers
-        assert sorted(bytes(r.value) for r in spark.read.parquet(str(out)).collect()) == \
-            sorted(b"before-%d" % i for i in range(20))
+        assert sorted(bytes(r.value) for r in spark.read.parquet(str(out)).collect()) == sorted(
+            b"before-%d" % i for i in range(20)
+        )
         recorded.append(pub, rid, [b"after-%d" % i for i in range(30)])
         pub2, _, rid2 = recorded.record(3031, [b"second-%d" % i for i in range(10)])
         query.processAllAvailable()
         got = spark.read.parquet(str(out)).collect()
-        expected = sorted([b"before-%d" % i for i in range(20)] + [b"after-%d" % i for i in
-                          range(30)] + [b"second-%d" % i for i in range(10)])
+        expected = sorted(
+            [b"before-%d" % i for i in range(20)]
+            + [b"after-%d" % i for i in range(30)]
+            + [b"second-%d" % i for i in range(10)]
+        )
         assert sorted(bytes(r.value) for r in got) == expected
         assert {r.recording_id for r in got} == {rid, rid2}
         assert query.exception() is None
@@ -211,16 +215,18 @@ def test_truncated_range_fails_clearly_or_is_skipped(  # type: ignore[no-untyped
     messages = [b"t" * 100] * 20  # 160-byte frames
     pub, channel, rid = recorded.record(3041, messages)
     recorded.client.stop_recording(channel, 3041)
-    recorded.client.wait_for_signal(lambda e: e.recording_id == rid
-                                    and e.signal == RecordingSignal.STOP)
+    recorded.client.wait_for_signal(
+        lambda e: e.recording_id == rid and e.signal == RecordingSignal.STOP
+    )
     recorded.client.truncate_recording(rid, 160 * 10)
     key = f"{ARCHIVE_ID}/{rid}"
     assert _read(spark, recorded, 3041).count() == 10
     beyond = json.dumps({key: 160 * 15})  # an offset read before the truncation
     with pytest.raises(Exception, match="truncated"):
         _read(spark, recorded, 3041, startingPositions=beyond).collect()
-    assert _read(spark, recorded, 3041, startingPositions=beyond,
-                 failOnDataLoss="false").count() == 0
+    assert (
+        _read(spark, recorded, 3041, startingPositions=beyond, failOnDataLoss="false").count() == 0
+    )
     pub.close()
 
 
@@ -237,11 +243,17 @@ def test_archive_restarted_mid_query_fails_clearly_then_resumes_from_checkpoint(
 
     def run(control: str) -> object:
         query = (
-            spark.readStream.format("aeron").option("archive", control)
-            .option("streamId", 3051).option("timeoutMs", 20000).load()
+            spark.readStream.format("aeron")
+            .option("archive", control)
+            .option("streamId", 3051)
+            .option("timeoutMs", 20000)
+            .load()
             .select("value", "recording_id")
-            .writeStream.format("parquet").option("path", str(out))
-            .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start()
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(ckpt))
+            .trigger(availableNow=True)
+            .start()
         )
         from pyspark.errors import StreamingQueryException
 
@@ -272,7 +284,8 @@ def test_archive_restarted_mid_query_fails_clearly_then_resumes_from_checkpoint(
             assert run(again.control_channel) is None
             rows = spark.read.parquet(str(out)).collect()
             assert sorted(bytes(x.value) for x in rows) == sorted(
-                [b"one-%d" % i for i in range(50)] + [b"two-%d" % i for i in range(30)])
+                [b"one-%d" % i for i in range(50)] + [b"two-%d" % i for i in range(30)]
+            )
             assert {x.recording_id for x in rows} == {rid, rid2}
             r.client.close()
             pub2.close()

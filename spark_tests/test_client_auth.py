@@ -21,8 +21,12 @@ def test_source_with_client_key_reads_from_an_authorising_server(spark, tmp_path
     )
     reader_key = str(Path(reader_store) / "client.key")  # what every executor host must hold
     config = ServerConfig(
-        directory=str(tmp_path / "server"), port=0, term_length=1024 * 1024, mtu=8192,
-        key_store_dir=str(tmp_path / "server-keys"), authorized_keys_file=str(keys),
+        directory=str(tmp_path / "server"),
+        port=0,
+        term_length=1024 * 1024,
+        mtu=8192,
+        key_store_dir=str(tmp_path / "server-keys"),
+        authorized_keys_file=str(keys),
     )
     with StreamServer(config) as server:
         settings = ClientSettings(endpoint=server.endpoint, key_store_dir=writer_store)

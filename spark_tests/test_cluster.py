@@ -50,10 +50,15 @@ def run(args: list[str], timeout_s: float) -> dict:
 def _state_files(checkpoint: Path) -> dict[str, list[str]]:
     """The aggregation's state store files per partition, as the job sees its checkpoint."""
     state = checkpoint / "state" / "0"
-    return {
-        p.name: sorted(f.name for f in p.iterdir() if f.suffix in (".delta", ".snapshot"))
-        for p in sorted(state.iterdir()) if p.name.isdigit()
-    } if state.is_dir() else {}
+    return (
+        {
+            p.name: sorted(f.name for f in p.iterdir() if f.suffix in (".delta", ".snapshot"))
+            for p in sorted(state.iterdir())
+            if p.name.isdigit()
+        }
+        if state.is_dir()
+        else {}
+    )
 
 
 @pytest.mark.timeout(1200)  # two job runs of up to 600 s each on a loaded 2-core machine
@@ -146,7 +151,9 @@ def test_hidden_directory_is_private_to_a_worker(tmp_path: Path) -> None:
     (shared / "job-file").write_text("job")
     done = subprocess.run(
         hiding([shared], ["sh", "-c", f"ls -A {shared}; echo worker > {shared}/worker-file"]),
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == ""  # the worker does not see the job's file...
@@ -172,7 +179,8 @@ def test_compose_file_has_no_obsolete_version_key() -> None:
 
 def test_docker_build_context_and_image_are_portable() -> None:
     ignored = {
-        line.strip().strip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+        line.strip().strip("/")
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     }
     assert {".venv", ".git"} <= ignored and "**/__pycache__" in ignored

@@ -13,9 +13,16 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_secure_remote_example_pins_the_key_and_refuses_a_wrong_one() -> None:
     done = subprocess.run(
         [sys.executable, "examples/secure_remote.py", "--rows", "500"],
-        cwd=ROOT, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {
-        "written": 500, "read": 500, "sealed": True, "wrong_key_refused": True,
+        "written": 500,
+        "read": 500,
+        "sealed": True,
+        "wrong_key_refused": True,
     }

@@ -37,9 +37,25 @@ def test_kafka_benchmark_tiny_run_prints_every_figure() -> None:
     if missing:
         pytest.skip(f"{', '.join(missing)} not on PATH: the broker comes from Maven Central")
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.kafka", "--rows", "4000", "--repeats", "1",
-         "--per-trigger", "2000", "--latency-messages", "5", "--exactly-once-rows", "2000"],
-        cwd=ROOT, capture_output=True, text=True, timeout=1400,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.kafka",
+            "--rows",
+            "4000",
+            "--repeats",
+            "1",
+            "--per-trigger",
+            "2000",
+            "--latency-messages",
+            "5",
+            "--exactly-once-rows",
+            "2000",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1400,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert proc.returncode == 0, proc.stderr[-5000:]
@@ -55,5 +71,8 @@ def test_kafka_benchmark_tiny_run_prints_every_figure() -> None:
     assert result["latency_aeron_executors_samples"] == 5
     # the copy under a forced task failure: aeron -> aeron exactly once, Kafka loses nothing
     assert (result["aeron_rows"], result["aeron_duplicates"], result["aeron_missing"]) == (
-        2000, 0, 0)
+        2000,
+        0,
+        0,
+    )
     assert result["kafka_missing"] == 0 and result["kafka_unexpected"] == 0

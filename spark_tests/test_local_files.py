@@ -19,13 +19,25 @@ pytestmark = pytest.mark.spark
 def _counters(endpoint: str) -> dict[str, int]:
     with StreamClient.connect(ClientSettings(endpoint=endpoint)) as client:
         counters = client.stats()["counters"]
-    return {k: counters[k] for k in ("local_reads_offered", "replays_started",
-                                     "sink_parts_staged", "sink_parts_staged_locally")}
+    return {
+        k: counters[k]
+        for k in (
+            "local_reads_offered",
+            "replays_started",
+            "sink_parts_staged",
+            "sink_parts_staged_locally",
+        )
+    }
 
 
 def _read(spark, endpoint: str, stream_id: int, local: str, **options: str):  # type: ignore[no-untyped-def]
-    reader = (spark.read.format("aeron").option("endpoint", endpoint).option("streamId", stream_id)
-              .option("localReads", local).option("minPartitions", "3"))
+    reader = (
+        spark.read.format("aeron")
+        .option("endpoint", endpoint)
+        .option("streamId", stream_id)
+        .option("localReads", local)
+        .option("minPartitions", "3")
+    )
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load()
@@ -35,8 +47,11 @@ def test_local_and_replayed_reads_give_the_same_rows(spark, server, tmp_path):  
     ep = server.endpoint
     with StreamClient.connect(ClientSettings(endpoint=ep)) as client:
         for part in range(4):  # several appends: several time-index entries per recording
-            client.publish(40, [b"m-%d-%05d" % (part, i) + bytes(i % 300) for i in range(3000)],
-                           reserved_values=range(3000))
+            client.publish(
+                40,
+                [b"m-%d-%05d" % (part, i) + bytes(i % 300) for i in range(3000)],
+                reserved_values=range(3000),
+            )
         table = pa.table({"id": list(range(20_000)), "name": [f"n{i}" for i in range(20_000)]})
         client.publish(41, [m for b in table.to_batches(4096) for m in encode_batches(b, 30_000)])
 
@@ -49,18 +64,32 @@ def test_local_and_replayed_reads_give_the_same_rows(spark, server, tmp_path):  
     assert middle["local_reads_offered"] > before["local_reads_offered"]
 
     arrow = {"format": "arrow", "schema": "id long, name string"}
-    assert_df_equality(_read(spark, ep, 41, "true", **arrow),
-                       _read(spark, ep, 41, "false", **arrow),
-                       ignore_row_order=True)
+    assert_df_equality(
+        _read(spark, ep, 41, "true", **arrow),
+        _read(spark, ep, 41, "false", **arrow),
+        ignore_row_order=True,
+    )
 
     # a streaming query (micro-batches of at most 5,000 messages) reads the same rows
-    q = (spark.readStream.format("aeron").option("endpoint", ep).option("streamId", 40)
-         .option("maxMessagesPerTrigger", "5000").load()
-         .writeStream.format("memory").queryName("local_reads_stream")
-         .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+    q = (
+        spark.readStream.format("aeron")
+        .option("endpoint", ep)
+        .option("streamId", 40)
+        .option("maxMessagesPerTrigger", "5000")
+        .load()
+        .writeStream.format("memory")
+        .queryName("local_reads_stream")
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
     assert q.awaitTermination(300) and q.exception() is None
-    assert_df_equality(spark.sql("SELECT * FROM local_reads_stream"), replayed,
-                       ignore_row_order=True, ignore_nullable=True)
+    assert_df_equality(
+        spark.sql("SELECT * FROM local_reads_stream"),
+        replayed,
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
 
     # localReads=false never asks where the files are
     after = _counters(ep)
@@ -89,28 +118,51 @@ def test_local_options_are_checked(spark, server):  # type: ignore[no-untyped-de
 def test_local_and_session_staging_write_the_same_stream(spark, server, tmp_path):  # type: ignore[no-untyped-def]
     ep = server.endpoint
     rows = spark.range(0, 30_000, numPartitions=3).selectExpr(
-        "cast(concat('r-', id) as binary) as value", "id as reserved_value")
+        "cast(concat('r-', id) as binary) as value", "id as reserved_value"
+    )
     before = _counters(ep)
     for stream_id, local in ((50, "true"), (51, "false")):
-        (rows.write.format("aeron").option("endpoint", ep).option("streamId", stream_id)
-         .option("sinkId", f"local-{local}").option("localWrites", local).mode("append").save())
+        (
+            rows.write.format("aeron")
+            .option("endpoint", ep)
+            .option("streamId", stream_id)
+            .option("sinkId", f"local-{local}")
+            .option("localWrites", local)
+            .mode("append")
+            .save()
+        )
     after = _counters(ep)
     assert after["sink_parts_staged_locally"] - before["sink_parts_staged_locally"] == 3
     assert after["sink_parts_staged"] - before["sink_parts_staged"] == 6
 
     def back(stream_id: int):  # type: ignore[no-untyped-def]
-        return (spark.read.format("aeron").option("endpoint", ep).option("streamId", stream_id)
-                .load().select("value", "reserved_value"))
+        return (
+            spark.read.format("aeron")
+            .option("endpoint", ep)
+            .option("streamId", stream_id)
+            .load()
+            .select("value", "reserved_value")
+        )
 
     assert_df_equality(back(50), back(51), ignore_row_order=True)
     assert back(50).count() == 30_000
 
     # a streaming query into the sink stages locally and commits each batch once
-    q = (spark.readStream.format("aeron").option("endpoint", ep).option("streamId", 50)
-         .option("maxMessagesPerTrigger", "10000").load().select("value")
-         .writeStream.format("aeron").option("endpoint", ep).option("streamId", 52)
-         .option("sinkId", "local-stream").option("checkpointLocation", str(tmp_path / "ck"))
-         .trigger(availableNow=True).start())
+    q = (
+        spark.readStream.format("aeron")
+        .option("endpoint", ep)
+        .option("streamId", 50)
+        .option("maxMessagesPerTrigger", "10000")
+        .load()
+        .select("value")
+        .writeStream.format("aeron")
+        .option("endpoint", ep)
+        .option("streamId", 52)
+        .option("sinkId", "local-stream")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
     assert q.awaitTermination(300) and q.exception() is None
     assert_df_equality(back(52).select("value"), back(50).select("value"), ignore_row_order=True)
     assert _counters(ep)["sink_parts_staged_locally"] > after["sink_parts_staged_locally"]

@@ -62,9 +62,11 @@ def collector(stream_id: int) -> Iterator[Collector]:
 
 def test_raw_mode_batch_write_reaches_a_plain_subscription(spark) -> None:  # type: ignore[no-untyped-def]
     with collector(66) as c:
-        df = spark.range(3000).selectExpr(
-            "cast(concat('raw-', id) as binary) as value", "id * 2 as reserved_value"
-        ).repartition(3)
+        df = (
+            spark.range(3000)
+            .selectExpr("cast(concat('raw-', id) as binary) as value", "id * 2 as reserved_value")
+            .repartition(3)
+        )
         (
             df.write.format("aeron")
             .option("channel", f"aeron:udp?endpoint=127.0.0.1:{c.port}")
@@ -98,8 +100,11 @@ def test_raw_mode_streaming_copy_from_the_server_to_a_plain_subscription(  # typ
         client.publish(67, [b"s%04d" % i for i in range(500)])
     with collector(68) as c:
         query = (
-            spark.readStream.format("aeron").option("endpoint", server.endpoint)
-            .option("streamId", 67).load().select("value")
+            spark.readStream.format("aeron")
+            .option("endpoint", server.endpoint)
+            .option("streamId", 67)
+            .load()
+            .select("value")
             .writeStream.format("aeron")
             .option("channel", f"aeron:udp?endpoint=127.0.0.1:{c.port}")
             .option("streamId", 68)

@@ -39,8 +39,10 @@ def run_batches(df, checkpoint: Path) -> dict[int, list[tuple[int, int, bytes]]]
         seen[batch_id] = sorted((r.recording_id, r.position, bytes(r.value)) for r in rows)
 
     query = (
-        df.writeStream.foreachBatch(each).option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True).start()
+        df.writeStream.foreachBatch(each)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
     )
     assert query.awaitTermination(300), "query did not finish"
     assert query.exception() is None
@@ -51,8 +53,9 @@ def test_driver_reads_every_message_once_like_executors(spark, server, tmp_path)
     sent = {p: [f"p{p}-{i:05d}".encode() + bytes(p * 500) for i in range(2000)] for p in range(3)}
     for payloads in sent.values():
         publish(server.endpoint, 30, payloads)
-    seen = run_batches(source(spark, server.endpoint, 30, maxMessagesPerTrigger="1500"),
-                       tmp_path / "ckpt")
+    seen = run_batches(
+        source(spark, server.endpoint, 30, maxMessagesPerTrigger="1500"), tmp_path / "ckpt"
+    )
     assert len(seen) >= 4  # 6000 messages, at most 1500 a batch
     assert all(len(rows) <= 1500 for rows in seen.values())
     rows = [r for b in sorted(seen) for r in seen[b]]
@@ -64,24 +67,31 @@ def test_driver_reads_every_message_once_like_executors(spark, server, tmp_path)
     assert got == {f"p{p}".encode(): sent[p] for p in range(3)}
 
     # the same rows, columns and types as a batch read on executors
-    executors = (spark.read.format("aeron").option("endpoint", server.endpoint)
-                 .option("streamId", 30).load())
+    executors = (
+        spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 30).load()
+    )
     streamed = source(spark, server.endpoint, 30)
     assert streamed.schema == executors.schema
-    q = (streamed.writeStream.format("memory").queryName("driver_all")
-         .option("checkpointLocation", str(tmp_path / "ckpt2")).trigger(availableNow=True).start())
+    q = (
+        streamed.writeStream.format("memory")
+        .queryName("driver_all")
+        .option("checkpointLocation", str(tmp_path / "ckpt2"))
+        .trigger(availableNow=True)
+        .start()
+    )
     assert q.awaitTermination(300) and q.exception() is None
     assert_df_equality(
-        spark.sql("SELECT * FROM driver_all"), executors,
-        ignore_row_order=True, ignore_nullable=True,
+        spark.sql("SELECT * FROM driver_all"),
+        executors,
+        ignore_row_order=True,
+        ignore_nullable=True,
     )
 
 
 def test_restart_rereads_an_uncommitted_batch_with_the_same_rows(spark, server, tmp_path):  # type: ignore[no-untyped-def]
     publish(server.endpoint, 31, [b"a-%05d" % i for i in range(900)])
     checkpoint = tmp_path / "ckpt"
-    first = run_batches(source(spark, server.endpoint, 31, maxMessagesPerTrigger="300"),
-                        checkpoint)
+    first = run_batches(source(spark, server.endpoint, 31, maxMessagesPerTrigger="300"), checkpoint)
     assert sorted(first) == [0, 1, 2]
     # Forget that the last batch committed: the restarted query must run it again. Its rows are
     # not in the driver's cache any more (a new query), so they are read through
@@ -89,8 +99,9 @@ def test_restart_rereads_an_uncommitted_batch_with_the_same_rows(spark, server, 
     for name in ("2", ".2.crc"):
         (checkpoint / "commits" / name).unlink(missing_ok=True)
     publish(server.endpoint, 31, [b"b-%05d" % i for i in range(300)])
-    second = run_batches(source(spark, server.endpoint, 31, maxMessagesPerTrigger="300"),
-                         checkpoint)
+    second = run_batches(
+        source(spark, server.endpoint, 31, maxMessagesPerTrigger="300"), checkpoint
+    )
     assert second[2] == first[2]
     assert sorted(second) == [2, 3]
     assert [v for _, _, v in second[3]] == [b"b-%05d" % i for i in range(300)]
@@ -114,8 +125,14 @@ def test_read_on_options_are_checked(spark, server):  # type: ignore[no-untyped-
     with raises_project(ConfigurationError, "minPartitions"):
         source(spark, server.endpoint, 33, minPartitions="4")
     with raises_project(ConfigurationError, "readOn"):
-        (spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 33)
-         .option("readOn", "driver").load().collect())
+        (
+            spark.read.format("aeron")
+            .option("endpoint", server.endpoint)
+            .option("streamId", 33)
+            .option("readOn", "driver")
+            .load()
+            .collect()
+        )
     with pytest.raises(ConfigurationError, match="readOn"):
         from aeron_spark.connector.options import parse_source_options
 

@@ -93,15 +93,21 @@ def test_tour_runs_in_order(spark, tmp_path: Path) -> None:  # type: ignore[no-u
     assert server_line.endswith("&"), lines[0]
     log = open(tmp_path / "server.log", "w")  # noqa: SIM115 - closed in finally
     server = subprocess.Popen(
-        ["bash", "-c", f"exec {server_line[:-1]}"], stdout=log, stderr=log,
-        stdin=subprocess.DEVNULL, start_new_session=True,
+        ["bash", "-c", f"exec {server_line[:-1]}"],
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )
     query = None
     try:
         outputs = []
         for line in lines[1:]:  # publish, tail, stat: right after the server, as typed
             done = subprocess.run(
-                ["bash", "-c", line], capture_output=True, text=True, timeout=120,
+                ["bash", "-c", line],
+                capture_output=True,
+                text=True,
+                timeout=120,
                 stdin=subprocess.DEVNULL,
             )
             assert done.returncode == 0, (line, done.stderr[-3000:])
@@ -124,10 +130,12 @@ def test_tour_runs_in_order(spark, tmp_path: Path) -> None:  # type: ignore[no-u
             with client_for(endpoint, encryption=True) as client:
                 payloads = []
                 for rec in client.list_recordings(stream_ids=[20]):
-                    blocks = client.replay(rec.recording_id, rec.purged_position,
-                                           rec.recorded_position)
-                    payloads += [m.payload for m in messages_of(
-                        blocks, rec.initial_term_id, rec.term_length)]
+                    blocks = client.replay(
+                        rec.recording_id, rec.purged_position, rec.recorded_position
+                    )
+                    payloads += [
+                        m.payload for m in messages_of(blocks, rec.initial_term_id, rec.term_length)
+                    ]
         assert sorted(payloads) == sorted(str(i).encode() for i in range(1, 1001))
 
         printed = io.StringIO()  # the transport snippet, while the server still runs

@@ -25,16 +25,26 @@ V1 = str(sv.DATA / "golden-v1.xml")
 
 
 def read(spark, server, stream: int, **options: str):  # type: ignore[no-untyped-def]
-    reader = (spark.read.format("aeron").option("endpoint", server.endpoint)
-              .option("streamId", stream).option("format", "sbe").option("sbeSchema", V1))
+    reader = (
+        spark.read.format("aeron")
+        .option("endpoint", server.endpoint)
+        .option("streamId", stream)
+        .option("format", "sbe")
+        .option("sbeSchema", V1)
+    )
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load()
 
 
 def write(df, server, stream: int, **options: str) -> None:  # type: ignore[no-untyped-def]
-    writer = (df.write.format("aeron").option("endpoint", server.endpoint)
-              .option("streamId", stream).option("format", "sbe").option("sbeSchema", V1))
+    writer = (
+        df.write.format("aeron")
+        .option("endpoint", server.endpoint)
+        .option("streamId", stream)
+        .option("format", "sbe")
+        .option("sbeSchema", V1)
+    )
     for key, value in options.items():
         writer = writer.option(key, value)
     writer.mode("append").save()
@@ -66,14 +76,18 @@ def test_fixed_messages_read_and_written(spark, server) -> None:  # type: ignore
         client.publish(90, payloads)
     df = read(spark, server, 90, sbeMessage="Tick")
     assert df.schema.simpleString().startswith(
-        "struct<seq:decimal(20,0),at:bigint,price:struct<mantissa:bigint,exponent:tinyint>")
+        "struct<seq:decimal(20,0),at:bigint,price:struct<mantissa:bigint,exponent:tinyint>"
+    )
     assert rows_of(df, "seq") == rows
     # Spark rows back into SBE messages: the same bytes
     write(df, server, 91, sbeMessage="1")
     assert sorted(published(server, 91)) == sorted(payloads)
     # with the metadata columns
-    meta = read(spark, server, 90, sbeMessage="Tick", includeMetadata="true").orderBy(
-        "position").collect()
+    meta = (
+        read(spark, server, 90, sbeMessage="Tick", includeMetadata="true")
+        .orderBy("position")
+        .collect()
+    )
     assert [int(r.seq) for r in meta] == list(range(3000))
     assert len({r.position for r in meta}) == 3000 and meta[0].stream_id == 90
 
@@ -94,14 +108,19 @@ def test_groups_and_var_data_round_trip(spark, server) -> None:  # type: ignore[
 
 def test_other_templates_fail_or_skip(spark, server) -> None:  # type: ignore[no-untyped-def]
     tick, order = sbe.load(V1, "Tick"), sbe.load(V1, "Order")
-    ticks = tick.encode(pa.RecordBatch.from_pylist(sv.random_rows(tick.message, 20, 1),
-                                                   schema=tick.arrow_schema))
-    orders = order.encode(pa.RecordBatch.from_pylist(sv.random_rows(order.message, 5, 2),
-                                                     schema=order.arrow_schema))
+    ticks = tick.encode(
+        pa.RecordBatch.from_pylist(sv.random_rows(tick.message, 20, 1), schema=tick.arrow_schema)
+    )
+    orders = order.encode(
+        pa.RecordBatch.from_pylist(sv.random_rows(order.message, 5, 2), schema=order.arrow_schema)
+    )
     with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
         client.publish(93, ticks[:10] + orders + ticks[10:])
-    with raises_project(OtherTemplateRecordError, r"position \d+ of recording \d+ is template 2 "
-                        r"of schema 901, not Tick \(1\).*sbeOtherTemplates=skip"):
+    with raises_project(
+        OtherTemplateRecordError,
+        r"position \d+ of recording \d+ is template 2 "
+        r"of schema 901, not Tick \(1\).*sbeOtherTemplates=skip",
+    ):
         read(spark, server, 93, sbeMessage="Tick").collect()
     assert read(spark, server, 93, sbeMessage="Tick", sbeOtherTemplates="skip").count() == 20
     assert read(spark, server, 93, sbeMessage="Order", sbeOtherTemplates="skip").count() == 5
@@ -112,8 +131,11 @@ def test_sink_errors_name_column_and_row_before_staging(spark, server) -> None: 
     rows = sv.random_rows(codec.message, 50, seed=13)
     rows[37]["u8"] = 300  # does not fit uint8 (max 254)
     df = spark.createDataFrame(pa.Table.from_pylist(rows, schema=codec.arrow_schema)).coalesce(1)
-    with raises_project(SbeEncodeError, r"column 'u8', row 37 of this task: expected an integer "
-                        r"from 0 to 254"):
+    with raises_project(
+        SbeEncodeError,
+        r"column 'u8', row 37 of this task: expected an integer "
+        r"from 0 to 254",
+    ):
         write(df, server, 94, sbeMessage="Tick")
     assert published(server, 94) == []  # nothing was appended
     # columns that cannot be the message fail on the driver, before any task
@@ -131,13 +153,26 @@ def test_option_errors(spark, server) -> None:  # type: ignore[no-untyped-def]
     with raises_project(ConfigurationError, "sbeMessage='Nope'"):
         read(spark, server, 95, sbeMessage="Nope").collect()
     with raises_project(ConfigurationError, "sbeSchema"):
-        (spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 95)
-         .option("format", "sbe").load().collect())
+        (
+            spark.read.format("aeron")
+            .option("endpoint", server.endpoint)
+            .option("streamId", 95)
+            .option("format", "sbe")
+            .load()
+            .collect()
+        )
     with raises_project(ConfigurationError, "sbeOtherTemplates"):
         read(spark, server, 95, sbeMessage="Tick", sbeOtherTemplates="ignore").collect()
     with raises_project(ConfigurationError, "sbeSchema"):
-        (spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 95)
-         .option("format", "json").option("sbeSchema", V1).load().collect())
+        (
+            spark.read.format("aeron")
+            .option("endpoint", server.endpoint)
+            .option("streamId", 95)
+            .option("format", "json")
+            .option("sbeSchema", V1)
+            .load()
+            .collect()
+        )
 
 
 def test_streaming_sbe_to_sbe(spark, server, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -148,13 +183,24 @@ def test_streaming_sbe_to_sbe(spark, server, tmp_path) -> None:  # type: ignore[
     with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
         client.publish(96, payloads)
     query = (
-        spark.readStream.format("aeron").option("endpoint", server.endpoint)
-        .option("streamId", 96).option("format", "sbe").option("sbeSchema", V1)
-        .option("sbeMessage", "Order").option("maxMessagesPerTrigger", 70).load()
-        .writeStream.format("aeron").option("endpoint", server.endpoint).option("streamId", 97)
-        .option("format", "sbe").option("sbeSchema", V1).option("sbeMessage", "Order")
-        .option("sinkId", "sbe-stream").option("checkpointLocation", str(tmp_path / "ckpt"))
-        .trigger(availableNow=True).start()
+        spark.readStream.format("aeron")
+        .option("endpoint", server.endpoint)
+        .option("streamId", 96)
+        .option("format", "sbe")
+        .option("sbeSchema", V1)
+        .option("sbeMessage", "Order")
+        .option("maxMessagesPerTrigger", 70)
+        .load()
+        .writeStream.format("aeron")
+        .option("endpoint", server.endpoint)
+        .option("streamId", 97)
+        .option("format", "sbe")
+        .option("sbeSchema", V1)
+        .option("sbeMessage", "Order")
+        .option("sinkId", "sbe-stream")
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
     )
     assert query.awaitTermination(300) and query.exception() is None
     assert published(server, 97) == payloads  # in order: one recording, one task per batch

@@ -35,12 +35,17 @@ def test_streaming_read_from_two_servers_exactly_once_across_runs(spark, server,
 
         def run() -> list[bytes]:
             query = (
-                spark.readStream.format("aeron").option("endpoint", endpoints)
-                .option("streamId", 90).option("maxMessagesPerTrigger", 150).load()
-                .select("value").writeStream.format("parquet")
+                spark.readStream.format("aeron")
+                .option("endpoint", endpoints)
+                .option("streamId", 90)
+                .option("maxMessagesPerTrigger", 150)
+                .load()
+                .select("value")
+                .writeStream.format("parquet")
                 .option("path", str(tmp_path / "out"))
                 .option("checkpointLocation", str(tmp_path / "ckpt"))
-                .trigger(availableNow=True).start()
+                .trigger(availableNow=True)
+                .start()
             )
             assert query.awaitTermination(300) and query.exception() is None
             out = spark.read.parquet(str(tmp_path / "out")).collect()
@@ -50,7 +55,8 @@ def test_streaming_read_from_two_servers_exactly_once_across_runs(spark, server,
         assert run() == sorted(first)
         publish(second.endpoint, [b"c%04d" % i for i in range(100)])
         expected = sorted(
-            [b"a%04d" % i for i in range(300)] + [b"b%04d" % i for i in range(200)]
+            [b"a%04d" % i for i in range(300)]
+            + [b"b%04d" % i for i in range(200)]
             + [b"c%04d" % i for i in range(100)]
         )
         assert run() == expected
@@ -66,8 +72,10 @@ def test_batch_read_from_two_servers_with_per_server_ending_positions(spark, ser
         publish(server.endpoint, [b"x%03d" % i for i in range(10)])
         publish(second.endpoint, [b"y%03d" % i for i in range(10)])
         df = (
-            spark.read.format("aeron").option("endpoint", f"{server.endpoint},{second.endpoint}")
-            .option("streamId", 90).load()
+            spark.read.format("aeron")
+            .option("endpoint", f"{server.endpoint},{second.endpoint}")
+            .option("streamId", 90)
+            .load()
         )
         rows = df.select("value", "recording_id").collect()
         assert sorted(bytes(r.value) for r in rows) == sorted(
@@ -76,13 +84,16 @@ def test_batch_read_from_two_servers_with_per_server_ending_positions(spark, ser
         first_rid, second_rid = (_recording_id(e) for e in (server.endpoint, second.endpoint))
         ending = {f"{server.endpoint}/{first_rid}": 640, f"{second.endpoint}/{second_rid}": 192}
         part = (
-            spark.read.format("aeron").option("endpoint", f"{server.endpoint},{second.endpoint}")
-            .option("streamId", 90).option("endingPositions", json.dumps(ending)).load()
+            spark.read.format("aeron")
+            .option("endpoint", f"{server.endpoint},{second.endpoint}")
+            .option("streamId", 90)
+            .option("endingPositions", json.dumps(ending))
+            .load()
         )
         assert sorted(bytes(r.value) for r in part.select("value").collect()) == sorted(
             [b"x%03d" % i for i in range(10)] + [b"y%03d" % i for i in range(3)]
         )  # 64-byte frames: 640 = all ten, 192 = the first three
         with raises_project(ConfigurationError, "distinct"):
-            spark.read.format("aeron").option("endpoint", f"{server.endpoint},{server.endpoint}").option(
-                "streamId", 90
-            ).load().collect()
+            spark.read.format("aeron").option(
+                "endpoint", f"{server.endpoint},{server.endpoint}"
+            ).option("streamId", 90).load().collect()

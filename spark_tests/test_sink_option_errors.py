@@ -23,10 +23,18 @@ def _start_copy(spark, server, tmp_path: Path, sink_options: dict[str, str]):  #
 
     with client_for(server.endpoint, encryption=True) as client:
         client.publish(50, [f"m{i}".encode() for i in range(100)])
-    df = (spark.readStream.format("aeron").option("endpoint", server.endpoint)
-          .option("streamId", 50).load().select("value"))
-    writer = (df.writeStream.format("aeron").option("endpoint", server.endpoint)
-              .option("checkpointLocation", str(tmp_path / "ck")))
+    df = (
+        spark.readStream.format("aeron")
+        .option("endpoint", server.endpoint)
+        .option("streamId", 50)
+        .load()
+        .select("value")
+    )
+    writer = (
+        df.writeStream.format("aeron")
+        .option("endpoint", server.endpoint)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+    )
     for key, value in sink_options.items():
         writer = writer.option(key, value)
     started = time.monotonic()

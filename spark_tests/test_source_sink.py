@@ -217,12 +217,22 @@ def test_same_sink_id_with_a_new_checkpoint_is_a_new_query(spark, server, tmp_pa
     while each query's own batches stay exactly-once (commit identity = sinkId + checkpoint)."""
 
     def copy(stream_in: int, checkpoint: str) -> None:
-        src = (spark.readStream.format("aeron").option("endpoint", server.endpoint)
-               .option("streamId", stream_in).load().select("value"))
-        query = (src.writeStream.format("aeron").option("endpoint", server.endpoint)
-                 .option("streamId", 41).option("sinkId", "shared-id")
-                 .option("checkpointLocation", str(tmp_path / checkpoint))
-                 .trigger(availableNow=True).start())
+        src = (
+            spark.readStream.format("aeron")
+            .option("endpoint", server.endpoint)
+            .option("streamId", stream_in)
+            .load()
+            .select("value")
+        )
+        query = (
+            src.writeStream.format("aeron")
+            .option("endpoint", server.endpoint)
+            .option("streamId", 41)
+            .option("sinkId", "shared-id")
+            .option("checkpointLocation", str(tmp_path / checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
         assert query.awaitTermination(300)
         assert query.exception() is None
 
@@ -238,12 +248,25 @@ def test_same_sink_id_with_a_new_checkpoint_is_a_new_query(spark, server, tmp_pa
 
 
 def test_sink_reserved_value_column_goes_into_each_frame(spark, server):  # type: ignore[no-untyped-def]
-    df = spark.range(500).selectExpr("cast(concat('r-', id) as binary) as value",
-                                     "id * 3 as reserved_value").repartition(2)
-    (df.write.format("aeron").option("endpoint", server.endpoint).option("streamId", 21)
-     .mode("append").save())
-    back = (spark.read.format("aeron").option("endpoint", server.endpoint).option("streamId", 21)
-            .load().collect())
+    df = (
+        spark.range(500)
+        .selectExpr("cast(concat('r-', id) as binary) as value", "id * 3 as reserved_value")
+        .repartition(2)
+    )
+    (
+        df.write.format("aeron")
+        .option("endpoint", server.endpoint)
+        .option("streamId", 21)
+        .mode("append")
+        .save()
+    )
+    back = (
+        spark.read.format("aeron")
+        .option("endpoint", server.endpoint)
+        .option("streamId", 21)
+        .load()
+        .collect()
+    )
     assert sorted((bytes(r.value), r.reserved_value) for r in back) == sorted(
         (f"r-{i}".encode(), i * 3) for i in range(500)
     )
@@ -253,13 +276,19 @@ def test_consumer_id_commits_positions_for_the_servers_retention(spark, server, 
     with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
         client.publish(90, [f"m{i}".encode() for i in range(300)])
         [info] = client.list_recordings(stream_ids=[90])
+
     def run() -> None:
         query = (
-            spark.readStream.format("aeron").option("endpoint", server.endpoint)
-            .option("streamId", 90).option("consumerId", "retention-test")
-            .option("maxMessagesPerTrigger", 100).load()
-            .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt"))
-            .trigger(availableNow=True).start()
+            spark.readStream.format("aeron")
+            .option("endpoint", server.endpoint)
+            .option("streamId", 90)
+            .option("consumerId", "retention-test")
+            .option("maxMessagesPerTrigger", 100)
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .trigger(availableNow=True)
+            .start()
         )
         assert query.awaitTermination(120) and query.exception() is None
 

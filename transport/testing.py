@@ -195,8 +195,16 @@ class Spoofer:
         udp = struct.pack("!HHHH", source[1], destination[1], 8 + len(payload), 0) + payload
         ip = struct.pack(
             "!BBHHHBBH4s4s",
-            0x45, 0, 20 + len(udp), 0, 0, 64, socket.IPPROTO_UDP, 0,
-            socket.inet_aton(source[0]), socket.inet_aton(destination[0]),
+            0x45,
+            0,
+            20 + len(udp),
+            0,
+            0,
+            64,
+            socket.IPPROTO_UDP,
+            0,
+            socket.inet_aton(source[0]),
+            socket.inet_aton(destination[0]),
         )
         self.sock.sendto(ip + udp, (destination[0], 0))
         self.bytes_sent[source[0]] = self.bytes_sent.get(source[0], 0) + len(payload)

@@ -232,8 +232,9 @@ class Authorizer:
         grant = self.table.get(key)
         return grant.name if grant is not None else f"unlisted:{fingerprint(key)[:16]}"
 
-    def check(self, key: bytes, op: str, args: dict[str, Any], stream_of: Callable[[int], int]
-              ) -> None:
+    def check(
+        self, key: bytes, op: str, args: dict[str, Any], stream_of: Callable[[int], int]
+    ) -> None:
         """Raise :class:`NotAuthorisedError` (naming stream and operation) unless allowed."""
         grant = self.table.get(key)
         streams: Iterable[int | None] = request_streams(op, args, stream_of) or [None]

@@ -83,12 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-purge", action="store_true", help="refuse purge requests")
     parser.add_argument(
-        "--no-local-writes", action="store_true",
-        help="sink tasks always stage over their session, even those that can write this "
-        "directory",
+        "--no-local-writes",
+        action="store_true",
+        help="sink tasks always stage over their session, even those that can write this directory",
     )
     parser.add_argument(
-        "--no-local-reads", action="store_true",
+        "--no-local-reads",
+        action="store_true",
         help="never tell clients where recordings are on disk (every read is a replay over a "
         "session, even for readers that see this directory)",
     )
@@ -107,39 +108,55 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-per-address", type=int, default=256, help="sessions per client IP address"
     )
     parser.add_argument(
-        "--max-pending-per-prefix", type=int, default=32,
+        "--max-pending-per-prefix",
+        type=int,
+        default=32,
         help="handshakes in flight from one /24 (IPv4) or /64 (IPv6) network (default "
         "%(default)s; raise it when more clients of one network connect at the same instant)",
     )
     parser.add_argument(
-        "--hellos-per-prefix-per-s", type=float, default=1000.0,
+        "--hellos-per-prefix-per-s",
+        type=float,
+        default=1000.0,
         help="HELLOs (and new HELLO streams) one /24 or /64 network may have answered per "
         "second, burst as many; past it they are dropped and counted (default %(default)s)",
     )
     parser.add_argument(
-        "--retention-bytes", type=int, default=None,
+        "--retention-bytes",
+        type=int,
+        default=None,
         help="purge each recording down to its last N bytes (term granularity; default: keep all)",
     )
     parser.add_argument(
-        "--retention-seconds", type=float, default=None,
+        "--retention-seconds",
+        type=float,
+        default=None,
         help="purge what was recorded more than S seconds ago (default: keep all)",
     )
     parser.add_argument(
-        "--retention-ignores-consumers", action="store_true",
+        "--retention-ignores-consumers",
+        action="store_true",
         help="purge even what consumers (sources with a consumerId) have not committed",
     )
     parser.add_argument(
-        "--consumer-lease-seconds", type=float, default=7 * 24 * 3600.0,
+        "--consumer-lease-seconds",
+        type=float,
+        default=7 * 24 * 3600.0,
         help="a consumer silent this long holds nothing back (default 7 days)",
     )
     parser.add_argument(
-        "--min-free-bytes", type=_byte_size, default=0, metavar="BYTES",
+        "--min-free-bytes",
+        type=_byte_size,
+        default=0,
+        metavar="BYTES",
         help="refuse publish, stage and commit (error STORAGE_FULL) and hold ingest back while "
         "the directory's file system has less than this free, e.g. 512M or 2G (default 0: only "
         "a full disk refuses)",
     )
     parser.add_argument(
-        "--authorized-keys", default=None, metavar="FILE",
+        "--authorized-keys",
+        default=None,
+        metavar="FILE",
         help="only the client keys listed in FILE may connect, each with its permissions "
         "('KEY NAME read=10,20-29 write=20 admin' per line; see 'aeron-spark keys show "
         "--client'); re-read when it changes and on SIGHUP. Without it any client may connect",

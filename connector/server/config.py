@@ -113,7 +113,8 @@ class ServerConfig:
             raise ConfigurationError("directory", self.directory, "a directory path")
         if not 0 <= self.port <= MAX_PORT:
             raise ConfigurationError(
-                "port", self.port,
+                "port",
+                self.port,
                 f"0..{MAX_PORT}: the server also uses port + 1, so {MAX_PORT} is the highest "
                 "usable port (0 picks a free pair)",
             )

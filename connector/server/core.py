@@ -133,8 +133,12 @@ class ServerCore:
         self._replay_owner: dict[int, object] = {}
         self.consumers = ConsumerRegistry(config.directory)
         self.retention = Retention(
-            RetentionPolicy(config.retention_bytes, config.retention_s,
-                            config.retention_respects_consumers, config.consumer_lease_s),
+            RetentionPolicy(
+                config.retention_bytes,
+                config.retention_s,
+                config.retention_respects_consumers,
+                config.consumer_lease_s,
+            ),
             self.consumers,
         )
         # set by the I/O shell: extra sections of ``stats`` (server identity, transport counters)
@@ -147,7 +151,11 @@ class ServerCore:
     # --- sessions -----------------------------------------------------------------------------
 
     def open_session(
-        self, key: object, peer: str, max_message_length: int, now_ns: int,
+        self,
+        key: object,
+        peer: str,
+        max_message_length: int,
+        now_ns: int,
         identity: bytes = b"",
     ) -> Session:
         session = Session(
@@ -246,7 +254,9 @@ class ServerCore:
                         self.counters["requests_not_authorised"] += 1
                         raise
                     result = authz.visible(
-                        session.identity, request.op, self._dispatch(session, request, now_ns),
+                        session.identity,
+                        request.op,
+                        self._dispatch(session, request, now_ns),
                         self._stream_of,
                     )
             except ArchiveError as exc:  # the archive's errors travel as the wire's own
@@ -614,7 +624,6 @@ class ServerCore:
         return result
 
 
-
 Handler = Callable[[ServerCore, Session, proto.Request, int], Any]
 
 # The dispatch table: every operation of the protocol's schemas, its handler and the permission
@@ -624,8 +633,11 @@ HANDLERS: dict[str, tuple[Handler, proto.Permission]] = {
     op: (getattr(ServerCore, f"_op_{op}"), permission)
     for op, permission in proto.PERMISSIONS.items()
 }
-if set(HANDLERS) != set(proto.OPS) or any(  # pragma: no cover - fails every test at import
-    name.startswith("_op_") and name[4:] not in HANDLERS for name in vars(ServerCore)
+if (
+    set(HANDLERS) != set(proto.OPS)
+    or any(  # pragma: no cover - fails every test at import
+        name.startswith("_op_") and name[4:] not in HANDLERS for name in vars(ServerCore)
+    )
 ):
     raise AssertionError("ServerCore's handlers and the protocol's operations differ")
 

@@ -39,11 +39,19 @@ _BEGIN = int(DataFlags.BEGIN)
 _END = int(DataFlags.END)
 _DATA = int(FrameType.DATA)
 _PAD = int(FrameType.PAD)
-_HEADER_DTYPE = np.dtype([
-    ("length", "<i4"), ("version", "u1"), ("flags", "u1"), ("type", "<i2"),
-    ("term_offset", "<i4"), ("session_id", "<i4"), ("stream_id", "<i4"), ("term_id", "<i4"),
-    ("reserved_value", "<i8"),
-])
+_HEADER_DTYPE = np.dtype(
+    [
+        ("length", "<i4"),
+        ("version", "u1"),
+        ("flags", "u1"),
+        ("type", "<i2"),
+        ("term_offset", "<i4"),
+        ("session_id", "<i4"),
+        ("stream_id", "<i4"),
+        ("term_id", "<i4"),
+        ("reserved_value", "<i8"),
+    ]
+)
 
 
 class Framer:
@@ -106,8 +114,11 @@ class Framer:
         term_length = geometry.term_length
         count, length = payloads.shape
         framed = (length + DATA_HEADER_LENGTH + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
-        rvs = (np.zeros(count, np.int64) if reserved_values is None
-               else np.asarray(reserved_values, dtype=np.int64))
+        rvs = (
+            np.zeros(count, np.int64)
+            if reserved_values is None
+            else np.asarray(reserved_values, dtype=np.int64)
+        )
         per_block = max(1, self.max_block_bytes // framed)
         done = 0
         while done < count:
@@ -119,8 +130,19 @@ class Framer:
             if fit == 0:  # PAD to the end of the term (as _frame_each does)
                 pad = term_length - term_offset
                 block = bytearray(pad)
-                _pack_into(block, 0, pad, 0, _UNFRAG, _PAD, term_offset, self.session_id,
-                           self.stream_id, term_id, 0)
+                _pack_into(
+                    block,
+                    0,
+                    pad,
+                    0,
+                    _UNFRAG,
+                    _PAD,
+                    term_offset,
+                    self.session_id,
+                    self.stream_id,
+                    term_id,
+                    0,
+                )
                 self.position = position + pad
                 yield position, bytes(block)
                 continue

@@ -52,8 +52,10 @@ class ConsumerRegistry:
             body = {}
         for cid, entry in body.items():
             self.consumers[cid] = Consumer(
-                cid, tuple(entry["stream_ids"]),
-                {int(k): int(v) for k, v in entry["positions"].items()}, float(entry["updated_s"]),
+                cid,
+                tuple(entry["stream_ids"]),
+                {int(k): int(v) for k, v in entry["positions"].items()},
+                float(entry["updated_s"]),
             )
 
     def commit(
@@ -93,16 +95,22 @@ class ConsumerRegistry:
 
     def describe(self, now_s: float) -> list[dict[str, Any]]:
         return [
-            {"consumer_id": c.consumer_id, "stream_ids": list(c.stream_ids),
-             "positions": {str(k): v for k, v in sorted(c.positions.items())},
-             "age_s": round(now_s - c.updated_s, 1)}
+            {
+                "consumer_id": c.consumer_id,
+                "stream_ids": list(c.stream_ids),
+                "positions": {str(k): v for k, v in sorted(c.positions.items())},
+                "age_s": round(now_s - c.updated_s, 1),
+            }
             for c in sorted(self.consumers.values(), key=lambda c: c.consumer_id)
         ]
 
     def _save(self) -> None:
         body = {
-            c.consumer_id: {"stream_ids": list(c.stream_ids), "updated_s": c.updated_s,
-                            "positions": {str(k): v for k, v in c.positions.items()}}
+            c.consumer_id: {
+                "stream_ids": list(c.stream_ids),
+                "updated_s": c.updated_s,
+                "positions": {str(k): v for k, v in c.positions.items()},
+            }
             for c in self.consumers.values()
         }
         tmp = self.path + ".tmp"
@@ -177,7 +185,10 @@ class Retention:
             target = purge_target(self.policy, rec, now_wall_ns, store.position_at, hold)
             unheld = purge_target(
                 RetentionPolicy(self.policy.retention_bytes, self.policy.retention_s, False),
-                rec, now_wall_ns, store.position_at, None,
+                rec,
+                now_wall_ns,
+                store.position_at,
+                None,
             )
             if unheld is not None and (target is None or target < unheld):
                 self.counters["retention_held_by_consumers"] += 1
@@ -187,8 +198,9 @@ class Retention:
                 store.purge(rec["recording_id"], target, 0)
             except Exception:  # noqa: BLE001 - retention must never stop the server
                 self.counters["retention_errors"] += 1
-                log.exception("retention could not purge recording %d to %d",
-                              rec["recording_id"], target)
+                log.exception(
+                    "retention could not purge recording %d to %d", rec["recording_id"], target
+                )
                 continue
             self.counters["retention_purges"] += 1
             self.counters["retention_bytes_purged"] += target - rec["purged_position"]

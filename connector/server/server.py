@@ -107,8 +107,12 @@ class StreamServer:
             self._nofile_at_start = nofile_limits()
             self._nofile = raise_nofile_limit()
             if self._nofile != self._nofile_at_start:
-                log.info("raised the open files limit from %s to %s (hard limit %s)",
-                         self._nofile_at_start[0], self._nofile[0], self._nofile[1])
+                log.info(
+                    "raised the open files limit from %s to %s (hard limit %s)",
+                    self._nofile_at_start[0],
+                    self._nofile[0],
+                    self._nofile[1],
+                )
             self._driver = Driver(DriverConfig(write_counters_file=False)).start()
         except BaseException:
             self._release_dir_lock()
@@ -128,11 +132,16 @@ class StreamServer:
             if self.config.authorized_keys_file is not None:
                 self.authz = Authorizer(self.config.authorized_keys_file)
                 self.core.authz = self.authz
-                log.info("client keys: %d authorised in %s (others are refused)",
-                         len(self.authz.table), self.config.authorized_keys_file)
+                log.info(
+                    "client keys: %d authorised in %s (others are refused)",
+                    len(self.authz.table),
+                    self.config.authorized_keys_file,
+                )
             else:
-                log.warning("no authorized keys file: any client may connect and read, write "
-                            "and purge every stream the settings allow (use --authorized-keys)")
+                log.warning(
+                    "no authorized keys file: any client may connect and read, write "
+                    "and purge every stream the settings allow (use --authorized-keys)"
+                )
             self._listener = ServerListener(
                 self.config.host,
                 self.config.port,
@@ -284,8 +293,12 @@ class StreamServer:
                 del self._sessions[key]
                 closed += 1
         core.counters["sessions_revoked"] = core.counters.get("sessions_revoked", 0) + closed
-        log.info("authorized keys reloaded: %d keys, %d removed, %d sessions closed",
-                 len(authz.table), len(removed), closed)
+        log.info(
+            "authorized keys reloaded: %d keys, %d removed, %d sessions closed",
+            len(authz.table),
+            len(removed),
+            closed,
+        )
 
     def _resource_failure(self, exc: OSError, now_ns: int) -> None:
         assert self.core is not None
@@ -454,8 +467,9 @@ class StreamServer:
             counters = self.core.counters
             counters["stat_snapshot_failures"] = counters.get("stat_snapshot_failures", 0) + 1
             if now_ns >= self._next_failure_log_ns:
-                log.warning("cannot write the stat snapshot (skipped): %s: %s",
-                            type(exc).__name__, exc)
+                log.warning(
+                    "cannot write the stat snapshot (skipped): %s: %s", type(exc).__name__, exc
+                )
                 self._next_failure_log_ns = now_ns + 1_000_000_000
 
     def _shutdown(self) -> None:

@@ -551,8 +551,8 @@ class SinkCommitter:
             path = self.staging.check_part(item)
             for payloads, rvs in self.staging.read_part(path):
                 count += len(payloads)
-                nbytes += payloads.size if isinstance(payloads, np.ndarray) else sum(
-                    map(len, payloads)
+                nbytes += (
+                    payloads.size if isinstance(payloads, np.ndarray) else sum(map(len, payloads))
                 )
                 for position, block in framer.frame(payloads, rvs):
                     end = position + len(block)

@@ -201,7 +201,9 @@ def stat_main(argv: Sequence[str], out: TextIO | None = None) -> int:
     parser.add_argument("--no-encryption", action="store_true")
     parser.add_argument("--key-store", default=None)
     parser.add_argument(
-        "--client-key", default=None, metavar="FILE",
+        "--client-key",
+        default=None,
+        metavar="FILE",
         help="this client's identity private key file (default: client.key in the key store)",
     )
     parser.add_argument("--timeout-s", type=float, default=10.0)

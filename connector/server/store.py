@@ -105,8 +105,9 @@ class _Publisher:
         self.recording_id = rec.d.recording_id
         geometry = LogGeometry(rec.d.term_length, rec.d.mtu, rec.d.initial_term_id)
         # publish() writes each block out before the next is framed: the framer may reuse memory
-        self._framer = Framer(geometry, rec.d.session_id, rec.d.stream_id, rec.recorded_position,
-                              reuse_blocks=True)
+        self._framer = Framer(
+            geometry, rec.d.session_id, rec.d.stream_id, rec.recorded_position, reuse_blocks=True
+        )
 
     def publish(
         self, payloads: Sequence[bytes], reserved_values: Sequence[int] | None, now_ns: int
@@ -179,8 +180,9 @@ class ArchiveStore:
             try:
                 _write_token(self._token_path, self.local_token["token"])
             except OSError as exc:  # a full disk: start anyway, every read over its session
-                log.warning("local reads and writes are off: cannot write %s: %s",
-                            self._token_path, exc)
+                log.warning(
+                    "local reads and writes are off: cannot write %s: %s", self._token_path, exc
+                )
                 self.local_token = None
                 with contextlib.suppress(OSError):
                     os.unlink(self._token_path + ".tmp")

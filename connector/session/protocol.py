@@ -117,7 +117,6 @@ OPS: dict[str, dict[str, tuple[str, bool]]] = {
 }
 
 
-
 class Permission(enum.Enum):
     """What an operation needs of the session that asks (the client-authentication issue
     grants these; today a read-only server refuses ``WRITE`` and ``ADMIN`` alike)."""
@@ -219,9 +218,10 @@ def _check(op: str, name: str, kind: str, value: object) -> None:
             raise _fail(op, name, value, "a list of byte strings")
     elif kind == "pos_pairs":
         if not isinstance(value, list) or not all(
-            isinstance(v, list) and len(v) == 2 and all(
-                _is_int(x) and 0 <= x <= INT64_MAX for x in v
-            ) for v in value
+            isinstance(v, list)
+            and len(v) == 2
+            and all(_is_int(x) and 0 <= x <= INT64_MAX for x in v)
+            for v in value
         ):
             raise _fail(op, name, value, "a list of [recording_id, position] pairs")
     elif kind == "staged_list":

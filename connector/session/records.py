@@ -40,8 +40,11 @@ def records(
         count, length = len(lengths), lengths[0]
         rows = np.empty((count, RECORD.size + length), dtype=np.uint8)
         rows[:, :4] = np.frombuffer(struct.pack("<I", length), dtype=np.uint8)
-        rvs = (np.zeros(count, dtype="<i8") if reserved_values is None
-               else np.asarray(reserved_values, dtype="<i8"))
+        rvs = (
+            np.zeros(count, dtype="<i8")
+            if reserved_values is None
+            else np.asarray(reserved_values, dtype="<i8")
+        )
         rows[:, 4:12] = rvs.view(np.uint8).reshape(count, 8)
         rows[:, 12:] = np.frombuffer(b"".join(payloads), dtype=np.uint8).reshape(count, length)
         return [rows.reshape(-1).data]  # written as it is, not copied

@@ -25,9 +25,17 @@ BEGIN, END = 0x80, 0x40
 
 def test_options_of_archive_mode() -> None:
     assert is_archive_mode({"Archive": ARCHIVE}) and not is_archive_mode({"endpoint": "h:1"})
-    o = parse_archive_source_options({"archive": ARCHIVE, "streamId": "7", "channel": " x ",
-                                      "timeoutMs": "5000", "format": "json",
-                                      "schema": "a long", "maxMessagesPerTrigger": "10"})
+    o = parse_archive_source_options(
+        {
+            "archive": ARCHIVE,
+            "streamId": "7",
+            "channel": " x ",
+            "timeoutMs": "5000",
+            "format": "json",
+            "schema": "a long",
+            "maxMessagesPerTrigger": "10",
+        }
+    )
     assert o.connect == ArchiveConnect(ARCHIVE, 10, None, 5.0)
     assert (o.channel, o.source.stream_ids, o.source.format) == ("x", (7,), "json")
     assert o.source.max_messages_per_trigger == 10
@@ -41,8 +49,10 @@ def test_options_of_archive_mode() -> None:
         ({"archive": ARCHIVE, "streamId": "1", "endpoint": "h:1"}, "endpoint"),
         ({"archive": ARCHIVE, "streamId": "1", "consumerId": "c"}, "consumerId"),
         ({"archive": ARCHIVE, "streamId": "1", "startingTimestamp": "1"}, "startingTimestamp"),
-        ({"archive": ARCHIVE, "streamId": "1", "archiveControlStreamId": "x"},
-         "archiveControlStreamId"),
+        (
+            {"archive": ARCHIVE, "streamId": "1", "archiveControlStreamId": "x"},
+            "archiveControlStreamId",
+        ),
         ({"archive": ARCHIVE, "streamId": "1", "bogus": "1"}, "bogus"),
         ({"archive": ARCHIVE}, "streamId"),
     ],
@@ -54,14 +64,31 @@ def test_bad_options_name_what_is_wrong(options: dict, name: str) -> None:
 
 
 def _range(start: int, end: int, term: int = 1024, limit: int | None = None) -> ArchiveRange:
-    return ArchiveRange(ArchiveConnect(ARCHIVE), "1/2", 2, 5, 6, start, end,
-                        end if limit is None else limit, limit is None, 0, term, 0, False)
+    return ArchiveRange(
+        ArchiveConnect(ARCHIVE),
+        "1/2",
+        2,
+        5,
+        6,
+        start,
+        end,
+        end if limit is None else limit,
+        limit is None,
+        0,
+        term,
+        0,
+        False,
+    )
 
 
 def test_split_cuts_at_term_boundaries_only() -> None:
     parts = _split([_range(100, 5000)], 4)
-    assert [(p.start, p.end) for p in parts] == [(100, 1024), (1024, 2048), (2048, 3072),
-                                                  (3072, 5000)]
+    assert [(p.start, p.end) for p in parts] == [
+        (100, 1024),
+        (1024, 2048),
+        (2048, 3072),
+        (3072, 5000),
+    ]
     assert all(not p.exact and p.limit == 5000 for p in parts)
     assert all(a.end == b.start for a, b in zip(parts, parts[1:], strict=False))
     assert _split([_range(0, 500)], 4) == [_range(0, 500)]  # no term boundary inside
@@ -82,8 +109,16 @@ def _frames(sizes_flags: list[tuple[int, int]], start: int = 0) -> tuple[bytes, 
 
 def test_a_task_owns_the_messages_that_begin_in_its_share() -> None:
     # m0 whole; m1 in three fragments; m2 whole; m3 in two fragments; m4 whole.
-    layout = [(40, BEGIN | END), (100, BEGIN), (100, 0), (100, END), (40, BEGIN | END),
-              (100, BEGIN), (100, END), (40, BEGIN | END)]
+    layout = [
+        (40, BEGIN | END),
+        (100, BEGIN),
+        (100, 0),
+        (100, END),
+        (40, BEGIN | END),
+        (100, BEGIN),
+        (100, END),
+        (40, BEGIN | END),
+    ]
     data, pos = _frames(layout)
     total = len(data)
     geometry = Geometry(0, 1 << 20)
@@ -96,7 +131,7 @@ def test_a_task_owns_the_messages_that_begin_in_its_share() -> None:
             n = min(cut, total - offset)
             while offset + n < total and offset + n not in pos:
                 n += 32
-            blocks.append(ReplayedBlock(offset, data[offset: offset + n], offset + n))
+            blocks.append(ReplayedBlock(offset, data[offset : offset + n], offset + n))
             offset += n
         mine = _owned(blocks, _range(start, end, 1 << 20, limit=total))
         rb = [ReplayBlock(b.position, b.data, 0, b.end_position) for b in mine]

@@ -83,8 +83,10 @@ def _frames_of(data: bytes) -> list[int]:
 
 def _blocks(data: bytes, cuts: list[int], first_ts: int) -> list[ReplayBlock]:
     bounds = [0, *cuts, len(data)]
-    return [ReplayBlock(a, data[a:b], first_ts + i, b)
-            for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))]
+    return [
+        ReplayBlock(a, data[a:b], first_ts + i, b)
+        for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))
+    ]
 
 
 @pytest.mark.parametrize("rows_per_batch", [1, 250, 1000, 65536])
@@ -108,11 +110,14 @@ def test_uniform_blocks_are_gathered_into_batches_with_the_same_rows(rows_per_ba
     general = list(iter_messages(blocks, geo))
     assert [v for b in batches for v in b.column("value").to_pylist()] == payloads
     assert [p for b in batches for p in b.column("position").to_pylist()] == [
-        m.position for m in general]
+        m.position for m in general
+    ]
     assert [t.value for b in batches for t in b.column("timestamp")] == [
-        m.timestamp_ns // 1000 for m in general]
+        m.timestamp_ns // 1000 for m in general
+    ]
     assert [r for b in batches for r in b.column("reserved_value").to_pylist()] == list(
-        range(len(payloads)))
+        range(len(payloads))
+    )
     assert all(b.num_rows <= max(rows_per_batch, 100) for b in batches)
     if rows_per_batch == 65536:  # the 1,200 uniform rows are one batch, not 12
         assert batches[0].num_rows == 1200

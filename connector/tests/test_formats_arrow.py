@@ -31,15 +31,19 @@ def reference(payload: bytes) -> list[pa.RecordBatch]:
 
 
 BATCH = pa.RecordBatch.from_pydict(
-    {"v": pa.array([b"a", None, b"ccc"], pa.binary()), "n": pa.array([1, 2, None], pa.int64()),
-     "s": pa.array(["x", "y", "z"])}
+    {
+        "v": pa.array([b"a", None, b"ccc"], pa.binary()),
+        "n": pa.array([1, 2, None], pa.int64()),
+        "s": pa.array(["x", "y", "z"]),
+    }
 )
 
 
 @pytest.mark.parametrize("compression", [None, "lz4", "zstd"])
 def test_sink_messages_take_the_fast_path_and_match(compression) -> None:  # type: ignore[no-untyped-def]
-    big = pa.RecordBatch.from_pydict({"v": [bytes([i % 251]) * 116 for i in range(5000)],
-                                      "i": list(range(5000))})
+    big = pa.RecordBatch.from_pydict(
+        {"v": [bytes([i % 251]) * 116 for i in range(5000)], "i": list(range(5000))}
+    )
     cache = _SchemaCache()
     messages = list(encode_batches(big, 128 * 1024, compression))
     assert len(messages) > 1
@@ -53,9 +57,9 @@ def test_sink_messages_take_the_fast_path_and_match(compression) -> None:  # typ
 def test_other_layouts_fall_back_to_the_stream_reader() -> None:
     cache = _SchemaCache()
     two = stream(BATCH, BATCH.slice(1))
-    dictionary = stream(pa.RecordBatch.from_pydict(
-        {"d": pa.array(["a", "b", "a"]).dictionary_encode()}
-    ))
+    dictionary = stream(
+        pa.RecordBatch.from_pydict({"d": pa.array(["a", "b", "a"]).dictionary_encode()})
+    )
     empty = stream(BATCH.slice(0, 0))
     for payload in (two, dictionary, empty):
         if payload is not empty:
@@ -79,21 +83,36 @@ def test_schemas_change_between_messages() -> None:
     assert len(cache._by_bytes) == 2
 
 
-@pytest.mark.parametrize("payload", [b"", b"not arrow at all", b"\xff\xff\xff\xff" + bytes(12),
-                                     stream(BATCH)[:40], stream(BATCH)[:-20]])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"",
+        b"not arrow at all",
+        b"\xff\xff\xff\xff" + bytes(12),
+        stream(BATCH)[:40],
+        stream(BATCH)[:-20],
+    ],
+)
 def test_damaged_messages_name_their_position(payload: bytes) -> None:
     with pytest.raises(ControlProtocolError, match="position 4096"):
         decode_message(payload, 4096, _SchemaCache())
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.binary(max_size=300), st.integers(-(2**63), 2**63 - 1) | st.none()),
-                min_size=1, max_size=200),
-       st.integers(256, 4096))
+@given(
+    st.lists(
+        st.tuples(st.binary(max_size=300), st.integers(-(2**63), 2**63 - 1) | st.none()),
+        min_size=1,
+        max_size=200,
+    ),
+    st.integers(256, 4096),
+)
 def test_random_batches_round_trip(rows, max_bytes) -> None:  # type: ignore[no-untyped-def]
     batch = pa.RecordBatch.from_pydict(
-        {"v": pa.array([r[0] for r in rows], pa.binary()),
-         "n": pa.array([r[1] for r in rows], pa.int64())}
+        {
+            "v": pa.array([r[0] for r in rows], pa.binary()),
+            "n": pa.array([r[1] for r in rows], pa.int64()),
+        }
     )
     cache = _SchemaCache()
     try:
@@ -133,6 +152,8 @@ def test_coalesce_property(sizes, rows) -> None:  # type: ignore[no-untyped-def]
     out = list(coalesce(batches, rows=rows))
     assert [v for b in out for v in b.column("i").to_pylist()] == list(range(start))
     # a short batch is the last one, or the rows gathered before a large batch that passes as is
-    assert all(b.num_rows >= rows or i == len(out) - 1 or out[i + 1].num_rows >= rows
-               for i, b in enumerate(out))
+    assert all(
+        b.num_rows >= rows or i == len(out) - 1 or out[i + 1].num_rows >= rows
+        for i, b in enumerate(out)
+    )
     assert all(b.num_rows > 0 for b in out)

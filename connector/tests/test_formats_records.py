@@ -23,23 +23,38 @@ from hypothesis import strategies as st
 from aeron_spark.errors import ConfigurationError
 from connector.tests.test_formats import record
 
-SCHEMA = pa.schema([
-    ("id", pa.int64()), ("price", pa.float64()), ("symbol", pa.string()),
-    ("at", pa.timestamp("us", tz="UTC")), ("day", pa.date32()),
-])
+SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("price", pa.float64()),
+        ("symbol", pa.string()),
+        ("at", pa.timestamp("us", tz="UTC")),
+        ("day", pa.date32()),
+    ]
+)
 
 
 def rows(n: int) -> list[dict]:
     base = dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.UTC)
     return [
-        {"id": i, "price": i * 1.5, "symbol": f"s{i % 3}", "at": base + dt.timedelta(seconds=i),
-         "day": dt.date(2026, 1, 1) + dt.timedelta(days=i % 30)}
+        {
+            "id": i,
+            "price": i * 1.5,
+            "symbol": f"s{i % 3}",
+            "at": base + dt.timedelta(seconds=i),
+            "day": dt.date(2026, 1, 1) + dt.timedelta(days=i % 30),
+        }
         for i in range(n)
     ]
 
 
-def decode(payloads: list[bytes], fmt: str, policy: str = "fail", metadata: bool = False,
-           schema: pa.Schema = SCHEMA) -> tuple[pa.Table, RecordDecoder]:
+def decode(
+    payloads: list[bytes],
+    fmt: str,
+    policy: str = "fail",
+    metadata: bool = False,
+    schema: pa.Schema = SCHEMA,
+) -> tuple[pa.Table, RecordDecoder]:
     data, geo = record(payloads)
     decoding = Decoding(fmt, schema.serialize().to_pybytes(), policy, "_bad", metadata)
     decoder = RecordDecoder(decoding, 42)
@@ -73,16 +88,23 @@ def test_json_fields_missing_or_unknown_are_null_or_ignored_and_newlines_are_fin
 
 BAD = {
     "json": [b'{"id": "not a number"}', b"[1, 2]", b"   ", b'{"id": 1}{"id": 2}', b"\xff{"],
-    "msgpack": [msgpack.packb([1, 2]), b"\xc1", msgpack.packb({"id": "x"}) + b"\x00",
-                msgpack.packb({"id": "nope"})],
+    "msgpack": [
+        msgpack.packb([1, 2]),
+        b"\xc1",
+        msgpack.packb({"id": "x"}) + b"\x00",
+        msgpack.packb({"id": "nope"}),
+    ],
     "text": [b"\xff\xfe", b"ok\x80"],
 }
 
 
 def mixed(fmt: str, n: int = 3000) -> tuple[list[bytes], list[int]]:
     """n good messages with the format's bad ones spread among them; returns the bad indices."""
-    good = (encode_rows(pa.RecordBatch.from_pylist(rows(n), schema=SCHEMA), fmt)
-            if fmt != "text" else [f"line {i}".encode() for i in range(n)])
+    good = (
+        encode_rows(pa.RecordBatch.from_pylist(rows(n), schema=SCHEMA), fmt)
+        if fmt != "text"
+        else [f"line {i}".encode() for i in range(n)]
+    )
     payloads, bad_at = list(good), []
     for k, bad in enumerate(BAD[fmt]):
         at = (k + 1) * n // (len(BAD[fmt]) + 1)
@@ -104,8 +126,9 @@ def test_bad_records_fail_naming_the_position(fmt: str) -> None:
 @pytest.mark.parametrize("fmt", ["json", "msgpack", "text"])
 def test_bad_records_dropped_keep_every_good_row_in_order(fmt: str) -> None:
     payloads, bad_at = mixed(fmt)
-    table, decoder = decode(payloads, fmt, "drop", metadata=True,
-                            schema=TEXT if fmt == "text" else SCHEMA)
+    table, decoder = decode(
+        payloads, fmt, "drop", metadata=True, schema=TEXT if fmt == "text" else SCHEMA
+    )
     assert decoder.dropped == len(bad_at)
     assert table.num_rows == len(payloads) - len(bad_at)
     positions = table.column("position").to_pylist()
@@ -119,8 +142,9 @@ def test_bad_records_dropped_keep_every_good_row_in_order(fmt: str) -> None:
 @pytest.mark.parametrize("fmt", ["json", "msgpack", "text"])
 def test_bad_records_in_a_column_keep_their_place_and_bytes(fmt: str) -> None:
     payloads, bad_at = mixed(fmt)
-    table, _ = decode(payloads, fmt, "column", metadata=True,
-                      schema=TEXT if fmt == "text" else SCHEMA)
+    table, _ = decode(
+        payloads, fmt, "column", metadata=True, schema=TEXT if fmt == "text" else SCHEMA
+    )
     assert table.schema.names[-1] == "_bad" and table.num_rows == len(payloads)
     corrupt = table.column("_bad").to_pylist()
     assert [i for i, v in enumerate(corrupt) if v is not None] == bad_at
@@ -152,14 +176,16 @@ def test_inferring_a_schema_from_one_record() -> None:
 def test_json_sink_encoding_is_plain_json() -> None:
     [payload] = encode_rows(pa.RecordBatch.from_pylist(rows(1), schema=SCHEMA), "json")
     assert json.loads(payload) == {
-        "id": 0, "price": 0.0, "symbol": "s0", "at": "2026-01-02T03:04:05.678000+00:00",
+        "id": 0,
+        "price": 0.0,
+        "symbol": "s0",
+        "at": "2026-01-02T03:04:05.678000+00:00",
         "day": "2026-01-01",
     }
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.one_of(st.binary(max_size=40), st.just(b'{"id": 3}')), min_size=1,
-                max_size=60))
+@given(st.lists(st.one_of(st.binary(max_size=40), st.just(b'{"id": 3}')), min_size=1, max_size=60))
 def test_any_mix_of_messages_is_split_exactly_into_good_and_bad(payloads: list[bytes]) -> None:
     table, decoder = decode(payloads, "json", "column")
     assert table.num_rows == len(payloads)

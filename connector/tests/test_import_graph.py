@@ -184,7 +184,7 @@ def test_no_import_cycle() -> None:
         stack.append(module)
         for target in GRAPH[module]:
             if state.get(target) == 1:
-                cycles.append([*stack[stack.index(target):], target])
+                cycles.append([*stack[stack.index(target) :], target])
             elif target not in state:
                 visit(target)
         stack.pop()
@@ -233,8 +233,12 @@ def test_production_code_imports_no_testing_module() -> None:
 def test_function_local_imports_of_our_modules_are_only_the_entry_points_lazy_ones() -> None:
     """A lazy import is allowed only where it keeps a command's start fast (the CLI, the demo,
     the server package's ``StreamServer``); anywhere else it is a cycle waiting to happen."""
-    allowed = {"aeron_spark.cli", "aeron_spark.demo", "aeron_spark.connector.server",
-               "aeron_spark.connector.server.cli"}
+    allowed = {
+        "aeron_spark.cli",
+        "aeron_spark.demo",
+        "aeron_spark.connector.server",
+        "aeron_spark.connector.server.cli",
+    }
     wrong = [
         f"{m}:{line} imports {t} inside a function"
         for m in MODULES

@@ -72,8 +72,11 @@ def test_counter_sets_are_declared_in_one_registry_with_unique_ids() -> None:
     ):
         assert cls.counter_type is type_
         assert [d.name for d in cls.descriptors] == [d.name for d in REGISTRY.of_type(type_)]
-    for name in (*server_counters.CORE_COUNTERS, *server_counters.SHELL_COUNTERS,
-                 *server_counters.SINK_COUNTERS):
+    for name in (
+        *server_counters.CORE_COUNTERS,
+        *server_counters.SHELL_COUNTERS,
+        *server_counters.SINK_COUNTERS,
+    ):
         assert REGISTRY.is_declared(CounterType.SERVER, name)
     assert REGISTRY.snapshot(CounterType.TRANSPORT, SystemCounters(bytes_sent=7))["bytes_sent"] == 7
 

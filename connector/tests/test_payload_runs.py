@@ -32,10 +32,16 @@ def _batch(values: list, value_type: pa.DataType, reserved: list | None) -> pa.R
 
 CASES = {
     "equal lengths": ([b"%03d" % i * 38 + b"xy" for i in range(200)], pa.binary(), None),
-    "equal lengths, reserved": ([bytes([i % 256]) * 116 for i in range(100)], pa.binary(),
-                                list(range(-50, 50))),
-    "mixed lengths, nulls, empty": ([b"a", None, b"", b"bcd" * 100, None, b"e" * 70_000],
-                                    pa.binary(), [1, None, 3, 2**62, -1, 0]),
+    "equal lengths, reserved": (
+        [bytes([i % 256]) * 116 for i in range(100)],
+        pa.binary(),
+        list(range(-50, 50)),
+    ),
+    "mixed lengths, nulls, empty": (
+        [b"a", None, b"", b"bcd" * 100, None, b"e" * 70_000],
+        pa.binary(),
+        [1, None, 3, 2**62, -1, 0],
+    ),
     "text, multibyte, null": (["é", "", None, "日本語" * 10, "x"], pa.string(), None),
     "one payload": ([b"only"], pa.binary(), [7]),
     "large binary": ([b"a" * 10, None, b"bb"], pa.large_binary(), [1, 2, 3]),
@@ -79,15 +85,20 @@ def test_batched_cuts_a_run_where_it_cuts_the_payload_list(limit: int, overhead:
     rvs = list(range(len(payloads)))
     run = PayloadRun.from_columns(pa.array(payloads, pa.binary()), pa.array(rvs, pa.int64()))
     want = [(b, r) for b, r in batched(payloads, rvs, limit, overhead) if b]
-    got = [(piece.payloads(), piece.reserved_list()) for piece, none in
-           batched([run], None, limit, overhead) if not isinstance(piece, list) or piece]
+    got = [
+        (piece.payloads(), piece.reserved_list())
+        for piece, none in batched([run], None, limit, overhead)
+        if not isinstance(piece, list) or piece
+    ]
     assert got == want
 
 
 def test_batched_keeps_order_around_runs_and_always_gives_a_batch() -> None:
     run = PayloadRun.from_columns(pa.array([b"b", b"c"], pa.binary()), None)
-    got = [b if isinstance(b, list) else b.payloads() for b, _ in
-           batched([b"a", run, b"d"], None, 1024)]
+    got = [
+        b if isinstance(b, list) else b.payloads()
+        for b, _ in batched([b"a", run, b"d"], None, 1024)
+    ]
     assert got == [[b"a"], [b"b", b"c"], [b"d"]]
     assert list(batched([], None, 1024)) == [([], None)]
     empty = PayloadRun.from_columns(pa.array([], pa.binary()), None)
@@ -116,18 +127,25 @@ def test_a_staged_run_commits_the_same_messages(tmp_path, local: bool) -> None: 
 
     payloads = [b"m%05d" % i * (1 + i % 5) for i in range(3000)] + [b""] * 3
     rvs = list(range(len(payloads)))
-    batches = [pa.RecordBatch.from_arrays(
-        [pa.array(payloads[i:i + 700], pa.binary()), pa.array(rvs[i:i + 700], pa.int64())],
-        names=["value", "reserved_value"]) for i in range(0, len(payloads), 700)]
+    batches = [
+        pa.RecordBatch.from_arrays(
+            [pa.array(payloads[i : i + 700], pa.binary()), pa.array(rvs[i : i + 700], pa.int64())],
+            names=["value", "reserved_value"],
+        )
+        for i in range(0, len(payloads), 700)
+    ]
     with StreamServer(ServerConfig(directory=str(tmp_path / "s"), port=0)) as server:
         settings = ClientSettings(endpoint=server.endpoint, max_request_bytes=4096)
         with StreamClient.connect(settings) as client:
-            receipt = client.stage("s", 1, 0, 0, 5, (payload_run_from_batch(b) for b in batches),
-                                   local=local)
+            receipt = client.stage(
+                "s", 1, 0, 0, 5, (payload_run_from_batch(b) for b in batches), local=local
+            )
             assert (client.local_stages, receipt["count"]) == (int(local), len(payloads))
             client.commit("s", 1, 5, [receipt])
             (rec,) = client.list_recordings(stream_ids=[5])
             blocks = client.replay(rec.recording_id, rec.start_position, rec.recorded_position)
-            got = [(bytes(m.payload), m.reserved_value)
-                   for m in iter_messages(blocks, Geometry(rec.initial_term_id, rec.term_length))]
+            got = [
+                (bytes(m.payload), m.reserved_value)
+                for m in iter_messages(blocks, Geometry(rec.initial_term_id, rec.term_length))
+            ]
     assert got == list(zip(payloads, rvs, strict=True))

@@ -31,16 +31,23 @@ def _key(tmp_path: Path, name: str) -> tuple[str, str]:
 
 def _server(tmp_path: Path, keys_file: Path, **kw: object) -> StreamServer:
     config = ServerConfig(
-        directory=str(tmp_path / "srv"), port=0, term_length=1 << 20,
-        key_store_dir=str(tmp_path / "server-keys"), authorized_keys_file=str(keys_file), **kw,
+        directory=str(tmp_path / "srv"),
+        port=0,
+        term_length=1 << 20,
+        key_store_dir=str(tmp_path / "server-keys"),
+        authorized_keys_file=str(keys_file),
+        **kw,
     )  # type: ignore[arg-type]
     return StreamServer(config).start()
 
 
 def _settings(server: StreamServer, key_store: str, **kw: object) -> ClientSettings:
     return ClientSettings(
-        endpoint=server.endpoint, server_key=server.public_key, key_store_dir=key_store,
-        timeout_s=10, **kw,
+        endpoint=server.endpoint,
+        server_key=server.public_key,
+        key_store_dir=key_store,
+        timeout_s=10,
+        **kw,
     )  # type: ignore[arg-type]
 
 
@@ -87,8 +94,9 @@ _PERMS = st.fixed_dictionaries(
         p: st.one_of(
             st.none(),
             st.just("*"),
-            st.lists(st.tuples(st.integers(0, 40), st.integers(0, 5)), min_size=1, max_size=3)
-            .map(lambda rs: ",".join(f"{a}-{a + n}" if n else str(a) for a, n in rs)),
+            st.lists(st.tuples(st.integers(0, 40), st.integers(0, 5)), min_size=1, max_size=3).map(
+                lambda rs: ",".join(f"{a}-{a + n}" if n else str(a) for a, n in rs)
+            ),
         )
         for p in ("read", "write", "admin")
     }
@@ -96,8 +104,11 @@ _PERMS = st.fixed_dictionaries(
 
 
 @settings(max_examples=300, deadline=None)
-@given(_PERMS, st.sampled_from(sorted(OP_PERMISSION) + ["truncate", "nonsense"]),
-       st.one_of(st.none(), st.integers(-2, 50)))
+@given(
+    _PERMS,
+    st.sampled_from(sorted(OP_PERMISSION) + ["truncate", "nonsense"]),
+    st.one_of(st.none(), st.integers(-2, 50)),
+)
 def test_permission_table_over_permissions_and_requests(perms, op, stream_id) -> None:
     tokens = " ".join(f"{p}={v}" for p, v in perms.items() if v is not None)
     grant = parse(f"{'ab' * 32} who {tokens}")[bytes.fromhex("ab" * 32)]
@@ -114,10 +125,26 @@ def test_permission_table_over_permissions_and_requests(perms, op, stream_id) ->
         return out
 
     # the oracle, written from the table independently of OP_PERMISSION
-    read_ops = {"list_streams", "list_recordings", "latest_positions", "position_at", "scan",
-                "replay", "local_read", "consumer_commit", "stats"}
-    write_ops = {"publish", "stage", "local_stage", "local_stage_done", "commit", "abort",
-                 "last_committed_batch"}
+    read_ops = {
+        "list_streams",
+        "list_recordings",
+        "latest_positions",
+        "position_at",
+        "scan",
+        "replay",
+        "local_read",
+        "consumer_commit",
+        "stats",
+    }
+    write_ops = {
+        "publish",
+        "stage",
+        "local_stage",
+        "local_stage_done",
+        "commit",
+        "abort",
+        "last_committed_batch",
+    }
     admin_ops = {"purge", "consumer_forget"}
     if op in ("keepalive", "stop_replay"):
         expected = True
@@ -201,18 +228,35 @@ def test_a_read_only_key_cannot_publish_stage_or_commit_and_sees_only_its_stream
             blocks = list(r.replay(recording.recording_id, 0, recording.recorded_position))
             assert blocks  # reading its own stream works
             # local reads and local stages are offered only to sessions allowed the operation
-            assert r.call("local_read", recording_id=recording.recording_id, start=0,
-                          end=recording.recorded_position) is not None
+            assert (
+                r.call(
+                    "local_read",
+                    recording_id=recording.recording_id,
+                    start=0,
+                    end=recording.recorded_position,
+                )
+                is not None
+            )
             with pytest.raises(NotAuthorisedError, match="local_stage on stream 10"):
-                r.call("local_stage", sink_id="sink", batch_id=3, partition_id=0, attempt=0,
-                       stream_id=10)
+                r.call(
+                    "local_stage",
+                    sink_id="sink",
+                    batch_id=3,
+                    partition_id=0,
+                    attempt=0,
+                    stream_id=10,
+                )
             counters = r.stats()["counters"]
         with StreamClient.connect(_settings(server, writer)) as w:
             eleven = next(rec for rec in w.list_recordings() if rec.stream_id == 11)
         with StreamClient.connect(_settings(server, reader)) as r:
             with pytest.raises(NotAuthorisedError, match="local_read on stream 11"):
-                r.call("local_read", recording_id=eleven.recording_id, start=0,
-                       end=eleven.recorded_position)
+                r.call(
+                    "local_read",
+                    recording_id=eleven.recording_id,
+                    start=0,
+                    end=eleven.recorded_position,
+                )
         assert counters["requests_not_authorised"] == 8
         with StreamClient.connect(_settings(server, writer)) as w:
             assert w.commit("sink", 1, 10, [staged])  # the writer may commit what it staged
@@ -230,13 +274,17 @@ def test_a_revoked_keys_open_session_is_closed_when_the_file_changes(tmp_path: P
         _wait_for(lambda: len(server.snapshot()["sessions"]) == 2, what="two sessions")
         # A file that does not parse leaves the old table in force.
         keys.write_text(f"{keep_key} keep read=*\nnot a key line\n")
-        _wait_for(lambda: server.snapshot()["counters"].get("authorized_keys_reload_failures"),
-                  what="the bad file noticed")
+        _wait_for(
+            lambda: server.snapshot()["counters"].get("authorized_keys_reload_failures"),
+            what="the bad file noticed",
+        )
         revoked.publish(5, [b"still allowed"])
         keys.write_text(f"{keep_key} keep read=*\n")
         os.utime(keys, ns=(time.time_ns(), time.time_ns() + 1_000_000_000))
-        _wait_for(lambda: server.snapshot()["counters"].get("sessions_revoked") == 1,
-                  what="the revoked session closed")
+        _wait_for(
+            lambda: server.snapshot()["counters"].get("sessions_revoked") == 1,
+            what="the revoked session closed",
+        )
         _wait_for(lambda: not revoked._link.is_connected, what="the client told")
         with pytest.raises(ServerUnavailableError):
             revoked.publish(5, [b"after"])
@@ -246,8 +294,9 @@ def test_a_revoked_keys_open_session_is_closed_when_the_file_changes(tmp_path: P
         # SIGHUP's path: request_reload() re-reads without a change of mtime
         keys.write_text(f"{keep_key} keep read=*\n{gone_key} gone read=*\n")
         server.request_reload()
-        _wait_for(lambda: server.authz is not None and len(server.authz.table) == 2,
-                  what="the reload")
+        _wait_for(
+            lambda: server.authz is not None and len(server.authz.table) == 2, what="the reload"
+        )
         StreamClient.connect(_settings(server, gone)).close()
         kept.close()
         revoked.close()
@@ -255,8 +304,12 @@ def test_a_revoked_keys_open_session_is_closed_when_the_file_changes(tmp_path: P
 
 def test_without_the_file_any_client_may_connect(tmp_path: Path, caplog) -> None:
     anyone, _ = _key(tmp_path, "anyone")
-    config = ServerConfig(directory=str(tmp_path / "srv"), port=0, term_length=1 << 20,
-                          key_store_dir=str(tmp_path / "server-keys"))
+    config = ServerConfig(
+        directory=str(tmp_path / "srv"),
+        port=0,
+        term_length=1 << 20,
+        key_store_dir=str(tmp_path / "server-keys"),
+    )
     with caplog.at_level("WARNING"), StreamServer(config).start() as server:
         with StreamClient.connect(_settings(server, anyone)) as client:
             client.publish(3, [b"x"])
@@ -268,8 +321,9 @@ def test_an_explicit_client_key_file_is_used(tmp_path: Path) -> None:
     keys = tmp_path / "authorized_keys"
     keys.write_text(f"{key} spark read=*\n")
     with _server(tmp_path, keys) as server:
-        settings = _settings(server, str(tmp_path / "empty-store"),
-                             client_key=str(Path(store) / "client.key"))
+        settings = _settings(
+            server, str(tmp_path / "empty-store"), client_key=str(Path(store) / "client.key")
+        )
         with StreamClient.connect(settings) as client:
             assert client.list_streams() == []
         assert not (tmp_path / "empty-store" / "client.key").exists()
@@ -295,21 +349,46 @@ def test_commit_and_abort_are_checked_against_every_staged_parts_stream(tmp_path
 
 
 _REQUESTS = st.one_of(
-    st.tuples(st.sampled_from(["publish", "stage", "local_stage", "local_stage_done"]),
-              st.builds(lambda s: {"stream_id": s}, st.integers(0, 40))),
-    st.tuples(st.sampled_from(["list_recordings", "latest_positions", "consumer_commit"]),
-              st.builds(lambda ids: {"stream_ids": ids}, st.lists(st.integers(0, 40), max_size=3))),
-    st.tuples(st.sampled_from(["position_at", "scan", "replay", "local_read", "purge"]),
-              st.builds(lambda r: {"recording_id": r}, st.integers(0, 40))),
-    st.tuples(st.just("commit"),
-              st.builds(lambda s, parts: {"stream_id": s, "staged": [{"stream_id": p}
-                                                                      for p in parts]},
-                        st.integers(0, 40), st.lists(st.integers(0, 40), max_size=3))),
-    st.tuples(st.just("abort"),
-              st.builds(lambda parts: {"staged": [{"stream_id": p} for p in parts]},
-                        st.lists(st.integers(0, 40), max_size=3))),
-    st.tuples(st.sampled_from(["list_streams", "stats", "keepalive", "stop_replay",
-                               "last_committed_batch", "consumer_forget"]), st.just({})),
+    st.tuples(
+        st.sampled_from(["publish", "stage", "local_stage", "local_stage_done"]),
+        st.builds(lambda s: {"stream_id": s}, st.integers(0, 40)),
+    ),
+    st.tuples(
+        st.sampled_from(["list_recordings", "latest_positions", "consumer_commit"]),
+        st.builds(lambda ids: {"stream_ids": ids}, st.lists(st.integers(0, 40), max_size=3)),
+    ),
+    st.tuples(
+        st.sampled_from(["position_at", "scan", "replay", "local_read", "purge"]),
+        st.builds(lambda r: {"recording_id": r}, st.integers(0, 40)),
+    ),
+    st.tuples(
+        st.just("commit"),
+        st.builds(
+            lambda s, parts: {"stream_id": s, "staged": [{"stream_id": p} for p in parts]},
+            st.integers(0, 40),
+            st.lists(st.integers(0, 40), max_size=3),
+        ),
+    ),
+    st.tuples(
+        st.just("abort"),
+        st.builds(
+            lambda parts: {"staged": [{"stream_id": p} for p in parts]},
+            st.lists(st.integers(0, 40), max_size=3),
+        ),
+    ),
+    st.tuples(
+        st.sampled_from(
+            [
+                "list_streams",
+                "stats",
+                "keepalive",
+                "stop_replay",
+                "last_committed_batch",
+                "consumer_forget",
+            ]
+        ),
+        st.just({}),
+    ),
 )
 
 

@@ -83,8 +83,10 @@ def test_authorized_keys_on_the_command_line_with_client_keys_and_sighup(tmp_pat
 
     writer, reader = str(tmp_path / "w"), str(tmp_path / "r")
     keys = tmp_path / "authorized_keys"
-    keys.write_text(f"{client_public_key_hex(writer)} writer write=10 read=10\n"
-                    f"{client_public_key_hex(reader)} reader read=10\n")
+    keys.write_text(
+        f"{client_public_key_hex(writer)} writer write=10 read=10\n"
+        f"{client_public_key_hex(reader)} reader read=10\n"
+    )
     source = tmp_path / "lines.txt"
     source.write_text("one\ntwo\n")
     with server_process(str(tmp_path / "srv"), ["--authorized-keys", str(keys)]) as (proc, ep):
@@ -99,8 +101,21 @@ def test_authorized_keys_on_the_command_line_with_client_keys_and_sighup(tmp_pat
         printed = capsys.readouterr().out
         assert "one" in printed and "two" in printed
         out = io.StringIO()
-        assert stat_main(["--endpoint", ep, "--once", "--no-encryption", "--key-store",
-                          str(tmp_path / "known"), *rkey], out=out) == 0
+        assert (
+            stat_main(
+                [
+                    "--endpoint",
+                    ep,
+                    "--once",
+                    "--no-encryption",
+                    "--key-store",
+                    str(tmp_path / "known"),
+                    *rkey,
+                ],
+                out=out,
+            )
+            == 0
+        )
         assert "client reader" in out.getvalue()
         keys.write_text(f"{client_public_key_hex(writer)} writer write=10 read=10\n")
         proc.send_signal(signal.SIGHUP)

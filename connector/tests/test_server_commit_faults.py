@@ -110,9 +110,14 @@ def test_a_publish_failing_in_its_second_block_takes_back_its_first_and_the_next
     store.close()
 
 
-@pytest.mark.parametrize(("err", "code", "reason"), [
-    (errno.EIO, 14, "EIO"), (errno.ENOSPC, 14, "ENOSPC"), (errno.EMFILE, 15, None),
-])
+@pytest.mark.parametrize(
+    ("err", "code", "reason"),
+    [
+        (errno.EIO, 14, "EIO"),
+        (errno.ENOSPC, 14, "ENOSPC"),
+        (errno.EMFILE, 15, None),
+    ],
+)
 def test_an_io_error_fails_only_that_request_coded_and_the_session_goes_on(
     tmp_path, monkeypatch: pytest.MonkeyPatch, err: int, code: int, reason: str | None
 ) -> None:

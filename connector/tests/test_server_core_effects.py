@@ -32,8 +32,10 @@ def test_a_deferred_request_is_executed_by_the_job_and_counted_by_complete(core)
     jobs: list[tuple[object, Any]] = []
     core.defer = lambda key, job: jobs.append((key, job))
     core.open_session("a", "peer-a", MAX_MESSAGE, now_ns=0)
-    assert core.on_message("a", proto.encode_request(1, "scan", {"recording_id": 77, "start": 0}),
-                           1) == []
+    assert (
+        core.on_message("a", proto.encode_request(1, "scan", {"recording_id": 77, "start": 0}), 1)
+        == []
+    )
     ((key, job),) = jobs
     before = dict(core.counters)
     outcomes: list[Outcome] = []

@@ -104,8 +104,16 @@ def test_running_out_of_descriptors_fails_that_request_coded_and_the_server_goes
         error = None
         for partition in range(200):  # each unfinished staged part keeps its file open
             try:
-                hog.call("stage", sink_id="hog", batch_id=0, partition_id=partition, attempt=0,
-                         stream_id=STREAM, payloads=[b"x"], final=False)
+                hog.call(
+                    "stage",
+                    sink_id="hog",
+                    batch_id=0,
+                    partition_id=partition,
+                    attempt=0,
+                    stream_id=STREAM,
+                    payloads=[b"x"],
+                    final=False,
+                )
             except ConnectorError as exc:
                 error = exc
                 break
@@ -130,7 +138,8 @@ def test_running_out_of_descriptors_fails_that_request_coded_and_the_server_goes
         for rec in bystander.list_recordings([STREAM]):
             blocks = bystander.replay(rec.recording_id, rec.start_position, rec.recorded_position)
             got += [m.payload for m in messages_of(blocks, rec.initial_term_id, rec.term_length)]
-        assert sorted(got) == sorted([b"before-%d" % i for i in range(10)]
-                                     + [b"after-%d" % i for i in range(10)])
+        assert sorted(got) == sorted(
+            [b"before-%d" % i for i in range(10)] + [b"after-%d" % i for i in range(10)]
+        )
         bystander.close()
         assert proc.poll() is None

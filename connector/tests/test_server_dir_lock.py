@@ -44,9 +44,20 @@ def test_second_server_in_process_is_refused_and_first_keeps_serving(tmp_path) -
 
 def _cli_server(directory: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "aeron_spark.cli", "server", "--dir", directory, "--port", "0",
-         "--no-encryption"],
-        capture_output=True, text=True, timeout=timeout_s,
+        [
+            sys.executable,
+            "-m",
+            "aeron_spark.cli",
+            "server",
+            "--dir",
+            directory,
+            "--port",
+            "0",
+            "--no-encryption",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
     )
 
 

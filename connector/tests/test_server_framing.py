@@ -100,8 +100,9 @@ def test_equal_length_payloads_framed_with_numpy_give_the_same_bytes() -> None:
         rvs = rng.integers(-(2**63), 2**63 - 1, size=count, dtype=np.int64)
         each = Framer(geometry, 5, 6, start, max_block_bytes=block)
         uniform = Framer(geometry, 5, 6, start, max_block_bytes=block)
-        expected = _joined(list(each.frame([r.tobytes() for r in rows], [int(v) for v in rvs])),
-                           start)
+        expected = _joined(
+            list(each.frame([r.tobytes() for r in rows], [int(v) for v in rvs])), start
+        )
         got_blocks = list(uniform.frame(rows, rvs))
         assert _joined(got_blocks, start) == expected
         assert uniform.position == each.position

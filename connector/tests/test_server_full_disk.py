@@ -121,9 +121,10 @@ def test_full_disk_refuses_publishes_coded_keeps_serving_and_loses_nothing_ackno
 
 @pytest.mark.slow
 def test_below_min_free_bytes_appends_are_refused_before_the_disk_is_full(tmpfs: str) -> None:
-    with server_process(tmpfs, ["--min-free-bytes", "1M"]) as (proc, endpoint), client_for(
-        endpoint
-    ) as client:
+    with (
+        server_process(tmpfs, ["--min-free-bytes", "1M"]) as (proc, endpoint),
+        client_for(endpoint) as client,
+    ):
         client.publish(STREAM, msgs(0, 50))
         filler = fill(tmpfs, leave_bytes=1_500_000)
         acked, error = publish_until_refused(client, 50)

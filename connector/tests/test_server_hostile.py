@@ -57,8 +57,16 @@ def test_sessions_work_while_a_hostile_sender_floods_the_handshake_port(
             early.publish(STREAM, [b"before-%d" % i for i in range(100)])
             before = early.stats()["transport"]
             peer = subprocess.Popen(
-                [sys.executable, str(PEER), host, port, str(HANDSHAKE_STREAM_ID), str(FLOOD_S),
-                 "8" if mode == "crafted" else "100000", mode],
+                [
+                    sys.executable,
+                    str(PEER),
+                    host,
+                    port,
+                    str(HANDSHAKE_STREAM_ID),
+                    str(FLOOD_S),
+                    "8" if mode == "crafted" else "100000",
+                    mode,
+                ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,

@@ -16,9 +16,7 @@ from aeron_spark.handshake.config import HANDSHAKE_STREAM_ID
 from aeron_spark.transport.protocol.frames import SetupFrame, SmFlags, StatusMessage
 from aeron_spark.transport.testing import Spoofer, spoof_unavailable
 
-pytestmark = pytest.mark.skipif(
-    spoof_unavailable() is not None, reason=str(spoof_unavailable())
-)
+pytestmark = pytest.mark.skipif(spoof_unavailable() is not None, reason=str(spoof_unavailable()))
 
 
 def _stat(endpoint: str, *flags: str) -> str:
@@ -62,10 +60,17 @@ def test_stat_shows_what_the_server_refused_from_strangers(tmp_path) -> None:
                 text = _stat(endpoint)
                 section = text.split("\nhandshake\n", 1)[1]
                 for name in (
-                    "status_messages_refused", "naks_refused", "data_wrong_source",
-                    "setups_rejected", "setups_rate_limited", "images_refused",
-                    "amplification_drops", "cookies_sent", "rate_limited",
-                    "pair_address_mismatches", "frames_rejected",
+                    "status_messages_refused",
+                    "naks_refused",
+                    "data_wrong_source",
+                    "setups_rejected",
+                    "setups_rate_limited",
+                    "images_refused",
+                    "amplification_drops",
+                    "cookies_sent",
+                    "rate_limited",
+                    "pair_address_mismatches",
+                    "frames_rejected",
                 ):
                     assert f"\n  {name} " in "\n" + section, f"{name} missing from stat"
                 assert client.publish(10, [b"y"]) > 0  # the session still works

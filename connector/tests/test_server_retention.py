@@ -16,8 +16,14 @@ TERM = 64 * 1024
 
 
 def rec(**kw: int) -> dict:
-    base = {"recording_id": 1, "stream_id": 10, "start_position": 0, "purged_position": 0,
-            "recorded_position": 10 * TERM + 100, "term_length": TERM}
+    base = {
+        "recording_id": 1,
+        "stream_id": 10,
+        "start_position": 0,
+        "purged_position": 0,
+        "recorded_position": 10 * TERM + 100,
+        "term_length": TERM,
+    }
     return {**base, **kw}
 
 
@@ -76,12 +82,18 @@ def _wait_for(predicate, what: str, timeout_s: float = 20.0):  # type: ignore[no
 
 def test_live_server_purges_what_consumers_have_committed(tmp_path) -> None:  # type: ignore[no-untyped-def]
     config = ServerConfig(
-        directory=str(tmp_path / "s"), port=0, term_length=TERM, mtu=1408,
-        retention_bytes=2 * TERM, gc_interval_ns=50_000_000, encryption=False,
+        directory=str(tmp_path / "s"),
+        port=0,
+        term_length=TERM,
+        mtu=1408,
+        retention_bytes=2 * TERM,
+        gc_interval_ns=50_000_000,
+        encryption=False,
     )
-    with StreamServer(config) as server, StreamClient.connect(
-        ClientSettings(endpoint=server.endpoint, encryption=False)
-    ) as client:
+    with (
+        StreamServer(config) as server,
+        StreamClient.connect(ClientSettings(endpoint=server.endpoint, encryption=False)) as client,
+    ):
         client.consumer_commit("reader", [30], {})  # registered before anything is recorded
         client.publish(30, [bytes([i % 256]) * 1000 for i in range(700)])  # ~11 terms
         [info] = client.list_recordings(stream_ids=[30])

@@ -158,9 +158,11 @@ def test_large_payloads_are_staged_one_by_one_with_the_same_records(tmp_path, wi
     import numpy as np
 
     rnd = random.Random(7)
-    calls = [[rnd.randbytes(rnd.randrange(4096, 70_000)) for _ in range(30)],  # large: one by one
-             [rnd.randbytes(rnd.randrange(0, 100)) for _ in range(300)],  # small: gathered
-             [b"x" * 61_736] * 70]  # equal and large (arrow messages)
+    calls = [
+        [rnd.randbytes(rnd.randrange(4096, 70_000)) for _ in range(30)],  # large: one by one
+        [rnd.randbytes(rnd.randrange(0, 100)) for _ in range(300)],  # small: gathered
+        [b"x" * 61_736] * 70,
+    ]  # equal and large (arrow messages)
     store = StagingStore(str(tmp_path / "staging"))
     owner = object()
     msg = None

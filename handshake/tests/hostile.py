@@ -69,8 +69,15 @@ def wait_quiet(victims: list[Victim], seconds: float) -> None:
 # ------------------------------------------------------------------ frames
 
 
-def sm(session_id: int, stream_id: int, *, setup: bool = False, window: int = 1 << 20,
-       term_id: int = 0, receiver_id: int | None = None) -> bytes:
+def sm(
+    session_id: int,
+    stream_id: int,
+    *,
+    setup: bool = False,
+    window: int = 1 << 20,
+    term_id: int = 0,
+    receiver_id: int | None = None,
+) -> bytes:
     rid = receiver_id if receiver_id is not None else int.from_bytes(os.urandom(7), "little")
     flags = SmFlags.SEND_SETUP if setup else 0
     return StatusMessage(session_id, stream_id, term_id, 0, window, rid, flags=flags).encode()
@@ -80,16 +87,28 @@ def nak(session_id: int, stream_id: int, term_id: int, offset: int, length: int)
     return NakFrame(session_id, stream_id, term_id, offset, length).encode()
 
 
-def setup(session_id: int, stream_id: int, *, term_length: int = 64 * 1024, mtu: int = 1408,
-          term_id: int = 7) -> bytes:
+def setup(
+    session_id: int,
+    stream_id: int,
+    *,
+    term_length: int = 64 * 1024,
+    mtu: int = 1408,
+    term_id: int = 7,
+) -> bytes:
     return SetupFrame(0, session_id, stream_id, term_id, term_id, term_length, mtu).encode()
 
 
-def data(session_id: int, stream_id: int, payload: bytes, *, term_id: int = 7,
-         term_offset: int = 0) -> bytes:
+def data(
+    session_id: int, stream_id: int, payload: bytes, *, term_id: int = 7, term_offset: int = 0
+) -> bytes:
     header = encode_data_header(
-        32 + len(payload), DataFlags.UNFRAGMENTED, FrameType.DATA, term_offset, session_id,
-        stream_id, term_id,
+        32 + len(payload),
+        DataFlags.UNFRAGMENTED,
+        FrameType.DATA,
+        term_offset,
+        session_id,
+        stream_id,
+        term_id,
     )
     return header + payload
 
@@ -105,6 +124,14 @@ def session_ids(driver: Any) -> list[tuple[int, int]]:
 
 
 __all__ = [
-    "Spoofer", "Victim", "data", "nak", "rttm", "session_ids", "setup", "sm",
-    "spoof_unavailable", "wait_quiet",
+    "Spoofer",
+    "Victim",
+    "data",
+    "nak",
+    "rttm",
+    "session_ids",
+    "setup",
+    "sm",
+    "spoof_unavailable",
+    "wait_quiet",
 ]

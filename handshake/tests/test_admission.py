@@ -152,10 +152,18 @@ def _raw_hellos(server_port: int, source_ip: str, sockets: int, per_socket: int)
             pk = X25519PrivateKey.generate().public_key().public_bytes_raw()
             hello = m.Hello(m.PROTOCOL_VERSION, session_id, pk, True).encode()
             setup = SetupFrame(0, session_id, HANDSHAKE_STREAM_ID, 7, 7, 64 * 1024, 1408)
-            data = encode_data_header(
-                32 + len(hello), DataFlags.UNFRAGMENTED, FrameType.DATA, 0, session_id,
-                HANDSHAKE_STREAM_ID, 7,
-            ) + hello
+            data = (
+                encode_data_header(
+                    32 + len(hello),
+                    DataFlags.UNFRAGMENTED,
+                    FrameType.DATA,
+                    0,
+                    session_id,
+                    HANDSHAKE_STREAM_ID,
+                    7,
+                )
+                + hello
+            )
             packets += [setup.encode(), data]
         socks.append((sock, packets))
     for _ in range(3):  # the DATA frame again, in case it arrived before its image

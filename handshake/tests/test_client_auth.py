@@ -106,8 +106,9 @@ def test_a_replayed_second_hello_gets_nothing_usable() -> None:
     fresh = m.decode_message(answer.value.reply).cookie  # type: ignore[union-attr]
     old = m.decode_message(recorded)
     assert isinstance(old, m.Hello)
-    forged = m.Hello(old.version, old.connect_key, old.public_key, old.encryption, fresh,
-                     old.identity).encode()
+    forged = m.Hello(
+        old.version, old.connect_key, old.public_key, old.encryption, fresh, old.identity
+    ).encode()
     with pytest.raises(Rejected) as answer:
         core.on_hello("10.9.9.9", forged, 1 * S, source="10.9.9.9:666")
     assert answer.value.code is ErrorCode.MALFORMED and core.counters.identities_bad == 1
@@ -165,10 +166,18 @@ def test_a_recorded_handshake_replayed_as_raw_udp_gets_nothing(tmp_path) -> None
         sock.bind(("127.0.0.1", 0))
         session_id = 0x0F00BA12
         setup = SetupFrame(0, session_id, HANDSHAKE_STREAM_ID, 7, 7, 64 * 1024, 1408)
-        data = encode_data_header(
-            32 + len(recorded[0]), DataFlags.UNFRAGMENTED, FrameType.DATA, 0, session_id,
-            HANDSHAKE_STREAM_ID, 7,
-        ) + recorded[0]
+        data = (
+            encode_data_header(
+                32 + len(recorded[0]),
+                DataFlags.UNFRAGMENTED,
+                FrameType.DATA,
+                0,
+                session_id,
+                HANDSHAKE_STREAM_ID,
+                7,
+            )
+            + recorded[0]
+        )
         for _ in range(3):
             sock.sendto(setup.encode(), ("127.0.0.1", server.port))
             sock.sendto(data, ("127.0.0.1", server.port))

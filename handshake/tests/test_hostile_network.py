@@ -69,8 +69,10 @@ def test_a_session_0_status_message_from_a_third_party_gets_no_setup_or_data(
             f"a stranger's session-0 SM got {len(spy.datagrams)} datagrams ({spy.bytes} bytes) "
             f"of frame types {sorted(leaked)}"
         )
-        wait_for(lambda: _refused(server, "status_messages_refused") >= 10,
-                 what="the stranger's SMs refused and counted")
+        wait_for(
+            lambda: _refused(server, "status_messages_refused") >= 10,
+            what="the stranger's SMs refused and counted",
+        )
         _echo(conns)  # the sessions are untouched
     finally:
         spy.close()
@@ -152,9 +154,22 @@ def test_amplification_towards_an_address_that_never_completed_a_handshake_is_at
             }
         stats = server.stats()
         print("amplification " + json.dumps(factors))
-        print("refused " + json.dumps({k: stats.get(k) for k in (
-            "status_messages_refused", "naks_refused", "data_wrong_source",
-            "amplification_drops", "setups_rejected", "images_refused")}))
+        print(
+            "refused "
+            + json.dumps(
+                {
+                    k: stats.get(k)
+                    for k in (
+                        "status_messages_refused",
+                        "naks_refused",
+                        "data_wrong_source",
+                        "amplification_drops",
+                        "setups_rejected",
+                        "images_refused",
+                    )
+                }
+            )
+        )
         worst = {k: v["factor"] for k, v in factors.items() if v["factor"] > 3}
         assert not worst, f"amplification above 3x: {worst} ({factors})"
         assert stats["status_messages_refused"] > 0 and stats["naks_refused"] > 0
@@ -241,8 +256,11 @@ def test_a_setup_spoofed_from_an_allowed_address_does_not_admit_a_denied_client(
     try:
         _try_join(replies)
         for _ in range(3):
-            spoofer.send(("10.66.66.66", port), (SERVER, server.port),
-                         h.setup(session_id, HANDSHAKE_STREAM_ID))
+            spoofer.send(
+                ("10.66.66.66", port),
+                (SERVER, server.port),
+                h.setup(session_id, HANDSHAKE_STREAM_ID),
+            )
         hello = machine.hello()
         attacker.sock.sendto(h.data(session_id, HANDSHAKE_STREAM_ID, hello), (SERVER, server.port))
         details = _next_reply(replies, machine, 2.0)
@@ -256,8 +274,10 @@ def test_a_setup_spoofed_from_an_allowed_address_does_not_admit_a_denied_client(
         completed = details is not None and _finish(client_driver, ch, machine, details)
         assert not completed, "a denied client completed a session with one forged SETUP"
         assert details is None, "a denied client got a WELCOME"
-        wait_for(lambda: _refused(server, "data_wrong_source") >= 1,
-                 what="the HELLO from another source than its SETUP dropped and counted")
+        wait_for(
+            lambda: _refused(server, "data_wrong_source") >= 1,
+            what="the HELLO from another source than its SETUP dropped and counted",
+        )
         stats = server.stats()
         assert stats["connected"] == 0 and stats["accepted"] == 0 and stats["pending"] == 0
     finally:
@@ -296,8 +316,10 @@ def test_a_session_pair_from_another_address_than_the_hello_is_refused(
         assert details is not None, "the allowed client got no WELCOME"
         ch_other = Channels("udp", SERVER, server.port, server.control_port, "127.0.0.1")
         assert not _finish(client_driver, ch_other, machine, details)
-        wait_for(lambda: _refused(server, "pair_address_mismatches") >= 1,
-                 what="the pair from another address refused and counted")
+        wait_for(
+            lambda: _refused(server, "pair_address_mismatches") >= 1,
+            what="the pair from another address refused and counted",
+        )
         assert server.stats()["connected"] == 0
     finally:
         sender.close()
@@ -309,8 +331,7 @@ def test_a_session_pair_from_another_address_than_the_hello_is_refused(
 
 def _hello_images(server, prefix: str = "") -> int:
     return sum(
-        1 for image in server._hello_sub.images
-        if image._state.source_address[0].startswith(prefix)
+        1 for image in server._hello_sub.images if image._state.source_address[0].startswith(prefix)
     )
 
 
@@ -321,18 +342,28 @@ def test_hello_stream_setups_are_bounded_in_term_and_images(make_server, make_cl
         base = server.stats()
         # A term of 1 GiB asked 200 times from 20 addresses: nothing is created, all counted.
         for i in range(200):
-            spoofer.send((f"127.0.1.{i % 20 + 1}", 7000 + i), (SERVER, server.port),
-                         h.setup(0x4C000000 + i, HANDSHAKE_STREAM_ID, term_length=1 << 30))
-        wait_for(lambda: server.stats()["setups_rejected"] - base["setups_rejected"] >= 200,
-                 what="200 big-term SETUPs refused and counted")
+            spoofer.send(
+                (f"127.0.1.{i % 20 + 1}", 7000 + i),
+                (SERVER, server.port),
+                h.setup(0x4C000000 + i, HANDSHAKE_STREAM_ID, term_length=1 << 30),
+            )
+        wait_for(
+            lambda: server.stats()["setups_rejected"] - base["setups_rejected"] >= 200,
+            what="200 big-term SETUPs refused and counted",
+        )
         assert server.stats()["images_created"] == base["images_created"]
         assert _hello_images(server) == 0
         # 40 SETUPs (the handshake's own term) from one address: max_per_address images.
         for i in range(40):
-            spoofer.send(("127.0.2.1", 7000 + i), (SERVER, server.port),
-                         h.setup(0x4D000000 + i, HANDSHAKE_STREAM_ID))
-        wait_for(lambda: server.stats()["images_refused"] - base["images_refused"] >= 36,
-                 what="SETUPs past the per-address limit refused and counted")
+            spoofer.send(
+                ("127.0.2.1", 7000 + i),
+                (SERVER, server.port),
+                h.setup(0x4D000000 + i, HANDSHAKE_STREAM_ID),
+            )
+        wait_for(
+            lambda: server.stats()["images_refused"] - base["images_refused"] >= 36,
+            what="SETUPs past the per-address limit refused and counted",
+        )
         assert _hello_images(server, "127.0.2.") == 4
         conn = make_client().connect(server.endpoint)  # another address still gets in
         _echo([conn])
@@ -340,10 +371,15 @@ def test_hello_stream_setups_are_bounded_in_term_and_images(make_server, make_cl
         # 100 SETUPs from 100 networks: at most 2 * max_pending HELLO images in all.
         refused = server.stats()["images_refused"]
         for i in range(100):
-            spoofer.send((f"127.{10 + i}.0.1", 7000), (SERVER, server.port),
-                         h.setup(0x4E000000 + i, HANDSHAKE_STREAM_ID))
-        wait_for(lambda: server.stats()["images_refused"] - refused >= 100 - 2 * 16,
-                 what="SETUPs past the HELLO image cap refused and counted")
+            spoofer.send(
+                (f"127.{10 + i}.0.1", 7000),
+                (SERVER, server.port),
+                h.setup(0x4E000000 + i, HANDSHAKE_STREAM_ID),
+            )
+        wait_for(
+            lambda: server.stats()["images_refused"] - refused >= 100 - 2 * 16,
+            what="SETUPs past the HELLO image cap refused and counted",
+        )
         assert _hello_images(server) <= 2 * 16
     finally:
         spoofer.close()
@@ -351,16 +387,22 @@ def test_hello_stream_setups_are_bounded_in_term_and_images(make_server, make_cl
 
 def test_hello_stream_setups_are_rate_limited_per_network(make_server, make_client) -> None:
     # New HELLO images per /24 per second: as many as HELLOs (hellos_per_prefix_per_s).
-    server = make_server(ipc=False, hellos_per_prefix_per_s=10, max_per_address=256,
-                         max_pending=256)
+    server = make_server(
+        ipc=False, hellos_per_prefix_per_s=10, max_per_address=256, max_pending=256
+    )
     spoofer = h.Spoofer()
     try:
         started = time.monotonic()
         for i in range(60):
-            spoofer.send((f"127.0.4.{i + 1}", 7000), (SERVER, server.port),
-                         h.setup(0x4F000000 + i, HANDSHAKE_STREAM_ID))
-        wait_for(lambda: _refused(server, "setups_rate_limited") + _hello_images(server) >= 60,
-                 what="every SETUP made an image or was rate limited")
+            spoofer.send(
+                (f"127.0.4.{i + 1}", 7000),
+                (SERVER, server.port),
+                h.setup(0x4F000000 + i, HANDSHAKE_STREAM_ID),
+            )
+        wait_for(
+            lambda: _refused(server, "setups_rate_limited") + _hello_images(server) >= 60,
+            what="every SETUP made an image or was rate limited",
+        )
         elapsed = time.monotonic() - started
         images = _hello_images(server, "127.0.4.")
         assert images <= 10 + int(10 * elapsed) + 1, (images, elapsed)

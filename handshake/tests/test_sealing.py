@@ -31,15 +31,11 @@ def test_both_sides_derive_the_same_keys() -> None:
 
 
 def test_a_different_server_key_gives_different_keys() -> None:
-    static, ephemeral, client, impostor, identity = (
-        X25519PrivateKey.generate() for _ in range(5)
-    )
+    static, ephemeral, client, impostor, identity = (X25519PrivateKey.generate() for _ in range(5))
     hello = m.Hello(1, 5, public_bytes(client), True).encode()
     # The impostor claims the real server's static key but cannot compute dh2 with it.
     fake = server_keys(impostor, ephemeral, public_bytes(client), public_bytes(identity), hello)
-    mine = client_keys(
-        client, identity, hello, public_bytes(static), public_bytes(ephemeral)
-    )
+    mine = client_keys(client, identity, hello, public_bytes(static), public_bytes(ephemeral))
     with pytest.raises(RemoteProtocolError, match="authenticate"):
         mine.open_details(fake.seal_details(b"details"))
 
@@ -73,7 +69,10 @@ def test_tampered_replayed_reordered_and_truncated_frames_are_rejected_and_count
         opener.open(b"123")
     assert opener.open(second) == b"m1" and opener.open(third) == b"m2"
     assert (counters.tampered, counters.reordered, counters.replayed, counters.truncated) == (
-        1, 1, 1, 1,
+        1,
+        1,
+        1,
+        1,
     )
 
 

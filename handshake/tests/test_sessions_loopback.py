@@ -199,16 +199,22 @@ def test_frames_injected_into_a_live_session_from_another_source_are_dropped_and
             for source in (("127.0.0.3", client_port), (client_host, client_port ^ 0x5A5A)):
                 forged = conn._sealer.counter.to_bytes(8, "big") + os.urandom(1 + 16)
                 frame = hostile.data(
-                    details.c2s_session_id, details.c2s_stream_id, forged,
-                    term_id=term_id, term_offset=offset + 64 * k,
+                    details.c2s_session_id,
+                    details.c2s_stream_id,
+                    forged,
+                    term_id=term_id,
+                    term_offset=offset + 64 * k,
                 )
                 spoofer.send(source, ("127.0.0.1", server.port), frame)
                 injected += 1
             for source in (("127.0.0.3", server_port), (server_host, server_port ^ 0x5A5A)):
                 forged = server_conn._sealer.counter.to_bytes(8, "big") + os.urandom(1 + 16)
                 frame = hostile.data(
-                    details.s2c_session_id, details.s2c_stream_id, forged,
-                    term_id=back_term_id, term_offset=back_offset + 64 * k,
+                    details.s2c_session_id,
+                    details.s2c_stream_id,
+                    forged,
+                    term_id=back_term_id,
+                    term_offset=back_offset + 64 * k,
                 )
                 spoofer.send(source, client_endpoint, frame)
         conn.send(b"real")  # takes the slots the first forged frames asked for, both ways
@@ -217,8 +223,10 @@ def test_frames_injected_into_a_live_session_from_another_source_are_dropped_and
         stats = server.stats()
         assert stats["frames_rejected"] == 0 and server_conn.is_connected
         assert conn.seal_counters.rejected() == 0 and conn.is_connected
-        wait_for(lambda: server.stats()["data_wrong_source"] >= injected,
-                 what="every frame injected towards the server dropped and counted")
+        wait_for(
+            lambda: server.stats()["data_wrong_source"] >= injected,
+            what="every frame injected towards the server dropped and counted",
+        )
         wait_for(
             lambda: client_driver.counters.snapshot()["data_wrong_source"] >= injected,
             what="every frame injected towards the client dropped and counted",
@@ -269,9 +277,7 @@ def test_thousands_of_connect_close_cycles_leak_nothing(make_server, make_client
     # linger (closed, not yet freed) when its connection is reaped: a count taken then includes it,
     # and the final count could only match while some later publication happened to linger (CI saw
     # "server publications freed" time out that way). Wait for it, and compare identities.
-    wait_for(
-        lambda: not any(p.is_closed for p in server.driver._publications), 15, "warm-up freed"
-    )
+    wait_for(lambda: not any(p.is_closed for p in server.driver._publications), 15, "warm-up freed")
     fds = len(os.listdir("/proc/self/fd"))
     pubs = {id(p) for p in server.driver._publications}
     subs = len(server.driver._subscriptions)

@@ -295,8 +295,11 @@ def test_pending_sessions_expire_and_free_everything() -> None:
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["done", "expire", "close"])),
-                max_size=30))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.sampled_from(["done", "expire", "close"])), max_size=30
+    )
+)
 def test_no_leak_whatever_order_sessions_end_in(plan) -> None:
     core = _core(max_per_address=100)
     live: list[tuple[ClientHandshake, ServerSession]] = []

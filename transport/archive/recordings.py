@@ -233,9 +233,9 @@ class Recording:
     def _segment_path(self, base: int) -> str:
         return os.path.join(self.directory, f"{base:020d}.seg")
 
-    def _segment(self, base: int, create: bool = False) -> contextlib.AbstractContextManager[
-        int | None
-    ]:
+    def _segment(
+        self, base: int, create: bool = False
+    ) -> contextlib.AbstractContextManager[int | None]:
         """The segment file's descriptor (from the shared cache, pinned for the block); None
         when the file does not exist and ``create`` is false."""
         return self._files.use(self._segment_path(base), not self.read_only, create)
@@ -366,9 +366,7 @@ class Recording:
             with self._segment(base) as fd:
                 if fd is None:
                     return position, position
-                chunk = os.pread(
-                    fd, min(target + 32 - position, 8 * 1024 * 1024), position - base
-                )
+                chunk = os.pread(fd, min(target + 32 - position, 8 * 1024 * 1024), position - base)
             i = 0
             n = len(chunk)
             while i + 32 <= n and position + i < target:
@@ -482,8 +480,9 @@ class Recording:
                     os.truncate(self._segment_path(first), position - first)
         except OSError as exc:
             self.cut_failures += 1
-            log.warning("recording %s: cannot cut back to %s: %s", self.d.recording_id,
-                        position, exc)
+            log.warning(
+                "recording %s: cannot cut back to %s: %s", self.d.recording_id, position, exc
+            )
 
     def _force_segments(self) -> None:
         for base in sorted(self._dirty):
@@ -527,8 +526,9 @@ class Recording:
                 {"stop_position": self.stop_position, "stop_timestamp_ns": self._stop_ns},
             )
         except OSError as exc:
-            log.warning("recording %s: cannot write its stop position yet: %s",
-                        self.d.recording_id, exc)
+            log.warning(
+                "recording %s: cannot write its stop position yet: %s", self.d.recording_id, exc
+            )
             return False
         finally:
             self._files.forget_under(self.directory)

@@ -88,8 +88,15 @@ class LogFile:
         self._fd = fd
         self.map = mapped
         self.view = memoryview(mapped)
-        (_, self.term_length, self.mtu, self.session_id, self.stream_id,
-         self.initial_term_id, self.pid) = _HEAD.unpack_from(mapped, 0)
+        (
+            _,
+            self.term_length,
+            self.mtu,
+            self.session_id,
+            self.stream_id,
+            self.initial_term_id,
+            self.pid,
+        ) = _HEAD.unpack_from(mapped, 0)
         self.terms = [
             self.view[METADATA_LENGTH + i * self.term_length :][: self.term_length]
             for i in range(3)
@@ -139,7 +146,14 @@ class LogFile:
                 ) from exc
             mapped = mmap.mmap(fd, size)
             _HEAD.pack_into(
-                mapped, 0, MAGIC, term_length, mtu, session_id, stream_id, initial_term_id,
+                mapped,
+                0,
+                MAGIC,
+                term_length,
+                mtu,
+                session_id,
+                stream_id,
+                initial_term_id,
                 os.getpid(),
             )
             _I32.pack_into(mapped, OFF_STATE, STATE_ACTIVE)

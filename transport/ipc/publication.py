@@ -71,8 +71,9 @@ class IpcPublication:
         self.max_message_length = geometry.max_message_length
         self.max_payload_length = geometry.max_payload_length
         self.window = config.publication_window_length or config.term_length // 2
-        self._appender = TermAppender(geometry, self.log.terms, session_id, stream_id,
-                                      initial_term_id, 0)
+        self._appender = TermAppender(
+            geometry, self.log.terms, session_id, stream_id, initial_term_id, 0
+        )
         # Readers share the terms, so the term after the current one is cleaned when the current
         # one starts (nobody can be reading it: the window is half a term), never the one a reader
         # may be about to cross into.

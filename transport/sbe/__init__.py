@@ -1,8 +1,8 @@
 """Simple Binary Encoding (SBE) messages as Arrow columns, and back, without Spark.
 
-    codec = sbe.load("schema.xml", "Trade")       # message by name or template id
-    batch, others = codec.decode(payloads)        # pyarrow.RecordBatch of codec.arrow_schema
-    payloads = codec.encode(batch)                # one message (header included) per row
+codec = sbe.load("schema.xml", "Trade")       # message by name or template id
+batch, others = codec.decode(payloads)        # pyarrow.RecordBatch of codec.arrow_schema
+payloads = codec.encode(batch)                # one message (header included) per row
 """
 
 from aeron_spark.transport.sbe.codec import MessageCodec, load
@@ -18,6 +18,15 @@ from aeron_spark.transport.sbe.errors import (
 from aeron_spark.transport.sbe.schema import Schema, parse_schema
 
 __all__ = [
-    "MessageCodec", "OtherTemplateError", "SbeDecodeError", "SbeEncodeError", "SbeError",
-    "SbeErrorCode", "SbeSchemaError", "Schema", "UnknownMessageError", "load", "parse_schema",
+    "MessageCodec",
+    "OtherTemplateError",
+    "SbeDecodeError",
+    "SbeEncodeError",
+    "SbeError",
+    "SbeErrorCode",
+    "SbeSchemaError",
+    "Schema",
+    "UnknownMessageError",
+    "load",
+    "parse_schema",
 ]

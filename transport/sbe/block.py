@@ -17,9 +17,16 @@ from aeron_spark.transport.sbe.errors import SbeDecodeError, SbeEncodeError
 from aeron_spark.transport.sbe.schema import PRIMITIVES, Node
 
 _ARROW = {
-    "int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(),
-    "uint8": pa.int16(), "uint16": pa.int32(), "uint32": pa.int64(),
-    "uint64": pa.decimal128(20, 0), "float": pa.float32(), "double": pa.float64(),
+    "int8": pa.int8(),
+    "int16": pa.int16(),
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "uint8": pa.int16(),
+    "uint16": pa.int32(),
+    "uint32": pa.int64(),
+    "uint64": pa.decimal128(20, 0),
+    "float": pa.float32(),
+    "double": pa.float64(),
 }
 _WIDE = {"uint8": np.int16, "uint16": np.int32, "uint32": np.int64}
 _VECTOR_ENCODINGS = ("US-ASCII", "ASCII", "UTF-8", "UTF8")
@@ -50,8 +57,9 @@ def block_dtype(fields: tuple[Node, ...], block_length: int, order: str) -> np.d
         names.append(f"f{i}")
         formats.append((fmt, (leaf.length,)) if leaf.length != 1 else fmt)
         offsets.append(leaf.offset)
-    return np.dtype({"names": names, "formats": formats, "offsets": offsets,
-                     "itemsize": max(block_length, 1)})
+    return np.dtype(
+        {"names": names, "formats": formats, "offsets": offsets, "itemsize": max(block_length, 1)}
+    )
 
 
 def _leaves(fields: tuple[Node, ...]) -> list[Node]:
@@ -64,8 +72,9 @@ def _leaves(fields: tuple[Node, ...]) -> list[Node]:
 class _BlockLayout:
     """One block layout: its fields, length, numpy dtype and each leaf field's column index."""
 
-    def __init__(self, fields: tuple[Node, ...], block_length: int, order: str,
-                 raw_enums: bool = False) -> None:
+    def __init__(
+        self, fields: tuple[Node, ...], block_length: int, order: str, raw_enums: bool = False
+    ) -> None:
         self.fields = fields
         self.block_length = block_length
         self.dtype = block_dtype(fields, block_length, order)
@@ -76,8 +85,9 @@ class _BlockLayout:
 class BlockDecoder(_BlockLayout):
     """Decodes ``(n, block_length)`` byte matrices of one block layout into Arrow columns."""
 
-    def decode(self, matrix: np.ndarray, versions: np.ndarray,
-               acting_lengths: np.ndarray) -> list[pa.Array]:
+    def decode(
+        self, matrix: np.ndarray, versions: np.ndarray, acting_lengths: np.ndarray
+    ) -> list[pa.Array]:
         """``matrix``: C-contiguous uint8 of shape (n, block_length); ``versions`` and
         ``acting_lengths``: int arrays (n,) of each block's message version and encoded length."""
         n = len(matrix)
@@ -99,14 +109,16 @@ class BlockDecoder(_BlockLayout):
             return None
         return mask
 
-    def _column(self, node: Node, view: np.ndarray, versions: np.ndarray, acting: np.ndarray,
-                n: int) -> pa.Array:
+    def _column(
+        self, node: Node, view: np.ndarray, versions: np.ndarray, acting: np.ndarray, n: int
+    ) -> pa.Array:
         absent = self._absent(node, versions, acting)
         if node.kind == "struct":
             children = [self._column(c, view, versions, acting, n) for c in node.children]
             t = arrow_type(node, self.raw_enums)
             return pa.StructArray.from_arrays(
-                children, fields=list(t), mask=None if absent is None else pa.array(absent))
+                children, fields=list(t), mask=None if absent is None else pa.array(absent)
+            )
         if node.constant:
             value = node.const
             if node.kind == "scalar" and node.primitive != "char" and node.primitive != "uint64":
@@ -122,19 +134,22 @@ class BlockDecoder(_BlockLayout):
         raw = view[f"f{self._index[id(node)]}"]
         if node.kind == "set":
             bits = raw.astype(np.uint64)
-            children = [pa.array(((bits >> np.uint64(bit)) & np.uint64(1)).astype(bool))
-                        for _, bit in node.values]
+            children = [
+                pa.array(((bits >> np.uint64(bit)) & np.uint64(1)).astype(bool))
+                for _, bit in node.values
+            ]
             return pa.StructArray.from_arrays(
-                children, names=[name for name, _ in node.values],
-                mask=None if absent is None else pa.array(absent))
+                children,
+                names=[name for name, _ in node.values],
+                mask=None if absent is None else pa.array(absent),
+            )
         if node.kind == "enum":
             return self._enum(node, raw, absent)
         if node.primitive == "char":
             return self._chars(node, raw.reshape(n, node.length), absent)
         return self._numbers(node, raw, absent, n)
 
-    def _numbers(self, node: Node, raw: np.ndarray, absent: np.ndarray | None,
-                 n: int) -> pa.Array:
+    def _numbers(self, node: Node, raw: np.ndarray, absent: np.ndarray | None, n: int) -> pa.Array:
         values = np.ascontiguousarray(raw)
         if not values.dtype.isnative:
             values = values.astype(values.dtype.newbyteorder("="))
@@ -154,13 +169,16 @@ class BlockDecoder(_BlockLayout):
         if wide is not None:
             values = values.astype(wide)
         if node.length != 1:
-            flat = pa.array(values.reshape(-1), _ARROW[node.primitive]
-                            if node.primitive != "uint64" else pa.uint64())
+            flat = pa.array(
+                values.reshape(-1),
+                _ARROW[node.primitive] if node.primitive != "uint64" else pa.uint64(),
+            )
             if node.primitive == "uint64":
                 flat = flat.cast(_ARROW["uint64"])
             offsets = pa.array(np.arange(0, (n + 1) * node.length, node.length, dtype=np.int32))
-            return pa.ListArray.from_arrays(offsets, flat,
-                                            mask=None if null is None else pa.array(null))
+            return pa.ListArray.from_arrays(
+                offsets, flat, mask=None if null is None else pa.array(null)
+            )
         if node.primitive == "uint64":
             return pa.array(values, pa.uint64(), mask=null).cast(_ARROW["uint64"])
         return pa.array(values, _ARROW[node.primitive], mask=null)
@@ -182,18 +200,24 @@ class BlockDecoder(_BlockLayout):
         np.cumsum(lengths, out=offsets[1:])
         validity = None if null is None else pa.array(~null).buffers()[1]
         if (node.encoding or "US-ASCII").upper() in _VECTOR_ENCODINGS:
-            out = pa.Array.from_buffers(pa.string(), n, [validity, pa.py_buffer(offsets),
-                                                         pa.py_buffer(values.tobytes())])
+            out = pa.Array.from_buffers(
+                pa.string(), n, [validity, pa.py_buffer(offsets), pa.py_buffer(values.tobytes())]
+            )
             try:
                 out.validate(full=True)
             except pa.ArrowInvalid as exc:
-                raise SbeDecodeError(f"field {node.name!r} is not valid {node.encoding} text "
-                                     f"({exc})", field=node.name) from None
+                raise SbeDecodeError(
+                    f"field {node.name!r} is not valid {node.encoding} text ({exc})",
+                    field=node.name,
+                ) from None
             return out
-        binary = pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets),
-                                                        pa.py_buffer(values.tobytes())])
-        return pa.array([None if b is None else b.decode(node.encoding or "ascii")
-                         for b in binary.to_pylist()], pa.string())
+        binary = pa.Array.from_buffers(
+            pa.binary(), n, [validity, pa.py_buffer(offsets), pa.py_buffer(values.tobytes())]
+        )
+        return pa.array(
+            [None if b is None else b.decode(node.encoding or "ascii") for b in binary.to_pylist()],
+            pa.string(),
+        )
 
     def _enum(self, node: Node, raw: np.ndarray, absent: np.ndarray | None) -> pa.Array:
         values = np.ascontiguousarray(raw)
@@ -225,8 +249,13 @@ class BlockDecoder(_BlockLayout):
 class BlockEncoder(_BlockLayout):
     """Fills ``(n, block_length)`` byte matrices from Arrow columns, checking every value fits."""
 
-    def encode(self, columns: dict[str, pa.Array | None], n: int, path: str = "",
-               rows: np.ndarray | None = None) -> np.ndarray:
+    def encode(
+        self,
+        columns: dict[str, pa.Array | None],
+        n: int,
+        path: str = "",
+        rows: np.ndarray | None = None,
+    ) -> np.ndarray:
         """``columns``: field name -> values (None: the column is absent). ``rows`` maps each
         value to the row it belongs to (for errors), default ``range(n)``. Returns the matrix."""
         out = np.zeros(n, self.dtype)
@@ -234,8 +263,15 @@ class BlockEncoder(_BlockLayout):
             self._fill(out, node, columns.get(node.name), n, path + node.name, rows)
         return out.view(np.uint8).reshape(n, self.dtype.itemsize)[:, : self.block_length]
 
-    def _fill(self, out: np.ndarray, node: Node, arr: pa.Array | None, n: int, path: str,
-              rows: np.ndarray | None) -> None:
+    def _fill(
+        self,
+        out: np.ndarray,
+        node: Node,
+        arr: pa.Array | None,
+        n: int,
+        path: str,
+        rows: np.ndarray | None,
+    ) -> None:
         if node.constant:
             return
         if isinstance(arr, pa.ChunkedArray):
@@ -247,8 +283,12 @@ class BlockEncoder(_BlockLayout):
                     raise _error(path, None, rows, f"a struct column, not {arr.type}")
                 fields = dict(zip([f.name for f in arr.type], arr.flatten(), strict=True))
                 if arr.null_count and not _nullable(node):
-                    raise _error(path, _first(arr.is_null()), rows, "a value (the field is "
-                                 "required, it has no null)")
+                    raise _error(
+                        path,
+                        _first(arr.is_null()),
+                        rows,
+                        "a value (the field is required, it has no null)",
+                    )
             for c in node.children:
                 self._fill(out, c, fields.get(c.name), n, f"{path}.{c.name}", rows)
             return
@@ -274,8 +314,9 @@ class BlockEncoder(_BlockLayout):
             return
         null = _null_mask(arr)
         if null is not None and not node.optional:
-            raise _error(path, _first(null), rows, "a value (the field is required, it has no "
-                         "null)")
+            raise _error(
+                path, _first(null), rows, "a value (the field is required, it has no null)"
+            )
         if node.kind == "enum":
             values = self._enum_values(node, arr, path, rows)
         elif node.primitive == "char":
@@ -290,12 +331,14 @@ class BlockEncoder(_BlockLayout):
             if node.length != 1:
                 values[null] = fill
             else:
-                values = np.where(null, values.dtype.type(fill) if not np.isnan(fill) else fill,
-                                  values)
+                values = np.where(
+                    null, values.dtype.type(fill) if not np.isnan(fill) else fill, values
+                )
         out[name] = values
 
-    def _enum_values(self, node: Node, arr: pa.Array, path: str,
-                     rows: np.ndarray | None) -> np.ndarray:
+    def _enum_values(
+        self, node: Node, arr: pa.Array, path: str, rows: np.ndarray | None
+    ) -> np.ndarray:
         prim = np.dtype(PRIMITIVES[node.primitive][0])
         if self.raw_enums or pa.types.is_integer(arr.type):
             values = pc.fill_null(arr.cast(pa.int64()), int(node.null_value)).to_numpy()
@@ -311,33 +354,41 @@ class BlockEncoder(_BlockLayout):
         missing = pc.and_(index.is_null(), arr.is_valid()).to_numpy(zero_copy_only=False)
         if missing.any():
             row = _first(missing)
-            raise _error(path, row, rows, f"one of {_names(node)}, not "
-                         f"{arr[int(row)].as_py()!r}")
+            raise _error(path, row, rows, f"one of {_names(node)}, not {arr[int(row)].as_py()!r}")
         known = np.array([v for _, v in node.values] + [node.null_value], np.int64)
         idx = pc.fill_null(index, len(node.values)).to_numpy(zero_copy_only=False)
         return known[idx].astype(prim)
 
-    def _chars(self, node: Node, arr: pa.Array, n: int, path: str,
-               rows: np.ndarray | None) -> np.ndarray:
+    def _chars(
+        self, node: Node, arr: pa.Array, n: int, path: str, rows: np.ndarray | None
+    ) -> np.ndarray:
         width = node.length
         encoding = (node.encoding or "US-ASCII").upper()
         if not (pa.types.is_string(arr.type) or pa.types.is_binary(arr.type)):
             raise _error(path, None, rows, f"a string column, not {arr.type}")
         if encoding not in _VECTOR_ENCODINGS:
-            arr = pa.array([None if s is None else s.encode(node.encoding) for s in
-                            arr.to_pylist()], pa.binary())
+            arr = pa.array(
+                [None if s is None else s.encode(node.encoding) for s in arr.to_pylist()],
+                pa.binary(),
+            )
         binary = arr.cast(pa.binary())
-        offsets = np.frombuffer(binary.buffers()[1], np.int32)[binary.offset:
-                                                                 binary.offset + n + 1]
+        offsets = np.frombuffer(binary.buffers()[1], np.int32)[
+            binary.offset : binary.offset + n + 1
+        ]
         data = binary.buffers()[2]
-        values = (np.frombuffer(data, np.uint8) if data is not None
-                  else np.zeros(0, np.uint8))[offsets[0]: offsets[-1]]
+        values = (np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8))[
+            offsets[0] : offsets[-1]
+        ]
         lengths = np.diff(offsets)
         too_long = lengths > width
         if too_long.any():
             row = _first(too_long)
-            raise _error(path, row, rows, f"at most {width} bytes of {node.encoding}, not "
-                         f"{int(lengths[row])}")
+            raise _error(
+                path,
+                row,
+                rows,
+                f"at most {width} bytes of {node.encoding}, not {int(lengths[row])}",
+            )
         if encoding in ("US-ASCII", "ASCII") and len(values) and values.max() > 0x7F:
             owner = np.repeat(np.arange(n), lengths)
             raise _error(path, int(owner[np.argmax(values > 0x7F)]), rows, "US-ASCII text")
@@ -351,16 +402,21 @@ class BlockEncoder(_BlockLayout):
         np.minimum(index, len(values) - 1, out=index)
         return np.where(inside, values[index], np.uint8(0))
 
-    def _array_values(self, node: Node, arr: pa.Array, n: int, path: str,
-                      rows: np.ndarray | None) -> np.ndarray:
+    def _array_values(
+        self, node: Node, arr: pa.Array, n: int, path: str, rows: np.ndarray | None
+    ) -> np.ndarray:
         if not pa.types.is_list(arr.type) and not pa.types.is_fixed_size_list(arr.type):
             raise _error(path, None, rows, f"an array column of {node.length}, not {arr.type}")
         lengths = pc.fill_null(pc.list_value_length(arr), node.length).to_numpy()
         wrong = lengths != node.length
         if wrong.any():
             row = _first(wrong)
-            raise _error(path, row, rows, f"an array of exactly {node.length} elements, not "
-                         f"{int(lengths[row])}")
+            raise _error(
+                path,
+                row,
+                rows,
+                f"an array of exactly {node.length} elements, not {int(lengths[row])}",
+            )
         flat = pc.list_flatten(pc.fill_null(arr, pa.scalar([0] * node.length, arr.type)))
         if flat.null_count:
             raise _error(path, None, rows, "arrays without null elements")
@@ -406,8 +462,11 @@ def _numbers(node: Node, arr: pa.Array, path: str, rows: np.ndarray | None) -> n
     kind = PRIMITIVES[prim][0]
     target = np.dtype(kind)
     if prim in ("float", "double"):
-        if not (pa.types.is_floating(arr.type) or pa.types.is_integer(arr.type)
-                or pa.types.is_decimal(arr.type)):
+        if not (
+            pa.types.is_floating(arr.type)
+            or pa.types.is_integer(arr.type)
+            or pa.types.is_decimal(arr.type)
+        ):
             raise _error(path, None, rows, f"a number, not {arr.type}")
         values = pc.fill_null(arr.cast(pa.float64()), 0.0).to_numpy(zero_copy_only=False)
         if prim == "float":
@@ -425,10 +484,14 @@ def _numbers(node: Node, arr: pa.Array, path: str, rows: np.ndarray | None) -> n
         try:
             values = pc.fill_null(arr.cast(pa.uint64()), 0).to_numpy(zero_copy_only=False)
         except (pa.ArrowInvalid, OverflowError):
-            bad = [i for i, v in enumerate(arr.to_pylist())
-                   if v is not None and not 0 <= int(v) < 2**64]
-            raise _error(path, bad[0] if bad else None, rows,
-                         f"an integer from {low} to {high}") from None
+            bad = [
+                i
+                for i, v in enumerate(arr.to_pylist())
+                if v is not None and not 0 <= int(v) < 2**64
+            ]
+            raise _error(
+                path, bad[0] if bad else None, rows, f"an integer from {low} to {high}"
+            ) from None
         bad_mask = (values > np.uint64(high)) & arr.is_valid().to_numpy(zero_copy_only=False)
         if bad_mask.any():
             raise _error(path, _first(bad_mask), rows, f"an integer from {low} to {high}")
@@ -436,10 +499,12 @@ def _numbers(node: Node, arr: pa.Array, path: str, rows: np.ndarray | None) -> n
     try:
         values = pc.fill_null(arr.cast(pa.int64()), low).to_numpy(zero_copy_only=False)
     except (pa.ArrowInvalid, OverflowError):
-        bad = [i for i, v in enumerate(arr.to_pylist())
-               if v is not None and not low <= int(v) <= high]
-        raise _error(path, bad[0] if bad else None, rows,
-                     f"an integer from {low} to {high}") from None
+        bad = [
+            i for i, v in enumerate(arr.to_pylist()) if v is not None and not low <= int(v) <= high
+        ]
+        raise _error(
+            path, bad[0] if bad else None, rows, f"an integer from {low} to {high}"
+        ) from None
     bad_mask = (values < low) | (values > high)
     if bad_mask.any():
         raise _error(path, _first(bad_mask), rows, f"an integer from {low} to {high}")

@@ -41,8 +41,7 @@ def _unpacker(composite: Node, names: tuple[str, ...], order: str) -> struct.Str
     by_name = {c.name: c for c in composite.children}
     fmt, at = order, 0
     members = sorted((by_name[n].offset, n) for n in names)
-    codes = {"u1": "B", "i1": "b", "u2": "H", "i2": "h", "u4": "I", "i4": "i", "u8": "Q",
-             "i8": "q"}
+    codes = {"u1": "B", "i1": "b", "u2": "H", "i2": "h", "u4": "I", "i4": "i", "u8": "Q", "i8": "q"}
     for offset, n in members:
         fmt += "x" * (offset - at) + codes[PRIMITIVES[by_name[n].primitive][0]]
         at = offset + by_name[n].size
@@ -94,14 +93,15 @@ class MessageCodec:
 
     def _walk_setup(self, block: Block) -> None:
         order = self.schema.byte_order
-        self._decoders[id(block)] = BlockDecoder(block.fields, block.block_length, order,
-                                                 self.raw_enums)
-        self._encoders[id(block)] = BlockEncoder(block.fields, block.block_length, order,
-                                                 self.raw_enums)
+        self._decoders[id(block)] = BlockDecoder(
+            block.fields, block.block_length, order, self.raw_enums
+        )
+        self._encoders[id(block)] = BlockEncoder(
+            block.fields, block.block_length, order, self.raw_enums
+        )
         for g in block.groups:
             names = ("blockLength", "numInGroup")
-            self._dims[id(g)] = (_unpacker(g.dimension, names, order),
-                                 _ordered(names, g.dimension))
+            self._dims[id(g)] = (_unpacker(g.dimension, names, order), _ordered(names, g.dimension))
             self._walk_setup(g)
         for d in block.data:
             code = {"uint8": "B", "uint16": "H", "uint32": "I"}[d.length_primitive]
@@ -122,12 +122,17 @@ class MessageCodec:
         """(blockLength, templateId, schemaId, version) of each message."""
         out = []
         unpack = self._header.unpack_from
-        pos = [self._header_names.index(n) for n in ("blockLength", "templateId", "schemaId",
-                                                      "version")]
+        pos = [
+            self._header_names.index(n)
+            for n in ("blockLength", "templateId", "schemaId", "version")
+        ]
         for i, p in enumerate(payloads):
             if len(p) < self.header_length:
-                raise SbeDecodeError(f"message {i} has {len(p)} bytes, shorter than the "
-                                     f"{self.header_length}-byte message header", index=i)
+                raise SbeDecodeError(
+                    f"message {i} has {len(p)} bytes, shorter than the "
+                    f"{self.header_length}-byte message header",
+                    index=i,
+                )
             h = unpack(p)
             out.append((h[pos[0]], h[pos[1]], h[pos[2]], h[pos[3]]))
         return out
@@ -157,9 +162,12 @@ class MessageCodec:
             except struct.error:
                 end = len(p) + 1
             if end > len(p):
-                raise SbeDecodeError(f"message {i} (template {m.id}) is {len(p)} bytes long, "
-                                     "shorter than its block, groups and data say", index=i,
-                                     template_id=m.id)
+                raise SbeDecodeError(
+                    f"message {i} (template {m.id}) is {len(p)} bytes long, "
+                    "shorter than its block, groups and data say",
+                    index=i,
+                    template_id=m.id,
+                )
         return self._batch(root, len(payloads)), np.array(others, dtype=np.int64)
 
     def decode_matrix(self, matrix: np.ndarray) -> tuple[pa.RecordBatch, np.ndarray]:
@@ -168,10 +176,12 @@ class MessageCodec:
         n, length = matrix.shape
         h = self.header_length
         if length < h:
-            raise SbeDecodeError(f"messages of {length} bytes are shorter than the {h}-byte "
-                                 "message header", index=0)
-        head = self._header_decoder.decode(np.ascontiguousarray(matrix[:, :h]),
-                                           np.zeros(n, np.int64), np.full(n, h, np.int64))
+            raise SbeDecodeError(
+                f"messages of {length} bytes are shorter than the {h}-byte message header", index=0
+            )
+        head = self._header_decoder.decode(
+            np.ascontiguousarray(matrix[:, :h]), np.zeros(n, np.int64), np.full(n, h, np.int64)
+        )
         cols = {c.name: i for i, c in enumerate(self.schema.header.children)}
 
         def col(name: str) -> np.ndarray:
@@ -189,9 +199,12 @@ class MessageCodec:
         short = acting > length - h
         if short.any():
             i = int(np.flatnonzero(mine)[np.argmax(short)])
-            raise SbeDecodeError(f"message {i} (template {self.message.id}) is {length} bytes, "
-                                 f"shorter than its header's block length {int(acting.max())}",
-                                 index=i, template_id=self.message.id)
+            raise SbeDecodeError(
+                f"message {i} (template {self.message.id}) is {length} bytes, "
+                f"shorter than its header's block length {int(acting.max())}",
+                index=i,
+                template_id=self.message.id,
+            )
         blocks = _fit_blocks(rows, h, acting, self.message.block_length)
         columns = self._decoders[id(self.message)].decode(blocks, versions, acting)
         return pa.RecordBatch.from_arrays(columns, schema=self.arrow_schema), others
@@ -224,14 +237,17 @@ class MessageCodec:
                 continue
             (size,) = self._lengths[id(d)].unpack_from(buf, pos)
             pos += d.prefix_size
-            values.append(buf[pos: pos + size])
+            values.append(buf[pos : pos + size])
             pos += size
         return pos
 
     def _batch(self, root: _Level, n: int) -> pa.RecordBatch:
         columns = self._level_columns(root)
-        return pa.RecordBatch.from_arrays(columns, schema=self.arrow_schema) if n else \
-            pa.RecordBatch.from_pylist([], schema=self.arrow_schema)
+        return (
+            pa.RecordBatch.from_arrays(columns, schema=self.arrow_schema)
+            if n
+            else pa.RecordBatch.from_pylist([], schema=self.arrow_schema)
+        )
 
     def _level_columns(self, level: _Level) -> list[pa.Array]:
         block = level.block
@@ -240,14 +256,20 @@ class MessageCodec:
         for buf, start, bl, count, version in level.runs:
             if count == 0:
                 continue
-            data = np.frombuffer(buf, np.uint8, count=bl * count, offset=start) if bl else \
-                np.zeros(0, np.uint8)
+            data = (
+                np.frombuffer(buf, np.uint8, count=bl * count, offset=start)
+                if bl
+                else np.zeros(0, np.uint8)
+            )
             parts.append(_fit(data.reshape(count, bl), ours))
             versions.append(np.full(count, version, np.int64))
             acting.append(np.full(count, bl, np.int64))
         if parts:
-            matrix = np.ascontiguousarray(np.concatenate(parts)) if len(parts) > 1 else \
-                np.ascontiguousarray(parts[0])
+            matrix = (
+                np.ascontiguousarray(np.concatenate(parts))
+                if len(parts) > 1
+                else np.ascontiguousarray(parts[0])
+            )
             v, a = np.concatenate(versions), np.concatenate(acting)
         else:
             matrix = np.zeros((0, ours), np.uint8)
@@ -255,13 +277,17 @@ class MessageCodec:
         columns = self._decoders[id(block)].decode(matrix, v, a)
         for g, sub in zip(block.groups, level.groups, strict=True):
             entries = pa.StructArray.from_arrays(
-                self._level_columns(sub), fields=_block_fields(g, self.raw_enums))
+                self._level_columns(sub), fields=_block_fields(g, self.raw_enums)
+            )
             counts = np.array(sub.counts, np.int64)
             offsets = np.zeros(len(counts) + 1, np.int32)
             np.cumsum(np.maximum(counts, 0), out=offsets[1:])
             absent = counts < 0
-            columns.append(pa.ListArray.from_arrays(
-                pa.array(offsets), entries, mask=pa.array(absent) if absent.any() else None))
+            columns.append(
+                pa.ListArray.from_arrays(
+                    pa.array(offsets), entries, mask=pa.array(absent) if absent.any() else None
+                )
+            )
         for d, values in zip(block.data, level.data, strict=True):
             columns.append(_var_array(d, values))
         return columns
@@ -275,15 +301,18 @@ class MessageCodec:
         if pieces is None:
             data = matrix.tobytes()
             size = matrix.shape[1]
-            return [data[i: i + size] for i in range(0, len(data), size)]
+            return [data[i : i + size] for i in range(0, len(data), size)]
         return [bytes(row) + tail for row, tail in zip(matrix, pieces, strict=True)]
 
     def encode_matrix(self, batch: pa.RecordBatch | pa.Table) -> np.ndarray:
         """Fixed templates: the messages as the rows of one uint8 matrix (vectorised)."""
         matrix, pieces = self._encode(batch)
         if pieces is not None:
-            raise SbeEncodeError(f"message {self.message.name} has groups or var data: use "
-                                 "encode()", column=None, row=None)
+            raise SbeEncodeError(
+                f"message {self.message.name} has groups or var data: use encode()",
+                column=None,
+                row=None,
+            )
         return matrix
 
     def _encode(self, batch: pa.RecordBatch | pa.Table) -> tuple[np.ndarray, list[bytes] | None]:
@@ -292,14 +321,19 @@ class MessageCodec:
         known = {f.name for f in self.arrow_schema}
         unknown = [c for c in columns if c not in known]
         if unknown:
-            raise SbeEncodeError(f"column {unknown[0]!r} is no field of message "
-                                 f"{self.message.name} (it has {', '.join(sorted(known))})",
-                                 column=unknown[0], row=None)
+            raise SbeEncodeError(
+                f"column {unknown[0]!r} is no field of message "
+                f"{self.message.name} (it has {', '.join(sorted(known))})",
+                column=unknown[0],
+                row=None,
+            )
         m = self.message
-        head = {"blockLength": pa.array(np.full(n, m.block_length, np.int64)),
-                "templateId": pa.array(np.full(n, m.id, np.int64)),
-                "schemaId": pa.array(np.full(n, self.schema.id, np.int64)),
-                "version": pa.array(np.full(n, self.schema.version, np.int64))}
+        head = {
+            "blockLength": pa.array(np.full(n, m.block_length, np.int64)),
+            "templateId": pa.array(np.full(n, m.id, np.int64)),
+            "schemaId": pa.array(np.full(n, self.schema.id, np.int64)),
+            "version": pa.array(np.full(n, self.schema.version, np.int64)),
+        }
         header = self._header_encoder.encode(head, n)
         body = self._encoders[id(m)].encode(columns, n)
         matrix = np.concatenate([header, body], axis=1) if body.shape[1] else header
@@ -307,8 +341,9 @@ class MessageCodec:
             return np.ascontiguousarray(matrix), None
         return matrix, self._tails(m, columns, n, np.arange(n), "")
 
-    def _tails(self, block: Block, columns: dict, n: int, rows: np.ndarray,
-               path: str) -> list[bytes]:
+    def _tails(
+        self, block: Block, columns: dict, n: int, rows: np.ndarray, path: str
+    ) -> list[bytes]:
         """The bytes after each entry's block: its groups then its var data."""
         tails: list[list[bytes]] = [[] for _ in range(n)]
         for g in block.groups:
@@ -322,8 +357,12 @@ class MessageCodec:
                 m = 0
             else:
                 if not pa.types.is_list(arr.type) or not pa.types.is_struct(arr.type.value_type):
-                    raise SbeEncodeError(f"column {name!r}: expected an array of structs "
-                                         f"(group {g.name}), not {arr.type}", column=name, row=None)
+                    raise SbeEncodeError(
+                        f"column {name!r}: expected an array of structs "
+                        f"(group {g.name}), not {arr.type}",
+                        column=name,
+                        row=None,
+                    )
                 counts = pa.compute.fill_null(pa.compute.list_value_length(arr), 0).to_numpy()
                 counts = counts.astype(np.int64)
                 flat = arr.flatten()
@@ -332,14 +371,20 @@ class MessageCodec:
                 known = {f.name for f in _block_fields(g, self.raw_enums)}
                 unknown = [c for c in entries if c not in known]
                 if unknown:
-                    raise SbeEncodeError(f"column {name}.{unknown[0]!r} is no field of group "
-                                         f"{g.name}", column=f"{name}.{unknown[0]}", row=None)
+                    raise SbeEncodeError(
+                        f"column {name}.{unknown[0]!r} is no field of group {g.name}",
+                        column=f"{name}.{unknown[0]}",
+                        row=None,
+                    )
             leaf = g.count_leaf
             high = int(leaf.max_value)
             if (counts > high).any():
                 row = int(rows[int(np.argmax(counts > high))])
-                raise SbeEncodeError(f"column {name!r}, row {row}: expected at most {high} entries",
-                                     column=name, row=row)
+                raise SbeEncodeError(
+                    f"column {name!r}, row {row}: expected at most {high} entries",
+                    column=name,
+                    row=row,
+                )
             entry_rows = np.repeat(rows, counts)
             matrix = self._encoders[id(g)].encode(entries, m, name + ".", entry_rows)
             sub = None if g.fixed else self._tails(g, entries, m, entry_rows, name + ".")
@@ -354,8 +399,9 @@ class MessageCodec:
                 if sub is None:
                     tails[i].append(bytes(dim) + matrix[s:e].tobytes())
                 else:
-                    tails[i].append(bytes(dim) + b"".join(
-                        matrix[j].tobytes() + sub[j] for j in range(s, e)))
+                    tails[i].append(
+                        bytes(dim) + b"".join(matrix[j].tobytes() + sub[j] for j in range(s, e))
+                    )
         for d in block.data:
             arr = columns.get(d.name)
             name = path + d.name
@@ -369,13 +415,19 @@ class MessageCodec:
                 elif isinstance(v, bytes | bytearray):
                     raw = bytes(v)
                 else:
-                    raise SbeEncodeError(f"column {name!r}, row {int(rows[i])}: expected text or "
-                                         f"bytes, not {type(v).__name__}", column=name,
-                                         row=int(rows[i]))
+                    raise SbeEncodeError(
+                        f"column {name!r}, row {int(rows[i])}: expected text or "
+                        f"bytes, not {type(v).__name__}",
+                        column=name,
+                        row=int(rows[i]),
+                    )
                 if len(raw) > d.max_length:
-                    raise SbeEncodeError(f"column {name!r}, row {int(rows[i])}: expected at "
-                                         f"most {d.max_length} bytes, not {len(raw)}", column=name,
-                                         row=int(rows[i]))
+                    raise SbeEncodeError(
+                        f"column {name!r}, row {int(rows[i])}: expected at "
+                        f"most {d.max_length} bytes, not {len(raw)}",
+                        column=name,
+                        row=int(rows[i]),
+                    )
                 tails[i].append(pack(len(raw)) + raw)
         return [b"".join(t) for t in tails]
 
@@ -396,11 +448,11 @@ def _fit_blocks(rows: np.ndarray, h: int, acting: np.ndarray, ours: int) -> np.n
     n = len(rows)
     if n and (acting == acting[0]).all():
         b = int(acting[0])
-        return np.ascontiguousarray(_fit(rows[:, h: h + b], ours))
+        return np.ascontiguousarray(_fit(rows[:, h : h + b], ours))
     out = np.zeros((n, ours), np.uint8)
     for b in np.unique(acting):
         sel = acting == b
-        out[sel] = _fit(rows[sel][:, h: h + int(b)], ours)
+        out[sel] = _fit(rows[sel][:, h : h + int(b)], ours)
     return out
 
 
@@ -412,19 +464,24 @@ def _var_array(d: Data, values: list[Payload | None]) -> pa.Array:
     absent = np.array([v is None for v in values], bool)
     validity = pa.array(~absent).buffers()[1] if absent.any() else None
     kind = pa.string() if d.string else pa.binary()
-    out = pa.Array.from_buffers(kind, len(values), [validity, pa.py_buffer(offsets),
-                                                    pa.py_buffer(data)])
+    out = pa.Array.from_buffers(
+        kind, len(values), [validity, pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
     if d.string:
         if (d.encoding or "").upper() not in ("US-ASCII", "ASCII", "UTF-8", "UTF8"):
-            raw = pa.Array.from_buffers(pa.binary(), len(values),
-                                        [validity, pa.py_buffer(offsets), pa.py_buffer(data)])
-            return pa.array([None if b is None else b.decode(d.encoding or "ascii")
-                             for b in raw.to_pylist()], pa.string())
+            raw = pa.Array.from_buffers(
+                pa.binary(), len(values), [validity, pa.py_buffer(offsets), pa.py_buffer(data)]
+            )
+            return pa.array(
+                [None if b is None else b.decode(d.encoding or "ascii") for b in raw.to_pylist()],
+                pa.string(),
+            )
         try:
             out.validate(full=True)
         except pa.ArrowInvalid as exc:
-            raise SbeDecodeError(f"var data {d.name!r} is not valid {d.encoding} text ({exc})",
-                                 field=d.name) from None
+            raise SbeDecodeError(
+                f"var data {d.name!r} is not valid {d.encoding} text ({exc})", field=d.name
+            ) from None
     return out
 
 

@@ -70,6 +70,11 @@ class SbeEncodeError(SbeError, ValueError):
 
 
 __all__ = [
-    "OtherTemplateError", "SbeDecodeError", "SbeEncodeError", "SbeError", "SbeErrorCode",
-    "SbeSchemaError", "UnknownMessageError",
+    "OtherTemplateError",
+    "SbeDecodeError",
+    "SbeEncodeError",
+    "SbeError",
+    "SbeErrorCode",
+    "SbeSchemaError",
+    "UnknownMessageError",
 ]

@@ -156,9 +156,7 @@ class Schema:
             if m.name == text or (text.lstrip("-").isdigit() and m.id == int(text)):
                 return m
         known = ", ".join(f"{m.name} ({m.id})" for m in self.messages)
-        raise UnknownMessageError(
-            f"the schema has no message {text!r} (it has {known})", name=text
-        )
+        raise UnknownMessageError(f"the schema has no message {text!r} (it has {known})", name=text)
 
 
 def _member(composite: Node, name: str) -> Node:
@@ -211,9 +209,17 @@ class _Parser:
 
     # --- types -----------------------------------------------------------------------------
 
-    def node(self, type_name: str, name: str, offset: int, since: int, deprecated: int | None,
-             presence: str | None = None, value_ref: str | None = None,
-             stack: tuple[str, ...] = ()) -> Node:
+    def node(
+        self,
+        type_name: str,
+        name: str,
+        offset: int,
+        since: int,
+        deprecated: int | None,
+        presence: str | None = None,
+        value_ref: str | None = None,
+        stack: tuple[str, ...] = (),
+    ) -> Node:
         if type_name in stack:
             raise SbeSchemaError(f"type {type_name!r} contains itself", element=type_name)
         if type_name in PRIMITIVES and type_name not in self.types:
@@ -221,19 +227,29 @@ class _Parser:
         el = self.types.get(type_name)
         if el is None:
             raise SbeSchemaError(f"field {name!r}: unknown type {type_name!r}", element=name)
-        return self.element(el, name, offset, since, deprecated, presence, value_ref,
-                            (*stack, type_name))
+        return self.element(
+            el, name, offset, since, deprecated, presence, value_ref, (*stack, type_name)
+        )
 
-    def element(self, el: ET.Element, name: str, offset: int, since: int,
-                deprecated: int | None, presence: str | None = None,
-                value_ref: str | None = None, stack: tuple[str, ...] = ()) -> Node:
+    def element(
+        self,
+        el: ET.Element,
+        name: str,
+        offset: int,
+        since: int,
+        deprecated: int | None,
+        presence: str | None = None,
+        value_ref: str | None = None,
+        stack: tuple[str, ...] = (),
+    ) -> Node:
         tag = _local(el.tag)
         since = max(since, _int(el, "sinceVersion", 0) or 0)
         if deprecated is None:
             deprecated = _int(el, "deprecated")
         if tag == "type":
-            return self._scalar(el, el.get("primitiveType", ""), name, offset, since,
-                                deprecated, presence)
+            return self._scalar(
+                el, el.get("primitiveType", ""), name, offset, since, deprecated, presence
+            )
         if tag == "enum":
             return self._enum(el, name, offset, since, deprecated, presence, value_ref)
         if tag == "set":
@@ -241,8 +257,15 @@ class _Parser:
             if prim not in PRIMITIVES or prim in ("float", "double", "char"):
                 raise SbeSchemaError(f"set {name!r}: bad encodingType {prim!r}", element=name)
             choices = tuple((c.get("name", ""), int((c.text or "").strip())) for c in el)
-            return Node(name, "set", prim, offset, since_version=since, deprecated=deprecated,
-                        values=choices)
+            return Node(
+                name,
+                "set",
+                prim,
+                offset,
+                since_version=since,
+                deprecated=deprecated,
+                values=choices,
+            )
         if tag == "composite":
             children: list[Node] = []
             at = offset
@@ -253,8 +276,9 @@ class _Parser:
                 if moff is not None:
                     at = offset + moff
                 if mtag == "ref":
-                    child = self.node(member.get("type", ""), mname, at, since, deprecated,
-                                      stack=stack)
+                    child = self.node(
+                        member.get("type", ""), mname, at, since, deprecated, stack=stack
+                    )
                     msince = _int(member, "sinceVersion", 0) or 0
                     if msince > child.since_version:
                         child = _with(child, since_version=msince)
@@ -264,12 +288,26 @@ class _Parser:
                     continue
                 children.append(child)
                 at += child.size
-            return Node(name, "struct", offset=offset, since_version=since,
-                        deprecated=deprecated, children=tuple(children))
+            return Node(
+                name,
+                "struct",
+                offset=offset,
+                since_version=since,
+                deprecated=deprecated,
+                children=tuple(children),
+            )
         raise SbeSchemaError(f"type {name!r}: unknown element <{tag}>", element=name)
 
-    def _scalar(self, el: ET.Element | None, prim: str, name: str, offset: int, since: int,
-                deprecated: int | None, presence: str | None) -> Node:
+    def _scalar(
+        self,
+        el: ET.Element | None,
+        prim: str,
+        name: str,
+        offset: int,
+        since: int,
+        deprecated: int | None,
+        presence: str | None,
+    ) -> Node:
         if prim not in PRIMITIVES:
             raise SbeSchemaError(f"{name!r}: unknown primitiveType {prim!r}", element=name)
         _, _, null, low, high = PRIMITIVES[prim]
@@ -290,11 +328,33 @@ class _Parser:
         if presence == "constant":
             text = (el.text or "") if el is not None else ""
             const = text if prim == "char" else _number(text, prim)
-        return Node(name, "scalar", prim, offset, length, presence == "optional", null, low, high,
-                    encoding, since, deprecated, presence == "constant", const)
+        return Node(
+            name,
+            "scalar",
+            prim,
+            offset,
+            length,
+            presence == "optional",
+            null,
+            low,
+            high,
+            encoding,
+            since,
+            deprecated,
+            presence == "constant",
+            const,
+        )
 
-    def _enum(self, el: ET.Element, name: str, offset: int, since: int, deprecated: int | None,
-              presence: str | None, value_ref: str | None) -> Node:
+    def _enum(
+        self,
+        el: ET.Element,
+        name: str,
+        offset: int,
+        since: int,
+        deprecated: int | None,
+        presence: str | None,
+        value_ref: str | None,
+    ) -> Node:
         prim = el.get("encodingType", "")
         if prim not in PRIMITIVES:
             inner = self.types.get(prim)  # an encodingType may name a <type>
@@ -304,7 +364,8 @@ class _Parser:
         if prim not in ("char", "uint8", "int8", "uint16", "int16", "uint32", "int32"):
             raise SbeSchemaError(f"enum {name!r}: bad encodingType {prim!r}", element=name)
         values = tuple(
-            (v.get("name", ""), int(_number((v.text or "").strip(), prim))) for v in el
+            (v.get("name", ""), int(_number((v.text or "").strip(), prim)))
+            for v in el
             if _local(v.tag) == "validValue"
         )
         null_text = el.get("nullValue")
@@ -314,12 +375,26 @@ class _Parser:
         if presence == "constant":
             ref = (value_ref or "").rpartition(".")[2]
             if ref not in dict(values):
-                raise SbeSchemaError(f"field {name!r}: valueRef {value_ref!r} names no value of "
-                                     f"enum {el.get('name')!r}", element=name)
+                raise SbeSchemaError(
+                    f"field {name!r}: valueRef {value_ref!r} names no value of "
+                    f"enum {el.get('name')!r}",
+                    element=name,
+                )
             const = ref
-        return Node(name, "enum", prim, offset, 1, presence == "optional", null,
-                    since_version=since, deprecated=deprecated, constant=presence == "constant",
-                    const=const, values=values)
+        return Node(
+            name,
+            "enum",
+            prim,
+            offset,
+            1,
+            presence == "optional",
+            null,
+            since_version=since,
+            deprecated=deprecated,
+            constant=presence == "constant",
+            const=const,
+            values=values,
+        )
 
     # --- messages ----------------------------------------------------------------------------
 
@@ -335,21 +410,34 @@ class _Parser:
             dep = _int(child, "deprecated")
             if tag == "field":
                 if groups or data:
-                    raise SbeSchemaError(f"{name}: field {cname!r} after a group or data",
-                                         element=cname)
+                    raise SbeSchemaError(
+                        f"{name}: field {cname!r} after a group or data", element=cname
+                    )
                 off = _int(child, "offset")
                 if off is not None:
                     if off < at:
-                        raise SbeSchemaError(f"{name}: field {cname!r} offset {off} overlaps "
-                                             "the field before it", element=cname)
+                        raise SbeSchemaError(
+                            f"{name}: field {cname!r} offset {off} overlaps the field before it",
+                            element=cname,
+                        )
                     at = off
-                node = self.node(child.get("type", ""), cname, at, csince, dep,
-                                 child.get("presence"), child.get("valueRef"))
-                if child.get("presence") == "constant" and node.kind == "scalar" and (
-                    not node.constant
+                node = self.node(
+                    child.get("type", ""),
+                    cname,
+                    at,
+                    csince,
+                    dep,
+                    child.get("presence"),
+                    child.get("valueRef"),
+                )
+                if (
+                    child.get("presence") == "constant"
+                    and node.kind == "scalar"
+                    and (not node.constant)
                 ):
-                    raise SbeSchemaError(f"{name}: constant field {cname!r} needs a constant "
-                                         "type", element=cname)
+                    raise SbeSchemaError(
+                        f"{name}: constant field {cname!r} needs a constant type", element=cname
+                    )
                 fields.append(node)
                 at += node.size
             elif tag == "group":
@@ -360,8 +448,10 @@ class _Parser:
                 data.append(self.data(child, csince))
         block_length = _int(el, "blockLength", at) or 0
         if block_length < at:
-            raise SbeSchemaError(f"{name}: blockLength {block_length} is shorter than its "
-                                 f"fields ({at} bytes)", element=name)
+            raise SbeSchemaError(
+                f"{name}: blockLength {block_length} is shorter than its fields ({at} bytes)",
+                element=name,
+            )
         return block_length, tuple(fields), tuple(groups), tuple(data)
 
     def group(self, el: ET.Element, since: int) -> Group:
@@ -369,11 +459,21 @@ class _Parser:
         dim_name = el.get("dimensionType", "groupSizeEncoding")
         dimension = self.node(dim_name, dim_name, 0, 0, None)
         if dimension.kind != "struct":
-            raise SbeSchemaError(f"group {name!r}: dimensionType {dim_name!r} is not a "
-                                 "composite", element=name)
+            raise SbeSchemaError(
+                f"group {name!r}: dimensionType {dim_name!r} is not a composite", element=name
+            )
         bl, fields, groups, data = self.block(el, name, since)
-        g = Group(name, bl, fields, groups, data, _int(el, "id", 0) or 0, dimension, since,
-                  _int(el, "deprecated"))
+        g = Group(
+            name,
+            bl,
+            fields,
+            groups,
+            data,
+            _int(el, "id", 0) or 0,
+            dimension,
+            since,
+            _int(el, "deprecated"),
+        )
         for leaf in (g.count_leaf, g.block_length_leaf):
             if leaf.kind != "scalar" or leaf.primitive in ("float", "double", "char"):
                 raise SbeSchemaError(f"{dim_name}.{leaf.name} must be an integer", element=name)
@@ -383,25 +483,35 @@ class _Parser:
         name = el.get("name", "")
         type_el = self.types.get(el.get("type", ""))
         if type_el is None or _local(type_el.tag) != "composite":
-            raise SbeSchemaError(f"data {name!r}: type {el.get('type')!r} is not a composite",
-                                 element=name)
+            raise SbeSchemaError(
+                f"data {name!r}: type {el.get('type')!r} is not a composite", element=name
+            )
         members = {m.get("name"): m for m in type_el}
         length, var = members.get("length"), members.get("varData")
         if length is None or var is None:
-            raise SbeSchemaError(f"data {name!r}: {el.get('type')!r} needs members length and "
-                                 "varData", element=name)
+            raise SbeSchemaError(
+                f"data {name!r}: {el.get('type')!r} needs members length and varData", element=name
+            )
         lprim = length.get("primitiveType", "")
         if lprim not in ("uint8", "uint16", "uint32"):
-            raise SbeSchemaError(f"data {name!r}: length must be uint8, uint16 or uint32",
-                                 element=name)
+            raise SbeSchemaError(
+                f"data {name!r}: length must be uint8, uint16 or uint32", element=name
+            )
         max_length = int(length.get("maxValue", str(PRIMITIVES[lprim][4])))
         if lprim == "uint32":
             max_length = min(max_length, 2**30)
         encoding = var.get("characterEncoding")
         string = encoding is not None or var.get("primitiveType") == "char"
-        return Data(name, _int(el, "id", 0) or 0, lprim, max_length, string,
-                    encoding or ("US-ASCII" if string else None), since,
-                    _int(el, "deprecated"))
+        return Data(
+            name,
+            _int(el, "id", 0) or 0,
+            lprim,
+            max_length,
+            string,
+            encoding or ("US-ASCII" if string else None),
+            since,
+            _int(el, "deprecated"),
+        )
 
 
 def _with(node: Node, **changes: object) -> Node:
@@ -410,8 +520,12 @@ def _with(node: Node, **changes: object) -> Node:
     out = replace(node, **changes)  # type: ignore[arg-type]
     if "since_version" in changes and node.kind == "struct":
         since = int(changes["since_version"])  # type: ignore[call-overload]
-        out = replace(out, children=tuple(
-            _with(c, since_version=max(since, c.since_version)) for c in node.children))
+        out = replace(
+            out,
+            children=tuple(
+                _with(c, since_version=max(since, c.since_version)) for c in node.children
+            ),
+        )
     return out
 
 
@@ -424,15 +538,18 @@ def parse_schema(source: str) -> Schema:
             with open(path, encoding="utf-8") as f:
                 text = f.read()
         except OSError as exc:
-            raise SbeSchemaError(f"cannot read the SBE schema file {path!r}: {exc}",
-                                 path=path) from None
+            raise SbeSchemaError(
+                f"cannot read the SBE schema file {path!r}: {exc}", path=path
+            ) from None
     try:
         root = ET.fromstring(text)
     except ET.ParseError as exc:
         raise SbeSchemaError(f"the SBE schema is not well-formed XML: {exc}") from None
     if _local(root.tag) != "messageSchema":
-        raise SbeSchemaError(f"the root element is <{_local(root.tag)}>, not "
-                             "<sbe:messageSchema>", element=_local(root.tag))
+        raise SbeSchemaError(
+            f"the root element is <{_local(root.tag)}>, not <sbe:messageSchema>",
+            element=_local(root.tag),
+        )
     order = root.get("byteOrder", "littleEndian")
     if order not in ("littleEndian", "bigEndian"):
         raise SbeSchemaError(f"byteOrder {order!r}: expected littleEndian or bigEndian")
@@ -450,16 +567,31 @@ def parse_schema(source: str) -> Schema:
         name = el.get("name", "")
         since = _int(el, "sinceVersion", 0) or 0
         bl, fields, groups, data = p.block(el, name, since)
-        messages.append(Message(name, bl, fields, groups, data, _int(el, "id", 0) or 0, since,
-                                _int(el, "deprecated")))
+        messages.append(
+            Message(
+                name,
+                bl,
+                fields,
+                groups,
+                data,
+                _int(el, "id", 0) or 0,
+                since,
+                _int(el, "deprecated"),
+            )
+        )
     if not messages:
         raise SbeSchemaError("the schema defines no message")
     ids = [m.id for m in messages]
     if len(set(ids)) != len(ids):
         raise SbeSchemaError(f"template ids repeat: {sorted(ids)}")
-    return Schema(root.get("package", ""), _int(root, "id", 0) or 0,
-                  _int(root, "version", 0) or 0, "<" if order == "littleEndian" else ">",
-                  header, tuple(messages))
+    return Schema(
+        root.get("package", ""),
+        _int(root, "id", 0) or 0,
+        _int(root, "version", 0) or 0,
+        "<" if order == "littleEndian" else ">",
+        header,
+        tuple(messages),
+    )
 
 
 __all__ = ["Block", "Data", "Group", "Message", "Node", "PRIMITIVES", "Schema", "parse_schema"]

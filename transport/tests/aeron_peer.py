@@ -354,7 +354,11 @@ class JavaArchive:
     ``kill()`` is a kill -9 (the archive gone without a goodbye)."""
 
     def __init__(
-        self, archive_dir: Path, control_port: int, archive_id: int = 0, tag: str = "archive",
+        self,
+        archive_dir: Path,
+        control_port: int,
+        archive_id: int = 0,
+        tag: str = "archive",
         **properties: object,
     ) -> None:
         self.aeron_dir = new_aeron_dir(tag)
@@ -364,19 +368,21 @@ class JavaArchive:
         self.control_channel = f"aeron:udp?endpoint=127.0.0.1:{control_port}"
         sleeping = "org.agrona.concurrent.SleepingMillisIdleStrategy"
         props = driver_properties(self.aeron_dir, **{"aeron.shared.idle.strategy": sleeping})
-        props.update({
-            "aeron.archive.dir": str(archive_dir),
-            "aeron.archive.control.channel": self.control_channel,
-            "aeron.archive.replication.channel": "aeron:udp?endpoint=127.0.0.1:0",
-            "aeron.archive.recording.events.enabled": "false",
-            "aeron.archive.threading.mode": "SHARED",
-            "aeron.archive.idle.strategy": sleeping,
-            "aeron.archive.id": archive_id,
-            "aeron.archive.segment.file.length": 1 << 20,
-            # A local recording (a spy) counts as a subscriber: a publisher recorded in the
-            # archive's own driver (RecordedBasicPublisher) can publish with no one else on.
-            "aeron.spies.simulate.connection": "true",
-        })
+        props.update(
+            {
+                "aeron.archive.dir": str(archive_dir),
+                "aeron.archive.control.channel": self.control_channel,
+                "aeron.archive.replication.channel": "aeron:udp?endpoint=127.0.0.1:0",
+                "aeron.archive.recording.events.enabled": "false",
+                "aeron.archive.threading.mode": "SHARED",
+                "aeron.archive.idle.strategy": sleeping,
+                "aeron.archive.id": archive_id,
+                "aeron.archive.segment.file.length": 1 << 20,
+                # A local recording (a spy) counts as a subscriber: a publisher recorded in the
+                # archive's own driver (RecordedBasicPublisher) can publish with no one else on.
+                "aeron.spies.simulate.connection": "true",
+            }
+        )
         props.update(properties)
         self.properties = props
         self.program = PeerProgram(

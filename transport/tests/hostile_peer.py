@@ -38,16 +38,26 @@ def crafted_datagrams(stream_id: int, session_id: int) -> list[bytes]:
     far = 512 * MIB - 4096
     data_far = (
         encode_data_header(
-            32 + len(payload), DataFlags.UNFRAGMENTED, FrameType.DATA, far, session_id,
-            stream_id, initial,
+            32 + len(payload),
+            DataFlags.UNFRAGMENTED,
+            FrameType.DATA,
+            far,
+            session_id,
+            stream_id,
+            initial,
         )
         + payload
     )
     half = term_length // 2 - 32 - len(payload)
     data_half = (
         encode_data_header(
-            32 + len(payload), DataFlags.UNFRAGMENTED, FrameType.DATA, half, session_id,
-            stream_id, initial,
+            32 + len(payload),
+            DataFlags.UNFRAGMENTED,
+            FrameType.DATA,
+            half,
+            session_id,
+            stream_id,
+            initial,
         )
         + payload
     )
@@ -100,9 +110,7 @@ def main(argv: list[str]) -> int:
                     select.select([], [sock], [], 0.01)  # wait for room, never spin
                 except OSError:
                     errors += 1  # e.g. ECONNREFUSED from an ICMP error: keep going
-                if (sent + errors) % 4096 == 0 and (
-                    time.monotonic() >= deadline or stdin_closed()
-                ):
+                if (sent + errors) % 4096 == 0 and (time.monotonic() >= deadline or stdin_closed()):
                     running = False
                     break
     sys.stdout.write(json.dumps({"event": "done", "sent": sent, "errors": errors}) + "\n")
@@ -112,4 +120,3 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
-

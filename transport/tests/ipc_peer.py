@@ -26,8 +26,9 @@ def payload(i: int, size: int) -> bytes:
 
 def main() -> None:
     mode, directory, stream = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    config = DriverConfig(directory=directory, write_counters_file=False,
-                          ipc_liveness_timeout_ns=1_000_000_000)
+    config = DriverConfig(
+        directory=directory, write_counters_file=False, ipc_liveness_timeout_ns=1_000_000_000
+    )
     with Driver(config) as driver:
         if mode == "subscribe":
             count, sleep_s = int(sys.argv[4]), float(sys.argv[5])
@@ -49,8 +50,12 @@ def main() -> None:
                     sub.wait(0.05)
                 elif sleep_s:
                     time.sleep(sleep_s)
-            print(json.dumps({"count": state["n"], "sha256": digest.hexdigest(),
-                              "in_order": state["order"]}), flush=True)
+            print(
+                json.dumps(
+                    {"count": state["n"], "sha256": digest.hexdigest(), "in_order": state["order"]}
+                ),
+                flush=True,
+            )
             sub.close()
         elif mode == "hold":
             sub = driver.add_subscription("aeron:ipc", stream)

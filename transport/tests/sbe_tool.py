@@ -46,9 +46,17 @@ def _download() -> None:
 def _mvn() -> None:
     with tempfile.TemporaryDirectory() as out:
         subprocess.run(
-            ["mvn", "-q", "-B", "dependency:copy",
-             f"-Dartifact=uk.co.real-logic:sbe-all:{SBE_VERSION}", f"-DoutputDirectory={out}"],
-            check=True, timeout=300, stdout=subprocess.DEVNULL,
+            [
+                "mvn",
+                "-q",
+                "-B",
+                "dependency:copy",
+                f"-Dartifact=uk.co.real-logic:sbe-all:{SBE_VERSION}",
+                f"-DoutputDirectory={out}",
+            ],
+            check=True,
+            timeout=300,
+            stdout=subprocess.DEVNULL,
         )
         shutil.copy(Path(out) / JAR.name, JAR)
 

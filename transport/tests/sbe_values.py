@@ -20,8 +20,9 @@ PRINTABLE = "".join(chr(c) for c in range(0x20, 0x7F))
 def node_strategy(node: Node) -> st.SearchStrategy:
     if node.constant:
         if node.kind == "scalar" and node.primitive != "char":
-            return st.just(int(node.const) if node.primitive not in ("float", "double")
-                           else float(node.const))
+            return st.just(
+                int(node.const) if node.primitive not in ("float", "double") else float(node.const)
+            )
         return st.just(node.const)
     if node.kind == "struct":
         return st.fixed_dictionaries({c.name: node_strategy(c) for c in node.children})
@@ -59,8 +60,13 @@ def draw_rows(strategy: st.SearchStrategy, examples: int, per_example: int = 30)
     """Many hypothesis-generated rows, pooled (so one Java process can check them all)."""
     rows: list[dict] = []
 
-    @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(st.lists(strategy, min_size=1, max_size=per_example))
     def collect(batch: list[dict]) -> None:
         rows.extend(batch)
@@ -84,8 +90,11 @@ def block_tokens(block: Block, row: dict | None) -> list[str]:
             out += block_tokens(g, e)
     for d in block.data:
         value = row.get(d.name)
-        raw = b"" if value is None else (value.encode(d.encoding) if isinstance(value, str)
-                                         else bytes(value))
+        raw = (
+            b""
+            if value is None
+            else (value.encode(d.encoding) if isinstance(value, str) else bytes(value))
+        )
         out.append("x" + raw.hex())
     return out
 
@@ -94,8 +103,11 @@ def node_tokens(node: Node, value: Any) -> list[str]:
     if node.constant:
         return []
     if node.kind == "struct":
-        return [t for c in node.children
-                for t in node_tokens(c, None if value is None else value.get(c.name))]
+        return [
+            t
+            for c in node.children
+            for t in node_tokens(c, None if value is None else value.get(c.name))
+        ]
     if node.kind == "set":
         return ["1" if value and value.get(name) else "0" for name, _ in node.values]
     if node.kind == "enum":
@@ -136,8 +148,11 @@ def project(block: Block, row: dict) -> dict:
     fields it does not have are None)."""
     out: dict = {}
     for f in block.fields:
-        out[f.name] = _project_node(f, row.get(f.name)) if f.name in row else (
-            _project_node(f, None) if f.constant else None)
+        out[f.name] = (
+            _project_node(f, row.get(f.name))
+            if f.name in row
+            else (_project_node(f, None) if f.constant else None)
+        )
     for g in block.groups:
         out[g.name] = None if g.name not in row else [project(g, e) for e in row[g.name]]
     for d in block.data:
@@ -173,12 +188,17 @@ def random_rows(block: Block, n: int, seed: int, max_entries: int = 3) -> list[d
 def _random_row(block: Block, rng: Any, max_entries: int) -> dict:
     row = {f.name: _random_node(f, rng) for f in block.fields}
     for g in block.groups:
-        row[g.name] = [_random_row(g, rng, max_entries)
-                       for _ in range(rng.randint(0, max_entries))]
+        row[g.name] = [_random_row(g, rng, max_entries) for _ in range(rng.randint(0, max_entries))]
     for d in block.data:
         size = rng.randint(0, 30)
-        row[d.name] = ("".join(chr(rng.choice((rng.randint(32, 126), rng.randint(0xA0, 0x2FFF))))
-                               for _ in range(size)) if d.string else rng.randbytes(size))
+        row[d.name] = (
+            "".join(
+                chr(rng.choice((rng.randint(32, 126), rng.randint(0xA0, 0x2FFF))))
+                for _ in range(size)
+            )
+            if d.string
+            else rng.randbytes(size)
+        )
     return row
 
 
@@ -194,8 +214,9 @@ def _random_node(node: Node, rng: Any) -> Any:
     if node.kind == "enum":
         return rng.choice(node.values)[0]
     if node.primitive == "char":
-        return "".join(rng.choice(PRINTABLE) for _ in range(rng.randint(int(node.optional),
-                                                                         node.length)))
+        return "".join(
+            rng.choice(PRINTABLE) for _ in range(rng.randint(int(node.optional), node.length))
+        )
     if node.length != 1:
         return [_random_number(node, rng) for _ in range(node.length)]
     return _random_number(node, rng)

@@ -65,8 +65,9 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[aeron_peer.Jav
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Driver]:
-    d = Driver(DriverConfig(directory=tmp_path_factory.mktemp("our-driver"),
-                            write_counters_file=False)).start()
+    d = Driver(
+        DriverConfig(directory=tmp_path_factory.mktemp("our-driver"), write_counters_file=False)
+    ).start()
     yield d
     d.close()
 
@@ -77,15 +78,22 @@ def client(archive: aeron_peer.JavaArchive, driver: Driver) -> Iterator[ArchiveC
         yield c
 
 
-def _record(client: ArchiveClient, driver: Driver, messages: list[bytes], stream_id: int,
-            *, close: bool = True) -> tuple[int, int, object, str]:
+def _record(
+    client: ArchiveClient,
+    driver: Driver,
+    messages: list[bytes],
+    stream_id: int,
+    *,
+    close: bool = True,
+) -> tuple[int, int, object, str]:
     """Our publication recorded by the archive: (recording id, end position, pub, channel)."""
     channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
     sub_id = client.start_recording(channel, stream_id)
     pub = driver.add_publication(channel + "|term-length=65536", stream_id)
     assert pub.wait_until_connected(_WAIT_S)
     start = client.wait_for_signal(
-        lambda e: e.subscription_id == sub_id and e.signal == RecordingSignal.START)
+        lambda e: e.subscription_id == sub_id and e.signal == RecordingSignal.START
+    )
     for m in messages:
         pub.offer_blocking(m, timeout_s=_WAIT_S)
     end = pub.position
@@ -95,8 +103,9 @@ def _record(client: ArchiveClient, driver: Driver, messages: list[bytes], stream
         time.sleep(0.02)
     if close:
         client.stop_recording_subscription(sub_id)
-        client.wait_for_signal(lambda e: e.recording_id == start.recording_id
-                               and e.signal == RecordingSignal.STOP)
+        client.wait_for_signal(
+            lambda e: e.recording_id == start.recording_id and e.signal == RecordingSignal.STOP
+        )
         pub.close()
     return start.recording_id, end, pub, channel
 
@@ -165,14 +174,12 @@ def test_open_ended_replay_follows_an_active_recording(
 ) -> None:
     first = [b"live-%d" % i for i in range(50)]
     rid, end, pub, channel = _record(client, driver, first, 2111, close=False)
-    replay_sub = driver.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
-                                         2112)
+    replay_sub = driver.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}", 2112)
     got: list[bytes] = []
     assembler = FragmentAssembler(lambda p, h: got.append(bytes(p)))
     try:
         port = replay_sub.local_endpoints[0][1]
-        replay_id = client.start_replay(rid, 0, None, f"aeron:udp?endpoint=127.0.0.1:{port}",
-                                        2112)
+        replay_id = client.start_replay(rid, 0, None, f"aeron:udp?endpoint=127.0.0.1:{port}", 2112)
         later = [b"later-%d" % i for i in range(50)]
         for m in later:
             pub.offer_blocking(m, timeout_s=_WAIT_S)
@@ -216,8 +223,7 @@ def test_active_recording_refuses_truncate_and_extend_continues_it(
         with pytest.raises(ArchiveActiveRecordingError):
             client.truncate_recording(rid, 0)
         assert client.stop_recording_by_identity(rid)
-        client.wait_for_signal(lambda e: e.recording_id == rid
-                               and e.signal == RecordingSignal.STOP)
+        client.wait_for_signal(lambda e: e.recording_id == rid and e.signal == RecordingSignal.STOP)
         assert client.stop_position(rid) == end
     finally:
         pub.close()
@@ -260,19 +266,19 @@ def test_unreachable_archive_times_out_clearly(driver: Driver) -> None:
     _require_java()
     started = time.monotonic()
     with pytest.raises(ArchiveTimeoutError, match="no archive answered"):
-        ArchiveClient.connect(f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}", driver,
-                              timeout_s=1.0)
+        ArchiveClient.connect(
+            f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}", driver, timeout_s=1.0
+        )
     assert time.monotonic() - started < 10
 
 
-def test_archive_killed_mid_replay_fails_within_the_timeout(
-    tmp_path: Path, driver: Driver
-) -> None:
+def test_archive_killed_mid_replay_fails_within_the_timeout(tmp_path: Path, driver: Driver) -> None:
     """kill -9 of the archive while we replay: the replay (and the next request) fail with a
     clear error within the client's timeout, not a hang."""
     _require_java()
-    with aeron_peer.JavaArchive(tmp_path / "archive", free_udp_port(), 99,
-                                tag="archive-kill") as doomed:
+    with aeron_peer.JavaArchive(
+        tmp_path / "archive", free_udp_port(), 99, tag="archive-kill"
+    ) as doomed:
         ArchiveClient.connect(doomed.control_channel, driver, timeout_s=_WAIT_S).close()  # up
         client = ArchiveClient.connect(doomed.control_channel, driver, timeout_s=2.0)
         try:
@@ -287,8 +293,7 @@ def test_archive_killed_mid_replay_fails_within_the_timeout(
                     pass
             assert time.monotonic() - started < 2.0 + 5.0
             started = time.monotonic()
-            with pytest.raises((ArchiveTimeoutError, ArchiveSessionClosedError),
-                               match="archive"):
+            with pytest.raises((ArchiveTimeoutError, ArchiveSessionClosedError), match="archive"):
                 client.archive_id()
             assert time.monotonic() - started < 2.0 + 5.0
         finally:

@@ -40,26 +40,56 @@ MS = 1_000_000
 SESSION = 4242
 
 
-def _response(cid: int, relevant: int = 0, code: int = codecs.OK, *, session: int = SESSION,
-              version: int = codecs.PROTOCOL_SEMANTIC_VERSION, message: str = "") -> bytes:
-    return codecs.encode("ControlResponse", controlSessionId=session, correlationId=cid,
-                         relevantId=relevant, code=code, version=version, errorMessage=message)
+def _response(
+    cid: int,
+    relevant: int = 0,
+    code: int = codecs.OK,
+    *,
+    session: int = SESSION,
+    version: int = codecs.PROTOCOL_SEMANTIC_VERSION,
+    message: str = "",
+) -> bytes:
+    return codecs.encode(
+        "ControlResponse",
+        controlSessionId=session,
+        correlationId=cid,
+        relevantId=relevant,
+        code=code,
+        version=version,
+        errorMessage=message,
+    )
 
 
 def _descriptor(cid: int, rid: int, *, session: int = SESSION, stop: int = -1) -> bytes:
     return codecs.encode(
-        "RecordingDescriptor", controlSessionId=session, correlationId=cid, recordingId=rid,
-        startTimestamp=1, stopTimestamp=-1, startPosition=0, stopPosition=stop,
-        initialTermId=7, segmentFileLength=1 << 20, termBufferLength=65536, mtuLength=1408,
-        sessionId=99, streamId=1001, strippedChannel="aeron:udp?endpoint=h:1",
-        originalChannel="aeron:udp?endpoint=h:1|term-length=64k", sourceIdentity="h:2",
+        "RecordingDescriptor",
+        controlSessionId=session,
+        correlationId=cid,
+        recordingId=rid,
+        startTimestamp=1,
+        stopTimestamp=-1,
+        startPosition=0,
+        stopPosition=stop,
+        initialTermId=7,
+        segmentFileLength=1 << 20,
+        termBufferLength=65536,
+        mtuLength=1408,
+        sessionId=99,
+        streamId=1001,
+        strippedChannel="aeron:udp?endpoint=h:1",
+        originalChannel="aeron:udp?endpoint=h:1|term-length=64k",
+        sourceIdentity="h:2",
     )
 
 
 def _connected(timeout_ms: int = 1000, keepalive_ms: int = 100) -> ControlSession:
-    s = ControlSession(ControlConfig("aeron:udp?endpoint=127.0.0.1:5000",
-                                     message_timeout_ns=timeout_ms * MS,
-                                     keepalive_interval_ns=keepalive_ms * MS))
+    s = ControlSession(
+        ControlConfig(
+            "aeron:udp?endpoint=127.0.0.1:5000",
+            message_timeout_ns=timeout_ms * MS,
+            keepalive_interval_ns=keepalive_ms * MS,
+        )
+    )
     data = s.connect(0)
     name, f = codecs.decode(data) or ("", {})
     assert name == "" or f  # a request is not a response: decode() reads only responses
@@ -73,9 +103,13 @@ def test_connect_request_carries_response_channel_stream_and_version() -> None:
     data = s.connect(0)
     batch, _ = codecs.codec("AuthConnectRequest").decode([data])
     row = batch.to_pylist()[0]
-    assert row == {"correlationId": 1, "responseStreamId": 21,
-                   "version": (1 << 16) | (11 << 8), "responseChannel":
-                   "aeron:udp?endpoint=10.0.0.1:6000", "encodedCredentials": b""}
+    assert row == {
+        "correlationId": 1,
+        "responseStreamId": 21,
+        "version": (1 << 16) | (11 << 8),
+        "responseChannel": "aeron:udp?endpoint=10.0.0.1:6000",
+        "encodedCredentials": b"",
+    }
     assert not s.connect_result()
     s.on_message(_response(1, session=77), 5)
     assert s.connect_result() and s.control_session_id == 77
@@ -85,8 +119,16 @@ def test_connect_request_carries_response_channel_stream_and_version() -> None:
 def test_challenge_is_a_clear_error() -> None:
     s = ControlSession(ControlConfig("aeron:udp?endpoint=127.0.0.1:1"))
     s.connect(0)
-    s.on_message(codecs.encode("Challenge", controlSessionId=5, correlationId=1, version=0,
-                               encodedChallenge=b"who are you"), 1)
+    s.on_message(
+        codecs.encode(
+            "Challenge",
+            controlSessionId=5,
+            correlationId=1,
+            version=0,
+            encodedChallenge=b"who are you",
+        ),
+        1,
+    )
     with pytest.raises(ArchiveChallengeError, match="authentication challenge"):
         s.connect_result()
     assert s.state is SessionState.CLOSED
@@ -97,8 +139,9 @@ def test_challenge_is_a_clear_error() -> None:
 def test_connect_refused_and_other_major_version() -> None:
     s = ControlSession(ControlConfig("aeron:udp?endpoint=127.0.0.1:1"))
     s.connect(0)
-    s.on_message(_response(1, ArchiveErrorCode.AUTHENTICATION_REJECTED, codecs.ERROR,
-                           message="no"), 1)
+    s.on_message(
+        _response(1, ArchiveErrorCode.AUTHENTICATION_REJECTED, codecs.ERROR, message="no"), 1
+    )
     with pytest.raises(ArchiveResponseError) as info:
         s.connect_result()
     assert info.value.archive_code is ArchiveErrorCode.AUTHENTICATION_REJECTED
@@ -110,8 +153,7 @@ def test_connect_refused_and_other_major_version() -> None:
 
 
 def test_connect_times_out() -> None:
-    s = ControlSession(ControlConfig("aeron:udp?endpoint=127.0.0.1:1",
-                                     message_timeout_ns=50 * MS))
+    s = ControlSession(ControlConfig("aeron:udp?endpoint=127.0.0.1:1", message_timeout_ns=50 * MS))
     s.connect(0)
     assert s.next_deadline_ns() == 50 * MS
     assert s.on_tick(49 * MS) is None and not s.connect_result()
@@ -128,8 +170,15 @@ def test_single_response_by_correlation_id_and_typed_errors() -> None:
     assert codecs.template_of(data) == (12, 101)
     s.on_message(_response(p2.correlation_id, 555), 3 * MS)  # answers may come in any order
     assert p2.value() == 555 and not p1.done
-    s.on_message(_response(p1.correlation_id, ArchiveErrorCode.UNKNOWN_RECORDING, codecs.ERROR,
-                           message="unknown recording id: 3"), 3 * MS)
+    s.on_message(
+        _response(
+            p1.correlation_id,
+            ArchiveErrorCode.UNKNOWN_RECORDING,
+            codecs.ERROR,
+            message="unknown recording id: 3",
+        ),
+        3 * MS,
+    )
     with pytest.raises(ArchiveUnknownRecordingError) as info:
         p1.value()
     err = info.value
@@ -149,22 +198,25 @@ def test_single_response_by_correlation_id_and_typed_errors() -> None:
 def test_error_survives_pickling() -> None:
     import pickle
 
-    err = ArchiveUnknownRecordingError("m", error_code=5, error_message="x", correlation_id=1,
-                                       request="r")
+    err = ArchiveUnknownRecordingError(
+        "m", error_code=5, error_message="x", correlation_id=1, request="r"
+    )
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is ArchiveUnknownRecordingError and back.error_code == 5
 
 
 def test_listing_ends_at_count_or_when_the_archive_has_no_more() -> None:
     s = _connected()
-    full, _ = s.request("ListRecordingsRequest", 2 * MS, kind="listing", count=2,
-                        fromRecordingId=0, recordCount=2)
+    full, _ = s.request(
+        "ListRecordingsRequest", 2 * MS, kind="listing", count=2, fromRecordingId=0, recordCount=2
+    )
     s.on_message(_descriptor(full.correlation_id, 0), 3 * MS)
     assert not full.done
     s.on_message(_descriptor(full.correlation_id, 1), 3 * MS)
     assert [d.recording_id for d in full.value()] == [0, 1]
-    short, _ = s.request("ListRecordingsRequest", 4 * MS, kind="listing", count=10,
-                         fromRecordingId=2, recordCount=10)
+    short, _ = s.request(
+        "ListRecordingsRequest", 4 * MS, kind="listing", count=10, fromRecordingId=2, recordCount=10
+    )
     s.on_message(_descriptor(short.correlation_id, 2, stop=4096), 5 * MS)
     s.on_message(_response(short.correlation_id, 3, codecs.RECORDING_UNKNOWN), 5 * MS)
     (only,) = short.value()
@@ -177,8 +229,9 @@ def test_listing_ends_at_count_or_when_the_archive_has_no_more() -> None:
 
 def test_listing_progress_moves_its_deadline_and_silence_times_out() -> None:
     s = _connected(timeout_ms=100, keepalive_ms=10_000)
-    p, _ = s.request("ListRecordingsRequest", 0, kind="listing", count=3, fromRecordingId=0,
-                     recordCount=3)
+    p, _ = s.request(
+        "ListRecordingsRequest", 0, kind="listing", count=3, fromRecordingId=0, recordCount=3
+    )
     s.on_message(_descriptor(p.correlation_id, 0), 90 * MS)
     s.on_tick(150 * MS)
     assert not p.done and p.error is None  # 90 + 100 > 150
@@ -217,11 +270,22 @@ def test_signals_are_queued_and_overflow_is_counted() -> None:
     s.connect(0)
     s.on_message(_response(1), 1)
     for i, signal in enumerate((0, 1, 2)):
-        s.on_message(codecs.encode("RecordingSignalEvent", controlSessionId=SESSION,
-                                   correlationId=5, recordingId=i, subscriptionId=8,
-                                   position=64 * i, signal=signal), 2)
+        s.on_message(
+            codecs.encode(
+                "RecordingSignalEvent",
+                controlSessionId=SESSION,
+                correlationId=5,
+                recordingId=i,
+                subscriptionId=8,
+                position=64 * i,
+                signal=signal,
+            ),
+            2,
+        )
     assert [(e.recording_id, e.signal) for e in s.signals] == [
-        (1, RecordingSignal.STOP), (2, RecordingSignal.EXTEND)]
+        (1, RecordingSignal.STOP),
+        (2, RecordingSignal.EXTEND),
+    ]
     assert s.counters["signals_dropped"] == 1
 
 
@@ -263,8 +327,9 @@ def test_every_message_matches_the_schema_in_the_aeron_jar() -> None:
     ours = codecs.schema()
     assert (ours.id, ours.byte_order) == (real.id, real.byte_order)
     assert ours.version == real.version
-    assert [(c.name, c.offset, c.primitive) for c in ours.header.children] == \
-        [(c.name, c.offset, c.primitive) for c in real.header.children]
+    assert [(c.name, c.offset, c.primitive) for c in ours.header.children] == [
+        (c.name, c.offset, c.primitive) for c in real.header.children
+    ]
     for mine in ours.messages:
         theirs = real.message(mine.id)
         assert theirs.name == mine.name, f"template {mine.id}"
@@ -273,11 +338,15 @@ def test_every_message_matches_the_schema_in_the_aeron_jar() -> None:
         assert len(theirs.fields) == len(mine.fields), mine.name
         for a, b in zip(mine.fields, theirs.fields, strict=True):
             what = f"{mine.name}.{a.name}"
-            assert (a.name, a.offset, a.primitive, a.size) == \
-                (b.name, b.offset, b.primitive, b.size), what
+            assert (a.name, a.offset, a.primitive, a.size) == (
+                b.name,
+                b.offset,
+                b.primitive,
+                b.size,
+            ), what
             assert a.since_version == b.since_version, what
             if b.kind == "enum":
                 assert a.kind == "enum" and dict(a.values) == dict(b.values), what
-        assert [(d.name, d.length_primitive, d.string, d.since_version) for d in mine.data] == \
-            [(d.name, d.length_primitive, d.string, d.since_version) for d in theirs.data], \
-            mine.name
+        assert [(d.name, d.length_primitive, d.string, d.since_version) for d in mine.data] == [
+            (d.name, d.length_primitive, d.string, d.since_version) for d in theirs.data
+        ], mine.name

@@ -37,9 +37,7 @@ def test_record_a_live_stream_and_replay_ranges_byte_for_byte(tmp_path: Path, me
         if media == "udp":
             port = free_udp_port()
             sub = driver.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", 5)
-            pub = driver.add_publication(
-                f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=256k", 5
-            )
+            pub = driver.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=256k", 5)
         else:
             sub = driver.add_subscription("aeron:ipc", 5)
             pub = driver.add_publication("aeron:ipc?term-length=256k", 5)

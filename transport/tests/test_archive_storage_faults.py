@@ -272,5 +272,3 @@ def test_a_recorder_on_a_full_disk_keeps_blocks_in_the_image_until_they_fit(tmp_
         store.close(0)
     finally:
         mount.__exit__(None, None, None)
-
-

@@ -262,15 +262,12 @@ def test_a_driver_refuses_big_setups_by_configuration_and_by_channel(tmp_path: P
         assert d.errors == []
 
 
-
 def test_image_limits_per_sender_per_address_and_in_all() -> None:
     """SETUPs for new session ids: a sender (address and port) gets max_images_per_source, an
     IP address max_images_per_address, everyone together max_images; the rest are counted."""
     clock, wire = ManualClock(), Wire()
     dispatcher = ReceiveDispatcher()
-    interest = StreamInterest(
-        10, max_images=5, max_images_per_source=2, max_images_per_address=3
-    )
+    interest = StreamInterest(10, max_images=5, max_images_per_source=2, max_images_per_address=3)
     dispatcher.add(interest)
 
     def setup_from(source: tuple[str, int], session: int) -> None:
@@ -307,6 +304,12 @@ def test_image_limits_per_sender_per_address_and_in_all() -> None:
     setup_from(("10.0.0.4", 8000), 500)
     assert sorted(interest.images) == [200, 300, 400, 500]
     assert interest.images_per_source == {
-        ("10.0.0.1", 5001): 1, "10.0.0.1": 1, ("10.0.0.2", 6000): 1, "10.0.0.2": 1,
-        ("10.0.0.3", 7000): 1, "10.0.0.3": 1, ("10.0.0.4", 8000): 1, "10.0.0.4": 1,
+        ("10.0.0.1", 5001): 1,
+        "10.0.0.1": 1,
+        ("10.0.0.2", 6000): 1,
+        "10.0.0.2": 1,
+        ("10.0.0.3", 7000): 1,
+        "10.0.0.3": 1,
+        ("10.0.0.4", 8000): 1,
+        "10.0.0.4": 1,
     }

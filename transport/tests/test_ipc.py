@@ -42,7 +42,9 @@ def _driver(ipc_dir: Path, **kw: object) -> Driver:
 
 def _peer(*args: object) -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, PEER, *map(str, args)], stdout=subprocess.PIPE, text=True,
+        [sys.executable, PEER, *map(str, args)],
+        stdout=subprocess.PIPE,
+        text=True,
         stdin=subprocess.DEVNULL,
     )
     assert proc.stdout is not None

@@ -31,8 +31,15 @@ class Wire:
 
 def _pub(clock: ManualClock) -> PublicationState:
     return PublicationState(
-        session_id=77, stream_id=10, initial_term_id=5, term_id=5, term_offset=0,
-        term_length=TERM, mtu=1408, dynamic=True, now_ns=clock.now_ns,
+        session_id=77,
+        stream_id=10,
+        initial_term_id=5,
+        term_id=5,
+        term_offset=0,
+        term_length=TERM,
+        mtu=1408,
+        dynamic=True,
+        now_ns=clock.now_ns,
     )
 
 

@@ -330,9 +330,9 @@ def test_claimed_frame_blocks_the_sender_until_committed_and_abort_becomes_paddi
     assert frames[2].payload == b"after"
 
 
-def _sent_twenty_four(clock: ManualClock, wire: Wire, window: int = 128 * 1024) -> tuple[
-    PublicationState, list[bytes], list[int]
-]:
+def _sent_twenty_four(
+    clock: ManualClock, wire: Wire, window: int = 128 * 1024
+) -> tuple[PublicationState, list[bytes], list[int]]:
     """A connected publication that has sent 24 datagrams; (pub, datagrams, their offsets)."""
     pub = make(clock)
     pub.on_status_message(sm(pub, 0, window=window), RECEIVER, clock.now_ns)

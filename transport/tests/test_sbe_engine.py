@@ -52,8 +52,14 @@ def test_schema_errors_name_the_element() -> None:
     text = Path(V1).read_text().replace('type="Side"/>', 'type="Sidez"/>', 1)
     with pytest.raises(sbe.SbeSchemaError, match="field 'side': unknown type 'Sidez'"):
         sbe.parse_schema(text)
-    text = Path(V1).read_text().replace('name="orderId" id="1" type="uint64"/>',
-                                        'name="orderId" id="1" type="uint64" offset="x"/>')
+    text = (
+        Path(V1)
+        .read_text()
+        .replace(
+            'name="orderId" id="1" type="uint64"/>',
+            'name="orderId" id="1" type="uint64" offset="x"/>',
+        )
+    )
     with pytest.raises(sbe.SbeSchemaError, match="offset='x' is not an integer"):
         sbe.parse_schema(text)
 
@@ -77,10 +83,19 @@ def test_layout_matches_the_standard() -> None:
 
 def test_big_endian_bytes_by_hand() -> None:
     codec = sbe.load(BE, "Quote")
-    row = {"bid": {"mantissa": 1, "exponent": -2}, "ask": {"mantissa": 2, "exponent": -2},
-           "size": 7, "symbol": "AB", "side": "SELL", "flags": {"a": True, "b": True, "c": False},
-           "big": 2**64 - 2, "f": 1.5, "d": -2.0, "levels": [{"px": 5, "qty": None}],
-           "note": "é"}
+    row = {
+        "bid": {"mantissa": 1, "exponent": -2},
+        "ask": {"mantissa": 2, "exponent": -2},
+        "size": 7,
+        "symbol": "AB",
+        "side": "SELL",
+        "flags": {"a": True, "b": True, "c": False},
+        "big": 2**64 - 2,
+        "f": 1.5,
+        "d": -2.0,
+        "levels": [{"px": 5, "qty": None}],
+        "note": "é",
+    }
     (payload,) = codec.encode(_batch(codec, [row]))
     # header (blockLength, version, templateId, schemaId), big-endian, members in its own order
     assert payload[:8] == struct.pack(">HHHH", 64, 0, 7, 902)
@@ -165,8 +180,9 @@ def test_raw_enums() -> None:
         ("Order", "blob", b"x" * 70000, "column 'blob', row 3: expected at most 65534 bytes"),
     ],
 )
-def test_values_that_do_not_fit_name_column_and_row(message: str, column: str, value: object,
-                                                    words: str) -> None:
+def test_values_that_do_not_fit_name_column_and_row(
+    message: str, column: str, value: object, words: str
+) -> None:
     codec = sbe.load(V1, message)
     rows = _rows(codec, 6)
     rows[3][column] = value
@@ -212,8 +228,9 @@ def test_truncated_messages_raise_decode_errors() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.binary(max_size=120), min_size=1, max_size=5),
-       st.sampled_from(["Tick", "Order"]))
+@given(
+    st.lists(st.binary(max_size=120), min_size=1, max_size=5), st.sampled_from(["Tick", "Order"])
+)
 def test_garbage_only_ever_raises_engine_errors(payloads: list[bytes], message: str) -> None:
     codec = sbe.load(V1, message)
     tick = payloads[0][:2] + struct.pack("<HH", codec.message.id, 901) + payloads[0][6:]
@@ -249,8 +266,9 @@ def test_fields_newer_than_the_message_are_null_inside_its_block() -> None:
     """A v0 block padded to 16 bytes (blockLength) whose padding v1 uses for a new field: the v0
     message's block is long enough, only its version says the field is not there."""
     v0 = sbe.load(PADDED.format(v=0, extra=""), "M")
-    v1 = sbe.load(PADDED.format(v=1, extra='<field name="b" id="2" type="int64" '
-                                           'sinceVersion="1"/>'), "M")
+    v1 = sbe.load(
+        PADDED.format(v=1, extra='<field name="b" id="2" type="int64" sinceVersion="1"/>'), "M"
+    )
     (old,) = v0.encode(pa.RecordBatch.from_pylist([{"a": 7}], schema=v0.arrow_schema))
     assert len(old) == 8 + 16
     dirty = old[:16] + b"\xff" * 8  # whatever a v0 writer left in its padding

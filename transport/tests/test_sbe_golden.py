@@ -60,14 +60,28 @@ def java() -> Path:
         generated = tmp / "generated"
         for schema in SCHEMAS.values():
             subprocess.run(
-                ["java", f"-Dsbe.output.dir={generated}", "-Dsbe.target.language=Java",
-                 "-Dsbe.validation.stop.on.error=true", "-jar", str(jar), str(schema)],
-                check=True, timeout=JAVA_TIMEOUT_S, capture_output=True,
+                [
+                    "java",
+                    f"-Dsbe.output.dir={generated}",
+                    "-Dsbe.target.language=Java",
+                    "-Dsbe.validation.stop.on.error=true",
+                    "-jar",
+                    str(jar),
+                    str(schema),
+                ],
+                check=True,
+                timeout=JAVA_TIMEOUT_S,
+                capture_output=True,
             )
         sources = [str(p) for p in generated.rglob("*.java")] + [
-            str(p) for p in HARNESS.glob("*.java")]
-        subprocess.run(["javac", "-nowarn", "-cp", str(jar), "-d", str(tmp), *sources],
-                       check=True, timeout=JAVA_TIMEOUT_S, capture_output=True)
+            str(p) for p in HARNESS.glob("*.java")
+        ]
+        subprocess.run(
+            ["javac", "-nowarn", "-cp", str(jar), "-d", str(tmp), *sources],
+            check=True,
+            timeout=JAVA_TIMEOUT_S,
+            capture_output=True,
+        )
         shutil.rmtree(build, ignore_errors=True)
         tmp.rename(build)
     return build
@@ -76,9 +90,20 @@ def java() -> Path:
 def _run(build: Path, args: list[str], data: bytes) -> bytes:
     cp = f"{build}:{sbe_tool.JAR}"
     # Agrona (SbeTool's buffers) reads Unsafe from java.base on Java 17+
-    done = subprocess.run(["java", "--add-exports", "java.base/jdk.internal.misc=ALL-UNNAMED",
-                           "-cp", cp, "Harness", *args], input=data,
-                          capture_output=True, timeout=JAVA_TIMEOUT_S)
+    done = subprocess.run(
+        [
+            "java",
+            "--add-exports",
+            "java.base/jdk.internal.misc=ALL-UNNAMED",
+            "-cp",
+            cp,
+            "Harness",
+            *args,
+        ],
+        input=data,
+        capture_output=True,
+        timeout=JAVA_TIMEOUT_S,
+    )
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
     return done.stdout
 
@@ -91,14 +116,15 @@ def _unframe(data: bytes) -> list[bytes]:
     out, at = [], 0
     while at < len(data):
         (size,) = struct.unpack_from("<i", data, at)
-        out.append(data[at + 4: at + 4 + size])
+        out.append(data[at + 4 : at + 4 + size])
         at += 4 + size
     return out
 
 
 def _rows(codec: sbe.MessageCodec, seed: int, examples: int, bulk: int) -> list[dict]:
-    return (sv.draw_rows(sv.row_strategy(codec.message), examples)
-            + sv.random_rows(codec.message, bulk, seed))
+    return sv.draw_rows(sv.row_strategy(codec.message), examples) + sv.random_rows(
+        codec.message, bulk, seed
+    )
 
 
 def _assert_rows(got: list[dict], want: list[dict]) -> None:
@@ -117,8 +143,9 @@ CASES = [("v1", "Tick", 1, 3000), ("v1", "Order", 2, 2000), ("be", "Quote", 3, 2
 
 
 @pytest.mark.parametrize(("schema", "message", "seed", "bulk"), CASES)
-def test_both_ways_against_sbetool(java: Path, schema: str, message: str, seed: int,
-                                   bulk: int) -> None:
+def test_both_ways_against_sbetool(
+    java: Path, schema: str, message: str, seed: int, bulk: int
+) -> None:
     codec = sbe.load(str(SCHEMAS[schema]), message)
     rows = _rows(codec, seed, 40, bulk)
     batch = pa.RecordBatch.from_pylist(rows, schema=codec.arrow_schema)

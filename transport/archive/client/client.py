@@ -109,15 +109,16 @@ class ArchiveClientConfig:
         config = ChannelConfig.from_uri(self.control_channel)  # raises ChannelError
         if config.media != "udp" or config.endpoint is None:
             raise ConfigurationError(
-                "archive", self.control_channel,
+                "archive",
+                self.control_channel,
                 "the archive's UDP control request channel, e.g. aeron:udp?endpoint=host:8010",
             )
         if not isinstance(self.timeout_s, int | float) or self.timeout_s <= 0:
             raise ConfigurationError("timeout_s", self.timeout_s, "a positive number of seconds")
-        if not isinstance(self.keepalive_interval_s, int | float) or \
-                self.keepalive_interval_s <= 0:
-            raise ConfigurationError("keepalive_interval_s", self.keepalive_interval_s,
-                                     "a positive number of seconds")
+        if not isinstance(self.keepalive_interval_s, int | float) or self.keepalive_interval_s <= 0:
+            raise ConfigurationError(
+                "keepalive_interval_s", self.keepalive_interval_s, "a positive number of seconds"
+            )
 
     @property
     def archive_address(self) -> tuple[str, int]:
@@ -150,12 +151,14 @@ class ArchiveClient:
         )
         port = self._response_sub.local_endpoints[0][1]
         self.response_channel = f"aeron:udp?endpoint={_endpoint_text(self._host, port)}"
-        self.session = ControlSession(ControlConfig(
-            self.response_channel,
-            config.response_stream_id,
-            message_timeout_ns=int(config.timeout_s * _NS),
-            keepalive_interval_ns=int(config.keepalive_interval_s * _NS),
-        ))
+        self.session = ControlSession(
+            ControlConfig(
+                self.response_channel,
+                config.response_stream_id,
+                message_timeout_ns=int(config.timeout_s * _NS),
+                keepalive_interval_ns=int(config.keepalive_interval_s * _NS),
+            )
+        )
         self._assembler = FragmentAssembler(self._on_fragment)
         self._publication: Any = None
         self._response_image: Any = None
@@ -165,12 +168,17 @@ class ArchiveClient:
 
     @classmethod
     def connect(
-        cls, control_channel: str | ArchiveClientConfig, driver: Driver | None = None,
+        cls,
+        control_channel: str | ArchiveClientConfig,
+        driver: Driver | None = None,
         **settings: Any,
     ) -> ArchiveClient:
         """Connect to the archive whose control request channel is ``control_channel``."""
-        config = control_channel if isinstance(control_channel, ArchiveClientConfig) else \
-            ArchiveClientConfig(control_channel, **settings)
+        config = (
+            control_channel
+            if isinstance(control_channel, ArchiveClientConfig)
+            else ArchiveClientConfig(control_channel, **settings)
+        )
         client = cls(config, driver)
         try:
             client._connect()
@@ -182,12 +190,12 @@ class ArchiveClient:
     def _connect(self) -> None:
         cfg = self.config
         deadline = time.monotonic() + cfg.timeout_s
-        self._publication = self.driver.add_publication(cfg.control_channel,
-                                                         cfg.control_stream_id)
+        self._publication = self.driver.add_publication(cfg.control_channel, cfg.control_stream_id)
         if not self._publication.wait_until_connected(cfg.timeout_s):
             raise ArchiveTimeoutError(
                 f"no archive answered on {cfg.control_channel} (stream {cfg.control_stream_id}) "
-                f"within {cfg.timeout_s} s", timeout_ms=int(cfg.timeout_s * 1000),
+                f"within {cfg.timeout_s} s",
+                timeout_ms=int(cfg.timeout_s * 1000),
             )
         self._offer(self.session.connect(time.monotonic_ns()))
         while not self.session.connect_result():
@@ -267,8 +275,9 @@ class ArchiveClient:
         while not pending.done and pending.error is None:
             self._service(deadline)
             if time.monotonic() > deadline + self.config.timeout_s:  # belt and braces
-                raise ArchiveTimeoutError(f"{pending.name} got no answer",
-                                          timeout_ms=int(self.config.timeout_s * 1000))
+                raise ArchiveTimeoutError(
+                    f"{pending.name} got no answer", timeout_ms=int(self.config.timeout_s * 1000)
+                )
         return pending.value()
 
     def _call(self, name: str, *, kind: str = "single", count: int = 0, **fields: Any) -> Any:
@@ -306,20 +315,29 @@ class ArchiveClient:
         return self._pages("ListRecordingsRequest", from_recording_id, count)
 
     def list_recordings_for_uri(
-        self, channel_fragment: str, stream_id: int, from_recording_id: int = 0,
+        self,
+        channel_fragment: str,
+        stream_id: int,
+        from_recording_id: int = 0,
         count: int | None = None,
     ) -> list[RecordingDescriptor]:
         """Recordings of ``stream_id`` whose (stripped) channel contains ``channel_fragment``."""
-        return self._pages("ListRecordingsForUriRequest", from_recording_id, count,
-                           streamId=stream_id, channel=channel_fragment)
+        return self._pages(
+            "ListRecordingsForUriRequest",
+            from_recording_id,
+            count,
+            streamId=stream_id,
+            channel=channel_fragment,
+        )
 
     def _pages(self, name: str, start: int, count: int | None, **fields: Any) -> list:
         out: list[RecordingDescriptor] = []
         next_id = start
         while count is None or len(out) < count:
             ask = LIST_PAGE if count is None else min(LIST_PAGE, count - len(out))
-            page = self._call(name, kind="listing", count=ask, fromRecordingId=next_id,
-                              recordCount=ask, **fields)
+            page = self._call(
+                name, kind="listing", count=ask, fromRecordingId=next_id, recordCount=ask, **fields
+            )
             out.extend(page)
             if len(page) < ask:
                 break
@@ -353,9 +371,15 @@ class ArchiveClient:
     ) -> int:
         """Record ``channel``/``stream_id`` (a remote publication unless ``local``); the
         recording subscription's id. The recording itself is announced by a START signal."""
-        return int(self._call("StartRecordingRequest2", streamId=stream_id,
-                              sourceLocation=codecs.LOCAL if local else codecs.REMOTE,
-                              autoStop=int(auto_stop), channel=channel))
+        return int(
+            self._call(
+                "StartRecordingRequest2",
+                streamId=stream_id,
+                sourceLocation=codecs.LOCAL if local else codecs.REMOTE,
+                autoStop=int(auto_stop),
+                channel=channel,
+            )
+        )
 
     def stop_recording(self, channel: str, stream_id: int) -> None:
         self._call("StopRecordingRequest", streamId=stream_id, channel=channel)
@@ -368,15 +392,26 @@ class ArchiveClient:
         return bool(self._call("StopRecordingByIdentityRequest", recordingId=recording_id))
 
     def extend_recording(
-        self, recording_id: int, channel: str, stream_id: int, *, local: bool = False,
+        self,
+        recording_id: int,
+        channel: str,
+        stream_id: int,
+        *,
+        local: bool = False,
         auto_stop: bool = False,
     ) -> int:
         """Append what ``channel``/``stream_id`` brings to the stopped recording
         ``recording_id`` (the publication must continue its positions); subscription id."""
-        return int(self._call("ExtendRecordingRequest2", recordingId=recording_id,
-                              streamId=stream_id,
-                              sourceLocation=codecs.LOCAL if local else codecs.REMOTE,
-                              autoStop=int(auto_stop), channel=channel))
+        return int(
+            self._call(
+                "ExtendRecordingRequest2",
+                recordingId=recording_id,
+                streamId=stream_id,
+                sourceLocation=codecs.LOCAL if local else codecs.REMOTE,
+                autoStop=int(auto_stop),
+                channel=channel,
+            )
+        )
 
     def truncate_recording(self, recording_id: int, position: int) -> None:
         """Cut a stopped recording back to ``position`` (a frame boundary)."""
@@ -389,8 +424,13 @@ class ArchiveClient:
     def purge_segments(self, recording_id: int, new_start_position: int) -> int:
         """Delete the segment files below ``new_start_position`` (a segment boundary); the
         number of segments deleted."""
-        return int(self._call("PurgeSegmentsRequest", recordingId=recording_id,
-                              newStartPosition=new_start_position))
+        return int(
+            self._call(
+                "PurgeSegmentsRequest",
+                recordingId=recording_id,
+                newStartPosition=new_start_position,
+            )
+        )
 
     # -------------------------------------------------------------- signals
 
@@ -413,25 +453,37 @@ class ArchiveClient:
                 if match(event):
                     return event
             if time.monotonic() >= deadline:
-                raise ArchiveTimeoutError(f"no matching recording signal within {timeout} s",
-                                          timeout_ms=int(timeout * 1000))
+                raise ArchiveTimeoutError(
+                    f"no matching recording signal within {timeout} s",
+                    timeout_ms=int(timeout * 1000),
+                )
             self._service(deadline)
 
     # -------------------------------------------------------------- replay
 
     def start_replay(
-        self, recording_id: int, position: int, length: int | None, replay_channel: str,
+        self,
+        recording_id: int,
+        position: int,
+        length: int | None,
+        replay_channel: str,
         replay_stream_id: int,
     ) -> int:
         """Replay ``length`` bytes of the recording from ``position`` (None: open-ended, the
         replay follows an active recording as it grows) to ``replay_channel``; the replay
         session id (its low 32 bits are the replay image's session id)."""
-        return int(self._call(
-            "ReplayRequest", recordingId=recording_id, position=position,
-            length=codecs.LENGTH_TO_END if length is None else length,
-            replayStreamId=replay_stream_id, fileIoMaxLength=codecs.NULL_VALUE,
-            replayToken=codecs.NULL_VALUE, replayChannel=replay_channel,
-        ))
+        return int(
+            self._call(
+                "ReplayRequest",
+                recordingId=recording_id,
+                position=position,
+                length=codecs.LENGTH_TO_END if length is None else length,
+                replayStreamId=replay_stream_id,
+                fileIoMaxLength=codecs.NULL_VALUE,
+                replayToken=codecs.NULL_VALUE,
+                replayChannel=replay_channel,
+            )
+        )
 
     def stop_replay(self, replay_session_id: int) -> None:
         self._call("StopReplayRequest", replaySessionId=replay_session_id)
@@ -440,8 +492,14 @@ class ArchiveClient:
         self._call("StopAllReplaysRequest", recordingId=recording_id)
 
     def replay(
-        self, recording_id: int, start: int, end: int, *, session_id: int | None = None,
-        stream_id: int | None = None, replay_stream_id: int = DEFAULT_REPLAY_STREAM_ID,
+        self,
+        recording_id: int,
+        start: int,
+        end: int,
+        *,
+        session_id: int | None = None,
+        stream_id: int | None = None,
+        replay_stream_id: int = DEFAULT_REPLAY_STREAM_ID,
         block_bytes: int = 1 << 20,
     ) -> Generator[ReplayedBlock, None, None]:
         """The raw frames of ``[start, end)`` of the recording, by a bounded replay to a
@@ -460,17 +518,23 @@ class ArchiveClient:
         try:
             port = sub.local_endpoints[0][1]
             channel = f"aeron:udp?endpoint={_endpoint_text(self._host, port)}"
-            replay_session = self.start_replay(recording_id, start, end - start, channel,
-                                               replay_stream_id)
+            replay_session = self.start_replay(
+                recording_id, start, end - start, channel, replay_stream_id
+            )
             image_session = _int32(replay_session)
             image = self._await_image(sub, image_session, recording_id)
-            yield from self._read_image(image, sub, recording_id, start, end, session_id,
-                                        stream_id, block_bytes)
+            yield from self._read_image(
+                image, sub, recording_id, start, end, session_id, stream_id, block_bytes
+            )
             finished = True
         finally:
             sub.close()
-            if replay_session is not None and not finished and not self._closed and \
-                    self.session.state.value == "connected":
+            if (
+                replay_session is not None
+                and not finished
+                and not self._closed
+                and self.session.state.value == "connected"
+            ):
                 try:
                     self.stop_replay(replay_session)
                 except ArchiveClientError:
@@ -488,13 +552,21 @@ class ArchiveClient:
                 raise ArchiveTimeoutError(
                     f"the replay of recording {recording_id} did not reach "
                     f"{sub.local_endpoints} within {self.config.timeout_s} s",
-                    timeout_ms=int(self.config.timeout_s * 1000), recording_id=recording_id,
+                    timeout_ms=int(self.config.timeout_s * 1000),
+                    recording_id=recording_id,
                 )
             sub.wait(min(remaining, 0.1))
 
     def _read_image(
-        self, image: Any, sub: Any, recording_id: int, start: int, end: int,
-        session_id: int | None, stream_id: int | None, block_bytes: int,
+        self,
+        image: Any,
+        sub: Any,
+        recording_id: int,
+        start: int,
+        end: int,
+        session_id: int | None,
+        stream_id: int | None,
+        block_bytes: int,
     ) -> Generator[ReplayedBlock, None, None]:
         if image.position != start:
             raise ArchiveClientError(
@@ -502,17 +574,20 @@ class ArchiveClient:
                 recording_id=recording_id,
             )
         blocks: list[ReplayedBlock] = []
-        patches = [(at, struct.pack("<i", value)) for at, value in
-                   ((_SESSION_ID_AT, session_id), (_STREAM_ID_AT, stream_id)) if value is not None]
+        patches = [
+            (at, struct.pack("<i", value))
+            for at, value in ((_SESSION_ID_AT, session_id), (_STREAM_ID_AT, stream_id))
+            if value is not None
+        ]
 
         def on_block(term: memoryview, offset: int, length: int, _sid: int, _tid: int) -> None:
-            data = bytearray(term[offset: offset + length])
+            data = bytearray(term[offset : offset + length])
             if patches:
                 at = 0
                 while at < length:
                     frame = struct.unpack_from("<i", data, at)[0]
                     for field_at, value in patches:
-                        data[at + field_at: at + field_at + 4] = value
+                        data[at + field_at : at + field_at + 4] = value
                     at += (frame + 31) & -32 if frame > 0 else length
             position = image.position
             blocks.append(ReplayedBlock(position, bytes(data), position + length))
@@ -532,11 +607,17 @@ class ArchiveClient:
                     next_service = now + 0.1
                     self.poll()
                 continue
-            if image.is_closed or image.is_end_of_stream and image.position < end and \
-                    not sub.has_data():
+            if (
+                image.is_closed
+                or image.is_end_of_stream
+                and image.position < end
+                and not sub.has_data()
+            ):
                 raise ArchiveReplayError(
                     f"the replay of recording {recording_id} ended at {image.position}, before "
-                    f"{end}", recording_id=recording_id, position=image.position,
+                    f"{end}",
+                    recording_id=recording_id,
+                    position=image.position,
                 )
             self.poll()
             remaining = deadline - time.monotonic()
@@ -544,7 +625,8 @@ class ArchiveClient:
                 raise ArchiveTimeoutError(
                     f"the replay of recording {recording_id} stalled at {image.position} (of "
                     f"[{start}, {end})) for {timeout} s",
-                    timeout_ms=int(timeout * 1000), recording_id=recording_id,
+                    timeout_ms=int(timeout * 1000),
+                    recording_id=recording_id,
                     position=image.position,
                 )
             sub.wait(min(remaining, 0.25))
@@ -556,6 +638,9 @@ def _int32(value: int) -> int:
 
 
 __all__ = [
-    "ArchiveClient", "ArchiveClientConfig", "ReplayedBlock", "local_address_towards",
+    "ArchiveClient",
+    "ArchiveClientConfig",
+    "ReplayedBlock",
+    "local_address_towards",
     "process_driver",
 ]

@@ -99,7 +99,20 @@ def decode(payload: bytes | bytearray | memoryview) -> tuple[str, dict[str, Any]
 
 
 __all__ = [
-    "ERROR", "LENGTH_TO_END", "LOCAL", "NULL_LENGTH", "NULL_VALUE", "OK",
-    "PROTOCOL_SEMANTIC_VERSION", "RECORDING_UNKNOWN", "REMOTE", "SUBSCRIPTION_UNKNOWN",
-    "codec", "decode", "encode", "schema", "semantic_version_text", "template_of",
+    "ERROR",
+    "LENGTH_TO_END",
+    "LOCAL",
+    "NULL_LENGTH",
+    "NULL_VALUE",
+    "OK",
+    "PROTOCOL_SEMANTIC_VERSION",
+    "RECORDING_UNKNOWN",
+    "REMOTE",
+    "SUBSCRIPTION_UNKNOWN",
+    "codec",
+    "decode",
+    "encode",
+    "schema",
+    "semantic_version_text",
+    "template_of",
 ]

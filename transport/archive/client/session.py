@@ -95,10 +95,20 @@ class RecordingDescriptor:
     @classmethod
     def from_fields(cls, f: dict[str, Any]) -> RecordingDescriptor:
         return cls(
-            f["recordingId"], f["startTimestamp"], f["stopTimestamp"], f["startPosition"],
-            f["stopPosition"], f["initialTermId"], f["segmentFileLength"],
-            f["termBufferLength"], f["mtuLength"], f["sessionId"], f["streamId"],
-            f["strippedChannel"] or "", f["originalChannel"] or "", f["sourceIdentity"] or "",
+            f["recordingId"],
+            f["startTimestamp"],
+            f["stopTimestamp"],
+            f["startPosition"],
+            f["stopPosition"],
+            f["initialTermId"],
+            f["segmentFileLength"],
+            f["termBufferLength"],
+            f["mtuLength"],
+            f["sessionId"],
+            f["streamId"],
+            f["strippedChannel"] or "",
+            f["originalChannel"] or "",
+            f["sourceIdentity"] or "",
         )
 
 
@@ -228,8 +238,11 @@ class ControlSession:
         """The close-session request to offer (None if never connected); every pending
         request fails with :class:`ArchiveSessionClosedError`."""
         was_connected = self.state is SessionState.CONNECTED
-        self._fail_all(ArchiveSessionClosedError(f"archive control session {reason}",
-                                                 control_session_id=self.control_session_id))
+        self._fail_all(
+            ArchiveSessionClosedError(
+                f"archive control session {reason}", control_session_id=self.control_session_id
+            )
+        )
         self.state = SessionState.CLOSED
         self.close_reason = reason
         if not was_connected:
@@ -264,8 +277,12 @@ class ControlSession:
     def on_tick(self, now_ns: int) -> bytes | None:
         """Expire requests past their deadline; the keep-alive to offer when one is due."""
         timeout_ms = self.config.message_timeout_ns // 1_000_000
-        if self._connect is not None and not self._connect.done and \
-                self._connect.error is None and now_ns >= self._connect.deadline_ns:
+        if (
+            self._connect is not None
+            and not self._connect.done
+            and self._connect.error is None
+            and now_ns >= self._connect.deadline_ns
+        ):
             self.counters["timeouts"] += 1
             self._connect.error = ArchiveTimeoutError(
                 f"the archive did not answer the connect request within {timeout_ms} ms "
@@ -280,11 +297,15 @@ class ControlSession:
                 self.counters["timeouts"] += 1
                 p.error = ArchiveTimeoutError(
                     f"the archive did not answer {p.name} (correlation id {cid}) within "
-                    f"{timeout_ms} ms", timeout_ms=timeout_ms, request=p.name,
+                    f"{timeout_ms} ms",
+                    timeout_ms=timeout_ms,
+                    request=p.name,
                     correlation_id=cid,
                 )
-        if self.state is SessionState.CONNECTED and \
-                now_ns - self._last_sent_ns >= self.config.keepalive_interval_ns:
+        if (
+            self.state is SessionState.CONNECTED
+            and now_ns - self._last_sent_ns >= self.config.keepalive_interval_ns
+        ):
             return self.keepalive(now_ns)
         return None
 
@@ -366,8 +387,9 @@ class ControlSession:
 
     def _on_connect_response(self, c: Pending, f: dict[str, Any]) -> None:
         if f["code"] != codecs.OK:
-            c.error = response_error("connect", int(f["relevantId"]), f["errorMessage"] or "",
-                                     c.correlation_id)
+            c.error = response_error(
+                "connect", int(f["relevantId"]), f["errorMessage"] or "", c.correlation_id
+            )
             self.state = SessionState.CLOSED
             self.close_reason = "connect refused"
             return
@@ -377,7 +399,8 @@ class ControlSession:
             c.error = ArchiveVersionError(
                 f"the archive speaks control protocol {codecs.semantic_version_text(version)}, "
                 f"this client {codecs.semantic_version_text(codecs.PROTOCOL_SEMANTIC_VERSION)} "
-                "(major versions differ)", archive_version=version,
+                "(major versions differ)",
+                archive_version=version,
             )
             self.state = SessionState.CLOSED
             self.close_reason = "protocol version mismatch"
@@ -432,5 +455,12 @@ class ControlSession:
         if len(self.signals) >= self.config.max_queued_signals:
             self.signals.popleft()
             self.counters["signals_dropped"] += 1
-        self.signals.append(SignalEvent(int(f["correlationId"]), int(f["recordingId"]),
-                                        int(f["subscriptionId"]), int(f["position"]), signal))
+        self.signals.append(
+            SignalEvent(
+                int(f["correlationId"]),
+                int(f["recordingId"]),
+                int(f["subscriptionId"]),
+                int(f["position"]),
+                signal,
+            )
+        )
