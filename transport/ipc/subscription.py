@@ -154,6 +154,8 @@ class IpcSubscription:
             return 0
         work = 0
         with self._lock:
+            if self._closed:  # closed while we waited for the lock: a scan now would claim
+                return 0  # slots (re-find files close let go of) that nobody ever releases
             if now_ns >= self._next_scan_ns:
                 self._next_scan_ns = now_ns + SCAN_INTERVAL_NS
                 work += self._scan(now_ns)

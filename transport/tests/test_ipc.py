@@ -197,3 +197,58 @@ def test_too_small_a_directory_says_what_to_do(ipc_dir: Path, monkeypatch) -> No
         driver.add_publication("aeron:ipc?term-length=1m", 17)
     assert "/dev/shm" in str(info.value) and "term-length" in str(info.value)
     assert "directory" in str(info.value) and _files(ipc_dir) == []
+
+
+def test_a_scan_racing_the_subscriptions_close_claims_no_slot_and_leaks_no_file(
+    ipc_dir: Path,
+) -> None:
+    """The conductor's do_work passed its "closed?" check, then the client thread closed the
+    subscription (dropping its image: the file's name is no longer known), then do_work took the
+    lock and scanned: it found the still-open publication's file again and claimed a slot for a
+    subscription nobody will heartbeat or close again. The publication's close then saw that slot
+    live and left the file for a subscriber that never comes (the flaky handshake IPC test)."""
+    import threading
+
+    from aeron_spark.transport.ipc.logfile import MAX_SUBSCRIBERS
+    from aeron_spark.transport.ipc.publication import IpcPublication
+    from aeron_spark.transport.ipc.subscription import IpcSubscription
+    from aeron_spark.transport.uri import ChannelConfig
+
+    liveness_ns = 10_000_000_000
+    pub = IpcPublication(ChannelConfig.from_uri("aeron:ipc?term-length=65536"), 77, ipc_dir,
+                         liveness_timeout_ns=liveness_ns)
+    sub = IpcSubscription(ChannelConfig.from_uri("aeron:ipc"), 77, ipc_dir,
+                          liveness_timeout_ns=liveness_ns)
+    assert len(sub.images) == 1 and pub.is_connected
+
+    class Gate:
+        """The subscription's lock, telling us when the conductor waits at it."""
+
+        def __init__(self) -> None:
+            self.lock = threading.RLock()  # reentrant: the test thread closes while holding it
+            self.conductor_waiting = threading.Event()
+
+        def __enter__(self) -> None:
+            if threading.current_thread() is conductor:
+                self.conductor_waiting.set()
+            self.lock.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.release()
+
+    gate = Gate()
+    sub._lock = gate  # type: ignore[assignment]
+    scan_due = time.monotonic_ns() + 10**9  # past the scan interval: this do_work scans
+    conductor = threading.Thread(target=sub.do_work, args=(scan_due,))
+    with gate.lock:
+        conductor.start()
+        assert gate.conductor_waiting.wait(10)  # past its closed check, blocked on the lock
+        sub.close()  # the client thread closes meanwhile
+    conductor.join(10)
+    assert not conductor.is_alive()
+
+    assert sub.images == []
+    log = pub.log
+    assert [log.read_slot(i)[3] for i in range(MAX_SUBSCRIBERS)] == [0] * MAX_SUBSCRIBERS
+    pub.close()
+    assert _files(ipc_dir) == []
