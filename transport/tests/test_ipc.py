@@ -215,10 +215,15 @@ def test_a_scan_racing_the_subscriptions_close_claims_no_slot_and_leaks_no_file(
     from aeron_spark.transport.uri import ChannelConfig
 
     liveness_ns = 10_000_000_000
-    pub = IpcPublication(ChannelConfig.from_uri("aeron:ipc?term-length=65536"), 77, ipc_dir,
-                         liveness_timeout_ns=liveness_ns)
-    sub = IpcSubscription(ChannelConfig.from_uri("aeron:ipc"), 77, ipc_dir,
-                          liveness_timeout_ns=liveness_ns)
+    pub = IpcPublication(
+        ChannelConfig.from_uri("aeron:ipc?term-length=65536"),
+        77,
+        ipc_dir,
+        liveness_timeout_ns=liveness_ns,
+    )
+    sub = IpcSubscription(
+        ChannelConfig.from_uri("aeron:ipc"), 77, ipc_dir, liveness_timeout_ns=liveness_ns
+    )
     assert len(sub.images) == 1 and pub.is_connected
 
     class Gate:
