@@ -20,6 +20,7 @@ import pyarrow as pa
 from aeron_spark.connector.errors import ControlProtocolError
 from aeron_spark.connector.runs import PayloadRun
 from aeron_spark.connector.session.replay import ReplayBlock
+from aeron_spark.transport.protocol.frames import DATA_HEADER_DTYPE
 from aeron_spark.transport.protocol.logbuffer import wrap_int32
 
 BINARY_SCHEMA_DDL = (
@@ -185,19 +186,7 @@ class BatchBuilder:
         return batch
 
 
-_HEADER_DTYPE = np.dtype(
-    [
-        ("length", "<i4"),
-        ("version", "u1"),
-        ("flags", "u1"),
-        ("type", "<i2"),
-        ("term_offset", "<i4"),
-        ("session_id", "<i4"),
-        ("stream_id", "<i4"),
-        ("term_id", "<i4"),
-        ("reserved_value", "<i8"),
-    ]
-)
+_HEADER_DTYPE = DATA_HEADER_DTYPE
 
 
 @dataclass(frozen=True, slots=True)

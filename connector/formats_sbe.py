@@ -32,6 +32,7 @@ from aeron_spark.connector.formats import _HEADER, Geometry, Message, _block_mes
 from aeron_spark.connector.formats_records import METADATA_FIELDS, BadRecordError
 from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.transport import sbe
+from aeron_spark.transport.protocol.frames import DATA_HEADER_DTYPE
 
 from aeron_spark.errors import ConfigurationError
 
@@ -42,19 +43,7 @@ ENUM_MODES = ("names", "raw")
 CHUNK_MESSAGES = 8192
 ROWS_PER_BATCH = 65536  # uniform blocks are gathered up to this many rows, then decoded
 
-_FRAME_DTYPE = np.dtype(
-    [
-        ("length", "<i4"),
-        ("version", "u1"),
-        ("flags", "u1"),
-        ("type", "<i2"),
-        ("term_offset", "<i4"),
-        ("session_id", "<i4"),
-        ("stream_id", "<i4"),
-        ("term_id", "<i4"),
-        ("reserved_value", "<i8"),
-    ]
-)
+_FRAME_DTYPE = DATA_HEADER_DTYPE
 
 
 @dataclass

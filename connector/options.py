@@ -24,6 +24,25 @@ SINK_FORMATS = ("binary", "text", "arrow", "json", "msgpack", "sbe")
 BAD_RECORD_POLICIES = ("fail", "drop", "column")
 
 # name (lower case) -> (canonical name, default text, meaning); the README's tables come from here.
+# How a source or sink reaches and trusts the stream server (the same options on both sides).
+_SESSION_OPTIONS: dict[str, tuple[str, str, str]] = {
+    "encryption": ("encryption", "true", "seal the session with AES-GCM (must match the server)"),
+    "keystore": (
+        "keyStore",
+        "~/.aeron-spark/keys",
+        "key store directory of known server keys and of this client's identity (client.key)",
+    ),
+    "clientkey": (
+        "clientKey",
+        "",
+        "file holding this client's identity private key (64 hex digits, mode 0600, owned by "
+        "the executor's user) on every executor host; default: client.key in keyStore",
+    ),
+    "serverkey": ("serverKey", "", "pin the server's public key (hex)"),
+    "trustonfirstuse": ("trustOnFirstUse", "true", "accept and remember an unknown server key"),
+    "timeoutms": ("timeoutMs", "30000", "bound on connecting and on every wait for the server"),
+}
+
 SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
     "endpoint": (
         "endpoint",
@@ -148,21 +167,7 @@ SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
         "far this query has read, so their retention keeps what it has not (keep it across "
         "restarts; aeron-spark consumers forget NAME when the query is gone)",
     ),
-    "encryption": ("encryption", "true", "seal the session with AES-GCM (must match the server)"),
-    "keystore": (
-        "keyStore",
-        "~/.aeron-spark/keys",
-        "key store directory of known server keys and of this client's identity (client.key)",
-    ),
-    "clientkey": (
-        "clientKey",
-        "",
-        "file holding this client's identity private key (64 hex digits, mode 0600, owned by "
-        "the executor's user) on every executor host; default: client.key in keyStore",
-    ),
-    "serverkey": ("serverKey", "", "pin the server's public key (hex)"),
-    "trustonfirstuse": ("trustOnFirstUse", "true", "accept and remember an unknown server key"),
-    "timeoutms": ("timeoutMs", "30000", "bound on connecting and on every wait for the server"),
+    **_SESSION_OPTIONS,
 }
 
 SINK_OPTIONS: dict[str, tuple[str, str, str]] = {
@@ -211,21 +216,7 @@ SINK_OPTIONS: dict[str, tuple[str, str, str]] = {
         "",
         "raw mode: publish rows straight to this Aeron channel (no server; at-least-once)",
     ),
-    "encryption": ("encryption", "true", "seal the session with AES-GCM (must match the server)"),
-    "keystore": (
-        "keyStore",
-        "~/.aeron-spark/keys",
-        "key store directory of known server keys and of this client's identity (client.key)",
-    ),
-    "clientkey": (
-        "clientKey",
-        "",
-        "file holding this client's identity private key (64 hex digits, mode 0600, owned by "
-        "the executor's user) on every executor host; default: client.key in keyStore",
-    ),
-    "serverkey": ("serverKey", "", "pin the server's public key (hex)"),
-    "trustonfirstuse": ("trustOnFirstUse", "true", "accept and remember an unknown server key"),
-    "timeoutms": ("timeoutMs", "30000", "bound on connecting and on every wait for the server"),
+    **_SESSION_OPTIONS,
 }
 
 StartSpec = Literal["earliest", "latest"] | dict[str, int]

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 from aeron_spark.connector.errors import PayloadTooLargeError
 from aeron_spark.transport.protocol.frames import (
+    DATA_HEADER_DTYPE,
     DATA_HEADER_LENGTH,
     FRAME_ALIGNMENT,
     DataFlags,
@@ -39,19 +40,7 @@ _BEGIN = int(DataFlags.BEGIN)
 _END = int(DataFlags.END)
 _DATA = int(FrameType.DATA)
 _PAD = int(FrameType.PAD)
-_HEADER_DTYPE = np.dtype(
-    [
-        ("length", "<i4"),
-        ("version", "u1"),
-        ("flags", "u1"),
-        ("type", "<i2"),
-        ("term_offset", "<i4"),
-        ("session_id", "<i4"),
-        ("stream_id", "<i4"),
-        ("term_id", "<i4"),
-        ("reserved_value", "<i8"),
-    ]
-)
+_HEADER_DTYPE = DATA_HEADER_DTYPE
 
 
 class Framer:

@@ -24,11 +24,27 @@ import struct
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 from aeron_spark.transport.errors import InvalidFrameError
 
 FRAME_ALIGNMENT = 32
 HEADER_LENGTH = 8
 DATA_HEADER_LENGTH = 32
+# A data frame's header as a numpy record (little-endian, DATA_HEADER_LENGTH bytes): for reading
+# the headers of a whole block of frames at once (replay, framing, the connector's formats).
+DATA_HEADER_DTYPE = np.dtype(
+    [
+        ("length", "<i4"),
+        ("version", "u1"),
+        ("flags", "u1"),
+        ("type", "<i2"),
+        ("term_offset", "<i4"),
+        ("session_id", "<i4"),
+        ("stream_id", "<i4"),
+        ("term_id", "<i4"),
+        ("reserved_value", "<i8"),
+    ]
+)
 SETUP_LENGTH = 40
 SM_LENGTH = 36
 SM_WITH_GROUP_TAG_LENGTH = 44
