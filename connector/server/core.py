@@ -19,7 +19,6 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -208,9 +207,11 @@ class ServerCore:
     # --- requests -----------------------------------------------------------------------------
 
     def on_message(
-        self, key: object, message: bytes | bytearray | memoryview, now_ns: int
+        self, key: object, message: bytes | bytearray | memoryview, now_ns: int, wall_ns: int
     ) -> list[bytes]:
-        """Handle one message received on a session; returns the replies to send on it."""
+        """Handle one message received on a session; returns the replies to send on it.
+        ``now_ns`` is the monotonic clock (leases, replays), ``wall_ns`` the wall clock (what is
+        stored or shown as a date: consumer commits, ages): both come from the caller."""
         session = self.sessions.get(key)
         if session is None:
             return []
@@ -234,11 +235,13 @@ class ServerCore:
             session.errors += 1
             return [proto.encode_error(int(exc.details.pop("request_id", 0)), exc)]
         if request.op in DEFERRED_OPS and self.defer is not None:
-            self.defer(key, lambda: self._run(key, session, request, now_ns))
+            self.defer(key, lambda: self._run(key, session, request, now_ns, wall_ns))
             return []
-        return [self.complete(self._run(key, session, request, now_ns))]
+        return [self.complete(self._run(key, session, request, now_ns, wall_ns))]
 
-    def _run(self, key: object, session: Session, request: proto.Request, now_ns: int) -> Outcome:
+    def _run(
+        self, key: object, session: Session, request: proto.Request, now_ns: int, wall_ns: int
+    ) -> Outcome:
         """Execute one decoded request. For a deferred operation this runs on the I/O shell's
         worker: it touches only the store, the committer and the consumers (never the core's
         counters or sessions), and hands back an :class:`Outcome` for :meth:`complete`."""
@@ -246,7 +249,7 @@ class ServerCore:
             try:
                 authz = self.authz
                 if authz is None:
-                    result = self._dispatch(session, request, now_ns)
+                    result = self._dispatch(session, request, now_ns, wall_ns)
                 else:  # the one permission check of every request (op -> permission: authz.py)
                     try:
                         authz.check(session.identity, request.op, request.args, self._stream_of)
@@ -256,7 +259,7 @@ class ServerCore:
                     result = authz.visible(
                         session.identity,
                         request.op,
-                        self._dispatch(session, request, now_ns),
+                        self._dispatch(session, request, now_ns, wall_ns),
                         self._stream_of,
                     )
             except ArchiveError as exc:  # the archive's errors travel as the wire's own
@@ -313,20 +316,24 @@ class ServerCore:
     def _stream_of(self, recording_id: int) -> int:
         return int(self.store.recording_info(recording_id)["stream_id"])
 
-    def _dispatch(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+    def _dispatch(self, session: Session, request: proto.Request, now_ns: int, wall_ns: int) -> Any:
         try:
             handler, _permission = HANDLERS[request.op]
         except KeyError:  # pragma: no cover - decode_request admits only the schemas' ops
             raise ControlProtocolError(f"operation {request.op} is not served") from None
         self._authorise(request.op)  # operation-level policy first, before any lookup
-        return handler(self, session, request, now_ns)
+        return handler(self, session, request, now_ns, wall_ns)
 
     # --- the operations (one handler each; see HANDLERS) --------------------------------------
 
-    def _op_keepalive(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+    def _op_keepalive(
+        self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
+    ) -> Any:
         return None
 
-    def _op_list_streams(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+    def _op_list_streams(
+        self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
+    ) -> Any:
         return self._list_streams()
 
     def _wanted_recordings(self, op: str, args: dict[str, Any]) -> list[dict[str, Any]]:
@@ -335,19 +342,25 @@ class ServerCore:
         self._authorise(op, wanted or ())
         return self._visible_recordings(wanted)
 
-    def _op_list_recordings(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+    def _op_list_recordings(
+        self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
+    ) -> Any:
         return self._wanted_recordings("list_recordings", request.args)
 
-    def _op_latest_positions(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+    def _op_latest_positions(
+        self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
+    ) -> Any:
         recordings = self._wanted_recordings("latest_positions", request.args)
         return [[r["recording_id"], r["recorded_position"]] for r in recordings]
 
-    def _op_position_at(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+    def _op_position_at(
+        self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
+    ) -> Any:
         args = request.args
         self._authorise("position_at", [self._stream_of(args["recording_id"])])
         return self.store.position_at(args["recording_id"], args["timestamp_ns"])
 
-    def _op_scan(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+    def _op_scan(self, session: Session, request: proto.Request, now_ns: int, wall_ns: int) -> Any:
         args = request.args
         self._authorise("scan", [self._stream_of(args["recording_id"])])
         if args.get("parts", 1) > 4096:
@@ -362,25 +375,33 @@ class ServerCore:
             now_ns=now_ns,
         )
 
-    def _op_replay(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+    def _op_replay(
+        self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
+    ) -> Any:
         return self._start_replay(session, request, now_ns)
 
-    def _op_stop_replay(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+    def _op_stop_replay(
+        self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
+    ) -> Any:
         return self._stop_replay(session, request.args["replay_id"])
 
-    def _op_local_read(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+    def _op_local_read(
+        self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
+    ) -> Any:
         args = request.args
         self._authorise("replay", [self._stream_of(args["recording_id"])])
         where = self.store.local_read(args["recording_id"], args["start"], args["end"])
         self.counters["local_reads_offered" if where else "local_reads_refused"] += 1
         return where
 
-    def _op_publish(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+    def _op_publish(
+        self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
+    ) -> Any:
         args = request.args
         self._authorise("publish", [args["stream_id"]])
         return self._publish(session, args, now_ns)
 
-    def _op_stage(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+    def _op_stage(self, session: Session, request: proto.Request, now_ns: int, wall_ns: int) -> Any:
         args = request.args
         self._authorise("stage", [args["stream_id"]])
         self.store.check_space("stage")
@@ -393,7 +414,9 @@ class ServerCore:
             args["final"],
         )
 
-    def _op_local_stage(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+    def _op_local_stage(
+        self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
+    ) -> Any:
         args = request.args
         self._authorise("local_stage", [args["stream_id"]])
         token = self.store.local_token
@@ -405,14 +428,18 @@ class ServerCore:
         self.counters["local_stages_offered"] += 1
         return {"path": path, **token}
 
-    def _op_local_stage_done(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+    def _op_local_stage_done(
+        self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
+    ) -> Any:
         args = request.args
         self._authorise("local_stage_done", [args["stream_id"]])
         return self.committer.staging.finish_local(
             session.key, PartKey.of(args), args["stream_id"], args["count"], args["bytes"]
         )
 
-    def _op_commit(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+    def _op_commit(
+        self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
+    ) -> Any:
         args = request.args
         self._authorise("commit", [args["stream_id"]])
         self.store.check_space("commit")
@@ -420,35 +447,39 @@ class ServerCore:
             args["sink_id"], args["batch_id"], args["stream_id"], args["staged"], now_ns
         )
 
-    def _op_abort(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+    def _op_abort(self, session: Session, request: proto.Request, now_ns: int, wall_ns: int) -> Any:
         args = request.args
         self._authorise("abort")
         self.committer.abort(args["sink_id"], args["batch_id"], args["staged"])
         return None
 
-    def _op_consumer_commit(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+    def _op_consumer_commit(
+        self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
+    ) -> Any:
         args = request.args
         ids = [int(s) for s in args.get("stream_ids", [])]
         self._authorise("consumer_commit", ids)
         positions = dict(args["positions"])
-        self.consumers.commit(args["consumer_id"], ids, positions, time.time())
+        self.consumers.commit(args["consumer_id"], ids, positions, wall_ns / 1e9)
         return None
 
-    def _op_consumer_forget(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+    def _op_consumer_forget(
+        self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
+    ) -> Any:
         return self.consumers.forget(request.args["consumer_id"])
 
     def _op_last_committed_batch(
-        self, session: Session, request: proto.Request, now_ns: int
+        self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
     ) -> Any:
         return self.committer.last_committed_batch(request.args["sink_id"])
 
-    def _op_purge(self, session: Session, request: proto.Request, now_ns: int) -> Any:
+    def _op_purge(self, session: Session, request: proto.Request, now_ns: int, wall_ns: int) -> Any:
         args = request.args
         self._authorise("purge", [self._stream_of(args["recording_id"])])
         return self.store.purge(args["recording_id"], args["position"], now_ns)
 
-    def _op_stats(self, session: Session, request: proto.Request, now_ns: int) -> Any:
-        return self.stats(now_ns)
+    def _op_stats(self, session: Session, request: proto.Request, now_ns: int, wall_ns: int) -> Any:
+        return self.stats(now_ns, wall_ns)
 
     def _visible_recordings(self, stream_ids: set[int] | None) -> list[dict[str, Any]]:
         allowed = self.config.allowed_stream_ids
@@ -580,7 +611,8 @@ class ServerCore:
 
     # --- housekeeping -------------------------------------------------------------------------
 
-    def stats(self, now_ns: int) -> dict[str, Any]:
+    def stats(self, now_ns: int, wall_ns: int) -> dict[str, Any]:
+        """Everything ``aeron-spark stat`` shows at monotonic ``now_ns`` and wall ``wall_ns``."""
         sessions = [
             {
                 "peer": s.peer,
@@ -617,14 +649,14 @@ class ServerCore:
             "sessions": sessions,
             "counters": counters,
             "store": self.store.stats(),
-            "consumers": self.consumers.describe(time.time()),
+            "consumers": self.consumers.describe(wall_ns / 1e9),
         }
         if self.stats_hook is not None:
             result.update(self.stats_hook())
         return result
 
 
-Handler = Callable[[ServerCore, Session, proto.Request, int], Any]
+Handler = Callable[[ServerCore, Session, proto.Request, int, int], Any]
 
 # The dispatch table: every operation of the protocol's schemas, its handler and the permission
 # it needs (``proto.PERMISSIONS``). Checked at import: an operation with a schema and no handler

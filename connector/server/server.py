@@ -226,18 +226,19 @@ class StreamServer:
         try:
             self._started.set()
             while not self._stop.is_set():
-                now_ns = time.monotonic_ns()
+                now_ns = time.monotonic_ns()  # the pass's clocks, handed to the core
+                wall_ns = time.time_ns()
                 try:
                     work = self._accept(now_ns)
                     work += self._store.record_ingest(now_ns)
-                    work += self._serve_sessions(now_ns)
+                    work += self._serve_sessions(now_ns, wall_ns)
                     work += self._deliver_deferred()
                     for key in self.core.expire(now_ns):
                         io = self._sessions.pop(key, None)
                         if io is not None:
                             io.link.close()
                     if now_ns >= next_gc_ns:
-                        self._housekeeping()
+                        self._housekeeping(wall_ns)
                         next_gc_ns = now_ns + self.config.gc_interval_ns
                     if now_ns >= next_stat_ns:
                         self._write_stat(now_ns)
@@ -308,15 +309,15 @@ class StreamServer:
             log.warning("a pass of the server loop failed (serving goes on): %s", exc)
             self._next_failure_log_ns = now_ns + 1_000_000_000
 
-    def _housekeeping(self) -> None:
+    def _housekeeping(self, wall_ns: int) -> None:
         """Staging gc, retention, stop files a full disk held back. A failure here (disk
         full, no descriptor) is logged and retried on the next tick, never fatal."""
         assert self.core is not None and self._store is not None and self._worker is not None
         try:
-            self.core.committer.gc(time.time(), self.config.staging_lease_s)
+            self.core.committer.gc(wall_ns / 1e9, self.config.staging_lease_s)
             self._store.housekeeping()
             if self.core.retention.policy.enabled:  # with commits: one writer at a time
-                self._worker.submit(self.core.retention.run, self._store, time.time_ns())
+                self._worker.submit(self.core.retention.run, self._store, wall_ns)
         except OSError as exc:
             self.core.counters["housekeeping_failures"] = (
                 self.core.counters.get("housekeeping_failures", 0) + 1
@@ -373,7 +374,7 @@ class StreamServer:
             accepted += 1
         return accepted
 
-    def _serve_sessions(self, now_ns: int) -> int:
+    def _serve_sessions(self, now_ns: int, wall_ns: int) -> int:
         core = self.core
         assert core is not None
         work = 0
@@ -392,7 +393,7 @@ class StreamServer:
                 if message is None:
                     break
                 work += 1
-                io.enqueue(core.on_message(key, message, now_ns))
+                io.enqueue(core.on_message(key, message, now_ns, wall_ns))
                 if not self._flush(io):
                     break
             if not io.outbound and core.has_replays(key):
@@ -455,7 +456,7 @@ class StreamServer:
     def snapshot(self) -> dict[str, Any]:
         """Everything ``aeron-spark stat`` shows (also written to ``stat.json`` every second)."""
         assert self.core is not None
-        return self.core.stats(time.monotonic_ns())
+        return self.core.stats(time.monotonic_ns(), time.time_ns())
 
     def _write_stat(self, now_ns: int) -> None:
         """Best effort: a snapshot that cannot be taken or written (a full disk, a counter

@@ -127,7 +127,7 @@ def test_an_io_error_fails_only_that_request_coded_and_the_session_goes_on(
     core.open_session("a", "peer-a", 1 << 20, now_ns=0)
 
     def request(rid: int, op: str, args: dict) -> proto.Reply:
-        (reply,) = core.on_message("a", proto.encode_request(rid, op, args), rid)
+        (reply,) = core.on_message("a", proto.encode_request(rid, op, args), rid, rid)
         return proto.decode_reply(reply)
 
     assert request(1, "publish", {"stream_id": 5, "payloads": [b"a" * 100] * 10}).ok

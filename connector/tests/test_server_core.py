@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 MAX_MESSAGE = 64 * 1024
+WALL_NS = 1_700_000_000_000_000_000  # the caller's wall clock (2023-11-14), manual like now_ns
 
 
 @pytest.fixture
@@ -40,14 +41,18 @@ def test_publish_then_bounded_replay_through_the_core(core) -> None:
             "a",
             proto.encode_request(1, "publish", {"stream_id": 5, "payloads": [b"x" * 100] * 1000}),
             1,
+            WALL_NS,
         )
     ).result
-    rid = _reply(core.on_message("a", proto.encode_request(2, "list_recordings", {}), 2)).result[0][
-        "recording_id"
-    ]
+    rid = _reply(
+        core.on_message("a", proto.encode_request(2, "list_recordings", {}), 2, WALL_NS)
+    ).result[0]["recording_id"]
     assert _reply(
         core.on_message(
-            "a", proto.encode_request(3, "replay", {"recording_id": rid, "start": 0, "end": end}), 3
+            "a",
+            proto.encode_request(3, "replay", {"recording_id": rid, "start": 0, "end": end}),
+            3,
+            WALL_NS,
         )
     ).ok
     out: list[bytes] = []
@@ -65,11 +70,13 @@ def test_idle_sessions_expire_and_their_replays_stop(core) -> None:
     core.open_session("a", "peer-a", MAX_MESSAGE, now_ns=0)
     core.open_session("b", "peer-b", MAX_MESSAGE, now_ns=0)
     core.on_message(
-        "a", proto.encode_request(1, "publish", {"stream_id": 5, "payloads": [b"x"]}), 0
+        "a", proto.encode_request(1, "publish", {"stream_id": 5, "payloads": [b"x"]}), 0, WALL_NS
     )
-    core.on_message("a", proto.encode_request(2, "replay", {"recording_id": 0, "start": 0}), 0)
+    core.on_message(
+        "a", proto.encode_request(2, "replay", {"recording_id": 0, "start": 0}), 0, WALL_NS
+    )
     assert core.has_replays("a")
-    core.on_message("b", proto.encode_request(1, "keepalive", {}), 900_000_000)
+    core.on_message("b", proto.encode_request(1, "keepalive", {}), 900_000_000, WALL_NS)
     assert core.expire(1_500_000_000) == ["a"]  # b renewed its lease, a did not
     assert not core.has_replays("a") and "b" in core.sessions
     assert core.counters["sessions_expired"] == 1
@@ -105,12 +112,28 @@ def test_garbage_gets_typed_errors_and_never_disturbs_another_session(core, junk
     core.open_session("bad", "peer-bad", MAX_MESSAGE, now_ns=0)
     core.open_session("good", "peer-good", MAX_MESSAGE, now_ns=0)
     for message in junk:
-        for out in core.on_message("bad", message, 1):
+        for out in core.on_message("bad", message, 1, WALL_NS):
             reply = proto.decode_reply(out)
             if not reply.ok:
                 assert reply.error["code"] in {int(c) for c in ErrorCode}
-    good = _reply(core.on_message("good", proto.encode_request(7, "stats", {}), 2))
+    good = _reply(core.on_message("good", proto.encode_request(7, "stats", {}), 2, WALL_NS))
     assert good.ok and good.id == 7
     assert core.counters["internal_errors"] == 0
     core.close_session("bad", 3)
     core.close_session("good", 3)
+
+
+def test_the_wall_clock_of_consumer_commits_and_stats_is_the_callers(core) -> None:
+    """Issue 18: the core reads no clock; a consumer's commit time and its age in the stats are
+    the wall clock the caller passes (``wall_ns``), like ``now_ns`` for leases."""
+    core.open_session("a", "peer-a", MAX_MESSAGE, now_ns=0)
+    commit = {"consumer_id": "q1", "stream_ids": [5], "positions": [[0, 4096]]}
+    assert _reply(
+        core.on_message("a", proto.encode_request(1, "consumer_commit", commit), 1, WALL_NS)
+    ).ok
+    with open(core.consumers.path, "rb") as fh:  # persisted with the caller's time
+        assert msgpack.unpackb(fh.read())["q1"]["updated_s"] == WALL_NS / 1e9
+    later = WALL_NS + 90_000_000_000  # 90 s of the caller's wall clock; the monotonic one: 1 ns
+    stats = _reply(core.on_message("a", proto.encode_request(2, "stats", {}), 2, later)).result
+    assert [(c["consumer_id"], c["age_s"]) for c in stats["consumers"]] == [("q1", 90.0)]
+    assert core.stats(3, WALL_NS + 5_000_000_000)["consumers"][0]["age_s"] == 5.0

@@ -33,7 +33,9 @@ def test_a_deferred_request_is_executed_by_the_job_and_counted_by_complete(core)
     core.defer = lambda key, job: jobs.append((key, job))
     core.open_session("a", "peer-a", MAX_MESSAGE, now_ns=0)
     assert (
-        core.on_message("a", proto.encode_request(1, "scan", {"recording_id": 77, "start": 0}), 1)
+        core.on_message(
+            "a", proto.encode_request(1, "scan", {"recording_id": 77, "start": 0}), 1, 1
+        )
         == []
     )
     ((key, job),) = jobs

@@ -108,14 +108,14 @@ def test_garbage_is_refused_counted_and_the_session_still_works(core, data: byte
             refused = False  # hypothesis built a valid request: not garbage
         before = dict(core.counters)
         session_errors = core.sessions["peer"].errors
-        replies = core.on_message("peer", message, 1)
+        replies = core.on_message("peer", message, 1, 1)
         if refused:
             (reply,) = (proto.decode_reply(r) for r in replies)
             assert not reply.ok and reply.error["code"] == int(E.ErrorCode.CONTROL_PROTOCOL)
             assert isinstance(E.error_from_wire(reply.error), E.ControlProtocolError)
             assert core.counters["protocol_errors"] == before["protocol_errors"] + 1
             assert core.sessions["peer"].errors == session_errors + 1
-        (answer,) = core.on_message("peer", proto.encode_request(9, "stats", {}), 2)
+        (answer,) = core.on_message("peer", proto.encode_request(9, "stats", {}), 2, 2)
         ok = proto.decode_reply(answer)
         assert ok.ok and ok.id == 9
     assert core.counters["internal_errors"] == 0
