@@ -10,7 +10,8 @@ comments are ignored::
 
 Permissions: ``read=LIST``, ``write=LIST``, ``admin`` (every stream) or ``admin=LIST``, where a
 LIST is stream ids and ranges ``a-b`` separated by commas, or ``*`` for every stream. What each
-permission covers (:data:`OP_PERMISSION`):
+permission covers (the protocol's column ``session/protocol.PERMISSIONS``, read here as
+:data:`OP_PERMISSION`, with no table of this module's own):
 
     read   list_streams, list_recordings, latest_positions, position_at, scan, replay,
            local_read, consumer_commit, stats  (listings show only readable streams)
@@ -37,23 +38,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from aeron_spark.connector.errors import NotAuthorisedError
-from aeron_spark.connector.session.protocol import PERMISSIONS
+from aeron_spark.connector.session.protocol import PERMISSIONS, Permission
 from aeron_spark.handshake.crypto import fingerprint
 
 from aeron_spark.errors import ConfigurationError
 
-READ, WRITE, ADMIN = "read", "write", "admin"
-_ANY = ""  # the operation has no stream: the permission on at least one stream
+READ, WRITE, ADMIN = Permission.READ.value, Permission.WRITE.value, Permission.ADMIN.value
 
-# op -> permission (None: any authenticated session may): the protocol's permission column
-# (session/protocol.PERMISSIONS, the dispatch table's), with three choices of this module: keeping a
-# session alive and stopping one's own replay need no stream, and asking which sink batch was
-# committed last is the sink's question (write).
+# op -> the permission it needs (None: any authenticated session may), read off the protocol's
+# permission column (session/protocol.PERMISSIONS, the dispatch table's): nothing of its own.
 OP_PERMISSION: dict[str, str | None] = {
-    **{op: permission.value for op, permission in PERMISSIONS.items()},
-    "keepalive": None,
-    "stop_replay": None,
-    "last_committed_batch": WRITE,
+    op: None if access.permission is Permission.NONE else access.permission.value
+    for op, access in PERMISSIONS.items()
 }
 _NAME = re.compile(r"[A-Za-z0-9_.@+-]{1,64}")
 _INT32 = (-(2**31), 2**31 - 1)

@@ -658,12 +658,11 @@ class ServerCore:
 
 Handler = Callable[[ServerCore, Session, proto.Request, int, int], Any]
 
-# The dispatch table: every operation of the protocol's schemas, its handler and the permission
-# it needs (``proto.PERMISSIONS``). Checked at import: an operation with a schema and no handler
-# (or the reverse) cannot be served by mistake.
-HANDLERS: dict[str, tuple[Handler, proto.Permission]] = {
-    op: (getattr(ServerCore, f"_op_{op}"), permission)
-    for op, permission in proto.PERMISSIONS.items()
+# The dispatch table: every operation of the protocol's schemas, its handler and its access (the
+# permission it needs, whether a read-only server serves it: ``proto.PERMISSIONS``). Checked at
+# import: an operation with a schema and no handler (or the reverse) cannot be served by mistake.
+HANDLERS: dict[str, tuple[Handler, proto.Access]] = {
+    op: (getattr(ServerCore, f"_op_{op}"), access) for op, access in proto.PERMISSIONS.items()
 }
 if (
     set(HANDLERS) != set(proto.OPS)
@@ -673,8 +672,8 @@ if (
 ):
     raise AssertionError("ServerCore's handlers and the protocol's operations differ")
 
-# Refused by a read-only server: everything that is not a read.
-WRITE_OPS = frozenset(op for op, (_, p) in HANDLERS.items() if p is not proto.Permission.READ)
+# Refused by a read-only server: what its access says a read-only server does not serve.
+WRITE_OPS = frozenset(op for op, (_, access) in HANDLERS.items() if not access.read_only_serves)
 
 __all__ = [
     "HANDLERS",

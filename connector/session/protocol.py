@@ -118,36 +118,51 @@ OPS: dict[str, dict[str, tuple[str, bool]]] = {
 
 
 class Permission(enum.Enum):
-    """What an operation needs of the session that asks (the client-authentication issue
-    grants these; today a read-only server refuses ``WRITE`` and ``ADMIN`` alike)."""
+    """What an operation needs of the session that asks, on the streams it touches (what an
+    authorized keys file grants: ``connector/server/authz.py``)."""
 
-    READ = "read"  # list, position, scan, replay, stats, keep alive, consumer positions
-    WRITE = "write"  # publish, stage and commit sink batches
+    NONE = "none"  # any authenticated session, no stream: keep alive, stop one's own replay
+    READ = "read"  # list, position, scan, replay, stats, consumer positions
+    WRITE = "write"  # publish, stage and commit sink batches, ask which batch was committed
     ADMIN = "admin"  # purge recordings, forget consumers
 
 
-# The permission of every operation of OPS (the server's dispatch table is checked against both).
-PERMISSIONS: dict[str, Permission] = {
-    "list_streams": Permission.READ,
-    "list_recordings": Permission.READ,
-    "latest_positions": Permission.READ,
-    "position_at": Permission.READ,
-    "scan": Permission.READ,
-    "replay": Permission.READ,
-    "stop_replay": Permission.READ,
-    "local_read": Permission.READ,
-    "publish": Permission.WRITE,
-    "stage": Permission.WRITE,
-    "local_stage": Permission.WRITE,
-    "local_stage_done": Permission.WRITE,
-    "commit": Permission.WRITE,
-    "abort": Permission.WRITE,
-    "last_committed_batch": Permission.READ,
-    "purge": Permission.ADMIN,
-    "consumer_commit": Permission.READ,
-    "consumer_forget": Permission.ADMIN,
-    "stats": Permission.READ,
-    "keepalive": Permission.READ,
+@dataclass(frozen=True, slots=True)
+class Access:
+    """One operation's row of the permission column: the permission it needs and whether a
+    read-only server (``--read-only``) serves it (it changes nothing that is stored)."""
+
+    permission: Permission
+    read_only_serves: bool
+
+
+_NONE, _READ = Access(Permission.NONE, True), Access(Permission.READ, True)
+_WRITE, _ADMIN = Access(Permission.WRITE, False), Access(Permission.ADMIN, False)
+
+# The access of every operation of OPS: the one table the server's dispatch (core.HANDLERS), its
+# read-only refusal (core.WRITE_OPS) and its per-client check (authz.OP_PERMISSION) derive from.
+PERMISSIONS: dict[str, Access] = {
+    "list_streams": _READ,
+    "list_recordings": _READ,
+    "latest_positions": _READ,
+    "position_at": _READ,
+    "scan": _READ,
+    "replay": _READ,
+    "stop_replay": _NONE,  # the session's own replay
+    "local_read": _READ,
+    "publish": _WRITE,
+    "stage": _WRITE,
+    "local_stage": _WRITE,
+    "local_stage_done": _WRITE,
+    "commit": _WRITE,
+    "abort": _WRITE,
+    # the sink's question (write), which a read-only server still answers: it changes nothing
+    "last_committed_batch": Access(Permission.WRITE, read_only_serves=True),
+    "purge": _ADMIN,
+    "consumer_commit": _READ,
+    "consumer_forget": _ADMIN,
+    "stats": _READ,
+    "keepalive": _NONE,
 }
 if set(PERMISSIONS) != set(OPS):  # pragma: no cover - caught at import by every test
     raise AssertionError(f"PERMISSIONS and OPS differ: {set(PERMISSIONS) ^ set(OPS)}")
@@ -402,8 +417,11 @@ __all__ = [
     "KIND_CONTROL",
     "KIND_REPLAY_DATA",
     "OPS",
+    "PERMISSIONS",
     "REPLAY_DATA_HEADER",
     "REPLAY_DATA_HEADER_LENGTH",
+    "Access",
+    "Permission",
     "Reply",
     "Request",
     "STAGED_KEYS",
