@@ -195,8 +195,6 @@ class Authorizer:
         self.path = path
         self._stamp: tuple[int, int, int] | None = None
         self.table: dict[bytes, Grant] = {}
-        self.reloads = 0
-        self.reload_failures = 0
         self.load()
 
     def _stat(self) -> tuple[int, int, int]:
@@ -211,7 +209,6 @@ class Authorizer:
             table = parse(fh.read(), self.path)
         removed = set(self.table) - set(table)
         self.table, self._stamp = table, stamp
-        self.reloads += 1
         return removed
 
     def changed(self) -> bool:

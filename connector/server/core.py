@@ -117,6 +117,16 @@ class Outcome:
     error: Exception | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class KeysReloaded:
+    """What re-reading the authorized keys file gave (the shell runs that I/O, then feeds this
+    to :meth:`ServerCore.keys_reloaded`): the keys no longer listed, or the error that left the
+    previous table in force."""
+
+    removed: frozenset[bytes] = frozenset()
+    error: Exception | None = None
+
+
 # Long-running operations the I/O shell may run off its loop (``ServerCore.defer``), so a large
 # sink commit does not stall every replay. They only touch the committer and sink recordings.
 DEFERRED_OPS = frozenset({"commit", "abort", "scan", "consumer_commit"})
@@ -156,7 +166,12 @@ class ServerCore:
         max_message_length: int,
         now_ns: int,
         identity: bytes = b"",
-    ) -> Session:
+    ) -> Session | None:
+        """Open a session for an established link; None (counted as revoked) when the client's
+        key was removed from the authorized keys while its handshake was in flight."""
+        if self.authz is not None and not self.authz.knows(identity):
+            self.counters.add("sessions_revoked")
+            return None
         session = Session(
             key,
             peer,
@@ -199,6 +214,19 @@ class ServerCore:
             self.close_session(key, now_ns)
             self.counters["sessions_expired"] += 1
         return expired
+
+    def keys_reloaded(self, reload: KeysReloaded, now_ns: int) -> list[object]:
+        """Count a reload of the authorized keys file (or its failure) and close the sessions
+        of the keys it removed; returns their keys (the shell closes the connections)."""
+        if reload.error is not None:
+            self.counters.add("authorized_keys_reload_failures")
+            return []
+        self.counters.add("authorized_keys_reloads")
+        revoked = [k for k, s in self.sessions.items() if s.identity in reload.removed]
+        for key in revoked:
+            self.close_session(key, now_ns)
+        self.counters.add("sessions_revoked", len(revoked))
+        return revoked
 
     def next_deadline_ns(self) -> int | None:
         deadlines = [s.lease_deadline_ns for s in self.sessions.values()]
@@ -678,6 +706,7 @@ WRITE_OPS = frozenset(op for op, (_, access) in HANDLERS.items() if not access.r
 __all__ = [
     "HANDLERS",
     "WRITE_OPS",
+    "KeysReloaded",
     "Outcome",
     "Publisher",
     "ReplayCursor",

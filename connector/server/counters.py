@@ -1,7 +1,9 @@
 """The stream server's counters, declared in the one registry (:mod:`aeron_spark.counters`).
 
 The core counts into a :class:`~aeron_spark.counters.CounterMap` of :data:`CORE_COUNTERS` (always
-exported) and :data:`SHELL_COUNTERS` (the I/O shell's failures, exported once they happen);
+exported) and :data:`SHELL_COUNTERS` (exported once they happen: the I/O shell's failures, which
+the shell adds on the loop's thread, and the authorized keys' reloads and revocations, which the
+core counts when the shell hands it what a reload gave);
 retention into one of :data:`RETENTION_COUNTERS`. :func:`server_counters` is the ``counters``
 section of ``stats`` (and so of ``aeron-spark stat``), read through the registry.
 """
@@ -43,7 +45,7 @@ SHELL_COUNTERS = (
     "housekeeping_failures",
     "accept_failures",
     "stat_snapshot_failures",
-    # with --authorized-keys
+    # with --authorized-keys: ServerCore.keys_reloaded and open_session count these
     "authorized_keys_reloads",
     "authorized_keys_reload_failures",
     "sessions_revoked",

@@ -24,7 +24,7 @@ from typing import Any
 from aeron_spark.connector.errors import ConnectorError, ServerUnavailableError
 from aeron_spark.connector.server.authz import Authorizer
 from aeron_spark.connector.server.config import ServerConfig
-from aeron_spark.connector.server.core import Outcome, ServerCore
+from aeron_spark.connector.server.core import KeysReloaded, Outcome, ServerCore
 from aeron_spark.connector.server.dirlock import DirectoryLock
 from aeron_spark.connector.server.resources import (
     DESCRIPTOR_ERRNOS,
@@ -277,34 +277,27 @@ class StreamServer:
         authz, core = self.authz, self.core
         if authz is None or core is None:
             return
-        try:
-            removed = authz.load()
+        try:  # the I/O here; the counting and the closing of sessions in the core
+            reload = KeysReloaded(removed=frozenset(authz.load()))
         except (ConfigurationError, OSError) as exc:
-            authz.reload_failures += 1
-            core.counters["authorized_keys_reload_failures"] = authz.reload_failures
+            reload = KeysReloaded(error=exc)
             log.error("authorized keys NOT reloaded (the previous ones stay in force): %s", exc)
-            return
-        core.counters["authorized_keys_reloads"] = authz.reloads - 1
-        closed = 0
-        for key, io in list(self._sessions.items()):
-            session = core.sessions.get(key)
-            if session is not None and session.identity in removed:
-                core.close_session(key, now_ns)
+        revoked = core.keys_reloaded(reload, now_ns)
+        for key in revoked:
+            io = self._sessions.pop(key, None)
+            if io is not None:
                 io.link.close()
-                del self._sessions[key]
-                closed += 1
-        core.counters["sessions_revoked"] = core.counters.get("sessions_revoked", 0) + closed
-        log.info(
-            "authorized keys reloaded: %d keys, %d removed, %d sessions closed",
-            len(authz.table),
-            len(removed),
-            closed,
-        )
+        if reload.error is None:
+            log.info(
+                "authorized keys reloaded: %d keys, %d removed, %d sessions closed",
+                len(authz.table),
+                len(reload.removed),
+                len(revoked),
+            )
 
     def _resource_failure(self, exc: OSError, now_ns: int) -> None:
         assert self.core is not None
-        counters = self.core.counters
-        counters["loop_resource_failures"] = counters.get("loop_resource_failures", 0) + 1
+        self.core.counters.add("loop_resource_failures")
         if now_ns >= self._next_failure_log_ns:  # at most one line a second
             log.warning("a pass of the server loop failed (serving goes on): %s", exc)
             self._next_failure_log_ns = now_ns + 1_000_000_000
@@ -319,9 +312,7 @@ class StreamServer:
             if self.core.retention.policy.enabled:  # with commits: one writer at a time
                 self._worker.submit(self.core.retention.run, self._store, wall_ns)
         except OSError as exc:
-            self.core.counters["housekeeping_failures"] = (
-                self.core.counters.get("housekeeping_failures", 0) + 1
-            )
+            self.core.counters.add("housekeeping_failures")
             log.warning("housekeeping failed (retried on the next tick): %s", exc)
 
     def _defer(self, key: object, job: Any) -> None:
@@ -357,20 +348,17 @@ class StreamServer:
         try:
             links = self._listener.accept(now_ns)
         except OSError as exc:  # e.g. EMFILE: refuse now, accept again on the next pass
-            self.core.counters["accept_failures"] = self.core.counters.get("accept_failures", 0) + 1
+            self.core.counters.add("accept_failures")
             log.warning("cannot accept sessions now: %s", exc)
             return 0
         for link in links:
-            if self.authz is not None and not self.authz.knows(link.client_key):
-                link.close()  # its key was removed while its handshake was in flight
-                self.core.counters["sessions_revoked"] = (
-                    self.core.counters.get("sessions_revoked", 0) + 1
-                )
-                continue
-            self._sessions[link] = _SessionIO(link)
-            self.core.open_session(
+            session = self.core.open_session(
                 link, link.peer, link.max_message_length, now_ns, identity=link.client_key
             )
+            if session is None:  # its key was removed while its handshake was in flight
+                link.close()
+                continue
+            self._sessions[link] = _SessionIO(link)
             accepted += 1
         return accepted
 
@@ -465,8 +453,7 @@ class StreamServer:
             write_snapshot(self.config.directory, self.snapshot())
         except Exception as exc:  # noqa: BLE001
             assert self.core is not None
-            counters = self.core.counters
-            counters["stat_snapshot_failures"] = counters.get("stat_snapshot_failures", 0) + 1
+            self.core.counters.add("stat_snapshot_failures")
             if now_ns >= self._next_failure_log_ns:
                 log.warning(
                     "cannot write the stat snapshot (skipped): %s: %s", type(exc).__name__, exc

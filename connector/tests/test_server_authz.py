@@ -5,6 +5,8 @@ re-read on change with revoked keys' sessions closed, and the permission table i
 from __future__ import annotations
 
 import base64
+import io
+import json
 import os
 import time
 from contextlib import nullcontext
@@ -15,6 +17,7 @@ from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.errors import NotAuthorisedError, ServerUnavailableError
 from aeron_spark.connector.server import ServerConfig, StreamServer
 from aeron_spark.connector.server.authz import OP_PERMISSION, StreamSet, allowed, parse
+from aeron_spark.connector.server.stat import stat_main
 from aeron_spark.handshake.errors import ClientUnknownError
 from aeron_spark.handshake.keystore import KeyStore, client_public_key_hex
 from hypothesis import given, settings
@@ -286,6 +289,16 @@ def test_a_revoked_keys_open_session_is_closed_when_the_file_changes(tmp_path: P
             what="the revoked session closed",
         )
         _wait_for(lambda: not revoked._link.is_connected, what="the client told")
+
+        def stat_counters() -> dict[str, int]:  # what `aeron-spark stat --dir` prints
+            out = io.StringIO()
+            stat_main(["--dir", server.config.directory, "--once", "--json"], out=out)
+            return dict(json.loads(out.getvalue())["counters"])
+
+        _wait_for(lambda: stat_counters().get("sessions_revoked") == 1, what="stat.json rewritten")
+        shown = stat_counters()
+        assert shown["authorized_keys_reloads"] >= 1  # the good file (once per change seen)
+        assert shown["authorized_keys_reload_failures"] >= 1  # the bad one
         with pytest.raises(ServerUnavailableError):
             revoked.publish(5, [b"after"])
         assert kept.list_streams()  # the other session goes on

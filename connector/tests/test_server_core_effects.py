@@ -10,11 +10,15 @@ from typing import Any
 
 import pytest
 from aeron_spark.connector.errors import ErrorCode, PurgedError
+from aeron_spark.connector.server.authz import Authorizer
 from aeron_spark.connector.server.config import ServerConfig
-from aeron_spark.connector.server.core import Outcome, ServerCore
+from aeron_spark.connector.server.core import KeysReloaded, Outcome, ServerCore
 from aeron_spark.connector.server.staging import SinkCommitter
+from aeron_spark.connector.server.stat import read_snapshot, render, write_snapshot
 from aeron_spark.connector.server.store import ArchiveStore
 from aeron_spark.connector.session import protocol as proto
+
+from aeron_spark.errors import ConfigurationError
 
 MAX_MESSAGE = 64 * 1024
 
@@ -65,3 +69,44 @@ def test_complete_replies_ok_with_the_result_and_counts_nothing(core) -> None:  
     failed = proto.decode_reply(core.complete(error))
     assert failed.error["code"] == ErrorCode.PURGED
     assert failed.error["details"]["purged_position"] == 64
+
+
+def test_a_keys_reload_is_counted_and_its_revocations_closed_by_the_core(core, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The shell only reads the authorized keys file; what the reload gave comes back to the
+    core as a :class:`KeysReloaded` effect, which counts it (through the registry) and closes
+    the removed keys' sessions: the reload counters have one writer, the core."""
+    keep, gone = bytes(range(32)), bytes(range(1, 33))
+    path = tmp_path / "authorized_keys"
+    path.write_text(f"{keep.hex()} keep read=*\n{gone.hex()} gone read=* write=*\n")
+    core.authz = Authorizer(str(path))
+    core.open_session("k", "peer-k", MAX_MESSAGE, now_ns=0, identity=keep)
+    core.open_session("g", "peer-g", MAX_MESSAGE, now_ns=0, identity=gone)
+
+    path.write_text(f"{keep.hex()} keep read=*\nnot a key line\n")  # the old table stays
+    try:
+        reload = KeysReloaded(removed=frozenset(core.authz.load()))
+    except ConfigurationError as exc:
+        reload = KeysReloaded(error=exc)
+    assert reload.error is not None
+    assert core.keys_reloaded(reload, 1) == [] and set(core.sessions) == {"k", "g"}
+
+    path.write_text(f"{keep.hex()} keep read=*\n")
+    reload = KeysReloaded(removed=frozenset(core.authz.load()))
+    assert core.keys_reloaded(reload, 2) == ["g"] and set(core.sessions) == {"k"}
+    # a handshake of the removed key that was in flight: refused when its session would open
+    assert core.open_session("late", "peer-g", MAX_MESSAGE, now_ns=3, identity=gone) is None
+    assert "late" not in core.sessions
+
+    counters = core.stats(4, 5)["counters"]
+    expected = {
+        "authorized_keys_reloads": 1,
+        "authorized_keys_reload_failures": 1,
+        "sessions_revoked": 2,
+        "sessions_closed": 1,
+    }
+    assert {name: counters[name] for name in expected} == expected
+    # and as ``aeron-spark stat --dir`` shows them (the snapshot the server writes)
+    write_snapshot(str(tmp_path), core.stats(4, 5))
+    text = render(read_snapshot(str(tmp_path)))
+    for name, value in expected.items():
+        assert any(line.split() == [name, str(value)] for line in text.splitlines()), name
