@@ -11,30 +11,48 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Generator, Sequence
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 import numpy as np
+import numpy.typing as npt
 from aeron_spark.connector.errors import StagedDataMissingError
 
-if TYPE_CHECKING:
-    from aeron_spark.connector.runs import PayloadRun
-
 RECORD = struct.Struct("<Iq")
+
+
+@runtime_checkable
+class PayloadBuffers(Protocol):
+    """Payloads held as one buffer, not one object each: what :func:`records` lays out with
+    numpy. The sink's :class:`~aeron_spark.connector.runs.PayloadRun` (an Arrow binary array) is
+    one; naming it here, not importing it, keeps pyarrow out of the server, which stages lists."""
+
+    @property
+    def reserved(self) -> npt.NDArray[Any] | None:
+        """One int64 reserved value per payload, or None (0 each)."""
+
+    def __len__(self) -> int: ...
+
+    def offsets(self) -> npt.NDArray[Any]:
+        """Where each payload starts in :meth:`data`, and the end (``len + 1`` int64)."""
+
+    def data(self) -> npt.NDArray[Any]:
+        """The payloads' bytes, back to back (uint8)."""
+
+
 _MIN_UNIFORM_RUN = 64
 _LARGE_PAYLOAD = 4096  # from this average size on, staged payloads are written as they are
 
 
 def records(
-    payloads: Sequence[bytes] | PayloadRun, reserved_values: Sequence[int] | None
+    payloads: Sequence[bytes] | PayloadBuffers, reserved_values: Sequence[int] | None
 ) -> list[bytes | bytearray | memoryview]:
     """The staging file's records (length, reserved value, payload) of one stage call, as the
     pieces to write: runs of equal payloads built with numpy, large payloads (Arrow messages)
     as they are beside their record headers (no gathering copy), small ones gathered. A
-    :class:`~aeron_spark.connector.runs.PayloadRun` (its own reserved values) is laid out from
-    its buffers with numpy; it is recognised by its shape, so the server, which stages lists,
-    never imports pyarrow."""
-    if not isinstance(payloads, list) and hasattr(payloads, "offsets"):
-        return [_run_records(payloads)]  # type: ignore[arg-type]
+    :class:`PayloadBuffers` (a sink's payload run, its own reserved values) is laid out from its
+    buffers with numpy."""
+    if isinstance(payloads, PayloadBuffers):
+        return [_run_records(payloads)]
     lengths = list(map(len, payloads))
     if len(lengths) >= _MIN_UNIFORM_RUN and min(lengths) == max(lengths):  # built with numpy
         count, length = len(lengths), lengths[0]
@@ -62,8 +80,8 @@ def records(
     return [buf]
 
 
-def _run_records(run: PayloadRun) -> memoryview:
-    """The records of a payload run, built from its Arrow buffers without a Python object per
+def _run_records(run: PayloadBuffers) -> memoryview:
+    """The records of a payload run, built from its buffers without a Python object per
     payload (the same bytes as ``records(run.payloads(), run.reserved_list())``)."""
     count = len(run)
     offsets = run.offsets()
@@ -149,4 +167,4 @@ def complete_record(fh: BinaryIO, head: bytes, path: str) -> bytes:
     )
 
 
-__all__ = ["RECORD", "block_records", "complete_record", "records"]
+__all__ = ["RECORD", "PayloadBuffers", "block_records", "complete_record", "records"]

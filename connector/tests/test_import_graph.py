@@ -5,6 +5,8 @@ function-local imports too, so a lazy import cannot hide a cycle."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -247,3 +249,40 @@ def test_function_local_imports_of_our_modules_are_only_the_entry_points_lazy_on
         if is_local
     ]
     assert not wrong, "\n".join(wrong)
+
+
+ARROW_FREE = (SESSION, "aeron_spark.connector.server")  # the server stages lists, never Arrow
+
+
+def _names_imported(module: str) -> Iterator[tuple[str, int]]:
+    """Every module name ``module`` imports, ours or not, TYPE_CHECKING blocks included."""
+    tree = ast.parse(MODULES[module].read_text(), str(MODULES[module]))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            source = _resolve(module, node)
+            yield from ((f"{source}.{alias.name}", node.lineno) for alias in node.names)
+
+
+def test_the_server_and_the_session_layer_name_no_arrow_type_even_for_type_checking() -> None:
+    """The sink's payload runs reach the session layer's ``records`` as the
+    ``PayloadBuffers`` protocol, not as an import of ``connector.runs`` (pyarrow)."""
+    wrong = [
+        f"{m}:{line} imports {name}"
+        for m in MODULES
+        if any(_under(m, p) for p in ARROW_FREE)
+        for name, line in _names_imported(m)
+        if any(_under(name, arrow) for arrow in ("aeron_spark.connector.runs", "pyarrow"))
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_importing_the_server_loads_no_pyarrow() -> None:
+    code = (
+        "import sys, aeron_spark.connector.server.server, aeron_spark.connector.server.cli, "
+        "aeron_spark.connector.session.records; "
+        "sys.exit(3 if [m for m in sys.modules if m.split('.')[0] == 'pyarrow'] else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], timeout=120, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]

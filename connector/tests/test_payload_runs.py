@@ -12,7 +12,7 @@ from aeron_spark.connector.formats import payload_run_from_batch, payloads_from_
 from aeron_spark.connector.local import write_part
 from aeron_spark.connector.runs import PayloadRun
 from aeron_spark.connector.server import ServerConfig, StreamServer
-from aeron_spark.connector.session.records import records
+from aeron_spark.connector.session.records import PayloadBuffers, records
 
 from aeron_spark.errors import ConfigurationError
 
@@ -149,3 +149,12 @@ def test_a_staged_run_commits_the_same_messages(tmp_path, local: bool) -> None: 
                 for m in iter_messages(blocks, Geometry(rec.initial_term_id, rec.term_length))
             ]
     assert got == list(zip(payloads, rvs, strict=True))
+
+
+def test_a_payload_run_is_the_records_protocol_and_a_list_is_not() -> None:
+    """``records`` tells a run from a list of payloads by the named protocol, not by probing."""
+    run = PayloadRun.from_columns(pa.array([b"a", b"bc"], pa.binary()), None)
+    assert isinstance(run, PayloadBuffers)
+    for payloads in ([b"a", b"bc"], (b"a",), [], b"ab", bytearray(b"ab")):
+        assert not isinstance(payloads, PayloadBuffers)
+    assert _joined(records(run, None)) == _joined(records([b"a", b"bc"], None))
