@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from aeron_spark.transport.archive import client as archive_client
 from aeron_spark.transport.archive.client import (
     ArchiveChallengeError,
     ArchiveResponseError,
@@ -27,6 +28,7 @@ from aeron_spark.transport.archive.client import (
     SessionState,
     codecs,
 )
+from aeron_spark.transport.archive.client import errors as archive_errors
 from aeron_spark.transport.archive.client.errors import ArchiveErrorCode, ArchiveProtocolError
 from aeron_spark.transport.archive.errors import ArchiveError, UnknownRecordingError
 from aeron_spark.transport.sbe import parse_schema
@@ -320,6 +322,13 @@ def _real_schema_text() -> str:
         pytest.skip(message)
     with zipfile.ZipFile(aeron_peer.jar_path()) as jar:
         return jar.read("archive/aeron-archive-codecs.xml").decode("utf-8")
+
+
+def test_the_package_exports_every_error_of_its_errors_module_listed_once() -> None:
+    assert set(archive_errors.__all__) <= set(archive_client.__all__)
+    assert len(archive_client.__all__) == len(set(archive_client.__all__))
+    for name in archive_errors.__all__:
+        assert getattr(archive_client, name) is getattr(archive_errors, name)
 
 
 def test_every_message_matches_the_schema_in_the_aeron_jar() -> None:

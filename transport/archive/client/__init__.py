@@ -6,29 +6,14 @@ correlation id, listings, recording signals, keep-alive and time-out deadlines d
 :class:`ArchiveClientError` and below (``errors``).
 """
 
+from aeron_spark.transport.archive.client import errors
 from aeron_spark.transport.archive.client.client import (
     ArchiveClient,
     ArchiveClientConfig,
     ReplayedBlock,
     process_driver,
 )
-from aeron_spark.transport.archive.client.errors import (
-    ArchiveActiveRecordingError,
-    ArchiveAuthenticationError,
-    ArchiveChallengeError,
-    ArchiveClientError,
-    ArchiveErrorCode,
-    ArchiveLimitError,
-    ArchiveProtocolError,
-    ArchiveReplayError,
-    ArchiveResponseError,
-    ArchiveSessionClosedError,
-    ArchiveTimeoutError,
-    ArchiveUnknownRecordingError,
-    ArchiveUnknownReplayError,
-    ArchiveUnknownSubscriptionError,
-    ArchiveVersionError,
-)
+from aeron_spark.transport.archive.client.errors import *  # noqa: F403 - its __all__, below
 from aeron_spark.transport.archive.client.session import (
     ControlConfig,
     ControlSession,
@@ -38,24 +23,10 @@ from aeron_spark.transport.archive.client.session import (
     SignalEvent,
 )
 
+# the package's names: its own, then every name of ``errors`` (listed once, there)
 __all__ = [
-    "ArchiveActiveRecordingError",
-    "ArchiveAuthenticationError",
-    "ArchiveChallengeError",
     "ArchiveClient",
     "ArchiveClientConfig",
-    "ArchiveClientError",
-    "ArchiveErrorCode",
-    "ArchiveLimitError",
-    "ArchiveProtocolError",
-    "ArchiveReplayError",
-    "ArchiveResponseError",
-    "ArchiveSessionClosedError",
-    "ArchiveTimeoutError",
-    "ArchiveUnknownRecordingError",
-    "ArchiveUnknownReplayError",
-    "ArchiveUnknownSubscriptionError",
-    "ArchiveVersionError",
     "ControlConfig",
     "ControlSession",
     "RecordingDescriptor",
@@ -65,3 +36,4 @@ __all__ = [
     "SignalEvent",
     "process_driver",
 ]
+__all__ += errors.__all__
