@@ -51,7 +51,8 @@ def records(
     as they are beside their record headers (no gathering copy), small ones gathered. A
     :class:`PayloadBuffers` (a sink's payload run, its own reserved values) is laid out from its
     buffers with numpy."""
-    if isinstance(payloads, PayloadBuffers):
+    # a list (what every stage request carries) skips the protocol's check: ~50 us on 3.11
+    if not isinstance(payloads, list) and isinstance(payloads, PayloadBuffers):
         return [_run_records(payloads)]
     lengths = list(map(len, payloads))
     if len(lengths) >= _MIN_UNIFORM_RUN and min(lengths) == max(lengths):  # built with numpy
