@@ -418,7 +418,7 @@ class Driver:
             self._retire_publication(state)
             self._publications = [p for p in self._publications if p._state is not state]
             for spy in state.spies:
-                spy.is_done = True
+                spy.on_source_closed()
             for sub, _ in self._spies:
                 for image in list(sub._images):
                     if image._state in state.spies:
