@@ -319,13 +319,15 @@ class PublicationState:
 
         With no receiver connected there is nobody to drain to: the next :meth:`send` closes it.
         """
-        was_active = self.phase is _ACTIVE
+        if self.phase is not _ACTIVE:
+            self._fire(PublicationEvent.CLOSE)  # closing twice is allowed (a self-loop)
+            return
+        # What the sender reads once it sees DRAINING is written before the transition.
+        self._undrainable = not self.has_initial_connection or not self.receivers
+        self.closed_at_ns = now_ns
+        self.heartbeat_deadline_ns = now_ns  # EOS goes out as soon as the log is drained
         self._fire(PublicationEvent.CLOSE)
-        if was_active:
-            self.publisher_limit = self.appender.position
-            self._undrainable = not self.has_initial_connection or not self.receivers
-            self.closed_at_ns = now_ns
-            self.heartbeat_deadline_ns = now_ns  # EOS goes out as soon as the log is drained
+        self.publisher_limit = self.appender.position
 
     # ------------------------------------------------------------------ sender side
 
