@@ -55,6 +55,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aeron_spark.transport.api import BlockHandler, ControlledAction, ControlledFragmentHandler
+from aeron_spark.transport.errors import LocalProtocolError
 from aeron_spark.transport.protocol.frames import (
     DATA_HEADER_LENGTH,
     FRAME_ALIGNMENT,
@@ -237,8 +238,10 @@ class ImageState:
 
     @is_closing.setter
     def is_closing(self, value: bool) -> None:
-        if value:
-            self.request_close()
+        """``image.is_closing = True`` is :meth:`request_close`; a close cannot be taken back."""
+        if not value:
+            raise LocalProtocolError("image: a requested close cannot be taken back")
+        self.request_close()
 
     @property
     def is_done(self) -> bool:

@@ -106,6 +106,10 @@ def test_an_event_the_table_does_not_list_is_a_local_protocol_error() -> None:
         LocalProtocolError, match="image: 'eos_sms_sent' is not allowed in state 'init'"
     ):
         image._fire(ImageEvent.EOS_SMS_SENT)
+    image.is_closing = True
+    assert image.close_requested and image.phase is ImagePhase.INIT  # acted on by do_work
+    with pytest.raises(LocalProtocolError, match="cannot be taken back"):
+        image.is_closing = False
     image.on_source_closed()
     assert image.is_done
     with pytest.raises(LocalProtocolError, match="'connect' is not allowed in state 'closed'"):
