@@ -1,4 +1,5 @@
-"""The driver's agents and the loop that runs them (Aeron's Sender, Receiver, conductor, runner).
+"""The driver's agents and the loop that runs them (Aeron's Sender, Receiver and runner; the
+conductor agent is :class:`~aeron_spark.transport.driver.conductor.DriverConductor`).
 
 Each agent has ``do_work(now_ns) -> work_count``, ``next_deadline_ns(now_ns)`` (when it next has
 something to do without new input), ``has_work()`` (checked just before sleeping) and
@@ -205,36 +206,6 @@ class ReceiverAgent:
 
     def filenos(self) -> list[Any]:
         return [ep.endpoint.sock for ep in self.endpoints]
-
-
-class ConductorAgent:
-    """Timers of the driver: IPC resources' do_work, counters file, housekeeping callbacks."""
-
-    def __init__(self, tick: Callable[[int], int], interval_ns: int = 1_000_000_000) -> None:
-        self.tick = tick
-        self.ipc: tuple[Any, ...] = ()
-        self.interval_ns = interval_ns
-        self.deadline_ns = 0
-
-    def do_work(self, now_ns: int) -> int:
-        work = 0
-        for resource in self.ipc:
-            work += resource.do_work(now_ns)
-        if now_ns >= self.deadline_ns:
-            self.deadline_ns = now_ns + self.interval_ns
-            work += self.tick(now_ns)
-        return work
-
-    def has_work(self) -> bool:
-        return False
-
-    def next_deadline_ns(self, now_ns: int) -> int:
-        if self.ipc:
-            return now_ns + 1_000_000  # IPC resources are polled every millisecond when idle
-        return self.deadline_ns
-
-    def filenos(self) -> list[Any]:
-        return []
 
 
 class AgentRunner:

@@ -1,4 +1,5 @@
-"""The media driver: owns sockets, agents and threads; hands out publications and subscriptions.
+"""The media driver's front: owns sockets, agents and threads; hands out publications and
+subscriptions. What the driver knows lives in its conductor (:mod:`.conductor`, sans-I/O).
 
 Threading modes (``DriverConfig.threading_mode``):
 
@@ -16,8 +17,6 @@ from __future__ import annotations
 
 import getpass
 import os
-import random
-import socket
 import tempfile
 import threading
 import time
@@ -28,24 +27,15 @@ from typing import Any, Literal
 
 from aeron_spark.transport import ipc
 from aeron_spark.transport.counters import Counters, SystemCounters
-from aeron_spark.transport.driver.agents import (
-    Agent,
-    AgentRunner,
-    ConductorAgent,
-    ReceiveEndpoint,
-    ReceiverAgent,
-    SendEndpoint,
-    SenderAgent,
-)
+from aeron_spark.transport.driver.agents import Agent, AgentRunner
 from aeron_spark.transport.driver.client import Image, Publication, Subscription
+from aeron_spark.transport.driver.conductor import DriverConductor, ImageLimits
 from aeron_spark.transport.driver.endpoint import (
     AmplificationLedger,
     UdpEndpoint,
-    bind_endpoint_for,
     destination_address,
 )
 from aeron_spark.transport.errors import ChannelError, ClosedError, DriverError, LocalProtocolError
-from aeron_spark.transport.protocol.image import ImageState
 from aeron_spark.transport.protocol.logbuffer import (
     MAX_UDP_PAYLOAD_LENGTH,
     RESERVED_SESSION_ID_HIGH,
@@ -53,11 +43,7 @@ from aeron_spark.transport.protocol.logbuffer import (
     TERM_MAX_LENGTH,
     check_mtu,
     check_term_length,
-    is_reserved_session_id,
-    wrap_int32,
 )
-from aeron_spark.transport.protocol.publication import Destination, PublicationState
-from aeron_spark.transport.protocol.receiver import StreamInterest, image_counts
 from aeron_spark.transport.uri import ChannelConfig, Endpoint, parse_endpoint
 
 ThreadingMode = Literal["shared", "dedicated", "invoker"]
@@ -132,32 +118,58 @@ class DriverConfig:
 
 
 class Driver:
-    """An in-process Aeron media driver with the client API on top."""
+    """An in-process Aeron media driver with the client API on top.
+
+    This is the front: it parses channels, reads the clock, opens sockets and IPC files and runs
+    the agents (threads or ``do_work``); what the driver knows (publications, subscriptions,
+    endpoints, timers) is its :class:`~.conductor.DriverConductor`, driven with ``now_ns``.
+    """
 
     def __init__(self, config: DriverConfig | None = None) -> None:
         self.config = config or DriverConfig()
         self.directory = self.config.resolved_directory
         self.system_counters = SystemCounters()
         self.amplification: AmplificationLedger | None = None
-        self._retired: dict[str, int] = {}
         self._lock = threading.RLock()
-        self._sender = SenderAgent(self.system_counters, self._on_publication_done)
-        self._receiver = ReceiverAgent(self.system_counters)
-        self._conductor = ConductorAgent(self._tick, self.config.counters_interval_ns)
-        self._send_endpoints: dict[Any, SendEndpoint] = {}
-        self._receive_endpoints: dict[Any, ReceiveEndpoint] = {}
-        self._publications: list[Publication] = []
-        self._subscriptions: list[Subscription] = []
-        self._spies: list[tuple[Subscription, ChannelConfig]] = []
-        self._ipc: list[Any] = []
-        self._next_session_id = random.getrandbits(32) - 2**31
+        cfg = self.config
+        self._conductor = DriverConductor(
+            self.system_counters,
+            self._open_endpoint,
+            image_limits=ImageLimits(
+                cfg.max_image_term_length,
+                cfg.max_image_mtu,
+                cfg.max_images,
+                cfg.max_images_per_source,
+                cfg.max_images_per_address,
+            ),
+            retransmit_linger_ns=cfg.retransmit_linger_ns,
+            counters_interval_ns=cfg.counters_interval_ns,
+            on_tick=self._on_tick,
+            wake_sender=self._wake_sender,
+            wake_receiver=self._wake_receiver,
+            wake_conductor=self._wake_conductor,
+        )
+        self._sender = self._conductor.sender
+        self._receiver = self._conductor.receiver
         self._runners: list[AgentRunner] = []
         self._sender_runner: AgentRunner | None = None
         self._receiver_runner: AgentRunner | None = None
         self._started = False
         self._closed = False
         self.errors: list[BaseException] = []
-        self.counters = Counters(self.system_counters, self._stream_positions, self._totals)
+        self.counters = Counters(
+            self.system_counters, self._conductor.stream_positions, self._conductor.totals
+        )
+
+    @property
+    def _publications(self) -> list[Publication]:
+        """The open network publications (the conductor's list)."""
+        return self._conductor.publications
+
+    @property
+    def _subscriptions(self) -> list[Subscription]:
+        """The open network and spy subscriptions (the conductor's list)."""
+        return self._conductor.subscriptions
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -212,19 +224,7 @@ class Driver:
         for runner in self._runners:
             runner.stop()
             runner.close()
-        with self._lock:
-            for ep in self._send_endpoints.values():
-                ep.endpoint.close()
-            for rep in self._receive_endpoints.values():
-                rep.endpoint.close()
-            self._send_endpoints.clear()
-            self._receive_endpoints.clear()
-            for resource in self._ipc:
-                try:
-                    resource.close()
-                except Exception as exc:  # noqa: BLE001
-                    self._record_error(exc)
-            self._ipc.clear()
+        self._conductor.release_all(self._record_error)
         if self.config.write_counters_file:
             try:
                 self.counters.file_path(self.directory).unlink(missing_ok=True)
@@ -269,14 +269,19 @@ class Driver:
         if runner is not None and runner.sleeping:
             runner.wake()
 
-    # ------------------------------------------------------------------ publications
+    def _wake_conductor(self) -> None:
+        runner = self._runners[0] if self._runners else None
+        if runner is not None and runner.sleeping:
+            runner.wake()
 
-    def _allocate_session_id(self) -> int:
-        while True:
-            sid = self._next_session_id
-            self._next_session_id = wrap_int32(sid + 1)
-            if not is_reserved_session_id(sid):
-                return sid
+    def _on_tick(self, now_ns: int) -> None:
+        if self.config.write_counters_file:
+            try:
+                self.counters.write(self.directory)
+            except OSError as exc:
+                self._record_error(exc)
+
+    # ------------------------------------------------------------------ publications
 
     def add_publication(self, channel: str, stream_id: int, exclusive: bool = True) -> Any:
         """A publication on ``aeron:udp?endpoint=host:port|...`` (or ``aeron:ipc``)."""
@@ -296,76 +301,16 @@ class Driver:
         manual = config.control_mode == "manual"
         if config.endpoint is None and not (dynamic or manual):
             raise ChannelError("endpoint", "", "an endpoint=host:port for a UDP publication")
-        now = time.monotonic_ns()
-        with self._lock:
-            if config.session_id is not None:
-                session_id = config.session_id
-            else:
-                session_id = self._allocate_session_id()
-            if config.has_explicit_position:
-                initial_term_id = config.initial_term_id
-                term_id = config.term_id
-                term_offset = config.term_offset
-                assert (
-                    initial_term_id is not None and term_id is not None and term_offset is not None
-                )
-            else:
-                initial_term_id = random.getrandbits(32) - 2**31
-                term_id, term_offset = initial_term_id, 0
-            destination = None
-            if config.endpoint is not None and not dynamic and not manual:
-                destination = destination_address(config.endpoint)
-            state = PublicationState(
-                session_id=session_id,
-                stream_id=stream_id,
-                initial_term_id=initial_term_id,
-                term_id=term_id,
-                term_offset=term_offset,
-                term_length=config.term_length,
-                mtu=config.mtu,
-                publication_window_length=config.publication_window_length,
-                linger_ns=config.linger_ns,
-                retransmit_linger_ns=self.config.retransmit_linger_ns,
-                destination=destination,
-                dynamic=dynamic,
-                now_ns=now,
-            )
-            if config.destination_host is not None:
-                host = config.destination_host
-                state.allowed_hosts = frozenset() if host == "none" else frozenset({host})
-                state.session_sm_only = config.session_id is not None
-            state.max_destinations = config.max_destinations
-            if dynamic or manual:
-                assert config.control is not None or manual
-                bind = (
-                    config.control
-                    if config.control is not None
-                    else bind_endpoint_for(config.endpoint or Endpoint("0.0.0.0", 0, 2))
-                )
-                key: Any = ("control", str(bind))
-            else:
-                assert config.endpoint is not None
-                bind = bind_endpoint_for(config.endpoint)
-                key = ("pub", session_id, stream_id)
-            ep = self._send_endpoints.get(key)
-            if ep is None:
-                udp = self._open_endpoint(bind, config)
-                ep = SendEndpoint(key, udp)
-                self._send_endpoints[key] = ep
-                self._sender.endpoints = (*self._sender.endpoints, ep)
-            elif (session_id, stream_id) in ep.by_session:
-                raise ChannelError(
-                    "session-id", session_id, "a session id not already used on this channel"
-                )
-            ep.add(state)
-            pub = Publication(self, state, channel, exclusive, ep)
-            self._publications.append(pub)
-            self.system_counters.publications_created += 1
-            for spy_sub, spy_config in self._spies:
-                if spy_sub.stream_id == stream_id and _spy_matches(spy_config, config):
-                    self._attach_spy(spy_sub, pub)
-        self._wake_sender()
-        return pub
+        destination = None
+        if config.endpoint is not None and not dynamic and not manual:
+            destination = destination_address(config.endpoint)
+        return self._conductor.add_network_publication(
+            config,
+            stream_id,
+            time.monotonic_ns(),
+            lambda state, ep: Publication(self, state, channel, exclusive, ep),
+            destination,
+        )
 
     def trust_host(self, host: str) -> None:
         """``host`` completed a handshake: sends to it are no longer bounded by what it sent
@@ -399,38 +344,10 @@ class Driver:
 
     def _add_destination(self, pub: Publication, endpoint: str) -> None:
         address = destination_address(parse_endpoint("endpoint", endpoint, allow_port_zero=False))
-        state = pub._state
-        state.destinations[address] = Destination(address, time.monotonic_ns())
-        state.setup_deadline_ns = 0
-        self._wake_sender()
+        self._conductor.add_destination(pub._state, address, time.monotonic_ns())
 
     def _close_publication(self, pub: Publication) -> None:
-        state = pub._state
-        if isinstance(pub._registration, SendEndpoint):
-            state.close(time.monotonic_ns())
-            self._wake_sender()
-        elif pub._registration is not None:
-            pub._registration.close()
-
-    def _on_publication_done(self, ep: SendEndpoint, state: PublicationState) -> None:
-        with self._lock:
-            ep.remove(state)
-            self._retire_publication(state)
-            self._publications = [p for p in self._publications if p._state is not state]
-            for spy in state.spies:
-                spy.is_done = True
-            for sub, _ in self._spies:
-                for image in list(sub._images):
-                    if image._state in state.spies:
-                        sub._image_unavailable(image._state)
-            if not ep.publications:
-                self._send_endpoints.pop(ep.key, None)
-                self._sender.endpoints = tuple(e for e in self._sender.endpoints if e is not ep)
-                ep.endpoint.close()
-
-    def _retire_publication(self, state: PublicationState) -> None:
-        for name, value in _publication_counts(state).items():
-            self._retired[name] = self._retired.get(name, 0) + value
+        self._conductor.close_publication(pub, time.monotonic_ns())
 
     # ------------------------------------------------------------------ subscriptions
 
@@ -454,121 +371,16 @@ class Driver:
             )
         sub = Subscription(self, channel, stream_id, on_available_image, on_unavailable_image)
         if config.spy:
-            with self._lock:
-                self._spies.append((sub, config))
-                self._subscriptions.append(sub)
-                for pub in self._publications:
-                    pcfg = ChannelConfig.from_uri(pub.channel)
-                    if pub.stream_id == stream_id and _spy_matches(config, pcfg):
-                        self._attach_spy(sub, pub)
+            self._conductor.add_spy_subscription(sub, config, time.monotonic_ns())
             return sub
         if config.endpoint is None:
             raise ChannelError("endpoint", "", "an endpoint=host:port to bind the subscription to")
         control = destination_address(config.control) if config.control is not None else None
-        with self._lock:
-            key: Any = ("sub", str(config.endpoint), str(config.control))
-            rep = self._receive_endpoints.get(key) if config.endpoint.port != 0 else None
-            if rep is None:
-                udp = self._open_endpoint(config.endpoint, config)
-                if config.endpoint.port == 0:
-                    key = ("sub", str(config.endpoint), str(config.control), udp.local_port)
-                rep = ReceiveEndpoint(key, udp)
-                self._receive_endpoints[key] = rep
-                self._receiver.endpoints = (*self._receiver.endpoints, rep)
-            interest = StreamInterest(
-                stream_id,
-                session_id=config.session_id,
-                control_address=control,
-                receiver_window=_window_for(config.receiver_window_length, rep.endpoint),
-                nak_delay_ns=config.nak_delay_ns,
-                reliable=config.reliable,
-                max_term_length=min(
-                    self.config.max_image_term_length,
-                    config.max_term_length or self.config.max_image_term_length,
-                ),
-                max_mtu=min(self.config.max_image_mtu, config.max_mtu or self.config.max_image_mtu),
-                max_images=_limit(self.config.max_images, config.max_images),
-                max_images_per_source=_limit(
-                    self.config.max_images_per_source, config.max_images_per_source
-                ),
-                max_images_per_address=_limit(
-                    self.config.max_images_per_address, config.max_images_per_address
-                ),
-                setups_per_prefix_per_s=config.setups_per_prefix_per_s,
-                on_image=sub._image_available,
-                on_image_gone=sub._image_unavailable,
-                on_data=sub._data_arrived,
-            )
-            rep.dispatcher.add(interest)
-            sub._registration = (rep, interest)
-            local = rep.endpoint.local_address
-            sub.local_endpoints = [(str(local[0]), int(local[1]))]
-            self._subscriptions.append(sub)
-            self.system_counters.subscriptions_created += 1
-        self._wake_receiver()
+        self._conductor.add_network_subscription(sub, config, control)
         return sub
 
-    def _attach_spy(self, sub: Subscription, pub: Publication) -> None:
-        state = pub._state
-        position = state.sender_position
-        image = ImageState(
-            session_id=state.session_id,
-            stream_id=state.stream_id,
-            initial_term_id=state.initial_term_id,
-            active_term_id=wrap_int32(state.initial_term_id + (position >> state.shift)),
-            term_offset=position & (state.term_length - 1),
-            term_length=state.term_length,
-            mtu=state.mtu,
-            source_address=("127.0.0.1", 0),
-            log=state.log,
-            now_ns=time.monotonic_ns(),
-        )
-        image.terms = state.terms
-        image.source_identity = "spy"
-        state.spies = (*state.spies, image)
-        pub.spy_notify = (*pub.spy_notify, sub._data_arrived)
-        sub._image_available(image)
-
     def _close_subscription(self, sub: Subscription) -> None:
-        with self._lock:
-            self._subscriptions = [s for s in self._subscriptions if s is not sub]
-            self._spies = [(s, c) for s, c in self._spies if s is not sub]
-            reg = sub._registration
-            if reg is None:
-                for image in list(sub._images):
-                    for pub in self._publications:
-                        if image._state in pub._state.spies:
-                            pub._state.spies = tuple(
-                                s for s in pub._state.spies if s is not image._state
-                            )
-                            pub.spy_notify = tuple(
-                                n for n in pub.spy_notify if n != sub._data_arrived
-                            )
-                    sub._image_unavailable(image._state)
-                return
-            if isinstance(reg, tuple):
-                rep, interest = reg
-                rep.dispatcher.remove(interest, time.monotonic_ns())
-                # The receiver sends EOS SMs for the images over the next steps; the
-                # conductor's tick closes the socket once the dispatcher has no interest left.
-            else:
-                reg.close()
-        self._wake_receiver()
-
-    def _reap_receive_endpoints(self) -> None:
-        with self._lock:
-            for key, rep in list(self._receive_endpoints.items()):
-                if not rep.dispatcher.has_interests():
-                    del self._receive_endpoints[key]
-                    self._receiver.endpoints = tuple(
-                        e for e in self._receiver.endpoints if e is not rep
-                    )
-                    self._retire_dispatcher(rep)
-                    rep.endpoint.close()
-
-    def _retire_dispatcher(self, rep: ReceiveEndpoint) -> None:
-        for name, value in _dispatcher_counts(rep).items():
-            self._retired[name] = self._retired.get(name, 0) + value
+        self._conductor.close_subscription(sub, time.monotonic_ns())
 
     # ------------------------------------------------------------------ IPC
 
@@ -590,7 +402,7 @@ class Driver:
             exclusive=exclusive,
             liveness_timeout_ns=self.config.ipc_liveness_timeout_ns,
         )
-        self._register_ipc(resource)
+        self._conductor.add_ipc(resource)
         return resource
 
     def _add_ipc_subscription(
@@ -610,137 +422,13 @@ class Driver:
             on_unavailable_image=on_unavailable_image,
             liveness_timeout_ns=self.config.ipc_liveness_timeout_ns,
         )
-        self._register_ipc(resource)
+        self._conductor.add_ipc(resource)
         return resource
-
-    def _register_ipc(self, resource: Any) -> None:
-        with self._lock:
-            self._ipc.append(resource)
-            self._conductor.ipc = (*self._conductor.ipc, resource)
-        runner = self._runners[0] if self._runners else None
-        if runner is not None and runner.sleeping:
-            runner.wake()
-
-    def _reap_ipc(self) -> None:
-        closed = [r for r in self._conductor.ipc if getattr(r, "is_closed", False)]
-        if closed:
-            with self._lock:
-                self._conductor.ipc = tuple(r for r in self._conductor.ipc if r not in closed)
-                self._ipc = [r for r in self._ipc if r not in closed]
-
-    # ------------------------------------------------------------------ counters
-
-    def _tick(self, now_ns: int) -> int:
-        self._reap_receive_endpoints()
-        self._reap_ipc()
-        if self.config.write_counters_file:
-            try:
-                self.counters.write(self.directory)
-            except OSError as exc:
-                self._record_error(exc)
-        return 0
-
-    def _totals(self) -> dict[str, int]:
-        totals = dict(self._retired)
-        for ep in self._sender.endpoints:
-            for state in ep.publications:
-                for name, value in _publication_counts(state).items():
-                    totals[name] = totals.get(name, 0) + value
-        for rep in self._receiver.endpoints:
-            for name, value in _dispatcher_counts(rep).items():
-                totals[name] = totals.get(name, 0) + value
-        return totals
-
-    def _stream_positions(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for ep in self._sender.endpoints:
-            for s in ep.publications:
-                key = f"{s.session_id}:{s.stream_id}"
-                out[f"pub_pos:{key}"] = s.appender.position
-                out[f"pub_lmt:{key}"] = s.publisher_limit
-                out[f"snd_pos:{key}"] = s.sender_position
-                out[f"snd_lmt:{key}"] = s.sender_limit
-        for rep in self._receiver.endpoints:
-            for image in rep.dispatcher.images():
-                key = f"{image.session_id}:{image.stream_id}"
-                out[f"rcv_hwm:{key}"] = image.hwm
-                out[f"rcv_pos:{key}"] = image.rebuild_position
-                out[f"sub_pos:{key}"] = image.subscriber_position
-        return out
-
-
-def _publication_counts(state: PublicationState) -> dict[str, int]:
-    return {
-        "naks_received": state.naks_received,
-        "retransmits_sent": state.retransmits_sent,
-        "retransmitted_bytes": state.retransmitted_bytes,
-        "retransmits_suppressed": state.retransmits_suppressed,
-        "heartbeats_sent": state.heartbeats_sent,
-        "setups_sent": state.setups_sent,
-        "status_messages_received": state.status_messages_received,
-        "back_pressure_events": state.back_pressure_events,
-        "invalid_frames": state.invalid_naks,
-        "status_messages_refused": state.status_messages_refused,
-        "naks_refused": state.naks_refused,
-    }
-
-
-def _dispatcher_counts(rep: ReceiveEndpoint) -> dict[str, int]:
-    d = rep.dispatcher
-    counts = {
-        "status_messages_sent": d.status_messages_sent,
-        "setups_received": d.setups_received,
-        "setups_rejected": d.setups_rejected,
-        "images_refused": d.images_refused,
-        "setups_rate_limited": d.setups_rate_limited,
-        "unknown_session_data": d.unknown_session_data,
-        "data_wrong_source": d.data_wrong_source,
-        "images_created": d.images_created,
-        "images_removed": d.images_removed,
-        "heartbeats_received": d.heartbeats_received,
-    }
-    for name, value in d.retired.items():
-        counts[name] = counts.get(name, 0) + value
-    for image in d.images():
-        for name, value in image_counts(image).items():
-            counts[name] = counts.get(name, 0) + value
-    return counts
-
-
-def _limit(driver: int, channel: int | None) -> int:
-    """The tighter of two image limits, where 0 (or None) means no limit."""
-    limits = [v for v in (driver, channel) if v]
-    return min(limits) if limits else 0
-
-
-def _window_for(window: int, endpoint: UdpEndpoint) -> int:
-    """The receiver window, at most what the socket's receive buffer holds (as Aeron requires):
-    a window the kernel cannot buffer turns a burst into socket overflows, i.e. loss. Linux
-    reports twice the buffer asked for and charges each datagram more than its payload, so
-    half of the reported length is what fits."""
-    try:
-        buffered = endpoint.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2
-    except OSError:
-        return window
-    return max(min(window, buffered), 64 * 1024)
 
 
 def _check_stream_id(stream_id: int) -> None:
     if not isinstance(stream_id, int) or not -(2**31) <= stream_id < 2**31:
         raise ChannelError("stream_id", stream_id, "a 32-bit integer")
-
-
-def _spy_matches(spy: ChannelConfig, pub: ChannelConfig) -> bool:
-    if pub.media != "udp":
-        return False
-    if spy.endpoint is not None:
-        return pub.endpoint is not None and (spy.endpoint.host, spy.endpoint.port) == (
-            pub.endpoint.host,
-            pub.endpoint.port,
-        )
-    if spy.control is not None:
-        return pub.control is not None and str(spy.control) == str(pub.control)
-    return True
 
 
 __all__ = [

@@ -201,3 +201,15 @@ def bind_endpoint_for(remote: Endpoint) -> Endpoint:
 
 def destination_address(remote: Endpoint) -> tuple[Any, ...]:
     return _sockaddr(remote)
+
+
+def receiver_window_for(window: int, endpoint: UdpEndpoint) -> int:
+    """The receiver window, at most what the socket's receive buffer holds (as Aeron requires):
+    a window the kernel cannot buffer turns a burst into socket overflows, i.e. loss. Linux
+    reports twice the buffer asked for and charges each datagram more than its payload, so
+    half of the reported length is what fits."""
+    try:
+        buffered = endpoint.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2
+    except OSError:
+        return window
+    return max(min(window, buffered), 64 * 1024)

@@ -27,10 +27,26 @@ Invariants:
   wire-compatible and recovers from heavy loss in parallel.
 * End of stream: an EOS heartbeat at position P; when everything up to P is rebuilt and
   consumed, SMs carry EOS and the image is done. No packet for ``liveness_timeout_ns``: done too.
+
+Lifecycle (:data:`IMAGE_TRANSITIONS`; every change of :attr:`ImageState.phase` goes through it,
+an event it does not list raises :class:`LocalProtocolError`)::
+
+    INIT --connect--> ACTIVE                       (the first SM went out: the sender may send)
+    INIT, ACTIVE --close--> DRAINING               (the subscription let go of it)
+    INIT, ACTIVE --end_of_stream--> DRAINING       (everything up to the EOS rebuilt and consumed)
+    INIT, ACTIVE --timeout--> DRAINING             (no packet for ``liveness_timeout_ns``)
+    DRAINING --eos_sms_sent--> CLOSED              (EOS_SM_COUNT EOS SMs, spaced out)
+    any but CLOSED --source_closed--> CLOSED       (a spy whose publication is gone: no SMs)
+    DRAINING, CLOSED --close, end_of_stream, timeout--> itself
+
+The receiver thread makes every transition (:meth:`ImageState.do_work`); the subscription's
+thread only asks, with :meth:`ImageState.request_close`, which the next step turns into ``close``.
+CLOSED is terminal: a closed image sends nothing and its dispatcher removes it (``is_done``).
 """
 
 from __future__ import annotations
 
+import enum
 import mmap
 import random
 import struct
@@ -39,6 +55,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aeron_spark.transport.api import BlockHandler, ControlledAction, ControlledFragmentHandler
+from aeron_spark.transport.errors import LocalProtocolError
 from aeron_spark.transport.protocol.frames import (
     DATA_HEADER_LENGTH,
     FRAME_ALIGNMENT,
@@ -50,6 +67,7 @@ from aeron_spark.transport.protocol.frames import (
     FrameType,
     SmFlags,
 )
+from aeron_spark.transport.protocol.lifecycle import step
 from aeron_spark.transport.protocol.logbuffer import (
     PARTITION_COUNT,
     allocate_log,
@@ -83,6 +101,42 @@ _FLAG_EOS = int(DataFlags.EOS)
 
 Address = Any
 Transmit = Callable[[Any, Address], None]
+
+
+class ImagePhase(enum.Enum):
+    INIT = "init"
+    ACTIVE = "active"
+    DRAINING = "draining"
+    CLOSED = "closed"
+
+
+class ImageEvent(enum.Enum):
+    CONNECT = "connect"
+    CLOSE = "close"
+    END_OF_STREAM = "end_of_stream"
+    TIMEOUT = "timeout"
+    EOS_SMS_SENT = "eos_sms_sent"
+    SOURCE_CLOSED = "source_closed"
+
+
+_I = ImagePhase
+_IE = ImageEvent
+IMAGE_TRANSITIONS: dict[tuple[ImagePhase, ImageEvent], ImagePhase] = {
+    (_I.INIT, _IE.CONNECT): _I.ACTIVE,
+    (_I.DRAINING, _IE.EOS_SMS_SENT): _I.CLOSED,
+}
+for _phase in (_I.INIT, _I.ACTIVE):
+    for _event in (_IE.CLOSE, _IE.END_OF_STREAM, _IE.TIMEOUT):
+        IMAGE_TRANSITIONS[(_phase, _event)] = _I.DRAINING
+for _phase in (_I.DRAINING, _I.CLOSED):
+    for _event in (_IE.CLOSE, _IE.END_OF_STREAM, _IE.TIMEOUT):
+        IMAGE_TRANSITIONS[(_phase, _event)] = _phase
+for _phase in (_I.INIT, _I.ACTIVE, _I.DRAINING):
+    IMAGE_TRANSITIONS[(_phase, _IE.SOURCE_CLOSED)] = _I.CLOSED
+IMAGE_TRANSITIONS[(_I.CLOSED, _IE.SOURCE_CLOSED)] = _I.CLOSED
+_INIT = _I.INIT
+_DRAINING = _I.DRAINING
+_CLOSED = _I.CLOSED
 
 
 class ImageState:
@@ -150,8 +204,9 @@ class ImageState:
         self._scanned_to = join  # the last gap scan's end: beyond it nothing is known
         self.eos_position: int | None = None
         self.eos_sms_left = EOS_SM_COUNT
-        self.is_done = False  # receiver finished with it: remove and report unavailable
-        self.is_closing = False
+        self.phase = ImagePhase.INIT  # changed only by _fire (IMAGE_TRANSITIONS)
+        self.close_requested = False  # the subscription let go (any thread; do_work acts on it)
+        self.transitions = 0  # phase changes so far (a closed image made at most 3)
         self.header = Header(initial_term_id, self.shift)
         # counters
         self.naks_sent = 0
@@ -163,6 +218,39 @@ class ImageState:
         self.gaps_filled = 0
         self._sm_buffer = bytearray(SM_LENGTH)
         self._nak_buffer = bytearray(NAK_LENGTH)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _fire(self, event: ImageEvent) -> None:
+        phase = step(IMAGE_TRANSITIONS, self.phase, event, "image")
+        if phase is not self.phase:
+            self.phase = phase
+            self.transitions += 1
+
+    def request_close(self) -> None:
+        """The subscription is done with it: EOS SMs go out from the next :meth:`do_work`."""
+        self.close_requested = True
+
+    @property
+    def is_closing(self) -> bool:
+        """Close requested, or DRAINING (sending its EOS SMs)."""
+        return self.close_requested or self.phase is _DRAINING
+
+    @is_closing.setter
+    def is_closing(self, value: bool) -> None:
+        """``image.is_closing = True`` is :meth:`request_close`; a close cannot be taken back."""
+        if not value:
+            raise LocalProtocolError("image: a requested close cannot be taken back")
+        self.request_close()
+
+    @property
+    def is_done(self) -> bool:
+        """CLOSED: the receiver finished with it; remove it and report it unavailable."""
+        return self.phase is _CLOSED
+
+    def on_source_closed(self) -> None:
+        """The in-process publication it reads (a spy's) is gone: CLOSED without any SM."""
+        self._fire(ImageEvent.SOURCE_CLOSED)
 
     # ------------------------------------------------------------------ receiver side
 
@@ -322,7 +410,8 @@ class ImageState:
 
     def do_work(self, now_ns: int, transmit: Transmit) -> int:
         """Clean consumed terms, NAK gaps, send SMs, check liveness and EOS; work count."""
-        if self.is_done:
+        phase = self.phase
+        if phase is _CLOSED:
             return 0
         work = 0
         if self.subscriber_position > self.rebuild_position:
@@ -340,19 +429,22 @@ class ImageState:
                 if now_ns >= entry[1]:
                     work += self._on_nak_due(gap_position, entry, now_ns, transmit)
         sub = self.subscriber_position
-        eos = self.eos_position
-        closing = (
-            self.is_closing
-            or (eos is not None and self.rebuild_position >= eos and sub >= eos)
-            or now_ns - self.last_packet_ns > self.liveness_timeout_ns
-        )
-        if closing:
+        if phase is not _DRAINING:
+            eos = self.eos_position
+            if self.close_requested:
+                self._fire(ImageEvent.CLOSE)
+            elif eos is not None and self.rebuild_position >= eos and sub >= eos:
+                self._fire(ImageEvent.END_OF_STREAM)
+            elif now_ns - self.last_packet_ns > self.liveness_timeout_ns:
+                self._fire(ImageEvent.TIMEOUT)
+            phase = self.phase
+        if phase is _DRAINING:
             if now_ns < self.sm_deadline_ns and self.eos_sms_left < EOS_SM_COUNT:
                 return work  # EOS SMs are spaced out, so a short loss burst cannot eat them all
             self._send_sm(sub, SmFlags.EOS, transmit)
             self.eos_sms_left -= 1
             if self.eos_sms_left <= 0:
-                self.is_done = True
+                self._fire(ImageEvent.EOS_SMS_SENT)
             self.sm_deadline_ns = now_ns + SM_INTERVAL_NS // 4
             return work + 1
         if sub - self.last_sm_position > self.window >> 2:
@@ -362,6 +454,8 @@ class ImageState:
             self._send_sm(self.last_sm_position, 0, transmit)
             self.sm_scheduled = False
             self.sm_deadline_ns = now_ns + SM_INTERVAL_NS
+            if phase is _INIT:
+                self._fire(ImageEvent.CONNECT)
             work += 1
         return work
 

@@ -25,10 +25,27 @@ Invariants:
   NAKs it again later.
 * Nothing is sent before the first SM except SETUP (every 100 ms); after the first SM SETUP is
   only sent again when an SM asks for it (SEND_SETUP) and never after EOS.
+
+Lifecycle (:data:`PUBLICATION_TRANSITIONS`; every change of :attr:`PublicationState.phase` goes
+through it, an event it does not list raises :class:`LocalProtocolError`)::
+
+    ACTIVE --close--> DRAINING                 (offers answer CLOSED from here on)
+    DRAINING --nothing_to_drain--> CLOSED      (no receiver was connected at close: no EOS)
+    DRAINING --eos_sent--> LINGER              (all offered data sent, then an EOS heartbeat)
+    DRAINING --receivers_gone--> LINGER        (no receiver left: the rest cannot be drained)
+    LINGER --eos_sent--> LINGER                (EOS heartbeats repeat while lingering)
+    LINGER --linger_expired--> CLOSED          (``linger_ns`` after entering LINGER)
+    LINGER --eos_acknowledged--> CLOSED        (EOS sent and every receiver answered EOS/left)
+    any --close--> itself (but ACTIVE)         (closing twice is allowed)
+
+``close`` is the client's (one thread) and only ever leaves ACTIVE; every later event is the
+sender's, so two threads never race on one transition. CLOSED is terminal: a closed
+publication sends nothing and the driver frees it (``is_done``).
 """
 
 from __future__ import annotations
 
+import enum
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +65,7 @@ from aeron_spark.transport.protocol.frames import (
     SmFlags,
     StatusMessage,
 )
+from aeron_spark.transport.protocol.lifecycle import step
 from aeron_spark.transport.protocol.logbuffer import (
     PARTITION_COUNT,
     LogGeometry,
@@ -70,6 +88,42 @@ _TAIL = struct.Struct("<BBhiiiiq")
 
 Address = Any  # a socket address tuple: (host, port) or (host, port, flow, scope)
 Transmit = Callable[[Any, Address], None]
+
+
+class PublicationPhase(enum.Enum):
+    ACTIVE = "active"
+    DRAINING = "draining"
+    LINGER = "linger"
+    CLOSED = "closed"
+
+
+class PublicationEvent(enum.Enum):
+    CLOSE = "close"
+    NOTHING_TO_DRAIN = "nothing_to_drain"
+    EOS_SENT = "eos_sent"
+    RECEIVERS_GONE = "receivers_gone"
+    LINGER_EXPIRED = "linger_expired"
+    EOS_ACKNOWLEDGED = "eos_acknowledged"
+
+
+_P = PublicationPhase
+_PE = PublicationEvent
+PUBLICATION_TRANSITIONS: dict[tuple[PublicationPhase, PublicationEvent], PublicationPhase] = {
+    (_P.ACTIVE, _PE.CLOSE): _P.DRAINING,
+    (_P.DRAINING, _PE.CLOSE): _P.DRAINING,
+    (_P.DRAINING, _PE.NOTHING_TO_DRAIN): _P.CLOSED,
+    (_P.DRAINING, _PE.EOS_SENT): _P.LINGER,
+    (_P.DRAINING, _PE.RECEIVERS_GONE): _P.LINGER,
+    (_P.LINGER, _PE.CLOSE): _P.LINGER,
+    (_P.LINGER, _PE.EOS_SENT): _P.LINGER,
+    (_P.LINGER, _PE.LINGER_EXPIRED): _P.CLOSED,
+    (_P.LINGER, _PE.EOS_ACKNOWLEDGED): _P.CLOSED,
+    (_P.CLOSED, _PE.CLOSE): _P.CLOSED,
+}
+_ACTIVE = _P.ACTIVE
+_DRAINING = _P.DRAINING
+_LINGER = _P.LINGER
+_CLOSED = _P.CLOSED
 
 
 class Destination:
@@ -153,10 +207,12 @@ class PublicationState:
         self.receivers: dict[int, int] = {}  # receiver_id -> last SM time
         self.setup_deadline_ns = now_ns
         self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
-        self.is_closed = False  # client closed it
+        self.phase = PublicationPhase.ACTIVE  # changed only by _fire (PUBLICATION_TRANSITIONS)
         self.is_eos_sent = False
-        self.linger_deadline_ns: int | None = None
-        self.is_done = False  # may be removed by the driver
+        self.linger_deadline_ns: int | None = None  # set on entering LINGER or CLOSED
+        self.closed_at_ns: int | None = None  # when the client closed it
+        self._undrainable = False  # no receiver was connected when the client closed it
+        self.transitions = 0  # phase changes so far (a closed publication made at most 3)
         # (start, end, linger until, destination or None for all)
         self.retransmit_ranges: list[tuple[int, int, int, Any]] = []
         self.retransmit_window = self.window  # the receiver window of the last SM
@@ -175,6 +231,24 @@ class PublicationState:
         self.pending: list[tuple[Any, Address]] = []  # replies to control frames, sent on send()
         self.on_limit_change: Callable[[], None] | None = None
         self.spies: tuple[Any, ...] = ()  # images reading this log in-process (aeron-spy)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _fire(self, event: PublicationEvent) -> None:
+        phase = step(PUBLICATION_TRANSITIONS, self.phase, event, "publication")
+        if phase is not self.phase:  # a self-loop writes nothing: no race with the other thread
+            self.phase = phase
+            self.transitions += 1
+
+    @property
+    def is_closed(self) -> bool:
+        """The client closed it (DRAINING, LINGER or CLOSED): offers answer CLOSED."""
+        return self.phase is not _ACTIVE
+
+    @property
+    def is_done(self) -> bool:
+        """CLOSED: the driver may free it."""
+        return self.phase is _CLOSED
 
     # ------------------------------------------------------------------ client side
 
@@ -197,7 +271,7 @@ class PublicationState:
 
     def offer(self, payload: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
         """Append one message; the new position, or a negative result code."""
-        if self.is_closed:
+        if self.phase is not _ACTIVE:
             return CLOSED
         length = len(payload)
         if length > self.max_message_length:
@@ -224,7 +298,7 @@ class PublicationState:
 
     def claim_check(self, length: int) -> int:
         """0 if ``length`` bytes may be claimed now, else a negative result code."""
-        if self.is_closed:
+        if self.phase is not _ACTIVE:
             return CLOSED
         if length > self.max_payload_length:
             raise LocalProtocolError(
@@ -241,14 +315,19 @@ class PublicationState:
         return NOT_CONNECTED
 
     def close(self, now_ns: int) -> None:
-        """The client is done: drain what was offered, then EOS heartbeats for the linger time."""
-        if not self.is_closed:
-            self.is_closed = True
-            self.publisher_limit = self.appender.position
-            self.heartbeat_deadline_ns = now_ns  # EOS goes out as soon as the log is drained
-            if not self.has_initial_connection or not self.receivers:
-                self.linger_deadline_ns = now_ns  # nobody to drain to
-                self.is_done = True
+        """The client is done: drain what was offered, then EOS heartbeats for the linger time.
+
+        With no receiver connected there is nobody to drain to: the next :meth:`send` closes it.
+        """
+        if self.phase is not _ACTIVE:
+            self._fire(PublicationEvent.CLOSE)  # closing twice is allowed (a self-loop)
+            return
+        # What the sender reads once it sees DRAINING is written before the transition.
+        self._undrainable = not self.has_initial_connection or not self.receivers
+        self.closed_at_ns = now_ns
+        self.heartbeat_deadline_ns = now_ns  # EOS goes out as soon as the log is drained
+        self._fire(PublicationEvent.CLOSE)
+        self.publisher_limit = self.appender.position
 
     # ------------------------------------------------------------------ sender side
 
@@ -529,6 +608,15 @@ class PublicationState:
 
     def send(self, now_ns: int, transmit: Transmit) -> int:
         """Send what is due: replies, SETUP, data up to the sender limit, heartbeats; work count."""
+        phase = self.phase
+        if phase is not _ACTIVE:
+            if phase is _CLOSED:
+                return 0
+            if phase is _DRAINING and self._undrainable:
+                self._fire(PublicationEvent.NOTHING_TO_DRAIN)
+                self.linger_deadline_ns = now_ns
+                self.pending = []
+                return 0
         work = 0
         if self.pending:
             pending, self.pending = self.pending, []
@@ -578,18 +666,21 @@ class PublicationState:
             self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
             if frame[5] & DataFlags.EOS:
                 self.is_eos_sent = True
-                if self.linger_deadline_ns is None:
+                if self.phase is _DRAINING:
                     self.linger_deadline_ns = now_ns + self.linger_ns
+                self._fire(PublicationEvent.EOS_SENT)
             work += 1
-        if self.is_closed and not self.is_done:
-            if self.linger_deadline_ns is None and not self.receivers:
-                # Aeron's DRAINING with nobody connected: what no receiver will take cannot be
-                # drained (flow control holds it back), so linger and free the log.
-                self.linger_deadline_ns = now_ns + self.linger_ns
-            if self.linger_deadline_ns is not None and (
-                now_ns >= self.linger_deadline_ns or (self.is_eos_sent and not self.receivers)
-            ):
-                self.is_done = True
+        if self.phase is _DRAINING and not self.receivers:
+            # Aeron's DRAINING with nobody connected: what no receiver will take cannot be
+            # drained (flow control holds it back), so linger and free the log.
+            self._fire(PublicationEvent.RECEIVERS_GONE)
+            self.linger_deadline_ns = now_ns + self.linger_ns
+        if self.phase is _LINGER:
+            assert self.linger_deadline_ns is not None
+            if now_ns >= self.linger_deadline_ns:
+                self._fire(PublicationEvent.LINGER_EXPIRED)
+            elif self.is_eos_sent and not self.receivers:
+                self._fire(PublicationEvent.EOS_ACKNOWLEDGED)
         return work
 
     def _send_data(self, transmit: Transmit) -> int:
@@ -649,8 +740,11 @@ class PublicationState:
         )
         if self.has_initial_connection and any(d.needs_setup for d in self.destinations.values()):
             deadline = min(deadline, self.setup_deadline_ns)
-        if self.linger_deadline_ns is not None and not self.is_done:
+        phase = self.phase
+        if phase is _LINGER and self.linger_deadline_ns is not None:
             deadline = min(deadline, self.linger_deadline_ns)
+        elif phase is _DRAINING and self._undrainable and self.closed_at_ns is not None:
+            deadline = min(deadline, self.closed_at_ns)  # to be closed on the next send
         return deadline
 
 

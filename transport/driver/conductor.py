@@ -1,0 +1,499 @@
+"""The driver's conductor: what a media driver knows, driven by ``now_ns`` (Aeron's conductor).
+
+It owns the bookkeeping of one driver and nothing that blocks or reads a clock:
+
+* the publications (their :class:`PublicationState` and the client object handed out), the
+  subscriptions (network and spy), the send and receive endpoints they share, by key, and what
+  the sender and receiver agents iterate (copy-on-write tuples, so the agents need no lock);
+* session-id allocation, spies attached to local publications, the counts of what is gone
+  (``retired``), stream positions and totals for the counters;
+* its timers, as an agent (``do_work(now_ns)``): IPC resources are stepped, and every
+  ``counters_interval_ns`` endpoints nobody uses any more and closed IPC resources are reaped
+  and ``on_tick(now_ns)`` runs (the front writes the counters file there).
+
+The front (:class:`~aeron_spark.transport.driver.driver.Driver`) parses channels, reads the
+clock, opens sockets (``open_endpoint``) and IPC files, runs the agents on threads, and calls in
+here with ``now_ns``. Client threads and agent threads both call the conductor: its methods take
+``lock``.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from aeron_spark.transport.counters import SystemCounters
+from aeron_spark.transport.driver.agents import (
+    ReceiveEndpoint,
+    ReceiverAgent,
+    SendEndpoint,
+    SenderAgent,
+)
+from aeron_spark.transport.driver.endpoint import (
+    UdpEndpoint,
+    bind_endpoint_for,
+    receiver_window_for,
+)
+from aeron_spark.transport.errors import ChannelError
+from aeron_spark.transport.protocol.image import ImageState
+from aeron_spark.transport.protocol.logbuffer import is_reserved_session_id, wrap_int32
+from aeron_spark.transport.protocol.publication import Destination, PublicationState
+from aeron_spark.transport.protocol.receiver import StreamInterest, image_counts
+from aeron_spark.transport.uri import ChannelConfig, Endpoint
+
+OpenEndpoint = Callable[[Endpoint, ChannelConfig], UdpEndpoint]
+IPC_POLL_NS = 1_000_000  # IPC resources are polled every millisecond when idle
+
+
+class ImageLimits:
+    """The driver-wide limits on what a SETUP may ask of a UDP subscription (0: no limit)."""
+
+    __slots__ = ("max_term_length", "max_mtu", "max_images", "per_source", "per_address")
+
+    def __init__(
+        self,
+        max_term_length: int,
+        max_mtu: int,
+        max_images: int = 0,
+        per_source: int = 0,
+        per_address: int = 0,
+    ) -> None:
+        self.max_term_length = max_term_length
+        self.max_mtu = max_mtu
+        self.max_images = max_images
+        self.per_source = per_source
+        self.per_address = per_address
+
+
+class DriverConductor:
+    """Publications, subscriptions, endpoints and timers of one driver (no I/O of its own)."""
+
+    def __init__(
+        self,
+        system_counters: SystemCounters,
+        open_endpoint: OpenEndpoint,
+        *,
+        image_limits: ImageLimits,
+        retransmit_linger_ns: int,
+        counters_interval_ns: int = 1_000_000_000,
+        on_tick: Callable[[int], None] | None = None,
+        wake_sender: Callable[[], None] | None = None,
+        wake_receiver: Callable[[], None] | None = None,
+        wake_conductor: Callable[[], None] | None = None,
+        session_id_seed: int | None = None,
+    ) -> None:
+        self.system_counters = system_counters
+        self.open_endpoint = open_endpoint
+        self.image_limits = image_limits
+        self.retransmit_linger_ns = retransmit_linger_ns
+        self.interval_ns = counters_interval_ns
+        self.deadline_ns = 0
+        self.on_tick = on_tick
+        self._wake_sender = wake_sender
+        self._wake_receiver = wake_receiver
+        self._wake_conductor = wake_conductor
+        self.lock = threading.RLock()
+        self.sender = SenderAgent(system_counters, self.on_publication_done)
+        self.receiver = ReceiverAgent(system_counters)
+        self.send_endpoints: dict[Any, SendEndpoint] = {}
+        self.receive_endpoints: dict[Any, ReceiveEndpoint] = {}
+        self.publications: list[Any] = []  # client Publication objects (network)
+        self.subscriptions: list[Any] = []  # client Subscription objects (network and spy)
+        self.spies: list[tuple[Any, ChannelConfig]] = []
+        self.ipc: tuple[Any, ...] = ()  # IPC publications/subscriptions, stepped here
+        self.retired: dict[str, int] = {}  # counts of publications and endpoints that are gone
+        seed = random.getrandbits(32) if session_id_seed is None else session_id_seed
+        self._next_session_id = wrap_int32(seed)
+
+    # ------------------------------------------------------------------ agent
+
+    def do_work(self, now_ns: int) -> int:
+        work = 0
+        for resource in self.ipc:
+            work += resource.do_work(now_ns)
+        if now_ns >= self.deadline_ns:
+            self.deadline_ns = now_ns + self.interval_ns
+            self.reap_receive_endpoints()
+            self.reap_ipc()
+            if self.on_tick is not None:
+                self.on_tick(now_ns)
+        return work
+
+    def has_work(self) -> bool:
+        return False
+
+    def next_deadline_ns(self, now_ns: int) -> int:
+        if self.ipc:
+            return now_ns + IPC_POLL_NS
+        return self.deadline_ns
+
+    def filenos(self) -> list[Any]:
+        return []
+
+    def wake_sender(self) -> None:
+        if self._wake_sender is not None:
+            self._wake_sender()
+
+    def wake_receiver(self) -> None:
+        if self._wake_receiver is not None:
+            self._wake_receiver()
+
+    # ------------------------------------------------------------------ publications
+
+    def allocate_session_id(self) -> int:
+        with self.lock:
+            while True:
+                sid = self._next_session_id
+                self._next_session_id = wrap_int32(sid + 1)
+                if not is_reserved_session_id(sid):
+                    return sid
+
+    def add_network_publication(
+        self,
+        config: ChannelConfig,
+        stream_id: int,
+        now_ns: int,
+        make_publication: Callable[[PublicationState, SendEndpoint], Any],
+        destination: Any = None,
+    ) -> Any:
+        """A UDP publication's state on its (maybe shared) send endpoint; the client object
+        ``make_publication`` builds for it. ``destination`` is its unicast address (None for
+        MDC); ``config.control`` set without manual mode makes it dynamic."""
+        dynamic = config.control is not None and config.control_mode in ("", "dynamic")
+        manual = config.control_mode == "manual"
+        with self.lock:
+            if config.session_id is not None:
+                session_id = config.session_id
+            else:
+                session_id = self.allocate_session_id()
+            if config.has_explicit_position:
+                initial_term_id = config.initial_term_id
+                term_id = config.term_id
+                term_offset = config.term_offset
+                assert (
+                    initial_term_id is not None and term_id is not None and term_offset is not None
+                )
+            else:
+                initial_term_id = random.getrandbits(32) - 2**31
+                term_id, term_offset = initial_term_id, 0
+            state = PublicationState(
+                session_id=session_id,
+                stream_id=stream_id,
+                initial_term_id=initial_term_id,
+                term_id=term_id,
+                term_offset=term_offset,
+                term_length=config.term_length,
+                mtu=config.mtu,
+                publication_window_length=config.publication_window_length,
+                linger_ns=config.linger_ns,
+                retransmit_linger_ns=self.retransmit_linger_ns,
+                destination=destination,
+                dynamic=dynamic,
+                now_ns=now_ns,
+            )
+            if config.destination_host is not None:
+                host = config.destination_host
+                state.allowed_hosts = frozenset() if host == "none" else frozenset({host})
+                state.session_sm_only = config.session_id is not None
+            state.max_destinations = config.max_destinations
+            if dynamic or manual:
+                bind = (
+                    config.control
+                    if config.control is not None
+                    else bind_endpoint_for(config.endpoint or Endpoint("0.0.0.0", 0, 2))
+                )
+                key: Any = ("control", str(bind))
+            else:
+                assert config.endpoint is not None
+                bind = bind_endpoint_for(config.endpoint)
+                key = ("pub", session_id, stream_id)
+            ep = self.send_endpoints.get(key)
+            if ep is None:
+                ep = SendEndpoint(key, self.open_endpoint(bind, config))
+                self.send_endpoints[key] = ep
+                self.sender.endpoints = (*self.sender.endpoints, ep)
+            elif (session_id, stream_id) in ep.by_session:
+                raise ChannelError(
+                    "session-id", session_id, "a session id not already used on this channel"
+                )
+            ep.add(state)
+            pub = make_publication(state, ep)
+            self.publications.append(pub)
+            self.system_counters.publications_created += 1
+            for spy_sub, spy_config in self.spies:
+                if spy_sub.stream_id == stream_id and spy_matches(spy_config, config):
+                    self.attach_spy(spy_sub, pub, now_ns)
+        self.wake_sender()
+        return pub
+
+    def add_destination(self, state: PublicationState, address: Any, now_ns: int) -> None:
+        """A manual MDC destination: SETUP goes to it on the next send."""
+        state.destinations[address] = Destination(address, now_ns)
+        state.setup_deadline_ns = 0
+        self.wake_sender()
+
+    def close_publication(self, pub: Any, now_ns: int) -> None:
+        """The client closed it: the sender drains, lingers and frees it (its lifecycle)."""
+        if isinstance(pub._registration, SendEndpoint):
+            pub._state.close(now_ns)
+            self.wake_sender()
+        elif pub._registration is not None:
+            pub._registration.close()
+
+    def on_publication_done(self, ep: SendEndpoint, state: PublicationState) -> None:
+        """The sender found it CLOSED: forget it, end its spies' images, free a lone endpoint."""
+        with self.lock:
+            ep.remove(state)
+            self._retire(publication_counts(state))
+            self.publications = [p for p in self.publications if p._state is not state]
+            for spy in state.spies:
+                spy.on_source_closed()
+            for sub, _ in self.spies:
+                for image in list(sub._images):
+                    if image._state in state.spies:
+                        sub._image_unavailable(image._state)
+            if not ep.publications:
+                self.send_endpoints.pop(ep.key, None)
+                self.sender.endpoints = tuple(e for e in self.sender.endpoints if e is not ep)
+                ep.endpoint.close()
+
+    def _retire(self, counts: dict[str, int]) -> None:
+        for name, value in counts.items():
+            self.retired[name] = self.retired.get(name, 0) + value
+
+    # ------------------------------------------------------------------ subscriptions
+
+    def add_spy_subscription(self, sub: Any, config: ChannelConfig, now_ns: int) -> None:
+        """``aeron-spy:``: an image on each matching local publication's log, now and later."""
+        with self.lock:
+            self.spies.append((sub, config))
+            self.subscriptions.append(sub)
+            for pub in self.publications:
+                pcfg = ChannelConfig.from_uri(pub.channel)
+                if pub.stream_id == sub.stream_id and spy_matches(config, pcfg):
+                    self.attach_spy(sub, pub, now_ns)
+
+    def add_network_subscription(self, sub: Any, config: ChannelConfig, control: Any) -> None:
+        """A UDP subscription: its interest on the (maybe shared) receive endpoint."""
+        assert config.endpoint is not None
+        limits = self.image_limits
+        with self.lock:
+            key: Any = ("sub", str(config.endpoint), str(config.control))
+            rep = self.receive_endpoints.get(key) if config.endpoint.port != 0 else None
+            if rep is None:
+                udp = self.open_endpoint(config.endpoint, config)
+                if config.endpoint.port == 0:
+                    key = ("sub", str(config.endpoint), str(config.control), udp.local_port)
+                rep = ReceiveEndpoint(key, udp)
+                self.receive_endpoints[key] = rep
+                self.receiver.endpoints = (*self.receiver.endpoints, rep)
+            interest = StreamInterest(
+                sub.stream_id,
+                session_id=config.session_id,
+                control_address=control,
+                receiver_window=receiver_window_for(config.receiver_window_length, rep.endpoint),
+                nak_delay_ns=config.nak_delay_ns,
+                reliable=config.reliable,
+                max_term_length=min(
+                    limits.max_term_length, config.max_term_length or limits.max_term_length
+                ),
+                max_mtu=min(limits.max_mtu, config.max_mtu or limits.max_mtu),
+                max_images=tighter(limits.max_images, config.max_images),
+                max_images_per_source=tighter(limits.per_source, config.max_images_per_source),
+                max_images_per_address=tighter(limits.per_address, config.max_images_per_address),
+                setups_per_prefix_per_s=config.setups_per_prefix_per_s,
+                on_image=sub._image_available,
+                on_image_gone=sub._image_unavailable,
+                on_data=sub._data_arrived,
+            )
+            rep.dispatcher.add(interest)
+            sub._registration = (rep, interest)
+            local = rep.endpoint.local_address
+            sub.local_endpoints = [(str(local[0]), int(local[1]))]
+            self.subscriptions.append(sub)
+            self.system_counters.subscriptions_created += 1
+        self.wake_receiver()
+
+    def attach_spy(self, sub: Any, pub: Any, now_ns: int) -> None:
+        state = pub._state
+        position = state.sender_position
+        image = ImageState(
+            session_id=state.session_id,
+            stream_id=state.stream_id,
+            initial_term_id=state.initial_term_id,
+            active_term_id=wrap_int32(state.initial_term_id + (position >> state.shift)),
+            term_offset=position & (state.term_length - 1),
+            term_length=state.term_length,
+            mtu=state.mtu,
+            source_address=("127.0.0.1", 0),
+            log=state.log,
+            now_ns=now_ns,
+        )
+        image.terms = state.terms
+        image.source_identity = "spy"
+        state.spies = (*state.spies, image)
+        pub.spy_notify = (*pub.spy_notify, sub._data_arrived)
+        sub._image_available(image)
+
+    def close_subscription(self, sub: Any, now_ns: int) -> None:
+        with self.lock:
+            self.subscriptions = [s for s in self.subscriptions if s is not sub]
+            self.spies = [(s, c) for s, c in self.spies if s is not sub]
+            reg = sub._registration
+            if reg is None:
+                for image in list(sub._images):
+                    for pub in self.publications:
+                        if image._state in pub._state.spies:
+                            pub._state.spies = tuple(
+                                s for s in pub._state.spies if s is not image._state
+                            )
+                            pub.spy_notify = tuple(
+                                n for n in pub.spy_notify if n != sub._data_arrived
+                            )
+                    sub._image_unavailable(image._state)
+                return
+            if isinstance(reg, tuple):
+                rep, interest = reg
+                rep.dispatcher.remove(interest, now_ns)
+                # The receiver sends EOS SMs for the images over the next steps; the
+                # conductor's tick closes the socket once the dispatcher has no interest left.
+            else:
+                reg.close()
+        self.wake_receiver()
+
+    def reap_receive_endpoints(self) -> None:
+        with self.lock:
+            for key, rep in list(self.receive_endpoints.items()):
+                if not rep.dispatcher.has_interests():
+                    del self.receive_endpoints[key]
+                    self.receiver.endpoints = tuple(
+                        e for e in self.receiver.endpoints if e is not rep
+                    )
+                    self._retire(dispatcher_counts(rep))
+                    rep.endpoint.close()
+
+    # ------------------------------------------------------------------ IPC
+
+    def add_ipc(self, resource: Any) -> None:
+        """An IPC publication or subscription, stepped by :meth:`do_work` until it is closed."""
+        with self.lock:
+            self.ipc = (*self.ipc, resource)
+        if self._wake_conductor is not None:
+            self._wake_conductor()
+
+    def reap_ipc(self) -> None:
+        closed = [r for r in self.ipc if getattr(r, "is_closed", False)]
+        if closed:
+            with self.lock:
+                self.ipc = tuple(r for r in self.ipc if r not in closed)
+
+    # ------------------------------------------------------------------ shutdown
+
+    def release_all(self, on_error: Callable[[BaseException], None]) -> None:
+        """Close every endpoint and IPC resource (the driver is closing)."""
+        with self.lock:
+            for ep in self.send_endpoints.values():
+                ep.endpoint.close()
+            for rep in self.receive_endpoints.values():
+                rep.endpoint.close()
+            self.send_endpoints.clear()
+            self.receive_endpoints.clear()
+            for resource in self.ipc:
+                try:
+                    resource.close()
+                except Exception as exc:  # noqa: BLE001
+                    on_error(exc)
+            self.ipc = ()
+
+    # ------------------------------------------------------------------ counters
+
+    def totals(self) -> dict[str, int]:
+        totals = dict(self.retired)
+        for ep in self.sender.endpoints:
+            for state in ep.publications:
+                for name, value in publication_counts(state).items():
+                    totals[name] = totals.get(name, 0) + value
+        for rep in self.receiver.endpoints:
+            for name, value in dispatcher_counts(rep).items():
+                totals[name] = totals.get(name, 0) + value
+        return totals
+
+    def stream_positions(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for ep in self.sender.endpoints:
+            for s in ep.publications:
+                key = f"{s.session_id}:{s.stream_id}"
+                out[f"pub_pos:{key}"] = s.appender.position
+                out[f"pub_lmt:{key}"] = s.publisher_limit
+                out[f"snd_pos:{key}"] = s.sender_position
+                out[f"snd_lmt:{key}"] = s.sender_limit
+        for rep in self.receiver.endpoints:
+            for image in rep.dispatcher.images():
+                key = f"{image.session_id}:{image.stream_id}"
+                out[f"rcv_hwm:{key}"] = image.hwm
+                out[f"rcv_pos:{key}"] = image.rebuild_position
+                out[f"sub_pos:{key}"] = image.subscriber_position
+        return out
+
+
+def publication_counts(state: PublicationState) -> dict[str, int]:
+    return {
+        "naks_received": state.naks_received,
+        "retransmits_sent": state.retransmits_sent,
+        "retransmitted_bytes": state.retransmitted_bytes,
+        "retransmits_suppressed": state.retransmits_suppressed,
+        "heartbeats_sent": state.heartbeats_sent,
+        "setups_sent": state.setups_sent,
+        "status_messages_received": state.status_messages_received,
+        "back_pressure_events": state.back_pressure_events,
+        "invalid_frames": state.invalid_naks,
+        "status_messages_refused": state.status_messages_refused,
+        "naks_refused": state.naks_refused,
+    }
+
+
+def dispatcher_counts(rep: ReceiveEndpoint) -> dict[str, int]:
+    d = rep.dispatcher
+    counts = {
+        "status_messages_sent": d.status_messages_sent,
+        "setups_received": d.setups_received,
+        "setups_rejected": d.setups_rejected,
+        "images_refused": d.images_refused,
+        "setups_rate_limited": d.setups_rate_limited,
+        "unknown_session_data": d.unknown_session_data,
+        "data_wrong_source": d.data_wrong_source,
+        "images_created": d.images_created,
+        "images_removed": d.images_removed,
+        "heartbeats_received": d.heartbeats_received,
+    }
+    for name, value in d.retired.items():
+        counts[name] = counts.get(name, 0) + value
+    for image in d.images():
+        for name, value in image_counts(image).items():
+            counts[name] = counts.get(name, 0) + value
+    return counts
+
+
+def tighter(driver: int, channel: int | None) -> int:
+    """The tighter of two limits, where 0 (or None) means no limit."""
+    limits = [v for v in (driver, channel) if v]
+    return min(limits) if limits else 0
+
+
+def spy_matches(spy: ChannelConfig, pub: ChannelConfig) -> bool:
+    """Whether an ``aeron-spy:`` subscription's channel names this publication's channel."""
+    if pub.media != "udp":
+        return False
+    if spy.endpoint is not None:
+        return pub.endpoint is not None and (spy.endpoint.host, spy.endpoint.port) == (
+            pub.endpoint.host,
+            pub.endpoint.port,
+        )
+    if spy.control is not None:
+        return pub.control is not None and str(spy.control) == str(pub.control)
+    return True
+
+
+__all__ = ["DriverConductor", "ImageLimits", "dispatcher_counts", "publication_counts"]

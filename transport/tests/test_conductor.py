@@ -1,0 +1,120 @@
+"""The driver's conductor stepped by a manual clock: session ids, timers, freeing what closed.
+
+The conductor reads no clock: every call takes ``now_ns``. Sockets are real (opened on
+127.0.0.1 through the same factory the driver uses); the client objects are the real ones,
+owned by a driver that is never started, so no agent thread runs and nothing but the test
+steps the conductor and its sender.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from aeron_spark.transport import Driver, DriverConfig
+from aeron_spark.transport.api import NOT_CONNECTED
+from aeron_spark.transport.counters import SystemCounters
+from aeron_spark.transport.driver.client import Publication, Subscription
+from aeron_spark.transport.driver.conductor import DriverConductor, ImageLimits
+from aeron_spark.transport.driver.endpoint import UdpEndpoint, destination_address
+from aeron_spark.transport.protocol.frames import SetupFrame
+from aeron_spark.transport.protocol.image import ImagePhase
+from aeron_spark.transport.protocol.logbuffer import (
+    MAX_UDP_PAYLOAD_LENGTH,
+    RESERVED_SESSION_ID_HIGH,
+    RESERVED_SESSION_ID_LOW,
+    TERM_MAX_LENGTH,
+)
+from aeron_spark.transport.protocol.publication import PublicationPhase
+from aeron_spark.transport.testing import ManualClock
+from aeron_spark.transport.uri import ChannelConfig, Endpoint
+
+MS = 1_000_000
+
+
+def conductor(counters: SystemCounters, **kw: Any) -> DriverConductor:
+    def open_endpoint(bind: Endpoint, config: ChannelConfig) -> UdpEndpoint:
+        return UdpEndpoint(bind, counters)
+
+    return DriverConductor(
+        counters,
+        open_endpoint,
+        image_limits=ImageLimits(TERM_MAX_LENGTH, MAX_UDP_PAYLOAD_LENGTH),
+        retransmit_linger_ns=10 * MS,
+        **kw,
+    )
+
+
+def test_session_ids_skip_the_reserved_range_and_wrap() -> None:
+    c = conductor(SystemCounters(), session_id_seed=RESERVED_SESSION_ID_LOW - 1)
+    assert c.allocate_session_id() == RESERVED_SESSION_ID_LOW - 1
+    assert c.allocate_session_id() == RESERVED_SESSION_ID_HIGH + 1
+    c = conductor(SystemCounters(), session_id_seed=2**31 - 1)
+    assert [c.allocate_session_id() for _ in range(2)] == [2**31 - 1, -(2**31)]
+
+
+def test_timers_and_reaping_follow_the_manual_clock() -> None:
+    clock, ticks = ManualClock(), []
+    counters = SystemCounters()
+    c = conductor(counters, counters_interval_ns=1000 * MS, on_tick=ticks.append)
+    driver = Driver(DriverConfig(threading_mode="invoker", write_counters_file=False))
+    sub = Subscription(driver, "aeron:udp?endpoint=127.0.0.1:0", 10, None, None)
+    c.add_network_subscription(sub, ChannelConfig.from_uri(sub.channel), None)
+    (rep,) = c.receive_endpoints.values()
+    assert c.receiver.endpoints == (rep,) and counters.subscriptions_created == 1
+    c.do_work(clock.now_ns)
+    assert ticks == [clock.now_ns]
+    assert c.next_deadline_ns(clock.now_ns) == clock.now_ns + 1000 * MS
+    c.close_subscription(sub, clock.now_ns)
+    c.receiver.do_work(clock.now_ns)  # the dispatcher lets go of the closed interest
+    clock.advance(1000 * MS - 1)
+    c.do_work(clock.now_ns)
+    assert len(ticks) == 1 and c.receive_endpoints  # not yet: the timer has not fired
+    clock.advance(1)
+    c.do_work(clock.now_ns)
+    assert ticks[-1] == clock.now_ns and len(ticks) == 2
+    assert not c.receive_endpoints and c.receiver.endpoints == ()
+    assert rep.endpoint.sock.fileno() == -1  # its socket is closed
+    assert c.retired["images_created"] == 0 and "status_messages_sent" in c.retired
+    assert c.subscriptions == []
+
+
+def test_a_closed_publication_is_freed_by_the_next_sender_step_with_its_spy_image() -> None:
+    clock = ManualClock()
+    driver = Driver(DriverConfig(threading_mode="invoker", write_counters_file=False))
+    c = driver._conductor
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        peer.bind(("127.0.0.1", 0))
+        peer.settimeout(5)
+        channel = f"aeron:udp?endpoint=127.0.0.1:{peer.getsockname()[1]}"
+        spy = Subscription(driver, f"aeron-spy:{channel}", 10, None, None)
+        c.add_spy_subscription(spy, ChannelConfig.from_uri(spy.channel), clock.now_ns)
+        config = ChannelConfig.from_uri(channel)
+        assert config.endpoint is not None
+        pub = c.add_network_publication(
+            config,
+            10,
+            clock.now_ns,
+            lambda state, ep: Publication(driver, state, channel, True, ep),
+            destination_address(config.endpoint),
+        )
+        assert c.publications == [pub] and len(c.sender.endpoints) == 1
+        (image,) = spy.images
+        state = pub._state
+        assert pub.offer(b"x") == NOT_CONNECTED
+        c.sender.do_work(clock.now_ns)  # SETUP, on the clock we gave it
+        setup = SetupFrame.decode(peer.recv(2048))
+        assert (setup.session_id, setup.stream_id) == (pub.session_id, 10)
+        clock.advance(10 * MS)
+        c.close_publication(pub, clock.now_ns)
+        assert state.phase is PublicationPhase.DRAINING and c.publications == [pub]
+        c.sender.do_work(clock.now_ns)
+        assert state.phase is PublicationPhase.CLOSED
+        assert c.publications == [] and c.send_endpoints == {} and c.sender.endpoints == ()
+        assert image._state.phase is ImagePhase.CLOSED and spy.images == [] and image.is_closed
+        assert c.retired["setups_sent"] == 1 == c.totals()["setups_sent"]
+        assert c.stream_positions() == {}
+    finally:
+        peer.close()
+        driver.close()
