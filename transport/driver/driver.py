@@ -37,7 +37,14 @@ from aeron_spark.transport.driver.agents import (
     SendEndpoint,
     SenderAgent,
 )
-from aeron_spark.transport.driver.client import Image, Publication, Subscription
+from aeron_spark.transport.driver.client import (
+    Image,
+    NetworkPublicationLog,
+    Publication,
+    Subscription,
+    network_publication,
+    network_subscription,
+)
 from aeron_spark.transport.driver.endpoint import (
     AmplificationLedger,
     UdpEndpoint,
@@ -358,7 +365,7 @@ class Driver:
                     "session-id", session_id, "a session id not already used on this channel"
                 )
             ep.add(state)
-            pub = Publication(self, state, channel, exclusive, ep)
+            pub = network_publication(self, state, channel, exclusive, ep)
             self._publications.append(pub)
             self.system_counters.publications_created += 1
             for spy_sub, spy_config in self._spies:
@@ -397,14 +404,14 @@ class Driver:
             udp.ledger = self.amplification
         return udp
 
-    def _add_destination(self, pub: Publication, endpoint: str) -> None:
+    def _add_destination(self, pub: NetworkPublicationLog, endpoint: str) -> None:
         address = destination_address(parse_endpoint("endpoint", endpoint, allow_port_zero=False))
         state = pub._state
         state.destinations[address] = Destination(address, time.monotonic_ns())
         state.setup_deadline_ns = 0
         self._wake_sender()
 
-    def _close_publication(self, pub: Publication) -> None:
+    def _close_publication(self, pub: NetworkPublicationLog) -> None:
         state = pub._state
         if isinstance(pub._registration, SendEndpoint):
             state.close(time.monotonic_ns())
@@ -452,7 +459,9 @@ class Driver:
             return self._add_ipc_subscription(
                 config, stream_id, on_available_image, on_unavailable_image
             )
-        sub = Subscription(self, channel, stream_id, on_available_image, on_unavailable_image)
+        sub = network_subscription(
+            self, channel, stream_id, on_available_image, on_unavailable_image
+        )
         if config.spy:
             with self._lock:
                 self._spies.append((sub, config))

@@ -242,7 +242,7 @@ def test_a_scan_racing_the_subscriptions_close_claims_no_slot_and_leaks_no_file(
             self.lock.release()
 
     gate = Gate()
-    sub._lock = gate  # type: ignore[assignment]
+    sub._media._lock = gate  # type: ignore[attr-defined]
     scan_due = time.monotonic_ns() + 10**9  # past the scan interval: this do_work scans
     conductor = threading.Thread(target=sub.do_work, args=(scan_due,))
     with gate.lock:
