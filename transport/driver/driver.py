@@ -285,7 +285,7 @@ class Driver:
             if not is_reserved_session_id(sid):
                 return sid
 
-    def add_publication(self, channel: str, stream_id: int, exclusive: bool = True) -> Any:
+    def add_publication(self, channel: str, stream_id: int, exclusive: bool = True) -> Publication:
         """A publication on ``aeron:udp?endpoint=host:port|...`` (or ``aeron:ipc``)."""
         config = ChannelConfig.from_uri(channel)
         _check_stream_id(stream_id)
@@ -447,7 +447,7 @@ class Driver:
         stream_id: int,
         on_available_image: Callable[[Image], object] | None = None,
         on_unavailable_image: Callable[[Image], object] | None = None,
-    ) -> Any:
+    ) -> Subscription:
         """A subscription on ``aeron:udp?endpoint=host:port|...``, ``aeron:ipc``, ``aeron-spy:``."""
         config = ChannelConfig.from_uri(channel)
         _check_stream_id(stream_id)
@@ -589,7 +589,9 @@ class Driver:
             )
         return ipc
 
-    def _add_ipc_publication(self, config: ChannelConfig, stream_id: int, exclusive: bool) -> Any:
+    def _add_ipc_publication(
+        self, config: ChannelConfig, stream_id: int, exclusive: bool
+    ) -> Publication:
         ipc = self._ipc_module()
         self.directory.mkdir(parents=True, exist_ok=True)
         resource = ipc.add_publication(
