@@ -108,8 +108,9 @@ def offer_blocking(
             )
 
 
-class PublicationLike(Protocol):
-    channel: str
+class PublicationStream(Protocol):
+    """What every publication, and every media's publication log, tells about its stream."""
+
     session_id: int
     stream_id: int
     initial_term_id: int
@@ -126,11 +127,18 @@ class PublicationLike(Protocol):
     def is_connected(self) -> bool: ...
     @property
     def is_closed(self) -> bool: ...
+
+
+class PublicationLike(PublicationStream, Protocol):
+    channel: str
+
     def offer(self, payload: bytes | bytearray | memoryview, reserved_value: int = 0) -> int: ...
     def close(self) -> None: ...
 
 
-class ImageLike(Protocol):
+class ImageStream(Protocol):
+    """What every image, and every media's image log, tells about its stream and how it reads."""
+
     session_id: int
     stream_id: int
     initial_term_id: int
@@ -140,14 +148,17 @@ class ImageLike(Protocol):
     source_identity: str
 
     @property
-    def position(self) -> int: ...
-    @property
-    def is_closed(self) -> bool: ...
-    @property
     def is_end_of_stream(self) -> bool: ...
     def poll(self, handler: FragmentHandler, fragment_limit: int) -> int: ...
     def controlled_poll(self, handler: ControlledFragmentHandler, fragment_limit: int) -> int: ...
     def block_poll(self, handler: BlockHandler, block_length_limit: int) -> int: ...
+
+
+class ImageLike(ImageStream, Protocol):
+    @property
+    def position(self) -> int: ...
+    @property
+    def is_closed(self) -> bool: ...
 
 
 class SubscriptionLike(Protocol):

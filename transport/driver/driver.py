@@ -28,7 +28,14 @@ from typing import Any, Literal
 from aeron_spark.transport import ipc
 from aeron_spark.transport.counters import Counters, SystemCounters
 from aeron_spark.transport.driver.agents import Agent, AgentRunner
-from aeron_spark.transport.driver.client import Image, Publication, Subscription
+from aeron_spark.transport.driver.client import (
+    Image,
+    NetworkPublicationLog,
+    Publication,
+    Subscription,
+    network_publication,
+    network_subscription,
+)
 from aeron_spark.transport.driver.conductor import DriverConductor, ImageLimits
 from aeron_spark.transport.driver.endpoint import (
     AmplificationLedger,
@@ -283,7 +290,7 @@ class Driver:
 
     # ------------------------------------------------------------------ publications
 
-    def add_publication(self, channel: str, stream_id: int, exclusive: bool = True) -> Any:
+    def add_publication(self, channel: str, stream_id: int, exclusive: bool = True) -> Publication:
         """A publication on ``aeron:udp?endpoint=host:port|...`` (or ``aeron:ipc``)."""
         config = ChannelConfig.from_uri(channel)
         _check_stream_id(stream_id)
@@ -308,7 +315,7 @@ class Driver:
             config,
             stream_id,
             time.monotonic_ns(),
-            lambda state, ep: Publication(self, state, channel, exclusive, ep),
+            lambda state, ep: network_publication(self, state, channel, exclusive, ep),
             destination,
         )
 
@@ -342,11 +349,11 @@ class Driver:
             udp.ledger = self.amplification
         return udp
 
-    def _add_destination(self, pub: Publication, endpoint: str) -> None:
+    def _add_destination(self, pub: NetworkPublicationLog, endpoint: str) -> None:
         address = destination_address(parse_endpoint("endpoint", endpoint, allow_port_zero=False))
         self._conductor.add_destination(pub._state, address, time.monotonic_ns())
 
-    def _close_publication(self, pub: Publication) -> None:
+    def _close_publication(self, pub: NetworkPublicationLog) -> None:
         self._conductor.close_publication(pub, time.monotonic_ns())
 
     # ------------------------------------------------------------------ subscriptions
@@ -357,7 +364,7 @@ class Driver:
         stream_id: int,
         on_available_image: Callable[[Image], object] | None = None,
         on_unavailable_image: Callable[[Image], object] | None = None,
-    ) -> Any:
+    ) -> Subscription:
         """A subscription on ``aeron:udp?endpoint=host:port|...``, ``aeron:ipc``, ``aeron-spy:``."""
         config = ChannelConfig.from_uri(channel)
         _check_stream_id(stream_id)
@@ -369,7 +376,9 @@ class Driver:
             return self._add_ipc_subscription(
                 config, stream_id, on_available_image, on_unavailable_image
             )
-        sub = Subscription(self, channel, stream_id, on_available_image, on_unavailable_image)
+        sub = network_subscription(
+            self, channel, stream_id, on_available_image, on_unavailable_image
+        )
         if config.spy:
             self._conductor.add_spy_subscription(sub, config, time.monotonic_ns())
             return sub
@@ -392,7 +401,9 @@ class Driver:
             )
         return ipc
 
-    def _add_ipc_publication(self, config: ChannelConfig, stream_id: int, exclusive: bool) -> Any:
+    def _add_ipc_publication(
+        self, config: ChannelConfig, stream_id: int, exclusive: bool
+    ) -> Publication:
         ipc = self._ipc_module()
         self.directory.mkdir(parents=True, exist_ok=True)
         resource = ipc.add_publication(

@@ -33,14 +33,15 @@ from pathlib import Path
 
 from aeron_spark.transport import counters
 from aeron_spark.transport.errors import DriverError
+from aeron_spark.transport.protocol import ipc as rules
 
 MAGIC = b"ASIPCLB1"
 METADATA_LENGTH = 4096
 MAX_SUBSCRIBERS = 64
 SLOTS_OFFSET = 64
 SLOT_LENGTH = 32
-STATE_ACTIVE = 1
-STATE_CLOSED = 2
+STATE_ACTIVE = rules.LOG_ACTIVE
+STATE_CLOSED = rules.LOG_CLOSED
 
 _HEAD = struct.Struct("<8s6i")
 # Fields other processes read while we write them are stored with one memcpy of pre-packed bytes:
@@ -238,9 +239,11 @@ class LogFile:
         try:
             for index in range(MAX_SUBSCRIBERS):
                 _, heartbeat, pid, state = self.read_slot(index)
-                if state == 0 or not self.slot_live(index, now_ns, liveness_ns):
+                if state == rules.SLOT_FREE or not self.slot_live(index, now_ns, liveness_ns):
                     base = self.slot_offset(index)
-                    self.map[base : base + 24] = _SLOT.pack(position, now_ns, os.getpid(), 1)
+                    self.map[base : base + 24] = _SLOT.pack(
+                        position, now_ns, os.getpid(), rules.SLOT_USED
+                    )
                     return index
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
@@ -248,7 +251,7 @@ class LogFile:
 
     def release_slot(self, index: int) -> None:
         base = self.slot_offset(index) + 20
-        self.map[base : base + 4] = _I32.pack(0)
+        self.map[base : base + 4] = _I32.pack(rules.SLOT_FREE)
 
     def set_slot_position(self, index: int, position: int) -> None:
         base = self.slot_offset(index)
@@ -260,17 +263,15 @@ class LogFile:
 
     def slot_live(self, index: int, now_ns: int, liveness_ns: int) -> bool:
         _, heartbeat, pid, state = self.read_slot(index)
-        return state == 1 and now_ns - heartbeat < liveness_ns and pid_alive(pid)
+        in_use = state == rules.SLOT_USED
+        return rules.party_live(in_use, heartbeat, pid, now_ns, liveness_ns, pid_alive)
 
     def live_slots(self, now_ns: int, liveness_ns: int) -> list[int]:
         return [i for i in range(MAX_SUBSCRIBERS) if self.slot_live(i, now_ns, liveness_ns)]
 
     def publisher_live(self, now_ns: int, liveness_ns: int) -> bool:
-        return (
-            self.state == STATE_ACTIVE
-            and now_ns - self.heartbeat_ns < liveness_ns
-            and pid_alive(self.pid)
-        )
+        active = self.state == STATE_ACTIVE
+        return rules.party_live(active, self.heartbeat_ns, self.pid, now_ns, liveness_ns, pid_alive)
 
     # ---------------------------------------------------------------- closing
 

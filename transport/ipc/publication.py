@@ -1,55 +1,49 @@
-"""An ``aeron:ipc`` publication: appends frames straight into its shared log buffer file.
+"""An ``aeron:ipc`` publication's log buffer: frames are appended straight into a shared,
+memory-mapped log file (:mod:`.logfile`) that subscribers in other processes read in place.
 
-Same API as the UDP :class:`~aeron_spark.transport.Publication` (``offer``, ``try_claim``,
-``offer_blocking``, ``wait_until_connected``, ``position``, ``position_limit``, ``is_connected``,
-``close``). The limit is the slowest live subscriber's position plus the window (half a term), read
-from the subscribers' slots only when the cached limit is used up, so a plain offer touches no
-other process's memory. With no live subscriber ``offer`` returns NOT_CONNECTED, as Aeron's does.
+The client API is the media-neutral :class:`~aeron_spark.transport.client.Publication`; this is
+its IPC log. The limit (:class:`~aeron_spark.transport.protocol.ipc.PublisherLimit`) is the slowest
+live subscriber's position plus the window (half a term), read from the subscribers' slots only
+when the cached limit is used up, so a plain offer touches no other process's memory. With no live
+subscriber ``offer`` returns NOT_CONNECTED, as Aeron's does. Claims are made in place, as UDP's.
 """
 
 from __future__ import annotations
 
 import random
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from aeron_spark.transport.api import (
-    ADMIN_ACTION,
-    BACK_PRESSURED,
-    CLOSED,
-    MAX_POSITION_EXCEEDED,
-    NOT_CONNECTED,
-    offer_blocking,
-)
-from aeron_spark.transport.errors import (
-    BackPressuredError,
-    ClosedError,
-)
+from aeron_spark.transport.api import CLOSED, MAX_POSITION_EXCEEDED
+from aeron_spark.transport.client import Publication
+from aeron_spark.transport.errors import ChannelError
 from aeron_spark.transport.ipc.logfile import STATE_CLOSED, LogFile
+from aeron_spark.transport.ipc.waiting import BackoffSignal
+from aeron_spark.transport.protocol.ipc import (
+    PUBLISHER_HEARTBEAT_INTERVAL_NS,
+    Interval,
+    PublisherLimit,
+)
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
+from aeron_spark.transport.protocol.publication import PublicationState
 from aeron_spark.transport.protocol.term import TermAppender, zero_fill
 from aeron_spark.transport.uri import ChannelConfig
 
-HEARTBEAT_INTERVAL_NS = 100_000_000
+HEARTBEAT_INTERVAL_NS = PUBLISHER_HEARTBEAT_INTERVAL_NS
 
 
-class IpcPublication:
-    """See the module docstring. Thread-safe for concurrent (non-exclusive) use: one lock."""
+class IpcPublicationLog:
+    """An IPC publication's log file, appender and limit. Offers come under the publication's
+    lock when it is concurrent; the driver's conductor calls :meth:`do_work`."""
+
+    # The in-place claim is the UDP publication's own (over this object's terms and appender).
+    _claim_frame: Any = PublicationState.claim
 
     def __init__(
-        self,
-        config: ChannelConfig,
-        stream_id: int,
-        directory: Path,
-        *,
-        exclusive: bool = True,
-        liveness_timeout_ns: int,
+        self, config: ChannelConfig, stream_id: int, directory: Path, liveness_timeout_ns: int
     ) -> None:
-        self.channel = "aeron:ipc"
-        self.stream_id = stream_id
-        self.exclusive = exclusive
         self.liveness_timeout_ns = liveness_timeout_ns
         session_id = config.session_id
         if session_id is None:
@@ -64,76 +58,77 @@ class IpcPublication:
             stream_id=stream_id,
             initial_term_id=initial_term_id,
         )
-        self.session_id = session_id
+        self.session_id, self.stream_id = session_id, stream_id
         self.initial_term_id = initial_term_id
-        self.term_length = config.term_length
-        self.mtu = config.mtu
+        self.term_length, self.mtu = config.term_length, config.mtu
         self.max_message_length = geometry.max_message_length
         self.max_payload_length = geometry.max_payload_length
-        self.window = config.publication_window_length or config.term_length // 2
-        self._appender = TermAppender(
+        self.terms = self.log.terms
+        self.state = PublisherLimit(
+            config.publication_window_length or config.term_length // 2, config.term_length
+        )
+        self.signal = BackoffSignal()
+        self.spy_notify: tuple[Callable[[], None], ...] = ()  # spies are UDP's
+        self.appender = TermAppender(
             geometry, self.log.terms, session_id, stream_id, initial_term_id, 0
         )
         # Readers share the terms, so the term after the current one is cleaned when the current
         # one starts (nobody can be reading it: the window is half a term), never the one a reader
         # may be about to cross into.
-        self._appender.clean_on_rotate = False
-        self._appender.on_rotate = self._clean_ahead
-        self._max_position = (1 << 31) * config.term_length - 1
-        self._limit = 0
-        self._connected = False
-        self._lock = threading.Lock()
-        self._closed = False
-        self.is_closed_flag = False
+        self.appender.clean_on_rotate = False
+        self.appender.on_rotate = self._clean_ahead
+        self.is_closed = False
+        self.local_endpoints: list[tuple[str, int]] = []  # no sockets,
+        self.destinations: list[tuple[str, int]] = []  # no destinations
+        self.destination_hosts: frozenset[str] = frozenset()
         self.log.heartbeat_ns = time.monotonic_ns()
-        self._next_heartbeat_ns = 0
-        self.local_endpoints: list[tuple[str, int]] = []
-        self.destinations: list[tuple[str, int]] = []
+        self._heartbeat = Interval(HEARTBEAT_INTERVAL_NS)
 
     # ---------------------------------------------------------------- state
 
     @property
     def position(self) -> int:
-        return self._appender.position
+        return self.appender.position
 
     @property
     def position_limit(self) -> int:
-        return self._limit
+        return self.state.limit
 
-    @property
-    def sender_position(self) -> int:
-        return self._appender.position  # IPC has no sender: written means delivered
+    sender_position = position  # IPC has no sender: written means delivered
 
     @property
     def is_connected(self) -> bool:
-        if not self._closed and not self._connected:
+        if not self.is_closed and not self.state.connected:
             self._refresh_limit(time.monotonic_ns())
-        return self._connected and not self._closed
+        return self.state.connected and not self.is_closed
 
-    @property
-    def is_closed(self) -> bool:
-        return self._closed
+    def allow_destination_hosts(self, hosts: frozenset[str] | None) -> None:
+        raise ChannelError("channel", "aeron:ipc", "a UDP channel (IPC has no destinations)")
+
+    def add_destination(self, endpoint: str) -> None:
+        raise ChannelError("channel", "aeron:ipc", "a UDP channel (IPC has no destinations)")
 
     def _refresh_limit(self, now_ns: int) -> int:
         log = self.log
-        positions = [log.read_slot(i)[0] for i in log.live_slots(now_ns, self.liveness_timeout_ns)]
-        self._connected = bool(positions)
-        self._limit = min(positions) + self.window if positions else 0
-        return self._limit
+        live = log.live_slots(now_ns, self.liveness_timeout_ns)
+        return self.state.update(log.read_slot(i)[0] for i in live)
 
     def _clean_ahead(self, term_id: int, partition: int) -> None:
         zero_fill(self.log.terms[(partition + 1) % 3])
 
-    # ---------------------------------------------------------------- offering
+    def _refusal(self, end_position: int) -> int:
+        """0 if a message ending at ``end_position`` may be written now, else the result code."""
+        limit = self.state
+        if limit.beyond_max(end_position):
+            return MAX_POSITION_EXCEEDED
+        if end_position > self._refresh_limit(time.monotonic_ns()):
+            return limit.refusal()
+        return 0
 
-    def offer(self, payload: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
-        if self.exclusive:
-            return self._offer(payload, reserved_value)
-        with self._lock:
-            return self._offer(payload, reserved_value)
+    # ---------------------------------------------------------------- appending
 
-    def _offer(self, payload: bytes | bytearray | memoryview, reserved_value: int) -> int:
-        if self._closed:
+    def offer(self, payload: bytes | bytearray | memoryview, reserved_value: int) -> int:
+        if self.is_closed:
             return CLOSED
         length = len(payload)
         if length > self.max_message_length:
@@ -141,123 +136,76 @@ class IpcPublication:
                 f"message of {length} bytes is longer than the maximum {self.max_message_length} "
                 f"(term-length {self.term_length} / 8)"
             )
-        appender = self._appender
-        position = appender.position
-        need = appender.required_length(length)
-        if position + need > self._limit:
-            if position + need > self._max_position:
-                return MAX_POSITION_EXCEEDED
-            if position + need > self._refresh_limit(time.monotonic_ns()):
-                return BACK_PRESSURED if self._connected else NOT_CONNECTED
-        new_position = appender.append(payload, reserved_value)
-        self.log.position = new_position
-        return new_position
+        appender = self.appender
+        end = appender.position + appender.required_length(length)
+        if end > self.state.limit:
+            code = self._refusal(end)
+            if code:
+                return code
+        return appender.append(payload, reserved_value)
 
-    def try_claim(self, length: int, reserved_value: int = 0) -> Any:
-        """Claim ``length`` bytes: a :class:`BufferClaim`-like object whose ``buffer`` is filled
-        and then ``commit()``-ed (here: copied in on commit, which is what makes it visible)."""
+    def claim(self, length: int, reserved_value: int) -> tuple[memoryview, int] | int:
         if length > self.max_payload_length:
             raise ValueError(f"try_claim is limited to one fragment ({self.max_payload_length})")
-        if self._closed:
+        if self.is_closed:
             return CLOSED
-        need = self._appender.required_length(length)
-        if self.position + need > self._limit and (
-            self.position + need > self._refresh_limit(time.monotonic_ns())
-        ):
-            return BACK_PRESSURED if self._connected else NOT_CONNECTED
-        return _Claim(self, length, reserved_value)
+        end = self.appender.position + self.appender.required_length(length)
+        if end > self.state.limit:
+            code = self._refusal(end)
+            if code:
+                return code
+        claimed: tuple[memoryview, int] = self._claim_frame(length, reserved_value)
+        return claimed
 
-    def _wait_for_limit(self, deadline: float) -> bool:
-        delay = 0.00005
-        while time.monotonic() < deadline:
-            time.sleep(delay)  # the consumer is another process: nothing to wake us, back off
-            delay = min(delay * 2, 0.001)
-            if self._refresh_limit(time.monotonic_ns()) > self.position:
-                return True
-        return False
+    def appended(self) -> None:
+        self.log.position = self.appender.position
 
-    def wait_until_connected(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        delay = 0.0005
-        while not self.is_connected:
-            if self._closed or time.monotonic() >= deadline:
-                return False
-            time.sleep(delay)
-            delay = min(delay * 2, 0.01)
-        return True
-
-    def offer_blocking(
-        self,
-        payload: bytes | bytearray | memoryview,
-        *,
-        reserved_value: int = 0,
-        timeout_s: float = 10.0,
-    ) -> int:
-        """Offer, retrying until ``timeout_s`` (``transport.api.offer_blocking``)."""
-        return offer_blocking(self, self._wait_for_limit, payload, reserved_value, timeout_s)
+    def limit_ready(self) -> bool:
+        return self.is_closed or self._refresh_limit(time.monotonic_ns()) > self.appender.position
 
     # ---------------------------------------------------------------- driver duty cycle
 
     def do_work(self, now_ns: int) -> int:
-        if self._closed or now_ns < self._next_heartbeat_ns:
+        if self.is_closed or not self._heartbeat.due(now_ns):
             return 0
-        self._next_heartbeat_ns = now_ns + HEARTBEAT_INTERVAL_NS
         self.log.heartbeat_ns = now_ns
         self._refresh_limit(now_ns)
         return 1
 
     def close(self) -> None:
         """End of stream: subscribers drain to ``position``, then the last one removes the file
-        (or we do, now, when nobody is subscribed)."""
-        if self._closed:
+        (or we do, now, when nobody is subscribed). The publication holds its lock."""
+        if self.is_closed:
             return
-        with self._lock:
-            self._closed = True
-            self.log.position = self._appender.position
-            self.log.state = STATE_CLOSED
-            if not self.log.live_slots(time.monotonic_ns(), self.liveness_timeout_ns):
-                self.log.unlink()
-            self._appender.terms = []
-            self.log.close()
+        self.is_closed = True
+        self.log.position = self.appender.position
+        self.log.state = STATE_CLOSED
+        if not self.log.live_slots(time.monotonic_ns(), self.liveness_timeout_ns):
+            self.log.unlink()
+        self.appender.terms = []
+        self.terms = []
+        self.log.close()
 
-    def __enter__(self) -> IpcPublication:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+class IpcPublication(Publication):
+    """A :class:`~aeron_spark.transport.client.Publication` on ``aeron:ipc`` (see the module)."""
+
+    def __init__(
+        self,
+        config: ChannelConfig,
+        stream_id: int,
+        directory: Path,
+        *,
+        exclusive: bool = True,
+        liveness_timeout_ns: int,
+    ) -> None:
+        log = IpcPublicationLog(config, stream_id, directory, liveness_timeout_ns)
+        super().__init__(log, "aeron:ipc", exclusive)
+        self.log = log.log
+        self.liveness_timeout_ns = liveness_timeout_ns
 
     def __repr__(self) -> str:
         return f"IpcPublication(session_id={self.session_id}, stream_id={self.stream_id})"
 
 
-class _Claim:
-    __slots__ = ("_pub", "buffer", "length", "reserved_value", "_done")
-
-    def __init__(self, pub: IpcPublication, length: int, reserved_value: int) -> None:
-        self._pub = pub
-        self.buffer = bytearray(length)
-        self.length = length
-        self.reserved_value = reserved_value
-        self._done = False
-
-    def commit(self) -> int:
-        if self._done:
-            raise ClosedError("claim already committed or aborted")
-        self._done = True
-        result = self._pub.offer(self.buffer, self.reserved_value)
-        if result < 0 and result != ADMIN_ACTION:
-            raise BackPressuredError("the claimed space was taken back", "BACK_PRESSURED")
-        return result
-
-    def abort(self) -> None:
-        self._done = True
-
-    def __enter__(self) -> _Claim:
-        return self
-
-    def __exit__(self, exc_type: object, *rest: object) -> None:
-        if not self._done:
-            self.abort() if exc_type is not None else self.commit()
-
-
-__all__ = ["IpcPublication"]
+__all__ = ["IpcPublication", "IpcPublicationLog"]

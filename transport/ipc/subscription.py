@@ -1,12 +1,13 @@
-"""An ``aeron:ipc`` subscription: finds publications' log files in the driver directory and reads
-them in place, one :class:`IpcImage` per publication (per publishing session).
+"""An ``aeron:ipc`` subscription's media: finds publications' log files in the driver directory
+and reads them in place, one image per publication (per publishing session).
 
-Same API as the UDP :class:`~aeron_spark.transport.Subscription` (``poll``, ``controlled_poll``,
-``images``, ``wait``, ``has_data``, ``is_connected``, ``close``, image callbacks). The driver's
-conductor calls :meth:`do_work`: it scans for new log files, heartbeats this subscriber's slots,
-and retires images whose publisher closed (once drained) or died (pid gone or heartbeat older than
-the liveness timeout; complete frames written before are still delivered first). Each image reads
-through the UDP image's own poll code over the mapped terms.
+The client API is the media-neutral :class:`~aeron_spark.transport.client.Subscription`. The
+driver's conductor steps :meth:`IpcSubscriptionMedia.do_work` (through the subscription): it scans
+for new log files, heartbeats this subscriber's slots, and retires images whose publisher closed
+(once drained) or died (pid gone or heartbeat older than the liveness timeout; complete frames
+written before are still delivered first). When, and whether, is decided by the sans-I/O
+:mod:`aeron_spark.transport.protocol.ipc`. Each image's log (:class:`IpcImageLog`) reads through
+the UDP image's own poll code over the mapped terms.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from aeron_spark.transport.client import Image, Subscription
 from aeron_spark.transport.ipc.logfile import (
     STATE_CLOSED,
     LogFile,
@@ -25,127 +27,112 @@ from aeron_spark.transport.ipc.logfile import (
     parse_name,
     pid_alive,
 )
+from aeron_spark.transport.ipc.waiting import BackoffSignal
+from aeron_spark.transport.protocol import ipc as rules
 from aeron_spark.transport.protocol.image import ImageState
 from aeron_spark.transport.protocol.term import Header
 from aeron_spark.transport.uri import ChannelConfig
 
-SCAN_INTERVAL_NS = 20_000_000
-HEARTBEAT_INTERVAL_NS = 100_000_000
+SCAN_INTERVAL_NS = rules.SCAN_INTERVAL_NS
+HEARTBEAT_INTERVAL_NS = rules.SUBSCRIBER_HEARTBEAT_INTERVAL_NS
 
 
-class _ReadState:
-    """The attributes :class:`ImageState`'s poll functions use, over a mapped log file."""
+class IpcImageLog:
+    """One IPC publication's log as one subscriber reads it: the attributes
+    :class:`ImageState`'s poll functions use, over the mapped file, and this subscriber's slot."""
 
     # ImageState's functions run over this object's attributes (it is not an ImageState).
     poll: Any = ImageState.poll
     controlled_poll: Any = ImageState.controlled_poll
     block_poll: Any = ImageState.block_poll
 
-    def __init__(self, log: LogFile, position: int) -> None:
+    def __init__(self, log: LogFile, slot: int, position: int) -> None:
+        self.log = log
+        self.slot = slot
         self.terms = log.terms
         self.term_length = log.term_length
         self.shift = log.term_length.bit_length() - 1
         self.term_mask = log.term_length - 1
         self.initial_term_id = log.initial_term_id
         self.session_id = log.session_id
-        self.subscriber_position = position
-        self.header = Header(log.initial_term_id, self.shift)
-
-
-class IpcImage:
-    """One IPC publication as seen by one subscription."""
-
-    def __init__(self, log: LogFile, slot: int, position: int, subscription: IpcSubscription):
-        self.log = log
-        self.slot = slot
-        self.subscription = subscription
-        self._state = _ReadState(log, position)
-        self.session_id = log.session_id
         self.stream_id = log.stream_id
-        self.initial_term_id = log.initial_term_id
-        self.term_length = log.term_length
         self.mtu = log.mtu
         self.join_position = position
         self.source_identity = f"ipc:pid{log.pid}"
-        self.closed = False
-
-    @property
-    def position(self) -> int:
-        return self._state.subscriber_position
-
-    @property
-    def is_closed(self) -> bool:
-        return self.closed
+        self.subscriber_position = position
+        self.header = Header(log.initial_term_id, self.shift)
 
     @property
     def is_end_of_stream(self) -> bool:
-        return self.log.state == STATE_CLOSED and self.position >= self.log.position
-
-    def _after(self, count: int) -> int:
-        self.log.set_slot_position(self.slot, self._state.subscriber_position)
-        return count
-
-    def poll(self, handler: Any, fragment_limit: int) -> int:
-        if self.closed:
-            return 0
-        return self._after(self._state.poll(handler, fragment_limit))
-
-    def controlled_poll(self, handler: Any, fragment_limit: int) -> int:
-        if self.closed:
-            return 0
-        return self._after(self._state.controlled_poll(handler, fragment_limit))
-
-    def block_poll(self, handler: Any, block_length_limit: int) -> int:
-        if self.closed:
-            return 0
-        return self._after(self._state.block_poll(handler, block_length_limit))
+        return self.log.state == STATE_CLOSED and self.subscriber_position >= self.log.position
 
     def has_data(self) -> bool:
-        state = self._state
-        if self.closed:
-            return False
-        position = state.subscriber_position
-        term = state.terms[(position >> state.shift) % 3]
-        offset = position & state.term_mask
+        terms = self.terms
+        if not terms:
+            return False  # let go of
+        position = self.subscriber_position
+        term = terms[(position >> self.shift) % 3]
+        offset = position & self.term_mask
         return int.from_bytes(term[offset : offset + 4], "little", signed=True) > 0
 
-    def __repr__(self) -> str:
-        return (
-            f"IpcImage(session_id={self.session_id}, stream_id={self.stream_id}, "
-            f"position={self.position})"
+    def publish_position(self) -> None:
+        self.log.set_slot_position(self.slot, self.subscriber_position)
+
+    def publisher_live(self, now_ns: int, liveness_timeout_ns: int) -> bool:
+        return self.log.publisher_live(now_ns, liveness_timeout_ns)
+
+    def retired(self, now_ns: int, liveness_timeout_ns: int) -> bool:
+        log = self.log
+        return rules.image_retired(
+            log.state,
+            self.subscriber_position,
+            log.position,
+            lambda: log.publisher_live(now_ns, liveness_timeout_ns),
+            self.has_data,
         )
 
+    def release(self, now_ns: int, liveness_timeout_ns: int) -> None:
+        self.log.release_slot(self.slot)
+        _clean_up_if_abandoned(self.log, now_ns, liveness_timeout_ns)
+        self.terms = []
+        self.log.close()
 
-class IpcSubscription:
-    """See the module docstring."""
+
+class IpcSubscriptionMedia:
+    """See the module docstring. ``_lock`` serialises the conductor's duty cycle and closing."""
 
     def __init__(
         self,
         config: ChannelConfig,
         stream_id: int,
         directory: Path,
-        *,
-        on_available_image: Callable[[IpcImage], object] | None = None,
-        on_unavailable_image: Callable[[IpcImage], object] | None = None,
         liveness_timeout_ns: int,
+        on_error: Callable[[BaseException], object] | None = None,
     ) -> None:
-        self.channel = "aeron:ipc"
         self.stream_id = stream_id
         self.session_filter = config.session_id
         self.folder = ipc_directory(directory)
         self.liveness_timeout_ns = liveness_timeout_ns
-        self._on_available = on_available_image
-        self._on_unavailable = on_unavailable_image
-        self._images: tuple[IpcImage, ...] = ()
+        self._on_error = on_error
         self._known: set[str] = set()
-        self._next_scan_ns = 0
-        self._next_heartbeat_ns = 0
-        self._round_robin = 0
+        self._scan_due = rules.Interval(SCAN_INTERVAL_NS)
+        self._heartbeat_due = rules.Interval(HEARTBEAT_INTERVAL_NS)
         self._closed = False
         self._lock = threading.Lock()
-        self._listeners: tuple[Callable[[], object], ...] = ()
-        self.local_endpoints: list[tuple[str, int]] = []
+        self._subscription: Subscription | None = None
+        self.signal = BackoffSignal(self.do_work)  # rate-limited scan: works in invoker mode too
+
+    def attach(self, subscription: Subscription) -> None:
+        self._subscription = subscription
         self.do_work(time.monotonic_ns())  # publications already there are images at once
+
+    def after_poll(self, log: IpcImageLog) -> None:
+        log.publish_position()
+
+    def record_error(self, exc: BaseException) -> None:
+        if self._on_error is None:
+            raise exc
+        self._on_error(exc)
 
     # ---------------------------------------------------------------- driver duty cycle
 
@@ -156,15 +143,17 @@ class IpcSubscription:
         with self._lock:
             if self._closed:  # closed while we waited for the lock: a scan now would claim
                 return 0  # slots (re-find files close let go of) that nobody ever releases
-            if now_ns >= self._next_scan_ns:
-                self._next_scan_ns = now_ns + SCAN_INTERVAL_NS
+            if self._scan_due.due(now_ns):
                 work += self._scan(now_ns)
-            if now_ns >= self._next_heartbeat_ns:
-                self._next_heartbeat_ns = now_ns + HEARTBEAT_INTERVAL_NS
-                for image in self._images:
+            if self._heartbeat_due.due(now_ns):
+                for image in self._images():
                     image.log.set_slot_heartbeat(image.slot, now_ns)
             work += self._retire(now_ns)
         return work
+
+    def _images(self) -> list[IpcImageLog]:
+        assert self._subscription is not None
+        return [image._state for image in self._subscription._images]  # type: ignore[misc]
 
     def _scan(self, now_ns: int) -> int:
         try:
@@ -178,8 +167,7 @@ class IpcSubscription:
                 continue
             if self.session_filter is not None and ids[1] != self.session_filter:
                 continue
-            path = self.folder / name
-            log = LogFile.open(path)
+            log = LogFile.open(self.folder / name)
             if log is None:
                 continue
             if not log.publisher_live(now_ns, self.liveness_timeout_ns):
@@ -187,134 +175,61 @@ class IpcSubscription:
                     _clean_up_if_abandoned(log, now_ns, self.liveness_timeout_ns)
                 log.close()
                 continue
-            position = log.position
-            slot = log.claim_slot(position, now_ns, self.liveness_timeout_ns)
-            # The publisher may have run on (for other subscribers) before it saw our slot. Within
-            # half a term of where we claimed, nothing we have yet to read can have been cleaned
-            # (it cleans two terms ahead), so we keep every message from the claim on; further
-            # than that, we join at its current position instead.
-            latest = log.position
-            if latest - position >= log.term_length // 2:
-                position = latest
+            claimed = log.position
+            slot = log.claim_slot(claimed, now_ns, self.liveness_timeout_ns)
+            position = rules.join_position(claimed, log.position, log.term_length)
+            if position != claimed:
                 log.set_slot_position(slot, position)
-            image = IpcImage(log, slot, position, self)
             self._known.add(name)
-            self._images = (*self._images, image)
             added += 1
-            self._notify()
-            if self._on_available is not None:
-                self._on_available(image)
+            assert self._subscription is not None
+            self._subscription._image_available(IpcImageLog(log, slot, position))
         return added
 
     def _retire(self, now_ns: int) -> int:
-        gone = []
-        for image in self._images:
-            log = image.log
-            if log.state == STATE_CLOSED:
-                if image.position >= log.position:
-                    gone.append(image)
-            elif not log.publisher_live(now_ns, self.liveness_timeout_ns) and not image.has_data():
-                gone.append(image)  # died: deliver what was complete, then let go
+        gone = [i for i in self._images() if i.retired(now_ns, self.liveness_timeout_ns)]
         for image in gone:
             self._drop(image, now_ns)
         return len(gone)
 
-    def _drop(self, image: IpcImage, now_ns: int) -> None:
-        image.closed = True
-        self._images = tuple(i for i in self._images if i is not image)
+    def _drop(self, image: IpcImageLog, now_ns: int) -> None:
+        assert self._subscription is not None
         self._known.discard(image.log.path.name)
-        image.log.release_slot(image.slot)
-        _clean_up_if_abandoned(image.log, now_ns, self.liveness_timeout_ns)
-        image.log.close()
-        self._notify()
-        if self._on_unavailable is not None:
-            self._on_unavailable(image)
-
-    # ---------------------------------------------------------------- client API
-
-    @property
-    def images(self) -> list[IpcImage]:
-        return list(self._images)
-
-    def image_by_session_id(self, session_id: int) -> IpcImage | None:
-        return next((i for i in self._images if i.session_id == session_id), None)
-
-    @property
-    def is_connected(self) -> bool:
-        return bool(self._images)
-
-    @property
-    def is_closed(self) -> bool:
-        return self._closed
-
-    def poll(self, handler: Any, fragment_limit: int) -> int:
-        images = self._images
-        if not images:
-            return 0
-        start = self._round_robin % len(images)
-        self._round_robin = start + 1
-        total = 0
-        for i in range(len(images)):
-            total += images[(start + i) % len(images)].poll(handler, fragment_limit - total)
-            if total >= fragment_limit:
-                break
-        return total
-
-    def controlled_poll(self, handler: Any, fragment_limit: int) -> int:
-        total = 0
-        for image in self._images:
-            total += image.controlled_poll(handler, fragment_limit - total)
-            if total >= fragment_limit:
-                break
-        return total
-
-    def has_data(self) -> bool:
-        return any(image.has_data() for image in self._images)
-
-    def wait(self, timeout_s: float) -> bool:
-        """Until data may be there or the images changed; False on timeout. The publisher is
-        another process, so this sleeps in a short back-off (50 us growing to 1 ms)."""
-        deadline = time.monotonic() + timeout_s
-        images = self._images
-        delay = 0.00005
-        while True:
-            self.do_work(time.monotonic_ns())  # rate-limited scan: works in invoker mode too
-            if self.has_data() or self._images is not images:
-                return True
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._closed:
-                return False
-            time.sleep(min(delay, remaining))
-            delay = min(delay * 2, 0.001)
-
-    def add_listener(self, listener: Callable[[], object]) -> None:
-        """Called when images come or go (data arrival has no cross-process signal: use wait)."""
-        self._listeners = (*self._listeners, listener)
-
-    def remove_listener(self, listener: Callable[[], object]) -> None:
-        self._listeners = tuple(x for x in self._listeners if x is not listener)
-
-    def _notify(self) -> None:
-        for listener in self._listeners:
-            listener()
+        try:
+            self._subscription._image_unavailable(image)
+        finally:
+            image.release(now_ns, self.liveness_timeout_ns)
 
     def close(self) -> None:
-        if self._closed:
-            return
         with self._lock:
             self._closed = True
             now = time.monotonic_ns()
-            for image in self._images:
+            for image in self._images():
                 self._drop(image, now)
 
-    def __enter__(self) -> IpcSubscription:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+class IpcSubscription(Subscription):
+    """A :class:`~aeron_spark.transport.client.Subscription` on ``aeron:ipc`` (see the module)."""
+
+    def __init__(
+        self,
+        config: ChannelConfig,
+        stream_id: int,
+        directory: Path,
+        *,
+        on_available_image: Callable[[Image], object] | None = None,
+        on_unavailable_image: Callable[[Image], object] | None = None,
+        liveness_timeout_ns: int,
+        on_error: Callable[[BaseException], object] | None = None,
+    ) -> None:
+        media = IpcSubscriptionMedia(config, stream_id, directory, liveness_timeout_ns, on_error)
+        super().__init__("aeron:ipc", stream_id, on_available_image, on_unavailable_image, media)
 
     def __repr__(self) -> str:
         return f"IpcSubscription(stream_id={self.stream_id}, images={len(self._images)})"
+
+
+IpcImage = Image  # what an IPC subscription's images are (the one client Image)
 
 
 def _clean_up_if_abandoned(log: LogFile, now_ns: int, liveness_ns: int) -> None:
@@ -326,4 +241,4 @@ def _clean_up_if_abandoned(log: LogFile, now_ns: int, liveness_ns: int) -> None:
         log.unlink()
 
 
-__all__ = ["IpcImage", "IpcSubscription"]
+__all__ = ["IpcImage", "IpcImageLog", "IpcSubscription", "IpcSubscriptionMedia"]

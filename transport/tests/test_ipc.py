@@ -242,7 +242,7 @@ def test_a_scan_racing_the_subscriptions_close_claims_no_slot_and_leaks_no_file(
             self.lock.release()
 
     gate = Gate()
-    sub._lock = gate  # type: ignore[assignment]
+    sub._media._lock = gate  # type: ignore[attr-defined]
     scan_due = time.monotonic_ns() + 10**9  # past the scan interval: this do_work scans
     conductor = threading.Thread(target=sub.do_work, args=(scan_due,))
     with gate.lock:
@@ -257,3 +257,39 @@ def test_a_scan_racing_the_subscriptions_close_claims_no_slot_and_leaks_no_file(
     assert [log.read_slot(i)[3] for i in range(MAX_SUBSCRIBERS)] == [0] * MAX_SUBSCRIBERS
     pub.close()
     assert _files(ipc_dir) == []
+
+
+def test_one_client_api_a_claim_on_ipc_is_made_in_place_and_shown_only_once_committed(
+    ipc_dir: Path,
+) -> None:
+    """IPC's publication, subscription and images are the same classes as UDP's (one client
+    API); a claim is a frame reserved in the shared log, which readers pass only when it is
+    committed (an aborted one becomes padding they skip), in order with offers around it."""
+    from aeron_spark.transport import BufferClaim, Image, Publication, Subscription
+
+    with _driver(ipc_dir, threading_mode="invoker") as driver:
+        pub = driver.add_publication("aeron:ipc?term-length=64k", 9)
+        sub = driver.add_subscription("aeron:ipc", 9)
+        assert isinstance(pub, Publication) and isinstance(sub, Subscription)
+        assert pub.wait_until_connected(5) and isinstance(sub.images[0], Image)
+        got: list[bytes] = []
+
+        def take(payload: memoryview, header: object) -> None:
+            got.append(bytes(payload))
+
+        claim = pub.try_claim(5)
+        assert isinstance(claim, BufferClaim)
+        claim.buffer[:] = b"first"
+        assert sub.poll(take, 10) == 0 and not sub.has_data()  # reserved, not yet written
+        claim.commit()
+        assert sub.poll(take, 10) == 1 and got == [b"first"]
+        aborted = pub.try_claim(4)
+        assert isinstance(aborted, BufferClaim)
+        aborted.abort()
+        assert pub.offer(b"after") > 0
+        assert sub.poll(take, 10) == 1 and got == [b"first", b"after"]
+        assert sub.images[0].position == pub.position
+        with pytest.raises(ValueError, match="one fragment"):
+            pub.try_claim(pub.max_payload_length + 1)
+        pub.close()
+        assert pub.try_claim(1) == -4  # CLOSED
