@@ -14,7 +14,7 @@ from typing import Any
 from aeron_spark.transport import Driver, DriverConfig
 from aeron_spark.transport.api import NOT_CONNECTED
 from aeron_spark.transport.counters import SystemCounters
-from aeron_spark.transport.driver.client import Publication, Subscription
+from aeron_spark.transport.driver.client import network_publication, network_subscription
 from aeron_spark.transport.driver.conductor import DriverConductor, ImageLimits
 from aeron_spark.transport.driver.endpoint import UdpEndpoint, destination_address
 from aeron_spark.transport.protocol.frames import SetupFrame
@@ -58,7 +58,7 @@ def test_timers_and_reaping_follow_the_manual_clock() -> None:
     counters = SystemCounters()
     c = conductor(counters, counters_interval_ns=1000 * MS, on_tick=ticks.append)
     driver = Driver(DriverConfig(threading_mode="invoker", write_counters_file=False))
-    sub = Subscription(driver, "aeron:udp?endpoint=127.0.0.1:0", 10, None, None)
+    sub = network_subscription(driver, "aeron:udp?endpoint=127.0.0.1:0", 10, None, None)
     c.add_network_subscription(sub, ChannelConfig.from_uri(sub.channel), None)
     (rep,) = c.receive_endpoints.values()
     assert c.receiver.endpoints == (rep,) and counters.subscriptions_created == 1
@@ -88,7 +88,7 @@ def test_a_closed_publication_is_freed_by_the_next_sender_step_with_its_spy_imag
         peer.bind(("127.0.0.1", 0))
         peer.settimeout(5)
         channel = f"aeron:udp?endpoint=127.0.0.1:{peer.getsockname()[1]}"
-        spy = Subscription(driver, f"aeron-spy:{channel}", 10, None, None)
+        spy = network_subscription(driver, f"aeron-spy:{channel}", 10, None, None)
         c.add_spy_subscription(spy, ChannelConfig.from_uri(spy.channel), clock.now_ns)
         config = ChannelConfig.from_uri(channel)
         assert config.endpoint is not None
@@ -96,7 +96,7 @@ def test_a_closed_publication_is_freed_by_the_next_sender_step_with_its_spy_imag
             config,
             10,
             clock.now_ns,
-            lambda state, ep: Publication(driver, state, channel, True, ep),
+            lambda state, ep: network_publication(driver, state, channel, True, ep),
             destination_address(config.endpoint),
         )
         assert c.publications == [pub] and len(c.sender.endpoints) == 1
@@ -107,7 +107,7 @@ def test_a_closed_publication_is_freed_by_the_next_sender_step_with_its_spy_imag
         setup = SetupFrame.decode(peer.recv(2048))
         assert (setup.session_id, setup.stream_id) == (pub.session_id, 10)
         clock.advance(10 * MS)
-        c.close_publication(pub, clock.now_ns)
+        c.close_publication(pub._log, clock.now_ns)
         assert state.phase is PublicationPhase.DRAINING and c.publications == [pub]
         c.sender.do_work(clock.now_ns)
         assert state.phase is PublicationPhase.CLOSED
