@@ -35,6 +35,11 @@ from aeron_spark.transport.protocol.publication import PublicationState
 from aeron_spark.transport.protocol.receiver import ReceiveDispatcher
 
 RECEIVES_PER_STEP = 64
+# How often the conductor steps the IPC resources when nothing else wakes it: their own timers
+# are coarser (a subscription scans for new log files every 20 ms, heartbeats every 100 ms) and
+# an offer or a wait refreshes what it needs itself, so waking every millisecond bought nothing
+# but a thousand wake-ups a second per idle driver with an IPC resource (a handshake server).
+IPC_POLL_INTERVAL_NS = 10_000_000
 _TYPE_SM = int(FrameType.SM)
 _TYPE_NAK = int(FrameType.NAK)
 _TYPE_RTTM = int(FrameType.RTTM)
@@ -165,15 +170,25 @@ class SenderAgent:
 
 
 class ReceiverAgent:
-    """Reads data/SETUP on subscription sockets; sends SMs and NAKs for the images."""
+    """Reads data/SETUP on subscription sockets; sends SMs and NAKs for the images.
 
-    def __init__(self, counters: SystemCounters) -> None:
+    ``on_endpoint_idle()`` (if given) is called in the step that sees a socket none of whose
+    subscriptions is left (all closed, their images gone): the driver closes it then, not on
+    its next housekeeping tick. Every step reads every socket, so each socket left open after
+    its last subscription closed costs every step (a client connecting fast would otherwise
+    carry a second's worth of dead sockets in each of its steps)."""
+
+    def __init__(
+        self, counters: SystemCounters, on_endpoint_idle: Callable[[], object] | None = None
+    ) -> None:
         self.counters = counters
         self.endpoints: tuple[ReceiveEndpoint, ...] = ()
+        self.on_endpoint_idle = on_endpoint_idle
 
     def do_work(self, now_ns: int) -> int:
         work = 0
         counters = self.counters
+        idle = False
         for ep in self.endpoints:
             endpoint = ep.endpoint
             dispatcher = ep.dispatcher
@@ -190,6 +205,10 @@ class ReceiverAgent:
                 except RemoteProtocolError:
                     counters.invalid_frames += 1
             work += dispatcher.do_work(now_ns, send)
+            if not dispatcher.interests:
+                idle = True
+        if idle and self.on_endpoint_idle is not None:
+            self.on_endpoint_idle()
         return work
 
     def has_work(self) -> bool:
@@ -230,7 +249,7 @@ class ConductorAgent:
 
     def next_deadline_ns(self, now_ns: int) -> int:
         if self.ipc:
-            return now_ns + 1_000_000  # IPC resources are polled every millisecond when idle
+            return min(now_ns + IPC_POLL_INTERVAL_NS, self.deadline_ns)
         return self.deadline_ns
 
     def filenos(self) -> list[Any]:

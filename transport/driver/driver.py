@@ -142,7 +142,7 @@ class Driver:
         self._retired: dict[str, int] = {}
         self._lock = threading.RLock()
         self._sender = SenderAgent(self.system_counters, self._on_publication_done)
-        self._receiver = ReceiverAgent(self.system_counters)
+        self._receiver = ReceiverAgent(self.system_counters, self._reap_receive_endpoints)
         self._conductor = ConductorAgent(self._tick, self.config.counters_interval_ns)
         self._send_endpoints: dict[Any, SendEndpoint] = {}
         self._receive_endpoints: dict[Any, ReceiveEndpoint] = {}

@@ -425,7 +425,11 @@ class ReceiveDispatcher:
         deadline = now_ns + 1_000_000_000
         for interests in self.interests.values():
             for interest in interests:
-                if interest.control_address is not None and interest.elicit_deadline_ns < deadline:
+                if (
+                    interest.control_address is not None
+                    and not interest.closed  # do_work elicits nothing for a closed one
+                    and interest.elicit_deadline_ns < deadline
+                ):
                     deadline = interest.elicit_deadline_ns
                 for image in interest.images.values():
                     if image.needs_work():
