@@ -21,6 +21,7 @@ from typing import Any
 from aeron_spark.transport.ipc.logfile import (
     STATE_CLOSED,
     LogFile,
+    file_name,
     ipc_directory,
     parse_name,
     pid_alive,
@@ -133,6 +134,7 @@ class IpcSubscription:
         self.stream_id = stream_id
         self.session_filter = config.session_id
         self.folder = ipc_directory(directory)
+        self._name_prefix = file_name(stream_id, 0).rpartition("_")[0] + "_"  # "pub_<stream>_"
         self.liveness_timeout_ns = liveness_timeout_ns
         self._on_available = on_available_image
         self._on_unavailable = on_unavailable_image
@@ -172,9 +174,14 @@ class IpcSubscription:
         except FileNotFoundError:
             return 0
         added = 0
+        # The directory is shared by every stream (and holds what dead processes left): only
+        # this stream's names are parsed, the others cost one startswith each.
+        prefix = self._name_prefix
         for name in names:
+            if not name.startswith(prefix) or name in self._known:
+                continue
             ids = parse_name(name)
-            if ids is None or ids[0] != self.stream_id or name in self._known:
+            if ids is None or ids[0] != self.stream_id:
                 continue
             if self.session_filter is not None and ids[1] != self.session_filter:
                 continue
