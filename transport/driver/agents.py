@@ -346,8 +346,13 @@ class AgentRunner:
 
     def _run(self) -> None:
         while self._running:
-            if self.do_work() == 0:
-                self.idle(0.1)
+            try:
+                if self.do_work() == 0:
+                    self.idle(0.1)
+            except Exception as exc:  # noqa: BLE001 - a bug in a deadline must not kill the driver
+                self.on_error(exc)
+                self.sleeping = False
+                time.sleep(0.001)  # only after an error: never a spin on a repeating one
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._running = False

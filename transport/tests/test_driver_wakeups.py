@@ -152,3 +152,30 @@ def test_an_ipc_scan_parses_only_its_own_streams_names(tmp_path: Any, monkeypatc
         assert parsed and all(name.startswith("pub_10_") for name in parsed), parsed[:3]
     finally:
         driver.close()
+
+
+def test_a_subscription_added_while_the_receiver_computes_its_deadline() -> None:
+    """A handshake server adds a subscription for a new stream id on its shared socket with
+    every session, from its own thread, while the driver thread computes its next deadline: the
+    dispatcher iterated its live dict of stream ids and the driver thread died ("dictionary
+    changed size during iteration"; seen under the profiler). The interleaving is driven here:
+    the image's check runs the other thread's add()."""
+    now = 1_000_000_000
+    dispatcher = ReceiveDispatcher()
+    interest = StreamInterest(10)
+    dispatcher.add(interest)
+    setup = SetupFrame(0, 3, 10, 7, 7, 64 * 1024, 1408).encode()
+    dispatcher.on_datagram(setup, len(setup), SENDER, now, _sent([]))
+    (image,) = interest.images.values()
+    dispatcher.do_work(now, _sent([]))
+    added = StreamInterest(11)
+    real_needs_work = image.needs_work
+
+    def add_meanwhile() -> bool:
+        if 11 not in dispatcher.interests:
+            dispatcher.add(added)  # what the other thread does at this moment
+        return bool(real_needs_work())
+
+    image.needs_work = add_meanwhile  # type: ignore[method-assign]
+    assert dispatcher.next_deadline_ns(now) > now
+    assert dispatcher.interests[11] == (added,)
