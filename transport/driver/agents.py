@@ -46,6 +46,12 @@ _TYPE_RTTM = int(FrameType.RTTM)
 _TYPE_ERR = int(FrameType.ERR)
 
 
+def _may_read(endpoint: UdpEndpoint, readable: set[Any] | None) -> bool:
+    """Whether a step reads ``endpoint``: its socket polled readable at the step's start, or
+    nobody polled (an agent stepped by hand), or a loss hook that may hold datagrams back."""
+    return readable is None or endpoint.sock in readable or endpoint.loss is not None
+
+
 class Agent(Protocol):
     def do_work(self, now_ns: int) -> int: ...
     def next_deadline_ns(self, now_ns: int) -> int: ...
@@ -126,13 +132,15 @@ class SenderAgent:
         self.counters = counters
         self.endpoints: tuple[SendEndpoint, ...] = ()
         self.on_publication_done = on_publication_done
+        self.readable: set[Any] | None = None  # set by the runner each step (see _may_read)
 
     def do_work(self, now_ns: int) -> int:
         work = 0
         counters = self.counters
+        readable = self.readable
         for ep in self.endpoints:
             endpoint = ep.endpoint
-            for _ in range(RECEIVES_PER_STEP):
+            for _ in range(RECEIVES_PER_STEP if _may_read(endpoint, readable) else 0):
                 got = endpoint.receive()
                 if got is None:
                     break
@@ -184,17 +192,19 @@ class ReceiverAgent:
         self.counters = counters
         self.endpoints: tuple[ReceiveEndpoint, ...] = ()
         self.on_endpoint_idle = on_endpoint_idle
+        self.readable: set[Any] | None = None  # set by the runner each step (see _may_read)
 
     def do_work(self, now_ns: int) -> int:
         work = 0
         counters = self.counters
         idle = False
+        readable = self.readable
         for ep in self.endpoints:
             endpoint = ep.endpoint
             dispatcher = ep.dispatcher
             send = endpoint.send
             on_datagram = dispatcher.on_datagram
-            for _ in range(RECEIVES_PER_STEP):
+            for _ in range(RECEIVES_PER_STEP if _may_read(endpoint, readable) else 0):
                 got = endpoint.receive()
                 if got is None:
                     break
@@ -272,6 +282,8 @@ class AgentRunner:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._registered: dict[int, Any] = {}
+        self._token: tuple[Any, ...] | None = None
+        self._reading_agents = tuple(a for a in self.agents if hasattr(a, "readable"))
         self._running = False
         self._thread: threading.Thread | None = None
 
@@ -285,6 +297,7 @@ class AgentRunner:
 
     def do_work(self, now_ns: int | None = None) -> int:
         now = time.monotonic_ns() if now_ns is None else now_ns
+        self._poll_readable()
         work = 0
         for agent in self.agents:
             try:
@@ -318,7 +331,28 @@ class AgentRunner:
         finally:
             self.sleeping = False
 
+    def _poll_readable(self) -> None:
+        """Tell the agents which sockets have datagrams now (one ``epoll_wait`` with no
+        timeout): a step reads those, not every socket (a client connecting fast has a dozen,
+        most of them closing subscriptions' that only send their EOS status messages)."""
+        agents = self._reading_agents
+        if not agents:
+            return
+        self._sync_registrations()
+        try:
+            events = self._selector.select(0)
+        except (OSError, ValueError):
+            ready = None  # closed under us: read every socket this step, as before
+        else:
+            ready = {key.fileobj for key, _ in events}
+        for agent in agents:
+            agent.readable = ready
+
     def _sync_registrations(self) -> None:
+        token = tuple(getattr(agent, "endpoints", None) for agent in self.agents)
+        if token == self._token:  # tuples of endpoint tuples: replaced (copy on write) on change
+            return
+        self._token = token
         wanted: dict[int, Any] = {}
         for agent in self.agents:
             for sock in agent.filenos():

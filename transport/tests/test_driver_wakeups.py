@@ -179,3 +179,39 @@ def test_a_subscription_added_while_the_receiver_computes_its_deadline() -> None
     image.needs_work = add_meanwhile  # type: ignore[method-assign]
     assert dispatcher.next_deadline_ns(now) > now
     assert dispatcher.interests[11] == (added,)
+
+
+def test_a_step_reads_only_the_sockets_that_have_datagrams(monkeypatch: Any) -> None:
+    """Every step tried a receive on every socket (the handshake client's driver: ~10 sockets,
+    most of them closing subscriptions' sending their EOS status messages; ~800 failed
+    ``recvfrom`` calls per connect). The runner now polls which are readable (one epoll_wait)
+    and the agents read those."""
+    import socket
+
+    from aeron_spark.transport.driver.endpoint import UdpEndpoint
+
+    driver = Driver(DriverConfig(threading_mode="invoker", write_counters_file=False))
+    driver.start()
+    reads: list[int] = []
+    real_receive = UdpEndpoint.raw_receive
+
+    def counting_receive(self: UdpEndpoint) -> Any:
+        reads.append(self.local_port)
+        return real_receive(self)
+
+    try:
+        subs = [driver.add_subscription("aeron:udp?endpoint=127.0.0.1:0", 10) for _ in range(10)]
+        now = time.monotonic_ns()
+        driver.do_work(now)
+        monkeypatch.setattr(UdpEndpoint, "raw_receive", counting_receive)
+        driver.do_work(now)
+        assert reads == [], "a step with no datagram anywhere read sockets"
+        host, port = subs[3].local_endpoints[0]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            peer.sendto(b"\x00" * 32, (host, port))  # a malformed frame: read, counted, dropped
+        deadline = time.monotonic() + 5.0
+        while not reads and time.monotonic() < deadline:
+            driver.do_work(now)
+        assert set(reads) == {port}, f"read {sorted(set(reads))}, the datagram went to {port}"
+    finally:
+        driver.close()
