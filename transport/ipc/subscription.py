@@ -31,6 +31,8 @@ from aeron_spark.transport.protocol.term import Header
 from aeron_spark.transport.uri import ChannelConfig
 
 SCAN_INTERVAL_NS = 20_000_000
+LISTING_INTERVAL_NS = 1_000_000_000  # the directory is listed at least this often
+MTIME_SETTLED_NS = 100_000_000  # a directory mtime this old is past any coarse clock tick
 HEARTBEAT_INTERVAL_NS = 100_000_000
 
 
@@ -141,6 +143,8 @@ class IpcSubscription:
         self._images: tuple[IpcImage, ...] = ()
         self._known: set[str] = set()
         self._next_scan_ns = 0
+        self._listed_stamp: int | None = None  # the directory's mtime at a complete listing
+        self._next_listing_ns = 0
         self._next_heartbeat_ns = 0
         self._round_robin = 0
         self._closed = False
@@ -169,11 +173,24 @@ class IpcSubscription:
         return work
 
     def _scan(self, now_ns: int) -> int:
+        """Open this stream's new log files. The directory is listed only when it changed (its
+        mtime) since a listing that left nothing to retry, or a second has passed: listing a
+        directory of hundreds of other streams' and dead processes' files 50 times a second
+        cost an idle handshake server a tenth of a core."""
+        try:
+            stamp = os.stat(self.folder).st_mtime_ns
+        except FileNotFoundError:
+            return 0
+        if stamp == self._listed_stamp and now_ns < self._next_listing_ns:
+            return 0
+        self._listed_stamp = None
+        self._next_listing_ns = now_ns + LISTING_INTERVAL_NS
         try:
             names = os.listdir(self.folder)
         except FileNotFoundError:
             return 0
         added = 0
+        retry = False  # a file of ours that may become an image without the directory changing
         # The directory is shared by every stream (and holds what dead processes left): only
         # this stream's names are parsed, the others cost one startswith each.
         prefix = self._name_prefix
@@ -188,10 +205,13 @@ class IpcSubscription:
             path = self.folder / name
             log = LogFile.open(path)
             if log is None:
+                retry = True  # not initialised yet
                 continue
             if not log.publisher_live(now_ns, self.liveness_timeout_ns):
                 if log.state == STATE_CLOSED or not pid_alive(log.pid):
                     _clean_up_if_abandoned(log, now_ns, self.liveness_timeout_ns)
+                else:
+                    retry = True  # its publisher lives: its heartbeat may resume
                 log.close()
                 continue
             position = log.position
@@ -211,6 +231,10 @@ class IpcSubscription:
             self._notify()
             if self._on_available is not None:
                 self._on_available(image)
+        # A file created within the same clock tick as the listing may leave the mtime as it
+        # was (file times are coarse): only a stamp older than that tick is trusted.
+        if not retry and time.time_ns() - stamp > MTIME_SETTLED_NS:
+            self._listed_stamp = stamp
         return added
 
     def _retire(self, now_ns: int) -> int:
@@ -230,6 +254,7 @@ class IpcSubscription:
         image.closed = True
         self._images = tuple(i for i in self._images if i is not image)
         self._known.discard(image.log.path.name)
+        self._listed_stamp = None  # its file may be found again (a publisher that resumes)
         image.log.release_slot(image.slot)
         _clean_up_if_abandoned(image.log, now_ns, self.liveness_timeout_ns)
         image.log.close()

@@ -215,3 +215,49 @@ def test_a_step_reads_only_the_sockets_that_have_datagrams(monkeypatch: Any) -> 
         assert set(reads) == {port}, f"read {sorted(set(reads))}, the datagram went to {port}"
     finally:
         driver.close()
+
+
+def test_an_ipc_subscription_lists_its_directory_only_when_it_changed(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """Each scan (every 20 ms) listed the whole shared directory; now only when its mtime moved
+    since a listing that left nothing to retry (or once a second). The mtime is set into the
+    past by hand, so the test does not wait for file times to settle."""
+    import os
+
+    from aeron_spark.transport.ipc.logfile import file_name, ipc_directory
+
+    folder = ipc_directory(tmp_path)
+    folder.mkdir(parents=True)
+    for i in range(50):
+        (folder / file_name(1000 + i % 7, i)).touch()
+    settled = time.time_ns() - 10 * 1_000_000_000
+    os.utime(folder, ns=(settled, settled))
+    listings: list[str] = []
+    real_listdir = os.listdir
+
+    def counting_listdir(path: Any) -> list[str]:
+        listings.append(str(path))
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", counting_listdir)
+    driver = Driver(
+        DriverConfig(threading_mode="invoker", directory=tmp_path, write_counters_file=False)
+    )
+    driver.start()
+    try:
+        sub = driver.add_subscription("aeron:ipc", 10)  # lists once, at once
+        assert len(listings) == 1
+        now = time.monotonic_ns()
+        for step in range(1, 11):
+            driver.do_work(now + step * 25_000_000)  # ten scans due, within the second
+        assert len(listings) == 1, "the unchanged directory was listed again"
+        pub = driver.add_publication("aeron:ipc", 10)  # creates a file: the mtime moves
+        deadline = time.monotonic() + 5.0
+        while not sub.images and time.monotonic() < deadline:
+            driver.do_work()
+            sub.wait(0.05)
+        assert sub.images and sub.images[0].session_id == pub.session_id
+        assert len(listings) >= 2
+    finally:
+        driver.close()
