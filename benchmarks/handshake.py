@@ -18,6 +18,10 @@ client:
   version 3) proves the client's key; the open server just does not check it against a list.
 * ``cpu_ms_per_handshake_open`` / ``_auth``: CPU time of one whole handshake, client and server
   machines in memory (no transport), so it does not depend on the machine's load.
+* ``process_cpu_ms_per_handshake_open`` / ``_auth``: CPU time both processes (every thread:
+  the client's and the servers' drivers too) used per handshake during the rate runs (median
+  of the rounds). ``cpus * 1000 / this`` bounds the handshakes a second the machine can do
+  however little the connect waits.
 * ``encrypted_<size>_mb_per_s`` / ``plain_<size>_mb_per_s`` and ``encrypted_to_plain_<size>_ratio``
   for 1 KiB and 64 KiB messages: one connection sends ``--messages-mb`` MB; the rate is bytes
   acknowledged by the server / elapsed. Sealed and plain runs alternate (``--rounds`` each) so both
@@ -99,7 +103,19 @@ def _connect_latencies(client: Client, endpoint: str, count: int) -> list[float]
     return out
 
 
-def _handshake_rate(client: Client, endpoint: str, threads: int, seconds: float) -> float:
+def _process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a process has used so far."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _handshake_rate(
+    client: Client, endpoint: str, threads: int, seconds: float, server_pid: int
+) -> tuple[float, float]:
+    """Handshakes a second, and the CPU milliseconds both processes (this client and the
+    servers' child, every thread) spent per handshake meanwhile."""
+    cpu0 = time.process_time() + _process_cpu_s(server_pid)
     done = [0] * threads
     stop = time.monotonic() + seconds
 
@@ -114,7 +130,9 @@ def _handshake_rate(client: Client, endpoint: str, threads: int, seconds: float)
         t.start()
     for t in pool:
         t.join()
-    return sum(done) / (time.monotonic() - t0)
+    elapsed = time.monotonic() - t0
+    cpu = time.process_time() + _process_cpu_s(server_pid) - cpu0
+    return sum(done) / elapsed, cpu / max(sum(done), 1) * 1000
 
 
 def _cpu_per_handshake(authorize: bool, count: int = 500) -> float:
@@ -210,8 +228,8 @@ def main() -> None:
             client.connect(endpoints["defaults"]).close()  # warm up both drivers
             client.connect(endpoints["auth"]).close()
             figures: dict[str, dict[str, list[float]]] = {
-                "open": {"rate": [], "p50": [], "p99": []},
-                "auth": {"rate": [], "p50": [], "p99": []},
+                "open": {"rate": [], "p50": [], "p99": [], "cpu": []},
+                "auth": {"rate": [], "p50": [], "p99": [], "cpu": []},
             }
             per_round = max(args.connects // args.rounds, 1)
             for _ in range(args.rounds):
@@ -220,9 +238,11 @@ def main() -> None:
                     lat = sorted(_connect_latencies(client, endpoint, per_round))
                     figures[kind]["p50"].append(lat[len(lat) // 2] * 1000)
                     figures[kind]["p99"].append(lat[max(int(len(lat) * 0.99) - 1, 0)] * 1000)
-                    figures[kind]["rate"].append(
-                        _handshake_rate(client, endpoint, args.threads, args.seconds / args.rounds)
+                    rate, cpu_ms = _handshake_rate(
+                        client, endpoint, args.threads, args.seconds / args.rounds, child.pid
                     )
+                    figures[kind]["rate"].append(rate)
+                    figures[kind]["cpu"].append(cpu_ms)
             med = {k: {f: statistics.median(v) for f, v in d.items()} for k, d in figures.items()}
             result: dict[str, Any] = {
                 "handshakes_per_s": round(med["open"]["rate"], 1),
@@ -236,6 +256,8 @@ def main() -> None:
                 ),
                 "auth_to_open_p50_ratio": round(med["auth"]["p50"] / med["open"]["p50"], 3),
                 "authorized_keys": endpoints["authorized_keys"],
+                "process_cpu_ms_per_handshake_open": round(med["open"]["cpu"], 2),
+                "process_cpu_ms_per_handshake_auth": round(med["auth"]["cpu"], 2),
                 "cpu_ms_per_handshake_open": round(_cpu_per_handshake(False), 3),
                 "cpu_ms_per_handshake_auth": round(_cpu_per_handshake(True), 3),
                 "connects_timed": per_round * args.rounds,

@@ -168,15 +168,18 @@ class _Attempt:
         self.opened.append(resource)
         return resource
 
-    def _wait_until(self, ready: Callable[[], bool], sub: Any | None) -> None:
-        """Wait for ``ready()``: on ``sub`` (woken by its data and images), else in short sleeps
-        (a publication becoming connected wakes nobody), growing from 0.1 ms to 2 ms."""
+    def _wait_until(self, ready: Callable[[], bool], sub: Any | None, pub: Any = None) -> None:
+        """Wait for ``ready()``: on ``sub`` (woken by its data and images), on ``pub`` while it
+        is not connected (woken by the status message that connects it), else (a connected
+        publication back-pressured: nothing wakes us) in short sleeps from 0.1 ms to 2 ms."""
         delay = 0.0001
         while not ready():
             self.machine.check_timeout(time.monotonic_ns())
             remaining = max(self.deadline - time.monotonic(), 0.0)
             if sub is not None:
                 sub.wait(min(remaining, 0.01))
+            elif pub is not None and not pub.is_connected:
+                pub.wait_until_connected(min(remaining, 0.01))
             else:
                 time.sleep(min(remaining, delay))
                 delay = min(delay * 2, 0.002)
@@ -193,9 +196,9 @@ class _Attempt:
             replies = self._open("sub", ch.reply_sub(), ch.reply_stream)
             hello_pub = self._open("pub", ch.hello_pub(), ch.hello_stream)
             self._wait_until(lambda: bool(replies.images), replies)
-            self._wait_until(lambda: hello_pub.is_connected, None)
+            self._wait_until(lambda: hello_pub.is_connected, None, hello_pub)
             hello = m.hello()
-            self._wait_until(lambda: hello_pub.offer(hello) > 0, None)
+            self._wait_until(lambda: hello_pub.offer(hello) > 0, None, hello_pub)
             inbox: deque[bytes] = deque()
             assembler = FragmentAssembler(lambda p, h: inbox.append(bytes(p)))
             details = None
@@ -217,9 +220,9 @@ class _Attempt:
             sub = self._open("sub", ch.s2c_sub(details, rcv_wnd), details.s2c_stream_id)
             pub = self._open("pub", ch.c2s_pub(details), details.c2s_stream_id)
             self._wait_until(lambda: bool(sub.images), sub)
-            self._wait_until(lambda: pub.is_connected, None)
+            self._wait_until(lambda: pub.is_connected, None, pub)
             done = m.done()
-            self._wait_until(lambda: pub.offer(done) > 0, None)
+            self._wait_until(lambda: pub.offer(done) > 0, None, pub)
             frames: deque[bytes] = deque()
             pair_assembler = FragmentAssembler(lambda p, h: frames.append(bytes(p)))
             while not frames:
@@ -260,7 +263,7 @@ class _Attempt:
         return conn
 
     def _say_again(self, hello_pub: Any, hello: bytes) -> None:
-        self._wait_until(lambda: hello_pub.offer(hello) > 0, None)
+        self._wait_until(lambda: hello_pub.offer(hello) > 0, None, hello_pub)
 
     def _close_all(self) -> None:
         for resource in self.opened:

@@ -42,6 +42,12 @@ _TYPE_RTTM = int(FrameType.RTTM)
 _TYPE_ERR = int(FrameType.ERR)
 
 
+def _may_read(endpoint: UdpEndpoint, readable: set[Any] | None) -> bool:
+    """Whether a step reads ``endpoint``: its socket polled readable at the step's start, or
+    nobody polled (an agent stepped by hand), or a loss hook that may hold datagrams back."""
+    return readable is None or endpoint.sock in readable or endpoint.loss is not None
+
+
 class Agent(Protocol):
     def do_work(self, now_ns: int) -> int: ...
     def next_deadline_ns(self, now_ns: int) -> int: ...
@@ -122,13 +128,15 @@ class SenderAgent:
         self.counters = counters
         self.endpoints: tuple[SendEndpoint, ...] = ()
         self.on_publication_done = on_publication_done
+        self.readable: set[Any] | None = None  # set by the runner each step (see _may_read)
 
     def do_work(self, now_ns: int) -> int:
         work = 0
         counters = self.counters
+        readable = self.readable
         for ep in self.endpoints:
             endpoint = ep.endpoint
-            for _ in range(RECEIVES_PER_STEP):
+            for _ in range(RECEIVES_PER_STEP if _may_read(endpoint, readable) else 0):
                 got = endpoint.receive()
                 if got is None:
                     break
@@ -166,21 +174,33 @@ class SenderAgent:
 
 
 class ReceiverAgent:
-    """Reads data/SETUP on subscription sockets; sends SMs and NAKs for the images."""
+    """Reads data/SETUP on subscription sockets; sends SMs and NAKs for the images.
 
-    def __init__(self, counters: SystemCounters) -> None:
+    ``on_endpoint_idle()`` (if given) is called in the step that sees a socket none of whose
+    subscriptions is left (all closed, their images gone): the driver closes it then, not on
+    its next housekeeping tick. Every step reads every socket, so each socket left open after
+    its last subscription closed costs every step (a client connecting fast would otherwise
+    carry a second's worth of dead sockets in each of its steps)."""
+
+    def __init__(
+        self, counters: SystemCounters, on_endpoint_idle: Callable[[], object] | None = None
+    ) -> None:
         self.counters = counters
         self.endpoints: tuple[ReceiveEndpoint, ...] = ()
+        self.on_endpoint_idle = on_endpoint_idle
+        self.readable: set[Any] | None = None  # set by the runner each step (see _may_read)
 
     def do_work(self, now_ns: int) -> int:
         work = 0
         counters = self.counters
+        idle = False
+        readable = self.readable
         for ep in self.endpoints:
             endpoint = ep.endpoint
             dispatcher = ep.dispatcher
             send = endpoint.send
             on_datagram = dispatcher.on_datagram
-            for _ in range(RECEIVES_PER_STEP):
+            for _ in range(RECEIVES_PER_STEP if _may_read(endpoint, readable) else 0):
                 got = endpoint.receive()
                 if got is None:
                     break
@@ -191,6 +211,10 @@ class ReceiverAgent:
                 except RemoteProtocolError:
                     counters.invalid_frames += 1
             work += dispatcher.do_work(now_ns, send)
+            if not dispatcher.interests:
+                idle = True
+        if idle and self.on_endpoint_idle is not None:
+            self.on_endpoint_idle()
         return work
 
     def has_work(self) -> bool:
@@ -224,6 +248,8 @@ class AgentRunner:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._registered: dict[int, Any] = {}
+        self._token: tuple[Any, ...] | None = None
+        self._reading_agents = tuple(a for a in self.agents if hasattr(a, "readable"))
         self._running = False
         self._thread: threading.Thread | None = None
 
@@ -237,6 +263,7 @@ class AgentRunner:
 
     def do_work(self, now_ns: int | None = None) -> int:
         now = time.monotonic_ns() if now_ns is None else now_ns
+        self._poll_readable()
         work = 0
         for agent in self.agents:
             try:
@@ -270,7 +297,28 @@ class AgentRunner:
         finally:
             self.sleeping = False
 
+    def _poll_readable(self) -> None:
+        """Tell the agents which sockets have datagrams now (one ``epoll_wait`` with no
+        timeout): a step reads those, not every socket (a client connecting fast has a dozen,
+        most of them closing subscriptions' that only send their EOS status messages)."""
+        agents = self._reading_agents
+        if not agents:
+            return
+        self._sync_registrations()
+        try:
+            events = self._selector.select(0)
+        except (OSError, ValueError):
+            ready = None  # closed under us: read every socket this step, as before
+        else:
+            ready = {key.fileobj for key, _ in events}
+        for agent in agents:
+            agent.readable = ready
+
     def _sync_registrations(self) -> None:
+        token = tuple(getattr(agent, "endpoints", None) for agent in self.agents)
+        if token == self._token:  # tuples of endpoint tuples: replaced (copy on write) on change
+            return
+        self._token = token
         wanted: dict[int, Any] = {}
         for agent in self.agents:
             for sock in agent.filenos():
@@ -298,8 +346,13 @@ class AgentRunner:
 
     def _run(self) -> None:
         while self._running:
-            if self.do_work() == 0:
-                self.idle(0.1)
+            try:
+                if self.do_work() == 0:
+                    self.idle(0.1)
+            except Exception as exc:  # noqa: BLE001 - a bug in a deadline must not kill the driver
+                self.on_error(exc)
+                self.sleeping = False
+                time.sleep(0.001)  # only after an error: never a spin on a repeating one
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._running = False

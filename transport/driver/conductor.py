@@ -44,7 +44,11 @@ from aeron_spark.transport.protocol.receiver import StreamInterest, image_counts
 from aeron_spark.transport.uri import ChannelConfig, Endpoint
 
 OpenEndpoint = Callable[[Endpoint, ChannelConfig], UdpEndpoint]
-IPC_POLL_NS = 1_000_000  # IPC resources are polled every millisecond when idle
+# How often the conductor steps the IPC resources when nothing else wakes it: their own timers
+# are coarser (a subscription scans for new log files every 20 ms, heartbeats every 100 ms) and
+# an offer or a wait refreshes what it needs itself, so waking every millisecond bought nothing
+# but a thousand wake-ups a second per idle driver with an IPC resource (a handshake server).
+IPC_POLL_INTERVAL_NS = 10_000_000
 
 
 class ImageLimits:
@@ -96,7 +100,7 @@ class DriverConductor:
         self._wake_conductor = wake_conductor
         self.lock = threading.RLock()
         self.sender = SenderAgent(system_counters, self.on_publication_done)
-        self.receiver = ReceiverAgent(system_counters)
+        self.receiver = ReceiverAgent(system_counters, self.reap_receive_endpoints)
         self.send_endpoints: dict[Any, SendEndpoint] = {}
         self.receive_endpoints: dict[Any, ReceiveEndpoint] = {}
         self.publications: list[Any] = []  # client Publication objects (network)
@@ -126,7 +130,7 @@ class DriverConductor:
 
     def next_deadline_ns(self, now_ns: int) -> int:
         if self.ipc:
-            return now_ns + IPC_POLL_NS
+            return min(now_ns + IPC_POLL_INTERVAL_NS, self.deadline_ns)
         return self.deadline_ns
 
     def filenos(self) -> list[Any]:

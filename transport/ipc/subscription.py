@@ -23,6 +23,7 @@ from aeron_spark.transport.client import Image, Subscription
 from aeron_spark.transport.ipc.logfile import (
     STATE_CLOSED,
     LogFile,
+    file_name,
     ipc_directory,
     parse_name,
     pid_alive,
@@ -35,6 +36,8 @@ from aeron_spark.transport.uri import ChannelConfig
 
 SCAN_INTERVAL_NS = rules.SCAN_INTERVAL_NS
 HEARTBEAT_INTERVAL_NS = rules.SUBSCRIBER_HEARTBEAT_INTERVAL_NS
+LISTING_INTERVAL_NS = 1_000_000_000  # the directory is listed at least this often
+MTIME_SETTLED_NS = 100_000_000  # a directory mtime this old is past any coarse clock tick
 
 
 class IpcImageLog:
@@ -112,11 +115,14 @@ class IpcSubscriptionMedia:
         self.stream_id = stream_id
         self.session_filter = config.session_id
         self.folder = ipc_directory(directory)
+        self._name_prefix = file_name(stream_id, 0).rpartition("_")[0] + "_"  # "pub_<stream>_"
         self.liveness_timeout_ns = liveness_timeout_ns
         self._on_error = on_error
         self._known: set[str] = set()
         self._scan_due = rules.Interval(SCAN_INTERVAL_NS)
         self._heartbeat_due = rules.Interval(HEARTBEAT_INTERVAL_NS)
+        self._listed_stamp: int | None = None  # the directory's mtime at a complete listing
+        self._next_listing_ns = 0
         self._closed = False
         self._lock = threading.Lock()
         self._subscription: Subscription | None = None
@@ -156,23 +162,44 @@ class IpcSubscriptionMedia:
         return [image._state for image in self._subscription._images]  # type: ignore[misc]
 
     def _scan(self, now_ns: int) -> int:
+        """Open this stream's new log files. The directory is listed only when it changed (its
+        mtime) since a listing that left nothing to retry, or a second has passed: listing a
+        directory of hundreds of other streams' and dead processes' files 50 times a second
+        cost an idle handshake server a tenth of a core."""
+        try:
+            stamp = os.stat(self.folder).st_mtime_ns
+        except FileNotFoundError:
+            return 0
+        if stamp == self._listed_stamp and now_ns < self._next_listing_ns:
+            return 0
+        self._listed_stamp = None
+        self._next_listing_ns = now_ns + LISTING_INTERVAL_NS
         try:
             names = os.listdir(self.folder)
         except FileNotFoundError:
             return 0
         added = 0
+        retry = False  # a file of ours that may become an image without the directory changing
+        # The directory is shared by every stream (and holds what dead processes left): only
+        # this stream's names are parsed, the others cost one startswith each.
+        prefix = self._name_prefix
         for name in names:
+            if not name.startswith(prefix) or name in self._known:
+                continue
             ids = parse_name(name)
-            if ids is None or ids[0] != self.stream_id or name in self._known:
+            if ids is None or ids[0] != self.stream_id:
                 continue
             if self.session_filter is not None and ids[1] != self.session_filter:
                 continue
             log = LogFile.open(self.folder / name)
             if log is None:
+                retry = True  # not initialised yet
                 continue
             if not log.publisher_live(now_ns, self.liveness_timeout_ns):
                 if log.state == STATE_CLOSED or not pid_alive(log.pid):
                     _clean_up_if_abandoned(log, now_ns, self.liveness_timeout_ns)
+                else:
+                    retry = True  # its publisher lives: its heartbeat may resume
                 log.close()
                 continue
             claimed = log.position
@@ -184,6 +211,10 @@ class IpcSubscriptionMedia:
             added += 1
             assert self._subscription is not None
             self._subscription._image_available(IpcImageLog(log, slot, position))
+        # A file created within the same clock tick as the listing may leave the mtime as it
+        # was (file times are coarse): only a stamp older than that tick is trusted.
+        if not retry and time.time_ns() - stamp > MTIME_SETTLED_NS:
+            self._listed_stamp = stamp
         return added
 
     def _retire(self, now_ns: int) -> int:
@@ -195,6 +226,7 @@ class IpcSubscriptionMedia:
     def _drop(self, image: IpcImageLog, now_ns: int) -> None:
         assert self._subscription is not None
         self._known.discard(image.log.path.name)
+        self._listed_stamp = None  # its file may be found again (a publisher that resumes)
         try:
             self._subscription._image_unavailable(image)
         finally:

@@ -423,9 +423,15 @@ class ReceiveDispatcher:
 
     def next_deadline_ns(self, now_ns: int) -> int:
         deadline = now_ns + 1_000_000_000
-        for interests in self.interests.values():
+        # list(): a client thread's add() may insert a stream id meanwhile (copied in one step,
+        # like images(); iterating the live view killed a handshake server's driver thread)
+        for interests in list(self.interests.values()):
             for interest in interests:
-                if interest.control_address is not None and interest.elicit_deadline_ns < deadline:
+                if (
+                    interest.control_address is not None
+                    and not interest.closed  # do_work elicits nothing for a closed one
+                    and interest.elicit_deadline_ns < deadline
+                ):
                     deadline = interest.elicit_deadline_ns
                 for image in interest.images.values():
                     if image.needs_work():

@@ -67,14 +67,15 @@ def test_timers_and_reaping_follow_the_manual_clock() -> None:
     assert c.next_deadline_ns(clock.now_ns) == clock.now_ns + 1000 * MS
     c.close_subscription(sub, clock.now_ns)
     c.receiver.do_work(clock.now_ns)  # the dispatcher lets go of the closed interest
+    # ... and the same receiver step frees the socket (not the conductor's next tick)
+    assert not c.receive_endpoints and c.receiver.endpoints == ()
+    assert rep.endpoint.sock.fileno() == -1  # its socket is closed
     clock.advance(1000 * MS - 1)
     c.do_work(clock.now_ns)
-    assert len(ticks) == 1 and c.receive_endpoints  # not yet: the timer has not fired
+    assert len(ticks) == 1  # not yet: the timer has not fired
     clock.advance(1)
     c.do_work(clock.now_ns)
     assert ticks[-1] == clock.now_ns and len(ticks) == 2
-    assert not c.receive_endpoints and c.receiver.endpoints == ()
-    assert rep.endpoint.sock.fileno() == -1  # its socket is closed
     assert c.retired["images_created"] == 0 and "status_messages_sent" in c.retired
     assert c.subscriptions == []
 

@@ -1,0 +1,274 @@
+"""What an idle or closing driver wakes up for (the handshake benchmark's CPU, issue 19).
+
+A client that connects and closes fast left three costs in every driver step, found by counting
+the runner's wake-ups and profiling its thread (~11 ms of driver CPU per handshake):
+
+* a closed subscription with a ``control`` address (every handshake client's reply and session
+  subscription) kept its elicit deadline in ``next_deadline_ns`` although ``do_work`` elicits
+  nothing for it: the runner's deadline stayed in the past and it stepped without sleeping
+  until the images had sent their EOS SMs (~a quarter of a second per closed subscription);
+* a socket whose last subscription was gone stayed open, and read in every step, until the
+  conductor's next housekeeping tick (up to a second: ~60 dead sockets at 40 connects/s);
+* a driver with any IPC resource (every handshake server: it listens on IPC too) woke every
+  millisecond although the IPC resources' own timers run at 20 ms and 100 ms.
+
+Stepped by hand at a fixed time (nothing here depends on the machine's speed): the clock never
+reaches the conductor's tick, so only the receiver can have closed the socket.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aeron_spark.transport import Driver, DriverConfig
+from aeron_spark.transport.counters import SystemCounters
+from aeron_spark.transport.driver.conductor import (
+    IPC_POLL_INTERVAL_NS,
+    DriverConductor,
+    ImageLimits,
+)
+from aeron_spark.transport.protocol.frames import SetupFrame
+from aeron_spark.transport.protocol.receiver import ReceiveDispatcher, StreamInterest
+
+SENDER = ("127.0.0.1", 41000)
+CONTROL = ("127.0.0.1", 41001)
+
+
+def _sent(log: list[bytes]) -> Any:
+    return lambda data, address: log.append(bytes(data))
+
+
+def test_a_closed_subscriptions_elicit_deadline_does_not_keep_the_receiver_awake() -> None:
+    now = 1_000_000_000
+    wire: list[bytes] = []
+    dispatcher = ReceiveDispatcher()
+    interest = StreamInterest(10, control_address=CONTROL)
+    dispatcher.add(interest)
+    dispatcher.do_work(now, _sent(wire))  # elicits a SETUP from the control address
+    setup = SetupFrame(0, 3, 10, 7, 7, 64 * 1024, 1408).encode()
+    dispatcher.on_datagram(setup, len(setup), SENDER, now, _sent(wire))
+    assert interest.images
+    dispatcher.do_work(now, _sent(wire))  # the image's first SM
+    dispatcher.remove(interest, now)
+    later = now + 500_000_000  # past the interest's elicit deadline
+    dispatcher.do_work(later, _sent(wire))  # the image's first EOS SM
+    assert interest.images, "the image is still sending its EOS SMs"
+    # nothing is due now: the receiver may sleep until the next EOS SM
+    assert dispatcher.do_work(later, _sent(wire)) == 0
+    assert dispatcher.next_deadline_ns(later) > later
+
+
+def test_a_socket_is_closed_in_the_step_after_its_last_subscription_is_gone() -> None:
+    driver = Driver(DriverConfig(threading_mode="invoker", write_counters_file=False))
+    driver.start()
+    try:
+        now = time.monotonic_ns()
+        sub = driver.add_subscription("aeron:udp?endpoint=127.0.0.1:0", 10)
+        other = driver.add_subscription("aeron:udp?endpoint=127.0.0.1:0", 11)
+        driver.do_work(now)  # the conductor's tick is due once, now; its next is a second on
+        assert len(driver._receiver.endpoints) == 2
+        (endpoint,) = [
+            ep.endpoint for ep in driver._receiver.endpoints if ep.dispatcher.interests.get(10)
+        ]
+        sub.close()
+        for _ in range(3):
+            driver.do_work(now)  # same instant: the conductor's tick is not due again
+        assert len(driver._receiver.endpoints) == 1, "the dead socket is still read every step"
+        assert endpoint.closed
+        assert other.channel and not other.is_closed
+    finally:
+        driver.close()
+
+
+class _Resource:
+    """An IPC resource (the conductor only calls ``do_work``) that counts its steps."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def do_work(self, now_ns: int) -> int:
+        self.steps += 1
+        return 0
+
+
+def test_an_idle_conductor_with_ipc_resources_wakes_at_their_timers_pace() -> None:
+    conductor = DriverConductor(
+        SystemCounters(),
+        lambda bind, config: None,  # type: ignore[arg-type,return-value]  # opens no socket here
+        image_limits=ImageLimits(16 * 1024 * 1024, 65504, 64, 16, 16),
+        retransmit_linger_ns=0,
+        counters_interval_ns=1_000_000_000,
+    )
+    conductor.ipc = (_Resource(),)
+    now = 5_000_000_000
+    conductor.do_work(now)  # housekeeping tick: the next one is a second on
+    assert conductor.next_deadline_ns(now) == now + IPC_POLL_INTERVAL_NS
+    assert IPC_POLL_INTERVAL_NS >= 10_000_000  # not every millisecond
+    # the housekeeping tick is never postponed by the IPC interval
+    assert conductor.next_deadline_ns(now + 995_000_000) == now + 1_000_000_000
+
+
+def test_an_idle_driver_with_an_ipc_subscription_sleeps(tmp_path: Any) -> None:
+    """A real driver thread: its runner's steps over a third of a second, idle but for an IPC
+    subscription. Waking every millisecond made ~300 (each step a Python pass over every agent);
+    at the IPC resources' pace it is ~30. The bound counts wake-ups, it times nothing: a slow
+    or loaded machine only makes fewer."""
+    driver = Driver(DriverConfig(directory=tmp_path, write_counters_file=False)).start()
+    try:
+        sub = driver.add_subscription("aeron:ipc", 10)
+        resource = _Resource()
+        driver._conductor.ipc = (*driver._conductor.ipc, resource)
+        time.sleep(0.05)  # let the runner settle into its idle loop
+        before = resource.steps
+        time.sleep(0.3)
+        steps = resource.steps - before
+        assert steps <= 100, f"{steps} wake-ups in 0.3 s of idleness"
+        sub.close()
+    finally:
+        driver.close()
+
+
+def test_an_ipc_scan_parses_only_its_own_streams_names(tmp_path: Any, monkeypatch: Any) -> None:
+    """The IPC directory is shared by every stream and keeps what dead processes left (639
+    files in this machine's default directory): each handshake server's IPC HELLO subscription
+    parsed every name every 20 ms (~7 ms a scan, a third of a core per idle server)."""
+    from aeron_spark.transport.ipc import subscription as ipc_subscription
+    from aeron_spark.transport.ipc.logfile import file_name, ipc_directory
+
+    folder = ipc_directory(tmp_path)
+    folder.mkdir(parents=True)
+    for i in range(300):
+        (folder / file_name(1000 + i % 7, i)).touch()  # other streams' (left-over) files
+    parsed: list[str] = []
+    real_parse = ipc_subscription.parse_name
+
+    def counting_parse(name: str) -> Any:
+        parsed.append(name)
+        return real_parse(name)
+
+    monkeypatch.setattr(ipc_subscription, "parse_name", counting_parse)
+    driver = Driver(
+        DriverConfig(threading_mode="invoker", directory=tmp_path, write_counters_file=False)
+    )
+    driver.start()
+    try:
+        pub = driver.add_publication("aeron:ipc", 10)
+        sub = driver.add_subscription("aeron:ipc", 10)
+        deadline = time.monotonic() + 5.0
+        while not sub.images and time.monotonic() < deadline:
+            driver.do_work()
+            sub.wait(0.05)
+        assert sub.images and sub.images[0].session_id == pub.session_id
+        assert parsed and all(name.startswith("pub_10_") for name in parsed), parsed[:3]
+    finally:
+        driver.close()
+
+
+def test_a_subscription_added_while_the_receiver_computes_its_deadline() -> None:
+    """A handshake server adds a subscription for a new stream id on its shared socket with
+    every session, from its own thread, while the driver thread computes its next deadline: the
+    dispatcher iterated its live dict of stream ids and the driver thread died ("dictionary
+    changed size during iteration"; seen under the profiler). The interleaving is driven here:
+    the image's check runs the other thread's add()."""
+    now = 1_000_000_000
+    dispatcher = ReceiveDispatcher()
+    interest = StreamInterest(10)
+    dispatcher.add(interest)
+    setup = SetupFrame(0, 3, 10, 7, 7, 64 * 1024, 1408).encode()
+    dispatcher.on_datagram(setup, len(setup), SENDER, now, _sent([]))
+    (image,) = interest.images.values()
+    dispatcher.do_work(now, _sent([]))
+    added = StreamInterest(11)
+    real_needs_work = image.needs_work
+
+    def add_meanwhile() -> bool:
+        if 11 not in dispatcher.interests:
+            dispatcher.add(added)  # what the other thread does at this moment
+        return bool(real_needs_work())
+
+    image.needs_work = add_meanwhile  # type: ignore[method-assign]
+    assert dispatcher.next_deadline_ns(now) > now
+    assert dispatcher.interests[11] == (added,)
+
+
+def test_a_step_reads_only_the_sockets_that_have_datagrams(monkeypatch: Any) -> None:
+    """Every step tried a receive on every socket (the handshake client's driver: ~10 sockets,
+    most of them closing subscriptions' sending their EOS status messages; ~800 failed
+    ``recvfrom`` calls per connect). The runner now polls which are readable (one epoll_wait)
+    and the agents read those."""
+    import socket
+
+    from aeron_spark.transport.driver.endpoint import UdpEndpoint
+
+    driver = Driver(DriverConfig(threading_mode="invoker", write_counters_file=False))
+    driver.start()
+    reads: list[int] = []
+    real_receive = UdpEndpoint.raw_receive
+
+    def counting_receive(self: UdpEndpoint) -> Any:
+        reads.append(self.local_port)
+        return real_receive(self)
+
+    try:
+        subs = [driver.add_subscription("aeron:udp?endpoint=127.0.0.1:0", 10) for _ in range(10)]
+        now = time.monotonic_ns()
+        driver.do_work(now)
+        monkeypatch.setattr(UdpEndpoint, "raw_receive", counting_receive)
+        driver.do_work(now)
+        assert reads == [], "a step with no datagram anywhere read sockets"
+        host, port = subs[3].local_endpoints[0]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            peer.sendto(b"\x00" * 32, (host, port))  # a malformed frame: read, counted, dropped
+        deadline = time.monotonic() + 5.0
+        while not reads and time.monotonic() < deadline:
+            driver.do_work(now)
+        assert set(reads) == {port}, f"read {sorted(set(reads))}, the datagram went to {port}"
+    finally:
+        driver.close()
+
+
+def test_an_ipc_subscription_lists_its_directory_only_when_it_changed(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """Each scan (every 20 ms) listed the whole shared directory; now only when its mtime moved
+    since a listing that left nothing to retry (or once a second). The mtime is set into the
+    past by hand, so the test does not wait for file times to settle."""
+    import os
+
+    from aeron_spark.transport.ipc.logfile import file_name, ipc_directory
+
+    folder = ipc_directory(tmp_path)
+    folder.mkdir(parents=True)
+    for i in range(50):
+        (folder / file_name(1000 + i % 7, i)).touch()
+    settled = time.time_ns() - 10 * 1_000_000_000
+    os.utime(folder, ns=(settled, settled))
+    listings: list[str] = []
+    real_listdir = os.listdir
+
+    def counting_listdir(path: Any) -> list[str]:
+        listings.append(str(path))
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", counting_listdir)
+    driver = Driver(
+        DriverConfig(threading_mode="invoker", directory=tmp_path, write_counters_file=False)
+    )
+    driver.start()
+    try:
+        sub = driver.add_subscription("aeron:ipc", 10)  # lists once, at once
+        assert len(listings) == 1
+        now = time.monotonic_ns()
+        for step in range(1, 11):
+            driver.do_work(now + step * 25_000_000)  # ten scans due, within the second
+        assert len(listings) == 1, "the unchanged directory was listed again"
+        pub = driver.add_publication("aeron:ipc", 10)  # creates a file: the mtime moves
+        deadline = time.monotonic() + 5.0
+        while not sub.images and time.monotonic() < deadline:
+            driver.do_work()
+            sub.wait(0.05)
+        assert sub.images and sub.images[0].session_id == pub.session_id
+        assert len(listings) >= 2
+    finally:
+        driver.close()
