@@ -125,7 +125,7 @@ def test_streaming_copy_with_a_killed_task_and_a_recommitted_batch_is_exactly_on
                 spark.readStream.format("aeron")
                 .option("archive", archive.control_channel)
                 .option("streamId", 5010)
-                .option("maxMessagesPerTrigger", 250)
+                .option("maxMessagesPerTrigger", 400)
                 .load()
                 .select("value")
             )
@@ -146,7 +146,7 @@ def test_streaming_copy_with_a_killed_task_and_a_recommitted_batch_is_exactly_on
             (p for p in (ckpt / "commits").iterdir() if p.name.isdigit()),
             key=lambda p: int(p.name),
         )
-        assert len(commits) >= 3  # 600 rows, at most 250 a batch
+        assert len(commits) >= 2  # 600 rows, at most 400 a batch
         last = commits[-1]
         last.unlink()  # the driver "died" after the append, before Spark's commit log
         (last.parent / f".{last.name}.crc").unlink(missing_ok=True)
