@@ -35,6 +35,7 @@ import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 from aeron_spark.connector.archive_markers import (
@@ -410,7 +411,7 @@ class Append:
         self.d = d
         self.batch = batch
         self.partitions = partitions
-        self.pub = None
+        self.pub: Any = None
         self.sub_id = -1
         self.recording_id = d.recording_id if d is not None else -1
         self.begin_position = -1

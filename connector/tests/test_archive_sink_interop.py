@@ -15,7 +15,6 @@ import dataclasses
 import os
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -204,7 +203,8 @@ public class SinkReplay
         {
             final long start = archive.getStartPosition(recordingId);
             final long stop = archive.getStopPosition(recordingId);
-            final FragmentAssembler assembler = new FragmentAssembler((buffer, offset, length, header) ->
+            final FragmentAssembler assembler = new FragmentAssembler(
+                (buffer, offset, length, header) ->
             {
                 if (header.reservedValue() == MARKER)
                 {
