@@ -60,7 +60,7 @@ from aeron_spark.connector.formats import Geometry, iter_messages
 from aeron_spark.connector.formats_sbe import encode_task
 from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.connector.sink import check_sink_schema, sink_payloads
-from aeron_spark.transport import TransportError
+from aeron_spark.transport import ChannelConfig, ChannelError, TransportError
 from aeron_spark.transport.archive.client import (
     ArchiveClient,
     ArchiveClientError,
@@ -253,6 +253,19 @@ def stage(
 # ------------------------------------------------------------------ driver: the append
 
 
+def _on_endpoint(client: ArchiveClient, channel: str, stream_id: int) -> list[RecordingDescriptor]:
+    """Recordings of ``stream_id`` whose channel has exactly ``channel``'s endpoint."""
+    endpoint = ChannelConfig.from_uri(channel).endpoint
+    out = []
+    for d in client.list_recordings_for_uri("endpoint=", stream_id):
+        try:
+            if ChannelConfig.from_uri(d.stripped_channel).endpoint == endpoint:
+                out.append(d)
+        except ChannelError:
+            continue  # a channel this transport cannot parse is not one of ours
+    return out
+
+
 @dataclass
 class CommitStats:
     """What one commit did (logged; a counter for everything skipped, cut or purged)."""
@@ -285,9 +298,7 @@ class ArchiveCommitter:
         channel whose original channel carries the sink's alias."""
         found = [
             d
-            for d in self.client.list_recordings_for_uri(
-                self.o.channel.split("|")[0], self.o.sink.stream_id
-            )
+            for d in _on_endpoint(self.client, self.o.channel, self.o.sink.stream_id)
             if f"alias={self.alias}" in d.original_channel and is_sink_target(d.original_channel)
         ]
         return max(found, key=lambda d: d.recording_id) if found else None
@@ -381,9 +392,7 @@ class ArchiveCommitter:
         if batch is None:
             return
         prefix = f"alias={STAGING_ALIAS_PREFIX}{sink_hash(self.identity)}-"
-        for d in self.client.list_recordings_for_uri(
-            self.o.staging_channel.split("|")[0], self.o.staging_stream_id
-        ):
+        for d in _on_endpoint(self.client, self.o.staging_channel, self.o.staging_stream_id):
             if d.recording_id in named or not d.original_channel.count(prefix):
                 continue
             tail = d.original_channel.split(prefix, 1)[1].split("|", 1)[0]
