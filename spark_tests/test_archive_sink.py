@@ -79,17 +79,25 @@ def test_batch_write_then_read_back_byte_for_byte(spark, archive) -> None:  # ty
     assert sorted((r.id, r.name) for r in back.collect()) == [(d["id"], d["name"]) for d in docs]
 
 
-@F.udf(BinaryType())
-def kill_first_attempt(value):  # type: ignore[no-untyped-def]  (no hints: a plain row UDF)
-    import os
-    import signal
+def _killer(flag: str):  # type: ignore[no-untyped-def]
+    """A UDF that kills (-9) its Python worker on the first attempt of partition 0, after
+    leaving ``flag`` behind as proof."""
 
-    from pyspark import TaskContext
+    @F.udf(BinaryType())
+    def kill_first_attempt(value):  # type: ignore[no-untyped-def]  (no hints: a plain row UDF)
+        import os
+        import signal
 
-    ctx = TaskContext.get()
-    if ctx is not None and ctx.attemptNumber() == 0 and ctx.partitionId() == 0:
-        os.kill(os.getpid(), signal.SIGKILL)  # kill -9 of this task's Python worker
-    return value
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is not None and ctx.attemptNumber() == 0 and ctx.partitionId() == 0:
+            with open(flag, "w") as f:
+                f.write(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)  # kill -9 of this task's Python worker
+        return value
+
+    return kill_first_attempt
 
 
 def test_streaming_copy_with_a_killed_task_and_a_recommitted_batch_is_exactly_once(  # type: ignore[no-untyped-def]
@@ -118,7 +126,7 @@ def test_streaming_copy_with_a_killed_task_and_a_recommitted_batch_is_exactly_on
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
         sink = _sink_options(archive, 5011)
-        ckpt = tmp_path / "ckpt"
+        ckpt, flag = tmp_path / "ckpt", tmp_path / "killed"
 
         def run(kill: bool) -> None:
             values = (
@@ -130,7 +138,7 @@ def test_streaming_copy_with_a_killed_task_and_a_recommitted_batch_is_exactly_on
                 .select("value")
             )
             if kill:
-                values = values.select(kill_first_attempt("value").alias("value"))
+                values = values.select(_killer(str(flag))("value").alias("value"))
             query = (
                 values.writeStream.format("aeron")
                 .options(**sink, sinkId="copy")
@@ -142,6 +150,7 @@ def test_streaming_copy_with_a_killed_task_and_a_recommitted_batch_is_exactly_on
             assert query.exception() is None
 
         run(kill=True)
+        assert flag.exists()  # the first attempt was killed; its retry staged again
         commits = sorted(
             (p for p in (ckpt / "commits").iterdir() if p.name.isdigit()),
             key=lambda p: int(p.name),
