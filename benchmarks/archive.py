@@ -13,10 +13,15 @@ server gets two producers). Prints one JSON object:
   ``--repeats``;
 * ``archive_source_rows_per_s`` / ``server_source_rows_per_s``: ``spark.read.format("aeron")``
   into a ``noop`` sink on local[2], with ``option("archive", ...)`` and with ``endpoint``, taking
-  turns (``benchmarks._timing.interleaved_best``), and their ratio ``archive_to_server_ratio``.
+  turns (``benchmarks._timing.interleaved_best``), and their ratio ``archive_to_server_ratio``;
+* ``archive_sink_rows_per_s`` / ``server_sink_rows_per_s``: ``df.write.format("aeron")`` of
+  ``--rows`` binary rows of 116 bytes in two partitions (``spark.range``), exactly once into the
+  archive (``option("archive", ...)``: tasks stage into staging recordings, the driver appends
+  them to the target between markers) and into the stream server (``endpoint``), taking turns;
+  their ratio ``archive_sink_to_server_sink_ratio``. Every archive write is counted back
+  through the archive source.
 
-The archive sink is not built yet, so there is no sink figure. The numbers depend on the load of
-the machine (the JSON has the load average at the start).
+The numbers depend on the load of the machine (the JSON has the load average at the start).
 """
 
 from __future__ import annotations
@@ -172,11 +177,63 @@ def _spark(control_channel: str, rows: int, repeats: int, tmp: str) -> dict[str,
         if counted != rows // 2 * 2:
             raise RuntimeError(f"the archive source read {counted} rows, not {rows}")
         best = interleaved_best({"archive": archive_source, "server": server_source}, repeats)
-    out["archive_source_rows_per_s"] = round(rows / best["archive"])
-    out["server_source_rows_per_s"] = round(rows / best["server"])
-    out["archive_to_server_ratio"] = round(best["server"] / best["archive"], 3)
+        out["archive_source_rows_per_s"] = round(rows / best["archive"])
+        out["server_source_rows_per_s"] = round(rows / best["server"])
+        out["archive_to_server_ratio"] = round(best["server"] / best["archive"], 3)
+        out.update(_sinks(spark, control_channel, server.endpoint, rows, repeats))
     spark.stop()
     return out
+
+
+def _sinks(spark, control_channel: str, endpoint: str, rows: int, repeats: int) -> dict:  # type: ignore[no-untyped-def]
+    from aeron_spark.transport.testing import free_udp_port
+    from pyspark.sql import functions as F
+
+    from benchmarks._timing import interleaved_best
+
+    df = spark.range(rows, numPartitions=2).select(
+        F.lit(bytes(MESSAGE_LENGTH)).cast("binary").alias("value")
+    )
+    target = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+    writes = [0]
+
+    def archive_sink() -> None:
+        (
+            df.write.format("aeron")
+            .option("archive", control_channel)
+            .option("channel", target)
+            .option("streamId", STREAM + 1)
+            .option("sinkId", "bench")
+            .mode("append")
+            .save()
+        )
+        writes[0] += 1
+
+    def server_sink() -> None:
+        (
+            df.write.format("aeron")
+            .option("endpoint", endpoint)
+            .option("streamId", STREAM + 1)
+            .option("sinkId", "bench")
+            .mode("append")
+            .save()
+        )
+
+    best = interleaved_best({"archive": archive_sink, "server": server_sink}, repeats)
+    counted = (
+        spark.read.format("aeron")
+        .option("archive", control_channel)
+        .option("streamId", STREAM + 1)
+        .load()
+        .count()
+    )
+    if counted != rows * writes[0]:
+        raise RuntimeError(f"the archive sink wrote {counted} rows, not {rows * writes[0]}")
+    return {
+        "archive_sink_rows_per_s": round(rows / best["archive"]),
+        "server_sink_rows_per_s": round(rows / best["server"]),
+        "archive_sink_to_server_sink_ratio": round(best["server"] / best["archive"], 3),
+    }
 
 
 if __name__ == "__main__":

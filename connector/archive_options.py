@@ -11,7 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from aeron_spark.connector.options import SPARK_OPTIONS, SourceOptions, parse_source_options
+from aeron_spark.connector.options import (
+    SPARK_OPTIONS,
+    SinkOptions,
+    SourceOptions,
+    parse_sink_options,
+    parse_source_options,
+)
 from aeron_spark.transport import ChannelConfig, ChannelError
 
 from aeron_spark.errors import ConfigurationError
@@ -39,6 +45,8 @@ ARCHIVE_SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
         "the address of this host the archive sends responses and replays to",
     ),
 }
+
+DEFAULT_STAGING_STREAM_ID = 0x5AFE0021  # staging recordings' stream id (not a row stream)
 
 # Stream-server options that archive mode does not take, and why.
 _NOT_IN_ARCHIVE_MODE = {
@@ -75,12 +83,14 @@ def is_archive_mode(options: Mapping[str, str]) -> bool:
     return any(str(k).lower() == "archive" for k in options)
 
 
-def parse_archive_source_options(options: Mapping[str, str]) -> ArchiveSourceOptions:
+def _split_options(
+    options: Mapping[str, str], own: Mapping[str, object]
+) -> tuple[dict[str, str], dict[str, str]]:
     rest: dict[str, str] = {}
     mine: dict[str, str] = {}
     for key, value in options.items():
         name = str(key).lower()
-        if name in ARCHIVE_SOURCE_OPTIONS:
+        if name in own:
             mine[name] = str(value)
         elif name in _NOT_IN_ARCHIVE_MODE:
             raise ConfigurationError(
@@ -88,6 +98,10 @@ def parse_archive_source_options(options: Mapping[str, str]) -> ArchiveSourceOpt
             )
         else:
             rest[str(key)] = value
+    return mine, rest
+
+
+def _connect_parts(mine: dict[str, str]) -> tuple[str, int, str | None]:
     control = mine.get("archive", "").strip()
     try:
         config = ChannelConfig.from_uri(control)
@@ -107,10 +121,15 @@ def parse_archive_source_options(options: Mapping[str, str]) -> ArchiveSourceOpt
         raise ConfigurationError(
             "archiveControlStreamId", mine.get("archivecontrolstreamid"), "an int32 stream id"
         )
+    return control, stream, mine.get("archiveresponsehost", "").strip() or None
+
+
+def parse_archive_source_options(options: Mapping[str, str]) -> ArchiveSourceOptions:
+    mine, rest = _split_options(options, ARCHIVE_SOURCE_OPTIONS)
+    control, stream, host = _connect_parts(mine)
     source = parse_source_options(rest)
     if source.read_on != "executors":
         raise ConfigurationError("readOn", source.read_on, "executors in archive mode")
-    host = mine.get("archiveresponsehost", "").strip() or None
     return ArchiveSourceOptions(
         connect=ArchiveConnect(control, stream, host, source.settings.timeout_s),
         channel=mine.get("channel", "").strip(),
@@ -118,10 +137,120 @@ def parse_archive_source_options(options: Mapping[str, str]) -> ArchiveSourceOpt
     )
 
 
+# name (lower case) -> (canonical name, default text, meaning) of the sink in archive mode.
+ARCHIVE_SINK_OPTIONS: dict[str, tuple[str, str, str]] = {
+    "archive": ARCHIVE_SOURCE_OPTIONS["archive"],
+    "channel": (
+        "channel",
+        "(required with archive)",
+        "a UDP channel on the archive's host the archive subscribes to, where batches are "
+        "appended to the sink's target recording, e.g. aeron:udp?endpoint=archive-host:40456 "
+        "(term-length and mtu in it shape a new target; default 1m and 1408)",
+    ),
+    "archivestagingchannel": (
+        "archiveStagingChannel",
+        "(channel)",
+        "the UDP channel on the archive's host tasks stage their rows on",
+    ),
+    "archivestagingstreamid": (
+        "archiveStagingStreamId",
+        str(DEFAULT_STAGING_STREAM_ID),
+        "the stream id of staging recordings (not the target's)",
+    ),
+    "archivecontrolstreamid": ARCHIVE_SOURCE_OPTIONS["archivecontrolstreamid"],
+    "archiveresponsehost": ARCHIVE_SOURCE_OPTIONS["archiveresponsehost"],
+}
+_TARGET_TERM_LENGTH = 1 << 20
+# Parameters the sink sets itself on the channels it publishes on and records.
+SINK_SET_PARAMS = (
+    "session-id",
+    "alias",
+    "init-term-id",
+    "term-id",
+    "term-offset",
+    "term-length",
+    "mtu",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveSinkOptions:
+    connect: ArchiveConnect
+    channel: str  # the target's channel, without the parameters the sink sets
+    staging_channel: str
+    staging_stream_id: int
+    term_length: int  # of a new target recording and of staging recordings
+    mtu: int
+    sink: SinkOptions  # stream id, sinkId, format, timeout
+
+
+def _udp_channel(name: str, text: str) -> tuple[str, ChannelConfig]:
+    try:
+        config = ChannelConfig.from_uri(text)
+    except ChannelError as exc:
+        raise ConfigurationError(name, text, f"an Aeron UDP channel URI ({exc})") from None
+    if config.media != "udp" or config.endpoint is None or config.spy:
+        raise ConfigurationError(
+            name,
+            text,
+            "a UDP channel with an endpoint on the archive's host, "
+            "e.g. aeron:udp?endpoint=archive-host:40456",
+        )
+    head, _, query = text.partition("?")
+    kept = [p for p in query.split("|") if p and p.split("=", 1)[0] not in SINK_SET_PARAMS]
+    return head + "?" + "|".join(kept), config
+
+
+def parse_archive_sink_options(options: Mapping[str, str]) -> ArchiveSinkOptions:
+    mine, rest = _split_options(options, ARCHIVE_SINK_OPTIONS)
+    for key in rest:
+        if key.lower() == "localwrites":
+            raise ConfigurationError(key, rest[key], "no localWrites with archive")
+    control, stream, host = _connect_parts(mine)
+    if not mine.get("channel", "").strip():
+        raise ConfigurationError(
+            "channel",
+            None,
+            "a UDP channel on the archive's host for the sink's target recording with "
+            "archive, e.g. aeron:udp?endpoint=archive-host:40456",
+        )
+    channel, config = _udp_channel("channel", mine["channel"].strip())
+    staging_text = mine.get("archivestagingchannel", "").strip() or mine["channel"].strip()
+    staging, _ = _udp_channel("archiveStagingChannel", staging_text)
+    try:
+        staging_stream = int(mine.get("archivestagingstreamid", DEFAULT_STAGING_STREAM_ID))
+    except ValueError:
+        staging_stream = None  # type: ignore[assignment]
+    if staging_stream is None or not -(2**31) <= staging_stream < 2**31:
+        raise ConfigurationError(
+            "archiveStagingStreamId", mine.get("archivestagingstreamid"), "an int32 stream id"
+        )
+    sink = parse_sink_options(rest)
+    if staging_stream == sink.stream_id:
+        raise ConfigurationError(
+            "archiveStagingStreamId", staging_stream, "a stream id other than the target's"
+        )
+    query = mine["channel"].partition("?")[2]
+    has = {p.split("=", 1)[0] for p in query.split("|") if p}
+    return ArchiveSinkOptions(
+        connect=ArchiveConnect(control, stream, host, sink.settings.timeout_s),
+        channel=channel,
+        staging_channel=staging,
+        staging_stream_id=staging_stream,
+        term_length=config.term_length if "term-length" in has else _TARGET_TERM_LENGTH,
+        mtu=config.mtu,
+        sink=sink,
+    )
+
+
 __all__ = [
+    "ARCHIVE_SINK_OPTIONS",
     "ARCHIVE_SOURCE_OPTIONS",
     "ArchiveConnect",
+    "ArchiveSinkOptions",
     "ArchiveSourceOptions",
+    "DEFAULT_STAGING_STREAM_ID",
+    "parse_archive_sink_options",
     "SPARK_OPTIONS",
     "is_archive_mode",
     "parse_archive_source_options",

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 from aeron_spark.connector import formats_arrow
+from aeron_spark.connector.archive_markers import is_sink_target, mask_markers, read_tail
 from aeron_spark.connector.archive_options import (
     ArchiveConnect,
     ArchiveSourceOptions,
@@ -83,7 +84,8 @@ def connect(c: ArchiveConnect) -> ArchiveClient:
 @dataclass(frozen=True, slots=True)
 class ArchivedRecording:
     """A recording of the source's streams, under its offset key; ``end`` is its recorded
-    position (active) or stop position (stopped)."""
+    position (active) or stop position (stopped); for an archive sink's target, the end of its
+    last committed batch (read-committed)."""
 
     key: str
     descriptor: RecordingDescriptor
@@ -107,6 +109,11 @@ def list_archived(o: ArchiveSourceOptions) -> dict[str, ArchivedRecording]:
                         end = client.stop_position(d.recording_id)
                 if end < 0:
                     continue
+                if is_sink_target(d.original_channel) and end > d.start_position:
+                    # read-committed: up to the last END marker of the sink's appends
+                    end = read_tail(
+                        client, d.recording_id, d.start_position, end, d.term_buffer_length
+                    ).committed_end
                 key = f"{archive_id}/{d.recording_id}"
                 out[key] = ArchivedRecording(key, d, end)
     return out
@@ -142,8 +149,11 @@ def scan(
         return target, -1  # everything: the count is not needed
     end, messages = start, 0
     replay = client.replay(rec.descriptor.recording_id, start, target)
+    blocks: Iterable[ReplayedBlock] = replay
+    if is_sink_target(rec.descriptor.original_channel):
+        blocks = _without_markers(replay)
     try:
-        for block in replay:
+        for block in blocks:
             for at, aligned, flags, ftype in _frames(block):
                 if ftype == _TYPE_PAD or not flags & _FLAG_END:
                     continue
@@ -180,6 +190,7 @@ class ArchiveRange(InputPartition):
     arrow_schema: bytes | None = None
     decoding: Decoding | None = None
     sbe: SbeRead | None = None
+    sink_target: bool = False  # an archive sink's target: its marker frames are not rows
 
 
 def _owned(blocks: Iterable[ReplayedBlock], p: ArchiveRange) -> Iterator[ReplayedBlock]:
@@ -219,6 +230,13 @@ def _owned(blocks: Iterable[ReplayedBlock], p: ArchiveRange) -> Iterator[Replaye
             return
 
 
+def _without_markers(blocks: Iterable[ReplayedBlock]) -> Iterator[ReplayedBlock]:
+    """The archive sink's BEGIN/END marker frames turned into padding (not rows)."""
+    for b in blocks:
+        data, masked = mask_markers(b.data)
+        yield b if not masked else ReplayedBlock(b.position, data, b.end_position)
+
+
 def read_archive_range(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     if not isinstance(partition, ArchiveRange) or partition.end <= partition.start:
         return
@@ -233,6 +251,8 @@ def read_archive_range(partition: InputPartition) -> Iterator[pa.RecordBatch]:
         )
         try:
             owned = replayed if p.exact else _owned(replayed, p)
+            if p.sink_target:
+                owned = _without_markers(owned)
             blocks = (
                 ReplayBlock(b.position, b.data, p.timestamp_ns, b.end_position) for b in owned
             )
@@ -334,6 +354,7 @@ def _partitions(
                 d.start_timestamp_ms * 1_000_000,
                 o.source.format == "text",
                 **fmt,
+                sink_target=is_sink_target(d.original_channel),
             )
         )
     return _split(parts, o.source.min_partitions)
@@ -377,7 +398,10 @@ def archive_source_schema(o: ArchiveSourceOptions) -> str | StructType:
             d = rec.descriptor
             replay = client.replay(d.recording_id, rec.start, rec.end)
             try:
-                blocks = (ReplayBlock(b.position, b.data, 0, b.end_position) for b in replay)
+                replayed = (
+                    _without_markers(replay) if is_sink_target(d.original_channel) else replay
+                )
+                blocks = (ReplayBlock(b.position, b.data, 0, b.end_position) for b in replayed)
                 for message in iter_messages(
                     blocks, Geometry(d.initial_term_id, d.term_buffer_length)
                 ):

@@ -16,9 +16,8 @@ Example::
 from __future__ import annotations
 
 import pkgutil
-from collections.abc import Mapping
 
-from aeron_spark.connector import archive_source
+from aeron_spark.connector import archive_sink, archive_source
 from aeron_spark.connector.archive_options import is_archive_mode
 from aeron_spark.connector.options import parse_sink_options, parse_source_options
 from aeron_spark.connector.raw import RawBatchWriter, RawStreamWriter
@@ -83,7 +82,8 @@ class AeronDataSource(DataSource):
         return AeronDriverStreamReader(parse_source_options(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        _no_archive_sink(self.options)
+        if is_archive_mode(self.options):
+            return archive_sink.batch_writer(dict(self.options), schema, overwrite)
         options = parse_sink_options(self.options)
         check_sink_schema(schema, options.format, options.sbe)
         if overwrite:
@@ -93,23 +93,13 @@ class AeronDataSource(DataSource):
         return AeronBatchWriter(options)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        _no_archive_sink(self.options)
+        if is_archive_mode(self.options):
+            return archive_sink.stream_writer(dict(self.options), schema)
         options = parse_sink_options(self.options)
         check_sink_schema(schema, options.format, options.sbe)
         if options.channel is not None:
             return RawStreamWriter(options)
         return AeronStreamWriter(options)
-
-
-def _no_archive_sink(options: Mapping[str, str]) -> None:
-    if is_archive_mode(options):
-        raise ConfigurationError(
-            "archive",
-            dict(options).get("archive"),
-            "no archive option on a sink: writing into "
-            "an Aeron Archive is not supported yet (publish to a channel the archive records "
-            "with the raw sink, option channel, at least once)",
-        )
 
 
 def ensure_registered(spark) -> None:  # type: ignore[no-untyped-def]

@@ -148,13 +148,43 @@ def test_a_task_owns_the_messages_that_begin_in_its_share() -> None:
         assert owned(0, cut) + owned(cut, total) == begins, cut
 
 
-def test_a_sink_into_the_archive_is_refused_clearly() -> None:
+def test_archive_sink_options_are_checked_clearly() -> None:
+    """The sink in archive mode needs a target channel on the archive's host and a sinkId for
+    streaming; stream-server options and a staging stream equal to the target are refused."""
+    from aeron_spark.connector.archive_options import parse_archive_sink_options
+    from aeron_spark.connector.archive_sink import ArchiveBatchWriter, ArchiveStreamWriter
     from aeron_spark.connector.datasource import AeronDataSource
     from pyspark.sql.types import BinaryType, StructField, StructType
 
-    source = AeronDataSource({"archive": ARCHIVE, "streamId": "1"})
     schema = StructType([StructField("value", BinaryType())])
-    for make in (lambda: source.writer(schema, False), lambda: source.streamWriter(schema, False)):
-        with pytest.raises(ConfigurationError, match="not supported yet") as info:
-            make()
-        assert info.value.name == "archive"
+    base = {"archive": ARCHIVE, "streamId": "1"}
+    for make in (
+        lambda s: s.writer(schema, False),
+        lambda s: s.streamWriter(schema, False),
+    ):
+        with pytest.raises(ConfigurationError, match="channel on the archive's host") as info:
+            make(AeronDataSource(base))
+        assert info.value.name == "channel"
+    channel = "aeron:udp?endpoint=127.0.0.1:40456|term-length=65536|session-id=7"
+    ok = AeronDataSource({**base, "channel": channel, "sinkId": "s"})
+    assert isinstance(ok.writer(schema, False), ArchiveBatchWriter)
+    assert isinstance(ok.streamWriter(schema, False), ArchiveStreamWriter)
+    o = parse_archive_sink_options({**base, "channel": channel})
+    assert o.channel == "aeron:udp?endpoint=127.0.0.1:40456"  # the sink sets session-id itself
+    assert o.term_length == 65536 and o.staging_channel == o.channel
+    with pytest.raises(ConfigurationError, match="sinkId"):
+        AeronDataSource({**base, "channel": channel}).streamWriter(schema, False)
+    with pytest.raises(ConfigurationError, match="overwritten"):
+        ok.writer(schema, True)
+    bad = [
+        ({"channel": "aeron:ipc"}, "channel"),
+        ({"channel": channel, "endpoint": "127.0.0.1:1"}, "endpoint"),
+        ({"channel": channel, "localWrites": "false"}, "localWrites"),
+        ({"channel": channel, "archiveStagingStreamId": "1"}, "archiveStagingStreamId"),
+        ({"channel": channel, "archiveStagingStreamId": "x"}, "archiveStagingStreamId"),
+        ({"channel": channel, "archiveStagingChannel": "aeron:udp?x=1"}, "archiveStagingChannel"),
+    ]
+    for extra, name in bad:
+        with pytest.raises(ConfigurationError) as info:
+            parse_archive_sink_options({**base, **extra})
+        assert info.value.name == name, extra

@@ -1,0 +1,198 @@
+"""The BEGIN / END markers the archive sink writes around each batch it appends to a target
+recording, and how readers find the committed end of such a recording.
+
+A marker is one unfragmented DATA frame whose header's **reserved value** is
+:data:`MARKER_RESERVED_VALUE` and whose payload starts with :data:`MARKER_MAGIC`::
+
+    magic (16 bytes) | kind u8 (1 BEGIN, 2 END) | 3 bytes zero | partitions i32 |
+    batch i64 | begin position i64 | rows i64 | identity (UTF-8, the rest)
+
+``begin position`` is where the append started (the target's stop position before the BEGIN:
+what a torn append is truncated back to). The sink refuses rows whose reserved value is the
+marker's, so a reader (ours, or a Java ``FragmentHandler`` checking
+``header.reservedValue()``) can skip markers by the reserved value alone.
+
+Readers honour *read-committed*: a target recording's committed end is the end of its last END
+marker (found by reading the recording backwards one term at a time from its end), so an append
+in progress or a torn one (a BEGIN without its END) is never read. Marker frames are turned into
+padding frames before decoding (:func:`mask_markers`), so positions stay those of the recording.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+MARKER_MAGIC = b"AERON-SPARK-SINK"
+MARKER_RESERVED_VALUE = int.from_bytes(b"ASPKSINK", "little")  # 0x4B4E49534B505341
+BEGIN, END = 1, 2
+_BODY = struct.Struct("<B3xiqqq")  # kind, partitions, batch, begin position, rows
+_HEAD_LEN = len(MARKER_MAGIC) + _BODY.size
+_FLAG_BEGIN, _FLAG_END = 0x80, 0x40
+_TYPE_DATA, _TYPE_PAD = 0x01, 0x00
+_RESERVED_AT = 24
+TARGET_ALIAS_PREFIX = "aeron-spark-sink-"
+STAGING_ALIAS_PREFIX = "aeron-spark-stage-"
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    kind: int  # BEGIN or END
+    identity: str  # the sink's commit identity
+    batch: int
+    partitions: int
+    begin_position: int
+    rows: int
+    position: int = -1  # where the marker frame starts in the recording (-1: not read yet)
+    end_position: int = -1  # where it ends
+
+    def encode(self) -> bytes:
+        return (
+            MARKER_MAGIC
+            + _BODY.pack(self.kind, self.partitions, self.batch, self.begin_position, self.rows)
+            + self.identity.encode()
+        )
+
+    @classmethod
+    def decode(cls, payload: bytes | memoryview, position: int, end: int) -> Marker | None:
+        data = bytes(payload)
+        if len(data) < _HEAD_LEN or not data.startswith(MARKER_MAGIC):
+            return None
+        kind, parts, batch, begin, rows = _BODY.unpack_from(data, len(MARKER_MAGIC))
+        if kind not in (BEGIN, END):
+            return None
+        try:
+            identity = data[_HEAD_LEN:].decode()
+        except UnicodeDecodeError:
+            return None
+        return cls(kind, identity, batch, parts, begin, rows, position, end)
+
+
+def sink_hash(sink_id: str) -> str:
+    """A channel-safe name of a sink id (for the ``alias`` of its recordings)."""
+    return hashlib.sha256(sink_id.encode()).hexdigest()[:16]
+
+
+def target_alias(sink_id: str) -> str:
+    return TARGET_ALIAS_PREFIX + sink_hash(sink_id)
+
+
+def is_sink_target(original_channel: str) -> bool:
+    """Whether a recording is an archive sink's target (read-committed applies to it)."""
+    return f"alias={TARGET_ALIAS_PREFIX}" in original_channel
+
+
+def frames(data: bytes | bytearray | memoryview) -> Iterator[tuple[int, int, int, int, int]]:
+    """(offset, aligned length, frame length, flags, type) of each frame of whole frames."""
+    at, size = 0, len(data)
+    while at + 32 <= size:
+        length = int.from_bytes(data[at : at + 4], "little", signed=True)
+        if length <= 0:
+            break
+        aligned = (length + 31) & -32
+        yield at, aligned, length, data[at + 5], int.from_bytes(data[at + 6 : at + 8], "little")
+        at += aligned
+
+
+def marker_at(data: bytes | bytearray | memoryview, at: int, length: int, flags: int) -> bool:
+    return (
+        flags & (_FLAG_BEGIN | _FLAG_END) == (_FLAG_BEGIN | _FLAG_END)
+        and int.from_bytes(data[at + _RESERVED_AT : at + 32], "little", signed=True)
+        == MARKER_RESERVED_VALUE
+        and length - 32 >= _HEAD_LEN
+        and bytes(data[at + 32 : at + 32 + len(MARKER_MAGIC)]) == MARKER_MAGIC
+    )
+
+
+def markers_in(data: bytes | bytearray | memoryview, position: int) -> list[Marker]:
+    """The markers among whole frames starting at recording ``position``, in order."""
+    out = []
+    for at, aligned, length, flags, ftype in frames(data):
+        if ftype == _TYPE_DATA and marker_at(data, at, length, flags):
+            m = Marker.decode(memoryview(data)[at + 32 : at + length], position + at, 0)
+            if m is not None:
+                out.append(
+                    Marker(
+                        m.kind,
+                        m.identity,
+                        m.batch,
+                        m.partitions,
+                        m.begin_position,
+                        m.rows,
+                        position + at,
+                        position + at + aligned,
+                    )
+                )
+    return out
+
+
+def mask_markers(data: bytes) -> tuple[bytes, int]:
+    """``data`` (whole frames) with every marker frame turned into a padding frame of the same
+    length (readers skip padding; positions stay the recording's); and how many were masked."""
+    out: bytearray | None = None
+    masked = 0
+    for at, _aligned, length, flags, ftype in frames(data):
+        if ftype == _TYPE_DATA and marker_at(data, at, length, flags):
+            if out is None:
+                out = bytearray(data)
+            out[at + 6 : at + 8] = _TYPE_PAD.to_bytes(2, "little")
+            masked += 1
+    return (data if out is None else bytes(out)), masked
+
+
+@dataclass(frozen=True, slots=True)
+class Tail:
+    """What the end of a target recording holds: its last marker (None: no marker at all)."""
+
+    last: Marker | None
+    end: int  # the recording's end position (stop or recorded position)
+
+    @property
+    def committed_end(self) -> int:
+        """Where readers stop: after the last END; at the BEGIN's start when torn."""
+        if self.last is None:
+            return self.end
+        if self.last.kind == END:
+            return self.last.end_position
+        return self.last.begin_position
+
+    @property
+    def torn(self) -> bool:
+        return self.last is not None and self.last.kind == BEGIN
+
+
+def read_tail(client: Any, recording_id: int, start: int, end: int, term_length: int) -> Tail:
+    """The last marker of ``[start, end)`` of a recording, read backwards a term at a time (a
+    term always begins with a frame): one term for a recording ending in an END marker, as many
+    as the append in progress or torn spans otherwise."""
+    hi = end
+    while hi > start:
+        lo = max(start, (hi - 1) // term_length * term_length)
+        chunks = [b.data for b in client.replay(recording_id, lo, hi)]
+        found = markers_in(b"".join(chunks), lo)
+        if found:
+            return Tail(found[-1], end)
+        hi = lo
+    return Tail(None, end)
+
+
+__all__ = [
+    "BEGIN",
+    "END",
+    "MARKER_MAGIC",
+    "MARKER_RESERVED_VALUE",
+    "Marker",
+    "STAGING_ALIAS_PREFIX",
+    "TARGET_ALIAS_PREFIX",
+    "Tail",
+    "frames",
+    "is_sink_target",
+    "mask_markers",
+    "markers_in",
+    "read_tail",
+    "sink_hash",
+    "target_alias",
+]

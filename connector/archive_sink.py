@@ -1,0 +1,624 @@
+"""The ``aeron`` sink in archive mode: exactly-once appends into a real Aeron Archive.
+
+``df.write/writeStream.format("aeron").option("archive", "aeron:udp?endpoint=host:8010")
+.option("channel", "aeron:udp?endpoint=host:40456").option("streamId", 1001)
+.option("sinkId", "orders")`` appends each batch's rows once to the sink's **target
+recording** of the stream (``docs/aeron-archive.md`` has the whole design and its failure cases):
+
+1. **Tasks stage.** Each task attempt starts a recording of its own (``startRecording`` with
+   auto-stop on the staging channel, its own session id) and publishes its rows there through
+   the project's UDP publication, in any payload format of the server sink; it waits until the
+   archive has recorded all of it and returns (recording id, stop position, rows) as its commit
+   message. A retried or speculative attempt makes another staging recording.
+2. **The driver appends once.** ``commit`` reads the target's tail: an END marker of this
+   (sink, batch) means the batch is in already (a commit repeated after a restart): nothing is
+   appended. A BEGIN without END (a driver that died mid-append) is cut off with
+   ``truncateRecording`` back to where that append began. Then it extends the target
+   (``extendRecording``; a publication continuing the target's term geometry: initial term id,
+   term id and offset of its stop position, term length and MTU) with a BEGIN marker, every
+   committed staging recording's messages in partition order (replayed, re-published with their
+   reserved values), an END marker; waits until recorded, stops the recording, and purges the
+   staging recordings (the committed ones, and every stopped one of this sink left by a failed
+   attempt of this or an earlier batch). The first commit creates the target
+   (``startRecording``; its channel's ``alias`` names the sink).
+3. ``abort`` purges the staging recordings its messages name.
+
+Readers honour read-committed (:mod:`.archive_markers`): the archive source stops at the last
+END marker of a target and drops marker frames.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from aeron_spark.connector.archive_markers import (
+    BEGIN,
+    END,
+    MARKER_RESERVED_VALUE,
+    STAGING_ALIAS_PREFIX,
+    Marker,
+    Tail,
+    is_sink_target,
+    read_tail,
+    sink_hash,
+    target_alias,
+)
+from aeron_spark.connector.archive_options import (
+    ArchiveConnect,
+    ArchiveSinkOptions,
+    parse_archive_sink_options,
+)
+from aeron_spark.connector.errors import ServerUnavailableError
+from aeron_spark.connector.formats import Geometry, iter_messages
+from aeron_spark.connector.formats_sbe import encode_task
+from aeron_spark.connector.session.replay import ReplayBlock
+from aeron_spark.connector.sink import check_sink_schema, sink_payloads
+from aeron_spark.transport import ChannelConfig, ChannelError, TransportError
+from aeron_spark.transport.archive.client import (
+    ArchiveClient,
+    ArchiveClientError,
+    ArchiveUnknownRecordingError,
+    RecordingDescriptor,
+    RecordingSignal,
+)
+from aeron_spark.transport.protocol.logbuffer import is_reserved_session_id
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from aeron_spark.errors import ConfigurationError
+
+log = logging.getLogger("aeron_spark.connector.archive_sink")
+_POLL_S = 0.005
+
+
+def connect(c: ArchiveConnect) -> ArchiveClient:
+    return ArchiveClient.connect(
+        c.control_channel,
+        control_stream_id=c.control_stream_id,
+        response_host=c.response_host,
+        timeout_s=c.timeout_s,
+    )
+
+
+def _session_id() -> int:
+    while True:
+        sid = random.getrandbits(32) - 2**31
+        if not is_reserved_session_id(sid):
+            return sid
+
+
+def _wait_recorded(client: ArchiveClient, recording_id: int, position: int, what: str) -> None:
+    """Until the archive has recorded ``recording_id`` up to ``position`` (bounded)."""
+    timeout = client.config.timeout_s
+    deadline = time.monotonic() + timeout
+    delay = _POLL_S
+    while True:
+        recorded = client.recording_position(recording_id)
+        if recorded < 0:  # stopped meanwhile
+            recorded = client.stop_position(recording_id)
+        if recorded >= position:
+            return
+        if time.monotonic() > deadline:
+            raise ServerUnavailableError(
+                f"archive sink: the archive recorded {what} (recording {recording_id}) only to "
+                f"{recorded} of {position} within {timeout:g} s"
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def _wait_stopped(client: ArchiveClient, recording_id: int) -> int:
+    """The stop position of ``recording_id`` once it is stopped (bounded)."""
+    timeout = client.config.timeout_s
+    deadline = time.monotonic() + timeout
+    while True:
+        stop = client.stop_position(recording_id)
+        if stop >= 0:
+            return stop
+        if time.monotonic() > deadline:
+            raise ServerUnavailableError(
+                f"archive sink: recording {recording_id} did not stop within {timeout:g} s"
+            )
+        time.sleep(0.02)
+
+
+def _stop_and_purge(client: ArchiveClient, recording_id: int) -> bool:
+    """Stop (if still active) and purge a staging recording; False if it was gone already."""
+    try:
+        if client.stop_position(recording_id) < 0:
+            client.stop_recording_by_identity(recording_id)
+            _wait_stopped(client, recording_id)
+        client.purge_recording(recording_id)
+        return True
+    except ArchiveUnknownRecordingError:
+        return False
+
+
+# ------------------------------------------------------------------ tasks: staging
+
+
+@dataclass
+class ArchiveStaged(WriterCommitMessage):
+    """One task attempt's staging recording (``recording_id`` -1: the task had no rows)."""
+
+    partition: int = 0
+    attempt: int = 0
+    recording_id: int = -1
+    stop_position: int = 0
+    rows: int = 0
+    initial_term_id: int = 0
+    term_length: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def _staging_alias(identity: str, batch: int) -> str:
+    return f"{STAGING_ALIAS_PREFIX}{sink_hash(identity)}-{batch}"
+
+
+def _payloads(o: ArchiveSinkOptions, iterator: Iterator[pa.RecordBatch]) -> Iterator[tuple]:
+    """(payload, reserved value) of every row, in the sink's format."""
+    s = o.sink
+    if s.sbe is not None:
+        for payload in encode_task(iterator, s.sbe):
+            yield payload, 0
+        return
+    for batch in iterator:
+        payloads, reserved = sink_payloads(batch, s.format, s.compression)
+        if reserved is None:
+            for payload in payloads:
+                yield payload, 0
+            continue
+        for payload, rv in zip(payloads, reserved, strict=True):
+            if rv == MARKER_RESERVED_VALUE:
+                raise ConfigurationError(
+                    "reserved_value",
+                    rv,
+                    "a reserved value other than the archive sink's marker value "
+                    f"{MARKER_RESERVED_VALUE:#x}",
+                )
+            yield payload, rv
+
+
+def stage(
+    o: ArchiveSinkOptions, identity: str, batch: int, iterator: Iterator[pa.RecordBatch]
+) -> ArchiveStaged:
+    """Publish this task's rows to a staging recording of its own (see the module docstring)."""
+    ctx = TaskContext.get()
+    partition = ctx.partitionId() if ctx else 0
+    attempt = ctx.attemptNumber() if ctx else 0
+    rows = _payloads(o, iterator)
+    first = next(rows, None)
+    if first is None:
+        return ArchiveStaged(partition, attempt)
+    timeout = o.sink.settings.timeout_s
+    sid = _session_id()
+    params = f"session-id={sid}|alias={_staging_alias(identity, batch)}"
+    record_channel = f"{o.staging_channel}|{params}"
+    with connect(o.connect) as client:
+        sub_id = client.start_recording(record_channel, o.staging_stream_id, auto_stop=True)
+        pub = None
+        recording_id = -1
+        try:
+            pub = client.driver.add_publication(
+                f"{record_channel}|term-length={o.term_length}|mtu={o.mtu}", o.staging_stream_id
+            )
+            if not pub.wait_until_connected(timeout):
+                raise ServerUnavailableError(
+                    f"archive sink: the archive did not subscribe to {o.staging_channel} "
+                    f"within {timeout:g} s"
+                )
+            recording_id = client.wait_for_signal(
+                lambda e: e.subscription_id == sub_id and e.signal == RecordingSignal.START
+            ).recording_id
+            count = 0
+            payload, rv = first
+            while True:
+                pub.offer_blocking(payload, reserved_value=rv, timeout_s=timeout)
+                count += 1
+                nxt = next(rows, None)
+                if nxt is None:
+                    break
+                payload, rv = nxt
+            end = pub.position
+            _wait_recorded(client, recording_id, end, f"task {partition}'s rows")
+            return ArchiveStaged(
+                partition, attempt, recording_id, end, count, pub.initial_term_id, o.term_length
+            )
+        except TransportError as exc:
+            raise ServerUnavailableError(f"archive sink staging: {exc}") from exc
+        except BaseException:
+            if recording_id < 0:  # no recording yet: do not leave the subscription behind
+                try:
+                    client.stop_recording_subscription(sub_id)
+                except ArchiveClientError:
+                    pass
+            raise
+        finally:
+            if pub is not None:
+                pub.close()
+
+
+# ------------------------------------------------------------------ driver: the append
+
+
+def _on_endpoint(client: ArchiveClient, channel: str, stream_id: int) -> list[RecordingDescriptor]:
+    """Recordings of ``stream_id`` whose channel has exactly ``channel``'s endpoint."""
+    endpoint = ChannelConfig.from_uri(channel).endpoint
+    out = []
+    for d in client.list_recordings_for_uri("endpoint=", stream_id):
+        try:
+            if ChannelConfig.from_uri(d.stripped_channel).endpoint == endpoint:
+                out.append(d)
+        except ChannelError:
+            continue  # a channel this transport cannot parse is not one of ours
+    return out
+
+
+@dataclass
+class CommitStats:
+    """What one commit did (logged; a counter for everything skipped, cut or purged)."""
+
+    appended_rows: int = 0
+    appended_parts: int = 0
+    skipped_duplicate: int = 0
+    truncated_bytes: int = 0
+    purged_staging: int = 0
+    purged_orphans: int = 0
+    target_recording_id: int = -1
+    begin_position: int = -1
+    end_position: int = -1
+
+
+class ArchiveCommitter:
+    """The driver's side: find the sink's target recording, recover its tail, append a batch
+    once. One instance per commit call (it holds a control session)."""
+
+    def __init__(self, o: ArchiveSinkOptions, identity: str, client: ArchiveClient) -> None:
+        self.o = o
+        self.identity = identity  # in the markers: sinkId scoped to the query's checkpoint
+        self.client = client
+        self.alias = target_alias(o.sink.sink_id or identity)  # the target: by sinkId
+
+    # ---------------------------------------------------------- the target
+
+    def target(self) -> RecordingDescriptor | None:
+        """The sink's target recording: the newest recording of the stream on the sink's
+        channel whose original channel carries the sink's alias."""
+        found = [
+            d
+            for d in _on_endpoint(self.client, self.o.channel, self.o.sink.stream_id)
+            if f"alias={self.alias}" in d.original_channel and is_sink_target(d.original_channel)
+        ]
+        return max(found, key=lambda d: d.recording_id) if found else None
+
+    def stopped_target(self) -> RecordingDescriptor | None:
+        d = self.target()
+        if d is None:
+            return None
+        if d.is_active:  # an append of a driver that died: stop what it recorded
+            log.warning(
+                "archive sink %s: target %d still active; stopping it",
+                self.identity,
+                d.recording_id,
+            )
+            self.client.stop_recording_by_identity(d.recording_id)
+            _wait_stopped(self.client, d.recording_id)
+            d = self.client.list_recording(d.recording_id)
+        return d
+
+    def tail(self, d: RecordingDescriptor) -> Tail:
+        end = (
+            d.stop_position
+            if d.stop_position >= 0
+            else self.client.recording_position(d.recording_id)
+        )
+        return read_tail(self.client, d.recording_id, d.start_position, end, d.term_buffer_length)
+
+    # ---------------------------------------------------------- commit
+
+    def commit(
+        self, batch: int, parts: list[ArchiveStaged], stats: CommitStats | None = None
+    ) -> CommitStats:
+        stats = stats or CommitStats()
+        staged = sorted((p for p in parts if p.recording_id >= 0), key=lambda p: p.partition)
+        d = self.stopped_target()
+        if d is not None:
+            stats.target_recording_id = d.recording_id
+            tail = self.tail(d)
+            if tail.torn:
+                assert tail.last is not None
+                cut = tail.last.begin_position
+                log.warning(
+                    "archive sink %s: recording %d ends in an append of batch %d that never "
+                    "finished; truncating [%d, %d)",
+                    self.identity,
+                    d.recording_id,
+                    tail.last.batch,
+                    cut,
+                    tail.end,
+                )
+                self.client.truncate_recording(d.recording_id, cut)
+                stats.truncated_bytes += tail.end - cut
+                d = self.client.list_recording(d.recording_id)
+                assert d is not None
+            elif (
+                tail.last is not None
+                and tail.last.kind == END
+                and tail.last.identity == self.identity
+                and tail.last.batch == batch
+            ):
+                log.info(
+                    "archive sink %s: batch %d is in recording %d already; nothing appended",
+                    self.identity,
+                    batch,
+                    d.recording_id,
+                )
+                stats.skipped_duplicate += 1
+                self.purge(batch, parts, stats)
+                return stats
+        append = Append(self, d, batch, len(staged))
+        try:
+            append.begin()
+            for part in staged:
+                stats.appended_rows += append.write_part(part)
+                stats.appended_parts += 1
+            append.end(stats.appended_rows)
+            stats.target_recording_id = append.recording_id
+            stats.begin_position, stats.end_position = append.begin_position, append.position
+        finally:
+            append.close()
+        self.purge(batch, parts, stats)
+        return stats
+
+    def purge(self, batch: int | None, parts: list[ArchiveStaged], stats: CommitStats) -> None:
+        """Purge the staging recordings ``parts`` name, and (``batch`` not None) every stopped
+        staging recording of this sink of batches up to ``batch`` (failed attempts)."""
+        named = {p.recording_id for p in parts if p.recording_id >= 0}
+        for rid in sorted(named):
+            if _stop_and_purge(self.client, rid):
+                stats.purged_staging += 1
+        if batch is None:
+            return
+        prefix = f"alias={STAGING_ALIAS_PREFIX}{sink_hash(self.identity)}-"
+        for d in _on_endpoint(self.client, self.o.staging_channel, self.o.staging_stream_id):
+            if d.recording_id in named or not d.original_channel.count(prefix):
+                continue
+            tail = d.original_channel.split(prefix, 1)[1].split("|", 1)[0]
+            try:
+                of_batch = int(tail)
+            except ValueError:
+                continue
+            if d.is_active or of_batch > batch:
+                continue  # a straggler still running, or a later batch's: a later commit
+            try:
+                self.client.purge_recording(d.recording_id)
+                stats.purged_orphans += 1
+            except ArchiveClientError as exc:
+                log.info("archive sink: staging recording %d not purged: %s", d.recording_id, exc)
+
+
+class Append:
+    """One append of a batch to the target (creating it on the first commit): BEGIN, parts,
+    END, each step usable on its own (tests kill a driver between steps)."""
+
+    def __init__(
+        self, c: ArchiveCommitter, d: RecordingDescriptor | None, batch: int, partitions: int
+    ) -> None:
+        self.c = c
+        self.d = d
+        self.batch = batch
+        self.partitions = partitions
+        self.pub: Any = None
+        self.sub_id = -1
+        self.recording_id = d.recording_id if d is not None else -1
+        self.begin_position = -1
+
+    @property
+    def position(self) -> int:
+        return int(self.pub.position) if self.pub is not None else -1
+
+    def _open(self) -> None:
+        c, o = self.c, self.c.o
+        client, timeout = c.client, o.sink.settings.timeout_s
+        sid = _session_id()
+        record = f"{o.channel}|session-id={sid}|alias={c.alias}"
+        if self.d is None:
+            self.sub_id = client.start_recording(record, o.sink.stream_id, auto_stop=True)
+            pub_channel = f"{record}|term-length={o.term_length}|mtu={o.mtu}"
+            signal = RecordingSignal.START
+        else:
+            d = self.d
+            p = d.stop_position
+            shift = d.term_buffer_length.bit_length() - 1
+            term_id = (d.initial_term_id + (p >> shift) + 2**31) % 2**32 - 2**31
+            self.sub_id = client.extend_recording(
+                d.recording_id, record, o.sink.stream_id, auto_stop=True
+            )
+            pub_channel = (
+                f"{record}|term-length={d.term_buffer_length}|mtu={d.mtu_length}"
+                f"|init-term-id={d.initial_term_id}|term-id={term_id}"
+                f"|term-offset={p & (d.term_buffer_length - 1)}"
+            )
+            signal = RecordingSignal.EXTEND
+        try:
+            self.pub = client.driver.add_publication(pub_channel, o.sink.stream_id)
+            if not self.pub.wait_until_connected(timeout):
+                raise ServerUnavailableError(
+                    f"archive sink: the archive did not subscribe to {o.channel} within "
+                    f"{timeout:g} s"
+                )
+            event = client.wait_for_signal(
+                lambda e: e.subscription_id == self.sub_id and e.signal == signal
+            )
+        except BaseException:
+            try:
+                client.stop_recording_subscription(self.sub_id)
+            except ArchiveClientError:
+                pass
+            raise
+        self.recording_id = event.recording_id
+
+    def _offer(self, payload: bytes | bytearray | memoryview, rv: int) -> None:
+        assert self.pub is not None
+        try:
+            self.pub.offer_blocking(
+                payload, reserved_value=rv, timeout_s=self.c.o.sink.settings.timeout_s
+            )
+        except TransportError as exc:
+            raise ServerUnavailableError(f"archive sink append: {exc}") from exc
+
+    def _marker(self, kind: int, rows: int) -> None:
+        m = Marker(kind, self.c.identity, self.batch, self.partitions, self.begin_position, rows)
+        self._offer(m.encode(), MARKER_RESERVED_VALUE)
+
+    def begin(self) -> None:
+        self._open()
+        assert self.pub is not None
+        self.begin_position = self.pub.position
+        self._marker(BEGIN, 0)
+
+    def write_part(self, part: ArchiveStaged) -> int:
+        """Re-publish one staging recording's messages; their count."""
+        client = self.c.client
+        geometry = Geometry(part.initial_term_id, part.term_length)
+        blocks = (
+            ReplayBlock(b.position, b.data, 0, b.end_position)
+            for b in client.replay(part.recording_id, 0, part.stop_position)
+        )
+        count = 0
+        for message in iter_messages(blocks, geometry):
+            self._offer(message.payload, message.reserved_value)
+            count += 1
+        if count != part.rows:
+            raise ServerUnavailableError(
+                f"archive sink: staging recording {part.recording_id} of partition "
+                f"{part.partition} holds {count} messages, not the {part.rows} the task wrote"
+            )
+        return count
+
+    def end(self, rows: int) -> None:
+        self._marker(END, rows)
+        client = self.c.client
+        _wait_recorded(client, self.recording_id, self.position, "the append")
+        client.stop_recording_subscription(self.sub_id)
+        self.sub_id = -1
+        _wait_stopped(client, self.recording_id)
+
+    def close(self) -> None:
+        if self.sub_id >= 0:  # failed mid-way: stop recording (the next commit truncates)
+            try:
+                self.c.client.stop_recording_subscription(self.sub_id)
+            except ArchiveClientError:
+                pass
+            self.sub_id = -1
+        if self.pub is not None:
+            self.pub.close()
+            self.pub = None
+
+
+def commit_batch(o: ArchiveSinkOptions, identity: str, batch: int, messages: list) -> CommitStats:
+    parts = [m for m in messages if isinstance(m, ArchiveStaged)]
+    with connect(o.connect) as client:
+        stats = ArchiveCommitter(o, identity, client).commit(batch, parts)
+    log.info("archive sink %s: batch %d: %s", identity, batch, stats)
+    return stats
+
+
+def abort_batch(o: ArchiveSinkOptions, identity: str, batch: int, messages: list) -> None:
+    parts = [m for m in messages if isinstance(m, ArchiveStaged)]
+    stats = CommitStats()
+    with connect(o.connect) as client:
+        ArchiveCommitter(o, identity, client).purge(None, parts, stats)
+    log.warning("archive sink %s: batch %d aborted: %s", identity, batch, stats)
+
+
+# ------------------------------------------------------------------ the writers
+
+
+class ArchiveStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: ArchiveSinkOptions) -> None:
+        if not options.sink.sink_id:
+            raise ConfigurationError(
+                "sinkId",
+                None,
+                "a stable sink identity for exactly-once streaming writes into the archive "
+                "(keep it across query restarts)",
+            )
+        self.options = options
+        self.identity = str(options.sink.commit_identity)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> ArchiveStaged:
+        ctx = TaskContext.get()
+        batch_text = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
+        if batch_text is None:
+            raise RuntimeError(
+                "the streaming batch id is not set on this task "
+                "(property streaming.sql.batchId); cannot stage exactly once"
+            )
+        return stage(self.options, self.identity, int(batch_text), iterator)
+
+    def commit(self, messages: list, batchId: int) -> None:
+        commit_batch(self.options, self.identity, batchId, messages)
+
+    def abort(self, messages: list, batchId: int) -> None:
+        abort_batch(self.options, self.identity, batchId, messages)
+
+
+class ArchiveBatchWriter(DataSourceArrowWriter):
+    def __init__(self, options: ArchiveSinkOptions) -> None:
+        self.options = options
+        self.identity = options.sink.sink_id or "batch-write"
+        self.batch_id = secrets.randbits(62)  # drawn once on the driver, pickled to the tasks
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> ArchiveStaged:
+        return stage(self.options, self.identity, self.batch_id, iterator)
+
+    def commit(self, messages: list) -> None:
+        commit_batch(self.options, self.identity, self.batch_id, messages)
+
+    def abort(self, messages: list) -> None:
+        abort_batch(self.options, self.identity, self.batch_id, messages)
+
+
+def _parse(options: dict, schema: StructType) -> ArchiveSinkOptions:
+    o = parse_archive_sink_options(options)
+    check_sink_schema(schema, o.sink.format, o.sink.sbe)
+    return o
+
+
+def batch_writer(options: dict, schema: StructType, overwrite: bool) -> ArchiveBatchWriter:
+    o = _parse(options, schema)
+    if overwrite:
+        raise ConfigurationError("mode", "overwrite", "append (a recording cannot be overwritten)")
+    return ArchiveBatchWriter(o)
+
+
+def stream_writer(options: dict, schema: StructType) -> ArchiveStreamWriter:
+    return ArchiveStreamWriter(_parse(options, schema))
+
+
+__all__ = [
+    "Append",
+    "ArchiveBatchWriter",
+    "ArchiveCommitter",
+    "ArchiveStaged",
+    "ArchiveStreamWriter",
+    "CommitStats",
+    "abort_batch",
+    "batch_writer",
+    "commit_batch",
+    "stage",
+    "stream_writer",
+]

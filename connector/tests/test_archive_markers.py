@@ -1,0 +1,70 @@
+"""The archive sink's BEGIN/END markers (sans-I/O): their encoding, how a frame is told to be a
+marker (reserved value and magic), masking into padding, and the committed end of a tail."""
+
+from __future__ import annotations
+
+import struct
+
+from aeron_spark.connector.archive_markers import (
+    BEGIN,
+    END,
+    MARKER_RESERVED_VALUE,
+    Marker,
+    Tail,
+    is_sink_target,
+    markers_in,
+    mask_markers,
+    target_alias,
+)
+from aeron_spark.connector.formats import Geometry, iter_messages
+from aeron_spark.connector.session.replay import ReplayBlock
+
+
+def _frame(payload: bytes, position: int, reserved: int = 0) -> bytes:
+    length = 32 + len(payload)
+    head = struct.pack("<iBBhiiiiq", length, 0, 0xC0, 1, position, 7, 9, 0, reserved)
+    return (head + payload).ljust((length + 31) & -32, b"\0")
+
+
+def test_markers_are_found_by_reserved_value_and_magic_and_masked_into_padding() -> None:
+    begin = Marker(BEGIN, "sink@abc", 5, 2, 0, 0)
+    row_like = begin.encode()  # a row with the marker's bytes but not its reserved value
+    frames = [
+        _frame(begin.encode(), 0, MARKER_RESERVED_VALUE),
+        _frame(b"row one", 0, 11),
+        _frame(row_like, 0, 12),
+        _frame(Marker(END, "sink@abc", 5, 2, 0, 2).encode(), 0, MARKER_RESERVED_VALUE),
+    ]
+    at, data = 0, b""
+    for f in frames:  # positions written into the headers
+        data += f[:8] + struct.pack("<i", at) + f[12:]
+        at += len(f)
+    found = markers_in(data, 1000)
+    assert [(m.kind, m.identity, m.batch, m.partitions, m.rows) for m in found] == [
+        (BEGIN, "sink@abc", 5, 2, 0),
+        (END, "sink@abc", 5, 2, 2),
+    ]
+    assert found[0].position == 1000 and found[1].end_position == 1000 + len(data)
+    masked, count = mask_markers(data)
+    assert count == 2 and len(masked) == len(data)
+    rows = list(iter_messages([ReplayBlock(0, masked, 0, len(masked))], Geometry(0, 1 << 16)))
+    assert [(bytes(m.payload), m.reserved_value) for m in rows] == [
+        (b"row one", 11),
+        (row_like, 12),
+    ]
+    assert mask_markers(masked) == (masked, 0)
+
+
+def test_committed_end_of_a_tail() -> None:
+    end = Marker(END, "s", 1, 1, 64, 3, position=512, end_position=640)
+    assert Tail(end, 640).committed_end == 640 and not Tail(end, 640).torn
+    torn = Marker(BEGIN, "s", 2, 1, 640, 0, position=640, end_position=768)
+    assert Tail(torn, 5000).committed_end == 640 and Tail(torn, 5000).torn
+    assert Tail(None, 100).committed_end == 100
+
+
+def test_target_alias_names_the_sink_safely() -> None:
+    alias = target_alias("orders|x=1")
+    assert "|" not in alias and "=" not in alias
+    assert is_sink_target(f"aeron:udp?endpoint=h:1|alias={alias}")
+    assert not is_sink_target("aeron:udp?endpoint=h:1|alias=other")
