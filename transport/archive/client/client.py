@@ -55,6 +55,15 @@ from aeron_spark.errors import ConfigurationError
 DEFAULT_CONTROL_STREAM_ID = 10
 DEFAULT_RESPONSE_STREAM_ID = 20
 DEFAULT_REPLAY_STREAM_ID = 1101
+# The receiver window a replay subscription advertises (its SMs' ``rcv-wnd``). A replay is a bulk
+# transfer from a sender we do not schedule: with the transport's default 128 KiB window the
+# archive runs out of window after ~90 datagrams and waits for our next SM, so every delay of
+# our receiver thread (a GIL hand-off, a busy CPU) or of the archive's idle sleep stops the
+# replay. 1 MiB fits the driver's default 2 MiB socket buffer (the window is capped at what the
+# socket holds, and at half the recording's term length).
+DEFAULT_REPLAY_WINDOW = 1 << 20
+MIN_REPLAY_WINDOW = 64 * 1024
+MAX_REPLAY_WINDOW = 64 << 20
 LIST_PAGE = 1000  # descriptors asked for per listing request
 _NS = 1_000_000_000
 _SESSION_ID_AT = 12  # in a DATA frame header
@@ -104,6 +113,7 @@ class ArchiveClientConfig:
     response_stream_id: int = DEFAULT_RESPONSE_STREAM_ID
     timeout_s: float = 10.0
     keepalive_interval_s: float = 1.0
+    replay_window: int = DEFAULT_REPLAY_WINDOW  # bytes; see DEFAULT_REPLAY_WINDOW
 
     def __post_init__(self) -> None:
         config = ChannelConfig.from_uri(self.control_channel)  # raises ChannelError
@@ -119,6 +129,24 @@ class ArchiveClientConfig:
             raise ConfigurationError(
                 "keepalive_interval_s", self.keepalive_interval_s, "a positive number of seconds"
             )
+        if (
+            not isinstance(self.replay_window, int)
+            or isinstance(self.replay_window, bool)
+            or not MIN_REPLAY_WINDOW <= self.replay_window <= MAX_REPLAY_WINDOW
+        ):
+            raise ConfigurationError(
+                "replay_window",
+                self.replay_window,
+                f"a byte count from {MIN_REPLAY_WINDOW} to {MAX_REPLAY_WINDOW}",
+            )
+
+    def replay_subscription_channel(self, host: str, port: int) -> str:
+        """The channel a replay is received on: ``host:port`` with the replay window (and a
+        socket receive buffer at least as large, so a window's burst is not dropped)."""
+        window = self.replay_window
+        return (
+            f"aeron:udp?endpoint={_endpoint_text(host, port)}|rcv-wnd={window}|so-rcvbuf={window}"
+        )
 
     @property
     def archive_address(self) -> tuple[str, int]:
@@ -511,7 +539,7 @@ class ArchiveClient:
         if end <= start:
             return
         sub = self.driver.add_subscription(
-            f"aeron:udp?endpoint={_endpoint_text(self._host, 0)}", replay_stream_id
+            self.config.replay_subscription_channel(self._host, 0), replay_stream_id
         )
         replay_session = None
         finished = False
