@@ -10,6 +10,7 @@ from aeron_spark.transport.archive.client.client import (
     ArchiveClient,
     ArchiveClientConfig,
     ReplayedBlock,
+    patch_frames,
     process_driver,
 )
 from aeron_spark.transport.archive.client.errors import (
@@ -63,5 +64,6 @@ __all__ = [
     "ReplayedBlock",
     "SessionState",
     "SignalEvent",
+    "patch_frames",
     "process_driver",
 ]

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from aeron_spark.transport.archive.client import codecs
 from aeron_spark.transport.archive.client.errors import (
     ArchiveClientError,
@@ -68,6 +69,7 @@ LIST_PAGE = 1000  # descriptors asked for per listing request
 _NS = 1_000_000_000
 _SESSION_ID_AT = 12  # in a DATA frame header
 _STREAM_ID_AT = 16
+_PATCH_AT_ONCE = 16  # frames of one length from which patch_frames uses numpy
 
 _driver_lock = threading.Lock()
 _driver: tuple[int, Driver] | None = None
@@ -602,21 +604,10 @@ class ArchiveClient:
                 recording_id=recording_id,
             )
         blocks: list[ReplayedBlock] = []
-        patches = [
-            (at, struct.pack("<i", value))
-            for at, value in ((_SESSION_ID_AT, session_id), (_STREAM_ID_AT, stream_id))
-            if value is not None
-        ]
 
         def on_block(term: memoryview, offset: int, length: int, _sid: int, _tid: int) -> None:
             data = bytearray(term[offset : offset + length])
-            if patches:
-                at = 0
-                while at < length:
-                    frame = struct.unpack_from("<i", data, at)[0]
-                    for field_at, value in patches:
-                        data[at + field_at : at + field_at + 4] = value
-                    at += (frame + 31) & -32 if frame > 0 else length
+            patch_frames(data, session_id, stream_id)
             position = image.position
             blocks.append(ReplayedBlock(position, bytes(data), position + length))
 
@@ -660,6 +651,37 @@ class ArchiveClient:
             sub.wait(min(remaining, 0.25))
 
 
+def patch_frames(data: bytearray, session_id: int | None, stream_id: int | None) -> None:
+    """Write ``session_id`` and ``stream_id`` (None: leave it) into the header of every frame of
+    ``data``, whole frames as a replay delivers them (a PAD frame may end them). A block of
+    frames of one length (fixed-size messages, the common case) is written with numpy at once
+    (from 16 frames on: below, numpy's fixed cost is more than a Python step per frame, ~3 us
+    per message)."""
+    patches = [
+        (at, value)
+        for at, value in ((_SESSION_ID_AT, session_id), (_STREAM_ID_AT, stream_id))
+        if value is not None
+    ]
+    length = len(data)
+    if not patches or length < 32:
+        return
+    first = struct.unpack_from("<i", data, 0)[0]
+    aligned = (first + 31) & -32
+    if first >= 32 and length % aligned == 0 and length // aligned >= _PATCH_AT_ONCE:
+        rows = np.frombuffer(data, dtype="<i4").reshape(-1, aligned // 4)
+        if (rows[:, 0] == first).all():
+            for at, value in patches:
+                rows[:, at // 4] = value
+            return
+    packed = [(at, struct.pack("<i", value)) for at, value in patches]
+    at = 0
+    while at < length:
+        frame = struct.unpack_from("<i", data, at)[0]
+        for field_at, value in packed:
+            data[at + field_at : at + field_at + 4] = value
+        at += (frame + 31) & -32 if frame > 0 else length
+
+
 def _int32(value: int) -> int:
     low = value & 0xFFFFFFFF
     return low - (1 << 32) if low >= 1 << 31 else low
@@ -670,5 +692,6 @@ __all__ = [
     "ArchiveClientConfig",
     "ReplayedBlock",
     "local_address_towards",
+    "patch_frames",
     "process_driver",
 ]
