@@ -1,7 +1,7 @@
 """The real Aeron Archive as a source: bounded replay MB/s, and Spark rows/s of the archive
 source against the stream server's source on the same rows, in one run.
 
-    python -m benchmarks.archive [--rows 200000] [--repeats 2] [--no-spark]
+    python -m benchmarks.archive [--rows 200000] [--repeats 2] [--no-spark] [--java-replay]
 
 Needs Java and the pinned aeron-all jar (``python transport/tests/aeron_peer.py fetch``): an
 ``ArchivingMediaDriver`` is started on loopback (sleeping idle strategies, as in the tests) and
@@ -10,10 +10,11 @@ server gets two producers). Prints one JSON object:
 
 * ``replay_mb_per_s`` / ``replay_msgs_per_s``: one bounded replay of a whole recording through
   :class:`~aeron_spark.transport.archive.client.ArchiveClient` (raw frames, no Spark), best of
-  ``--repeats``; taking turns with it (``interleaved_best``), ``replay_java_mb_per_s``: the same
-  replay read by a Java consumer (``AeronArchive.replay`` and ``Image.blockPoll``, backoff idle
-  strategy, on its own Java media driver with Aeron's defaults: the reference), and
-  ``replay_to_java_ratio`` (needs ``javac``; left out without it);
+  ``--repeats``; with ``--java-replay``, taking turns with it (``interleaved_best``),
+  ``replay_java_mb_per_s``: the same replay read by a Java consumer (``AeronArchive.replay`` and
+  ``Image.blockPoll``, backoff idle strategy, on its own Java media driver with Aeron's
+  defaults: the reference), and ``replay_to_java_ratio`` (needs ``javac``). Opt-in: the second
+  JVM (its start, its JIT, its idle strategy) takes CPU from our replay on a small machine;
 * ``archive_source_rows_per_s`` / ``server_source_rows_per_s``: ``spark.read.format("aeron")``
   into a ``noop`` sink on local[2], with ``option("archive", ...)`` and with ``endpoint``, taking
   turns (``benchmarks._timing.interleaved_best``), and their ratio ``archive_to_server_ratio``.
@@ -158,16 +159,17 @@ class _JavaReplayer:
         self.driver.close()
 
 
-def _replay_figures(
+def _replay_figures(  # type: ignore[no-untyped-def]
     client,
     control_channel: str,
     rid: int,
     end: int,
     rows: int,
     repeats: int,
-    tmp: str,  # type: ignore[no-untyped-def]
+    tmp: str,
+    java_too: bool,
 ) -> dict[str, object]:
-    """Our bounded replay's MB/s and, taking turns with it, the Java consumer's."""
+    """Our bounded replay's MB/s and (``java_too``), taking turns with it, a Java consumer's."""
     import aeron_peer
 
     from benchmarks._timing import interleaved_best
@@ -181,8 +183,9 @@ def _replay_figures(
     java = None
     out: dict[str, object] = {}
     try:
-        java = _JavaReplayer(control_channel, rid, end, tmp)
-        runs["java"] = java.run
+        if java_too:
+            java = _JavaReplayer(control_channel, rid, end, tmp)
+            runs["java"] = java.run
     except aeron_peer.PeerUnavailable as exc:
         out["replay_java"] = f"not measured: {exc}"
     try:
@@ -206,6 +209,11 @@ def main() -> int:
     p.add_argument("--rows", type=int, default=200_000)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--no-spark", action="store_true", help="replay figures only")
+    p.add_argument(
+        "--java-replay",
+        action="store_true",
+        help="also time a Java consumer of the same replay (replay_java_mb_per_s)",
+    )
     args = p.parse_args()
     import aeron_peer
     from aeron_spark.transport import Driver, DriverConfig
@@ -234,7 +242,14 @@ def main() -> int:
                 rid, end = recordings[0]
                 result.update(
                     _replay_figures(
-                        client, archive.control_channel, rid, end, args.rows, args.repeats, tmp
+                        client,
+                        archive.control_channel,
+                        rid,
+                        end,
+                        args.rows,
+                        args.repeats,
+                        tmp,
+                        args.java_replay,
                     )
                 )
                 if not args.no_spark:
