@@ -389,8 +389,9 @@ class ReceiveDispatcher:
         if not arrived:
             return 0
         self._arrived = []
-        for interest in arrived:
+        for interest in arrived:  # first: a callback that raises must not strand the others
             interest.data_pending = False
+        for interest in arrived:
             if interest.on_data is not None:
                 interest.on_data()
         self.data_notifications += len(arrived)
