@@ -1,7 +1,7 @@
 """The real Aeron Archive as a source: bounded replay MB/s, and Spark rows/s of the archive
 source against the stream server's source on the same rows, in one run.
 
-    python -m benchmarks.archive [--rows 200000] [--repeats 2] [--no-spark]
+    python -m benchmarks.archive [--rows 200000] [--repeats 2] [--no-spark] [--java-replay]
 
 Needs Java and the pinned aeron-all jar (``python transport/tests/aeron_peer.py fetch``): an
 ``ArchivingMediaDriver`` is started on loopback (sleeping idle strategies, as in the tests) and
@@ -10,7 +10,11 @@ server gets two producers). Prints one JSON object:
 
 * ``replay_mb_per_s`` / ``replay_msgs_per_s``: one bounded replay of a whole recording through
   :class:`~aeron_spark.transport.archive.client.ArchiveClient` (raw frames, no Spark), best of
-  ``--repeats``;
+  ``--repeats``; with ``--java-replay``, taking turns with it (``interleaved_best``),
+  ``replay_java_mb_per_s``: the same replay read by a Java consumer (``AeronArchive.replay`` and
+  ``Image.blockPoll``, backoff idle strategy, on its own Java media driver with Aeron's
+  defaults: the reference), and ``replay_to_java_ratio`` (needs ``javac``). Opt-in: the second
+  JVM (its start, its JIT, its idle strategy) takes CPU from our replay on a small machine;
 * ``archive_source_rows_per_s`` / ``server_source_rows_per_s``: ``spark.read.format("aeron")``
   into a ``noop`` sink on local[2], with ``option("archive", ...)`` and with ``endpoint``, taking
   turns (``benchmarks._timing.interleaved_best``), and their ratio ``archive_to_server_ratio``;
@@ -72,6 +76,137 @@ def _record(client, driver, rows: int, recordings: int) -> list[tuple[int, int]]
     return out
 
 
+# A Java replay consumer: one bounded replay of the recording per line read on stdin, answered
+# with the bytes it received.
+_JAVA_REPLAY = r"""
+import io.aeron.Image;
+import io.aeron.Subscription;
+import io.aeron.archive.client.AeronArchive;
+import io.aeron.logbuffer.BlockHandler;
+import org.agrona.concurrent.BackoffIdleStrategy;
+import org.agrona.concurrent.IdleStrategy;
+
+public class BenchReplay {
+    public static void main(String[] args) throws Exception {
+        long recordingId = Long.parseLong(args[1]);
+        long length = Long.parseLong(args[2]);
+        final long[] got = {0};
+        BlockHandler handler = (buffer, offset, len, sessionId, termId) -> got[0] += len;
+        IdleStrategy idle = new BackoffIdleStrategy();
+        java.io.BufferedReader in =
+            new java.io.BufferedReader(new java.io.InputStreamReader(System.in));
+        try (AeronArchive archive = AeronArchive.connect(new AeronArchive.Context()
+                .controlRequestChannel(args[0])
+                .controlResponseChannel("aeron:udp?endpoint=127.0.0.1:0"))) {
+            System.out.println("READY");
+            System.out.flush();
+            while (in.readLine() != null) {
+                got[0] = 0;
+                try (Subscription sub = archive.replay(recordingId, 0, length, args[3], 1101)) {
+                    while (sub.imageCount() == 0) idle.idle(0);
+                    Image image = sub.imageAtIndex(0);
+                    while (image.position() < length) idle.idle(image.blockPoll(handler, 1 << 20));
+                }
+                System.out.println("DONE " + got[0]);
+                System.out.flush();
+            }
+        }
+    }
+}
+"""
+
+
+class _JavaReplayer:
+    """The Java consumer of :data:`_JAVA_REPLAY` on its own Java media driver; :meth:`run` is
+    one whole bounded replay of the recording."""
+
+    def __init__(self, control_channel: str, recording_id: int, end: int, tmp: str) -> None:
+        import subprocess
+
+        import aeron_peer
+        from aeron_spark.transport.testing import free_udp_port
+
+        classes = aeron_peer.compile_java(_JAVA_REPLAY, "BenchReplay", Path(tmp) / "java")
+        self.end = end
+        self.driver = aeron_peer.JavaMediaDriver("bench-replay")
+        replay_channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+        argv = aeron_peer.java_argv(
+            "BenchReplay",
+            self.driver.client_properties(),
+            classpath=[classes],
+            args=[control_channel, str(recording_id), str(end), replay_channel],
+        )
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if self._line() != "READY":
+            self.close()
+            raise RuntimeError("the Java replay consumer did not start")
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline().strip()
+
+    def run(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        answer = self._line()
+        if answer != f"DONE {self.end}":
+            raise RuntimeError(f"the Java replay consumer answered {answer!r}")
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except Exception:  # noqa: BLE001 - a stuck JVM is killed below
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        self.driver.close()
+
+
+def _replay_figures(  # type: ignore[no-untyped-def]
+    client,
+    control_channel: str,
+    rid: int,
+    end: int,
+    rows: int,
+    repeats: int,
+    tmp: str,
+    java_too: bool,
+) -> dict[str, object]:
+    """Our bounded replay's MB/s and (``java_too``), taking turns with it, a Java consumer's."""
+    import aeron_peer
+
+    from benchmarks._timing import interleaved_best
+
+    sizes: list[int] = []
+
+    def ours() -> None:
+        sizes.append(sum(len(b.data) for b in client.replay(rid, 0, end)))
+
+    runs = {"ours": ours}
+    java = None
+    out: dict[str, object] = {}
+    try:
+        if java_too:
+            java = _JavaReplayer(control_channel, rid, end, tmp)
+            runs["java"] = java.run
+    except aeron_peer.PeerUnavailable as exc:
+        out["replay_java"] = f"not measured: {exc}"
+    try:
+        best = interleaved_best(runs, repeats)
+    finally:
+        if java is not None:
+            java.close()
+    out["replay_bytes"] = sizes[-1]
+    out["replay_mb_per_s"] = round(end / best["ours"] / 1e6, 1)
+    out["replay_msgs_per_s"] = round(rows // 2 / best["ours"])
+    if "java" in best:
+        out["replay_java_mb_per_s"] = round(end / best["java"] / 1e6, 1)
+        out["replay_to_java_ratio"] = round(best["java"] / best["ours"], 3)
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -79,6 +214,11 @@ def main() -> int:
     p.add_argument("--rows", type=int, default=200_000)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--no-spark", action="store_true", help="replay figures only")
+    p.add_argument(
+        "--java-replay",
+        action="store_true",
+        help="also time a Java consumer of the same replay (replay_java_mb_per_s)",
+    )
     args = p.parse_args()
     import aeron_peer
     from aeron_spark.transport import Driver, DriverConfig
@@ -105,14 +245,18 @@ def main() -> int:
             ):
                 recordings = _record(client, driver, args.rows, 2)
                 rid, end = recordings[0]
-                best = float("inf")
-                for _ in range(args.repeats + 1):
-                    started = time.perf_counter()
-                    size = sum(len(b.data) for b in client.replay(rid, 0, end))
-                    best = min(best, time.perf_counter() - started)
-                result["replay_bytes"] = size
-                result["replay_mb_per_s"] = round(end / best / 1e6, 1)
-                result["replay_msgs_per_s"] = round(args.rows // 2 / best)
+                result.update(
+                    _replay_figures(
+                        client,
+                        archive.control_channel,
+                        rid,
+                        end,
+                        args.rows,
+                        args.repeats,
+                        tmp,
+                        args.java_replay,
+                    )
+                )
                 if not args.no_spark:
                     result.update(_spark(archive.control_channel, args.rows, args.repeats, tmp))
         finally:

@@ -85,11 +85,12 @@ def _record(
     stream_id: int,
     *,
     close: bool = True,
+    term_length: int = 65536,
 ) -> tuple[int, int, object, str]:
     """Our publication recorded by the archive: (recording id, end position, pub, channel)."""
     channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
     sub_id = client.start_recording(channel, stream_id)
-    pub = driver.add_publication(channel + "|term-length=65536", stream_id)
+    pub = driver.add_publication(channel + f"|term-length={term_length}", stream_id)
     assert pub.wait_until_connected(_WAIT_S)
     start = client.wait_for_signal(
         lambda e: e.subscription_id == sub_id and e.signal == RecordingSignal.START
@@ -193,6 +194,42 @@ def test_open_ended_replay_follows_an_active_recording(
         replay_sub.close()
         client.stop_recording(channel, 2111)
         pub.close()
+
+
+def test_a_replay_is_sent_a_replay_window_ahead(client: ArchiveClient, driver: Driver) -> None:
+    """A replay subscription advertises the client's replay window (1 MiB), not the transport's
+    128 KiB default: with only the first frame consumed, the real archive sends exactly one
+    window past the start and then waits for our next SM (a replay stalled on a small window
+    every ~90 datagrams, at every delay of our receiver or of the archive's idle sleep)."""
+    messages = [bytes([i % 251]) * 992 for i in range(2600)]  # 1 KiB frames, ~2.6 MB
+    rid, end, _, _ = _record(client, driver, messages, 2161, term_length=4 << 20)
+    window = 1 << 20  # the client's default replay_window
+    assert end > 2 * window
+    replay = client.replay(rid, 0, end, replay_stream_id=2162, block_bytes=1024)
+    try:
+        first = next(replay)
+        assert (first.position, first.end_position) == (0, 1024)
+
+        def received() -> int:
+            snapshot = driver.counters.snapshot()
+            hwms = [
+                v for k, v in snapshot.items() if k.startswith("rcv_hwm:") and k.endswith(":2162")
+            ]
+            assert len(hwms) == 1, snapshot
+            return hwms[0]
+
+        deadline = time.monotonic() + _WAIT_S
+        while received() < window and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert received() == window, f"the archive sent {received()} bytes, window {window}"
+        time.sleep(0.3)  # and no further: the archive keeps to the window we advertise
+        assert received() == window
+        rest = list(replay)
+        assert rest[-1].end_position == end
+        assert sum(len(b.data) for b in rest) == end - 1024
+    finally:
+        replay.close()
+    assert client.config.replay_window == window
 
 
 def test_truncate_purge_and_errors(client: ArchiveClient, driver: Driver) -> None:

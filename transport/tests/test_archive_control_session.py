@@ -310,6 +310,25 @@ def test_config_is_validated() -> None:
         ControlConfig("aeron:udp?endpoint=h:1", message_timeout_ns=0)
 
 
+def test_replay_window_is_validated_and_goes_on_the_replay_subscription() -> None:
+    from aeron_spark.transport.archive.client import ArchiveClientConfig
+    from aeron_spark.transport.uri import ChannelConfig
+
+    archive = "aeron:udp?endpoint=127.0.0.1:8010"
+    for bad in (0, 1024, 65535, (64 << 20) + 1, True, 1.5e6):
+        with pytest.raises(ConfigurationError, match="replay_window"):
+            ArchiveClientConfig(archive, replay_window=bad)
+    config = ArchiveClientConfig(archive)
+    assert config.replay_window == 1 << 20
+    channel = ChannelConfig.from_uri(config.replay_subscription_channel("::1", 0))
+    assert channel.receiver_window_length == 1 << 20
+    assert channel.so_rcvbuf >= 1 << 20
+    assert (channel.endpoint.host, channel.endpoint.port) == ("::1", 0)
+    small = ArchiveClientConfig(archive, replay_window=64 * 1024)
+    channel = ChannelConfig.from_uri(small.replay_subscription_channel("10.0.0.1", 9))
+    assert channel.receiver_window_length == 64 * 1024
+
+
 # --------------------------------------------------------------- against the real schema
 
 

@@ -11,6 +11,7 @@ from aeron_spark.transport.archive.client.client import (
     ArchiveClient,
     ArchiveClientConfig,
     ReplayedBlock,
+    patch_frames,
     process_driver,
 )
 from aeron_spark.transport.archive.client.errors import *  # noqa: F403 - its __all__, below
@@ -34,6 +35,7 @@ __all__ = [
     "ReplayedBlock",
     "SessionState",
     "SignalEvent",
+    "patch_frames",
     "process_driver",
 ]
 __all__ += errors.__all__

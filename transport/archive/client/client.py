@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from aeron_spark.transport.archive.client import codecs
 from aeron_spark.transport.archive.client.errors import (
     ArchiveClientError,
@@ -55,10 +56,20 @@ from aeron_spark.errors import ConfigurationError
 DEFAULT_CONTROL_STREAM_ID = 10
 DEFAULT_RESPONSE_STREAM_ID = 20
 DEFAULT_REPLAY_STREAM_ID = 1101
+# The receiver window a replay subscription advertises (its SMs' ``rcv-wnd``). A replay is a bulk
+# transfer from a sender we do not schedule: with the transport's default 128 KiB window the
+# archive runs out of window after ~90 datagrams and waits for our next SM, so every delay of
+# our receiver thread (a GIL hand-off, a busy CPU) or of the archive's idle sleep stops the
+# replay. 1 MiB fits the driver's default 2 MiB socket buffer (the window is capped at what the
+# socket holds, and at half the recording's term length).
+DEFAULT_REPLAY_WINDOW = 1 << 20
+MIN_REPLAY_WINDOW = 64 * 1024
+MAX_REPLAY_WINDOW = 64 << 20
 LIST_PAGE = 1000  # descriptors asked for per listing request
 _NS = 1_000_000_000
 _SESSION_ID_AT = 12  # in a DATA frame header
 _STREAM_ID_AT = 16
+_PATCH_AT_ONCE = 16  # frames of one length from which patch_frames uses numpy
 
 _driver_lock = threading.Lock()
 _driver: tuple[int, Driver] | None = None
@@ -104,6 +115,7 @@ class ArchiveClientConfig:
     response_stream_id: int = DEFAULT_RESPONSE_STREAM_ID
     timeout_s: float = 10.0
     keepalive_interval_s: float = 1.0
+    replay_window: int = DEFAULT_REPLAY_WINDOW  # bytes; see DEFAULT_REPLAY_WINDOW
 
     def __post_init__(self) -> None:
         config = ChannelConfig.from_uri(self.control_channel)  # raises ChannelError
@@ -119,6 +131,24 @@ class ArchiveClientConfig:
             raise ConfigurationError(
                 "keepalive_interval_s", self.keepalive_interval_s, "a positive number of seconds"
             )
+        if (
+            not isinstance(self.replay_window, int)
+            or isinstance(self.replay_window, bool)
+            or not MIN_REPLAY_WINDOW <= self.replay_window <= MAX_REPLAY_WINDOW
+        ):
+            raise ConfigurationError(
+                "replay_window",
+                self.replay_window,
+                f"a byte count from {MIN_REPLAY_WINDOW} to {MAX_REPLAY_WINDOW}",
+            )
+
+    def replay_subscription_channel(self, host: str, port: int) -> str:
+        """The channel a replay is received on: ``host:port`` with the replay window (and a
+        socket receive buffer at least as large, so a window's burst is not dropped)."""
+        window = self.replay_window
+        return (
+            f"aeron:udp?endpoint={_endpoint_text(host, port)}|rcv-wnd={window}|so-rcvbuf={window}"
+        )
 
     @property
     def archive_address(self) -> tuple[str, int]:
@@ -511,7 +541,7 @@ class ArchiveClient:
         if end <= start:
             return
         sub = self.driver.add_subscription(
-            f"aeron:udp?endpoint={_endpoint_text(self._host, 0)}", replay_stream_id
+            self.config.replay_subscription_channel(self._host, 0), replay_stream_id
         )
         replay_session = None
         finished = False
@@ -574,21 +604,10 @@ class ArchiveClient:
                 recording_id=recording_id,
             )
         blocks: list[ReplayedBlock] = []
-        patches = [
-            (at, struct.pack("<i", value))
-            for at, value in ((_SESSION_ID_AT, session_id), (_STREAM_ID_AT, stream_id))
-            if value is not None
-        ]
 
         def on_block(term: memoryview, offset: int, length: int, _sid: int, _tid: int) -> None:
             data = bytearray(term[offset : offset + length])
-            if patches:
-                at = 0
-                while at < length:
-                    frame = struct.unpack_from("<i", data, at)[0]
-                    for field_at, value in patches:
-                        data[at + field_at : at + field_at + 4] = value
-                    at += (frame + 31) & -32 if frame > 0 else length
+            patch_frames(data, session_id, stream_id)
             position = image.position
             blocks.append(ReplayedBlock(position, bytes(data), position + length))
 
@@ -632,6 +651,37 @@ class ArchiveClient:
             sub.wait(min(remaining, 0.25))
 
 
+def patch_frames(data: bytearray, session_id: int | None, stream_id: int | None) -> None:
+    """Write ``session_id`` and ``stream_id`` (None: leave it) into the header of every frame of
+    ``data``, whole frames as a replay delivers them (a PAD frame may end them). A block of
+    frames of one length (fixed-size messages, the common case) is written with numpy at once
+    (from 16 frames on: below, numpy's fixed cost is more than a Python step per frame, ~3 us
+    per message)."""
+    patches = [
+        (at, value)
+        for at, value in ((_SESSION_ID_AT, session_id), (_STREAM_ID_AT, stream_id))
+        if value is not None
+    ]
+    length = len(data)
+    if not patches or length < 32:
+        return
+    first = struct.unpack_from("<i", data, 0)[0]
+    aligned = (first + 31) & -32
+    if first >= 32 and length % aligned == 0 and length // aligned >= _PATCH_AT_ONCE:
+        rows = np.frombuffer(data, dtype="<i4").reshape(-1, aligned // 4)
+        if (rows[:, 0] == first).all():
+            for at, value in patches:
+                rows[:, at // 4] = value
+            return
+    packed = [(at, struct.pack("<i", value)) for at, value in patches]
+    at = 0
+    while at < length:
+        frame = struct.unpack_from("<i", data, at)[0]
+        for field_at, value in packed:
+            data[at + field_at : at + field_at + 4] = value
+        at += (frame + 31) & -32 if frame > 0 else length
+
+
 def _int32(value: int) -> int:
     low = value & 0xFFFFFFFF
     return low - (1 << 32) if low >= 1 << 31 else low
@@ -642,5 +692,6 @@ __all__ = [
     "ArchiveClientConfig",
     "ReplayedBlock",
     "local_address_towards",
+    "patch_frames",
     "process_driver",
 ]
