@@ -677,8 +677,8 @@ def patch_frames(data: bytearray, session_id: int | None, stream_id: int | None)
     at = 0
     while at < length:
         frame = struct.unpack_from("<i", data, at)[0]
-        for field_at, value in packed:
-            data[at + field_at : at + field_at + 4] = value
+        for field_at, field in packed:
+            data[at + field_at : at + field_at + 4] = field
         at += (frame + 31) & -32 if frame > 0 else length
 
 
