@@ -1,5 +1,5 @@
-"""The real Aeron Archive as a source and a sink: bounded replay MB/s, and Spark rows/s of the archive
-source and sink against the stream server's source and sink on the same rows, in one run.
+"""The real Aeron Archive as a source and a sink: bounded replay MB/s, and Spark rows/s of
+the archive source and sink against the stream server's on the same rows, in one run.
 
     python -m benchmarks.archive [--rows 200000] [--repeats 2] [--no-spark] [--java-replay]
 
