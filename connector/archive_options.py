@@ -19,6 +19,7 @@ from aeron_spark.connector.options import (
     parse_source_options,
 )
 from aeron_spark.transport import ChannelConfig, ChannelError
+from aeron_spark.transport.archive.client import ArchiveClient
 
 from aeron_spark.errors import ConfigurationError
 
@@ -243,12 +244,23 @@ def parse_archive_sink_options(options: Mapping[str, str]) -> ArchiveSinkOptions
     )
 
 
+def connect(c: ArchiveConnect) -> ArchiveClient:
+    """A control session with the archive ``c`` names (the source's and the sink's)."""
+    return ArchiveClient.connect(
+        c.control_channel,
+        control_stream_id=c.control_stream_id,
+        response_host=c.response_host,
+        timeout_s=c.timeout_s,
+    )
+
+
 __all__ = [
     "ARCHIVE_SINK_OPTIONS",
     "ARCHIVE_SOURCE_OPTIONS",
     "ArchiveConnect",
     "ArchiveSinkOptions",
     "ArchiveSourceOptions",
+    "connect",
     "DEFAULT_STAGING_STREAM_ID",
     "parse_archive_sink_options",
     "SPARK_OPTIONS",

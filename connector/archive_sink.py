@@ -51,8 +51,8 @@ from aeron_spark.connector.archive_markers import (
     target_alias,
 )
 from aeron_spark.connector.archive_options import (
-    ArchiveConnect,
     ArchiveSinkOptions,
+    connect,
     parse_archive_sink_options,
 )
 from aeron_spark.connector.errors import ServerUnavailableError
@@ -81,15 +81,6 @@ from aeron_spark.errors import ConfigurationError
 
 log = logging.getLogger("aeron_spark.connector.archive_sink")
 _POLL_S = 0.005
-
-
-def connect(c: ArchiveConnect) -> ArchiveClient:
-    return ArchiveClient.connect(
-        c.control_channel,
-        control_stream_id=c.control_stream_id,
-        response_host=c.response_host,
-        timeout_s=c.timeout_s,
-    )
 
 
 def _session_id() -> int:

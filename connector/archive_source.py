@@ -34,10 +34,16 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 from aeron_spark.connector import formats_arrow
-from aeron_spark.connector.archive_markers import is_sink_target, mask_markers, read_tail
+from aeron_spark.connector.archive_markers import (
+    frames,
+    is_sink_target,
+    mask_markers,
+    read_tail,
+)
 from aeron_spark.connector.archive_options import (
     ArchiveConnect,
     ArchiveSourceOptions,
+    connect,
     parse_archive_source_options,
 )
 from aeron_spark.connector.errors import PositionOutOfRangeError, PurgedError
@@ -70,15 +76,6 @@ log = logging.getLogger("aeron_spark.connector.archive_source")
 
 _FLAG_BEGIN, _FLAG_END = 0x80, 0x40
 _TYPE_PAD = 0x00
-
-
-def connect(c: ArchiveConnect) -> ArchiveClient:
-    return ArchiveClient.connect(
-        c.control_channel,
-        control_stream_id=c.control_stream_id,
-        response_host=c.response_host,
-        timeout_s=c.timeout_s,
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,19 +116,6 @@ def list_archived(o: ArchiveSourceOptions) -> dict[str, ArchivedRecording]:
     return out
 
 
-def _frames(block: ReplayedBlock) -> Iterator[tuple[int, int, int, int]]:
-    """(offset in block, aligned length, flags, type) of each frame of a replayed block."""
-    data = block.data
-    at, size = 0, len(data)
-    while at + 32 <= size:
-        length = int.from_bytes(data[at : at + 4], "little", signed=True)
-        if length <= 0:
-            break
-        aligned = (length + 31) & -32
-        yield at, aligned, data[at + 5], int.from_bytes(data[at + 6 : at + 8], "little")
-        at += aligned
-
-
 def scan(
     client: ArchiveClient,
     rec: ArchivedRecording,
@@ -154,7 +138,7 @@ def scan(
         blocks = _without_markers(replay)
     try:
         for block in blocks:
-            for at, aligned, flags, ftype in _frames(block):
+            for at, aligned, _length, flags, ftype in frames(block.data):
                 if ftype == _TYPE_PAD or not flags & _FLAG_END:
                     continue
                 boundary = block.position + at + aligned
@@ -202,7 +186,7 @@ def _owned(blocks: Iterable[ReplayedBlock], p: ArchiveRange) -> Iterator[Replaye
     for block in blocks:
         first = last = None
         done = False
-        for at, aligned, flags, ftype in _frames(block):
+        for at, aligned, _length, flags, ftype in frames(block.data):
             position = block.position + at
             if ftype == _TYPE_PAD:
                 if first is not None:

@@ -31,17 +31,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.interop, pytest.mark.timeout(400)]
 _WAIT_S = 60.0
 
 
-def _require_java() -> None:
-    reason = aeron_peer.unavailable_reason()
-    if reason is not None:
-        if aeron_peer.required():
-            pytest.fail(f"{aeron_peer.REQUIRED_ENV} is set but {reason}", pytrace=False)
-        pytest.skip(f"the real Aeron (Java) is not available: {reason}")
-
-
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[aeron_peer.JavaArchive]:
-    _require_java()
+    aeron_peer.require_java()
     base = tmp_path_factory.mktemp("archive-sink")
     with aeron_peer.JavaArchive(base / "archive", free_udp_port(), 4712) as peer:
         yield peer

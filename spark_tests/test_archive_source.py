@@ -32,14 +32,6 @@ _WAIT_S = 60.0
 ARCHIVE_ID = 4711
 
 
-def _require_java() -> None:
-    reason = aeron_peer.unavailable_reason()
-    if reason is not None:
-        if aeron_peer.required():
-            pytest.fail(f"{aeron_peer.REQUIRED_ENV} is set but {reason}", pytrace=False)
-        pytest.skip(f"the real Aeron (Java) is not available: {reason}")
-
-
 class Recorded:
     """The archive, our driver and a control session, to record streams our publishers write."""
 
@@ -71,7 +63,7 @@ class Recorded:
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
-    _require_java()
+    aeron_peer.require_java()
     base = tmp_path_factory.mktemp("archive-source")
     driver = Driver(DriverConfig(directory=base / "driver", write_counters_file=False)).start()
     try:
@@ -236,7 +228,7 @@ def test_archive_restarted_mid_query_fails_clearly_then_resumes_from_checkpoint(
     """kill -9 of the archive between micro-batches: the next run of the query fails clearly
     (within timeoutMs); the archive restarted on the same directory, the query resumes from its
     checkpoint: every row once, old recording and new."""
-    _require_java()
+    aeron_peer.require_java()
     port, archive_dir = free_udp_port(), tmp_path / "archive"
     driver = Driver(DriverConfig(directory=tmp_path / "driver", write_counters_file=False)).start()
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"

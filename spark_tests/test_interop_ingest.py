@@ -27,14 +27,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.interop, pytest.mark.timeout(300)]
 _WAIT_S = 60.0
 
 
-def _require_java() -> None:
-    reason = aeron_peer.unavailable_reason()
-    if reason is not None:
-        if aeron_peer.required():
-            pytest.fail(f"{aeron_peer.REQUIRED_ENV} is set but {reason}", pytrace=False)
-        pytest.skip(f"the real Aeron (Java) is not available: {reason}")
-
-
 @pytest.mark.parametrize(
     ("uri_params", "count", "length"),
     [
@@ -52,7 +44,7 @@ def _require_java() -> None:
 def test_real_java_publisher_ingest_read_back_by_spark(  # type: ignore[no-untyped-def]
     spark, tmp_path: Path, uri_params: str, count: int, length: int
 ) -> None:
-    _require_java()
+    aeron_peer.require_java()
     port, stream_id = free_udp_port(), 10
     channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
     config = ServerConfig(

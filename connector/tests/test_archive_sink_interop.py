@@ -37,18 +37,9 @@ pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(300)]
 ARCHIVE_ID = 2121
 
 
-def _require_java() -> None:
-    reason = aeron_peer.unavailable_reason()
-    if reason is not None:
-        message = f"the real Aeron (Java) is not available: {reason}"
-        if aeron_peer.required():
-            pytest.fail(f"{aeron_peer.REQUIRED_ENV} is set but {message}", pytrace=False)
-        pytest.skip(message)
-
-
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[aeron_peer.JavaArchive]:
-    _require_java()
+    aeron_peer.require_java()
     directory = tmp_path_factory.mktemp("java-archive-sink")
     with aeron_peer.JavaArchive(directory / "archive", free_udp_port(), ARCHIVE_ID) as peer:
         yield peer

@@ -130,6 +130,19 @@ def fetch(directory: Path | None = None, timeout_s: float = 600.0) -> Path:
 # --------------------------------------------------------------------------- processes
 
 
+def require_java(what: str = "the real Aeron (Java)") -> None:
+    """In a test: skip when Java or the jar is missing, or fail when ``AERON_INTEROP_REQUIRED``
+    says the interop tests must run (CI)."""
+    import pytest  # only tests call this; the fetch script runs without pytest
+
+    reason = unavailable_reason()
+    if reason is not None:
+        message = f"{what} is not available: {reason}"
+        if required():
+            pytest.fail(f"{REQUIRED_ENV} is set but {message}", pytrace=False)
+        pytest.skip(message)
+
+
 class PeerProgram:
     """One process in its own process group; its stdout+stderr lines go to a queue.
 

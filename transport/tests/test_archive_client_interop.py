@@ -40,15 +40,6 @@ ARCHIVE_ID = 0x5EED
 _WAIT_S = 30.0
 
 
-def _require_java() -> None:
-    reason = aeron_peer.unavailable_reason()
-    if reason is not None:
-        message = f"the real Aeron (Java) is not available: {reason}"
-        if aeron_peer.required():
-            pytest.fail(f"{aeron_peer.REQUIRED_ENV} is set but {message}", pytrace=False)
-        pytest.skip(message)
-
-
 def free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -57,7 +48,7 @@ def free_udp_port() -> int:
 
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[aeron_peer.JavaArchive]:
-    _require_java()
+    aeron_peer.require_java()
     directory = tmp_path_factory.mktemp("java-archive")
     with aeron_peer.JavaArchive(directory / "archive", free_udp_port(), ARCHIVE_ID) as peer:
         yield peer
@@ -300,7 +291,7 @@ def test_a_real_java_publisher_recorded_and_replayed(
 
 
 def test_unreachable_archive_times_out_clearly(driver: Driver) -> None:
-    _require_java()
+    aeron_peer.require_java()
     started = time.monotonic()
     with pytest.raises(ArchiveTimeoutError, match="no archive answered"):
         ArchiveClient.connect(
@@ -312,7 +303,7 @@ def test_unreachable_archive_times_out_clearly(driver: Driver) -> None:
 def test_archive_killed_mid_replay_fails_within_the_timeout(tmp_path: Path, driver: Driver) -> None:
     """kill -9 of the archive while we replay: the replay (and the next request) fail with a
     clear error within the client's timeout, not a hang."""
-    _require_java()
+    aeron_peer.require_java()
     with aeron_peer.JavaArchive(
         tmp_path / "archive", free_udp_port(), 99, tag="archive-kill"
     ) as doomed:

@@ -333,12 +333,7 @@ def test_replay_window_is_validated_and_goes_on_the_replay_subscription() -> Non
 
 
 def _real_schema_text() -> str:
-    reason = aeron_peer.unavailable_reason()
-    if reason is not None:
-        message = f"the aeron-all jar is not available: {reason}"
-        if aeron_peer.required():
-            pytest.fail(f"{aeron_peer.REQUIRED_ENV} is set but {message}", pytrace=False)
-        pytest.skip(message)
+    aeron_peer.require_java("the aeron-all jar")
     with zipfile.ZipFile(aeron_peer.jar_path()) as jar:
         return jar.read("archive/aeron-archive-codecs.xml").decode("utf-8")
 
