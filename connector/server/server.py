@@ -198,7 +198,8 @@ class StreamServer:
             self._listener.wake()
         if self._thread is not None:
             self._thread.join(timeout_s)
-            self._thread = None
+            if not self._thread.is_alive():  # a join that timed out keeps it for wait()
+                self._thread = None
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until the server stops (or the timeout passes); True if it stopped."""

@@ -126,3 +126,32 @@ def test_authorized_keys_on_the_command_line_with_client_keys_and_sighup(tmp_pat
         assert "CLIENT_UNKNOWN" in capsys.readouterr().err
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+
+
+def test_a_close_that_does_not_wait_still_lets_wait_see_the_shutdown_through(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The SIGTERM handler asks the loop to stop with close(timeout_s=0) and the main thread then
+    # waits for the server. close() dropped the loop thread when its join timed out, so wait()
+    # returned at once and the process exited (the loop thread is a daemon) in the middle of the
+    # shutdown: recordings not stopped, stat.json left behind (test above, now and then).
+    import threading
+
+    from aeron_spark.connector.server import ServerConfig, StreamServer
+
+    server = StreamServer(ServerConfig(directory=str(tmp_path / "s"), port=0)).start()
+    in_shutdown, release = threading.Event(), threading.Event()
+    shutdown = server._shutdown
+
+    def slow_shutdown() -> None:
+        in_shutdown.set()
+        release.wait(30)
+        shutdown()
+
+    server._shutdown = slow_shutdown  # type: ignore[method-assign]
+    try:
+        server.close(timeout_s=0)  # what the signal handler does
+        assert in_shutdown.wait(30)
+        assert not server.wait(0.2), "wait() returned while the loop was still shutting down"
+    finally:
+        release.set()
+        assert server.wait(30)
+    assert not os.path.exists(os.path.join(str(tmp_path / "s"), "stat.json"))
