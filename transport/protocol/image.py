@@ -439,6 +439,9 @@ class ImageState:
                 self._fire(ImageEvent.TIMEOUT)
             phase = self.phase
         if phase is _DRAINING:
+            # a close before the first SM left that SM scheduled: EOS SMs replace it (else
+            # needs_work() stayed true and the receiver stepped without sleeping until the end)
+            self.sm_scheduled = False
             if now_ns < self.sm_deadline_ns and self.eos_sms_left < EOS_SM_COUNT:
                 return work  # EOS SMs are spaced out, so a short loss burst cannot eat them all
             self._send_sm(sub, SmFlags.EOS, transmit)
@@ -531,6 +534,9 @@ class ImageState:
 
     def needs_work(self) -> bool:
         """True when :meth:`do_work` has something to do right now (before a driver sleeps)."""
+        phase = self.phase
+        if phase is _DRAINING or phase is _CLOSED:
+            return False  # its EOS SMs go out at sm_deadline_ns (next_deadline_ns)
         return (
             self.sm_scheduled
             or self.subscriber_position - self.last_sm_position > self.window >> 2

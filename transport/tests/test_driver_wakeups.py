@@ -272,3 +272,24 @@ def test_an_ipc_subscription_lists_its_directory_only_when_it_changed(
         assert len(listings) >= 2
     finally:
         driver.close()
+
+
+def test_an_image_closed_before_its_first_sm_lets_the_receiver_sleep_through_its_eos() -> None:
+    """Closing an image before its first status message went out (the subscription closed
+    right after its SETUP arrived) must not leave that first SM scheduled: needs_work() would
+    stay true and the receiver would step without sleeping until the image's EOS SMs end."""
+    now = 1_000_000_000
+    wire: list[bytes] = []
+    dispatcher = ReceiveDispatcher()
+    interest = StreamInterest(10, control_address=CONTROL)
+    dispatcher.add(interest)
+    setup = SetupFrame(0, 3, 10, 7, 7, 64 * 1024, 1408).encode()
+    dispatcher.on_datagram(setup, len(setup), SENDER, now, _sent(wire))
+    (image,) = interest.images.values()
+    assert image.status_messages_sent == 0  # no SM yet
+    dispatcher.remove(interest, now)
+    dispatcher.do_work(now, _sent(wire))  # DRAINING: the first EOS SM
+    assert image.is_closing and not image.is_done
+    assert not image.needs_work(), "an EOS SM is due at its deadline, not now"
+    assert dispatcher.do_work(now, _sent(wire)) == 0
+    assert dispatcher.next_deadline_ns(now) > now
