@@ -249,7 +249,11 @@ class AgentRunner:
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._registered: dict[int, Any] = {}
         self._token: tuple[Any, ...] | None = None
+        self._endpoint_agents = tuple(a for a in self.agents if hasattr(a, "endpoints"))
         self._reading_agents = tuple(a for a in self.agents if hasattr(a, "readable"))
+        # the sockets idle()'s select found readable: the step right after it reads those
+        # without polling again (one epoll_wait a step, not two)
+        self._ready: set[Any] | None = None
         self._running = False
         self._thread: threading.Thread | None = None
 
@@ -287,6 +291,7 @@ class AgentRunner:
             if wait_s <= 0:
                 return
             events = self._selector.select(wait_s)
+            self._ready = {key.fileobj for key, _ in events}
             for key, _ in events:
                 if key.fileobj is self._wake_r:
                     try:
@@ -304,27 +309,36 @@ class AgentRunner:
         agents = self._reading_agents
         if not agents:
             return
-        self._sync_registrations()
-        try:
-            events = self._selector.select(0)
-        except (OSError, ValueError):
-            ready = None  # closed under us: read every socket this step, as before
-        else:
-            ready = {key.fileobj for key, _ in events}
+        ready = self._ready
+        self._ready = None
+        if not self._sync_registrations() or ready is None:
+            # no select just before (or the sockets changed since): poll now
+            try:
+                events = self._selector.select(0)
+            except (OSError, ValueError):
+                ready = None  # closed under us: read every socket this step, as before
+            else:
+                ready = {key.fileobj for key, _ in events}
         for agent in agents:
             agent.readable = ready
 
-    def _sync_registrations(self) -> None:
-        token = tuple(getattr(agent, "endpoints", None) for agent in self.agents)
-        if token == self._token:  # tuples of endpoint tuples: replaced (copy on write) on change
-            return
-        self._token = token
+    def _sync_registrations(self) -> bool:
+        """Register the agents' sockets with the selector; False if they changed."""
+        token = self._token
+        if token is not None:
+            # tuples of endpoints, replaced (copy on write) on change: compare identities
+            for agent, seen in zip(self._endpoint_agents, token, strict=True):
+                if agent.endpoints is not seen:
+                    break
+            else:
+                return True
+        self._token = tuple(agent.endpoints for agent in self._endpoint_agents)
         wanted: dict[int, Any] = {}
         for agent in self.agents:
             for sock in agent.filenos():
                 wanted[id(sock)] = sock
         if wanted.keys() == self._registered.keys():
-            return
+            return False
         for key in self._registered.keys() - wanted.keys():
             try:
                 self._selector.unregister(self._registered[key])
@@ -338,6 +352,7 @@ class AgentRunner:
                 continue
             registered[key] = wanted[key]
         self._registered = registered
+        return False
 
     def start(self) -> None:
         self._running = True
