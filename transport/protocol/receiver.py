@@ -60,11 +60,6 @@ from aeron_spark.transport.protocol.logbuffer import (
 
 SEND_SETUP_INTERVAL_NS = 100_000_000
 ELICIT_INTERVAL_NS = 100_000_000
-# While a control-mode subscription has no image its elicits back off from this to
-# ELICIT_INTERVAL_NS (1, 2, 4 ... ms): a publication that refused the first one (a handshake
-# server allows a host only once its HELLO image is up) is asked again within milliseconds,
-# not 100 ms later. Only the subscriber's own SMs: what the publication answers is unchanged.
-ELICIT_FIRST_RETRY_NS = 1_000_000
 ELICIT_CONNECTED_INTERVAL_NS = 1_000_000_000
 COOL_DOWN_NS = 1_000_000_000
 
@@ -130,7 +125,6 @@ class StreamInterest:
         self.data_pending = False  # on_data is due at the dispatcher's next do_work
         self.images: dict[int, ImageState] = {}
         self.elicit_deadline_ns = 0
-        self.elicits_unanswered = 0  # elicits sent since the last image came (the backoff)
         self.closed = False
 
 
@@ -351,7 +345,6 @@ class ReceiveDispatcher:
                 now_ns=now_ns,
             )
             interest.images[setup.session_id] = image
-            interest.elicits_unanswered = 0
             per_source = interest.images_per_source
             for key in (source[:2], source[0]):
                 per_source[key] = per_source.get(key, 0) + 1
@@ -434,14 +427,9 @@ class ReceiveDispatcher:
                         interest.receiver_id,
                         SmFlags.SEND_SETUP,
                     )
-                    if interest.images:
-                        interval = ELICIT_CONNECTED_INTERVAL_NS
-                    else:
-                        unanswered = interest.elicits_unanswered
-                        interest.elicits_unanswered = unanswered + 1
-                        interval = min(
-                            ELICIT_FIRST_RETRY_NS << min(unanswered, 16), ELICIT_INTERVAL_NS
-                        )
+                    interval = (
+                        ELICIT_CONNECTED_INTERVAL_NS if interest.images else ELICIT_INTERVAL_NS
+                    )
                     interest.elicit_deadline_ns = now_ns + interval
                     work += 1
             remaining = tuple(i for i in interests if not (i.closed and not i.images))
