@@ -158,6 +158,8 @@ class SenderAgent:
             for pub in ep.publications:
                 if pub.pending or pub.has_data_to_send() or pub.is_done:
                     return True
+                if pub.refused_elicits and pub.allowed_hosts is not pub._refused_seen_allowed:
+                    return True  # a refused SETUP request's host was allowed meanwhile
         return False
 
     def next_deadline_ns(self, now_ns: int) -> int:
