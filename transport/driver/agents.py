@@ -256,6 +256,9 @@ class AgentRunner:
         # the sockets idle()'s select found readable: the step right after it reads those
         # without polling again (one epoll_wait a step, not two)
         self._ready: set[Any] | None = None
+        # whether the last step's work came from an agent that reports no more through
+        # sockets, has_work() and deadlines (the conductor's IPC resources): step again at once
+        self._restep = True
         self._running = False
         self._thread: threading.Thread | None = None
 
@@ -271,11 +274,19 @@ class AgentRunner:
         now = time.monotonic_ns() if now_ns is None else now_ns
         self._poll_readable()
         work = 0
+        restep = False
+        reading = self._reading_agents
         for agent in self.agents:
             try:
-                work += agent.do_work(now)
+                done = agent.do_work(now)
             except Exception as exc:  # noqa: BLE001 - a bug in an agent must not kill the driver
                 self.on_error(exc)
+                continue
+            if done:
+                work += done
+                if agent not in reading:
+                    restep = True
+        self._restep = restep
         return work
 
     def idle(self, timeout_s: float | None = None) -> None:
@@ -364,7 +375,10 @@ class AgentRunner:
     def _run(self) -> None:
         while self._running:
             try:
-                if self.do_work() == 0:
+                # The sender and receiver say what is left through has_work(), deadlines and
+                # readable sockets, which idle() checks before it sleeps: after their work go
+                # there, not through one more step that finds nothing (half the steps).
+                if self.do_work() == 0 or not self._restep:
                     self.idle(0.1)
             except Exception as exc:  # noqa: BLE001 - a bug in a deadline must not kill the driver
                 self.on_error(exc)
