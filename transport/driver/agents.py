@@ -115,6 +115,35 @@ class ReceiveEndpoint:
         self.key = key
         self.endpoint = endpoint
         self.dispatcher = ReceiveDispatcher()
+        # Every subscription of it closed (its images only send their EOS SMs, spaced out):
+        # until quiet_until, while its socket has nothing and no interest was added (the
+        # interests' tuples are still quiet_token), a step has nothing to do on it. A client
+        # connecting fast has a dozen such endpoints; each cost every step a dispatcher pass.
+        self.quiet_token: tuple[Any, ...] | None = None
+        self.quiet_until = 0
+
+    def is_quiet(self, now_ns: int) -> bool:
+        token = self.quiet_token
+        if token is None or now_ns >= self.quiet_until:
+            return False
+        interests = self.dispatcher.interests
+        if len(interests) != len(token):
+            return False
+        for current, seen in zip(interests.values(), token, strict=True):
+            if current is not seen:
+                return False
+        return True
+
+    def note_quiet(self, now_ns: int) -> None:
+        """After a dispatcher pass: whether it is quiet now, and until when."""
+        interests = self.dispatcher.interests
+        for group in interests.values():
+            for interest in group:
+                if not interest.closed:
+                    self.quiet_token = None
+                    return
+        self.quiet_token = tuple(interests.values())
+        self.quiet_until = self.dispatcher.next_deadline_ns(now_ns)
 
 
 class SenderAgent:
@@ -199,10 +228,13 @@ class ReceiverAgent:
         readable = self.readable
         for ep in self.endpoints:
             endpoint = ep.endpoint
+            may_read = _may_read(endpoint, readable)
+            if not may_read and ep.quiet_token is not None and ep.is_quiet(now_ns):
+                continue
             dispatcher = ep.dispatcher
             send = endpoint.send
             on_datagram = dispatcher.on_datagram
-            for _ in range(RECEIVES_PER_STEP if _may_read(endpoint, readable) else 0):
+            for _ in range(RECEIVES_PER_STEP if may_read else 0):
                 got = endpoint.receive()
                 if got is None:
                     break
@@ -215,6 +247,8 @@ class ReceiverAgent:
             work += dispatcher.do_work(now_ns, send)
             if not dispatcher.interests:
                 idle = True
+            else:
+                ep.note_quiet(now_ns)
         if idle and self.on_endpoint_idle is not None:
             self.on_endpoint_idle()
         return work
@@ -225,7 +259,10 @@ class ReceiverAgent:
     def next_deadline_ns(self, now_ns: int) -> int:
         deadline = now_ns + 1_000_000_000
         for ep in self.endpoints:
-            d = ep.dispatcher.next_deadline_ns(now_ns)
+            if ep.quiet_token is not None and ep.is_quiet(now_ns):
+                d = ep.quiet_until
+            else:
+                d = ep.dispatcher.next_deadline_ns(now_ns)
             if d < deadline:
                 deadline = d
         return deadline

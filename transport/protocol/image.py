@@ -413,6 +413,11 @@ class ImageState:
         phase = self.phase
         if phase is _CLOSED:
             return 0
+        if phase is _DRAINING and now_ns < self.sm_deadline_ns and self.eos_sms_left < EOS_SM_COUNT:
+            # between its spaced-out EOS SMs a draining image has nothing to do: nobody reads
+            # it any more, so no term to clean and no gap worth a NAK (a server's port holds
+            # many of these for a while after each session)
+            return 0
         work = 0
         if self.subscriber_position > self.rebuild_position:
             self.rebuild_position = self.subscriber_position  # consumed frames were complete
