@@ -31,6 +31,7 @@ Server session::
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import hmac
 import secrets
@@ -438,6 +439,10 @@ class Rejected(Exception):
         self.reply = reply
 
 
+# Pure functions of the address string, asked several times per HELLO (admission, rate
+# limits, cookie): parsed once per address (ipaddress costs ~0.1 ms a parse). Bounded: a flood
+# of addresses only turns the cache over.
+@functools.lru_cache(maxsize=4096)
 def normalise_address(address: str) -> str:
     """``address`` as every check sees it: brackets dropped, an IPv4-mapped IPv6 address
     (``::ffff:a.b.c.d``, how a server on ``::`` sees IPv4 clients) as plain IPv4."""
@@ -468,6 +473,18 @@ def _mapped_as_ipv4(networks: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=4096)
+def _ip_of(address: str) -> Any:
+    """The normalised address as an ``ipaddress`` object; None if it is not an IP address."""
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(normalise_address(address))
+    except ValueError:
+        return None
+
+
+@functools.lru_cache(maxsize=4096)
 def address_prefix(address: str) -> str:
     """The network an address is accounted in: its /24 (IPv4) or /64 (IPv6)."""
     import ipaddress
@@ -518,13 +535,10 @@ class ServerCore:
     # ---------------------------------------------------------------- admission
 
     def address_allowed(self, address: str) -> bool:
-        import ipaddress
-
         if address == "ipc":
             return True
-        try:
-            ip = ipaddress.ip_address(normalise_address(address))
-        except ValueError:
+        ip = _ip_of(address)
+        if ip is None:
             return False
         if any(ip in net for net in self._deny):
             return False

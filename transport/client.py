@@ -394,6 +394,11 @@ class Subscription:
         self._listeners: tuple[Callable[[], object], ...] = ()
         self._round_robin = 0
         self._closed = False
+        # bumped by the driver whenever images come or go or data arrives; ``wait`` returns
+        # when it moved since the last wait returned (not since the call: a change just
+        # before the call is not missed)
+        self._changes = 0
+        self._changes_seen = 0
         self.local_endpoints: list[tuple[str, int]] = []
         self._registration: Any = None  # the driver's handle on what it registered for us
         media.attach(self)
@@ -404,6 +409,7 @@ class Subscription:
         image = Image(state, self)
         self._by_state[id(state)] = image
         self._images = (*self._images, image)
+        self._changes += 1
         self._signal.notify()
         self._notify()
         if self._on_available is not None:
@@ -418,6 +424,7 @@ class Subscription:
             return
         image.closed = True
         self._images = tuple(i for i in self._images if i is not image)
+        self._changes += 1
         self._signal.notify()
         self._notify()
         if self._on_unavailable is not None:
@@ -427,6 +434,7 @@ class Subscription:
                 self._media.record_error(exc)
 
     def _data_arrived(self) -> None:
+        self._changes += 1
         self._signal.notify()
         if self._listeners:
             self._notify()
@@ -494,13 +502,16 @@ class Subscription:
         return any(image.has_data() for image in self._images)
 
     def wait(self, timeout_s: float) -> bool:
-        """Block until data may be available or the images changed; False on timeout."""
-        images = self._images
+        """Block until data may be available or the images changed since the last wait
+        returned (a change just before the call counts); False on timeout."""
 
         def ready() -> bool:
-            return self._closed or self._images is not images or self.has_data()
+            return self._closed or self._changes != self._changes_seen or self.has_data()
 
-        return self._signal.wait_until(ready, time.monotonic() + timeout_s, "data")
+        try:
+            return self._signal.wait_until(ready, time.monotonic() + timeout_s, "data")
+        finally:
+            self._changes_seen = self._changes
 
     def do_work(self, now_ns: int) -> int:
         """The media's own duty (IPC: scan for publications, heartbeat, retire images)."""

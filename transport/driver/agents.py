@@ -115,6 +115,35 @@ class ReceiveEndpoint:
         self.key = key
         self.endpoint = endpoint
         self.dispatcher = ReceiveDispatcher()
+        # Every subscription of it closed (its images only send their EOS SMs, spaced out):
+        # until quiet_until, while its socket has nothing and no interest was added (the
+        # interests' tuples are still quiet_token), a step has nothing to do on it. A client
+        # connecting fast has a dozen such endpoints; each cost every step a dispatcher pass.
+        self.quiet_token: tuple[Any, ...] | None = None
+        self.quiet_until = 0
+
+    def is_quiet(self, now_ns: int) -> bool:
+        token = self.quiet_token
+        if token is None or now_ns >= self.quiet_until:
+            return False
+        interests = self.dispatcher.interests
+        if len(interests) != len(token):
+            return False
+        for current, seen in zip(interests.values(), token, strict=True):
+            if current is not seen:
+                return False
+        return True
+
+    def note_quiet(self, now_ns: int) -> None:
+        """After a dispatcher pass: whether it is quiet now, and until when."""
+        interests = self.dispatcher.interests
+        for group in interests.values():
+            for interest in group:
+                if not interest.closed:
+                    self.quiet_token = None
+                    return
+        self.quiet_token = tuple(interests.values())
+        self.quiet_until = self.dispatcher.next_deadline_ns(now_ns)
 
 
 class SenderAgent:
@@ -158,6 +187,8 @@ class SenderAgent:
             for pub in ep.publications:
                 if pub.pending or pub.has_data_to_send() or pub.is_done:
                     return True
+                if pub.refused_elicits and pub.allowed_hosts is not pub._refused_seen_allowed:
+                    return True  # a refused SETUP request's host was allowed meanwhile
         return False
 
     def next_deadline_ns(self, now_ns: int) -> int:
@@ -197,10 +228,13 @@ class ReceiverAgent:
         readable = self.readable
         for ep in self.endpoints:
             endpoint = ep.endpoint
+            may_read = _may_read(endpoint, readable)
+            if not may_read and ep.quiet_token is not None and ep.is_quiet(now_ns):
+                continue
             dispatcher = ep.dispatcher
             send = endpoint.send
             on_datagram = dispatcher.on_datagram
-            for _ in range(RECEIVES_PER_STEP if _may_read(endpoint, readable) else 0):
+            for _ in range(RECEIVES_PER_STEP if may_read else 0):
                 got = endpoint.receive()
                 if got is None:
                     break
@@ -213,6 +247,8 @@ class ReceiverAgent:
             work += dispatcher.do_work(now_ns, send)
             if not dispatcher.interests:
                 idle = True
+            else:
+                ep.note_quiet(now_ns)
         if idle and self.on_endpoint_idle is not None:
             self.on_endpoint_idle()
         return work
@@ -223,7 +259,10 @@ class ReceiverAgent:
     def next_deadline_ns(self, now_ns: int) -> int:
         deadline = now_ns + 1_000_000_000
         for ep in self.endpoints:
-            d = ep.dispatcher.next_deadline_ns(now_ns)
+            if ep.quiet_token is not None and ep.is_quiet(now_ns):
+                d = ep.quiet_until
+            else:
+                d = ep.dispatcher.next_deadline_ns(now_ns)
             if d < deadline:
                 deadline = d
         return deadline
@@ -249,7 +288,14 @@ class AgentRunner:
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._registered: dict[int, Any] = {}
         self._token: tuple[Any, ...] | None = None
+        self._endpoint_agents = tuple(a for a in self.agents if hasattr(a, "endpoints"))
         self._reading_agents = tuple(a for a in self.agents if hasattr(a, "readable"))
+        # the sockets idle()'s select found readable: the step right after it reads those
+        # without polling again (one epoll_wait a step, not two)
+        self._ready: set[Any] | None = None
+        # whether the last step's work came from an agent that reports no more through
+        # sockets, has_work() and deadlines (the conductor's IPC resources): step again at once
+        self._restep = True
         self._running = False
         self._thread: threading.Thread | None = None
 
@@ -265,11 +311,19 @@ class AgentRunner:
         now = time.monotonic_ns() if now_ns is None else now_ns
         self._poll_readable()
         work = 0
+        restep = False
+        reading = self._reading_agents
         for agent in self.agents:
             try:
-                work += agent.do_work(now)
+                done = agent.do_work(now)
             except Exception as exc:  # noqa: BLE001 - a bug in an agent must not kill the driver
                 self.on_error(exc)
+                continue
+            if done:
+                work += done
+                if agent not in reading:
+                    restep = True
+        self._restep = restep
         return work
 
     def idle(self, timeout_s: float | None = None) -> None:
@@ -287,6 +341,7 @@ class AgentRunner:
             if wait_s <= 0:
                 return
             events = self._selector.select(wait_s)
+            self._ready = {key.fileobj for key, _ in events}
             for key, _ in events:
                 if key.fileobj is self._wake_r:
                     try:
@@ -304,27 +359,36 @@ class AgentRunner:
         agents = self._reading_agents
         if not agents:
             return
-        self._sync_registrations()
-        try:
-            events = self._selector.select(0)
-        except (OSError, ValueError):
-            ready = None  # closed under us: read every socket this step, as before
-        else:
-            ready = {key.fileobj for key, _ in events}
+        ready = self._ready
+        self._ready = None
+        if not self._sync_registrations() or ready is None:
+            # no select just before (or the sockets changed since): poll now
+            try:
+                events = self._selector.select(0)
+            except (OSError, ValueError):
+                ready = None  # closed under us: read every socket this step, as before
+            else:
+                ready = {key.fileobj for key, _ in events}
         for agent in agents:
             agent.readable = ready
 
-    def _sync_registrations(self) -> None:
-        token = tuple(getattr(agent, "endpoints", None) for agent in self.agents)
-        if token == self._token:  # tuples of endpoint tuples: replaced (copy on write) on change
-            return
-        self._token = token
+    def _sync_registrations(self) -> bool:
+        """Register the agents' sockets with the selector; False if they changed."""
+        token = self._token
+        if token is not None:
+            # tuples of endpoints, replaced (copy on write) on change: compare identities
+            for agent, seen in zip(self._endpoint_agents, token, strict=True):
+                if agent.endpoints is not seen:
+                    break
+            else:
+                return True
+        self._token = tuple(agent.endpoints for agent in self._endpoint_agents)
         wanted: dict[int, Any] = {}
         for agent in self.agents:
             for sock in agent.filenos():
                 wanted[id(sock)] = sock
         if wanted.keys() == self._registered.keys():
-            return
+            return False
         for key in self._registered.keys() - wanted.keys():
             try:
                 self._selector.unregister(self._registered[key])
@@ -338,6 +402,7 @@ class AgentRunner:
                 continue
             registered[key] = wanted[key]
         self._registered = registered
+        return False
 
     def start(self) -> None:
         self._running = True
@@ -347,7 +412,10 @@ class AgentRunner:
     def _run(self) -> None:
         while self._running:
             try:
-                if self.do_work() == 0:
+                # The sender and receiver say what is left through has_work(), deadlines and
+                # readable sockets, which idle() checks before it sleeps: after their work go
+                # there, not through one more step that finds nothing (half the steps).
+                if self.do_work() == 0 or not self._restep:
                     self.idle(0.1)
             except Exception as exc:  # noqa: BLE001 - a bug in a deadline must not kill the driver
                 self.on_error(exc)

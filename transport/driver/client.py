@@ -121,7 +121,12 @@ class NetworkPublicationLog:
         return self.state.destination_hosts
 
     def allow_destination_hosts(self, hosts: frozenset[str] | None) -> None:
-        self.state.allowed_hosts = None if hosts is None else frozenset(hosts)
+        state = self.state
+        state.allowed_hosts = None if hosts is None else frozenset(hosts)
+        if state.refused_elicits:  # a newly allowed host's refused SETUP request: answer now
+            runner = self._driver._sender_runner
+            if runner is not None:
+                runner.wake()
 
     def add_destination(self, endpoint: str) -> None:
         self._driver._add_destination(self, endpoint)

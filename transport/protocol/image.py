@@ -413,6 +413,11 @@ class ImageState:
         phase = self.phase
         if phase is _CLOSED:
             return 0
+        if phase is _DRAINING and now_ns < self.sm_deadline_ns and self.eos_sms_left < EOS_SM_COUNT:
+            # between its spaced-out EOS SMs a draining image has nothing to do: nobody reads
+            # it any more, so no term to clean and no gap worth a NAK (a server's port holds
+            # many of these for a while after each session)
+            return 0
         work = 0
         if self.subscriber_position > self.rebuild_position:
             self.rebuild_position = self.subscriber_position  # consumed frames were complete
@@ -439,6 +444,9 @@ class ImageState:
                 self._fire(ImageEvent.TIMEOUT)
             phase = self.phase
         if phase is _DRAINING:
+            # a close before the first SM left that SM scheduled: EOS SMs replace it (else
+            # needs_work() stayed true and the receiver stepped without sleeping until the end)
+            self.sm_scheduled = False
             if now_ns < self.sm_deadline_ns and self.eos_sms_left < EOS_SM_COUNT:
                 return work  # EOS SMs are spaced out, so a short loss burst cannot eat them all
             self._send_sm(sub, SmFlags.EOS, transmit)
@@ -531,6 +539,9 @@ class ImageState:
 
     def needs_work(self) -> bool:
         """True when :meth:`do_work` has something to do right now (before a driver sleeps)."""
+        phase = self.phase
+        if phase is _DRAINING or phase is _CLOSED:
+            return False  # its EOS SMs go out at sm_deadline_ns (next_deadline_ns)
         return (
             self.sm_scheduled
             or self.subscriber_position - self.last_sm_position > self.window >> 2

@@ -78,6 +78,11 @@ from aeron_spark.transport.protocol.term import TermAppender, scan_for_send
 SETUP_INTERVAL_NS = 100_000_000
 HEARTBEAT_INTERVAL_NS = 100_000_000
 CONNECTION_TIMEOUT_NS = 5_000_000_000
+# A SETUP request refused because its host was not allowed is answered if the host is allowed
+# within this time (before its next elicit, ELICIT_INTERVAL_NS later, would be); at most this
+# many such requests are remembered.
+REFUSED_ELICIT_NS = 100_000_000
+REFUSED_ELICITS_MAX = 64
 RETRANSMIT_LINGER_NS = 10_000_000
 MAX_RETRANSMIT_RANGES = 256  # lingering retransmit ranges tracked; NAKs past this wait
 DATAGRAMS_PER_SEND = 64  # datagrams per publication per send() call: bounds one step's work
@@ -202,6 +207,13 @@ class PublicationState:
         self.session_sm_only = False
         self.destinations: dict[Address, Destination] = {}
         self.destination_hosts: frozenset[str] = frozenset()  # replaced whole: read anywhere
+        # SETUP requests refused only because their host was not allowed yet (a handshake
+        # client elicits the replies before its HELLO image makes the server allow it): source
+        # -> (session id, when). Answered once if the host is allowed within REFUSED_ELICIT_NS,
+        # as if they came then: the same SETUP an allowed host gets, within the same sending
+        # bounds; at most REFUSED_ELICITS_MAX remembered (the oldest go first).
+        self.refused_elicits: dict[Address, tuple[int, int]] = {}
+        self._refused_seen_allowed: frozenset[str] | None = None
         if destination is not None:
             self.destinations[destination] = Destination(destination, now_ns)
         self.receivers: dict[int, int] = {}  # receiver_id -> last SM time
@@ -348,6 +360,8 @@ class PublicationState:
                     return
                 if not self.may_add_destination(source, sm.session_id):
                     self.status_messages_refused += 1
+                    if flags & SmFlags.SEND_SETUP and allowed is not None:
+                        self._remember_refused(source, sm.session_id, now_ns)
                     return
                 dest = self.destinations[source] = Destination(source, now_ns, self.window)
                 self._hosts_changed()
@@ -403,6 +417,29 @@ class PublicationState:
             return False
         allowed = self.allowed_hosts
         return allowed is None or host_of(source) in allowed
+
+    def _remember_refused(self, source: Address, session_id: int, now_ns: int) -> None:
+        refused = self.refused_elicits
+        refused.pop(source, None)
+        if len(refused) >= REFUSED_ELICITS_MAX:
+            del refused[next(iter(refused))]
+        refused[source] = (session_id, now_ns)
+        self._refused_seen_allowed = self.allowed_hosts
+
+    def _answer_refused(self, now_ns: int) -> None:
+        """The allowed hosts changed: refused SETUP requests of a now allowed host, recent
+        enough, become destinations that get a SETUP now (each answered once)."""
+        allowed = self._refused_seen_allowed = self.allowed_hosts
+        for source, (session_id, at) in list(self.refused_elicits.items()):
+            if now_ns - at > REFUSED_ELICIT_NS:
+                del self.refused_elicits[source]
+            elif allowed is None or host_of(source) in allowed:
+                del self.refused_elicits[source]
+                if source in self.destinations or not self.may_add_destination(source, session_id):
+                    continue
+                self.destinations[source] = Destination(source, now_ns, self.window)
+                self._hosts_changed()
+                self.setup_deadline_ns = now_ns
 
     def _hosts_changed(self) -> None:
         self.destination_hosts = frozenset(host_of(a) for a in self.destinations)
@@ -623,6 +660,8 @@ class PublicationState:
             for data, address in pending:
                 transmit(data, address)
             work += len(pending)
+        if self.refused_elicits and self.allowed_hosts is not self._refused_seen_allowed:
+            self._answer_refused(now_ns)
         if self.dynamic and self.destinations:
             self._expire_destinations(now_ns)
         if now_ns >= self.setup_deadline_ns and not self.is_eos_sent:

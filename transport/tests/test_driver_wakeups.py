@@ -272,3 +272,53 @@ def test_an_ipc_subscription_lists_its_directory_only_when_it_changed(
         assert len(listings) >= 2
     finally:
         driver.close()
+
+
+def test_an_image_closed_before_its_first_sm_lets_the_receiver_sleep_through_its_eos() -> None:
+    """Closing an image before its first status message went out (the subscription closed
+    right after its SETUP arrived) must not leave that first SM scheduled: needs_work() would
+    stay true and the receiver would step without sleeping until the image's EOS SMs end."""
+    now = 1_000_000_000
+    wire: list[bytes] = []
+    dispatcher = ReceiveDispatcher()
+    interest = StreamInterest(10, control_address=CONTROL)
+    dispatcher.add(interest)
+    setup = SetupFrame(0, 3, 10, 7, 7, 64 * 1024, 1408).encode()
+    dispatcher.on_datagram(setup, len(setup), SENDER, now, _sent(wire))
+    (image,) = interest.images.values()
+    assert image.status_messages_sent == 0  # no SM yet
+    dispatcher.remove(interest, now)
+    dispatcher.do_work(now, _sent(wire))  # DRAINING: the first EOS SM
+    assert image.is_closing and not image.is_done
+    assert not image.needs_work(), "an EOS SM is due at its deadline, not now"
+    assert dispatcher.do_work(now, _sent(wire)) == 0
+    assert dispatcher.next_deadline_ns(now) > now
+
+
+def test_subscription_wait_returns_for_an_image_that_came_just_before_the_call(
+    tmp_path: Any,
+) -> None:
+    """A caller checks ``sub.images`` (none), the image arrives, then the caller waits: the wait
+    must return at once, not sleep until its timeout (it compared against the images it saw
+    on entry, which already held the new one). Same for data arriving before the call."""
+    with Driver(DriverConfig(threading_mode="shared", directory=tmp_path)) as driver:
+        sub = driver.add_subscription("aeron:udp?endpoint=127.0.0.1:0", 10)
+        port = sub.local_endpoints[0][1]
+        seen = list(sub.images)  # the caller's check: nothing yet
+        assert seen == []
+        pub = driver.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}", 10)
+        deadline = time.monotonic() + 10.0
+        while not sub._images and time.monotonic() < deadline:  # the image arrives meanwhile
+            time.sleep(0.001)
+        assert sub._images
+        assert sub.wait(5.0), "the image that came before the call was missed until the timeout"
+        # data: the caller polled (nothing), then a message arrives before its wait
+        got: list[bytes] = []
+        assert sub.poll(lambda p, h: got.append(bytes(p)), 10) == 0
+        while pub.offer(b"x") < 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        while not sub.has_data() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert sub.wait(5.0)
+        pub.close()
+        sub.close()

@@ -97,3 +97,38 @@ def test_a_session_publication_takes_one_destination_from_its_client_and_own_ses
     assert list(pub.destinations) == [A] and pub.status_messages_refused == 4
     pub.send(clock.now_ns, wire)
     assert {address for _, address in wire.take()} == {A}
+
+
+def test_a_setup_request_refused_before_its_host_was_allowed_is_answered_once_allowed() -> None:
+    """A handshake client asks the reply publication for a SETUP before its HELLO image makes
+    the server allow its host: once allowed (soon after), that request gets its SETUP at once,
+    not at the client's next elicit 100 ms later. A host never allowed gets nothing, a request
+    older than REFUSED_ELICIT_NS is forgotten, and each is answered once."""
+    clock, wire = ManualClock(), Wire()
+    pub = _pub(clock)
+    pub.allowed_hosts = frozenset()
+    for source in (A, B, STRANGER):
+        pub.on_status_message(_sm(0, 1 << 16, 3, SmFlags.SEND_SETUP), source, clock.now_ns)
+    assert pub.destinations == {} and pub.status_messages_refused == 3
+    pub.send(clock.now_ns, wire)
+    assert wire.take() == []
+    clock.advance(5_000_000)  # 5 ms
+    pub.allowed_hosts = frozenset({A[0]})  # A's HELLO image is up
+    pub.send(clock.now_ns, wire)
+    sent = wire.take()
+    assert [address for _, address in sent] == [A]
+    assert sent[0][0][6] == 5  # a SETUP
+    pub.send(clock.now_ns, wire)
+    assert wire.take() == []  # once
+    clock.advance(100_000_000)  # REFUSED_ELICIT_NS
+    pub.allowed_hosts = frozenset({A[0], B[0]})  # too late for B's request: it elicits again
+    pub.send(clock.now_ns, wire)
+    assert B not in {address for _, address in wire.take()}  # (A: its periodic SETUP)
+    assert B not in pub.destinations and STRANGER not in pub.destinations
+    # a flood of refused requests is remembered up to a bound
+    from aeron_spark.transport.protocol.publication import REFUSED_ELICITS_MAX
+
+    for port in range(1000):
+        sm = _sm(0, 1 << 16, 3, SmFlags.SEND_SETUP)
+        pub.on_status_message(sm, ("127.0.0.99", port), clock.now_ns)
+    assert len(pub.refused_elicits) <= REFUSED_ELICITS_MAX
