@@ -144,6 +144,19 @@ class IpcPublicationLog:
                 return code
         return appender.append(payload, reserved_value)
 
+    def offer_block(self, block: bytes | bytearray | memoryview) -> int:
+        if self.is_closed:
+            return CLOSED
+        appender = self.appender
+        if appender.term_offset >= self.term_length:
+            appender._pad_and_rotate()  # nothing left to pad: just the next term
+        end = appender.position + len(block)
+        if end > self.state.limit:
+            code = self._refusal(end)
+            if code:
+                return code
+        return appender.append_block(block)
+
     def claim(self, length: int, reserved_value: int) -> tuple[memoryview, int] | int:
         if length > self.max_payload_length:
             raise ValueError(f"try_claim is limited to one fragment ({self.max_payload_length})")
