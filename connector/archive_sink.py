@@ -45,6 +45,7 @@ from aeron_spark.connector.archive_markers import (
     STAGING_ALIAS_PREFIX,
     Marker,
     Tail,
+    frames,
     is_sink_target,
     read_tail,
     sink_hash,
@@ -56,9 +57,7 @@ from aeron_spark.connector.archive_options import (
     parse_archive_sink_options,
 )
 from aeron_spark.connector.errors import ServerUnavailableError
-from aeron_spark.connector.formats import Geometry, iter_messages
 from aeron_spark.connector.formats_sbe import encode_task
-from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.connector.sink import check_sink_schema, sink_payloads
 from aeron_spark.transport import ChannelConfig, ChannelError, TransportError
 from aeron_spark.transport.archive.client import (
@@ -68,6 +67,7 @@ from aeron_spark.transport.archive.client import (
     RecordingDescriptor,
     RecordingSignal,
 )
+from aeron_spark.transport.protocol.frames import DataFlags, FrameType
 from aeron_spark.transport.protocol.logbuffer import is_reserved_session_id
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
@@ -263,6 +263,8 @@ class CommitStats:
 
     appended_rows: int = 0
     appended_parts: int = 0
+    relayed_blocks: int = 0  # offer_block calls re-publishing staged frames
+    relayed_singly: int = 0  # staged messages re-offered one by one (term end, wider mtu)
     skipped_duplicate: int = 0
     truncated_bytes: int = 0
     purged_staging: int = 0
@@ -363,7 +365,7 @@ class ArchiveCommitter:
         try:
             append.begin()
             for part in staged:
-                stats.appended_rows += append.write_part(part)
+                stats.appended_rows += append.write_part(part, stats)
                 stats.appended_parts += 1
             append.end(stats.appended_rows)
             stats.target_recording_id = append.recording_id
@@ -398,6 +400,111 @@ class ArchiveCommitter:
                 stats.purged_orphans += 1
             except ArchiveClientError as exc:
                 log.info("archive sink: staging recording %d not purged: %s", d.recording_id, exc)
+
+
+class _Relay:
+    """Copies recorded frames into the append's publication a block at a time
+    (``Publication.offer_block``: the frames as recorded, their ids and offsets rewritten to the
+    target's), never one decoded message at a time.
+
+    A block holds whole messages and ends before the end of the target's current term; a
+    message that does not fit what is left of the term (or has a fragment longer than the
+    target's mtu) goes through an ordinary ``offer`` of its payload, which pads the term and
+    carries on in the next one, as every message of the staging recording would have been
+    appended. PAD frames of the staging recording are dropped (the target pads its own terms).
+    """
+
+    BLOCK_BYTES = 64 * 1024  # a block in flight while the next one is gathered
+
+    def __init__(self, pub: Any, timeout_s: float) -> None:
+        self.pub = pub
+        self.timeout_s = timeout_s
+        self.term_length = int(pub.term_length)
+        self.mtu = int(pub.mtu)
+        self.out = bytearray()
+        self.room = self._room()
+        self.partial: bytearray | None = None  # the frames of a fragmented message so far
+        self.messages = 0
+        self.blocks = 0
+        self.singly = 0
+
+    def _room(self) -> int:
+        """Bytes left in the target's current term (a full term: the whole next one)."""
+        return self.term_length - (int(self.pub.position) & (self.term_length - 1))
+
+    def feed(self, data: bytes | memoryview, recording_id: int) -> None:
+        view = memoryview(data)
+        covered = 0
+        for at, aligned, length, flags, ftype in frames(view):
+            covered = at + aligned
+            if covered > len(view):
+                break
+            if ftype == _TYPE_PAD:
+                continue
+            frame = view[at:covered]
+            whole = flags & _BEGIN_END == _BEGIN_END
+            if whole and self.partial is None:
+                self._message(frame, length > self.mtu)
+                continue
+            if flags & _FLAG_BEGIN and not whole and self.partial is None:
+                self.partial = bytearray(frame)
+            elif self.partial is not None and not flags & _FLAG_BEGIN:
+                self.partial += frame
+            else:
+                raise ServerUnavailableError(
+                    f"archive sink: staging recording {recording_id} holds a broken fragmented "
+                    "message"
+                )
+            if flags & _FLAG_END:
+                message, self.partial = self.partial, None
+                self._message(memoryview(message), _longest_frame(message) > self.mtu)
+        if covered != len(view):
+            raise ServerUnavailableError(
+                f"archive sink: a replay block of staging recording {recording_id} does not end "
+                f"on a frame ({covered} of {len(view)} bytes)"
+            )
+
+    def _message(self, frames_: memoryview, oversize: bool) -> None:
+        n = len(frames_)
+        if len(self.out) + n > min(self.room, self.BLOCK_BYTES):
+            self.flush()
+        if oversize or n > self.room:  # even an empty block would not take it
+            self.flush()
+            payload, rv = _payload_of(frames_)
+            self.pub.offer_blocking(payload, reserved_value=rv, timeout_s=self.timeout_s)
+            self.singly += 1
+            self.room = self._room()
+        else:
+            self.out += frames_
+        self.messages += 1
+
+    def flush(self) -> None:
+        if self.out:
+            self.pub.offer_block_blocking(self.out, timeout_s=self.timeout_s)
+            self.blocks += 1
+            self.out.clear()
+        self.room = self._room()
+
+    def finish(self, recording_id: int) -> None:
+        if self.partial is not None:
+            raise ServerUnavailableError(
+                f"archive sink: staging recording {recording_id} ends inside a fragmented message"
+            )
+        self.flush()
+
+
+_FLAG_BEGIN, _FLAG_END, _TYPE_PAD = int(DataFlags.BEGIN), int(DataFlags.END), int(FrameType.PAD)
+_BEGIN_END = _FLAG_BEGIN | _FLAG_END
+
+
+def _longest_frame(data: bytearray) -> int:
+    return max(length for _at, _aligned, length, _flags, _type in frames(data))
+
+
+def _payload_of(data: memoryview) -> tuple[bytes, int]:
+    """The payload and reserved value of one message's whole frames."""
+    rv = int.from_bytes(data[24:32], "little", signed=True)
+    return b"".join(data[at + 32 : at + length] for at, _a, length, _f, _t in frames(data)), rv
 
 
 class Append:
@@ -480,24 +587,27 @@ class Append:
         self.begin_position = self.pub.position
         self._marker(BEGIN, 0)
 
-    def write_part(self, part: ArchiveStaged) -> int:
-        """Re-publish one staging recording's messages; their count."""
-        client = self.c.client
-        geometry = Geometry(part.initial_term_id, part.term_length)
-        blocks = (
-            ReplayBlock(b.position, b.data, 0, b.end_position)
-            for b in client.replay(part.recording_id, 0, part.stop_position)
-        )
-        count = 0
-        for message in iter_messages(blocks, geometry):
-            self._offer(message.payload, message.reserved_value)
-            count += 1
-        if count != part.rows:
+    def write_part(self, part: ArchiveStaged, stats: CommitStats | None = None) -> int:
+        """Re-publish one staging recording's messages, in blocks of whole frames
+        (:class:`_Relay`); their count."""
+        assert self.pub is not None
+        relay = _Relay(self.pub, self.c.o.sink.settings.timeout_s)
+        try:
+            for b in self.c.client.replay(part.recording_id, 0, part.stop_position):
+                relay.feed(b.data, part.recording_id)
+            relay.finish(part.recording_id)
+        except TransportError as exc:
+            raise ServerUnavailableError(f"archive sink append: {exc}") from exc
+        if stats is not None:
+            stats.relayed_blocks += relay.blocks
+            stats.relayed_singly += relay.singly
+        if relay.messages != part.rows:
             raise ServerUnavailableError(
                 f"archive sink: staging recording {part.recording_id} of partition "
-                f"{part.partition} holds {count} messages, not the {part.rows} the task wrote"
+                f"{part.partition} holds {relay.messages} messages, not the {part.rows} the task "
+                "wrote"
             )
-        return count
+        return relay.messages
 
     def end(self, rows: int) -> None:
         self._marker(END, rows)
