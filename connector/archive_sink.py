@@ -67,7 +67,12 @@ from aeron_spark.transport.archive.client import (
     RecordingDescriptor,
     RecordingSignal,
 )
-from aeron_spark.transport.protocol.frames import DataFlags, FrameType
+from aeron_spark.transport.protocol.frames import (
+    DATA_HEADER,
+    DATA_HEADER_LENGTH,
+    DataFlags,
+    FrameType,
+)
 from aeron_spark.transport.protocol.logbuffer import is_reserved_session_id
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
@@ -135,6 +140,143 @@ def _stop_and_purge(client: ArchiveClient, recording_id: int) -> bool:
         return True
     except ArchiveUnknownRecordingError:
         return False
+
+
+# ------------------------------------------------------------------ publishing in blocks
+
+
+class _Blocks:
+    """Publishes messages a block of frames at a time (``Publication.offer_block``: one copy
+    into the term and one wake of the sender per block, not per message): the task's rows,
+    framed here (:meth:`add`), and the driver's staged frames, copied as recorded with their
+    ids and offsets rewritten to the target's (:meth:`feed`).
+
+    A block holds whole messages and ends before the end of the publication's current term; a
+    message that does not fit what is left of the term (or needs fragmenting, or has a
+    fragment longer than the publication's mtu) goes through an ordinary ``offer`` of its
+    payload, which pads the term and carries on in the next one, exactly as it would have been
+    appended. PAD frames of a staging recording are dropped (the target pads its own terms).
+    """
+
+    BLOCK_BYTES = 64 * 1024  # a block in flight while the next one is gathered
+
+    def __init__(self, pub: Any, timeout_s: float) -> None:
+        self.pub = pub
+        self.timeout_s = timeout_s
+        self.term_length = int(pub.term_length)
+        self.mtu = int(pub.mtu)
+        self.max_payload = int(pub.max_payload_length)
+        self.out = bytearray()
+        self.room = self._room()
+        self.partial: bytearray | None = None  # the frames of a fragmented message so far
+        self.messages = 0
+        self.blocks = 0
+        self.singly = 0
+
+    def _room(self) -> int:
+        """Bytes left in the target's current term (a full term: the whole next one)."""
+        return self.term_length - (int(self.pub.position) & (self.term_length - 1))
+
+    def add(self, payload: bytes | bytearray | memoryview, rv: int) -> None:
+        """One message, framed unfragmented into the block (header ids are the publication's
+        once offered)."""
+        length = len(payload)
+        if length > self.max_payload:
+            self._single(payload, rv)
+            return
+        aligned = (length + DATA_HEADER_LENGTH + 31) & -32
+        out = self.out
+        if len(out) + aligned > min(self.room, self.BLOCK_BYTES):
+            self.flush()
+            if aligned > self.room:
+                self._single(payload, rv)
+                return
+        out += _header(length + DATA_HEADER_LENGTH, 0, _UNFRAGMENTED, _TYPE_DATA, 0, 0, 0, 0, rv)
+        out += payload
+        pad = aligned - DATA_HEADER_LENGTH - length
+        if pad:
+            out += _ZEROS[:pad]
+        self.messages += 1
+
+    def _single(self, payload: bytes | bytearray | memoryview, rv: int) -> None:
+        self.flush()
+        self.pub.offer_blocking(payload, reserved_value=rv, timeout_s=self.timeout_s)
+        self.singly += 1
+        self.messages += 1
+        self.room = self._room()
+
+    def feed(self, data: bytes | memoryview, recording_id: int) -> None:
+        view = memoryview(data)
+        covered = 0
+        for at, aligned, length, flags, ftype in frames(view):
+            covered = at + aligned
+            if covered > len(view):
+                break
+            if ftype == _TYPE_PAD:
+                continue
+            frame = view[at:covered]
+            whole = flags & _BEGIN_END == _BEGIN_END
+            if whole and self.partial is None:
+                self._message(frame, length > self.mtu)
+                continue
+            if flags & _FLAG_BEGIN and not whole and self.partial is None:
+                self.partial = bytearray(frame)
+            elif self.partial is not None and not flags & _FLAG_BEGIN:
+                self.partial += frame
+            else:
+                raise ServerUnavailableError(
+                    f"archive sink: staging recording {recording_id} holds a broken fragmented "
+                    "message"
+                )
+            if flags & _FLAG_END:
+                message, self.partial = self.partial, None
+                self._message(memoryview(message), _longest_frame(message) > self.mtu)
+        if covered != len(view):
+            raise ServerUnavailableError(
+                f"archive sink: a replay block of staging recording {recording_id} does not end "
+                f"on a frame ({covered} of {len(view)} bytes)"
+            )
+
+    def _message(self, frames_: memoryview, oversize: bool) -> None:
+        n = len(frames_)
+        if len(self.out) + n > min(self.room, self.BLOCK_BYTES):
+            self.flush()
+        if oversize or n > self.room:  # even an empty block would not take it
+            self._single(*_payload_of(frames_))
+            return
+        self.out += frames_
+        self.messages += 1
+
+    def flush(self) -> None:
+        if self.out:
+            self.pub.offer_block_blocking(self.out, timeout_s=self.timeout_s)
+            self.blocks += 1
+            self.out.clear()
+        self.room = self._room()
+
+    def finish(self, recording_id: int) -> None:
+        if self.partial is not None:
+            raise ServerUnavailableError(
+                f"archive sink: staging recording {recording_id} ends inside a fragmented message"
+            )
+        self.flush()
+
+
+_FLAG_BEGIN, _FLAG_END, _TYPE_PAD = int(DataFlags.BEGIN), int(DataFlags.END), int(FrameType.PAD)
+_BEGIN_END = _UNFRAGMENTED = _FLAG_BEGIN | _FLAG_END
+_TYPE_DATA = int(FrameType.DATA)
+_header = DATA_HEADER.pack
+_ZEROS = bytes(32)
+
+
+def _longest_frame(data: bytearray) -> int:
+    return max(length for _at, _aligned, length, _flags, _type in frames(data))
+
+
+def _payload_of(data: memoryview) -> tuple[bytes, int]:
+    """The payload and reserved value of one message's whole frames."""
+    rv = int.from_bytes(data[24:32], "little", signed=True)
+    return b"".join(data[at + 32 : at + length] for at, _a, length, _f, _t in frames(data)), rv
 
 
 # ------------------------------------------------------------------ tasks: staging
@@ -213,15 +355,12 @@ def stage(
             recording_id = client.wait_for_signal(
                 lambda e: e.subscription_id == sub_id and e.signal == RecordingSignal.START
             ).recording_id
-            count = 0
-            payload, rv = first
-            while True:
-                pub.offer_blocking(payload, reserved_value=rv, timeout_s=timeout)
-                count += 1
-                nxt = next(rows, None)
-                if nxt is None:
-                    break
-                payload, rv = nxt
+            blocks = _Blocks(pub, timeout)
+            blocks.add(*first)
+            for payload, rv in rows:
+                blocks.add(payload, rv)
+            blocks.finish(-1)
+            count = blocks.messages
             end = pub.position
             _wait_recorded(client, recording_id, end, f"task {partition}'s rows")
             return ArchiveStaged(
@@ -402,111 +541,6 @@ class ArchiveCommitter:
                 log.info("archive sink: staging recording %d not purged: %s", d.recording_id, exc)
 
 
-class _Relay:
-    """Copies recorded frames into the append's publication a block at a time
-    (``Publication.offer_block``: the frames as recorded, their ids and offsets rewritten to the
-    target's), never one decoded message at a time.
-
-    A block holds whole messages and ends before the end of the target's current term; a
-    message that does not fit what is left of the term (or has a fragment longer than the
-    target's mtu) goes through an ordinary ``offer`` of its payload, which pads the term and
-    carries on in the next one, as every message of the staging recording would have been
-    appended. PAD frames of the staging recording are dropped (the target pads its own terms).
-    """
-
-    BLOCK_BYTES = 64 * 1024  # a block in flight while the next one is gathered
-
-    def __init__(self, pub: Any, timeout_s: float) -> None:
-        self.pub = pub
-        self.timeout_s = timeout_s
-        self.term_length = int(pub.term_length)
-        self.mtu = int(pub.mtu)
-        self.out = bytearray()
-        self.room = self._room()
-        self.partial: bytearray | None = None  # the frames of a fragmented message so far
-        self.messages = 0
-        self.blocks = 0
-        self.singly = 0
-
-    def _room(self) -> int:
-        """Bytes left in the target's current term (a full term: the whole next one)."""
-        return self.term_length - (int(self.pub.position) & (self.term_length - 1))
-
-    def feed(self, data: bytes | memoryview, recording_id: int) -> None:
-        view = memoryview(data)
-        covered = 0
-        for at, aligned, length, flags, ftype in frames(view):
-            covered = at + aligned
-            if covered > len(view):
-                break
-            if ftype == _TYPE_PAD:
-                continue
-            frame = view[at:covered]
-            whole = flags & _BEGIN_END == _BEGIN_END
-            if whole and self.partial is None:
-                self._message(frame, length > self.mtu)
-                continue
-            if flags & _FLAG_BEGIN and not whole and self.partial is None:
-                self.partial = bytearray(frame)
-            elif self.partial is not None and not flags & _FLAG_BEGIN:
-                self.partial += frame
-            else:
-                raise ServerUnavailableError(
-                    f"archive sink: staging recording {recording_id} holds a broken fragmented "
-                    "message"
-                )
-            if flags & _FLAG_END:
-                message, self.partial = self.partial, None
-                self._message(memoryview(message), _longest_frame(message) > self.mtu)
-        if covered != len(view):
-            raise ServerUnavailableError(
-                f"archive sink: a replay block of staging recording {recording_id} does not end "
-                f"on a frame ({covered} of {len(view)} bytes)"
-            )
-
-    def _message(self, frames_: memoryview, oversize: bool) -> None:
-        n = len(frames_)
-        if len(self.out) + n > min(self.room, self.BLOCK_BYTES):
-            self.flush()
-        if oversize or n > self.room:  # even an empty block would not take it
-            self.flush()
-            payload, rv = _payload_of(frames_)
-            self.pub.offer_blocking(payload, reserved_value=rv, timeout_s=self.timeout_s)
-            self.singly += 1
-            self.room = self._room()
-        else:
-            self.out += frames_
-        self.messages += 1
-
-    def flush(self) -> None:
-        if self.out:
-            self.pub.offer_block_blocking(self.out, timeout_s=self.timeout_s)
-            self.blocks += 1
-            self.out.clear()
-        self.room = self._room()
-
-    def finish(self, recording_id: int) -> None:
-        if self.partial is not None:
-            raise ServerUnavailableError(
-                f"archive sink: staging recording {recording_id} ends inside a fragmented message"
-            )
-        self.flush()
-
-
-_FLAG_BEGIN, _FLAG_END, _TYPE_PAD = int(DataFlags.BEGIN), int(DataFlags.END), int(FrameType.PAD)
-_BEGIN_END = _FLAG_BEGIN | _FLAG_END
-
-
-def _longest_frame(data: bytearray) -> int:
-    return max(length for _at, _aligned, length, _flags, _type in frames(data))
-
-
-def _payload_of(data: memoryview) -> tuple[bytes, int]:
-    """The payload and reserved value of one message's whole frames."""
-    rv = int.from_bytes(data[24:32], "little", signed=True)
-    return b"".join(data[at + 32 : at + length] for at, _a, length, _f, _t in frames(data)), rv
-
-
 class Append:
     """One append of a batch to the target (creating it on the first commit): BEGIN, parts,
     END, each step usable on its own (tests kill a driver between steps)."""
@@ -591,7 +625,7 @@ class Append:
         """Re-publish one staging recording's messages, in blocks of whole frames
         (:class:`_Relay`); their count."""
         assert self.pub is not None
-        relay = _Relay(self.pub, self.c.o.sink.settings.timeout_s)
+        relay = _Blocks(self.pub, self.c.o.sink.settings.timeout_s)
         try:
             for b in self.c.client.replay(part.recording_id, 0, part.stop_position):
                 relay.feed(b.data, part.recording_id)
