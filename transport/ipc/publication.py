@@ -150,9 +150,11 @@ class IpcPublicationLog:
         appender = self.appender
         if appender.term_offset >= self.term_length:
             appender._pad_and_rotate()  # nothing left to pad: just the next term
-        end = appender.position + len(block)
-        if end > self.state.limit:
-            code = self._refusal(end)
+        position = appender.position
+        if self.state.beyond_max(position + len(block)):
+            return MAX_POSITION_EXCEEDED
+        if position >= self.state.limit:  # as Aeron: the block goes if it starts under the limit
+            code = self._refusal(position + 1)
             if code:
                 return code
         return appender.append_block(block)

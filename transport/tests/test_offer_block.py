@@ -233,3 +233,24 @@ def test_blocks_over_ipc(tmp_path: Path) -> None:
         pub.close()
         sub.close()
     assert got == messages
+
+
+def test_ipc_blocks_back_pressure_until_the_subscriber_reads(tmp_path: Path) -> None:
+    directory = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    directory = directory / f"aeron-spark-offer-block-bp-{os.getpid()}-{time.monotonic_ns()}"
+    block = framed([(b"z" * 1000, 1)] * 8)  # 8 KiB
+    with Driver(DriverConfig(directory=directory, write_counters_file=False)) as d:
+        pub = d.add_publication("aeron:ipc?term-length=64k", 22)
+        sub = d.add_subscription("aeron:ipc", 22)
+        assert pub.wait_until_connected(TIMEOUT_S)
+        sent = 0
+        while (result := pub.offer_block(block)) > 0:
+            sent += 1
+            assert sent < 64, "never back pressured"
+        assert result == BACK_PRESSURED
+        got: list[tuple[bytes, int]] = []
+        _collect(sub, sent * 8, got)
+        assert got == [(b"z" * 1000, 1)] * (sent * 8)
+        assert pub.offer_block_blocking(block, timeout_s=TIMEOUT_S) > 0
+        pub.close()
+        sub.close()
