@@ -142,9 +142,15 @@ def test_blocks_split_at_small_target_terms_and_a_wider_staging_mtu(
     more = [os.urandom(3000 + i) for i in range(50)]  # one 4096-mtu frame each, 3 at 1408
     stats = _commit(wide, 1, [_stage(wide, 1, 0, more)])
     assert (stats.appended_rows, stats.relayed_singly) == (50, 50)
-    fixed = [os.urandom(100) for _ in range(3000)]  # one frame length: sliced by arithmetic
+    # rows of one length: framed at once (numpy) by the tasks, cut by arithmetic by the driver
+    fixed = [os.urandom(100) for _ in range(3000)]
     stats = _commit(
-        small, 2, [_stage(small, 2, 0, fixed[:1500]), _stage(small, 2, 1, fixed[1500:])]
+        small,
+        2,
+        [
+            _stage(small, 2, 0, fixed[:1500], reserved=list(range(1500))),
+            _stage(small, 2, 1, fixed[1500:]),
+        ],
     )
     assert stats.appended_rows == 3000 and 0 < stats.relayed_singly < 20
     with archive_sink.connect(o.connect) as client:
@@ -152,7 +158,11 @@ def test_blocks_split_at_small_target_terms_and_a_wider_staging_mtu(
         assert target is not None and target.term_buffer_length == 1 << 16
         assert target.mtu_length == 1408
     got = _read(archive, 2202)
-    assert got == list(zip(rows, reserved, strict=True)) + [(m, 0) for m in more + fixed]
+    assert got == (
+        list(zip(rows, reserved, strict=True))
+        + [(m, 0) for m in more]
+        + [(m, i if i < 1500 else 0) for i, m in enumerate(fixed)]
+    )
 
 
 _KILL_AFTER_BEGIN = """
