@@ -197,7 +197,7 @@ class _Blocks:
             framed[:, DATA_HEADER_LENGTH : DATA_HEADER_LENGTH + length] = body
             if reserved is not None:
                 framed.view("<i8")[:, 3] = reserved  # header bytes 24..32
-            self._feed_run(memoryview(framed.reshape(-1)), aligned)
+            self._feed_run(memoryview(framed.reshape(-1).data), aligned)
             return
         for k, payload in enumerate(payloads):
             self.add(payload, 0 if reserved is None else reserved[k])
