@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from aeron_spark.connector.archive_markers import (
     BEGIN,
@@ -45,6 +46,7 @@ from aeron_spark.connector.archive_markers import (
     STAGING_ALIAS_PREFIX,
     Marker,
     Tail,
+    frames,
     is_sink_target,
     read_tail,
     sink_hash,
@@ -56,9 +58,7 @@ from aeron_spark.connector.archive_options import (
     parse_archive_sink_options,
 )
 from aeron_spark.connector.errors import ServerUnavailableError
-from aeron_spark.connector.formats import Geometry, iter_messages
 from aeron_spark.connector.formats_sbe import encode_task
-from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.connector.sink import check_sink_schema, sink_payloads
 from aeron_spark.transport import ChannelConfig, ChannelError, TransportError
 from aeron_spark.transport.archive.client import (
@@ -67,6 +67,12 @@ from aeron_spark.transport.archive.client import (
     ArchiveUnknownRecordingError,
     RecordingDescriptor,
     RecordingSignal,
+)
+from aeron_spark.transport.protocol.frames import (
+    DATA_HEADER,
+    DATA_HEADER_LENGTH,
+    DataFlags,
+    FrameType,
 )
 from aeron_spark.transport.protocol.logbuffer import is_reserved_session_id
 from pyspark import TaskContext
@@ -137,6 +143,210 @@ def _stop_and_purge(client: ArchiveClient, recording_id: int) -> bool:
         return False
 
 
+# ------------------------------------------------------------------ publishing in blocks
+
+
+class _Blocks:
+    """Publishes messages a block of frames at a time (``Publication.offer_block``: one copy
+    into the term and one wake of the sender per block, not per message): the task's rows,
+    framed here (:meth:`add`), and the driver's staged frames, copied as recorded with their
+    ids and offsets rewritten to the target's (:meth:`feed`).
+
+    A block holds whole messages and ends before the end of the publication's current term; a
+    message that does not fit what is left of the term (or needs fragmenting, or has a
+    fragment longer than the publication's mtu) goes through an ordinary ``offer`` of its
+    payload, which pads the term and carries on in the next one, exactly as it would have been
+    appended. PAD frames of a staging recording are dropped (the target pads its own terms).
+    """
+
+    BLOCK_BYTES = 64 * 1024  # a block in flight while the next one is gathered
+
+    def __init__(self, pub: Any, timeout_s: float) -> None:
+        self.pub = pub
+        self.timeout_s = timeout_s
+        self.term_length = int(pub.term_length)
+        self.mtu = int(pub.mtu)
+        self.max_payload = int(pub.max_payload_length)
+        self.out = bytearray()
+        self.room = self._room()
+        self.partial: bytearray | None = None  # the frames of a fragmented message so far
+        self.messages = 0
+        self.blocks = 0
+        self.singly = 0
+
+    def _room(self) -> int:
+        """Bytes left in the target's current term (a full term: the whole next one)."""
+        return self.term_length - (int(self.pub.position) & (self.term_length - 1))
+
+    def add_many(self, payloads: list[bytes], reserved: list[int] | None) -> None:
+        """Messages (and their reserved values, None: 0); when all have one length that needs
+        no fragmenting (fixed-size rows), framed at once with numpy and cut into blocks by
+        arithmetic."""
+        n = len(payloads)
+        length = len(payloads[0]) if payloads else 0
+        if (
+            n >= _UNIFORM_MIN_FRAMES
+            and 0 < length <= self.max_payload
+            and all(len(p) == length for p in payloads)
+        ):
+            aligned = (length + DATA_HEADER_LENGTH + 31) & -32
+            framed = np.zeros((n, aligned), dtype=np.uint8)
+            head = _header(length + DATA_HEADER_LENGTH, 0, _UNFRAGMENTED, _TYPE_DATA, 0, 0, 0, 0, 0)
+            framed[:, :DATA_HEADER_LENGTH] = np.frombuffer(head, dtype=np.uint8)
+            body = np.frombuffer(b"".join(payloads), dtype=np.uint8).reshape(n, length)
+            framed[:, DATA_HEADER_LENGTH : DATA_HEADER_LENGTH + length] = body
+            if reserved is not None:
+                framed.view("<i8")[:, 3] = reserved  # header bytes 24..32
+            self._feed_run(memoryview(framed.reshape(-1).data), aligned)
+            return
+        for k, payload in enumerate(payloads):
+            self.add(payload, 0 if reserved is None else reserved[k])
+
+    def add(self, payload: bytes | bytearray | memoryview, rv: int) -> None:
+        """One message, framed unfragmented into the block (header ids are the publication's
+        once offered)."""
+        length = len(payload)
+        if length > self.max_payload:
+            self._single(payload, rv)
+            return
+        aligned = (length + DATA_HEADER_LENGTH + 31) & -32
+        out = self.out
+        if len(out) + aligned > min(self.room, self.BLOCK_BYTES):
+            self.flush()
+            if aligned > self.room:
+                self._single(payload, rv)
+                return
+        out += _header(length + DATA_HEADER_LENGTH, 0, _UNFRAGMENTED, _TYPE_DATA, 0, 0, 0, 0, rv)
+        out += payload
+        pad = aligned - DATA_HEADER_LENGTH - length
+        if pad:
+            out += _ZEROS[:pad]
+        self.messages += 1
+
+    def _single(self, payload: bytes | bytearray | memoryview, rv: int) -> None:
+        self.flush()
+        self.pub.offer_blocking(payload, reserved_value=rv, timeout_s=self.timeout_s)
+        self.singly += 1
+        self.messages += 1
+        self.room = self._room()
+
+    def feed(self, data: bytes | memoryview, recording_id: int) -> None:
+        """A replayed block of whole recorded frames (PAD frames dropped)."""
+        view = memoryview(data)
+        aligned = _uniform_frames(view, self.mtu) if self.partial is None else 0
+        if aligned:
+            self._feed_run(view, aligned)
+            return
+        covered = 0
+        for at, aligned, length, flags, ftype in frames(view):
+            covered = at + aligned
+            if covered > len(view):
+                break
+            if ftype == _TYPE_PAD:
+                continue
+            frame = view[at:covered]
+            whole = flags & _BEGIN_END == _BEGIN_END
+            if whole and self.partial is None:
+                self._message(frame, length > self.mtu)
+                continue
+            if flags & _FLAG_BEGIN and not whole and self.partial is None:
+                self.partial = bytearray(frame)
+            elif self.partial is not None and not flags & _FLAG_BEGIN:
+                self.partial += frame
+            else:
+                raise ServerUnavailableError(
+                    f"archive sink: staging recording {recording_id} holds a broken fragmented "
+                    "message"
+                )
+            if flags & _FLAG_END:
+                message, self.partial = self.partial, None
+                self._message(memoryview(message), _longest_frame(message) > self.mtu)
+        if covered != len(view):
+            raise ServerUnavailableError(
+                f"archive sink: a replay block of staging recording {recording_id} does not end "
+                f"on a frame ({covered} of {len(view)} bytes)"
+            )
+
+    def _feed_run(self, view: memoryview, aligned: int) -> None:
+        """Frames all of one length, each a whole message: sliced into blocks by arithmetic
+        (no step per message)."""
+        at, size = 0, len(view)
+        while at < size:
+            take = (min(self.room, self.BLOCK_BYTES) - len(self.out)) // aligned * aligned
+            if take <= 0:
+                if self.out:
+                    self.flush()
+                else:  # not even one fits the rest of the term: offered singly, pads it
+                    self._single(*_payload_of(view[at : at + aligned]))
+                    at += aligned
+                continue
+            take = min(take, size - at)
+            self.out += view[at : at + take]
+            self.messages += take // aligned
+            at += take
+
+    def _message(self, frames_: memoryview, oversize: bool) -> None:
+        n = len(frames_)
+        if len(self.out) + n > min(self.room, self.BLOCK_BYTES):
+            self.flush()
+        if oversize or n > self.room:  # even an empty block would not take it
+            self._single(*_payload_of(frames_))
+            return
+        self.out += frames_
+        self.messages += 1
+
+    def flush(self) -> None:
+        if self.out:
+            self.pub.offer_block_blocking(self.out, timeout_s=self.timeout_s)
+            self.blocks += 1
+            self.out.clear()
+        self.room = self._room()
+
+    def finish(self, recording_id: int) -> None:
+        if self.partial is not None:
+            raise ServerUnavailableError(
+                f"archive sink: staging recording {recording_id} ends inside a fragmented message"
+            )
+        self.flush()
+
+
+_FLAG_BEGIN, _FLAG_END, _TYPE_PAD = int(DataFlags.BEGIN), int(DataFlags.END), int(FrameType.PAD)
+_BEGIN_END = _UNFRAGMENTED = _FLAG_BEGIN | _FLAG_END
+_TYPE_DATA = int(FrameType.DATA)
+_header = DATA_HEADER.pack
+_ZEROS = bytes(32)
+
+
+_UNFRAGMENTED_DATA_WORD = _UNFRAGMENTED << 8 | _TYPE_DATA << 16  # version, flags, type
+_UNIFORM_MIN_FRAMES = 16  # below this numpy's fixed cost is more than a step per frame
+
+
+def _uniform_frames(view: memoryview, mtu: int) -> int:
+    """The aligned frame length if ``view`` is only unfragmented DATA frames of one length (at
+    most ``mtu``): fixed-size rows, the common case; else 0."""
+    size = len(view)
+    if size < 32 * _UNIFORM_MIN_FRAMES:
+        return 0
+    first = int.from_bytes(view[0:4], "little", signed=True)
+    aligned = (first + 31) & -32
+    if first < DATA_HEADER_LENGTH or first > mtu or size % aligned:
+        return 0
+    words = np.frombuffer(view, dtype="<i4").reshape(-1, aligned // 4)
+    if (words[:, 0] == first).all() and (words[:, 1] == _UNFRAGMENTED_DATA_WORD).all():
+        return aligned
+    return 0
+
+
+def _longest_frame(data: bytearray) -> int:
+    return max(length for _at, _aligned, length, _flags, _type in frames(data))
+
+
+def _payload_of(data: memoryview) -> tuple[bytes, int]:
+    """The payload and reserved value of one message's whole frames."""
+    rv = int.from_bytes(data[24:32], "little", signed=True)
+    return b"".join(data[at + 32 : at + length] for at, _a, length, _f, _t in frames(data)), rv
+
+
 # ------------------------------------------------------------------ tasks: staging
 
 
@@ -158,28 +368,33 @@ def _staging_alias(identity: str, batch: int) -> str:
     return f"{STAGING_ALIAS_PREFIX}{sink_hash(identity)}-{batch}"
 
 
-def _payloads(o: ArchiveSinkOptions, iterator: Iterator[pa.RecordBatch]) -> Iterator[tuple]:
-    """(payload, reserved value) of every row, in the sink's format."""
+def _payloads(
+    o: ArchiveSinkOptions, iterator: Iterator[pa.RecordBatch]
+) -> Iterator[tuple[list[bytes], list[int] | None]]:
+    """(payloads, reserved values or None) of each non-empty Arrow batch, in the sink's
+    format."""
     s = o.sink
     if s.sbe is not None:
+        chunk: list[bytes] = []
         for payload in encode_task(iterator, s.sbe):
-            yield payload, 0
+            chunk.append(payload)
+            if len(chunk) == 4096:
+                yield chunk, None
+                chunk = []
+        if chunk:
+            yield chunk, None
         return
     for batch in iterator:
         payloads, reserved = sink_payloads(batch, s.format, s.compression)
-        if reserved is None:
-            for payload in payloads:
-                yield payload, 0
-            continue
-        for payload, rv in zip(payloads, reserved, strict=True):
-            if rv == MARKER_RESERVED_VALUE:
-                raise ConfigurationError(
-                    "reserved_value",
-                    rv,
-                    "a reserved value other than the archive sink's marker value "
-                    f"{MARKER_RESERVED_VALUE:#x}",
-                )
-            yield payload, rv
+        if reserved is not None and MARKER_RESERVED_VALUE in reserved:
+            raise ConfigurationError(
+                "reserved_value",
+                MARKER_RESERVED_VALUE,
+                "a reserved value other than the archive sink's marker value "
+                f"{MARKER_RESERVED_VALUE:#x}",
+            )
+        if payloads:
+            yield payloads, reserved
 
 
 def stage(
@@ -213,15 +428,12 @@ def stage(
             recording_id = client.wait_for_signal(
                 lambda e: e.subscription_id == sub_id and e.signal == RecordingSignal.START
             ).recording_id
-            count = 0
-            payload, rv = first
-            while True:
-                pub.offer_blocking(payload, reserved_value=rv, timeout_s=timeout)
-                count += 1
-                nxt = next(rows, None)
-                if nxt is None:
-                    break
-                payload, rv = nxt
+            blocks = _Blocks(pub, timeout)
+            blocks.add_many(*first)
+            for payloads, reserved in rows:
+                blocks.add_many(payloads, reserved)
+            blocks.finish(-1)
+            count = blocks.messages
             end = pub.position
             _wait_recorded(client, recording_id, end, f"task {partition}'s rows")
             return ArchiveStaged(
@@ -263,6 +475,8 @@ class CommitStats:
 
     appended_rows: int = 0
     appended_parts: int = 0
+    relayed_blocks: int = 0  # offer_block calls re-publishing staged frames
+    relayed_singly: int = 0  # staged messages re-offered one by one (term end, wider mtu)
     skipped_duplicate: int = 0
     truncated_bytes: int = 0
     purged_staging: int = 0
@@ -363,7 +577,7 @@ class ArchiveCommitter:
         try:
             append.begin()
             for part in staged:
-                stats.appended_rows += append.write_part(part)
+                stats.appended_rows += append.write_part(part, stats)
                 stats.appended_parts += 1
             append.end(stats.appended_rows)
             stats.target_recording_id = append.recording_id
@@ -480,24 +694,27 @@ class Append:
         self.begin_position = self.pub.position
         self._marker(BEGIN, 0)
 
-    def write_part(self, part: ArchiveStaged) -> int:
-        """Re-publish one staging recording's messages; their count."""
-        client = self.c.client
-        geometry = Geometry(part.initial_term_id, part.term_length)
-        blocks = (
-            ReplayBlock(b.position, b.data, 0, b.end_position)
-            for b in client.replay(part.recording_id, 0, part.stop_position)
-        )
-        count = 0
-        for message in iter_messages(blocks, geometry):
-            self._offer(message.payload, message.reserved_value)
-            count += 1
-        if count != part.rows:
+    def write_part(self, part: ArchiveStaged, stats: CommitStats | None = None) -> int:
+        """Re-publish one staging recording's messages, in blocks of whole frames
+        (:class:`_Relay`); their count."""
+        assert self.pub is not None
+        relay = _Blocks(self.pub, self.c.o.sink.settings.timeout_s)
+        try:
+            for b in self.c.client.replay(part.recording_id, 0, part.stop_position):
+                relay.feed(b.data, part.recording_id)
+            relay.finish(part.recording_id)
+        except TransportError as exc:
+            raise ServerUnavailableError(f"archive sink append: {exc}") from exc
+        if stats is not None:
+            stats.relayed_blocks += relay.blocks
+            stats.relayed_singly += relay.singly
+        if relay.messages != part.rows:
             raise ServerUnavailableError(
                 f"archive sink: staging recording {part.recording_id} of partition "
-                f"{part.partition} holds {count} messages, not the {part.rows} the task wrote"
+                f"{part.partition} holds {relay.messages} messages, not the {part.rows} the task "
+                "wrote"
             )
-        return count
+        return relay.messages
 
     def end(self, rows: int) -> None:
         self._marker(END, rows)

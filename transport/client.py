@@ -77,6 +77,11 @@ class PublicationLog(PublicationStream, Protocol):
         """Append one message (the caller holds the lock of a concurrent publication)."""
         ...
 
+    def offer_block(self, block: bytes | bytearray | memoryview) -> int:
+        """Append a block of whole framed fragments to the current term (the caller holds the
+        lock of a concurrent publication)."""
+        ...
+
     def claim(self, length: int, reserved_value: int) -> tuple[memoryview, int] | int:
         """Reserve a frame (``(term, frame_offset)``) with a negative length, or a result code."""
         ...
@@ -255,6 +260,31 @@ class Publication:
             self._appended()
         return result
 
+    def offer_block(self, block: bytes | bytearray | memoryview) -> int:
+        """Append a block of whole, already framed fragments (Aeron's
+        ``ExclusivePublication.offerBlock``): copied into the current term with each frame's
+        term offset, session, stream and term id rewritten to this publication's, the first
+        frame's length written last (readers see whole frames only). The new position, or a
+        result code as :meth:`offer`. A block must fit the rest of the current term (a full
+        term is rotated first): one that does not, or holds anything but whole frames (the
+        first one DATA), raises :class:`~aeron_spark.transport.errors.LocalProtocolError`."""
+        if self._lock is None:
+            result = self._log.offer_block(block)
+        else:
+            with self._lock:
+                result = self._log.offer_block(block)
+        if result > 0:
+            self._appended()
+        return result
+
+    def offer_block_blocking(
+        self, block: bytes | bytearray | memoryview, *, timeout_s: float = 10.0
+    ) -> int:
+        """:meth:`offer_block`, retried on BACK_PRESSURED/ADMIN_ACTION/NOT_CONNECTED as
+        :meth:`offer_blocking`."""
+        offerer: Any = _BlockOffer(self)
+        return offer_blocking(offerer, self._wait_for_limit, block, 0, timeout_s)
+
     def try_claim(self, length: int, reserved_value: int = 0) -> BufferClaim | int:
         """Reserve ``length`` bytes (at most ``max_payload_length``) in the log, or a code."""
         if self._lock is not None:
@@ -316,6 +346,19 @@ class Publication:
             f"Publication({self.channel!r}, stream_id={self.stream_id}, "
             f"session_id={self.session_id}, position={self.position})"
         )
+
+
+class _BlockOffer:
+    """A publication whose ``offer`` offers a block (for :func:`offer_blocking`)."""
+
+    def __init__(self, pub: Publication) -> None:
+        self._pub = pub
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pub, name)
+
+    def offer(self, block: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
+        return self._pub.offer_block(block)
 
 
 class Image:

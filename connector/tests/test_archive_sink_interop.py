@@ -119,6 +119,52 @@ def test_batches_append_once_and_read_back_byte_for_byte(archive: aeron_peer.Jav
         _stage(o, 3, 0, [b"x"], reserved=[MARKER_RESERVED_VALUE])
 
 
+def test_blocks_split_at_small_target_terms_and_a_wider_staging_mtu(
+    archive: aeron_peer.JavaArchive,
+) -> None:
+    """The append re-publishes staged frames in blocks (``offer_block``): with 64 KiB target
+    terms most blocks end at a term end and the message that does not fit goes singly (padding
+    the term); a later batch staged with an mtu wider than the target's goes singly (the target
+    re-fragments). Every row reads back once, byte for byte, in partition order."""
+    o = _options(archive, 2202)
+    small = dataclasses.replace(o, term_length=1 << 16)  # of the new target and staging
+    rows = [os.urandom((i * 7919) % 6000) for i in range(600)]  # 0..6 KB, up to 5 fragments
+    reserved = [i - 300 for i in range(600)]
+    parts = [
+        _stage(small, 0, p, rows[p * 200 : p * 200 + 200], reserved=reserved[p * 200 :][:200])
+        for p in (1, 0, 2)
+    ]
+    stats = _commit(small, 0, parts)
+    assert stats.appended_rows == 600
+    assert stats.relayed_blocks > 0 and 0 < stats.relayed_singly < 600
+    assert stats.relayed_blocks + stats.relayed_singly < 300  # blocks, not messages
+    wide = dataclasses.replace(small, mtu=4096)
+    more = [os.urandom(3000 + i) for i in range(50)]  # one 4096-mtu frame each, 3 at 1408
+    stats = _commit(wide, 1, [_stage(wide, 1, 0, more)])
+    assert (stats.appended_rows, stats.relayed_singly) == (50, 50)
+    # rows of one length: framed at once (numpy) by the tasks, cut by arithmetic by the driver
+    fixed = [os.urandom(100) for _ in range(3000)]
+    stats = _commit(
+        small,
+        2,
+        [
+            _stage(small, 2, 0, fixed[:1500], reserved=list(range(1500))),
+            _stage(small, 2, 1, fixed[1500:]),
+        ],
+    )
+    assert stats.appended_rows == 3000 and 0 < stats.relayed_singly < 20
+    with archive_sink.connect(o.connect) as client:
+        target = archive_sink.ArchiveCommitter(o, "id", client).target()
+        assert target is not None and target.term_buffer_length == 1 << 16
+        assert target.mtu_length == 1408
+    got = _read(archive, 2202)
+    assert got == (
+        list(zip(rows, reserved, strict=True))
+        + [(m, 0) for m in more]
+        + [(m, i if i < 1500 else 0) for i, m in enumerate(fixed)]
+    )
+
+
 _KILL_AFTER_BEGIN = """
 import os, signal, sys, dataclasses, pickle
 from aeron_spark.connector import archive_sink

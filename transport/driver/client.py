@@ -86,6 +86,7 @@ class NetworkPublicationLog:
         self.max_payload_length = state.max_payload_length
         self.spy_notify: tuple[Callable[[], None], ...] = ()
         self.offer = state.offer
+        self.offer_block = state.offer_block
 
     @property
     def position(self) -> int:

@@ -144,6 +144,21 @@ class IpcPublicationLog:
                 return code
         return appender.append(payload, reserved_value)
 
+    def offer_block(self, block: bytes | bytearray | memoryview) -> int:
+        if self.is_closed:
+            return CLOSED
+        appender = self.appender
+        if appender.term_offset >= self.term_length:
+            appender._pad_and_rotate()  # nothing left to pad: just the next term
+        position = appender.position
+        if self.state.beyond_max(position + len(block)):
+            return MAX_POSITION_EXCEEDED
+        if position >= self.state.limit:  # as Aeron: the block goes if it starts under the limit
+            code = self._refusal(position + 1)
+            if code:
+                return code
+        return appender.append_block(block)
+
     def claim(self, length: int, reserved_value: int) -> tuple[memoryview, int] | int:
         if length > self.max_payload_length:
             raise ValueError(f"try_claim is limited to one fragment ({self.max_payload_length})")

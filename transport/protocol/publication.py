@@ -303,6 +303,27 @@ class PublicationState:
             return BACK_PRESSURED
         return NOT_CONNECTED
 
+    def offer_block(self, block: bytes | bytearray | memoryview) -> int:
+        """Append a block of whole, already framed fragments into the current term (Aeron's
+        ``ExclusivePublication.offerBlock``; :meth:`TermAppender.append_block` says what a
+        block must be); the new position, or a negative result code. A full term is rotated
+        first; a block that does not fit the rest of the term raises
+        :class:`LocalProtocolError` (split blocks at term ends)."""
+        if self.phase is not _ACTIVE:
+            return CLOSED
+        appender = self.appender
+        if appender.term_offset >= self.term_length:
+            appender._pad_and_rotate()  # nothing left to pad: just the next term
+        position = appender.position
+        if position < self.publisher_limit:
+            if position + len(block) > self.max_position:
+                return MAX_POSITION_EXCEEDED
+            return appender.append_block(block)
+        if self.receivers:
+            self.back_pressure_events += 1
+            return BACK_PRESSURED
+        return NOT_CONNECTED
+
     @property
     def max_position_guard(self) -> int:
         """Below this position no message can reach ``max_position`` (skips the exact check)."""

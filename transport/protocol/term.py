@@ -13,6 +13,7 @@ import struct
 from collections.abc import Callable
 from typing import Protocol
 
+from aeron_spark.transport.errors import LocalProtocolError
 from aeron_spark.transport.protocol.frames import (
     DATA_HEADER,
     DATA_HEADER_LENGTH,
@@ -29,6 +30,10 @@ _HEADER_TAIL = struct.Struct("<BBhiiiiq")
 _i32_from = _I32.unpack_from
 _i32_into = _I32.pack_into
 _tail_into = _HEADER_TAIL.pack_into
+# term_offset, session_id, stream_id, term_id: the header fields a block append rewrites (at 8)
+_IDS = struct.Struct("<iiii")
+_ids_into = _IDS.pack_into
+_u16_from = struct.Struct("<H").unpack_from
 
 _FLAG_BEGIN = int(DataFlags.BEGIN)
 _FLAG_END = int(DataFlags.END)
@@ -237,6 +242,59 @@ class TermAppender:
         _i32_into(term, first_offset, first_length)
         self.position += offset - self.term_offset
         self.term_offset = offset
+        return self.position
+
+    def append_block(self, block: bytes | bytearray | memoryview) -> int:
+        """Append a block of whole, already framed fragments (Aeron's
+        ``ExclusiveTermAppender.appendBlock``); returns the new position. Caller checks limits
+        and rotates a full term first.
+
+        The block must fit in the rest of the current term (a block never spans a term end),
+        be a multiple of the frame alignment, and hold whole frames, the first one DATA (later
+        ones DATA or PAD). Each frame's term offset, session, stream and term id are rewritten
+        to this log's. The first frame's ``frame_length`` is written last, so a reader sees the
+        whole block or none of it. A malformed block raises :class:`LocalProtocolError` and
+        leaves the term as it was.
+        """
+        view = memoryview(block)
+        length = len(view)
+        offset = self.term_offset
+        if length <= 0 or length % FRAME_ALIGNMENT:
+            raise LocalProtocolError(
+                f"block length {length} is not a positive multiple of {FRAME_ALIGNMENT}"
+            )
+        if offset + length > self.term_length:
+            raise LocalProtocolError(
+                f"block of {length} bytes does not fit the {self.term_length - offset} bytes "
+                f"left in term {self.term_id} (a block cannot span a term end)"
+            )
+        first_length = _i32_from(view, 0)[0]
+        end = offset + length
+        term = self.terms[self.partition]
+        term[offset + 4 : end] = view[4:]  # the first frame_length stays 0: nobody reads on
+        session_id, stream_id, term_id = self.session_id, self.stream_id, self.term_id
+        at, frame_length = offset, first_length
+        while True:
+            frame_type = _u16_from(term, at + 6)[0]
+            aligned = (frame_length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+            if (
+                frame_length < DATA_HEADER_LENGTH
+                or at + aligned > end
+                or (frame_type != _TYPE_DATA and (frame_type != _TYPE_PAD or at == offset))
+            ):
+                zero_fill(term[offset + 4 : end])
+                raise LocalProtocolError(
+                    f"block holds a bad frame at byte {at - offset}: length {frame_length}, "
+                    f"type {frame_type} (whole DATA frames, the first one DATA, expected)"
+                )
+            _ids_into(term, at + 8, at, session_id, stream_id, term_id)
+            at += aligned
+            if at == end:
+                break
+            frame_length = _i32_from(term, at)[0]
+        _i32_into(term, offset, first_length)
+        self.term_offset = end
+        self.position += length
         return self.position
 
     def _pad_and_rotate(self) -> None:
