@@ -25,8 +25,10 @@ from aeron_spark.handshake.errors import (
     HandshakeTimeoutError,
     KeyStoreError,
 )
+from aeron_spark.handshake.hello_channel import HelloChannel, registry
 from aeron_spark.handshake.keystore import KeyStore, load_client_key
 from aeron_spark.handshake.machine import ClientEvent, ClientHandshake
+from aeron_spark.handshake.messages import SessionDetails
 from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler, TransportError
 
 _driver_lock = threading.Lock()
@@ -193,29 +195,7 @@ class _Attempt:
         ch = self.channels
         try:
             m.start(time.monotonic_ns())
-            replies = self._open("sub", ch.reply_sub(), ch.reply_stream)
-            hello_pub = self._open("pub", ch.hello_pub(), ch.hello_stream)
-            self._wait_until(lambda: bool(replies.images), replies)
-            self._wait_until(lambda: hello_pub.is_connected, None, hello_pub)
-            hello = m.hello()
-            self._wait_until(lambda: hello_pub.offer(hello) > 0, None, hello_pub)
-            inbox: deque[bytes] = deque()
-            assembler = FragmentAssembler(lambda p, h: inbox.append(bytes(p)))
-            details = None
-            while details is None:
-                if replies.poll(assembler, 16) == 0:
-                    self._wait_until(lambda: replies.has_data() or not replies.images, replies)
-                    if not replies.images:
-                        raise ConnectionClosedError(
-                            f"the server at {self.endpoint} went away during the handshake"
-                        )
-                while inbox and details is None:
-                    details = m.on_reply(inbox.popleft())
-                    if m.retry_hello is not None:  # the server's COOKIE: say HELLO again
-                        self._say_again(hello_pub, m.retry_hello)
-                        m.retry_hello = None
-            hello_pub.close()
-            replies.close()
+            details = self._hello()
             rcv_wnd = self.config.receiver_window_length or details.term_length // 2
             sub = self._open("sub", ch.s2c_sub(details, rcv_wnd), details.s2c_stream_id)
             pub = self._open("pub", ch.c2s_pub(details), details.c2s_stream_id)
@@ -262,8 +242,43 @@ class _Attempt:
             conn._on_fragment(memoryview(frame), None)
         return conn
 
-    def _say_again(self, hello_pub: Any, hello: bytes) -> None:
-        self._wait_until(lambda: hello_pub.offer(hello) > 0, None, hello_pub)
+    def _hello(self) -> SessionDetails:
+        """HELLO (and its COOKIE round) on this process's channel to the server, until the
+        WELCOME: the session's details. The channel goes back to the registry as soon as the
+        WELCOME is in (a failure of the transport retires it)."""
+        m = self.machine
+        linger = self.config.hello_linger_s
+        shared = self.channels.media == "udp" and linger > 0
+        hc = registry.acquire(self.driver, self.channels, shared)
+        ok = False
+        try:
+            self._wait_until(lambda: bool(hc.replies.images), hc.replies)
+            self._wait_until(lambda: hc.hello_pub.is_connected, None, hc.hello_pub)
+            hc.is_ready()
+            hc.register(m.connect_key)
+            try:
+                self._say(hc, m.hello())
+                check = lambda: m.check_timeout(time.monotonic_ns())  # noqa: E731
+                details = None
+                while details is None:
+                    details = m.on_reply(hc.receive(m.connect_key, self.deadline, check))
+                    if m.retry_hello is not None:  # the server's COOKIE: say HELLO again
+                        self._say(hc, m.retry_hello)
+                        m.retry_hello = None
+            finally:
+                hc.unregister(m.connect_key)
+            ok = True
+            return details
+        except (TransportError, ConnectionClosedError, HandshakeTimeoutError):
+            raise
+        except BaseException:
+            ok = True  # refused, a key we do not trust: the channel itself is fine
+            raise
+        finally:
+            registry.release(hc, ok, linger)
+
+    def _say(self, hc: HelloChannel, hello: bytes) -> None:
+        self._wait_until(lambda: hc.offer(hello) > 0, None, hc.hello_pub)
 
     def _close_all(self) -> None:
         for resource in self.opened:

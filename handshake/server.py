@@ -61,6 +61,9 @@ TRANSPORT_REFUSALS = (
     "invalid_frames",
 )
 _BIND_ATTEMPTS = 20
+# HELLOs read from one HELLO image in one step (a client process with many handshakes in flight
+# shares one image; the others get their turn in the same step)
+HELLOS_PER_STEP = 8
 
 
 def _udp_port_free(host: str, port: int) -> bool:
@@ -78,18 +81,24 @@ def _host(host: str) -> str:
 
 
 class _HelloInbox:
-    """The HELLOs of one client's HELLO publication: the first, and after each COOKIE answer
-    one more (at most ``MAX_COOKIES`` times); anything else it sends is ignored."""
+    """The HELLOs of one client's HELLO publication. Over UDP a client process keeps one HELLO
+    publication per server for all its handshakes (see ``hello_channel.py``): every HELLO it
+    carries is answered (the core's rate, pending and per-address limits bound them, per
+    address and per /24 or /64, not per image), at most ``HELLOS_PER_STEP`` a step. Over IPC a
+    client opens one per handshake: the first HELLO and after each COOKIE one more (at most
+    ``MAX_COOKIES`` times), then nothing (IPC images are polled, not signalled: a finished one
+    is not polled again)."""
 
-    __slots__ = ("image", "messages", "assembler", "done", "answered", "ipc")
+    __slots__ = ("image", "messages", "assembler", "done", "answered", "ipc", "host")
 
     def __init__(self, image: Any, ipc: bool = False) -> None:
         self.image = image
-        self.ipc = ipc  # IPC data wakes nobody: a COOKIE's answer is polled for
+        self.ipc = ipc
         self.messages: deque[bytes] = deque()
         self.assembler = FragmentAssembler(lambda p, h: self.messages.append(bytes(p)))
         self.done = False
         self.answered = 0
+        self.host = "ipc" if ipc else host_of((_address_of(image),))
 
 
 class _Pending:
@@ -235,6 +244,7 @@ class Server:
 
     def _read_hellos(self, now_ns: int) -> None:
         live: set[int] = set()
+        hold_until = now_ns + self.config.handshake_timeout_ns
         for channels, sub, reply in self._listeners:
             images = sub.images
             live.update(id(image) for image in images)
@@ -242,23 +252,26 @@ class Server:
                 inbox = self._hellos.get(id(image))
                 if inbox is None:
                     inbox = self._hellos[id(image)] = _HelloInbox(image, channels.media == "ipc")
-                    if channels.media == "udp":
-                        # a client joins the replies before it says HELLO: the address its
-                        # HELLO stream comes from (bounded by the HELLO images' limits) may
-                        # join the reply publication for a handshake's time
-                        self._allow_reply_host(reply, _address_of(image), now_ns)
+                if not inbox.ipc:
+                    # a client joins the replies before it says HELLO: the host of a live HELLO
+                    # image (bounded by the HELLO images' limits) may stay on the reply
+                    # publication while the image lives, and a handshake's time after
+                    self._hold_reply_host(reply, inbox.host, hold_until)
                 if inbox.done:
                     continue
-                image.poll(inbox.assembler, 4)
-                if not inbox.messages:
-                    continue
-                inbox.answered += 1
-                source = "ipc" if channels.media == "ipc" else image.source_identity
-                address = "ipc" if channels.media == "ipc" else _address_of(image)
-                message = inbox.messages.popleft()
-                inbox.messages.clear()  # one HELLO per answer: the rest is not read
-                challenged = self._on_hello(channels, reply, address, source, message, now_ns)
-                inbox.done = not challenged or inbox.answered > MAX_COOKIES
+                image.poll(inbox.assembler, HELLOS_PER_STEP)
+                while inbox.messages and not inbox.done:
+                    message = inbox.messages.popleft()
+                    inbox.answered += 1
+                    if inbox.ipc:
+                        inbox.messages.clear()  # one HELLO per answer: the rest is not read
+                        challenged = self._on_hello(channels, reply, "ipc", "ipc", message, now_ns)
+                        inbox.done = not challenged or inbox.answered > MAX_COOKIES
+                    else:
+                        address = _address_of(image)
+                        self._on_hello(
+                            channels, reply, address, image.source_identity, message, now_ns
+                        )
         for key in [k for k in self._hellos if k not in live]:
             del self._hellos[key]
 
@@ -307,11 +320,14 @@ class Server:
 
     def _allow_reply_host(self, reply: Any, address: str, now_ns: int) -> str:
         host = host_of((address,))
+        self._hold_reply_host(reply, host, now_ns + self.config.handshake_timeout_ns)
+        return host
+
+    def _hold_reply_host(self, reply: Any, host: str, until_ns: int) -> None:
         known = host in self._reply_hosts
-        self._reply_hosts[host] = now_ns + self.config.handshake_timeout_ns
+        self._reply_hosts[host] = until_ns
         if not known:
             reply.allow_destination_hosts(frozenset(self._reply_hosts))
-        return host
 
     def _expire_reply_hosts(self, now_ns: int) -> None:
         stale = [h for h, until in self._reply_hosts.items() if until <= now_ns]

@@ -389,6 +389,12 @@ class Image:
     def is_end_of_stream(self) -> bool:
         return self._state.is_end_of_stream
 
+    @property
+    def last_packet_ns(self) -> int | None:
+        """The driver's clock (``time.monotonic_ns``) when the last packet of this image
+        arrived, data or heartbeat (UDP; None for IPC, whose publisher writes the log)."""
+        return getattr(self._state, "last_packet_ns", None)
+
     def has_data(self) -> bool:
         return not self.closed and self._state.has_data()
 

@@ -146,20 +146,20 @@ def test_a_recorded_handshake_replayed_as_raw_udp_gets_nothing(tmp_path) -> None
         on_message=lambda c, msg: c.send(msg),
     ).start()
     recorded: list[bytes] = []
-    original = _Attempt._say_again
+    original = _Attempt._say
 
-    def record(self, pub, hello):  # type: ignore[no-untyped-def]
-        recorded.append(hello)
-        return original(self, pub, hello)
+    def record(self, channel, hello):  # type: ignore[no-untyped-def]
+        recorded.append(hello)  # the first HELLO, then the one with the cookie
+        return original(self, channel, hello)
 
-    _Attempt._say_again = record  # type: ignore[method-assign]
+    _Attempt._say = record  # type: ignore[method-assign]
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         with client.connect(server.endpoint) as conn:
             conn.send(b"honest")
             assert conn.receive(5) == b"honest"
-        _Attempt._say_again = original  # type: ignore[method-assign]
-        assert len(recorded) == 1
+        _Attempt._say = original  # type: ignore[method-assign]
+        assert len(recorded) == 2
         wait_for(lambda: server.stats()["connections"] == 0, what="the honest session closed")
         before = server.stats()
         # The attacker sends the recorded second HELLO from its own socket, as Aeron frames.
@@ -168,7 +168,7 @@ def test_a_recorded_handshake_replayed_as_raw_udp_gets_nothing(tmp_path) -> None
         setup = SetupFrame(0, session_id, HANDSHAKE_STREAM_ID, 7, 7, 64 * 1024, 1408)
         data = (
             encode_data_header(
-                32 + len(recorded[0]),
+                32 + len(recorded[1]),
                 DataFlags.UNFRAGMENTED,
                 FrameType.DATA,
                 0,
@@ -176,7 +176,7 @@ def test_a_recorded_handshake_replayed_as_raw_udp_gets_nothing(tmp_path) -> None
                 HANDSHAKE_STREAM_ID,
                 7,
             )
-            + recorded[0]
+            + recorded[1]
         )
         for _ in range(3):
             sock.sendto(setup.encode(), ("127.0.0.1", server.port))
@@ -188,6 +188,6 @@ def test_a_recorded_handshake_replayed_as_raw_udp_gets_nothing(tmp_path) -> None
         assert after["accepted"] == before["accepted"] and after["pending"] == 0
         assert after["connected"] == before["connected"] and after["connections"] == 0
     finally:
-        _Attempt._say_again = original  # type: ignore[method-assign]
+        _Attempt._say = original  # type: ignore[method-assign]
         sock.close()
         server.close()
