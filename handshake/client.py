@@ -257,7 +257,7 @@ class _Attempt:
             hc.is_ready()
             hc.register(m.connect_key)
             try:
-                self._say(hc, m.hello())
+                self._say(hc, m.hello(hc.resumption(time.monotonic_ns())))
                 check = lambda: m.check_timeout(time.monotonic_ns())  # noqa: E731
                 details = None
                 while details is None:
@@ -267,6 +267,8 @@ class _Attempt:
                         m.retry_hello = None
             finally:
                 hc.unregister(m.connect_key)
+            if shared and m.server_key is not None:
+                hc.remember(details.resume_token, m.server_key, time.monotonic_ns())
             ok = True
             return details
         except (TransportError, ConnectionClosedError, HandshakeTimeoutError):

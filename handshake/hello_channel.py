@@ -15,6 +15,11 @@ heartbeats allow is not reused (a server that crashed or restarted gets a fresh 
 closed driver's channels are forgotten. With ``hello_linger_s=0`` every handshake has a channel
 of its own, closed when it ends (the behaviour before channels were shared).
 
+Resumption: a WELCOME carries, sealed, a token bound to the source address and port of the HELLO
+(protocol version 4). The channel keeps the last one for 9 s; a handshake on it sends its first
+HELLO with that token (and its sealed identity) and skips the COOKIE round trip. A stale or
+unknown token gets a COOKIE, as a first HELLO does.
+
 The server answers each HELLO an image carries (its rate limits and pending limits apply per
 address and per /24 or /64, not per image), and keeps the host of a live HELLO image on its reply
 publication, so a shared channel's reply image lives as long as its HELLO image.
@@ -36,6 +41,9 @@ from aeron_spark.transport import FragmentAssembler
 # The server's reply publication heartbeats every joined destination every 100 ms: a reply
 # image silent for longer than this is a server that is gone (crashed, restarted elsewhere).
 STALE_NS = 1_000_000_000
+# A WELCOME's resumption token is valid 10 to 20 s after it was made (two 10 s epochs): used
+# for this long, it is never stale when it arrives.
+RESUME_FOR_NS = 9_000_000_000
 _WAIT_SLICE_S = 0.1  # re-check the handshake's own deadline at least this often
 
 
@@ -63,6 +71,9 @@ class HelloChannel:
         self.was_ready = False
         self.idle_deadline_ns = 0
         self.unrouted = 0  # replies for no handshake of ours (others', late or garbage)
+        # (token, server key, use until ns): the last WELCOME's resumption token; it is bound
+        # to this channel's HELLO source, so the next handshakes on it skip the COOKIE
+        self._resume: tuple[bytes, bytes, int] | None = None
         self._lock = threading.Lock()  # offers on the HELLO publication, polls of the replies
         self._inboxes: dict[int, deque[bytes]] = {}
         self._events: dict[int, threading.Event] = {}
@@ -98,6 +109,16 @@ class HelloChannel:
             return True
         last = images[0].last_packet_ns
         return last is not None and now_ns - last > STALE_NS
+
+    def resumption(self, now_ns: int) -> tuple[bytes, bytes] | None:
+        """(token, server key) for the next HELLO, if a recent WELCOME gave one."""
+        resume = self._resume
+        if resume is None or now_ns >= resume[2]:
+            return None
+        return resume[0], resume[1]
+
+    def remember(self, token: bytes, server_key: bytes, now_ns: int) -> None:
+        self._resume = (token, server_key, now_ns + RESUME_FOR_NS)
 
     # ------------------------------------------------------------------ handshakes
 
@@ -241,4 +262,4 @@ class _Registry:
 
 registry = _Registry()
 
-__all__ = ["STALE_NS", "HelloChannel", "connect_key_of", "registry"]
+__all__ = ["RESUME_FOR_NS", "STALE_NS", "HelloChannel", "connect_key_of", "registry"]

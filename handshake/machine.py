@@ -218,6 +218,7 @@ class ClientHandshake:
         self.keys: SessionKeys | None = None
         self.details: m.SessionDetails | None = None
         self.server_key: bytes | None = None
+        self._resumed = False  # the first HELLO carried a resumption token
         self.ignored_replies = 0
 
     def _fire(self, event: ClientEvent) -> None:
@@ -233,12 +234,38 @@ class ClientHandshake:
         self._fire(ClientEvent.START)
         self.deadline_ns = now_ns + self.timeout_ns
 
-    def hello(self) -> bytes:
+    def hello(self, resume: tuple[bytes, bytes] | None = None) -> bytes:
+        """The first HELLO; with ``resume`` = (resumption token, server key) of an earlier
+        WELCOME to this client's source, a HELLO with that token and our identity sealed for
+        that key (the server's key checked again first): no COOKIE round trip if it is valid."""
         self._fire(ClientEvent.CHANNELS_READY)
-        self._hello = m.Hello(
-            m.PROTOCOL_VERSION, self.connect_key, public_bytes(self._ephemeral), self.encryption
-        ).encode()
+        if resume is None:
+            self._hello = m.Hello(
+                m.PROTOCOL_VERSION, self.connect_key, public_bytes(self._ephemeral), self.encryption
+            ).encode()
+            return self._hello
+        token, server_key = resume
+        try:
+            self._check_server_key(server_key)
+        except HandshakeError:
+            self._fire(ClientEvent.PROTOCOL_ERROR)
+            raise
+        self.server_key = server_key
+        self._resumed = True
+        self._hello = self._hello_with(token, server_key)
         return self._hello
+
+    def _hello_with(self, cookie: bytes, server_key: bytes) -> bytes:
+        return m.Hello(
+            m.PROTOCOL_VERSION,
+            self.connect_key,
+            public_bytes(self._ephemeral),
+            self.encryption,
+            cookie,
+            seal_identity(
+                self._ephemeral, self.static_public, server_key, self.connect_key, cookie
+            ),
+        ).encode()
 
     def on_reply(self, data: bytes) -> m.SessionDetails | None:
         """Handle one reply-channel message: None if it is not for us (or not yet decisive).
@@ -264,6 +291,8 @@ class ClientHandshake:
             if self.cookies >= MAX_COOKIES:
                 self.ignored_replies += 1  # a server (or someone) that never admits us: time out
                 return None
+            if self._resumed and self.cookies == 0 and message.server_key != self.server_key:
+                self.server_key = None  # our token was from another key: check this one
             if self.server_key is not None and message.server_key != self.server_key:
                 self.ignored_replies += 1  # another server key than the one we checked: forged
                 return None
@@ -275,20 +304,7 @@ class ClientHandshake:
                     raise
                 self.server_key = message.server_key
             self.cookies += 1
-            self._hello = self.retry_hello = m.Hello(
-                m.PROTOCOL_VERSION,
-                self.connect_key,
-                public_bytes(self._ephemeral),
-                self.encryption,
-                message.cookie,
-                seal_identity(
-                    self._ephemeral,
-                    self.static_public,
-                    message.server_key,
-                    self.connect_key,
-                    message.cookie,
-                ),
-            ).encode()
+            self._hello = self.retry_hello = self._hello_with(message.cookie, message.server_key)
             return None
         if isinstance(message, m.Refuse):
             self._fire(ClientEvent.REFUSE)
@@ -423,6 +439,7 @@ class ServerCounters:
     closed: int = 0
     cookies_sent: int = 0  # HELLOs answered with a COOKIE (nothing allocated)
     cookies_bad: int = 0  # HELLOs with a cookie that is not valid (forged, stale, other source)
+    resumed: int = 0  # HELLOs admitted on the resumption token of an earlier WELCOME (no COOKIE)
     rate_limited: int = 0  # HELLOs dropped unanswered: their /24 or /64 sent too many
     identities_bad: int = 0  # HELLOs whose sealed client identity does not open
     clients_refused: int = 0  # HELLOs from a client key that is not authorised (CLIENT_UNKNOWN)
@@ -600,6 +617,7 @@ class ServerCore:
             max_message_length=self.config.max_message_length,
             term_length=self.config.session_term_length,
             mtu=self.config.mtu,
+            resume_token=self._resume_token(source or address, now_ns // COOKIE_PERIOD_NS),
         )
         welcome = m.Welcome(
             ck, self.static_public, public_bytes(ephemeral), keys.seal_details(details.encode())
@@ -672,12 +690,25 @@ class ServerCore:
             mac.update(len(part).to_bytes(2, "big") + part)
         return mac.digest()[: m.COOKIE_LENGTH]
 
+    def _resume_token(self, source: str, epoch: int) -> bytes:
+        """The cookie a WELCOME gives its client (sealed) for its next HELLOs from ``source``:
+        bound to the address and port only, so it is never sent in the clear."""
+        mac = hmac.new(self._cookie_secret, b"resume", digestmod=hashlib.sha256)
+        for part in (source.encode(), epoch.to_bytes(8, "big", signed=True)):
+            mac.update(len(part).to_bytes(2, "big") + part)
+        return mac.digest()[: m.COOKIE_LENGTH]
+
     def _check_cookie(self, source: str, hello: m.Hello, hello_bytes: bytes, now_ns: int) -> None:
-        """Return if ``hello`` carries a valid cookie for ``source``, else raise the COOKIE."""
+        """Return if ``hello`` carries a valid cookie for ``source`` (a COOKIE's, or the
+        resumption token of an earlier WELCOME to that source), else raise the COOKIE."""
         epoch = now_ns // COOKIE_PERIOD_NS
         if hello.cookie:
             for valid in (epoch, epoch - 1):
                 if hmac.compare_digest(hello.cookie, self._cookie(source, hello, valid)):
+                    return
+            for valid in (epoch, epoch - 1):
+                if hmac.compare_digest(hello.cookie, self._resume_token(source, valid)):
+                    self.counters.resumed += 1
                     return
             self.counters.cookies_bad += 1
         self.counters.cookies_sent += 1

@@ -40,7 +40,9 @@ from typing import Any
 import msgpack
 from aeron_spark.handshake.errors import ErrorCode, RemoteProtocolError
 
-PROTOCOL_VERSION = 3  # 2: the COOKIE round trip; 3: client identity (sealed) and 4-DH keys
+# 2: the COOKIE round trip; 3: client identity (sealed) and 4-DH keys; 4: a resumption token in
+# the WELCOME's sealed details (a cookie for the client's next HELLOs from the same source)
+PROTOCOL_VERSION = 4
 KEY_LENGTH = 32
 COOKIE_LENGTH = 16
 PROOF_LENGTH = 16
@@ -174,7 +176,9 @@ class SessionDetails:
     ``c2s_*`` is the client's publication (session id and stream id the server subscribes to),
     ``s2c_*`` the server's publication to the client. ``encryption`` is whether session frames are
     sealed, ``max_message_length`` the largest message either side may send, ``term_length`` and
-    ``mtu`` what the client's publication should use.
+    ``mtu`` what the client's publication should use. ``resume_token`` is a cookie for the
+    client's next HELLOs from the same source address and port (for 10 to 20 s): sealed, so only
+    this client learns it (a COOKIE goes to every client joined to the reply channel).
     """
 
     c2s_session_id: int
@@ -185,8 +189,9 @@ class SessionDetails:
     max_message_length: int
     term_length: int
     mtu: int
+    resume_token: bytes = b"\0" * COOKIE_LENGTH
 
-    _KEYS = ("cs", "cx", "ss", "sx", "enc", "mml", "tl", "mtu")
+    _KEYS = ("cs", "cx", "ss", "sx", "enc", "mml", "tl", "mtu", "rt")
 
     def encode(self) -> bytes:
         return _pack(
@@ -202,6 +207,7 @@ class SessionDetails:
                         self.max_message_length,
                         self.term_length,
                         self.mtu,
+                        self.resume_token,
                     ),
                     strict=True,
                 )
@@ -222,6 +228,7 @@ class SessionDetails:
             max_message_length=_int(body, "mml", 1, 2**31 - 1),
             term_length=_int(body, "tl", 64 * 1024, 1024 * 1024 * 1024),
             mtu=_int(body, "mtu", 64, 65504),
+            resume_token=_bin(body, "rt", COOKIE_LENGTH, COOKIE_LENGTH),
         )
 
 

@@ -1,4 +1,4 @@
-"""Known-answer vectors for the handshake key schedule of protocol version 3 (issues 19, 22).
+"""Known-answer vectors for the handshake of protocol version 4 (issues 19, 22).
 
 Fixed static and ephemeral keys of both sides, a fixed connect key, cookie secret and id
 generator go in; the two HELLOs, the COOKIE, the client's identity box, WELCOME, DONE and CONFIRM
@@ -10,8 +10,10 @@ connect key, ``ce``, ``spk`` and the cookie; the session keys from the four X255
 ce·se, ce·ss, cs·ss, cs·se salted with the transcript of the second HELLO. A handful are also
 pinned as hex so that a change made to both sides at once is still caught.
 
-This is the one full known-answer test of the version 3 schedule (test_client_auth.py tests the
-identity box's binding and the admission around it).
+The key schedule is version 3's (its HKDF labels say v3); version 4 adds the WELCOME's sealed
+resumption token, an HMAC of the HELLO's source and the 10 s epoch under the cookie secret with
+the label ``resume``, computed here independently too. This is the one full known-answer test of
+the schedule (test_client_auth.py tests the identity box's binding and the admission around it).
 """
 
 from __future__ import annotations
@@ -50,18 +52,18 @@ CONNECT_KEY = 0x0123456789ABCDEF
 COOKIE_SECRET = bytes(range(64, 96))
 ADDRESS, SOURCE = "10.0.0.1", "10.0.0.1:4000"
 NOW_NS = 25_000_000_000  # cookie epoch 2
-VERSION = 3
+VERSION = 4
 INFO = b"aeron-spark handshake v3"
 ID_INFO = b"aeron-spark client identity v3"
 
 # Pinned outputs for the inputs above (computed once with the independent code below).
 PINNED = {
-    "transcript": "5e5e97828c85ab703452c1c7e323b5d543358d6563ce27136ff2e7c4112b40c4",
-    "handshake_key": "bad6306e0b783c670d24968dcc0ade81fca2bc35d7e6b50cc59ab1c0dd6790b4",
-    "c2s_key": "7824c7f0279bc7e8453734dd6c5cf269e2949d7619be3108c41f089c45413ae2",
-    "s2c_key": "387caaee6d12be16e45a33529ce5768b652d9ba8e1ee9c28ad890efee8760c26",
-    "c2s_salt": "71914d43",
-    "s2c_salt": "0cceab8a",
+    "transcript": "024f43c314ae19dc84ee5db7d4bb4143f2bdcb65cbfeb72ae7a38fc32eb89d33",
+    "handshake_key": "da93d067b0accf0ac8dc5d47d7dc22f1231363888b75263338b935f1ae558364",
+    "c2s_key": "11d49da15e6cd790c47ed60c133482da4ba4fe4b4b841b98d2d681011afc3638",
+    "s2c_key": "eda9e19d469e84d4aeb1ce97c723d9cfc2e08dfe5c3ba89c40f78bea32640ab8",
+    "c2s_salt": "a50f084c",
+    "s2c_salt": "0b046412",
     "cookie": "6e815998ed0557360ae6cdc6f115d250",
     "identity": (
         "72b41bf613d276074ca6e1165f3af31693a0b9e38bc8e54d"
@@ -91,6 +93,13 @@ def _independent_cookie(hello_ck: int, pk: bytes, enc: bool, now_ns: int) -> byt
         bytes([enc]),
         (now_ns // 10_000_000_000).to_bytes(8, "big", signed=True),
     ):
+        mac.update(len(part).to_bytes(2, "big") + part)
+    return mac.digest()[:16]
+
+
+def _independent_resume_token(now_ns: int) -> bytes:
+    mac = hmac.new(COOKIE_SECRET, b"resume", digestmod=hashlib.sha256)
+    for part in (SOURCE.encode(), (now_ns // 10_000_000_000).to_bytes(8, "big", signed=True)):
         mac.update(len(part).to_bytes(2, "big") + part)
     return mac.digest()[:16]
 
@@ -206,6 +215,7 @@ def test_messages_keys_and_proofs_match_the_independent_computation(handshake) -
             "mml": d.max_message_length,
             "tl": d.term_length,
             "mtu": d.mtu,
+            "rt": _independent_resume_token(NOW_NS),
         }
     )
     hk, transcript = AESGCM(want["handshake_key"]), want["transcript"]
