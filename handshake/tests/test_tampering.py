@@ -215,7 +215,7 @@ def test_hello_type_or_key_name_is_malformed_and_dropped(tamper, cookies_sent: i
 
 
 def test_hello_version_is_refused_with_unsupported_version() -> None:
-    """Version 4 -> 5 (one bit flipped): refused at once, to the first HELLO, before any cookie is made."""
+    """Version 4 -> 5 (one bit flipped): refused at once, before any cookie is made."""
     out = run(on_hello=flip("v"))
     assert isinstance(out.error, UnsupportedVersionError), out.error
     assert out.error.code is ErrorCode.UNSUPPORTED_VERSION
