@@ -578,6 +578,8 @@ class Server:
             "closed": c.closed,
             "cookies_sent": c.cookies_sent,
             "cookies_bad": c.cookies_bad,
+            "resumed": c.resumed,
+            "hello_images": len(self._hellos),
             "rate_limited": c.rate_limited,
             "identities_bad": c.identities_bad,
             "clients_refused": c.clients_refused,
