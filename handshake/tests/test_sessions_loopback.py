@@ -15,6 +15,7 @@ from aeron_spark.handshake import (
 )
 from aeron_spark.handshake.client import split_endpoint
 from aeron_spark.handshake.config import HANDSHAKE_STREAM_ID, REPLY_STREAM_ID
+from aeron_spark.handshake.hello_channel import registry
 from aeron_spark.handshake.machine import ClientHandshake
 from aeron_spark.transport import FragmentAssembler
 from aeron_spark.transport.testing import free_udp_port
@@ -298,6 +299,11 @@ def test_thousands_of_connect_close_cycles_leak_nothing(make_server, make_client
     assert not core.sessions and not core.session_ids and not core.stream_ids
     assert not core.connect_keys and not core.per_address and core.pending == 0
     assert len(server.driver._subscriptions) == subs
+    # the client's HELLO channel to the server lingers for the next handshakes: one publication
+    # and one subscription for all 2001; closed, nothing of the client is left
+    lingering = [c for c in registry.channels.values() if c.driver is client.driver]
+    assert len(lingering) == 1
+    registry.close_all()
     wait_for(lambda: len(client.driver._publications) == 0, 15, "client publications freed")
     assert len(client.driver._subscriptions) == 0
     # Sockets of closed subscriptions are reaped by the driver's conductor (about once a second).
