@@ -10,7 +10,11 @@ Channels (UDP; ``H`` = host, ``P`` = port, ``C`` = control port, default ``P + 1
 Every client joins the reply publication in dynamic control mode (so replies reach clients behind
 NAT) and picks out the replies addressed to its connect key. A HELLO without a valid cookie gets a
 COOKIE and allocates nothing; the client says HELLO again with it on the same publication (so
-from the same address and port), and only that HELLO is admitted. Each session's subscription only
+from the same address and port), and only that HELLO is admitted, or a HELLO carrying the
+resumption token an earlier WELCOME sealed for that address and port. A client process says the
+HELLOs of all its handshakes with this server on one publication (``hello_channel.py``): every
+HELLO of a UDP image is answered, and the host of a live HELLO image stays on the reply
+publication. Each session's subscription only
 accepts the secret session id, so a stranger's publication on that stream is ignored by the
 transport. All of a server's subscriptions share the one socket on ``P`` and all its publications
 the one on ``C``.
