@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ LOOPBACK_MTU = 65504
 NETWORK_MTU = 1408  # Aeron's default: one datagram fits a 1,500-byte path, never IP-fragmented
 
 
+@functools.lru_cache(maxsize=4096)  # asked per HELLO (the reply mtu); bounded under a flood
 def is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback

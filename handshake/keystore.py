@@ -13,6 +13,16 @@ accept it deliberately (``KeyStore.forget(endpoint)``, ``aeron-spark keys forget
 deleting the line). Writers take an exclusive ``flock`` so concurrent Spark tasks on one host do
 not lose each other's lines.
 
+A client connects many times: :meth:`KeyStore.check_server` remembers what it last read of
+``known_servers`` with the file's identity (device, inode, size, mtime, ctime). While ``lstat``
+still shows that identity, a known key that matches costs two ``lstat`` calls (directory and file,
+still checked to be ours and private) and no lock, open or parse. Any write changes the identity
+(appends change size and times, ``forget`` replaces the file), so the next connect reads it again;
+a read made while the file's ctime is within :data:`RACY_WINDOW_NS` of the clock is not remembered
+(a same-size rewrite in the same timestamp tick would not change the identity, as git's "racily
+clean" entries). Unknown and mismatching keys always take the locked path, so trust on first use
+is written under the lock and a changed key is refused as before.
+
 Nothing is trusted that another local user could have prepared: the directory must be a real
 directory (not a symbolic link) owned by us with mode 0700 (a pre-created one that is not is
 refused, not repaired); every file is opened with ``O_NOFOLLOW`` and must be ours and not
@@ -28,6 +38,7 @@ import fcntl
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +50,16 @@ SERVER_KEY_FILE = "server.key"
 CLIENT_KEY_FILE = "client.key"
 KNOWN_SERVERS_FILE = "known_servers"
 ENV_KEY_STORE = "AERON_SPARK_KEY_STORE"
+# A read of known_servers is remembered only if the file's ctime is older than this when it is
+# read: coarse file-system clocks (1 s on ext4 with small inodes, 2 s on FAT) could hide a
+# same-size rewrite made in the same tick right after the read.
+RACY_WINDOW_NS = 2_000_000_000
+
+_FileIdentity = tuple[int, int, int, int, int]
+
+
+def _identity(st: os.stat_result) -> _FileIdentity:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def default_key_store_dir() -> Path:
@@ -54,6 +75,9 @@ class KeyStore:
 
     def __init__(self, directory: str | os.PathLike[str] | None = None) -> None:
         self.directory = Path(directory) if directory is not None else default_key_store_dir()
+        # (identity of known_servers when read, what it said): see the module docstring
+        self._known_cache: tuple[_FileIdentity, dict[str, bytes]] | None = None
+        self.known_reads = 0  # times known_servers was opened and parsed
 
     # ------------------------------------------------------------------ server side
 
@@ -85,9 +109,22 @@ class KeyStore:
     def known_servers(self) -> dict[str, bytes]:
         path = self.directory / KNOWN_SERVERS_FILE
         self._check_directory()
-        text = self._read_private(path)
-        if text is None:
+        try:
+            fd = self._open_private(path, os.O_RDONLY)
+        except FileNotFoundError:
             return {}
+        except OSError as exc:
+            raise KeyStoreError(f"cannot read {path}: {exc}") from exc
+        with os.fdopen(fd, "r") as fh:
+            st = os.fstat(fh.fileno())  # before reading: a write during the read changes it
+            text = fh.read()
+        self.known_reads += 1
+        known = self._parse_known(path, text)
+        if time.time_ns() - st.st_ctime_ns >= RACY_WINDOW_NS:
+            self._known_cache = (_identity(st), dict(known))
+        return known
+
+    def _parse_known(self, path: Path, text: str) -> dict[str, bytes]:
         known: dict[str, bytes] = {}
         for number, line in enumerate(text.splitlines(), 1):
             line = line.strip()
@@ -104,6 +141,27 @@ class KeyStore:
                 raise KeyStoreError(f"{path}:{number}: {exc}") from exc
             known[parts[0]] = key
         return known
+
+    def _cached_known(self, endpoint: str) -> bytes | None:
+        """``endpoint``'s key from the last read of known_servers if the file has not changed
+        since (directory and file checked as on every read); None if not known that way."""
+        cache = self._known_cache
+        if cache is None:
+            return None
+        self._check_directory()
+        path = self.directory / KNOWN_SERVERS_FILE
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise KeyStoreError(f"cannot read {path}: {exc}") from exc
+        if stat.S_ISLNK(st.st_mode):
+            return None  # the locked path refuses it with its message
+        self._check_private(path, st)
+        if _identity(st) != cache[0]:
+            return None
+        return cache[1].get(endpoint)
 
     def check_server(
         self,
@@ -128,6 +186,8 @@ class KeyStore:
                     endpoint,
                 )
             return
+        if self._cached_known(endpoint) == public_key:
+            return  # known and matching, file unchanged since it was read: no lock, no parse
         with self._locked():
             known = self.known_servers().get(endpoint)
             if known is None:

@@ -68,6 +68,7 @@ from aeron_spark.counters import CounterType, counter_set
 RESERVED_SESSION_ID_LOW = -1
 RESERVED_SESSION_ID_HIGH = 1000
 MIN_SESSION_STREAM_ID = 0x10000
+_ID_BYTES = 16  # one read of the system's random source per session: its four ids
 MAX_COOKIES = 3  # COOKIEs a client answers in one handshake (a stale one gets a fresh one)
 COOKIE_PERIOD_NS = 10_000_000_000  # a cookie is valid for 10-20 s
 _RATE_TABLE_LIMIT = 65536  # prefixes whose HELLO rate is tracked at once
@@ -526,7 +527,7 @@ class ServerCore:
         config: ServerConfig,
         static_key: X25519PrivateKey,
         *,
-        rng: Callable[[int], int] = secrets.randbelow,
+        random_bytes: Callable[[int], bytes] = secrets.token_bytes,
         authorize: Callable[[bytes], bool] | None = None,
     ) -> None:
         self.config = config
@@ -536,7 +537,9 @@ class ServerCore:
         self.static_public = public_bytes(static_key)
         self._allow = _mapped_as_ipv4(_networks("allow", config.allow))
         self._deny = _mapped_as_ipv4(_networks("deny", config.deny))
-        self._rng = rng
+        # session and stream ids: 4 bytes each from one read of ``_ID_BYTES`` bytes per session
+        self._random_bytes = random_bytes
+        self._id_pool = b""
         self.sessions: set[ServerSession] = set()
         self.pending = 0
         self.per_address: Counter[str] = Counter()
@@ -762,9 +765,19 @@ class ServerCore:
     def _refused(self, code: ErrorCode) -> None:
         self.counters.refused[code.name] += 1
 
+    def _id_word(self) -> int:
+        """32 secret random bits: four bytes of a pool filled by one read per session (a
+        session takes four ids; a rare rejected draw takes four more)."""
+        pool = self._id_pool
+        if len(pool) < 4:
+            pool = self._random_bytes(_ID_BYTES)
+        self._id_pool = pool[4:]
+        return int.from_bytes(pool[:4], "little")
+
     def _new_session_id(self) -> int:
+        """A session id, uniform over the int32s that are neither reserved nor in use."""
         while True:
-            sid = self._rng(2**32) - 2**31
+            sid = self._id_word() - 2**31
             if (
                 not RESERVED_SESSION_ID_LOW <= sid <= RESERVED_SESSION_ID_HIGH
                 and sid not in self.session_ids
@@ -773,9 +786,15 @@ class ServerCore:
                 return sid
 
     def _new_stream_id(self) -> int:
+        """A stream id, uniform over MIN_SESSION_STREAM_ID..2**31-1 less the handshake's own
+        streams and those in use (31 bits, drawn again below the minimum: no modulo bias)."""
         while True:
-            sid = MIN_SESSION_STREAM_ID + self._rng(2**31 - MIN_SESSION_STREAM_ID)
-            if sid not in self.stream_ids and sid not in (0x48534B01, 0x48534B02):
+            sid = self._id_word() & 0x7FFFFFFF
+            if (
+                sid >= MIN_SESSION_STREAM_ID
+                and sid not in self.stream_ids
+                and sid not in (0x48534B01, 0x48534B02)
+            ):
                 self.stream_ids.add(sid)
                 return sid
 

@@ -4,13 +4,22 @@ Parsing is in two steps, as in Aeron: :func:`parse_uri` splits the text into med
 parameters (``|``-separated ``key=value``, no escaping, empty keys/values are errors), then
 :meth:`ChannelConfig.from_uri` validates the parameters this transport uses into a frozen
 dataclass. Every error is a :class:`ChannelError` naming the bad parameter and what it accepts.
+
+A handshake opens four channels per connection, so parsing is cached: IP address literals once
+per host text (bounded), and whole configurations per exact channel text (bounded; only those
+whose hosts are all IP literals, as a host name is resolved again each time since DNS may
+change; and not those with a session-id, which name one session and are not asked for again).
+The results are frozen dataclasses, so a cached one can be shared.
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 import socket
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -196,8 +205,36 @@ class Endpoint:
         )
 
 
+@functools.lru_cache(maxsize=4096)
+def _ip_literal(host: str) -> tuple[str, int] | None:
+    """(canonical text, address family) of an IP address literal, None for anything else.
+    Bounded: many distinct hosts only turn the cache over."""
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return str(addr), socket.AF_INET6 if addr.version == 6 else socket.AF_INET
+
+
+@functools.lru_cache(maxsize=4096)
+def _destination_host(host: str) -> str | None:
+    """``destination-host``'s address as compared with senders (IPv4-mapped as IPv4); None if
+    it is not an IP address."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return str(mapped or ip)
+
+
 def parse_endpoint(name: str, value: str, *, allow_port_zero: bool = True) -> Endpoint:
     """Parse and resolve ``host:port`` or ``[v6addr]:port``."""
+    return _parse_endpoint(name, value, allow_port_zero)[0]
+
+
+def _parse_endpoint(name: str, value: str, allow_port_zero: bool) -> tuple[Endpoint, bool]:
+    """The endpoint and whether its host was a name (resolved, so not to be cached)."""
     text = value.strip()
     if text.startswith("["):
         host, sep, port_text = text[1:].partition("]:")
@@ -217,19 +254,21 @@ def parse_endpoint(name: str, value: str, *, allow_port_zero: bool = True) -> En
             value,
             "a port from 1 to 65535" if not allow_port_zero else "a port from 0 to 65535",
         )
-    try:
-        addr = ipaddress.ip_address(host)
-        family = socket.AF_INET6 if addr.version == 6 else socket.AF_INET
-        return Endpoint(str(addr), port, family)
-    except ValueError:
-        pass
+    literal = _ip_literal(host)
+    if literal is not None:
+        return Endpoint(literal[0], port, literal[1]), False
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
     except OSError as exc:
         raise ChannelError(name, value, f"a resolvable host ({exc})") from exc
     infos.sort(key=lambda info: info[0] != socket.AF_INET)  # prefer IPv4 for names like localhost
     family, _, _, _, sockaddr = infos[0]
-    return Endpoint(str(sockaddr[0]), port, int(family))
+    return Endpoint(str(sockaddr[0]), port, int(family)), True
+
+
+_CONFIG_CACHE_SIZE = 1024
+_config_cache: OrderedDict[str, ChannelConfig] = OrderedDict()
+_config_cache_lock = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,7 +317,26 @@ class ChannelConfig:
 
     @classmethod
     def from_uri(cls, text: str | ChannelUri) -> ChannelConfig:
-        uri = parse_uri(text) if isinstance(text, str) else text
+        if isinstance(text, str) and cls is ChannelConfig:
+            with _config_cache_lock:
+                cached = _config_cache.get(text)
+                if cached is not None:
+                    _config_cache.move_to_end(text)
+                    return cached
+            config, resolved = cls._from_uri(parse_uri(text))
+            # a session-id makes a channel text one session's own: it is not asked for again
+            if not resolved and config.session_id is None:
+                with _config_cache_lock:
+                    _config_cache[text] = config
+                    if len(_config_cache) > _CONFIG_CACHE_SIZE:
+                        _config_cache.popitem(last=False)
+            return config
+        return cls._from_uri(parse_uri(text) if isinstance(text, str) else text)[0]
+
+    @classmethod
+    def _from_uri(cls, uri: ChannelUri) -> tuple[ChannelConfig, bool]:
+        """The validated configuration and whether a host name was resolved for it."""
+        resolved = False
         p = uri.params
         for key in p:
             if key not in KNOWN_PARAMS:
@@ -291,9 +349,11 @@ class ChannelConfig:
         if uri.media == "ipc":
             kwargs["term_length"] = DEFAULT_IPC_TERM_LENGTH
         if "endpoint" in p:
-            kwargs["endpoint"] = parse_endpoint("endpoint", p["endpoint"])
+            kwargs["endpoint"], named = _parse_endpoint("endpoint", p["endpoint"], True)
+            resolved |= named
         if "control" in p:
-            kwargs["control"] = parse_endpoint("control", p["control"])
+            kwargs["control"], named = _parse_endpoint("control", p["control"], True)
+            resolved |= named
         if "interface" in p:
             kwargs["interface"] = p["interface"]
         if "control-mode" in p:
@@ -349,14 +409,12 @@ class ChannelConfig:
         if "destination-host" in p:
             host = p["destination-host"].strip("[]")
             if host != "none":
-                try:
-                    ip = ipaddress.ip_address(host)
-                    mapped = getattr(ip, "ipv4_mapped", None)
-                    host = str(mapped or ip)
-                except ValueError:
+                address = _destination_host(host)
+                if address is None:
                     raise ChannelError(
                         "destination-host", p["destination-host"], "an IP address or none"
-                    ) from None
+                    )
+                host = address
             kwargs["destination_host"] = host
         if "max-amplification" in p:
             kwargs["max_amplification"] = parse_size("max-amplification", p["max-amplification"])
@@ -364,7 +422,7 @@ class ChannelConfig:
             kwargs["max_destinations"] = parse_size("max-destinations", p["max-destinations"])
         config = cls(**kwargs)  # type: ignore[arg-type]
         config.validate()
-        return config
+        return config, resolved
 
     def validate(self) -> None:
         if self.mtu > self.term_length // 2:

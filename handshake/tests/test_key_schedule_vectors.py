@@ -161,7 +161,7 @@ def handshake(monkeypatch: pytest.MonkeyPatch):
     core = ServerCore(
         ServerConfig(),
         SERVER_STATIC,
-        rng=random.Random(22).randrange,
+        random_bytes=random.Random(22).randbytes,
         authorize={_pub(CLIENT_STATIC)}.__contains__,
     )
     core._cookie_secret = COOKIE_SECRET

@@ -3,6 +3,8 @@ memory with a manual clock, limits, expiry, spoofing and refusals."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.config import ServerConfig
@@ -22,6 +24,9 @@ from aeron_spark.handshake.errors import (
 )
 from aeron_spark.handshake.machine import (
     CLIENT_TRANSITIONS,
+    MIN_SESSION_STREAM_ID,
+    RESERVED_SESSION_ID_HIGH,
+    RESERVED_SESSION_ID_LOW,
     SESSION_TRANSITIONS,
     ClientEvent,
     ClientHandshake,
@@ -332,3 +337,53 @@ def test_sessions_off_loopback_use_datagrams_that_fit_a_1500_byte_path_unfragmen
     assert ServerConfig(host=host).mtu <= 1452
     assert session_mtu(host) <= 1452
     assert ServerConfig(host="127.0.0.1").mtu == 65504  # loopback keeps the largest
+
+
+# ------------------------------------------------------------------ issue 19: ids from one read
+
+
+def test_a_session_takes_its_four_ids_from_one_read_of_the_random_source() -> None:
+    reads: list[int] = []
+
+    def counted(n: int) -> bytes:
+        reads.append(n)
+        return os.urandom(n)
+
+    core = ServerCore(ServerConfig(), X25519PrivateKey.generate(), random_bytes=counted)
+    sessions = [_handshake(core, f"10.0.{i}.1")[1] for i in range(20)]
+    assert len(reads) == 20 and set(reads) == {16}
+    ids = [(s.details.c2s_session_id, s.details.s2c_session_id) for s in sessions]
+    streams = [(s.details.c2s_stream_id, s.details.s2c_stream_id) for s in sessions]
+    assert len({i for pair in ids for i in pair}) == 40
+    assert len({i for pair in streams for i in pair}) == 40
+    assert all(not RESERVED_SESSION_ID_LOW <= i <= RESERVED_SESSION_ID_HIGH for p in ids for i in p)
+    assert all(MIN_SESSION_STREAM_ID <= i < 2**31 for pair in streams for i in pair)
+
+
+def test_reserved_in_use_and_out_of_range_ids_are_drawn_again() -> None:
+    """A source that offers every id a session must not take first: reserved session ids (0,
+    -1, 1000), the in-use one, stream ids below the minimum, the handshake's own stream ids."""
+
+    def word(value: int) -> bytes:
+        return (value % 2**32).to_bytes(4, "little")
+
+    session = [0 + 2**31, -1 + 2**31, 1000 + 2**31, 5000 + 2**31]  # -> 5000 after 3 rejections
+    stream = [5, 0x48534B01, 0x48534B02 | 2**31, 0x20000]  # top bit is ignored: -> 0x20000
+    again = [5000 + 2**31, 6000 + 2**31]  # 5000 is in use now: -> 6000
+    stream2 = [0x20000, MIN_SESSION_STREAM_ID - 1, 0x30000]
+    feed = b"".join(word(v) for v in session + stream + again + stream2)
+    feed += bytes(16 - len(feed) % 16) if len(feed) % 16 else b""
+
+    def source(n: int) -> bytes:
+        nonlocal feed
+        chunk, feed = feed[:n], feed[n:]
+        assert len(chunk) == n, "drew more than the test offered"
+        return chunk
+
+    core = ServerCore(ServerConfig(), X25519PrivateKey.generate(), random_bytes=source)
+    _, s = _handshake(core)
+    d = s.details
+    assert (d.c2s_session_id, d.c2s_stream_id) == (5000, 0x20000)
+    assert (d.s2c_session_id, d.s2c_stream_id) == (6000, 0x30000)
+    core.release(s)
+    assert not core.session_ids and not core.stream_ids

@@ -31,6 +31,7 @@ replay from the real archive spent ~160 us per receive and the subscriber mostly
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import random
 import struct
@@ -501,6 +502,11 @@ def source_prefix(source: Address) -> str:
         host = host[7:]
     if ":" not in host:
         return host.rpartition(".")[0]
+    return _v6_prefix(host)
+
+
+@functools.lru_cache(maxsize=4096)  # per SETUP from IPv6 senders; bounded under a flood
+def _v6_prefix(host: str) -> str:
     try:
         return ipaddress.ip_network(f"{host.partition('%')[0]}/64", strict=False).compressed
     except ValueError:
