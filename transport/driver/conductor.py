@@ -297,9 +297,11 @@ class DriverConductor:
                     # registered under the port it was given: a later subscription naming
                     # that port (and the same control) shares this socket
                     key = receive_key(replace(config.endpoint, port=udp.local_port), config.control)
-                rep = ReceiveEndpoint(key, udp)
+                rep = ReceiveEndpoint(key, udp, config)
                 self.receive_endpoints[key] = rep
                 self.receiver.endpoints = (*self.receiver.endpoints, rep)
+            else:
+                check_shares_socket(config, rep.config)
             interest = StreamInterest(
                 sub.stream_id,
                 session_id=config.session_id,
@@ -519,10 +521,10 @@ _SOCKET_BUFFERS = (("so-rcvbuf", "so_rcvbuf", DEFAULT_SO_RCVBUF), ("so-sndbuf", 
 
 
 def check_shares_socket(config: ChannelConfig, existing: ChannelConfig | None) -> None:
-    """A publication joining a send endpoint opened for ``existing``: refused (as Aeron's
-    driver does) if it names a socket buffer (``so-rcvbuf``/``so-sndbuf``) other than the
-    shared socket's, or (a control socket) another ``max-amplification``. A channel naming
-    none of these takes the socket as it is."""
+    """A publication or subscription joining an endpoint opened for ``existing``: refused (as
+    Aeron's driver does) if it names a socket buffer (``so-rcvbuf``/``so-sndbuf``) other than
+    the shared socket's, or another ``max-amplification`` (a guarded socket or not). A channel
+    naming no buffer takes the socket's as they are."""
     if existing is None:
         return
     named = _named_params(config)

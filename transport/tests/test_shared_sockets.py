@@ -232,3 +232,18 @@ def test_a_subscription_naming_a_taken_port_with_another_control_is_refused(
     # the same control still shares
     third = driver.add_subscription(dynamic_sub(port, 40123), 31)
     assert third.local_endpoints == first.local_endpoints
+
+
+def test_a_shared_receive_socket_refuses_a_channel_asking_other_socket_options(
+    driver: Driver,
+) -> None:
+    first = driver.add_subscription("aeron:udp?endpoint=127.0.0.1:0|so-rcvbuf=256k", 30)
+    endpoint = f"127.0.0.1:{first.local_endpoints[0][1]}"
+    for param in ("so-rcvbuf=1m", "so-sndbuf=64k", "max-amplification=3"):
+        with pytest.raises(ChannelError, match=param.split("=")[0]):
+            driver.add_subscription(f"aeron:udp?endpoint={endpoint}|{param}", 31)
+    same = driver.add_subscription(f"aeron:udp?endpoint={endpoint}|so-rcvbuf=256k", 31)
+    unnamed = driver.add_subscription(f"aeron:udp?endpoint={endpoint}", 32)
+    assert first.local_endpoints == same.local_endpoints == unnamed.local_endpoints
+    assert len(driver._conductor.receive_endpoints) == 1
+    assert driver._conductor.subscriptions == [first, same, unnamed]
