@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from aeron_spark.transport import BACK_PRESSURED, ChannelError, Driver, DriverConfig
+from aeron_spark.transport.testing import LossConfig
 
 TIMEOUT_S = 20.0
 MESSAGE = 1000  # bytes: 200 of them are three 64 KiB terms, so flow control must move
@@ -118,6 +119,27 @@ def test_publications_to_one_endpoint_share_one_socket_and_flow_control_apart(
     b.close()
     pump(driver, lambda: not driver._conductor.send_endpoints)
     assert driver._conductor.sender.endpoints == () and udp.sock.fileno() == -1
+
+
+def test_naks_on_a_shared_socket_reach_the_publication_they_name(tmp_path: Path) -> None:
+    """A lossy link (every socket of the driver drops 10% of what it receives): each
+    publication gets the NAKs for its own losses and repairs its own stream."""
+    config = DriverConfig(
+        threading_mode="invoker", directory=tmp_path, loss=LossConfig(drop_rate=0.1, seed=7)
+    )
+    with Driver(config) as d:
+        sub = d.add_subscription("aeron:udp?endpoint=127.0.0.1:0", 10)
+        channel = f"aeron:udp?endpoint=127.0.0.1:{sub.local_endpoints[0][1]}|term-length=64k"
+        pubs = [d.add_publication(channel, 10) for _ in range(2)]
+        assert len(d._conductor.send_endpoints) == 1
+        pump(d, lambda: all(p.is_connected for p in pubs) and len(sub.images) == 2)
+        image = {im.session_id: im for im in sub.images}
+        for pub, tag in zip(pubs, (b"x", b"y"), strict=True):
+            messages = payloads(tag, 200)
+            assert deliver(d, pub, image[pub.session_id], messages) == messages
+        for pub in pubs:
+            assert pub._state.naks_received > 0 and pub._state.retransmits_sent > 0
+        assert d.system_counters.loss_injected_drops > 0
 
 
 def test_a_shared_send_socket_refuses_a_channel_asking_other_socket_buffers(
