@@ -165,7 +165,13 @@ class DriverConductor:
     ) -> Any:
         """A UDP publication's state on its (maybe shared) send endpoint; the client object
         ``make_publication`` builds for it. ``destination`` is its unicast address (None for
-        MDC); ``config.control`` set without manual mode makes it dynamic."""
+        MDC); ``config.control`` set without manual mode makes it dynamic.
+
+        Publications share a socket as Aeron's driver shares a ``SendChannelEndpoint``: MDC
+        ones naming the same control address, unicast ones with the same
+        :func:`unicast_send_key` (the SMs, NAKs and RTTMs arriving on it reach the one their
+        session and stream ids name). One that names socket options other than the shared
+        socket's is refused (:func:`check_shares_socket`); the socket closes with the last."""
         dynamic = config.control is not None and config.control_mode in ("", "dynamic")
         manual = config.control_mode == "manual"
         with self.lock:
@@ -283,7 +289,12 @@ class DriverConductor:
                     self.attach_spy(sub, pub, now_ns)
 
     def add_network_subscription(self, sub: Any, config: ChannelConfig, control: Any) -> None:
-        """A UDP subscription: its interest on the (maybe shared) receive endpoint."""
+        """A UDP subscription: its interest on the (maybe shared) receive endpoint.
+
+        Subscriptions naming the same local address and control share the socket (a port-0
+        one is registered under the port it was given, so naming that port shares it too);
+        one naming a taken address with another control, or other socket options, is
+        refused. The socket closes once its last interest's images are gone."""
         assert config.endpoint is not None
         limits = self.image_limits
         with self.lock:
