@@ -56,11 +56,14 @@ class Agent(Protocol):
 
 
 class SendEndpoint:
-    """A publication-side socket and the publications sending through it."""
+    """A publication-side socket and the publications sending through it (every publication
+    whose channel has the same canonical form: see ``DriverConductor.add_network_publication``).
+    ``config`` is the channel of the publication that opened it (the socket's options)."""
 
-    def __init__(self, key: Any, endpoint: UdpEndpoint) -> None:
+    def __init__(self, key: Any, endpoint: UdpEndpoint, config: Any = None) -> None:
         self.key = key
         self.endpoint = endpoint
+        self.config = config
         self.publications: tuple[PublicationState, ...] = ()
         self.by_session: dict[tuple[int, int], PublicationState] = {}
 
@@ -109,11 +112,13 @@ class SendEndpoint:
 
 
 class ReceiveEndpoint:
-    """A subscription-side socket and the dispatcher of its datagrams."""
+    """A subscription-side socket and the dispatcher of its datagrams. ``config`` is the
+    channel of the subscription that opened it (the socket's options)."""
 
-    def __init__(self, key: Any, endpoint: UdpEndpoint) -> None:
+    def __init__(self, key: Any, endpoint: UdpEndpoint, config: Any = None) -> None:
         self.key = key
         self.endpoint = endpoint
+        self.config = config
         self.dispatcher = ReceiveDispatcher()
         # Every subscription of it closed (its images only send their EOS SMs, spaced out):
         # until quiet_until, while its socket has nothing and no interest was added (the

@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from aeron_spark.transport.counters import SystemCounters
@@ -41,7 +42,7 @@ from aeron_spark.transport.protocol.image import ImageState
 from aeron_spark.transport.protocol.logbuffer import is_reserved_session_id, wrap_int32
 from aeron_spark.transport.protocol.publication import Destination, PublicationState
 from aeron_spark.transport.protocol.receiver import StreamInterest, image_counts
-from aeron_spark.transport.uri import ChannelConfig, Endpoint
+from aeron_spark.transport.uri import DEFAULT_SO_RCVBUF, ChannelConfig, Endpoint, parse_uri
 
 OpenEndpoint = Callable[[Endpoint, ChannelConfig], UdpEndpoint]
 # How often the conductor steps the IPC resources when nothing else wakes it: their own timers
@@ -164,7 +165,13 @@ class DriverConductor:
     ) -> Any:
         """A UDP publication's state on its (maybe shared) send endpoint; the client object
         ``make_publication`` builds for it. ``destination`` is its unicast address (None for
-        MDC); ``config.control`` set without manual mode makes it dynamic."""
+        MDC); ``config.control`` set without manual mode makes it dynamic.
+
+        Publications share a socket as Aeron's driver shares a ``SendChannelEndpoint``: MDC
+        ones naming the same control address, unicast ones with the same
+        :func:`unicast_send_key` (the SMs, NAKs and RTTMs arriving on it reach the one their
+        session and stream ids name). One that names socket options other than the shared
+        socket's is refused (:func:`check_shares_socket`); the socket closes with the last."""
         dynamic = config.control is not None and config.control_mode in ("", "dynamic")
         manual = config.control_mode == "manual"
         with self.lock:
@@ -212,16 +219,18 @@ class DriverConductor:
             else:
                 assert config.endpoint is not None
                 bind = bind_endpoint_for(config.endpoint)
-                key = ("pub", session_id, stream_id)
+                key = unicast_send_key(config)
             ep = self.send_endpoints.get(key)
             if ep is None:
-                ep = SendEndpoint(key, self.open_endpoint(bind, config))
+                ep = SendEndpoint(key, self.open_endpoint(bind, config), config)
                 self.send_endpoints[key] = ep
                 self.sender.endpoints = (*self.sender.endpoints, ep)
-            elif (session_id, stream_id) in ep.by_session:
-                raise ChannelError(
-                    "session-id", session_id, "a session id not already used on this channel"
-                )
+            else:
+                if (session_id, stream_id) in ep.by_session:
+                    raise ChannelError(
+                        "session-id", session_id, "a session id not already used on this channel"
+                    )
+                check_shares_socket(config, ep.config)
             ep.add(state)
             pub = make_publication(state, ep)
             self.publications.append(pub)
@@ -280,19 +289,30 @@ class DriverConductor:
                     self.attach_spy(sub, pub, now_ns)
 
     def add_network_subscription(self, sub: Any, config: ChannelConfig, control: Any) -> None:
-        """A UDP subscription: its interest on the (maybe shared) receive endpoint."""
+        """A UDP subscription: its interest on the (maybe shared) receive endpoint.
+
+        Subscriptions naming the same local address and control share the socket (a port-0
+        one is registered under the port it was given, so naming that port shares it too);
+        one naming a taken address with another control, or other socket options, is
+        refused. The socket closes once its last interest's images are gone."""
         assert config.endpoint is not None
         limits = self.image_limits
         with self.lock:
-            key: Any = ("sub", str(config.endpoint), str(config.control))
+            key: Any = receive_key(config.endpoint, config.control)
             rep = self.receive_endpoints.get(key) if config.endpoint.port != 0 else None
             if rep is None:
+                if config.endpoint.port != 0:
+                    self._check_port_not_shared(config)
                 udp = self.open_endpoint(config.endpoint, config)
                 if config.endpoint.port == 0:
-                    key = ("sub", str(config.endpoint), str(config.control), udp.local_port)
-                rep = ReceiveEndpoint(key, udp)
+                    # registered under the port it was given: a later subscription naming
+                    # that port (and the same control) shares this socket
+                    key = receive_key(replace(config.endpoint, port=udp.local_port), config.control)
+                rep = ReceiveEndpoint(key, udp, config)
                 self.receive_endpoints[key] = rep
                 self.receiver.endpoints = (*self.receiver.endpoints, rep)
+            else:
+                check_shares_socket(config, rep.config)
             interest = StreamInterest(
                 sub.stream_id,
                 session_id=config.session_id,
@@ -319,6 +339,19 @@ class DriverConductor:
             self.subscriptions.append(sub)
             self.system_counters.subscriptions_created += 1
         self.wake_receiver()
+
+    def _check_port_not_shared(self, config: ChannelConfig) -> None:
+        """A subscription on a local address a receive endpoint already has, with another
+        control: refused by name (its socket could not be bound anyway)."""
+        where = str(config.endpoint)
+        for other in self.receive_endpoints:
+            if other[1] == where:
+                raise ChannelError(
+                    "control",
+                    str(config.control) if config.control is not None else "(none)",
+                    f"{other[2] if other[2] != 'None' else 'no control'} as the subscriptions "
+                    f"already on {where} have, to share their socket",
+                )
 
     def attach_spy(self, sub: Any, pub: Any, now_ns: int) -> None:
         state = pub._state
@@ -478,6 +511,56 @@ def dispatcher_counts(rep: ReceiveEndpoint) -> dict[str, int]:
         for name, value in image_counts(image).items():
             counts[name] = counts.get(name, 0) + value
     return counts
+
+
+def receive_key(endpoint: Endpoint, control: Endpoint | None) -> tuple[str, str, str]:
+    """A receive endpoint's key: its local address (a port-0 one under the port it was
+    given) and its control; subscriptions with the same key share the socket."""
+    return ("sub", str(endpoint), str(control))
+
+
+def unicast_send_key(config: ChannelConfig) -> tuple[Any, ...]:
+    """The send endpoint of a unicast publication: shared by every one whose channel has the
+    same canonical form (Aeron's ``SendChannelEndpoint``): the destination endpoint, the
+    ``interface`` asked for, and ``max-amplification`` (a guarded socket has the driver's
+    amplification ledger, an unguarded one none). Session id, stream id, term length and mtu
+    are each publication's own."""
+    return ("pub", str(config.endpoint), config.interface, config.max_amplification)
+
+
+_SOCKET_BUFFERS = (("so-rcvbuf", "so_rcvbuf", DEFAULT_SO_RCVBUF), ("so-sndbuf", "so_sndbuf", 0))
+
+
+def check_shares_socket(config: ChannelConfig, existing: ChannelConfig | None) -> None:
+    """A publication or subscription joining an endpoint opened for ``existing``: refused (as
+    Aeron's driver does) if it names a socket buffer (``so-rcvbuf``/``so-sndbuf``) other than
+    the shared socket's, or another ``max-amplification`` (a guarded socket or not). A channel
+    naming no buffer takes the socket's as they are."""
+    if existing is None:
+        return
+    named = _named_params(config)
+    for param, field, default in _SOCKET_BUFFERS:
+        value, had = getattr(config, field), getattr(existing, field)
+        if (param in named or value != default) and value != had:
+            raise ChannelError(
+                param,
+                value,
+                f"{had or 'the OS default'} (the socket it shares, opened for {existing.uri}) "
+                "or none",
+            )
+    if config.max_amplification != existing.max_amplification:
+        raise ChannelError(
+            "max-amplification",
+            config.max_amplification,
+            f"{existing.max_amplification} (the socket it shares, opened for {existing.uri})",
+        )
+
+
+def _named_params(config: ChannelConfig) -> frozenset[str]:
+    try:
+        return frozenset(parse_uri(config.uri).params) if config.uri else frozenset()
+    except ChannelError:
+        return frozenset()
 
 
 def tighter(driver: int, channel: int | None) -> int:
