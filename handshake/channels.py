@@ -136,11 +136,13 @@ class Channels:
             f"|session-id={d.s2c_session_id}|mtu={d.mtu}|term-length={d.term_length}{only}{_GUARD}"
         )
 
-    def s2c_sub(self, d: SessionDetails, window: int) -> str:
+    def s2c_sub(self, d: SessionDetails, window: int, port: int = 0) -> str:
+        """The client's session subscription; ``port``: the local port of its reply
+        subscription, whose socket it then shares (0: a socket of its own)."""
         if self.media == "ipc":
             return f"aeron:ipc?session-id={d.s2c_session_id}"
         return (
-            f"aeron:udp?endpoint={_h(self.bind)}:0|control={_h(self.host)}:{self.control_port}"
+            f"aeron:udp?endpoint={_h(self.bind)}:{port}|control={_h(self.host)}:{self.control_port}"
             f"|control-mode=dynamic|session-id={d.s2c_session_id}|rcv-wnd={window}"
             f"|max-term-length={d.term_length}|max-mtu={d.mtu}"
         )

@@ -195,9 +195,9 @@ class _Attempt:
         ch = self.channels
         try:
             m.start(time.monotonic_ns())
-            details = self._hello()
+            details, port = self._hello()
             rcv_wnd = self.config.receiver_window_length or details.term_length // 2
-            sub = self._open("sub", ch.s2c_sub(details, rcv_wnd), details.s2c_stream_id)
+            sub = self._open("sub", ch.s2c_sub(details, rcv_wnd, port), details.s2c_stream_id)
             pub = self._open("pub", ch.c2s_pub(details), details.c2s_stream_id)
             self._wait_until(lambda: bool(sub.images), sub)
             self._wait_until(lambda: pub.is_connected, None, pub)
@@ -242,9 +242,11 @@ class _Attempt:
             conn._on_fragment(memoryview(frame), None)
         return conn
 
-    def _hello(self) -> SessionDetails:
+    def _hello(self) -> tuple[SessionDetails, int]:
         """HELLO (and its COOKIE round) on this process's channel to the server, until the
-        WELCOME: the session's details. The channel goes back to the registry as soon as the
+        WELCOME: the session's details, and the local port of the channel's replies (the
+        session's subscription shares that socket, as its publication shares the HELLO
+        publication's; 0 over IPC). The channel goes back to the registry as soon as the
         WELCOME is in (a failure of the transport retires it)."""
         m = self.machine
         linger = self.config.hello_linger_s
@@ -270,7 +272,8 @@ class _Attempt:
             if shared and m.server_key is not None:
                 hc.remember(details.resume_token, m.server_key, time.monotonic_ns())
             ok = True
-            return details
+            local = hc.replies.local_endpoints
+            return details, (local[0][1] if local and self.channels.media == "udp" else 0)
         except (TransportError, ConnectionClosedError, HandshakeTimeoutError):
             raise
         except BaseException:
