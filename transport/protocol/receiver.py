@@ -35,6 +35,7 @@ import functools
 import ipaddress
 import random
 import struct
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -134,6 +135,10 @@ class ReceiveDispatcher:
 
     def __init__(self) -> None:
         self.interests: dict[int, tuple[StreamInterest, ...]] = {}
+        # ``add`` runs on the caller's thread (the client adding a subscription), the removal
+        # of finished interests in ``do_work`` on the receiver's: both rewrite one stream's
+        # tuple, so both do it under this lock (no I/O, no clock: only the two writers)
+        self._interests_lock = threading.Lock()
         self.pending_setups: dict[tuple[int, int], int] = {}
         self.cool_down: dict[tuple[int, int], int] = {}
         self.status_messages_sent = 0
@@ -156,8 +161,9 @@ class ReceiveDispatcher:
     # --------------------------------------------------------------- registration
 
     def add(self, interest: StreamInterest) -> None:
-        current = self.interests.get(interest.stream_id, ())
-        self.interests[interest.stream_id] = (*current, interest)
+        with self._interests_lock:
+            current = self.interests.get(interest.stream_id, ())
+            self.interests[interest.stream_id] = (*current, interest)
 
     def remove(self, interest: StreamInterest, now_ns: int) -> None:
         """Close an interest; its images send EOS SMs on the next steps and go away."""
@@ -433,12 +439,14 @@ class ReceiveDispatcher:
                     )
                     interest.elicit_deadline_ns = now_ns + interval
                     work += 1
-            remaining = tuple(i for i in interests if not (i.closed and not i.images))
-            if remaining != interests:
-                if remaining:
-                    self.interests[stream_id] = remaining
-                else:
-                    del self.interests[stream_id]
+            if any(i.closed and not i.images for i in interests):
+                with self._interests_lock:  # from the current tuple: one added meanwhile stays
+                    current = self.interests.get(stream_id, ())
+                    remaining = tuple(i for i in current if not (i.closed and not i.images))
+                    if remaining:
+                        self.interests[stream_id] = remaining
+                    else:
+                        self.interests.pop(stream_id, None)
         if len(self.cool_down) + len(self.pending_setups) > self._prune_above:
             # amortized: a flood of new session ids costs O(1) per datagram, not O(entries)
             self.cool_down = {k: v for k, v in self.cool_down.items() if v > now_ns}
