@@ -586,7 +586,9 @@ class PublicationState:
                 self.publisher_limit = limit
                 if self.on_limit_change is not None:
                     self.on_limit_change()
-        elif self.publisher_limit > self.sender_position:
+        elif self.publisher_limit != self.sender_position:
+            # nobody connected: the limit is where the sender is, also after the sender went on
+            # with what was appended before the receivers timed out (offers stay NOT_CONNECTED)
             self.publisher_limit = self.sender_position
             if self.on_limit_change is not None:
                 self.on_limit_change()

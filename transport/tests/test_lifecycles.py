@@ -310,6 +310,19 @@ def test_random_event_sequences_keep_the_lifecycles_in_their_tables(
         world.shut_down(dead_link)
 
 
+def test_data_sent_after_the_receivers_timed_out_keeps_the_limit_at_the_sender() -> None:
+    """Found by the random test above: a message offered while connected, the receivers timing
+    out (no SM for 5.1 s) and the sender then sending that message left ``publisher_limit``
+    behind ``sender_position`` (0 < 64): while nobody is connected the limit is the sender's
+    position, whatever the sender sent after the limit dropped."""
+    world = World()
+    for action in (("step", 0), ("offer", 0), ("advance", 5_100 * MS), ("step", 1 << 16)):
+        world.act(action)  # check() after each: publisher_limit >= sender_position
+    assert not world.pub.is_connected
+    assert world.pub.publisher_limit == world.pub.sender_position == 64
+    world.shut_down(dead_link=False)
+
+
 def test_a_connected_run_goes_through_every_phase_in_order() -> None:
     world = World()
     seen_pub = [world.pub.phase]
