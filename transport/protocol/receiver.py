@@ -407,8 +407,10 @@ class ReceiveDispatcher:
     def do_work(self, now_ns: int, transmit: Transmit) -> int:
         work = self.notify_data()
         for stream_id, interests in list(self.interests.items()):
+            finished = False
             for interest in interests:
-                for session_id, image in list(interest.images.items()):
+                images = interest.images
+                for session_id, image in list(images.items()) if images else ():
                     work += image.do_work(now_ns, transmit)
                     if image.is_done:
                         del interest.images[session_id]
@@ -439,7 +441,9 @@ class ReceiveDispatcher:
                     )
                     interest.elicit_deadline_ns = now_ns + interval
                     work += 1
-            if any(i.closed and not i.images for i in interests):
+                if interest.closed and not images:
+                    finished = True
+            if finished:
                 with self._interests_lock:  # from the current tuple: one added meanwhile stays
                     current = self.interests.get(stream_id, ())
                     remaining = tuple(i for i in current if not (i.closed and not i.images))
