@@ -15,7 +15,9 @@ import math
 import random
 import socket
 import struct
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +116,17 @@ class ManualClock:
         return self.now_ns
 
 
+def pump(driver: Any, until: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    """Step an invoker-mode driver until ``until()`` (idling 5 ms when it has nothing to do);
+    an ``AssertionError`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not until():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        if driver.do_work() == 0:
+            driver.idle(0.005)
+
+
 def free_udp_port(host: str = "127.0.0.1") -> int:
     """A UDP port that was free when asked (racy: binding port 0 directly is better)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -151,6 +164,7 @@ __all__ = [
     "free_udp_port",
     "make_message",
     "message_sizes",
+    "pump",
     "spoof_unavailable",
 ]
 

@@ -3,24 +3,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler
 from aeron_spark.transport.protocol.frames import StatusMessage
 from aeron_spark.transport.protocol.publication import CONNECTION_TIMEOUT_NS, PublicationState
-from aeron_spark.transport.testing import ManualClock
+from aeron_spark.transport.testing import ManualClock, pump
 
 TIMEOUT_S = 20.0
-
-
-def pump(driver: Driver, until: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + TIMEOUT_S
-    while not until():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        if driver.do_work() == 0:
-            driver.idle(0.005)
 
 
 def test_dynamic_mdc_sends_to_every_registered_receiver(tmp_path: Path) -> None:

@@ -8,13 +8,13 @@ Real UDP sockets on loopback, one driver in invoker mode stepped by the test (bo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aeron_spark.transport import BACK_PRESSURED, ChannelError, Driver, DriverConfig
-from aeron_spark.transport.testing import LossConfig
+from aeron_spark.transport.testing import LossConfig, pump
 
 TIMEOUT_S = 20.0
 MESSAGE = 1000  # bytes: 200 of them are three 64 KiB terms, so flow control must move
@@ -24,14 +24,6 @@ MESSAGE = 1000  # bytes: 200 of them are three 64 KiB terms, so flow control mus
 def driver(tmp_path: Path) -> Iterator[Driver]:
     with Driver(DriverConfig(threading_mode="invoker", directory=tmp_path)) as d:
         yield d
-
-
-def pump(driver: Driver, until: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + TIMEOUT_S
-    while not until():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        if driver.do_work() == 0:
-            driver.idle(0.005)
 
 
 def deliver(driver: Driver, pub: Any, reader: Any, messages: list[bytes]) -> list[bytes]:

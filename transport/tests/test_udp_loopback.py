@@ -6,7 +6,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from aeron_spark.transport import (
     read_counters,
 )
 from aeron_spark.transport.errors import ClosedError
+from aeron_spark.transport.testing import pump
 
 TIMEOUT_S = 20.0
 
@@ -35,15 +36,6 @@ TIMEOUT_S = 20.0
 def driver(tmp_path: Path) -> Iterator[Driver]:
     with Driver(DriverConfig(threading_mode="invoker", directory=tmp_path)) as d:
         yield d
-
-
-def pump(driver: Driver, until: Callable[[], bool], timeout_s: float = TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not until():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        if driver.do_work() == 0:
-            driver.idle(0.005)
 
 
 def connect(
