@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import socket
 import struct
 import tempfile
@@ -85,8 +86,17 @@ def process_driver() -> Driver:
         directory = tempfile.mkdtemp(prefix=f"aeron-archive-client-{os.getpid()}-")
         driver = Driver(DriverConfig(directory=Path(directory), write_counters_file=False)).start()
         _driver = (os.getpid(), driver)
-        atexit.register(driver.close)
+        atexit.register(_close_process_driver, driver, directory)
         return driver
+
+
+def _close_process_driver(driver: Driver, directory: str) -> None:
+    """At exit: close the driver and remove its temporary directory (every process that used
+    an archive client, Spark's Python workers among them, left one behind in /tmp before)."""
+    try:
+        driver.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def local_address_towards(host: str, port: int) -> str:
