@@ -59,7 +59,12 @@ from aeron_spark.connector.archive_options import (
 )
 from aeron_spark.connector.errors import ServerUnavailableError
 from aeron_spark.connector.formats_sbe import encode_task
-from aeron_spark.connector.sink import check_sink_schema, sink_payloads
+from aeron_spark.connector.sink import (
+    check_sink_schema,
+    sink_payloads,
+    streaming_batch_id,
+    task_attempt,
+)
 from aeron_spark.transport import ChannelConfig, ChannelError, TransportError
 from aeron_spark.transport.archive.client import (
     ArchiveClient,
@@ -75,7 +80,6 @@ from aeron_spark.transport.protocol.frames import (
     FrameType,
 )
 from aeron_spark.transport.protocol.logbuffer import is_reserved_session_id
-from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
@@ -401,9 +405,7 @@ def stage(
     o: ArchiveSinkOptions, identity: str, batch: int, iterator: Iterator[pa.RecordBatch]
 ) -> ArchiveStaged:
     """Publish this task's rows to a staging recording of its own (see the module docstring)."""
-    ctx = TaskContext.get()
-    partition = ctx.partitionId() if ctx else 0
-    attempt = ctx.attemptNumber() if ctx else 0
+    partition, attempt = task_attempt()
     rows = _payloads(o, iterator)
     first = next(rows, None)
     if first is None:
@@ -768,14 +770,7 @@ class ArchiveStreamWriter(DataSourceStreamArrowWriter):
         self.identity = str(options.sink.commit_identity)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> ArchiveStaged:
-        ctx = TaskContext.get()
-        batch_text = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
-        if batch_text is None:
-            raise RuntimeError(
-                "the streaming batch id is not set on this task "
-                "(property streaming.sql.batchId); cannot stage exactly once"
-            )
-        return stage(self.options, self.identity, int(batch_text), iterator)
+        return stage(self.options, self.identity, streaming_batch_id(), iterator)
 
     def commit(self, messages: list, batchId: int) -> None:
         commit_batch(self.options, self.identity, batchId, messages)

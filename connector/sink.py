@@ -115,12 +115,28 @@ class StagedPart(WriterCommitMessage):
     receipt: dict = field(default_factory=dict)
 
 
+def task_attempt() -> tuple[int, int]:
+    """This task's partition id and attempt number ((0, 0) outside a Spark task)."""
+    ctx = TaskContext.get()
+    return (ctx.partitionId(), ctx.attemptNumber()) if ctx else (0, 0)
+
+
+def streaming_batch_id() -> int:
+    """The micro-batch id of the streaming write this task is part of."""
+    ctx = TaskContext.get()
+    batch_text = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
+    if batch_text is None:
+        raise RuntimeError(
+            "the streaming batch id is not set on this task "
+            "(property streaming.sql.batchId); cannot stage exactly once"
+        )
+    return int(batch_text)
+
+
 def _stage(
     options: SinkOptions, sink_id: str, batch_id: int, iterator: Iterator[pa.RecordBatch]
 ) -> StagedPart:
-    ctx = TaskContext.get()
-    partition_id = ctx.partitionId() if ctx else 0
-    attempt = ctx.attemptNumber() if ctx else 0
+    partition_id, attempt = task_attempt()
 
     # A pooled session: Python workers are reused across tasks and micro-batches, so the
     # handshake and the session's buffers are paid once per worker, not once per task.
@@ -177,14 +193,9 @@ class AeronStreamWriter(DataSourceStreamArrowWriter):
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedPart:
-        ctx = TaskContext.get()
-        batch_text = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
-        if batch_text is None:
-            raise RuntimeError(
-                "the streaming batch id is not set on this task "
-                "(property streaming.sql.batchId); cannot stage exactly once"
-            )
-        return _stage(self.options, str(self.options.commit_identity), int(batch_text), iterator)
+        return _stage(
+            self.options, str(self.options.commit_identity), streaming_batch_id(), iterator
+        )
 
     def commit(self, messages: list, batchId: int) -> None:
         with pooled(self.options.settings) as client:
