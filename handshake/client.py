@@ -256,7 +256,7 @@ class _Attempt:
         try:
             self._wait_until(lambda: bool(hc.replies.images), hc.replies)
             self._wait_until(lambda: hc.hello_pub.is_connected, None, hc.hello_pub)
-            hc.is_ready()
+            hc.was_ready = True
             hc.register(m.connect_key)
             try:
                 self._say(hc, m.hello(hc.resumption(time.monotonic_ns())))
@@ -274,10 +274,9 @@ class _Attempt:
             ok = True
             local = hc.replies.local_endpoints
             return details, (local[0][1] if local and self.channels.media == "udp" else 0)
-        except (TransportError, ConnectionClosedError, HandshakeTimeoutError):
-            raise
-        except BaseException:
-            ok = True  # refused, a key we do not trust: the channel itself is fine
+        except BaseException as exc:
+            # refused, or a key we do not trust: the channel itself is fine
+            ok = not isinstance(exc, TransportError | ConnectionClosedError | HandshakeTimeoutError)
             raise
         finally:
             registry.release(hc, ok, linger)

@@ -68,7 +68,7 @@ class HelloChannel:
         self.users = 0
         self.retired = False
         self.closed = False
-        self.was_ready = False
+        self.was_ready = False  # joined and connected once (set by the first handshake)
         self.idle_deadline_ns = 0
         self.unrouted = 0  # replies for no handshake of ours (others', late or garbage)
         # (token, server key, use until ns): the last WELCOME's resumption token; it is bound
@@ -90,13 +90,6 @@ class HelloChannel:
         self.replies.add_listener(self._wake_all)
 
     # ------------------------------------------------------------------ state
-
-    def is_ready(self) -> bool:
-        """Joined to the replies and the HELLO publication connected."""
-        ready = bool(self.replies.images) and self.hello_pub.is_connected
-        if ready:
-            self.was_ready = True
-        return ready
 
     def is_stale(self, now_ns: int) -> bool:
         """Was ready once, and is not, or the server has been silent too long: not reusable."""

@@ -681,25 +681,28 @@ class ServerCore:
             )
         return None, "", client_key
 
+    def _mac(self, label: bytes, *parts: bytes) -> bytes:
+        """HMAC-SHA256 under the cookie secret of ``label`` then each part, length-prefixed,
+        cut to a cookie's length."""
+        mac = hmac.new(self._cookie_secret, label, digestmod=hashlib.sha256)
+        for part in parts:
+            mac.update(len(part).to_bytes(2, "big") + part)
+        return mac.digest()[: m.COOKIE_LENGTH]
+
     def _cookie(self, source: str, hello: m.Hello, epoch: int) -> bytes:
-        mac = hmac.new(self._cookie_secret, digestmod=hashlib.sha256)
-        for part in (
+        return self._mac(
+            b"",
             source.encode(),
             hello.connect_key.to_bytes(8, "big"),
             hello.public_key,
             bytes([hello.encryption]),
             epoch.to_bytes(8, "big", signed=True),
-        ):
-            mac.update(len(part).to_bytes(2, "big") + part)
-        return mac.digest()[: m.COOKIE_LENGTH]
+        )
 
     def _resume_token(self, source: str, epoch: int) -> bytes:
         """The cookie a WELCOME gives its client (sealed) for its next HELLOs from ``source``:
         bound to the address and port only, so it is never sent in the clear."""
-        mac = hmac.new(self._cookie_secret, b"resume", digestmod=hashlib.sha256)
-        for part in (source.encode(), epoch.to_bytes(8, "big", signed=True)):
-            mac.update(len(part).to_bytes(2, "big") + part)
-        return mac.digest()[: m.COOKIE_LENGTH]
+        return self._mac(b"resume", source.encode(), epoch.to_bytes(8, "big", signed=True))
 
     def _check_cookie(self, source: str, hello: m.Hello, hello_bytes: bytes, now_ns: int) -> None:
         """Return if ``hello`` carries a valid cookie for ``source`` (a COOKIE's, or the

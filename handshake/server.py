@@ -93,7 +93,7 @@ class _HelloInbox:
     ``MAX_COOKIES`` times), then nothing (IPC images are polled, not signalled: a finished one
     is not polled again)."""
 
-    __slots__ = ("image", "messages", "assembler", "done", "answered", "ipc", "host")
+    __slots__ = ("image", "messages", "assembler", "done", "answered", "ipc", "address", "host")
 
     def __init__(self, image: Any, ipc: bool = False) -> None:
         self.image = image
@@ -102,7 +102,8 @@ class _HelloInbox:
         self.assembler = FragmentAssembler(lambda p, h: self.messages.append(bytes(p)))
         self.done = False
         self.answered = 0
-        self.host = "ipc" if ipc else host_of((_address_of(image),))
+        self.address = "ipc" if ipc else _address_of(image)
+        self.host = "ipc" if ipc else host_of((self.address,))
 
 
 class _Pending:
@@ -272,9 +273,8 @@ class Server:
                         challenged = self._on_hello(channels, reply, "ipc", "ipc", message, now_ns)
                         inbox.done = not challenged or inbox.answered > MAX_COOKIES
                     else:
-                        address = _address_of(image)
                         self._on_hello(
-                            channels, reply, address, image.source_identity, message, now_ns
+                            channels, reply, inbox.address, image.source_identity, message, now_ns
                         )
         for key in [k for k in self._hellos if k not in live]:
             del self._hellos[key]
