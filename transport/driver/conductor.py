@@ -538,10 +538,10 @@ def check_shares_socket(config: ChannelConfig, existing: ChannelConfig | None) -
     naming no buffer takes the socket's as they are."""
     if existing is None:
         return
-    named = _named_params(config)
     for param, field, default in _SOCKET_BUFFERS:
         value, had = getattr(config, field), getattr(existing, field)
-        if (param in named or value != default) and value != had:
+        # the URI is parsed again only to tell a default named explicitly from none
+        if value != had and (value != default or param in _named_params(config)):
             raise ChannelError(
                 param,
                 value,
