@@ -739,6 +739,14 @@ def test_real_subscriber_restart_gets_setup_from_our_publication(
         _offer_all(pub, [b"to the first"], _DELIVERY_S)
         assert _collect_messages(first, 1, _DELIVERY_S)[0][2] == b"to the first"
         first.stop()
+        # Only once the real driver has let the first image go does a new subscriber need a
+        # SETUP: a subscriber started while the image lives (its client not yet timed out,
+        # as happened under load in CI) joins that image and is sent none. A clean stop ends
+        # it at once (EOS); a dead client's after the real driver's client timeout.
+        deadline = time.monotonic() + 30.0
+        while pub.is_connected:
+            assert time.monotonic() < deadline, "the real driver kept the first image"
+            time.sleep(0.05)
         setups_before = our_driver.counters.snapshot()["setups_sent"]
         second = _start_real_subscriber(real_driver, _channel(port), stream_id)
         _check_real_image(second, pub, stream_id)
