@@ -23,6 +23,7 @@ entry that is not there; a block read short (a cut raced it) gives the entries i
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import struct
@@ -38,6 +39,7 @@ ENTRY = struct.Struct("<qq")
 _DTYPE = np.dtype([("position", "<i8"), ("time", "<i8")])
 STRIDE = 512  # entries per block: a block is 8 KiB
 CACHED_BLOCKS = 4
+_END = 1 << 63
 
 # (path, writable, create) -> a context giving the file's descriptor (None: no such file)
 OpenFile = Callable[[str, bool, bool], AbstractContextManager[int | None]]
@@ -55,11 +57,12 @@ class TimeIndex:
         self.path = path
         self._open = open_file
         self._lock = threading.Lock()
-        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._cache: OrderedDict[int, tuple[list[int], list[int]]] = OrderedDict()
         self._top_pos = np.empty(64, dtype=np.int64)
         self._top_time = np.empty(64, dtype=np.int64)
         self._count = 0
         self._last: tuple[int, int] | None = None
+        self._hint: tuple[int, int, int] | None = None  # (block, first position, next's)
         self._load(limit_position)
 
     # --- loading -----------------------------------------------------------------------------
@@ -84,9 +87,15 @@ class TimeIndex:
         # the last block is checked entry by entry: a torn or stale tail ends the index there
         if count:
             j = (count - 1) // STRIDE
-            block = self._read_block(j)
-            bad = np.flatnonzero((np.diff(block["position"]) <= 0) | (np.diff(block["time"]) < 0))
-            good = len(block) if len(bad) == 0 else int(bad[0]) + 1
+            positions, times, n = self._read_block(j)
+            good = next(
+                (
+                    k
+                    for k in range(1, n)
+                    if positions[k] <= positions[k - 1] or times[k] < times[k - 1]
+                ),
+                n,
+            )
             self._count = j * STRIDE + good
             self._cache.clear()
         if limit_position is not None:
@@ -117,12 +126,11 @@ class TimeIndex:
         self._top_time[: len(tops)] = tops["time"]
 
     def _trim_top(self) -> None:
-        """Drop cached blocks past the count (the sparse level is read only up to it)."""
-        for j in [j for j in self._cache if j * STRIDE >= self._count]:
+        """Drop cached blocks past the count (after a cut; the sparse level is read only up to
+        the count, and a cached block is used only up to it)."""
+        for j in [j for j in self._cache if (j + 1) * STRIDE > self._count]:
             del self._cache[j]
-        last = (self._count - 1) // STRIDE if self._count else -1
-        if last in self._cache and len(self._cache[last]) > self._count - last * STRIDE:
-            self._cache[last] = self._cache[last][: self._count - last * STRIDE]
+        self._hint = None
 
     def _refresh_last(self) -> None:
         self._last = self.entry(self._count - 1) if self._count else None
@@ -137,43 +145,57 @@ class TimeIndex:
         """The last entry ``(position, time)``, or None."""
         return self._last
 
-    def _read_block(self, j: int) -> np.ndarray:
-        """Block ``j``'s entries below the count (cached when whole)."""
-        count = self._count
+    def _read_block(self, j: int) -> tuple[list[int], list[int], int]:
+        """Block ``j``: its positions, its times and how many of them are below the count
+        (cached as lists, which ``bisect`` searches faster than numpy does at this size; a
+        cached block shorter than the count asks for, the last one before appends, is read
+        again)."""
+        want = min(STRIDE, self._count - j * STRIDE)
         with self._lock:
             block = self._cache.get(j)
             if block is not None:
                 self._cache.move_to_end(j)
-        want = min(STRIDE, count - j * STRIDE)
-        if block is not None and len(block) >= want:
-            return block[:want]
+        if block is not None and len(block[0]) >= want:
+            return block[0], block[1], want
         with self._open(self.path, False, False) as fd:
             data = b"" if fd is None else os.pread(fd, want * ENTRY.size, j * STRIDE * ENTRY.size)
-        block = np.frombuffer(data[: len(data) // ENTRY.size * ENTRY.size], dtype=_DTYPE)
-        if len(block) == STRIDE:
+        arr = np.frombuffer(data[: len(data) // ENTRY.size * ENTRY.size], dtype=_DTYPE)
+        block = (arr["position"].tolist(), arr["time"].tolist())
+        if len(arr) == want:
             with self._lock:
                 self._cache[j] = block
                 while len(self._cache) > CACHED_BLOCKS:
                     self._cache.popitem(last=False)
-        return block
+        return block[0], block[1], len(arr)
 
     def entry(self, i: int) -> tuple[int, int]:
         """Entry ``i`` (0 <= i < len)."""
-        block = self._read_block(i // STRIDE)
-        e = block[i % STRIDE]
-        return int(e["position"]), int(e["time"])
+        positions, times, _n = self._read_block(i // STRIDE)
+        return positions[i % STRIDE], times[i % STRIDE]
+
+    def _block_of(self, position: int) -> int:
+        """The block holding the last entry at or below ``position`` (-1: none). The last
+        answer's bounds are kept: a replay asks about one block many times in a row."""
+        hint = self._hint
+        if hint is not None and hint[1] <= position < hint[2]:
+            return hint[0]
+        tops = (self._count + STRIDE - 1) // STRIDE
+        j = int(np.searchsorted(self._top_pos[:tops], position, side="right")) - 1
+        if j >= 0:
+            upper = int(self._top_pos[j + 1]) if j + 1 < tops else _END
+            self._hint = (j, int(self._top_pos[j]), upper)
+        return j
 
     def floor(self, position: int) -> tuple[int, int, int] | None:
         """``(i, position, time)`` of the last entry at or below ``position``, or None."""
-        tops = (self._count + STRIDE - 1) // STRIDE
-        j = int(np.searchsorted(self._top_pos[:tops], position, side="right")) - 1
+        j = self._block_of(position)
         if j < 0:
             return None
-        block = self._read_block(j)
-        k = int(np.searchsorted(block["position"], position, side="right")) - 1
+        positions, times, n = self._read_block(j)
+        k = bisect.bisect_right(positions, position, 0, n) - 1
         if k < 0:  # the block was cut under us
             return None
-        return j * STRIDE + k, int(block["position"][k]), int(block["time"][k])
+        return j * STRIDE + k, positions[k], times[k]
 
     def next_position(self, position: int) -> int | None:
         """The first indexed position above ``position``, or None."""
@@ -197,9 +219,9 @@ class TimeIndex:
         j = int(np.searchsorted(self._top_time[:tops], timestamp_ns, side="left"))
         if j == 0:
             return 0
-        block = self._read_block(j - 1)
-        k = int(np.searchsorted(block["time"], timestamp_ns, side="left"))
-        return (j - 1) * STRIDE + k if k < len(block) else j * STRIDE
+        _positions, times, n = self._read_block(j - 1)
+        k = bisect.bisect_left(times, timestamp_ns, 0, n)
+        return (j - 1) * STRIDE + k if k < n else j * STRIDE
 
     def _first_position(self, position: int) -> int:
         found = self.floor(position - 1)
@@ -208,7 +230,8 @@ class TimeIndex:
     def positions_from_end(self) -> Iterator[int]:
         """Indexed positions, last first (recovery looks for the last one whose bytes exist)."""
         for j in range((self._count - 1) // STRIDE, -1, -1):
-            yield from (int(p) for p in self._read_block(j)["position"][::-1])
+            positions, _times, n = self._read_block(j)
+            yield from reversed(positions[:n])
 
     # --- writing (one writer) ----------------------------------------------------------------
 
@@ -226,6 +249,7 @@ class TimeIndex:
                 self._top_time = np.concatenate([self._top_time, np.empty_like(self._top_time)])
             self._top_pos[j] = position
             self._top_time[j] = timestamp_ns
+            self._hint = None  # the last block's upper bound is now this entry
         self._last = (position, timestamp_ns)
         self._count = i + 1  # last: readers see the entry only once it is written
 
