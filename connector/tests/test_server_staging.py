@@ -65,7 +65,7 @@ def test_stage_write_read_and_retry_truncates(tmp_path) -> None:
         store.check_part(dict(msg, count=4))
     with pytest.raises(ControlProtocolError):
         store.check_part(dict(msg, part="1-0"))
-    assert store.discard("q", 3, ["0-0"]) == 1
+    assert store.discard("q", 3, [msg]) == 1
     with pytest.raises(StagedDataMissingError, match="not on the server"):
         store.check_part(msg)
 
