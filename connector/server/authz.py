@@ -24,8 +24,9 @@ least one stream. ``keepalive`` and ``stop_replay`` (a session's own replay) nee
 
 A refusal names the operation, the client and the stream, except the stream of a recording the
 client may not read (it names the recording: which stream a recording holds is not shown to
-clients that may not read it). ``stats`` shows a client its own sessions only and the consumers
-of the streams it reads (narrowed to those streams), unless it reads every stream (``read=*``).
+clients that may not read it). ``stats`` shows a client its own sessions only, the consumers
+of the streams it reads (narrowed to those streams) and no handshake addresses
+(``pending_per_prefix``), unless it reads every stream (``read=*``).
 
 Parsing is strict: anything unexpected is a :class:`ConfigurationError` naming the file, the
 line number and what is wrong; a file that fails to parse on a reload leaves the previous table
@@ -303,6 +304,10 @@ class Authorizer:
             result["consumers"] = _readable_consumers(
                 result.get("consumers", []), readable, stream_of
             )
+            if isinstance(result.get("handshake"), dict):  # other clients' address prefixes
+                result["handshake"] = {
+                    k: v for k, v in result["handshake"].items() if k != "pending_per_prefix"
+                }
             return result
         return result
 

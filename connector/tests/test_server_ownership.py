@@ -237,6 +237,7 @@ def test_stats_and_errors_show_only_what_the_client_may_read(tmp_path: Path) -> 
             assert [s["client"] for s in stats["sessions"]] == ["reader"]  # its own session only
             assert [c["consumer_id"] for c in stats["consumers"]] == ["both"]
             assert stats["consumers"][0]["stream_ids"] == [10]
+            assert "pending_per_prefix" not in stats["handshake"]  # other clients' addresses
             for call, op in (
                 (lambda: r.position_at(eleven.recording_id, 0), "position_at"),
                 (lambda: list(r.replay(eleven.recording_id, 0, None)), "replay"),
@@ -322,3 +323,41 @@ def test_a_deleted_keys_file_is_logged_and_counted_and_the_table_kept(
             lambda: 11 in server.authz.table[bytes.fromhex(reader_key)].read,  # type: ignore[union-attr]
             what="the file back",
         )
+
+
+def test_a_commit_interrupted_before_the_upgrade_is_resumed_from_legacy_part_names(
+    tmp_path: Path,
+) -> None:
+    """A ``begin`` written before issue 28 (no owner) names parts staged as
+    ``<partition>-<attempt>.part``: recovery still finds them, so the server starts."""
+    import shutil
+
+    from aeron_spark.connector.server.commitlog import CommitLog
+
+    writer, writer_key = _key(tmp_path, "writer")
+    keys = tmp_path / "authorized_keys"
+    keys.write_text(f"{writer_key} writer read=10 write=10\n")
+    with _server(tmp_path, keys) as server, _client(server, writer) as w:
+        staged = w.stage("old", 3, 0, 0, 10, ROWS, local=False)
+        part = server.core.committer.staging.part_path(staged)  # type: ignore[union-attr]
+        shutil.copy(part, tmp_path / "part-copy")
+        assert w.commit("old", 3, 10, [staged])["count"] == 20
+    log_path = str(tmp_path / "srv" / "sink" / "commit.log")
+    log = CommitLog(log_path)
+    records = log.records
+    log.close()
+    os.unlink(log_path)
+    legacy = CommitLog(log_path)
+    for record in records:
+        if record["t"] == "begin":  # as written before: no owner, and no done after it
+            legacy.append({k: v for k, v in record.items() if k != "owner"})
+    legacy.close()
+    os.makedirs(os.path.dirname(part), exist_ok=True)
+    shutil.copy(tmp_path / "part-copy", os.path.join(os.path.dirname(part), "0-0.part"))
+    with _server(tmp_path, keys) as server, _client(server, writer) as w:
+        assert server.snapshot()["counters"]["sink_resumed_commits"] == 1
+        assert w.last_committed_batch("old") == 3
+        assert w.commit("old", 3, 10, [staged])["count"] == 20  # the recorded result
+        [recording] = w.list_recordings([10])
+        blocks = list(w.replay(recording.recording_id, 0, recording.recorded_position))
+        assert sum(len(b.data) for b in blocks) == recording.recorded_position  # once
