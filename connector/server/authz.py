@@ -212,14 +212,14 @@ class Authorizer:
         self.table: dict[bytes, Grant] = {}
         self.load()
 
-    def _read(self) -> tuple[str, bytes | None]:
-        """The file's bytes and their SHA-256 (hex); ``("unreadable: ...", None)`` when it
+    def _read(self) -> tuple[str, bytes | OSError]:
+        """The file's SHA-256 (hex) and bytes; ``("unreadable: ...", the error)`` when it
         cannot be read (deleted, permissions)."""
         try:
             with open(self.path, "rb") as fh:
                 data = fh.read()
         except OSError as exc:
-            return f"unreadable: {exc.strerror or exc} (errno {exc.errno})", None
+            return f"unreadable: {exc.strerror or exc} (errno {exc.errno})", exc
         return hashlib.sha256(data).hexdigest(), data
 
     def load(self) -> set[bytes]:
@@ -227,8 +227,10 @@ class Authorizer:
         table stays) or OSError if it cannot be read (also the old table)."""
         seen, data = self._read()
         self._seen = seen  # a failure is reported once, until the file changes again
-        if data is None:
-            raise OSError(f"cannot read the authorized keys file {self.path}: {seen}")
+        if isinstance(data, OSError):
+            raise OSError(
+                data.errno, f"cannot read the authorized keys file: {data.strerror}", self.path
+            )
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
