@@ -22,16 +22,25 @@ Operations on a recording are checked against its stream; operations without a s
 (``abort``, ``last_committed_batch``, ``consumer_forget``, listings) need the permission on at
 least one stream. ``keepalive`` and ``stop_replay`` (a session's own replay) need nothing.
 
+A refusal names the operation, the client and the stream, except the stream of a recording the
+client may not read (it names the recording: which stream a recording holds is not shown to
+clients that may not read it). ``stats`` shows a client its own sessions only, the consumers
+of the streams it reads (narrowed to those streams) and no handshake addresses
+(``pending_per_prefix``), unless it reads every stream (``read=*``).
+
 Parsing is strict: anything unexpected is a :class:`ConfigurationError` naming the file, the
 line number and what is wrong; a file that fails to parse on a reload leaves the previous table
-in force.
+in force. The server polls the file's content (a SHA-256 of its bytes, every second): any edit
+is noticed, also one that keeps its size and mtime; a file that vanishes or cannot be read is
+a failed reload (logged and counted once per change of what the poll sees), and the previous
+table stays in force.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import os
+import hashlib
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -175,17 +184,23 @@ def request_streams(
 ) -> list[int] | None:
     """The streams a request touches (None: it names none): its ``stream_id``, ``stream_ids``,
     the stream of its ``recording_id`` and those of the staged parts it commits or aborts."""
+    streams = named_streams(args)
+    if "recording_id" in args:
+        streams.append(stream_of(int(args["recording_id"])))
+    return sorted(set(streams)) or None
+
+
+def named_streams(args: dict[str, Any]) -> list[int]:
+    """The streams a request names itself: ``stream_id``, ``stream_ids``, staged parts'."""
     streams: list[int] = []
     if "stream_id" in args:
         streams.append(int(args["stream_id"]))
     if args.get("stream_ids") is not None:
         streams.extend(int(s) for s in args["stream_ids"])
-    if "recording_id" in args:
-        streams.append(stream_of(int(args["recording_id"])))
     for part in args.get("staged") or ():
         if isinstance(part, dict) and "stream_id" in part:
             streams.append(int(part["stream_id"]))
-    return sorted(set(streams)) or None
+    return streams
 
 
 class Authorizer:
@@ -193,29 +208,46 @@ class Authorizer:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._stamp: tuple[int, int, int] | None = None
+        self._seen: str | None = None  # what the last load saw: a content hash or an error
         self.table: dict[bytes, Grant] = {}
         self.load()
 
-    def _stat(self) -> tuple[int, int, int]:
-        st = os.stat(self.path)
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
+    def _read(self) -> tuple[str, bytes | OSError]:
+        """The file's SHA-256 (hex) and bytes; ``("unreadable: ...", the error)`` when it
+        cannot be read (deleted, permissions)."""
+        try:
+            with open(self.path, "rb") as fh:
+                data = fh.read()
+        except OSError as exc:
+            return f"unreadable: {exc.strerror or exc} (errno {exc.errno})", exc
+        return hashlib.sha256(data).hexdigest(), data
 
     def load(self) -> set[bytes]:
         """(Re-)read the file; the keys that were removed. Raises ConfigurationError (the old
-        table stays) or OSError if it cannot be read."""
-        stamp = self._stat()
-        with open(self.path, encoding="utf-8") as fh:
-            table = parse(fh.read(), self.path)
+        table stays) or OSError if it cannot be read (also the old table)."""
+        seen, data = self._read()
+        self._seen = seen  # a failure is reported once, until the file changes again
+        if isinstance(data, OSError):
+            raise OSError(
+                data.errno, f"cannot read the authorized keys file: {data.strerror}", self.path
+            )
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigurationError("authorized_keys", self.path, f"UTF-8 text ({exc})") from None
+        table = parse(text, self.path)
         removed = set(self.table) - set(table)
-        self.table, self._stamp = table, stamp
+        self.table = table
         return removed
 
     def changed(self) -> bool:
-        try:
-            return self._stat() != self._stamp
-        except OSError:
-            return True
+        """Whether the file's content (or its readability) differs from what the last load
+        saw: a hash of the bytes, so an edit that keeps size, inode and mtime is seen."""
+        return self._read()[0] != self._seen
+
+    def may(self, key: bytes, op: str, stream_id: int | None = None) -> bool:
+        """Whether ``key`` may run ``op`` on ``stream_id`` under the current table."""
+        return allowed(self.table.get(key), op, stream_id)
 
     def knows(self, key: bytes) -> bool:
         """Handshake admission: may this client key connect at all?"""
@@ -228,12 +260,24 @@ class Authorizer:
     def check(
         self, key: bytes, op: str, args: dict[str, Any], stream_of: Callable[[int], int]
     ) -> None:
-        """Raise :class:`NotAuthorisedError` (naming stream and operation) unless allowed."""
+        """Raise :class:`NotAuthorisedError` (naming stream and operation) unless allowed.
+        The stream of a recording the client may not read is not named (the recording is)."""
         grant = self.table.get(key)
+        who = grant.name if grant is not None else "an unlisted key"
+        if "recording_id" in args:
+            recording_id = int(args["recording_id"])
+            held = stream_of(recording_id)
+            if not allowed(grant, op, held) and not allowed(grant, "replay", held):
+                raise NotAuthorisedError(
+                    f"NOT_AUTHORISED: {op} on recording {recording_id} is not authorised for "
+                    f"client {who!r} (needs {OP_PERMISSION.get(op)} on its stream)",
+                    op=op,
+                    recording_id=recording_id,
+                    client=who,
+                )
         streams: Iterable[int | None] = request_streams(op, args, stream_of) or [None]
         for stream_id in streams:
             if not allowed(grant, op, stream_id):
-                who = grant.name if grant is not None else "an unlisted key"
                 where = f"stream {stream_id}" if stream_id is not None else "any stream"
                 raise NotAuthorisedError(
                     f"NOT_AUTHORISED: {op} on {where} is not authorised for client {who!r} "
@@ -257,8 +301,38 @@ class Authorizer:
             result = dict(result)
             for section in ("streams", "recordings"):
                 result[section] = [r for r in result.get(section, []) if r["stream_id"] in readable]
+            name = grant.name if grant is not None else None
+            result["sessions"] = [s for s in result.get("sessions", []) if s.get("client") == name]
+            result["consumers"] = _readable_consumers(
+                result.get("consumers", []), readable, stream_of
+            )
+            if isinstance(result.get("handshake"), dict):  # other clients' address prefixes
+                result["handshake"] = {
+                    k: v for k, v in result["handshake"].items() if k != "pending_per_prefix"
+                }
             return result
         return result
+
+
+def _readable_consumers(
+    consumers: list[dict[str, Any]], readable: StreamSet, stream_of: Callable[[int], int]
+) -> list[dict[str, Any]]:
+    """``stats.consumers`` narrowed: consumers of readable streams, with only those streams
+    and the positions of their recordings."""
+
+    def visible(recording_id: str) -> bool:
+        try:
+            return stream_of(int(recording_id)) in readable
+        except Exception:  # noqa: BLE001 - a recording that is gone: not shown
+            return False
+
+    out = []
+    for consumer in consumers:
+        streams = [s for s in consumer["stream_ids"] if s in readable]
+        if streams:
+            positions = {r: p for r, p in consumer["positions"].items() if visible(r)}
+            out.append({**consumer, "stream_ids": streams, "positions": positions})
+    return out
 
 
 __all__ = [
@@ -270,6 +344,7 @@ __all__ = [
     "Grant",
     "StreamSet",
     "allowed",
+    "named_streams",
     "parse",
     "request_streams",
 ]

@@ -8,9 +8,12 @@ the log is always a clean prefix of what was appended.
 Two record types, written by :class:`connector.server.staging.SinkCommitter`:
 
 - ``{"t": "begin", sink_id, batch_id, stream_id, recording_id, session_id, start_position,
-  parts: [...]}`` -- the commit's plan, written before any frame is appended;
-- ``{"t": "done", sink_id, batch_id, recording_id, start_position, end_position, count, bytes}``
-  -- written after the frames are durable. A ``begin`` without ``done`` is resumed on restart;
+  parts: [...], owner}`` -- the commit's plan, written before any frame is appended;
+- ``{"t": "done", sink_id, batch_id, recording_id, start_position, end_position, count, bytes,
+  owner}`` -- written after the frames are durable. A ``begin`` without ``done`` is resumed on
+  restart. ``owner`` (issue 28) is the committing client's key (hex; "" on a server without
+  ``--authorized-keys``): the first record of a sink id with one makes the sink that key's;
+  records written before it have none (a ``begin`` without it names parts by their old names);
 - ``{"t": "cancel", sink_id, batch_id}`` -- the commit failed (disk full) and its frames were cut
   off again; the ``begin`` before it is not resumed (the client was told, and sends it again).
 """

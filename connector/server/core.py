@@ -86,6 +86,8 @@ class _Replay:
     request_id: int
     cursor: ReplayCursor
     max_block_bytes: int
+    stream_id: int = 0
+    revoked: ConnectorError | None = None  # its key may no longer read the stream: end it
 
 
 @dataclass
@@ -149,6 +151,7 @@ class ServerCore:
                 config.consumer_lease_s,
             ),
             self.consumers,
+            may_read=self._owner_may_read,
         )
         # set by the I/O shell: extra sections of ``stats`` (server identity, transport counters)
         self.stats_hook: Callable[[], dict[str, Any]] | None = None
@@ -226,7 +229,43 @@ class ServerCore:
         for key in revoked:
             self.close_session(key, now_ns)
         self.counters.add("sessions_revoked", len(revoked))
+        self._recheck_replays()
         return revoked
+
+    def _recheck_replays(self) -> None:
+        """After a reload: end every replay whose key may no longer read its stream (the next
+        :meth:`pump` sends its ``replay_end`` with the error, and reads nothing more)."""
+        authz = self.authz
+        if authz is None:
+            return
+        for session in self.sessions.values():
+            for replay in session.replays.values():
+                if replay.revoked is None and not authz.may(
+                    session.identity, "replay", replay.stream_id
+                ):
+                    replay.revoked = NotAuthorisedError(
+                        f"NOT_AUTHORISED: replay {replay.request_id} ended: client "
+                        f"{authz.name_of(session.identity)!r} may no longer read its stream",
+                        op="replay",
+                        client=authz.name_of(session.identity),
+                    )
+
+    def _identity(self, session: Session) -> str | None:
+        """The owner a session's sink batches, sink ids and consumers get: its client key
+        (hex) when the server authorises clients; None (no ownership) on an open server."""
+        return session.identity.hex() if self.authz is not None else None
+
+    def _owner_may_read(self, owner: str, stream_id: int) -> bool:
+        """Retention: does a consumer's owner (hex; "" recorded without one) still read the
+        stream? Always on an open server; a consumer with no owner counts everywhere."""
+        authz = self.authz
+        if authz is None or not owner:
+            return True
+        try:
+            key = bytes.fromhex(owner)
+        except ValueError:  # not one of ours (a hand-edited file): it holds, as before owners
+            return True
+        return authz.may(key, "consumer_commit", stream_id)
 
     def next_deadline_ns(self) -> int | None:
         deadlines = [s.lease_deadline_ns for s in self.sessions.values()]
@@ -311,6 +350,8 @@ class ServerCore:
         if isinstance(exc, ConnectorError):
             self.counters["request_errors"] += 1
             self._count_error(exc)
+            if exc.details.get("reason") == "not_owner":
+                self.counters["requests_not_owner"] += 1
             return proto.encode_error(request.id, exc)
         # a bug or I/O failure: report it typed, count it, keep serving
         self.counters["internal_errors"] += 1
@@ -433,6 +474,8 @@ class ServerCore:
         args = request.args
         self._authorise("stage", [args["stream_id"]])
         self.store.check_space("stage")
+        identity = self._identity(session)
+        self.committer.check_sink_owner(args["sink_id"], identity, "stage")
         return self.committer.staging.write(
             session.key,
             PartKey.of(args),
@@ -440,6 +483,7 @@ class ServerCore:
             args["payloads"],
             args.get("reserved_values"),
             args["final"],
+            identity=identity,
         )
 
     def _op_local_stage(
@@ -451,8 +495,12 @@ class ServerCore:
         if not self.config.local_writes or token is None:
             self.counters["local_stages_refused"] += 1
             return None
+        identity = self._identity(session)
+        self.committer.check_sink_owner(args["sink_id"], identity, "local_stage")
         self.store.check_space("local_stage")
-        path = self.committer.staging.open_local(session.key, PartKey.of(args), args["stream_id"])
+        path = self.committer.staging.open_local(
+            session.key, PartKey.of(args), args["stream_id"], identity
+        )
         self.counters["local_stages_offered"] += 1
         return {"path": path, **token}
 
@@ -472,13 +520,20 @@ class ServerCore:
         self._authorise("commit", [args["stream_id"]])
         self.store.check_space("commit")
         return self.committer.commit(
-            args["sink_id"], args["batch_id"], args["stream_id"], args["staged"], now_ns
+            args["sink_id"],
+            args["batch_id"],
+            args["stream_id"],
+            args["staged"],
+            now_ns,
+            owner=self._identity(session),
         )
 
     def _op_abort(self, session: Session, request: proto.Request, now_ns: int, wall_ns: int) -> Any:
         args = request.args
         self._authorise("abort")
-        self.committer.abort(args["sink_id"], args["batch_id"], args["staged"])
+        self.committer.abort(
+            args["sink_id"], args["batch_id"], args["staged"], owner=self._identity(session)
+        )
         return None
 
     def _op_consumer_commit(
@@ -488,18 +543,37 @@ class ServerCore:
         ids = [int(s) for s in args.get("stream_ids", [])]
         self._authorise("consumer_commit", ids)
         positions = dict(args["positions"])
-        self.consumers.commit(args["consumer_id"], ids, positions, wall_ns / 1e9)
+        authz, identity = self.authz, session.identity
+        self.consumers.commit(
+            args["consumer_id"],
+            ids,
+            positions,
+            wall_ns / 1e9,
+            owner=self._identity(session),
+            # a consumer recorded without an owner: claimed by a client that reads its streams
+            may_claim=lambda streams: (
+                authz is None or all(authz.may(identity, "consumer_commit", s) for s in streams)
+            ),
+        )
         return None
 
     def _op_consumer_forget(
         self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
     ) -> Any:
-        return self.consumers.forget(request.args["consumer_id"])
+        authz, identity = self.authz, session.identity
+        return self.consumers.forget(
+            request.args["consumer_id"],
+            owner=self._identity(session),
+            # another client's consumer: only with admin on every stream it holds
+            may_override=lambda streams: (
+                authz is None or all(authz.may(identity, "consumer_forget", s) for s in streams)
+            ),
+        )
 
     def _op_last_committed_batch(
         self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
     ) -> Any:
-        return self.committer.last_committed_batch(request.args["sink_id"])
+        return self.committer.last_committed_batch(request.args["sink_id"], self._identity(session))
 
     def _op_purge(self, session: Session, request: proto.Request, now_ns: int, wall_ns: int) -> Any:
         args = request.args
@@ -559,14 +633,15 @@ class ServerCore:
             )
         if request.id in session.replays:
             raise ControlProtocolError(f"request id {request.id} is already a running replay")
-        self._authorise("replay", [self._stream_of(args["recording_id"])])
+        stream_id = self._stream_of(args["recording_id"])
+        self._authorise("replay", [stream_id])
         cursor = self.store.open_replay(args["recording_id"], args["start"], args.get("end"))
         limit = min(
             args.get("max_block_bytes") or self.config.max_block_bytes,
             self.config.max_block_bytes,
             session.max_message_length - proto.REPLAY_DATA_HEADER_LENGTH,
         )
-        session.replays[request.id] = _Replay(request.id, cursor, max(limit, 4096))
+        session.replays[request.id] = _Replay(request.id, cursor, max(limit, 4096), stream_id)
         self._replay_owner[request.id] = session.key
         self.counters["replays_started"] += 1
         return {"replay_id": request.id, "start": args["start"], "end": args.get("end")}
@@ -592,6 +667,12 @@ class ServerCore:
         sent = 0
         for rid in list(session.replays):
             replay = session.replays[rid]
+            if replay.revoked is not None:  # its key may no longer read the stream (reload)
+                out.append(proto.encode_event_error(rid, "replay_end", replay.revoked))
+                replay.cursor.close()
+                del session.replays[rid]
+                self.counters["replays_revoked"] += 1
+                continue
             try:
                 while sent < budget_bytes:
                     chunk = replay.cursor.read(

@@ -13,6 +13,13 @@ is off — never past the lowest position any live consumer of that stream has c
 of the stream that has not committed a position for a recording holds all of it). A consumer whose
 last commit is older than ``consumer_lease_s`` no longer holds anything (a query deleted long ago
 must not keep data forever). Active recordings are purged too (only below their recorded end).
+
+With ``--authorized-keys`` a consumer belongs to the client key (``owner``, hex, persisted) that
+created it: another key's commit is refused, and so is its forget unless it has admin on every
+stream the consumer holds; a consumer recorded without an owner (before issue 28, or by an open
+server) is claimed by the first key that commits it and may read all its streams. A consumer
+holds a stream only while its owner may read it (``may_read``): narrowing a key's permissions
+releases what its consumers held on the streams it lost.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-from aeron_spark.connector.errors import ControlProtocolError
+from aeron_spark.connector.errors import ControlProtocolError, NotAuthorisedError
 from aeron_spark.connector.server.counters import retention_counters
 
 log = logging.getLogger("aeron_spark.connector.server.retention")
@@ -36,6 +43,7 @@ class Consumer:
     stream_ids: tuple[int, ...]
     positions: dict[int, int]  # recording id -> committed position
     updated_s: float
+    owner: str = ""  # the client key (hex) that created it; "" without --authorized-keys
 
 
 class ConsumerRegistry:
@@ -56,11 +64,21 @@ class ConsumerRegistry:
                 tuple(entry["stream_ids"]),
                 {int(k): int(v) for k, v in entry["positions"].items()},
                 float(entry["updated_s"]),
+                str(entry.get("owner", "")),
             )
 
     def commit(
-        self, consumer_id: str, stream_ids: Iterable[int], positions: dict[Any, Any], now_s: float
+        self,
+        consumer_id: str,
+        stream_ids: Iterable[int],
+        positions: dict[Any, Any],
+        now_s: float,
+        owner: str | None = None,
+        may_claim: Callable[[tuple[int, ...]], bool] | None = None,
     ) -> None:
+        """Record a consumer's positions. ``owner``: the committing client's key (hex; None: no
+        ownership, open server): another owner's consumer is refused; one without an owner is
+        claimed if ``may_claim(its streams)``."""
         if not isinstance(consumer_id, str) or not consumer_id or len(consumer_id) > 256:
             raise ControlProtocolError("consumer_commit: consumer_id must be 1..256 characters")
         try:
@@ -69,25 +87,50 @@ class ConsumerRegistry:
         except (TypeError, ValueError, AttributeError) as exc:
             raise ControlProtocolError(f"consumer_commit: malformed positions ({exc})") from None
         old = self.consumers.get(consumer_id)
+        if owner is not None and old is not None and old.owner != owner:
+            if old.owner or (may_claim is not None and not may_claim(old.stream_ids)):
+                raise _not_owner("consumer_commit", consumer_id)
         merged = dict(old.positions) if old is not None else {}
         for rid, pos in parsed.items():  # a query restarted from an older checkpoint may go back
             merged[rid] = pos
-        self.consumers[consumer_id] = Consumer(consumer_id, ids, merged, now_s)
+        kept = owner if owner is not None else (old.owner if old is not None else "")
+        self.consumers[consumer_id] = Consumer(consumer_id, ids, merged, now_s, kept)
         self.commits += 1
         self._save()
 
-    def forget(self, consumer_id: str) -> bool:
+    def forget(
+        self,
+        consumer_id: str,
+        owner: str | None = None,
+        may_override: Callable[[tuple[int, ...]], bool] | None = None,
+    ) -> bool:
+        """Forget a consumer. With ``owner`` (a client key, hex): another owner's consumer only
+        if ``may_override(its streams)`` (admin on all of them)."""
+        old = self.consumers.get(consumer_id)
+        if owner is not None and old is not None and old.owner and old.owner != owner:
+            if may_override is None or not may_override(old.stream_ids):
+                raise _not_owner("consumer_forget", consumer_id)
         found = self.consumers.pop(consumer_id, None) is not None
         if found:
             self._save()
         return found
 
-    def hold(self, recording_id: int, stream_id: int, now_s: float, lease_s: float) -> int | None:
+    def hold(
+        self,
+        recording_id: int,
+        stream_id: int,
+        now_s: float,
+        lease_s: float,
+        may_read: Callable[[str, int], bool] | None = None,
+    ) -> int | None:
         """The lowest position live consumers of ``stream_id`` still need of the recording
-        (0 when one of them has no position for it yet); None when nobody holds it."""
+        (0 when one of them has no position for it yet); None when nobody holds it. A consumer
+        whose owner may not read the stream (``may_read(owner, stream_id)``) holds nothing."""
         held: int | None = None
-        for c in self.consumers.values():
+        for c in list(self.consumers.values()):
             if stream_id not in c.stream_ids or now_s - c.updated_s > lease_s:
+                continue
+            if may_read is not None and not may_read(c.owner, stream_id):
                 continue
             pos = c.positions.get(recording_id, 0)
             held = pos if held is None else min(held, pos)
@@ -110,6 +153,7 @@ class ConsumerRegistry:
                 "stream_ids": list(c.stream_ids),
                 "updated_s": c.updated_s,
                 "positions": {str(k): v for k, v in c.positions.items()},
+                "owner": c.owner,
             }
             for c in self.consumers.values()
         }
@@ -117,6 +161,14 @@ class ConsumerRegistry:
         with open(tmp, "wb") as fh:
             fh.write(msgpack.packb(body))
         os.replace(tmp, self.path)  # losing the newest commit only makes retention keep more
+
+
+def _not_owner(op: str, consumer_id: str) -> NotAuthorisedError:
+    return NotAuthorisedError(
+        f"NOT_AUTHORISED: {op} refused: consumer {consumer_id!r} belongs to another client",
+        op=op,
+        reason="not_owner",
+    )
 
 
 @dataclass(frozen=True)
@@ -162,9 +214,15 @@ def purge_target(
 class Retention:
     """Applies a :class:`RetentionPolicy` to the store on each run; counts what it did."""
 
-    def __init__(self, policy: RetentionPolicy, registry: ConsumerRegistry) -> None:
+    def __init__(
+        self,
+        policy: RetentionPolicy,
+        registry: ConsumerRegistry,
+        may_read: Callable[[str, int], bool] | None = None,
+    ) -> None:
         self.policy = policy
         self.registry = registry
+        self.may_read = may_read  # (consumer owner, stream) -> counts: see ConsumerRegistry.hold
         self.counters = retention_counters()
 
     def run(self, store: Any, now_wall_ns: int) -> int:
@@ -180,7 +238,11 @@ class Retention:
             return 0
         for rec in recordings:
             hold = self.registry.hold(
-                rec["recording_id"], rec["stream_id"], now_s, self.policy.consumer_lease_s
+                rec["recording_id"],
+                rec["stream_id"],
+                now_s,
+                self.policy.consumer_lease_s,
+                self.may_read,
             )
             target = purge_target(self.policy, rec, now_wall_ns, store.position_at, hold)
             unheld = purge_target(

@@ -3,10 +3,11 @@
 Layout under ``<server dir>/sink/``::
 
     commit.log                                   fsynced commit log (commitlog.py)
-    staged/<sink id hex>/<batch id>/<partition>-<attempt>.open   being written (by the server
-                                                 for a session's stage calls, or by a task on
-                                                 the server's host itself: open_local)
-    staged/<sink id hex>/<batch id>/<partition>-<attempt>.part   complete (fsynced, renamed)
+    staged/<sink id hex>/<batch id>/<partition>-<attempt>@<stream>.open   being written (by
+                                                 the server for a session's stage calls, or by a
+                                                 task on the server's host itself: open_local)
+    staged/<sink id hex>/<batch id>/<partition>-<attempt>@<stream>.part   complete (fsynced)
+    staged/<sink id hex>/<batch id>/owner        the client key (hex) that staged the batch
 
 A part file is a sequence of records ``length (uint32) | reserved value (int64) | payload``.
 
@@ -19,6 +20,13 @@ Invariants:
   frames already on disk are skipped and the rest appended) before any request is served.
 - Readers never see part of a commit: the positions the server reports for a sink recording are
   the end of its last ``done`` commit (``visible_limits``), not the raw recorded end.
+- Ownership (with ``--authorized-keys``; issue 28): a batch belongs to the client identity
+  (public key) that staged its first part (the ``owner`` file, created exclusively and fsynced),
+  a sink id to the identity that first committed it (``owner`` in the commit log's records).
+  Staging into, committing or aborting another identity's batch or sink id is refused
+  (:class:`NotAuthorisedError`, ``reason="not_owner"``). A part's stream is part of its file
+  name, fixed when it is staged (and checked for write permission then): a commit naming it with
+  another stream names a file that does not exist.
 - Parts not named by a commit (dead attempts, speculative duplicates), parts of aborted batches
   and ``.open`` files of vanished tasks are deleted once untouched for ``lease_s``.
 """
@@ -115,6 +123,16 @@ def _key_dir(root: str, sink_id: str, batch_id: int) -> str:
     return os.path.join(root, sink_id.encode("utf-8").hex(), str(batch_id))
 
 
+OWNER_FILE = "owner"
+
+
+def not_owner(op: str, what: str) -> NotAuthorisedError:
+    """The refusal of an operation on a sink batch, sink id or consumer of another client."""
+    return NotAuthorisedError(
+        f"NOT_AUTHORISED: {op} refused: {what} belongs to another client", op=op, reason="not_owner"
+    )
+
+
 class StagingStore:
     """Staged part files. Not thread-safe: one caller (the server's request loop) at a time."""
 
@@ -129,14 +147,52 @@ class StagingStore:
         self.bytes_staged = 0
         self.stage_failures = 0  # parts dropped because a write to them failed
 
-    def _file(self, key: PartKey, suffix: str) -> str:
-        return os.path.join(_key_dir(self.root, key.sink_id, key.batch_id), key.name + suffix)
+    def _file(self, key: PartKey, stream_id: int, suffix: str) -> str:
+        return os.path.join(
+            _key_dir(self.root, key.sink_id, key.batch_id), f"{key.name}@{stream_id}{suffix}"
+        )
 
-    def _create(self, key: PartKey) -> BinaryIO:
+    def _create(self, key: PartKey, stream_id: int) -> BinaryIO:
         """The part's ``.open`` file, created empty (its batch directory too)."""
-        path = self._file(key, ".open")
+        path = self._file(key, stream_id, ".open")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         return open(path, "wb")
+
+    def batch_owner(self, sink_id: str, batch_id: int) -> str | None:
+        """The identity (hex) that staged the batch; None when nobody claimed it."""
+        try:
+            with open(os.path.join(_key_dir(self.root, sink_id, batch_id), OWNER_FILE)) as fh:
+                return fh.read().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def check_owner(self, sink_id: str, batch_id: int, owner: str | None, op: str) -> None:
+        """Refuse ``op`` unless the batch is unclaimed or ``owner``'s (None: no ownership)."""
+        if owner is None:
+            return
+        found = self.batch_owner(sink_id, batch_id)
+        if found is not None and found != owner:
+            raise not_owner(op, f"batch {batch_id} of sink {sink_id!r}")
+
+    def claim(self, sink_id: str, batch_id: int, owner: str | None, op: str) -> None:
+        """Make the batch ``owner``'s if nobody claimed it (durably: created exclusively and
+        fsynced); refuse ``op`` if another identity did. None: no ownership (open server)."""
+        if owner is None:
+            return
+        directory = _key_dir(self.root, sink_id, batch_id)
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, OWNER_FILE)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            self.check_owner(sink_id, batch_id, owner, op)
+            return
+        try:
+            os.write(fd, owner.encode("ascii"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(directory)
 
     def write(
         self,
@@ -146,17 +202,20 @@ class StagingStore:
         payloads: Sequence[bytes],
         reserved_values: Sequence[int] | None,
         final: bool,
+        identity: str | None = None,
     ) -> dict[str, Any] | None:
         """Append payloads to the part ``key``; on ``final`` make it durable and return its
         commit message. The first write of a session to a part (re)creates it, so a retried stage
-        call never doubles a part."""
+        call never doubles a part. ``identity``: the client key (hex) the batch must belong to
+        (claimed by the first part staged into it); None: no ownership."""
         if reserved_values is not None and len(reserved_values) != len(payloads):
             raise ControlProtocolError("stage: reserved_values and payloads differ in length")
         part = self._open.get(key)
         if part is None or part.owner != owner or part.fh is None:
+            self.claim(key.sink_id, key.batch_id, identity, "stage")
             if part is not None and part.fh is not None:
                 _close_quietly(part.fh)
-            part = _OpenPart(owner, stream_id, self._create(key))
+            part = _OpenPart(owner, stream_id, self._create(key, stream_id))
             self._open[key] = part
         elif part.stream_id != stream_id:
             raise ControlProtocolError("stage: stream_id changed within one staged part")
@@ -190,15 +249,18 @@ class StagingStore:
         if part.fh is not None:
             _close_quietly(part.fh)
         with contextlib.suppress(OSError):
-            os.unlink(self._file(key, ".open"))
+            os.unlink(self._file(key, part.stream_id, ".open"))
 
-    def open_local(self, owner: object, key: PartKey, stream_id: int) -> str:
+    def open_local(
+        self, owner: object, key: PartKey, stream_id: int, identity: str | None = None
+    ) -> str:
         """(Re)create the part ``key`` empty for a task that writes it itself (records as
-        :func:`records` lays them out, then fsync); the path."""
+        :func:`records` lays them out, then fsync); the path. ``identity`` as for write."""
+        self.claim(key.sink_id, key.batch_id, identity, "local_stage")
         part = self._open.pop(key, None)
         if part is not None and part.fh is not None:
             _close_quietly(part.fh)
-        with self._create(key) as fh:
+        with self._create(key, stream_id) as fh:
             path = os.path.abspath(fh.name)
         self._open[key] = _OpenPart(owner, stream_id, None)
         return path
@@ -218,7 +280,7 @@ class StagingStore:
         if part.stream_id != stream_id:
             raise ControlProtocolError("local_stage_done: stream_id differs from local_stage's")
         del self._open[key]
-        path = self._file(key, ".open")
+        path = self._file(key, stream_id, ".open")
         try:
             got_count = got_bytes = 0
             for payloads, _rvs in self.read_part(path):
@@ -255,8 +317,8 @@ class StagingStore:
             )
 
     def _complete(self, key: PartKey, part: _OpenPart) -> dict[str, Any]:
-        path = self._file(key, ".part")
-        os.replace(self._file(key, ".open"), path)
+        path = self._file(key, part.stream_id, ".part")
+        os.replace(self._file(key, part.stream_id, ".open"), path)
         fsync_dir(os.path.dirname(path))
         self.parts_staged += 1
         return {
@@ -275,26 +337,35 @@ class StagingStore:
                     _close_quietly(part.fh)  # a full disk must not fail closing a session
                 del self._open[key]
 
-    def part_path(self, staged: dict[str, Any]) -> str:
-        return os.path.join(
-            _key_dir(self.root, staged["sink_id"], staged["batch_id"]), staged["part"] + ".part"
-        )
-
-    def check_part(self, staged: dict[str, Any]) -> str:
+    def part_path(self, staged: dict[str, Any], legacy: bool = False) -> str:
+        """The part file a commit message names: its name carries the stream it was staged
+        for. ``legacy``: also the name without it (parts staged before issue 28, named by a
+        commit interrupted by a crash; only recovery asks). The name must be the one its
+        partition and attempt give (never a path of the client's choosing)."""
         expected = f"{staged['partition_id']}-{staged['attempt']}"
         if staged["part"] != expected:
             raise ControlProtocolError(
                 f"staged part name {staged['part']!r} does not match its "
                 f"partition and attempt ({expected!r})"
             )
-        path = self.part_path(staged)
+        directory = _key_dir(self.root, staged["sink_id"], staged["batch_id"])
+        path = os.path.join(directory, f"{staged['part']}@{staged['stream_id']}.part")
+        if legacy and not os.path.exists(path):
+            old = os.path.join(directory, staged["part"] + ".part")
+            if os.path.exists(old):
+                return old
+        return path
+
+    def check_part(self, staged: dict[str, Any], legacy: bool = False) -> str:
+        path = self.part_path(staged, legacy)
         try:
             size = os.path.getsize(path)
         except FileNotFoundError:
             raise StagedDataMissingError(
                 f"staged part {staged['part']} of sink {staged['sink_id']!r} batch "
-                f"{staged['batch_id']} is not on the server (aborted, garbage collected after its "
-                "lease, or never completed)",
+                f"{staged['batch_id']} for stream {staged['stream_id']} is not on the server "
+                "(aborted, garbage collected after its lease, never completed, or staged for "
+                "another stream)",
                 part=staged["part"],
             ) from None
         if size != staged["bytes"] + RECORD.size * staged["count"]:
@@ -323,21 +394,24 @@ class StagingStore:
                 offset = yield from block_records(data)
                 carry = data[offset:]
 
-    def discard(self, sink_id: str, batch_id: int, names: Sequence[str] | None = None) -> int:
-        """Delete named parts of a batch (all of it when ``names`` is None).
+    def discard(
+        self, sink_id: str, batch_id: int, parts: Sequence[dict[str, Any]] | None = None
+    ) -> int:
+        """Delete the parts of a batch that commit messages name (all of it when ``parts`` is
+        None).
 
         Returns the number of files deleted."""
         directory = _key_dir(self.root, sink_id, batch_id)
         if not os.path.isdir(directory):
             return 0
-        if names is None:
-            count = len(os.listdir(directory))
+        if parts is None:
+            count = len([n for n in os.listdir(directory) if n != OWNER_FILE])
             shutil.rmtree(directory, ignore_errors=True)
             return count
         count = 0
-        for name in names:
+        for part in parts:
             try:
-                os.unlink(os.path.join(directory, name + ".part"))
+                os.unlink(self.part_path(part))
                 count += 1
             except FileNotFoundError:
                 pass
@@ -360,6 +434,8 @@ class StagingStore:
                     continue
                 busy = (sink_id, int(batch)) in open_keys
                 for name in os.listdir(batch_dir):
+                    if name == OWNER_FILE:  # goes with the batch's last part
+                        continue
                     path = os.path.join(batch_dir, name)
                     try:
                         age = now_wall_s - os.path.getmtime(path)
@@ -368,6 +444,11 @@ class StagingStore:
                     if age >= lease_s and not (busy and name.endswith(".open")):
                         os.unlink(path)
                         deleted += 1
+                owner = os.path.join(batch_dir, OWNER_FILE)
+                if os.listdir(batch_dir) == [OWNER_FILE] and not busy:
+                    with contextlib.suppress(FileNotFoundError):
+                        if now_wall_s - os.path.getmtime(owner) >= lease_s:
+                            os.unlink(owner)
                 if not os.listdir(batch_dir):
                     os.rmdir(batch_dir)
             if not os.listdir(sink_dir):
@@ -394,6 +475,7 @@ class SinkCommitter:
         self.recordings = recordings
         self.done: dict[tuple[str, int], dict[str, Any]] = {}
         self.last_batch: dict[str, int] = {}
+        self.sink_owner: dict[str, str] = {}  # sink id -> identity (hex) that first committed it
         self.visible: dict[int, int] = {}
         self._pending: dict[tuple[str, int], dict[str, Any]] = {}
         self._active: tuple[str, int] | None = None  # the commit running now (another thread)
@@ -407,6 +489,8 @@ class SinkCommitter:
         self.aborts = 0
         for record in self.log.records:
             key = (record["sink_id"], record["batch_id"])
+            if record.get("owner"):
+                self.sink_owner.setdefault(record["sink_id"], record["owner"])
             if record["t"] == "begin":
                 self._pending[key] = record
             elif record["t"] == "done":
@@ -431,6 +515,8 @@ class SinkCommitter:
             )
         }
         self.done[key] = result
+        if record.get("owner"):
+            self.sink_owner.setdefault(key[0], record["owner"])
         self.last_batch[key[0]] = max(self.last_batch.get(key[0], -1), key[1])
         rid = record["recording_id"]
         if record["end_position"] >= self.visible.get(rid, -1):
@@ -459,13 +545,36 @@ class SinkCommitter:
         self.resumed_commits += resumed
         return resumed
 
-    def last_committed_batch(self, sink_id: str) -> int | None:
+    def check_sink_owner(self, sink_id: str, owner: str | None, op: str) -> None:
+        """Refuse ``op`` on a sink id another identity committed first (None: no ownership)."""
+        if owner is None:
+            return
+        found = self.sink_owner.get(sink_id)
+        if found is not None and found != owner:
+            raise not_owner(op, f"sink {sink_id!r}")
+
+    def check_owner(self, sink_id: str, batch_id: int, owner: str | None, op: str) -> None:
+        """Refuse ``op`` on another identity's sink id or staged batch."""
+        self.check_sink_owner(sink_id, owner, op)
+        self.staging.check_owner(sink_id, batch_id, owner, op)
+
+    def last_committed_batch(self, sink_id: str, owner: str | None = None) -> int | None:
+        self.check_sink_owner(sink_id, owner, "last_committed_batch")
         return self.last_batch.get(sink_id)
 
     def commit(
-        self, sink_id: str, batch_id: int, stream_id: int, staged: list[dict[str, Any]], now_ns: int
+        self,
+        sink_id: str,
+        batch_id: int,
+        stream_id: int,
+        staged: list[dict[str, Any]],
+        now_ns: int,
+        owner: str | None = None,
     ) -> dict[str, Any]:
+        """Commit the named parts (see the module docs). ``owner``: the committing client's
+        identity (hex), which must own the batch and the sink id (None: no ownership)."""
         key = (sink_id, batch_id)
+        self.check_owner(sink_id, batch_id, owner, "commit")
         previous = self.done.get(key)
         if previous is not None:
             self.duplicate_commits += 1
@@ -503,6 +612,7 @@ class SinkCommitter:
             "session_id": writer.session_id,
             "start_position": writer.recorded_position,
             "parts": parts,
+            "owner": owner or "",
         }
         self._write_cancels()
         self.log.append(begin)
@@ -548,7 +658,7 @@ class SinkCommitter:
         )
         count = nbytes = 0
         for item in begin["parts"]:
-            path = self.staging.check_part(item)
+            path = self.staging.check_part(item, legacy="owner" not in begin)
             for payloads, rvs in self.staging.read_part(path):
                 count += len(payloads)
                 nbytes += (
@@ -573,14 +683,19 @@ class SinkCommitter:
             "end_position": framer.position,
             "count": count,
             "bytes": nbytes,
+            "owner": begin.get("owner", ""),
         }
         self.log.append(done)
         self._mark_done(done)
         self.staging.discard(begin["sink_id"], begin["batch_id"])
         return dict(self.done[(begin["sink_id"], begin["batch_id"])])
 
-    def abort(self, sink_id: str, batch_id: int, staged: list[dict[str, Any]]) -> int:
-        """Discard the named parts (a committed batch is left as it is). Returns files deleted."""
+    def abort(
+        self, sink_id: str, batch_id: int, staged: list[dict[str, Any]], owner: str | None = None
+    ) -> int:
+        """Discard the named parts (a committed batch is left as it is). Returns files deleted.
+        ``owner`` as for :meth:`commit`."""
+        self.check_owner(sink_id, batch_id, owner, "abort")
         for item in staged:
             if item["sink_id"] != sink_id or item["batch_id"] != batch_id:
                 raise NotAuthorisedError(
@@ -588,7 +703,7 @@ class SinkCommitter:
                     f"{item['sink_id']!r} batch {item['batch_id']}"
                 )
         self.aborts += 1
-        return self.staging.discard(sink_id, batch_id, [item["part"] for item in staged])
+        return self.staging.discard(sink_id, batch_id, staged)
 
     def gc(self, now_wall_s: float, lease_s: float) -> int:
         protected = set(self._pending)
@@ -603,4 +718,13 @@ class SinkCommitter:
         self.log.close()
 
 
-__all__ = ["PartKey", "SinkCommitter", "SinkRecordings", "SinkWriter", "StagingStore", "records"]
+__all__ = [
+    "OWNER_FILE",
+    "not_owner",
+    "PartKey",
+    "SinkCommitter",
+    "SinkRecordings",
+    "SinkWriter",
+    "StagingStore",
+    "records",
+]

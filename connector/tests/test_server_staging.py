@@ -65,7 +65,7 @@ def test_stage_write_read_and_retry_truncates(tmp_path) -> None:
         store.check_part(dict(msg, count=4))
     with pytest.raises(ControlProtocolError):
         store.check_part(dict(msg, part="1-0"))
-    assert store.discard("q", 3, ["0-0"]) == 1
+    assert store.discard("q", 3, [msg]) == 1
     with pytest.raises(StagedDataMissingError, match="not on the server"):
         store.check_part(msg)
 
@@ -181,3 +181,37 @@ def test_large_payloads_are_staged_one_by_one_with_the_same_records(tmp_path, wi
         )
         got_rvs += [int(r) for r in rs]
     assert got == expected and got_rvs == expected_rvs
+
+
+def test_a_batchs_owner_file_goes_with_its_last_part_and_refuses_other_owners(tmp_path) -> None:
+    from aeron_spark.connector.errors import NotAuthorisedError
+    from aeron_spark.connector.server.staging import OWNER_FILE
+
+    store = StagingStore(str(tmp_path))
+    session = object()
+    msg = store.write(session, PartKey("q", 1, 0, 0), 10, [b"x"], None, True, identity="aa")
+    batch_dir = os.path.dirname(store.part_path(msg))
+    assert sorted(os.listdir(batch_dir)) == ["0-0@10.part", OWNER_FILE]
+    assert store.batch_owner("q", 1) == "aa"
+    with pytest.raises(NotAuthorisedError, match="belongs to another client") as error:
+        store.write(object(), PartKey("q", 1, 1, 0), 10, [b"y"], None, True, identity="bb")
+    assert error.value.details["reason"] == "not_owner"
+    with pytest.raises(NotAuthorisedError):
+        store.open_local(object(), PartKey("q", 1, 2, 0), 10, identity="bb")
+    store.write(object(), PartKey("q", 1, 1, 0), 10, [b"z"], None, True)  # no ownership: open
+    for name in os.listdir(batch_dir):
+        os.utime(os.path.join(batch_dir, name), (1000.0, 1000.0))
+    assert store.gc(1000.0 + 3600, lease_s=60, protected=set()) == 2  # the parts
+    assert os.listdir(str(tmp_path)) == []  # and the owner file with them
+    assert store.batch_owner("q", 1) is None
+
+
+def test_a_crafted_part_name_is_refused_and_deletes_nothing(tmp_path) -> None:
+    store = StagingStore(str(tmp_path / "staged"))
+    msg = store.write(object(), PartKey("q", 1, 0, 0), 10, [b"x"], None, True)
+    victim = tmp_path / "elsewhere@10.part"
+    victim.write_bytes(b"keep")
+    crafted = dict(msg, part="../../../elsewhere")
+    with pytest.raises(ControlProtocolError, match="does not match its partition and attempt"):
+        store.discard("q", 1, [crafted])
+    assert victim.read_bytes() == b"keep" and os.path.exists(store.part_path(msg))
