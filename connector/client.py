@@ -361,8 +361,10 @@ class StreamClient:
         pending: deque[int] = deque()
         result: Any = None
         # stay under one transport message (no chunking) unless a single payload is larger;
-        # 16 bytes a payload for its msgpack bin header and list slot, generously
-        batches = batched(payloads, reserved_values, self.settings.max_request_bytes, 16)
+        # 16 bytes a payload for its msgpack bin header and list slot, generously (so a request
+        # also stays within the server's payloads per request)
+        limit = min(self.settings.max_request_bytes, 16 * proto.MAX_PAYLOADS_PER_REQUEST)
+        batches = batched(payloads, reserved_values, limit, 16)
         current: tuple[list[bytes] | PayloadRun, list[int] | None] | None = next(batches)
         try:
             while current is not None:

@@ -71,6 +71,17 @@ class ServerConfig:
     ``max_open_files``      recording files (segments, indexes) kept open at once, for appends
                             and replays, in a shared least-recently-used cache; None: a quarter
                             of the descriptor limit, between 16 and 1024
+    ``max_incomplete_bytes`` / ``max_incomplete_bytes_per_session``  what the chunks of messages
+                            not yet complete may hold, across all sessions / in one session (a
+                            message announced longer than the latter is refused at its first
+                            chunk); memory is charged as chunks arrive, a chunk past either is
+                            refused (``LIMIT_EXCEEDED``) and its message discarded
+    ``incomplete_message_timeout_s``  an incomplete message whose next chunk has not come for
+                            this long is discarded (on the clock, whatever else the session sends)
+    ``ingest_allow``        addresses or CIDR ranges whose publications the ingest channel
+                            records (empty: any); a source must also pass ``allow`` / ``deny``;
+                            other sources' SETUPs make no image and are counted
+                            (``setups_source_refused``)
     """
 
     directory: str
@@ -107,6 +118,10 @@ class ServerConfig:
     min_free_bytes: int = 0
     max_open_files: int | None = None
     authorized_keys_file: str | None = None
+    max_incomplete_bytes: int = 256 * 1024 * 1024
+    max_incomplete_bytes_per_session: int = 32 * 1024 * 1024
+    incomplete_message_timeout_s: float = 30.0
+    ingest_allow: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.directory, str) or not self.directory:
@@ -132,6 +147,9 @@ class ServerConfig:
             "gc_interval_ns",
             "max_replays_per_session",
             "max_block_bytes",
+            "max_incomplete_bytes",
+            "max_incomplete_bytes_per_session",
+            "incomplete_message_timeout_s",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(name, getattr(self, name), "a positive number")
@@ -151,6 +169,7 @@ class ServerConfig:
             raise ConfigurationError("max_block_bytes", self.max_block_bytes, "at least 4096")
         _networks("allow", self.allow)  # an unparsable address is named here, not at start
         _networks("deny", self.deny)
+        _networks("ingest_allow", self.ingest_allow)
         if not all(-(2**31) <= s < 2**31 for s in self.ingest_stream_ids):
             raise ConfigurationError(
                 "ingest_stream_ids", self.ingest_stream_ids, "32-bit stream ids"
