@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aeron_spark.handshake.config import _networks
+from aeron_spark.handshake.machine import normalise_address
 from aeron_spark.transport.protocol.logbuffer import check_mtu, check_term_length
 
 from aeron_spark.errors import ConfigurationError
@@ -170,15 +174,60 @@ class ServerConfig:
         _networks("allow", self.allow)  # an unparsable address is named here, not at start
         _networks("deny", self.deny)
         _networks("ingest_allow", self.ingest_allow)
+        if self.ingest_allow and _is_ipc(self.ingest_channel):
+            raise ConfigurationError(
+                "ingest_allow",
+                self.ingest_allow,
+                "a UDP ingest channel (an aeron:ipc publisher is a process of this host)",
+            )
         if not all(-(2**31) <= s < 2**31 for s in self.ingest_stream_ids):
             raise ConfigurationError(
                 "ingest_stream_ids", self.ingest_stream_ids, "32-bit stream ids"
             )
 
+    def ingest_source_filter(self) -> Callable[[str], bool] | None:
+        """Which sender hosts the ingest channel records (None: any): not denied, and in
+        ``allow`` and in ``ingest_allow`` where each is given (IPv4-mapped IPv6 addresses and
+        ranges as the IPv4 they are, as the handshake's admission sees them)."""
+        deny = _v4_mapped(_networks("deny", self.deny))
+        allow = _v4_mapped(_networks("allow", self.allow))
+        only = _v4_mapped(_networks("ingest_allow", self.ingest_allow))
+        if not (deny or allow or only) or _is_ipc(self.ingest_channel):
+            return None
+
+        def admits(host: str) -> bool:
+            try:
+                ip = ipaddress.ip_address(normalise_address(host))
+            except ValueError:
+                return False
+            return (
+                not any(ip in net for net in deny)
+                and (not allow or any(ip in net for net in allow))
+                and (not only or any(ip in net for net in only))
+            )
+
+        return admits
+
     @property
     def recording_mtu(self) -> int:
         """The mtu of recordings the server creates."""
         return self.mtu if self.mtu is not None else min(65504, self.term_length // 2)
+
+
+def _is_ipc(channel: str | None) -> bool:
+    return channel is not None and channel.startswith("aeron:ipc")
+
+
+def _v4_mapped(networks: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Ranges written as IPv4-mapped IPv6 (``::ffff:10.0.0.0/104``) as their IPv4 ranges: the
+    addresses matched are normalised that way."""
+    mapped = ipaddress.ip_network("::ffff:0:0/96")
+    return tuple(
+        ipaddress.ip_network(f"{net.network_address.ipv4_mapped}/{net.prefixlen - 96}")
+        if net.version == 6 and net.subnet_of(mapped)
+        else net
+        for net in networks
+    )
 
 
 __all__ = ["DEFAULT_PORT", "MAX_PORT", "ServerConfig"]
