@@ -174,6 +174,12 @@ class ServerConfig:
         _networks("allow", self.allow)  # an unparsable address is named here, not at start
         _networks("deny", self.deny)
         _networks("ingest_allow", self.ingest_allow)
+        if self.max_incomplete_bytes_per_session > self.max_incomplete_bytes:
+            raise ConfigurationError(
+                "max_incomplete_bytes_per_session",
+                self.max_incomplete_bytes_per_session,
+                f"at most max_incomplete_bytes ({self.max_incomplete_bytes})",
+            )
         if self.ingest_allow and _is_ipc(self.ingest_channel):
             raise ConfigurationError(
                 "ingest_allow",

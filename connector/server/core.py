@@ -218,9 +218,10 @@ class ServerCore:
     def expire(self, now_ns: int) -> list[object]:
         """Close sessions whose lease ran out; returns their keys (the shell closes connections).
         Discards incomplete messages whose next chunk is overdue, on the clock (counted)."""
-        for session in self.sessions.values():
-            if session.reassembler.expire(now_ns):
-                self.counters.add("incomplete_messages_expired")
+        if self.reassembly.open:  # only while some session has a message open
+            for session in self.sessions.values():
+                if session.reassembler.expire(now_ns):
+                    self.counters.add("incomplete_messages_expired")
         expired = [k for k, s in self.sessions.items() if now_ns >= s.lease_deadline_ns]
         for key in expired:
             self.close_session(key, now_ns)

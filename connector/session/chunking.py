@@ -96,6 +96,7 @@ class ReassemblyBudget:
             raise ConfigurationError("max_bytes", max_bytes, "a positive byte count")
         self.max_bytes = max_bytes
         self.held = 0
+        self.open = 0  # payloads open in the reassemblers sharing it
         self.refused = 0
 
     def try_charge(self, nbytes: int) -> bool:
@@ -162,6 +163,8 @@ class Reassembler:
     def _discard(self) -> None:
         if self._payload_id is not None:
             self.discarded += 1
+            if self.budget is not None:
+                self.budget.open -= 1
         self._payload_id = None
         self._release()
 
@@ -238,6 +241,8 @@ class Reassembler:
             self._total = total
             self._release()
             self._next_index = 0
+            if self.budget is not None:
+                self.budget.open += 1
         elif pid != self._payload_id or index != self._next_index or count != self._count:
             expected, open_id = self._next_index, self._payload_id
             self._discard()
@@ -286,6 +291,7 @@ class Reassembler:
         result = self._buffer  # handed over: the next payload gets a buffer of its own
         if budget is not None:
             budget.release(len(result))
+            budget.open -= 1
         self._payload_id = None
         self._buffer = bytearray()
         self.completed += 1

@@ -336,11 +336,12 @@ def limits_for(schema: dict[str, tuple[str, bool]]) -> Limits:
             array_len = max(array_len, MAX_STAGED_PARTS)
             map_len = max(map_len, len(STAGED_KEYS))
             str_len = max(str_len, 4 * MAX_STR_LENGTH)  # "part"
-            items += MAX_STAGED_PARTS * (len(STAGED_KEYS) + 1) + 1
+            # the list's elements, and each map's entries and itself
+            items += MAX_STAGED_PARTS * (len(STAGED_KEYS) + 2) + 1
         elif kind == "pos_pairs":
             max_bytes = max(max_bytes, MAX_LIST_REQUEST_BYTES)
             array_len = max(array_len, MAX_POSITIONS)
-            items += MAX_POSITIONS * 3 + 1
+            items += MAX_POSITIONS * 4 + 1  # the list's elements, each pair's two and itself
     return Limits(max_bytes, str_len, bin_len, array_len, map_len, items)
 
 
