@@ -361,8 +361,15 @@ class StreamClient:
         pending: deque[int] = deque()
         result: Any = None
         # stay under one transport message (no chunking) unless a single payload is larger;
-        # 16 bytes a payload for its msgpack bin header and list slot, generously
-        batches = batched(payloads, reserved_values, self.settings.max_request_bytes, 16)
+        # 16 bytes a payload for its msgpack bin header and list slot, generously; and within the
+        # payloads one request may carry
+        batches = batched(
+            payloads,
+            reserved_values,
+            self.settings.max_request_bytes,
+            16,
+            proto.MAX_PAYLOADS_PER_REQUEST,
+        )
         current: tuple[list[bytes] | PayloadRun, list[int] | None] | None = next(batches)
         try:
             while current is not None:
@@ -499,10 +506,12 @@ def batched(
     reserved_values: Iterable[int] | None,
     limit: int,
     overhead: int = 0,
+    max_count: int = 0,
 ) -> Iterator[tuple[list[bytes] | PayloadRun, list[int] | None]]:
     """Payloads (as bytes) with their reserved values (one taken after each payload), in
-    batches of at most ``limit`` bytes counting ``overhead`` per payload (a larger payload alone);
-    always at least one batch (an empty one when there is no payload).
+    batches of at most ``limit`` bytes counting ``overhead`` per payload (a larger payload alone)
+    and at most ``max_count`` payloads (0: any); always at least one batch (an empty one when
+    there is no payload).
 
     A :class:`~aeron_spark.connector.runs.PayloadRun` among the payloads is cut into pieces
     within the limit (slices: no copy, no Python object per payload) yielded as batches of their
@@ -521,14 +530,14 @@ def batched(
             if batch:
                 yield batch, rvs
                 batch, size = [], 0
-            for piece in payload.split(limit, overhead):
+            for piece in payload.split(limit, overhead, max_count):
                 yield piece, None
                 yielded = True
             continue
         if not isinstance(payload, bytes):
             payload = bytes(payload)
         cost = len(payload) + overhead
-        if batch and size + cost > limit:
+        if batch and (size + cost > limit or len(batch) == max_count):
             yield batch, rvs
             yielded = True
             batch, size = [], 0
