@@ -77,11 +77,16 @@ class HelloChannel:
         self._lock = threading.Lock()  # offers on the HELLO publication, polls of the replies
         self._inboxes: dict[int, deque[bytes]] = {}
         self._events: dict[int, threading.Event] = {}
-        self.replies = driver.add_subscription(channels.reply_sub(), channels.reply_stream)
+        self.hello_pub = driver.add_publication(channels.hello_pub(), channels.hello_stream)
         try:
-            self.hello_pub = driver.add_publication(channels.hello_pub(), channels.hello_stream)
+            # over UDP the server replies on a publication of this HELLO publication's own
+            # (its session id), sent only to this address
+            session = self.hello_pub.session_id if channels.media == "udp" else None
+            self.replies = driver.add_subscription(
+                channels.reply_sub(session), channels.reply_stream
+            )
         except BaseException:
-            self.replies.close()
+            self.hello_pub.close()
             raise
         # IPC data wakes nobody across processes, and an invoker driver runs only when stepped:
         # those wait on the subscription itself (which polls or steps), the others on events
