@@ -114,11 +114,15 @@ def test_a_whole_spoofed_handshake_then_a_request_reflects_at_most_3x(tmp_path: 
     try:
         # a HELLO image of the attacker's own (its address is denied: it only wants to join)
         attacker.sendto(h.setup(0x2C0000AA, HANDSHAKE_STREAM_ID), port)
+        deadline = time.monotonic() + 3.0
+        while not any(sub.images for sub in subs) and time.monotonic() < deadline:
+            time.sleep(0.01)  # joined (the old server), or never (a server that lets nobody)
         # the spoofed handshake: SETUP, HELLO, a join of the replies in the victim's name
         hellos = [machine.hello()]
         victim.send(h.setup(spoofed_session, HANDSHAKE_STREAM_ID), port)
         victim.send(h.data(spoofed_session, HANDSHAKE_STREAM_ID, hellos[0]), port)
-        victim.send(h.sm(spoofed_session, REPLY_STREAM_ID, setup=True), control)
+        for session in (0, spoofed_session):  # the joins a reply subscription there would send
+            victim.send(h.sm(session, REPLY_STREAM_ID, setup=True), control)
         details = next_reply(3.0)
         if machine.retry_hello is not None:  # it read the COOKIE: answer it from the victim
             hellos.append(machine.retry_hello)

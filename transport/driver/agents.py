@@ -33,10 +33,9 @@ from aeron_spark.transport.protocol.frames import (
     frame_type_of,
 )
 from aeron_spark.transport.protocol.publication import PublicationState
-
-UNCLAIMED_ELICITS_MAX = 64  # SETUP requests for publications not (yet) there, per socket
 from aeron_spark.transport.protocol.receiver import ReceiveDispatcher
 
+UNCLAIMED_ELICITS_MAX = 64  # SETUP requests for publications not (yet) there, per socket
 RECEIVES_PER_STEP = 64
 _TYPE_SM = int(FrameType.SM)
 _TYPE_NAK = int(FrameType.NAK)
