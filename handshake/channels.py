@@ -92,11 +92,17 @@ class Channels:
             return f"aeron:ipc?term-length={HANDSHAKE_TERM_LENGTH}"
         return f"aeron:udp?endpoint={_h(self.host)}:{self.port}|term-length={HANDSHAKE_TERM_LENGTH}"
 
-    def reply_pub(self, session_id: int = 0, client_host: str = "") -> str:
+    def reply_pub(self, session_id: int | None = None, client_host: str = "") -> str:
         """The server's replies: over IPC one publication for all; over UDP one per HELLO
-        image, with the image's ``session_id``, whose one destination is at ``client_host``."""
+        image, with the image's ``session_id``, whose one destination is at ``client_host``
+        (without: the publication that holds the control port, which takes no destination)."""
         if self.media == "ipc":
             return f"aeron:ipc?term-length={HANDSHAKE_TERM_LENGTH}"
+        if session_id is None:
+            return (
+                f"aeron:udp?control={_h(self.host)}:{self.control_port}|control-mode=dynamic"
+                f"|term-length={HANDSHAKE_TERM_LENGTH}|destination-host=none{_GUARD}"
+            )
         return (
             f"aeron:udp?control={_h(self.host)}:{self.control_port}|control-mode=dynamic"
             f"|session-id={session_id}|term-length={HANDSHAKE_TERM_LENGTH}"

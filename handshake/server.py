@@ -223,12 +223,9 @@ class Server:
                 )
                 try:
                     # over UDP every HELLO image gets a reply publication of its own (see
-                    # _open_reply): none is shared, so no client reads another's replies
-                    pub = None
-                    if channels.media == "ipc":
-                        pub = self.driver.add_publication(
-                            channels.reply_pub(), channels.reply_stream
-                        )
+                    # _open_reply), so no client reads another's replies; this one, which
+                    # takes no destination, binds the control port from the start
+                    pub = self.driver.add_publication(channels.reply_pub(), channels.reply_stream)
                 except BaseException:
                     sub.close()
                     raise
@@ -267,7 +264,7 @@ class Server:
 
     def _read_hellos(self, now_ns: int) -> None:
         live: set[int] = set()
-        for channels, sub, ipc_reply in self._listeners:
+        for channels, sub, shared_reply in self._listeners:
             images = sub.images
             live.update(id(image) for image in images)
             for image in images:
@@ -276,7 +273,7 @@ class Server:
                     inbox = self._hellos[id(image)] = _HelloInbox(image, channels.media == "ipc")
                 if inbox.done:
                     continue
-                reply = ipc_reply if inbox.ipc else self._open_reply(channels, inbox)
+                reply = shared_reply if inbox.ipc else self._open_reply(channels, inbox)
                 if reply is None:
                     continue
                 image.poll(inbox.assembler, HELLOS_PER_STEP)
