@@ -182,11 +182,26 @@ def seal_identity(
 ) -> bytes:
     """The client's static public key and the proof that it holds its private key, sealed for
     the holder of ``server_key`` (step 2)."""
+    return seal_identity_keeping(client_ephemeral, client_static, server_key, connect_key, cookie)[
+        0
+    ]
+
+
+def seal_identity_keeping(
+    client_ephemeral: X25519PrivateKey,
+    client_static: X25519PrivateKey,
+    server_key: bytes,
+    connect_key: int,
+    cookie: bytes,
+) -> tuple[bytes, tuple[bytes, bytes]]:
+    """:func:`seal_identity`, and the two X25519 results it took (ce·ss, cs·ss), which the key
+    schedule needs again (``client_keys(..., known=)``)."""
     server = load_public(server_key)
     es = _exchange(client_ephemeral, server)
     aead, ad = _identity_aead(es, connect_key, public_bytes(client_ephemeral), server_key, cookie)
-    proof = _proof(_exchange(client_static, server), ad)
-    return aead.encrypt(_NONCE_IDENTITY, public_bytes(client_static) + proof, ad)
+    static = _exchange(client_static, server)
+    proof = _proof(static, ad)
+    return aead.encrypt(_NONCE_IDENTITY, public_bytes(client_static) + proof, ad), (es, static)
 
 
 def open_identity(
@@ -196,6 +211,18 @@ def open_identity(
     cookie: bytes,
     box: bytes,
 ) -> bytes:
+    """The client's static public key out of a HELLO's identity box (see
+    :func:`open_identity_keeping`)."""
+    return open_identity_keeping(server_static, ephemeral_public, connect_key, cookie, box)[0]
+
+
+def open_identity_keeping(
+    server_static: X25519PrivateKey,
+    ephemeral_public: bytes,
+    connect_key: int,
+    cookie: bytes,
+    box: bytes,
+) -> tuple[bytes, tuple[bytes, bytes]]:
     """The client's static public key out of a HELLO's identity box, its proof checked; raises
     :class:`RemoteProtocolError` if it does not open, is not an X25519 public key or its proof
     is not made with that key's private key."""
@@ -208,13 +235,13 @@ def open_identity(
     except InvalidTag as exc:
         raise RemoteProtocolError("the HELLO's client identity does not authenticate") from exc
     client_static, proof = plain[:32], plain[32:]
-    want = _proof(_exchange(server_static, load_public(client_static)), ad)
-    if len(proof) != PROOF_LENGTH or not hmac.compare_digest(proof, want):
+    static = _exchange(server_static, load_public(client_static))
+    if len(proof) != PROOF_LENGTH or not hmac.compare_digest(proof, _proof(static, ad)):
         raise RemoteProtocolError(
             "the HELLO's client identity carries no proof of its private key (a public key "
             "alone is not an identity)"
         )
-    return client_static
+    return client_static, (es, static)
 
 
 def client_keys(
@@ -223,14 +250,12 @@ def client_keys(
     hello: bytes,
     server_key: bytes,
     ephemeral_key: bytes,
+    known: tuple[bytes, bytes] | None = None,
 ) -> SessionKeys:
+    """``known``: ce·ss and cs·ss if already computed (:func:`seal_identity_keeping`)."""
     ss, se = load_public(server_key), load_public(ephemeral_key)
-    dh = (
-        _exchange(client_ephemeral, se)
-        + _exchange(client_ephemeral, ss)
-        + _exchange(client_static, ss)
-        + _exchange(client_static, se)
-    )
+    dh2, dh3 = known or (_exchange(client_ephemeral, ss), _exchange(client_static, ss))
+    dh = _exchange(client_ephemeral, se) + dh2 + dh3 + _exchange(client_static, se)
     return derive(dh, transcript_hash(hello, server_key, ephemeral_key))
 
 
@@ -240,14 +265,12 @@ def server_keys(
     client_public: bytes,
     client_static_public: bytes,
     hello: bytes,
+    known: tuple[bytes, bytes] | None = None,
 ) -> SessionKeys:
+    """``known``: ss·ce and ss·cs if already computed (:func:`open_identity_keeping`)."""
     ce, cs = load_public(client_public), load_public(client_static_public)
-    dh = (
-        _exchange(server_ephemeral, ce)
-        + _exchange(server_static, ce)
-        + _exchange(server_static, cs)
-        + _exchange(server_ephemeral, cs)
-    )
+    dh2, dh3 = known or (_exchange(server_static, ce), _exchange(server_static, cs))
+    dh = _exchange(server_ephemeral, ce) + dh2 + dh3 + _exchange(server_ephemeral, cs)
     return derive(
         dh, transcript_hash(hello, public_bytes(server_static), public_bytes(server_ephemeral))
     )
@@ -349,6 +372,8 @@ __all__ = [
     "client_keys",
     "fingerprint",
     "open_identity",
+    "open_identity_keeping",
+    "seal_identity_keeping",
     "seal_identity",
     "public_bytes",
     "server_keys",

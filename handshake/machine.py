@@ -46,9 +46,9 @@ from aeron_spark.handshake.crypto import (
     SessionKeys,
     client_keys,
     fingerprint,
-    open_identity,
+    open_identity_keeping,
     public_bytes,
-    seal_identity,
+    seal_identity_keeping,
     server_keys,
 )
 from aeron_spark.handshake.errors import (
@@ -225,6 +225,7 @@ class ClientHandshake:
         self.server_key: bytes | None = None
         self._resumed = False  # the first HELLO carried a resumption token
         self.ignored_replies = 0
+        self._known: tuple[bytes, tuple[bytes, bytes] | None] | None = None
 
     def _fire(self, event: ClientEvent) -> None:
         try:
@@ -261,13 +262,17 @@ class ClientHandshake:
         return self._hello
 
     def _hello_with(self, cookie: bytes, server_key: bytes) -> bytes:
+        box, known = seal_identity_keeping(
+            self._ephemeral, self._static, server_key, self.connect_key, cookie
+        )
+        self._known = (server_key, known)  # its X25519 results, for the key schedule
         return m.Hello(
             m.PROTOCOL_VERSION,
             self.connect_key,
             public_bytes(self._ephemeral),
             self.encryption,
             cookie,
-            seal_identity(self._ephemeral, self._static, server_key, self.connect_key, cookie),
+            box,
         ).encode()
 
     def on_reply(self, data: bytes) -> m.SessionDetails | None:
@@ -317,12 +322,14 @@ class ClientHandshake:
             self.ignored_replies += 1
             return None
         try:
+            known = self._known
             keys = client_keys(
                 self._ephemeral,
                 self._static,
                 self._hello,
                 message.server_key,
                 message.ephemeral_key,
+                known[1] if known is not None and known[0] == message.server_key else None,
             )
             details = m.SessionDetails.decode(keys.open_details(message.box))
         except RemoteProtocolError:
@@ -599,9 +606,10 @@ class ServerCore:
         code, text = self._stateless_admission(address, hello)
         client_key = b""
         token = None
+        known: tuple[bytes, bytes] | None = None
         if code is None:
             token = self._check_cookie(source, hello, data, now_ns)
-            code, text, client_key = self._identity(hello)
+            code, text, client_key, known = self._identity(hello)
             if code is None and token is not None:
                 self._check_token_key(source, hello, client_key, token, now_ns)
         if code is None:
@@ -612,7 +620,9 @@ class ServerCore:
         self._spend(source, hello, token, now_ns)
         ephemeral = X25519PrivateKey.generate()
         try:
-            keys = server_keys(self.static_key, ephemeral, hello.public_key, client_key, data)
+            keys = server_keys(
+                self.static_key, ephemeral, hello.public_key, client_key, data, known
+            )
         except RemoteProtocolError as exc:
             self.counters.malformed += 1
             self._refused(ErrorCode.MALFORMED)
@@ -669,19 +679,26 @@ class ServerCore:
             )
         return None, ""
 
-    def _identity(self, hello: m.Hello) -> tuple[ErrorCode | None, str, bytes]:
+    def _identity(
+        self, hello: m.Hello
+    ) -> tuple[ErrorCode | None, str, bytes, tuple[bytes, bytes] | None]:
         """The client's static key out of a HELLO with a valid cookie, checked against
         ``authorize`` (before anything is allocated)."""
         if not hello.identity:
             self.counters.identities_bad += 1
-            return ErrorCode.MALFORMED, "a HELLO with a cookie must carry the client identity", b""
+            return (
+                ErrorCode.MALFORMED,
+                "a HELLO with a cookie must carry the client identity",
+                b"",
+                None,
+            )
         try:
-            client_key = open_identity(
+            client_key, known = open_identity_keeping(
                 self.static_key, hello.public_key, hello.connect_key, hello.cookie, hello.identity
             )
         except RemoteProtocolError as exc:
             self.counters.identities_bad += 1
-            return ErrorCode.MALFORMED, str(exc), b""
+            return ErrorCode.MALFORMED, str(exc), b"", None
         if self.authorize is not None and not self.authorize(client_key):
             self.counters.clients_refused += 1
             return (
@@ -690,8 +707,9 @@ class ServerCore:
                 "(show it with 'aeron-spark keys show --client' and have it added to the "
                 "server's authorized keys)",
                 b"",
+                None,
             )
-        return None, "", client_key
+        return None, "", client_key, known
 
     def _mac(self, label: bytes, *parts: bytes) -> bytes:
         """HMAC-SHA256 under the cookie secret of ``label`` then each part, length-prefixed,
