@@ -32,6 +32,7 @@ from aeron_spark.handshake.messages import FrameKind
 from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler
 
 from . import hostile as h
+from .conftest import wait_for
 
 SERVER = "127.0.0.1"
 VICTIM = "127.0.0.2"
@@ -182,4 +183,37 @@ def test_a_whole_spoofed_handshake_then_a_request_reflects_at_most_3x(tmp_path: 
         attacker_driver.close()
         attacker.close()
         victim.sock.close()
+        server.close()
+
+
+def test_a_hello_streams_reply_publication_goes_with_it(tmp_path: Path) -> None:
+    # Each HELLO image's reply publication is the server's to free: once the client's HELLO
+    # channel closes (hello_linger_s=0: when its handshake ends), nothing of it stays.
+    from aeron_spark.handshake import Client, ClientConfig
+
+    server = Server(
+        ServerConfig(key_store_dir=str(tmp_path / "keys"), ipc=False),
+        on_message=lambda c, m: c.send(m),
+    ).start()
+    driver = Driver(DriverConfig(write_counters_file=False)).start()
+    try:
+        before = len(server.driver._publications)
+        client = Client(
+            ClientConfig(key_store_dir=str(tmp_path / "client"), hello_linger_s=0), driver=driver
+        )
+        for _ in range(3):
+            with client.connect(server.endpoint) as conn:
+                conn.send(b"ping")
+                assert conn.receive(5.0) == b"ping"
+        wait_for(
+            lambda: (
+                server.stats()["hello_images"] == 0
+                and server.stats()["connections"] == 0
+                and len(server.driver._publications) == before
+            ),
+            what="the HELLO images, their reply publications and the sessions gone",
+        )
+        assert server.stats()["reply_publications_failed"] == 0
+    finally:
+        driver.close()
         server.close()
