@@ -65,19 +65,11 @@ def _offset_after(payloads: list[bytes]) -> int:
     return sum((32 + len(p) + 31) // 32 * 32 for p in payloads)
 
 
-def test_a_whole_spoofed_handshake_then_a_request_reflects_at_most_3x(tmp_path: Path) -> None:
-    def respond(conn, message: bytes) -> None:
-        def send() -> None:
-            for _ in range(RESPONSE // 8192):
-                conn.send(b"\x00" * 8192, timeout_s=5.0)
-
-        threading.Thread(target=send, daemon=True).start()
-
-    server = Server(
-        ServerConfig(key_store_dir=str(tmp_path / "keys"), allow=(VICTIM,), ipc=False),
-        on_message=respond,
-    ).start()
+def _spoofed_handshake_then(server, request: bytes) -> dict:
+    """The whole attack on ``server`` (a handshake Server, as ``stats()`` gives), ending with
+    ``request`` sent on the session if it completes; what it measured."""
     port, control = (SERVER, server.port), (SERVER, server.control_port)
+    before = server.stats()
     attacker_driver = Driver(DriverConfig(write_counters_file=False)).start()
     attacker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     attacker.bind((ATTACKER, 0))
@@ -150,40 +142,79 @@ def test_a_whole_spoofed_handshake_then_a_request_reflects_at_most_3x(tmp_path: 
             # the request, sealed with the session's keys, then blind flow-control SMs (one of
             # four term ids is ahead of the unseen initial term id: the window opens)
             sealer, _ = machine.keys.client_sealer(SealCounters())
-            request = sealer.seal(bytes([FrameKind.DATA]) + b"replay")
-            victim.send(h.data(*c2s, request, term_offset=_offset_after([done])), port)
+            sealed = sealer.seal(bytes([FrameKind.DATA]) + request)
+            victim.send(h.data(*c2s, sealed, term_offset=_offset_after([done])), port)
             for _ in range(20):
                 for quarter in range(4):
                     term = quarter << 30
                     victim.send(h.sm(*s2c, term_id=term - (1 << 32) * (term >> 31)), control)
                 victim.meter(0.1)
         victim.meter(3.0)  # what keeps coming (heartbeats, retransmissions, the response)
-        factor = victim.received / victim.sent
         stats = server.stats()
-        print(
-            "spoofed handshake "
-            + json.dumps(
-                {
-                    "sent_from_victim": victim.sent,
-                    "received_by_victim": victim.received,
-                    "factor": round(factor, 3),
-                    "welcome_read_by_attacker": details is not None,
-                    "accepted": stats["accepted"],
-                    "connected": stats["connected"],
-                    "amplification_drops": stats["amplification_drops"],
-                }
-            )
-        )
-        assert details is None, "the attacker read the WELCOME of a handshake it spoofed"
-        assert stats["accepted"] == 0 and stats["connected"] == 0
-        assert factor <= 3, f"{victim.received} bytes reached the victim for {victim.sent}"
+        return {
+            "sent_from_victim": victim.sent,
+            "received_by_victim": victim.received,
+            "factor": round(victim.received / victim.sent, 3),
+            "welcome_read_by_attacker": details is not None,
+            "accepted": stats["accepted"] - before["accepted"],
+            "connected": stats["connected"] - before["connected"],
+            "amplification_drops": stats["amplification_drops"],
+        }
     finally:
         for sub in subs:
             sub.close()
         attacker_driver.close()
         attacker.close()
         victim.sock.close()
+
+
+def _check(measured: dict, what: str) -> None:
+    print(f"{what} " + json.dumps(measured))
+    assert not measured["welcome_read_by_attacker"], "the attacker read a spoofed WELCOME"
+    assert measured["accepted"] == 0 and measured["connected"] == 0
+    assert measured["factor"] <= 3, measured
+
+
+def test_a_whole_spoofed_handshake_then_a_request_reflects_at_most_3x(tmp_path: Path) -> None:
+    def respond(conn, message: bytes) -> None:
+        def send() -> None:
+            for _ in range(RESPONSE // 8192):
+                conn.send(b"\x00" * 8192, timeout_s=5.0)
+
+        threading.Thread(target=send, daemon=True).start()
+
+    server = Server(
+        ServerConfig(key_store_dir=str(tmp_path / "keys"), allow=(VICTIM,), ipc=False),
+        on_message=respond,
+    ).start()
+    try:
+        _check(_spoofed_handshake_then(server, b"replay"), "spoofed handshake")
+    finally:
         server.close()
+
+
+def test_a_whole_spoofed_handshake_then_a_replay_request_to_the_stream_server(
+    tmp_path: Path,
+) -> None:
+    # The review's attack on the stream server itself: a recording of 4 MiB, and one `replay`
+    # request on the spoofed session (3,132x in the review).
+    from aeron_spark.connector.server import ServerConfig as StreamServerConfig
+    from aeron_spark.connector.server import StreamServer
+    from aeron_spark.connector.server.testing import client_for
+    from aeron_spark.connector.session.protocol import encode_request
+
+    config = StreamServerConfig(
+        directory=str(tmp_path / "srv"), port=0, allow=(SERVER, VICTIM), mtu=4096
+    )
+    with StreamServer(config) as stream_server:
+        with client_for(stream_server.endpoint, encryption=True) as honest:  # from 127.0.0.1
+            honest.publish(10, [bytes(4096)] * 1024)
+            (rec,) = honest.list_recordings(stream_ids=[10])
+        request = encode_request(1, "replay", {"recording_id": rec.recording_id, "start": 0})
+        _check(
+            _spoofed_handshake_then(stream_server._listener.server, request),
+            "spoofed handshake + replay",
+        )
 
 
 def test_a_hello_streams_reply_publication_goes_with_it(tmp_path: Path) -> None:
