@@ -607,9 +607,8 @@ def _includes(root: ET.Element, path: str | None) -> None:
         raise SbeSchemaError(f"<xi:include>: {exc}", path=path) from None
 
 
-def parse_schema(source: str) -> Schema:
-    """A schema from XML text, or from the path of an XML file (whose ``<xi:include>`` s are
-    resolved relative to it)."""
+def _root(source: str) -> ET.Element:
+    """The schema's XML element tree (includes resolved), from XML text or a file's path."""
     text = source
     path = None
     if not source.lstrip().startswith("<"):
@@ -623,6 +622,19 @@ def parse_schema(source: str) -> Schema:
             ) from None
     root = _xml(text, "the SBE schema")
     _includes(root, path)
+    return root
+
+
+def schema_text(source: str) -> str:
+    """The schema as one XML text (its file read, its ``<xi:include>`` s resolved), for
+    :func:`parse_schema` where the file and its includes cannot be read (Spark's executors)."""
+    return ET.tostring(_root(source), encoding="unicode")
+
+
+def parse_schema(source: str) -> Schema:
+    """A schema from XML text, or from the path of an XML file (whose ``<xi:include>`` s are
+    resolved relative to it)."""
+    root = _root(source)
     if _local(root.tag) != "messageSchema":
         raise SbeSchemaError(
             f"the root element is <{_local(root.tag)}>, not <sbe:messageSchema>",
@@ -672,4 +684,14 @@ def parse_schema(source: str) -> Schema:
     )
 
 
-__all__ = ["Block", "Data", "Group", "Message", "Node", "PRIMITIVES", "Schema", "parse_schema"]
+__all__ = [
+    "Block",
+    "Data",
+    "Group",
+    "Message",
+    "Node",
+    "PRIMITIVES",
+    "Schema",
+    "parse_schema",
+    "schema_text",
+]

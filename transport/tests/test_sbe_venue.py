@@ -129,6 +129,12 @@ def test_include_errors_name_the_file(tree: Path) -> None:
         sbe.load(_write(tree, "s.xml"), "M")
 
 
+def test_schema_text_is_the_schema_with_its_includes_resolved() -> None:
+    text = sbe.schema_text(VENUE)  # what Spark ships to its executors
+    assert "XInclude" not in text
+    assert sbe.parse_schema(text) == sbe.parse_schema(VENUE)
+
+
 def test_an_include_in_schema_text_asks_for_a_file() -> None:
     xml = _schema("", "", head='<xi:include href="common.xml"/>')
     with pytest.raises(sbe.SbeSchemaError, match="give the schema as a file path"):
