@@ -18,6 +18,7 @@ import os
 import urllib.parse
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
+from typing import Any, cast
 from xml.etree import ElementInclude
 
 from aeron_spark.transport.sbe.errors import SbeSchemaError, UnknownMessageError
@@ -597,7 +598,10 @@ def _includes(root: ET.Element, path: str | None) -> None:
 
     try:
         ElementInclude.include(
-            root, loader=load, base_url=os.path.realpath(path), max_depth=MAX_INCLUDE_DEPTH
+            root,
+            loader=cast(Any, load),  # typeshed's loader protocol is overloaded on parse=
+            base_url=os.path.realpath(path),
+            max_depth=MAX_INCLUDE_DEPTH,
         )
     except ElementInclude.LimitedRecursiveIncludeError:
         raise SbeSchemaError(
