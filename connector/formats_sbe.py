@@ -124,12 +124,8 @@ def parse_sbe_options(o: Mapping[str, str], fmt: str, sink: bool) -> SbeOptions 
     other = o.get("sbeothertemplates", "fail").strip().lower()
     if other not in OTHER_TEMPLATE_POLICIES:
         raise ConfigurationError("sbeOtherTemplates", other, " or ".join(OTHER_TEMPLATE_POLICIES))
-    xml = source
-    if not source.startswith("<"):
-        import os
-
-        with open(os.path.expanduser(source), encoding="utf-8") as f:
-            xml = f.read()
+    # one text (includes resolved): the tasks cannot read the driver's files
+    xml = sbe.schema_text(source)
     return SbeOptions(xml, message.name, enums == "raw", other)
 
 
