@@ -161,7 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
         "('KEY NAME read=10,20-29 write=20 admin' per line; see 'aeron-spark keys show "
         "--client'); re-read when it changes and on SIGHUP. Without it any client may connect",
     )
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        help="DEBUG, INFO, WARNING or ERROR (default %(default)s)",
+    )
     return parser
 
 
