@@ -39,6 +39,29 @@ def _parsers(monkeypatch: pytest.MonkeyPatch) -> dict[str, argparse.ArgumentPars
     return out
 
 
+def _example_flags(name: str, monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """The flags of ``examples/NAME.py``, caught as its ``main()`` parses ``--help``."""
+    import importlib.util
+
+    seen: list[argparse.ArgumentParser] = []
+    parse_args = argparse.ArgumentParser.parse_args
+
+    def spy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(self)
+        return parse_args(self, *args, **kwargs)
+
+    spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / "examples" / name)
+    assert spec is not None and spec.loader is not None, name
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with monkeypatch.context() as patch:
+        patch.setattr(argparse.ArgumentParser, "parse_args", spy)
+        patch.setattr("sys.argv", [name, "--help"])
+        with pytest.raises(SystemExit):
+            module.main()
+    return _flags(seen[0])
+
+
 def _flags(parser: argparse.ArgumentParser) -> set[str]:
     return {s for action in parser._actions for s in action.option_strings}
 
@@ -68,6 +91,7 @@ def test_every_flag_readme_names_exists_on_its_command(monkeypatch, capsys) -> N
     every = set().union(*(_flags(p) for p in parsers.values()))
     wrong = []
     checked = 0
+    examples: dict[str, set[str]] = {}
     for match in re.finditer(r"(?<![\w-])--[a-z][a-z0-9-]*", README):
         flag, at = match.group(), match.start()
         before = README[max(_paragraph_start(at), at - _WINDOW) : at]
@@ -78,7 +102,14 @@ def test_every_flag_readme_names_exists_on_its_command(monkeypatch, capsys) -> N
         line = README[README.rfind("\n", 0, at) + 1 : at]
         span = line[line.rfind("`") + 1 :] if line.count("`") % 2 else line
         named = re.findall(r"aeron-spark (\w+)", span)
-        if named and named[-1] in parsers:
+        example = re.findall(r"examples/(\w+\.py)", span)
+        if example:  # "python examples/NAME.py ... --flag": that example's
+            checked += 1
+            if example[-1] not in examples:
+                examples[example[-1]] = _example_flags(example[-1], monkeypatch)
+            if flag not in examples[example[-1]]:
+                wrong.append(f"examples/{example[-1]} {flag}")
+        elif named and named[-1] in parsers:
             checked += 1
             if flag not in _flags(parsers[named[-1]]):
                 wrong.append(f"aeron-spark {named[-1]} {flag}")
