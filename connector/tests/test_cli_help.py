@@ -142,3 +142,16 @@ def test_every_flag_readme_names_exists_on_its_command(monkeypatch, capsys) -> N
 def test_consumers_takes_no_stream_id_it_would_ignore(capsys) -> None:  # type: ignore[no-untyped-def]
     assert main(["consumers", "list", "--stream-id", "10"]) == 2
     assert "unrecognized arguments: --stream-id" in capsys.readouterr().err
+
+
+def test_readme_and_examples_run_the_examples_with_the_venv_python() -> None:
+    """``python examples/...`` is the system Python, without aeron-spark: README says which."""
+    texts = {"README.md": README}
+    texts.update({f"examples/{p.name}": p.read_text() for p in (ROOT / "examples").glob("*.py")})
+    bare = {
+        name: line.strip()
+        for name, text in texts.items()
+        for line in text.splitlines()
+        if re.search(r"(?<![/\w])python3? examples/", line)
+    }
+    assert not bare, f"examples run with a bare python: {bare}"
