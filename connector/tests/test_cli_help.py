@@ -155,3 +155,20 @@ def test_readme_and_examples_run_the_examples_with_the_venv_python() -> None:
         if re.search(r"(?<![/\w])python3? examples/", line)
     }
     assert not bare, f"examples run with a bare python: {bare}"
+
+
+def test_stat_pins_the_server_key_as_readme_says(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """``stat --server-key`` / ``--no-trust-on-first-use`` do what they do on publish and tail."""
+    from aeron_spark.connector.server.testing import server_process
+
+    with server_process(str(tmp_path / "srv")) as (_, endpoint):
+        (log,) = tmp_path.glob("srv.*.log")
+        key = re.findall(r"server key ([0-9a-f]{64})", log.read_text())[0]
+        wrong = ("0" if key[0] != "0" else "1") + key[1:]
+        common = ["stat", "--endpoint", endpoint, "--once", "--json", "--no-encryption"]
+        store = ["--key-store", str(tmp_path / "keys"), "--no-trust-on-first-use"]
+        assert main([*common, *store]) == 1  # unknown, not pinned, not trusted on first use
+        assert main([*common, *store, "--server-key", wrong]) == 1
+        capsys.readouterr()
+        assert main([*common, *store, "--server-key", key]) == 0
+        assert '"handshake"' in capsys.readouterr().out
