@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 # The driver's counters of what strangers sent and the transport dropped, in :meth:`Server.stats`
 TRANSPORT_REFUSALS = (
     "status_messages_refused",  # SMs from an address that may not be a destination (item 1)
+    "status_messages_deferred",  # SETUP requests held until the host's HELLO (honest clients)
     "naks_refused",  # NAKs from an address that is not a destination (item 2)
     "data_wrong_source",  # DATA for an image from another source than its SETUP's (item 3)
     "setups_rejected",  # SETUPs asking for a bigger term or mtu than the channel takes (item 6)

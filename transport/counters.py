@@ -72,6 +72,9 @@ class SystemCounters:
     publications_created: int = 0
     subscriptions_created: int = 0
     loss_injected_drops: int = 0
+    # SETUP requests held for a host not allowed yet (a handshake client's first SM precedes its
+    # HELLO); answered once allowed, else counted in status_messages_refused
+    status_messages_deferred: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

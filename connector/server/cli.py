@@ -192,7 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="discard a message whose next chunk has not come for this long (default 30)",
     )
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        help="DEBUG, INFO, WARNING or ERROR (default %(default)s)",
+    )
     return parser
 
 

@@ -495,6 +495,7 @@ def publication_counts(state: PublicationState) -> dict[str, int]:
         "back_pressure_events": state.back_pressure_events,
         "invalid_frames": state.invalid_naks,
         "status_messages_refused": state.status_messages_refused,
+        "status_messages_deferred": state.status_messages_deferred,
         "naks_refused": state.naks_refused,
     }
 
