@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,13 +175,10 @@ class StreamClient:
             raise SessionLostError(
                 f"the session to {self.settings.endpoint} was lost during an operation"
             )
-        self._link.close()
-        self._link = open_client_link(self.settings)
-        self._reassembler = chunking.Reassembler()
-        self._abandoned.clear()
-        self._last_send = time.monotonic()
-        self._generation += 1
-        self.reconnects += 1
+        self._reconnect(
+            self._deadline(),
+            SessionLostError(f"the idle session to {self.settings.endpoint} was lost"),
+        )
 
     def _may_retry(self, op: str, deadline: float) -> bool:
         return op not in _NOT_RETRIED and not self._closed and time.monotonic() < deadline
@@ -421,7 +418,9 @@ class StreamClient:
             finally:
                 blocks.close()
 
-    def _replay_blocks(self, request_id: int, start: int, end: int | None) -> Iterator[ReplayBlock]:
+    def _replay_blocks(
+        self, request_id: int, start: int, end: int | None
+    ) -> Generator[ReplayBlock, None, None]:
         queue = self._replay_queues[request_id]
         generation = self._generation
         expected = start
