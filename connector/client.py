@@ -167,11 +167,11 @@ class StreamClient:
 
     def _reconnect_if_idle_and_lost(self) -> None:
         """A session the server closed (lease expiry while we were idle, a server restart) is
-        replaced by a new one before the next request -- but only between requests, never
-        under a running replay or pipelined publish, whose state would be lost."""
+        replaced by a new one before the next request, never halfway through a pipelined
+        publish or stage (a replay of the old session notices and resumes on the new one)."""
         if self._closed or self._link.is_connected:
             return
-        if self._replay_queues or self._replies or self._outstanding or self._in_operation:
+        if self._in_operation:  # a publish or stage halfway: its caller decides
             raise SessionLostError(
                 f"the session to {self.settings.endpoint} was lost during an operation"
             )
@@ -545,9 +545,19 @@ class StreamClient:
     ) -> int:
         """Publish messages into ``stream_id``; returns the recording's end position after them.
         All messages of one client go to one recording per stream (this session's)."""
-        result = self._pipelined(
-            "publish", {"stream_id": stream_id}, payloads, reserved_values, False
-        )
+        try:
+            result = self._pipelined(
+                "publish", {"stream_id": stream_id}, payloads, reserved_values, False
+            )
+        except SessionLostError as exc:
+            # Not sent again: what was in flight may be recorded already (twice, if resent), and
+            # a new session publishes into a recording of its own. The next call reconnects.
+            raise ServerUnavailableError(
+                f"the session to {self.settings.endpoint} was lost during a publish to stream "
+                f"{stream_id} ({exc}); a publish is not sent again on a new session (what was in "
+                "flight may be recorded already): look at the stream's recordings and publish "
+                "what is missing"
+            ) from exc
         return int(result) if result is not None else 0
 
     def stage(

@@ -109,6 +109,29 @@ def test_a_client_connects_to_a_server_that_comes_up_within_its_timeout(
         assert client.list_recordings([STREAM]) == []
 
 
+def test_a_publish_interrupted_by_a_restart_says_it_was_not_sent_again(
+    server: RestartableServer,
+) -> None:
+    """A publish is never resent (it may be recorded already): a clear error, and the same
+    client goes on publishing on a new session."""
+
+    def payloads() -> Iterator[bytes]:
+        for i, payload in enumerate(_payloads(4000)):
+            if i == 2000:
+                server.restart_later(1.0)
+            yield payload
+
+    with _client(server.endpoint) as client:
+        client.settings = ClientSettings(
+            endpoint=server.endpoint, encryption=False, max_request_bytes=64 * 1024
+        )
+        with pytest.raises(ServerUnavailableError, match="a publish is not sent again"):
+            client.publish(STREAM, payloads())
+        server.wait_restarted()
+        assert client.publish(STREAM, _payloads(3)) > 0
+        assert client.reconnects == 1
+
+
 def test_a_server_that_stays_away_is_a_clear_error_after_the_timeout(
     server: RestartableServer,
 ) -> None:
