@@ -3,7 +3,7 @@ PySpark (``sbin/start-connect-server.sh``, its bundled ``spark-connect`` jar), o
 a ``SparkSession.builder.remote("sc://...")`` client in its own process (see
 ``_connect_client.py``) against stream servers on loopback.
 
-What the clients report is checked against the stream server read directly (the transport's term
+What the client reports is checked against the stream server read directly (the transport's term
 reader over ``StreamClient.read_range``) and, for parquet output, against pyarrow's reading of the
 files: values, stream, session and recording ids, positions and reserved values, row by row.
 """
@@ -84,32 +84,24 @@ def connect_url() -> Iterator[str]:
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     }
+    conf = {
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": free_port(),
+        "spark.ui.enabled": "false",  # no UI port to contend for with the classic session
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.host": "127.0.0.1",
+        "spark.local.dir": work / "local",
+        "spark.sql.warehouse.dir": work / "warehouse",
+        "spark.sql.shuffle.partitions": 2,
+    }
     command = [
         "bash",
         str(home / "sbin" / "start-connect-server.sh"),
         "--wait",  # in the foreground: its process group is ours to end
-        "--master",
-        "local[2,4]",  # as the suite's classic session: 4 attempts per task
-        "--driver-memory",
-        "512m",
-        "--driver-java-options",
-        f"-Djava.io.tmpdir={work / 'tmp'} -XX:-UsePerfData",
-        "--conf",
-        "spark.connect.grpc.binding.address=127.0.0.1",
-        "--conf",
-        f"spark.connect.grpc.binding.port={free_port()}",
-        "--conf",
-        "spark.ui.enabled=false",
-        "--conf",
-        "spark.driver.bindAddress=127.0.0.1",
-        "--conf",
-        "spark.driver.host=127.0.0.1",
-        "--conf",
-        f"spark.local.dir={work / 'local'}",
-        "--conf",
-        f"spark.sql.warehouse.dir={work / 'warehouse'}",
-        "--conf",
-        "spark.sql.shuffle.partitions=2",
+        *("--master", "local[2,4]"),  # as the suite's classic session: 4 attempts per task
+        *("--driver-memory", "512m"),
+        *("--driver-java-options", f"-Djava.io.tmpdir={work / 'tmp'} -XX:-UsePerfData"),
+        *(arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")),
     ]
     log_path = work / "server.log"
     with open(log_path, "wb") as log:
