@@ -2,9 +2,10 @@
 
 ``python _connect_client.py sc://HOST:PORT`` opens ``SparkSession.builder.remote(URL)``, prints
 ``READY``, then runs one scenario against the aeron source and sink per line of standard input
-(``{"scenario": NAME, "args": {...}}``), answering each with one line, ``REPLY:`` and
-``{"result": ...}`` or ``{"error": TRACEBACK}``; it stops the session at the end of its input.
-One session for the module: each new Connect session starts its own Python workers on the server.
+(``{"id": N, "scenario": NAME, "args": {...}}``), answering each with one line, ``REPLY:`` and
+``{"id": N, "result": ...}`` or ``{"id": N, "error": TRACEBACK}``; it stops the session at the
+end of its input. One session for the module: each new Connect session starts its own Python
+workers on the server.
 It runs apart from the test process because a Connect session cannot share a process with the
 suite's classic SparkSession (``remote()`` refuses to start where a SparkContext is active, and it
 switches the whole process's ``pyspark.sql`` functions to Connect), and because this is what a
@@ -168,10 +169,11 @@ def main() -> None:
         print("READY", flush=True)
         for line in sys.stdin:
             request = json.loads(line)
+            reply = {"id": request["id"]}
             try:
-                reply = {"result": SCENARIOS[request["scenario"]](spark, request["args"])}
+                reply["result"] = SCENARIOS[request["scenario"]](spark, request["args"])
             except Exception:
-                reply = {"error": traceback.format_exc()}
+                reply["error"] = traceback.format_exc()
             print("REPLY:" + json.dumps(reply), flush=True)
     finally:
         spark.stop()

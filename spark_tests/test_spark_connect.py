@@ -146,8 +146,8 @@ class Client:
             text=True,
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
+        self.requests = 0
         threading.Thread(target=self._read, daemon=True).start()
-        self._expect("READY")
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -155,7 +155,7 @@ class Client:
             self.lines.put(line.rstrip("\n"))
         self.lines.put(None)
 
-    def _expect(self, prefix: str) -> str:
+    def expect(self, prefix: str) -> str:
         deadline = time.monotonic() + 300
         while True:
             try:
@@ -173,9 +173,13 @@ class Client:
 
     def run(self, scenario: str, **args: Any) -> dict[str, Any]:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"scenario": scenario, "args": args}) + "\n")
+        self.requests += 1  # a reply to an earlier request that timed out is passed over
+        request = {"id": self.requests, "scenario": scenario, "args": args}
+        self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
-        reply = json.loads(self._expect("REPLY:"))
+        reply = json.loads(self.expect("REPLY:"))
+        while reply["id"] != self.requests:
+            reply = json.loads(self.expect("REPLY:"))
         if "error" in reply:
             pytest.fail(f"Connect client {scenario} failed:\n{reply['error']}")
         return reply["result"]  # type: ignore[no-any-return]
@@ -196,6 +200,7 @@ def client(connect_url: str) -> Iterator[Client]:
     with tempfile.TemporaryFile() as errors:
         c = Client(connect_url, errors)
         try:
+            c.expect("READY")
             yield c
         finally:
             c.close()
