@@ -16,7 +16,16 @@ ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 # Flags of other tools README shows (benchmarks, pytest, docker, ...): a flag within this many
 # characters after one of these words, in the same paragraph, is that tool's.
-OTHER_TOOLS = ("benchmarks", "pytest", "docker", "spark-submit", "ruff", "ulimit", "pip ")
+OTHER_TOOLS = (
+    "benchmarks",
+    "pytest",
+    "docker",
+    "spark-submit",
+    "start-connect-server",
+    "ruff",
+    "ulimit",
+    "pip ",
+)
 _WINDOW = 300
 
 
