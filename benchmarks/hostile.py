@@ -145,7 +145,12 @@ def main(argv: list[str] | None = None) -> int:
                 failures[mode] += failed
                 rates[mode].append(done.get("sent", 0) / elapsed)
                 after = _counters(endpoint)
-                for name in ("setups_rejected", "images_refused", "datagrams_received"):
+                for name in (
+                    "setups_rejected",
+                    "images_refused",
+                    "images_evicted",
+                    "datagrams_received",
+                ):
                     rose[mode][name] = (
                         rose[mode].get(name, 0) + after.get(name, 0) - before.get(name, 0)
                     )

@@ -82,6 +82,7 @@ class Channels:
                 ("max-images-per-source", HELLO_IMAGES_PER_SOURCE),
                 ("max-images-per-address", max_images_per_address),
                 ("setups-per-prefix-per-s", setups_per_s),
+                ("evict-unvouched", "true"),
             )
             if value
         )

@@ -152,7 +152,12 @@ class _Attempt:
         self.host, self.port = host, port
         self.endpoint = endpoint
         self.control_port = self.config.control_port or port + 1
-        self.bind = "127.0.0.1" if is_loopback(host) else ("::" if ":" in host else "0.0.0.0")
+        # the reply channel's local address is of the server's family: an IPv4 socket never
+        # receives from ::1 (issue 28 item 12)
+        v6 = ":" in host
+        self.bind = (
+            ("::1" if v6 else "127.0.0.1") if is_loopback(host) else ("::" if v6 else "0.0.0.0")
+        )
         media = "ipc" if host == "ipc" else "udp"
         self.channels = Channels(media, host, port, self.control_port, self.bind)
         self.deadline = time.monotonic() + self.config.timeout_s

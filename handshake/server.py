@@ -61,6 +61,7 @@ TRANSPORT_REFUSALS = (
     "data_wrong_source",  # DATA for an image from another source than its SETUP's (item 3)
     "setups_rejected",  # SETUPs asking for a bigger term or mtu than the channel takes (item 6)
     "images_refused",  # SETUPs past a subscription's image limits (item 6)
+    "images_evicted",  # HELLO images without a valid HELLO evicted for a newcomer (28 item 5)
     "setups_rate_limited",  # SETUPs from one address past its rate (item 6)
     "images_created",
     "invalid_frames",
@@ -287,7 +288,13 @@ class Server:
                         inbox.done = not challenged or inbox.answered > MAX_COOKIES
                     else:
                         self._on_hello(
-                            channels, reply, inbox.address, image.source_identity, message, now_ns
+                            channels,
+                            reply,
+                            inbox.address,
+                            image.source_identity,
+                            message,
+                            now_ns,
+                            image,
                         )
         for key in [k for k in self._hellos if k not in live]:
             gone = self._hellos.pop(key)
@@ -320,6 +327,7 @@ class Server:
         source: str,
         data: bytes,
         now_ns: int,
+        image: Any = None,
     ) -> bool:
         """Answer one HELLO; True if the answer is a COOKIE (the client may say HELLO again)."""
         try:
@@ -328,6 +336,10 @@ class Server:
             if rejected.reply is not None:
                 self._reply(reply, rejected.reply, address, now_ns)
             return rejected.code is None
+        if image is not None:
+            # a valid HELLO (its cookie or token echoed, admitted): its image is never evicted
+            # for a newcomer; one that never got this far is, oldest first (issue 28 item 5)
+            image.vouch()
         self._reply_of[session] = reply
         try:
             session.transport = self._open_pair(channels, session)

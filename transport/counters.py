@@ -51,6 +51,7 @@ class SystemCounters:
     setups_received: int = 0
     setups_rejected: int = 0  # SETUPs asking for a term length or mtu above the configured bound
     images_refused: int = 0  # SETUPs past a subscription's image limits (in all / per source)
+    images_evicted: int = 0  # unvouched images evicted for a new sender at an image limit
     invalid_frames: int = 0
     short_sends: int = 0
     send_errors: int = 0

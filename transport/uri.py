@@ -90,6 +90,7 @@ KNOWN_PARAMS = frozenset(
         "max-images-per-source",
         "max-images-per-address",
         "setups-per-prefix-per-s",
+        "evict-unvouched",  # at an image limit, evict the oldest image nobody vouched for
     }
 )
 
@@ -302,6 +303,9 @@ class ChannelConfig:
     # new images a subscription makes per second for the senders of one /24 (IPv4) or /64
     # (IPv6) network (0: no limit); SETUPs past it make nothing and are counted
     setups_per_prefix_per_s: int = 0
+    # at an image limit a new sender's SETUP evicts the oldest image its subscriber never
+    # vouched for (Image.vouch) instead of being refused (a handshake server's HELLO images)
+    evict_unvouched: bool = False
     # dynamic publications: the one IP address whose SMs may make a destination ("none": nobody
     # until the owner allows some, None: anyone) and how many destinations at most (0: no limit)
     destination_host: str | None = None
@@ -402,6 +406,8 @@ class ChannelConfig:
         for key in ("max-images", "max-images-per-source", "max-images-per-address"):
             if key in p:
                 kwargs[key.replace("-", "_")] = parse_size(key, p[key])
+        if "evict-unvouched" in p:
+            kwargs["evict_unvouched"] = parse_bool("evict-unvouched", p["evict-unvouched"])
         if "setups-per-prefix-per-s" in p:
             kwargs["setups_per_prefix_per_s"] = parse_size(
                 "setups-per-prefix-per-s", p["setups-per-prefix-per-s"]

@@ -363,7 +363,12 @@ def test_hello_stream_setups_are_bounded_in_term_and_images(make_server, make_cl
                 h.setup(0x4D000000 + i, HANDSHAKE_STREAM_ID),
             )
         wait_for(
-            lambda: server.stats()["images_refused"] - base["images_refused"] >= 36,
+            lambda: (
+                _refused(server, "images_refused")
+                + _refused(server, "images_evicted")
+                - base["images_refused"]
+                >= 36
+            ),
             what="SETUPs past the per-address limit refused and counted",
         )
         assert _hello_images(server, "127.0.2.") == 4
@@ -371,7 +376,7 @@ def test_hello_stream_setups_are_bounded_in_term_and_images(make_server, make_cl
         _echo([conn])
         conn.close()
         # 100 SETUPs from 100 networks: at most 2 * max_pending HELLO images in all.
-        refused = server.stats()["images_refused"]
+        refused = _refused(server, "images_refused") + _refused(server, "images_evicted")
         for i in range(100):
             spoofer.send(
                 (f"127.{10 + i}.0.1", 7000),
@@ -379,7 +384,10 @@ def test_hello_stream_setups_are_bounded_in_term_and_images(make_server, make_cl
                 h.setup(0x4E000000 + i, HANDSHAKE_STREAM_ID),
             )
         wait_for(
-            lambda: server.stats()["images_refused"] - refused >= 100 - 2 * 16,
+            lambda: (
+                _refused(server, "images_refused") + _refused(server, "images_evicted") - refused
+                >= 100 - 2 * 16
+            ),
             what="SETUPs past the HELLO image cap refused and counted",
         )
         assert _hello_images(server) <= 2 * 16
@@ -413,5 +421,51 @@ def test_hello_stream_setups_are_rate_limited_per_network(make_server, make_clie
         conn = make_client().connect(server.endpoint)
         _echo([conn])
         conn.close()
+    finally:
+        spoofer.close()
+
+
+# ------------------------------------------------------------------ issue 28 item 5
+
+
+@pytest.mark.slow
+def test_spoofed_hello_images_held_by_heartbeats_do_not_keep_honest_clients_out(
+    make_server, make_client
+) -> None:
+    """600 spoofed SETUPs from two addresses of the client's /24 (one of them the honest
+    client's own), then one heartbeat per image every 5 s for 24 s: an image that never said a
+    valid HELLO is evicted for a newcomer (``images_evicted``), so a fresh client (its own new
+    HELLO image, no lingering channel) connects within its 1 s timeout throughout. On the old
+    code the per-address limit stayed full and every connect timed out."""
+    server = make_server(ipc=False)
+    spoofer = h.Spoofer()
+    sources = [(f"127.0.0.{1 + i % 2}", 20000 + i) for i in range(600)]
+    sessions = [0x51000000 + i for i in range(600)]
+    try:
+        for source, session in zip(sources, sessions, strict=True):
+            spoofer.send(source, (SERVER, server.port), h.setup(session, HANDSHAKE_STREAM_ID))
+        wait_for(
+            lambda: _hello_images(server, "127.0.0.") >= 2 * server.config.max_per_address,
+            what="the spoofed HELLO images to fill both addresses' limits",
+        )
+        connects = 0
+        end = time.monotonic() + 24.0
+        next_heartbeat = time.monotonic() + 5.0
+        while time.monotonic() < end:
+            if time.monotonic() >= next_heartbeat:
+                next_heartbeat += 5.0
+                for source, session in zip(sources, sessions, strict=True):
+                    hb = h.data(session, HANDSHAKE_STREAM_ID, b"")
+                    spoofer.send(source, (SERVER, server.port), hb)
+            client = make_client(timeout_s=1.0, hello_linger_s=0.0)
+            conn = client.connect(server.endpoint)  # HandshakeTimeoutError when kept out
+            _echo([conn])
+            conn.close()
+            connects += 1
+            time.sleep(1.0)
+        assert connects >= 10
+        assert _refused(server, "images_evicted") >= connects
+        # the attack's images are still there: the honest ones evicted spoofed ones only
+        assert _hello_images(server, "127.0.0.2") > 0
     finally:
         spoofer.close()

@@ -173,6 +173,9 @@ class ImageState:
         self.sm_address = control_address if control_address is not None else source_address
         host, port = source_address[0], source_address[1]
         self.source_identity = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+        # the subscriber's word that this sender proved itself (a handshake server: a valid
+        # HELLO); an image at a full limit that never got it is evicted first (issue 28 item 5)
+        self.vouched = False
         self.window = receiver_window_length(term_length, receiver_window)
         self.nak_delay_ns = nak_delay_ns
         self.nak_retry_ns = max(nak_delay_ns * NAK_RETRY_RATIO, MIN_NAK_RETRY_NS)
@@ -226,6 +229,10 @@ class ImageState:
         if phase is not self.phase:
             self.phase = phase
             self.transitions += 1
+
+    def vouch(self) -> None:
+        """The subscriber trusts this sender: the image is never evicted for a newcomer."""
+        self.vouched = True
 
     def request_close(self) -> None:
         """The subscription is done with it: EOS SMs go out from the next :meth:`do_work`."""

@@ -100,6 +100,7 @@ class StreamInterest:
         max_images_per_address: int = 0,
         setups_per_prefix_per_s: int = 0,
         admit_source: Callable[[str], bool] | None = None,
+        evict_unvouched: bool = False,
         on_image: Callable[[ImageState], None] | None = None,
         on_image_gone: Callable[[ImageState], None] | None = None,
         on_data: Callable[[], None] | None = None,
@@ -126,6 +127,8 @@ class StreamInterest:
         # the sender hosts this subscription makes images for (None: any), asked once per host
         self.admit_source = admit_source
         self.admitted: dict[str, bool] = {}
+        # at a full limit, a SETUP evicts the oldest image not vouched for (see _victim)
+        self.evict_unvouched = evict_unvouched
         self.on_image = on_image
         self.on_image_gone = on_image_gone
         self.on_data = on_data
@@ -151,6 +154,7 @@ class ReceiveDispatcher:
         self.setups_received = 0
         self.setups_rejected = 0
         self.images_refused = 0
+        self.images_evicted = 0  # unvouched images dropped for a new sender's SETUP at a limit
         self.setups_rate_limited = 0  # SETUPs past the new images per /24 or /64 per second
         self.setups_source_refused = 0  # SETUPs from a host the subscription does not admit
         self._prune_above = 256  # prune cool_down / pending_setups when they grow past this
@@ -295,6 +299,8 @@ class ReceiveDispatcher:
             elif term_length > i.max_term_length or mtu > i.max_mtu:
                 rejected += 1
             elif _is_full(i, source):
+                if _victim(i, source) is not None:
+                    return False  # the full path evicts
                 refused += 1
             else:
                 return False
@@ -341,14 +347,20 @@ class ReceiveDispatcher:
             if term_length > interest.max_term_length or mtu > interest.max_mtu:
                 self.setups_rejected += 1  # costs us nothing: no image, no log, no reply
                 continue
+            victim = None
             if _is_full(interest, source):
-                self.images_refused += 1
-                continue
+                victim = _victim(interest, source)
+                if victim is None:
+                    self.images_refused += 1
+                    continue
             if interest.setups_per_prefix_per_s and not _setup_rate_allows(
                 interest, source, now_ns
             ):
                 self.setups_rate_limited += 1  # its publication sends SETUP again later
                 continue
+            if victim is not None:
+                self._retire(interest, victim, now_ns)
+                self.images_evicted += 1
             image = ImageState(
                 session_id=setup.session_id,
                 stream_id=setup.stream_id,
@@ -375,6 +387,19 @@ class ReceiveDispatcher:
                 interest.on_image(image)
             work += 1
         return work
+
+    def _retire(self, interest: StreamInterest, image: ImageState, now_ns: int) -> None:
+        """Remove an image (done, or evicted): its counts kept, its session id cooled down."""
+        del interest.images[image.session_id]
+        self.images_removed += 1
+        _forget_source(interest, image.source_address)
+        for name, value in image_counts(image).items():
+            self.retired[name] = self.retired.get(name, 0) + value
+        self.cool_down[(image.session_id, image.stream_id)] = now_ns + COOL_DOWN_NS
+        if not image.is_done:
+            image.request_close()
+        if interest.on_image_gone is not None:
+            interest.on_image_gone(image)
 
     def _send_sm(
         self,
@@ -424,17 +449,10 @@ class ReceiveDispatcher:
             finished = False
             for interest in interests:
                 images = interest.images
-                for session_id, image in list(images.items()) if images else ():
+                for image in list(images.values()) if images else ():
                     work += image.do_work(now_ns, transmit)
                     if image.is_done:
-                        del interest.images[session_id]
-                        self.images_removed += 1
-                        _forget_source(interest, image.source_address)
-                        for name, value in image_counts(image).items():
-                            self.retired[name] = self.retired.get(name, 0) + value
-                        self.cool_down[(session_id, stream_id)] = now_ns + COOL_DOWN_NS
-                        if interest.on_image_gone is not None:
-                            interest.on_image_gone(image)
+                        self._retire(interest, image, now_ns)
                 if (
                     interest.control_address is not None
                     and not interest.closed
@@ -531,6 +549,36 @@ def _is_full(interest: StreamInterest, source: Address) -> bool:
         return True
     limit = interest.max_images_per_address
     return bool(limit) and counts.get(source[0], 0) >= limit
+
+
+def _victim(interest: StreamInterest, source: Address) -> ImageState | None:
+    """The image a SETUP from ``source`` may evict at a full limit: the oldest image nobody
+    vouched for within the narrowest limit that is full (this socket's, this address's, else
+    the whole subscription's, there from the /24 or /64 holding the most such images, so one
+    network's unvouched images never keep a newcomer from another network out). None: refuse."""
+    if not interest.evict_unvouched:
+        return None
+    counts = interest.images_per_source
+    if interest.max_images_per_source and (
+        counts.get(source[:2], 0) >= interest.max_images_per_source
+    ):
+        scope = [im for im in interest.images.values() if im.source_address[:2] == source[:2]]
+    elif interest.max_images_per_address and (
+        counts.get(source[0], 0) >= interest.max_images_per_address
+    ):
+        scope = [im for im in interest.images.values() if im.source_address[0] == source[0]]
+    else:
+        by_prefix: dict[str, list[ImageState]] = {}
+        for im in interest.images.values():
+            if not im.vouched:
+                by_prefix.setdefault(source_prefix(im.source_address), []).append(im)
+        if not by_prefix:
+            return None
+        scope = max(by_prefix.values(), key=len)  # ties: the first (oldest) prefix seen
+    for image in scope:  # creation order: the oldest first
+        if not image.vouched:
+            return image
+    return None
 
 
 _RATE_TABLE_LIMIT = 65536  # networks whose SETUP rate a subscription tracks at once

@@ -313,3 +313,69 @@ def test_image_limits_per_sender_per_address_and_in_all() -> None:
         ("10.0.0.4", 8000): 1,
         "10.0.0.4": 1,
     }
+
+
+def test_unvouched_images_are_evicted_for_a_newcomer_and_vouched_ones_never() -> None:
+    """Issue 28 item 5: spoofed SETUPs (kept alive by heartbeats) filled a HELLO subscription's
+    image limits and refused every honest client. With ``evict_unvouched`` a new sender's SETUP
+    at a full limit evicts the oldest image its subscriber never vouched for (counted), from the
+    narrowest full limit, and from the network holding the most such images; a vouched image
+    is never evicted, and an image cap made only of vouched images still refuses."""
+    clock, wire = ManualClock(), Wire()
+    dispatcher = ReceiveDispatcher()
+    gone: list[ImageState] = []
+    interest = StreamInterest(
+        10, max_images=6, max_images_per_address=3, evict_unvouched=True, on_image_gone=gone.append
+    )
+    dispatcher.add(interest)
+
+    def setup_from(source: tuple[str, int], session: int) -> None:
+        frame = SetupFrame(0, session, 10, 7, 7, 65536, 1408).encode()
+        dispatcher.on_datagram(frame, len(frame), source, clock.now_ns, wire)
+
+    # the attacker holds the honest client's address (same host) and the rest of the cap
+    for i in range(3):
+        setup_from(("10.0.0.1", 5000 + i), 100 + i)
+        setup_from(("10.0.0.2", 5000 + i), 200 + i)
+    assert len(interest.images) == 6 and dispatcher.images_refused == 0
+    for _ in range(20):  # heartbeats keep them alive across the liveness timeout
+        clock.advance(IMAGE_LIVENESS_TIMEOUT_NS // 4)
+        for session in list(interest.images):
+            image = interest.images[session]
+            hb = encode_data_header(0, DataFlags.UNFRAGMENTED, FrameType.DATA, 0, session, 10, 7)
+            dispatcher.on_datagram(hb, len(hb), image.source_address, clock.now_ns, wire)
+        dispatcher.do_work(clock.now_ns, wire)
+    assert len(interest.images) == 6
+    # the honest client at 10.0.0.1 (its address full) evicts that address's oldest
+    setup_from(("10.0.0.1", 6000), 300)
+    assert 300 in interest.images and 100 not in interest.images
+    assert dispatcher.images_evicted == 1 and gone[-1].session_id == 100
+    assert gone[-1].is_closing
+    interest.images[300].vouch()
+    # a newcomer from another network at the full cap evicts from the network holding the
+    # most unvouched images (10.0.0.x here), never the vouched one
+    setup_from(("192.0.2.9", 7000), 400)
+    assert 400 in interest.images and 300 in interest.images and len(interest.images) == 6
+    assert dispatcher.images_evicted == 2
+    # the evicted session id is cooled down: its SETUP again makes nothing
+    setup_from(("10.0.0.1", 5000), 100)
+    assert 100 not in interest.images
+    # once every image is vouched, the cap refuses (nothing to evict)
+    for image in interest.images.values():
+        image.vouch()
+    refused = dispatcher.images_refused
+    setup_from(("198.51.100.1", 7000), 500)
+    assert 500 not in interest.images and dispatcher.images_refused == refused + 1
+    assert dispatcher.images_evicted == 2
+
+
+def test_without_evict_unvouched_a_full_limit_refuses_as_before() -> None:
+    clock, wire = ManualClock(), Wire()
+    dispatcher = ReceiveDispatcher()
+    interest = StreamInterest(10, max_images=2)
+    dispatcher.add(interest)
+    for i, session in enumerate((1, 2, 3)):
+        frame = SetupFrame(0, session, 10, 7, 7, 65536, 1408).encode()
+        dispatcher.on_datagram(frame, len(frame), (f"10.0.{i}.1", 5000), clock.now_ns, wire)
+    assert sorted(interest.images) == [1, 2]
+    assert dispatcher.images_refused == 1 and dispatcher.images_evicted == 0
