@@ -61,6 +61,7 @@ from aeron_spark.connector.errors import ServerUnavailableError
 from aeron_spark.connector.formats_sbe import encode_task
 from aeron_spark.connector.sink import (
     check_sink_schema,
+    refuse_batch_id,
     sink_payloads,
     streaming_batch_id,
     task_attempt,
@@ -759,6 +760,7 @@ def abort_batch(o: ArchiveSinkOptions, identity: str, batch: int, messages: list
 
 class ArchiveStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: ArchiveSinkOptions) -> None:
+        refuse_batch_id(options.sink, "a streaming write (Spark gives each micro-batch its id)")
         if not options.sink.sink_id:
             raise ConfigurationError(
                 "sinkId",
@@ -783,7 +785,10 @@ class ArchiveBatchWriter(DataSourceArrowWriter):
     def __init__(self, options: ArchiveSinkOptions) -> None:
         self.options = options
         self.identity = options.sink.sink_id or "batch-write"
-        self.batch_id = secrets.randbits(62)  # drawn once on the driver, pickled to the tasks
+        # batchId (with sinkId): the caller's idempotence key; the commit skips a batch whose
+        # END marker ends the target already (a replayed foreachBatch batch is the last one)
+        batch_id = options.sink.batch_id
+        self.batch_id = batch_id if batch_id is not None else secrets.randbits(62)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> ArchiveStaged:
         return stage(self.options, self.identity, self.batch_id, iterator)

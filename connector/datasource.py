@@ -21,7 +21,12 @@ from aeron_spark.connector import archive_sink, archive_source
 from aeron_spark.connector.archive_options import is_archive_mode
 from aeron_spark.connector.options import parse_sink_options, parse_source_options
 from aeron_spark.connector.raw import RawBatchWriter, RawStreamWriter
-from aeron_spark.connector.sink import AeronBatchWriter, AeronStreamWriter, check_sink_schema
+from aeron_spark.connector.sink import (
+    AeronBatchWriter,
+    AeronStreamWriter,
+    check_sink_schema,
+    refuse_batch_id,
+)
 from aeron_spark.connector.source import (
     AeronBatchReader,
     AeronDriverStreamReader,
@@ -89,6 +94,7 @@ class AeronDataSource(DataSource):
         if overwrite:
             raise ConfigurationError("mode", "overwrite", "append (a stream cannot be overwritten)")
         if options.channel is not None:
+            refuse_batch_id(options, "raw mode (channel: at-least-once, nothing is committed)")
             return RawBatchWriter(options)
         return AeronBatchWriter(options)
 
@@ -98,6 +104,7 @@ class AeronDataSource(DataSource):
         options = parse_sink_options(self.options)
         check_sink_schema(schema, options.format, options.sbe)
         if options.channel is not None:
+            refuse_batch_id(options, "raw mode (channel: at-least-once, nothing is committed)")
             return RawStreamWriter(options)
         return AeronStreamWriter(options)
 

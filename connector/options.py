@@ -179,6 +179,13 @@ SINK_OPTIONS: dict[str, tuple[str, str, str]] = {
         "stable identity of this sink: the server "
         "commits each (sinkId, batch) once; keep it across restarts of the query",
     ),
+    "batchid": (
+        "batchId",
+        "",
+        "batch writes (df.write, e.g. in foreachBatch): this write's batch id (with sinkId), "
+        "committed once per (sinkId, batchId): a write repeated with the same pair (a replayed "
+        "foreachBatch batch) appends nothing; without it every batch write is a new batch",
+    ),
     "format": (
         "format",
         "binary",
@@ -353,6 +360,7 @@ class SinkOptions:
     compression: str | None = None  # format=arrow: lz4 or zstd
     local_writes: bool = True  # stage into the server's directory when this host can
     sbe: SbeOptions | None = None  # format=sbe
+    batch_id: int | None = None  # batch writes: the idempotence key's batch (with sink_id)
 
     @property
     def commit_identity(self) -> str | None:
@@ -484,6 +492,13 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     sink_id = o.get("sinkid")
     if sink_id is not None and not sink_id.strip():
         raise ConfigurationError("sinkId", sink_id, "a non-empty identity")
+    batch_id = None
+    if "batchid" in o:
+        batch_id = _int("batchId", o["batchid"], 0, 2**63 - 1)
+        if sink_id is None:
+            raise ConfigurationError(
+                "sinkId", None, "a stable sink identity with batchId (the pair is committed once)"
+            )
     checkpoint = next(
         (str(v) for k, v in options.items() if str(k).lower() == "checkpointlocation"), None
     )
@@ -514,4 +529,5 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         compression=None if compression == "none" else compression,
         local_writes=_bool("localWrites", o.get("localwrites", "true")),
         sbe=parse_sbe_options(o, fmt, sink=True),
+        batch_id=batch_id,
     )

@@ -8,7 +8,9 @@ and a batch committed twice after a restart is appended once: the server's commi
 
 The streaming batch id reaches the executor through the task-local property
 ``streaming.sql.batchId`` that Spark's micro-batch engine sets. A batch write (``df.write``) uses
-an id drawn once on the driver for that write job.
+its ``batchId`` option when given (with ``sinkId``: the idempotence key of a write repeated when
+Spark replays a ``foreachBatch`` batch, as Delta's ``txnAppId`` + ``txnVersion``), else an id
+drawn once on the driver for that write job.
 """
 
 from __future__ import annotations
@@ -181,8 +183,31 @@ def _receipts(messages: list) -> list[dict]:
     return [m.receipt for m in messages if isinstance(m, StagedPart) and m.receipt]
 
 
+def _warn_if_committed_before(
+    result: dict, messages: list, sink_id: str | None, batch_id: int, why: str
+) -> None:
+    staged = sum(int(r.get("count", 0)) for r in _receipts(messages))
+    if "count" in result and int(result["count"]) != staged:
+        log.warning(
+            "aeron sink %s: batch %d was already committed earlier with %s rows; the %d rows "
+            "staged now were not appended (%s)",
+            sink_id,
+            batch_id,
+            result["count"],
+            staged,
+            why,
+        )
+
+
+def refuse_batch_id(options: SinkOptions, what: str) -> None:
+    """``batchId`` names a batch write's batch; ``what`` (a streaming or raw sink) has none."""
+    if options.batch_id is not None:
+        raise ConfigurationError("batchId", options.batch_id, f"no batchId for {what}")
+
+
 class AeronStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: SinkOptions) -> None:
+        refuse_batch_id(options, "a streaming write (Spark gives each micro-batch its id)")
         if not options.sink_id:
             raise ConfigurationError(
                 "sinkId",
@@ -205,18 +230,11 @@ class AeronStreamWriter(DataSourceStreamArrowWriter):
                 self.options.stream_id,
                 _receipts(messages),
             )
-        staged = sum(int(r.get("count", 0)) for r in _receipts(messages))
-        if "count" in result and int(result["count"]) != staged:
-            # The server already holds a commit of this (sinkId, batch) from an earlier run: the
-            # usual cause is a query restarted with a new checkpoint but the same sinkId.
-            log.warning(
-                "aeron sink %s: batch %d was already committed earlier with %s rows; the %d rows "
-                "staged now were not appended (new checkpoint with an old sinkId?)",
-                self.options.sink_id,
-                batchId,
-                result["count"],
-                staged,
-            )
+        # The server already holds a commit of this (sinkId, batch) from an earlier run: the
+        # usual cause is a query restarted with a new checkpoint but the same sinkId.
+        _warn_if_committed_before(
+            result, messages, self.options.sink_id, batchId, "new checkpoint with an old sinkId?"
+        )
         log.info("aeron sink %s: batch %d committed: %s", self.options.sink_id, batchId, result)
 
     def abort(self, messages: list, batchId: int) -> None:
@@ -228,14 +246,23 @@ class AeronBatchWriter(DataSourceArrowWriter):
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
         self.sink_id = options.sink_id or "batch-write"
-        self.batch_id = secrets.randbits(62)  # drawn once on the driver, pickled to the tasks
+        # the caller's idempotence key (foreachBatch's batch id), else one drawn once on the
+        # driver and pickled to the tasks: a new batch for every write
+        self.batch_id = options.batch_id if options.batch_id is not None else secrets.randbits(62)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedPart:
         return _stage(self.options, self.sink_id, self.batch_id, iterator)
 
     def commit(self, messages: list) -> None:
         with pooled(self.options.settings) as client:
-            client.commit(self.sink_id, self.batch_id, self.options.stream_id, _receipts(messages))
+            result = client.commit(
+                self.sink_id, self.batch_id, self.options.stream_id, _receipts(messages)
+            )
+        if self.options.batch_id is not None:
+            # a replayed foreachBatch batch: the first write's rows are in, these are not
+            _warn_if_committed_before(
+                result, messages, self.sink_id, self.batch_id, "a repeated (sinkId, batchId)"
+            )
 
     def abort(self, messages: list) -> None:
         with pooled(self.options.settings) as client:
