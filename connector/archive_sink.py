@@ -59,6 +59,7 @@ from aeron_spark.connector.archive_options import (
 )
 from aeron_spark.connector.errors import ServerUnavailableError
 from aeron_spark.connector.formats_sbe import encode_task
+from aeron_spark.connector.options import ROUTING_COLUMN
 from aeron_spark.connector.sink import (
     check_sink_schema,
     refuse_batch_id,
@@ -801,6 +802,13 @@ class ArchiveBatchWriter(DataSourceArrowWriter):
 
 
 def _parse(options: dict, schema: StructType) -> ArchiveSinkOptions:
+    if ROUTING_COLUMN in schema.fieldNames():  # never misrouted: every row would go to streamId
+        raise ConfigurationError(
+            ROUTING_COLUMN,
+            "a column",
+            f"no {ROUTING_COLUMN} column with archive (the archive sink appends to one target "
+            "recording of streamId; rows are not routed by stream): drop the column",
+        )
     o = parse_archive_sink_options(options)
     check_sink_schema(schema, o.sink.format, o.sink.sbe)
     return o

@@ -172,7 +172,12 @@ SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
 
 SINK_OPTIONS: dict[str, tuple[str, str, str]] = {
     "endpoint": ("endpoint", "127.0.0.1:40123", "stream server session endpoint host:port"),
-    "streamid": ("streamId", "(required)", "stream to append to"),
+    "streamid": (
+        "streamId",
+        "(required without a stream_id column)",
+        "stream to append to; a DataFrame with a stream_id column routes each row to its "
+        "stream instead (then no streamId)",
+    ),
     "sinkid": (
         "sinkId",
         "(required for streaming)",
@@ -361,6 +366,7 @@ class SinkOptions:
     local_writes: bool = True  # stage into the server's directory when this host can
     sbe: SbeOptions | None = None  # format=sbe
     batch_id: int | None = None  # batch writes: the idempotence key's batch (with sink_id)
+    route_by_stream_id: bool = False  # each row to the stream of its stream_id column
 
     @property
     def commit_identity(self) -> str | None:
@@ -481,10 +487,30 @@ def _limits(o: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
+# A sink DataFrame column naming each row's stream (as Kafka's sink routes by a `topic` column).
+ROUTING_COLUMN = "stream_id"
+
+
+def parse_sink_options(options: Mapping[str, str], routed: bool = False) -> SinkOptions:
+    """The sink's options; ``routed``: the DataFrame has a ``stream_id`` column, which names
+    each row's stream, so no ``streamId`` option may compete with it."""
     o = _check_known(options, SINK_OPTIONS, "sink")
-    ids = _stream_ids(o)
-    if len(ids) != 1:
+    if routed and o.get("channel", "").strip():
+        raise ConfigurationError(
+            ROUTING_COLUMN,
+            "a column",
+            f"no {ROUTING_COLUMN} column in raw mode (channel publishes every row to streamId): "
+            "drop the column",
+        )
+    ids = _stream_ids(o, required=not routed)
+    if routed and ids:
+        raise ConfigurationError(
+            "streamId",
+            ",".join(map(str, ids)),
+            f"no streamId with a {ROUTING_COLUMN} column, which routes each row to its own "
+            f"stream (drop the column to write every row to streamId, or leave streamId out)",
+        )
+    if not routed and len(ids) != 1:
         raise ConfigurationError("streamId", ids, "exactly one stream id for a sink")
     fmt = o.get("format", "binary").strip().lower()
     if fmt not in SINK_FORMATS:
@@ -521,7 +547,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         )
     return SinkOptions(
         settings=_settings(o),
-        stream_id=ids[0],
+        stream_id=ids[0] if ids else 0,  # unused when routed
         sink_id=sink_id,
         format=fmt,
         checkpoint_location=checkpoint,
@@ -530,4 +556,5 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         local_writes=_bool("localWrites", o.get("localwrites", "true")),
         sbe=parse_sbe_options(o, fmt, sink=True),
         batch_id=batch_id,
+        route_by_stream_id=routed,
     )

@@ -208,3 +208,57 @@ def test_batch_id_without_sink_id_or_in_a_streaming_write_is_refused(spark, serv
             query.awaitTermination(_CHILD_BOUND_S)
     finally:
         query.stop()
+
+
+def test_a_stream_id_column_routes_each_row_to_its_stream(spark, server):  # type: ignore[no-untyped-def]
+    """Issue 32 item 3: rows with stream_id 71 and 72 go to streams 71 and 72 (they all went to
+    streamId before), committed together once per (sinkId, batchId)."""
+    rows = [(f"r-{i}".encode(), 71 + i % 2) for i in range(400)]
+    df = spark.createDataFrame(rows, "value binary, stream_id int").repartition(3)
+
+    def write() -> None:
+        (
+            df.write.format("aeron")
+            .option("endpoint", server.endpoint)
+            .option("sinkId", "router")
+            .option("batchId", 0)
+            .mode("append")
+            .save()
+        )
+
+    write()
+    write()  # the same (sinkId, batchId): nothing appended to either stream
+    for stream_id in (71, 72):
+        assert _values(spark, server.endpoint, stream_id) == sorted(
+            v for v, s in rows if s == stream_id
+        )
+    # a record format: the column routes and is not written into the messages
+    docs = spark.createDataFrame(
+        [(1, "a", 73), (2, "b", 74)], "id long, name string, stream_id int"
+    )
+    docs.write.format("aeron").option("endpoint", server.endpoint).option("format", "json").mode(
+        "append"
+    ).save()
+    for stream_id, name in ((73, "a"), (74, "b")):
+        back = (
+            spark.read.format("aeron")
+            .option("endpoint", server.endpoint)
+            .option("streamId", stream_id)
+            .load()
+        )
+        assert [bytes(r.value) for r in back.collect()] == [
+            f'{{"id":{1 if name == "a" else 2},"name":"{name}"}}'.encode()
+        ]
+
+
+def test_a_stream_id_column_beside_stream_id_option_or_null_is_refused(spark, server):  # type: ignore[no-untyped-def]
+    df = spark.createDataFrame([(b"x", 76)], "value binary, stream_id int")
+    with raises_project(ConfigurationError, "no streamId with a stream_id column"):
+        df.write.format("aeron").option("endpoint", server.endpoint).option("streamId", 75).mode(
+            "append"
+        ).save()
+    nulls = spark.createDataFrame([(b"x", None)], "value binary, stream_id int")
+    with raises_project(ConfigurationError, "a stream id in every row"):
+        nulls.write.format("aeron").option("endpoint", server.endpoint).mode("append").save()
+    with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
+        assert client.list_recordings([75, 76]) == []  # nothing written anywhere
