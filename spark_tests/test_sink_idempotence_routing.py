@@ -251,6 +251,38 @@ def test_a_stream_id_column_routes_each_row_to_its_stream(spark, server):  # typ
         ]
 
 
+def test_a_streaming_write_routes_by_a_stream_id_column(spark, server, tmp_path):  # type: ignore[no-untyped-def]
+    from pyspark.sql import functions as F
+
+    payloads = [f"s-{i}".encode() for i in range(300)]
+    _publish(server.endpoint, 77, payloads)
+    src = (
+        spark.readStream.format("aeron")
+        .option("endpoint", server.endpoint)
+        .option("streamId", 77)
+        .option("maxMessagesPerTrigger", 100)
+        .load()
+    )
+    routed = src.select(  # the source's own stream_id column (77) replaced by the route
+        "value",
+        F.expr("78 + cast(substring(cast(value as string), 3) as int) % 2").alias("stream_id"),
+    )
+    query = (
+        routed.writeStream.format("aeron")
+        .option("endpoint", server.endpoint)
+        .option("sinkId", "stream-router")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(_CHILD_BOUND_S)
+    assert query.exception() is None
+    for stream_id in (78, 79):
+        assert _values(spark, server.endpoint, stream_id) == sorted(
+            p for i, p in enumerate(payloads) if 78 + i % 2 == stream_id
+        )
+
+
 def test_a_stream_id_column_beside_stream_id_option_or_null_is_refused(spark, server):  # type: ignore[no-untyped-def]
     df = spark.createDataFrame([(b"x", 76)], "value binary, stream_id int")
     with raises_project(ConfigurationError, "no streamId with a stream_id column"):
