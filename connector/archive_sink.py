@@ -66,6 +66,7 @@ from aeron_spark.connector.sink import (
     sink_payloads,
     streaming_batch_id,
     task_attempt,
+    warn_stream_id_column_ignored,
 )
 from aeron_spark.transport import ChannelConfig, ChannelError, TransportError
 from aeron_spark.transport.archive.client import (
@@ -802,14 +803,17 @@ class ArchiveBatchWriter(DataSourceArrowWriter):
 
 
 def _parse(options: dict, schema: StructType) -> ArchiveSinkOptions:
-    if ROUTING_COLUMN in schema.fieldNames():  # never misrouted: every row would go to streamId
+    has_column = ROUTING_COLUMN in schema.fieldNames()
+    if has_column and not any(str(k).lower() in ("streamid", "streamids") for k in options):
         raise ConfigurationError(
-            ROUTING_COLUMN,
-            "a column",
-            f"no {ROUTING_COLUMN} column with archive (the archive sink appends to one target "
-            "recording of streamId; rows are not routed by stream): drop the column",
+            "streamId",
+            None,
+            f"a stream id with archive: the archive sink appends to one target recording "
+            f"of streamId and does not route rows by a {ROUTING_COLUMN} column",
         )
     o = parse_archive_sink_options(options)
+    if has_column:
+        warn_stream_id_column_ignored(o.sink.stream_id)
     check_sink_schema(schema, o.sink.format, o.sink.sbe)
     return o
 

@@ -32,6 +32,7 @@ from aeron_spark.connector.sink import (
     AeronStreamWriter,
     check_sink_schema,
     refuse_batch_id,
+    warn_stream_id_column_ignored,
 )
 from aeron_spark.connector.source import (
     AeronBatchReader,
@@ -114,15 +115,19 @@ class AeronDataSource(DataSource):
 
 
 def _sink_options(options: Mapping[str, str], schema: StructType) -> tuple[SinkOptions, StructType]:
-    """The sink's options, checked against the DataFrame's schema; a ``stream_id`` column routes
-    each row to its stream and is no part of the messages (the schema the messages get)."""
-    routed = ROUTING_COLUMN in schema.fieldNames()
-    parsed = parse_sink_options(options, routed=routed)
-    if routed:
+    """The sink's options, checked against the DataFrame's schema. A ``stream_id`` column routes
+    each row to its stream when no ``streamId`` is given, and is then no part of the messages
+    (the schema the messages get is returned); beside ``streamId`` it is ignored, with a warning
+    (``streamId`` wins, as Kafka's ``topic`` option over a ``topic`` column)."""
+    has_column = ROUTING_COLUMN in schema.fieldNames()
+    parsed = parse_sink_options(options, routed=has_column)
+    if parsed.route_by_stream_id:
         column = schema[ROUTING_COLUMN].dataType.simpleString()
         if column not in ("int", "bigint", "smallint", "tinyint"):
             raise ConfigurationError(ROUTING_COLUMN, column, "an integer column (the stream id)")
         schema = StructType([f for f in schema.fields if f.name != ROUTING_COLUMN])
+    elif has_column:
+        warn_stream_id_column_ignored(parsed.stream_id)
     check_sink_schema(schema, parsed.format, parsed.sbe)
     return parsed, schema
 

@@ -175,8 +175,8 @@ SINK_OPTIONS: dict[str, tuple[str, str, str]] = {
     "streamid": (
         "streamId",
         "(required without a stream_id column)",
-        "stream to append to; a DataFrame with a stream_id column routes each row to its "
-        "stream instead (then no streamId)",
+        "stream to append to (every row, stream_id column or not); without it a DataFrame's "
+        "stream_id column routes each row to its stream",
     ),
     "sinkid": (
         "sinkId",
@@ -492,25 +492,23 @@ ROUTING_COLUMN = "stream_id"
 
 
 def parse_sink_options(options: Mapping[str, str], routed: bool = False) -> SinkOptions:
-    """The sink's options; ``routed``: the DataFrame has a ``stream_id`` column, which names
-    each row's stream, so no ``streamId`` option may compete with it."""
+    """The sink's options; ``routed``: the DataFrame has a ``stream_id`` column. Without a
+    ``streamId`` option it routes each row to its stream; with one, ``streamId`` names the stream
+    of every row (as Kafka's ``topic`` option overrides a ``topic`` column: a copy of a source
+    DataFrame, which has the column, keeps working) and the column is data like any other."""
     o = _check_known(options, SINK_OPTIONS, "sink")
-    if routed and o.get("channel", "").strip():
-        raise ConfigurationError(
-            ROUTING_COLUMN,
-            "a column",
-            f"no {ROUTING_COLUMN} column in raw mode (channel publishes every row to streamId): "
-            "drop the column",
-        )
-    ids = _stream_ids(o, required=not routed)
-    if routed and ids:
-        raise ConfigurationError(
-            "streamId",
-            ",".join(map(str, ids)),
-            f"no streamId with a {ROUTING_COLUMN} column, which routes each row to its own "
-            f"stream (drop the column to write every row to streamId, or leave streamId out)",
-        )
-    if not routed and len(ids) != 1:
+    ids = _stream_ids(o, required=False)
+    if not ids:
+        if not routed:
+            raise ConfigurationError("streamId", None, "a stream id (option streamId or streamIds)")
+        if o.get("channel", "").strip():
+            raise ConfigurationError(
+                "streamId",
+                None,
+                f"a stream id in raw mode (channel): it publishes every row to streamId and "
+                f"does not route by a {ROUTING_COLUMN} column",
+            )
+    if len(ids) > 1:
         raise ConfigurationError("streamId", ids, "exactly one stream id for a sink")
     fmt = o.get("format", "binary").strip().lower()
     if fmt not in SINK_FORMATS:
@@ -556,5 +554,5 @@ def parse_sink_options(options: Mapping[str, str], routed: bool = False) -> Sink
         local_writes=_bool("localWrites", o.get("localwrites", "true")),
         sbe=parse_sbe_options(o, fmt, sink=True),
         batch_id=batch_id,
-        route_by_stream_id=routed,
+        route_by_stream_id=routed and not ids,
     )

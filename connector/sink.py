@@ -239,6 +239,17 @@ def _warn_if_committed_before(
         )
 
 
+def warn_stream_id_column_ignored(stream_id: int) -> None:
+    """The driver's word that a ``stream_id`` column routes nothing: ``streamId`` was given."""
+    log.warning(
+        "aeron sink: every row goes to streamId=%d; the DataFrame's %s column does not route "
+        "rows when streamId is given (leave streamId out to route each row to its %s)",
+        stream_id,
+        ROUTING_COLUMN,
+        ROUTING_COLUMN,
+    )
+
+
 def refuse_batch_id(options: SinkOptions, what: str) -> None:
     """``batchId`` names a batch write's batch; ``what`` (a streaming or raw sink) has none."""
     if options.batch_id is not None:

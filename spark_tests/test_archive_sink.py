@@ -81,7 +81,8 @@ def test_batch_write_then_read_back_byte_for_byte(spark, archive) -> None:  # ty
 def test_batch_write_with_sink_id_and_batch_id_is_appended_once(spark, archive) -> None:  # type: ignore[no-untyped-def]
     """Issue 32: a foreachBatch batch replayed after a failure writes its (sinkId, batchId)
     again; the archive sink finds that batch's END marker ending the target and appends
-    nothing. A stream_id column is refused (the archive sink does not route rows)."""
+    nothing. A stream_id column without streamId is refused (the archive sink does not route
+    rows)."""
     options = dict(_sink_options(archive, 5005), sinkId="fb-archive")
     df = spark.createDataFrame([(f"a-{i}".encode(),) for i in range(50)], "value binary")
     for batch_id in (4, 4, 5):  # batch 4 written twice (the replay), then batch 5
@@ -91,8 +92,9 @@ def test_batch_write_with_sink_id_and_batch_id_is_appended_once(spark, archive) 
     got = sorted(bytes(r.value) for r in _read(spark, archive, 5005).collect())
     assert got == sorted([f"a-{i}".encode() for i in range(50)] * 2)
     routed = spark.createDataFrame([(b"x", 5006)], "value binary, stream_id int")
-    with raises_project(ConfigurationError, "no stream_id column with archive"):
-        routed.write.format("aeron").options(**options).mode("append").save()
+    unrouted = {k: v for k, v in options.items() if k != "streamId"}
+    with raises_project(ConfigurationError, "does not route rows by a stream_id column"):
+        routed.write.format("aeron").options(**unrouted).mode("append").save()
 
 
 def _killer(flag: str):  # type: ignore[no-untyped-def]

@@ -283,14 +283,18 @@ def test_a_streaming_write_routes_by_a_stream_id_column(spark, server, tmp_path)
         )
 
 
-def test_a_stream_id_column_beside_stream_id_option_or_null_is_refused(spark, server):  # type: ignore[no-untyped-def]
+def test_stream_id_option_beside_the_column_wins_and_a_null_stream_id_is_refused(spark, server):  # type: ignore[no-untyped-def]
+    """With streamId given, every row goes there (Kafka's topic option over a topic column: a
+    copy of a source DataFrame keeps working; the driver logs that the column routes nothing).
+    Routing by the column, a null stream id fails the write naming the column."""
     df = spark.createDataFrame([(b"x", 76)], "value binary, stream_id int")
-    with raises_project(ConfigurationError, "no streamId with a stream_id column"):
-        df.write.format("aeron").option("endpoint", server.endpoint).option("streamId", 75).mode(
-            "append"
-        ).save()
-    nulls = spark.createDataFrame([(b"x", None)], "value binary, stream_id int")
+    df.write.format("aeron").option("endpoint", server.endpoint).option("streamId", 75).mode(
+        "append"
+    ).save()
+    assert _values(spark, server.endpoint, 75) == [b"x"]
+    nulls = spark.createDataFrame([(b"y", None)], "value binary, stream_id int")
     with raises_project(ConfigurationError, "a stream id in every row"):
         nulls.write.format("aeron").option("endpoint", server.endpoint).mode("append").save()
     with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
-        assert client.list_recordings([75, 76]) == []  # nothing written anywhere
+        assert client.list_recordings([76]) == []  # nothing routed by the column
+        assert _values(spark, server.endpoint, 75) == [b"x"]
