@@ -8,9 +8,16 @@ never look like a changed server key; the store is a fresh directory, never the 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
-os.environ["AERON_SPARK_KEY_STORE"] = tempfile.mkdtemp(prefix="aeron-spark-test-keys-")
+_KEY_STORE = tempfile.mkdtemp(prefix="aeron-spark-test-keys-")
+os.environ["AERON_SPARK_KEY_STORE"] = _KEY_STORE
+
+
+def pytest_unconfigure(config) -> None:  # type: ignore[no-untyped-def]
+    """The key store goes with the run (every run left one in the temporary directory)."""
+    shutil.rmtree(_KEY_STORE, ignore_errors=True)
 
 
 _INTEROP_IDS: set[str] = set()

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from aeron_spark.connector.options import (
+    SOURCE_OPTIONS,
     SPARK_OPTIONS,
     SinkOptions,
     SourceOptions,
@@ -94,8 +95,9 @@ def _split_options(
         if name in own:
             mine[name] = str(value)
         elif name in _NOT_IN_ARCHIVE_MODE:
+            spelled = SOURCE_OPTIONS[name][0]  # Spark hands options over in lower case
             raise ConfigurationError(
-                str(key), value, f"no {key} with archive ({_NOT_IN_ARCHIVE_MODE[name]})"
+                spelled, value, f"no {spelled} with archive ({_NOT_IN_ARCHIVE_MODE[name]})"
             )
         else:
             rest[str(key)] = value
@@ -206,7 +208,7 @@ def parse_archive_sink_options(options: Mapping[str, str]) -> ArchiveSinkOptions
     mine, rest = _split_options(options, ARCHIVE_SINK_OPTIONS)
     for key in rest:
         if key.lower() == "localwrites":
-            raise ConfigurationError(key, rest[key], "no localWrites with archive")
+            raise ConfigurationError("localWrites", rest[key], "no localWrites with archive")
     control, stream, host = _connect_parts(mine)
     if not mine.get("channel", "").strip():
         raise ConfigurationError(

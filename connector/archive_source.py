@@ -12,8 +12,10 @@ stream-server source reads its recordings:
   ``failOnDataLoss`` for ranges purged (below the start position) or truncated away;
 * ``maxMessagesPerTrigger`` / ``maxBytesPerTrigger`` cut micro-batches at message boundaries,
   found by replaying from the batch start on the driver and stopping at the budget;
-  ``minPartitions`` splits ranges at term boundaries (every term starts with a frame), each
-  task taking the messages that *begin* in its share;
+  ``minPartitions`` splits ranges into as many shares as asked, proportionally to their bytes,
+  each task taking the messages that *begin* in its share: a share's replay starts at the term
+  boundary at or below it (every term starts with a frame), so a task reads at most one term
+  more than its share;
 * each task opens its own control session and a bounded replay of exactly its range (to its
   own subscription port, so its own replay session), writes the recording's session id back
   over the replay's in every frame, and decodes the frames with the source's payload formats:
@@ -60,6 +62,7 @@ from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.connector.source import decode_offset, encode_offset, format_fields, source_schema
 from aeron_spark.transport.archive.client import ArchiveClient, RecordingDescriptor
 from aeron_spark.transport.archive.client.client import ReplayedBlock
+from aeron_spark.transport.protocol.frames import FRAME_ALIGNMENT
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -175,6 +178,9 @@ class ArchiveRange(InputPartition):
     decoding: Decoding | None = None
     sbe: SbeRead | None = None
     sink_target: bool = False  # an archive sink's target: its marker frames are not rows
+    # where the replay starts when ``start`` is not a frame boundary (a share of a split range):
+    # the term boundary at or below ``start``; None: ``start``
+    replay_from: int | None = None
 
 
 def _owned(blocks: Iterable[ReplayedBlock], p: ArchiveRange) -> Iterator[ReplayedBlock]:
@@ -188,6 +194,8 @@ def _owned(blocks: Iterable[ReplayedBlock], p: ArchiveRange) -> Iterator[Replaye
         done = False
         for at, aligned, _length, flags, ftype in frames(block.data):
             position = block.position + at
+            if position < p.start:  # replayed from the term boundary below the share
+                continue
             if ftype == _TYPE_PAD:
                 if first is not None:
                     last = at + aligned
@@ -228,7 +236,7 @@ def read_archive_range(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     with connect(p.connect) as client:
         replayed = client.replay(
             p.recording_id,
-            p.start,
+            p.start if p.replay_from is None else p.replay_from,
             p.end if p.exact else p.limit,
             session_id=p.session_id,
             stream_id=p.stream_id,
@@ -345,24 +353,34 @@ def _partitions(
 
 
 def _split(parts: list[ArchiveRange], min_partitions: int | None) -> list[ArchiveRange]:
-    """Cut ranges at term boundaries into about ``min_partitions`` tasks, proportionally to
-    their bytes (deterministic: the same ranges give the same cuts)."""
+    """Cut ranges into about ``min_partitions`` shares, proportionally to their bytes (at least
+    one each; deterministic: the same ranges give the same cuts). A cut need not be a frame
+    boundary: its task replays from the term boundary at or below it (a frame boundary) and
+    keeps the messages that begin in its share."""
     if not min_partitions or len(parts) >= min_partitions or not parts:
         return parts
     total = sum(p.end - p.start for p in parts)
     out: list[ArchiveRange] = []
     for p in parts:
         share = max(1, round(min_partitions * (p.end - p.start) / total))
-        term = p.term_length
         cuts = sorted(
-            {(p.start + (p.end - p.start) * i // share) // term * term for i in range(1, share)}
+            {(p.start + (p.end - p.start) * i // share) & -FRAME_ALIGNMENT for i in range(1, share)}
         )
         bounds = [p.start, *(c for c in cuts if p.start < c < p.end), p.end]
         if len(bounds) == 2:
             out.append(p)
             continue
         out.extend(
-            dataclasses.replace(p, start=a, end=b, limit=p.end, exact=False)
+            dataclasses.replace(
+                p,
+                start=a,
+                end=b,
+                limit=p.end,
+                exact=False,
+                replay_from=None
+                if a == p.start
+                else max(p.start, a // p.term_length * p.term_length),
+            )
             for a, b in zip(bounds, bounds[1:], strict=False)
         )
     return out

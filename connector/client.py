@@ -9,20 +9,31 @@ with StreamClient.connect(ClientSettings(endpoint="127.0.0.1:40123")) as c:
             ...  # block.data: raw Aeron DATA frames covering [block.position, block.end_position)
 ```
 
-One client is one session to the server (one handshake). A client is not thread-safe; use one
-per thread or task. Every wait is bounded by ``settings.timeout_s``; a server that stops answering
-raises :class:`ServerUnavailableError`. Errors the server reports are raised as the typed classes of
-:mod:`aeron_spark.connector.errors`.
+One client is one session to the server (one handshake) at a time. A client is not thread-safe;
+use one per thread or task. Every wait is bounded by ``settings.timeout_s``. Errors the server
+reports are raised as the typed classes of :mod:`aeron_spark.connector.errors`.
+
+A lost session (the server was killed or restarted, the network between them failed for a while:
+:class:`~aeron_spark.connector.errors.SessionLostError`) is replaced by a new one, for as long as
+``timeout_s`` allows, and the operation goes on where it was: a request whose reply did not come
+is sent again (every request but ``publish`` and ``local_stage_done`` may be: the server's
+commit is idempotent by sink id and batch id, the others read or recreate), a replay resumes at
+the end of the last block it delivered, and :meth:`StreamClient.stage` stages its part again
+from the payloads it kept (up to ``RESTAGE_BUFFER_BYTES``). Only when no new session answers
+within ``timeout_s`` (or a stage kept too little to restart) is :class:`ServerUnavailableError`
+raised, naming the endpoint and the loss.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
+import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +42,7 @@ from aeron_spark.connector.errors import (
     ConnectorError,
     ControlProtocolError,
     ServerUnavailableError,
+    SessionLostError,
     error_from_wire,
 )
 from aeron_spark.connector.runs import PayloadRun
@@ -41,6 +53,19 @@ from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.connector.session.settings import ClientSettings
 
 from aeron_spark.errors import ConfigurationError
+
+log = logging.getLogger(__name__)
+
+#: Payload bytes :meth:`StreamClient.stage` keeps to stage its part again on a new session after
+#: the old one was lost; a larger part is not restaged (the task fails and Spark retries it).
+RESTAGE_BUFFER_BYTES = 256 * 1024 * 1024
+#: Requests never sent again on a new session: a publish may already be recorded (it would be
+#: recorded twice), a ``local_stage_done`` names a part the new session does not own (stage()
+#: restages it whole instead).
+_NOT_RETRIED = frozenset({"publish", "stage", "local_stage_done", "stop_replay", "keepalive"})
+#: Bound on one attempt to open a new session while reconnecting; attempts go on until the
+#: operation's deadline.
+_CONNECT_ATTEMPT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +115,10 @@ class StreamClient:
         self._reassembler = chunking.Reassembler()
         self._last_send = time.monotonic()
         self._session_error: ConnectorError | None = None
-        self.reconnects = 0
+        self.reconnects = 0  # sessions opened to replace a lost one
+        self.restages = 0  # parts staged again on a new session
+        self.replay_resumes = 0  # replays resumed on a new session
+        self._generation = 0  # sessions replaced so far: a replay of an older one is dead
         self._outstanding: set[int] = set()  # requests sent, reply not yet taken
         self._in_operation = False  # a multi-request publish/stage is running
         self._ignored_replies: set[int] = set()  # replies to fire-and-forget stop_replay
@@ -139,20 +167,60 @@ class StreamClient:
 
     def _reconnect_if_idle_and_lost(self) -> None:
         """A session the server closed (lease expiry while we were idle, a server restart) is
-        replaced by a new one before the next request -- but only between requests, never
-        under a running replay or pipelined publish, whose state would be lost."""
+        replaced by a new one before the next request, never halfway through a pipelined
+        publish or stage (a replay of the old session notices and resumes on the new one)."""
         if self._closed or self._link.is_connected:
             return
-        if self._replay_queues or self._replies or self._outstanding or self._in_operation:
-            raise ServerUnavailableError(
+        if self._in_operation:  # a publish or stage halfway: its caller decides
+            raise SessionLostError(
                 f"the session to {self.settings.endpoint} was lost during an operation"
             )
+        self._reconnect(
+            self._deadline(),
+            SessionLostError(f"the idle session to {self.settings.endpoint} was lost"),
+        )
+
+    def _may_retry(self, op: str, deadline: float) -> bool:
+        return op not in _NOT_RETRIED and not self._closed and time.monotonic() < deadline
+
+    def _reconnect(self, deadline: float, cause: BaseException) -> None:
+        """Replace a lost session by a new one, trying until ``deadline``. What was in flight
+        on the old session is forgotten: its callers send it again on the new one."""
         self._link.close()
-        self._link = open_client_link(self.settings)
-        self._reassembler = chunking.Reassembler()
+        self._generation += 1
+        self._replies.clear()
+        self._replay_queues.clear()
+        self._outstanding.clear()
         self._abandoned.clear()
-        self._last_send = time.monotonic()
-        self.reconnects += 1
+        self._ignored_replies.clear()
+        self._session_error = None
+        self._reassembler = chunking.Reassembler()
+        attempts = 0
+        pause = 0.05
+        last: BaseException = cause
+        while not self._closed:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            attempts += 1
+            attempt = dataclasses.replace(
+                self.settings, timeout_s=min(remaining, _CONNECT_ATTEMPT_S)
+            )
+            try:
+                self._link = open_client_link(attempt)
+            except SessionLostError as exc:  # not back yet (a refusal is raised as it is)
+                last = exc
+                time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
+                pause = min(pause * 2, 1.0)
+                continue
+            self._last_send = time.monotonic()
+            self.reconnects += 1
+            return
+        raise ServerUnavailableError(
+            f"the session to {self.settings.endpoint} was lost ({cause}) and no new one "
+            f"could be opened within {self.settings.timeout_s} s ({attempts} attempts; last: "
+            f"{last})"
+        ) from last
 
     def _send_request(self, op: str, args: dict[str, Any]) -> int:
         if op not in ("stop_replay", "keepalive"):
@@ -172,7 +240,7 @@ class StreamClient:
         message: bytes | bytearray | None = self._link.receive(wait_until)
         if message is None:
             if not self._link.is_connected:
-                raise ServerUnavailableError(
+                raise SessionLostError(
                     f"the session to {self.settings.endpoint} was closed by the server or lost"
                 )
             return False
@@ -225,8 +293,18 @@ class StreamClient:
         return reply.result
 
     def call(self, op: str, **args: Any) -> Any:
-        """Send one request and return its result (raises the typed error on failure)."""
-        return self._wait_reply(self._send_request(op, args))
+        """Send one request and return its result (raises the typed error on failure). A lost
+        session is replaced and the request sent again (not ``publish`` nor
+        ``local_stage_done``) until ``timeout_s`` after the call began."""
+        deadline = self._deadline()
+        while True:
+            try:
+                return self._wait_reply(self._send_request(op, args), deadline)
+            except SessionLostError as exc:
+                if not self._may_retry(op, deadline):
+                    raise
+                log.info("%s: %s; reconnecting to send %s again", self.settings.endpoint, exc, op)
+                self._reconnect(deadline, exc)
 
     # --- operations ---------------------------------------------------------------------------
 
@@ -285,20 +363,66 @@ class StreamClient:
         """Blocks covering exactly ``[start, end)``; ``end=None`` follows the live recording
         until the iterator is closed (or the recording stops). The request is sent and checked
         eagerly, so a bad range raises here, not at the first ``next``."""
+        request_id = self._start_replay(recording_id, start, end, self._deadline())
+        return self._resuming_replay(recording_id, start, end, request_id)
+
+    def _start_replay(self, recording_id: int, start: int, end: int | None, deadline: float) -> int:
         args: dict[str, Any] = {"recording_id": recording_id, "start": start}
         if end is not None:
             args["end"] = end
-        request_id = self._send_request("replay", args)
-        self._replay_queues[request_id] = deque()
-        try:
-            self._wait_reply(request_id)
-        except BaseException:
-            del self._replay_queues[request_id]
-            raise
-        return self._replay_blocks(request_id, start, end)
+        while True:
+            request_id = -1
+            try:
+                request_id = self._send_request("replay", args)
+                self._replay_queues[request_id] = deque()
+                self._wait_reply(request_id, deadline)
+                return request_id
+            except SessionLostError as exc:
+                self._replay_queues.pop(request_id, None)
+                if not self._may_retry("replay", deadline):
+                    raise
+                self._reconnect(deadline, exc)
+            except BaseException:
+                self._replay_queues.pop(request_id, None)
+                raise
 
-    def _replay_blocks(self, request_id: int, start: int, end: int | None) -> Iterator[ReplayBlock]:
+    def _resuming_replay(
+        self, recording_id: int, start: int, end: int | None, request_id: int
+    ) -> Iterator[ReplayBlock]:
+        """The replay's blocks; on a lost session, a new one replays from the end of the last
+        block delivered (positions are exact: no block twice, none skipped)."""
+        position = start
+        while True:
+            blocks = self._replay_blocks(request_id, position, end)
+            try:
+                for block in blocks:
+                    position = block.end_position
+                    yield block
+                return
+            except SessionLostError as exc:
+                if self._closed:
+                    raise
+                if end is not None and position >= end:
+                    return  # every block came; only the end marker was lost
+                deadline = self._deadline()  # timeout_s from the loss
+                log.info(
+                    "%s: %s; resuming the replay of recording %d at %d",
+                    self.settings.endpoint,
+                    exc,
+                    recording_id,
+                    position,
+                )
+                self._reconnect(deadline, exc)
+                request_id = self._start_replay(recording_id, position, end, deadline)
+                self.replay_resumes += 1
+            finally:
+                blocks.close()
+
+    def _replay_blocks(
+        self, request_id: int, start: int, end: int | None
+    ) -> Generator[ReplayBlock, None, None]:
         queue = self._replay_queues[request_id]
+        generation = self._generation
         expected = start
         finished = False
         try:
@@ -306,6 +430,11 @@ class StreamClient:
                 if not queue:
                     deadline = None if end is None else self._deadline()
                     while not queue:
+                        if self._generation != generation:
+                            raise SessionLostError(
+                                f"replay {request_id}: its session to "
+                                f"{self.settings.endpoint} was replaced"
+                            )
                         if self._session_error is not None:
                             error, self._session_error = self._session_error, None
                             raise error
@@ -339,7 +468,12 @@ class StreamClient:
                 return
         finally:
             self._replay_queues.pop(request_id, None)
-            if not finished and not self._closed:
+            if (
+                not finished
+                and not self._closed
+                and self._generation == generation
+                and self._link.is_connected
+            ):
                 self._abandoned.add(request_id)
                 stop_id = next(self._ids) & proto.MAX_REQUEST_ID
                 self._ignored_replies.add(stop_id)  # nobody waits for it: drop it on arrival
@@ -361,8 +495,15 @@ class StreamClient:
         pending: deque[int] = deque()
         result: Any = None
         # stay under one transport message (no chunking) unless a single payload is larger;
-        # 16 bytes a payload for its msgpack bin header and list slot, generously
-        batches = batched(payloads, reserved_values, self.settings.max_request_bytes, 16)
+        # 16 bytes a payload for its msgpack bin header and list slot, generously; and within the
+        # payloads one request may carry
+        batches = batched(
+            payloads,
+            reserved_values,
+            self.settings.max_request_bytes,
+            16,
+            proto.MAX_PAYLOADS_PER_REQUEST,
+        )
         current: tuple[list[bytes] | PayloadRun, list[int] | None] | None = next(batches)
         try:
             while current is not None:
@@ -411,9 +552,19 @@ class StreamClient:
     ) -> int:
         """Publish messages into ``stream_id``; returns the recording's end position after them.
         All messages of one client go to one recording per stream (this session's)."""
-        result = self._pipelined(
-            "publish", {"stream_id": stream_id}, payloads, reserved_values, False
-        )
+        try:
+            result = self._pipelined(
+                "publish", {"stream_id": stream_id}, payloads, reserved_values, False
+            )
+        except SessionLostError as exc:
+            # Not sent again: what was in flight may be recorded already (twice, if resent), and
+            # a new session publishes into a recording of its own. The next call reconnects.
+            raise ServerUnavailableError(
+                f"the session to {self.settings.endpoint} was lost during a publish to stream "
+                f"{stream_id} ({exc}); a publish is not sent again on a new session (what was in "
+                "flight may be recorded already): look at the stream's recordings and publish "
+                "what is missing"
+            ) from exc
         return int(result) if result is not None else 0
 
     def stage(
@@ -432,7 +583,53 @@ class StreamClient:
 
         With ``local`` and a server that allows it, a process that can write the server's
         directory writes the part file itself (see :mod:`~aeron_spark.connector.local`; the
-        server checks every record); otherwise the payloads go over the session."""
+        server checks every record); otherwise the payloads go over the session.
+
+        A session lost on the way is replaced and the whole part staged again on the new one
+        (the server recreates a part for the first write of a session to it, so nothing is
+        doubled) from the payloads kept meanwhile, up to :data:`RESTAGE_BUFFER_BYTES`; past
+        that, or ``timeout_s`` after the loss, :class:`ServerUnavailableError` is raised."""
+        kept = _Kept(payloads, RESTAGE_BUFFER_BYTES)
+        kept_rvs = None if reserved_values is None else _Kept(reserved_values, None)
+        deadline: float | None = None
+        while True:
+            try:
+                return self._stage_once(
+                    sink_id, batch_id, partition_id, attempt, stream_id, kept, kept_rvs, local
+                )
+            except SessionLostError as exc:
+                if self._closed:
+                    raise
+                if not kept.whole:
+                    raise ServerUnavailableError(
+                        f"the session to {self.settings.endpoint} was lost while staging part "
+                        f"{partition_id}-{attempt} of sink {sink_id!r} batch {batch_id}, which "
+                        f"is larger than the {RESTAGE_BUFFER_BYTES} bytes kept to stage it again "
+                        f"({exc}); the task must be retried"
+                    ) from exc
+                deadline = deadline if deadline is not None else self._deadline()
+                log.info(
+                    "%s: %s; staging part %d-%d of batch %d again",
+                    self.settings.endpoint,
+                    exc,
+                    partition_id,
+                    attempt,
+                    batch_id,
+                )
+                self._reconnect(deadline, exc)
+                self.restages += 1
+
+    def _stage_once(
+        self,
+        sink_id: str,
+        batch_id: int,
+        partition_id: int,
+        attempt: int,
+        stream_id: int,
+        payloads: Iterable[bytes] | Iterable[PayloadRun],
+        reserved_values: Iterable[int] | None,
+        local: bool,
+    ) -> dict:
         base = {
             "sink_id": sink_id,
             "batch_id": batch_id,
@@ -497,10 +694,12 @@ def batched(
     reserved_values: Iterable[int] | None,
     limit: int,
     overhead: int = 0,
+    max_count: int = 0,
 ) -> Iterator[tuple[list[bytes] | PayloadRun, list[int] | None]]:
     """Payloads (as bytes) with their reserved values (one taken after each payload), in
-    batches of at most ``limit`` bytes counting ``overhead`` per payload (a larger payload alone);
-    always at least one batch (an empty one when there is no payload).
+    batches of at most ``limit`` bytes counting ``overhead`` per payload (a larger payload alone)
+    and at most ``max_count`` payloads (0: any); always at least one batch (an empty one when
+    there is no payload).
 
     A :class:`~aeron_spark.connector.runs.PayloadRun` among the payloads is cut into pieces
     within the limit (slices: no copy, no Python object per payload) yielded as batches of their
@@ -519,14 +718,14 @@ def batched(
             if batch:
                 yield batch, rvs
                 batch, size = [], 0
-            for piece in payload.split(limit, overhead):
+            for piece in payload.split(limit, overhead, max_count):
                 yield piece, None
                 yielded = True
             continue
         if not isinstance(payload, bytes):
             payload = bytes(payload)
         cost = len(payload) + overhead
-        if batch and size + cost > limit:
+        if batch and (size + cost > limit or len(batch) == max_count):
             yield batch, rvs
             yielded = True
             batch, size = [], 0
@@ -542,6 +741,34 @@ def batched(
                 ) from None
     if batch or not yielded:
         yield batch, rvs
+
+
+class _Kept:
+    """An iterable that keeps what it yields (up to ``limit`` payload bytes; None: no limit), so
+    a second iteration yields the same items again, then goes on with the source. ``whole``:
+    nothing was dropped, so the items can be iterated from the start again."""
+
+    def __init__(self, source: Iterable[Any], limit: int | None) -> None:
+        self._source = iter(source)
+        self._items: list[Any] = []
+        self._bytes = 0
+        self._limit = limit
+        self.whole = True
+
+    def __iter__(self) -> Iterator[Any]:
+        if not self.whole:
+            raise ConfigurationError("payloads", "iterated again", "one pass (too large to keep)")
+        yield from list(self._items)
+        for item in self._source:
+            if self.whole:
+                if self._limit is not None:
+                    self._bytes += item.nbytes if isinstance(item, PayloadRun) else len(item)
+                if self._limit is not None and self._bytes > self._limit:
+                    self.whole = False
+                    self._items.clear()
+                else:
+                    self._items.append(item)
+            yield item
 
 
 _POOL_IDLE_S = 20.0  # well inside the server's session lease (60 s by default)

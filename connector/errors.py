@@ -70,6 +70,13 @@ class ServerUnavailableError(ConnectorError):
     code = ErrorCode.SERVER_UNAVAILABLE
 
 
+class SessionLostError(ServerUnavailableError):
+    """This client's session went away (the server was killed or restarted, or the network
+    between them failed): raised on the client side only, never sent on the wire. A
+    :class:`~aeron_spark.connector.client.StreamClient` catches it and reconnects while its
+    ``timeout_s`` allows; a refused handshake or an unanswered request is not a lost session."""
+
+
 class DirectoryInUseError(ServerUnavailableError):
     """A server cannot start: another server holds its data directory's lock. Raised at start
     only, never sent on the wire. ``details``: ``directory``, ``pid`` (the holder, or None when
@@ -227,6 +234,7 @@ __all__ = [
     "PurgedError",
     "ServerError",
     "ServerUnavailableError",
+    "SessionLostError",
     "StagedDataMissingError",
     "StorageFullError",
     "TooManyOpenFilesError",

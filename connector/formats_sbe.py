@@ -103,7 +103,7 @@ def parse_sbe_options(o: Mapping[str, str], fmt: str, sink: bool) -> SbeOptions 
     try:
         schema = sbe.parse_schema(source)
     except sbe.SbeSchemaError as exc:
-        raise ConfigurationError("sbeSchema", _short(source), str(exc)) from None
+        raise ConfigurationError("sbeSchema", _short(source), problem=str(exc)) from None
     key = o.get("sbemessage", "").strip()
     if not key:
         if len(schema.messages) != 1:
@@ -117,19 +117,15 @@ def parse_sbe_options(o: Mapping[str, str], fmt: str, sink: bool) -> SbeOptions 
     try:
         message = schema.message(key)
     except sbe.UnknownMessageError as exc:
-        raise ConfigurationError("sbeMessage", key, str(exc)) from None
+        raise ConfigurationError("sbeMessage", key, problem=str(exc)) from None
     enums = o.get("sbeenums", "names").strip().lower()
     if enums not in ENUM_MODES:
         raise ConfigurationError("sbeEnums", enums, " or ".join(ENUM_MODES))
     other = o.get("sbeothertemplates", "fail").strip().lower()
     if other not in OTHER_TEMPLATE_POLICIES:
         raise ConfigurationError("sbeOtherTemplates", other, " or ".join(OTHER_TEMPLATE_POLICIES))
-    xml = source
-    if not source.startswith("<"):
-        import os
-
-        with open(os.path.expanduser(source), encoding="utf-8") as f:
-            xml = f.read()
+    # one text (includes resolved): the tasks cannot read the driver's files
+    xml = sbe.schema_text(source)
     return SbeOptions(xml, message.name, enums == "raw", other)
 
 
@@ -358,10 +354,14 @@ def check_sink_schema(arrow: pa.Schema, options: SbeOptions) -> None:
     try:
         options.codec().encode(arrow.empty_table())
     except sbe.SbeEncodeError as exc:
+        column = exc.details.get("column")  # that column and its type, not the whole schema
+        if column is not None:
+            name = f"column {column}"
+            value = str(arrow.field(column).type) if column in arrow.names else None
+        else:
+            name, value = "columns", ", ".join(arrow.names)
         raise ConfigurationError(
-            str(exc.details.get("column") or "schema"),
-            arrow.to_string(show_schema_metadata=False),
-            f"columns that fit SBE message {options.message}: {exc.message}",
+            name, value, problem=f"does not fit SBE message {options.message}: {exc.message}"
         ) from None
 
 

@@ -9,6 +9,7 @@ bad query fails at ``load()`` / ``save()`` / ``start()``, before any task runs.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -293,10 +294,45 @@ def _check_known(
         if name in SPARK_OPTIONS:
             continue
         if name not in known:
-            names = ", ".join(spec[0] for spec in known.values())
-            raise ConfigurationError(str(key), value, f"a known {kind} option ({names})")
+            raise unknown_option(name, value, known, kind)
         lowered[name] = str(value)
     return lowered
+
+
+def unknown_option(
+    key: str, value: object, known: Mapping[str, tuple[str, str, str]], kind: str
+) -> ConfigurationError:
+    """The error for an option no one knows. Spark hands options over in lower case, so the
+    user's spelling is lost: the name is given back in the case of the closest known option
+    (``maxmessagespertriger`` -> ``maxMessagesPerTriger``), which is suggested."""
+    import difflib
+
+    name = str(key).lower()
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
+    names = ", ".join(spec[0] for spec in known.values())
+    if not close:
+        return ConfigurationError(
+            str(key), value, problem=f"not a known {kind} option (the {kind} options: {names})"
+        )
+    canonical = known[close[0]][0]
+    return ConfigurationError(
+        _recase(name, canonical),
+        value,
+        problem=f"not a known {kind} option: did you mean {canonical}? (the {kind} options: "
+        f"{names})",
+    )
+
+
+def _recase(name: str, canonical: str) -> str:
+    """``name`` (lower case) with the letters it shares with ``canonical`` in its case."""
+    import difflib
+
+    out = list(name)
+    matcher = difflib.SequenceMatcher(None, name, canonical.lower(), autojunk=False)
+    for block in matcher.get_matching_blocks():
+        for i in range(block.size):
+            out[block.a + i] = canonical[block.b + i]
+    return "".join(out)
 
 
 def _settings(o: dict[str, str]) -> ClientSettings:
@@ -438,6 +474,131 @@ def _consumer_id(o: dict[str, str]) -> str | None:
     return value
 
 
+# Spark SQL's type names (DataTypeAstBuilder); the number of parenthesised parameters each takes
+_DDL_TYPES = {
+    **dict.fromkeys(
+        "boolean tinyint byte smallint short int integer bigint long float real double date "
+        "timestamp timestamp_ltz timestamp_ntz string binary void variant".split(),
+        (0,),
+    ),
+    **dict.fromkeys(("char", "character", "varchar"), (1,)),
+    **dict.fromkeys(("decimal", "dec", "numeric"), (0, 1, 2)),
+    "time": (0, 1),
+}
+_INTERVAL_UNITS = frozenset("year month day hour minute second".split())
+_DDL_TOKEN = re.compile(
+    r"\s*(?:(`(?:[^`]|``)*`)|('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")|(\w+)|(\S))"
+)
+
+
+def check_ddl(name: str, ddl: str) -> None:
+    """Refuse, naming the option, a ``schema`` that is not Spark DDL (``"id long, price
+    double"``): Spark parses it only after the source handed it over, and its parse error names
+    no option. A syntax check of Spark's grammar, in Python (no JVM where options are parsed)."""
+    tokens = [next(g for g in m.groups() if g is not None) for m in _DDL_TOKEN.finditer(ddl)]
+    if not "".join(tokens).strip():
+        raise ConfigurationError(name, ddl, problem="not Spark DDL: it names no column")
+    pos = 0
+
+    def fail(what: str) -> ConfigurationError:
+        near = repr(" ".join(tokens[pos : pos + 3])) if pos < len(tokens) else "the end"
+        return ConfigurationError(
+            name,
+            ddl,
+            problem=f"not Spark DDL: {what} at {near} (columns are `name type`, e.g. "
+            '"id long, price double, tags array<string>")',
+        )
+
+    def peek() -> str:
+        return tokens[pos].lower() if pos < len(tokens) else ""
+
+    def take(expected: str | None = None) -> str:
+        nonlocal pos
+        if pos >= len(tokens) or (expected is not None and tokens[pos].lower() != expected):
+            raise fail(f"expected {expected!r}" if expected else "expected more")
+        pos += 1
+        return tokens[pos - 1]
+
+    def column_name() -> None:
+        token = peek()
+        if not token or not (token.startswith("`") or re.fullmatch(r"\w+", token)):
+            raise fail("expected a column name")
+        take()
+
+    def field(nested: bool) -> None:
+        column_name()
+        if peek() == ":":
+            take()
+        data_type()
+        if peek() == "not":
+            take()
+            take("null")
+        if peek() == "comment":
+            take()
+            if peek()[:1] not in ("'", '"'):
+                raise fail("expected a quoted comment")
+            take()
+
+    def data_type() -> None:
+        word = peek()
+        if word in ("array", "map", "struct"):
+            take()
+            take("<")
+            if word == "array":
+                data_type()
+            elif word == "map":
+                data_type()
+                take(",")
+                data_type()
+            elif peek() != ">":
+                field(nested=True)
+                while peek() == ",":
+                    take()
+                    field(nested=True)
+            take(">")
+        elif word == "interval":
+            take()
+            if peek() in _INTERVAL_UNITS:
+                take()
+                if peek() == "to":
+                    take()
+                    if peek() not in _INTERVAL_UNITS:
+                        raise fail("expected an interval unit")
+                    take()
+        elif word in _DDL_TYPES:
+            take()
+            counts = _DDL_TYPES[word]
+            given = 0
+            if peek() == "(":
+                take()
+                while True:
+                    if not peek().isdigit():
+                        raise fail(f"expected a number in {word}(...)")
+                    take()
+                    given += 1
+                    if peek() != ",":
+                        break
+                    take()
+                take(")")
+            if given not in counts:
+                raise fail(f"{word} takes {' or '.join(map(str, counts))} parameter(s)")
+            if word == "string" and peek() == "collate":
+                take()
+                take()
+        else:
+            raise fail("expected a type" if word else "expected a type after the column name")
+
+    if peek() == "struct" and tokens[1:2] == ["<"]:
+        data_type()  # the schema as one struct type, as Spark also takes it
+    else:
+        field(nested=False)
+        while peek() == ",":
+            take()
+            field(nested=False)
+    if pos < len(tokens):
+        raise fail("expected ',' or the end")
+
+
 def _record_options(o: dict[str, str], fmt: str) -> dict[str, Any]:
     policy = o.get("badrecordspolicy", "fail").strip().lower()
     if policy not in BAD_RECORD_POLICIES:
@@ -466,6 +627,8 @@ def _record_options(o: dict[str, str], fmt: str) -> dict[str, Any]:
             f"no schema with format={fmt} (its "
             "columns are fixed, or sbeSchema's); use arrow, json or msgpack",
         )
+    if o.get("schema", "").strip():
+        check_ddl("schema", o["schema"].strip())
     return {
         "bad_records_policy": policy,
         "corrupt_record_column": column,

@@ -87,9 +87,10 @@ class PayloadRun:
             None if self.reserved is None else self.reserved[start:stop],
         )
 
-    def split(self, limit: int, overhead: int = 0) -> Iterator[PayloadRun]:
+    def split(self, limit: int, overhead: int = 0, max_count: int = 0) -> Iterator[PayloadRun]:
         """Consecutive pieces of at most ``limit`` bytes counting ``overhead`` per payload (a
-        larger payload alone), as :func:`~aeron_spark.connector.client.batched` cuts."""
+        larger payload alone) and at most ``max_count`` payloads (0: any), as
+        :func:`~aeron_spark.connector.client.batched` cuts."""
         n = len(self.values)
         if n == 0:
             return
@@ -100,6 +101,8 @@ class PayloadRun:
             base = int(cumulative[start - 1]) if start else 0
             stop = int(np.searchsorted(cumulative, base + limit, side="right"))
             stop = max(stop, start + 1)
+            if max_count:
+                stop = min(stop, start + max_count)
             yield self if start == 0 and stop == n else self.slice(start, stop)
             start = stop
 

@@ -1,6 +1,6 @@
 """Exactly once, source -> transformation -> sink, through a simulated crash.
 
-    python examples/exactly_once_roundtrip.py
+    .venv/bin/python examples/exactly_once_roundtrip.py
 
 An embedded stream server holds a stream of orders. A streaming query reads it with
 ``format("aeron")`` (at most ``--per-batch`` messages per micro-batch), keeps the large orders,

@@ -1,6 +1,9 @@
 """Publish market ticks (JSON, one message each) into a stream of a running stream server.
 
-    python examples/market_ticks_producer.py --endpoint 127.0.0.1:40123 --stream-id 10 --batches 20
+    .venv/bin/python examples/market_ticks_producer.py --endpoint 127.0.0.1:40123 --stream-id 30
+
+(stream 30 is what examples/market_ticks_job.py reads by default; --backfill-minutes 5 spreads the
+ticks' event times over the past 5 minutes, so that the job's watermark closes some minutes.)
 
 Prints one JSON line at the end: {"published": N, "end_position": P}.
 """
@@ -21,12 +24,14 @@ def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--endpoint", default="127.0.0.1:40123")
-    p.add_argument("--stream-id", type=int, default=10)
+    p.add_argument(
+        "--endpoint", default="127.0.0.1:40123", help="stream server (default %(default)s)"
+    )
+    p.add_argument("--stream-id", type=int, default=30, help="stream (default %(default)s)")
     p.add_argument("--batches", type=int, default=20, help="publish requests to send")
-    p.add_argument("--ticks-per-batch", type=int, default=1000)
+    p.add_argument("--ticks-per-batch", type=int, default=1000, help="ticks per request")
     p.add_argument("--interval-s", type=float, default=0.0, help="pause between batches")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1, help="random seed (default %(default)s)")
     p.add_argument(
         "--backfill-minutes",
         type=float,

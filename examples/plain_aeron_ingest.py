@@ -6,7 +6,7 @@ Aeron C/Java/C++ publisher works the same way; here the project's own transport 
     aeron-spark server --dir DATA --ingest-channel aeron:udp?endpoint=127.0.0.1:40456 \\
         --ingest-stream-id 10
 
-    python examples/plain_aeron_ingest.py          # does all of it on this machine
+    .venv/bin/python examples/plain_aeron_ingest.py          # does all of it on this machine
 
 It starts an embedded server with an ingest channel on a free port, publishes ``--messages``
 fragmented and unfragmented messages from a plain publication, waits until the server recorded

@@ -1,8 +1,12 @@
 """Transport only, no Spark and no server: a publication and a subscription over UDP loopback.
 
-    python examples/producer_consumer.py --messages 10000
+    .venv/bin/python examples/producer_consumer.py --messages 10000
 
 Prints {"sent": N, "received": N, "in_order": true}.
+
+One thread both publishes and consumes, so it polls its subscription whenever the publication is
+back-pressured: the receiver advertises more window only as the subscriber consumes, and a
+publisher that waited without polling would wait for itself (BackPressuredError).
 """
 
 from __future__ import annotations
@@ -11,7 +15,13 @@ import argparse
 import json
 import time
 
-from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler
+from aeron_spark.transport import (
+    ADMIN_ACTION,
+    BACK_PRESSURED,
+    Driver,
+    DriverConfig,
+    FragmentAssembler,
+)
 
 
 def main() -> int:
@@ -35,7 +45,18 @@ def main() -> int:
         assembler = FragmentAssembler(on_message)
         filler = bytes(max(0, args.size - 8))
         for i in range(args.messages):
-            pub.offer_blocking(i.to_bytes(8, "little") + filler, timeout_s=10.0)
+            message = i.to_bytes(8, "little") + filler
+            stalled_since = time.monotonic()
+            while (result := pub.offer(message)) < 0:
+                if result not in (BACK_PRESSURED, ADMIN_ACTION):
+                    raise SystemExit(f"offer of message {i} failed: {result}")
+                # back-pressured: consume what arrived, so the receiver opens its window again
+                if sub.poll(assembler, 100) > 0:
+                    stalled_since = time.monotonic()
+                elif time.monotonic() - stalled_since > 10.0:
+                    raise SystemExit(f"message {i}: no progress for 10 s (back-pressured)")
+                else:
+                    sub.wait(0.001)
             sub.poll(assembler, 100)
         deadline = time.monotonic() + 30.0
         while len(received) < args.messages and time.monotonic() < deadline:

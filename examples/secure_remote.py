@@ -8,7 +8,7 @@ On the server host (once):
 
 On the Spark side, pin that key (and refuse anything else):
 
-    python examples/secure_remote.py --endpoint server-host:40123 --server-key <hex>
+    .venv/bin/python examples/secure_remote.py --endpoint server-host:40123 --server-key <hex>
 
 Without ``--endpoint`` the example plays both parts on this machine: it starts a server process
 with a key store of its own, reads the key with ``aeron-spark keys show`` (the out-of-band step),

@@ -3,14 +3,19 @@
 UDP (``H`` = host, ``P`` = port, ``C`` = control port)::
 
     HELLO in     aeron:udp?endpoint=H:P                                  HANDSHAKE_STREAM_ID
-    replies      aeron:udp?control=H:C|control-mode=dynamic|destination-host=none  REPLY_STREAM_ID
+    replies      aeron:udp?control=H:C|control-mode=dynamic|session-id=<HELLO image's>
+                     |destination-host=<the HELLO image's address>|max-destinations=1
+                                                                         REPLY_STREAM_ID
     client->us   aeron:udp?endpoint=H:P|session-id=<secret>              <per-client stream>
     us->client   aeron:udp?control=H:C|control-mode=dynamic|session-id=<secret>
                      |destination-host=<the HELLO's address>|max-destinations=1
 
-The reply publication takes as destinations only the addresses the server allows (those with a
-handshake in flight); a session's publication exactly one: the first SM carrying its own secret
-session id from the address whose HELLO opened it (see ``transport/protocol/publication.py``).
+Every HELLO image (a client process's HELLO publication) gets a reply publication of its own,
+with the image's session id: its one destination is the first subscription at the image's
+address whose SM names that session id (the client's reply subscription names its HELLO
+publication's), so a reply reaches the host that sent the HELLO and nobody else. A session's
+publication likewise takes exactly one destination: the first SM carrying its own secret session
+id from the address whose HELLO opened it (see ``transport/protocol/publication.py``).
 
 IPC (same host, same driver directory; a client names the server by its UDP port, ``ipc:P``)::
 
@@ -87,20 +92,31 @@ class Channels:
             return f"aeron:ipc?term-length={HANDSHAKE_TERM_LENGTH}"
         return f"aeron:udp?endpoint={_h(self.host)}:{self.port}|term-length={HANDSHAKE_TERM_LENGTH}"
 
-    def reply_pub(self) -> str:
+    def reply_pub(self, session_id: int | None = None, client_host: str = "") -> str:
+        """The server's replies: over IPC one publication for all; over UDP one per HELLO
+        image, with the image's ``session_id``, whose one destination is at ``client_host``
+        (without: the publication that holds the control port, which takes no destination)."""
         if self.media == "ipc":
             return f"aeron:ipc?term-length={HANDSHAKE_TERM_LENGTH}"
+        if session_id is None:
+            return (
+                f"aeron:udp?control={_h(self.host)}:{self.control_port}|control-mode=dynamic"
+                f"|term-length={HANDSHAKE_TERM_LENGTH}|destination-host=none{_GUARD}"
+            )
         return (
             f"aeron:udp?control={_h(self.host)}:{self.control_port}|control-mode=dynamic"
-            f"|term-length={HANDSHAKE_TERM_LENGTH}|destination-host=none{_GUARD}"
+            f"|session-id={session_id}|term-length={HANDSHAKE_TERM_LENGTH}"
+            f"|destination-host={_h(client_host)}|max-destinations=1{_GUARD}"
         )
 
-    def reply_sub(self) -> str:
+    def reply_sub(self, session_id: int | None = None) -> str:
+        """The client's replies; over UDP those of its HELLO publication, ``session_id``."""
         if self.media == "ipc":
             return "aeron:ipc"
+        only = f"|session-id={session_id}" if session_id is not None else ""
         return (
             f"aeron:udp?endpoint={_h(self.bind)}:0|control={_h(self.host)}:{self.control_port}"
-            f"|control-mode=dynamic|{_HANDSHAKE_BOUNDS}"
+            f"|control-mode=dynamic{only}|{_HANDSHAKE_BOUNDS}"
         )
 
     # -------------------------------------------------------------- a session's pair

@@ -119,7 +119,16 @@ class Client:
         on_error: Callable[[Connection, BaseException], object] | None = None,
     ) -> Connection:
         host, port = split_endpoint(endpoint)
-        return _Attempt(self, host, port, endpoint).run(on_disconnect, on_error)
+        attempt = _Attempt(self, host, port, endpoint)
+        try:
+            return attempt.run(on_disconnect, on_error)
+        except ConnectionClosedError:
+            if not attempt.reused_channel:
+                raise
+            # A kept HELLO channel whose server went away as this handshake began (restarted
+            # on its ports: its replies to our HELLO publication's session id now wait out the
+            # old image's cool-down): retired; once more on a fresh channel.
+            return _Attempt(self, host, port, endpoint).run(on_disconnect, on_error)
 
     @classmethod
     def connect_to(cls, endpoint: str, config: ClientConfig | None = None, **kw: Any) -> Connection:
@@ -155,6 +164,7 @@ class _Attempt:
             endpoint=endpoint,
         )
         self.opened: list[Any] = []
+        self.reused_channel = False  # its HELLO channel was ready before (kept from another)
 
     def _check_key(self, server_key: bytes) -> None:
         self.client.key_store.check_server(
@@ -256,6 +266,7 @@ class _Attempt:
         try:
             self._wait_until(lambda: bool(hc.replies.images), hc.replies)
             self._wait_until(lambda: hc.hello_pub.is_connected, None, hc.hello_pub)
+            self.reused_channel = hc.was_ready
             hc.was_ready = True
             hc.register(m.connect_key)
             try:

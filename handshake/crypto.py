@@ -6,17 +6,20 @@ has a static key ``ss`` (the one clients pin) and makes a fresh ephemeral key ``
 
 1. The client's first HELLO carries ``ce``'s public key only. The server's COOKIE answer carries
    ``ss``'s public key ``spk``, which the client checks (pinned or remembered) before it uses it.
-2. The client's second HELLO carries its identity sealed for the server only::
+2. The client's second HELLO carries its identity sealed for the server only, with a proof
+   that it holds ``cs``'s private key (protocol version 5, as Noise IK's ``ss`` token)::
 
        es      = X25519(ce, ss)
        ad      = connect key (8 bytes, big-endian) || ce public || spk || cookie
-       id_key  = HKDF-SHA256(es, salt = SHA-256(ad), info = "aeron-spark client identity v3")
-       id      = AES-256-GCM(id_key, nonce 0, plaintext = cs public, ad)        (48 bytes)
+       id_key  = HKDF-SHA256(es, salt = SHA-256(ad), info = "aeron-spark client identity v5")
+       proof   = HMAC-SHA256(X25519(cs, ss), "aeron-spark client proof v5" || ad), first 16
+       id      = AES-256-GCM(id_key, nonce 0, plaintext = cs public || proof, ad)  (64 bytes)
 
    A passive observer sees neither ``cs`` nor anything linkable to it (``ce`` is fresh for every
    handshake); the cookie in ``ad`` ties the box to one cookie, so a box lifted into another
-   HELLO does not open. The server opens it, and refuses an unlisted key (``CLIENT_UNKNOWN``)
-   before it allocates anything.
+   HELLO does not open. The server opens it, checks the proof (only the holders of ``cs``'s or
+   ``ss``'s private key can make it: a listed client's *public* key is not enough) and refuses
+   an unlisted key (``CLIENT_UNKNOWN``), all before it allocates anything.
 3. Both sides compute four X25519 results and HKDF-SHA256 over ``dh1 || dh2 || dh3 || dh4``,
    salted with the transcript hash ``SHA-256(second HELLO bytes || spk || epk)`` (``epk`` = ``se``
    public), info ``"aeron-spark handshake v3"``::
@@ -63,8 +66,10 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from aeron_spark.counters import CounterType, counter_set
 
 _INFO = b"aeron-spark handshake v3"
-_ID_INFO = b"aeron-spark client identity v3"
-IDENTITY_BOX_LENGTH = 32 + 16
+_ID_INFO = b"aeron-spark client identity v5"
+_PROOF_LABEL = b"aeron-spark client proof v5"
+PROOF_LENGTH = 16
+IDENTITY_BOX_LENGTH = 32 + PROOF_LENGTH + 16
 _COUNTER = struct.Struct(">Q")
 COUNTER_LENGTH = 8
 TAG_LENGTH = 16
@@ -164,17 +169,39 @@ def _identity_aead(
     return AESGCM(key), ad
 
 
+def _proof(static_secret: bytes, ad: bytes) -> bytes:
+    return hmac.new(static_secret, _PROOF_LABEL + ad, hashlib.sha256).digest()[:PROOF_LENGTH]
+
+
 def seal_identity(
     client_ephemeral: X25519PrivateKey,
-    client_static_public: bytes,
+    client_static: X25519PrivateKey,
     server_key: bytes,
     connect_key: int,
     cookie: bytes,
 ) -> bytes:
-    """The client's static public key sealed for the holder of ``server_key`` (step 2)."""
-    es = _exchange(client_ephemeral, load_public(server_key))
+    """The client's static public key and the proof that it holds its private key, sealed for
+    the holder of ``server_key`` (step 2)."""
+    return seal_identity_keeping(client_ephemeral, client_static, server_key, connect_key, cookie)[
+        0
+    ]
+
+
+def seal_identity_keeping(
+    client_ephemeral: X25519PrivateKey,
+    client_static: X25519PrivateKey,
+    server_key: bytes,
+    connect_key: int,
+    cookie: bytes,
+) -> tuple[bytes, tuple[bytes, bytes]]:
+    """:func:`seal_identity`, and the two X25519 results it took (ce·ss, cs·ss), which the key
+    schedule needs again (``client_keys(..., known=)``)."""
+    server = load_public(server_key)
+    es = _exchange(client_ephemeral, server)
     aead, ad = _identity_aead(es, connect_key, public_bytes(client_ephemeral), server_key, cookie)
-    return aead.encrypt(_NONCE_IDENTITY, client_static_public, ad)
+    static = _exchange(client_static, server)
+    proof = _proof(static, ad)
+    return aead.encrypt(_NONCE_IDENTITY, public_bytes(client_static) + proof, ad), (es, static)
 
 
 def open_identity(
@@ -184,18 +211,37 @@ def open_identity(
     cookie: bytes,
     box: bytes,
 ) -> bytes:
-    """The client's static public key out of a HELLO's identity box; raises
-    :class:`RemoteProtocolError` if it does not open (or is not an X25519 public key)."""
+    """The client's static public key out of a HELLO's identity box (see
+    :func:`open_identity_keeping`)."""
+    return open_identity_keeping(server_static, ephemeral_public, connect_key, cookie, box)[0]
+
+
+def open_identity_keeping(
+    server_static: X25519PrivateKey,
+    ephemeral_public: bytes,
+    connect_key: int,
+    cookie: bytes,
+    box: bytes,
+) -> tuple[bytes, tuple[bytes, bytes]]:
+    """The client's static public key out of a HELLO's identity box, its proof checked; raises
+    :class:`RemoteProtocolError` if it does not open, is not an X25519 public key or its proof
+    is not made with that key's private key."""
     es = _exchange(server_static, load_public(ephemeral_public))
     aead, ad = _identity_aead(
         es, connect_key, ephemeral_public, public_bytes(server_static), cookie
     )
     try:
-        client_static = aead.decrypt(_NONCE_IDENTITY, box, ad)
+        plain = aead.decrypt(_NONCE_IDENTITY, box, ad)
     except InvalidTag as exc:
         raise RemoteProtocolError("the HELLO's client identity does not authenticate") from exc
-    load_public(client_static)
-    return client_static
+    client_static, proof = plain[:32], plain[32:]
+    static = _exchange(server_static, load_public(client_static))
+    if len(proof) != PROOF_LENGTH or not hmac.compare_digest(proof, _proof(static, ad)):
+        raise RemoteProtocolError(
+            "the HELLO's client identity carries no proof of its private key (a public key "
+            "alone is not an identity)"
+        )
+    return client_static, (es, static)
 
 
 def client_keys(
@@ -204,14 +250,12 @@ def client_keys(
     hello: bytes,
     server_key: bytes,
     ephemeral_key: bytes,
+    known: tuple[bytes, bytes] | None = None,
 ) -> SessionKeys:
+    """``known``: ce·ss and cs·ss if already computed (:func:`seal_identity_keeping`)."""
     ss, se = load_public(server_key), load_public(ephemeral_key)
-    dh = (
-        _exchange(client_ephemeral, se)
-        + _exchange(client_ephemeral, ss)
-        + _exchange(client_static, ss)
-        + _exchange(client_static, se)
-    )
+    dh2, dh3 = known or (_exchange(client_ephemeral, ss), _exchange(client_static, ss))
+    dh = _exchange(client_ephemeral, se) + dh2 + dh3 + _exchange(client_static, se)
     return derive(dh, transcript_hash(hello, server_key, ephemeral_key))
 
 
@@ -221,14 +265,12 @@ def server_keys(
     client_public: bytes,
     client_static_public: bytes,
     hello: bytes,
+    known: tuple[bytes, bytes] | None = None,
 ) -> SessionKeys:
+    """``known``: ss·ce and ss·cs if already computed (:func:`open_identity_keeping`)."""
     ce, cs = load_public(client_public), load_public(client_static_public)
-    dh = (
-        _exchange(server_ephemeral, ce)
-        + _exchange(server_static, ce)
-        + _exchange(server_static, cs)
-        + _exchange(server_ephemeral, cs)
-    )
+    dh2, dh3 = known or (_exchange(server_static, ce), _exchange(server_static, cs))
+    dh = _exchange(server_ephemeral, ce) + dh2 + dh3 + _exchange(server_ephemeral, cs)
     return derive(
         dh, transcript_hash(hello, public_bytes(server_static), public_bytes(server_ephemeral))
     )
@@ -330,6 +372,8 @@ __all__ = [
     "client_keys",
     "fingerprint",
     "open_identity",
+    "open_identity_keeping",
+    "seal_identity_keeping",
     "seal_identity",
     "public_bytes",
     "server_keys",

@@ -15,10 +15,11 @@ heartbeats allow is not reused (a server that crashed or restarted gets a fresh 
 closed driver's channels are forgotten. With ``hello_linger_s=0`` every handshake has a channel
 of its own, closed when it ends (the behaviour before channels were shared).
 
-Resumption: a WELCOME carries, sealed, a token bound to the source address and port of the HELLO
-(protocol version 4). The channel keeps the last one for 9 s; a handshake on it sends its first
-HELLO with that token (and its sealed identity) and skips the COOKIE round trip. A stale or
-unknown token gets a COOKIE, as a first HELLO does.
+Resumption: a WELCOME carries, sealed, a token the server keeps for one HELLO from the source
+address and port of the HELLO by the same client key (protocol version 5). The channel keeps the
+last one for 9 s; the next handshake on it takes it, sends its first HELLO with that token (and
+its sealed identity) and skips the COOKIE round trip. A stale, spent or unknown token gets a
+COOKIE, as a first HELLO does.
 
 The server answers each HELLO an image carries (its rate limits and pending limits apply per
 address and per /24 or /64, not per image), and keeps the host of a live HELLO image on its reply
@@ -77,11 +78,16 @@ class HelloChannel:
         self._lock = threading.Lock()  # offers on the HELLO publication, polls of the replies
         self._inboxes: dict[int, deque[bytes]] = {}
         self._events: dict[int, threading.Event] = {}
-        self.replies = driver.add_subscription(channels.reply_sub(), channels.reply_stream)
+        self.hello_pub = driver.add_publication(channels.hello_pub(), channels.hello_stream)
         try:
-            self.hello_pub = driver.add_publication(channels.hello_pub(), channels.hello_stream)
+            # over UDP the server replies on a publication of this HELLO publication's own
+            # (its session id), sent only to this address
+            session = self.hello_pub.session_id if channels.media == "udp" else None
+            self.replies = driver.add_subscription(
+                channels.reply_sub(session), channels.reply_stream
+            )
         except BaseException:
-            self.replies.close()
+            self.hello_pub.close()
             raise
         # IPC data wakes nobody across processes, and an invoker driver runs only when stepped:
         # those wait on the subscription itself (which polls or steps), the others on events
@@ -104,8 +110,10 @@ class HelloChannel:
         return last is not None and now_ns - last > STALE_NS
 
     def resumption(self, now_ns: int) -> tuple[bytes, bytes] | None:
-        """(token, server key) for the next HELLO, if a recent WELCOME gave one."""
-        resume = self._resume
+        """(token, server key) for the next HELLO, if a recent WELCOME gave one; taken (a
+        token admits one HELLO: a concurrent handshake on this channel says HELLO without)."""
+        with self._lock:
+            resume, self._resume = self._resume, None
         if resume is None or now_ns >= resume[2]:
             return None
         return resume[0], resume[1]

@@ -46,9 +46,9 @@ from aeron_spark.handshake.crypto import (
     SessionKeys,
     client_keys,
     fingerprint,
-    open_identity,
+    open_identity_keeping,
     public_bytes,
-    seal_identity,
+    seal_identity_keeping,
     server_keys,
 )
 from aeron_spark.handshake.errors import (
@@ -71,6 +71,10 @@ MIN_SESSION_STREAM_ID = 0x10000
 _ID_BYTES = 16  # one read of the system's random source per session: its four ids
 MAX_COOKIES = 3  # COOKIEs a client answers in one handshake (a stale one gets a fresh one)
 COOKIE_PERIOD_NS = 10_000_000_000  # a cookie is valid for 10-20 s
+TOKEN_LIFETIME_NS = COOKIE_PERIOD_NS  # a resumption token is valid this long after its WELCOME
+# Cookies and resumption tokens already spent (each admits one HELLO), and tokens issued, held
+# until they expire; past this many the oldest are forgotten (a forgotten token gets a COOKIE)
+_SPENT_LIMIT = 65536
 _RATE_TABLE_LIMIT = 65536  # prefixes whose HELLO rate is tracked at once
 
 
@@ -221,6 +225,7 @@ class ClientHandshake:
         self.server_key: bytes | None = None
         self._resumed = False  # the first HELLO carried a resumption token
         self.ignored_replies = 0
+        self._known: tuple[bytes, tuple[bytes, bytes] | None] | None = None
 
     def _fire(self, event: ClientEvent) -> None:
         try:
@@ -257,15 +262,17 @@ class ClientHandshake:
         return self._hello
 
     def _hello_with(self, cookie: bytes, server_key: bytes) -> bytes:
+        box, known = seal_identity_keeping(
+            self._ephemeral, self._static, server_key, self.connect_key, cookie
+        )
+        self._known = (server_key, known)  # its X25519 results, for the key schedule
         return m.Hello(
             m.PROTOCOL_VERSION,
             self.connect_key,
             public_bytes(self._ephemeral),
             self.encryption,
             cookie,
-            seal_identity(
-                self._ephemeral, self.static_public, server_key, self.connect_key, cookie
-            ),
+            box,
         ).encode()
 
     def on_reply(self, data: bytes) -> m.SessionDetails | None:
@@ -315,12 +322,14 @@ class ClientHandshake:
             self.ignored_replies += 1
             return None
         try:
+            known = self._known
             keys = client_keys(
                 self._ephemeral,
                 self._static,
                 self._hello,
                 message.server_key,
                 message.ephemeral_key,
+                known[1] if known is not None and known[0] == message.server_key else None,
             )
             details = m.SessionDetails.decode(keys.open_details(message.box))
         except RemoteProtocolError:
@@ -441,6 +450,7 @@ class ServerCounters:
     cookies_sent: int = 0  # HELLOs answered with a COOKIE (nothing allocated)
     cookies_bad: int = 0  # HELLOs with a cookie that is not valid (forged, stale, other source)
     resumed: int = 0  # HELLOs admitted on the resumption token of an earlier WELCOME (no COOKIE)
+    cookies_reused: int = 0  # HELLOs with a cookie or token already spent, or another key's token
     rate_limited: int = 0  # HELLOs dropped unanswered: their /24 or /64 sent too many
     identities_bad: int = 0  # HELLOs whose sealed client identity does not open
     clients_refused: int = 0  # HELLOs from a client key that is not authorised (CLIENT_UNKNOWN)
@@ -545,6 +555,10 @@ class ServerCore:
         self.per_address: Counter[str] = Counter()
         self.pending_per_prefix: Counter[str] = Counter()
         self._cookie_secret = secrets.token_bytes(32)
+        # resumption tokens issued: token -> (source, client key, expiry ns), oldest first
+        self._tokens: dict[bytes, tuple[str, bytes, int]] = {}
+        # cookies that admitted a HELLO: cookie -> expiry ns, oldest first (each admits one)
+        self._spent: dict[bytes, int] = {}
         self._hello_rate: dict[str, tuple[float, int]] = {}  # prefix -> (tokens, at ns)
         self.session_ids: set[int] = set()
         self.stream_ids: set[int] = set()
@@ -588,19 +602,27 @@ class ServerCore:
             self._refused(ErrorCode.MALFORMED)
             raise Rejected(ErrorCode.MALFORMED, None) from None
         ck = hello.connect_key
+        source = source or address
         code, text = self._stateless_admission(address, hello)
         client_key = b""
+        token = None
+        known: tuple[bytes, bytes] | None = None
         if code is None:
-            self._check_cookie(source or address, hello, data, now_ns)
-            code, text, client_key = self._identity(hello)
+            token = self._check_cookie(source, hello, data, now_ns)
+            code, text, client_key, known = self._identity(hello)
+            if code is None and token is not None:
+                self._check_token_key(source, hello, client_key, token, now_ns)
         if code is None:
             code, text = self._admission(address, prefix, hello)
         if code is not None:
             self._refused(code)
             raise Rejected(code, m.refuse_for(ck, code, text).encode())
+        self._spend(source, hello, token, now_ns)
         ephemeral = X25519PrivateKey.generate()
         try:
-            keys = server_keys(self.static_key, ephemeral, hello.public_key, client_key, data)
+            keys = server_keys(
+                self.static_key, ephemeral, hello.public_key, client_key, data, known
+            )
         except RemoteProtocolError as exc:
             self.counters.malformed += 1
             self._refused(ErrorCode.MALFORMED)
@@ -620,7 +642,7 @@ class ServerCore:
             max_message_length=self.config.max_message_length,
             term_length=self.config.session_term_length,
             mtu=self.config.mtu,
-            resume_token=self._resume_token(source or address, now_ns // COOKIE_PERIOD_NS),
+            resume_token=self._resume_token(source, client_key, now_ns),
         )
         welcome = m.Welcome(
             ck, self.static_public, public_bytes(ephemeral), keys.seal_details(details.encode())
@@ -657,19 +679,26 @@ class ServerCore:
             )
         return None, ""
 
-    def _identity(self, hello: m.Hello) -> tuple[ErrorCode | None, str, bytes]:
+    def _identity(
+        self, hello: m.Hello
+    ) -> tuple[ErrorCode | None, str, bytes, tuple[bytes, bytes] | None]:
         """The client's static key out of a HELLO with a valid cookie, checked against
         ``authorize`` (before anything is allocated)."""
         if not hello.identity:
             self.counters.identities_bad += 1
-            return ErrorCode.MALFORMED, "a HELLO with a cookie must carry the client identity", b""
+            return (
+                ErrorCode.MALFORMED,
+                "a HELLO with a cookie must carry the client identity",
+                b"",
+                None,
+            )
         try:
-            client_key = open_identity(
+            client_key, known = open_identity_keeping(
                 self.static_key, hello.public_key, hello.connect_key, hello.cookie, hello.identity
             )
         except RemoteProtocolError as exc:
             self.counters.identities_bad += 1
-            return ErrorCode.MALFORMED, str(exc), b""
+            return ErrorCode.MALFORMED, str(exc), b"", None
         if self.authorize is not None and not self.authorize(client_key):
             self.counters.clients_refused += 1
             return (
@@ -678,8 +707,9 @@ class ServerCore:
                 "(show it with 'aeron-spark keys show --client' and have it added to the "
                 "server's authorized keys)",
                 b"",
+                None,
             )
-        return None, "", client_key
+        return None, "", client_key, known
 
     def _mac(self, label: bytes, *parts: bytes) -> bytes:
         """HMAC-SHA256 under the cookie secret of ``label`` then each part, length-prefixed,
@@ -699,24 +729,46 @@ class ServerCore:
             epoch.to_bytes(8, "big", signed=True),
         )
 
-    def _resume_token(self, source: str, epoch: int) -> bytes:
-        """The cookie a WELCOME gives its client (sealed) for its next HELLOs from ``source``:
-        bound to the address and port only, so it is never sent in the clear."""
-        return self._mac(b"resume", source.encode(), epoch.to_bytes(8, "big", signed=True))
+    def _forget_expired(self, table: dict[bytes, Any], now_ns: int) -> None:
+        """Drop a table's expired entries (oldest first) and, past ``_SPENT_LIMIT``, the oldest."""
+        while table:
+            oldest = next(iter(table))
+            entry = table[oldest]
+            expiry = entry if isinstance(entry, int) else entry[2]
+            if expiry > now_ns and len(table) < _SPENT_LIMIT:
+                return
+            del table[oldest]
 
-    def _check_cookie(self, source: str, hello: m.Hello, hello_bytes: bytes, now_ns: int) -> None:
-        """Return if ``hello`` carries a valid cookie for ``source`` (a COOKIE's, or the
-        resumption token of an earlier WELCOME to that source), else raise the COOKIE."""
+    def _resume_token(self, source: str, client_key: bytes, now_ns: int) -> bytes:
+        """A WELCOME's resumption token (sent sealed): 16 random bytes the server remembers,
+        for one HELLO from ``source`` by the holder of ``client_key`` within
+        ``TOKEN_LIFETIME_NS`` (over IPC none is kept: IPC never skips its COOKIE round)."""
+        token = secrets.token_bytes(m.COOKIE_LENGTH)
+        if source != "ipc":
+            self._forget_expired(self._tokens, now_ns)
+            self._tokens[token] = (source, client_key, now_ns + TOKEN_LIFETIME_NS)
+        return token
+
+    def _check_cookie(
+        self, source: str, hello: m.Hello, hello_bytes: bytes, now_ns: int
+    ) -> tuple[str, bytes, int] | None:
+        """Return if ``hello`` carries a cookie valid for ``source`` and not spent (None), or a
+        resumption token issued for that source (its entry, checked against the client key
+        once the identity is open), else raise the COOKIE."""
         epoch = now_ns // COOKIE_PERIOD_NS
         if hello.cookie:
-            for valid in (epoch, epoch - 1):
-                if hmac.compare_digest(hello.cookie, self._cookie(source, hello, valid)):
-                    return
-            for valid in (epoch, epoch - 1):
-                if hmac.compare_digest(hello.cookie, self._resume_token(source, valid)):
-                    self.counters.resumed += 1
-                    return
-            self.counters.cookies_bad += 1
+            issued = self._tokens.get(hello.cookie)
+            if issued is not None and issued[0] == source and issued[2] > now_ns:
+                return issued
+            if not any(
+                hmac.compare_digest(hello.cookie, self._cookie(source, hello, valid))
+                for valid in (epoch, epoch - 1)
+            ):
+                self.counters.cookies_bad += 1
+            elif hello.cookie in self._spent:
+                self.counters.cookies_reused += 1  # a replayed HELLO
+            else:
+                return None
         self.counters.cookies_sent += 1
         reply = m.Cookie(
             hello.connect_key, self._cookie(source, hello, epoch), self.static_public
@@ -725,6 +777,34 @@ class ServerCore:
             self.counters.malformed += 1  # unpadded: never more bytes back than it sent
             raise Rejected(ErrorCode.MALFORMED, None)
         raise Rejected(None, reply)
+
+    def _check_token_key(
+        self,
+        source: str,
+        hello: m.Hello,
+        client_key: bytes,
+        token: tuple[str, bytes, int],
+        now_ns: int,
+    ) -> None:
+        """A resumption token admits only the client key it was issued to: another key (a
+        sniffed token) gets a COOKIE, and the token stays for its owner."""
+        if hmac.compare_digest(token[1], client_key):
+            return
+        self.counters.cookies_reused += 1
+        self.counters.cookies_sent += 1
+        cookie = self._cookie(source, hello, now_ns // COOKIE_PERIOD_NS)
+        raise Rejected(None, m.Cookie(hello.connect_key, cookie, self.static_public).encode())
+
+    def _spend(
+        self, source: str, hello: m.Hello, token: tuple[str, bytes, int] | None, now_ns: int
+    ) -> None:
+        """The cookie or token of an admitted HELLO admits no other (a replay gets a COOKIE)."""
+        if token is not None:
+            del self._tokens[hello.cookie]
+            self.counters.resumed += 1
+        elif source != "ipc":
+            self._forget_expired(self._spent, now_ns)
+            self._spent[hello.cookie] = now_ns + 2 * COOKIE_PERIOD_NS
 
     def _rate_allows(self, prefix: str, now_ns: int) -> bool:
         """Token bucket per /24 or /64: ``hellos_per_prefix_per_s``, burst as many."""

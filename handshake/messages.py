@@ -41,12 +41,14 @@ import msgpack
 from aeron_spark.handshake.errors import ErrorCode, RemoteProtocolError
 
 # 2: the COOKIE round trip; 3: client identity (sealed) and 4-DH keys; 4: a resumption token in
-# the WELCOME's sealed details (a cookie for the client's next HELLOs from the same source)
-PROTOCOL_VERSION = 4
+# the WELCOME's sealed details (a cookie for the client's next HELLOs from the same source);
+# 5: the identity box carries a proof of the client's private key (X25519(cs, ss)), and a
+# resumption token admits one HELLO, of the client key it was issued to
+PROTOCOL_VERSION = 5
 KEY_LENGTH = 32
 COOKIE_LENGTH = 16
 PROOF_LENGTH = 16
-IDENTITY_LENGTH = 48  # a 32-byte key sealed with AES-GCM
+IDENTITY_LENGTH = 64  # a 32-byte key and its 16-byte proof sealed with AES-GCM
 HELLO_PADDING = 32  # a first HELLO is longer than the COOKIE (which carries the server's key)
 MAX_HANDSHAKE_MESSAGE_LENGTH = 1024
 MAX_CONNECT_KEY = 2**63 - 1

@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 # The driver's counters of what strangers sent and the transport dropped, in :meth:`Server.stats`
 TRANSPORT_REFUSALS = (
     "status_messages_refused",  # SMs from an address that may not be a destination (item 1)
+    "status_messages_deferred",  # SETUP requests held until the host's HELLO (honest clients)
     "naks_refused",  # NAKs from an address that is not a destination (item 2)
     "data_wrong_source",  # DATA for an image from another source than its SETUP's (item 3)
     "setups_rejected",  # SETUPs asking for a bigger term or mtu than the channel takes (item 6)
@@ -88,12 +89,24 @@ class _HelloInbox:
     """The HELLOs of one client's HELLO publication. Over UDP a client process keeps one HELLO
     publication per server for all its handshakes (see ``hello_channel.py``): every HELLO it
     carries is answered (the core's rate, pending and per-address limits bound them, per
-    address and per /24 or /64, not per image), at most ``HELLOS_PER_STEP`` a step. Over IPC a
+    address and per /24 or /64, not per image), at most ``HELLOS_PER_STEP`` a step, on the
+    image's own reply publication (``reply``, opened with the image: its one destination is
+    the subscription at the image's address that names the image's session id). Over IPC a
     client opens one per handshake: the first HELLO and after each COOKIE one more (at most
     ``MAX_COOKIES`` times), then nothing (IPC images are polled, not signalled: a finished one
     is not polled again)."""
 
-    __slots__ = ("image", "messages", "assembler", "done", "answered", "ipc", "address", "host")
+    __slots__ = (
+        "image",
+        "messages",
+        "assembler",
+        "done",
+        "answered",
+        "ipc",
+        "address",
+        "host",
+        "reply",
+    )
 
     def __init__(self, image: Any, ipc: bool = False) -> None:
         self.image = image
@@ -104,6 +117,7 @@ class _HelloInbox:
         self.answered = 0
         self.address = "ipc" if ipc else _address_of(image)
         self.host = "ipc" if ipc else host_of((self.address,))
+        self.reply: Any = None  # UDP: this image's reply publication (None: not open)
 
 
 class _Pending:
@@ -148,10 +162,9 @@ class Server:
         self.on_error = on_error
         self._wakeup = threading.Event()
         self._hellos: dict[int, _HelloInbox] = {}
-        # (reply publication, message, the client's address or None: IPC, expiry ns)
-        self._replies: deque[tuple[Any, bytes, str | None, int]] = deque()
-        # addresses that may join the UDP reply publication (a handshake in flight): expiry ns
-        self._reply_hosts: dict[str, int] = {}
+        # (reply publication, message, expiry ns: 0 over IPC)
+        self._replies: deque[tuple[Any, bytes, int]] = deque()
+        self.reply_publications_failed = 0  # HELLO images whose reply publication did not open
         self.pair_address_mismatches = 0
         self.connections: list[Connection] = []
         self._by_conn: dict[int, ServerSession] = {}
@@ -210,6 +223,9 @@ class Server:
                     channels.hello_stream,
                 )
                 try:
+                    # over UDP every HELLO image gets a reply publication of its own (see
+                    # _open_reply), so no client reads another's replies; this one, which
+                    # takes no destination, binds the control port from the start
                     pub = self.driver.add_publication(channels.reply_pub(), channels.reply_stream)
                 except BaseException:
                     sub.close()
@@ -219,7 +235,8 @@ class Server:
         except BaseException:
             for _, sub, pub in self._listeners:
                 sub.close()
-                pub.close()
+                if pub is not None:
+                    pub.close()
             raise
         self._hello_sub = self._listeners[0][1]
 
@@ -243,26 +260,22 @@ class Server:
             self._refuse_quietly(session, ErrorCode.HANDSHAKE_TIMEOUT, "handshake timed out")
             self._free(session, SessionEvent.TIMEOUT)
         self._flush_replies(now)
-        self._expire_reply_hosts(now)
         self._reap()
         return accepted
 
     def _read_hellos(self, now_ns: int) -> None:
         live: set[int] = set()
-        hold_until = now_ns + self.config.handshake_timeout_ns
-        for channels, sub, reply in self._listeners:
+        for channels, sub, shared_reply in self._listeners:
             images = sub.images
             live.update(id(image) for image in images)
             for image in images:
                 inbox = self._hellos.get(id(image))
                 if inbox is None:
                     inbox = self._hellos[id(image)] = _HelloInbox(image, channels.media == "ipc")
-                if not inbox.ipc:
-                    # a client joins the replies before it says HELLO: the host of a live HELLO
-                    # image (bounded by the HELLO images' limits) may stay on the reply
-                    # publication while the image lives, and a handshake's time after
-                    self._hold_reply_host(reply, inbox.host, hold_until)
                 if inbox.done:
+                    continue
+                reply = shared_reply if inbox.ipc else self._open_reply(channels, inbox)
+                if reply is None:
                     continue
                 image.poll(inbox.assembler, HELLOS_PER_STEP)
                 while inbox.messages and not inbox.done:
@@ -277,7 +290,27 @@ class Server:
                             channels, reply, inbox.address, image.source_identity, message, now_ns
                         )
         for key in [k for k in self._hellos if k not in live]:
-            del self._hellos[key]
+            gone = self._hellos.pop(key)
+            if gone.reply is not None:
+                gone.reply.close()
+
+    def _open_reply(self, channels: Channels, inbox: _HelloInbox) -> Any:
+        """The reply publication of a UDP HELLO image (opened on its first step): its one
+        destination is the subscription at the image's address whose status messages name the
+        image's session id (the client's reply subscription names its HELLO publication's
+        session id), so a reply reaches the host that sent the HELLO and no other host; the
+        cookie round trip then proves the client receives at its address. None if it cannot
+        be opened (a clashing session id: that image's HELLOs are not answered, and counted)."""
+        if inbox.reply is None and not inbox.done:
+            try:
+                inbox.reply = self.driver.add_publication(
+                    channels.reply_pub(inbox.image.session_id, inbox.host), channels.reply_stream
+                )
+            except TransportError as exc:
+                self.reply_publications_failed += 1
+                inbox.done = True
+                log.info("handshake server: no reply publication for %s: %s", inbox.address, exc)
+        return inbox.reply
 
     def _on_hello(
         self,
@@ -314,34 +347,10 @@ class Server:
         return False
 
     def _reply(self, reply: Any, message: bytes, address: str, now_ns: int) -> None:
-        """Queue a reply for the client at ``address``: over UDP that address may now join the
-        reply publication (nobody else may), and the reply waits until it has joined."""
-        if address == "ipc":
-            self._replies.append((reply, message, None, 0))
-            return
-        host = self._allow_reply_host(reply, address, now_ns)
-        self._replies.append((reply, message, host, self._reply_hosts[host]))
-
-    def _allow_reply_host(self, reply: Any, address: str, now_ns: int) -> str:
-        host = host_of((address,))
-        self._hold_reply_host(reply, host, now_ns + self.config.handshake_timeout_ns)
-        return host
-
-    def _hold_reply_host(self, reply: Any, host: str, until_ns: int) -> None:
-        known = host in self._reply_hosts
-        self._reply_hosts[host] = until_ns
-        if not known:
-            reply.allow_destination_hosts(frozenset(self._reply_hosts))
-
-    def _expire_reply_hosts(self, now_ns: int) -> None:
-        stale = [h for h, until in self._reply_hosts.items() if until <= now_ns]
-        if not stale:
-            return
-        for host in stale:
-            del self._reply_hosts[host]
-        for channels, _, reply in self._listeners:
-            if channels.media == "udp":
-                reply.allow_destination_hosts(frozenset(self._reply_hosts))
+        """Queue a reply on the reply publication of the HELLO's image (over UDP it waits, up
+        to the handshake timeout, until that image's client has joined it)."""
+        expiry = 0 if address == "ipc" else now_ns + self.config.handshake_timeout_ns
+        self._replies.append((reply, message, expiry))
 
     def _open_pair(self, channels: Channels, session: ServerSession) -> _Pending:
         d = session.details
@@ -426,7 +435,7 @@ class Server:
 
     def _refuse_quietly(self, session: ServerSession, code: ErrorCode, text: str) -> None:
         reply = self._reply_of.get(session)
-        if reply is not None:
+        if reply is not None and not reply.is_closed:
             message = refuse_for(session.connect_key, code, text).encode()
             self._reply(reply, message, session.address, time.monotonic_ns())
 
@@ -443,14 +452,17 @@ class Server:
         self.core.release(session, event)
 
     def _flush_replies(self, now_ns: int) -> None:
-        """Offer the queued replies; one for an address that has not joined the reply
-        publication yet waits (until its handshake's timeout), the others go on."""
-        held: deque[tuple[Any, bytes, str | None, int]] = deque()
+        """Offer the queued replies; one whose client has not joined its reply publication yet
+        waits (until its handshake's timeout), the others go on."""
+        held: deque[tuple[Any, bytes, int]] = deque()
         blocked: set[int] = set()  # reply publications back-pressured in this step
         while self._replies:
             entry = self._replies.popleft()
-            reply, message, host, expiry = entry
-            if host is not None and host not in reply.destination_hosts:
+            reply, message, expiry = entry
+            if reply.is_closed:
+                self.reply_drops += 1  # its HELLO image went away
+                continue
+            if expiry and not reply.is_connected:
                 if expiry <= now_ns:
                     self.reply_drops += 1  # its client never joined
                 else:
@@ -554,9 +566,14 @@ class Server:
             conn.close()
             self._distrust(conn)
         self.connections.clear()
+        for inbox in self._hellos.values():
+            if inbox.reply is not None:
+                inbox.reply.close()
+        self._hellos.clear()
         for _, sub, pub in self._listeners:
             sub.close()
-            pub.close()
+            if pub is not None:
+                pub.close()
         if self._own_driver:
             self.driver.close()
 
@@ -590,6 +607,7 @@ class Server:
             "pending_per_prefix": dict(self.core.pending_per_prefix),
             "refused": dict(c.refused),
             "reply_drops": self.reply_drops,
+            "reply_publications_failed": self.reply_publications_failed,
             "pair_address_mismatches": self.pair_address_mismatches,
             "amplification_drops": ledger.drops if ledger is not None else 0,
             # what the transport under the server refused (the server's driver, all channels)

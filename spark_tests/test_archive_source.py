@@ -3,7 +3,7 @@ Archive (``io.aeron.archive.ArchivingMediaDriver`` from the pinned aeron-all jar
 fixture with a UDP control channel on a free loopback port, stopped in a ``finally``).
 
 Our publisher writes a stream the archive records; Spark reads it back byte for byte in a batch
-(whole, split into term-aligned tasks, in the json format) and as a stream with
+(whole, split into tasks, in the json format) and as a stream with
 ``Trigger.AvailableNow`` (limited micro-batches at message boundaries, then only what was
 recorded since, from the checkpoint). Skips without Java only; fails instead with
 ``AERON_INTEROP_REQUIRED`` (CI).
@@ -102,6 +102,14 @@ def test_batch_read_is_byte_for_byte(spark, recorded: Recorded) -> None:  # type
     assert [(bytes(r.value), r.position) for r in split] == [
         (bytes(r.value), r.position) for r in rows
     ]
+    # Within one term (issue 32 item 7: cuts fell only on term boundaries, so 1 partition for
+    # 5): as many partitions as asked, each replayed from the term start, the same rows.
+    small = [b"s%05d" % i + b"y" * (i % 300) for i in range(200)]  # about 32 KiB
+    small_pub, _, _ = recorded.record(3003, small)
+    df = _read(spark, recorded, 3003, minPartitions=5)
+    assert df.rdd.getNumPartitions() == 5
+    assert [bytes(r.value) for r in df.orderBy("position").collect()] == small
+    small_pub.close()
     # The channel filter, and ending/starting positions as offsets.
     key = f"{ARCHIVE_ID}/{rid}"
     assert _read(spark, recorded, 3001, channel=channel).count() == len(messages)

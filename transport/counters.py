@@ -64,6 +64,7 @@ class SystemCounters:
     amplification_drops: int = 0  # sends to an unproven address past 3x what came from it
     naks_refused: int = 0  # NAKs from a source that is not a destination of the publication
     setups_rate_limited: int = 0  # SETUPs past a subscription's new images per /24 per second
+    setups_source_refused: int = 0  # SETUPs from a host a subscription does not admit
     gaps_filled: int = 0
     back_pressure_events: int = 0
     images_created: int = 0
@@ -71,6 +72,9 @@ class SystemCounters:
     publications_created: int = 0
     subscriptions_created: int = 0
     loss_injected_drops: int = 0
+    # SETUP requests held for a host not allowed yet (a handshake client's first SM precedes its
+    # HELLO); answered once allowed, else counted in status_messages_refused
+    status_messages_deferred: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -185,11 +185,15 @@ class LossyLink:
         self.set_loss(self.loss_percent)
 
     def set_loss(self, percent: float) -> None:
-        """Drop ``percent`` % (0..100, whole numbers in 1/100 steps) of IP packets on arrival."""
+        """Drop ``percent`` % (0..100, whole numbers in 1/100 steps) of IP packets on arrival;
+        100 cuts the link (a partition: every IP packet dropped, ARP still answered)."""
         if not 0 <= percent <= 100:
             raise ValueError(f"loss percent {percent} is not in 0..100")
         self.loss_percent = percent
         threshold = round(percent * 100)
+        # numgen's values are 0..9999, and nft refuses a constant outside that range: 100 %
+        # is a rule without the random match
+        chance = "" if threshold >= 10000 else f"numgen random mod 10000 < {threshold} "
         for host in (self.a, self.b):
             host._nft(
                 f"table netdev {host.table}\n"
@@ -198,7 +202,7 @@ class LossyLink:
                 f"  chain ingress {{\n"
                 f'    type filter hook ingress device "{host.device}" priority 0;\n'
                 f"    policy accept;\n"
-                f"    meta protocol ip numgen random mod 10000 < {threshold} counter drop\n"
+                f"    meta protocol ip {chance}counter drop\n"
                 f"  }}\n"
                 f"}}\n"
             )

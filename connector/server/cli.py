@@ -161,7 +161,42 @@ def build_parser() -> argparse.ArgumentParser:
         "('KEY NAME read=10,20-29 write=20 admin' per line; see 'aeron-spark keys show "
         "--client'); re-read when it changes and on SIGHUP. Without it any client may connect",
     )
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--ingest-allow",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="the ingest channel records only publications from these addresses / CIDR ranges "
+        "(repeatable; they must also pass --allow and --deny); others make no image and are "
+        "counted (setups_source_refused). Without it and --allow, any sender that reaches the "
+        "ingest port is recorded",
+    )
+    parser.add_argument(
+        "--max-incomplete-bytes",
+        type=_byte_size,
+        default=256 * 1024 * 1024,
+        metavar="BYTES",
+        help="what the chunks of large messages not yet complete may hold in memory, across all "
+        "sessions (default 256M); a chunk past it is refused with LIMIT_EXCEEDED",
+    )
+    parser.add_argument(
+        "--max-incomplete-bytes-per-session",
+        type=_byte_size,
+        default=32 * 1024 * 1024,
+        metavar="BYTES",
+        help="the largest message one session may send in chunks (default 32M)",
+    )
+    parser.add_argument(
+        "--incomplete-message-timeout-seconds",
+        type=float,
+        default=30.0,
+        help="discard a message whose next chunk has not come for this long (default 30)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        help="DEBUG, INFO, WARNING or ERROR (default %(default)s)",
+    )
     return parser
 
 
@@ -192,6 +227,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         consumer_lease_s=args.consumer_lease_seconds,
         min_free_bytes=args.min_free_bytes,
         authorized_keys_file=args.authorized_keys,
+        ingest_allow=tuple(args.ingest_allow),
+        max_incomplete_bytes=args.max_incomplete_bytes,
+        max_incomplete_bytes_per_session=args.max_incomplete_bytes_per_session,
+        incomplete_message_timeout_s=args.incomplete_message_timeout_seconds,
     )
 
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aeron_spark.handshake.config import _networks
+from aeron_spark.handshake.machine import normalise_address
 from aeron_spark.transport.protocol.logbuffer import check_mtu, check_term_length
 
 from aeron_spark.errors import ConfigurationError
@@ -71,6 +75,17 @@ class ServerConfig:
     ``max_open_files``      recording files (segments, indexes) kept open at once, for appends
                             and replays, in a shared least-recently-used cache; None: a quarter
                             of the descriptor limit, between 16 and 1024
+    ``max_incomplete_bytes`` / ``max_incomplete_bytes_per_session``  what the chunks of messages
+                            not yet complete may hold, across all sessions / in one session (a
+                            message announced longer than the latter is refused at its first
+                            chunk); memory is charged as chunks arrive, a chunk past either is
+                            refused (``LIMIT_EXCEEDED``) and its message discarded
+    ``incomplete_message_timeout_s``  an incomplete message whose next chunk has not come for
+                            this long is discarded (on the clock, whatever else the session sends)
+    ``ingest_allow``        addresses or CIDR ranges whose publications the ingest channel
+                            records (empty: any); a source must also pass ``allow`` / ``deny``;
+                            other sources' SETUPs make no image and are counted
+                            (``setups_source_refused``)
     """
 
     directory: str
@@ -107,6 +122,10 @@ class ServerConfig:
     min_free_bytes: int = 0
     max_open_files: int | None = None
     authorized_keys_file: str | None = None
+    max_incomplete_bytes: int = 256 * 1024 * 1024
+    max_incomplete_bytes_per_session: int = 32 * 1024 * 1024
+    incomplete_message_timeout_s: float = 30.0
+    ingest_allow: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.directory, str) or not self.directory:
@@ -132,6 +151,9 @@ class ServerConfig:
             "gc_interval_ns",
             "max_replays_per_session",
             "max_block_bytes",
+            "max_incomplete_bytes",
+            "max_incomplete_bytes_per_session",
+            "incomplete_message_timeout_s",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(name, getattr(self, name), "a positive number")
@@ -151,15 +173,67 @@ class ServerConfig:
             raise ConfigurationError("max_block_bytes", self.max_block_bytes, "at least 4096")
         _networks("allow", self.allow)  # an unparsable address is named here, not at start
         _networks("deny", self.deny)
+        _networks("ingest_allow", self.ingest_allow)
+        if self.max_incomplete_bytes_per_session > self.max_incomplete_bytes:
+            raise ConfigurationError(
+                "max_incomplete_bytes_per_session",
+                self.max_incomplete_bytes_per_session,
+                f"at most max_incomplete_bytes ({self.max_incomplete_bytes})",
+            )
+        if self.ingest_allow and _is_ipc(self.ingest_channel):
+            raise ConfigurationError(
+                "ingest_allow",
+                self.ingest_allow,
+                "a UDP ingest channel (an aeron:ipc publisher is a process of this host)",
+            )
         if not all(-(2**31) <= s < 2**31 for s in self.ingest_stream_ids):
             raise ConfigurationError(
                 "ingest_stream_ids", self.ingest_stream_ids, "32-bit stream ids"
             )
 
+    def ingest_source_filter(self) -> Callable[[str], bool] | None:
+        """Which sender hosts the ingest channel records (None: any): not denied, and in
+        ``allow`` and in ``ingest_allow`` where each is given (IPv4-mapped IPv6 addresses and
+        ranges as the IPv4 they are, as the handshake's admission sees them)."""
+        deny = _v4_mapped(_networks("deny", self.deny))
+        allow = _v4_mapped(_networks("allow", self.allow))
+        only = _v4_mapped(_networks("ingest_allow", self.ingest_allow))
+        if not (deny or allow or only) or _is_ipc(self.ingest_channel):
+            return None
+
+        def admits(host: str) -> bool:
+            try:
+                ip = ipaddress.ip_address(normalise_address(host))
+            except ValueError:
+                return False
+            return (
+                not any(ip in net for net in deny)
+                and (not allow or any(ip in net for net in allow))
+                and (not only or any(ip in net for net in only))
+            )
+
+        return admits
+
     @property
     def recording_mtu(self) -> int:
         """The mtu of recordings the server creates."""
         return self.mtu if self.mtu is not None else min(65504, self.term_length // 2)
+
+
+def _is_ipc(channel: str | None) -> bool:
+    return channel is not None and channel.startswith("aeron:ipc")
+
+
+def _v4_mapped(networks: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Ranges written as IPv4-mapped IPv6 (``::ffff:10.0.0.0/104``) as their IPv4 ranges: the
+    addresses matched are normalised that way."""
+    mapped = ipaddress.ip_network("::ffff:0:0/96")
+    return tuple(
+        ipaddress.ip_network(f"{net.network_address.ipv4_mapped}/{net.prefixlen - 96}")
+        if net.version == 6 and net.subnet_of(mapped)
+        else net
+        for net in networks
+    )
 
 
 __all__ = ["DEFAULT_PORT", "MAX_PORT", "ServerConfig"]

@@ -28,6 +28,7 @@ from aeron_spark.connector.errors import (
     ControlProtocolError,
     LimitExceededError,
     NotAuthorisedError,
+    PayloadTooLargeError,
     ServerError,
     StorageFullError,
     TooManyOpenFilesError,
@@ -40,7 +41,7 @@ from aeron_spark.connector.server.retention import ConsumerRegistry, Retention, 
 from aeron_spark.connector.server.scan import scan
 from aeron_spark.connector.server.staging import PartKey, SinkCommitter
 from aeron_spark.connector.session import protocol as proto
-from aeron_spark.connector.session.chunking import Reassembler
+from aeron_spark.connector.session.chunking import Reassembler, ReassemblyBudget
 from aeron_spark.transport.archive import ArchiveError
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,8 @@ class ServerCore:
         self.committer = committer
         self.sessions: dict[object, Session] = {}
         self.counters = core_counters()
+        # what every session's incomplete chunked messages may hold together (issue 28, item 2)
+        self.reassembly = ReassemblyBudget(config.max_incomplete_bytes)
         self._replay_owner: dict[int, object] = {}
         self.consumers = ConsumerRegistry(config.directory)
         self.retention = Retention(
@@ -181,7 +184,11 @@ class ServerCore:
             max_message_length,
             now_ns + self.config.session_lease_ns,
             now_ns,
-            Reassembler(timeout_ns=self.config.session_lease_ns),
+            Reassembler(
+                self.config.max_incomplete_bytes_per_session,
+                int(self.config.incomplete_message_timeout_s * 1e9),
+                self.reassembly,
+            ),
             identity=identity,
         )
         self.sessions[key] = session
@@ -192,6 +199,7 @@ class ServerCore:
         session = self.sessions.pop(key, None)
         if session is None:
             return
+        session.reassembler.close()  # what its incomplete message held goes back to the budget
         for replay in session.replays.values():
             replay.cursor.close()
             self._replay_owner.pop(replay.request_id, None)
@@ -211,7 +219,12 @@ class ServerCore:
             session.lease_deadline_ns = now_ns + self.config.session_lease_ns
 
     def expire(self, now_ns: int) -> list[object]:
-        """Close sessions whose lease ran out; returns their keys (the shell closes connections)."""
+        """Close sessions whose lease ran out; returns their keys (the shell closes connections).
+        Discards incomplete messages whose next chunk is overdue, on the clock (counted)."""
+        if self.reassembly.open:  # only while some session has a message open
+            for session in self.sessions.values():
+                if session.reassembler.expire(now_ns):
+                    self.counters.add("incomplete_messages_expired")
         expired = [k for k, s in self.sessions.items() if now_ns >= s.lease_deadline_ns]
         for key in expired:
             self.close_session(key, now_ns)
@@ -286,9 +299,15 @@ class ServerCore:
         if len(message) and message[0] == proto.KIND_CHUNK:
             try:
                 whole = session.reassembler.feed(message, now_ns)
+            except LimitExceededError as exc:  # the incomplete-message budget: refused
+                self.counters.add("incomplete_messages_refused")
+                self.counters["chunks_discarded"] += 1
+                return [proto.encode_error(0, exc)]
             except ConnectorError as exc:
                 self.counters["protocol_errors"] += 1
                 self.counters["chunks_discarded"] += 1
+                if isinstance(exc, PayloadTooLargeError):  # announced past the session's bound
+                    self.counters.add("incomplete_messages_refused")
                 return [proto.encode_error(0, exc)]
             if whole is None:
                 return []

@@ -39,6 +39,8 @@ CORE_COUNTERS = (
     "messages_published",
     "bytes_published",
     "chunks_discarded",
+    "incomplete_messages_refused",  # a chunk past the incomplete-message budgets (issue 28)
+    "incomplete_messages_expired",  # an incomplete message whose next chunk did not come
     "storage_full_errors",
     "too_many_open_files_errors",
 )

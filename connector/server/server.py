@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 _PUMP_BUDGET_BYTES = 4 * 1024 * 1024
 _MAX_MESSAGES_PER_PASS = 64
+# a session's messages handled per pass stop past this many bytes (the others are served first)
+_RECEIVE_BUDGET_BYTES = 4 * 1024 * 1024
 _STAT_INTERVAL_NS = 1_000_000_000
 _IDLE_WAIT_S = 0.02
 _LIVE_REPLAY_WAIT_S = 0.002
@@ -377,13 +379,15 @@ class StreamServer:
                 continue
             if not self._flush(io):
                 continue
+            received = 0
             for _ in range(_MAX_MESSAGES_PER_PASS):
                 message = link.receive_nowait()
                 if message is None:
                     break
                 work += 1
+                received += len(message)
                 io.enqueue(core.on_message(key, message, now_ns, wall_ns))
-                if not self._flush(io):
+                if not self._flush(io) or received >= _RECEIVE_BUDGET_BYTES:
                     break
             if not io.outbound and core.has_replays(key):
                 out = core.pump(key, _PUMP_BUDGET_BYTES, now_ns)

@@ -176,6 +176,8 @@ def _source(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
         endpoint=args.endpoint,
         encryption=not args.no_encryption,
         key_store_dir=args.key_store,
+        server_key=args.server_key,
+        trust_on_first_use=not args.no_trust_on_first_use,
         client_key=args.client_key,
         timeout_s=args.timeout_s,
     )
@@ -197,16 +199,41 @@ def stat_main(argv: Sequence[str], out: TextIO | None = None) -> int:
     where.add_argument("--endpoint", help="ask a server over a session, host:port")
     parser.add_argument("--once", action="store_true", help="print one snapshot and exit")
     parser.add_argument("--json", action="store_true", help="with --once: print JSON")
-    parser.add_argument("--interval-s", type=float, default=1.0, help="refresh interval")
-    parser.add_argument("--no-encryption", action="store_true")
-    parser.add_argument("--key-store", default=None)
+    parser.add_argument(
+        "--interval-s", type=float, default=1.0, help="refresh interval (default %(default)s)"
+    )
+    parser.add_argument(
+        "--no-encryption",
+        action="store_true",
+        help="with --endpoint: do not seal the session (only for trusted networks)",
+    )
+    parser.add_argument(
+        "--key-store",
+        default=None,
+        help="key store directory (default $AERON_SPARK_KEY_STORE or ~/.aeron-spark/keys)",
+    )
+    parser.add_argument(
+        "--server-key",
+        default=None,
+        help="pin the server's public key (hex, from 'aeron-spark keys show' on the server)",
+    )
+    parser.add_argument(
+        "--no-trust-on-first-use",
+        action="store_true",
+        help="refuse a server whose key is neither pinned nor already known",
+    )
     parser.add_argument(
         "--client-key",
         default=None,
         metavar="FILE",
         help="this client's identity private key file (default: client.key in the key store)",
     )
-    parser.add_argument("--timeout-s", type=float, default=10.0)
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=10.0,
+        help="connect and request timeout in seconds (default %(default)s)",
+    )
     args = parser.parse_args(argv)
     out = out or sys.stdout
     if not args.dir and not args.endpoint:

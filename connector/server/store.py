@@ -10,7 +10,10 @@ recording is readable up to its recorded end.
 
 Ingest: a subscription on ``config.ingest_channel`` per ingest stream id; every image (one plain
 Aeron publisher session) becomes one recording, fed with ``Image.block_poll`` (raw frames as the
-publisher wrote them, PAD frames included), stopped when the image goes away.
+publisher wrote them, PAD frames included), stopped when the image goes away. Over UDP the
+subscription makes images only for sender hosts that pass the server's ``deny`` / ``allow`` and
+``ingest_allow`` (``ServerConfig.ingest_source_filter``): another host's SETUP makes no image and
+is counted by the transport (``setups_source_refused``).
 """
 
 from __future__ import annotations
@@ -331,11 +334,18 @@ class ArchiveStore:
         channel = self.config.ingest_channel
         if channel is None:
             return
+        admits = self.config.ingest_source_filter()
+        if admits is None and not channel.startswith("aeron:ipc"):
+            log.warning(
+                "the ingest channel %s records any sender that reaches it (no --allow, --deny "
+                "or --ingest-allow)",
+                channel,
+            )
         for stream_id in self.config.ingest_stream_ids:
             self._recorders.append(
                 Recorder(
                     self.recordings,
-                    self.driver.add_subscription(channel, stream_id),
+                    self.driver.add_subscription(channel, stream_id, admit_source=admits),
                     source="ingest",
                     clock=self.clock,
                 )

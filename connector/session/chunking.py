@@ -28,7 +28,16 @@ Invariants: chunks of one payload are sent in index order and, because a session
 reliable stream, arrive in index order with nothing interleaved from the same sender. So the
 reassembler holds at most one open payload; any other chunk than the next expected one -- a gap,
 a repeat, or the start of another payload while one is open -- is a :class:`ChunkMissingError`
-and the open payload is discarded. An open payload also expires after ``timeout_ns``.
+and the open payload is discarded. An open payload also expires ``timeout_ns`` after its last
+chunk: on the clock (:meth:`Reassembler.expire`, which the server calls every pass), not only when
+its next chunk arrives.
+
+Memory is charged as bytes arrive, never as announced: the announced length is only checked
+against ``max_payload_bytes`` (a header announcing more is refused at once); the buffer grows with
+the chunks, and every byte held by an open payload is charged to a :class:`ReassemblyBudget`
+shared by all of a server's sessions (issue 28, item 2: a 92-byte header announcing 256 MiB made
+the server zero-fill 256 MiB). A chunk that would take the budget past its bound is refused
+(:class:`LimitExceededError`) and its open payload discarded.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from collections.abc import Iterator
 from aeron_spark.connector.errors import (
     ChunkMissingError,
     ControlProtocolError,
+    LimitExceededError,
     PayloadTooLargeError,
 )
 
@@ -77,17 +87,44 @@ def split(
         yield CHUNK_HEADER.pack(KIND_CHUNK, pid, index, count, total) + part
 
 
+class ReassemblyBudget:
+    """The bytes that incomplete chunked payloads may hold at once, across every reassembler
+    sharing it (a server's sessions). Counters: ``refused`` (chunks refused for it)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes <= 0:
+            raise ConfigurationError("max_bytes", max_bytes, "a positive byte count")
+        self.max_bytes = max_bytes
+        self.held = 0
+        self.open = 0  # payloads open in the reassemblers sharing it
+        self.refused = 0
+
+    def try_charge(self, nbytes: int) -> bool:
+        if self.held + nbytes > self.max_bytes:
+            self.refused += 1
+            return False
+        self.held += nbytes
+        return True
+
+    def release(self, nbytes: int) -> None:
+        self.held -= nbytes
+
+
 class Reassembler:
-    """Rebuilds chunked payloads of one ordered sender, bounded by ``max_payload_bytes``.
+    """Rebuilds chunked payloads of one ordered sender, bounded by ``max_payload_bytes`` (the
+    bytes one incomplete payload may hold: what is announced past it is refused at its first
+    chunk) and, with ``budget``, by what all reassemblers sharing that budget hold together.
 
     ``feed(chunk, now_ns)`` returns the whole payload when its last chunk arrives, else ``None``.
-    Counters: ``completed``, ``discarded`` (open payloads dropped by an error or expiry).
+    Counters: ``completed``, ``discarded`` (open payloads dropped by an error or expiry),
+    ``expired`` (of those, dropped by :meth:`expire`), ``refused`` (chunks refused for the budget).
     """
 
     def __init__(
         self,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         timeout_ns: int = DEFAULT_TIMEOUT_NS,
+        budget: ReassemblyBudget | None = None,
     ) -> None:
         if max_payload_bytes <= 0:
             raise ConfigurationError(
@@ -97,14 +134,22 @@ class Reassembler:
             raise ConfigurationError("timeout_ns", timeout_ns, "a positive duration")
         self.max_payload_bytes = max_payload_bytes
         self.timeout_ns = timeout_ns
+        self.budget = budget
         self._payload_id: int | None = None
-        self._buffer = bytearray()
-        self._filled = 0
+        self._buffer = bytearray()  # grows with the chunks: held bytes only, never announced
+        self._total = 0  # the announced length
         self._next_index = 0
         self._count = 0
         self._deadline_ns = 0
         self.completed = 0
         self.discarded = 0
+        self.expired = 0
+        self.refused = 0
+
+    @property
+    def held_bytes(self) -> int:
+        """The bytes the open payload holds (charged to the budget)."""
+        return len(self._buffer)
 
     @property
     def open_payload_id(self) -> int | None:
@@ -118,15 +163,35 @@ class Reassembler:
     def _discard(self) -> None:
         if self._payload_id is not None:
             self.discarded += 1
+            if self.budget is not None:
+                self.budget.open -= 1
         self._payload_id = None
+        self._release()
+
+    def _release(self) -> None:
+        if self.budget is not None:
+            self.budget.release(len(self._buffer))
         self._buffer = bytearray()
-        self._filled = 0
+
+    def expire(self, now_ns: int) -> bool:
+        """Discard the open payload if it waited past its deadline (the clock's check, with no
+        chunk needed); True when one was discarded."""
+        if self._payload_id is None or now_ns < self._deadline_ns:
+            return False
+        self._discard()
+        self.expired += 1
+        return True
+
+    def close(self) -> None:
+        """Discard the open payload (its session ended): its bytes go back to the budget."""
+        self._discard()
 
     def check_expired(self, now_ns: int) -> None:
         """Raise :class:`ChunkMissingError` if the open payload has waited too long."""
         if self._payload_id is not None and now_ns >= self._deadline_ns:
             pid, expected = self._payload_id, self._next_index
             self._discard()
+            self.expired += 1
             raise ChunkMissingError(
                 f"chunk {expected} of payload {pid} did not arrive within "
                 f"{self.timeout_ns / 1e9:.1f} s",
@@ -173,9 +238,11 @@ class Reassembler:
                 return bytes(body)
             self._payload_id = pid
             self._count = count
-            self._buffer = bytearray(total)
-            self._filled = 0
+            self._total = total
+            self._release()
             self._next_index = 0
+            if self.budget is not None:
+                self.budget.open += 1
         elif pid != self._payload_id or index != self._next_index or count != self._count:
             expected, open_id = self._next_index, self._payload_id
             self._discard()
@@ -186,8 +253,8 @@ class Reassembler:
                 expected_index=expected,
                 got_index=index,
             )
-        end = self._filled + len(body)
-        if end > len(self._buffer):
+        end = len(self._buffer) + len(body)
+        if end > self._total:
             open_id = self._payload_id
             self._discard()
             raise ChunkMissingError(
@@ -196,13 +263,23 @@ class Reassembler:
                 expected_index=index,
                 got_index=index,
             )
-        self._buffer[self._filled : end] = body
-        self._filled = end
+        budget = self.budget
+        if budget is not None and not budget.try_charge(len(body)):
+            open_id = self._payload_id
+            self._discard()
+            self.refused += 1
+            raise LimitExceededError(
+                f"chunk {index} of payload {open_id} refused: incomplete messages already hold "
+                f"{budget.held} of the server's {budget.max_bytes} bytes for them",
+                limit=budget.max_bytes,
+                held=budget.held,
+            )
+        self._buffer += body
         self._next_index = index + 1
         self._deadline_ns = now_ns + self.timeout_ns
         if self._next_index < self._count:
             return None
-        if self._filled != len(self._buffer):
+        if len(self._buffer) != self._total:
             open_id = self._payload_id
             self._discard()
             raise ChunkMissingError(
@@ -212,6 +289,9 @@ class Reassembler:
                 got_index=index,
             )
         result = self._buffer  # handed over: the next payload gets a buffer of its own
+        if budget is not None:
+            budget.release(len(result))
+            budget.open -= 1
         self._payload_id = None
         self._buffer = bytearray()
         self.completed += 1
@@ -223,6 +303,7 @@ __all__ = [
     "CHUNK_HEADER_LENGTH",
     "KIND_CHUNK",
     "Reassembler",
+    "ReassemblyBudget",
     "is_chunk",
     "split",
 ]

@@ -12,7 +12,9 @@ This module adapts those connections to what the connector needs:
   ``receive_nowait``, ``try_send``, all non-blocking for the server's single event loop.
 
 Transport and handshake failures surface as the connector's own errors
-(:class:`ServerUnavailableError`), refusals keep their typed handshake exception as the cause.
+(:class:`SessionLostError`, a :class:`ServerUnavailableError`: the client reconnects on it while
+its timeout allows); refusals are plain :class:`ServerUnavailableError`, keeping their typed
+handshake exception as the cause.
 
 Invariants: a link delivers whole messages, in order, once; ``send`` blocks at most until its
 deadline; a link whose peer went away reports ``is_connected == False`` and never blocks again.
@@ -24,7 +26,7 @@ import logging
 import time
 from typing import Any, Protocol
 
-from aeron_spark.connector.errors import ServerUnavailableError
+from aeron_spark.connector.errors import ServerUnavailableError, SessionLostError
 from aeron_spark.handshake import (
     Client,
     ClientConfig,
@@ -36,6 +38,13 @@ from aeron_spark.handshake import (
 )
 from aeron_spark.handshake import ServerConfig as HandshakeServerConfig
 from aeron_spark.handshake.config import is_loopback
+from aeron_spark.handshake.errors import (
+    HandshakeTimeoutError,
+    KeyStoreError,
+    ServerFullError,
+    ShuttingDownError,
+    TooManyPendingError,
+)
 from aeron_spark.transport import Driver, TransportError
 
 SESSION_TERM_LENGTH = 8 * 1024 * 1024
@@ -76,7 +85,7 @@ class ClientLink:
         try:
             self.connection.send(message, timeout_s=max(deadline - time.monotonic(), 0.001))
         except (HandshakeError, TransportError, TimeoutError) as exc:
-            raise ServerUnavailableError(f"cannot send to the stream server: {exc}") from exc
+            raise SessionLostError(f"cannot send to the stream server: {exc}") from exc
 
     def receive(self, deadline: float) -> bytes | None:
         """The next whole message, or None at the deadline or once the session is lost."""
@@ -171,6 +180,11 @@ class ServerListener:
         self.server.close()
 
 
+#: Handshake failures a later attempt may not meet: the server did not answer in time (down,
+#: restarting, unreachable), was shutting down, or was full for the moment.
+_TRANSIENT = (HandshakeTimeoutError, ShuttingDownError, ServerFullError, TooManyPendingError)
+
+
 def open_client_link(settings: Any) -> Link:
     """A session for :class:`~aeron_spark.connector.client.ClientSettings`."""
     config = ClientConfig(
@@ -183,10 +197,14 @@ def open_client_link(settings: Any) -> Link:
     )
     try:
         connection = Client(config, driver=shared_driver()).connect(settings.endpoint)
-    except HandshakeRefusedError as exc:
+    except _TRANSIENT as exc:  # no answer (yet), or a server on its way down: may be retried
+        raise SessionLostError(
+            f"cannot open a session with the stream server at {settings.endpoint}: {exc}"
+        ) from exc
+    except (HandshakeRefusedError, KeyStoreError) as exc:  # a refusal: retrying cannot help
         raise ServerUnavailableError(str(exc)) from exc
     except (HandshakeError, TransportError) as exc:
-        raise ServerUnavailableError(
+        raise SessionLostError(
             f"cannot open a session with the stream server at {settings.endpoint}: {exc}"
         ) from exc
     return ClientLink(connection)

@@ -19,6 +19,16 @@ Every message on a session starts with a kind byte:
 
 Decoding is strict (h11 style): msgpack limits on sizes, exact key sets, a schema per operation
 with types and ranges; anything else raises :class:`ControlProtocolError` naming what is wrong.
+
+Decoding is also bounded (issue 28, item 4: a 9.5 MiB request of nested empty maps took the
+server from 46 to 796 MiB). A request's ``id``, ``op`` and the ``args`` key come first, in that
+order, read with msgpack limits that admit no container; the operation then sets the limits its
+``args`` are decoded with (:data:`LIMITS`, derived from its schema): the whole message's size
+(64 KiB for a control request; data travels in ``publish``/``stage`` requests and lists of
+staged parts or positions in ``commit``/``abort``/``consumer_commit``), msgpack's
+``max_str_len``, ``max_bin_len``, ``max_array_len`` and ``max_map_len``, and a budget of items
+(every element of every array and map together, counted as each container is built), so what a
+request can make the server allocate is bounded by its operation, whatever its bytes say.
 """
 
 from __future__ import annotations
@@ -38,12 +48,24 @@ KIND_CHUNK = 0x03
 REPLAY_DATA_HEADER = struct.Struct("<B3xIqqq")
 REPLAY_DATA_HEADER_LENGTH = REPLAY_DATA_HEADER.size
 
-MAX_CONTROL_MESSAGE_BYTES = 256 * 1024 * 1024
+MAX_CONTROL_MESSAGE_BYTES = 256 * 1024 * 1024  # a reply (what a client accepts)
 MAX_REQUEST_ID = 0xFFFF_FFFF
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_SINK_ID_LENGTH = 200
-MAX_LIST_LENGTH = 10_000_000
+MAX_STR_LENGTH = 4096
+MAX_LIST_LENGTH = 10_000_000  # in a reply
+
+# What one request may carry (the operation's LIMITS are derived from these and its schema)
+MAX_CONTROL_REQUEST_BYTES = 64 * 1024  # a request with no payloads and no list of maps
+MAX_LIST_REQUEST_BYTES = 8 * 1024 * 1024  # commit / abort (staged parts), consumer_commit
+MAX_DATA_REQUEST_BYTES = 32 * 1024 * 1024  # publish / stage (payloads)
+MAX_REQUEST_BYTES = MAX_DATA_REQUEST_BYTES  # the largest of them
+MAX_PAYLOAD_BYTES = 16 * 1024 * 1024  # one payload: Aeron's largest message
+MAX_PAYLOADS_PER_REQUEST = 1 << 16  # a client sends at most this many per request
+MAX_STREAM_IDS = 4096
+MAX_STAGED_PARTS = 65536
+MAX_POSITIONS = 65536
 
 # --- argument schemas -------------------------------------------------------------------------
 # Each argument: (kind, required). Kinds: "int32", "int64", "pos" (int64 >= 0), "uint32",
@@ -182,9 +204,24 @@ STAGED_KEYS: dict[str, str] = {
 }
 
 
+def _brief(value: object, depth: int = 0) -> str:
+    """A short description of a peer's value: never the repr of a whole list or payload (that
+    could be megabytes built to be cut to 80 characters)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"<{len(value)} bytes>"
+    if isinstance(value, (list, tuple, dict)):
+        if depth or not value:
+            return f"<{type(value).__name__} of {len(value)}>"
+        first = next(iter(value))
+        return f"<{type(value).__name__} of {len(value)}, first {_brief(first, 1)}>"
+    return f"{value!r:.80}"
+
+
 def _fail(op: str, name: str, value: object, expected: str) -> ControlProtocolError:
     return ControlProtocolError(
-        f"{op}: argument {name}={value!r:.80} is invalid: expected {expected}", op=op, argument=name
+        f"{op}: argument {name}={_brief(value)} is invalid: expected {expected}",
+        op=op,
+        argument=name,
     )
 
 
@@ -265,6 +302,91 @@ class Request:
     args: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What decoding one operation's request may take: the message's bytes, msgpack's limits
+    for its ``args`` and the items (elements of all arrays and maps together) they may hold."""
+
+    max_bytes: int
+    max_str_len: int
+    max_bin_len: int
+    max_array_len: int
+    max_map_len: int
+    max_items: int
+
+
+def limits_for(schema: dict[str, tuple[str, bool]]) -> Limits:
+    """The decoding limits an operation's schema implies (one row of :data:`LIMITS`)."""
+    max_bytes, str_len, bin_len, array_len = MAX_CONTROL_REQUEST_BYTES, 64, 0, 0
+    map_len, items = len(schema), len(schema) + 1
+    for kind, _ in schema.values():
+        kind = kind.rstrip("?")
+        if kind == "str":
+            str_len = max(str_len, 4 * MAX_STR_LENGTH)  # characters: UTF-8 takes up to 4 bytes
+        elif kind == "sink_id":
+            str_len = max(str_len, 4 * MAX_SINK_ID_LENGTH)
+        elif kind == "int32_list":
+            array_len, items = max(array_len, MAX_STREAM_IDS), items + MAX_STREAM_IDS + 1
+        elif kind in ("bytes_list", "int64_list"):
+            max_bytes = MAX_DATA_REQUEST_BYTES
+            array_len = max(array_len, MAX_PAYLOADS_PER_REQUEST)
+            items += MAX_PAYLOADS_PER_REQUEST + 1
+            if kind == "bytes_list":
+                bin_len = MAX_PAYLOAD_BYTES
+        elif kind == "staged_list":
+            max_bytes = max(max_bytes, MAX_LIST_REQUEST_BYTES)
+            array_len = max(array_len, MAX_STAGED_PARTS)
+            map_len = max(map_len, len(STAGED_KEYS))
+            str_len = max(str_len, 4 * MAX_STR_LENGTH)  # "part"
+            # the list's elements, and each map's entries and itself
+            items += MAX_STAGED_PARTS * (len(STAGED_KEYS) + 2) + 1
+        elif kind == "pos_pairs":
+            max_bytes = max(max_bytes, MAX_LIST_REQUEST_BYTES)
+            array_len = max(array_len, MAX_POSITIONS)
+            items += MAX_POSITIONS * 4 + 1  # the list's elements, each pair's two and itself
+    return Limits(max_bytes, str_len, bin_len, array_len, map_len, items)
+
+
+# every operation's decoding limits, from its schema
+LIMITS: dict[str, Limits] = {op: limits_for(schema) for op, schema in OPS.items()}
+
+
+class _TooManyItems(ValueError):
+    pass
+
+
+def _counting_hook(max_items: int) -> Any:
+    """A msgpack ``list_hook``/``object_hook`` that counts the items of each container as it is
+    built and stops the decoding past ``max_items`` (msgpack's own limits are per container)."""
+    seen = 0
+
+    def hook(container: Any) -> Any:
+        nonlocal seen
+        seen += len(container) + 1
+        if seen > max_items:
+            raise _TooManyItems(f"more than {max_items} items")
+        return container
+
+    return hook
+
+
+def _header_unpacker(message: bytes | bytearray | memoryview) -> msgpack.Unpacker:
+    """An unpacker over a request's first bytes that admits no container: enough for the map
+    header, ``id``, ``op`` and the ``args`` key, which come first and in that order."""
+    unpacker = msgpack.Unpacker(
+        raw=False,
+        strict_map_key=True,
+        max_buffer_size=256,
+        max_str_len=64,
+        max_bin_len=0,
+        max_array_len=0,
+        max_map_len=0,
+        max_ext_len=0,
+    )
+    unpacker.feed(memoryview(message)[1:257])
+    return unpacker
+
+
 def _unpack(body: bytes | bytearray | memoryview) -> Any:
     try:
         return msgpack.unpackb(
@@ -289,36 +411,75 @@ def encode_request(request_id: int, op: str, args: dict[str, Any]) -> bytes:
 
 
 def decode_request(message: bytes | bytearray | memoryview) -> Request:
-    """Strictly decode and validate a CONTROL request (kind byte included).
+    """Strictly decode and validate a CONTROL request (kind byte included), within the limits of
+    its operation (:data:`LIMITS`).
 
-    Raises :class:`ControlProtocolError`; its ``details["request_id"]`` holds the id when the
-    message got far enough to have one, so the error can be answered on that id.
+    Raises :class:`ControlProtocolError` (:class:`PayloadTooLargeError` for a message longer than
+    its operation allows); its ``details["request_id"]`` holds the id when the message got far
+    enough to have one, so the error can be answered on that id.
     """
-    if len(message) > MAX_CONTROL_MESSAGE_BYTES:
+    if len(message) > MAX_REQUEST_BYTES:
         raise PayloadTooLargeError(
-            f"control message of {len(message)} bytes",
+            f"request of {len(message)} bytes (a request is at most {MAX_REQUEST_BYTES})",
             length=len(message),
-            limit=MAX_CONTROL_MESSAGE_BYTES,
+            limit=MAX_REQUEST_BYTES,
         )
     if len(message) < 2 or message[0] != KIND_CONTROL:
         raise ControlProtocolError(
             f"expected a control message (kind 0x01), got {len(message)} bytes starting "
             f"{bytes(message[:1]).hex() or 'empty'}"
         )
-    body = _unpack(memoryview(message)[1:])
-    if not isinstance(body, dict) or set(body) != {"id", "op", "args"}:
-        rid = body.get("id") if isinstance(body, dict) else None
-        err = ControlProtocolError("a request is a map with exactly the keys id, op and args")
-        if isinstance(rid, int) and not isinstance(rid, bool) and 0 <= rid <= MAX_REQUEST_ID:
-            err.details["request_id"] = rid
-        raise err
-    rid, op, args = body["id"], body["op"], body["args"]
-    if not (_is_int(rid) and 0 <= rid <= MAX_REQUEST_ID):
-        raise ControlProtocolError(f"request id {rid!r:.40} is not an unsigned 32-bit integer")
+    rid: int | None = None
+    shape = "a request is a map with exactly the keys id, op and args, in that order"
     try:
-        schema = OPS.get(op) if isinstance(op, str) else None
-        if schema is None:
-            raise ControlProtocolError(f"unknown operation {op!r:.60}; known: {sorted(OPS)}", op=op)
+        try:
+            header = _header_unpacker(message)
+            entries = header.read_map_header()
+            if entries >= 1 and header.unpack() == "id":
+                value = header.unpack()
+                if not (_is_int(value) and 0 <= value <= MAX_REQUEST_ID):
+                    raise ControlProtocolError(
+                        f"request id {value!r:.40} is not an unsigned 32-bit integer"
+                    )
+                rid = value
+            if entries != 3 or rid is None or header.unpack() != "op":
+                raise ControlProtocolError(shape)
+            op = header.unpack()
+            if not isinstance(op, str) or op not in OPS:
+                raise ControlProtocolError(
+                    f"unknown operation {op!r:.60}; known: {sorted(OPS)}", op=op
+                )
+            if header.unpack() != "args":
+                raise ControlProtocolError(shape)
+            args_at = 1 + header.tell()
+        except (ValueError, msgpack.UnpackException) as exc:
+            raise ControlProtocolError(f"{shape}: {exc}") from exc
+        limits = LIMITS[op]
+        if len(message) > limits.max_bytes:
+            raise PayloadTooLargeError(
+                f"{op}: request of {len(message)} bytes (at most {limits.max_bytes})",
+                op=op,
+                length=len(message),
+                limit=limits.max_bytes,
+            )
+        hook = _counting_hook(limits.max_items)
+        try:
+            args = msgpack.unpackb(
+                memoryview(message)[args_at:],
+                raw=False,
+                strict_map_key=True,
+                use_list=True,
+                max_str_len=limits.max_str_len,
+                max_bin_len=limits.max_bin_len,
+                max_array_len=limits.max_array_len,
+                max_map_len=limits.max_map_len,
+                max_ext_len=0,
+                list_hook=hook,
+                object_hook=hook,
+            )
+        except (ValueError, msgpack.UnpackException) as exc:  # ExtraData, FormatError, ...
+            raise ControlProtocolError(f"{op}: undecodable args: {exc}", op=op) from exc
+        schema = OPS[op]
         if not isinstance(args, dict):
             raise ControlProtocolError(f"{op}: args must be a map", op=op)
         unknown = set(args) - set(schema)
@@ -333,7 +494,8 @@ def decode_request(message: bytes | bytearray | memoryview) -> Request:
                 continue
             _check(op, name, kind, args[name])
     except ControlProtocolError as exc:
-        exc.details["request_id"] = rid
+        if rid is not None:
+            exc.details["request_id"] = rid
         raise
     return Request(rid, op, args)
 
@@ -418,6 +580,8 @@ __all__ = [
     "KIND_CHUNK",
     "KIND_CONTROL",
     "KIND_REPLAY_DATA",
+    "LIMITS",
+    "Limits",
     "OPS",
     "PERMISSIONS",
     "REPLAY_DATA_HEADER",

@@ -79,18 +79,25 @@ def test_a_sliced_run_lays_out_its_own_records(case: str) -> None:
             assert _joined(records(piece, None)) == _joined(want)
 
 
-@pytest.mark.parametrize("limit,overhead", [(1024, 0), (1024, 16), (120, 16), (50, 0), (10, 3)])
-def test_batched_cuts_a_run_where_it_cuts_the_payload_list(limit: int, overhead: int) -> None:
+@pytest.mark.parametrize(
+    "limit,overhead,max_count",
+    [(1024, 0, 0), (1024, 16, 0), (120, 16, 0), (50, 0, 0), (10, 3, 0), (1024, 0, 7), (10, 3, 2)],
+)
+def test_batched_cuts_a_run_where_it_cuts_the_payload_list(
+    limit: int, overhead: int, max_count: int
+) -> None:
     payloads = [b"x" * (i % 37) for i in range(300)] + [b"y" * 500] + [b"z" * 5] * 40
     rvs = list(range(len(payloads)))
     run = PayloadRun.from_columns(pa.array(payloads, pa.binary()), pa.array(rvs, pa.int64()))
-    want = [(b, r) for b, r in batched(payloads, rvs, limit, overhead) if b]
+    want = [(b, r) for b, r in batched(payloads, rvs, limit, overhead, max_count) if b]
     got = [
         (piece.payloads(), piece.reserved_list())
-        for piece, none in batched([run], None, limit, overhead)
+        for piece, none in batched([run], None, limit, overhead, max_count)
         if not isinstance(piece, list) or piece
     ]
     assert got == want
+    if max_count:  # a request carries at most the payloads the server takes (issue 28)
+        assert max(len(b) for b, _ in want) == max_count
 
 
 def test_batched_keeps_order_around_runs_and_always_gives_a_batch() -> None:

@@ -26,3 +26,50 @@ def test_config_refuses_ports_without_a_reply_port(tmp_path, port: int) -> None:
 
 def test_highest_usable_port_is_accepted(tmp_path) -> None:
     assert ServerConfig(directory=str(tmp_path), port=65534).port == 65534
+
+
+def test_memory_and_ingest_options_reach_the_config(tmp_path) -> None:
+    from aeron_spark.connector.server.cli import build_parser, config_from_args
+
+    args = build_parser().parse_args(
+        ["--dir", str(tmp_path), "--ingest-allow", "10.0.0.0/8", "--ingest-allow", "::1"]
+        + ["--max-incomplete-bytes", "64M", "--max-incomplete-bytes-per-session", "8M"]
+        + ["--incomplete-message-timeout-seconds", "5"]
+    )
+    config = config_from_args(args)
+    assert config.ingest_allow == ("10.0.0.0/8", "::1")
+    assert (config.max_incomplete_bytes, config.max_incomplete_bytes_per_session) == (
+        64 << 20,
+        8 << 20,
+    )
+    assert config.incomplete_message_timeout_s == 5.0
+
+
+@pytest.mark.parametrize(
+    ("fields", "name"),
+    [
+        ({"ingest_allow": ("10.0.0.0/33",)}, "ingest_allow"),
+        ({"ingest_allow": ("10.0.0.1",), "ingest_channel": "aeron:ipc"}, "ingest_allow"),
+        ({"max_incomplete_bytes": 1 << 20, "max_incomplete_bytes_per_session": 2 << 20}, "per"),
+        ({"incomplete_message_timeout_s": 0}, "incomplete_message_timeout_s"),
+    ],
+)
+def test_config_refuses_bad_memory_and_ingest_settings(tmp_path, fields, name) -> None:
+    with pytest.raises(ConfigurationError, match=name):
+        ServerConfig(directory=str(tmp_path), **fields)
+
+
+def test_the_ingest_filter_applies_deny_allow_and_ingest_allow(tmp_path) -> None:
+    admits = ServerConfig(
+        directory=str(tmp_path),
+        ingest_channel="aeron:udp?endpoint=0.0.0.0:40200",
+        allow=("10.0.0.0/8",),
+        deny=("10.9.0.0/16",),
+        ingest_allow=("::ffff:10.1.0.0/112", "10.9.0.0/16"),
+    ).ingest_source_filter()
+    assert admits is not None
+    assert admits("10.1.2.3") and admits("::ffff:10.1.2.3")
+    assert not admits("10.2.0.1")  # outside ingest_allow
+    assert not admits("10.9.0.1")  # denied wins
+    assert not admits("192.168.1.1") and not admits("not-an-address")
+    assert ServerConfig(directory=str(tmp_path)).ingest_source_filter() is None

@@ -202,3 +202,68 @@ def test_oversized_chunked_payload_refused() -> None:
     r = chunking.Reassembler(max_payload_bytes=100)
     with pytest.raises(E.PayloadTooLargeError):
         r.feed(next(iter(chunking.split(b"z" * 500, 100, 3))), 0)
+
+
+def test_reassembly_charges_bytes_as_they_arrive_within_a_shared_budget() -> None:
+    """Issue 28, item 2 (sans I/O): a header announcing a large payload holds only what came;
+    two reassemblers share one budget, a chunk past it is refused (LIMIT_EXCEEDED) and its
+    payload discarded, and expiry on the clock gives the bytes back."""
+    budget = chunking.ReassemblyBudget(1000)
+    a = chunking.Reassembler(max_payload_bytes=10_000, timeout_ns=100, budget=budget)
+    b = chunking.Reassembler(max_payload_bytes=10_000, timeout_ns=100, budget=budget)
+    header = chunking.CHUNK_HEADER.pack(chunking.KIND_CHUNK, 1, 0, 1000, 10_000)
+    assert a.feed(header + b"a" * 10, 0) is None
+    assert (a.held_bytes, budget.held, budget.open) == (10, 10, 1)
+    chunks = list(chunking.split(b"b" * 2000, 628, 2))  # 600 bytes a chunk
+    assert b.feed(chunks[0], 0) is None
+    with pytest.raises(E.LimitExceededError, match="incomplete messages already hold"):
+        b.feed(chunks[1], 0)
+    assert (b.open_payload_id, b.refused, budget.held, budget.open) == (None, 1, 10, 1)
+    assert not a.expire(99) and a.expire(100)
+    assert (a.expired, budget.held, budget.open) == (1, 0, 0)
+    assert [b.feed(c, 200) for c in chunking.split(b"c" * 900, 628, 3)][-1] == b"c" * 900
+    assert (budget.held, budget.open) == (0, 0)
+
+
+def test_requests_at_their_operations_limits_decode_and_past_them_are_refused() -> None:
+    """Issue 28, item 4: the largest legitimate request of each list-carrying operation decodes
+    within its limits; a control request past 64 KiB is PAYLOAD_TOO_LARGE on its id."""
+    n = proto.MAX_PAYLOADS_PER_REQUEST
+    staged = {
+        "sink_id": "s",
+        "batch_id": 1,
+        "partition_id": 2,
+        "attempt": 0,
+        "stream_id": 10,
+        "part": "p",
+        "count": 1,
+        "bytes": 1,
+    }
+    requests = [
+        ("publish", {"stream_id": 1, "payloads": [b"x"] * n, "reserved_values": [-20] * n}),
+        (
+            "stage",
+            {**{k: staged[k] for k in proto.OPS["local_stage"]}, "payloads": [b""] * n}
+            | {"reserved_values": [2**40] * n, "final": True},
+        ),
+        (
+            "commit",
+            {"sink_id": "s", "batch_id": 1, "stream_id": 10, "staged": [staged] * 50_000},
+        ),
+        (
+            "consumer_commit",
+            {
+                "consumer_id": "c",
+                "stream_ids": list(range(proto.MAX_STREAM_IDS)),
+                "positions": [[i, i] for i in range(proto.MAX_POSITIONS)],
+            },
+        ),
+        ("list_recordings", {"stream_ids": list(range(proto.MAX_STREAM_IDS))}),
+    ]
+    for op, args in requests:
+        assert proto.decode_request(proto.encode_request(3, op, args)).args == args
+    assert proto.LIMITS["list_streams"].max_bytes == 64 * 1024
+    big = proto.encode_request(4, "position_at", {"recording_id": 1, "timestamp_ns": 0})
+    with pytest.raises(E.PayloadTooLargeError) as info:
+        proto.decode_request(big[:-1] + b"\xc4\xff" + b"\x00" * 70_000)
+    assert info.value.details["request_id"] == 4

@@ -74,7 +74,8 @@ def test_recovery_keeps_every_complete_frame_and_cuts_the_torn_tail(tmp_path_fac
     # the index file holds exactly the entries kept (sorted, all below the recovered end)
     index = open(os.path.join(rec.directory, "index"), "rb").read()
     kept = [int.from_bytes(index[i : i + 8], "little") for i in range(0, len(index), 16)]
-    assert kept == again.index_positions and all(p < recovered for p in kept)
+    assert kept == [again.index.entry(i)[0] for i in range(len(again.index))]
+    assert all(p < recovered for p in kept)
     assert kept == sorted(set(kept))
 
 
@@ -127,7 +128,7 @@ def test_a_message_has_the_same_timestamp_however_the_reads_are_cut(tmp_path_fac
     store, rec, _payloads, ends = _fill(
         str(tmp_path_factory.mktemp("ts")), seed, count=600, term=1024 * 1024
     )
-    assert len(rec.index_positions) > 3
+    assert len(rec.index) > 3
     limit = rec.recorded_position
     position, k = ends[len(ends) // 3] if seed % 2 else 0, 0
     while position < limit:
@@ -202,7 +203,7 @@ def test_a_read_only_open_of_a_range_reads_what_the_writer_reads(tmp_path_factor
                 got = reader.read(position, 20_000, end)
                 assert got == rec.read(position, 20_000, end)
                 position = got[0]
-            assert len(reader.index_positions) <= len(rec.index_positions)
+            assert len(reader.index) <= len(rec.index)
         finally:
             reader.close()
     store.close(0)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from aeron_spark.handshake import messages as m
-from aeron_spark.handshake.config import HANDSHAKE_STREAM_ID, ServerConfig
+from aeron_spark.handshake.config import HANDSHAKE_STREAM_ID, REPLY_STREAM_ID, ServerConfig
 from aeron_spark.handshake.errors import ErrorCode
 from aeron_spark.handshake.machine import ClientHandshake, Rejected, ServerCore
 from aeron_spark.transport.protocol.frames import DataFlags, FrameType, SetupFrame
@@ -186,7 +186,11 @@ def test_hundreds_of_hellos_from_one_host_do_not_lock_out_an_honest_client(
         stats = server.stats()
         assert stats["pending"] == 0 and stats["accepted"] == 0
         assert stats["cookies_sent"] == stats["hellos"]
-        assert len(server.driver._publications) == pubs
+        # nothing of a session: only each HELLO image's reply publication (issue 28 item 1),
+        # as many as the HELLO images' caps let live
+        added = server.driver._publications[pubs:]
+        assert {p.stream_id for p in added} <= {REPLY_STREAM_ID}
+        assert len(added) <= 2 * 256
         assert len(server.driver._subscriptions) == subs
         conn = make_client().connect(server.endpoint)  # from 127.0.0.1, meanwhile
         conn.send(b"honest")

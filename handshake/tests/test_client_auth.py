@@ -16,16 +16,22 @@ from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.client import _Attempt
 from aeron_spark.handshake.config import HANDSHAKE_STREAM_ID
 from aeron_spark.handshake.crypto import (
+    _identity_aead,
     client_keys,
     open_identity,
     public_bytes,
     seal_identity,
 )
-from aeron_spark.handshake.errors import ClientUnknownError, ErrorCode, RemoteProtocolError
+from aeron_spark.handshake.errors import (
+    ClientUnknownError,
+    ErrorCode,
+    HandshakeError,
+    RemoteProtocolError,
+)
 from aeron_spark.handshake.machine import ClientHandshake, Rejected, ServerCore
 from aeron_spark.transport.protocol.frames import DataFlags, FrameType, SetupFrame
 from aeron_spark.transport.protocol.term import encode_data_header
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from .conftest import wait_for
 
@@ -38,7 +44,8 @@ def _fixed(byte: int) -> X25519PrivateKey:
 
 def test_the_identity_box_opens_only_with_its_cookie_and_server_key() -> None:
     ce, cs, ss = _fixed(1), _fixed(2), _fixed(3)
-    box = seal_identity(ce, public_bytes(cs), public_bytes(ss), 7, bytes(16))
+    box = seal_identity(ce, cs, public_bytes(ss), 7, bytes(16))
+    assert open_identity(ss, public_bytes(ce), 7, bytes(16), box) == public_bytes(cs)
     assert public_bytes(cs) not in box  # an observer does not see the client key
     with pytest.raises(RemoteProtocolError, match="identity does not authenticate"):
         open_identity(ss, public_bytes(ce), 7, bytes([1]) * 16, box)  # another cookie
@@ -46,6 +53,19 @@ def test_the_identity_box_opens_only_with_its_cookie_and_server_key() -> None:
         open_identity(_fixed(9), public_bytes(ce), 7, bytes(16), box)  # another server
     with pytest.raises(RemoteProtocolError, match="identity does not authenticate"):
         open_identity(ss, public_bytes(ce), 8, bytes(16), box)  # another connect key
+
+
+def test_an_identity_box_with_a_public_key_and_no_proof_of_its_private_key_does_not_open() -> None:
+    # Issue 28 item 8: the box held only the client's public key, so a HELLO naming a listed
+    # client's public key (public: it is in the authorized keys file) was admitted.
+    ce, cs, ss = _fixed(1), _fixed(2), _fixed(3)
+    aead, ad = _identity_aead(
+        ce.exchange(ss.public_key()), 7, public_bytes(ce), public_bytes(ss), bytes(16)
+    )
+    for proof in (bytes(16), seal_identity(ce, _fixed(4), public_bytes(ss), 7, bytes(16))[:16]):
+        forged = aead.encrypt(bytes(12), public_bytes(cs) + proof, ad)
+        with pytest.raises(RemoteProtocolError, match="no proof of its private key"):
+            open_identity(ss, public_bytes(ce), 7, bytes(16), forged)
 
 
 def _core(allowed: set[bytes] | None) -> ServerCore:
@@ -112,21 +132,21 @@ def test_a_replayed_second_hello_gets_nothing_usable() -> None:
     with pytest.raises(Rejected) as answer:
         core.on_hello("10.9.9.9", forged, 1 * S, source="10.9.9.9:666")
     assert answer.value.code is ErrorCode.MALFORMED and core.counters.identities_bad == 1
-    # 3. Spoofing the honest source within the cookie's time: a WELCOME nobody but the honest
-    #    client can open, and no DONE the attacker can make (it lacks ce and cs).
+    # 3. Spoofing the honest source within the cookie's time: its cookie was spent by the
+    #    honest HELLO (protocol version 5): a COOKIE, nothing allocated.
     accepted = core.counters.accepted
-    replayed = core.on_hello("10.0.0.1", recorded, 2 * S, source="10.0.0.1:4000")
-    welcome = m.decode_message(replayed.welcome)
+    with pytest.raises(Rejected) as answer:
+        core.on_hello("10.0.0.1", recorded, 2 * S, source="10.0.0.1:4000")
+    assert answer.value.code is None and core.counters.cookies_reused == 1
+    assert core.counters.accepted == accepted and core.pending == 0
+    # (had it been admitted: a WELCOME nobody but the honest client can open, and no DONE the
+    # attacker can make, lacking ce and cs)
+    welcome = m.decode_message(session.welcome)
     assert isinstance(welcome, m.Welcome)
     guess_ce, guess_cs = X25519PrivateKey.generate(), X25519PrivateKey.generate()
     guessed = client_keys(guess_ce, guess_cs, recorded, welcome.server_key, welcome.ephemeral_key)
     with pytest.raises(RemoteProtocolError):
         guessed.open_details(welcome.box)
-    with pytest.raises(RemoteProtocolError):
-        core.on_done(replayed, m.Done(guessed.done_proof()).encode())
-    assert core.counters.bad_done == 1 and core.counters.connected == 1
-    assert core.counters.accepted == accepted + 1 and replayed.released is False
-    core.release(replayed)
     # 4. After the cookie's time (10-20 s): only a COOKIE again.
     with pytest.raises(Rejected) as answer:
         core.on_hello("10.0.0.1", recorded, 25 * S, source="10.0.0.1:4000")
@@ -190,4 +210,45 @@ def test_a_recorded_handshake_replayed_as_raw_udp_gets_nothing(tmp_path) -> None
     finally:
         _Attempt._say = original  # type: ignore[method-assign]
         sock.close()
+        server.close()
+
+
+def test_a_hello_naming_a_listed_public_key_without_its_private_key_allocates_nothing(
+    tmp_path, monkeypatch
+) -> None:
+    # Issue 28 item 8, over UDP: an attacker at its own address seals a listed client's
+    # *public* key (anyone may read it) in its identity box. It got pending sessions (32 per
+    # /24) on the old server; now its box carries no proof of the private key: refused.
+    from aeron_spark.handshake import machine as hm
+
+    listed = public_bytes(X25519PrivateKey.generate())
+    server = Server(
+        ServerConfig(key_store_dir=str(tmp_path / "server"), ipc=False),
+        authorize={listed}.__contains__,
+    ).start()
+
+    def forge(ephemeral, _own_key, server_key, connect_key, cookie):  # type: ignore[no-untyped-def]
+        aead, ad = _identity_aead(
+            ephemeral.exchange(X25519PublicKey.from_public_bytes(server_key)),
+            connect_key,
+            public_bytes(ephemeral),
+            server_key,
+            cookie,
+        )
+        filler = bytes(m.IDENTITY_LENGTH - 16 - 32)  # a made-up proof (none before version 5)
+        return aead.encrypt(bytes(12), listed + filler, ad)
+
+    if hasattr(hm, "seal_identity_keeping"):
+        monkeypatch.setattr(hm, "seal_identity_keeping", lambda *a: (forge(*a), None))
+    else:  # the code before version 5
+        monkeypatch.setattr(hm, "seal_identity", forge)
+    attacker = Client(ClientConfig(key_store_dir=str(tmp_path / "attacker"), timeout_s=3))
+    try:
+        for _ in range(3):
+            with pytest.raises(HandshakeError):
+                attacker.connect(server.endpoint).close()
+        stats = server.stats()
+        assert stats["accepted"] == 0 and stats["pending"] == 0, stats
+        assert stats["identities_bad"] == 3 and stats["refused"] == {"MALFORMED": 3}
+    finally:
         server.close()

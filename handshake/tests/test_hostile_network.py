@@ -185,9 +185,10 @@ def test_amplification_towards_an_address_that_never_completed_a_handshake_is_at
 # ------------------------------------------------------------------ item 3
 
 
-def _replies(client_driver, server, bind: str):
+def _replies(client_driver, server, bind: str, session_id: int):
+    """A reply subscription at ``bind`` for the HELLO publication ``session_id``."""
     ch = Channels("udp", SERVER, server.port, server.control_port, bind)
-    replies = client_driver.add_subscription(ch.reply_sub(), REPLY_STREAM_ID)
+    replies = client_driver.add_subscription(ch.reply_sub(session_id), REPLY_STREAM_ID)
     return ch, replies
 
 
@@ -247,12 +248,13 @@ def test_a_setup_spoofed_from_an_allowed_address_does_not_admit_a_denied_client(
     # publication from 10.66.66.66 and sends the DATA (its HELLO, then its answer to the COOKIE)
     # from its own address, where it reads the replies.
     server = make_server(allow=("10.66.66.66",), ipc=False)
-    ch, replies = _replies(client_driver, server, "127.0.0.1")
+    session_id = 0x2B000001
+    ch, replies = _replies(client_driver, server, "127.0.0.1", session_id)
     spoofer = h.Spoofer()
     attacker = h.Victim("127.0.0.1")
     machine = ClientHandshake(lambda key: None)
     machine.start(time.monotonic_ns())
-    session_id, port = 0x2B000001, attacker.address[1]
+    port = attacker.address[1]
     try:
         _try_join(replies)
         for _ in range(3):
@@ -292,11 +294,11 @@ def test_a_session_pair_from_another_address_than_the_hello_is_refused(
     # A client allowed at 127.0.0.2 says HELLO from there (and reads the replies there), then
     # opens the session pair from 127.0.0.1, which is denied.
     server = make_server(allow=("127.0.0.2",), ipc=False)
-    ch, replies = _replies(client_driver, server, "127.0.0.2")
+    session_id = 0x2B000002
+    ch, replies = _replies(client_driver, server, "127.0.0.2", session_id)
     sender = h.Victim("127.0.0.2")
     machine = ClientHandshake(lambda key: None)
     machine.start(time.monotonic_ns())
-    session_id = 0x2B000002
     try:
         hello = machine.hello()
         offset = 0

@@ -1,4 +1,4 @@
-"""Known-answer vectors for the handshake of protocol version 4 (issues 19, 22).
+"""Known-answer vectors for the handshake of protocol version 5 (issues 19, 22, 28).
 
 Fixed static and ephemeral keys of both sides, a fixed connect key, cookie secret and id
 generator go in; the two HELLOs, the COOKIE, the client's identity box, WELCOME, DONE and CONFIRM
@@ -6,14 +6,17 @@ bytes, the transcript hash, every derived key and salt and the first sealed fram
 expected values are computed here, independently of the project's code, with a few lines of
 ``cryptography`` primitives and ``msgpack`` following the design (handshake/crypto.py and
 handshake/messages.py docstrings): the identity box under a key from X25519(ce, ss) bound to the
-connect key, ``ce``, ``spk`` and the cookie; the session keys from the four X25519 results
+connect key, ``ce``, ``spk`` and the cookie, holding ``cs`` and its proof (an HMAC under
+X25519(cs, ss), version 5); the session keys from the four X25519 results
 ce·se, ce·ss, cs·ss, cs·se salted with the transcript of the second HELLO. A handful are also
 pinned as hex so that a change made to both sides at once is still caught.
 
-The key schedule is version 3's (its HKDF labels say v3); version 4 adds the WELCOME's sealed
-resumption token, an HMAC of the HELLO's source and the 10 s epoch under the cookie secret with
-the label ``resume``, computed here independently too. This is the one full known-answer test of
-the schedule (test_client_auth.py tests the identity box's binding and the admission around it).
+The key schedule is version 3's (its HKDF labels say v3); version 4 added the WELCOME's sealed
+resumption token; version 5 the identity's proof (label ``client identity v5``) and tokens the
+server draws at random and keeps for one HELLO of the same source and client key (so the
+WELCOME's ``rt`` is taken from the session here, not computed). This is the one full
+known-answer test of the schedule (test_client_auth.py tests the identity box's binding and the
+admission around it).
 """
 
 from __future__ import annotations
@@ -52,22 +55,23 @@ CONNECT_KEY = 0x0123456789ABCDEF
 COOKIE_SECRET = bytes(range(64, 96))
 ADDRESS, SOURCE = "10.0.0.1", "10.0.0.1:4000"
 NOW_NS = 25_000_000_000  # cookie epoch 2
-VERSION = 4
+VERSION = 5
 INFO = b"aeron-spark handshake v3"
-ID_INFO = b"aeron-spark client identity v3"
+ID_INFO = b"aeron-spark client identity v5"
+PROOF_LABEL = b"aeron-spark client proof v5"
 
 # Pinned outputs for the inputs above (computed once with the independent code below).
 PINNED = {
-    "transcript": "024f43c314ae19dc84ee5db7d4bb4143f2bdcb65cbfeb72ae7a38fc32eb89d33",
-    "handshake_key": "da93d067b0accf0ac8dc5d47d7dc22f1231363888b75263338b935f1ae558364",
-    "c2s_key": "11d49da15e6cd790c47ed60c133482da4ba4fe4b4b841b98d2d681011afc3638",
-    "s2c_key": "eda9e19d469e84d4aeb1ce97c723d9cfc2e08dfe5c3ba89c40f78bea32640ab8",
-    "c2s_salt": "a50f084c",
-    "s2c_salt": "0b046412",
+    "transcript": "6b81648026b42a92b203dff40be7ba4b898c087247abb488bf8016878677b274",
+    "handshake_key": "e99221a042c07b51fe7c19e7f3bed4a6b133cda4f27ff9dc68787f3954024dea",
+    "c2s_key": "55bf1d1b43ba8c0494ad4c03bb42a56b267c38f0f0f0c6915100d17877caf668",
+    "s2c_key": "6234daf011231e1f50e20711840b2094b9fdc5b0a4593f54797b9bf3a6a5610e",
+    "c2s_salt": "622fc9b3",
+    "s2c_salt": "0e78413c",
     "cookie": "6e815998ed0557360ae6cdc6f115d250",
     "identity": (
-        "72b41bf613d276074ca6e1165f3af31693a0b9e38bc8e54d"
-        "435d59240ad178b892661c7dc73159d42ecc87487201ab47"
+        "fd5315ceaaae666efacae27431a982cf0de692c75435f503590d2a5142dbef18"
+        "2a034c6b26d0468d9fa1d79f71c0e487c33566f03918c2555356d874419faccc"
     ),
 }
 
@@ -97,13 +101,6 @@ def _independent_cookie(hello_ck: int, pk: bytes, enc: bool, now_ns: int) -> byt
     return mac.digest()[:16]
 
 
-def _independent_resume_token(now_ns: int) -> bytes:
-    mac = hmac.new(COOKIE_SECRET, b"resume", digestmod=hashlib.sha256)
-    for part in (SOURCE.encode(), (now_ns // 10_000_000_000).to_bytes(8, "big", signed=True)):
-        mac.update(len(part).to_bytes(2, "big") + part)
-    return mac.digest()[:16]
-
-
 def _independent_identity(ck: int, cookie: bytes) -> bytes:
     """The client's static public key sealed for the server, from the design alone."""
     spk, cepk = _pub(SERVER_STATIC), _pub(CLIENT_EPHEMERAL)
@@ -113,8 +110,11 @@ def _independent_identity(ck: int, cookie: bytes) -> bytes:
     id_key = HKDF(
         algorithm=hashes.SHA256(), length=32, salt=hashlib.sha256(ad).digest(), info=ID_INFO
     ).derive(es)
-    box = AESGCM(id_key).encrypt(bytes(12), _pub(CLIENT_STATIC), ad)
-    assert len(box) == 48 and _pub(CLIENT_STATIC) not in box
+    ss = _dh(CLIENT_STATIC, spk)
+    assert ss == _dh(SERVER_STATIC, _pub(CLIENT_STATIC))
+    proof = hmac.new(ss, PROOF_LABEL + ad, digestmod=hashlib.sha256).digest()[:16]
+    box = AESGCM(id_key).encrypt(bytes(12), _pub(CLIENT_STATIC) + proof, ad)
+    assert len(box) == 64 and _pub(CLIENT_STATIC) not in box
     return box
 
 
@@ -215,7 +215,7 @@ def test_messages_keys_and_proofs_match_the_independent_computation(handshake) -
             "mml": d.max_message_length,
             "tl": d.term_length,
             "mtu": d.mtu,
-            "rt": _independent_resume_token(NOW_NS),
+            "rt": d.resume_token,
         }
     )
     hk, transcript = AESGCM(want["handshake_key"]), want["transcript"]
@@ -275,7 +275,7 @@ def test_crypto_functions_directly_with_fixed_inputs() -> None:
     spk, epk = _pub(SERVER_STATIC), _pub(SERVER_EPHEMERAL)
     cepk, cspk = _pub(CLIENT_EPHEMERAL), _pub(CLIENT_STATIC)
     identity = _independent_identity(7, cookie)
-    assert seal_identity(CLIENT_EPHEMERAL, cspk, spk, 7, cookie) == identity
+    assert seal_identity(CLIENT_EPHEMERAL, CLIENT_STATIC, spk, 7, cookie) == identity
     assert open_identity(SERVER_STATIC, cepk, 7, cookie, identity) == cspk
     hello = _pack(
         {"t": 1, "v": VERSION, "ck": 7, "pk": cepk, "enc": False, "cookie": cookie, "id": identity}
@@ -296,7 +296,7 @@ _BASE_HELLO = {
     "pk": _pub(CLIENT_EPHEMERAL),
     "enc": True,
     "cookie": bytes(16),
-    "id": bytes(48),
+    "id": bytes(64),
 }
 _OTHER_VALUE = {
     "v": 2,
@@ -304,7 +304,7 @@ _OTHER_VALUE = {
     "pk": _pub(SERVER_STATIC),
     "enc": False,
     "cookie": bytes([1]) + bytes(15),
-    "id": bytes([1]) + bytes(47),
+    "id": bytes([1]) + bytes(63),
 }
 
 

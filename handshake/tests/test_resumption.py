@@ -25,6 +25,7 @@ from .conftest import wait_for
 
 S = 1_000_000_000
 ADDRESS, SOURCE = "10.0.0.1", "10.0.0.1:4000"
+CLIENT_KEY = X25519PrivateKey.generate()  # the client's identity, the same in every handshake
 
 
 def _core() -> ServerCore:
@@ -34,7 +35,7 @@ def _core() -> ServerCore:
 def _first_handshake(core: ServerCore, now: int = 0) -> tuple[bytes, list[bytes]]:
     """A whole handshake with a COOKIE round: the client's resumption token and every message
     the server sent in the clear or sealed (to look for the token in)."""
-    client = ClientHandshake(lambda key: None)
+    client = ClientHandshake(lambda key: None, static_key=CLIENT_KEY)
     client.start(now)
     with pytest.raises(Rejected) as cookie:
         core.on_hello(ADDRESS, client.hello(), now, source=SOURCE)
@@ -49,8 +50,10 @@ def _first_handshake(core: ServerCore, now: int = 0) -> tuple[bytes, list[bytes]
     return details.resume_token, [cookie.value.reply, session.welcome, confirm]
 
 
-def _resumed_client(token: bytes, server_key: bytes, now: int = 0) -> tuple[ClientHandshake, bytes]:
-    client = ClientHandshake(lambda key: None)
+def _resumed_client(
+    token: bytes, server_key: bytes, now: int = 0, key: X25519PrivateKey = CLIENT_KEY
+) -> tuple[ClientHandshake, bytes]:
+    client = ClientHandshake(lambda key: None, static_key=key)
     client.start(now)
     return client, client.hello((token, server_key))
 
@@ -93,6 +96,55 @@ def test_a_token_elsewhere_or_stale_gets_a_cookie_and_the_client_goes_on(
     assert client.retry_hello is not None
     session = core.on_hello(address, client.retry_hello, now, source=source)
     assert client.on_reply(session.welcome) == session.details
+
+
+def test_a_token_admits_one_hello_only() -> None:
+    # Issue 28 item 8: a token sniffed (it travels in the clear in the HELLO that uses it)
+    # and replayed from its source got pending sessions until it expired (40 in the review).
+    core = _core()
+    token, _ = _first_handshake(core)
+    client, hello = _resumed_client(token, core.static_public, 1 * S)
+    first = core.on_hello(ADDRESS, hello, 1 * S, source=SOURCE)
+    core.release(first)  # the connect key is free again: only the token can refuse now
+    for replayed in (hello, _resumed_client(token, core.static_public, 2 * S)[1]):
+        with pytest.raises(Rejected) as answer:
+            core.on_hello(ADDRESS, replayed, 2 * S, source=SOURCE)
+        assert answer.value.code is None  # a COOKIE: nothing allocated
+    assert core.counters.resumed == 1 and core.pending == 0
+    assert core.counters.accepted == 2  # the first handshake and the one resumption
+
+
+def test_a_token_admits_only_the_client_key_it_was_issued_to() -> None:
+    # Issue 28 item 8: the token was bound to ip:port only, so another key could use it.
+    core = _core()
+    token, _ = _first_handshake(core)
+    other = X25519PrivateKey.generate()
+    _, hello = _resumed_client(token, core.static_public, 1 * S, key=other)
+    with pytest.raises(Rejected) as answer:
+        core.on_hello(ADDRESS, hello, 1 * S, source=SOURCE)
+    assert answer.value.code is None and core.pending == 0
+    assert core.counters.cookies_reused == 1 and core.counters.resumed == 0
+    # its owner can still use it
+    _, hello = _resumed_client(token, core.static_public, 2 * S)
+    core.on_hello(ADDRESS, hello, 2 * S, source=SOURCE)
+    assert core.counters.resumed == 1
+
+
+def test_a_replayed_hello_with_a_cookie_allocates_nothing() -> None:
+    # The second HELLO, recorded and replayed whole from its own source within the cookie's
+    # 10-20 s (after its session ended, so that its connect key is free), gets a COOKIE.
+    core = _core()
+    client = ClientHandshake(lambda key: None, static_key=CLIENT_KEY)
+    client.start(0)
+    with pytest.raises(Rejected) as cookie:
+        core.on_hello(ADDRESS, client.hello(), 0, source=SOURCE)
+    client.on_reply(cookie.value.reply or b"")
+    assert client.retry_hello is not None
+    core.release(core.on_hello(ADDRESS, client.retry_hello, 0, source=SOURCE))
+    with pytest.raises(Rejected) as again:
+        core.on_hello(ADDRESS, client.retry_hello, 1 * S, source=SOURCE)
+    assert again.value.code is None and core.pending == 0
+    assert core.counters.cookies_reused == 1 and core.counters.accepted == 1
 
 
 def test_a_token_of_a_server_whose_key_changed_has_the_new_key_checked() -> None:

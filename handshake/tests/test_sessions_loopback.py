@@ -104,13 +104,15 @@ def _raw_hello(driver, endpoint: str, payload: bytes | None = None):
     """Say HELLO (or ``payload``) by hand, answer the COOKIE and return the WELCOME, never
     sending DONE."""
     host, port = split_endpoint(endpoint)
-    replies = driver.add_subscription(
-        f"aeron:udp?endpoint=127.0.0.1:0|control={host}:{port + 1}|control-mode=dynamic",
-        REPLY_STREAM_ID,
-    )
     # a HELLO publication has the handshake's small term: the server refuses bigger SETUPs
     pub = driver.add_publication(
         f"aeron:udp?endpoint={endpoint}|term-length=64k", HANDSHAKE_STREAM_ID
+    )
+    # the replies to it come on a publication of its own session id
+    replies = driver.add_subscription(
+        f"aeron:udp?endpoint=127.0.0.1:0|control={host}:{port + 1}|control-mode=dynamic"
+        f"|session-id={pub.session_id}",
+        REPLY_STREAM_ID,
     )
     wait_for(lambda: bool(replies.images) and pub.is_connected, what="handshake channels")
     machine = ClientHandshake(lambda key: None)

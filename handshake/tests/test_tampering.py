@@ -215,11 +215,11 @@ def test_hello_type_or_key_name_is_malformed_and_dropped(tamper, cookies_sent: i
 
 
 def test_hello_version_is_refused_with_unsupported_version() -> None:
-    """Version 4 -> 5 (one bit flipped): refused at once, before any cookie is made."""
+    """Version 5 -> 4 (one bit flipped): refused at once, before any cookie is made."""
     out = run(on_hello=flip("v"))
     assert isinstance(out.error, UnsupportedVersionError), out.error
     assert out.error.code is ErrorCode.UNSUPPORTED_VERSION
-    assert "protocol version 5 is not supported (this server speaks 4)" in str(out.error)
+    assert "protocol version 4 is not supported (this server speaks 5)" in str(out.error)
     c = out.core.counters
     assert c.refused == {"UNSUPPORTED_VERSION": 1} and c.cookies_sent == 0
     assert out.hellos_seen == 1 and out.client.cookies == 0

@@ -44,13 +44,16 @@ def _client_settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     )
 
 
-def _add_client_args(parser: argparse.ArgumentParser) -> None:
+def _add_client_args(parser: argparse.ArgumentParser, stream: bool = True) -> None:
     parser.add_argument(
         "--endpoint",
         default="127.0.0.1:40123",
         help="stream server handshake endpoint host:port (default %(default)s)",
     )
-    parser.add_argument("--stream-id", type=int, default=10, help="stream id (default %(default)s)")
+    if stream:
+        parser.add_argument(
+            "--stream-id", type=int, default=10, help="stream id (default %(default)s)"
+        )
     parser.add_argument(
         "--no-encryption",
         action="store_true",
@@ -220,7 +223,11 @@ def keys_main(argv: Sequence[str]) -> int:
         description="Show the server key (or with --client this client's identity key) of this "
         "host, list or forget known server keys.",
     )
-    parser.add_argument("action", choices=("show", "list", "forget"))
+    parser.add_argument(
+        "action",
+        choices=("show", "list", "forget"),
+        help="show this host's key, list the known server keys, or forget one",
+    )
     parser.add_argument("endpoint", nargs="?", help="for 'forget': the server's host:port")
     parser.add_argument(
         "--client",
@@ -270,9 +277,11 @@ def consumers_main(argv: Sequence[str]) -> int:
         description="List the consumers (sources with a consumerId) a server's retention waits "
         "for, or forget one whose query is gone so retention may purge what it held.",
     )
-    parser.add_argument("action", choices=("list", "forget"))
+    parser.add_argument(
+        "action", choices=("list", "forget"), help="list the consumers, or forget one"
+    )
     parser.add_argument("consumer_id", nargs="?", help="for 'forget': the consumerId")
-    _add_client_args(parser)
+    _add_client_args(parser, stream=False)  # consumers span streams: no --stream-id
     args = parser.parse_args(list(argv))
     from aeron_spark.connector.client import StreamClient
 

@@ -47,11 +47,17 @@ class ConfigurationError(AeronSparkError, ValueError):
     """A configuration value (option, URI parameter, argument) is invalid.
 
     ``name`` is the option or parameter at fault, ``value`` what was given, ``expected`` a short
-    description of what is accepted.
+    description of what is accepted (``invalid name='value': expected ...``); or, where what is
+    wrong is better said as a sentence of its own (a file that cannot be read, a syntax error),
+    ``problem`` says it (``invalid name='value': <problem>``).
     """
 
-    def __init__(self, name: str, value: object, expected: str) -> None:
+    def __init__(
+        self, name: str, value: object, expected: str = "", *, problem: str | None = None
+    ) -> None:
         self.name = name
         self.value = value
         self.expected = expected
-        super().__init__(f"invalid {name}={value!r}: expected {expected}")
+        self.problem = problem
+        says = problem if problem is not None else f"expected {expected}"
+        super().__init__(f"invalid {name}={value!r}: {says}")

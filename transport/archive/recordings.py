@@ -12,7 +12,8 @@ Layout of one recording, ``<dir>/recordings/<id>/``::
     stop.msgpack        {stop_position, stop_timestamp_ns} once stopped (absent while recording)
     purged.msgpack      {purged_position} after a purge
     index               records (position int64, timestamp_ns int64): frame boundaries with the
-                        time they were recorded, one per append at most every INDEX_INTERVAL
+                        time they were recorded, one per append at most every INDEX_INTERVAL;
+                        read from the file, not held in memory (:mod:`.timeindex`)
     <base>.seg          stream bytes [base, base + segment_length), base a multiple of it
 
 Invariants:
@@ -34,9 +35,7 @@ Invariants:
 
 from __future__ import annotations
 
-import bisect
 import contextlib
-import errno
 import logging
 import os
 import struct
@@ -46,6 +45,7 @@ from typing import Any
 
 import msgpack
 import numpy as np
+from aeron_spark.transport.archive.diskio import pwrite_all as _pwrite_all
 from aeron_spark.transport.archive.errors import (
     NotFrameBoundaryError,
     PositionOutOfRangeError,
@@ -53,10 +53,10 @@ from aeron_spark.transport.archive.errors import (
     UnknownRecordingError,
 )
 from aeron_spark.transport.archive.fdcache import FdCache
+from aeron_spark.transport.archive.timeindex import TimeIndex
 from aeron_spark.transport.protocol.frames import FRAME_ALIGNMENT, FrameType
 from aeron_spark.transport.protocol.logbuffer import compute_position
 
-_INDEX = struct.Struct("<qq")
 _FRAME_HEAD = struct.Struct("<iBBhi")  # frame_length, version, flags, type, term_offset
 _head_from = _FRAME_HEAD.unpack_from
 _PAD = int(FrameType.PAD)
@@ -150,21 +150,6 @@ def _whole_frames(chunk: bytes, position: int, limit: int) -> tuple[int, bytes] 
     return position + data_end, chunk[:data_end]
 
 
-def _pwrite_all(fd: int, data: memoryview, offset: int, path: str) -> int:
-    """``pwrite`` all of ``data`` at ``offset``, continuing after short writes (a filesystem
-    may write less than asked without an error). Raises ``OSError`` (ENOSPC when a write makes
-    no progress); returns ``-short_writes`` (0 when the first write took everything)."""
-    done = short = 0
-    while done < len(data):
-        count = os.pwrite(fd, data[done:], offset + done)
-        if count <= 0:
-            raise OSError(errno.ENOSPC, "write made no progress (file system full?)", path)
-        done += count
-        if done < len(data):
-            short += 1
-    return -short
-
-
 class Recording:
     """One recording: append (while recording), read, check boundaries, purge."""
 
@@ -183,8 +168,6 @@ class Recording:
         self.fsync = fsync
         self.read_only = read_only
         self.shift = descriptor.term_length.bit_length() - 1
-        self.index_positions: list[int] = []
-        self.index_times: list[int] = []
         self.recorded_position = descriptor.start_position
         stop = _read_meta(os.path.join(directory, "stop.msgpack"))
         self.stop_position: int | None = None if stop is None else int(stop["stop_position"])
@@ -204,10 +187,13 @@ class Recording:
         self.short_writes = 0  # pwrite wrote less than asked (the rest was retried)
         self.failed_appends = 0  # appends that failed (ENOSPC, EIO, ...) and were rolled back
         self.cut_failures = 0  # a rollback could not truncate its bytes away (see _cut)
-        if index_range is None:
-            self._load_index()
-        else:
-            self._load_index_range(*index_range)
+        # the position/time index stays on disk (see timeindex.py); a read-only view of a
+        # range another process reported recorded considers only the entries below its end
+        self.index = TimeIndex(
+            self._index_path,
+            self._files.use,
+            limit_position=None if index_range is None else index_range[1],
+        )
         if not read_only:
             self._recover()
 
@@ -244,57 +230,12 @@ class Recording:
     def _index_path(self) -> str:
         return os.path.join(self.directory, "index")
 
-    def _load_index(self) -> None:
-        path = os.path.join(self.directory, "index")
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read()
-        except FileNotFoundError:
-            data = b""
-        whole = len(data) - len(data) % _INDEX.size
-        for position, ts in _INDEX.iter_unpack(data[:whole]):
-            if self.index_positions and position <= self.index_positions[-1]:
-                break
-            self.index_positions.append(position)
-            self.index_times.append(ts)
-
-    def _load_index_range(self, start: int, end: int | None) -> None:
-        """The index entries that time ``[start, end)``: the last one at or below ``start`` and
-        every one after it below ``end``."""
-        try:
-            fd = os.open(os.path.join(self.directory, "index"), os.O_RDONLY)
-        except FileNotFoundError:
-            return
-        try:
-            count = os.fstat(fd).st_size // _INDEX.size
-            lo, hi = 0, count
-            while lo < hi:  # the first entry above start
-                mid = (lo + hi) // 2
-                if _INDEX.unpack(os.pread(fd, _INDEX.size, mid * _INDEX.size))[0] <= start:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            i = max(lo - 1, 0)
-            while i < count:
-                n = min(count - i, 4096)
-                data = os.pread(fd, n * _INDEX.size, i * _INDEX.size)
-                for position, ts in _INDEX.iter_unpack(data[: len(data) - len(data) % _INDEX.size]):
-                    if end is not None and position >= end:
-                        return
-                    if self.index_positions and position <= self.index_positions[-1]:
-                        return
-                    self.index_positions.append(position)
-                    self.index_times.append(ts)
-                i += n
-        finally:
-            os.close(fd)
-
     def _recover(self) -> None:
         """Find the end of the complete frames (see the module invariants)."""
         # Start from the last indexed boundary whose bytes are on disk: after a crash the index
         # can name positions whose data never reached the segment file.
         start = self.d.start_position
-        for position in reversed(self.index_positions):
+        for position in self.index.positions_from_end():
             if self._data_end(position) >= position + 32:
                 start = position
                 break
@@ -305,15 +246,7 @@ class Recording:
         self.recorded_position = end
         # the index may name positions at or past the recovered end (a torn tail): drop them,
         # from the file too, so that it stays sorted for readers that search it (read-only opens)
-        cut = bisect.bisect_left(self.index_positions, end)
-        del self.index_positions[cut:]
-        del self.index_times[cut:]
-        path = os.path.join(self.directory, "index")
-        if os.path.exists(path) and os.path.getsize(path) > cut * _INDEX.size:
-            with open(path, "r+b") as fh:
-                fh.truncate(cut * _INDEX.size)
-                fh.flush()
-                os.fsync(fh.fileno())
+        self.index.cut(end, fsync=True)
 
     def _data_end(self, position: int) -> int:
         """Where the bytes of ``position``'s segment file end (its written size)."""
@@ -416,11 +349,11 @@ class Recording:
                 written += len(piece)
             if self.fsync:
                 self._force_segments()
-            if self.index_times and now_ns < self.index_times[-1]:
-                now_ns = self.index_times[-1]  # the wall clock stepped back: keep it sorted
-            if not self.index_positions or (
-                position - self.index_positions[-1] >= INDEX_INTERVAL_BYTES
-                or now_ns - self.index_times[-1] >= INDEX_INTERVAL_NS
+            last = self.index.last
+            if last is not None and now_ns < last[1]:
+                now_ns = last[1]  # the wall clock stepped back: keep it sorted
+            if last is None or (
+                position - last[0] >= INDEX_INTERVAL_BYTES or now_ns - last[1] >= INDEX_INTERVAL_NS
             ):
                 self._add_index(position, now_ns)
         except BaseException:
@@ -430,16 +363,10 @@ class Recording:
         self.recorded_position = position + size
 
     def _add_index(self, position: int, now_ns: int) -> None:
-        # the index file holds exactly the entries in memory (recovery cuts anything else), so
+        # the index file holds exactly the entries counted (recovery cuts anything else), so
         # the next one goes at their end; a failed write is cut off by the caller
-        offset = len(self.index_positions) * _INDEX.size
-        with self._files.use(self._index_path, True, create=True) as fd:
-            assert fd is not None
-            self._index_dirty = True
-            _pwrite_all(fd, memoryview(_INDEX.pack(position, now_ns)), offset, self._index_path)
-        # times first: a reader in another thread bisects positions, then indexes times
-        self.index_times.append(now_ns)
-        self.index_positions.append(position)
+        self._index_dirty = True
+        self.index.append(position, now_ns)
 
     def rollback(self, position: int) -> None:
         """Forget what was appended from ``position`` (a boundary this writer appended at, not
@@ -460,13 +387,8 @@ class Recording:
         been written). Needs no descriptor (``truncate``/``unlink`` by path), so it works after
         EMFILE too. Should it still fail, the bytes past ``position`` are overwritten by the next
         append, and until then only a crash would show them (recovery walks complete frames)."""
-        cut = bisect.bisect_left(self.index_positions, position)
-        del self.index_positions[cut:]  # positions first: readers bisect them
-        del self.index_times[cut:]
         try:
-            with contextlib.suppress(FileNotFoundError):
-                if os.path.getsize(self._index_path) > cut * _INDEX.size:
-                    os.truncate(self._index_path, cut * _INDEX.size)
+            self.index.cut(position)
             first = self._segment_base(position)
             last = self._segment_base(max(end - 1, position))
             for base in range(last, first, -self.d.segment_length):
@@ -565,8 +487,8 @@ class Recording:
             )
         if position == limit or position in (self.d.start_position, self.purged_position):
             return
-        i = bisect.bisect_right(self.index_positions, position) - 1
-        boundary = self.index_positions[i] if i >= 0 else self.d.start_position
+        found = self.index.floor(position)
+        boundary = self.d.start_position if found is None else found[1]
         if boundary < self.purged_position:
             boundary = self.purged_position
         before, after = self._frame_around(boundary, position)
@@ -594,9 +516,9 @@ class Recording:
         end = min(limit, term_end, position + max_bytes)
         # End before the next indexed boundary: every message of a block then has the block's
         # time (time_at of its own position), however a replay cuts its blocks.
-        i = bisect.bisect_right(self.index_positions, position)
-        if i < len(self.index_positions) and self.index_positions[i] < end:
-            end = self.index_positions[i]
+        following = self.index.next_position(position)
+        if following is not None and following < end:
+            end = following
         base = self._segment_base(position)
         with self._segment(base) as fd:
             if fd is None:
@@ -620,18 +542,14 @@ class Recording:
 
     def time_at(self, position: int) -> int:
         """The record time of the message at ``position``: the time indexed at or below it."""
-        i = bisect.bisect_right(self.index_positions, position) - 1
-        return self.index_times[i] if i >= 0 else self.d.start_timestamp_ns
+        ts = self.index.time_at(position)
+        return self.d.start_timestamp_ns if ts is None else ts
 
     def position_at(self, timestamp_ns: int) -> int:
         """The first indexed boundary recorded at or after ``timestamp_ns`` (the recorded end
         when none is)."""
-        i = bisect.bisect_left(self.index_times, timestamp_ns)
-        while i < len(self.index_positions) and self.index_positions[i] < self.purged_position:
-            i += 1
-        if i >= len(self.index_positions):
-            return self.recorded_position
-        return self.index_positions[i]
+        found = self.index.first_at_or_after(timestamp_ns, self.purged_position)
+        return self.recorded_position if found is None else found
 
     def purge(self, position: int) -> int:
         """Make ``position`` (a boundary) the first readable one; delete whole segments below."""

@@ -35,6 +35,7 @@ from aeron_spark.transport.protocol.frames import (
 from aeron_spark.transport.protocol.publication import PublicationState
 from aeron_spark.transport.protocol.receiver import ReceiveDispatcher
 
+UNCLAIMED_ELICITS_MAX = 64  # SETUP requests for publications not (yet) there, per socket
 RECEIVES_PER_STEP = 64
 _TYPE_SM = int(FrameType.SM)
 _TYPE_NAK = int(FrameType.NAK)
@@ -66,9 +67,21 @@ class SendEndpoint:
         self.config = config
         self.publications: tuple[PublicationState, ...] = ()
         self.by_session: dict[tuple[int, int], PublicationState] = {}
+        # SETUP requests naming a (session id, stream id) no publication here has yet:
+        # (session, stream) -> (source, when), the last UNCLAIMED_ELICITS_MAX. A publication
+        # added with those ids within REFUSED_ELICIT_NS answers them as if they came then (a
+        # handshake server opens a client's reply publication when its HELLO image appears,
+        # just after the client asked for it), within its own destination rules.
+        self.unclaimed_elicits: dict[tuple[int, int], tuple[Any, int]] = {}
 
     def add(self, publication: PublicationState) -> None:
-        self.by_session[(publication.session_id, publication.stream_id)] = publication
+        key = (publication.session_id, publication.stream_id)
+        self.by_session[key] = publication
+        asked = self.unclaimed_elicits.pop(key, None)
+        if asked is not None and publication.allowed_hosts is not None:
+            # answered by the sender like a SETUP request refused until its host was allowed
+            publication.refused_elicits[asked[0]] = (key[0], asked[1])
+            publication._refused_seen_allowed = None
         self.publications = (*self.publications, publication)
 
     def remove(self, publication: PublicationState) -> None:
@@ -96,6 +109,13 @@ class SendEndpoint:
             pub = self.by_session.get((sm.session_id, sm.stream_id))
             if pub is not None:
                 pub.on_status_message(sm, source, now_ns)
+            elif sm.flags & SmFlags.SEND_SETUP:
+                unclaimed = self.unclaimed_elicits
+                key = (sm.session_id, sm.stream_id)
+                unclaimed.pop(key, None)
+                if len(unclaimed) >= UNCLAIMED_ELICITS_MAX:
+                    del unclaimed[next(iter(unclaimed))]
+                unclaimed[key] = (source, now_ns)
         elif ftype == _TYPE_NAK:
             nak = NakFrame.decode(buf[:length])
             pub = self.by_session.get((nak.session_id, nak.stream_id))

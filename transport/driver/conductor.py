@@ -288,8 +288,15 @@ class DriverConductor:
                 if pub.stream_id == sub.stream_id and spy_matches(config, pcfg):
                     self.attach_spy(sub, pub, now_ns)
 
-    def add_network_subscription(self, sub: Any, config: ChannelConfig, control: Any) -> None:
-        """A UDP subscription: its interest on the (maybe shared) receive endpoint.
+    def add_network_subscription(
+        self,
+        sub: Any,
+        config: ChannelConfig,
+        control: Any,
+        admit_source: Callable[[str], bool] | None = None,
+    ) -> None:
+        """A UDP subscription: its interest on the (maybe shared) receive endpoint, making
+        images only for the sender hosts ``admit_source`` admits (None: any).
 
         Subscriptions naming the same local address and control share the socket (a port-0
         one is registered under the port it was given, so naming that port shares it too);
@@ -328,6 +335,7 @@ class DriverConductor:
                 max_images_per_source=tighter(limits.per_source, config.max_images_per_source),
                 max_images_per_address=tighter(limits.per_address, config.max_images_per_address),
                 setups_per_prefix_per_s=config.setups_per_prefix_per_s,
+                admit_source=admit_source,
                 on_image=sub._image_available,
                 on_image_gone=sub._image_unavailable,
                 on_data=sub._data_arrived,
@@ -487,6 +495,7 @@ def publication_counts(state: PublicationState) -> dict[str, int]:
         "back_pressure_events": state.back_pressure_events,
         "invalid_frames": state.invalid_naks,
         "status_messages_refused": state.status_messages_refused,
+        "status_messages_deferred": state.status_messages_deferred,
         "naks_refused": state.naks_refused,
     }
 
@@ -499,6 +508,7 @@ def dispatcher_counts(rep: ReceiveEndpoint) -> dict[str, int]:
         "setups_rejected": d.setups_rejected,
         "images_refused": d.images_refused,
         "setups_rate_limited": d.setups_rate_limited,
+        "setups_source_refused": d.setups_source_refused,
         "unknown_session_data": d.unknown_session_data,
         "data_wrong_source": d.data_wrong_source,
         "images_created": d.images_created,

@@ -364,10 +364,18 @@ class Driver:
         stream_id: int,
         on_available_image: Callable[[Image], object] | None = None,
         on_unavailable_image: Callable[[Image], object] | None = None,
+        *,
+        admit_source: Callable[[str], bool] | None = None,
     ) -> Subscription:
-        """A subscription on ``aeron:udp?endpoint=host:port|...``, ``aeron:ipc``, ``aeron-spy:``."""
+        """A subscription on ``aeron:udp?endpoint=host:port|...``, ``aeron:ipc``, ``aeron-spy:``.
+
+        ``admit_source`` (UDP only): asked once per sender host (the address a SETUP came from,
+        as the socket reports it); a SETUP from a host it refuses makes no image and is counted
+        (``setups_source_refused``), and that host's DATA elicits no SETUP."""
         config = ChannelConfig.from_uri(channel)
         _check_stream_id(stream_id)
+        if admit_source is not None and (config.media == "ipc" or config.spy):
+            raise ChannelError("admit_source", channel, "a UDP channel (senders have addresses)")
         if not self._started:
             self.start()
         if self._closed:
@@ -385,7 +393,7 @@ class Driver:
         if config.endpoint is None:
             raise ChannelError("endpoint", "", "an endpoint=host:port to bind the subscription to")
         control = destination_address(config.control) if config.control is not None else None
-        self._conductor.add_network_subscription(sub, config, control)
+        self._conductor.add_network_subscription(sub, config, control, admit_source)
         return sub
 
     def _close_subscription(self, sub: Subscription) -> None:

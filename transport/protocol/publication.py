@@ -238,6 +238,10 @@ class PublicationState:
         self.bytes_sent = 0
         self.invalid_naks = 0
         self.status_messages_refused = 0  # SMs from a source that is not (may not be) a destination
+        # SETUP requests from a host not allowed yet, held for REFUSED_ELICIT_NS (an honest
+        # handshake client's first one arrives before its HELLO): answered once its host is
+        # allowed, else counted in status_messages_refused as they expire
+        self.status_messages_deferred = 0
         self.naks_refused = 0  # NAKs from a source that is not a destination
         self.back_pressure_events = 0
         self.pending: list[tuple[Any, Address]] = []  # replies to control frames, sent on send()
@@ -380,9 +384,18 @@ class PublicationState:
                 if flags & SmFlags.EOS:
                     return
                 if not self.may_add_destination(source, sm.session_id):
-                    self.status_messages_refused += 1
-                    if flags & SmFlags.SEND_SETUP and allowed is not None:
+                    if (
+                        flags & SmFlags.SEND_SETUP
+                        and allowed is not None
+                        and host_of(source) not in allowed
+                        and not (self.session_sm_only and sm.session_id != self.session_id)
+                    ):
+                        # refused only for its host, perhaps an honest client's allowed a moment
+                        # later (a handshake client asks before its HELLO arrives): deferred,
+                        # and refused if its host is not allowed in time (_answer_refused)
                         self._remember_refused(source, sm.session_id, now_ns)
+                    else:
+                        self.status_messages_refused += 1
                     return
                 dest = self.destinations[source] = Destination(source, now_ns, self.window)
                 self._hosts_changed()
@@ -441,11 +454,23 @@ class PublicationState:
 
     def _remember_refused(self, source: Address, session_id: int, now_ns: int) -> None:
         refused = self.refused_elicits
-        refused.pop(source, None)
+        if refused.pop(source, None) is None:  # a repeated request renews the one held
+            self.status_messages_deferred += 1
         if len(refused) >= REFUSED_ELICITS_MAX:
             del refused[next(iter(refused))]
+            self.status_messages_refused += 1
         refused[source] = (session_id, now_ns)
         self._refused_seen_allowed = self.allowed_hosts
+
+    def _refused_due(self, now_ns: int) -> bool:
+        """Whether :meth:`_answer_refused` has work: the allowed hosts changed, or the oldest
+        held request expired (held in arrival order, so the first is the oldest)."""
+        refused = self.refused_elicits
+        if not refused:
+            return False
+        if self.allowed_hosts is not self._refused_seen_allowed:
+            return True
+        return now_ns - next(iter(refused.values()))[1] > REFUSED_ELICIT_NS
 
     def _answer_refused(self, now_ns: int) -> None:
         """The allowed hosts changed: refused SETUP requests of a now allowed host, recent
@@ -454,9 +479,14 @@ class PublicationState:
         for source, (session_id, at) in list(self.refused_elicits.items()):
             if now_ns - at > REFUSED_ELICIT_NS:
                 del self.refused_elicits[source]
+                if allowed is not None and host_of(source) not in allowed:
+                    self.status_messages_refused += 1  # its host was not allowed in time
             elif allowed is None or host_of(source) in allowed:
                 del self.refused_elicits[source]
-                if source in self.destinations or not self.may_add_destination(source, session_id):
+                if source in self.destinations:
+                    continue
+                if not self.may_add_destination(source, session_id):
+                    self.status_messages_refused += 1
                     continue
                 self.destinations[source] = Destination(source, now_ns, self.window)
                 self._hosts_changed()
@@ -683,7 +713,7 @@ class PublicationState:
             for data, address in pending:
                 transmit(data, address)
             work += len(pending)
-        if self.refused_elicits and self.allowed_hosts is not self._refused_seen_allowed:
+        if self.refused_elicits and self._refused_due(now_ns):
             self._answer_refused(now_ns)
         if self.dynamic and self.destinations:
             self._expire_destinations(now_ns)

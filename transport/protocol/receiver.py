@@ -13,6 +13,8 @@
   address and port, ``max_images_per_address`` from one IP address: ``images_refused``) or
   past its rate of new images per /24 (IPv4) or /64 (IPv6) network of senders
   (``setups_per_prefix_per_s``, a token bucket with as big a burst: ``setups_rate_limited``);
+  a SETUP from a host the subscription does not admit (``admit_source``) makes no image either
+  (``setups_source_refused``), and that host's DATA elicits no SETUP;
 * for DATA of a known session from the source of its SETUP (address and port), copies the
   datagram into the image (from any other source it is dropped: ``data_wrong_source``); for
   DATA of an unknown session (not EOS, not cooling down) answers an SM with SEND_SETUP to the
@@ -97,6 +99,7 @@ class StreamInterest:
         max_images_per_source: int = 0,
         max_images_per_address: int = 0,
         setups_per_prefix_per_s: int = 0,
+        admit_source: Callable[[str], bool] | None = None,
         on_image: Callable[[ImageState], None] | None = None,
         on_image_gone: Callable[[ImageState], None] | None = None,
         on_data: Callable[[], None] | None = None,
@@ -120,6 +123,9 @@ class StreamInterest:
         # (tokens, at ns)
         self.setups_per_prefix_per_s = setups_per_prefix_per_s
         self.setup_rate: dict[str, tuple[float, int]] = {}
+        # the sender hosts this subscription makes images for (None: any), asked once per host
+        self.admit_source = admit_source
+        self.admitted: dict[str, bool] = {}
         self.on_image = on_image
         self.on_image_gone = on_image_gone
         self.on_data = on_data
@@ -146,6 +152,7 @@ class ReceiveDispatcher:
         self.setups_rejected = 0
         self.images_refused = 0
         self.setups_rate_limited = 0  # SETUPs past the new images per /24 or /64 per second
+        self.setups_source_refused = 0  # SETUPs from a host the subscription does not admit
         self._prune_above = 256  # prune cool_down / pending_setups when they grow past this
         self.unknown_session_data = 0
         self.data_wrong_source = 0  # DATA for an image from another source than its SETUP's
@@ -247,6 +254,7 @@ class ReceiveDispatcher:
                 not i.closed
                 and (i.session_id is None or i.session_id == session_id)
                 and not _is_full(i, source)  # no SETUP of this source could make an image
+                and _admits(i, source)
                 for i in interests
             ):
                 self.unknown_session_data += 1
@@ -276,23 +284,26 @@ class ReceiveDispatcher:
         interests = self.interests.get(stream_id)
         if not interests or term_length <= 0 or mtu <= 0:
             return False
-        rejected = refused = 0
+        rejected = refused = not_admitted = 0
         for i in interests:
             if i.session_id not in (None, session_id):
                 continue  # filtered out: this interest ignores the SETUP either way
             if i.closed or session_id in i.images:
                 return False
-            if term_length > i.max_term_length or mtu > i.max_mtu:
+            if not _admits(i, source):
+                not_admitted += 1
+            elif term_length > i.max_term_length or mtu > i.max_mtu:
                 rejected += 1
             elif _is_full(i, source):
                 refused += 1
             else:
                 return False
-        if not rejected + refused:
+        if not rejected + refused + not_admitted:
             return False
         self.setups_received += 1
         self.setups_rejected += rejected
         self.images_refused += refused
+        self.setups_source_refused += not_admitted
         return True
 
     def _on_setup(self, setup: SetupFrame, source: Address, now_ns: int) -> int:
@@ -323,6 +334,9 @@ class ReceiveDispatcher:
             if interest.closed or setup.session_id in interest.images:
                 continue
             if interest.session_id is not None and interest.session_id != setup.session_id:
+                continue
+            if not _admits(interest, source):
+                self.setups_source_refused += 1  # no image, no log, no reply
                 continue
             if term_length > interest.max_term_length or mtu > interest.max_mtu:
                 self.setups_rejected += 1  # costs us nothing: no image, no log, no reply
@@ -489,6 +503,21 @@ class ReceiveDispatcher:
             for i in list(interests)
             for im in list(i.images.values())
         ]
+
+
+def _admits(interest: StreamInterest, source: Address) -> bool:
+    """Whether the subscription makes images for the sender host of ``source`` (its
+    ``admit_source``, asked once per host; the answers kept are bounded)."""
+    admit = interest.admit_source
+    if admit is None:
+        return True
+    host = str(source[0])
+    known = interest.admitted.get(host)
+    if known is None:
+        if len(interest.admitted) >= 4096:
+            interest.admitted.clear()
+        known = interest.admitted[host] = bool(admit(host))
+    return known
 
 
 def _is_full(interest: StreamInterest, source: Address) -> bool:

@@ -15,7 +15,7 @@ from aeron_spark.transport.sbe.errors import (
     SbeSchemaError,
     UnknownMessageError,
 )
-from aeron_spark.transport.sbe.schema import Schema, parse_schema
+from aeron_spark.transport.sbe.schema import Schema, parse_schema, schema_text
 
 __all__ = [
     "MessageCodec",
@@ -29,4 +29,5 @@ __all__ = [
     "UnknownMessageError",
     "load",
     "parse_schema",
+    "schema_text",
 ]

@@ -313,7 +313,7 @@ class BlockEncoder(_BlockLayout):
             out[name] = bits
             return
         null = _null_mask(arr)
-        if null is not None and not node.optional:
+        if null is not None and not _nullable(node):
             raise _error(
                 path, _first(null), rows, "a value (the field is required, it has no null)"
             )
@@ -427,7 +427,8 @@ class BlockEncoder(_BlockLayout):
 def _nullable(node: Node) -> bool:
     if node.kind == "struct":
         return all(_nullable(c) for c in node.children)
-    return node.optional or node.constant or node.kind == "set"
+    # a required enum holding its null value reads as null (as Java's NULL_VAL): write it back
+    return node.optional or node.constant or node.kind in ("set", "enum")
 
 
 def _null_fill(node: Node) -> object:

@@ -411,7 +411,16 @@ class MessageCodec:
                 if v is None:
                     raw = b""
                 elif isinstance(v, str):
-                    raw = v.encode(d.encoding or "utf-8") if d.string else v.encode("utf-8")
+                    encoding = (d.encoding or "utf-8") if d.string else "utf-8"
+                    try:
+                        raw = v.encode(encoding)
+                    except (UnicodeEncodeError, LookupError):
+                        raise SbeEncodeError(
+                            f"column {name!r}, row {int(rows[i])}: expected text that "
+                            f"{encoding} can encode, not {v[:40]!r}",
+                            column=name,
+                            row=int(rows[i]),
+                        ) from None
                 elif isinstance(v, bytes | bytearray):
                     raw = bytes(v)
                 else:

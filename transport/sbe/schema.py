@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import math
 import os
+import urllib.parse
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
+from typing import Any, cast
+from xml.etree import ElementInclude
 
 from aeron_spark.transport.sbe.errors import SbeSchemaError, UnknownMessageError
 
@@ -184,11 +187,15 @@ def _int(el: ET.Element, attr: str, default: int | None = None) -> int | None:
 
 
 def _number(text: str, primitive: str) -> float:
+    if primitive == "char":
+        # a char value is one character, as in SbeTool: <validValue>0</validValue> is '0' (0x30)
+        one = text if len(text) == 1 else text.strip()
+        if len(one) != 1 or ord(one) > 0x7F:
+            raise SbeSchemaError(f"{text!r} is not a char value (one ASCII character)", value=text)
+        return ord(one)
     try:
         return float(text) if primitive in ("float", "double") else int(text.strip(), 0)
     except ValueError:
-        if primitive == "char" and len(text.strip()) == 1:
-            return ord(text.strip())
         raise SbeSchemaError(f"{text!r} is not a {primitive} value", value=text) from None
 
 
@@ -253,9 +260,13 @@ class _Parser:
         if tag == "enum":
             return self._enum(el, name, offset, since, deprecated, presence, value_ref)
         if tag == "set":
-            prim = el.get("encodingType", "")
-            if prim not in PRIMITIVES or prim in ("float", "double", "char"):
-                raise SbeSchemaError(f"set {name!r}: bad encodingType {prim!r}", element=name)
+            prim = self._encoding(el, name, "set")
+            if prim not in ("uint8", "uint16", "uint32", "uint64"):
+                raise SbeSchemaError(
+                    f"set {name!r}: bad encodingType {el.get('encodingType')!r} "
+                    "(a set is encoded as uint8, uint16, uint32 or uint64)",
+                    element=name,
+                )
             choices = tuple((c.get("name", ""), int((c.text or "").strip())) for c in el)
             return Node(
                 name,
@@ -345,6 +356,21 @@ class _Parser:
             const,
         )
 
+    def _encoding(self, el: ET.Element, name: str, what: str) -> str:
+        """The primitive of an enum's or set's ``encodingType``: a primitive, or the name of a
+        ``<type>`` (whose primitiveType it takes)."""
+        prim = el.get("encodingType", "")
+        if prim in PRIMITIVES and prim not in self.types:
+            return prim
+        inner = self.types.get(prim)
+        if inner is None or _local(inner.tag) != "type":
+            raise SbeSchemaError(
+                f"{what} {name!r}: bad encodingType {prim!r} (neither a primitive type nor the "
+                "name of a <type>)",
+                element=name,
+            )
+        return inner.get("primitiveType", "")
+
     def _enum(
         self,
         el: ET.Element,
@@ -355,16 +381,11 @@ class _Parser:
         presence: str | None,
         value_ref: str | None,
     ) -> Node:
-        prim = el.get("encodingType", "")
-        if prim not in PRIMITIVES:
-            inner = self.types.get(prim)  # an encodingType may name a <type>
-            if inner is None or _local(inner.tag) != "type":
-                raise SbeSchemaError(f"enum {name!r}: bad encodingType {prim!r}", element=name)
-            prim = inner.get("primitiveType", "")
+        prim = self._encoding(el, name, "enum")
         if prim not in ("char", "uint8", "int8", "uint16", "int16", "uint32", "int32"):
             raise SbeSchemaError(f"enum {name!r}: bad encodingType {prim!r}", element=name)
         values = tuple(
-            (v.get("name", ""), int(_number((v.text or "").strip(), prim)))
+            (v.get("name", ""), int(_number(v.text or "", prim)))
             for v in el
             if _local(v.tag) == "validValue"
         )
@@ -529,9 +550,71 @@ def _with(node: Node, **changes: object) -> Node:
     return out
 
 
-def parse_schema(source: str) -> Schema:
-    """A schema from XML text, or from the path of an XML file."""
+XINCLUDE = "{http://www.w3.org/2001/XInclude}include"
+MAX_INCLUDE_DEPTH = 6
+
+
+def _xml(text: str, what: str) -> ET.Element:
+    try:
+        return ET.fromstring(text)
+    except ET.ParseError as exc:
+        raise SbeSchemaError(f"{what} is not well-formed XML: {exc}") from None
+
+
+def _includes(root: ET.Element, path: str | None) -> None:
+    """Resolve ``<xi:include href="...">`` in place, relative to the schema file ``path``; only
+    files inside the schema's directory tree are read (an href outside it is refused)."""
+    if not any(el.tag == XINCLUDE for el in root.iter()):
+        return
+    if path is None:
+        href = next(el.get("href") for el in root.iter() if el.tag == XINCLUDE)
+        raise SbeSchemaError(
+            f"<xi:include href={href!r}>: includes are resolved relative to the schema file, so "
+            "give the schema as a file path, not as XML text",
+            path=href,
+        )
+    top = os.path.dirname(os.path.realpath(path))
+
+    def load(href: str, parse: str, encoding: str | None = None) -> ET.Element | str:
+        scheme = urllib.parse.urlsplit(href).scheme
+        target = urllib.parse.unquote(urllib.parse.urlsplit(href).path) if scheme else href
+        if scheme not in ("", "file") or parse != "xml":
+            raise SbeSchemaError(
+                f"<xi:include href={href!r} parse={parse!r}>: only XML files next to the schema "
+                "can be included",
+                path=href,
+            )
+        real = os.path.realpath(target)
+        if os.path.commonpath([top, real]) != top:
+            raise SbeSchemaError(
+                f"<xi:include>: {real!r} is outside the schema's directory {top!r} (refused)",
+                path=real,
+            )
+        try:
+            with open(real, encoding=encoding or "utf-8") as f:
+                return _xml(f.read(), f"the included file {real!r}")
+        except OSError as exc:
+            raise SbeSchemaError(f"<xi:include>: cannot read {real!r}: {exc}", path=real) from None
+
+    try:
+        ElementInclude.include(
+            root,
+            loader=cast(Any, load),  # typeshed's loader protocol is overloaded on parse=
+            base_url=os.path.realpath(path),
+            max_depth=MAX_INCLUDE_DEPTH,
+        )
+    except ElementInclude.LimitedRecursiveIncludeError:
+        raise SbeSchemaError(
+            f"<xi:include> nested deeper than {MAX_INCLUDE_DEPTH} levels", path=path
+        ) from None
+    except ElementInclude.FatalIncludeError as exc:
+        raise SbeSchemaError(f"<xi:include>: {exc}", path=path) from None
+
+
+def _root(source: str) -> ET.Element:
+    """The schema's XML element tree (includes resolved), from XML text or a file's path."""
     text = source
+    path = None
     if not source.lstrip().startswith("<"):
         path = os.path.expanduser(source.strip())
         try:
@@ -541,10 +624,21 @@ def parse_schema(source: str) -> Schema:
             raise SbeSchemaError(
                 f"cannot read the SBE schema file {path!r}: {exc}", path=path
             ) from None
-    try:
-        root = ET.fromstring(text)
-    except ET.ParseError as exc:
-        raise SbeSchemaError(f"the SBE schema is not well-formed XML: {exc}") from None
+    root = _xml(text, "the SBE schema")
+    _includes(root, path)
+    return root
+
+
+def schema_text(source: str) -> str:
+    """The schema as one XML text (its file read, its ``<xi:include>`` s resolved), for
+    :func:`parse_schema` where the file and its includes cannot be read (Spark's executors)."""
+    return ET.tostring(_root(source), encoding="unicode")
+
+
+def parse_schema(source: str) -> Schema:
+    """A schema from XML text, or from the path of an XML file (whose ``<xi:include>`` s are
+    resolved relative to it)."""
+    root = _root(source)
     if _local(root.tag) != "messageSchema":
         raise SbeSchemaError(
             f"the root element is <{_local(root.tag)}>, not <sbe:messageSchema>",
@@ -594,4 +688,14 @@ def parse_schema(source: str) -> Schema:
     )
 
 
-__all__ = ["Block", "Data", "Group", "Message", "Node", "PRIMITIVES", "Schema", "parse_schema"]
+__all__ = [
+    "Block",
+    "Data",
+    "Group",
+    "Message",
+    "Node",
+    "PRIMITIVES",
+    "Schema",
+    "parse_schema",
+    "schema_text",
+]

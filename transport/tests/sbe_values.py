@@ -28,9 +28,9 @@ def node_strategy(node: Node) -> st.SearchStrategy:
         return st.fixed_dictionaries({c.name: node_strategy(c) for c in node.children})
     if node.kind == "set":
         return st.fixed_dictionaries({name: st.booleans() for name, _ in node.values})
-    if node.kind == "enum":
-        s = st.sampled_from([name for name, _ in node.values])
-    elif node.primitive == "char":
+    if node.kind == "enum":  # null in required enums too: Java writes NULL_VAL there
+        return st.none() | st.sampled_from([name for name, _ in node.values])
+    if node.primitive == "char":
         s = st.text(PRINTABLE, min_size=1 if node.optional else 0, max_size=node.length)
     else:
         s = _number(node)
@@ -52,8 +52,16 @@ def row_strategy(block: Block, max_entries: int = 3) -> st.SearchStrategy:
     for g in block.groups:
         parts[g.name] = st.lists(row_strategy(g, max_entries), max_size=max_entries)
     for d in block.data:
-        parts[d.name] = st.text(max_size=40) if d.string else st.binary(max_size=40)
+        parts[d.name] = (
+            (st.text(PRINTABLE, max_size=40) if _ascii(d.encoding) else st.text(max_size=40))
+            if d.string
+            else st.binary(max_size=40)
+        )
     return st.fixed_dictionaries(parts)
+
+
+def _ascii(encoding: str | None) -> bool:
+    return (encoding or "").upper() in ("US-ASCII", "ASCII")
 
 
 def draw_rows(strategy: st.SearchStrategy, examples: int, per_example: int = 30) -> list[dict]:
@@ -193,7 +201,11 @@ def _random_row(block: Block, rng: Any, max_entries: int) -> dict:
         size = rng.randint(0, 30)
         row[d.name] = (
             "".join(
-                chr(rng.choice((rng.randint(32, 126), rng.randint(0xA0, 0x2FFF))))
+                chr(
+                    rng.randint(32, 126)
+                    if _ascii(d.encoding)
+                    else rng.choice((rng.randint(32, 126), rng.randint(0xA0, 0x2FFF)))
+                )
                 for _ in range(size)
             )
             if d.string
@@ -209,7 +221,7 @@ def _random_node(node: Node, rng: Any) -> Any:
         return {c.name: _random_node(c, rng) for c in node.children}
     if node.kind == "set":
         return {name: rng.random() < 0.5 for name, _ in node.values}
-    if node.optional and rng.random() < 0.2:
+    if (node.optional or node.kind == "enum") and rng.random() < 0.2:
         return None
     if node.kind == "enum":
         return rng.choice(node.values)[0]

@@ -86,7 +86,9 @@ def test_a_session_publication_takes_one_destination_from_its_client_and_own_ses
     pub.on_status_message(_sm(0, 1 << 16, 4, SmFlags.SEND_SETUP), A, clock.now_ns)
     # the session's own id from another host: nothing either
     pub.on_status_message(_sm(77, 1 << 16, 5, SmFlags.SEND_SETUP), STRANGER, clock.now_ns)
-    assert pub.destinations == {} and pub.status_messages_refused == 3
+    # (the last is held for REFUSED_ELICIT_NS in case its host is allowed: deferred)
+    assert pub.destinations == {} and pub.status_messages_refused == 2
+    assert pub.status_messages_deferred == 1
     pub.send(clock.now_ns, wire)
     assert wire.take() == []
     # the client: its own session id from its host
@@ -94,7 +96,7 @@ def test_a_session_publication_takes_one_destination_from_its_client_and_own_ses
     assert list(pub.destinations) == [A] and pub.destination_hosts == {A[0]}
     # a second socket on the client's host is past max_destinations
     pub.on_status_message(_sm(77, 1 << 16, 7), (A[0], A[1] + 1), clock.now_ns)
-    assert list(pub.destinations) == [A] and pub.status_messages_refused == 4
+    assert list(pub.destinations) == [A] and pub.status_messages_refused == 3
     pub.send(clock.now_ns, wire)
     assert {address for _, address in wire.take()} == {A}
 
@@ -103,13 +105,17 @@ def test_a_setup_request_refused_before_its_host_was_allowed_is_answered_once_al
     """A handshake client asks the reply publication for a SETUP before its HELLO image makes
     the server allow its host: once allowed (soon after), that request gets its SETUP at once,
     not at the client's next elicit 100 ms later. A host never allowed gets nothing, a request
-    older than REFUSED_ELICIT_NS is forgotten, and each is answered once."""
+    older than REFUSED_ELICIT_NS is forgotten, and each is answered once. Held requests are
+    counted as deferred, and as refused only once their host was not allowed in time (issue 33:
+    every honest client's first request was counted in status_messages_refused)."""
     clock, wire = ManualClock(), Wire()
     pub = _pub(clock)
     pub.allowed_hosts = frozenset()
     for source in (A, B, STRANGER):
         pub.on_status_message(_sm(0, 1 << 16, 3, SmFlags.SEND_SETUP), source, clock.now_ns)
-    assert pub.destinations == {} and pub.status_messages_refused == 3
+        pub.on_status_message(_sm(0, 1 << 16, 3, SmFlags.SEND_SETUP), source, clock.now_ns)
+    assert pub.destinations == {} and pub.status_messages_refused == 0
+    assert pub.status_messages_deferred == 3  # a repeated request renews the one held
     pub.send(clock.now_ns, wire)
     assert wire.take() == []
     clock.advance(5_000_000)  # 5 ms
@@ -120,11 +126,20 @@ def test_a_setup_request_refused_before_its_host_was_allowed_is_answered_once_al
     assert sent[0][0][6] == 5  # a SETUP
     pub.send(clock.now_ns, wire)
     assert wire.take() == []  # once
+    assert pub.status_messages_refused == 0  # A's was answered: not a refusal
     clock.advance(100_000_000)  # REFUSED_ELICIT_NS
     pub.allowed_hosts = frozenset({A[0], B[0]})  # too late for B's request: it elicits again
     pub.send(clock.now_ns, wire)
     assert B not in {address for _, address in wire.take()}  # (A: its periodic SETUP)
     assert B not in pub.destinations and STRANGER not in pub.destinations
+    # B's host was allowed (late: not refused); the stranger's never was (refused)
+    assert pub.refused_elicits == {} and pub.status_messages_refused == 1
+    # a stranger's request expires refused without any change of the allowed hosts
+    pub.on_status_message(_sm(0, 1 << 16, 3, SmFlags.SEND_SETUP), STRANGER, clock.now_ns)
+    assert pub.status_messages_refused == 1 and pub.status_messages_deferred == 4
+    clock.advance(100_000_001)
+    pub.send(clock.now_ns, wire)
+    assert pub.refused_elicits == {} and pub.status_messages_refused == 2
     # a flood of refused requests is remembered up to a bound
     from aeron_spark.transport.protocol.publication import REFUSED_ELICITS_MAX
 
@@ -132,3 +147,5 @@ def test_a_setup_request_refused_before_its_host_was_allowed_is_answered_once_al
         sm = _sm(0, 1 << 16, 3, SmFlags.SEND_SETUP)
         pub.on_status_message(sm, ("127.0.0.99", port), clock.now_ns)
     assert len(pub.refused_elicits) <= REFUSED_ELICITS_MAX
+    # those pushed out were refused
+    assert pub.status_messages_refused == 2 + 1000 - len(pub.refused_elicits)

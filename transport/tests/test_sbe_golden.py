@@ -29,7 +29,11 @@ import sbe_values as sv  # noqa: E402
 from aeron_spark.transport import sbe  # noqa: E402
 
 HARNESS = sv.DATA / "harness"
-SCHEMAS = {"v1": sv.DATA / "golden-v1.xml", "be": sv.DATA / "golden-be.xml"}
+SCHEMAS = {
+    "v1": sv.DATA / "golden-v1.xml",
+    "be": sv.DATA / "golden-be.xml",
+    "venue": sv.DATA / "golden-venue.xml",  # includes golden-venue-types.xml
+}
 JAVA_TIMEOUT_S = 120
 
 
@@ -49,7 +53,7 @@ def java() -> Path:
         jar = sbe_tool.fetch()
     except RuntimeError as exc:
         _unavailable(str(exc))
-    inputs = sorted([*SCHEMAS.values(), *HARNESS.glob("*.java")])
+    inputs = sorted([*sv.DATA.glob("golden-*.xml"), *HARNESS.glob("*.java")])
     digest = hashlib.sha256(sbe_tool.SBE_VERSION.encode())
     for path in inputs:
         digest.update(path.name.encode() + path.read_bytes())
@@ -65,6 +69,7 @@ def java() -> Path:
                     f"-Dsbe.output.dir={generated}",
                     "-Dsbe.target.language=Java",
                     "-Dsbe.validation.stop.on.error=true",
+                    "-Dsbe.xinclude.aware=true",
                     "-jar",
                     str(jar),
                     str(schema),
@@ -139,7 +144,12 @@ def _assert_tokens(lines: list[str], block: sbe.schema.Block, rows: list[dict]) 
         assert line.split(" ") == sv.block_tokens(block, row), f"message {i}"
 
 
-CASES = [("v1", "Tick", 1, 3000), ("v1", "Order", 2, 2000), ("be", "Quote", 3, 2000)]
+CASES = [
+    ("v1", "Tick", 1, 3000),
+    ("v1", "Order", 2, 2000),
+    ("be", "Quote", 3, 2000),
+    ("venue", "Exec", 4, 2000),
+]
 
 
 @pytest.mark.parametrize(("schema", "message", "seed", "bulk"), CASES)
@@ -159,7 +169,7 @@ def test_both_ways_against_sbetool(
     decoded, others = codec.decode(theirs)
     assert len(others) == 0
     _assert_rows(decoded.to_pylist(), rows)
-    if schema == "v1":  # no gaps in these layouts: every byte is defined
+    if schema in ("v1", "venue"):  # no gaps in these layouts: every byte is defined
         assert theirs == ours
 
 

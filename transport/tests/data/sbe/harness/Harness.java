@@ -1,7 +1,7 @@
 // aeron-spark golden tests: encodes token lines into SBE messages with the SbeTool-generated
 // Java codecs, and decodes messages into token lines.
-//   java Harness v1|be encode <Message> < tokens > messages
-//   java Harness v1|be decode <Message> < messages > tokens
+//   java Harness v1|be|venue encode <Message> < tokens > messages
+//   java Harness v1|be|venue decode <Message> < messages > tokens
 import java.io.BufferedReader;
 import java.io.ByteArrayOutputStream;
 import java.io.InputStreamReader;
@@ -12,7 +12,7 @@ public final class Harness
 {
     public static void main(final String[] args) throws Exception
     {
-        final boolean v1 = args[0].equals("v1");
+        final String schema = args[0];
         final String mode = args[1];
         final String message = args[2];
         if (mode.equals("encode"))
@@ -23,8 +23,10 @@ public final class Harness
             String line;
             while ((line = in.readLine()) != null)
             {
-                final int length = v1 ? V1Codecs.encode(message, new Tokens(line), buffer)
-                    : BeCodecs.encode(message, new Tokens(line), buffer);
+                final Tokens tokens = new Tokens(line);
+                final int length = schema.equals("v1") ? V1Codecs.encode(message, tokens, buffer)
+                    : schema.equals("venue") ? VenueCodecs.encode(message, tokens, buffer)
+                    : BeCodecs.encode(message, tokens, buffer);
                 Tokens.writeMessage(out, buffer, length);
             }
             System.out.write(out.toByteArray());
@@ -36,9 +38,13 @@ public final class Harness
             for (final byte[] bytes : Tokens.readMessages(System.in))
             {
                 final Tokens t = new Tokens();
-                if (v1)
+                if (schema.equals("v1"))
                 {
                     V1Codecs.decode(message, bytes, t);
+                }
+                else if (schema.equals("venue"))
+                {
+                    VenueCodecs.decode(message, bytes, t);
                 }
                 else
                 {

@@ -1,0 +1,105 @@
+"""Option errors read as the rest do (issue 33, item 8): each names the option as the user
+spelled it (Spark hands options over in lower case), says what is wrong in a sentence of its
+own, and is raised while the options are parsed (``load()`` / ``save()``), not by Spark later."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from aeron_spark.connector.archive_options import parse_archive_source_options
+from aeron_spark.connector.formats_sbe import check_sink_schema
+from aeron_spark.connector.options import parse_sink_options, parse_source_options
+from aeron_spark.transport import sbe
+
+from aeron_spark.errors import ConfigurationError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "transport" / "tests"))
+import sbe_values as sv  # noqa: E402
+
+V1 = str(sv.DATA / "golden-v1.xml")
+
+
+def _lowered(options: dict[str, str]) -> dict[str, str]:
+    return {k.lower(): v for k, v in options.items()}  # as Spark's CaseInsensitiveDict has them
+
+
+def test_a_misspelled_option_is_named_in_the_user_case_with_the_closest_option() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        parse_source_options(_lowered({"streamId": "1", "maxMessagesPerTriger": "5"}))
+    message = str(info.value)
+    assert message.startswith("invalid maxMessagesPerTriger='5': not a known source option")
+    assert "did you mean maxMessagesPerTrigger?" in message
+    assert "maxmessagespertriger" not in message
+    with pytest.raises(ConfigurationError, match=r"invalid sinkld='x'.* did you mean sinkId\?"):
+        parse_sink_options(_lowered({"streamId": "1", "sinkld": "x"}))
+    # nothing close: no guess, the list of options
+    with pytest.raises(ConfigurationError, match=r"invalid zzz='1': not a known source option \("):
+        parse_source_options(_lowered({"streamId": "1", "zzz": "1"}))
+
+
+def test_archive_mode_names_a_refused_option_as_readme_spells_it() -> None:
+    options = _lowered({"archive": "aeron:udp?endpoint=127.0.0.1:8010", "streamId": "1"})
+    with pytest.raises(ConfigurationError, match=r"^invalid keyStore='/k': expected no keyStore"):
+        parse_archive_source_options({**options, "keystore": "/k"})
+
+
+def test_no_error_reads_expected_followed_by_a_sentence() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        parse_source_options(
+            {"streamid": "1", "format": "sbe", "sbeschema": "/nonexistent/trades.xml"}
+        )
+    message = str(info.value)
+    assert message.startswith("invalid sbeSchema='/nonexistent/trades.xml': cannot read")
+    assert "expected cannot" not in message
+    with pytest.raises(ConfigurationError) as info:
+        parse_source_options({"streamid": "1", "format": "sbe", "sbeschema": V1, "sbemessage": "X"})
+    assert str(info.value).startswith("invalid sbeMessage='X': the schema has no message 'X'")
+
+
+@pytest.mark.parametrize(
+    "ddl, near",
+    [
+        ("id lng, price double", "expected a type at 'lng"),
+        ("id long price double", "expected ',' or the end at 'price double"),
+        ("id long,", "expected a column name at the end"),
+        ("tags array<string", "expected '>' at the end"),
+        ("code varchar", "varchar takes 1 parameter"),
+    ],
+)
+def test_a_schema_that_is_not_ddl_names_the_schema_option(ddl: str, near: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        parse_source_options({"streamid": "1", "format": "json", "schema": ddl})
+    assert str(info.value).startswith(f"invalid schema={ddl!r}: not Spark DDL: {near}")
+
+
+@pytest.mark.parametrize(
+    "ddl",
+    [
+        "id long, price double, symbol string, at timestamp, day date",
+        "`a b` array<struct<x: int, `y`: map<string, decimal(10,2)>>> not null comment 'c'",
+        "d decimal, e dec(5), f varchar(10), g interval day to second, h char(3), i binary",
+        "t timestamp_ntz, u timestamp_ltz, s string collate UTF8_LCASE, b boolean, y tinyint",
+        "struct<a: int, b string>",
+    ],
+)
+def test_ddl_spark_takes_is_taken(ddl: str) -> None:
+    assert parse_source_options({"streamid": "1", "format": "json", "schema": ddl}).schema_ddl
+
+
+def test_a_column_that_is_no_sbe_field_is_named_with_its_type_only() -> None:
+    options = parse_sink_options(
+        {"streamid": "1", "format": "sbe", "sbeschema": V1, "sbemessage": "Tick"}
+    )
+    assert options.sbe is not None
+    schema = sbe.load(V1, "Tick").arrow_schema
+    with pytest.raises(ConfigurationError) as info:
+        check_sink_schema(schema.append(pa.field("nope", pa.int64())), options.sbe)
+    message = str(info.value)
+    assert message.startswith("invalid column nope='int64': does not fit SBE message Tick")
+    assert "price" not in message.split("(it has")[0]  # not the whole Arrow schema
+    assert len(message) < 400, message
+    with pytest.raises(ConfigurationError, match=r"^invalid column qty=None: .*required"):
+        check_sink_schema(pa.schema([f for f in schema if f.name != "qty"]), options.sbe)
