@@ -59,11 +59,14 @@ from aeron_spark.connector.archive_options import (
 )
 from aeron_spark.connector.errors import ServerUnavailableError
 from aeron_spark.connector.formats_sbe import encode_task
+from aeron_spark.connector.options import ROUTING_COLUMN
 from aeron_spark.connector.sink import (
     check_sink_schema,
+    refuse_batch_id,
     sink_payloads,
     streaming_batch_id,
     task_attempt,
+    warn_stream_id_column_ignored,
 )
 from aeron_spark.transport import ChannelConfig, ChannelError, TransportError
 from aeron_spark.transport.archive.client import (
@@ -759,6 +762,7 @@ def abort_batch(o: ArchiveSinkOptions, identity: str, batch: int, messages: list
 
 class ArchiveStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: ArchiveSinkOptions) -> None:
+        refuse_batch_id(options.sink, "a streaming write (Spark gives each micro-batch its id)")
         if not options.sink.sink_id:
             raise ConfigurationError(
                 "sinkId",
@@ -783,7 +787,10 @@ class ArchiveBatchWriter(DataSourceArrowWriter):
     def __init__(self, options: ArchiveSinkOptions) -> None:
         self.options = options
         self.identity = options.sink.sink_id or "batch-write"
-        self.batch_id = secrets.randbits(62)  # drawn once on the driver, pickled to the tasks
+        # batchId (with sinkId): the caller's idempotence key; the commit skips a batch whose
+        # END marker ends the target already (a replayed foreachBatch batch is the last one)
+        batch_id = options.sink.batch_id
+        self.batch_id = batch_id if batch_id is not None else secrets.randbits(62)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> ArchiveStaged:
         return stage(self.options, self.identity, self.batch_id, iterator)
@@ -796,7 +803,17 @@ class ArchiveBatchWriter(DataSourceArrowWriter):
 
 
 def _parse(options: dict, schema: StructType) -> ArchiveSinkOptions:
+    has_column = ROUTING_COLUMN in schema.fieldNames()
+    if has_column and not any(str(k).lower() in ("streamid", "streamids") for k in options):
+        raise ConfigurationError(
+            "streamId",
+            None,
+            f"a stream id with archive: the archive sink appends to one target recording "
+            f"of streamId and does not route rows by a {ROUTING_COLUMN} column",
+        )
     o = parse_archive_sink_options(options)
+    if has_column:
+        warn_stream_id_column_ignored(o.sink.stream_id)
     check_sink_schema(schema, o.sink.format, o.sink.sbe)
     return o
 

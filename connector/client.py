@@ -646,18 +646,16 @@ class StreamClient:
                 return dict(self.call("local_stage_done", **base, count=count, bytes=nbytes))
         return dict(self._pipelined("stage", base, payloads, reserved_values, True))
 
-    def commit(self, sink_id: str, batch_id: int, stream_id: int, staged: list[dict]) -> dict:
+    def commit(
+        self, sink_id: str, batch_id: int, stream_id: int | None, staged: list[dict]
+    ) -> dict:
         """Append the staged parts to the stream, once per ``(sink_id, batch_id)``; a repeated
-        commit returns the first result and appends nothing."""
-        return dict(
-            self.call(
-                "commit",
-                sink_id=sink_id,
-                batch_id=batch_id,
-                stream_id=stream_id,
-                staged=[dict(s) for s in staged],
-            )
-        )
+        commit returns the first result and appends nothing. ``stream_id`` None: the parts'
+        streams, several in one commit (a routing sink; a server of issue 32 or later)."""
+        args: dict[str, Any] = {"sink_id": sink_id, "batch_id": batch_id}
+        if stream_id is not None:
+            args["stream_id"] = stream_id
+        return dict(self.call("commit", **args, staged=[dict(s) for s in staged]))
 
     def abort(self, sink_id: str, batch_id: int, staged: list[dict]) -> None:
         self.call("abort", sink_id=sink_id, batch_id=batch_id, staged=[dict(s) for s in staged])

@@ -16,12 +16,24 @@ Example::
 from __future__ import annotations
 
 import pkgutil
+from collections.abc import Mapping
 
 from aeron_spark.connector import archive_sink, archive_source
 from aeron_spark.connector.archive_options import is_archive_mode
-from aeron_spark.connector.options import parse_sink_options, parse_source_options
+from aeron_spark.connector.options import (
+    ROUTING_COLUMN,
+    SinkOptions,
+    parse_sink_options,
+    parse_source_options,
+)
 from aeron_spark.connector.raw import RawBatchWriter, RawStreamWriter
-from aeron_spark.connector.sink import AeronBatchWriter, AeronStreamWriter, check_sink_schema
+from aeron_spark.connector.sink import (
+    AeronBatchWriter,
+    AeronStreamWriter,
+    check_sink_schema,
+    refuse_batch_id,
+    warn_stream_id_column_ignored,
+)
 from aeron_spark.connector.source import (
     AeronBatchReader,
     AeronDriverStreamReader,
@@ -84,22 +96,40 @@ class AeronDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if is_archive_mode(self.options):
             return archive_sink.batch_writer(dict(self.options), schema, overwrite)
-        options = parse_sink_options(self.options)
-        check_sink_schema(schema, options.format, options.sbe)
+        options, schema = _sink_options(self.options, schema)
         if overwrite:
             raise ConfigurationError("mode", "overwrite", "append (a stream cannot be overwritten)")
         if options.channel is not None:
+            refuse_batch_id(options, "raw mode (channel: at-least-once, nothing is committed)")
             return RawBatchWriter(options)
         return AeronBatchWriter(options)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         if is_archive_mode(self.options):
             return archive_sink.stream_writer(dict(self.options), schema)
-        options = parse_sink_options(self.options)
-        check_sink_schema(schema, options.format, options.sbe)
+        options, schema = _sink_options(self.options, schema)
         if options.channel is not None:
+            refuse_batch_id(options, "raw mode (channel: at-least-once, nothing is committed)")
             return RawStreamWriter(options)
         return AeronStreamWriter(options)
+
+
+def _sink_options(options: Mapping[str, str], schema: StructType) -> tuple[SinkOptions, StructType]:
+    """The sink's options, checked against the DataFrame's schema. A ``stream_id`` column routes
+    each row to its stream when no ``streamId`` is given, and is then no part of the messages
+    (the schema the messages get is returned); beside ``streamId`` it is ignored, with a warning
+    (``streamId`` wins, as Kafka's ``topic`` option over a ``topic`` column)."""
+    has_column = ROUTING_COLUMN in schema.fieldNames()
+    parsed = parse_sink_options(options, routed=has_column)
+    if parsed.route_by_stream_id:
+        column = schema[ROUTING_COLUMN].dataType.simpleString()
+        if column not in ("int", "bigint", "smallint", "tinyint"):
+            raise ConfigurationError(ROUTING_COLUMN, column, "an integer column (the stream id)")
+        schema = StructType([f for f in schema.fields if f.name != ROUTING_COLUMN])
+    elif has_column:
+        warn_stream_id_column_ignored(parsed.stream_id)
+    check_sink_schema(schema, parsed.format, parsed.sbe)
+    return parsed, schema
 
 
 def ensure_registered(spark) -> None:  # type: ignore[no-untyped-def]

@@ -173,12 +173,24 @@ SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
 
 SINK_OPTIONS: dict[str, tuple[str, str, str]] = {
     "endpoint": ("endpoint", "127.0.0.1:40123", "stream server session endpoint host:port"),
-    "streamid": ("streamId", "(required)", "stream to append to"),
+    "streamid": (
+        "streamId",
+        "(required without a stream_id column)",
+        "stream to append to (every row, stream_id column or not); without it a DataFrame's "
+        "stream_id column routes each row to its stream",
+    ),
     "sinkid": (
         "sinkId",
         "(required for streaming)",
         "stable identity of this sink: the server "
         "commits each (sinkId, batch) once; keep it across restarts of the query",
+    ),
+    "batchid": (
+        "batchId",
+        "",
+        "batch writes (df.write, e.g. in foreachBatch): this write's batch id (with sinkId), "
+        "committed once per (sinkId, batchId): a write repeated with the same pair (a replayed "
+        "foreachBatch batch) appends nothing; without it every batch write is a new batch",
     ),
     "format": (
         "format",
@@ -389,6 +401,8 @@ class SinkOptions:
     compression: str | None = None  # format=arrow: lz4 or zstd
     local_writes: bool = True  # stage into the server's directory when this host can
     sbe: SbeOptions | None = None  # format=sbe
+    batch_id: int | None = None  # batch writes: the idempotence key's batch (with sink_id)
+    route_by_stream_id: bool = False  # each row to the stream of its stream_id column
 
     @property
     def commit_identity(self) -> str | None:
@@ -636,10 +650,28 @@ def _limits(o: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
+# A sink DataFrame column naming each row's stream (as Kafka's sink routes by a `topic` column).
+ROUTING_COLUMN = "stream_id"
+
+
+def parse_sink_options(options: Mapping[str, str], routed: bool = False) -> SinkOptions:
+    """The sink's options; ``routed``: the DataFrame has a ``stream_id`` column. Without a
+    ``streamId`` option it routes each row to its stream; with one, ``streamId`` names the stream
+    of every row (as Kafka's ``topic`` option overrides a ``topic`` column: a copy of a source
+    DataFrame, which has the column, keeps working) and the column is data like any other."""
     o = _check_known(options, SINK_OPTIONS, "sink")
-    ids = _stream_ids(o)
-    if len(ids) != 1:
+    ids = _stream_ids(o, required=False)
+    if not ids:
+        if not routed:
+            raise ConfigurationError("streamId", None, "a stream id (option streamId or streamIds)")
+        if o.get("channel", "").strip():
+            raise ConfigurationError(
+                "streamId",
+                None,
+                f"a stream id in raw mode (channel): it publishes every row to streamId and "
+                f"does not route by a {ROUTING_COLUMN} column",
+            )
+    if len(ids) > 1:
         raise ConfigurationError("streamId", ids, "exactly one stream id for a sink")
     fmt = o.get("format", "binary").strip().lower()
     if fmt not in SINK_FORMATS:
@@ -647,6 +679,13 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     sink_id = o.get("sinkid")
     if sink_id is not None and not sink_id.strip():
         raise ConfigurationError("sinkId", sink_id, "a non-empty identity")
+    batch_id = None
+    if "batchid" in o:
+        batch_id = _int("batchId", o["batchid"], 0, 2**63 - 1)
+        if sink_id is None:
+            raise ConfigurationError(
+                "sinkId", None, "a stable sink identity with batchId (the pair is committed once)"
+            )
     checkpoint = next(
         (str(v) for k, v in options.items() if str(k).lower() == "checkpointlocation"), None
     )
@@ -669,7 +708,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         )
     return SinkOptions(
         settings=_settings(o),
-        stream_id=ids[0],
+        stream_id=ids[0] if ids else 0,  # unused when routed
         sink_id=sink_id,
         format=fmt,
         checkpoint_location=checkpoint,
@@ -677,4 +716,6 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         compression=None if compression == "none" else compression,
         local_writes=_bool("localWrites", o.get("localwrites", "true")),
         sbe=parse_sbe_options(o, fmt, sink=True),
+        batch_id=batch_id,
+        route_by_stream_id=routed and not ids,
     )

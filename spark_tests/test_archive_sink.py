@@ -26,6 +26,9 @@ from aeron_spark.transport.testing import free_udp_port  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.types import BinaryType  # noqa: E402
 
+from aeron_spark.errors import ConfigurationError  # noqa: E402
+from spark_tests._errors import raises_project  # noqa: E402
+
 pytestmark = [pytest.mark.spark, pytest.mark.interop, pytest.mark.timeout(400)]
 _WAIT_S = 60.0
 _QUERY_S = 240  # one availableNow run of the streaming copy (bounded; takes seconds)
@@ -73,6 +76,25 @@ def test_batch_write_then_read_back_byte_for_byte(spark, archive) -> None:  # ty
     ).mode("append").save()
     back = _read(spark, archive, 5002, format="json", schema="id long, name string")
     assert sorted((r.id, r.name) for r in back.collect()) == [(d["id"], d["name"]) for d in docs]
+
+
+def test_batch_write_with_sink_id_and_batch_id_is_appended_once(spark, archive) -> None:  # type: ignore[no-untyped-def]
+    """Issue 32: a foreachBatch batch replayed after a failure writes its (sinkId, batchId)
+    again; the archive sink finds that batch's END marker ending the target and appends
+    nothing. A stream_id column without streamId is refused (the archive sink does not route
+    rows)."""
+    options = dict(_sink_options(archive, 5005), sinkId="fb-archive")
+    df = spark.createDataFrame([(f"a-{i}".encode(),) for i in range(50)], "value binary")
+    for batch_id in (4, 4, 5):  # batch 4 written twice (the replay), then batch 5
+        df.repartition(2).write.format("aeron").options(**options, batchId=batch_id).mode(
+            "append"
+        ).save()
+    got = sorted(bytes(r.value) for r in _read(spark, archive, 5005).collect())
+    assert got == sorted([f"a-{i}".encode() for i in range(50)] * 2)
+    routed = spark.createDataFrame([(b"x", 5006)], "value binary, stream_id int")
+    unrouted = {k: v for k, v in options.items() if k != "streamId"}
+    with raises_project(ConfigurationError, "does not route rows by a stream_id column"):
+        routed.write.format("aeron").options(**unrouted).mode("append").save()
 
 
 def _killer(flag: str):  # type: ignore[no-untyped-def]

@@ -193,7 +193,7 @@ def request_streams(
 def named_streams(args: dict[str, Any]) -> list[int]:
     """The streams a request names itself: ``stream_id``, ``stream_ids``, staged parts'."""
     streams: list[int] = []
-    if "stream_id" in args:
+    if args.get("stream_id") is not None:  # a commit of several streams has none
         streams.append(int(args["stream_id"]))
     if args.get("stream_ids") is not None:
         streams.extend(int(s) for s in args["stream_ids"])

@@ -14,6 +14,10 @@ Two record types, written by :class:`connector.server.staging.SinkCommitter`:
   restart. ``owner`` (issue 28) is the committing client's key (hex; "" on a server without
   ``--authorized-keys``): the first record of a sink id with one makes the sink that key's;
   records written before it have none (a ``begin`` without it names parts by their old names);
+- a commit of several streams (a sink routing rows by a ``stream_id`` column; issue 32) has
+  ``streams: [{stream_id, recording_id, session_id, start_position}, ...]`` in its ``begin`` and
+  ``streams: [{stream_id, recording_id, start_position, end_position, count, bytes}, ...]``, with
+  the totals ``count`` and ``bytes``, in its ``done``, instead of the one stream's fields;
 - ``{"t": "cancel", sink_id, batch_id}`` -- the commit failed (disk full) and its frames were cut
   off again; the ``begin`` before it is not resumed (the client was told, and sends it again).
 """

@@ -536,12 +536,18 @@ class ServerCore:
         self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
     ) -> Any:
         args = request.args
-        self._authorise("commit", [args["stream_id"]])
+        stream_id = args.get("stream_id")
+        # every stream the commit appends to (each part's stream was write-checked when staged,
+        # and is again now: a key narrowed since then commits nothing)
+        streams = {int(item["stream_id"]) for item in args["staged"]}
+        if stream_id is not None:
+            streams.add(stream_id)
+        self._authorise("commit", sorted(streams))
         self.store.check_space("commit")
         return self.committer.commit(
             args["sink_id"],
             args["batch_id"],
-            args["stream_id"],
+            stream_id,
             args["staged"],
             now_ns,
             owner=self._identity(session),

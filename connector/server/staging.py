@@ -16,6 +16,11 @@ Invariants:
 - ``commit(sink, batch)`` appends the named parts, in partition order, to the sink's recording of
   the stream exactly once: the first commit writes ``begin``, frames, fsync, ``done``; any later
   commit of the same ``(sink, batch)`` returns the recorded result and appends nothing.
+- A commit may cover several streams (a sink routing rows by a ``stream_id`` column): each
+  stream's parts, in partition order, go to that stream's sink recording; one ``begin`` plans
+  them all and one ``done`` ends them all, so readers see all of its streams' rows or none, and
+  a repeat appends nothing to any of them. A commit naming a ``stream_id`` (every client before
+  issue 32) takes only parts of that stream.
 - A commit interrupted by a crash is completed on restart (framing is deterministic, so the
   frames already on disk are skipped and the rest appended) before any request is served.
 - Readers never see part of a commit: the positions the server reports for a sink recording are
@@ -463,6 +468,14 @@ class StagingStore:
         self._open.clear()
 
 
+def _targets(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The streams a commit log record covers: its ``streams`` (a commit of several streams),
+    or the one stream of the record's own fields."""
+    if "streams" in record:
+        return list(record["streams"])
+    return [record]
+
+
 class SinkCommitter:
     """Exactly-once commits of staged parts, driven by the commit log."""
 
@@ -501,27 +514,32 @@ class SinkCommitter:
 
     def _mark_done(self, record: dict[str, Any]) -> None:
         key = (record["sink_id"], record["batch_id"])
-        result = {
-            k: record[k]
-            for k in (
-                "sink_id",
-                "batch_id",
-                "stream_id",
-                "recording_id",
-                "start_position",
-                "end_position",
-                "count",
-                "bytes",
-            )
-        }
+        if "streams" in record:  # a commit of several streams (a routing sink; issue 32)
+            result = {k: record[k] for k in ("sink_id", "batch_id", "count", "bytes")}
+            result["streams"] = [dict(t) for t in record["streams"]]
+        else:
+            result = {
+                k: record[k]
+                for k in (
+                    "sink_id",
+                    "batch_id",
+                    "stream_id",
+                    "recording_id",
+                    "start_position",
+                    "end_position",
+                    "count",
+                    "bytes",
+                )
+            }
         self.done[key] = result
         if record.get("owner"):
             self.sink_owner.setdefault(key[0], record["owner"])
         self.last_batch[key[0]] = max(self.last_batch.get(key[0], -1), key[1])
-        rid = record["recording_id"]
-        if record["end_position"] >= self.visible.get(rid, -1):
-            self.visible[rid] = record["end_position"]
-        self.recordings.set_visible(rid, self.visible[rid])
+        for target in _targets(record):
+            rid = target["recording_id"]
+            if target["end_position"] >= self.visible.get(rid, -1):
+                self.visible[rid] = target["end_position"]
+            self.recordings.set_visible(rid, self.visible[rid])
 
     def recover(self, now_ns: int) -> int:
         """Complete every commit a crash interrupted. Returns how many were resumed."""
@@ -529,17 +547,31 @@ class SinkCommitter:
             self.recordings.set_visible(rid, position)
         resumed = 0
         for key, begin in list(self._pending.items()):
-            writer = self.recordings.resume_writer(begin["recording_id"], now_ns)
-            if writer is None or writer.recorded_position < begin["start_position"]:
-                writer = self.recordings.sink_writer(begin["stream_id"], begin["sink_id"], now_ns)
-                begin = dict(
-                    begin,
-                    recording_id=writer.recording_id,
-                    session_id=writer.session_id,
-                    start_position=writer.recorded_position,
-                )
+            writers: dict[int, SinkWriter] = {}
+            moved = False
+            targets = []
+            for target in _targets(begin):
+                writer = self.recordings.resume_writer(target["recording_id"], now_ns)
+                if writer is None or writer.recorded_position < target["start_position"]:
+                    writer = self.recordings.sink_writer(
+                        target["stream_id"], begin["sink_id"], now_ns
+                    )
+                    target = dict(
+                        target,
+                        recording_id=writer.recording_id,
+                        session_id=writer.session_id,
+                        start_position=writer.recorded_position,
+                    )
+                    moved = True
+                writers[target["stream_id"]] = writer
+                targets.append(target)
+            if moved:
+                if "streams" in begin:
+                    begin = dict(begin, streams=targets)
+                else:
+                    begin = dict(begin, **targets[0])
                 self.log.append(begin)
-            self._run(begin, writer, now_ns)
+            self._run(begin, writers, now_ns)
             del self._pending[key]
             resumed += 1
         self.resumed_commits += resumed
@@ -566,13 +598,16 @@ class SinkCommitter:
         self,
         sink_id: str,
         batch_id: int,
-        stream_id: int,
+        stream_id: int | None,
         staged: list[dict[str, Any]],
         now_ns: int,
         owner: str | None = None,
     ) -> dict[str, Any]:
-        """Commit the named parts (see the module docs). ``owner``: the committing client's
-        identity (hex), which must own the batch and the sink id (None: no ownership)."""
+        """Commit the named parts (see the module docs). ``stream_id``: every part is of that
+        stream (the commit of one stream); None: the parts may be of several streams, each
+        stream's parts appended to its own sink recording, all in one commit (a sink routing
+        rows by a ``stream_id`` column). ``owner``: the committing client's identity (hex),
+        which must own the batch and the sink id (None: no ownership)."""
         key = (sink_id, batch_id)
         self.check_owner(sink_id, batch_id, owner, "commit")
         previous = self.done.get(key)
@@ -580,64 +615,80 @@ class SinkCommitter:
             self.duplicate_commits += 1
             self.staging.discard(sink_id, batch_id)
             return dict(previous)
-        by_partition: dict[int, dict[str, Any]] = {}
+        by_part: dict[tuple[int, int], dict[str, Any]] = {}  # (stream, partition) -> part
+        attempts: dict[int, int] = {}  # partition -> the one attempt its parts come from
         for item in staged:
             if item["sink_id"] != sink_id or item["batch_id"] != batch_id:
                 raise NotAuthorisedError(
                     f"commit of sink {sink_id!r} batch {batch_id} names a part of sink "
                     f"{item['sink_id']!r} batch {item['batch_id']}"
                 )
-            if item["stream_id"] != stream_id:
+            if stream_id is not None and item["stream_id"] != stream_id:
                 raise ControlProtocolError(
                     f"commit to stream {stream_id} names a part staged for "
                     f"stream {item['stream_id']}"
                 )
-            other = by_partition.get(item["partition_id"])
+            slot = (item["stream_id"], item["partition_id"])
+            other = by_part.get(slot)
             if other is not None and other != item:
                 raise ControlProtocolError(
                     f"commit names two attempts of partition {item['partition_id']} "
-                    f"({other['part']} and {item['part']})"
+                    f"({other['part']} and {item['part']}) for stream {item['stream_id']}"
                 )
-            by_partition[item["partition_id"]] = item
-        parts = [by_partition[p] for p in sorted(by_partition)]
+            by_part[slot] = item
+            attempt = attempts.setdefault(item["partition_id"], item["attempt"])
+            if attempt != item["attempt"]:
+                raise ControlProtocolError(
+                    f"commit names two attempts of partition {item['partition_id']} "
+                    f"({attempt} and {item['attempt']}) for different streams"
+                )
+        parts = [by_part[slot] for slot in sorted(by_part)]  # by stream, then partition
         for item in parts:
             self.staging.check_part(item)
-        writer = self.recordings.sink_writer(stream_id, sink_id, now_ns)
-        begin = {
-            "t": "begin",
-            "sink_id": sink_id,
-            "batch_id": batch_id,
-            "stream_id": stream_id,
-            "recording_id": writer.recording_id,
-            "session_id": writer.session_id,
-            "start_position": writer.recorded_position,
-            "parts": parts,
-            "owner": owner or "",
-        }
+        streams = [stream_id] if stream_id is not None else sorted({s for s, _p in by_part})
+        writers = {s: self.recordings.sink_writer(s, sink_id, now_ns) for s in streams}
+        targets = [
+            {
+                "stream_id": s,
+                "recording_id": w.recording_id,
+                "session_id": w.session_id,
+                "start_position": w.recorded_position,
+            }
+            for s, w in writers.items()
+        ]
+        begin: dict[str, Any] = {"t": "begin", "sink_id": sink_id, "batch_id": batch_id}
+        if stream_id is not None:  # the one-stream record, as before issue 32
+            begin.update(targets[0])
+        else:
+            begin["streams"] = targets
+        begin.update(parts=parts, owner=owner or "")
         self._write_cancels()
         self.log.append(begin)
         self._active = key
         try:
-            result = self._run(begin, writer, now_ns)
+            result = self._run(begin, writers, now_ns)
         except BaseException:
-            self._fail(key, begin, writer)
+            self._fail(key, begin, writers)
             raise
         finally:
             self._active = None
         self.commits += 1
         return result
 
-    def _fail(self, key: tuple[str, int], begin: dict[str, Any], writer: SinkWriter) -> None:
+    def _fail(
+        self, key: tuple[str, int], begin: dict[str, Any], writers: dict[int, SinkWriter]
+    ) -> None:
         """A commit failed (disk full, I/O error) before its ``done``: cut its frames off the
-        recording and cancel its ``begin``, so nothing of it is visible, now or after a restart,
-        and the client's retry commits it from the start (its staged parts are kept)."""
+        recordings and cancel its ``begin``, so nothing of it is visible, now or after a
+        restart, and the client's retry commits it from the start (its staged parts are kept)."""
         if key in self.done:
             return
         self.failed_commits += 1
-        try:
-            writer.rollback(begin["start_position"])
-        except Exception:  # noqa: BLE001 - reported; the next append overwrites what is left
-            log.exception("cannot cut a failed commit of %s off its recording", key)
+        for target in _targets(begin):
+            try:
+                writers[target["stream_id"]].rollback(target["start_position"])
+            except Exception:  # noqa: BLE001 - reported; the next append overwrites what is left
+                log.exception("cannot cut a failed commit of %s off its recording", key)
         self._cancels.append(
             {"t": "cancel", "sink_id": begin["sink_id"], "batch_id": begin["batch_id"]}
         )
@@ -649,42 +700,66 @@ class SinkCommitter:
             self.log.append(self._cancels[0])
             self._cancels.pop(0)
 
-    def _run(self, begin: dict[str, Any], writer: SinkWriter, now_ns: int) -> dict[str, Any]:
-        start = begin["start_position"]
-        already = writer.recorded_position
-        # each block is written out before the next is framed: the framer may reuse its buffer
-        framer = Framer(
-            writer.geometry, begin["session_id"], begin["stream_id"], start, reuse_blocks=True
-        )
-        count = nbytes = 0
-        for item in begin["parts"]:
-            path = self.staging.check_part(item, legacy="owner" not in begin)
-            for payloads, rvs in self.staging.read_part(path):
-                count += len(payloads)
-                nbytes += (
-                    payloads.size if isinstance(payloads, np.ndarray) else sum(map(len, payloads))
-                )
-                for position, block in framer.frame(payloads, rvs):
-                    end = position + len(block)
-                    if end <= already:
-                        continue
-                    if position < already:  # resume inside this block (on a frame boundary)
-                        block = block[already - position :]
-                        position = already
-                    writer.append(block, position, now_ns)
-        writer.force()
-        done = {
+    def _run(
+        self, begin: dict[str, Any], writers: dict[int, SinkWriter], now_ns: int
+    ) -> dict[str, Any]:
+        legacy = "owner" not in begin
+        done_targets = []
+        total_count = total_bytes = 0
+        for target in _targets(begin):
+            writer = writers[target["stream_id"]]
+            start = target["start_position"]
+            already = writer.recorded_position
+            # each block is written out before the next is framed: the framer may reuse its
+            # buffer
+            framer = Framer(
+                writer.geometry, target["session_id"], target["stream_id"], start, reuse_blocks=True
+            )
+            count = nbytes = 0
+            for item in begin["parts"]:
+                if item["stream_id"] != target["stream_id"]:
+                    continue
+                path = self.staging.check_part(item, legacy=legacy)
+                for payloads, rvs in self.staging.read_part(path):
+                    count += len(payloads)
+                    nbytes += (
+                        payloads.size
+                        if isinstance(payloads, np.ndarray)
+                        else sum(map(len, payloads))
+                    )
+                    for position, block in framer.frame(payloads, rvs):
+                        end = position + len(block)
+                        if end <= already:
+                            continue
+                        if position < already:  # resume inside this block (on a frame boundary)
+                            block = block[already - position :]
+                            position = already
+                        writer.append(block, position, now_ns)
+            done_targets.append(
+                {
+                    "stream_id": target["stream_id"],
+                    "recording_id": writer.recording_id,
+                    "start_position": start,
+                    "end_position": framer.position,
+                    "count": count,
+                    "bytes": nbytes,
+                }
+            )
+            total_count += count
+            total_bytes += nbytes
+        for writer in writers.values():
+            writer.force()
+        done: dict[str, Any] = {
             "t": "done",
             "sink_id": begin["sink_id"],
             "batch_id": begin["batch_id"],
-            "stream_id": begin["stream_id"],
-            "recording_id": writer.recording_id,
-            "start_position": start,
-            "end_position": framer.position,
-            "count": count,
-            "bytes": nbytes,
-            "owner": begin.get("owner", ""),
         }
+        if "streams" in begin:
+            done["streams"] = done_targets
+            done.update(count=total_count, bytes=total_bytes)
+        else:
+            done.update(done_targets[0])
+        done["owner"] = begin.get("owner", "")
         self.log.append(done)
         self._mark_done(done)
         self.staging.discard(begin["sink_id"], begin["batch_id"])

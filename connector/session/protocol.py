@@ -118,7 +118,9 @@ OPS: dict[str, dict[str, tuple[str, bool]]] = {
     "commit": {
         "sink_id": ("sink_id", True),
         "batch_id": ("pos", True),
-        "stream_id": ("int32", True),
+        # every part of this stream (absent or None: the parts' streams, several in one commit;
+        # servers before issue 32 require it)
+        "stream_id": ("int32?", False),
         "staged": ("staged_list", True),
     },
     "abort": {

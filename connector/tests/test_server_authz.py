@@ -446,3 +446,25 @@ def test_every_request_is_checked_against_every_stream_it_touches(
             assert (bad in touched and not allowed(grant, op, bad)) or (bad is None and not touched)
     with pytest.raises(NotAuthorisedError) if OP_PERMISSION[op] else nullcontext():
         authz.check(bytes(32), op, args, stream_of)  # an unlisted key: nothing but the free ops
+
+
+def test_a_commit_of_several_streams_is_checked_on_every_parts_stream(tmp_path: Path) -> None:
+    """Issue 32: a routing sink's commit names no stream_id; each staged part's stream is
+    checked, so a key narrowed after staging commits nothing, on any stream."""
+    writer, writer_key = _key(tmp_path, "writer")
+    keys = tmp_path / "authorized_keys"
+    keys.write_text(f"{writer_key} writer write=10,11 read=10,11\n")
+    with _server(tmp_path, keys) as server:
+        with StreamClient.connect(_settings(server, writer)) as w:
+            staged = [w.stage("route", 1, 0, 0, s, [b"row"], local=False) for s in (10, 11)]
+        reloads = server.snapshot()["counters"].get("authorized_keys_reloads", 0)
+        keys.write_text(f"{writer_key} writer write=10 read=10,11\n")
+        _wait_for(
+            lambda: server.snapshot()["counters"].get("authorized_keys_reloads", 0) > reloads,
+            what="the narrowed keys file",
+        )
+        with StreamClient.connect(_settings(server, writer)) as w:
+            with pytest.raises(NotAuthorisedError, match="commit on stream 11"):
+                w.commit("route", 1, None, staged)
+            assert w.list_recordings([10, 11]) == []  # nothing of the batch appended
+            assert w.commit("route", 1, None, staged[:1])["count"] == 1  # its own stream's part

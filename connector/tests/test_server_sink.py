@@ -6,7 +6,11 @@ import os
 import time
 
 import pytest
-from aeron_spark.connector.errors import NotAuthorisedError, StagedDataMissingError
+from aeron_spark.connector.errors import (
+    ControlProtocolError,
+    NotAuthorisedError,
+    StagedDataMissingError,
+)
 from aeron_spark.connector.server import ServerConfig, StreamServer
 from aeron_spark.connector.server.testing import client_for, messages_of
 
@@ -133,4 +137,69 @@ def test_a_commit_torn_by_a_crash_is_completed_exactly_once_on_restart(tmp_path)
         assert c.last_committed_batch("q") == 0
         assert c.commit("q", 0, STREAM, staged) == result
         assert _stream_payloads(c) == payloads[0] + payloads[1] + payloads[2]
+        assert c.stats()["counters"]["sink_resumed_commits"] == 1
+
+
+def test_a_commit_of_several_streams_appends_each_streams_parts_once(tmp_path) -> None:
+    """Issue 32: a routing sink stages one part per stream and commits them together (no
+    stream_id in the commit); each stream's recording gets its rows, in partition order, once."""
+    with StreamServer(_config(tmp_path)) as srv, client_for(srv.endpoint) as c:
+        staged = [
+            c.stage("r", 0, p, 0, s, [f"s{s}-p{p}-{i}".encode() for i in range(3)])
+            for p in (1, 0)
+            for s in (31, 32)
+        ]
+        first = c.commit("r", 0, None, staged)
+        assert first["count"] == 12
+        assert [(t["stream_id"], t["count"]) for t in first["streams"]] == [(31, 6), (32, 6)]
+        assert c.commit("r", 0, None, staged) == first  # a replayed commit appends nothing
+        for s in (31, 32):
+            assert _stream_payloads(c, s) == [
+                f"s{s}-p{p}-{i}".encode() for p in (0, 1) for i in range(3)
+            ]
+        positions = c.latest_positions([31, 32])
+        assert positions == {t["recording_id"]: t["end_position"] for t in first["streams"]}
+        # one partition's parts must all come from one attempt
+        mixed = [c.stage("r", 1, 0, 0, 31, [b"a"]), c.stage("r", 1, 0, 1, 32, [b"b"])]
+        with pytest.raises(ControlProtocolError, match="two attempts of partition 0"):
+            c.commit("r", 1, None, mixed)
+        # a commit naming one stream still refuses another stream's part (old clients' check)
+        with pytest.raises(ControlProtocolError, match="staged for stream 32"):
+            c.commit("r", 1, 31, mixed)
+
+
+def test_a_commit_of_several_streams_torn_by_a_crash_is_completed_on_restart(tmp_path) -> None:
+    from aeron_spark.connector.server.commitlog import CommitLog
+
+    config = _config(tmp_path)
+    payloads = {s: [f"s{s}-{i}".encode() * 20 for i in range(2000)] for s in (31, 32)}
+    with StreamServer(config) as srv, client_for(srv.endpoint) as c:
+        staged = [c.stage("q", 0, 0, 0, s, payloads[s]) for s in (31, 32)]
+        sink_dir = os.path.join(config.directory, "sink")
+        saved = {}
+        for root, _dirs, files in os.walk(os.path.join(sink_dir, "staged")):
+            for name in files:
+                saved[os.path.join(root, name)] = open(os.path.join(root, name), "rb").read()
+        result = c.commit("q", 0, None, staged)
+    # crashed after stream 31's frames and half of stream 32's, before "done"
+    log_path = os.path.join(sink_dir, "commit.log")
+    records = CommitLog(log_path).records
+    assert [r["t"] for r in records] == ["begin", "done"]
+    os.unlink(log_path)
+    rewound = CommitLog(log_path)
+    rewound.append(records[0])
+    rewound.close()
+    for path, data in saved.items():
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(data)
+    second = result["streams"][1]
+    rec_dir = os.path.join(config.directory, "recordings", str(second["recording_id"]))
+    (segment,) = [n for n in os.listdir(rec_dir) if n.endswith(".seg")]
+    middle = (second["start_position"] + second["end_position"]) // 2 + 7
+    os.truncate(os.path.join(rec_dir, segment), middle - int(segment[:-4]))
+    with StreamServer(config) as srv, client_for(srv.endpoint) as c:
+        assert c.commit("q", 0, None, staged) == result
+        for s in (31, 32):
+            assert _stream_payloads(c, s) == payloads[s]
         assert c.stats()["counters"]["sink_resumed_commits"] == 1
