@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 
 import pytest
@@ -116,6 +117,12 @@ def test_pushdown_time_and_position_upper_bounds_and_equality(spark, server) -> 
     reader.pushFilters([EqualTo(("recording_id",), rec), LessThan(("position",), pos)])
     (part,) = reader.partitions()
     assert (part.recording_id, part.end) == (rec, pos)
+
+    reader = AeronFilteringBatchReader(options)
+    after = ts.astimezone(dt.UTC)  # Spark hands timestamp literals as aware datetimes
+    reader.pushFilters([EqualTo(("recording_id",), rec), GreaterThanOrEqual(("timestamp",), after)])
+    (part,) = reader.partitions()
+    assert part.start == mine[400].position  # through the time index: round 2's first message
 
 
 def test_ending_timestamp_and_starting_positions_by_timestamp(spark, server) -> None:  # type: ignore[no-untyped-def]
