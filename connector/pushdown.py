@@ -28,6 +28,7 @@ from pyspark.sql.datasource import (
 )
 
 _SETS = ("recording_id", "session_id", "stream_id")
+_FLAG_BEGIN = 0x80  # a DATA frame header's flags (byte 5): the first fragment of a message
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
@@ -149,7 +150,11 @@ def _message_bound(
     None when no message starts there (the bound is then not used: Spark still filters)."""
     try:
         got = client.scan(recording_id, position, end, max_messages=1)
-    except Exception:  # noqa: BLE001 - not a message boundary (or gone): narrow less
+        # scan takes a middle fragment for a start: the first frame must BEGIN a message
+        first = b"".join(bytes(b.data) for b in client.replay(recording_id, position, got.end))
+    except Exception:  # noqa: BLE001 - not a frame boundary (or gone): narrow less
+        return None
+    if first and not first[5] & _FLAG_BEGIN:
         return None
     return int(got.end) if after else position
 

@@ -147,3 +147,24 @@ def test_ending_timestamp_and_starting_positions_by_timestamp(spark, server) -> 
 def _ms(row) -> int:  # type: ignore[no-untyped-def]
     """A row's recorded time in whole epoch milliseconds (rounded down)."""
     return round(row.timestamp.timestamp() * 1_000_000) // 1000  # naive: local time
+
+
+def test_a_position_bound_inside_a_fragmented_message_is_not_used(spark, server) -> None:  # type: ignore[no-untyped-def]
+    with StreamClient.connect(ClientSettings(endpoint=server.endpoint)) as client:
+        client.publish(43, [b"small", b"B" * 20_000, b"after"])  # mtu 8192: 3 fragments
+    rows = _rows(_load(spark, server.endpoint, 43))
+    big, after = rows[1], rows[2]
+    middle = big.position + 8192  # the second fragment's frame: no message starts there
+    assert middle < after.position
+
+    def build():  # type: ignore[no-untyped-def]
+        return _load(spark, server.endpoint, 43).filter(F.col("position") >= middle)
+
+    pushed, _ = _with_pushdown(spark, True, build)
+    plain, _ = _with_pushdown(spark, False, build)
+    assert pushed == plain == [after]
+    options = parse_source_options({"endpoint": server.endpoint, "streamId": "43"})
+    reader = AeronFilteringBatchReader(options)
+    reader.pushFilters([GreaterThanOrEqual(("position",), middle)])
+    (part,) = reader.partitions()
+    assert part.start == rows[0].position  # not cut there (a read from it would fail)
