@@ -2,7 +2,12 @@
 (a) a trivial Python data source yielding the same rows from memory as Arrow batches (the ceiling
 of Spark's Python path) and (b) Spark's built-in rate source (``rate-micro-batch``).
 
-    python -m benchmarks.source [--rows 1000000]
+    python -m benchmarks.source [--rows 1000000] [--tail 1000] [--tail-only]
+
+The pushed-filter case (``tail_*``, run first; alone with ``--tail-only``) reads the last
+``--tail`` rows of a ``--rows``-row recording three ways: ``filter(position >= X)`` pushed down
+(``spark.sql.python.filterPushdown.enabled``), ``startingPositions`` at X, and the same filter
+with pushdown off (every row read, Spark filters).
 
 Prints one JSON object. Each figure is the best of ``--repeats`` timed runs after a warm-up run;
 the contenders take turns (one run each per round), so a slow spell of the machine hits all.
@@ -115,6 +120,52 @@ class CeilingSource(DataSource):
         return CeilingReader(int(self.options["rows"]), int(self.options.get("partitions", "2")))
 
 
+def _tail_case(spark, endpoint: str, rows: int, tail: int, repeats: int) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """The last ``tail`` rows of a ``rows``-row recording (stream 14): by a pushed
+    ``position >=`` filter, by ``startingPositions``, and by the same filter not pushed."""
+    from aeron_spark.connector.client import ClientSettings, StreamClient
+
+    with StreamClient.connect(ClientSettings(endpoint=endpoint)) as client:
+        client.publish(14, (bytes(MESSAGE_LENGTH) for _ in range(rows)))
+        (rec,) = client.list_recordings(stream_ids=[14])
+        first = client.scan(rec.recording_id, rec.start_position, max_messages=1)
+    frame = first.end - rec.start_position  # every message the same length
+    cut = rec.recorded_position - tail * frame
+
+    def load(**options: str):  # type: ignore[no-untyped-def]
+        reader = spark.read.format("aeron").option("endpoint", endpoint).option("streamId", 14)
+        for k, v in options.items():
+            reader = reader.option(k, v)
+        return reader.load()
+
+    def pushed() -> int:
+        return _noop(load().filter(F.col("position") >= cut))
+
+    def starting() -> int:
+        return _noop(load(startingPositions=json.dumps({str(rec.recording_id): cut})))
+
+    def unpushed() -> int:
+        spark.conf.set("spark.sql.python.filterPushdown.enabled", "false")
+        try:
+            return _noop(load().filter(F.col("position") >= cut))
+        finally:
+            spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+
+    read: dict[str, int] = {}
+    contenders = {"tail_pushed": pushed, "tail_starting_positions": starting}
+    contenders["tail_unpushed"] = unpushed
+    checked = {name: counted(name, run, tail, read) for name, run in contenders.items()}
+    best = interleaved_best(checked, repeats)
+    return {
+        "tail_rows": tail,
+        "tail_of_rows": rows,
+        **{f"{name}_s": round(seconds, 3) for name, seconds in best.items()},
+        "tail_pushed_to_starting_positions_ratio": round(
+            best["tail_pushed"] / best["tail_starting_positions"], 3
+        ),
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -123,6 +174,12 @@ def main() -> int:
     p.add_argument("--producers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--no-latency", action="store_true", help="throughput only (no latency keys)")
+    p.add_argument("--tail", type=int, default=1000, help="rows of the pushed-filter tail case")
+    p.add_argument(
+        "--tail-only",
+        action="store_true",
+        help="only the pushed-filter case: a --tail-row tail of a --rows-row recording",
+    )
     args = p.parse_args()
     from aeron_spark.connector.client import ClientSettings, StreamClient
     from aeron_spark.connector.datasource import ensure_registered
@@ -133,6 +190,7 @@ def main() -> int:
         .appName("bench-source")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.python.filterPushdown.enabled", "true")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -147,6 +205,12 @@ def main() -> int:
         tempfile.TemporaryDirectory() as tmp,
         StreamServer(ServerConfig(directory=os.path.join(tmp, "s"), port=0)) as server,
     ):
+        tail = _tail_case(spark, server.endpoint, args.rows, args.tail, args.repeats)
+        result.update(tail)
+        if args.tail_only:
+            spark.stop()
+            print(json.dumps(result))
+            return 0
         per = args.rows // args.producers
         payload = bytes(MESSAGE_LENGTH)
         for _ in range(args.producers):

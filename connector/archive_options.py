@@ -57,6 +57,8 @@ _NOT_IN_ARCHIVE_MODE = {
     "localreads": "archive mode always replays through the archive",
     "readon": "archive mode reads on executors",
     "startingtimestamp": "an Aeron Archive keeps no per-message time index",
+    "startingpositionsbytimestamp": "an Aeron Archive keeps no per-message time index",
+    "endingtimestamp": "an Aeron Archive keeps no per-message time index",
     "encryption": "the archive control protocol has no encryption",
     "keystore": "the archive control protocol has no server keys",
     "serverkey": "the archive control protocol has no server keys",

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import pkgutil
+import sys
 from collections.abc import Mapping
 
 from aeron_spark.connector import archive_sink, archive_source
@@ -37,6 +38,7 @@ from aeron_spark.connector.sink import (
 from aeron_spark.connector.source import (
     AeronBatchReader,
     AeronDriverStreamReader,
+    AeronFilteringBatchReader,
     AeronStreamReader,
     source_schema,
 )
@@ -76,6 +78,8 @@ class AeronDataSource(DataSource):
                 "driver",
                 "executors for a batch read (readOn=driver is for streaming queries)",
             )
+        if _filter_pushdown_on():
+            return AeronFilteringBatchReader(options, schema)
         return AeronBatchReader(options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
@@ -130,6 +134,24 @@ def _sink_options(options: Mapping[str, str], schema: StructType) -> tuple[SinkO
         warn_stream_id_column_ignored(parsed.stream_id)
     check_sink_schema(schema, parsed.format, parsed.sbe)
     return parsed, schema
+
+
+def _filter_pushdown_on() -> bool:
+    """Whether Spark plans this read with ``spark.sql.python.filterPushdown.enabled``.
+
+    PySpark 4.3 fails a batch read whose reader implements ``pushFilters`` while the setting is
+    off, and tells the data source nothing about it; the planning worker that asks for the
+    reader holds it in a local (``enable_pushdown``), and pushdown itself runs in its own
+    worker (``data_source_pushdown_filters``). Anywhere else: no pushdown (the plain reader)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        where = frame.f_code.co_filename
+        if where.endswith("data_source_pushdown_filters.py"):
+            return True
+        if where.endswith("plan_data_source_read.py") and "enable_pushdown" in frame.f_locals:
+            return bool(frame.f_locals["enable_pushdown"])
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 def ensure_registered(spark) -> None:  # type: ignore[no-untyped-def]

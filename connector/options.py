@@ -64,6 +64,19 @@ SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
         "epoch milliseconds: start each recording at its "
         "first message recorded at or after this time (overrides startingPositions)",
     ),
+    "startingpositionsbytimestamp": (
+        "startingPositionsByTimestamp",
+        "",
+        'JSON {"recording_id": epoch ms}: start each named recording at its first message '
+        "recorded at or after its time (overrides startingPositions; startingTimestamp "
+        "overrides it)",
+    ),
+    "endingtimestamp": (
+        "endingTimestamp",
+        "",
+        "batch reads only: epoch milliseconds; end each recording before its first message "
+        "recorded at or after this time (overrides endingPositions)",
+    ),
     "endingpositions": (
         "endingPositions",
         "latest",
@@ -139,7 +152,8 @@ SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
     "maxtriggerdelayms": (
         "maxTriggerDelayMs",
         "900000",
-        "with minMessagesPerTrigger: run a batch with fewer messages after this long",
+        "with minMessagesPerTrigger: run a batch with fewer messages after this long "
+        '(milliseconds, or a duration as Kafka\'s maxTriggerDelay: "30s", "15m", "1h")',
     ),
     "minpartitions": (
         "minPartitions",
@@ -368,6 +382,8 @@ class SourceOptions:
     starting: StartSpec = "earliest"
     starting_timestamp_ms: int | None = None
     ending: StartSpec = "latest"
+    starting_by_timestamp: dict[str, int] | None = None  # startingPositionsByTimestamp (ms)
+    ending_timestamp_ms: int | None = None  # batch reads
     fail_on_data_loss: bool = True
     format: str = "binary"
     max_messages_per_trigger: int | None = None
@@ -430,6 +446,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
     if fmt not in SOURCE_FORMATS:
         raise ConfigurationError("format", fmt, " or ".join(SOURCE_FORMATS))
     ts = o.get("startingtimestamp")
+    ets = o.get("endingtimestamp")
     settings = _settings(o)
     return SourceOptions(
         settings=settings,
@@ -439,6 +456,8 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         ),
         starting_timestamp_ms=None if ts is None else _int("startingTimestamp", ts, 0, 2**53),
         ending=_positions("endingPositions", o.get("endingpositions", "latest"), ("latest",)),
+        starting_by_timestamp=_by_timestamp(o.get("startingpositionsbytimestamp")),
+        ending_timestamp_ms=None if ets is None else _int("endingTimestamp", ets, 0, 2**53),
         fail_on_data_loss=_bool("failOnDataLoss", o.get("failondataloss", "true")),
         format=fmt,
         **_limits(o),
@@ -450,6 +469,51 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         more_settings=tuple(replace(settings, endpoint=e) for e in endpoints[1:]),
         sbe=parse_sbe_options(o, fmt, sink=False),
     )
+
+
+def _by_timestamp(value: str | None) -> dict[str, int] | None:
+    """startingPositionsByTimestamp: startingPositions' JSON with epoch ms for positions."""
+    if value is None:
+        return None
+    name = "startingPositionsByTimestamp"
+    try:
+        spec = _positions(name, value, ())
+    except ConfigurationError:
+        raise ConfigurationError(
+            name, value, 'a JSON object {"recording_id": epoch milliseconds}'
+        ) from None
+    assert isinstance(spec, dict)  # no keywords: a dict or an error
+    return spec
+
+
+# Spark's time strings (JavaUtils.timeStringAsMs, as Kafka's maxTriggerDelay takes): a number
+# with an optional unit; no unit is milliseconds.
+_DURATION_UNITS_MS = {
+    "": 1.0,
+    "us": 0.001,
+    "ms": 1.0,
+    "s": 1000.0,
+    "m": 60_000.0,
+    "min": 60_000.0,
+    "h": 3_600_000.0,
+    "d": 86_400_000.0,
+}
+
+
+def _duration_ms(name: str, value: str) -> int:
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]+)\s*([a-z]*)\s*", value.lower())
+    if match is None or match.group(2) not in _DURATION_UNITS_MS:
+        raise ConfigurationError(
+            name,
+            value,
+            'milliseconds, or a number with a unit us, ms, s, m, min, h or d ("30s", "15m")',
+        )
+    ms = int(int(match.group(1)) * _DURATION_UNITS_MS[match.group(2)])
+    if ms > 2**53:
+        raise ConfigurationError(name, value, f"a duration of at most {2**53} ms")
+    return ms
 
 
 def _read_on(o: dict[str, str]) -> str:
@@ -640,7 +704,8 @@ def _limits(o: dict[str, str]) -> dict[str, Any]:
     def opt(key: str, name: str, low: int, high: int) -> int | None:
         return _int(name, o[key], low, high) if o.get(key, "").strip() else None
 
-    delay = opt("maxtriggerdelayms", "maxTriggerDelayMs", 0, 2**53)
+    raw = o.get("maxtriggerdelayms", "").strip()
+    delay = _duration_ms("maxTriggerDelayMs", raw) if raw else None
     return {
         "max_messages_per_trigger": opt("maxmessagespertrigger", "maxMessagesPerTrigger", 1, 2**53),
         "max_bytes_per_trigger": opt("maxbytespertrigger", "maxBytesPerTrigger", 1, 2**53),

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,9 +46,11 @@ from aeron_spark.connector.formats_records import (
 )
 from aeron_spark.connector.formats_sbe import SbeBatches, SbeRead, source_arrow_schema
 from aeron_spark.connector.options import SourceOptions
+from aeron_spark.connector.pushdown import Pushed, push_filters
 from pyspark.sql.datasource import (
     DataSourceReader,
     DataSourceStreamReader,
+    Filter,
     InputPartition,
     SimpleDataSourceStreamReader,
 )
@@ -145,11 +147,12 @@ def _recordings(options: SourceOptions) -> dict[str, _Rec]:
 
 def _start_position(options: SourceOptions, rec: _Rec, client: StreamClient | None) -> int:
     info = rec.info
-    if options.starting_timestamp_ms is not None and client is not None:
-        return max(
-            info.purged_position,
-            client.position_at(info.recording_id, options.starting_timestamp_ms * 1_000_000),
-        )
+    by_time = options.starting_by_timestamp or {}
+    ts_ms = options.starting_timestamp_ms
+    if ts_ms is None:
+        ts_ms = by_time.get(rec.key)
+    if ts_ms is not None and client is not None:
+        return max(info.purged_position, client.position_at(info.recording_id, ts_ms * 1_000_000))
     spec = options.starting
     if spec == "latest":
         return info.recorded_position
@@ -168,6 +171,41 @@ def _start_positions(options: SourceOptions, recordings: dict[str, _Rec]) -> dic
             for rec in mine:
                 out[rec.key] = _start_position(options, rec, client)
     return out
+
+
+def _positions_at(
+    options: SourceOptions, recordings: dict[str, _Rec], timestamps_ms: dict[str, int]
+) -> dict[str, int]:
+    """Each named recording's first position recorded at or after its time (its time index)."""
+    out: dict[str, int] = {}
+    for settings in options.all_settings:
+        mine = [r for r in recordings.values() if r.settings == settings and r.key in timestamps_ms]
+        if not mine:
+            continue
+        with pooled(settings) as client:
+            for rec in mine:
+                ns = timestamps_ms[rec.key] * 1_000_000
+                out[rec.key] = max(
+                    rec.info.purged_position, client.position_at(rec.info.recording_id, ns)
+                )
+    return out
+
+
+def _narrow(
+    pushed: Pushed, recordings: dict[str, _Rec], start: dict[str, int], end: dict[str, int]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Start and end positions cut to the pushed filters (message boundaries still)."""
+    start, end = dict(start), dict(end)
+    for key in sorted(end):
+        rec = recordings.get(key)
+        if rec is None:
+            continue
+        begin = max(start.get(key, rec.info.start_position), rec.info.purged_position)
+        if end[key] <= begin:
+            continue
+        with pooled(rec.settings) as client:
+            start[key], end[key] = pushed.narrow(client, rec.info.recording_id, begin, end[key])
+    return start, end
 
 
 def _check_loss(options: SourceOptions, rec: _Rec, start: int) -> int:
@@ -364,12 +402,18 @@ class AeronBatchReader(DataSourceReader):
     def __init__(self, options: SourceOptions, schema: StructType | None = None) -> None:
         self.options = options
         self._format = format_fields(options, schema)
+        self._pushed = Pushed()
 
     def partitions(self) -> Sequence[InputPartition]:
         o = self.options
         recordings = _recordings(o)
+        if self._pushed.sets:
+            recordings = {k: r for k, r in recordings.items() if self._pushed.keeps(r.info)}
         start = _start_positions(o, recordings)
-        if isinstance(o.ending, dict):
+        if o.ending_timestamp_ms is not None:
+            end = _positions_at(o, recordings, {k: o.ending_timestamp_ms for k in recordings})
+            end = {k: min(p, recordings[k].info.recorded_position) for k, p in end.items()}
+        elif isinstance(o.ending, dict):
             unknown = set(o.ending) - set(recordings)
             if unknown:
                 raise PositionOutOfRangeError(
@@ -381,11 +425,28 @@ class AeronBatchReader(DataSourceReader):
             }
         else:
             end = {key: rec.info.recorded_position for key, rec in recordings.items()}
+        if not self._pushed.empty:
+            start, end = _narrow(self._pushed, recordings, start, end)
         parts = _split(_partitions(o, recordings, start, end), o.min_partitions)
         return _with_format(parts, self._format)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_range(partition)
+
+
+class AeronFilteringBatchReader(AeronBatchReader):
+    """:class:`AeronBatchReader` taking Spark's filters (``spark.sql.python.filterPushdown.
+    enabled=true``; Spark refuses a reader with ``pushFilters`` while that is off, so the data
+    source hands this one only when it is on)."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        """Narrow the read by what the store can answer (see :mod:`.pushdown`); with the
+        metadata columns only (``format=binary/text``, or ``includeMetadata``). Every filter is
+        returned: Spark still applies it to the rows read."""
+        o = self.options
+        if o.format in ("binary", "text") or (o.include_metadata and o.format != "arrow"):
+            return push_filters(self._pushed, filters)
+        return filters
 
 
 class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -83,6 +83,30 @@ def _declared_first(counters: dict[str, Any]) -> list[tuple[str, Any]]:
     )
 
 
+def consumer_lag(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each consumer's lag per recording it committed: recorded bytes beyond its committed
+    position (``recorded_position - committed``; None for a recording no longer listed, e.g.
+    deleted). Bytes, not messages: counting messages would mean scanning the gap."""
+    recorded = {
+        str(r["recording_id"]): r["recorded_position"] for r in snapshot.get("recordings", [])
+    }
+    out = []
+    for c in snapshot.get("consumers", []):
+        for rid, committed in sorted(c.get("positions", {}).items(), key=lambda kv: int(kv[0])):
+            end = recorded.get(str(rid))
+            out.append(
+                {
+                    "consumer_id": c["consumer_id"],
+                    "recording_id": int(rid),
+                    "committed": committed,
+                    "recorded": end,
+                    "behind_bytes": None if end is None else max(0, end - committed),
+                    "age_s": float(c.get("age_s", 0.0)),
+                }
+            )
+    return out
+
+
 def render(snapshot: dict[str, Any]) -> str:
     """A plain-text view of one snapshot (what the terminal shows)."""
     lines: list[str] = []
@@ -127,6 +151,20 @@ def render(snapshot: dict[str, Any]) -> str:
             f"  {r['recording_id']:>6} {r['stream_id']:>7} {r['session_id']:>11} "
             f"{_fmt_pos(r['purged_position']):>14} {_fmt_pos(r['recorded_position']):>16} "
             f"{_fmt_pos(r['stop_position']):>16}  {r['source']}"
+        )
+    lines.append("")
+    lags = consumer_lag(snapshot)
+    lines.append(f"consumers ({len(snapshot.get('consumers', []))})")
+    if lags:
+        lines.append(
+            f"  {'consumer':<24} {'recording':>9} {'committed':>16} {'recorded':>16} "
+            f"{'behind (B)':>16} {'age':>8}"
+        )
+    for lag in lags:
+        lines.append(
+            f"  {lag['consumer_id']:<24} {lag['recording_id']:>9} "
+            f"{_fmt_pos(lag['committed']):>16} {_fmt_pos(lag['recorded']):>16} "
+            f"{_fmt_pos(lag['behind_bytes']):>16} {lag['age_s']:>7.1f}s"
         )
     lines.append("")
     sessions = snapshot.get("sessions", [])
@@ -258,4 +296,4 @@ def stat_main(argv: Sequence[str], out: TextIO | None = None) -> int:
         return 0
 
 
-__all__ = ["STAT_FILE", "read_snapshot", "render", "stat_main", "write_snapshot"]
+__all__ = ["STAT_FILE", "consumer_lag", "read_snapshot", "render", "stat_main", "write_snapshot"]
