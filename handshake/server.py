@@ -434,8 +434,14 @@ class Server:
         conn.client_key = session.client_key  # type: ignore[attr-defined]
         if session.address != "ipc":
             # it proved it receives at its address: no amplification bound towards it
-            self.driver.trust_host(host_of((session.address,)))
-            conn._trusted_host = host_of((session.address,))  # type: ignore[attr-defined]
+            # (its two streams only: the session ids are secret, so no spoofer's frames share
+            # the exemption, and the handshake channels towards that address stay bounded)
+            trusted = (
+                host_of((session.address,)),
+                (session.details.c2s_session_id, session.details.s2c_session_id),
+            )
+            self.driver.trust_host(*trusted)
+            conn._trusted_host = trusted  # type: ignore[attr-defined]
         for frame in pending.inbox:  # whole frames the client sent right after DONE
             conn._on_fragment(memoryview(frame), None)
         pending.inbox.clear()
@@ -505,10 +511,10 @@ class Server:
             self.connections.remove(conn)
 
     def _distrust(self, conn: Connection) -> None:
-        host = getattr(conn, "_trusted_host", None)
-        if host is not None:
+        trusted = getattr(conn, "_trusted_host", None)
+        if trusted is not None:
             conn._trusted_host = None  # type: ignore[attr-defined]
-            self.driver.distrust_host(host)
+            self.driver.distrust_host(*trusted)
 
     def _report(self, conn: Connection | None, exc: BaseException) -> None:
         if self.on_error is not None:

@@ -20,7 +20,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -319,15 +319,16 @@ class Driver:
             destination,
         )
 
-    def trust_host(self, host: str) -> None:
-        """``host`` completed a handshake: sends to it are no longer bounded by what it sent
-        (see ``max-amplification``); each call is undone by one :meth:`distrust_host`."""
+    def trust_host(self, host: str, session_ids: Iterable[int]) -> None:
+        """``host`` completed a handshake whose streams have ``session_ids``: their frames to it
+        are no longer bounded by what it sent (see ``max-amplification``); every other stream to
+        it still is. Each call is undone by one :meth:`distrust_host` with the same ids."""
         if self.amplification is not None:
-            self.amplification.trust(host)
+            self.amplification.trust(host, session_ids)
 
-    def distrust_host(self, host: str) -> None:
+    def distrust_host(self, host: str, session_ids: Iterable[int]) -> None:
         if self.amplification is not None:
-            self.amplification.distrust(host)
+            self.amplification.distrust(host, session_ids)
 
     def _open_endpoint(self, bind: Endpoint, config: ChannelConfig) -> UdpEndpoint:
         buffer = self.config.socket_buffer_length

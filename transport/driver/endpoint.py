@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import socket
+from collections.abc import Iterable
 from typing import Any
 
 from aeron_spark.transport.counters import SystemCounters
@@ -30,9 +31,14 @@ _TRANSIENT = {
 
 class AmplificationLedger:
     """Bytes received from and sent to each IP address by a driver's guarded sockets: to an
-    address not trusted (one that has not completed a handshake) at most ``factor`` times what
-    came from it is sent; the rest is dropped and counted. A spoofer that names a victim as
-    its source so gets at most ``factor`` times its own traffic sent to the victim.
+    address not trusted at most ``factor`` times what came from it is sent; the rest is dropped
+    and counted. A spoofer that names a victim as its source so gets at most ``factor`` times its
+    own traffic sent to the victim.
+
+    Trust is per (address, session id), not per address: a handshake proves that its client
+    receives at its address, which exempts that session's streams (its secret session ids) and
+    nothing else; every other stream towards that address (a handshake's replies, a HELLO
+    stream's status messages, whose session ids a spoofer may choose) stays bounded.
 
     Received bytes are counted on the receiving thread and sent ones on the sending one (each
     updates its own dict); ``trusted`` is replaced whole by :meth:`trust`/:meth:`distrust`.
@@ -43,8 +49,8 @@ class AmplificationLedger:
         self.max_hosts = max_hosts
         self.received: dict[str, int] = {}
         self.sent: dict[str, int] = {}
-        self.trusted: frozenset[str] = frozenset()
-        self._trust_counts: dict[str, int] = {}
+        self.trusted: frozenset[tuple[str, int]] = frozenset()
+        self._trust_counts: dict[tuple[str, int], int] = {}
         self.drops = 0
         self.dropped_bytes = 0
 
@@ -54,8 +60,8 @@ class AmplificationLedger:
             received.clear()  # a flood of sources: forget credit (sends get stricter, not looser)
         received[host] = received.get(host, 0) + length
 
-    def may_send(self, host: str, length: int) -> bool:
-        if host in self.trusted:
+    def may_send(self, host: str, length: int, session_id: int | None = None) -> bool:
+        if session_id is not None and (host, session_id) in self.trusted:
             return True
         sent = self.sent
         total = sent.get(host, 0) + length
@@ -69,17 +75,36 @@ class AmplificationLedger:
         sent[host] = total
         return True
 
-    def trust(self, host: str) -> None:
-        self._trust_counts[host] = self._trust_counts.get(host, 0) + 1
-        self.trusted = frozenset(self._trust_counts)
+    def trust(self, host: str, session_ids: Iterable[int]) -> None:
+        counts = self._trust_counts
+        for sid in session_ids:
+            counts[(host, sid)] = counts.get((host, sid), 0) + 1
+        self.trusted = frozenset(counts)
 
-    def distrust(self, host: str) -> None:
-        left = self._trust_counts.get(host, 0) - 1
-        if left > 0:
-            self._trust_counts[host] = left
-        else:
-            self._trust_counts.pop(host, None)
-        self.trusted = frozenset(self._trust_counts)
+    def distrust(self, host: str, session_ids: Iterable[int]) -> None:
+        counts = self._trust_counts
+        for sid in session_ids:
+            left = counts.get((host, sid), 0) - 1
+            if left > 0:
+                counts[(host, sid)] = left
+            else:
+                counts.pop((host, sid), None)
+        self.trusted = frozenset(counts)
+
+
+def frame_session_id(data: Any) -> int | None:
+    """The session id an Aeron frame names (DATA, PAD, SETUP at byte 12; SM, NAK, RTTM at byte
+    8), or None for another or a short frame."""
+    if len(data) < 16:
+        return None
+    ftype = data[6] | (data[7] << 8)
+    if ftype in (0x00, 0x01, 0x05):
+        offset = 12
+    elif ftype in (0x02, 0x03, 0x06):
+        offset = 8
+    else:
+        return None
+    return int.from_bytes(bytes(data[offset : offset + 4]), "little", signed=True)
 
 
 def host_key(address: Any) -> str:
@@ -142,7 +167,9 @@ class UdpEndpoint:
         """Send one datagram; failures and short sends are counted, not raised."""
         counters = self.counters
         ledger = self.ledger
-        if ledger is not None and not ledger.may_send(host_key(address), len(data)):
+        if ledger is not None and not ledger.may_send(
+            host_key(address), len(data), frame_session_id(data) if ledger.trusted else None
+        ):
             counters.amplification_drops += 1
             return
         try:
