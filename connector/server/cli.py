@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--incomplete-message-timeout-seconds",
         type=float,
         default=30.0,
-        help="discard a message whose next chunk has not come for this long (default 30)",
+        help="discard a chunked message not whole this long after its first chunk (default 30)",
     )
     parser.add_argument(
         "--log-level",

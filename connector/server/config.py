@@ -80,8 +80,8 @@ class ServerConfig:
                             message announced longer than the latter is refused at its first
                             chunk); memory is charged as chunks arrive, a chunk past either is
                             refused (``LIMIT_EXCEEDED``) and its message discarded
-    ``incomplete_message_timeout_s``  an incomplete message whose next chunk has not come for
-                            this long is discarded (on the clock, whatever else the session sends)
+    ``incomplete_message_timeout_s``  an incomplete message not whole this long after its first
+                            chunk is discarded (on the clock, whatever else the session sends)
     ``ingest_allow``        addresses or CIDR ranges whose publications the ingest channel
                             records (empty: any); a source must also pass ``allow`` / ``deny``;
                             other sources' SETUPs make no image and are counted

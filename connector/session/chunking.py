@@ -28,8 +28,9 @@ Invariants: chunks of one payload are sent in index order and, because a session
 reliable stream, arrive in index order with nothing interleaved from the same sender. So the
 reassembler holds at most one open payload; any other chunk than the next expected one -- a gap,
 a repeat, or the start of another payload while one is open -- is a :class:`ChunkMissingError`
-and the open payload is discarded. An open payload also expires ``timeout_ns`` after its last
-chunk: on the clock (:meth:`Reassembler.expire`, which the server calls every pass), not only when
+and the open payload is discarded. An open payload also expires ``timeout_ns`` after its first
+chunk (a message must be whole within it, so a trickle of tiny chunks cannot hold memory): on
+the clock (:meth:`Reassembler.expire`, which the server calls every pass), not only when
 its next chunk arrives.
 
 Memory is charged as bytes arrive, never as announced: the announced length is only checked
@@ -241,6 +242,9 @@ class Reassembler:
             self._total = total
             self._release()
             self._next_index = 0
+            # the whole message must come within the timeout of its first chunk: a deadline
+            # renewed by every chunk let 1-byte chunks hold the budget forever
+            self._deadline_ns = now_ns + self.timeout_ns
             if self.budget is not None:
                 self.budget.open += 1
         elif pid != self._payload_id or index != self._next_index or count != self._count:
@@ -276,7 +280,6 @@ class Reassembler:
             )
         self._buffer += body
         self._next_index = index + 1
-        self._deadline_ns = now_ns + self.timeout_ns
         if self._next_index < self._count:
             return None
         if len(self._buffer) != self._total:
