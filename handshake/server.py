@@ -171,6 +171,11 @@ class Server:
         self._by_conn: dict[int, ServerSession] = {}
         self.seal_counters = SealCounters()
         self._reply_of: dict[ServerSession, Any] = {}
+        # the HELLO image each live handshake or session was admitted on, and how many of them
+        # vouch for each image: an image is vouched while one lives, not forever (a host that
+        # gets HELLOs admitted and lets them expire kept its images vouched: never evicted)
+        self._vouch_of: dict[ServerSession, Any] = {}
+        self._vouches: dict[int, int] = {}
         self.reply_drops = 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -337,9 +342,12 @@ class Server:
                 self._reply(reply, rejected.reply, address, now_ns)
             return rejected.code is None
         if image is not None:
-            # a valid HELLO (its cookie or token echoed, admitted): its image is never evicted
-            # for a newcomer; one that never got this far is, oldest first (issue 28 item 5)
+            # a valid HELLO (its cookie or token echoed, admitted): its image is not evicted
+            # for a newcomer while this handshake or its session lives; one that never got this
+            # far is, oldest first (issue 28 item 5)
             image.vouch()
+            self._vouch_of[session] = image
+            self._vouches[id(image)] = self._vouches.get(id(image), 0) + 1
         self._reply_of[session] = reply
         try:
             session.transport = self._open_pair(channels, session)
@@ -467,7 +475,21 @@ class Server:
             self._distrust(resources)
         session.transport = None
         self._reply_of.pop(session, None)
+        self._unvouch(session)
         self.core.release(session, event)
+
+    def _unvouch(self, session: ServerSession) -> None:
+        """The handshake or session ``session`` ended: its HELLO image is evictable again once
+        nothing else admitted on it lives."""
+        image = self._vouch_of.pop(session, None)
+        if image is None:
+            return
+        left = self._vouches.get(id(image), 0) - 1
+        if left > 0:
+            self._vouches[id(image)] = left
+        else:
+            self._vouches.pop(id(image), None)
+            image.vouch(False)
 
     def _flush_replies(self, now_ns: int) -> None:
         """Offer the queued replies; one whose client has not joined its reply publication yet
@@ -506,6 +528,7 @@ class Server:
             if session is not None:
                 session.transport = None
                 self._reply_of.pop(session, None)
+                self._unvouch(session)
                 self.core.release(session, SessionEvent.TRANSPORT_LOST)
             # Last, so that a connection no longer counted has given back all it held.
             self.connections.remove(conn)

@@ -389,14 +389,15 @@ class Image:
     def is_end_of_stream(self) -> bool:
         return self._state.is_end_of_stream
 
-    def vouch(self) -> None:
-        """Tell the driver this image's sender proved itself (for a handshake server: it sent
-        a valid HELLO). When a subscription's image limits are reached, a new sender's SETUP
-        evicts the oldest image nobody vouched for (``images_evicted``) instead of being
+    def vouch(self, vouched: bool = True) -> None:
+        """Tell the driver this image's sender proved itself (for a handshake server: a HELLO
+        on it was admitted and its handshake or session lives), or with ``False`` that it no
+        longer vouches. When a subscription's image limits are reached, a new sender's SETUP
+        evicts the oldest image nobody vouches for (``images_evicted``) instead of being
         refused; a vouched image is never evicted. No-op for IPC images."""
         vouch = getattr(self._state, "vouch", None)
         if vouch is not None:
-            vouch()
+            vouch(vouched)
 
     @property
     def last_packet_ns(self) -> int | None:

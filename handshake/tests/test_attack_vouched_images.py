@@ -16,7 +16,8 @@ fails with HANDSHAKE_TIMEOUT (``images_refused`` grows, ``images_evicted`` stays
 Cause: ``handshake/server.py`` ``_on_hello`` (``image.vouch()``, about line 342) vouches at
 admission, not when the session completes, and never un-vouches; ``transport/protocol/
 receiver.py`` ``_victim`` (about line 555) finds nothing to evict at the overall cap when all
-images are vouched, whichever /24 holds them."""
+images are vouched, whichever /24 holds them. Fixed: an image is vouched while a handshake
+or session admitted on it lives (``Server._unvouch``), so these expire back to evictable."""
 
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 from aeron_spark.handshake import Client, ClientConfig, Server, ServerConfig
 from aeron_spark.handshake.config import HANDSHAKE_STREAM_ID
 from aeron_spark.handshake.errors import HandshakeError
@@ -64,11 +64,6 @@ def _vouched_image(driver, server, sock, session_id: int) -> int:
     return _aligned(hello) + _aligned(again)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 28 item 5 follow-up: HELLO images vouched by an admitted HELLO (handshake "
-    "never finished) are never evicted and have no per-/24 share: they keep newcomers out",
-)
 def test_vouched_hello_images_of_one_network_do_not_keep_others_out(tmp_path: Path) -> None:
     server = Server(
         ServerConfig(

@@ -230,9 +230,10 @@ class ImageState:
             self.phase = phase
             self.transitions += 1
 
-    def vouch(self) -> None:
-        """The subscriber trusts this sender: the image is never evicted for a newcomer."""
-        self.vouched = True
+    def vouch(self, vouched: bool = True) -> None:
+        """The subscriber trusts this sender: the image is never evicted for a newcomer (or,
+        with ``False``, no longer does: it may be again)."""
+        self.vouched = vouched
 
     def request_close(self) -> None:
         """The subscription is done with it: EOS SMs go out from the next :meth:`do_work`."""
