@@ -118,3 +118,7 @@ def server_process(
         if proc.poll() is None:
             proc.kill()
         proc.wait(30)
+        # the log lies beside the directory, which may be a tmpfs mount point or the temporary
+        # directory itself: it goes with the server (runs left one per server in /tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(log_path)
