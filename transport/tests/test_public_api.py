@@ -66,6 +66,7 @@ def test_call_shapes() -> None:
         "stream_id",
         "on_available_image",
         "on_unavailable_image",
+        "admit_source",  # keyword-only: the ingest channel's source filter (issue 28 item 7)
     ]
     assert params(Driver.do_work) == ["self", "now_ns"]
     assert params(Publication.offer) == ["self", "payload", "reserved_value"]
