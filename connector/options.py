@@ -313,6 +313,22 @@ def _check_known(
     return lowered
 
 
+# Kafka's source and sink options a user coming from Kafka reaches for, and ours for them
+KAFKA_SPELLINGS = {
+    "maxOffsetsPerTrigger": "maxMessagesPerTrigger",
+    "minOffsetsPerTrigger": "minMessagesPerTrigger",
+    "maxTriggerDelay": "maxTriggerDelayMs",
+    "startingOffsets": "startingPositions",
+    "endingOffsets": "endingPositions",
+    "startingOffsetsByTimestamp": "startingPositionsByTimestamp",
+    "subscribe": "streamIds",
+    "assign": "streamIds",
+    "topic": "streamId",
+    "kafka.bootstrap.servers": "endpoint",
+}
+KAFKA_NAMES = {k.lower(): v for k, v in KAFKA_SPELLINGS.items()}
+
+
 def unknown_option(
     key: str, value: object, known: Mapping[str, tuple[str, str, str]], kind: str
 ) -> ConfigurationError:
@@ -322,15 +338,25 @@ def unknown_option(
     import difflib
 
     name = str(key).lower()
-    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
     names = ", ".join(spec[0] for spec in known.values())
+    # a name that kept its case is the user's own spelling; a lower-cased one is recased below
+    spelled = str(key) if str(key) != name else None
+    kafka = KAFKA_NAMES.get(name)
+    if kafka is not None and kafka.lower() in known:
+        return ConfigurationError(
+            spelled or next(k for k in KAFKA_SPELLINGS if k.lower() == name),
+            value,
+            problem=f"not a {kind} option of this connector: Kafka's option; here it is "
+            f"{kafka} (the {kind} options: {names})",
+        )
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
     if not close:
         return ConfigurationError(
             str(key), value, problem=f"not a known {kind} option (the {kind} options: {names})"
         )
     canonical = known[close[0]][0]
     return ConfigurationError(
-        _recase(name, canonical),
+        spelled or _recase(name, canonical),
         value,
         problem=f"not a known {kind} option: did you mean {canonical}? (the {kind} options: "
         f"{names})",

@@ -103,3 +103,24 @@ def test_a_column_that_is_no_sbe_field_is_named_with_its_type_only() -> None:
     assert len(message) < 400, message
     with pytest.raises(ConfigurationError, match=r"^invalid column qty=None: .*required"):
         check_sink_schema(pa.schema([f for f in schema if f.name != "qty"]), options.sbe)
+
+
+@pytest.mark.parametrize(
+    ("key", "ours"),
+    [
+        ("maxOffsetsPerTrigger", "maxMessagesPerTrigger"),
+        ("maxoffsetspertrigger", "maxMessagesPerTrigger"),
+        ("startingOffsets", "startingPositions"),
+        ("subscribe", "streamIds"),
+    ],
+)
+def test_a_kafka_option_is_named_as_spelled_and_ours_given(key: str, ours: str) -> None:
+    # The user's spelling, where it survives, is kept (it was recased to a neighbour's:
+    # 'maxoffsetsPerTrigger'); a Kafka name gets the name this connector has for it.
+    from aeron_spark.connector.options import KAFKA_SPELLINGS, parse_source_options
+
+    with pytest.raises(ConfigurationError) as info:
+        parse_source_options({"streamId": "1", key: "5"})
+    assert info.value.name in (key, *KAFKA_SPELLINGS)
+    assert info.value.name.lower() == key.lower()
+    assert f"here it is {ours}" in str(info.value)
