@@ -4,6 +4,8 @@ machine and sessions as UDP, through shared-memory log buffers."""
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,9 +23,11 @@ from .conftest import wait_for
 
 
 @pytest.fixture
-def shm_dir(tmp_path: Path) -> Path:
+def shm_dir(tmp_path: Path) -> Iterator[Path]:
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
-    return base / f"aeron-spark-hs-test-{os.getpid()}-{id(tmp_path)}"
+    path = base / f"aeron-spark-hs-test-{os.getpid()}-{id(tmp_path)}"
+    yield path
+    shutil.rmtree(path, ignore_errors=True)  # the drivers' directory (every run left one)
 
 
 def _ipc_files(directory: Path) -> list[str]:

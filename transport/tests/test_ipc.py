@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,8 +33,7 @@ def ipc_dir(tmp_path: Path) -> Path:
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
     path = base / f"aeron-spark-test-{os.getpid()}-{time.monotonic_ns()}"
     yield path
-    for leftover in (path / "ipc").glob("*") if (path / "ipc").exists() else []:
-        leftover.unlink()
+    shutil.rmtree(path, ignore_errors=True)  # the driver's directory too, not only its files
 
 
 def _driver(ipc_dir: Path, **kw: object) -> Driver:

@@ -4,8 +4,11 @@ fragments copied into the current term, ids rewritten, the first frame's length 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -218,9 +221,17 @@ def test_blocks_through_a_real_udp_driver_under_back_pressure(tmp_path: Path) ->
         assert got == messages
 
 
-def test_blocks_over_ipc(tmp_path: Path) -> None:
-    directory = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
-    directory = directory / f"aeron-spark-offer-block-{os.getpid()}-{time.monotonic_ns()}"
+@pytest.fixture
+def shm(tmp_path: Path) -> Iterator[Path]:
+    """A folder for IPC drivers' directories (in /dev/shm where there is one), removed after."""
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    folder = Path(tempfile.mkdtemp(prefix=f"aeron-spark-offer-block-{os.getpid()}-", dir=base))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_blocks_over_ipc(tmp_path: Path, shm: Path) -> None:
+    directory = shm / f"aeron-spark-offer-block-{os.getpid()}-{time.monotonic_ns()}"
     messages = [(bytes([i % 256]) * (i % 2000 + 1), i) for i in range(400)]
     with Driver(DriverConfig(directory=directory, write_counters_file=False)) as d:
         pub = d.add_publication("aeron:ipc?term-length=1m", 21)
@@ -237,9 +248,8 @@ def test_blocks_over_ipc(tmp_path: Path) -> None:
     assert got == messages
 
 
-def test_ipc_blocks_back_pressure_until_the_subscriber_reads(tmp_path: Path) -> None:
-    directory = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
-    directory = directory / f"aeron-spark-offer-block-bp-{os.getpid()}-{time.monotonic_ns()}"
+def test_ipc_blocks_back_pressure_until_the_subscriber_reads(tmp_path: Path, shm: Path) -> None:
+    directory = shm / f"aeron-spark-offer-block-bp-{os.getpid()}-{time.monotonic_ns()}"
     block = framed([(b"z" * 1000, 1)] * 8)  # 8 KiB
     with Driver(DriverConfig(directory=directory, write_counters_file=False)) as d:
         pub = d.add_publication("aeron:ipc?term-length=64k", 22)
