@@ -20,7 +20,7 @@ from typing import Any, TextIO
 from aeron_spark.connector.errors import ServerUnavailableError
 from aeron_spark.connector.server import counters as _declared  # noqa: F401 - declares them
 from aeron_spark.connector.session.call import call_once
-from aeron_spark.connector.session.settings import ClientSettings
+from aeron_spark.connector.session.settings import add_session_arguments, settings_from_args
 
 from aeron_spark.counters import REGISTRY, CounterType
 
@@ -210,15 +210,7 @@ def render(snapshot: dict[str, Any]) -> str:
 def _source(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
     if args.dir:
         return lambda: read_snapshot(args.dir, max_age_s=max(5.0, 3 * args.interval_s))
-    settings = ClientSettings(
-        endpoint=args.endpoint,
-        encryption=not args.no_encryption,
-        key_store_dir=args.key_store,
-        server_key=args.server_key,
-        trust_on_first_use=not args.no_trust_on_first_use,
-        client_key=args.client_key,
-        timeout_s=args.timeout_s,
-    )
+    settings = settings_from_args(args)
 
     def fetch() -> dict[str, Any]:
         return dict(call_once(settings, "stats"))
@@ -240,38 +232,7 @@ def stat_main(argv: Sequence[str], out: TextIO | None = None) -> int:
     parser.add_argument(
         "--interval-s", type=float, default=1.0, help="refresh interval (default %(default)s)"
     )
-    parser.add_argument(
-        "--no-encryption",
-        action="store_true",
-        help="with --endpoint: do not seal the session (only for trusted networks)",
-    )
-    parser.add_argument(
-        "--key-store",
-        default=None,
-        help="key store directory (default $AERON_SPARK_KEY_STORE or ~/.aeron-spark/keys)",
-    )
-    parser.add_argument(
-        "--server-key",
-        default=None,
-        help="pin the server's public key (hex, from 'aeron-spark keys show' on the server)",
-    )
-    parser.add_argument(
-        "--no-trust-on-first-use",
-        action="store_true",
-        help="refuse a server whose key is neither pinned nor already known",
-    )
-    parser.add_argument(
-        "--client-key",
-        default=None,
-        metavar="FILE",
-        help="this client's identity private key file (default: client.key in the key store)",
-    )
-    parser.add_argument(
-        "--timeout-s",
-        type=float,
-        default=10.0,
-        help="connect and request timeout in seconds (default %(default)s)",
-    )
+    add_session_arguments(parser, timeout_s=10.0, endpoint=False, when="with --endpoint: ")
     args = parser.parse_args(argv)
     out = out or sys.stdout
     if not args.dir and not args.endpoint:

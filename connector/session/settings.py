@@ -3,6 +3,7 @@ carry one; the link opens a session with it)."""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 from aeron_spark.errors import ConfigurationError
@@ -55,3 +56,69 @@ class ClientSettings:
 
 
 __all__ = ["DEFAULT_ENDPOINT", "ClientSettings"]
+
+
+def add_session_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *,
+    timeout_s: float,
+    endpoint: bool = True,
+    when: str = "",
+) -> None:
+    """The command line's session options (``--endpoint``, ``--no-encryption``, ``--key-store``,
+    ``--server-key``, ``--client-key``, ``--no-trust-on-first-use``, ``--timeout-s``), one
+    definition for every command that opens a session (read back by :func:`settings_from_args`).
+    ``endpoint=False``: the caller adds ``--endpoint`` itself; ``when``: a condition the flags
+    apply under, put before their help text."""
+    if endpoint:
+        parser.add_argument(
+            "--endpoint",
+            default=DEFAULT_ENDPOINT,
+            help="stream server handshake endpoint host:port (default %(default)s)",
+        )
+    parser.add_argument(
+        "--no-encryption",
+        action="store_true",
+        help=f"{when}do not seal the session (only for trusted networks)",
+    )
+    parser.add_argument(
+        "--key-store",
+        default=None,
+        help="key store directory (default $AERON_SPARK_KEY_STORE or ~/.aeron-spark/keys)",
+    )
+    parser.add_argument(
+        "--server-key",
+        default=None,
+        help="pin the server's public key (hex, from 'aeron-spark keys show' on the server)",
+    )
+    parser.add_argument(
+        "--client-key",
+        default=None,
+        metavar="FILE",
+        help="this client's identity private key file (default: client.key in the key store, "
+        "created on first use; 'aeron-spark keys show --client' prints its public key)",
+    )
+    parser.add_argument(
+        "--no-trust-on-first-use",
+        action="store_true",
+        help="refuse a server whose key is neither pinned nor already known",
+    )
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=timeout_s,
+        help="connect and request timeout in seconds (default %(default)s)",
+    )
+
+
+def settings_from_args(args: argparse.Namespace) -> ClientSettings:
+    """The :class:`ClientSettings` the options of :func:`add_session_arguments` name."""
+    return ClientSettings(
+        endpoint=args.endpoint,
+        encryption=not args.no_encryption,
+        key_store_dir=args.key_store,
+        server_key=args.server_key,
+        trust_on_first_use=not args.no_trust_on_first_use,
+        timeout_s=args.timeout_s,
+        client_key=args.client_key,
+    )

@@ -31,62 +31,19 @@ COMMANDS = ("server", "stat", "publish", "tail", "keys", "consumers", "demo")
 
 
 def _client_settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from aeron_spark.connector.client import ClientSettings
+    from aeron_spark.connector.session.settings import settings_from_args
 
-    return ClientSettings(
-        endpoint=args.endpoint,
-        encryption=not args.no_encryption,
-        key_store_dir=args.key_store,
-        server_key=args.server_key,
-        trust_on_first_use=not args.no_trust_on_first_use,
-        timeout_s=args.timeout_s,
-        client_key=args.client_key,
-    )
+    return settings_from_args(args)
 
 
 def _add_client_args(parser: argparse.ArgumentParser, stream: bool = True) -> None:
-    parser.add_argument(
-        "--endpoint",
-        default="127.0.0.1:40123",
-        help="stream server handshake endpoint host:port (default %(default)s)",
-    )
+    from aeron_spark.connector.session.settings import add_session_arguments
+
+    add_session_arguments(parser, timeout_s=30.0)
     if stream:
         parser.add_argument(
             "--stream-id", type=int, default=10, help="stream id (default %(default)s)"
         )
-    parser.add_argument(
-        "--no-encryption",
-        action="store_true",
-        help="do not seal the session (only for trusted networks)",
-    )
-    parser.add_argument(
-        "--key-store",
-        default=None,
-        help="key store directory (default $AERON_SPARK_KEY_STORE or ~/.aeron-spark/keys)",
-    )
-    parser.add_argument(
-        "--server-key",
-        default=None,
-        help="pin the server's public key (hex, from 'aeron-spark keys show' on the server)",
-    )
-    parser.add_argument(
-        "--client-key",
-        default=None,
-        metavar="FILE",
-        help="this client's identity private key file (default: client.key in the key store, "
-        "created on first use; 'aeron-spark keys show --client' prints its public key)",
-    )
-    parser.add_argument(
-        "--no-trust-on-first-use",
-        action="store_true",
-        help="refuse a server whose key is neither pinned nor already known",
-    )
-    parser.add_argument(
-        "--timeout-s",
-        type=float,
-        default=30.0,
-        help="connect and request timeout in seconds (default %(default)s)",
-    )
 
 
 def _read_payloads(stream: TextIO, binary: bool) -> Iterator[bytes]:
