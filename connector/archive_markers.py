@@ -22,18 +22,23 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from aeron_spark.transport.protocol.frames import (
+    RESERVED_VALUE_OFFSET,
+    FrameType,
+    is_unfragmented,
+    walk,
+)
 
 MARKER_MAGIC = b"AERON-SPARK-SINK"
 MARKER_RESERVED_VALUE = int.from_bytes(b"ASPKSINK", "little")  # 0x4B4E49534B505341
 BEGIN, END = 1, 2
 _BODY = struct.Struct("<B3xiqqq")  # kind, partitions, batch, begin position, rows
 _HEAD_LEN = len(MARKER_MAGIC) + _BODY.size
-_FLAG_BEGIN, _FLAG_END = 0x80, 0x40
-_TYPE_DATA, _TYPE_PAD = 0x01, 0x00
-_RESERVED_AT = 24
+_TYPE_DATA, _TYPE_PAD = int(FrameType.DATA), int(FrameType.PAD)
+_RESERVED_AT = RESERVED_VALUE_OFFSET
 TARGET_ALIAS_PREFIX = "aeron-spark-sink-"
 STAGING_ALIAS_PREFIX = "aeron-spark-stage-"
 
@@ -85,21 +90,14 @@ def is_sink_target(original_channel: str) -> bool:
     return f"alias={TARGET_ALIAS_PREFIX}" in original_channel
 
 
-def frames(data: bytes | bytearray | memoryview) -> Iterator[tuple[int, int, int, int, int]]:
-    """(offset, aligned length, frame length, flags, type) of each frame of whole frames."""
-    at, size = 0, len(data)
-    while at + 32 <= size:
-        length = int.from_bytes(data[at : at + 4], "little", signed=True)
-        if length <= 0:
-            break
-        aligned = (length + 31) & -32
-        yield at, aligned, length, data[at + 5], int.from_bytes(data[at + 6 : at + 8], "little")
-        at += aligned
+# (offset, aligned length, frame length, flags, type) of each frame of whole frames: the wire
+# format's walk, under the name the sink imports it by.
+frames = walk
 
 
 def marker_at(data: bytes | bytearray | memoryview, at: int, length: int, flags: int) -> bool:
     return (
-        flags & (_FLAG_BEGIN | _FLAG_END) == (_FLAG_BEGIN | _FLAG_END)
+        is_unfragmented(flags)
         and int.from_bytes(data[at + _RESERVED_AT : at + 32], "little", signed=True)
         == MARKER_RESERVED_VALUE
         and length - 32 >= _HEAD_LEN

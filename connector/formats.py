@@ -11,7 +11,6 @@ this is the block's ``timestamp_ns``, the same however a replay cut its blocks).
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -20,7 +19,12 @@ import pyarrow as pa
 from aeron_spark.connector.errors import ControlProtocolError
 from aeron_spark.connector.runs import PayloadRun
 from aeron_spark.connector.session.replay import ReplayBlock
-from aeron_spark.transport.protocol.frames import DATA_HEADER_DTYPE
+from aeron_spark.transport.protocol.frames import (
+    DATA_HEADER,
+    DataFlags,
+    FrameType,
+    uniform_block,
+)
 from aeron_spark.transport.protocol.logbuffer import wrap_int32
 
 BINARY_SCHEMA_DDL = (
@@ -29,10 +33,9 @@ BINARY_SCHEMA_DDL = (
 )
 TEXT_SCHEMA_DDL = BINARY_SCHEMA_DDL.replace("value binary", "value string", 1)
 
-_HEADER = struct.Struct("<iBBhiiiiq")
-_FLAG_BEGIN = 0x80
-_FLAG_END = 0x40
-_TYPE_PAD = 0x00
+_FLAG_BEGIN = int(DataFlags.BEGIN)
+_FLAG_END = int(DataFlags.END)
+_TYPE_PAD = int(FrameType.PAD)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,18 +68,18 @@ def iter_messages(blocks: Iterable[ReplayBlock], geometry: Geometry) -> Iterator
     partial: bytearray | None = None
     partial_position = 0
     initial_term_id, shift = geometry.initial_term_id, geometry.shift
-    unpack = _HEADER.unpack_from
+    unpack = DATA_HEADER.unpack_from
     for block in blocks:
         data = memoryview(block.data)
         ts = block.timestamp_ns
-        partial, partial_position = yield from _block_messages(
+        partial, partial_position = yield from block_messages(
             data, ts, partial, partial_position, initial_term_id, shift, unpack
         )
     if partial is not None:
         raise ControlProtocolError("the replayed range ends inside a fragmented message")
 
 
-def _block_messages(data, ts, partial, partial_position, initial_term_id, shift, unpack):  # type: ignore[no-untyped-def]
+def block_messages(data, ts, partial, partial_position, initial_term_id, shift, unpack):  # type: ignore[no-untyped-def]
     size = len(data)
     offset = 0
     while offset < size:
@@ -186,14 +189,11 @@ class BatchBuilder:
         return batch
 
 
-_HEADER_DTYPE = DATA_HEADER_DTYPE
-
-
 @dataclass(frozen=True, slots=True)
 class _UniformBlock:
     """A replay block of equal-length unfragmented DATA frames, as views of its bytes."""
 
-    header: np.ndarray  # _HEADER_DTYPE, one per frame
+    header: np.ndarray  # frames.DATA_HEADER_DTYPE, one per frame
     values: np.ndarray  # (frames, payload length) uint8, strided over the block
     timestamp_us: int
 
@@ -208,22 +208,11 @@ class _UniformBlock:
 def _uniform_block(block: ReplayBlock) -> _UniformBlock | None:
     """The block as a :class:`_UniformBlock` when it holds equal-length unfragmented DATA frames
     only (fixed-size records), else None (the general path then handles it)."""
-    data = np.frombuffer(block.data, dtype=np.uint8)
-    if len(data) < 32:
+    uniform = uniform_block(block.data)
+    if uniform is None:
         return None
-    length = int(data[:4].view("<i4")[0])
-    aligned = (length + 31) & -32
-    if length < 32 or len(data) % aligned:
-        return None
-    rows = data.reshape(-1, aligned)
-    header = np.ascontiguousarray(rows[:, :32]).view(_HEADER_DTYPE).ravel()
-    if not (
-        (header["length"] == length).all()
-        and (header["flags"] == 0xC0).all()
-        and (header["type"] == 1).all()
-    ):
-        return None
-    return _UniformBlock(header, rows[:, 32:length], block.timestamp_ns // 1000)
+    header, payloads = uniform
+    return _UniformBlock(header, payloads, block.timestamp_ns // 1000)
 
 
 def _uniform_batch(
@@ -301,7 +290,7 @@ def batches_from_blocks(
     gathered_rows = 0
     partial: bytearray | None = None
     partial_position = 0
-    unpack = _HEADER.unpack_from
+    unpack = DATA_HEADER.unpack_from
     for block in blocks:
         if partial is None:
             uniform = _uniform_block(block)
@@ -321,7 +310,7 @@ def batches_from_blocks(
         if gathered:
             yield _uniform_batch(gathered, recording_id, geometry, text, builder.schema)
             gathered, gathered_rows = [], 0
-        messages = _block_messages(
+        messages = block_messages(
             memoryview(block.data),
             block.timestamp_ns,
             partial,

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 from aeron_spark.connector.errors import ControlProtocolError
-from aeron_spark.connector.formats import _HEADER, Geometry, Message, _block_messages
+from aeron_spark.connector.formats import Geometry, Message, block_messages
 from aeron_spark.connector.formats_records import METADATA_FIELDS, BadRecordError
 from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.transport import sbe
-from aeron_spark.transport.protocol.frames import DATA_HEADER_DTYPE
+from aeron_spark.transport.protocol.frames import DATA_HEADER, uniform_block
 
 from aeron_spark.errors import ConfigurationError
 
@@ -42,8 +42,6 @@ OTHER_TEMPLATE_POLICIES = ("fail", "skip")
 ENUM_MODES = ("names", "raw")
 CHUNK_MESSAGES = 8192
 ROWS_PER_BATCH = 65536  # uniform blocks are gathered up to this many rows, then decoded
-
-_FRAME_DTYPE = DATA_HEADER_DTYPE
 
 
 @dataclass
@@ -187,14 +185,14 @@ class SbeBatches:
             if runs:
                 yield from self._runs(runs)
                 runs = []
-            messages = _block_messages(
+            messages = block_messages(
                 memoryview(block.data),
                 block.timestamp_ns,
                 partial,
                 partial_position,
                 geometry.initial_term_id,
                 geometry.shift,
-                _HEADER.unpack_from,
+                DATA_HEADER.unpack_from,
             )
             while True:
                 try:
@@ -222,29 +220,24 @@ class SbeBatches:
 
     def _uniform(self, block: ReplayBlock, geometry: Geometry) -> _Run | None:
         """A block of equal-length unfragmented DATA frames, as a payload matrix (no copy)."""
-        data = np.frombuffer(block.data, dtype=np.uint8)
+        data = block.data
         if len(data) < 32:
             return None
-        length = int(data[:4].view("<i4")[0])
-        aligned = (length + 31) & -32
-        if length < 32 + self.codec.header_length or len(data) % aligned:
+        length = int.from_bytes(data[:4], "little", signed=True)
+        if length < 32 + self.codec.header_length:
             return None
-        rows = data.reshape(-1, aligned)
-        header = np.ascontiguousarray(rows[:, :32]).view(_FRAME_DTYPE).ravel()
-        if not (
-            (header["length"] == length).all()
-            and (header["flags"] == 0xC0).all()
-            and (header["type"] == 1).all()
-        ):
+        uniform = uniform_block(data)
+        if uniform is None:
             return None
+        header, payloads = uniform
         term = header["term_id"].astype(np.int64) - geometry.initial_term_id
         term = ((term + 2**31) % 2**32) - 2**31
         positions = (term << geometry.shift) + header["term_offset"]
         return _Run(
-            rows[:, 32:length],
+            payloads,
             header,
             positions,
-            np.full(len(rows), block.timestamp_ns // 1000, np.int64),
+            np.full(len(header), block.timestamp_ns // 1000, np.int64),
         )
 
     def _runs(self, runs: list[_Run]) -> Iterator[pa.RecordBatch]:

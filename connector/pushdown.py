@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from aeron_spark.transport.protocol.frames import DataFlags
 from pyspark.sql.datasource import (
     EqualTo,
     Filter,
@@ -28,7 +29,7 @@ from pyspark.sql.datasource import (
 )
 
 _SETS = ("recording_id", "session_id", "stream_id")
-_FLAG_BEGIN = 0x80  # a DATA frame header's flags (byte 5): the first fragment of a message
+_FLAG_BEGIN = int(DataFlags.BEGIN)  # a DATA frame header's flags (byte 5): a first fragment
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 

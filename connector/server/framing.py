@@ -17,12 +17,12 @@ recording holds every position (as a log buffer does).
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 from aeron_spark.connector.errors import PayloadTooLargeError
 from aeron_spark.transport.protocol.frames import (
+    DATA_HEADER,
     DATA_HEADER_DTYPE,
     DATA_HEADER_LENGTH,
     FRAME_ALIGNMENT,
@@ -31,16 +31,14 @@ from aeron_spark.transport.protocol.frames import (
 )
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
 
-_HEADER = struct.Struct("<iBBhiiiiq")
-_pack_into = _HEADER.pack_into
-_pack = _HEADER.pack
+_pack_into = DATA_HEADER.pack_into
+_pack = DATA_HEADER.pack
 _ZEROS = bytes(FRAME_ALIGNMENT)
 _UNFRAG = int(DataFlags.UNFRAGMENTED)
 _BEGIN = int(DataFlags.BEGIN)
 _END = int(DataFlags.END)
 _DATA = int(FrameType.DATA)
 _PAD = int(FrameType.PAD)
-_HEADER_DTYPE = DATA_HEADER_DTYPE
 
 
 class Framer:
@@ -139,7 +137,7 @@ class Framer:
             # Every byte is written below (header fields, payload, alignment padding), so the
             # block is not zeroed first: that would touch every byte once more.
             frames = self._block(n * framed).reshape(n, framed)
-            header = frames[:, :DATA_HEADER_LENGTH].view(_HEADER_DTYPE)[:, 0]
+            header = frames[:, :DATA_HEADER_LENGTH].view(DATA_HEADER_DTYPE)[:, 0]
             header["length"] = length + DATA_HEADER_LENGTH
             header["version"] = 0
             header["flags"] = _UNFRAG

@@ -15,34 +15,23 @@ length, flags, type), block by block through the store's replay cursor.
 
 from __future__ import annotations
 
-import struct
 from array import array
 from typing import Any
 
-import numpy as np
-from aeron_spark.transport.protocol.frames import FrameType
+from aeron_spark.transport.protocol.frames import (
+    FRAME_ALIGNMENT,
+    HEADER,
+    DataFlags,
+    FrameType,
+    uniform_run,
+)
 
-_HEADER = struct.Struct("<iBBH")  # frame_length, version, flags, type
-_END_FLAG = 0x40
-_ALIGN = 32
+_END_FLAG = int(DataFlags.END)
+_ALIGN = FRAME_ALIGNMENT
 _BLOCK_BYTES = 4 * 1024 * 1024
 _PAD = int(FrameType.PAD)
 _DATA = int(FrameType.DATA)
-_UNFRAGMENTED = 0xC0  # BEGIN | END
-
-
-def _uniform_run(frames: Any, offset: int, frame_length: int, aligned: int) -> int:
-    """How many frames from ``offset`` are whole DATA messages of ``frame_length`` bytes."""
-    count = (len(frames) - offset) // aligned
-    if count < 2:
-        return count
-    raw = np.frombuffer(frames, dtype=np.uint8, count=count * aligned, offset=offset)
-    rows = raw.reshape(count, aligned)
-    lengths = rows[:, :4].copy().view("<i4")[:, 0]
-    ok = (lengths == frame_length) & (rows[:, 5] == _UNFRAGMENTED) & (rows[:, 6] == _DATA)
-    if ok.all():
-        return count
-    return int(np.argmin(ok))
+_UNFRAGMENTED = int(DataFlags.UNFRAGMENTED)
 
 
 def scan(
@@ -58,7 +47,7 @@ def scan(
     last_boundary = start
     messages = 0
     done = False
-    unpack = _HEADER.unpack_from
+    unpack = HEADER.unpack_from
     while not done:
         block = cursor.read(_BLOCK_BYTES, now_ns)
         if block is None:
@@ -70,7 +59,7 @@ def scan(
             if flags == _UNFRAGMENTED and kind == _DATA and frame_length > 0:
                 # A run of equal-length whole messages (the common case) is taken at once.
                 aligned = (frame_length + _ALIGN - 1) & ~(_ALIGN - 1)
-                run = _uniform_run(frames, offset, frame_length, aligned)
+                run = uniform_run(frames, offset, frame_length)
                 if run > 1:
                     base = position + offset
                     if max_messages is not None:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from aeron_spark.connector.client import ClientSettings, ReplayBlock, StreamClient
+from aeron_spark.transport.protocol.frames import DataFlags
 from aeron_spark.transport.protocol.term import FragmentAssembler, Header, read_term
 
 
@@ -46,7 +47,8 @@ def messages_of(
     assembler = FragmentAssembler(on_fragment)
 
     def tracking(payload: memoryview, header: Header) -> None:
-        if header.flags & 0x80 and not header.flags & 0x40:  # BEGIN of a fragmented message
+        flags = header.flags
+        if flags & DataFlags.BEGIN and not flags & DataFlags.END:  # a fragmented message's BEGIN
             starts[header.session_id] = header.fragment_position
         assembler(payload, header)
 

@@ -38,13 +38,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import struct
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-import numpy as np
 from aeron_spark.transport.archive.diskio import pwrite_all as _pwrite_all
 from aeron_spark.transport.archive.errors import (
     NotFrameBoundaryError,
@@ -54,11 +52,15 @@ from aeron_spark.transport.archive.errors import (
 )
 from aeron_spark.transport.archive.fdcache import FdCache
 from aeron_spark.transport.archive.timeindex import TimeIndex
-from aeron_spark.transport.protocol.frames import FRAME_ALIGNMENT, FrameType
+from aeron_spark.transport.protocol.frames import (
+    FRAME_ALIGNMENT,
+    FRAME_HEAD,
+    FrameType,
+    uniform_run,
+)
 from aeron_spark.transport.protocol.logbuffer import compute_position
 
-_FRAME_HEAD = struct.Struct("<iBBhi")  # frame_length, version, flags, type, term_offset
-_head_from = _FRAME_HEAD.unpack_from
+_head_from = FRAME_HEAD.unpack_from  # frame_length, version, flags, type, term_offset
 _PAD = int(FrameType.PAD)
 _DATA = int(FrameType.DATA)
 INDEX_INTERVAL_BYTES = 64 * 1024
@@ -118,13 +120,9 @@ def _uniform_prefix(chunk: bytes, n: int) -> int:
     if length <= 0 or ftype != _DATA:
         return 0
     aligned = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
-    count = n // aligned
-    if count < 8:
+    if n // aligned < 8:
         return 0
-    lengths = np.frombuffer(chunk, "<i4", count * aligned // 4)[:: aligned // 4]
-    types = np.frombuffer(chunk, "<i2", count * aligned // 2)[3 :: aligned // 2]
-    bad = np.flatnonzero((lengths != length) | (types != _DATA))
-    return (count if bad.size == 0 else int(bad[0])) * aligned
+    return uniform_run(chunk, 0, length, unfragmented=False, max_frames=n // aligned) * aligned
 
 
 def _whole_frames(chunk: bytes, position: int, limit: int) -> tuple[int, bytes] | None:

@@ -46,9 +46,12 @@ from aeron_spark.transport.protocol.frames import (
     DATA_HEADER,
     DATA_HEADER_LENGTH,
     FRAME_ALIGNMENT,
+    HEADER,
     SETUP_LENGTH,
+    SETUP_PEEK,
     SM,
     SM_LENGTH,
+    DataFlags,
     FrameType,
     SetupFrame,
     SmFlags,
@@ -70,12 +73,12 @@ COOL_DOWN_NS = 1_000_000_000
 _I32 = struct.Struct("<i")
 _i32_from = _I32.unpack_from
 _unpack_header = DATA_HEADER.unpack_from
-_head_from = struct.Struct("<iBBh").unpack_from
-_setup_peek = struct.Struct("<ii8xii").unpack_from  # session, stream, term length, mtu (from 12)
+_head_from = HEADER.unpack_from
+_setup_peek = SETUP_PEEK.unpack_from  # session, stream, term length, mtu (from 12)
 _TYPE_DATA = int(FrameType.DATA)
 _TYPE_PAD = int(FrameType.PAD)
 _TYPE_SETUP = int(FrameType.SETUP)
-_EOS = 0x20
+_EOS = int(DataFlags.EOS)
 
 Address = Any
 Transmit = Callable[[Any, Address], None]

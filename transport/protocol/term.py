@@ -16,7 +16,9 @@ from typing import Protocol
 from aeron_spark.transport.errors import LocalProtocolError
 from aeron_spark.transport.protocol.frames import (
     DATA_HEADER,
+    DATA_HEADER_IDS,
     DATA_HEADER_LENGTH,
+    DATA_HEADER_TAIL,
     FRAME_ALIGNMENT,
     DataFlags,
     FrameType,
@@ -25,14 +27,10 @@ from aeron_spark.transport.protocol.logbuffer import LogGeometry, wrap_int32
 
 _I32 = struct.Struct("<i")
 _I64 = struct.Struct("<q")
-# Header fields after frame_length: version, flags, type, term_offset, session, stream, term, rv.
-_HEADER_TAIL = struct.Struct("<BBhiiiiq")
 _i32_from = _I32.unpack_from
 _i32_into = _I32.pack_into
-_tail_into = _HEADER_TAIL.pack_into
-# term_offset, session_id, stream_id, term_id: the header fields a block append rewrites (at 8)
-_IDS = struct.Struct("<iiii")
-_ids_into = _IDS.pack_into
+_tail_into = DATA_HEADER_TAIL.pack_into  # the header after frame_length, which is written last
+_ids_into = DATA_HEADER_IDS.pack_into  # the header fields a block append rewrites (at 8)
 _u16_from = struct.Struct("<H").unpack_from
 
 _FLAG_BEGIN = int(DataFlags.BEGIN)
