@@ -57,7 +57,7 @@ def shared_driver() -> Driver:
     """The process-wide driver clients share (created on first use, closed at exit)."""
     global _shared
     with _driver_lock:
-        if _shared is None or _shared._closed:
+        if _shared is None or _shared.is_closed:
             _shared = Driver(DriverConfig(write_counters_file=False)).start()
             atexit.register(_shared.close)
         return _shared
@@ -254,7 +254,7 @@ class _Attempt:
         )
         conn.server_key = m.server_key  # type: ignore[attr-defined]
         for frame in frames:
-            conn._on_fragment(memoryview(frame), None)
+            conn.deliver(frame)
         return conn
 
     def _hello(self) -> tuple[SessionDetails, int]:

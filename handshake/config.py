@@ -22,7 +22,11 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def _networks(name: str, values: tuple[str, ...]) -> tuple[ipaddress._BaseNetwork, ...]:
+def parse_networks(
+    name: str, values: tuple[str, ...]
+) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """IP addresses or CIDR ranges (an option's values); a bad one is a ConfigurationError
+    naming the option."""
     out = []
     for value in values:
         try:
@@ -108,8 +112,8 @@ class ServerConfig:
             "handshake_timeout_ns",
         ):
             _check_positive(name, getattr(self, name))
-        _networks("allow", self.allow)
-        _networks("deny", self.deny)
+        parse_networks("allow", self.allow)
+        parse_networks("deny", self.deny)
         _check_term_length("session_term_length", self.session_term_length)
         if self.session_mtu is not None and not 64 <= self.session_mtu <= LOOPBACK_MTU:
             raise ConfigurationError("session_mtu", self.session_mtu, f"64..{LOOPBACK_MTU}")

@@ -68,6 +68,9 @@ class Connection:
         self._closed = False
         self._peer_closed = False
         self._lost_reported = False
+        # What the server exempted from the amplification bound for this session (host, session
+        # ids): the server sets it after DONE and gives it back when the session ends.
+        self.trusted_host: tuple[Any, ...] | None = None
         self.close_reason: str | None = None  # why we closed it ourselves (e.g. a forged frame)
         self.messages_sent = 0
         self.messages_received = 0
@@ -87,6 +90,19 @@ class Connection:
     @property
     def is_closed(self) -> bool:
         return self._closed
+
+    def take_lost_report(self) -> bool:
+        """True the first time it is called, or ``_check_lost`` found the connection lost: the
+        loss is reported once, by whoever takes it."""
+        if self._lost_reported:
+            return False
+        self._lost_reported = True
+        return True
+
+    def deliver(self, frame: bytes | bytearray | memoryview) -> None:
+        """A whole frame of this session that arrived before the connection existed (the
+        handshake kept it): handled as if it came now."""
+        self._on_fragment(memoryview(frame), None)
 
     def _check_lost(self) -> None:
         if not self.is_connected and not self._lost_reported and not self._closed:

@@ -99,7 +99,7 @@ class HelloChannel:
 
     def is_stale(self, now_ns: int) -> bool:
         """Was ready once, and is not, or the server has been silent too long: not reusable."""
-        if self.closed or self.driver._closed:
+        if self.closed or self.driver.is_closed:
             return True
         if not self.was_ready:
             return False  # still joining for the handshake that opened it
@@ -247,7 +247,7 @@ class _Registry:
                 for channel in list(self.channels.values()):
                     if channel.users:
                         continue
-                    if channel.idle_deadline_ns <= now or channel.driver._closed:
+                    if channel.idle_deadline_ns <= now or channel.driver.is_closed:
                         self._retire(channel)
                     elif next_ns is None or channel.idle_deadline_ns < next_ns:
                         next_ns = channel.idle_deadline_ns

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aeron_spark.handshake import messages as m
-from aeron_spark.handshake.config import ServerConfig, _networks
+from aeron_spark.handshake.config import ServerConfig, parse_networks
 from aeron_spark.handshake.crypto import (
     SessionKeys,
     client_keys,
@@ -545,8 +545,8 @@ class ServerCore:
         self.authorize = authorize
         self.static_key = static_key
         self.static_public = public_bytes(static_key)
-        self._allow = _mapped_as_ipv4(_networks("allow", config.allow))
-        self._deny = _mapped_as_ipv4(_networks("deny", config.deny))
+        self._allow = _mapped_as_ipv4(parse_networks("allow", config.allow))
+        self._deny = _mapped_as_ipv4(parse_networks("deny", config.deny))
         # session and stream ids: 4 bytes each from one read of ``_ID_BYTES`` bytes per session
         self._random_bytes = random_bytes
         self._id_pool = b""

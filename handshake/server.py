@@ -449,9 +449,9 @@ class Server:
                 (session.details.c2s_session_id, session.details.s2c_session_id),
             )
             self.driver.trust_host(*trusted)
-            conn._trusted_host = trusted  # type: ignore[attr-defined]
+            conn.trusted_host = trusted
         for frame in pending.inbox:  # whole frames the client sent right after DONE
-            conn._on_fragment(memoryview(frame), None)
+            conn.deliver(frame)
         pending.inbox.clear()
         self.connections.append(conn)
         self._by_conn[id(conn)] = session
@@ -520,8 +520,7 @@ class Server:
     def _reap(self) -> None:
         for conn in [c for c in self.connections if not c.is_connected]:
             session = self._by_conn.pop(id(conn), None)
-            if not conn.is_closed and self.on_disconnect is not None and not conn._lost_reported:
-                conn._lost_reported = True
+            if not conn.is_closed and self.on_disconnect is not None and conn.take_lost_report():
                 self.on_disconnect(conn)
             conn.close()
             self._distrust(conn)
@@ -534,9 +533,9 @@ class Server:
             self.connections.remove(conn)
 
     def _distrust(self, conn: Connection) -> None:
-        trusted = getattr(conn, "_trusted_host", None)
+        trusted = conn.trusted_host
         if trusted is not None:
-            conn._trusted_host = None  # type: ignore[attr-defined]
+            conn.trusted_host = None
             self.driver.distrust_host(*trusted)
 
     def _report(self, conn: Connection | None, exc: BaseException) -> None:

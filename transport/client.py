@@ -194,6 +194,12 @@ class Publication:
     # -------------------------------------------------------------- state
 
     @property
+    def state(self) -> Any:
+        """The media's sans-I/O state of this publication (UDP: the driver's
+        ``PublicationState``), for the driver."""
+        return self._state
+
+    @property
     def position(self) -> int:
         return self._log.position
 
@@ -459,12 +465,14 @@ class Subscription:
         self._changes = 0
         self._changes_seen = 0
         self.local_endpoints: list[tuple[str, int]] = []
-        self._registration: Any = None  # the driver's handle on what it registered for us
+        self.registration: Any = None  # the driver's handle on what it registered for us
         media.attach(self)
 
     # -------------------------------------------------------------- media callbacks
+    # Called by the subscription's media only (the driver's conductor, IPC's scanner), never by
+    # an application: an image came, an image went, data arrived.
 
-    def _image_available(self, state: ImageLog) -> None:
+    def image_available(self, state: ImageLog) -> None:
         image = Image(state, self)
         self._by_state[id(state)] = image
         self._images = (*self._images, image)
@@ -477,7 +485,7 @@ class Subscription:
             except Exception as exc:  # noqa: BLE001 - a user callback must not kill the driver
                 self._media.record_error(exc)
 
-    def _image_unavailable(self, state: ImageLog) -> None:
+    def image_unavailable(self, state: ImageLog) -> None:
         image = self._by_state.pop(id(state), None)
         if image is None:
             return
@@ -492,7 +500,7 @@ class Subscription:
             except Exception as exc:  # noqa: BLE001
                 self._media.record_error(exc)
 
-    def _data_arrived(self) -> None:
+    def data_arrived(self) -> None:
         self._changes += 1
         self._signal.notify()
         if self._listeners:
@@ -519,6 +527,10 @@ class Subscription:
     @property
     def images(self) -> list[Image]:
         return list(self._images)
+
+    def image_logs(self) -> list[ImageLog]:
+        """The logs of its images, as its media gave them (for the media)."""
+        return [image._state for image in self._images]
 
     def image_by_session_id(self, session_id: int) -> Image | None:
         for image in self._images:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from aeron_spark.handshake.config import _networks
+from aeron_spark.handshake.config import parse_networks
 from aeron_spark.handshake.machine import normalise_address
 from aeron_spark.transport.protocol.logbuffer import check_mtu, check_term_length
 
@@ -171,9 +171,9 @@ class ServerConfig:
             raise ConfigurationError("max_open_files", self.max_open_files, "at least 1")
         if self.max_block_bytes < 4096:
             raise ConfigurationError("max_block_bytes", self.max_block_bytes, "at least 4096")
-        _networks("allow", self.allow)  # an unparsable address is named here, not at start
-        _networks("deny", self.deny)
-        _networks("ingest_allow", self.ingest_allow)
+        parse_networks("allow", self.allow)  # an unparsable address is named here, not at start
+        parse_networks("deny", self.deny)
+        parse_networks("ingest_allow", self.ingest_allow)
         if self.max_incomplete_bytes_per_session > self.max_incomplete_bytes:
             raise ConfigurationError(
                 "max_incomplete_bytes_per_session",
@@ -195,9 +195,9 @@ class ServerConfig:
         """Which sender hosts the ingest channel records (None: any): not denied, and in
         ``allow`` and in ``ingest_allow`` where each is given (IPv4-mapped IPv6 addresses and
         ranges as the IPv4 they are, as the handshake's admission sees them)."""
-        deny = _v4_mapped(_networks("deny", self.deny))
-        allow = _v4_mapped(_networks("allow", self.allow))
-        only = _v4_mapped(_networks("ingest_allow", self.ingest_allow))
+        deny = _v4_mapped(parse_networks("deny", self.deny))
+        allow = _v4_mapped(parse_networks("allow", self.allow))
+        only = _v4_mapped(parse_networks("ingest_allow", self.ingest_allow))
         if not (deny or allow or only) or _is_ipc(self.ingest_channel):
             return None
 

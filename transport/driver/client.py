@@ -73,8 +73,8 @@ class NetworkPublicationLog:
 
     def __init__(self, driver: Driver, state: PublicationState, registration: Any) -> None:
         self._driver = driver
-        self.state = self._state = state  # _state, _registration: what the driver reads back
-        self._registration = registration
+        self.state = state
+        self.registration = registration  # what the driver registered it with (its endpoint)
         self.signal = DriverSignal(driver)
         state.on_limit_change = self.signal.notify
         self.session_id = state.session_id
@@ -110,7 +110,7 @@ class NetworkPublicationLog:
 
     @property
     def local_endpoints(self) -> list[tuple[str, int]]:
-        local = getattr(getattr(self._registration, "endpoint", None), "local_address", None)
+        local = getattr(getattr(self.registration, "endpoint", None), "local_address", None)
         return [(str(local[0]), int(local[1]))] if local else []
 
     @property
@@ -125,12 +125,10 @@ class NetworkPublicationLog:
         state = self.state
         state.allowed_hosts = None if hosts is None else frozenset(hosts)
         if state.refused_elicits:  # a newly allowed host's refused SETUP request: answer now
-            runner = self._driver._sender_runner
-            if runner is not None:
-                runner.wake()
+            self._driver.wake_sender(even_if_awake=True)
 
     def add_destination(self, endpoint: str) -> None:
-        self._driver._add_destination(self, endpoint)
+        self._driver.add_publication_destination(self, endpoint)
 
     def claim(self, length: int, reserved_value: int) -> tuple[memoryview, int] | int:
         code = self.state.claim_check(length)
@@ -139,9 +137,7 @@ class NetworkPublicationLog:
         return self.state.claim(length, reserved_value)
 
     def appended(self) -> None:
-        runner = self._driver._sender_runner
-        if runner is not None and runner.sleeping:
-            runner.wake()
+        self._driver.wake_sender()
         for notify in self.spy_notify:
             notify()
 
@@ -153,7 +149,7 @@ class NetworkPublicationLog:
         return 0  # the driver's sender steps the state
 
     def close(self) -> None:
-        self._driver._close_publication(self)
+        self._driver.close_publication(self)
 
 
 class NetworkSubscriptionMedia:
@@ -169,17 +165,17 @@ class NetworkSubscriptionMedia:
 
     def after_poll(self, state: ImageState) -> None:
         if state.subscriber_position - state.last_sm_position > state.window >> 2:
-            self._driver._wake_receiver()  # time for a status message: the window moved
+            self._driver.wake_receiver()  # time for a status message: the window moved
 
     def do_work(self, now_ns: int) -> int:
         return 0  # the driver's receiver steps the images
 
     def close(self) -> None:
         assert self._subscription is not None
-        self._driver._close_subscription(self._subscription)
+        self._driver.close_subscription(self._subscription)
 
     def record_error(self, exc: BaseException) -> None:
-        self._driver._record_error(exc)
+        self._driver.record_error(exc)
 
 
 def network_publication(

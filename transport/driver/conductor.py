@@ -249,24 +249,24 @@ class DriverConductor:
 
     def close_publication(self, pub: Any, now_ns: int) -> None:
         """The client closed it: the sender drains, lingers and frees it (its lifecycle)."""
-        if isinstance(pub._registration, SendEndpoint):
-            pub._state.close(now_ns)
+        if isinstance(pub.registration, SendEndpoint):
+            pub.state.close(now_ns)
             self.wake_sender()
-        elif pub._registration is not None:
-            pub._registration.close()
+        elif pub.registration is not None:
+            pub.registration.close()
 
     def on_publication_done(self, ep: SendEndpoint, state: PublicationState) -> None:
         """The sender found it CLOSED: forget it, end its spies' images, free a lone endpoint."""
         with self.lock:
             ep.remove(state)
             self._retire(publication_counts(state))
-            self.publications = [p for p in self.publications if p._state is not state]
+            self.publications = [p for p in self.publications if p.state is not state]
             for spy in state.spies:
                 spy.on_source_closed()
             for sub, _ in self.spies:
-                for image in list(sub._images):
-                    if image._state in state.spies:
-                        sub._image_unavailable(image._state)
+                for log in sub.image_logs():
+                    if log in state.spies:
+                        sub.image_unavailable(log)
             if not ep.publications:
                 self.send_endpoints.pop(ep.key, None)
                 self.sender.endpoints = tuple(e for e in self.sender.endpoints if e is not ep)
@@ -337,12 +337,12 @@ class DriverConductor:
                 setups_per_prefix_per_s=config.setups_per_prefix_per_s,
                 admit_source=admit_source,
                 evict_unvouched=config.evict_unvouched,
-                on_image=sub._image_available,
-                on_image_gone=sub._image_unavailable,
-                on_data=sub._data_arrived,
+                on_image=sub.image_available,
+                on_image_gone=sub.image_unavailable,
+                on_data=sub.data_arrived,
             )
             rep.dispatcher.add(interest)
-            sub._registration = (rep, interest)
+            sub.registration = (rep, interest)
             local = rep.endpoint.local_address
             sub.local_endpoints = [(str(local[0]), int(local[1]))]
             self.subscriptions.append(sub)
@@ -363,7 +363,7 @@ class DriverConductor:
                 )
 
     def attach_spy(self, sub: Any, pub: Any, now_ns: int) -> None:
-        state = pub._state
+        state = pub.state
         position = state.sender_position
         image = ImageState(
             session_id=state.session_id,
@@ -380,25 +380,23 @@ class DriverConductor:
         image.terms = state.terms
         image.source_identity = "spy"
         state.spies = (*state.spies, image)
-        pub.spy_notify = (*pub.spy_notify, sub._data_arrived)
-        sub._image_available(image)
+        pub.spy_notify = (*pub.spy_notify, sub.data_arrived)
+        sub.image_available(image)
 
     def close_subscription(self, sub: Any, now_ns: int) -> None:
         with self.lock:
             self.subscriptions = [s for s in self.subscriptions if s is not sub]
             self.spies = [(s, c) for s, c in self.spies if s is not sub]
-            reg = sub._registration
+            reg = sub.registration
             if reg is None:
-                for image in list(sub._images):
+                for log in sub.image_logs():
                     for pub in self.publications:
-                        if image._state in pub._state.spies:
-                            pub._state.spies = tuple(
-                                s for s in pub._state.spies if s is not image._state
-                            )
+                        if log in pub.state.spies:
+                            pub.state.spies = tuple(s for s in pub.state.spies if s is not log)
                             pub.spy_notify = tuple(
-                                n for n in pub.spy_notify if n != sub._data_arrived
+                                n for n in pub.spy_notify if n != sub.data_arrived
                             )
-                    sub._image_unavailable(image._state)
+                    sub.image_unavailable(log)
                 return
             if isinstance(reg, tuple):
                 rep, interest = reg

@@ -152,8 +152,8 @@ class Driver:
             retransmit_linger_ns=cfg.retransmit_linger_ns,
             counters_interval_ns=cfg.counters_interval_ns,
             on_tick=self._on_tick,
-            wake_sender=self._wake_sender,
-            wake_receiver=self._wake_receiver,
+            wake_sender=self.wake_sender,
+            wake_receiver=self.wake_receiver,
             wake_conductor=self._wake_conductor,
         )
         self._sender = self._conductor.sender
@@ -195,12 +195,12 @@ class Driver:
             agents: tuple[Agent, ...] = (self._conductor, self._sender, self._receiver)
             if mode == "dedicated":
                 self._runners = [
-                    AgentRunner(f"aeron-{n}", [a], self._record_error)
+                    AgentRunner(f"aeron-{n}", [a], self.record_error)
                     for n, a in zip(("conductor", "sender", "receiver"), agents, strict=True)
                 ]
                 self._sender_runner, self._receiver_runner = self._runners[1], self._runners[2]
             else:
-                runner = AgentRunner("aeron-driver", agents, self._record_error)
+                runner = AgentRunner("aeron-driver", agents, self.record_error)
                 self._runners = [runner]
                 self._sender_runner = self._receiver_runner = runner
             if mode != "invoker":
@@ -231,7 +231,7 @@ class Driver:
         for runner in self._runners:
             runner.stop()
             runner.close()
-        self._conductor.release_all(self._record_error)
+        self._conductor.release_all(self.record_error)
         if self.config.write_counters_file:
             try:
                 self.counters.file_path(self.directory).unlink(missing_ok=True)
@@ -261,17 +261,30 @@ class Driver:
         else:
             time.sleep(timeout_s)
 
-    def _record_error(self, exc: BaseException) -> None:
+    @property
+    def is_closed(self) -> bool:
+        """Whether ``close()`` was called (a closed driver adds nothing more)."""
+        return self._closed
+
+    # ------------------------------------------------------------------ for the media
+    # What the UDP media (driver/client.py: a publication's log, a subscription's media) asks of
+    # the driver that runs it.
+
+    def record_error(self, exc: BaseException) -> None:
+        """Count an error (a user callback's, an agent's) and keep the first 100."""
         self.system_counters.errors += 1
         if len(self.errors) < 100:
             self.errors.append(exc)
 
-    def _wake_sender(self) -> None:
+    def wake_sender(self, *, even_if_awake: bool = False) -> None:
+        """Wake the sender agent if it sleeps (something was appended); ``even_if_awake``: make
+        its next idle return at once too (a refused SETUP request may be answered now)."""
         runner = self._sender_runner
-        if runner is not None and runner.sleeping:
+        if runner is not None and (even_if_awake or runner.sleeping):
             runner.wake()
 
-    def _wake_receiver(self) -> None:
+    def wake_receiver(self) -> None:
+        """Wake the receiver agent if it sleeps (a subscriber's window moved: time for an SM)."""
         runner = self._receiver_runner
         if runner is not None and runner.sleeping:
             runner.wake()
@@ -286,7 +299,7 @@ class Driver:
             try:
                 self.counters.write(self.directory)
             except OSError as exc:
-                self._record_error(exc)
+                self.record_error(exc)
 
     # ------------------------------------------------------------------ publications
 
@@ -350,11 +363,13 @@ class Driver:
             udp.ledger = self.amplification
         return udp
 
-    def _add_destination(self, pub: NetworkPublicationLog, endpoint: str) -> None:
+    def add_publication_destination(self, pub: NetworkPublicationLog, endpoint: str) -> None:
+        """Manual multi-destination-cast: ``pub`` also sends to ``endpoint``."""
         address = destination_address(parse_endpoint("endpoint", endpoint, allow_port_zero=False))
-        self._conductor.add_destination(pub._state, address, time.monotonic_ns())
+        self._conductor.add_destination(pub.state, address, time.monotonic_ns())
 
-    def _close_publication(self, pub: NetworkPublicationLog) -> None:
+    def close_publication(self, pub: NetworkPublicationLog) -> None:
+        """The client closed ``pub``: the sender drains, lingers and frees it."""
         self._conductor.close_publication(pub, time.monotonic_ns())
 
     # ------------------------------------------------------------------ subscriptions
@@ -397,7 +412,8 @@ class Driver:
         self._conductor.add_network_subscription(sub, config, control, admit_source)
         return sub
 
-    def _close_subscription(self, sub: Subscription) -> None:
+    def close_subscription(self, sub: Subscription) -> None:
+        """The client closed ``sub``: its images go, its endpoint when it was the last."""
         self._conductor.close_subscription(sub, time.monotonic_ns())
 
     # ------------------------------------------------------------------ IPC

@@ -149,7 +149,7 @@ class IpcPublicationLog:
             return CLOSED
         appender = self.appender
         if appender.term_offset >= self.term_length:
-            appender._pad_and_rotate()  # nothing left to pad: just the next term
+            appender.pad_and_rotate()  # nothing left to pad: just the next term
         position = appender.position
         if self.state.beyond_max(position + len(block)):
             return MAX_POSITION_EXCEEDED

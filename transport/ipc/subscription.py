@@ -159,7 +159,7 @@ class IpcSubscriptionMedia:
 
     def _images(self) -> list[IpcImageLog]:
         assert self._subscription is not None
-        return [image._state for image in self._subscription._images]  # type: ignore[misc]
+        return self._subscription.image_logs()  # type: ignore[return-value]
 
     def _scan(self, now_ns: int) -> int:
         """Open this stream's new log files. The directory is listed only when it changed (its
@@ -210,7 +210,7 @@ class IpcSubscriptionMedia:
             self._known.add(name)
             added += 1
             assert self._subscription is not None
-            self._subscription._image_available(IpcImageLog(log, slot, position))
+            self._subscription.image_available(IpcImageLog(log, slot, position))
         # A file created within the same clock tick as the listing may leave the mtime as it
         # was (file times are coarse): only a stamp older than that tick is trusted.
         if not retry and time.time_ns() - stamp > MTIME_SETTLED_NS:
@@ -228,7 +228,7 @@ class IpcSubscriptionMedia:
         self._known.discard(image.log.path.name)
         self._listed_stamp = None  # its file may be found again (a publisher that resumes)
         try:
-            self._subscription._image_unavailable(image)
+            self._subscription.image_unavailable(image)
         finally:
             image.release(now_ns, self.liveness_timeout_ns)
 
