@@ -1,1 +1,0 @@
-../../src/aeron_spark/errors.py
