@@ -1,8 +1,14 @@
-"""Suite-wide set-up: one private key store for every server and client the tests start.
+"""Suite-wide set-up: one private key store for every server and client the tests start, and a
+temporary directory of the run's own that must be left as it was found.
 
 Servers on one host share one identity (like an SSH host key), so test servers that reuse a port
 never look like a changed server key; the store is a fresh directory, never the user's
 ``~/.aeron-spark/keys``. Set before any SparkSession starts, so Spark's Python workers inherit it.
+
+The run's processes (this one, the servers and peers it starts, Spark's Python workers: they all
+inherit ``TMPDIR``) make their temporary files in a directory of the run's own, so the check that
+the run leaves nothing behind sees only this run's files, never another run's on a shared machine
+(pytest's own ``tmp_path`` directories stay where pytest keeps them).
 """
 
 from __future__ import annotations
@@ -10,14 +16,42 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+# What our code names its temporary files and directories (archive clients' drivers, servers,
+# key stores, tmpfs mounts, ...): what the run must not leave behind.
+PROJECT_TEMP_PREFIXES = ("aeron-archive-client-", "aeron-spark-")
+
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+_RUN_TMP = tempfile.mkdtemp(prefix="aeron-spark-test-run-")
+os.environ["TMPDIR"] = _RUN_TMP
+tempfile.tempdir = _RUN_TMP
 
 _KEY_STORE = tempfile.mkdtemp(prefix="aeron-spark-test-keys-")
 os.environ["AERON_SPARK_KEY_STORE"] = _KEY_STORE
 
 
+def _project_entries() -> set[str]:
+    return {name for name in os.listdir(_RUN_TMP) if name.startswith(PROJECT_TEMP_PREFIXES)}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_directory_left_as_found() -> Iterator[None]:
+    """Fails the run (at its last teardown) naming what its processes left in the temporary
+    directory: a directory or file of ours that was not there when the run began."""
+    before = _project_entries()
+    yield
+    left = sorted(_project_entries() - before)
+    if left:
+        pytest.fail(f"the run left {len(left)} entries in {_RUN_TMP}: {left}", pytrace=False)
+
+
 def pytest_unconfigure(config) -> None:  # type: ignore[no-untyped-def]
-    """The key store goes with the run (every run left one in the temporary directory)."""
+    """The key store and the run's temporary directory go with the run."""
     shutil.rmtree(_KEY_STORE, ignore_errors=True)
+    shutil.rmtree(_RUN_TMP, ignore_errors=True)
 
 
 _INTEROP_IDS: set[str] = set()

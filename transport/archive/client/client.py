@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import secrets
 import shutil
 import socket
 import struct
@@ -33,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport.archive.client import codecs
 from aeron_spark.transport.archive.client.errors import (
     ArchiveClientError,
@@ -49,10 +52,9 @@ from aeron_spark.transport.archive.client.session import (
 )
 from aeron_spark.transport.driver.driver import Driver, DriverConfig
 from aeron_spark.transport.errors import OfferError
+from aeron_spark.transport.protocol.frames import SESSION_ID_OFFSET, STREAM_ID_OFFSET
 from aeron_spark.transport.protocol.term import FragmentAssembler, Header
 from aeron_spark.transport.uri import ChannelConfig
-
-from aeron_spark.errors import ConfigurationError
 
 DEFAULT_CONTROL_STREAM_ID = 10
 DEFAULT_RESPONSE_STREAM_ID = 20
@@ -68,8 +70,8 @@ MIN_REPLAY_WINDOW = 64 * 1024
 MAX_REPLAY_WINDOW = 64 << 20
 LIST_PAGE = 1000  # descriptors asked for per listing request
 _NS = 1_000_000_000
-_SESSION_ID_AT = 12  # in a DATA frame header
-_STREAM_ID_AT = 16
+_SESSION_ID_AT = SESSION_ID_OFFSET  # in a DATA frame header
+_STREAM_ID_AT = STREAM_ID_OFFSET
 _PATCH_AT_ONCE = 16  # frames of one length from which patch_frames uses numpy
 
 _driver_lock = threading.Lock()
@@ -83,16 +85,25 @@ def process_driver() -> Driver:
     with _driver_lock:
         if _driver is not None and _driver[0] == os.getpid():
             return _driver[1]
-        directory = tempfile.mkdtemp(prefix=f"aeron-archive-client-{os.getpid()}-")
+        # A name only: the driver makes its directory when a channel needs files (IPC, which
+        # archive clients do not use), so a process that ends without running atexit (Spark's
+        # Python workers end with os._exit, a killed peer) leaves nothing in the temporary
+        # directory. 64 random bits: nobody else can create it first.
+        pid = os.getpid()
+        directory = os.path.join(
+            tempfile.gettempdir(), f"aeron-archive-client-{pid}-{secrets.token_hex(8)}"
+        )
         driver = Driver(DriverConfig(directory=Path(directory), write_counters_file=False)).start()
-        _driver = (os.getpid(), driver)
-        atexit.register(_close_process_driver, driver, directory)
+        _driver = (pid, driver)
+        atexit.register(_close_process_driver, driver, directory, pid)
         return driver
 
 
-def _close_process_driver(driver: Driver, directory: str) -> None:
-    """At exit: close the driver and remove its temporary directory (every process that used
-    an archive client, Spark's Python workers among them, left one behind in /tmp before)."""
+def _close_process_driver(driver: Driver, directory: str, pid: int) -> None:
+    """At exit: close the driver and remove its directory if a channel made one (a forked
+    child that exits normally runs its parent's atexit handlers: it leaves them alone)."""
+    if os.getpid() != pid:
+        return
     try:
         driver.close()
     finally:
