@@ -124,6 +124,7 @@ class _JavaReplayer:
         import subprocess
 
         import aeron_peer
+
         from aeron_spark.transport.testing import free_udp_port
 
         classes = aeron_peer.compile_java(_JAVA_REPLAY, "BenchReplay", Path(tmp) / "java")
@@ -221,6 +222,7 @@ def main() -> int:
     )
     args = p.parse_args()
     import aeron_peer
+
     from aeron_spark.transport import Driver, DriverConfig
     from aeron_spark.transport.archive.client import ArchiveClient
     from aeron_spark.transport.testing import free_udp_port
@@ -266,11 +268,11 @@ def main() -> int:
 
 
 def _spark(control_channel: str, rows: int, repeats: int, tmp: str) -> dict[str, object]:
+    from pyspark.sql import SparkSession
+
     from aeron_spark.connector.client import ClientSettings, StreamClient
     from aeron_spark.connector.datasource import ensure_registered
     from aeron_spark.connector.server import ServerConfig, StreamServer
-    from pyspark.sql import SparkSession
-
     from benchmarks._timing import interleaved_best
 
     spark = (
@@ -330,9 +332,9 @@ def _spark(control_channel: str, rows: int, repeats: int, tmp: str) -> dict[str,
 
 
 def _sinks(spark, control_channel: str, endpoint: str, rows: int, repeats: int) -> dict:  # type: ignore[no-untyped-def]
-    from aeron_spark.transport.testing import free_udp_port
     from pyspark.sql import functions as F
 
+    from aeron_spark.transport.testing import free_udp_port
     from benchmarks._timing import interleaved_best
 
     df = spark.range(rows, numPartitions=2).select(

@@ -140,8 +140,9 @@ def _handshake_rate(
 def _cpu_per_handshake(authorize: bool, count: int = 500) -> float:
     """CPU milliseconds of one whole handshake, both sides, in memory (sans-I/O machines):
     what the key agreement and admission cost without the transport or the machine's load."""
-    from aeron_spark.handshake.machine import ClientHandshake, Rejected, ServerCore
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    from aeron_spark.handshake.machine import ClientHandshake, Rejected, ServerCore
 
     identity = X25519PrivateKey.generate()
     listed = {public_bytes(identity)}

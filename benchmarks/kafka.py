@@ -385,6 +385,7 @@ def preload(spark: Any, kafka: dict, aeron: dict, rows: int, partitions: int) ->
     """The same rows into Kafka topic ``src`` (P partitions) and aeron streams 10 (binary, P
     publisher sessions) and 11 (the same rows as Arrow IPC messages); returns rows per copy."""
     import pyarrow as pa
+
     from aeron_spark.connector.client import ClientSettings, StreamClient
     from aeron_spark.connector.formats import arrow_schema
     from aeron_spark.connector.formats_arrow import encode_batches
@@ -756,8 +757,9 @@ def measure_exactly_once(
 
 
 def _session(master: str, package: str, name: str) -> Any:
-    from aeron_spark.connector.datasource import ensure_registered
     from pyspark.sql import SparkSession
+
+    from aeron_spark.connector.datasource import ensure_registered
 
     spark = (
         SparkSession.builder.master(master)

@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 import msgpack
+
 from aeron_spark.connector.server.testing import client_for, server_process
 from aeron_spark.connector.session import chunking
 from aeron_spark.connector.session import protocol as proto

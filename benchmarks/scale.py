@@ -18,6 +18,7 @@ import tracemalloc
 from typing import Any
 
 import numpy as np
+
 from aeron_spark.transport.archive.fdcache import FdCache
 from aeron_spark.transport.archive.timeindex import TimeIndex
 

@@ -129,9 +129,9 @@ def _spark(
     ``--per-trigger``), ``spark_sink`` writes one ``rate-micro-batch`` batch of as many rows
     padded to 116 bytes with ``format("aeron")``; CPU seconds of every process (driver, JVM,
     Python workers, server) as ``benchmarks.kafka`` counts them."""
-    from aeron_spark.connector.datasource import ensure_registered
     from pyspark.sql import SparkSession
 
+    from aeron_spark.connector.datasource import ensure_registered
     from benchmarks.kafka import Contender, _run_stream
 
     spark = (
@@ -284,11 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         return _compare(args)
 
+    from pyspark import TaskContext
+
     from aeron_spark.connector.client import ClientSettings, StreamClient, pooled
     from aeron_spark.connector.options import parse_sink_options
     from aeron_spark.connector.sink import AeronStreamWriter
-    from pyspark import TaskContext
-
     from benchmarks.kafka import aeron_server
 
     result: dict[str, object] = {

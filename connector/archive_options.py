@@ -19,10 +19,9 @@ from aeron_spark.connector.options import (
     parse_sink_options,
     parse_source_options,
 )
+from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport import ChannelConfig, ChannelError
 from aeron_spark.transport.archive.client import ArchiveClient
-
-from aeron_spark.errors import ConfigurationError
 
 # name (lower case) -> (canonical name, default text, meaning); for the README's table.
 ARCHIVE_SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {

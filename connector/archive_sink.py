@@ -39,6 +39,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
 from aeron_spark.connector.archive_markers import (
     BEGIN,
     END,
@@ -68,6 +75,7 @@ from aeron_spark.connector.sink import (
     task_attempt,
     warn_stream_id_column_ignored,
 )
+from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport import ChannelConfig, ChannelError, TransportError
 from aeron_spark.transport.archive.client import (
     ArchiveClient,
@@ -83,14 +91,6 @@ from aeron_spark.transport.protocol.frames import (
     FrameType,
 )
 from aeron_spark.transport.protocol.logbuffer import is_reserved_session_id
-from pyspark.sql.datasource import (
-    DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
-    WriterCommitMessage,
-)
-from pyspark.sql.types import StructType
-
-from aeron_spark.errors import ConfigurationError
 
 log = logging.getLogger("aeron_spark.connector.archive_sink")
 _POLL_S = 0.005

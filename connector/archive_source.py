@@ -35,6 +35,16 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
 from aeron_spark.connector import formats_arrow
 from aeron_spark.connector.archive_markers import (
     frames,
@@ -60,20 +70,10 @@ from aeron_spark.connector.formats_records import (
 from aeron_spark.connector.formats_sbe import SbeBatches, SbeRead
 from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.connector.source import decode_offset, encode_offset, format_fields, source_schema
+from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport.archive.client import ArchiveClient, RecordingDescriptor
 from aeron_spark.transport.archive.client.client import ReplayedBlock
 from aeron_spark.transport.protocol.frames import FRAME_ALIGNMENT
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxBytes,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
-from pyspark.sql.types import StructType
-
-from aeron_spark.errors import ConfigurationError
 
 log = logging.getLogger("aeron_spark.connector.archive_source")
 

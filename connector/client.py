@@ -51,7 +51,6 @@ from aeron_spark.connector.session import protocol as proto
 from aeron_spark.connector.session.link import Link, open_client_link
 from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.connector.session.settings import ClientSettings
-
 from aeron_spark.errors import ConfigurationError
 
 log = logging.getLogger(__name__)

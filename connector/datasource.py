@@ -19,6 +19,17 @@ import pkgutil
 import sys
 from collections.abc import Mapping
 
+from pyspark.errors import PySparkNotImplementedError
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    SimpleDataSourceStreamReader,
+)
+from pyspark.sql.types import StructType
+
 from aeron_spark.connector import archive_sink, archive_source
 from aeron_spark.connector.archive_options import is_archive_mode
 from aeron_spark.connector.options import (
@@ -42,17 +53,6 @@ from aeron_spark.connector.source import (
     AeronStreamReader,
     source_schema,
 )
-from pyspark.errors import PySparkNotImplementedError
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceReader,
-    DataSourceStreamReader,
-    DataSourceStreamWriter,
-    DataSourceWriter,
-    SimpleDataSourceStreamReader,
-)
-from pyspark.sql.types import StructType
-
 from aeron_spark.errors import ConfigurationError
 
 

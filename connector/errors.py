@@ -15,10 +15,9 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from aeron_spark.transport.archive import errors as archive
-
 from aeron_spark import errors as _root
 from aeron_spark.errors import DetailedError
+from aeron_spark.transport.archive import errors as archive
 
 
 class ErrorCode(enum.IntEnum):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+
 from aeron_spark.connector.errors import ControlProtocolError
 from aeron_spark.connector.runs import PayloadRun
 from aeron_spark.connector.session.replay import ReplayBlock

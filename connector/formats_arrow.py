@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
+
 from aeron_spark.connector.errors import ControlProtocolError
 from aeron_spark.connector.formats import Geometry, iter_messages
 from aeron_spark.connector.session.replay import ReplayBlock
-
 from aeron_spark.errors import ConfigurationError
 
 # Pieces aim at 60 KiB of rows, so that a message with its IPC framing (schema, metadata,

@@ -32,10 +32,10 @@ import msgpack
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
+
 from aeron_spark.connector.errors import ControlProtocolError
 from aeron_spark.connector.formats import Geometry, Message, arrow_schema, iter_messages
 from aeron_spark.connector.session.replay import ReplayBlock
-
 from aeron_spark.errors import ConfigurationError
 
 log = logging.getLogger(__name__)

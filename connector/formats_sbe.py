@@ -27,14 +27,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+
 from aeron_spark.connector.errors import ControlProtocolError
 from aeron_spark.connector.formats import Geometry, Message, block_messages
 from aeron_spark.connector.formats_records import METADATA_FIELDS, BadRecordError
 from aeron_spark.connector.session.replay import ReplayBlock
+from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport import sbe
 from aeron_spark.transport.protocol.frames import DATA_HEADER, uniform_block
-
-from aeron_spark.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,8 @@ from typing import Any, Literal
 
 from aeron_spark.connector.formats_sbe import SbeOptions, parse_sbe_options
 from aeron_spark.connector.session.settings import ClientSettings
-from aeron_spark.transport import ChannelConfig, ChannelError
-
 from aeron_spark.errors import ConfigurationError
+from aeron_spark.transport import ChannelConfig, ChannelError
 
 SOURCE_FORMATS = ("binary", "text", "arrow", "json", "msgpack", "sbe")
 SINK_FORMATS = ("binary", "text", "arrow", "json", "msgpack", "sbe")

@@ -17,7 +17,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aeron_spark.transport.protocol.frames import DataFlags
 from pyspark.sql.datasource import (
     EqualTo,
     Filter,
@@ -27,6 +26,8 @@ from pyspark.sql.datasource import (
     LessThan,
     LessThanOrEqual,
 )
+
+from aeron_spark.transport.protocol.frames import DataFlags
 
 _SETS = ("recording_id", "session_id", "stream_id")
 _FLAG_BEGIN = int(DataFlags.BEGIN)  # a DATA frame header's flags (byte 5): a first fragment

@@ -20,16 +20,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
-from aeron_spark.connector.errors import ServerUnavailableError
-from aeron_spark.connector.options import SinkOptions
-from aeron_spark.connector.sink import sink_payloads
-from aeron_spark.handshake import shared_driver
-from aeron_spark.transport import TransportError
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
+
+from aeron_spark.connector.errors import ServerUnavailableError
+from aeron_spark.connector.options import SinkOptions
+from aeron_spark.connector.sink import sink_payloads
+from aeron_spark.handshake import shared_driver
+from aeron_spark.transport import TransportError
 
 log = logging.getLogger("aeron_spark.connector.raw")
 

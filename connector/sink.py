@@ -22,13 +22,6 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from aeron_spark.connector.client import StreamClient, pooled
-from aeron_spark.connector.formats import payload_run_from_batch, payloads_from_batch
-from aeron_spark.connector.formats_arrow import encode_batches
-from aeron_spark.connector.formats_records import RECORD_FORMATS, encode_rows
-from aeron_spark.connector.formats_sbe import SbeOptions, encode_task
-from aeron_spark.connector.formats_sbe import check_sink_schema as check_sbe_schema
-from aeron_spark.connector.options import ROUTING_COLUMN, SinkOptions
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -37,6 +30,13 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StringType, StructType
 
+from aeron_spark.connector.client import StreamClient, pooled
+from aeron_spark.connector.formats import payload_run_from_batch, payloads_from_batch
+from aeron_spark.connector.formats_arrow import encode_batches
+from aeron_spark.connector.formats_records import RECORD_FORMATS, encode_rows
+from aeron_spark.connector.formats_sbe import SbeOptions, encode_task
+from aeron_spark.connector.formats_sbe import check_sink_schema as check_sbe_schema
+from aeron_spark.connector.options import ROUTING_COLUMN, SinkOptions
 from aeron_spark.errors import ConfigurationError
 
 log = logging.getLogger("aeron_spark.connector.sink")

@@ -25,6 +25,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceReader,
+    DataSourceStreamReader,
+    Filter,
+    InputPartition,
+    SimpleDataSourceStreamReader,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
 from aeron_spark.connector import formats_arrow
 from aeron_spark.connector.client import ClientSettings, RecordingInfo, StreamClient, pooled
 from aeron_spark.connector.errors import PositionOutOfRangeError, PurgedError
@@ -47,23 +64,6 @@ from aeron_spark.connector.formats_records import (
 from aeron_spark.connector.formats_sbe import SbeBatches, SbeRead, source_arrow_schema
 from aeron_spark.connector.options import SourceOptions
 from aeron_spark.connector.pushdown import Pushed, push_filters
-from pyspark.sql.datasource import (
-    DataSourceReader,
-    DataSourceStreamReader,
-    Filter,
-    InputPartition,
-    SimpleDataSourceStreamReader,
-)
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxBytes,
-    ReadMaxRows,
-    ReadMinRows,
-    SupportsTriggerAvailableNow,
-)
-from pyspark.sql.types import StructType
-
 from aeron_spark.errors import ConfigurationError
 
 log = logging.getLogger("aeron_spark.connector.source")

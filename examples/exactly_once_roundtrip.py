@@ -34,11 +34,12 @@ def main() -> int:
     p.add_argument("--per-batch", type=int, default=6_000)
     args = p.parse_args()
 
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
     from aeron_spark.connector.client import ClientSettings, StreamClient
     from aeron_spark.connector.datasource import ensure_registered
     from aeron_spark.connector.server import ServerConfig, StreamServer
-    from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
 
     with (
         tempfile.TemporaryDirectory() as tmp,

@@ -30,9 +30,10 @@ import sys
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
-from aeron_spark.connector.datasource import ensure_registered  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
+
+from aeron_spark.connector.datasource import ensure_registered  # noqa: E402
 
 SCHEMA = "symbol string, price double, qty long, ts double"
 

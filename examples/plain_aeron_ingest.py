@@ -35,12 +35,13 @@ def main() -> int:
     p.add_argument("--stream-id", type=int, default=10)
     args = p.parse_args()
 
+    from pyspark.sql import SparkSession
+
     from aeron_spark.connector.client import ClientSettings, StreamClient
     from aeron_spark.connector.datasource import ensure_registered
     from aeron_spark.connector.server import ServerConfig, StreamServer
     from aeron_spark.transport import Driver, DriverConfig
     from aeron_spark.transport.testing import free_udp_port
-    from pyspark.sql import SparkSession
 
     ingest_port = free_udp_port()
     with (

@@ -84,10 +84,11 @@ def main() -> int:
     if args.endpoint and not args.server_key:
         p.error("--endpoint needs --server-key (from 'aeron-spark keys show' on the server)")
 
+    from pyspark.sql import SparkSession
+
     from aeron_spark.connector.client import ClientSettings, StreamClient
     from aeron_spark.connector.datasource import ensure_registered
     from aeron_spark.connector.errors import ServerUnavailableError
-    from pyspark.sql import SparkSession
 
     with ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory())

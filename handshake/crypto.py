@@ -55,7 +55,6 @@ import hmac
 import struct
 from dataclasses import dataclass, field
 
-from aeron_spark.handshake.errors import RemoteProtocolError
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -64,6 +63,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from aeron_spark.counters import CounterType, counter_set
+from aeron_spark.handshake.errors import RemoteProtocolError
 
 _INFO = b"aeron-spark handshake v3"
 _ID_INFO = b"aeron-spark client identity v5"

@@ -42,9 +42,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
 from aeron_spark.handshake.crypto import fingerprint, public_bytes
 from aeron_spark.handshake.errors import KeyRefusedError, KeyStoreError
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 SERVER_KEY_FILE = "server.key"
 CLIENT_KEY_FILE = "client.key"

@@ -40,6 +40,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from aeron_spark.counters import CounterType, counter_set
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.config import ServerConfig, parse_networks
 from aeron_spark.handshake.crypto import (
@@ -60,9 +63,6 @@ from aeron_spark.handshake.errors import (
     RemoteProtocolError,
     refusal,
 )
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-
-from aeron_spark.counters import CounterType, counter_set
 
 # Aeron reserves session ids -1..1000 by default for publications given an explicit session-id.
 RESERVED_SESSION_ID_LOW = -1

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+
 from aeron_spark.handshake.errors import ErrorCode, RemoteProtocolError
 
 # 2: the COOKIE round trip; 3: client identity (sealed) and 4-DH keys; 4: a resumption token in

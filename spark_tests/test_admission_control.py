@@ -6,15 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from aeron_spark.connector.client import ClientSettings, StreamClient
-from aeron_spark.connector.options import parse_source_options
-from aeron_spark.connector.source import AeronStreamReader, decode_offset
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadMaxBytes,
     ReadMaxRows,
     ReadMinRows,
 )
+
+from aeron_spark.connector.client import ClientSettings, StreamClient
+from aeron_spark.connector.options import parse_source_options
+from aeron_spark.connector.source import AeronStreamReader, decode_offset
 
 pytestmark = pytest.mark.spark
 

@@ -20,13 +20,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "transport" / "tests"))
 import aeron_peer  # noqa: E402
-from aeron_spark.transport import Driver, DriverConfig  # noqa: E402
-from aeron_spark.transport.archive.client import ArchiveClient, RecordingSignal  # noqa: E402
-from aeron_spark.transport.testing import free_udp_port  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.types import BinaryType  # noqa: E402
 
 from aeron_spark.errors import ConfigurationError  # noqa: E402
+from aeron_spark.transport import Driver, DriverConfig  # noqa: E402
+from aeron_spark.transport.archive.client import ArchiveClient, RecordingSignal  # noqa: E402
+from aeron_spark.transport.testing import free_udp_port  # noqa: E402
 from spark_tests._errors import raises_project  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.interop, pytest.mark.timeout(400)]

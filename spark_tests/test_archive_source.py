@@ -22,6 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "transport" / "tests"))
 import aeron_peer  # noqa: E402
+
 from aeron_spark.transport import Driver, DriverConfig  # noqa: E402
 from aeron_spark.transport.archive.client import ArchiveClient, RecordingSignal  # noqa: E402
 from aeron_spark.transport.testing import free_udp_port  # noqa: E402

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from aeron_spark.connector.client import ClientSettings, StreamClient
-from aeron_spark.connector.errors import ControlProtocolError
 from chispa import assert_df_equality
 
+from aeron_spark.connector.client import ClientSettings, StreamClient
+from aeron_spark.connector.errors import ControlProtocolError
 from aeron_spark.errors import ConfigurationError
 from spark_tests._errors import raises_project
 

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import pytest
+
 from aeron_spark.connector.errors import (
     ControlProtocolError,
     ServerUnavailableError,
 )
 from aeron_spark.connector.formats_records import BadRecordError
-
 from aeron_spark.errors import ConfigurationError
 from spark_tests._errors import project_error_in, raises_project
 

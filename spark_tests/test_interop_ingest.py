@@ -18,6 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "transport" / "tests"))
 import aeron_peer  # noqa: E402
 from aeron_peer import JavaMediaDriver  # noqa: E402
+
 from aeron_spark.connector.client import ClientSettings, StreamClient  # noqa: E402
 from aeron_spark.connector.server import ServerConfig, StreamServer  # noqa: E402
 from aeron_spark.transport.testing import free_udp_port  # noqa: E402

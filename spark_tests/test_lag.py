@@ -8,6 +8,7 @@ import io
 import json
 
 import pytest
+
 from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.server import stat_main
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from aeron_spark.connector.client import ClientSettings, StreamClient
-from aeron_spark.connector.formats_arrow import encode_batches
 from chispa import assert_df_equality
 
+from aeron_spark.connector.client import ClientSettings, StreamClient
+from aeron_spark.connector.formats_arrow import encode_batches
 from aeron_spark.errors import ConfigurationError
 from spark_tests._errors import raises_project
 

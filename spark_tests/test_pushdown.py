@@ -6,11 +6,12 @@ import datetime as dt
 import time
 
 import pytest
+from pyspark.sql import functions as F
+from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, LessThan
+
 from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.options import parse_source_options
 from aeron_spark.connector.source import AeronBatchReader, AeronFilteringBatchReader
-from pyspark.sql import functions as F
-from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, LessThan
 
 pytestmark = pytest.mark.spark
 

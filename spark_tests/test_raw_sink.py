@@ -8,11 +8,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
 from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.errors import ServerUnavailableError
-from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler
-
 from aeron_spark.errors import ConfigurationError
+from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler
 from spark_tests._errors import raises_project
 
 pytestmark = pytest.mark.spark

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import msgpack
 import pytest
-from aeron_spark.connector.client import ClientSettings, StreamClient
-from aeron_spark.connector.formats_records import BadRecordError
 from chispa import assert_df_equality
 
+from aeron_spark.connector.client import ClientSettings, StreamClient
+from aeron_spark.connector.formats_records import BadRecordError
 from aeron_spark.errors import ConfigurationError
 from spark_tests._errors import raises_project
 

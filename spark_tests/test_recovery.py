@@ -6,12 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from aeron_spark.connector.client import ClientSettings, StreamClient
-from aeron_spark.connector.server import ServerConfig, StreamServer
-from aeron_spark.transport.testing import free_udp_port
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType
+
+from aeron_spark.connector.client import ClientSettings, StreamClient
+from aeron_spark.connector.server import ServerConfig, StreamServer
+from aeron_spark.transport.testing import free_udp_port
 
 pytestmark = pytest.mark.spark
 

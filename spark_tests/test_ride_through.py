@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.server.testing import messages_of
 from aeron_spark.connector.testing_restart import RestartableServer

@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from aeron_spark.connector.formats_sbe import OtherTemplateRecordError
-from aeron_spark.transport.sbe.errors import SbeEncodeError
 
+from aeron_spark.connector.formats_sbe import OtherTemplateRecordError
 from aeron_spark.errors import ConfigurationError
+from aeron_spark.transport.sbe.errors import SbeEncodeError
 from spark_tests._errors import raises_project
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "transport" / "tests"))
 import sbe_values as sv  # noqa: E402
+
 from aeron_spark.connector.client import ClientSettings, StreamClient  # noqa: E402
 from aeron_spark.transport import sbe  # noqa: E402
 

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+
 from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.server import ServerConfig, StreamServer
-
 from aeron_spark.errors import ConfigurationError
 from spark_tests._errors import raises_project
 

@@ -19,8 +19,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from aeron_spark.connector.client import ClientSettings, StreamClient
 
+from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.errors import ConfigurationError
 from spark_tests._errors import raises_project
 

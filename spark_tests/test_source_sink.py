@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from aeron_spark.connector.client import ClientSettings, StreamClient
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
+from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.errors import ConfigurationError
 from spark_tests._errors import raises_project
 

@@ -29,6 +29,7 @@ from typing import IO, Any
 
 import pyarrow.parquet as pq
 import pytest
+
 from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.server.testing import messages_of
 

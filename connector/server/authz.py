@@ -48,9 +48,8 @@ from typing import Any
 
 from aeron_spark.connector.errors import NotAuthorisedError
 from aeron_spark.connector.session.protocol import PERMISSIONS, Permission
-from aeron_spark.handshake.crypto import fingerprint
-
 from aeron_spark.errors import ConfigurationError
+from aeron_spark.handshake.crypto import fingerprint
 
 READ, WRITE, ADMIN = Permission.READ.value, Permission.WRITE.value, Permission.ADMIN.value
 

@@ -32,6 +32,7 @@ import zlib
 from typing import Any
 
 import msgpack
+
 from aeron_spark.transport.archive.recordings import fsync_dir
 
 _RECORD = struct.Struct("<II")

@@ -7,11 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from aeron_spark.errors import ConfigurationError
 from aeron_spark.handshake.config import parse_networks
 from aeron_spark.handshake.machine import normalise_address
 from aeron_spark.transport.protocol.logbuffer import check_mtu, check_term_length
-
-from aeron_spark.errors import ConfigurationError
 
 DEFAULT_PORT = 40123
 MAX_PORT = 65534  # the server also takes port + 1 (its replies)

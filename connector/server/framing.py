@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
+
 from aeron_spark.connector.errors import PayloadTooLargeError
 from aeron_spark.transport.protocol.frames import (
     DATA_HEADER,

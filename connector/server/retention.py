@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+
 from aeron_spark.connector.errors import ControlProtocolError, NotAuthorisedError
 from aeron_spark.connector.server.counters import retention_counters
 

@@ -38,10 +38,9 @@ from aeron_spark.connector.server.stat import write_snapshot
 from aeron_spark.connector.server.store import ArchiveStore
 from aeron_spark.connector.session import chunking
 from aeron_spark.connector.session.link import ServerLink, ServerListener
+from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport import Driver, DriverConfig
 from aeron_spark.transport.protocol.logbuffer import max_message_length
-
-from aeron_spark.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, Protocol
 
 import numpy as np
+
 from aeron_spark.connector.errors import (
     ControlProtocolError,
     NotAuthorisedError,

@@ -21,7 +21,6 @@ from aeron_spark.connector.errors import ServerUnavailableError
 from aeron_spark.connector.server import counters as _declared  # noqa: F401 - declares them
 from aeron_spark.connector.session.call import call_once
 from aeron_spark.connector.session.settings import add_session_arguments, settings_from_args
-
 from aeron_spark.counters import REGISTRY, CounterType
 
 STAT_FILE = "stat.json"

@@ -52,7 +52,6 @@ from aeron_spark.connector.errors import (
     LimitExceededError,
     PayloadTooLargeError,
 )
-
 from aeron_spark.errors import ConfigurationError
 
 KIND_CHUNK = 0x03

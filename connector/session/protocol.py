@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+
 from aeron_spark.connector.errors import ConnectorError, ControlProtocolError, PayloadTooLargeError
 
 KIND_CONTROL = 0x01

@@ -15,6 +15,7 @@ from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
+
 from aeron_spark.connector.errors import StagedDataMissingError
 
 RECORD = struct.Struct("<Iq")

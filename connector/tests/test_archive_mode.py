@@ -7,6 +7,7 @@ import dataclasses
 import struct
 
 import pytest
+
 from aeron_spark.connector.archive_options import (
     ArchiveConnect,
     is_archive_mode,
@@ -15,9 +16,8 @@ from aeron_spark.connector.archive_options import (
 from aeron_spark.connector.archive_source import ArchiveRange, _owned, _split
 from aeron_spark.connector.client import ReplayBlock
 from aeron_spark.connector.formats import Geometry, iter_messages
-from aeron_spark.transport.archive.client import ReplayedBlock
-
 from aeron_spark.errors import ConfigurationError
+from aeron_spark.transport.archive.client import ReplayedBlock
 
 ARCHIVE = "aeron:udp?endpoint=127.0.0.1:8010"
 HEADER = struct.Struct("<iBBhiiiiq")
@@ -189,10 +189,11 @@ def test_shares_cut_inside_frames_own_every_message_once() -> None:
 def test_archive_sink_options_are_checked_clearly() -> None:
     """The sink in archive mode needs a target channel on the archive's host and a sinkId for
     streaming; stream-server options and a staging stream equal to the target are refused."""
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
     from aeron_spark.connector.archive_options import parse_archive_sink_options
     from aeron_spark.connector.archive_sink import ArchiveBatchWriter, ArchiveStreamWriter
     from aeron_spark.connector.datasource import AeronDataSource
-    from pyspark.sql.types import BinaryType, StructField, StructType
 
     schema = StructType([StructField("value", BinaryType())])
     base = {"archive": ARCHIVE, "streamId": "1"}

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+
 from aeron_spark.connector import archive_sink, archive_source
 from aeron_spark.connector.archive_markers import BEGIN, MARKER_RESERVED_VALUE, read_tail
 from aeron_spark.connector.archive_options import (

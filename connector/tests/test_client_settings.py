@@ -7,9 +7,9 @@ import socket
 import time
 
 import pytest
+
 from aeron_spark.connector.client import ClientSettings, RecordingInfo, ReplayBlock, StreamClient
 from aeron_spark.connector.errors import ControlProtocolError, ServerUnavailableError
-
 from aeron_spark.errors import ConfigurationError
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from aeron_spark.connector.client import ReplayBlock
 from aeron_spark.connector.errors import ControlProtocolError
 from aeron_spark.connector.formats import (

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from aeron_spark.connector.errors import ControlProtocolError
 from aeron_spark.connector.formats_arrow import (
     _decode_one_batch,
@@ -12,9 +15,6 @@ from aeron_spark.connector.formats_arrow import (
     decode_message,
     encode_batches,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from aeron_spark.errors import ConfigurationError
 
 

@@ -8,6 +8,9 @@ import json
 import msgpack
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from aeron_spark.connector.client import ReplayBlock
 from aeron_spark.connector.formats import iter_messages
 from aeron_spark.connector.formats_records import (
@@ -17,9 +20,6 @@ from aeron_spark.connector.formats_records import (
     encode_rows,
     infer_schema,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from aeron_spark.errors import ConfigurationError
 from connector.tests.test_formats import record
 

@@ -8,6 +8,7 @@ import random
 
 import pyarrow as pa
 import pytest
+
 from aeron_spark.connector.errors import (
     ErrorCode,
     NotAuthorisedError,

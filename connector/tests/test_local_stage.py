@@ -7,6 +7,7 @@ import os
 import random
 
 import pytest
+
 from aeron_spark.connector.errors import (
     ControlProtocolError,
     NotAuthorisedError,

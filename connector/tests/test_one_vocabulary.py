@@ -5,17 +5,17 @@ from __future__ import annotations
 import pickle
 
 import pytest
+
+from aeron_spark import errors as root
 from aeron_spark.connector import errors as connector_errors
 from aeron_spark.connector.server import counters as server_counters
+from aeron_spark.counters import REGISTRY, CounterMap, CounterType
 from aeron_spark.handshake import errors as handshake_errors
 from aeron_spark.handshake.crypto import SealCounters
 from aeron_spark.handshake.machine import ServerCounters
 from aeron_spark.transport import errors as transport_errors
 from aeron_spark.transport.archive import errors as archive_errors
 from aeron_spark.transport.counters import SystemCounters
-
-from aeron_spark import errors as root
-from aeron_spark.counters import REGISTRY, CounterMap, CounterType
 
 
 def test_each_layer_subclasses_the_one_local_and_remote_protocol_error() -> None:

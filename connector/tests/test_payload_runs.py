@@ -7,13 +7,13 @@ import os
 
 import pyarrow as pa
 import pytest
+
 from aeron_spark.connector.client import ClientSettings, StreamClient, batched
 from aeron_spark.connector.formats import payload_run_from_batch, payloads_from_batch
 from aeron_spark.connector.local import write_part
 from aeron_spark.connector.runs import PayloadRun
 from aeron_spark.connector.server import ServerConfig, StreamServer
 from aeron_spark.connector.session.records import PayloadBuffers, records
-
 from aeron_spark.errors import ConfigurationError
 
 

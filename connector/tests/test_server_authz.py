@@ -13,17 +13,17 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.errors import NotAuthorisedError, ServerUnavailableError
 from aeron_spark.connector.server import ServerConfig, StreamServer
 from aeron_spark.connector.server.authz import OP_PERMISSION, StreamSet, allowed, parse
 from aeron_spark.connector.server.stat import stat_main
+from aeron_spark.errors import ConfigurationError
 from aeron_spark.handshake.errors import ClientUnknownError
 from aeron_spark.handshake.keystore import KeyStore, client_public_key_hex
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from aeron_spark.errors import ConfigurationError
 
 
 def _key(tmp_path: Path, name: str) -> tuple[str, str]:

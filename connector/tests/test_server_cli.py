@@ -9,6 +9,7 @@ import signal
 import time
 
 import pytest
+
 from aeron_spark.connector.server import main, stat_main
 from aeron_spark.connector.server.testing import client_for, server_process
 from aeron_spark.transport.archive import RecordingStore
@@ -59,9 +60,8 @@ def test_main_dispatches_and_rejects_bad_arguments() -> None:
 
 
 def test_consumers_command_lists_and_forgets(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from aeron_spark.connector.server import ServerConfig, StreamServer
-
     from aeron_spark.cli import main as cli_main
+    from aeron_spark.connector.server import ServerConfig, StreamServer
 
     with StreamServer(ServerConfig(directory=str(tmp_path / "s"), port=0)) as server:
         with client_for(server.endpoint, encryption=True) as client:
@@ -77,9 +77,8 @@ def test_consumers_command_lists_and_forgets(tmp_path, capsys) -> None:  # type:
 
 def test_authorized_keys_on_the_command_line_with_client_keys_and_sighup(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     # Issue 19: 'server --authorized-keys', 'publish/tail/stat --client-key', SIGHUP re-reads.
-    from aeron_spark.handshake.keystore import client_public_key_hex
-
     from aeron_spark.cli import main as cli_main
+    from aeron_spark.handshake.keystore import client_public_key_hex
 
     writer, reader = str(tmp_path / "w"), str(tmp_path / "r")
     keys = tmp_path / "authorized_keys"

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from aeron_spark.connector.server import ServerConfig
 
 from aeron_spark.cli import main as cli_main
+from aeron_spark.connector.server import ServerConfig
 from aeron_spark.errors import ConfigurationError
 
 

@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+
 from aeron_spark.connector.server.commitlog import CommitLog
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.core import ServerCore

@@ -6,6 +6,9 @@ import os
 
 import msgpack
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from aeron_spark.connector.errors import ErrorCode
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.core import ServerCore
@@ -13,8 +16,6 @@ from aeron_spark.connector.server.staging import SinkCommitter
 from aeron_spark.connector.server.store import ArchiveStore
 from aeron_spark.connector.session import chunking
 from aeron_spark.connector.session import protocol as proto
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 MAX_MESSAGE = 64 * 1024
 WALL_NS = 1_700_000_000_000_000_000  # the caller's wall clock (2023-11-14), manual like now_ns

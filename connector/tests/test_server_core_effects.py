@@ -9,6 +9,7 @@ import threading
 from typing import Any
 
 import pytest
+
 from aeron_spark.connector.errors import ErrorCode, PurgedError
 from aeron_spark.connector.server.authz import Authorizer
 from aeron_spark.connector.server.config import ServerConfig
@@ -17,7 +18,6 @@ from aeron_spark.connector.server.staging import SinkCommitter
 from aeron_spark.connector.server.stat import read_snapshot, render, write_snapshot
 from aeron_spark.connector.server.store import ArchiveStore
 from aeron_spark.connector.session import protocol as proto
-
 from aeron_spark.errors import ConfigurationError
 
 MAX_MESSAGE = 64 * 1024

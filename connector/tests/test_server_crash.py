@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 import pytest
+
 from aeron_spark.connector.errors import ServerUnavailableError
 from aeron_spark.connector.server.testing import client_for, messages_of, server_process
 

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+
 from aeron_spark.connector.errors import ConnectorError
 from aeron_spark.connector.server.testing import client_for, messages_of, server_process
 from aeron_spark.transport.archive.testing import open_fds

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+
 from aeron_spark.connector.errors import DirectoryInUseError, ServerUnavailableError
 from aeron_spark.connector.server import ServerConfig, StreamServer
 from aeron_spark.connector.server.testing import client_for, server_process

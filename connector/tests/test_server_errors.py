@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgpack
 import pytest
+
 from aeron_spark.connector.errors import (
     ControlProtocolError,
     NotAuthorisedError,

@@ -11,15 +11,15 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
 from aeron_spark.connector.client import StreamClient
 from aeron_spark.connector.errors import ConnectorError
 from aeron_spark.connector.server.cli import build_parser, config_from_args
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.stat import render
 from aeron_spark.connector.server.testing import client_for, messages_of, server_process
-from aeron_spark.transport.archive.testing import MountUnavailable, fill, small_tmpfs
-
 from aeron_spark.errors import ConfigurationError
+from aeron_spark.transport.archive.testing import MountUnavailable, fill, small_tmpfs
 
 STREAM = 10
 STORAGE_FULL = 14  # ErrorCode.STORAGE_FULL on the wire

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from aeron_spark.connector.server.testing import client_for, messages_of, server_process
 from aeron_spark.handshake.config import HANDSHAKE_STREAM_ID
 

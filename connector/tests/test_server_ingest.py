@@ -6,6 +6,7 @@ import socket
 import time
 
 import pytest
+
 from aeron_spark.connector.server import ServerConfig, StreamServer
 from aeron_spark.connector.server.testing import client_for, messages_of
 from aeron_spark.transport import Driver, DriverConfig

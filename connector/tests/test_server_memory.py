@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 
 import msgpack
+
 from aeron_spark.connector.errors import ErrorCode
 from aeron_spark.connector.server.testing import client_for, server_process
 from aeron_spark.connector.session import chunking

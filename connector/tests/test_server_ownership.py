@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.errors import NotAuthorisedError, StagedDataMissingError
 from aeron_spark.connector.server import ServerConfig, StreamServer

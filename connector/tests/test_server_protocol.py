@@ -7,6 +7,9 @@ import pickle
 
 import msgpack
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from aeron_spark.connector import errors as E
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.core import ServerCore
@@ -14,8 +17,6 @@ from aeron_spark.connector.server.staging import SinkCommitter
 from aeron_spark.connector.server.store import ArchiveStore
 from aeron_spark.connector.session import chunking
 from aeron_spark.connector.session import protocol as proto
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 
 def test_request_round_trip() -> None:

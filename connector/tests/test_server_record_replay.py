@@ -6,6 +6,7 @@ import random
 import threading
 
 import pytest
+
 from aeron_spark.connector.client import StreamClient
 from aeron_spark.connector.errors import (
     NotFrameBoundaryError,

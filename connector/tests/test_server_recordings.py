@@ -6,6 +6,9 @@ import os
 import random
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from aeron_spark.connector.server.framing import Framer
 from aeron_spark.transport.archive import (
     NotFrameBoundaryError,
@@ -14,8 +17,6 @@ from aeron_spark.transport.archive import (
     RecordingStore,
 )
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 TERM = 64 * 1024
 

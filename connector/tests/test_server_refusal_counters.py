@@ -10,6 +10,7 @@ import json
 import time
 
 import pytest
+
 from aeron_spark.connector.server import stat_main
 from aeron_spark.connector.server.testing import client_for, server_process
 from aeron_spark.handshake.config import HANDSHAKE_STREAM_ID

@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.errors import ControlProtocolError, PurgedError
 from aeron_spark.connector.server import ServerConfig, StreamServer
 from aeron_spark.connector.server.retention import ConsumerRegistry, RetentionPolicy, purge_target
-
 from aeron_spark.errors import ConfigurationError
 
 TERM = 64 * 1024

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.errors import ConnectorError
 from aeron_spark.connector.server import ServerConfig, StreamServer

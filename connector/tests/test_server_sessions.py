@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.errors import ServerUnavailableError
 from aeron_spark.connector.server import ServerConfig, StreamServer

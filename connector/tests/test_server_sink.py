@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+
 from aeron_spark.connector.errors import (
     ControlProtocolError,
     NotAuthorisedError,

@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+
 from aeron_spark.connector.errors import ControlProtocolError, StagedDataMissingError
 from aeron_spark.connector.server.commitlog import CommitLog
 from aeron_spark.connector.server.staging import PartKey, StagingStore
@@ -124,6 +125,7 @@ def test_read_part_across_block_boundaries(tmp_path, monkeypatch, block: int) ->
     import random
 
     import numpy as np
+
     from aeron_spark.connector.server import staging
 
     monkeypatch.setattr(staging, "_READ_BLOCK_BYTES", block)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from aeron_spark.connector.sink import route_by_stream_id
 
+from aeron_spark.connector.sink import route_by_stream_id
 from aeron_spark.errors import ConfigurationError
 
 

@@ -5,6 +5,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
 from aeron_spark.handshake import Client, ClientConfig, Server, ServerConfig
 from aeron_spark.transport import Driver, DriverConfig
 

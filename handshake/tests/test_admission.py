@@ -9,13 +9,14 @@ import socket
 import time
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.config import HANDSHAKE_STREAM_ID, REPLY_STREAM_ID, ServerConfig
 from aeron_spark.handshake.errors import ErrorCode
 from aeron_spark.handshake.machine import ClientHandshake, Rejected, ServerCore
 from aeron_spark.transport.protocol.frames import DataFlags, FrameType, SetupFrame
 from aeron_spark.transport.protocol.term import encode_data_header
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from .conftest import wait_for
 

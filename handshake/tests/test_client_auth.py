@@ -11,6 +11,8 @@ import socket
 import time
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
 from aeron_spark.handshake import Client, ClientConfig, Server, ServerConfig
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.client import _Attempt
@@ -31,7 +33,6 @@ from aeron_spark.handshake.errors import (
 from aeron_spark.handshake.machine import ClientHandshake, Rejected, ServerCore
 from aeron_spark.transport.protocol.frames import DataFlags, FrameType, SetupFrame
 from aeron_spark.transport.protocol.term import encode_data_header
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from .conftest import wait_for
 

@@ -8,11 +8,11 @@ import stat
 from pathlib import Path
 
 import pytest
+
+from aeron_spark.cli import main
 from aeron_spark.handshake.crypto import public_bytes
 from aeron_spark.handshake.errors import KeyStoreError
 from aeron_spark.handshake.keystore import KeyStore, load_client_key
-
-from aeron_spark.cli import main
 
 
 def test_client_key_is_created_once_0600_and_differs_from_the_server_key(tmp_path: Path) -> None:

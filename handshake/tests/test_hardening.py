@@ -9,6 +9,8 @@ import os
 import socket
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.config import ServerConfig
 from aeron_spark.handshake.errors import (
@@ -18,7 +20,6 @@ from aeron_spark.handshake.errors import (
     ErrorCode,
 )
 from aeron_spark.handshake.machine import ClientHandshake, ClientState, Rejected, ServerCore
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from .conftest import wait_for
 

@@ -18,6 +18,7 @@ import os
 import time
 
 import pytest
+
 from aeron_spark.handshake.channels import Channels
 from aeron_spark.handshake.config import HANDSHAKE_STREAM_ID, REPLY_STREAM_ID
 from aeron_spark.handshake.machine import ClientHandshake

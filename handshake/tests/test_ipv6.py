@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 
 import pytest
+
 from aeron_spark.handshake.errors import AddressDeniedError
 
 from .conftest import wait_for

@@ -27,6 +27,12 @@ import random
 
 import msgpack
 import pytest
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
 from aeron_spark.handshake import machine
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.config import ServerConfig
@@ -39,11 +45,6 @@ from aeron_spark.handshake.crypto import (
     transcript_hash,
 )
 from aeron_spark.handshake.machine import ClientHandshake, ServerCore
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 # ------------------------------------------------------------------ fixed inputs
 

@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
 from aeron_spark.handshake import keystore
 from aeron_spark.handshake.crypto import public_bytes
 from aeron_spark.handshake.errors import KeyRefusedError, KeyStoreError
 from aeron_spark.handshake.keystore import KeyStore
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 A, B = bytes(range(32)), bytes(range(1, 33))
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import msgpack
 import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.config import ServerConfig
 from aeron_spark.handshake.errors import ErrorCode, RemoteProtocolError
 from aeron_spark.handshake.machine import ClientHandshake, ClientState, Rejected, ServerCore
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 KEY = bytes(range(32))
 

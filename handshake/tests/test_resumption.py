@@ -14,12 +14,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
 from aeron_spark.handshake import Client, ClientConfig, KeyRefusedError
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.config import ServerConfig
 from aeron_spark.handshake.hello_channel import HelloChannel, registry
 from aeron_spark.handshake.machine import ClientHandshake, Rejected, ServerCore
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from .conftest import wait_for
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.crypto import (
     SealCounters,
@@ -11,7 +13,6 @@ from aeron_spark.handshake.crypto import (
     server_keys,
 )
 from aeron_spark.handshake.errors import RemoteProtocolError
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 
 def _agree() -> tuple:

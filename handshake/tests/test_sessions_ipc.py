@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
 from aeron_spark.handshake import (
     Client,
     ClientConfig,

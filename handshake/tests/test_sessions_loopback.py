@@ -7,6 +7,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
 from aeron_spark.handshake import (
     ConnectionClosedError,
     HandshakeTimeoutError,

@@ -6,6 +6,10 @@ from __future__ import annotations
 import os
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.config import ServerConfig
 from aeron_spark.handshake.crypto import SealCounters
@@ -37,9 +41,6 @@ from aeron_spark.handshake.machine import (
     SessionEvent,
     SessionState,
 )
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 S = 1_000_000_000
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import msgpack
 import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.config import ServerConfig
 from aeron_spark.handshake.crypto import public_bytes
@@ -38,7 +40,6 @@ from aeron_spark.handshake.machine import (
     ServerSession,
     SessionState,
 )
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 S = 1_000_000_000
 ADDRESS, SOURCE = "10.0.0.1", "10.0.0.1:4000"

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import enum
 
-from aeron_spark.transport.errors import TransportError
-
 from aeron_spark.errors import DetailedError
+from aeron_spark.transport.errors import TransportError
 
 
 class ArchiveErrorCode(enum.IntEnum):

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+
 from aeron_spark.transport.archive.diskio import pwrite_all as _pwrite_all
 from aeron_spark.transport.archive.errors import (
     NotFrameBoundaryError,

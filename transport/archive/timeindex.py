@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 import numpy as np
+
 from aeron_spark.transport.archive.diskio import pwrite_all
 
 ENTRY = struct.Struct("<qq")

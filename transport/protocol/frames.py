@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+
 from aeron_spark.transport.errors import InvalidFrameError
 
 Buffer = bytes | bytearray | memoryview

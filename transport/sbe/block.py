@@ -13,6 +13,7 @@ from typing import SupportsInt, cast
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from aeron_spark.transport.sbe.errors import SbeDecodeError, SbeEncodeError
 from aeron_spark.transport.sbe.schema import PRIMITIVES, Node
 

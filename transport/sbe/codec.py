@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+
 from aeron_spark.transport.sbe.block import BlockDecoder, BlockEncoder, arrow_type
 from aeron_spark.transport.sbe.errors import OtherTemplateError, SbeDecodeError, SbeEncodeError
 from aeron_spark.transport.sbe.schema import (

@@ -9,9 +9,10 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from aeron_spark.transport.sbe.schema import PRIMITIVES, Block, Node
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+
+from aeron_spark.transport.sbe.schema import PRIMITIVES, Block, Node
 
 DATA = Path(__file__).with_name("data") / "sbe"
 PRINTABLE = "".join(chr(c) for c in range(0x20, 0x7F))

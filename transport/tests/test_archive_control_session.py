@@ -14,6 +14,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from aeron_spark.errors import AeronSparkError, ConfigurationError
 from aeron_spark.transport.archive import client as archive_client
 from aeron_spark.transport.archive.client import (
     ArchiveChallengeError,
@@ -32,8 +34,6 @@ from aeron_spark.transport.archive.client import errors as archive_errors
 from aeron_spark.transport.archive.client.errors import ArchiveErrorCode, ArchiveProtocolError
 from aeron_spark.transport.archive.errors import ArchiveError, UnknownRecordingError
 from aeron_spark.transport.sbe import parse_schema
-
-from aeron_spark.errors import AeronSparkError, ConfigurationError
 
 sys.path.insert(0, str(Path(__file__).parent))
 import aeron_peer  # noqa: E402

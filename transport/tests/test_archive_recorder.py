@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler, Header
 from aeron_spark.transport.archive import (
     NotFrameBoundaryError,

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from aeron_spark.transport import Driver, DriverConfig
 from aeron_spark.transport.archive import Recorder, Recording, RecordingStore
 from aeron_spark.transport.archive.recordings import Descriptor

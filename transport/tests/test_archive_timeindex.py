@@ -9,11 +9,12 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from aeron_spark.transport.archive import timeindex
 from aeron_spark.transport.archive.fdcache import FdCache
 from aeron_spark.transport.archive.timeindex import ENTRY, TimeIndex
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 
 class Model:

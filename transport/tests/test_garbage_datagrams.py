@@ -8,6 +8,9 @@ import struct
 import time
 from pathlib import Path
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from aeron_spark.transport import Driver, DriverConfig
 from aeron_spark.transport.counters import SystemCounters
 from aeron_spark.transport.driver.agents import (
@@ -22,8 +25,6 @@ from aeron_spark.transport.protocol.frames import DataFrame, SetupFrame, StatusM
 from aeron_spark.transport.protocol.publication import PublicationState
 from aeron_spark.transport.protocol.receiver import ReceiveDispatcher, StreamInterest
 from aeron_spark.transport.uri import Endpoint
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 SOURCE = ("127.0.0.1", 41000)
 

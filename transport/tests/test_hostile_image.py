@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from aeron_spark.transport import Driver, DriverConfig
 from aeron_spark.transport.errors import ChannelError
 from aeron_spark.transport.protocol import term as term_module
@@ -33,8 +36,6 @@ from aeron_spark.transport.protocol.image import (
 from aeron_spark.transport.protocol.receiver import ReceiveDispatcher, StreamInterest
 from aeron_spark.transport.protocol.term import encode_data_header
 from aeron_spark.transport.testing import ManualClock
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 SENDER = ("127.0.0.1", 41000)
 GIB = 1024**3

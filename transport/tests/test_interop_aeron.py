@@ -51,6 +51,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import aeron_peer  # noqa: E402
 from aeron_peer import JavaMediaDriver, PeerProgram  # noqa: E402
+
 from aeron_spark.transport import (  # noqa: E402
     BufferClaim,
     Driver,

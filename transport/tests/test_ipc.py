@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from aeron_spark.transport import (
     BACK_PRESSURED,
     NOT_CONNECTED,

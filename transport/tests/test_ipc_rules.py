@@ -4,6 +4,7 @@ duty intervals, joining, retiring and back-off. No file, no sleep, no real clock
 from __future__ import annotations
 
 import pytest
+
 from aeron_spark.transport.api import BACK_PRESSURED, NOT_CONNECTED
 from aeron_spark.transport.protocol import ipc as rules
 

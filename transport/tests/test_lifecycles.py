@@ -19,6 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from aeron_spark.transport.api import CLOSED
 from aeron_spark.transport.errors import LocalProtocolError
 from aeron_spark.transport.protocol.frames import NakFrame, StatusMessage
@@ -37,8 +40,6 @@ from aeron_spark.transport.protocol.publication import (
 )
 from aeron_spark.transport.protocol.receiver import ReceiveDispatcher, StreamInterest
 from aeron_spark.transport.testing import ManualClock
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 SENDER = ("127.0.0.1", 41000)
 MS = 1_000_000

@@ -11,6 +11,7 @@ link and do not count.
 from __future__ import annotations
 
 import pytest
+
 from aeron_spark.transport.testing_netns import LossyLink, transfer, unavailable_reason
 
 MTU = 1408

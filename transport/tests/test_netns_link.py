@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 
 import pytest
+
 from aeron_spark.transport.testing_netns import LossyLink, unavailable_reason
 
 reason = unavailable_reason()

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
 import sbe_values as sv  # noqa: E402
-from aeron_spark.transport import sbe  # noqa: E402
 
 from aeron_spark.errors import AeronSparkError  # noqa: E402
+from aeron_spark.transport import sbe  # noqa: E402
 
 V0, V1, BE = (str(sv.DATA / f"golden-{n}.xml") for n in ("v0", "v1", "be"))
 

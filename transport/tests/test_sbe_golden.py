@@ -26,6 +26,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import sbe_tool  # noqa: E402
 import sbe_values as sv  # noqa: E402
+
 from aeron_spark.transport import sbe  # noqa: E402
 
 HARNESS = sv.DATA / "harness"

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import aeron_peer  # noqa: E402
 import sbe_tool  # noqa: E402
 import sbe_values as sv  # noqa: E402
+
 from aeron_spark.transport import sbe  # noqa: E402
 
 SCHEMAS = ("cluster/aeron-cluster-codecs.xml", "archive/aeron-archive-codecs.xml")

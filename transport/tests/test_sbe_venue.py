@@ -17,6 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import sbe_values as sv  # noqa: E402
+
 from aeron_spark.transport import sbe  # noqa: E402
 
 VENUE = str(sv.DATA / "golden-venue.xml")

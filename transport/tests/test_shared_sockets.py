@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from aeron_spark.transport import BACK_PRESSURED, ChannelError, Driver, DriverConfig
 from aeron_spark.transport.testing import LossConfig, pump
 

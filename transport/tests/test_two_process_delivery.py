@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler
 from aeron_spark.transport.testing import LossConfig, make_message, message_sizes
 

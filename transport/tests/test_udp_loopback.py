@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from aeron_spark.transport import (
     BACK_PRESSURED,
     CLOSED,

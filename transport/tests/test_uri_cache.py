@@ -9,6 +9,7 @@ import socket
 from typing import Any
 
 import pytest
+
 from aeron_spark.transport import uri
 from aeron_spark.transport.errors import ChannelError
 from aeron_spark.transport.uri import ChannelConfig

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from aeron_spark.transport.protocol import frames as f
 from aeron_spark.transport.protocol.logbuffer import compute_position, position_bits_to_shift
 

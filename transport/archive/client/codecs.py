@@ -13,6 +13,7 @@ from importlib import resources
 from typing import Any
 
 import pyarrow as pa
+
 from aeron_spark.transport.archive.client.errors import ArchiveProtocolError
 from aeron_spark.transport.sbe import MessageCodec, SbeError, Schema, parse_schema
 

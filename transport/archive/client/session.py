@@ -20,6 +20,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport.archive.client import codecs
 from aeron_spark.transport.archive.client.errors import (
     ArchiveChallengeError,
@@ -30,8 +31,6 @@ from aeron_spark.transport.archive.client.errors import (
     ArchiveVersionError,
     response_error,
 )
-
-from aeron_spark.errors import ConfigurationError
 
 
 @dataclass(frozen=True, slots=True)
