@@ -167,11 +167,8 @@ def uniform_run(
     if frame_length < DATA_HEADER_LENGTH:
         return 0
     aligned = (frame_length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
-    count = (
-        (len(data) - offset) // aligned
-        if not isinstance(data, np.ndarray)
-        else ((data.nbytes - offset) // aligned)
-    )
+    size = data.nbytes if isinstance(data, np.ndarray | memoryview) else len(data)
+    count = (size - offset) // aligned
     if max_frames is not None:
         count = min(count, max_frames)
     if count <= 0:
