@@ -387,6 +387,13 @@ def _header_unpacker(message: bytes | bytearray | memoryview) -> msgpack.Unpacke
     return unpacker
 
 
+def _why(exc: Exception) -> str:
+    """What msgpack found wrong: its own text, or for its silent errors what they mean."""
+    if isinstance(exc, msgpack.StackError):
+        return "nested deeper than the decoder allows (1,024 levels of arrays and maps)"
+    return str(exc) or type(exc).__name__
+
+
 def _unpack(body: bytes | bytearray | memoryview) -> Any:
     try:
         return msgpack.unpackb(
@@ -401,7 +408,7 @@ def _unpack(body: bytes | bytearray | memoryview) -> Any:
             max_ext_len=0,
         )
     except (ValueError, msgpack.UnpackException) as exc:  # ExtraData, FormatError, StackError...
-        raise ControlProtocolError(f"undecodable control message: {exc}") from exc
+        raise ControlProtocolError(f"undecodable control message: {_why(exc)}") from exc
 
 
 def encode_request(request_id: int, op: str, args: dict[str, Any]) -> bytes:
@@ -453,7 +460,7 @@ def decode_request(message: bytes | bytearray | memoryview) -> Request:
                 raise ControlProtocolError(shape)
             args_at = 1 + header.tell()
         except (ValueError, msgpack.UnpackException) as exc:
-            raise ControlProtocolError(f"{shape}: {exc}") from exc
+            raise ControlProtocolError(f"{shape}: {_why(exc)}") from exc
         limits = LIMITS[op]
         if len(message) > limits.max_bytes:
             raise PayloadTooLargeError(
@@ -478,7 +485,7 @@ def decode_request(message: bytes | bytearray | memoryview) -> Request:
                 object_hook=hook,
             )
         except (ValueError, msgpack.UnpackException) as exc:  # ExtraData, FormatError, ...
-            raise ControlProtocolError(f"{op}: undecodable args: {exc}", op=op) from exc
+            raise ControlProtocolError(f"{op}: undecodable args: {_why(exc)}", op=op) from exc
         schema = OPS[op]
         if not isinstance(args, dict):
             raise ControlProtocolError(f"{op}: args must be a map", op=op)
