@@ -305,7 +305,13 @@ def test_replicate_a_live_recording_and_merge_with_the_live_stream(
             + [b"after-%d" % i for i in range(100)]
         )
         assert _identity(dst, copy) == _identity(src, rid)
-        assert not dst.try_stop_replication(replication)  # over once merged
+        status = dst.wait_for_replication(replication, SIG.REPLICATE_END)  # over once merged
+        assert status.signals == [SIG.REPLICATE, SIG.EXTEND, SIG.MERGE, SIG.REPLICATE_END]
+        assert not dst.try_stop_replication(replication)
+        # The copy records the live stream until it ends: our publication closed, it stops.
+        pub.close()  # type: ignore[attr-defined]
+        dst.wait_for_signal(lambda e: e.recording_id == copy and e.signal == SIG.STOP)
+        assert dst.stop_position(copy) == end
     finally:
         pub.close()  # type: ignore[attr-defined]
         for client, recording in ((src, rid), (dst, copy)):
@@ -322,7 +328,9 @@ def test_stop_a_replication(
     rid, pub = _record(src, driver, [b"x" * 300] * 50, 3301, close=False)
     try:
         replication = dst.replicate(rid, archives.src.control_channel)
-        copy = dst.wait_for_replication(replication, SIG.EXTEND).recording_id
+        status = dst.wait_for_replication(replication, SIG.EXTEND)
+        assert status.signals == [SIG.REPLICATE, SIG.EXTEND]
+        copy = status.recording_id
         _publish(src, rid, pub, [b"y" * 300] * 50)
         end = pub.position  # type: ignore[attr-defined]
         _wait("the copy followed the source", lambda: dst.recording_position(copy) >= end)
@@ -357,6 +365,10 @@ def test_replication_errors_are_coded(
         dst.wait_for_replication(unknown, SIG.SYNC)
     assert e.value.details["correlation_id"] == unknown
     assert f"replication {unknown}" in str(e.value)
+    with pytest.raises(ArchiveUnknownRecordingError):  # the error stays the replication's answer
+        dst.wait_for_replication(unknown, SIG.REPLICATE_END)
+    ended = dst.replication(unknown)
+    assert ended is not None and ended.signals[-1] == SIG.REPLICATE_END and ended.ended
     # A live merge needs an active source.
     merge = dst.replicate(
         rid,
@@ -448,6 +460,8 @@ def test_credentials_are_never_shown(tmp_path: Path) -> None:
     creds = ArchiveCredentials(SECRET, on_challenge=_answer)
     config = ArchiveClientConfig("aeron:udp?endpoint=127.0.0.1:8010", credentials=SECRET)
     assert config.credentials == ArchiveCredentials(SECRET)
+    # A config travels to Spark's tasks pickled: the credentials go with it (not shown).
+    assert pickle.loads(pickle.dumps(config)).credentials.encoded == SECRET
     params = ReplicationParams(credentials=SECRET, stop_position=64)
     control = ControlConfig("aeron:udp?endpoint=127.0.0.1:1", credentials=creds)
     texts = [repr(creds), str(creds), repr(config), repr(params), repr(control), f"{creds}"]

@@ -639,9 +639,11 @@ class ArchiveClient:
         timeout_s: float | None = None,
     ) -> ReplicationStatus:
         """Wait until one of ``signals`` came for the replication (any of them since it
-        started: nothing is consumed); its status. The archive's error for it raises that
+        started: nothing is consumed); its status. The archive's error for it raises that,
+        even once the awaited signal came
         (:class:`ArchiveResponseError` with the archive's code); a replication that ended
-        (REPLICATE_END) without any of ``signals`` raises :class:`ArchiveReplicationError`;
+        (REPLICATE_END) without any of ``signals`` raises :class:`ArchiveReplicationError`
+        (but STOP is waited for after REPLICATE_END when a recording began: it may come after);
         nothing within ``timeout_s`` (default: the client's) :class:`ArchiveTimeoutError`."""
         if not signals:
             raise ConfigurationError("signals", signals, "at least one RecordingSignal")
@@ -655,12 +657,15 @@ class ArchiveClient:
                     f"replication {replication_id} was not started by this client",
                     replication_id=replication_id,
                 )
+            if status.error is not None:  # a failed replication raises, whatever was awaited
+                raise status.error
             if status.seen(*signals):
                 return status.snapshot()
-            if status.error is not None:
-                raise status.error
             seen = [getattr(s, "name", str(s)) for s in status.signals]
-            if status.ended:
+            # The copy's STOP may follow REPLICATE_END: the archive stops the recording it
+            # began (EXTEND) on a later duty cycle.
+            stop_to_come = RecordingSignal.STOP in signals and status.seen(RecordingSignal.EXTEND)
+            if status.ended and not stop_to_come:
                 raise ArchiveReplicationError(
                     f"replication {replication_id} ended without {names} (signals: {seen})",
                     replication_id=replication_id,
