@@ -564,7 +564,12 @@ class StreamClient:
         limit = self._limits.get(stream_id)
         if limit is None:
             try:
-                result = self.call("limits", stream_ids=[int(stream_id)])
+                args = {"stream_ids": [int(stream_id)]}
+                if self._in_operation:  # asked halfway through a stage: a lost session is
+                    # the operation's to handle (stage() stages again), never replaced here
+                    result = self._wait_reply(self._send_request("limits", args))
+                else:
+                    result = self.call("limits", **args)
                 limit = int(dict((int(s), int(n)) for s, n in result["streams"])[stream_id])
             except ControlProtocolError:  # "unknown operation": a version 1 server
                 limit = proto.MAX_PAYLOAD_BYTES
@@ -573,7 +578,9 @@ class StreamClient:
             self._limits[stream_id] = limit
         return limit
 
-    def _check_length(self, stream_id: int, index: int, length: int, sent: bool) -> None:
+    def _check_length(
+        self, stream_id: int, index: int, length: int, sent: bool, op: str = "publish"
+    ) -> None:
         """Refuse a message longer than the stream takes (coded ``PAYLOAD_TOO_LARGE``, naming
         its size and the limit), before it is sent; counted in ``messages_refused``."""
         if length <= _ALWAYS_FITS:
@@ -583,13 +590,13 @@ class StreamClient:
             return
         self.messages_refused += 1
         raise PayloadTooLargeError(
-            f"PAYLOAD_TOO_LARGE: message {index} of the publish to stream {stream_id} is "
+            f"PAYLOAD_TOO_LARGE: message {index} of the {op} to stream {stream_id} is "
             f"{length} bytes; the stream takes at most {limit} (Aeron's min(term_length / 8, "
             "16 MiB) of the server's --term-length / --stream-term-length); "
             + (
-                "the messages before it may have been published"
+                f"the messages before it may have been sent ({op})"
                 if sent
-                else "nothing of this publish was sent"
+                else f"nothing of this {op} was sent"
             ),
             length=length,
             limit=limit,
@@ -598,20 +605,23 @@ class StreamClient:
         )
 
     def _checked(
-        self, stream_id: int, payloads: Iterable[bytes] | Iterable[PayloadRun]
+        self,
+        stream_id: int,
+        payloads: Iterable[bytes] | Iterable[PayloadRun],
+        op: str = "publish",
     ) -> Iterable[Any]:
         """``payloads`` with every message checked against the stream's limit before it is
         sent: a list or tuple all at once (nothing is sent when one is too long), any other
         iterable as it is consumed."""
         if isinstance(payloads, (list, tuple)):
             for index, item in enumerate(payloads):
-                self._check_length(stream_id, index, _longest(item), False)
+                self._check_length(stream_id, index, _longest(item), False, op)
             return payloads
-        return self._checking(stream_id, payloads)
+        return self._checking(stream_id, payloads, op)
 
-    def _checking(self, stream_id: int, payloads: Iterable[Any]) -> Iterator[Any]:
+    def _checking(self, stream_id: int, payloads: Iterable[Any], op: str) -> Iterator[Any]:
         for index, item in enumerate(payloads):
-            self._check_length(stream_id, index, _longest(item), index > 0)
+            self._check_length(stream_id, index, _longest(item), index > 0, op)
             yield item
 
     def publish(
@@ -723,7 +733,9 @@ class StreamClient:
                 count, nbytes = local_io.write_part(fd, batches)
                 self.local_stages += 1
                 return dict(self.call("local_stage_done", **base, count=count, bytes=nbytes))
-        return dict(self._pipelined("stage", base, payloads, reserved_values, True))
+        # over the session, a message past the stream's limit is refused before it is sent
+        checked = self._checked(stream_id, payloads, "stage")
+        return dict(self._pipelined("stage", base, checked, reserved_values, True))
 
     def commit(
         self, sink_id: str, batch_id: int, stream_id: int | None, staged: list[dict]

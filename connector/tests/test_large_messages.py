@@ -64,6 +64,13 @@ def test_a_message_over_the_limit_is_refused_before_anything_is_sent(tmp_path) -
             assert refused.value.details["index"] == 1
             assert client.messages_refused == 1
             assert client.message_limit(10) == 8 * MIB
+            # a sink task staging over its session is refused the same way, before sending
+            before = _received(client)
+            with pytest.raises(PayloadTooLargeError):
+                client.stage("sink", 0, 0, 0, 10, iter([bytes(9 * MIB)]), local=False)
+            after = _received(client)
+            assert after.pop("bytes_received") - before.pop("bytes_received") < 64 * 1024
+            assert after == before and client.messages_refused == 2
             # the session is clean: a message at the limit goes through
             assert client.publish(10, [bytes(8 * MIB)]) > 0
         finally:
