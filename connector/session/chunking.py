@@ -74,7 +74,18 @@ def split(
     Callers send ``payload`` as it is when it fits; this always produces chunk messages (at least
     one), so the receiver sees the same framing whatever the size.
     """
-    yield from split_parts((payload,), max_message_length, payload_id)
+    piece = max_message_length - CHUNK_HEADER_LENGTH
+    if piece <= 0:
+        raise ConfigurationError(
+            "max_message_length", max_message_length, f"more than {CHUNK_HEADER_LENGTH} bytes"
+        )
+    view = memoryview(payload)
+    total = len(view)
+    count = max(1, -(-total // piece))
+    pid = payload_id & 0xFFFF_FFFF_FFFF_FFFF
+    for index in range(count):
+        part = view[index * piece : (index + 1) * piece]
+        yield CHUNK_HEADER.pack(KIND_CHUNK, pid, index, count, total) + part
 
 
 def split_parts(
