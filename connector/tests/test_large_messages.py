@@ -148,3 +148,34 @@ def test_the_chunker_holds_one_chunk_whatever_the_message() -> None:
     assert [bytes(c) for c in chunking.split_parts(parts, MIB, 9)] == list(
         chunking.split(whole, MIB, 9)
     )
+
+
+def test_term_length_options_reach_the_config_and_bad_ones_are_usage_errors(
+    tmp_path, capsys
+) -> None:
+    """``--term-length`` / ``--stream-term-length`` set the recordings' term lengths and so the
+    limits; a term length that is no power of two from 64K to 1G, a malformed pair or a stream
+    given twice is refused before the server starts (exit 2), naming what was wrong."""
+    from aeron_spark.connector.server.cli import build_parser, config_from_args
+
+    from aeron_spark.cli import main as cli_main
+
+    args = build_parser().parse_args(
+        ["--dir", str(tmp_path), "--term-length", "256M", "--stream-term-length", "11=1M"]
+    )
+    config = config_from_args(args)
+    assert config.term_length == 256 * MIB and config.stream_term_lengths == ((11, MIB),)
+    assert config.max_message_length_for(10) == 16 * MIB  # Aeron's cap, not 256M / 8
+    assert config.max_message_length_for(11) == 128 * 1024
+    assert config.mtu_for(11) == 65504
+    directory = tmp_path / "data"
+    for bad, named in (
+        (["--term-length", "100M"], "term_length=104857600"),
+        (["--term-length", "2G"], "term_length"),
+        (["--stream-term-length", "11"], "STREAM=BYTES"),
+        (["--stream-term-length", "11=3M"], "term length of stream 11"),
+        (["--stream-term-length", "11=1M", "--stream-term-length", "11=2M"], "distinct"),
+    ):
+        assert cli_main(["server", "--dir", str(directory), *bad]) == 2
+        assert named in capsys.readouterr().err
+        assert not directory.exists()
