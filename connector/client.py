@@ -41,6 +41,7 @@ from aeron_spark.connector import local as local_io
 from aeron_spark.connector.errors import (
     ConnectorError,
     ControlProtocolError,
+    PayloadTooLargeError,
     ServerUnavailableError,
     SessionLostError,
     error_from_wire,
@@ -52,6 +53,7 @@ from aeron_spark.connector.session.link import Link, open_client_link
 from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.connector.session.settings import ClientSettings
 from aeron_spark.errors import ConfigurationError
+from aeron_spark.transport.protocol.logbuffer import TERM_MIN_LENGTH, max_message_length
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,9 @@ RESTAGE_BUFFER_BYTES = 256 * 1024 * 1024
 #: recorded twice), a ``local_stage_done`` names a part the new session does not own (stage()
 #: restages it whole instead).
 _NOT_RETRIED = frozenset({"publish", "stage", "local_stage_done", "stop_replay", "keepalive"})
+#: Every server takes a message this long (the smallest term's limit): a publish of messages
+#: no longer asks the server for its limit.
+_ALWAYS_FITS = max_message_length(TERM_MIN_LENGTH)
 #: Bound on one attempt to open a new session while reconnecting; attempts go on until the
 #: operation's deadline.
 _CONNECT_ATTEMPT_S = 5.0
@@ -122,6 +127,8 @@ class StreamClient:
         self._in_operation = False  # a multi-request publish/stage is running
         self._ignored_replies: set[int] = set()  # replies to fire-and-forget stop_replay
         self._closed = False
+        self._limits: dict[int, int] = {}  # stream -> its largest message (this session's server)
+        self.messages_refused = 0  # publishes refused before sending: a message over the limit
         self.local_reads = 0  # ranges read from the server's files (see connector.local)
         self.local_stages = 0  # sink parts written into the server's directory
         self.replays = 0  # ranges replayed over the session
@@ -152,15 +159,18 @@ class StreamClient:
     def _deadline(self) -> float:
         return time.monotonic() + self.settings.timeout_s
 
-    def _send(self, message: bytes) -> None:
+    def _send(self, message: bytes | Sequence[bytes | bytearray | memoryview]) -> None:
+        """Send one message, given whole or as parts (``proto.encode_request_parts``): parts
+        are cut into chunks as they go, never joined, so a large payload is not copied."""
         if self._closed:
             raise ServerUnavailableError("the client is closed")
+        parts = (message,) if isinstance(message, bytes) else message
         limit = self._link.max_message_length
         deadline = self._deadline()
-        if len(message) <= limit:
-            self._link.send(message, deadline)
+        if sum(map(len, parts)) <= limit:
+            self._link.send(parts[0] if len(parts) == 1 else b"".join(parts), deadline)
         else:
-            for chunk in chunking.split(message, limit, next(self._payload_ids)):
+            for chunk in chunking.split_parts(parts, limit, next(self._payload_ids)):
                 self._link.send(chunk, deadline)
         self._last_send = time.monotonic()
 
@@ -194,6 +204,7 @@ class StreamClient:
         self._ignored_replies.clear()
         self._session_error = None
         self._reassembler = chunking.Reassembler()
+        self._limits.clear()  # the new session's server may be another (a restart)
         attempts = 0
         pause = 0.05
         last: BaseException = cause
@@ -225,7 +236,7 @@ class StreamClient:
         if op not in ("stop_replay", "keepalive"):
             self._reconnect_if_idle_and_lost()
         request_id = next(self._ids) & proto.MAX_REQUEST_ID or next(self._ids)
-        self._send(proto.encode_request(request_id, op, args))
+        self._send(proto.encode_request_parts(request_id, op, args))
         if op != "stop_replay":
             self._outstanding.add(request_id)
         return request_id
@@ -543,6 +554,75 @@ class StreamClient:
             self._outstanding.discard(request_id)
             self._replies.pop(request_id, None)
 
+    def message_limit(self, stream_id: int) -> int:
+        """The largest message ``stream_id`` takes on this session's server: Aeron's
+        ``min(term_length / 8, 16 MiB)`` of the stream's term length (the server's
+        ``--term-length`` / ``--stream-term-length``), asked once per session and stream
+        (``limits``, control protocol version 2). A server of version 1 does not say: then
+        Aeron's 16 MiB, which no server exceeds."""
+        limit = self._limits.get(stream_id)
+        if limit is None:
+            try:
+                args = {"stream_ids": [int(stream_id)]}
+                if self._in_operation:  # asked halfway through a stage: a lost session is
+                    # the operation's to handle (stage() stages again), never replaced here
+                    result = self._wait_reply(self._send_request("limits", args))
+                else:
+                    result = self.call("limits", **args)
+                limit = int(dict((int(s), int(n)) for s, n in result["streams"])[stream_id])
+            except ControlProtocolError:  # "unknown operation": a version 1 server
+                limit = proto.MAX_PAYLOAD_BYTES
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ControlProtocolError(f"malformed limits reply: {exc}") from exc
+            self._limits[stream_id] = limit
+        return limit
+
+    def _check_length(
+        self, stream_id: int, index: int, length: int, sent: bool, op: str = "publish"
+    ) -> None:
+        """Refuse a message longer than the stream takes (coded ``PAYLOAD_TOO_LARGE``, naming
+        its size and the limit), before it is sent; counted in ``messages_refused``."""
+        if length <= _ALWAYS_FITS:
+            return
+        limit = self.message_limit(stream_id)
+        if length <= limit:
+            return
+        self.messages_refused += 1
+        raise PayloadTooLargeError(
+            f"PAYLOAD_TOO_LARGE: message {index} of the {op} to stream {stream_id} is "
+            f"{length} bytes; the stream takes at most {limit} (Aeron's min(term_length / 8, "
+            "16 MiB) of the server's --term-length / --stream-term-length); "
+            + (
+                f"the messages before it may have been sent ({op})"
+                if sent
+                else f"nothing of this {op} was sent"
+            ),
+            length=length,
+            limit=limit,
+            stream_id=stream_id,
+            index=index,
+        )
+
+    def _checked(
+        self,
+        stream_id: int,
+        payloads: Iterable[bytes] | Iterable[PayloadRun],
+        op: str = "publish",
+    ) -> Iterable[Any]:
+        """``payloads`` with every message checked against the stream's limit before it is
+        sent: a list or tuple all at once (nothing is sent when one is too long), any other
+        iterable as it is consumed."""
+        if isinstance(payloads, (list, tuple)):
+            for index, item in enumerate(payloads):
+                self._check_length(stream_id, index, _longest(item), False, op)
+            return payloads
+        return self._checking(stream_id, payloads, op)
+
+    def _checking(self, stream_id: int, payloads: Iterable[Any], op: str) -> Iterator[Any]:
+        for index, item in enumerate(payloads):
+            self._check_length(stream_id, index, _longest(item), index > 0, op)
+            yield item
+
     def publish(
         self,
         stream_id: int,
@@ -550,10 +630,19 @@ class StreamClient:
         reserved_values: Iterable[int] | None = None,
     ) -> int:
         """Publish messages into ``stream_id``; returns the recording's end position after them.
-        All messages of one client go to one recording per stream (this session's)."""
+        All messages of one client go to one recording per stream (this session's).
+
+        A message longer than the stream takes (:meth:`message_limit`) is refused before it is
+        sent, with :class:`PayloadTooLargeError`; when ``payloads`` is a list or tuple, nothing
+        of the publish is sent then. A large message is sent in chunks cut from it as they go:
+        the client holds the payload and a chunk or two, never a second copy of it."""
         try:
             result = self._pipelined(
-                "publish", {"stream_id": stream_id}, payloads, reserved_values, False
+                "publish",
+                {"stream_id": stream_id},
+                self._checked(stream_id, payloads),
+                reserved_values,
+                False,
             )
         except SessionLostError as exc:
             # Not sent again: what was in flight may be recorded already (twice, if resent), and
@@ -643,7 +732,9 @@ class StreamClient:
                 count, nbytes = local_io.write_part(fd, batches)
                 self.local_stages += 1
                 return dict(self.call("local_stage_done", **base, count=count, bytes=nbytes))
-        return dict(self._pipelined("stage", base, payloads, reserved_values, True))
+        # over the session, a message past the stream's limit is refused before it is sent
+        checked = self._checked(stream_id, payloads, "stage")
+        return dict(self._pipelined("stage", base, checked, reserved_values, True))
 
     def commit(
         self, sink_id: str, batch_id: int, stream_id: int | None, staged: list[dict]
@@ -740,6 +831,14 @@ def batched(
                 ) from None
     if batch or not yielded:
         yield batch, rvs
+
+
+def _longest(item: bytes | PayloadRun) -> int:
+    """A payload's length, or the longest of a run's."""
+    if isinstance(item, PayloadRun):
+        offsets = item.offsets()
+        return int((offsets[1:] - offsets[:-1]).max()) if len(offsets) > 1 else 0
+    return len(item)
 
 
 class _Kept:

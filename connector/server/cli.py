@@ -29,6 +29,18 @@ def _byte_size(text: str) -> int:
     return int(number * _UNITS[unit])
 
 
+def _stream_size(text: str) -> tuple[int, int]:
+    """``STREAM=BYTES``, e.g. ``11=256M``."""
+    stream, sep, size = text.partition("=")
+    try:
+        stream_id = int(stream)
+    except ValueError:
+        stream_id = None
+    if not sep or stream_id is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not STREAM=BYTES (e.g. 11=256M)")
+    return stream_id, _byte_size(size)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aeron-spark server",
@@ -193,6 +205,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="discard a chunked message not whole this long after its first chunk (default 30)",
     )
     parser.add_argument(
+        "--term-length",
+        type=_byte_size,
+        default=64 * 1024 * 1024,
+        metavar="BYTES",
+        help="term length of the recordings the server creates (publish, sink commits): a power "
+        "of two from 64K to 1G (default 64M). It sets the largest message, Aeron's "
+        "min(term length / 8, 16M): 8M at 64M, 16M (Aeron's cap) from 128M",
+    )
+    parser.add_argument(
+        "--stream-term-length",
+        type=_stream_size,
+        action="append",
+        default=[],
+        metavar="STREAM=BYTES",
+        help="term length of one stream's new recordings, e.g. 11=256M (repeatable; as Aeron "
+        "sets term-length per publication)",
+    )
+    parser.add_argument(
         "--log-level",
         default="INFO",
         help="DEBUG, INFO, WARNING or ERROR (default %(default)s)",
@@ -231,6 +261,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_incomplete_bytes=args.max_incomplete_bytes,
         max_incomplete_bytes_per_session=args.max_incomplete_bytes_per_session,
         incomplete_message_timeout_s=args.incomplete_message_timeout_seconds,
+        term_length=args.term_length,
+        stream_term_lengths=tuple(args.stream_term_length),
     )
 
 

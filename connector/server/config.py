@@ -10,7 +10,11 @@ from typing import Any
 from aeron_spark.errors import ConfigurationError
 from aeron_spark.handshake.config import parse_networks
 from aeron_spark.handshake.machine import normalise_address
-from aeron_spark.transport.protocol.logbuffer import check_mtu, check_term_length
+from aeron_spark.transport.protocol.logbuffer import (
+    check_mtu,
+    check_term_length,
+    max_message_length,
+)
 
 DEFAULT_PORT = 40123
 MAX_PORT = 65534  # the server also takes port + 1 (its replies)
@@ -38,7 +42,12 @@ class ServerConfig:
     ``term_length`` / ``mtu``  geometry of recordings the server creates (publish, sink commits);
                             mtu None: Aeron's largest, 65504, or half a term if that is less
                             (fewer fragments per large message; recordings are replayed through
-                            sessions, never sent frame by frame)
+                            sessions, never sent frame by frame). The term length sets the
+                            largest message: Aeron's ``min(term_length / 8, 16 MiB)`` (64 MiB
+                            terms: 8 MiB; 128 MiB or more: 16 MiB, Aeron's cap)
+    ``stream_term_lengths``  ``(stream_id, term_length)`` pairs: the term length of that
+                            stream's new recordings, in place of ``term_length`` (as Aeron sets
+                            it per publication with the channel's ``term-length``)
     ``session_lease_ns``    a session with no request for this long, and that consumed nothing
                             sent to it, is closed (Spark's ``stop()`` is best-effort); clients
                             send keepalives while they wait
@@ -103,6 +112,7 @@ class ServerConfig:
     hellos_per_prefix_per_s: float = 1000.0
     term_length: int = 64 * 1024 * 1024
     mtu: int | None = None
+    stream_term_lengths: tuple[tuple[int, int], ...] = ()
     session_lease_ns: int = 60_000_000_000
     staging_lease_s: float = 3600.0
     gc_interval_ns: int = 10_000_000_000
@@ -137,10 +147,19 @@ class ServerConfig:
                 "usable port (0 picks a free pair)",
             )
         check_term_length(self.term_length, "term_length")
+        seen: set[int] = set()
+        for stream_id, term_length in self.stream_term_lengths:
+            if not -(2**31) <= stream_id < 2**31 or stream_id in seen:
+                raise ConfigurationError(
+                    "stream_term_lengths", stream_id, "distinct 32-bit stream ids"
+                )
+            seen.add(stream_id)
+            check_term_length(term_length, f"term length of stream {stream_id}")
         if self.mtu is not None:
             check_mtu(self.mtu, "mtu")
-            if self.mtu > self.term_length // 2:
-                raise ConfigurationError("mtu", self.mtu, "at most half of term_length")
+            shortest = min([self.term_length, *(t for _, t in self.stream_term_lengths)])
+            if self.mtu > shortest // 2:
+                raise ConfigurationError("mtu", self.mtu, "at most half of every term length")
         for name in (
             "max_clients",
             "max_per_address",
@@ -217,6 +236,23 @@ class ServerConfig:
     def recording_mtu(self) -> int:
         """The mtu of recordings the server creates."""
         return self.mtu if self.mtu is not None else min(65504, self.term_length // 2)
+
+    def term_length_for(self, stream_id: int) -> int:
+        """The term length of ``stream_id``'s new recordings."""
+        for sid, term_length in self.stream_term_lengths:
+            if sid == stream_id:
+                return term_length
+        return self.term_length
+
+    def mtu_for(self, stream_id: int) -> int:
+        """The mtu of ``stream_id``'s new recordings."""
+        term_length = self.term_length_for(stream_id)
+        return self.mtu if self.mtu is not None else min(65504, term_length // 2)
+
+    def max_message_length_for(self, stream_id: int) -> int:
+        """The largest message ``stream_id`` takes: Aeron's ``min(term_length / 8, 16 MiB)`` of
+        its recordings' term length (what a client is told before it publishes)."""
+        return max_message_length(self.term_length_for(stream_id))
 
 
 def _is_ipc(channel: str | None) -> bool:

@@ -43,6 +43,7 @@ from aeron_spark.connector.server.staging import PartKey, SinkCommitter
 from aeron_spark.connector.session import protocol as proto
 from aeron_spark.connector.session.chunking import Reassembler, ReassemblyBudget
 from aeron_spark.transport.archive import ArchiveError
+from aeron_spark.transport.protocol.logbuffer import max_message_length
 
 log = logging.getLogger(__name__)
 
@@ -312,10 +313,14 @@ class ServerCore:
             if whole is None:
                 return []
             message = whole
+            del whole
         self.counters["requests"] += 1
         session.requests += 1
         try:
             request = proto.decode_request(message)
+            # the request holds what it needs: a reassembled message goes now, not after the
+            # handler ran (a large publish held it beside its payload and its frames)
+            del message
         except ControlProtocolError as exc:
             self.counters["protocol_errors"] += 1
             session.errors += 1
@@ -607,6 +612,23 @@ class ServerCore:
 
     def _op_stats(self, session: Session, request: proto.Request, now_ns: int, wall_ns: int) -> Any:
         return self.stats(now_ns, wall_ns)
+
+    def _op_limits(
+        self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
+    ) -> Any:
+        """The largest message each asked stream takes (control protocol version 2): its
+        recordings' Aeron limit, and no more than one session's incomplete-message bound lets
+        a publish request carry (a request's own bytes are under 1 KiB beside its payload)."""
+        config = self.config
+        carried = config.max_incomplete_bytes_per_session - 1024
+        streams = request.args.get("stream_ids") or []
+        return {
+            "version": proto.CONTROL_PROTOCOL_VERSION,
+            "max_message_length": min(max_message_length(config.term_length), carried),
+            "streams": [
+                [s, min(config.max_message_length_for(s), carried)] for s in sorted(set(streams))
+            ],
+        }
 
     def _visible_recordings(self, stream_ids: set[int] | None) -> list[dict[str, Any]]:
         allowed = self.config.allowed_stream_ids

@@ -233,7 +233,13 @@ class Framer:
                 block += payload
                 block += _ZEROS[: framed - DATA_HEADER_LENGTH - length]
             else:
-                block += bytes(framed)
+                # a fragmented message gets a block of its own, made at its size (no zeroed
+                # temporary copied in, no growth of a block holding earlier messages)
+                if block:
+                    yield block_start, block
+                    block_start = position
+                block = bytearray(framed)
+                start = 0
                 view = memoryview(payload)
                 consumed = 0
                 offset = start

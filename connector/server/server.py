@@ -40,7 +40,6 @@ from aeron_spark.connector.session import chunking
 from aeron_spark.connector.session.link import ServerLink, ServerListener
 from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport import Driver, DriverConfig
-from aeron_spark.transport.protocol.logbuffer import max_message_length
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +122,7 @@ class StreamServer:
             committer = SinkCommitter(
                 os.path.join(self.config.directory, "sink"),
                 self._store,
-                max_message_length(self.config.term_length),
+                self.config.max_message_length_for,
             )
             committer.recover(time.monotonic_ns())
             self.core = ServerCore(self.config, self._store, committer)

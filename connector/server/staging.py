@@ -42,7 +42,7 @@ import contextlib
 import logging
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, Protocol
 
@@ -142,9 +142,11 @@ def not_owner(op: str, what: str) -> NotAuthorisedError:
 class StagingStore:
     """Staged part files. Not thread-safe: one caller (the server's request loop) at a time."""
 
-    def __init__(self, root: str, max_payload: int | None = None) -> None:
+    def __init__(self, root: str, max_payload: int | Callable[[int], int] | None = None) -> None:
         self.root = root
-        self.max_payload = max_payload  # the sink recordings' largest message (None: no check)
+        # the sink recordings' largest message, or a stream's (a callable of the stream id;
+        # None: no check)
+        self.max_payload = max_payload
         os.makedirs(root, exist_ok=True)
         self._open: dict[PartKey, _OpenPart] = {}
         self.parts_staged = 0
@@ -227,7 +229,7 @@ class StagingStore:
             raise ControlProtocolError("stage: stream_id changed within one staged part")
         lengths = list(map(len, payloads))
         if lengths:
-            self._check_payload(max(lengths), key)
+            self._check_payload(max(lengths), key, stream_id)
         payload_bytes = sum(lengths)
         try:
             part.fh.writelines(records(payloads, reserved_values))
@@ -293,11 +295,11 @@ class StagingStore:
                 got_count += len(payloads)
                 if isinstance(payloads, np.ndarray):
                     got_bytes += payloads.size
-                    self._check_payload(payloads.shape[1], key)
+                    self._check_payload(payloads.shape[1], key, stream_id)
                 else:
                     lengths = list(map(len, payloads))
                     got_bytes += sum(lengths)
-                    self._check_payload(max(lengths, default=0), key)
+                    self._check_payload(max(lengths, default=0), key, stream_id)
             if (got_count, got_bytes) != (count, nbytes):
                 raise StagedDataMissingError(
                     f"the part written locally holds {got_count} payloads of {got_bytes} bytes, "
@@ -313,13 +315,18 @@ class StagingStore:
         self.parts_staged_locally += 1
         return self._complete(key, part)
 
-    def _check_payload(self, length: int, key: PartKey) -> None:
-        if self.max_payload is not None and length > self.max_payload:
+    def _check_payload(self, length: int, key: PartKey, stream_id: int) -> None:
+        limit = self.max_payload
+        if callable(limit):
+            limit = limit(stream_id)
+        if limit is not None and length > limit:
             raise PayloadTooLargeError(
                 f"part {key.name} of sink {key.sink_id!r} batch {key.batch_id} holds a message of "
-                f"{length} bytes; the stream's largest is {self.max_payload} (term_length / 8)",
+                f"{length} bytes; stream {stream_id}'s largest is {limit} (min(term_length / 8, "
+                "16 MiB))",
                 length=length,
-                limit=self.max_payload,
+                limit=limit,
+                stream_id=stream_id,
             )
 
     def _complete(self, key: PartKey, part: _OpenPart) -> dict[str, Any]:
@@ -481,7 +488,10 @@ class SinkCommitter:
     """Exactly-once commits of staged parts, driven by the commit log."""
 
     def __init__(
-        self, directory: str, recordings: SinkRecordings, max_payload: int | None = None
+        self,
+        directory: str,
+        recordings: SinkRecordings,
+        max_payload: int | Callable[[int], int] | None = None,
     ) -> None:
         os.makedirs(directory, exist_ok=True)
         self.staging = StagingStore(os.path.join(directory, "staged"), max_payload)

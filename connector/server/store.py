@@ -280,8 +280,8 @@ class ArchiveStore:
             initial_term_id,
             initial_term_id,
             0,
-            self.config.term_length,
-            self.config.recording_mtu,
+            self.config.term_length_for(stream_id),
+            self.config.mtu_for(stream_id),
             self.clock(),
         )
 

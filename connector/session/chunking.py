@@ -44,7 +44,7 @@ the server zero-fill 256 MiB). A chunk that would take the budget past its bound
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from aeron_spark.connector.errors import (
     ChunkMissingError,
@@ -85,6 +85,37 @@ def split(
     for index in range(count):
         part = view[index * piece : (index + 1) * piece]
         yield CHUNK_HEADER.pack(KIND_CHUNK, pid, index, count, total) + part
+
+
+def split_parts(
+    parts: Sequence[bytes | bytearray | memoryview], max_message_length: int, payload_id: int
+) -> Iterator[bytearray]:
+    """Chunk messages carrying the concatenation of ``parts`` (as :func:`split` of
+    ``b"".join(parts)``, byte for byte), without ever joining them: each chunk is built from
+    slices of the parts, so what this holds is one chunk, whatever the payload's size (a sender
+    of a large message keeps its payload and one chunk, not a second copy of the message)."""
+    piece = max_message_length - CHUNK_HEADER_LENGTH
+    if piece <= 0:
+        raise ConfigurationError(
+            "max_message_length", max_message_length, f"more than {CHUNK_HEADER_LENGTH} bytes"
+        )
+    views = [memoryview(part).cast("B") for part in parts]
+    total = sum(len(view) for view in views)
+    count = max(1, -(-total // piece))
+    pid = payload_id & 0xFFFF_FFFF_FFFF_FFFF
+    current, offset = 0, 0  # the part being cut and the offset in it
+    for index in range(count):
+        want = min(piece, total - index * piece)
+        chunk = bytearray(CHUNK_HEADER.pack(KIND_CHUNK, pid, index, count, total))
+        while want:
+            view = views[current]
+            take = min(want, len(view) - offset)
+            chunk += view[offset : offset + take]
+            offset += take
+            want -= take
+            if offset == len(view):
+                current, offset = current + 1, 0
+        yield chunk
 
 
 class ReassemblyBudget:
@@ -308,4 +339,5 @@ __all__ = [
     "ReassemblyBudget",
     "is_chunk",
     "split",
+    "split_parts",
 ]

@@ -60,7 +60,7 @@ class Link(Protocol):
 
     @property
     def is_connected(self) -> bool: ...
-    def send(self, message: bytes, deadline: float) -> None: ...
+    def send(self, message: bytes | bytearray | memoryview, deadline: float) -> None: ...
     def receive(self, deadline: float) -> bytes | None: ...
     def close(self) -> None: ...
 
@@ -81,7 +81,7 @@ class ClientLink:
     def is_connected(self) -> bool:
         return self.connection.is_connected
 
-    def send(self, message: bytes, deadline: float) -> None:
+    def send(self, message: bytes | bytearray | memoryview, deadline: float) -> None:
         try:
             self.connection.send(message, timeout_s=max(deadline - time.monotonic(), 0.001))
         except (HandshakeError, TransportError, TimeoutError) as exc:

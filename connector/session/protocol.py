@@ -49,6 +49,12 @@ KIND_CHUNK = 0x03
 REPLAY_DATA_HEADER = struct.Struct("<B3xIqqq")
 REPLAY_DATA_HEADER_LENGTH = REPLAY_DATA_HEADER.size
 
+#: The control protocol's version. 1: the operations before issue 31. 2: ``limits`` (the
+#: largest message a stream takes, so a client refuses a larger one before sending it); its
+#: reply carries the server's version. A client finds a version 1 server by its "unknown
+#: operation" answer and then refuses only what no server takes (Aeron's 16 MiB).
+CONTROL_PROTOCOL_VERSION = 2
+
 MAX_CONTROL_MESSAGE_BYTES = 256 * 1024 * 1024  # a reply (what a client accepts)
 MAX_REQUEST_ID = 0xFFFF_FFFF
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -139,6 +145,9 @@ OPS: dict[str, dict[str, tuple[str, bool]]] = {
     "consumer_forget": {"consumer_id": ("sink_id", True)},
     "stats": {},
     "keepalive": {},
+    # control protocol version 2 (issue 31): the largest message each stream takes, asked
+    # before a large publish is sent (a version 1 server answers "unknown operation")
+    "limits": {"stream_ids": ("int32_list?", False)},
 }
 
 
@@ -188,6 +197,7 @@ PERMISSIONS: dict[str, Access] = {
     "consumer_forget": _ADMIN,
     "stats": _READ,
     "keepalive": _NONE,
+    "limits": _NONE,  # the server's configured limits: no stream's data
 }
 if set(PERMISSIONS) != set(OPS):  # pragma: no cover - caught at import by every test
     raise AssertionError(f"PERMISSIONS and OPS differ: {set(PERMISSIONS) ^ set(OPS)}")
@@ -388,6 +398,13 @@ def _header_unpacker(message: bytes | bytearray | memoryview) -> msgpack.Unpacke
     return unpacker
 
 
+def _why(exc: Exception) -> str:
+    """What msgpack found wrong: its own text, or for its silent errors what they mean."""
+    if isinstance(exc, msgpack.StackError):
+        return "nested deeper than the decoder allows (1,024 levels of arrays and maps)"
+    return str(exc) or type(exc).__name__
+
+
 def _unpack(body: bytes | bytearray | memoryview) -> Any:
     try:
         return msgpack.unpackb(
@@ -402,13 +419,61 @@ def _unpack(body: bytes | bytearray | memoryview) -> Any:
             max_ext_len=0,
         )
     except (ValueError, msgpack.UnpackException) as exc:  # ExtraData, FormatError, StackError...
-        raise ControlProtocolError(f"undecodable control message: {exc}") from exc
+        raise ControlProtocolError(f"undecodable control message: {_why(exc)}") from exc
 
 
 def encode_request(request_id: int, op: str, args: dict[str, Any]) -> bytes:
     return bytes((KIND_CONTROL,)) + msgpack.packb(
         {"id": request_id, "op": op, "args": args}, use_bin_type=True
     )
+
+
+#: A payload at least this long is not copied into an encoded request (encode_request_parts).
+INLINE_PAYLOAD_BYTES = 64 * 1024
+
+
+def _bin_header(length: int) -> bytes:
+    """msgpack's bin 8/16/32 header for ``length`` bytes (as ``packb(use_bin_type=True)``)."""
+    if length < 0x100:
+        return struct.pack(">BB", 0xC4, length)
+    if length < 0x10000:
+        return struct.pack(">BH", 0xC5, length)
+    return struct.pack(">BI", 0xC6, length)
+
+
+def encode_request_parts(
+    request_id: int, op: str, args: dict[str, Any]
+) -> list[bytes | bytearray | memoryview]:
+    """The bytes of :func:`encode_request` as a list of parts whose concatenation they are,
+    with every payload of ``args["payloads"]`` of :data:`INLINE_PAYLOAD_BYTES` or more left as
+    its own part (the caller's object, not copied): a sender chunks the parts
+    (``chunking.split_parts``) and never holds a second copy of a large message."""
+    payloads = args.get("payloads")
+    if not isinstance(payloads, list) or not any(len(p) >= INLINE_PAYLOAD_BYTES for p in payloads):
+        return [encode_request(request_id, op, args)]
+    packer = msgpack.Packer(use_bin_type=True)
+    parts: list[bytes | bytearray | memoryview] = []
+    head = bytearray((KIND_CONTROL,))
+    head += packer.pack_map_header(3)
+    head += packer.pack("id") + packer.pack(request_id)
+    head += packer.pack("op") + packer.pack(op)
+    head += packer.pack("args") + packer.pack_map_header(len(args))
+    for name, value in args.items():
+        head += packer.pack(name)
+        if name != "payloads":
+            head += packer.pack(value)
+            continue
+        head += packer.pack_array_header(len(value))
+        for payload in value:
+            head += _bin_header(len(payload))
+            if len(payload) < INLINE_PAYLOAD_BYTES:
+                head += payload
+            else:
+                parts.append(head)
+                parts.append(payload)
+                head = bytearray()
+    parts.append(head)
+    return parts
 
 
 def decode_request(message: bytes | bytearray | memoryview) -> Request:
@@ -454,7 +519,7 @@ def decode_request(message: bytes | bytearray | memoryview) -> Request:
                 raise ControlProtocolError(shape)
             args_at = 1 + header.tell()
         except (ValueError, msgpack.UnpackException) as exc:
-            raise ControlProtocolError(f"{shape}: {exc}") from exc
+            raise ControlProtocolError(f"{shape}: {_why(exc)}") from exc
         limits = LIMITS[op]
         if len(message) > limits.max_bytes:
             raise PayloadTooLargeError(
@@ -479,7 +544,7 @@ def decode_request(message: bytes | bytearray | memoryview) -> Request:
                 object_hook=hook,
             )
         except (ValueError, msgpack.UnpackException) as exc:  # ExtraData, FormatError, ...
-            raise ControlProtocolError(f"{op}: undecodable args: {exc}", op=op) from exc
+            raise ControlProtocolError(f"{op}: undecodable args: {_why(exc)}", op=op) from exc
         schema = OPS[op]
         if not isinstance(args, dict):
             raise ControlProtocolError(f"{op}: args must be a map", op=op)
@@ -578,6 +643,7 @@ def decode_replay_data(
 
 
 __all__ = [
+    "CONTROL_PROTOCOL_VERSION",
     "KIND_CHUNK",
     "KIND_CONTROL",
     "KIND_REPLAY_DATA",
@@ -602,4 +668,5 @@ __all__ = [
     "encode_ok",
     "encode_replay_header",
     "encode_request",
+    "encode_request_parts",
 ]

@@ -149,7 +149,7 @@ def test_permission_table_over_permissions_and_requests(perms, op, stream_id) ->
         "last_committed_batch",
     }
     admin_ops = {"purge", "consumer_forget"}
-    if op in ("keepalive", "stop_replay"):
+    if op in ("keepalive", "stop_replay", "limits"):
         expected = True
     elif op in read_ops | write_ops | admin_ops:
         perm = "read" if op in read_ops else "write" if op in write_ops else "admin"
@@ -161,7 +161,7 @@ def test_permission_table_over_permissions_and_requests(perms, op, stream_id) ->
     else:
         expected = False  # an operation the table does not know is never allowed
     assert allowed(grant, op, stream_id) is expected
-    assert allowed(None, op, stream_id) is (op in ("keepalive", "stop_replay"))
+    assert allowed(None, op, stream_id) is (op in ("keepalive", "stop_replay", "limits"))
 
 
 def test_stream_sets() -> None:

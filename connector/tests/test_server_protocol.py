@@ -268,3 +268,20 @@ def test_requests_at_their_operations_limits_decode_and_past_them_are_refused() 
     with pytest.raises(E.PayloadTooLargeError) as info:
         proto.decode_request(big[:-1] + b"\xc4\xff" + b"\x00" * 70_000)
     assert info.value.details["request_id"] == 4
+
+
+def test_a_request_nested_too_deep_is_refused_with_a_reason() -> None:
+    """msgpack's StackError has no message: a publish whose args nest deeper than the decoder's
+    stack came back as ``publish: undecodable args: `` with nothing after the colon."""
+    deep = b"\x91" * 5000 + b"\xc0"  # 5,000 nested one-element arrays
+    header = msgpack.packb({"id": 7, "op": "publish"})
+    message = bytes((proto.KIND_CONTROL,)) + b"\x83" + header[1:] + b"\xa4args" + deep
+    with pytest.raises(E.ControlProtocolError) as info:
+        proto.decode_request(message)
+    text = str(info.value)
+    assert text.startswith("publish: undecodable args: ")
+    assert text.removeprefix("publish: undecodable args: ").strip(), text
+    assert "nested" in text
+    assert info.value.details["request_id"] == 7
+    with pytest.raises(E.ControlProtocolError, match="nested"):
+        proto.decode_reply(bytes((proto.KIND_CONTROL,)) + deep)

@@ -372,8 +372,12 @@ class JavaArchive:
         control_port: int,
         archive_id: int = 0,
         tag: str = "archive",
+        *,
+        classpath: list[Path] | None = None,
         **properties: object,
     ) -> None:
+        """``classpath``: more entries before the jar (classes of our own the archive loads,
+        e.g. an authenticator named by ``aeron.archive.authenticator.supplier``)."""
         self.aeron_dir = new_aeron_dir(tag)
         self.archive_dir = archive_dir
         self.control_port = control_port
@@ -399,7 +403,8 @@ class JavaArchive:
         props.update(properties)
         self.properties = props
         self.program = PeerProgram(
-            java_argv("io.aeron.archive.ArchivingMediaDriver", props), "java-archive"
+            java_argv("io.aeron.archive.ArchivingMediaDriver", props, classpath=classpath),
+            f"java-{tag}",
         )
         mark = archive_dir / "archive-mark.dat"
         deadline = time.monotonic() + DRIVER_START_S

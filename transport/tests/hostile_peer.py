@@ -1,6 +1,6 @@
 """A hostile, unauthenticated sender in its own process (run: python hostile_peer.py ARGS).
 
-    python hostile_peer.py HOST PORT STREAM_ID SECONDS [SESSIONS] [MODE]
+    python hostile_peer.py HOST PORT STREAM_ID SECONDS [SESSIONS] [MODE] [SOURCE]
 
 Sends crafted datagrams to ``HOST:PORT`` on ``STREAM_ID`` as fast as one thread can, until
 ``SECONDS`` pass or stdin closes (issue 15, item 3): for each of ``SESSIONS`` session ids
@@ -10,7 +10,8 @@ SETUP with the smallest term but an mtu no receiver should accept. ``MODE`` ``im
 instead valid small SETUPs (64 KiB term), each followed by a heartbeat, for a new session id
 every time (an image flood: each would cost the receiver a log, SMs and a slot). Prints one
 JSON line at the start (``{"event": "started"}``) and one at the end with how many datagrams
-it sent.
+it sent. ``SOURCE`` is the local address to send from (e.g. ``127.0.2.1``: another /24 of the
+loopback network than the clients', so the flood shares no per-network limit with them).
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ def main(argv: list[str]) -> int:
     host, port, stream_id, seconds = argv[0], int(argv[1]), int(argv[2]), float(argv[3])
     sessions = int(argv[4]) if len(argv) > 4 else 8
     mode = argv[5] if len(argv) > 5 else "crafted"
+    source = argv[6] if len(argv) > 6 else None
     make = image_flood_datagrams if mode == "images" else crafted_datagrams
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     packets = [p for s in range(sessions) for p in make(stream_id, 0x0BAD0000 + s)]
@@ -98,6 +100,8 @@ def main(argv: list[str]) -> int:
     deadline = time.monotonic() + seconds
     with socket.socket(family, socket.SOCK_DGRAM) as sock:
         sock.setblocking(False)
+        if source is not None:
+            sock.bind((source, 0))
         target = (host, port)
         sendto = sock.sendto
         running = True

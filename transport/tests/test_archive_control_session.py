@@ -138,6 +138,117 @@ def test_challenge_is_a_clear_error() -> None:
         s.request("ArchiveIdRequest", 2)
 
 
+def test_credentials_go_in_the_connect_and_a_challenge_is_answered() -> None:
+    """The connect carries the encoded credentials; a Challenge is answered (the handler gets
+    the challenge bytes) with a ChallengeResponse on a new correlation id, which the archive's
+    OK answers; the control session id is the challenge's."""
+    seen: list[bytes] = []
+
+    def answer(challenge: bytes) -> bytes:
+        seen.append(challenge)
+        return b"answer-to-" + challenge
+
+    creds = archive_client.ArchiveCredentials(b"user:pw", on_challenge=answer)
+    s = ControlSession(ControlConfig("aeron:udp?endpoint=127.0.0.1:1", credentials=creds))
+    data = s.connect(0)
+    batch, _ = codecs.codec("AuthConnectRequest").decode([data])
+    assert batch.to_pylist()[0]["encodedCredentials"] == b"user:pw"
+    s.on_message(
+        codecs.encode(
+            "Challenge", controlSessionId=9, correlationId=1, version=0, encodedChallenge=b"n1"
+        ),
+        5 * MS,
+    )
+    assert seen == [b"n1"] and not s.connect_result()
+    (reply,) = s.take_outbox()
+    assert s.take_outbox() == []
+    batch, _ = codecs.codec("ChallengeResponse").decode([reply])
+    row = batch.to_pylist()[0]
+    assert row == {"controlSessionId": 9, "correlationId": 2, "encodedCredentials": b"answer-to-n1"}
+    s.on_message(_response(1, session=9), 6 * MS)  # the connect's id: no longer the one awaited
+    assert not s.connect_result()
+    s.on_message(_response(2, session=9), 7 * MS)
+    assert s.connect_result() and s.control_session_id == 9
+    assert s.counters["challenges_answered"] == 1
+
+
+def test_a_refused_connect_says_what_was_sent_never_the_credentials() -> None:
+    for creds, says in (
+        (None, "sent no credentials"),
+        (archive_client.ArchiveCredentials("hunter2"), "refused the credentials"),
+    ):
+        s = ControlSession(ControlConfig("aeron:udp?endpoint=127.0.0.1:1", credentials=creds))
+        s.connect(0)
+        s.on_message(
+            _response(
+                1,
+                ArchiveErrorCode.AUTHENTICATION_REJECTED,
+                codecs.ERROR,
+                message="authentication rejected",
+            ),
+            1,
+        )
+        with pytest.raises(archive_client.ArchiveAuthenticationError, match=says) as info:
+            s.connect_result()
+        assert "hunter2" not in str(info.value) + repr(info.value.details)
+        assert s.counters["authentication_rejected"] == 1
+
+
+def test_replication_signals_and_late_errors_are_kept_per_replication() -> None:
+    s = _connected()
+    p, data = s.request(
+        "ReplicateRequest2",
+        2 * MS,
+        srcRecordingId=3,
+        dstRecordingId=-1,
+        stopPosition=-1,
+        channelTagId=-1,
+        subscriptionTagId=-1,
+        srcControlStreamId=10,
+        fileIoMaxLength=-1,
+        replicationSessionId=-1,
+        srcControlChannel="aeron:udp?endpoint=h:8010",
+        liveDestination="",
+        replicationChannel="",
+        encodedCredentials=b"",
+        srcResponseChannel="",
+    )
+    assert codecs.template_of(data) == (66, 101)
+
+    def signal(cid: int, rid: int, position: int, sig: int) -> bytes:
+        return codecs.encode(
+            "RecordingSignalEvent",
+            controlSessionId=SESSION,
+            correlationId=cid,
+            recordingId=rid,
+            subscriptionId=-1,
+            position=position,
+            signal=sig,
+        )
+
+    s.on_message(signal(77, 5, 0, RecordingSignal.REPLICATE), 3 * MS)  # overtakes the answer
+    s.on_message(_response(p.correlation_id, 77), 3 * MS)
+    assert p.value() == 77
+    s.on_message(signal(77, 5, 0, RecordingSignal.EXTEND), 4 * MS)
+    s.on_message(signal(78, 6, 0, RecordingSignal.EXTEND), 4 * MS)  # not ours to track
+    status = s.replications[77]
+    assert status.signals == [RecordingSignal.REPLICATE, RecordingSignal.EXTEND]
+    assert (status.recording_id, status.ended, status.error) == (5, False, None)
+    s.on_message(
+        _response(77, ArchiveErrorCode.REPLICATION_CONNECTION_FAILURE, codecs.ERROR, message="x"),
+        5 * MS,
+    )
+    s.on_message(signal(77, 5, -1, RecordingSignal.REPLICATE_END), 5 * MS)
+    assert status.ended and status.error is not None
+    assert status.error.archive_code is ArchiveErrorCode.REPLICATION_CONNECTION_FAILURE
+    assert "replication 77" in str(status.error)
+    assert list(s.errors) == [status.error] and s.counters["async_errors"] == 1
+    assert len(s.signals) == 4  # every signal is also in the general queue
+    snapshot = status.snapshot()
+    s.on_message(signal(77, 5, 64, RecordingSignal.STOP), 6 * MS)
+    assert len(snapshot.events) == 3 and len(status.events) == 4
+
+
 def test_connect_refused_and_other_major_version() -> None:
     s = ControlSession(ControlConfig("aeron:udp?endpoint=127.0.0.1:1"))
     s.connect(0)

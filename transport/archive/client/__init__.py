@@ -11,15 +11,18 @@ from aeron_spark.transport.archive.client.client import (
     ArchiveClient,
     ArchiveClientConfig,
     ReplayedBlock,
+    ReplicationParams,
     patch_frames,
     process_driver,
 )
+from aeron_spark.transport.archive.client.credentials import ArchiveCredentials
 from aeron_spark.transport.archive.client.errors import *  # noqa: F403 - its __all__, below
 from aeron_spark.transport.archive.client.session import (
     ControlConfig,
     ControlSession,
     RecordingDescriptor,
     RecordingSignal,
+    ReplicationStatus,
     SessionState,
     SignalEvent,
 )
@@ -28,11 +31,14 @@ from aeron_spark.transport.archive.client.session import (
 __all__ = [
     "ArchiveClient",
     "ArchiveClientConfig",
+    "ArchiveCredentials",
     "ControlConfig",
     "ControlSession",
     "RecordingDescriptor",
     "RecordingSignal",
     "ReplayedBlock",
+    "ReplicationParams",
+    "ReplicationStatus",
     "SessionState",
     "SignalEvent",
     "patch_frames",

@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +37,23 @@ import numpy as np
 
 from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport.archive.client import codecs
+from aeron_spark.transport.archive.client.credentials import ArchiveCredentials
 from aeron_spark.transport.archive.client.errors import (
     ArchiveClientError,
     ArchiveReplayError,
+    ArchiveReplicationError,
+    ArchiveResponseError,
     ArchiveSessionClosedError,
     ArchiveTimeoutError,
+    ArchiveUnknownReplicationError,
 )
 from aeron_spark.transport.archive.client.session import (
     ControlConfig,
     ControlSession,
     Pending,
     RecordingDescriptor,
+    RecordingSignal,
+    ReplicationStatus,
     SignalEvent,
 )
 from aeron_spark.transport.driver.driver import Driver, DriverConfig
@@ -137,8 +143,12 @@ class ArchiveClientConfig:
     timeout_s: float = 10.0
     keepalive_interval_s: float = 1.0
     replay_window: int = DEFAULT_REPLAY_WINDOW  # bytes; see DEFAULT_REPLAY_WINDOW
+    # for an archive that authenticates (bytes / str are taken as the encoded credentials);
+    # left out of repr, and never put in an error or a log
+    credentials: ArchiveCredentials | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "credentials", ArchiveCredentials.of(self.credentials))
         config = ChannelConfig.from_uri(self.control_channel)  # raises ChannelError
         if config.media != "udp" or config.endpoint is None:
             raise ConfigurationError(
@@ -182,6 +192,59 @@ class ArchiveClientConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicationParams:
+    """How a replication runs (Java's ``ReplicationParams``; -1 / "" are "not set").
+
+    * ``stop_position``: replicate up to here (a frame boundary), not to the source's end;
+    * ``dst_recording_id``: extend this stopped recording of the destination archive (it
+      must be a prefix of the source: the replay starts at its stop position) instead of making
+      a new one;
+    * ``live_destination``: for an active source recorded from a multi-destination channel, the
+      destination channel on which the destination archive joins the live stream once the
+      replay has caught up (MERGE signal); the replay then stops;
+    * ``channel_tag_id`` / ``subscription_tag_id``: tags of the destination's recording
+      subscription (multi-destination, manual control);
+    * ``replication_channel``: the channel the source replays to (default: the destination
+      archive's ``aeron.archive.replication.channel``);
+    * ``src_response_channel``: the response channel the destination archive uses as a client
+      of the source;
+    * ``file_io_max_length``, ``replication_session_id``: as Java's;
+    * ``credentials``: what the destination archive sends when it connects to a source that
+      authenticates (no challenge: the archive's replication cannot answer one). Never in repr.
+    """
+
+    stop_position: int = codecs.NULL_VALUE
+    dst_recording_id: int = codecs.NULL_VALUE
+    live_destination: str = ""
+    replication_channel: str = ""
+    channel_tag_id: int = codecs.NULL_VALUE
+    subscription_tag_id: int = codecs.NULL_VALUE
+    file_io_max_length: int = codecs.NULL_VALUE
+    replication_session_id: int = codecs.NULL_VALUE
+    src_response_channel: str = ""
+    credentials: ArchiveCredentials | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "credentials", ArchiveCredentials.of(self.credentials))
+        for name in ("stop_position", "dst_recording_id", "channel_tag_id", "subscription_tag_id"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < -1:
+                raise ConfigurationError(name, value, "an int64 >= 0, or -1 for none")
+        for name in ("file_io_max_length", "replication_session_id"):
+            value = getattr(self, name)
+            if (
+                not isinstance(value, int)
+                or isinstance(value, bool)
+                or not -(1 << 31) <= value < 1 << 31
+            ):
+                raise ConfigurationError(name, value, "an int32, or -1 for none")
+        for name in ("live_destination", "replication_channel", "src_response_channel"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value and not value.startswith("aeron:"):
+                raise ConfigurationError(name, value, 'an aeron: channel URI, or "" for none')
+
+
+@dataclass(frozen=True, slots=True)
 class ReplayedBlock:
     """Whole raw DATA frames of a replay covering ``[position, end_position)``."""
 
@@ -208,6 +271,7 @@ class ArchiveClient:
                 config.response_stream_id,
                 message_timeout_ns=int(config.timeout_s * _NS),
                 keepalive_interval_ns=int(config.keepalive_interval_s * _NS),
+                credentials=config.credentials,
             )
         )
         self._assembler = FragmentAssembler(self._on_fragment)
@@ -251,6 +315,10 @@ class ArchiveClient:
         self._offer(self.session.connect(time.monotonic_ns()))
         while not self.session.connect_result():
             self._service(deadline)
+            if time.monotonic() > deadline + cfg.timeout_s:  # belt and braces
+                raise ArchiveTimeoutError(
+                    "the archive did not answer the connect", timeout_ms=int(cfg.timeout_s * 1000)
+                )
 
     def close(self) -> None:
         """Close the control session (best effort) and release the publication and
@@ -295,10 +363,15 @@ class ArchiveClient:
     def _on_fragment(self, payload: memoryview, header: Header) -> None:
         self.session.on_message(payload, time.monotonic_ns())
 
+    def _send_outbox(self) -> None:
+        for data in self.session.take_outbox():
+            self._offer(data)
+
     def _service(self, deadline: float) -> None:
         """One round: poll responses, keep-alive and time-outs, then sleep until something
         arrives or the next deadline; raises :class:`ArchiveTimeoutError` past ``deadline``."""
         if self._response_sub.poll(self._assembler, 64):
+            self._send_outbox()
             return
         now_ns = time.monotonic_ns()
         keepalive = self.session.on_tick(now_ns)
@@ -347,6 +420,7 @@ class ArchiveClient:
     def poll(self) -> int:
         """Read what the archive sent (signals), send a keep-alive if due; never blocks."""
         count = self._response_sub.poll(self._assembler, 64)
+        self._send_outbox()
         keepalive = self.session.on_tick(time.monotonic_ns())
         if keepalive is not None:
             self._offer(keepalive)
@@ -509,6 +583,121 @@ class ArchiveClient:
                     timeout_ms=int(timeout * 1000),
                 )
             self._service(deadline)
+
+    # -------------------------------------------------------------- replication
+
+    def replicate(
+        self,
+        src_recording_id: int,
+        src_control_channel: str,
+        src_control_stream_id: int = DEFAULT_CONTROL_STREAM_ID,
+        params: ReplicationParams | None = None,
+    ) -> int:
+        """Ask this archive to replicate recording ``src_recording_id`` of the archive whose
+        control request channel is ``src_control_channel`` (this archive connects to it, as a
+        client of its own); the replication id. Progress comes as recording signals with that id
+        as their correlation id (REPLICATE names the new destination recording, EXTEND when
+        its recording starts, SYNC when caught up with a stopped source, MERGE when joined with
+        the live stream, STOP, REPLICATE_END when over); a failure comes as an error the archive
+        sends later. Both are collected per replication: :meth:`replication`,
+        :meth:`wait_for_replication`."""
+        p = params or ReplicationParams()
+        replication_id = int(
+            self._call(
+                "ReplicateRequest2",
+                srcRecordingId=src_recording_id,
+                dstRecordingId=p.dst_recording_id,
+                stopPosition=p.stop_position,
+                channelTagId=p.channel_tag_id,
+                subscriptionTagId=p.subscription_tag_id,
+                srcControlStreamId=src_control_stream_id,
+                fileIoMaxLength=p.file_io_max_length,
+                replicationSessionId=p.replication_session_id,
+                srcControlChannel=src_control_channel,
+                liveDestination=p.live_destination,
+                replicationChannel=p.replication_channel,
+                encodedCredentials=b"" if p.credentials is None else p.credentials.encoded,
+                srcResponseChannel=p.src_response_channel,
+            )
+        )
+        self.session.counters["replications_started"] += 1
+        return replication_id
+
+    def stop_replication(self, replication_id: int) -> None:
+        """Stop a replication; :class:`ArchiveUnknownReplicationError` if there is none with
+        that id (never started, or already over)."""
+        self._call("StopReplicationRequest", replicationId=replication_id)
+
+    def try_stop_replication(self, replication_id: int) -> bool:
+        """Stop a replication: True if it was running, False if there was none to stop."""
+        try:
+            self.stop_replication(replication_id)
+        except ArchiveUnknownReplicationError:
+            return False
+        return True
+
+    def replication(self, replication_id: int) -> ReplicationStatus | None:
+        """What the archive said so far about a replication this client started (a copy), or
+        None for an id it did not start."""
+        self.poll()
+        status = self.session.replications.get(replication_id)
+        return None if status is None else status.snapshot()
+
+    def wait_for_replication(
+        self,
+        replication_id: int,
+        *signals: RecordingSignal,
+        timeout_s: float | None = None,
+    ) -> ReplicationStatus:
+        """Wait until one of ``signals`` came for the replication (any of them since it
+        started: nothing is consumed); its status. The archive's error for it raises that,
+        even once the awaited signal came
+        (:class:`ArchiveResponseError` with the archive's code); a replication that ended
+        (REPLICATE_END) without any of ``signals`` raises :class:`ArchiveReplicationError`
+        (but STOP is waited for after REPLICATE_END when a recording began: it may come after);
+        nothing within ``timeout_s`` (default: the client's) :class:`ArchiveTimeoutError`."""
+        if not signals:
+            raise ConfigurationError("signals", signals, "at least one RecordingSignal")
+        timeout = self.config.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        names = "/".join(getattr(s, "name", str(s)) for s in signals)
+        while True:
+            status = self.session.replications.get(replication_id)
+            if status is None:
+                raise ArchiveReplicationError(
+                    f"replication {replication_id} was not started by this client",
+                    replication_id=replication_id,
+                )
+            if status.error is not None:  # a failed replication raises, whatever was awaited
+                raise status.error
+            if status.seen(*signals):
+                return status.snapshot()
+            seen = [getattr(s, "name", str(s)) for s in status.signals]
+            # The copy's STOP may follow REPLICATE_END: the archive stops the recording it
+            # began (EXTEND) on a later duty cycle.
+            stop_to_come = RecordingSignal.STOP in signals and status.seen(RecordingSignal.EXTEND)
+            if status.ended and not stop_to_come:
+                raise ArchiveReplicationError(
+                    f"replication {replication_id} ended without {names} (signals: {seen})",
+                    replication_id=replication_id,
+                    signals=seen,
+                )
+            if time.monotonic() >= deadline:
+                raise ArchiveTimeoutError(
+                    f"replication {replication_id}: no {names} within {timeout} s "
+                    f"(signals so far: {seen})",
+                    timeout_ms=int(timeout * 1000),
+                    replication_id=replication_id,
+                )
+            self._service(deadline)
+
+    def poll_errors(self) -> list[ArchiveResponseError]:
+        """Errors the archive sent that no request waited for (a replication failing, an
+        answer that came after its request timed out), not yet returned."""
+        self.poll()
+        out = list(self.session.errors)
+        self.session.errors.clear()
+        return out
 
     # -------------------------------------------------------------- replay
 
@@ -698,8 +887,8 @@ def patch_frames(data: bytearray, session_id: int | None, stream_id: int | None)
     at = 0
     while at < length:
         frame = struct.unpack_from("<i", data, at)[0]
-        for field_at, field in packed:
-            data[at + field_at : at + field_at + 4] = field
+        for field_at, value_bytes in packed:
+            data[at + field_at : at + field_at + 4] = value_bytes
         at += (frame + 31) & -32 if frame > 0 else length
 
 
@@ -712,6 +901,7 @@ __all__ = [
     "ArchiveClient",
     "ArchiveClientConfig",
     "ReplayedBlock",
+    "ReplicationParams",
     "local_address_towards",
     "patch_frames",
     "process_driver",

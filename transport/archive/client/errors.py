@@ -5,7 +5,11 @@
   ``error_message`` its text, ``correlation_id`` the request's. Codes with a meaning of their own
   have a subclass (an unknown recording is also the project's
   :class:`~aeron_spark.transport.archive.errors.UnknownRecordingError`).
-* :class:`ArchiveChallengeError`: the archive asks for authentication we were not given.
+* :class:`ArchiveChallengeError`: the archive challenged our connect and we have no way to answer
+  (no credentials, or credentials without a challenge handler).
+* :class:`ArchiveAuthenticationError`: the archive refused our credentials
+  (``AUTHENTICATION_REJECTED``) or the action (``UNAUTHORISED_ACTION``); never quotes them.
+* :class:`ArchiveReplicationError`: a replication ended without reaching what was waited for.
 * :class:`ArchiveVersionError`: the archive speaks another major version of the protocol.
 * :class:`ArchiveTimeoutError`: no answer (or no replay progress) within the deadline: the
   archive is gone, stalled or unreachable.
@@ -91,6 +95,10 @@ class ArchiveAuthenticationError(ArchiveResponseError):
     """The archive rejected our credentials or the action."""
 
 
+class ArchiveUnknownReplicationError(ArchiveResponseError):
+    """No replication with that id (never started, or over: it ended or was stopped)."""
+
+
 _BY_CODE: dict[int, type[ArchiveResponseError]] = {
     ArchiveErrorCode.ACTIVE_RECORDING: ArchiveActiveRecordingError,
     ArchiveErrorCode.UNKNOWN_SUBSCRIPTION: ArchiveUnknownSubscriptionError,
@@ -101,6 +109,7 @@ _BY_CODE: dict[int, type[ArchiveResponseError]] = {
     ArchiveErrorCode.STORAGE_SPACE: ArchiveLimitError,
     ArchiveErrorCode.AUTHENTICATION_REJECTED: ArchiveAuthenticationError,
     ArchiveErrorCode.UNAUTHORISED_ACTION: ArchiveAuthenticationError,
+    ArchiveErrorCode.UNKNOWN_REPLICATION: ArchiveUnknownReplicationError,
 }
 
 
@@ -123,8 +132,8 @@ def response_error(
 
 
 class ArchiveChallengeError(ArchiveClientError):
-    """The archive answered the connect request with an authentication challenge; this client
-    connects without credentials, so the archive needs an authenticator that accepts that."""
+    """The archive answered the connect request with an authentication challenge that this
+    client cannot answer (no credentials with a challenge handler were given)."""
 
 
 class ArchiveVersionError(ArchiveClientError):
@@ -144,6 +153,12 @@ class ArchiveReplayError(ArchiveClientError):
     all in the recording (truncated or purged meanwhile), or the archive stopped it."""
 
 
+class ArchiveReplicationError(ArchiveClientError):
+    """A replication ended (``REPLICATE_END``) without reaching what the caller waited for
+    (``details``: ``replication_id``, ``signals`` seen). A replication the archive failed is an
+    :class:`ArchiveResponseError` with the archive's code instead."""
+
+
 class ArchiveProtocolError(ArchiveClientError):
     """A message from the archive that we cannot decode or that breaks the protocol."""
 
@@ -157,11 +172,13 @@ __all__ = [
     "ArchiveLimitError",
     "ArchiveProtocolError",
     "ArchiveReplayError",
+    "ArchiveReplicationError",
     "ArchiveResponseError",
     "ArchiveSessionClosedError",
     "ArchiveTimeoutError",
     "ArchiveUnknownRecordingError",
     "ArchiveUnknownReplayError",
+    "ArchiveUnknownReplicationError",
     "ArchiveUnknownSubscriptionError",
     "ArchiveVersionError",
     "response_error",

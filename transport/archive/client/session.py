@@ -11,6 +11,13 @@ does not come. No sockets, threads or clocks: :mod:`.client` does the I/O.
     session.connect_result()                         # ok / raises / None while waiting
     pending, data = session.request("ArchiveIdRequest", now_ns)
     session.on_tick(now_ns)                          # -> keep-alive bytes to offer, if due
+    session.take_outbox()                            # -> bytes the session must send now
+
+Authentication: ``ControlConfig.credentials`` go in the connect request; a ``Challenge`` is
+answered (a ``ChallengeResponse`` in the outbox) when the credentials have a challenge handler.
+Replications: the id a ``ReplicateRequest2`` answers with is tracked (:class:`ReplicationStatus`):
+the recording signals and the asynchronous errors the archive sends with that id as their
+correlation id are collected there, and every signal still goes to ``signals``.
 """
 
 from __future__ import annotations
@@ -22,10 +29,14 @@ from typing import Any
 
 from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport.archive.client import codecs
+from aeron_spark.transport.archive.client.credentials import ArchiveCredentials
 from aeron_spark.transport.archive.client.errors import (
+    ArchiveAuthenticationError,
     ArchiveChallengeError,
     ArchiveClientError,
+    ArchiveErrorCode,
     ArchiveProtocolError,
+    ArchiveResponseError,
     ArchiveSessionClosedError,
     ArchiveTimeoutError,
     ArchiveVersionError,
@@ -42,6 +53,8 @@ class ControlConfig:
     message_timeout_ns: int = 10_000_000_000  # a request unanswered this long has failed
     keepalive_interval_ns: int = 1_000_000_000  # idle this long: send a keep-alive
     max_queued_signals: int = 4096  # recording signals kept until read (older ones dropped)
+    # sent in the connect request; never in repr (nor in any error or log)
+    credentials: ArchiveCredentials | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.response_channel, str) or not self.response_channel.startswith(
@@ -57,6 +70,10 @@ class ControlConfig:
         if not isinstance(self.response_stream_id, int):
             raise ConfigurationError(
                 "response_stream_id", self.response_stream_id, "an int32 stream id"
+            )
+        if self.credentials is not None and not isinstance(self.credentials, ArchiveCredentials):
+            raise ConfigurationError(
+                "credentials", f"<{type(self.credentials).__name__}>", "ArchiveCredentials"
             )
 
 
@@ -135,6 +152,48 @@ class SignalEvent:
 
 
 @dataclass(slots=True)
+class ReplicationStatus:
+    """What the archive told us about one replication (``replication_id``, the answer to
+    ``replicate``): the destination ``recording_id`` (-1 until a REPLICATE or EXTEND signal
+    names it), the last signalled ``position``, the signals in order, the archive's error if it
+    failed the replication, and whether it ``ended`` (REPLICATE_END)."""
+
+    replication_id: int
+    recording_id: int = codecs.NULL_VALUE
+    position: int = codecs.NULL_VALUE
+    events: list[SignalEvent] = field(default_factory=list)
+    error: ArchiveResponseError | None = None
+    ended: bool = False
+
+    @property
+    def signals(self) -> list[RecordingSignal | int]:
+        return [e.signal for e in self.events]
+
+    def seen(self, *signals: RecordingSignal) -> bool:
+        """Whether any of ``signals`` came for this replication."""
+        return any(e.signal in signals for e in self.events)
+
+    def on_signal(self, event: SignalEvent) -> None:
+        self.events.append(event)
+        if event.recording_id != codecs.NULL_VALUE:
+            self.recording_id = event.recording_id
+        if event.position != codecs.NULL_VALUE:
+            self.position = event.position
+        if event.signal == RecordingSignal.REPLICATE_END:
+            self.ended = True
+
+    def snapshot(self) -> ReplicationStatus:
+        return ReplicationStatus(
+            self.replication_id,
+            self.recording_id,
+            self.position,
+            list(self.events),
+            self.error,
+            self.ended,
+        )
+
+
+@dataclass(slots=True)
 class Pending:
     """A request waiting for its answer. ``kind``: ``single`` (one control response: its
     ``relevantId`` is the result), ``listing`` (descriptors until ``remaining`` reach 0 or the
@@ -169,8 +228,14 @@ class ControlSession:
         self._pending: dict[int, Pending] = {}
         self._last_sent_ns = 0
         self.signals: collections.deque[SignalEvent] = collections.deque()
+        # ERROR responses no request waits for (Java's pollForErrorResponse): a replication's
+        # failure, mostly; also kept on its ReplicationStatus
+        self.errors: collections.deque[ArchiveResponseError] = collections.deque()
+        self.replications: dict[int, ReplicationStatus] = {}
+        self.outbox: list[bytes] = []  # requests the session made by itself (challenge answer)
         self.counters = collections.Counter[str]()
         self.close_reason = ""
+        self._challenged = False
 
     # -------------------------------------------------------------- requests
 
@@ -180,8 +245,8 @@ class ControlSession:
         return cid
 
     def connect(self, now_ns: int) -> bytes:
-        """The auth-connect request (no credentials) to offer; answered through
-        :meth:`connect_result`."""
+        """The auth-connect request (with the config's credentials, if any) to offer; answered
+        through :meth:`connect_result` (a challenge is answered through :meth:`take_outbox`)."""
         if self.state is not SessionState.NEW:
             raise ArchiveSessionClosedError(f"connect() on a session that is {self.state.value}")
         cid = self._correlation_id()
@@ -194,8 +259,15 @@ class ControlSession:
             responseStreamId=self.config.response_stream_id,
             version=codecs.PROTOCOL_SEMANTIC_VERSION,
             responseChannel=self.config.response_channel,
-            encodedCredentials=b"",
+            encodedCredentials=b""
+            if self.config.credentials is None
+            else self.config.credentials.encoded,
         )
+
+    def take_outbox(self) -> list[bytes]:
+        """What the session has to send of its own accord (a challenge's answer), once."""
+        out, self.outbox = self.outbox, []
+        return out
 
     def connect_result(self) -> bool:
         """True once connected; False while waiting; raises why the connect failed."""
@@ -337,7 +409,7 @@ class ControlSession:
         elif name == "RecordingSignalEvent":
             self._on_signal(f)
         elif name == "Challenge":
-            self._on_challenge(f)
+            self._on_challenge(f, now_ns)
         else:
             self.counters["unknown_messages"] += 1
 
@@ -357,7 +429,10 @@ class ControlSession:
             return
         p = self._pending.get(cid)
         if p is None:
-            self.counters["unmatched_responses"] += 1
+            if code == codecs.ERROR:
+                self._on_async_error(f)
+            else:
+                self.counters["unmatched_responses"] += 1
             return
         if code == codecs.ERROR:
             del self._pending[cid]
@@ -383,12 +458,55 @@ class ControlSession:
             return
         del self._pending[cid]
         p.done, p.result = True, int(f["relevantId"])
+        if p.name == "ReplicateRequest2":
+            self._track_replication(p.result)
+
+    def _on_async_error(self, f: dict[str, Any]) -> None:
+        """An ERROR no request waits for: a replication failing (its id is the correlation id)
+        or an answer that came too late. Queued (bounded, overflow counted)."""
+        cid = int(f["correlationId"])
+        status = self.replications.get(cid)
+        what = f"replication {cid}" if status is not None else f"request {cid}"
+        error = response_error(what, int(f["relevantId"]), f["errorMessage"] or "", cid)
+        self.counters["async_errors"] += 1
+        if status is not None and status.error is None:
+            status.error = error
+        if len(self.errors) >= self.config.max_queued_signals:
+            self.errors.popleft()
+            self.counters["async_errors_dropped"] += 1
+        self.errors.append(error)
+
+    def _track_replication(self, replication_id: int) -> None:
+        status = ReplicationStatus(replication_id)
+        for event in self.signals:  # any that overtook the answer
+            if event.correlation_id == replication_id:
+                status.on_signal(event)
+        for error in self.errors:
+            if error.details.get("correlation_id") == replication_id and status.error is None:
+                status.error = error
+        self.replications[replication_id] = status
+        if len(self.replications) > self.config.max_queued_signals:  # forget the oldest ended
+            for rid, old in list(self.replications.items()):
+                if old.ended or old.error is not None:
+                    del self.replications[rid]
+                    self.counters["replications_forgotten"] += 1
+                    break
 
     def _on_connect_response(self, c: Pending, f: dict[str, Any]) -> None:
         if f["code"] != codecs.OK:
-            c.error = response_error(
-                "connect", int(f["relevantId"]), f["errorMessage"] or "", c.correlation_id
-            )
+            relevant, text = int(f["relevantId"]), f["errorMessage"] or ""
+            if relevant == ArchiveErrorCode.AUTHENTICATION_REJECTED:
+                self.counters["authentication_rejected"] += 1
+                c.error = ArchiveAuthenticationError(
+                    "the archive refused our connect (AUTHENTICATION_REJECTED): "
+                    f"{text}; {self._credentials_said()}",
+                    error_code=relevant,
+                    error_message=text,
+                    correlation_id=c.correlation_id,
+                    request="connect",
+                )
+            else:
+                c.error = response_error("connect", relevant, text, c.correlation_id)
             self.state = SessionState.CLOSED
             self.close_reason = "connect refused"
             return
@@ -409,20 +527,64 @@ class ControlSession:
         self.state = SessionState.CONNECTED
         c.done, c.result = True, self.control_session_id
 
-    def _on_challenge(self, f: dict[str, Any]) -> None:
+    def _credentials_said(self) -> str:
+        """What we sent, for an error message (never the credentials themselves)."""
+        if self.config.credentials is None:
+            return (
+                "this client sent no credentials (give ArchiveClientConfig(credentials=...), "
+                "or the archiveCredentials / archiveCredentialsFile option)"
+            )
+        if self._challenged:
+            return "the archive refused our answer to its challenge"
+        return "the archive refused the credentials this client sent"
+
+    def _on_challenge(self, f: dict[str, Any], now_ns: int) -> None:
         c = self._connect
         if c is None or c.done or c.error is not None or f["correlationId"] != c.correlation_id:
             self.counters["unmatched_responses"] += 1
             return
-        c.error = ArchiveChallengeError(
-            "the archive answered our connect with an authentication challenge "
-            f"({len(f['encodedChallenge'] or b'')} bytes): it requires credentials, and this "
-            "client connects without any (configure the archive's authenticator to accept "
-            "unauthenticated sessions, e.g. the default NullAuthenticator)",
-            control_session_id=int(f["controlSessionId"]),
+        challenge = bytes(f["encodedChallenge"] or b"")
+        session_id = int(f["controlSessionId"])
+        creds = self.config.credentials
+        self.counters["challenges"] += 1
+        why = ""
+        answer = b""
+        if creds is None:
+            why = "this client sent no credentials and has no way to answer a challenge"
+        elif not creds.answers_challenges:
+            why = (
+                "the credentials given have no challenge handler "
+                "(ArchiveCredentials(..., on_challenge=...))"
+            )
+        else:
+            try:
+                answer = creds.on_challenge(challenge)
+            except Exception as exc:  # the user's function: say which, not what it said
+                why = f"the credentials' challenge handler failed ({type(exc).__name__})"
+        if why:
+            c.error = ArchiveChallengeError(
+                "the archive answered our connect with an authentication challenge "
+                f"({len(challenge)} bytes): it requires credentials, and {why}",
+                control_session_id=session_id,
+            )
+            self.state = SessionState.CLOSED
+            self.close_reason = "authentication challenge"
+            return
+        self._challenged = True
+        self.control_session_id = session_id
+        cid = self._correlation_id()
+        c.correlation_id = cid  # the archive answers the challenge response's correlation id
+        c.deadline_ns = now_ns + self.config.message_timeout_ns
+        self._last_sent_ns = now_ns
+        self.outbox.append(
+            codecs.encode(
+                "ChallengeResponse",
+                controlSessionId=session_id,
+                correlationId=cid,
+                encodedCredentials=answer,
+            )
         )
-        self.state = SessionState.CLOSED
-        self.close_reason = "authentication challenge"
+        self.counters["challenges_answered"] += 1
 
     def _on_descriptor(self, f: dict[str, Any], now_ns: int) -> None:
         if not self._mine(f):
@@ -451,15 +613,17 @@ class ControlSession:
             signal: RecordingSignal | int = RecordingSignal(raw)
         except ValueError:
             signal = raw
+        event = SignalEvent(
+            int(f["correlationId"]),
+            int(f["recordingId"]),
+            int(f["subscriptionId"]),
+            int(f["position"]),
+            signal,
+        )
+        status = self.replications.get(event.correlation_id)
+        if status is not None:
+            status.on_signal(event)
         if len(self.signals) >= self.config.max_queued_signals:
             self.signals.popleft()
             self.counters["signals_dropped"] += 1
-        self.signals.append(
-            SignalEvent(
-                int(f["correlationId"]),
-                int(f["recordingId"]),
-                int(f["subscriptionId"]),
-                int(f["position"]),
-                signal,
-            )
-        )
+        self.signals.append(event)
