@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 import pytest
@@ -434,12 +435,17 @@ def test_spoofed_hello_images_held_by_heartbeats_do_not_keep_honest_clients_out(
     make_server, make_client
 ) -> None:
     """600 spoofed SETUPs from two addresses of the client's /24 (one of them the honest
-    client's own), then one heartbeat per image every 5 s for 24 s: an image that never said a
-    valid HELLO is evicted for a newcomer (``images_evicted``), so a fresh client (its own new
-    HELLO image, no lingering channel) connects within its 1 s timeout throughout. On the old
-    code the per-address limit stayed full and every connect timed out."""
+    client's own), then one heartbeat per image every 5 s for 12 s (past the 10 s image
+    liveness: the images still there at the end are held by the heartbeats): an image that
+    never said a valid HELLO is evicted for a newcomer (``images_evicted``), so a fresh client
+    (its own new HELLO image, no lingering channel) connects throughout (at least 3 times). On
+    the old code the per-address limit stayed full and every connect timed out. (It ran 24 s
+    with a 1 s connect timeout, heartbeats sent between connects: longer proved no more, and
+    1 s, then 3 s, failed on a loaded machine; the heartbeats now have a thread of their own,
+    so a slow connect cannot let the images expire.)"""
     server = make_server(ipc=False)
     spoofer = h.Spoofer()
+    stop = threading.Event()
     sources = [(f"127.0.0.{1 + i % 2}", 20000 + i) for i in range(600)]
     sessions = [0x51000000 + i for i in range(600)]
     try:
@@ -449,24 +455,29 @@ def test_spoofed_hello_images_held_by_heartbeats_do_not_keep_honest_clients_out(
             lambda: _hello_images(server, "127.0.0.") >= 2 * server.config.max_per_address,
             what="the spoofed HELLO images to fill both addresses' limits",
         )
-        connects = 0
-        end = time.monotonic() + 24.0
-        next_heartbeat = time.monotonic() + 5.0
-        while time.monotonic() < end:
-            if time.monotonic() >= next_heartbeat:
-                next_heartbeat += 5.0
+
+        def heartbeats() -> None:  # every 5 s, however long a connect takes
+            while not stop.wait(5.0):
                 for source, session in zip(sources, sessions, strict=True):
                     hb = h.data(session, HANDSHAKE_STREAM_ID, b"")
                     spoofer.send(source, (SERVER, server.port), hb)
-            client = make_client(timeout_s=1.0, hello_linger_s=0.0)
+
+        beating = threading.Thread(target=heartbeats, daemon=True)
+        beating.start()
+        connects = 0
+        end = time.monotonic() + 12.0
+        while time.monotonic() < end or connects < 3:
+            client = make_client(timeout_s=10.0, hello_linger_s=0.0)
             conn = client.connect(server.endpoint)  # HandshakeTimeoutError when kept out
             _echo([conn])
             conn.close()
             connects += 1
             time.sleep(1.0)
-        assert connects >= 10
+        stop.set()
+        beating.join()
         assert _refused(server, "images_evicted") >= connects
         # the attack's images are still there: the honest ones evicted spoofed ones only
         assert _hello_images(server, "127.0.0.2") > 0
     finally:
+        stop.set()
         spoofer.close()
