@@ -1,5 +1,12 @@
 """Scale curves (issue 31), one JSON object: ``python -m benchmarks.scale --index``.
 
+``--catalog``: a server (``aeron-spark server`` in a child process) over a directory of 10 ...
+10,000 recordings (``--catalog-sizes``; most on one stream, one recording on a small stream of its
+own): the client call ``latestOffset`` needs without a trigger limit (the recordings' positions:
+``recording_positions`` where the server has it, else ``list_recordings`` and one ``scan`` per
+recording, as the source did), ``list_recordings`` of the big and of the small stream, and the
+server's idle CPU (per cent of a core over ``--idle-s`` seconds, from ``/proc``).
+
 ``--index``: the recording's position/time index at 1, 10 (and with ``--large``, 100) million
 entries: the memory the server holds for it (tracemalloc peak while opening it and answering
 lookups), the time to open it (a restart), a lookup's time, against the two Python lists the index
@@ -18,7 +25,13 @@ import tracemalloc
 from typing import Any
 
 import numpy as np
+from aeron_spark.connector.client import StreamClient
+from aeron_spark.connector.server.framing import Framer
+from aeron_spark.connector.session.settings import ClientSettings
+from aeron_spark.connector.testing_restart import RestartableServer
+from aeron_spark.transport.archive import RecordingStore
 from aeron_spark.transport.archive.fdcache import FdCache
+from aeron_spark.transport.protocol.logbuffer import LogGeometry
 from aeron_spark.transport.archive.timeindex import TimeIndex
 
 
@@ -81,13 +94,113 @@ def index_curve(sizes: list[int]) -> dict[str, Any]:
     return out
 
 
+BIG_STREAM, SMALL_STREAM = 10, 11
+
+
+def _populate(directory: str, count: int, messages: int = 10) -> None:
+    """``count`` stopped recordings of ``messages`` 100-byte messages each: one on the small
+    stream, the rest on the big one (written offline, as a server would have)."""
+    store = RecordingStore(directory, fsync=False, max_open_files=16)
+    term = 64 * 1024 * 1024
+    payloads = [b"x" * 100] * messages
+    for n in range(count):
+        stream = SMALL_STREAM if n == count // 2 else BIG_STREAM
+        rec = store.create(stream, n + 1, "session:bench", 0, 0, 0, term, 8192, time.time_ns())
+        framer = Framer(LogGeometry(term, 8192, 0), n + 1, stream, 0)
+        for position, block in framer.frame(payloads, None):
+            rec.append(block, position, time.time_ns())
+        rec.stop(time.time_ns())
+    store.close(time.time_ns())
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _positions(client: StreamClient, stream: int) -> tuple[str, int]:
+    """What latestOffset asks the server, without a trigger limit: message-boundary ends."""
+    if hasattr(client, "recording_positions"):
+        return "recording_positions", len(client.recording_positions(stream_ids=[stream]))
+    recs = client.list_recordings(stream_ids=[stream])
+    for r in recs:
+        client.scan(r.recording_id, r.start_position, r.recorded_position)
+    return "list_recordings+scan", len(recs)
+
+
+def _timed(fn: Any, repeat: int) -> tuple[float, Any]:
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - started)
+    return best, result
+
+
+def catalog_curve(sizes: list[int], idle_s: float) -> list[dict[str, Any]]:
+    rows = []
+    keys = tempfile.mkdtemp(prefix="aeron-spark-scale-keys-")
+    os.environ["AERON_SPARK_KEY_STORE"] = keys  # the server's key and the client's known keys
+    for n in sizes:
+        directory = tempfile.mkdtemp(prefix="aeron-spark-scale-catalog-")
+        try:
+            data = os.path.join(directory, "server")
+            _populate(data, n)
+            with RestartableServer(data) as server:
+                assert server.proc is not None
+                settings = ClientSettings(endpoint=server.endpoint, encryption=False, timeout_s=120)
+                with StreamClient.connect(settings) as client:
+                    started = time.perf_counter()
+                    how, _ = _positions(client, BIG_STREAM)
+                    first = time.perf_counter() - started
+                    again, _ = _timed(
+                        lambda: _positions(client, BIG_STREAM), 1 if first > 1.0 else 3
+                    )
+                    small, _ = _timed(lambda: _positions(client, SMALL_STREAM), 5)
+                    list_big, _ = _timed(lambda: client.list_recordings([BIG_STREAM]), 3)
+                    list_small, _ = _timed(lambda: client.list_recordings([SMALL_STREAM]), 5)
+                    time.sleep(2.0)  # past the first stat snapshot and the session's settling
+                    cpu0, t0 = _cpu_s(server.proc.pid), time.monotonic()
+                    time.sleep(idle_s)
+                    cpu = (_cpu_s(server.proc.pid) - cpu0) / (time.monotonic() - t0)
+                    stat = os.path.join(data, "stat.json")
+                    stat_bytes = os.path.getsize(stat) if os.path.exists(stat) else None
+            rows.append(
+                {
+                    "recordings": n,
+                    "positions_call": how,
+                    "latest_offset_first_ms": round(first * 1000, 1),
+                    "latest_offset_ms": round(again * 1000, 1),
+                    "latest_offset_small_stream_ms": round(small * 1000, 2),
+                    "list_recordings_big_ms": round(list_big * 1000, 1),
+                    "list_recordings_small_ms": round(list_small * 1000, 2),
+                    "idle_cpu_percent": round(cpu * 100, 2),
+                    "stat_json_bytes": stat_bytes,
+                    "load_average_1m": os.getloadavg()[0],
+                }
+            )
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+    shutil.rmtree(keys, ignore_errors=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--index", action="store_true", help="the time index curve")
     parser.add_argument("--large", action="store_true", help="also 100 million entries (1.6 GB)")
+    parser.add_argument("--catalog", action="store_true", help="the catalog curve")
+    parser.add_argument(
+        "--catalog-sizes", default="10,100,1000,10000", help="recordings (comma separated)"
+    )
+    parser.add_argument("--idle-s", type=float, default=10.0, help="idle CPU window")
     args = parser.parse_args()
     result: dict[str, Any] = {"load_average_1m": os.getloadavg()[0], "cpus": os.cpu_count()}
-    if args.index or not any([args.index]):
+    if args.catalog:
+        sizes = [int(s) for s in args.catalog_sizes.split(",")]
+        result["catalog"] = catalog_curve(sizes, args.idle_s)
+    if args.index or not any([args.index, args.catalog]):
         sizes = [1_000_000, 10_000_000] + ([100_000_000] if args.large else [])
         result.update(index_curve(sizes))
     result["load_average_1m_end"] = os.getloadavg()[0]
