@@ -29,6 +29,7 @@ from aeron_spark.connector.errors import (
 from aeron_spark.connector.server.authz import Authorizer
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.counters import core_counters, server_counters
+from aeron_spark.connector.server.ranges import scan_ranges
 from aeron_spark.connector.server.replays import ReplaysMixin
 from aeron_spark.connector.server.requests import RequestsMixin
 from aeron_spark.connector.server.retention import ConsumerRegistry, Retention, RetentionPolicy
@@ -132,6 +133,25 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
     ) -> Any:
         recordings = self._wanted_recordings("latest_positions", request.args)
         return [[r["recording_id"], r["recorded_position"]] for r in recordings]
+
+    def _op_recording_positions(
+        self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
+    ) -> Any:
+        ids = request.args.get("stream_ids")
+        wanted = set(ids) if ids is not None else None
+        self._authorise("recording_positions", wanted or ())
+        allowed = self.config.allowed_stream_ids
+        return [row for row in self.store.positions(wanted) if allowed is None or row[1] in allowed]
+
+    def _op_scan_ranges(
+        self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
+    ) -> Any:
+        args = request.args
+        ranges = args["ranges"]
+        self._authorise("scan_ranges", sorted({self._stream_of(r[0]) for r in ranges}))
+        return scan_ranges(
+            self.store, ranges, args.get("max_messages"), args.get("max_bytes"), now_ns
+        )
 
     def _op_position_at(
         self, session: Session, request: proto.Request, now_ns: int, wall_ns: int

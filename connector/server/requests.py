@@ -25,7 +25,10 @@ log = logging.getLogger(__name__)
 
 # Long-running operations the I/O shell may run off its loop (``ServerCore.defer``), so a large
 # sink commit does not stall every replay. They only touch the committer and sink recordings.
-DEFERRED_OPS = frozenset({"commit", "abort", "scan", "consumer_commit"})
+# ``recording_positions`` may scan what was ingested since it last looked.
+DEFERRED_OPS = frozenset(
+    {"commit", "abort", "scan", "scan_ranges", "recording_positions", "consumer_commit"}
+)
 
 
 class RequestsMixin(CoreState):
@@ -134,7 +137,7 @@ class RequestsMixin(CoreState):
             self.counters["too_many_open_files_errors"] += 1
 
     def _stream_of(self, recording_id: int) -> int:
-        return int(self.store.recording_info(recording_id)["stream_id"])
+        return self.store.stream_of(recording_id)  # the catalog's index, no description built
 
 
 __all__ = ["DEFERRED_OPS", "RequestsMixin"]

@@ -201,6 +201,7 @@ class ArchiveStore:
         # the last message boundary found in a recording the server did not frame (ingest):
         # positions() scans on from there, never from the start again
         self._boundaries: dict[int, int] = {}
+        self.message_end_scanned_bytes = 0  # what positions() had to scan (new ingest data only)
 
     def _is_live(self, rec: Recording) -> bool:
         """May it still change by itself (not stopped, a sink's, its stop file pending)?"""
@@ -284,6 +285,7 @@ class ArchiveStore:
         if known >= visible:
             return min(known, visible)
         found = scan(ReplayCursor(self, rec, known, visible), known)["end"]
+        self.message_end_scanned_bytes += visible - known
         self._boundaries[rid] = found
         return int(found)
 
@@ -430,6 +432,7 @@ class ArchiveStore:
             "ingest_bytes": self.ingest_bytes,
             "ingest_append_failures": sum(r.append_failures for r in self._recorders),
             "ingest_held_back": self.ingest_held_back,
+            "message_end_scanned_bytes": self.message_end_scanned_bytes,
             "torn_bytes_cut": self.recordings.torn_bytes_cut,
             **self.recordings.files.stats(),
             **self.catalog.counters(),  # over live recordings (stopped ones' are kept)
