@@ -49,8 +49,12 @@ class Catalog:
         recordings: dict[int, Recording],
         info: Callable[[Recording], dict[str, Any]],
         is_live: Callable[[Recording], bool],
+        shown: frozenset[int] | None = None,
     ) -> None:
+        """``shown``: the streams the snapshot shows (the server's ``allowed_stream_ids``;
+        None: all)."""
         self._recordings = recordings
+        self._shown = shown
         self._info = info
         self._is_live = is_live
         self._lock = threading.Lock()
@@ -58,6 +62,7 @@ class Catalog:
         self._ids: list[int] = []  # every recording id, in order
         self._by_id: dict[int, Recording] = {}
         self._by_stream: dict[int, list[int]] = {}  # stream -> its recording ids, in order
+        self._unadopted: list[int] = []  # indexed, not yet in the snapshot's state
         # the snapshot's state (the loop's): per recording its encoded description
         self._entries: dict[int, _Entry] = {}
         self._live: set[int] = set()
@@ -69,11 +74,11 @@ class Catalog:
 
     # --- the index ----------------------------------------------------------------------------
 
-    def _sync(self) -> list[int]:
-        """Index the recordings created since the last call; their ids."""
+    def _sync(self) -> None:
+        """Index the recordings created since the last call (the snapshot adopts them later)."""
         recordings = self._recordings
         if len(recordings) == self._seen:
-            return []
+            return
         with self._lock:
             # a C-level copy of the new tail (the dict only grows, in creation order)
             new = sorted(list(itertools.islice(recordings.values(), self._seen, None)), key=_rid)
@@ -83,7 +88,7 @@ class Catalog:
                 self._by_id[rid] = rec
                 _insert(self._ids, rid)
                 _insert(self._by_stream.setdefault(rec.d.stream_id, []), rid)
-            return [rec.d.recording_id for rec in new]
+                self._unadopted.append(rid)
 
     def recordings(self, stream_ids: Iterable[int] | None = None) -> list[Recording]:
         """The recordings of ``stream_ids`` (None: all), by id."""
@@ -107,15 +112,24 @@ class Catalog:
 
     # --- the snapshot (the loop's) ------------------------------------------------------------
 
+    def _adopt(self) -> None:
+        """Take the recordings created since the last look into the snapshot's state."""
+        self._sync()
+        if not self._unadopted:
+            return
+        with self._lock:
+            new, self._unadopted = self._unadopted, []
+        for rid in new:
+            rec = self._by_id[rid]
+            self._entries[rid] = _Entry(rec)
+            self._live.add(rid)
+            self._streams.setdefault(rec.d.stream_id, [0, 0, 0])[0] += 1
+            self._text = None
+
     def refresh(self) -> int:
         """Re-read what may have changed since the last call; how many descriptions changed."""
         changed = 0
-        for rid in self._sync():
-            self._entries[rid] = _Entry(self._by_id[rid])
-            self._live.add(rid)
-            stats = self._streams.setdefault(self._by_id[rid].d.stream_id, [0, 0, 0])
-            stats[0] += 1
-            self._text = None
+        self._adopt()
         todo: Iterable[int] = self._live
         if self._touched:
             with self._lock:
@@ -155,8 +169,18 @@ class Catalog:
     def recordings_json(self) -> str:
         """The snapshot's ``recordings`` section (JSON text), as of the last :meth:`refresh`."""
         if self._text is None:
-            entries = self._entries
-            self._text = "[" + ",".join(entries[rid].text for rid in self._ids) + "]"
+            entries, shown = self._entries, self._shown
+            self._text = (
+                "["
+                + ",".join(
+                    entries[rid].text
+                    for rid in self._ids
+                    if rid in entries
+                    and entries[rid].text
+                    and (shown is None or entries[rid].rec.d.stream_id in shown)
+                )
+                + "]"
+            )
         return self._text
 
     def streams(self) -> list[dict[str, Any]]:
@@ -164,11 +188,13 @@ class Catalog:
         return [
             {"stream_id": s, "recordings": v[0], "active_recordings": v[1], "bytes": v[2]}
             for s, v in sorted(self._streams.items())
+            if self._shown is None or s in self._shown
         ]
 
     def counters(self) -> dict[str, int]:
         """The recordings' own counters summed (``stops_pending`` named as the archive does),
         over the live ones plus what the stopped ones held when they stopped."""
+        self._adopt()
         totals = dict(self._frozen)
         entries = self._entries
         for rid in self._live:

@@ -361,8 +361,10 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
 
     # --- housekeeping -------------------------------------------------------------------------
 
-    def stats(self, now_ns: int, wall_ns: int) -> dict[str, Any]:
-        """Everything ``aeron-spark stat`` shows at monotonic ``now_ns`` and wall ``wall_ns``."""
+    def stats(self, now_ns: int, wall_ns: int, catalog: bool = True) -> dict[str, Any]:
+        """Everything ``aeron-spark stat`` shows at monotonic ``now_ns`` and wall ``wall_ns``;
+        without the ``streams`` and ``recordings`` sections when not ``catalog`` (the shell's
+        snapshot writer keeps those itself, re-encoding only what changed)."""
         sessions = [
             {
                 "peer": s.peer,
@@ -393,9 +395,11 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
                 "sink_stage_failures": committer.staging.stage_failures,
             },
         )
-        result = {
-            "streams": self._list_streams(),
-            "recordings": self._visible_recordings(None),
+        result: dict[str, Any] = {}
+        if catalog:
+            result["streams"] = self._list_streams()
+            result["recordings"] = self._visible_recordings(None)
+        result |= {
             "sessions": sessions,
             "counters": counters,
             "store": self.store.stats(),

@@ -12,6 +12,7 @@ stop every recording (so its stop position is final), fsync, close sessions and 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -34,7 +35,7 @@ from aeron_spark.connector.server.resources import (
     raise_nofile_limit,
 )
 from aeron_spark.connector.server.staging import SinkCommitter
-from aeron_spark.connector.server.stat import write_snapshot
+from aeron_spark.connector.server.stat import write_snapshot_parts
 from aeron_spark.connector.server.store import ArchiveStore
 from aeron_spark.connector.session import chunking
 from aeron_spark.connector.session.link import ServerLink, ServerListener
@@ -455,7 +456,16 @@ class StreamServer:
         """Best effort: a snapshot that cannot be taken or written (a full disk, a counter
         read racing the driver thread) is skipped, logged and counted, never fatal."""
         try:
-            write_snapshot(self.config.directory, self.snapshot())
+            assert self.core is not None and self._store is not None
+            catalog = self._store.catalog
+            catalog.refresh()  # re-reads live (and purged) recordings only
+            snapshot = self.core.stats(now_ns, time.time_ns(), catalog=False)
+            streams = json.dumps(catalog.streams())
+            write_snapshot_parts(
+                self.config.directory,
+                snapshot,
+                {"streams": streams, "recordings": catalog.recordings_json()},
+            )
         except Exception as exc:  # noqa: BLE001
             assert self.core is not None
             self.core.counters.add("stat_snapshot_failures")

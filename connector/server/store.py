@@ -197,7 +197,9 @@ class ArchiveStore:
         self._visible: dict[int, int] = {}
         self._sink_writers: dict[tuple[int, str], _SinkWriter] = {}
         self._recorders: list[Recorder] = []
-        self.catalog = Catalog(self.recordings.recordings, self._info, self._is_live)
+        self.catalog = Catalog(
+            self.recordings.recordings, self._info, self._is_live, config.allowed_stream_ids
+        )
         # the last message boundary found in a recording the server did not frame (ingest):
         # positions() scans on from there, never from the start again
         self._boundaries: dict[int, int] = {}
