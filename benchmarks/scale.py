@@ -31,8 +31,8 @@ from aeron_spark.connector.session.settings import ClientSettings
 from aeron_spark.connector.testing_restart import RestartableServer
 from aeron_spark.transport.archive import RecordingStore
 from aeron_spark.transport.archive.fdcache import FdCache
-from aeron_spark.transport.protocol.logbuffer import LogGeometry
 from aeron_spark.transport.archive.timeindex import TimeIndex
+from aeron_spark.transport.protocol.logbuffer import LogGeometry
 
 
 def _index_file(path: str, n: int) -> None:
