@@ -393,6 +393,8 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
                 "sink_parts_garbage_collected": committer.staging.parts_garbage_collected,
                 "sink_failed_commits": committer.failed_commits,
                 "sink_stage_failures": committer.staging.stage_failures,
+                "sink_forgotten_commits": committer.forgotten_commits,
+                "sink_commit_log_compactions": committer.log.compactions,
             },
         )
         result: dict[str, Any] = {}
