@@ -18,6 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -64,6 +65,8 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
         # what every session's incomplete chunked messages may hold together (issue 28, item 2)
         self.reassembly = ReassemblyBudget(config.max_incomplete_bytes)
         self._replay_owner: dict[int, object] = {}
+        self._leases: list[tuple[int, int, object]] = []
+        self._lease_ids = itertools.count()
         self.consumers = ConsumerRegistry(config.directory)
         self.retention = Retention(
             RetentionPolicy(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import logging
 
 from aeron_spark.connector.errors import (
@@ -43,6 +44,7 @@ class SessionsMixin(CoreState):
             identity=identity,
         )
         self.sessions[key] = session
+        heapq.heappush(self._leases, (session.lease_deadline_ns, next(self._lease_ids), key))
         self.counters["sessions_opened"] += 1
         return session
 
@@ -76,7 +78,19 @@ class SessionsMixin(CoreState):
             for session in self.sessions.values():
                 if session.reassembler.expire(now_ns):
                     self.counters.add("incomplete_messages_expired")
-        expired = [k for k, s in self.sessions.items() if now_ns >= s.lease_deadline_ns]
+        expired = []
+        leases = self._leases
+        # a heap of (deadline, n, key), one entry per session; a lease renewed since its entry
+        # was pushed is pushed again at its new deadline: a pass looks only at what is due
+        while leases and leases[0][0] <= now_ns:
+            _deadline, _n, key = heapq.heappop(leases)
+            held = self.sessions.get(key)
+            if held is None:
+                continue  # closed meanwhile
+            if now_ns >= held.lease_deadline_ns:
+                expired.append(key)
+            else:
+                heapq.heappush(leases, (held.lease_deadline_ns, next(self._lease_ids), key))
         for key in expired:
             self.close_session(key, now_ns)
             self.counters["sessions_expired"] += 1
@@ -132,8 +146,11 @@ class SessionsMixin(CoreState):
         return authz.may(key, "consumer_commit", stream_id)
 
     def next_deadline_ns(self) -> int | None:
-        deadlines = [s.lease_deadline_ns for s in self.sessions.values()]
-        return min(deadlines) if deadlines else None
+        """The earliest lease that may run out (a renewed one is found later: never late)."""
+        leases = self._leases
+        while leases and leases[0][2] not in self.sessions:
+            heapq.heappop(leases)
+        return leases[0][0] if leases else None
 
 
 __all__ = ["SessionsMixin"]

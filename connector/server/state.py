@@ -5,7 +5,7 @@ one part calls in another)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -122,6 +122,8 @@ class CoreState:
     defer: Callable[[object, Callable[[], Outcome]], None] | None
     authz: Authorizer | None
     _replay_owner: dict[int, object]
+    _leases: list[tuple[int, int, object]]  # (lease deadline, n, session key): a heap
+    _lease_ids: Iterator[int]
 
     def _authorise(self, op: str, stream_ids: Iterable[int] = ()) -> None:
         raise NotImplementedError  # ServerCore's (the dispatch table's policy)
