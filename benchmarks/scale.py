@@ -186,6 +186,110 @@ def catalog_curve(sizes: list[int], idle_s: float) -> list[dict[str, Any]]:
     return rows
 
 
+def soak(seconds: float, rate: int) -> dict[str, Any]:
+    """A server in this process under ``rate`` messages/s of publishes, a live replay of them
+    and a sink committing a batch every 0.2 s, for ``seconds``: what tracemalloc sees grow
+    between the end of the first fifth and the end (the top lines, server and archive code),
+    and the committer's remembered commits (bounded by its window)."""
+    import threading
+
+    from aeron_spark.connector.server import ServerConfig, StreamServer
+
+    directory = tempfile.mkdtemp(prefix="aeron-spark-scale-soak-")
+    keys = tempfile.mkdtemp(prefix="aeron-spark-scale-keys-")
+    os.environ["AERON_SPARK_KEY_STORE"] = keys
+    stop = threading.Event()
+    tracemalloc.start(8)
+    out: dict[str, Any] = {"seconds": seconds, "rate": rate}
+    try:
+        config = ServerConfig(directory=os.path.join(directory, "srv"), port=0, encryption=False)
+        with StreamServer(config) as server:
+            settings = ClientSettings(endpoint=server.endpoint, encryption=False, timeout_s=60)
+            published = [0]
+
+            def publish() -> None:
+                with StreamClient.connect(settings) as client:
+                    batch = max(1, rate // 50)
+                    while not stop.is_set():
+                        started = time.monotonic()
+                        client.publish(1, [b"m" * 100] * batch)
+                        published[0] += batch
+                        stop.wait(max(0.0, 0.02 - (time.monotonic() - started)))
+
+            read = [0]
+
+            def replay() -> None:
+                with StreamClient.connect(settings) as client:
+                    while not client.list_recordings([1]) and not stop.is_set():
+                        time.sleep(0.05)
+                    (rec,) = client.list_recordings([1])
+                    for block in client.replay(rec.recording_id, rec.start_position, None):
+                        read[0] += len(block.data)
+                        if stop.is_set():
+                            break
+
+            committed = [0]
+
+            def sink() -> None:
+                with StreamClient.connect(settings) as client:
+                    batch = 0
+                    while not stop.is_set():
+                        part = client.stage("soak", batch, 0, 0, 2, [b"s" * 100] * 50)
+                        client.commit("soak", batch, 2, [part])
+                        committed[0] += 1
+                        batch += 1
+                        stop.wait(0.2)
+
+            threads = [threading.Thread(target=f, daemon=True) for f in (publish, replay, sink)]
+            for t in threads:
+                t.start()
+            time.sleep(seconds / 5)
+            first = tracemalloc.take_snapshot()
+            rss_first = _rss_kib()
+            time.sleep(seconds * 4 / 5)
+            last = tracemalloc.take_snapshot()
+            rss_last = _rss_kib()
+            stop.set()
+            for t in threads:
+                t.join(30)
+            assert server.core is not None
+            mine = [
+                tracemalloc.Filter(True, "*/connector/server/*"),
+                tracemalloc.Filter(True, "*/transport/archive/*"),
+            ]
+            diff = last.filter_traces(mine).compare_to(first.filter_traces(mine), "lineno")
+            out.update(
+                published=published[0],
+                sink_commits=committed[0],
+                rss_kib_after_first_fifth=rss_first,
+                rss_kib_end=rss_last,
+                committer_done=len(server.core.committer.done),
+                commit_log_bytes=server.core.committer.log.size,
+                growth_top=[
+                    {
+                        "where": str(d.traceback[0]),
+                        "size_diff": d.size_diff,
+                        "count_diff": d.count_diff,
+                    }
+                    for d in diff[:12]
+                ],
+            )
+    finally:
+        stop.set()
+        tracemalloc.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(keys, ignore_errors=True)
+    return out
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return -1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--index", action="store_true", help="the time index curve")
@@ -195,12 +299,16 @@ def main() -> None:
         "--catalog-sizes", default="10,100,1000,10000", help="recordings (comma separated)"
     )
     parser.add_argument("--idle-s", type=float, default=10.0, help="idle CPU window")
+    parser.add_argument("--soak", type=float, default=0, help="soak seconds (tracemalloc)")
+    parser.add_argument("--soak-rate", type=int, default=2000, help="soak messages/s")
     args = parser.parse_args()
     result: dict[str, Any] = {"load_average_1m": os.getloadavg()[0], "cpus": os.cpu_count()}
     if args.catalog:
         sizes = [int(s) for s in args.catalog_sizes.split(",")]
         result["catalog"] = catalog_curve(sizes, args.idle_s)
-    if args.index or not any([args.index, args.catalog]):
+    if args.soak:
+        result["soak"] = soak(args.soak, args.soak_rate)
+    if args.index or not any([args.index, args.catalog, args.soak]):
         sizes = [1_000_000, 10_000_000] + ([100_000_000] if args.large else [])
         result.update(index_curve(sizes))
     result["load_average_1m_end"] = os.getloadavg()[0]
