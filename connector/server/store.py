@@ -203,6 +203,7 @@ class ArchiveStore:
         # the last message boundary found in a recording the server did not frame (ingest):
         # positions() scans on from there, never from the start again
         self._boundaries: dict[int, int] = {}
+        self._finished_rows: dict[int, list[Any]] = {}  # positions() of finished recordings
         self.message_end_scanned_bytes = 0  # what positions() had to scan (new ingest data only)
 
     def _is_live(self, rec: Recording) -> bool:
@@ -261,21 +262,28 @@ class ArchiveStore:
         (frames as a publisher sent them, a fragmented message maybe cut at the end) found by
         scanning on from the boundary found before."""
         out = []
+        finished = self._finished_rows
         for rec in self.catalog.recordings(stream_ids):
+            row = finished.get(rec.d.recording_id)
+            if row is not None and row[3] == rec.purged_position:
+                out.append(row)  # finished: changes only when purged
+                continue
             d = rec.d
+            ended = not self._is_live(rec)  # asked first: once ended, what is read is final
             visible = self.visible_end(rec)
             purged = rec.purged_position
-            out.append(
-                [
-                    d.recording_id,
-                    d.stream_id,
-                    d.start_position,
-                    purged,
-                    visible,
-                    self.message_end(rec, visible, purged),
-                    self.stop_position(rec),
-                ]
-            )
+            row = [
+                d.recording_id,
+                d.stream_id,
+                d.start_position,
+                purged,
+                visible,
+                self.message_end(rec, visible, purged),
+                self.stop_position(rec),
+            ]
+            if ended:
+                finished[d.recording_id] = row
+            out.append(row)
         return out
 
     def message_end(self, rec: Recording, visible: int, purged: int) -> int:
