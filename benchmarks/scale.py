@@ -8,6 +8,13 @@ message's size. ``--python`` runs both processes with another interpreter (anoth
 venv, e.g. main's, to compare); ``--term-length`` is passed to the server (servers before issue
 31 have no such option).
 
+``--catalog``: a server (``aeron-spark server`` in a child process) over a directory of 10 ...
+10,000 recordings (``--catalog-sizes``; most on one stream, one recording on a small stream of its
+own): the client call ``latestOffset`` needs without a trigger limit (the recordings' positions:
+``recording_positions`` where the server has it, else ``list_recordings`` and one ``scan`` per
+recording, as the source did), ``list_recordings`` of the big and of the small stream, and the
+server's idle CPU (per cent of a core over ``--idle-s`` seconds, from ``/proc``).
+
 ``--index``: the recording's position/time index at 1, 10 (and with ``--large``, 100) million
 entries: the memory the server holds for it (tracemalloc peak while opening it and answering
 lookups), the time to open it (a restart), a lookup's time, against the two Python lists the index
@@ -29,8 +36,14 @@ from typing import Any
 
 import numpy as np
 
+from aeron_spark.connector.client import StreamClient
+from aeron_spark.connector.server.framing import Framer
+from aeron_spark.connector.session.settings import ClientSettings
+from aeron_spark.connector.testing_restart import RestartableServer
+from aeron_spark.transport.archive import RecordingStore
 from aeron_spark.transport.archive.fdcache import FdCache
 from aeron_spark.transport.archive.timeindex import TimeIndex
+from aeron_spark.transport.protocol.logbuffer import LogGeometry
 
 
 def _index_file(path: str, n: int) -> None:
@@ -202,6 +215,202 @@ def message_size_curve(
     return {"message_size": rows, "python": python, "term_length": term_length or "default"}
 
 
+BIG_STREAM, SMALL_STREAM = 10, 11
+
+
+def _populate(directory: str, count: int, messages: int = 10) -> None:
+    """``count`` stopped recordings of ``messages`` 100-byte messages each: one on the small
+    stream, the rest on the big one (written offline, as a server would have)."""
+    store = RecordingStore(directory, fsync=False, max_open_files=16)
+    term = 64 * 1024 * 1024
+    payloads = [b"x" * 100] * messages
+    for n in range(count):
+        stream = SMALL_STREAM if n == count // 2 else BIG_STREAM
+        rec = store.create(stream, n + 1, "session:bench", 0, 0, 0, term, 8192, time.time_ns())
+        framer = Framer(LogGeometry(term, 8192, 0), n + 1, stream, 0)
+        for position, block in framer.frame(payloads, None):
+            rec.append(block, position, time.time_ns())
+        rec.stop(time.time_ns())
+    store.close(time.time_ns())
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _positions(client: StreamClient, stream: int) -> tuple[str, int]:
+    """What latestOffset asks the server, without a trigger limit: message-boundary ends."""
+    if hasattr(client, "recording_positions"):
+        return "recording_positions", len(client.recording_positions(stream_ids=[stream]))
+    recs = client.list_recordings(stream_ids=[stream])
+    for r in recs:
+        client.scan(r.recording_id, r.start_position, r.recorded_position)
+    return "list_recordings+scan", len(recs)
+
+
+def _timed(fn: Any, repeat: int) -> tuple[float, Any]:
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - started)
+    return best, result
+
+
+def catalog_curve(sizes: list[int], idle_s: float) -> list[dict[str, Any]]:
+    rows = []
+    keys = tempfile.mkdtemp(prefix="aeron-spark-scale-keys-")
+    os.environ["AERON_SPARK_KEY_STORE"] = keys  # the server's key and the client's known keys
+    for n in sizes:
+        directory = tempfile.mkdtemp(prefix="aeron-spark-scale-catalog-")
+        try:
+            data = os.path.join(directory, "server")
+            _populate(data, n)
+            with RestartableServer(data) as server:
+                assert server.proc is not None
+                settings = ClientSettings(endpoint=server.endpoint, encryption=False, timeout_s=120)
+                with StreamClient.connect(settings) as client:
+                    started = time.perf_counter()
+                    how, _ = _positions(client, BIG_STREAM)
+                    first = time.perf_counter() - started
+                    again, _ = _timed(
+                        lambda: _positions(client, BIG_STREAM), 1 if first > 1.0 else 3
+                    )
+                    small, _ = _timed(lambda: _positions(client, SMALL_STREAM), 5)
+                    list_big, _ = _timed(lambda: client.list_recordings([BIG_STREAM]), 3)
+                    list_small, _ = _timed(lambda: client.list_recordings([SMALL_STREAM]), 5)
+                    time.sleep(2.0)  # past the first stat snapshot and the session's settling
+                    cpu0, t0 = _cpu_s(server.proc.pid), time.monotonic()
+                    time.sleep(idle_s)
+                    cpu = (_cpu_s(server.proc.pid) - cpu0) / (time.monotonic() - t0)
+                    stat = os.path.join(data, "stat.json")
+                    stat_bytes = os.path.getsize(stat) if os.path.exists(stat) else None
+            rows.append(
+                {
+                    "recordings": n,
+                    "positions_call": how,
+                    "latest_offset_first_ms": round(first * 1000, 1),
+                    "latest_offset_ms": round(again * 1000, 1),
+                    "latest_offset_small_stream_ms": round(small * 1000, 2),
+                    "list_recordings_big_ms": round(list_big * 1000, 1),
+                    "list_recordings_small_ms": round(list_small * 1000, 2),
+                    "idle_cpu_percent": round(cpu * 100, 2),
+                    "stat_json_bytes": stat_bytes,
+                    "load_average_1m": os.getloadavg()[0],
+                }
+            )
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+    shutil.rmtree(keys, ignore_errors=True)
+    return rows
+
+
+def soak(seconds: float, rate: int) -> dict[str, Any]:
+    """A server in this process under ``rate`` messages/s of publishes, a live replay of them
+    and a sink committing a batch every 0.2 s, for ``seconds``: what tracemalloc sees grow
+    between the end of the first fifth and the end (the top lines, server and archive code),
+    and the committer's remembered commits (bounded by its window)."""
+    import threading
+
+    from aeron_spark.connector.server import ServerConfig, StreamServer
+
+    directory = tempfile.mkdtemp(prefix="aeron-spark-scale-soak-")
+    keys = tempfile.mkdtemp(prefix="aeron-spark-scale-keys-")
+    os.environ["AERON_SPARK_KEY_STORE"] = keys
+    stop = threading.Event()
+    tracemalloc.start(8)
+    out: dict[str, Any] = {"seconds": seconds, "rate": rate}
+    try:
+        config = ServerConfig(directory=os.path.join(directory, "srv"), port=0, encryption=False)
+        with StreamServer(config) as server:
+            settings = ClientSettings(endpoint=server.endpoint, encryption=False, timeout_s=60)
+            published = [0]
+
+            def publish() -> None:
+                with StreamClient.connect(settings) as client:
+                    batch = max(1, rate // 50)
+                    while not stop.is_set():
+                        started = time.monotonic()
+                        client.publish(1, [b"m" * 100] * batch)
+                        published[0] += batch
+                        stop.wait(max(0.0, 0.02 - (time.monotonic() - started)))
+
+            read = [0]
+
+            def replay() -> None:
+                with StreamClient.connect(settings) as client:
+                    while not client.list_recordings([1]) and not stop.is_set():
+                        time.sleep(0.05)
+                    (rec,) = client.list_recordings([1])
+                    for block in client.replay(rec.recording_id, rec.start_position, None):
+                        read[0] += len(block.data)
+                        if stop.is_set():
+                            break
+
+            committed = [0]
+
+            def sink() -> None:
+                with StreamClient.connect(settings) as client:
+                    batch = 0
+                    while not stop.is_set():
+                        part = client.stage("soak", batch, 0, 0, 2, [b"s" * 100] * 50)
+                        client.commit("soak", batch, 2, [part])
+                        committed[0] += 1
+                        batch += 1
+                        stop.wait(0.2)
+
+            threads = [threading.Thread(target=f, daemon=True) for f in (publish, replay, sink)]
+            for t in threads:
+                t.start()
+            time.sleep(seconds / 5)
+            first = tracemalloc.take_snapshot()
+            rss_first = _rss_kib()
+            time.sleep(seconds * 4 / 5)
+            last = tracemalloc.take_snapshot()
+            rss_last = _rss_kib()
+            stop.set()
+            for t in threads:
+                t.join(30)
+            assert server.core is not None
+            mine = [
+                tracemalloc.Filter(True, "*/connector/server/*"),
+                tracemalloc.Filter(True, "*/transport/archive/*"),
+            ]
+            diff = last.filter_traces(mine).compare_to(first.filter_traces(mine), "lineno")
+            out.update(
+                published=published[0],
+                sink_commits=committed[0],
+                rss_kib_after_first_fifth=rss_first,
+                rss_kib_end=rss_last,
+                committer_done=len(server.core.committer.done),
+                commit_log_bytes=server.core.committer.log.size,
+                growth_top=[
+                    {
+                        "where": str(d.traceback[0]),
+                        "size_diff": d.size_diff,
+                        "count_diff": d.count_diff,
+                    }
+                    for d in diff[:12]
+                ],
+            )
+    finally:
+        stop.set()
+        tracemalloc.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(keys, ignore_errors=True)
+    return out
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return -1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--index", action="store_true", help="the time index curve")
@@ -214,9 +423,21 @@ def main() -> None:
         "--python", default=sys.executable, help="--message-size: the client's and server's"
     )
     parser.add_argument("--term-length", default=None, help="--message-size: the server's")
+    parser.add_argument("--catalog", action="store_true", help="the catalog curve")
+    parser.add_argument(
+        "--catalog-sizes", default="10,100,1000,10000", help="recordings (comma separated)"
+    )
+    parser.add_argument("--idle-s", type=float, default=10.0, help="idle CPU window")
+    parser.add_argument("--soak", type=float, default=0, help="soak seconds (tracemalloc)")
+    parser.add_argument("--soak-rate", type=int, default=2000, help="soak messages/s")
     args = parser.parse_args()
     result: dict[str, Any] = {"load_average_1m": os.getloadavg()[0], "cpus": os.cpu_count()}
-    if args.index or not any([args.index, args.message_size]):
+    if args.catalog:
+        sizes = [int(s) for s in args.catalog_sizes.split(",")]
+        result["catalog"] = catalog_curve(sizes, args.idle_s)
+    if args.soak:
+        result["soak"] = soak(args.soak, args.soak_rate)
+    if args.index or not any([args.index, args.catalog, args.soak, args.message_size]):
         sizes = [1_000_000, 10_000_000] + ([100_000_000] if args.large else [])
         result.update(index_curve(sizes))
     if args.message_size:

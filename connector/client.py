@@ -105,6 +105,37 @@ class RecordingInfo:
             raise ControlProtocolError(f"malformed recording description {item!r:.200}") from exc
 
 
+@dataclass(frozen=True, slots=True)
+class RecordingPosition:
+    """One recording's positions from the server's catalog (no data scanned): ``message_end``
+    is the last message boundary at or below ``recorded_position`` (the readable end), where a
+    micro-batch without a message limit may end."""
+
+    recording_id: int
+    stream_id: int
+    start_position: int
+    purged_position: int
+    recorded_position: int
+    message_end: int
+    stop_position: int | None
+
+    @classmethod
+    def from_wire(cls, row: Any) -> RecordingPosition:
+        try:
+            rid, stream, start, purged, recorded, end, stop = row
+            return cls(
+                int(rid),
+                int(stream),
+                int(start),
+                int(purged),
+                int(recorded),
+                int(end),
+                None if stop is None else int(stop),
+            )
+        except (TypeError, ValueError) as exc:
+            raise ControlProtocolError(f"malformed recording position {row!r:.200}") from exc
+
+
 class StreamClient:
     """One session to a stream server. Use :meth:`connect`."""
 
@@ -328,6 +359,33 @@ class StreamClient:
     def latest_positions(self, stream_ids: Sequence[int] | None = None) -> dict[int, int]:
         args = {} if stream_ids is None else {"stream_ids": [int(s) for s in stream_ids]}
         return {int(rid): int(pos) for rid, pos in self.call("latest_positions", **args)}
+
+    def recording_positions(
+        self, stream_ids: Sequence[int] | None = None
+    ) -> dict[int, RecordingPosition]:
+        """Every recording of ``stream_ids`` (None: all) with its positions, in one request and
+        without scanning recorded data: what ``latestOffset`` needs when no trigger limit asks
+        for message counts (then :meth:`scan_ranges`)."""
+        args = {} if stream_ids is None else {"stream_ids": [int(s) for s in stream_ids]}
+        rows = self.call("recording_positions", **args)
+        return {p.recording_id: p for p in map(RecordingPosition.from_wire, rows)}
+
+    def scan_ranges(
+        self,
+        ranges: Sequence[tuple[int, int, int]],
+        *,
+        max_messages: int | None = None,
+        max_bytes: int | None = None,
+    ) -> list[tuple[int, int]]:
+        """``(end, messages)`` per ``(recording_id, start, end)`` of ``ranges``, in one request:
+        each end a message boundary at most the range's end, within ``max_messages`` /
+        ``max_bytes`` shared by all the ranges (evenly between those with data first, then
+        what is left in the order given), and the whole messages before it."""
+        args: dict[str, Any] = {"ranges": [[int(r), int(s), int(e)] for r, s, e in ranges]}
+        for name, value in (("max_messages", max_messages), ("max_bytes", max_bytes)):
+            if value is not None:
+                args[name] = int(value)
+        return [(int(end), int(count)) for end, count in self.call("scan_ranges", **args)]
 
     def scan(
         self,

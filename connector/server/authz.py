@@ -13,7 +13,8 @@ LIST is stream ids and ranges ``a-b`` separated by commas, or ``*`` for every st
 permission covers (the protocol's column ``session/protocol.PERMISSIONS``, read here as
 :data:`OP_PERMISSION`, with no table of this module's own):
 
-    read   list_streams, list_recordings, latest_positions, position_at, scan, replay,
+    read   list_streams, list_recordings, latest_positions, recording_positions, position_at,
+           scan, scan_ranges, replay,
            local_read, consumer_commit, stats  (listings show only readable streams)
     write  publish, stage, local_stage, local_stage_done, commit, abort, last_committed_batch
     admin  purge, consumer_forget
@@ -184,9 +185,15 @@ def request_streams(
     """The streams a request touches (None: it names none): its ``stream_id``, ``stream_ids``,
     the stream of its ``recording_id`` and those of the staged parts it commits or aborts."""
     streams = named_streams(args)
-    if "recording_id" in args:
-        streams.append(stream_of(int(args["recording_id"])))
+    streams.extend(stream_of(rid) for rid in named_recordings(args))
     return sorted(set(streams)) or None
+
+
+def named_recordings(args: dict[str, Any]) -> list[int]:
+    """The recordings a request names: its ``recording_id``, its ``ranges``' recordings."""
+    ids = [int(args["recording_id"])] if "recording_id" in args else []
+    ids.extend(int(r[0]) for r in args.get("ranges") or () if isinstance(r, list) and r)
+    return ids
 
 
 def named_streams(args: dict[str, Any]) -> list[int]:
@@ -263,8 +270,7 @@ class Authorizer:
         The stream of a recording the client may not read is not named (the recording is)."""
         grant = self.table.get(key)
         who = grant.name if grant is not None else "an unlisted key"
-        if "recording_id" in args:
-            recording_id = int(args["recording_id"])
+        for recording_id in named_recordings(args):
             held = stream_of(recording_id)
             if not allowed(grant, op, held) and not allowed(grant, "replay", held):
                 raise NotAuthorisedError(
@@ -296,6 +302,8 @@ class Authorizer:
             return [r for r in result if r["stream_id"] in readable]
         if op == "latest_positions":
             return [pair for pair in result if stream_of(pair[0]) in readable]
+        if op == "recording_positions":  # rows [recording_id, stream_id, ...]
+            return [row for row in result if row[1] in readable]
         if op == "stats":
             result = dict(result)
             for section in ("streams", "recordings"):

@@ -20,6 +20,11 @@ Two record types, written by :class:`connector.server.staging.SinkCommitter`:
   the totals ``count`` and ``bytes``, in its ``done``, instead of the one stream's fields;
 - ``{"t": "cancel", sink_id, batch_id}`` -- the commit failed (disk full) and its frames were cut
   off again; the ``begin`` before it is not resumed (the client was told, and sends it again).
+
+Bounded (issue 31 item 6): :meth:`CommitLog.compact` rewrites the log with the records the
+committer still needs (its window of recent commits per sink, the commit that made each sink
+recording's visible end; see ``staging.SinkCommitter``), through a fsynced temporary file renamed
+over the log, so a crash leaves the old log or the new one, never a mix.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import errno
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -39,36 +45,49 @@ _RECORD = struct.Struct("<II")
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 
 
+def _read(path: str) -> tuple[list[dict[str, Any]], int, int]:
+    """The whole records of the log at ``path``, where they end, and the file's length."""
+    records: list[dict[str, Any]] = []
+    good_end = 0
+    if not os.path.exists(path):
+        return records, 0, 0
+    with open(path, "rb") as fh:
+        data = fh.read()
+    offset = 0
+    while offset + _RECORD.size <= len(data):
+        length, crc = _RECORD.unpack_from(data, offset)
+        end = offset + _RECORD.size + length
+        if length > MAX_RECORD_BYTES or end > len(data):
+            break
+        body = data[offset + _RECORD.size : end]
+        if zlib.crc32(body) != crc:
+            break
+        try:
+            record = msgpack.unpackb(body, raw=False)
+        except Exception:  # a corrupt body that happens to match its crc: stop here
+            break
+        if not isinstance(record, dict):
+            break
+        records.append(record)
+        offset = end
+        good_end = end
+    return records, good_end, len(data)
+
+
+def _encode(record: dict[str, Any]) -> bytes:
+    body = msgpack.packb(record, use_bin_type=True)
+    return _RECORD.pack(len(body), zlib.crc32(body)) + body
+
+
 class CommitLog:
-    """The log file plus the records it held at open time (``records``)."""
+    """The log file plus the records it held at open time (``records``: the reader takes them
+    and may drop the list)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.records: list[dict[str, Any]] = []
-        self.torn_bytes_truncated = 0
-        good_end = 0
-        if os.path.exists(path):
-            with open(path, "rb") as fh:
-                data = fh.read()
-            offset = 0
-            while offset + _RECORD.size <= len(data):
-                length, crc = _RECORD.unpack_from(data, offset)
-                end = offset + _RECORD.size + length
-                if length > MAX_RECORD_BYTES or end > len(data):
-                    break
-                body = data[offset + _RECORD.size : end]
-                if zlib.crc32(body) != crc:
-                    break
-                try:
-                    record = msgpack.unpackb(body, raw=False)
-                except Exception:  # a corrupt body that happens to match its crc: stop here
-                    break
-                if not isinstance(record, dict):
-                    break
-                self.records.append(record)
-                offset = end
-                good_end = end
-            self.torn_bytes_truncated = len(data) - good_end
+        self.records, good_end, length = _read(path)
+        self.torn_bytes_truncated = length - good_end
+        self.compactions = 0
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         if self.torn_bytes_truncated:
             os.ftruncate(self._fd, good_end)
@@ -81,8 +100,7 @@ class CommitLog:
         """Write and fsync one record, all or nothing: a short write is continued; a failed
         one (ENOSPC, EIO) raises after cutting the file back to its last whole record, so a
         later record never follows a torn one (which would hide it from the next open)."""
-        body = msgpack.packb(record, use_bin_type=True)
-        data = memoryview(_RECORD.pack(len(body), zlib.crc32(body)) + body)
+        data = memoryview(_encode(record))
         try:
             if os.fstat(self._fd).st_size != self._size:  # an earlier cut failed: retry it
                 os.ftruncate(self._fd, self._size)
@@ -99,6 +117,46 @@ class CommitLog:
                 os.ftruncate(self._fd, self._size)
             raise
         self._size += len(data)
+
+    @property
+    def size(self) -> int:
+        """The log's length in bytes (its whole records)."""
+        return self._size
+
+    def compact(self, keep: Callable[[dict[str, Any]], dict[str, Any] | None]) -> int:
+        """Rewrite the log with what ``keep`` returns for each record, in order (None: drop
+        it); its new length. Atomic: a fsynced temporary file renamed over the log. A failure
+        (a full disk) leaves the log as it was and raises."""
+        records, _end, _length = _read(self.path)
+        kept = (keep(record) for record in records)
+        tmp = self.path + ".compact"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            size = 0
+            for record in kept:
+                if record is not None:
+                    data = _encode(record)
+                    done = 0
+                    while done < len(data):
+                        count = os.write(fd, data[done:])
+                        if count <= 0:
+                            raise OSError(errno.ENOSPC, "write made no progress", tmp)
+                        done += count
+                    size += len(data)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        os.close(fd)
+        os.replace(tmp, self.path)
+        fsync_dir(os.path.dirname(self.path) or ".")
+        old, self._fd = self._fd, os.open(self.path, os.O_RDWR, 0o644)
+        os.close(old)
+        self._size = size
+        self.compactions += 1
+        return size
 
     def close(self) -> None:
         if self._fd >= 0:

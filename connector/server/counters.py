@@ -66,6 +66,8 @@ SINK_COUNTERS = (
     "sink_parts_garbage_collected",
     "sink_failed_commits",
     "sink_stage_failures",
+    "sink_forgotten_commits",  # a repeat of a batch below its sink's window (issue 31)
+    "sink_commit_log_compactions",
 )
 RETENTION_COUNTERS = (
     "retention_runs",

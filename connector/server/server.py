@@ -12,6 +12,8 @@ stop every recording (so its stop position is final), fsync, close sessions and 
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import os
 import queue
@@ -34,7 +36,7 @@ from aeron_spark.connector.server.resources import (
     raise_nofile_limit,
 )
 from aeron_spark.connector.server.staging import SinkCommitter
-from aeron_spark.connector.server.stat import write_snapshot
+from aeron_spark.connector.server.stat import write_snapshot_parts
 from aeron_spark.connector.server.store import ArchiveStore
 from aeron_spark.connector.session import chunking
 from aeron_spark.connector.session.link import ServerLink, ServerListener
@@ -50,6 +52,9 @@ _RECEIVE_BUDGET_BYTES = 4 * 1024 * 1024
 _STAT_INTERVAL_NS = 1_000_000_000
 _IDLE_WAIT_S = 0.02
 _LIVE_REPLAY_WAIT_S = 0.002
+# every session's connection is checked this often (a lost publication side signals nothing);
+# between sweeps a pass serves only the sessions with something to do (issue 31 item 1)
+_SWEEP_INTERVAL_NS = 250_000_000
 
 
 class _SessionIO:
@@ -85,6 +90,18 @@ class StreamServer:
         self._listener: ServerListener | None = None
         self.core: ServerCore | None = None
         self._sessions: dict[object, _SessionIO] = {}
+        # sessions with something to do: signalled by their subscriptions (driver threads append),
+        # busy ones (replies queued, replays, unread input left), and those whose media cannot
+        # signal (IPC), polled every pass
+        self._signalled: deque[object] = deque()
+        self._busy: set[object] = set()
+        self._unsignalled: set[object] = set()
+        self._next_sweep_ns = 0
+        # how the loop spends itself (tests and benchmarks): passes, sweeps of every session,
+        # and sessions served between sweeps (signalled, busy or unsignalled)
+        self.loop_passes = 0
+        self.session_sweeps = 0
+        self.sessions_served_between_sweeps = 0
         # sink commits/aborts run here, one at a time, so they never stall the event loop
         self._worker: ThreadPoolExecutor | None = None
         self._deferred: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
@@ -236,6 +253,7 @@ class StreamServer:
                     work += self._deliver_deferred()
                     for key in self.core.expire(now_ns):
                         io = self._sessions.pop(key, None)
+                        self._forget(key)
                         if io is not None:
                             io.link.close()
                     if now_ns >= next_gc_ns:
@@ -256,7 +274,7 @@ class StreamServer:
                     self._resource_failure(exc, now_ns)
                     work = 0
                 if not work:
-                    live = any(self.core.has_replays(k) for k in self._sessions)
+                    live = any(self.core.has_replays(k) for k in self._busy)
                     self._listener.wait(_LIVE_REPLAY_WAIT_S if live else _IDLE_WAIT_S)
         except BaseException as exc:  # the loop must never die silently
             self._failure = exc
@@ -286,6 +304,7 @@ class StreamServer:
         revoked = core.keys_reloaded(reload, now_ns)
         for key in revoked:
             io = self._sessions.pop(key, None)
+            self._forget(key)
             if io is not None:
                 io.link.close()
         if reload.error is None:
@@ -340,7 +359,8 @@ class StreamServer:
             io = self._sessions.get(outcome.key)
             if io is not None:  # the session may have gone meanwhile: the reply is dropped
                 io.enqueue([reply])
-                self._flush(io)
+                if not self._flush(io):
+                    self._busy.add(outcome.key)
             delivered += 1
 
     def _accept(self, now_ns: int) -> int:
@@ -360,39 +380,73 @@ class StreamServer:
                 link.close()
                 continue
             self._sessions[link] = _SessionIO(link)
+            if not link.on_ready(functools.partial(self._signalled.append, link)):
+                self._unsignalled.add(link)
+            self._signalled.append(link)  # what arrived before it was watched
             accepted += 1
         return accepted
+
+    def _forget(self, key: object) -> None:
+        """A session is gone: nothing of it is served any more."""
+        self._busy.discard(key)
+        self._unsignalled.discard(key)
+
+    def _due_sessions(self, now_ns: int) -> list[object]:
+        """The sessions a pass serves: every one on a sweep, else those with something to do."""
+        signalled = self._signalled
+        self.loop_passes += 1
+        if now_ns >= self._next_sweep_ns:
+            self._next_sweep_ns = now_ns + _SWEEP_INTERVAL_NS
+            self.session_sweeps += 1
+            signalled.clear()
+            return list(self._sessions)
+        due = set(self._busy)
+        due.update(self._unsignalled)
+        while signalled:
+            due.add(signalled.popleft())
+        served = [key for key in due if key in self._sessions]
+        self.sessions_served_between_sweeps += len(served)
+        return served
 
     def _serve_sessions(self, now_ns: int, wall_ns: int) -> int:
         core = self.core
         assert core is not None
         work = 0
-        for key, io in list(self._sessions.items()):
+        for key in self._due_sessions(now_ns):
+            io = self._sessions[key]
             link = io.link
             if not link.is_connected:
                 core.close_session(key, now_ns)
                 link.close()
                 del self._sessions[key]
+                self._forget(key)
                 work += 1
                 continue
-            if not self._flush(io):
-                continue
-            received = 0
-            for _ in range(_MAX_MESSAGES_PER_PASS):
-                message = link.receive_nowait()
-                if message is None:
-                    break
-                work += 1
-                received += len(message)
-                io.enqueue(core.on_message(key, message, now_ns, wall_ns))
-                if not self._flush(io) or received >= _RECEIVE_BUDGET_BYTES:
-                    break
-            if not io.outbound and core.has_replays(key):
-                out = core.pump(key, _PUMP_BUDGET_BYTES, now_ns)
-                if out:
+            more = False  # input may be left (a pass's budget ran out)
+            if self._flush(io):
+                received = 0
+                for _ in range(_MAX_MESSAGES_PER_PASS):
+                    message = link.receive_nowait()
+                    if message is None:
+                        break
                     work += 1
-                    io.enqueue(out)
-                    self._flush(io)
+                    received += len(message)
+                    io.enqueue(core.on_message(key, message, now_ns, wall_ns))
+                    if not self._flush(io) or received >= _RECEIVE_BUDGET_BYTES:
+                        more = True
+                        break
+                else:
+                    more = True
+                if not io.outbound and core.has_replays(key):
+                    out = core.pump(key, _PUMP_BUDGET_BYTES, now_ns)
+                    if out:
+                        work += 1
+                        io.enqueue(out)
+                        self._flush(io)
+            if more or io.outbound or core.has_replays(key):
+                self._busy.add(key)
+            else:
+                self._busy.discard(key)
         return work
 
     def _flush(self, io: _SessionIO) -> bool:
@@ -453,7 +507,16 @@ class StreamServer:
         """Best effort: a snapshot that cannot be taken or written (a full disk, a counter
         read racing the driver thread) is skipped, logged and counted, never fatal."""
         try:
-            write_snapshot(self.config.directory, self.snapshot())
+            assert self.core is not None and self._store is not None
+            catalog = self._store.catalog
+            catalog.refresh()  # re-reads live (and purged) recordings only
+            snapshot = self.core.stats(now_ns, time.time_ns(), catalog=False)
+            streams = json.dumps(catalog.streams())
+            write_snapshot_parts(
+                self.config.directory,
+                snapshot,
+                {"streams": streams, "recordings": catalog.recordings_json()},
+            )
         except Exception as exc:  # noqa: BLE001
             assert self.core is not None
             self.core.counters.add("stat_snapshot_failures")

@@ -42,6 +42,7 @@ import contextlib
 import logging
 import os
 import shutil
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, Protocol
@@ -484,20 +485,43 @@ def _targets(record: dict[str, Any]) -> list[dict[str, Any]]:
     return [record]
 
 
+#: Commits remembered per sink id (their results answer a repeated commit).
+DONE_WINDOW = 64
+#: The commit log is compacted when it grows past this and twice its size after the last one.
+COMPACT_MIN_BYTES = 1 << 20
+
+
 class SinkCommitter:
-    """Exactly-once commits of staged parts, driven by the commit log."""
+    """Exactly-once commits of staged parts, driven by the commit log.
+
+    Bounded (issue 31 item 6: every committed batch stayed in memory, ~450 bytes each, and in the
+    log forever): a sink id's last ``done_window`` commits are remembered (a repeated commit of
+    one of them returns its result and appends nothing, as always); a sink whose batch ids only
+    ever grew (a streaming query: Spark repeats at most its last batch) answers a batch id below
+    its window as committed (``"forgotten": true``, nothing appended), Delta's rule for
+    ``txnVersion``; a sink with batch ids in no order (batch writes draw one at random) has its
+    window only. The commit log is compacted to what is remembered plus, per sink recording, the
+    commit that made its visible end, when it passed twice its compacted size."""
 
     def __init__(
         self,
         directory: str,
         recordings: SinkRecordings,
         max_payload: int | Callable[[int], int] | None = None,
+        done_window: int = DONE_WINDOW,
+        compact_min_bytes: int = COMPACT_MIN_BYTES,
     ) -> None:
         os.makedirs(directory, exist_ok=True)
         self.staging = StagingStore(os.path.join(directory, "staged"), max_payload)
         self.log = CommitLog(os.path.join(directory, "commit.log"))
         self.recordings = recordings
-        self.done: dict[tuple[str, int], dict[str, Any]] = {}
+        self.done_window = max(1, done_window)
+        self.compact_min_bytes = compact_min_bytes
+        self.done: dict[tuple[str, int], dict[str, Any]] = {}  # the windows' commits
+        self._window: dict[str, deque[int]] = {}  # sink id -> its remembered batch ids, in order
+        self._unordered: set[str] = set()  # sink ids whose batch ids did not always grow
+        self._visible_by: dict[int, tuple[str, int]] = {}  # recording -> commit of its end
+        self.forgotten_commits = 0  # repeated commits of batches below a window
         self.last_batch: dict[str, int] = {}
         self.sink_owner: dict[str, str] = {}  # sink id -> identity (hex) that first committed it
         self.visible: dict[int, int] = {}
@@ -522,6 +546,8 @@ class SinkCommitter:
                 self._mark_done(record)
             elif record["t"] == "cancel":
                 self._pending.pop(key, None)
+        self.log.records = []  # taken: not kept for the server's life
+        self._compacted_size = self.log.size
 
     def _mark_done(self, record: dict[str, Any]) -> None:
         key = (record["sink_id"], record["batch_id"])
@@ -542,15 +568,56 @@ class SinkCommitter:
                     "bytes",
                 )
             }
+        sink_id = key[0]
         self.done[key] = result
+        window = self._window.setdefault(sink_id, deque())
+        if window and key[1] <= self.last_batch.get(sink_id, -1):
+            self._unordered.add(sink_id)  # batch ids in no order: its window is all it has
+        window.append(key[1])
+        while len(window) > self.done_window:
+            self.done.pop((sink_id, window.popleft()), None)
         if record.get("owner"):
-            self.sink_owner.setdefault(key[0], record["owner"])
-        self.last_batch[key[0]] = max(self.last_batch.get(key[0], -1), key[1])
+            self.sink_owner.setdefault(sink_id, record["owner"])
+        self.last_batch[sink_id] = max(self.last_batch.get(sink_id, -1), key[1])
         for target in _targets(record):
             rid = target["recording_id"]
             if target["end_position"] >= self.visible.get(rid, -1):
                 self.visible[rid] = target["end_position"]
+                self._visible_by[rid] = key
             self.recordings.set_visible(rid, self.visible[rid])
+
+    def _forgotten(self, sink_id: str, batch_id: int) -> bool:
+        """Was ``batch_id`` committed, before the sink's window? Known only for a sink whose
+        batch ids only grew and whose window is full (anything below it was committed)."""
+        window = self._window.get(sink_id)
+        return (
+            window is not None
+            and len(window) >= self.done_window
+            and sink_id not in self._unordered
+            and batch_id < window[0]
+        )
+
+    def _maybe_compact(self) -> None:
+        """Rewrite the log with what is remembered, once it doubled since the last time."""
+        size = self.log.size
+        if size < max(self.compact_min_bytes, 2 * self._compacted_size):
+            return
+        if self._pending or self._cancels:  # a begin still to resume or cancel: not now
+            return
+        keep = set(self.done) | set(self._visible_by.values()) | set(self.last_batch.items())
+        owners = self.sink_owner
+
+        def kept(record: dict[str, Any]) -> dict[str, Any] | None:
+            if record.get("t") != "done" or (record["sink_id"], record["batch_id"]) not in keep:
+                return None
+            owner = owners.get(record["sink_id"])
+            return dict(record, owner=owner) if owner else record
+
+        try:
+            self._compacted_size = self.log.compact(kept)
+        except OSError as exc:  # a full disk: the log stays as it was, tried again later
+            log.warning("cannot compact the sink commit log (kept as it is): %s", exc)
+            self._compacted_size = size
 
     def recover(self, now_ns: int) -> int:
         """Complete every commit a crash interrupted. Returns how many were resumed."""
@@ -626,6 +693,11 @@ class SinkCommitter:
             self.duplicate_commits += 1
             self.staging.discard(sink_id, batch_id)
             return dict(previous)
+        if self._forgotten(sink_id, batch_id):  # committed before the window: as a repeat
+            self.duplicate_commits += 1
+            self.forgotten_commits += 1
+            self.staging.discard(sink_id, batch_id)
+            return {"sink_id": sink_id, "batch_id": batch_id, "forgotten": True}
         by_part: dict[tuple[int, int], dict[str, Any]] = {}  # (stream, partition) -> part
         attempts: dict[int, int] = {}  # partition -> the one attempt its parts come from
         for item in staged:
@@ -773,8 +845,10 @@ class SinkCommitter:
         done["owner"] = begin.get("owner", "")
         self.log.append(done)
         self._mark_done(done)
+        result = dict(self.done[(begin["sink_id"], begin["batch_id"])])
         self.staging.discard(begin["sink_id"], begin["batch_id"])
-        return dict(self.done[(begin["sink_id"], begin["batch_id"])])
+        self._maybe_compact()
+        return result
 
     def abort(
         self, sink_id: str, batch_id: int, staged: list[dict[str, Any]], owner: str | None = None

@@ -35,6 +35,21 @@ def write_snapshot(directory: str, snapshot: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def write_snapshot_parts(
+    directory: str, snapshot: dict[str, Any], sections: dict[str, str]
+) -> None:
+    """:func:`write_snapshot` of ``snapshot`` plus ``sections`` given as JSON text already
+    (the catalog's, kept encoded by the server: only what changed is encoded again)."""
+    path = os.path.join(directory, STAT_FILE)
+    tmp = path + ".tmp"
+    head = json.dumps(snapshot, default=str)[1:-1]
+    parts = [head] if head else []
+    parts.extend(f"{json.dumps(name)}: {text}" for name, text in sections.items())
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write("{" + ", ".join(parts) + "}")
+    os.replace(tmp, path)
+
+
 def read_snapshot(directory: str, max_age_s: float | None = None) -> dict[str, Any]:
     path = os.path.join(directory, STAT_FILE)
     try:
@@ -256,4 +271,12 @@ def stat_main(argv: Sequence[str], out: TextIO | None = None) -> int:
         return 0
 
 
-__all__ = ["STAT_FILE", "consumer_lag", "read_snapshot", "render", "stat_main", "write_snapshot"]
+__all__ = [
+    "STAT_FILE",
+    "consumer_lag",
+    "read_snapshot",
+    "render",
+    "stat_main",
+    "write_snapshot",
+    "write_snapshot_parts",
+]

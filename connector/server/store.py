@@ -32,6 +32,7 @@ from aeron_spark.connector.errors import (
     PositionOutOfRangeError,
     ServerError,
 )
+from aeron_spark.connector.server.catalog import Catalog
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.framing import Framer
 from aeron_spark.connector.server.resources import (
@@ -39,6 +40,7 @@ from aeron_spark.connector.server.resources import (
     file_cache_capacity,
     nofile_limits,
 )
+from aeron_spark.connector.server.scan import scan
 from aeron_spark.transport.archive import Recorder, Recording, RecordingStore
 from aeron_spark.transport.archive import UnknownRecordingError as ArchiveUnknownRecording
 from aeron_spark.transport.protocol.logbuffer import LogGeometry, is_reserved_session_id
@@ -195,6 +197,18 @@ class ArchiveStore:
         self._visible: dict[int, int] = {}
         self._sink_writers: dict[tuple[int, str], _SinkWriter] = {}
         self._recorders: list[Recorder] = []
+        self.catalog = Catalog(
+            self.recordings.recordings, self._info, self._is_live, config.allowed_stream_ids
+        )
+        # the last message boundary found in a recording the server did not frame (ingest):
+        # positions() scans on from there, never from the start again
+        self._boundaries: dict[int, int] = {}
+        self._finished_rows: dict[int, list[Any]] = {}  # positions() of finished recordings
+        self.message_end_scanned_bytes = 0  # what positions() had to scan (new ingest data only)
+
+    def _is_live(self, rec: Recording) -> bool:
+        """May it still change by itself (not stopped, a sink's, its stop file pending)?"""
+        return rec.stop_position is None or rec.stop_pending or rec.d.source.startswith("sink:")
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -227,14 +241,63 @@ class ArchiveStore:
         }
 
     def list_recordings(self, stream_ids: set[int] | None) -> list[dict[str, Any]]:
-        return [
-            self._info(rec)
-            for rid, rec in sorted(self.recordings.recordings.items())
-            if stream_ids is None or rec.d.stream_id in stream_ids
-        ]
+        return [self._info(rec) for rec in self.catalog.recordings(stream_ids)]
 
     def recording_info(self, recording_id: int) -> dict[str, Any]:
         return self._info(self.recordings.get(recording_id))
+
+    def stream_of(self, recording_id: int) -> int:
+        stream_id = self.catalog.stream_of(recording_id)
+        if stream_id is None:
+            self.recordings.get(recording_id)  # raises the archive's unknown recording error
+            raise AssertionError("unreachable")  # pragma: no cover
+        return stream_id
+
+    def positions(self, stream_ids: set[int] | None) -> list[list[Any]]:
+        """Per recording of ``stream_ids`` (None: all), from the catalog, never scanning what
+        was scanned before: ``[recording_id, stream_id, start_position, purged_position,
+        recorded_position, message_end, stop_position]``. ``message_end`` is the last message
+        boundary at or below the readable end: the readable end itself for a recording the
+        server framed (publish, sink commits: whole messages only); for an ingest recording
+        (frames as a publisher sent them, a fragmented message maybe cut at the end) found by
+        scanning on from the boundary found before."""
+        out = []
+        finished = self._finished_rows
+        for rec in self.catalog.recordings(stream_ids):
+            row = finished.get(rec.d.recording_id)
+            if row is not None and row[3] == rec.purged_position:
+                out.append(row)  # finished: changes only when purged
+                continue
+            d = rec.d
+            ended = not self._is_live(rec)  # asked first: once ended, what is read is final
+            visible = self.visible_end(rec)
+            purged = rec.purged_position
+            row = [
+                d.recording_id,
+                d.stream_id,
+                d.start_position,
+                purged,
+                visible,
+                self.message_end(rec, visible, purged),
+                self.stop_position(rec),
+            ]
+            if ended:
+                finished[d.recording_id] = row
+            out.append(row)
+        return out
+
+    def message_end(self, rec: Recording, visible: int, purged: int) -> int:
+        source = rec.d.source
+        if source.startswith(("session:", "sink:")):
+            return visible  # framed by the server: whole messages only
+        rid = rec.d.recording_id
+        known = max(self._boundaries.get(rid, rec.d.start_position), purged)
+        if known >= visible:
+            return min(known, visible)
+        found = scan(ReplayCursor(self, rec, known, visible), known)["end"]
+        self.message_end_scanned_bytes += visible - known
+        self._boundaries[rid] = found
+        return int(found)
 
     def position_at(self, recording_id: int, timestamp_ns: int) -> int:
         rec = self.recordings.get(recording_id)
@@ -267,7 +330,10 @@ class ArchiveStore:
 
     def purge(self, recording_id: int, position: int, now_ns: int) -> int:
         rec = self.recordings.get(recording_id)
-        return rec.purge(min(position, self.visible_end(rec)))
+        try:
+            return rec.purge(min(position, self.visible_end(rec)))
+        finally:
+            self.catalog.touch(recording_id)  # a stopped recording changes only so
 
     # --- writing ------------------------------------------------------------------------------
 
@@ -376,8 +442,10 @@ class ArchiveStore:
             "ingest_bytes": self.ingest_bytes,
             "ingest_append_failures": sum(r.append_failures for r in self._recorders),
             "ingest_held_back": self.ingest_held_back,
+            "message_end_scanned_bytes": self.message_end_scanned_bytes,
             "torn_bytes_cut": self.recordings.torn_bytes_cut,
-            **self.recordings.stats(),
+            **self.recordings.files.stats(),
+            **self.catalog.counters(),  # over live recordings (stopped ones' are kept)
         }
 
     def housekeeping(self) -> None:

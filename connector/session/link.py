@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from aeron_spark.connector.errors import ServerUnavailableError, SessionLostError
@@ -111,6 +112,17 @@ class ServerLink:
 
     def receive_nowait(self) -> bytes | None:
         return self.connection.receive_nowait()
+
+    def on_ready(self, callback: Callable[[], object]) -> bool:
+        """Have ``callback`` called (from a driver thread: keep it cheap) whenever a message may
+        have arrived or the connection's images changed; False when the media cannot tell (IPC
+        has no cross-process signal: poll such a link on every pass)."""
+        sub = self.connection.subscription
+        add = getattr(sub, "add_listener", None)
+        if add is None or str(getattr(sub, "channel", "")).startswith("aeron:ipc"):
+            return False
+        add(callback)
+        return True
 
     def try_send(self, message: bytes) -> bool:
         try:

@@ -77,7 +77,7 @@ MAX_POSITIONS = 65536
 # --- argument schemas -------------------------------------------------------------------------
 # Each argument: (kind, required). Kinds: "int32", "int64", "pos" (int64 >= 0), "uint32",
 # "str", "bool", "pos?" / "int32_list?" (None allowed), "bytes_list", "int64_list?", "staged_list",
-# "pos_pairs" ([[recording_id, position], ...]).
+# "pos_pairs" ([[recording_id, position], ...]), "pos_triples" ([[recording_id, start, end], ...]).
 
 # a staged part: one attempt of one partition of one batch of one sink, into one stream
 _PART: dict[str, tuple[str, bool]] = {
@@ -92,6 +92,8 @@ OPS: dict[str, dict[str, tuple[str, bool]]] = {
     "list_streams": {},
     "list_recordings": {"stream_ids": ("int32_list?", False)},
     "latest_positions": {"stream_ids": ("int32_list?", False)},
+    # the catalog's positions of many recordings at once, no scan (issue 31 item 3)
+    "recording_positions": {"stream_ids": ("int32_list?", False)},
     "position_at": {"recording_id": ("pos", True), "timestamp_ns": ("int64", True)},
     "scan": {
         "recording_id": ("pos", True),
@@ -100,6 +102,12 @@ OPS: dict[str, dict[str, tuple[str, bool]]] = {
         "max_messages": ("pos?", False),
         "max_bytes": ("pos?", False),
         "parts": ("uint32", False),
+    },
+    # whole messages of many ranges in one request, within one shared budget (issue 31 item 3)
+    "scan_ranges": {
+        "ranges": ("pos_triples", True),
+        "max_messages": ("pos?", False),
+        "max_bytes": ("pos?", False),
     },
     "replay": {
         "recording_id": ("pos", True),
@@ -179,8 +187,10 @@ PERMISSIONS: dict[str, Access] = {
     "list_streams": _READ,
     "list_recordings": _READ,
     "latest_positions": _READ,
+    "recording_positions": _READ,
     "position_at": _READ,
     "scan": _READ,
+    "scan_ranges": _READ,
     "replay": _READ,
     "stop_replay": _NONE,  # the session's own replay
     "local_read": _READ,
@@ -289,6 +299,14 @@ def _check(op: str, name: str, kind: str, value: object) -> None:
             for v in value
         ):
             raise _fail(op, name, value, "a list of [recording_id, position] pairs")
+    elif kind == "pos_triples":
+        if not isinstance(value, list) or not all(
+            isinstance(v, list)
+            and len(v) == 3
+            and all(_is_int(x) and 0 <= x <= INT64_MAX for x in v)
+            for v in value
+        ):
+            raise _fail(op, name, value, "a list of [recording_id, start, end] triples")
     elif kind == "staged_list":
         if not isinstance(value, list):
             raise _fail(op, name, value, "a list of staged-part maps (what stage returned)")
@@ -355,6 +373,10 @@ def limits_for(schema: dict[str, tuple[str, bool]]) -> Limits:
             max_bytes = max(max_bytes, MAX_LIST_REQUEST_BYTES)
             array_len = max(array_len, MAX_POSITIONS)
             items += MAX_POSITIONS * 4 + 1  # the list's elements, each pair's two and itself
+        elif kind == "pos_triples":
+            max_bytes = max(max_bytes, MAX_LIST_REQUEST_BYTES)
+            array_len = max(array_len, MAX_POSITIONS)
+            items += MAX_POSITIONS * 5 + 1  # the list's elements, each triple's three and itself
     return Limits(max_bytes, str_len, bin_len, array_len, map_len, items)
 
 

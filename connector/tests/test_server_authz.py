@@ -468,3 +468,28 @@ def test_a_commit_of_several_streams_is_checked_on_every_parts_stream(tmp_path: 
                 w.commit("route", 1, None, staged)
             assert w.list_recordings([10, 11]) == []  # nothing of the batch appended
             assert w.commit("route", 1, None, staged[:1])["count"] == 1  # its own stream's part
+
+
+def test_batched_positions_and_ranges_show_and_scan_only_readable_recordings(
+    tmp_path: Path,
+) -> None:
+    writer, writer_key = _key(tmp_path, "writer")
+    reader, reader_key = _key(tmp_path, "reader")
+    keys = tmp_path / "authorized_keys"
+    keys.write_text(f"{writer_key} writer write=10,11 read=10,11\n{reader_key} reader read=10\n")
+    with _server(tmp_path, keys) as server:
+        with StreamClient.connect(_settings(server, writer)) as w:
+            w.publish(10, [b"ten"] * 3)
+            w.publish(11, [b"eleven"] * 3)
+            everything = w.recording_positions()
+        ten, eleven = sorted(everything.values(), key=lambda p: p.stream_id)
+        with StreamClient.connect(_settings(server, reader)) as r:
+            assert list(r.recording_positions()) == [ten.recording_id]  # 11 is not shown
+            with pytest.raises(NotAuthorisedError, match="recording_positions on stream 11"):
+                r.recording_positions([11])
+            mine = (ten.recording_id, 0, ten.message_end)
+            assert r.scan_ranges([mine]) == [(ten.message_end, 3)]
+            # one range of a recording it may not read: refused, naming the recording only
+            with pytest.raises(NotAuthorisedError, match="scan_ranges on recording ") as error:
+                r.scan_ranges([mine, (eleven.recording_id, 0, eleven.message_end)])
+            assert "stream 11" not in str(error.value)

@@ -94,3 +94,28 @@ def test_a_slow_reader_that_keeps_consuming_is_not_expired_though_it_sends_nothi
         assert got == rec.recorded_position
         assert took > 2 * lease_s  # it really outlived the lease while sending nothing
         assert server.core is not None and server.core.counters["sessions_expired"] == 0
+
+
+def test_a_pass_serves_only_the_sessions_with_something_to_do(tmp_path: Path) -> None:
+    """Issue 31 item 1: every pass of the loop walked every session (512 idle sessions took
+    the server down); now a pass serves the sessions whose subscription signalled, those with
+    replies or replays pending, and every one only on a sweep (4 a second)."""
+    with _server(tmp_path, encryption=False) as server:
+        settings = ClientSettings(endpoint=server.endpoint, encryption=False)
+        clients = [StreamClient.connect(settings) for _ in range(12)]
+        try:
+            for client in clients:
+                client.list_streams()
+            served = server.sessions_served_between_sweeps
+            passes = server.loop_passes - server.session_sweeps
+            deadline = time.monotonic() + 60
+            while server.loop_passes - server.session_sweeps < passes + 40:  # 40 passes on
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            # idle: at most a handshake ping of each session now and then, never 12 a pass
+            assert server.sessions_served_between_sweeps - served <= 2 * len(clients)
+            # a request on one of them is still answered at once (its subscription signals)
+            assert clients[5].list_streams() == []
+        finally:
+            for client in clients:
+                client.close()
