@@ -138,6 +138,8 @@ def test_permission_table_over_permissions_and_requests(perms, op, stream_id) ->
         "local_read",
         "consumer_commit",
         "stats",
+        "recording_positions",
+        "scan_ranges",
     }
     write_ops = {
         "publish",
