@@ -80,8 +80,7 @@ class SendEndpoint:
         asked = self.unclaimed_elicits.pop(key, None)
         if asked is not None and publication.allowed_hosts is not None:
             # answered by the sender like a SETUP request refused until its host was allowed
-            publication.refused_elicits[asked[0]] = (key[0], asked[1])
-            publication._refused_seen_allowed = None
+            publication.hold_unclaimed_elicit(asked[0], key[0], asked[1])
         self.publications = (*self.publications, publication)
 
     def remove(self, publication: PublicationState) -> None:
@@ -212,7 +211,7 @@ class SenderAgent:
             for pub in ep.publications:
                 if pub.pending or pub.has_data_to_send() or pub.is_done:
                     return True
-                if pub.refused_elicits and pub.allowed_hosts is not pub._refused_seen_allowed:
+                if pub.has_refused_changed():
                     return True  # a refused SETUP request's host was allowed meanwhile
         return False
 

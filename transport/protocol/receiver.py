@@ -54,13 +54,14 @@ from aeron_spark.transport.protocol.frames import (
     SmFlags,
     frame_type_of,
 )
-from aeron_spark.transport.protocol.image import ImageState
+from aeron_spark.transport.protocol.image import ImageState, system_random
 from aeron_spark.transport.protocol.logbuffer import (
     MAX_UDP_PAYLOAD_LENGTH,
     TERM_MAX_LENGTH,
     TERM_MIN_LENGTH,
     is_power_of_two,
 )
+from aeron_spark.transport.protocol.prefix_rate import PrefixRateLimiter
 
 SEND_SETUP_INTERVAL_NS = 100_000_000
 ELICIT_INTERVAL_NS = 100_000_000
@@ -104,6 +105,7 @@ class StreamInterest:
         on_image: Callable[[ImageState], None] | None = None,
         on_image_gone: Callable[[ImageState], None] | None = None,
         on_data: Callable[[], None] | None = None,
+        rng: random.Random = system_random,
     ) -> None:
         self.stream_id = stream_id
         self.session_id = session_id
@@ -120,10 +122,9 @@ class StreamInterest:
         self.max_images_per_source = max_images_per_source
         self.max_images_per_address = max_images_per_address
         self.images_per_source: dict[Any, int] = {}
-        # new images per second for the senders of one /24 or /64 (0: no limit): prefix ->
-        # (tokens, at ns)
+        # new images per second for the senders of one /24 or /64 (0: no limit)
         self.setups_per_prefix_per_s = setups_per_prefix_per_s
-        self.setup_rate: dict[str, tuple[float, int]] = {}
+        self.setup_rate = PrefixRateLimiter(setups_per_prefix_per_s)
         # the sender hosts this subscription makes images for (None: any), asked once per host
         self.admit_source = admit_source
         self.admitted: dict[str, bool] = {}
@@ -132,7 +133,7 @@ class StreamInterest:
         self.on_image = on_image
         self.on_image_gone = on_image_gone
         self.on_data = on_data
-        self.receiver_id = random.getrandbits(63)
+        self.receiver_id = rng.getrandbits(63)
         self.data_pending = False  # on_data is due at the dispatcher's next do_work
         self.images: dict[int, ImageState] = {}
         self.elicit_deadline_ns = 0
@@ -353,8 +354,8 @@ class ReceiveDispatcher:
                 if victim is None:
                     self.images_refused += 1
                     continue
-            if interest.setups_per_prefix_per_s and not _setup_rate_allows(
-                interest, source, now_ns
+            if interest.setups_per_prefix_per_s and not interest.setup_rate.allows(
+                source_prefix(source), now_ns
             ):
                 self.setups_rate_limited += 1  # its publication sends SETUP again later
                 continue
@@ -581,9 +582,6 @@ def _victim(interest: StreamInterest, source: Address) -> ImageState | None:
     return None
 
 
-_RATE_TABLE_LIMIT = 65536  # networks whose SETUP rate a subscription tracks at once
-
-
 def source_prefix(source: Address) -> str:
     """The network a sender is accounted in: its /24 (IPv4, IPv4-mapped IPv6 too) or /64."""
     host = str(source[0])
@@ -600,28 +598,6 @@ def _v6_prefix(host: str) -> str:
         return ipaddress.ip_network(f"{host.partition('%')[0]}/64", strict=False).compressed
     except ValueError:
         return host
-
-
-def _setup_rate_allows(interest: StreamInterest, source: Address, now_ns: int) -> bool:
-    """Token bucket per /24 or /64 of senders: ``setups_per_prefix_per_s``, burst as many."""
-    rate = interest.setups_per_prefix_per_s
-    table = interest.setup_rate
-    prefix = source_prefix(source)
-    tokens, at = table.get(prefix, (float(rate), now_ns))
-    tokens = min(float(rate), tokens + max(now_ns - at, 0) * rate / 1e9)
-    if tokens < 1.0:
-        table[prefix] = (tokens, max(now_ns, at))
-        return False
-    if prefix not in table and len(table) >= _RATE_TABLE_LIMIT:
-        # forget the networks whose bucket has refilled (they are as if never seen)
-        for key in [
-            k for k, (t, a) in table.items() if t + max(now_ns - a, 0) * rate / 1e9 >= rate
-        ]:
-            del table[key]
-        if len(table) >= _RATE_TABLE_LIMIT:
-            return False
-    table[prefix] = (tokens - 1.0, max(now_ns, at))
-    return True
 
 
 def _forget_source(interest: StreamInterest, source: Address) -> None:
