@@ -18,8 +18,11 @@ Invariants:
 * The receiver zeroes the partition of a term once the subscriber is past it (before any SM
   that would let the sender write into it again).
 * SMs: the first at once, then when ``subscriber_position > last_sm_position + window/4``, and
-  every 200 ms repeating the last position. Gaps and their NAKs are the
-  :class:`~.loss_detector.LossDetector`'s (its module states its rules).
+  every 200 ms repeating the last position; while the image is idle (nothing new arrived since
+  the last SM, no gap) each repeat waits twice the one before, at most ``SM_IDLE_MAX_NS``
+  (500 ms: ten within a sender's 5 s connection timeout, Aeron's default and ours). Aeron
+  repeats every 200 ms; its sender needs only one SM per connection timeout. Gaps and their
+  NAKs are the :class:`~.loss_detector.LossDetector`'s (its module states its rules).
 * End of stream: an EOS heartbeat at position P; when everything up to P is rebuilt and
   consumed, SMs carry EOS and the image is done. No packet for ``liveness_timeout_ns``: done too.
 
@@ -46,6 +49,7 @@ import mmap
 import random
 import struct
 from bisect import insort
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -96,6 +100,7 @@ __all__ = [
     "MIN_NAK_RETRY_NS",
     "NAK_BACKOFF_MAX_SHIFT",
     "NAK_RETRY_RATIO",
+    "SM_IDLE_MAX_NS",
     "SM_INTERVAL_NS",
     "ImageEvent",
     "ImagePhase",
@@ -104,6 +109,7 @@ __all__ = [
 ]
 
 SM_INTERVAL_NS = 200_000_000
+SM_IDLE_MAX_NS = 500_000_000
 IMAGE_LIVENESS_TIMEOUT_NS = 10_000_000_000
 EOS_SM_COUNT = 3
 
@@ -209,6 +215,8 @@ class ImageState:
         self.subscriber_position = join
         self.last_sm_position = join
         self.sm_deadline_ns = now_ns  # first SM at once
+        self.sm_interval_ns = SM_INTERVAL_NS  # the wait after the last SM (doubles when idle)
+        self._hwm_at_sm = -1  # the high-water mark when the last SM went out
         self.sm_scheduled = True
         self.cleaned_term_count = (join >> self.shift) - 1
         self.last_packet_ns = now_ns
@@ -229,6 +237,10 @@ class ImageState:
         self.under_runs = 0
         self.gaps_filled = 0
         self._sm_buffer = bytearray(SM_LENGTH)
+        # Where kick() puts it for the receiver (its dispatcher's ready queue; None: nobody
+        # steps it), and whether it is there already (cleared before the receiver steps it).
+        self.wakeups: deque[ImageState] | None = None
+        self.kicked = False
         self._nak_buffer = bytearray(NAK_LENGTH)
 
     # ------------------------------------------------------------------ the loss detector's
@@ -272,9 +284,18 @@ class ImageState:
         with ``False``, no longer does: it may be again)."""
         self.vouched = vouched
 
+    def kick(self) -> None:
+        """Something for the receiver that no deadline says (data arrived, the subscriber moved
+        on, a close): queue it to be stepped (any thread; at most once until it is stepped)."""
+        wakeups = self.wakeups
+        if wakeups is not None and not self.kicked:
+            self.kicked = True
+            wakeups.append(self)
+
     def request_close(self) -> None:
         """The subscription is done with it: EOS SMs go out from the next :meth:`do_work`."""
         self.close_requested = True
+        self.kick()
 
     @property
     def is_closing(self) -> bool:
@@ -410,9 +431,18 @@ class ImageState:
             self.last_sm_position = sub
             self.sm_scheduled = True
         if self.sm_scheduled or now_ns >= self.sm_deadline_ns:
+            idle = (
+                not self.sm_scheduled
+                and self.hwm == self._hwm_at_sm
+                and not self.loss.gaps
+                and sub >= self.rebuild_position
+            )
+            interval = min(self.sm_interval_ns * 2, SM_IDLE_MAX_NS) if idle else SM_INTERVAL_NS
+            self.sm_interval_ns = interval
+            self._hwm_at_sm = self.hwm
             self._send_sm(self.last_sm_position, 0, transmit)
             self.sm_scheduled = False
-            self.sm_deadline_ns = now_ns + SM_INTERVAL_NS
+            self.sm_deadline_ns = now_ns + interval
             if phase is _INIT:
                 self._fire(ImageEvent.CONNECT)
             work += 1
@@ -523,6 +553,8 @@ class ImageState:
             self.subscriber_position = position + (new_offset - offset)
             if new_offset < term_length:
                 break
+        if self.subscriber_position - self.last_sm_position > self.window >> 2:
+            self.kick()  # a status message is due: the receiver steps it
         return total
 
     def controlled_poll(self, handler: ControlledFragmentHandler, fragment_limit: int) -> int:
@@ -551,6 +583,8 @@ class ImageState:
             self.subscriber_position = position
             if action == ControlledAction.BREAK:
                 break
+        if position - self.last_sm_position > self.window >> 2:
+            self.kick()  # a status message is due: the receiver steps it
         return fragments
 
     def block_poll(self, handler: BlockHandler, block_length_limit: int) -> int:
@@ -577,4 +611,6 @@ class ImageState:
         term_id = wrap_int32(self.initial_term_id + (position >> self.shift))
         handler(term, offset, end - offset, self.session_id, term_id)
         self.subscriber_position = position + (end - offset)
+        if self.subscriber_position - self.last_sm_position > self.window >> 2:
+            self.kick()  # a status message is due: the receiver steps it
         return end - offset

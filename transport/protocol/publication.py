@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import enum
 import struct
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -81,6 +82,7 @@ from aeron_spark.transport.protocol.heartbeat import (
     HEARTBEAT_INTERVAL_NS,
     SETUP_INTERVAL_NS,
     heartbeat_frame,
+    idle_heartbeat_interval_ns,
     rttm_reply,
     setup_frame,
 )
@@ -226,6 +228,7 @@ class PublicationState:
         self.retransmit = RetransmitHandler(retransmit_linger_ns)
         self.setup_deadline_ns = now_ns
         self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
+        self.idle_heartbeats = 0  # heartbeats since data was last sent (spaces them out)
         self.phase = PublicationPhase.ACTIVE  # changed only by _fire (PUBLICATION_TRANSITIONS)
         self.is_eos_sent = False
         self.linger_deadline_ns: int | None = None  # set on entering LINGER or CLOSED
@@ -245,6 +248,10 @@ class PublicationState:
         self.pending: list[tuple[Any, Address]] = []  # replies to control frames, sent on send()
         self.on_limit_change: Callable[[], None] | None = None
         self.spies: tuple[Any, ...] = ()  # images reading this log in-process (aeron-spy)
+        # Where kick() puts it for the sender (its endpoint's ready queue; None: nobody steps
+        # it), and whether it is there already (cleared by the sender before it steps it).
+        self.wakeups: deque[PublicationState] | None = None
+        self.kicked = False
 
     # ------------------------------------------------------------------ the parts' state
 
@@ -263,6 +270,14 @@ class PublicationState:
     retransmit_ranges = _part("retransmit", "ranges", "Lingering retransmits.")
     retransmits_suppressed = _part("retransmit", "retransmits_suppressed", "NAKs cut (count).")
     retransmit_linger_ns = _part("retransmit", "linger_ns", "How long a resent range lingers.")
+
+    def kick(self) -> None:
+        """Something for the sender that no deadline says (data appended, closed, a host
+        allowed): queue it to be stepped (any thread; at most once until it is stepped)."""
+        wakeups = self.wakeups
+        if wakeups is not None and not self.kicked:
+            self.kicked = True
+            wakeups.append(self)
 
     def hold_unclaimed_elicit(self, source: Address, session_id: int, at_ns: int) -> None:
         """A SETUP request that reached the socket before this publication existed (see
@@ -390,6 +405,7 @@ class PublicationState:
         self.heartbeat_deadline_ns = now_ns  # EOS goes out as soon as the log is drained
         self._fire(PublicationEvent.CLOSE)
         self.publisher_limit = self.appender.position
+        self.kick()
 
     # ------------------------------------------------------------------ sender side
 
@@ -653,6 +669,7 @@ class PublicationState:
                 self.heartbeat_deadline_ns = now_ns  # drained: EOS on the next step
             else:
                 self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
+            self.idle_heartbeats = 0
             work += sent
             self._update_publisher_limit()
         elif now_ns >= self.heartbeat_deadline_ns:
@@ -660,7 +677,13 @@ class PublicationState:
             for dest in dests.by_address.values():
                 transmit(frame, dest.address)
             self.heartbeats_sent += 1
-            self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
+            if self.phase is _ACTIVE:
+                self.idle_heartbeats += 1
+                self.heartbeat_deadline_ns = now_ns + idle_heartbeat_interval_ns(
+                    self.idle_heartbeats
+                )
+            else:
+                self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
             if frame[5] & DataFlags.EOS:
                 self.is_eos_sent = True
                 if self.phase is _DRAINING:
@@ -725,6 +748,9 @@ class PublicationState:
             deadline = min(deadline, self.linger_deadline_ns)
         elif phase is _DRAINING and self._undrainable and self.closed_at_ns is not None:
             deadline = min(deadline, self.closed_at_ns)  # to be closed on the next send
+        refused = self.dests.next_refused_ns()
+        if refused is not None and refused < deadline:
+            deadline = refused  # a held SETUP request expires: counted refused
         return deadline
 
 

@@ -1,0 +1,87 @@
+"""What an agent steps, and when, without walking everything it holds (issue 31 item 1):
+items that have something to do now (``ready``, a deque any thread may append to) and items
+waiting for a deadline (a heap), so an idle stream costs nothing until its next deadline.
+
+Invariants:
+
+* An item has at most one live deadline (``schedule`` replaces it; a replaced or forgotten
+  heap entry is stale and skipped when it surfaces, and the heap is rebuilt when stale entries
+  outnumber live ones).
+* :meth:`DueQueue.take` returns each item once, ready ones first in arrival order, then those
+  whose deadline is at or before ``now_ns``; a taken item has no deadline until scheduled again.
+* Appending to ``ready`` is the only thing other threads do (``deque.append`` is atomic); every
+  other call is the owning agent's.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class DueQueue(Generic[T]):
+    """Ready items and items by deadline, for one agent (or one endpoint of it)."""
+
+    __slots__ = ("_at", "_heap", "_seq", "ready")
+
+    def __init__(self) -> None:
+        self.ready: deque[T] = deque()
+        self._heap: list[tuple[int, int, T]] = []
+        self._at: dict[T, int] = {}  # item -> its live deadline
+        self._seq = 0  # ties: insertion order (items need not be comparable)
+
+    def schedule(self, item: T, deadline_ns: int) -> None:
+        """Step ``item`` at ``deadline_ns`` (replacing the deadline it had)."""
+        if self._at.get(item) == deadline_ns:
+            return
+        self._at[item] = deadline_ns
+        self._seq += 1
+        heapq.heappush(self._heap, (deadline_ns, self._seq, item))
+        if len(self._heap) > 2 * len(self._at) + 64:
+            self._compact()
+
+    def forget(self, item: T) -> None:
+        """``item`` is gone: no deadline (a ready entry of it is the caller's to skip)."""
+        self._at.pop(item, None)
+
+    def take(self, now_ns: int) -> list[T]:
+        """Every ready item and every item due at ``now_ns``, each once."""
+        out: dict[T, None] = {}
+        ready = self.ready
+        while ready:
+            out[ready.popleft()] = None
+        heap = self._heap
+        at = self._at
+        while heap and heap[0][0] <= now_ns:
+            deadline, _, item = heapq.heappop(heap)
+            if at.get(item) == deadline:
+                del at[item]
+                out[item] = None
+        for item in out:
+            at.pop(item, None)  # taken: its caller schedules it again
+        return list(out)
+
+    def next_ns(self, default_ns: int) -> int:
+        """The earliest live deadline (``default_ns`` if later or none); stale tops dropped.
+        With ready items the answer is 0: step now."""
+        if self.ready:
+            return 0
+        heap = self._heap
+        at = self._at
+        while heap and at.get(heap[0][2]) != heap[0][0]:
+            heapq.heappop(heap)
+        if heap and heap[0][0] < default_ns:
+            return heap[0][0]
+        return default_ns
+
+    def __len__(self) -> int:
+        """Items with a deadline."""
+        return len(self._at)
+
+    def _compact(self) -> None:
+        at = self._at
+        self._heap = [e for e in self._heap if at.get(e[2]) == e[0]]
+        heapq.heapify(self._heap)
