@@ -239,7 +239,7 @@ class ImageState:
         self._sm_buffer = bytearray(SM_LENGTH)
         # Where kick() puts it for the receiver (its dispatcher's ready queue; None: nobody
         # steps it), and whether it is there already (cleared before the receiver steps it).
-        self.wakeups: deque[ImageState] | None = None
+        self.wakeups: deque[Any] | None = None
         self.kicked = False
         self._nak_buffer = bytearray(NAK_LENGTH)
 
