@@ -219,12 +219,11 @@ class Server:
                 channels = Channels(kind, self.config.host, port, control)
                 # HELLO images are bounded like the handshakes they start: a stranger sending
                 # SETUPs for new session ids gets no more images than its address may have
-                # and as many new ones a second from one /24 or /64 as HELLOs it may say; one
-                # address (a NAT: one image per client process) at most half of them
+                # and as many new ones a second from one /24 or /64 as HELLOs it may say
                 sub = self.driver.add_subscription(
                     channels.hello_sub(
                         2 * self.config.max_pending,
-                        min(self.config.max_per_address, self.config.max_pending),
+                        self.config.max_per_address,
                         max(1, round(self.config.hellos_per_prefix_per_s)),
                     ),
                     channels.hello_stream,

@@ -527,6 +527,13 @@ class ImageState:
 
     # ------------------------------------------------------------------ subscriber side
 
+    def _consumed(self) -> None:
+        """After a poll: a status message is due once a quarter window was consumed since the
+        last one, so the receiver is kicked to send it. (The IPC image log borrows the polls and
+        has its own, with no receiver to kick.)"""
+        if self.subscriber_position - self.last_sm_position > self.window >> 2:
+            self.kick()
+
     @property
     def is_end_of_stream(self) -> bool:
         eos = self.eos_position
@@ -553,8 +560,7 @@ class ImageState:
             self.subscriber_position = position + (new_offset - offset)
             if new_offset < term_length:
                 break
-        if self.subscriber_position - self.last_sm_position > self.window >> 2:
-            self.kick()  # a status message is due: the receiver steps it
+        self._consumed()
         return total
 
     def controlled_poll(self, handler: ControlledFragmentHandler, fragment_limit: int) -> int:
@@ -583,8 +589,7 @@ class ImageState:
             self.subscriber_position = position
             if action == ControlledAction.BREAK:
                 break
-        if position - self.last_sm_position > self.window >> 2:
-            self.kick()  # a status message is due: the receiver steps it
+        self._consumed()
         return fragments
 
     def block_poll(self, handler: BlockHandler, block_length_limit: int) -> int:
@@ -611,6 +616,5 @@ class ImageState:
         term_id = wrap_int32(self.initial_term_id + (position >> self.shift))
         handler(term, offset, end - offset, self.session_id, term_id)
         self.subscriber_position = position + (end - offset)
-        if self.subscriber_position - self.last_sm_position > self.window >> 2:
-            self.kick()  # a status message is due: the receiver steps it
+        self._consumed()
         return end - offset
