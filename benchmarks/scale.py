@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -195,6 +196,7 @@ def sessions_curve(
                         c.close()
                 row["server_alive"] = proc.poll() is None
                 rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)  # survives a later abort
     return rows
 
 
