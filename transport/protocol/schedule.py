@@ -4,11 +4,14 @@ waiting for a deadline (a heap), so an idle stream costs nothing until its next 
 
 Invariants:
 
-* An item has at most one live deadline (``schedule`` replaces it; a replaced or forgotten
-  heap entry is stale and skipped when it surfaces, and the heap is rebuilt when stale entries
-  outnumber live ones).
+* An item has at most one live deadline. ``schedule`` with an earlier one replaces it (the old
+  heap entry goes stale: skipped when it surfaces; the heap is rebuilt when stale entries
+  outnumber live ones); with a later one it keeps the earlier, so the item is stepped early,
+  finds nothing due and schedules itself again (a busy stream's heartbeat deadline moves on at
+  every send: one heap push per heartbeat interval, not one per send).
 * :meth:`DueQueue.take` returns each item once, ready ones first in arrival order, then those
-  whose deadline is at or before ``now_ns``; a taken item has no deadline until scheduled again.
+  whose deadline is at or before ``now_ns``; an item taken for its deadline has none until
+  scheduled again (one taken because it was ready keeps a later one it had).
 * Appending to ``ready`` is the only thing other threads do (``deque.append`` is atomic); every
   other call is the owning agent's.
 """
@@ -34,8 +37,9 @@ class DueQueue(Generic[T]):
         self._seq = 0  # ties: insertion order (items need not be comparable)
 
     def schedule(self, item: T, deadline_ns: int) -> None:
-        """Step ``item`` at ``deadline_ns`` (replacing the deadline it had)."""
-        if self._at.get(item) == deadline_ns:
+        """Step ``item`` at ``deadline_ns``, or at the earlier deadline it has."""
+        current = self._at.get(item)
+        if current is not None and current <= deadline_ns:
             return
         self._at[item] = deadline_ns
         self._seq += 1
@@ -58,10 +62,8 @@ class DueQueue(Generic[T]):
         while heap and heap[0][0] <= now_ns:
             deadline, _, item = heapq.heappop(heap)
             if at.get(item) == deadline:
-                del at[item]
+                del at[item]  # taken for it: its caller schedules it again
                 out[item] = None
-        for item in out:
-            at.pop(item, None)  # taken: its caller schedules it again
         return list(out)
 
     def next_ns(self, default_ns: int) -> int:

@@ -48,13 +48,16 @@ def _sm(pub: PublicationState, receiver_id: int) -> StatusMessage:
 def test_due_queue_gives_ready_items_then_due_ones_each_once() -> None:
     q: DueQueue[str] = DueQueue()
     q.schedule("a", 30)
-    q.schedule("b", 10)
-    q.schedule("b", 20)  # replaced: the entry at 10 is stale
+    q.schedule("b", 20)
+    q.schedule("b", 10)  # earlier: replaces it (the entry at 20 is stale)
+    q.schedule("b", 40)  # later: the earlier stays (b is stepped early, schedules again)
     q.ready.append("c")
     q.ready.append("c")
     assert q.next_ns(1000) == 0  # ready: now
-    assert q.take(15) == ["c"]
-    assert q.next_ns(1000) == 20
+    assert q.take(5) == ["c"]
+    assert q.next_ns(1000) == 10
+    assert q.take(15) == ["b"]
+    q.schedule("b", 20)
     q.forget("b")
     assert q.next_ns(1000) == 30 and q.take(25) == []
     assert q.take(30) == ["a"] and q.next_ns(1000) == 1000 and len(q) == 0
@@ -62,8 +65,8 @@ def test_due_queue_gives_ready_items_then_due_ones_each_once() -> None:
 
 def test_due_queue_heap_stays_bounded_when_deadlines_move() -> None:
     q: DueQueue[int] = DueQueue()
-    for t in range(10_000):
-        q.schedule(t % 3, t)
+    for t in range(10_000, 0, -1):
+        q.schedule(t % 3, t)  # ever earlier: each replaces the last
     assert len(q) == 3 and len(q._heap) <= 2 * 3 + 64
 
 
@@ -109,7 +112,7 @@ def test_the_sender_steps_only_the_publications_that_are_due() -> None:
         clock.advance(HEARTBEAT_INTERVAL_NS // 2)
         calls.clear()
         agent.do_work(clock.now_ns)  # their heartbeats are due: each stepped once
-        assert len(calls) == 99 and pubs[7] not in calls
+        assert sorted(map(id, calls)) == sorted(map(id, pubs))
     finally:
         udp.close()
 
