@@ -53,11 +53,13 @@ class DueQueue(Generic[T]):
 
     def take(self, now_ns: int) -> list[T]:
         """Every ready item and every item due at ``now_ns``, each once."""
-        out: dict[T, None] = {}
         ready = self.ready
+        heap = self._heap
+        if not ready and (not heap or heap[0][0] > now_ns):
+            return []  # the common idle step: nothing allocated but this list
+        out: dict[T, None] = {}
         while ready:
             out[ready.popleft()] = None
-        heap = self._heap
         at = self._at
         while heap and heap[0][0] <= now_ns:
             deadline, _, item = heapq.heappop(heap)
