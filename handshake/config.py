@@ -61,7 +61,9 @@ class ServerConfig:
     one). ``control_port``: where clients join the server's replies and session publications in
     dynamic control mode (None: ``port + 1``). ``encryption``: seal sessions (a session is sealed
     when either side asks). Limits: ``max_clients`` (connected + pending), ``max_per_address``
-    (connected + pending from one IP address), ``max_pending`` (handshakes in flight),
+    (connected + pending from one IP address; half of ``max_clients`` by default, so a Spark
+    cluster behind one NAT address fits and still cannot take the other half: README,
+    "Security model"), ``max_pending`` (handshakes in flight),
     ``max_pending_per_prefix`` (handshakes in flight from one /24 IPv4 or /64 IPv6 network: far
     below ``max_pending``, so one host or one network cannot fill the server's pending slots),
     ``hellos_per_prefix_per_s`` (HELLOs one /24 or /64 may have answered per second, with a burst
@@ -82,8 +84,8 @@ class ServerConfig:
     control_port: int | None = None
     key_store_dir: str | None = None
     encryption: bool = True
-    max_clients: int = 1024
-    max_per_address: int = 64
+    max_clients: int = 4096
+    max_per_address: int = 2048
     max_pending: int = 256
     max_pending_per_prefix: int = 32
     hellos_per_prefix_per_s: float = 1000.0

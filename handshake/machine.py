@@ -63,6 +63,7 @@ from aeron_spark.handshake.errors import (
     RemoteProtocolError,
     refusal,
 )
+from aeron_spark.transport.protocol.prefix_rate import PrefixRateLimiter
 
 # Aeron reserves session ids -1..1000 by default for publications given an explicit session-id.
 RESERVED_SESSION_ID_LOW = -1
@@ -75,7 +76,6 @@ TOKEN_LIFETIME_NS = COOKIE_PERIOD_NS  # a resumption token is valid this long af
 # Cookies and resumption tokens already spent (each admits one HELLO), and tokens issued, held
 # until they expire; past this many the oldest are forgotten (a forgotten token gets a COOKIE)
 _SPENT_LIMIT = 65536
-_RATE_TABLE_LIMIT = 65536  # prefixes whose HELLO rate is tracked at once
 
 
 class ClientState(enum.Enum):
@@ -559,7 +559,7 @@ class ServerCore:
         self._tokens: dict[bytes, tuple[str, bytes, int]] = {}
         # cookies that admitted a HELLO: cookie -> expiry ns, oldest first (each admits one)
         self._spent: dict[bytes, int] = {}
-        self._hello_rate: dict[str, tuple[float, int]] = {}  # prefix -> (tokens, at ns)
+        self._hello_rate = PrefixRateLimiter(config.hellos_per_prefix_per_s)
         self.session_ids: set[int] = set()
         self.stream_ids: set[int] = set()
         self.connect_keys: set[int] = set()
@@ -589,7 +589,7 @@ class ServerCore:
         self.counters.hellos += 1
         address = normalise_address(address)
         prefix = address_prefix(address)
-        if address != "ipc" and not self._rate_allows(prefix, now_ns):
+        if address != "ipc" and not self._hello_rate.allows(prefix, now_ns):
             self.counters.rate_limited += 1
             raise Rejected(ErrorCode.TOO_MANY_FROM_ADDRESS, None)
         try:
@@ -805,25 +805,6 @@ class ServerCore:
         elif source != "ipc":
             self._forget_expired(self._spent, now_ns)
             self._spent[hello.cookie] = now_ns + 2 * COOKIE_PERIOD_NS
-
-    def _rate_allows(self, prefix: str, now_ns: int) -> bool:
-        """Token bucket per /24 or /64: ``hellos_per_prefix_per_s``, burst as many."""
-        rate = self.config.hellos_per_prefix_per_s
-        table = self._hello_rate
-        tokens, at = table.get(prefix, (rate, now_ns))
-        tokens = min(rate, tokens + max(now_ns - at, 0) * rate / 1e9)
-        if tokens < 1.0:
-            table[prefix] = (tokens, max(now_ns, at))
-            return False
-        if prefix not in table and len(table) >= _RATE_TABLE_LIMIT:
-            # Forget the prefixes whose bucket has refilled (they are as if never seen).
-            full = [k for k, (t, a) in table.items() if t + max(now_ns - a, 0) * rate / 1e9 >= rate]
-            for key in full:
-                del table[key]
-            if len(table) >= _RATE_TABLE_LIMIT:
-                return False
-        table[prefix] = (tokens - 1.0, max(now_ns, at))
-        return True
 
     def _admission(self, address: str, prefix: str, hello: m.Hello) -> tuple[ErrorCode | None, str]:
         cfg = self.config

@@ -41,24 +41,8 @@ KNOWN_WIRE_FORMAT: dict[str, str] = {
     "connector/archive_source.py: flag literal 0x40 (use frames.DataFlags)": (
         "TODO(store): the store branch rewrites archive_source.py"
     ),
-    "transport/protocol/image.py: struct layout '<BBhiiiiq' (a frame header)": (
-        "TODO(split): use frames.DATA_HEADER_TAIL; the split branch splits image.py"
-    ),
-    "transport/protocol/publication.py: struct layout '<BBhiiiiq' (a frame header)": (
-        "TODO(split): use frames.DATA_HEADER_TAIL; the split branch splits publication.py"
-    ),
 }
-KNOWN_PRIVATE: dict[str, str] = {
-    "transport/protocol/publication.py: appender._pad_and_rotate": (
-        "TODO(split): call TermAppender.pad_and_rotate (term.py keeps a private alias until then)"
-    ),
-    "transport/driver/agents.py: publication._refused_seen_allowed": (
-        "TODO(split): PublicationState (publication.py, being split) needs a public name for it"
-    ),
-    "transport/driver/agents.py: pub._refused_seen_allowed": (
-        "TODO(split): PublicationState (publication.py, being split) needs a public name for it"
-    ),
-}
+KNOWN_PRIVATE: dict[str, str] = {}
 
 # Private names of other libraries that are their public API, or that they give no public name
 # for. Every entry says why.

@@ -34,6 +34,7 @@ from aeron_spark.transport.protocol.frames import (
 )
 from aeron_spark.transport.protocol.publication import PublicationState
 from aeron_spark.transport.protocol.receiver import ReceiveDispatcher
+from aeron_spark.transport.protocol.schedule import DueQueue
 
 UNCLAIMED_ELICITS_MAX = 64  # SETUP requests for publications not (yet) there, per socket
 RECEIVES_PER_STEP = 64
@@ -73,6 +74,9 @@ class SendEndpoint:
         # handshake server opens a client's reply publication when its HELLO image appears,
         # just after the client asked for it), within its own destination rules.
         self.unclaimed_elicits: dict[tuple[int, int], tuple[Any, int]] = {}
+        # The publications to step: kicked (input, offers, close) or at their next deadline;
+        # an idle one is not looked at until its heartbeat or SETUP is due.
+        self.due: DueQueue[PublicationState] = DueQueue()
 
     def add(self, publication: PublicationState) -> None:
         key = (publication.session_id, publication.stream_id)
@@ -80,13 +84,41 @@ class SendEndpoint:
         asked = self.unclaimed_elicits.pop(key, None)
         if asked is not None and publication.allowed_hosts is not None:
             # answered by the sender like a SETUP request refused until its host was allowed
-            publication.refused_elicits[asked[0]] = (key[0], asked[1])
-            publication._refused_seen_allowed = None
+            publication.hold_unclaimed_elicit(asked[0], key[0], asked[1])
         self.publications = (*self.publications, publication)
+        publication.kicked = False
+        publication.wakeups = self.due.ready
+        publication.kick()  # its first SETUP goes now
 
     def remove(self, publication: PublicationState) -> None:
         self.by_session.pop((publication.session_id, publication.stream_id), None)
         self.publications = tuple(p for p in self.publications if p is not publication)
+        publication.wakeups = None
+        self.due.forget(publication)
+
+    def step(
+        self,
+        now_ns: int,
+        on_done: Callable[[SendEndpoint, PublicationState], None],
+    ) -> int:
+        """Step the publications that are due: kicked, or at their deadline."""
+        due = self.due
+        ready = due.ready
+        send = self.endpoint.send
+        work = 0
+        for pub in due.take(now_ns):
+            if pub.wakeups is not ready:
+                continue  # removed meanwhile
+            pub.kicked = False  # before send(): a kick from now on queues it again
+            work += pub.send(now_ns, send)
+            if pub.is_done:
+                due.forget(pub)
+                on_done(self, pub)
+            elif pub.pending or pub.has_data_to_send() or pub.has_refused_changed():
+                ready.append(pub)  # more than one step's worth: on the next step
+            else:
+                due.schedule(pub, pub.next_deadline_ns)
+        return work
 
     def on_control(self, buf: Any, length: int, source: Any, now_ns: int) -> None:
         """An SM, NAK, RTTM or ERR for one of our publications; raises RemoteProtocolError."""
@@ -105,10 +137,12 @@ class SendEndpoint:
                             pub.status_messages_refused += 1
                             continue
                         pub.on_status_message(sm, source, now_ns)
+                        self.due.ready.append(pub)
                 return
             pub = self.by_session.get((sm.session_id, sm.stream_id))
             if pub is not None:
                 pub.on_status_message(sm, source, now_ns)
+                self.due.ready.append(pub)
             elif sm.flags & SmFlags.SEND_SETUP:
                 unclaimed = self.unclaimed_elicits
                 key = (sm.session_id, sm.stream_id)
@@ -119,13 +153,14 @@ class SendEndpoint:
         elif ftype == _TYPE_NAK:
             nak = NakFrame.decode(buf[:length])
             pub = self.by_session.get((nak.session_id, nak.stream_id))
-            if pub is not None:
-                pub.on_nak(nak, now_ns, source)
+            if pub is not None and pub.on_nak(nak, now_ns, source):
+                self.due.ready.append(pub)
         elif ftype == _TYPE_RTTM:
             rttm = RttMeasurement.decode(buf[:length])
             pub = self.by_session.get((rttm.session_id, rttm.stream_id))
             if pub is not None:
                 pub.on_rttm(rttm, source)
+                self.due.ready.append(pub)
         elif ftype == _TYPE_ERR:
             self.endpoint.counters.errors += 1
         # DATA/SETUP arriving at a publication's socket are not for us: ignored.
@@ -200,29 +235,17 @@ class SenderAgent:
                     ep.on_control(buf, length, source, now_ns)
                 except RemoteProtocolError:
                     counters.invalid_frames += 1
-            send = endpoint.send
-            for pub in ep.publications:
-                work += pub.send(now_ns, send)
-                if pub.is_done:
-                    self.on_publication_done(ep, pub)
+            work += ep.step(now_ns, self.on_publication_done)
         return work
 
     def has_work(self) -> bool:
-        for ep in self.endpoints:
-            for pub in ep.publications:
-                if pub.pending or pub.has_data_to_send() or pub.is_done:
-                    return True
-                if pub.refused_elicits and pub.allowed_hosts is not pub._refused_seen_allowed:
-                    return True  # a refused SETUP request's host was allowed meanwhile
-        return False
+        """A publication was kicked (or had more than a step's worth): step again."""
+        return any(ep.due.ready for ep in self.endpoints)
 
     def next_deadline_ns(self, now_ns: int) -> int:
         deadline = now_ns + 1_000_000_000
         for ep in self.endpoints:
-            for pub in ep.publications:
-                d = pub.next_deadline_ns
-                if d < deadline:
-                    deadline = d
+            deadline = ep.due.next_ns(deadline)
         return deadline
 
     def filenos(self) -> list[Any]:

@@ -125,6 +125,7 @@ class NetworkPublicationLog:
         state = self.state
         state.allowed_hosts = None if hosts is None else frozenset(hosts)
         if state.refused_elicits:  # a newly allowed host's refused SETUP request: answer now
+            state.kick()
             self._driver.wake_sender(even_if_awake=True)
 
     def add_destination(self, endpoint: str) -> None:
@@ -137,6 +138,7 @@ class NetworkPublicationLog:
         return self.state.claim(length, reserved_value)
 
     def appended(self) -> None:
+        self.state.kick()  # before the sleeping check: a runner going to sleep sees it
         self._driver.wake_sender()
         for notify in self.spy_notify:
             notify()
@@ -165,7 +167,7 @@ class NetworkSubscriptionMedia:
 
     def after_poll(self, state: ImageState) -> None:
         if state.subscriber_position - state.last_sm_position > state.window >> 2:
-            self._driver.wake_receiver()  # time for a status message: the window moved
+            self._driver.wake_receiver()  # time for a status message (the poll kicked it)
 
     def do_work(self, now_ns: int) -> int:
         return 0  # the driver's receiver steps the images

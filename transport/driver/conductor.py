@@ -245,6 +245,7 @@ class DriverConductor:
         """A manual MDC destination: SETUP goes to it on the next send."""
         state.destinations[address] = Destination(address, now_ns)
         state.setup_deadline_ns = 0
+        state.kick()
         self.wake_sender()
 
     def close_publication(self, pub: Any, now_ns: int) -> None:

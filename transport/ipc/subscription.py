@@ -49,6 +49,9 @@ class IpcImageLog:
     controlled_poll: Any = ImageState.controlled_poll
     block_poll: Any = ImageState.block_poll
 
+    def _consumed(self) -> None:
+        """After a poll (the borrowed ones call it): the publisher reads our position itself."""
+
     def __init__(self, log: LogFile, slot: int, position: int) -> None:
         self.log = log
         self.slot = slot

@@ -18,13 +18,11 @@ Invariants:
 * The receiver zeroes the partition of a term once the subscriber is past it (before any SM
   that would let the sender write into it again).
 * SMs: the first at once, then when ``subscriber_position > last_sm_position + window/4``, and
-  every 200 ms repeating the last position. Each gap (up to ``MAX_GAPS`` of them, in order) is
-  NAKed ``nak_delay_ns`` after it is first seen, then again while it stays, first after
-  the retry interval (``nak_delay_ns * 100``, at least 1 ms, until NAK round trips are
-  measured, then twice the smoothed round trip), the interval doubling with each NAK up to 8
-  times that. A gap that shrinks or splits as retransmits land keeps its timer (the rest is on
-  its way). Real Aeron NAKs only the first gap; a NAK is a NAK to its publisher, so this stays
-  wire-compatible and recovers from heavy loss in parallel.
+  every 200 ms repeating the last position; while the image is idle (nothing new arrived since
+  the last SM, no gap) each repeat waits twice the one before, at most ``SM_IDLE_MAX_NS``
+  (500 ms: ten within a sender's 5 s connection timeout, Aeron's default and ours). Aeron
+  repeats every 200 ms; its sender needs only one SM per connection timeout. Gaps and their
+  NAKs are the :class:`~.loss_detector.LossDetector`'s (its module states its rules).
 * End of stream: an EOS heartbeat at position P; when everything up to P is rebuilt and
   consumed, SMs carry EOS and the image is done. No packet for ``liveness_timeout_ns``: done too.
 
@@ -50,7 +48,8 @@ import enum
 import mmap
 import random
 import struct
-from bisect import bisect_left, bisect_right, insort
+from bisect import insort
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -58,6 +57,7 @@ from aeron_spark.transport.api import BlockHandler, ControlledAction, Controlled
 from aeron_spark.transport.errors import LocalProtocolError
 from aeron_spark.transport.protocol.frames import (
     DATA_HEADER_LENGTH,
+    DATA_HEADER_TAIL,
     FRAME_ALIGNMENT,
     NAK,
     NAK_LENGTH,
@@ -76,23 +76,47 @@ from aeron_spark.transport.protocol.logbuffer import (
     receiver_window_length,
     wrap_int32,
 )
+from aeron_spark.transport.protocol.loss_detector import (
+    MAX_GAPS,
+    MAX_NAK_RETRY_NS,
+    MIN_NAK_RETRY_NS,
+    NAK_BACKOFF_MAX_SHIFT,
+    NAK_RETRY_RATIO,
+    LossDetector,
+)
 from aeron_spark.transport.protocol.term import (
     FragmentHandler,
     Header,
     insert_packet,
     read_term,
-    scan_for_gap,
     zero_fill,
 )
 
+__all__ = [
+    "EOS_SM_COUNT",
+    "IMAGE_LIVENESS_TIMEOUT_NS",
+    "IMAGE_TRANSITIONS",
+    "MAX_GAPS",
+    "MAX_NAK_RETRY_NS",
+    "MIN_NAK_RETRY_NS",
+    "NAK_BACKOFF_MAX_SHIFT",
+    "NAK_RETRY_RATIO",
+    "SM_IDLE_MAX_NS",
+    "SM_INTERVAL_NS",
+    "ImageEvent",
+    "ImagePhase",
+    "ImageState",
+    "system_random",
+]
+
 SM_INTERVAL_NS = 200_000_000
+SM_IDLE_MAX_NS = 500_000_000
 IMAGE_LIVENESS_TIMEOUT_NS = 10_000_000_000
-NAK_RETRY_RATIO = 100
-MIN_NAK_RETRY_NS = 1_000_000
-NAK_BACKOFF_MAX_SHIFT = 3  # re-NAK intervals: retry, 2x, 4x, then 8x the retry time
-MAX_NAK_RETRY_NS = 100_000_000
 EOS_SM_COUNT = 3
-MAX_GAPS = 64  # gaps NAKed at once (Aeron tracks one; more recovers faster under heavy loss)
+
+# The default source of receiver ids: the system's (an id a stranger cannot predict from
+# earlier ones, as Mersenne Twister's outputs can be). Tests pass a seeded random.Random.
+system_random: random.Random = random.SystemRandom()
 
 _I32 = struct.Struct("<i")
 _i32_from = _I32.unpack_from
@@ -161,6 +185,7 @@ class ImageState:
         receiver_id: int | None = None,
         now_ns: int = 0,
         log: bytearray | mmap.mmap | None = None,
+        rng: random.Random = system_random,
     ) -> None:
         self.session_id = session_id
         self.stream_id = stream_id
@@ -178,10 +203,9 @@ class ImageState:
         self.vouched = False
         self.window = receiver_window_length(term_length, receiver_window)
         self.nak_delay_ns = nak_delay_ns
-        self.nak_retry_ns = max(nak_delay_ns * NAK_RETRY_RATIO, MIN_NAK_RETRY_NS)
         self.reliable = reliable
         self.liveness_timeout_ns = liveness_timeout_ns
-        self.receiver_id = receiver_id if receiver_id is not None else random.getrandbits(63)
+        self.receiver_id = receiver_id if receiver_id is not None else rng.getrandbits(63)
         self.log = log if log is not None else allocate_log(PARTITION_COUNT * term_length)
         view = memoryview(self.log)
         self.terms = [view[i * term_length : (i + 1) * term_length] for i in range(PARTITION_COUNT)]
@@ -192,19 +216,13 @@ class ImageState:
         self.subscriber_position = join
         self.last_sm_position = join
         self.sm_deadline_ns = now_ns  # first SM at once
+        self.sm_interval_ns = SM_INTERVAL_NS  # the wait after the last SM (doubles when idle)
+        self._hwm_at_sm = -1  # the high-water mark when the last SM went out
         self.sm_scheduled = True
         self.cleaned_term_count = (join >> self.shift) - 1
         self.last_packet_ns = now_ns
-        self.gap_position = -1  # the first gap (for tests and counters); -1 when none
-        self.gap_length = 0
-        # gap position -> [length, next NAK time, NAKs sent, time of the last NAK]
-        self.gaps: dict[int, list[int]] = {}
-        self.nak_rtt_ns = -1  # smoothed NAK -> first retransmitted bytes time; -1: no sample
+        self.loss = LossDetector(self.terms, term_length, join, nak_delay_ns)
         self._dirty = False  # something was inserted since the last gap scan
-        # Positions where datagrams were inserted out of order, sorted, each once; a gap ends at
-        # the next of them, so a gap scan never walks empty term (pruned below rebuild).
-        self._inserted: list[int] = []
-        self._scanned_to = join  # the last gap scan's end: beyond it nothing is known
         self.eos_position: int | None = None
         self.eos_sms_left = EOS_SM_COUNT
         self.phase = ImagePhase.INIT  # changed only by _fire (IMAGE_TRANSITIONS)
@@ -220,7 +238,39 @@ class ImageState:
         self.under_runs = 0
         self.gaps_filled = 0
         self._sm_buffer = bytearray(SM_LENGTH)
+        # Where kick() puts it for the receiver (its dispatcher's ready queue; None: nobody
+        # steps it), and whether it is there already (cleared before the receiver steps it).
+        self.wakeups: deque[Any] | None = None
+        self.kicked = False
         self._nak_buffer = bytearray(NAK_LENGTH)
+
+    # ------------------------------------------------------------------ the loss detector's
+
+    @property
+    def gaps(self) -> dict[int, list[int]]:
+        """Gap position -> [length, next NAK time, NAKs sent, time of the last NAK]."""
+        return self.loss.gaps
+
+    @property
+    def gap_position(self) -> int:
+        """The first gap's position; -1 when none."""
+        return self.loss.gap_position
+
+    @property
+    def gap_length(self) -> int:
+        return self.loss.gap_length
+
+    @property
+    def nak_rtt_ns(self) -> int:
+        return self.loss.nak_rtt_ns
+
+    @property
+    def nak_retry_ns(self) -> int:
+        return self.loss.nak_retry_ns
+
+    @property
+    def _inserted(self) -> list[int]:
+        return self.loss.inserted
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -235,9 +285,18 @@ class ImageState:
         with ``False``, no longer does: it may be again)."""
         self.vouched = vouched
 
+    def kick(self) -> None:
+        """Something for the receiver that no deadline says (data arrived, the subscriber moved
+        on, a close): queue it to be stepped (any thread; at most once until it is stepped)."""
+        wakeups = self.wakeups
+        if wakeups is not None and not self.kicked:
+            self.kicked = True
+            wakeups.append(self)
+
     def request_close(self) -> None:
         """The subscription is done with it: EOS SMs go out from the next :meth:`do_work`."""
         self.close_requested = True
+        self.kick()
 
     @property
     def is_closing(self) -> bool:
@@ -311,7 +370,7 @@ class ImageState:
         else:
             self._dirty = True
             if fresh:
-                insort(self._inserted, position)
+                insort(self.loss.inserted, position)
         if end > self.hwm:
             self.hwm = end
         return True
@@ -321,100 +380,6 @@ class ImageState:
         while self.cleaned_term_count < current - 1:
             self.cleaned_term_count += 1
             zero_fill(self.terms[self.cleaned_term_count % PARTITION_COUNT])
-
-    def _scan_gaps(self, now_ns: int) -> None:
-        """Advance ``rebuild_position`` over complete frames and find up to MAX_GAPS gaps.
-
-        Incremental: what arrived since the last scan can only fill the gaps it found or lie
-        beyond where it stopped (``_scanned_to``); the frames between those gaps were complete
-        and stay so until consumed. So only the known gaps and the new tail are scanned, not
-        everything from the first gap to the high-water mark again on every datagram.
-        """
-        self._dirty = False
-        rebuild = self.rebuild_position
-        hwm = self.hwm
-        ranges = [(p, p + e[0]) for p, e in self.gaps.items() if p + e[0] > rebuild]
-        tail = self._scanned_to if self._scanned_to > rebuild else rebuild
-        if tail < hwm:
-            ranges.append((tail, hwm))
-        found: list[tuple[int, int]] = []
-        scanned_to = tail
-        for low, high in ranges:
-            position = low if low > rebuild else rebuild
-            while position < high:
-                if len(found) >= MAX_GAPS:
-                    break
-                offset = position & self.term_mask
-                term_start = position - offset
-                limit = high - term_start
-                if limit > self.term_length:
-                    limit = self.term_length
-                term = self.terms[(position >> self.shift) % PARTITION_COUNT]
-                new_offset, gap_offset, length = scan_for_gap(
-                    term, offset, limit, self._next_inserted(term_start)
-                )
-                if length:
-                    gap = term_start + gap_offset
-                    if found and found[-1][0] + found[-1][1] == gap:
-                        found[-1] = (found[-1][0], found[-1][1] + length)  # one gap, two ranges
-                    else:
-                        found.append((gap, length))
-                    position = gap + length
-                    continue
-                position = term_start + new_offset
-                if new_offset < self.term_length:
-                    break
-            if len(found) >= MAX_GAPS:
-                scanned_to = min(position, high)  # gaps past here are not tracked: rescan
-                break
-            scanned_to = max(scanned_to, position)
-        self._scanned_to = scanned_to
-        rebuild = self.rebuild_position = found[0][0] if found else max(rebuild, scanned_to)
-        inserted = self._inserted
-        if inserted and inserted[0] < rebuild:
-            del inserted[: bisect_left(inserted, rebuild)]
-        self._schedule_naks(found, now_ns)
-        if found:
-            self.gap_position, self.gap_length = found[0]
-        else:
-            self.gap_position, self.gap_length = -1, 0
-
-    def _next_inserted(self, term_start: int) -> Callable[[int], int]:
-        """For scan_for_gap: term offset of the first datagram inserted after an offset."""
-        inserted = self._inserted
-
-        def next_offset(offset: int) -> int:
-            i = bisect_right(inserted, term_start + offset)
-            return inserted[i] - term_start if i < len(inserted) else self.term_length
-
-        return next_offset
-
-    def _schedule_naks(self, found: list[tuple[int, int]], now_ns: int) -> None:
-        """The gaps just found (in order) keep the timer of the gap they lie in, if any.
-
-        A NAKed gap whose start moved or that is gone got its first retransmitted bytes: the
-        time since its last NAK is a round-trip sample (``nak_rtt_ns``, smoothed) that sets the
-        re-NAK interval (twice the round trip, 1 ms to 100 ms; ``nak_retry_ns`` before any).
-        """
-        old = list(self.gaps.items())
-        gaps: dict[int, list[int]] = {}
-        i = 0
-        for gap_position, length in found:
-            while i < len(old) and old[i][0] + old[i][1][0] <= gap_position:
-                i += 1
-            if i < len(old) and old[i][0] <= gap_position:
-                entry = old[i][1]
-                gaps[gap_position] = [length, *entry[1:]]
-            else:
-                gaps[gap_position] = [length, now_ns + self.nak_delay_ns, 0, 0]
-        for gap_position, entry in old:
-            if entry[2] and gap_position not in gaps:
-                sample = now_ns - entry[3]
-                rtt = self.nak_rtt_ns
-                self.nak_rtt_ns = sample if rtt < 0 else rtt + (sample - rtt) // 8
-                retry = max(2 * self.nak_rtt_ns, MIN_NAK_RETRY_NS)
-                self.nak_retry_ns = min(retry, MAX_NAK_RETRY_NS)
-        self.gaps = gaps
 
     def do_work(self, now_ns: int, transmit: Transmit) -> int:
         """Clean consumed terms, NAK gaps, send SMs, check liveness and EOS; work count."""
@@ -431,16 +396,16 @@ class ImageState:
             self.rebuild_position = self.subscriber_position  # consumed frames were complete
             self._dirty = True
         self._clean()
+        loss = self.loss
         if self.hwm > self.rebuild_position:
             if self._dirty:
-                self._scan_gaps(now_ns)
-        elif self.gaps:
-            self.gaps = {}
-            self.gap_position, self.gap_length = -1, 0
-        if self.gaps:
-            for gap_position, entry in list(self.gaps.items()):
-                if now_ns >= entry[1]:
-                    work += self._on_nak_due(gap_position, entry, now_ns, transmit)
+                self._dirty = False
+                self.rebuild_position = loss.scan(self.rebuild_position, self.hwm, now_ns)
+        else:
+            loss.clear()
+        if loss.gaps:
+            for gap_position, entry in loss.due(now_ns):
+                work += self._on_nak_due(gap_position, entry, now_ns, transmit)
         sub = self.subscriber_position
         if phase is not _DRAINING:
             eos = self.eos_position
@@ -467,9 +432,18 @@ class ImageState:
             self.last_sm_position = sub
             self.sm_scheduled = True
         if self.sm_scheduled or now_ns >= self.sm_deadline_ns:
+            idle = (
+                not self.sm_scheduled
+                and self.hwm == self._hwm_at_sm
+                and not self.loss.gaps
+                and sub >= self.rebuild_position
+            )
+            interval = min(self.sm_interval_ns * 2, SM_IDLE_MAX_NS) if idle else SM_INTERVAL_NS
+            self.sm_interval_ns = interval
+            self._hwm_at_sm = self.hwm
             self._send_sm(self.last_sm_position, 0, transmit)
             self.sm_scheduled = False
-            self.sm_deadline_ns = now_ns + SM_INTERVAL_NS
+            self.sm_deadline_ns = now_ns + interval
             if phase is _INIT:
                 self._fire(ImageEvent.CONNECT)
             work += 1
@@ -481,8 +455,7 @@ class ImageState:
         if not self.reliable:
             term = self.terms[(position >> self.shift) % PARTITION_COUNT]
             # Fill the gap with padding so the subscriber moves past it (reliable=false).
-            struct.pack_into(
-                "<BBhiiiiq",
+            DATA_HEADER_TAIL.pack_into(
                 term,
                 offset + 4,
                 0,
@@ -496,7 +469,7 @@ class ImageState:
             )
             _I32.pack_into(term, offset, length)
             self.gaps_filled += 1
-            del self.gaps[position]
+            self.loss.filled(position)
             self._dirty = True
             return 1
         NAK.pack_into(
@@ -514,9 +487,7 @@ class ImageState:
         )
         transmit(bytes(self._nak_buffer), self.sm_address)
         self.naks_sent += 1
-        entry[1] = now_ns + (self.nak_retry_ns << min(entry[2], NAK_BACKOFF_MAX_SHIFT))
-        entry[2] += 1
-        entry[3] = now_ns
+        self.loss.on_nak_sent(entry, now_ns)
         return 1
 
     def _send_sm(self, position: int, flags: int, transmit: Transmit) -> None:
@@ -539,10 +510,7 @@ class ImageState:
 
     @property
     def next_deadline_ns(self) -> int:
-        deadline = self.sm_deadline_ns
-        for entry in self.gaps.values():
-            if entry[1] < deadline:
-                deadline = entry[1]
+        deadline = self.loss.next_deadline_ns(self.sm_deadline_ns)
         return min(deadline, self.last_packet_ns + self.liveness_timeout_ns + 1)
 
     def needs_work(self) -> bool:
@@ -558,6 +526,13 @@ class ImageState:
         )
 
     # ------------------------------------------------------------------ subscriber side
+
+    def _consumed(self) -> None:
+        """After a poll: a status message is due once a quarter window was consumed since the
+        last one, so the receiver is kicked to send it. (The IPC image log borrows the polls and
+        has its own, with no receiver to kick.)"""
+        if self.subscriber_position - self.last_sm_position > self.window >> 2:
+            self.kick()
 
     @property
     def is_end_of_stream(self) -> bool:
@@ -585,6 +560,7 @@ class ImageState:
             self.subscriber_position = position + (new_offset - offset)
             if new_offset < term_length:
                 break
+        self._consumed()
         return total
 
     def controlled_poll(self, handler: ControlledFragmentHandler, fragment_limit: int) -> int:
@@ -613,6 +589,7 @@ class ImageState:
             self.subscriber_position = position
             if action == ControlledAction.BREAK:
                 break
+        self._consumed()
         return fragments
 
     def block_poll(self, handler: BlockHandler, block_length_limit: int) -> int:
@@ -639,4 +616,5 @@ class ImageState:
         term_id = wrap_int32(self.initial_term_id + (position >> self.shift))
         handler(term, offset, end - offset, self.session_id, term_id)
         self.subscriber_position = position + (end - offset)
+        self._consumed()
         return end - offset

@@ -1,5 +1,11 @@
 """Sans-I/O state of one network publication: the client's log buffer and the sender's view of it.
 
+Each rule has a module of its own (as Aeron C's driver): :mod:`.flow_control` (receivers, sender
+limit), :mod:`.destinations` (where data goes, who may become a destination, held SETUP
+requests), :mod:`.retransmit` (what a NAK resends), :mod:`.heartbeat` (SETUP, heartbeat and RTTM
+frames); the appender is :class:`~.term.TermAppender`. This class holds the log and the
+lifecycle and steps those parts with ``now_ns``.
+
 The same object serves both sides of Aeron's split, as they share one process here:
 
 * the **client** appends with :meth:`PublicationState.offer` / :meth:`claim` (one thread at a time;
@@ -47,23 +53,39 @@ from __future__ import annotations
 
 import enum
 import struct
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from aeron_spark.transport.api import BACK_PRESSURED, CLOSED, MAX_POSITION_EXCEEDED, NOT_CONNECTED
 from aeron_spark.transport.errors import LocalProtocolError
+from aeron_spark.transport.protocol.destinations import (
+    REFUSED_ELICIT_NS,
+    REFUSED_ELICITS_MAX,
+    Destination,
+    Destinations,
+    host_of,
+)
+from aeron_spark.transport.protocol.flow_control import CONNECTION_TIMEOUT_NS, FlowControl
 from aeron_spark.transport.protocol.frames import (
-    DATA_HEADER,
     DATA_HEADER_LENGTH,
+    DATA_HEADER_TAIL,
     FRAME_ALIGNMENT,
     RTTM_REPLY_FLAG,
     DataFlags,
     FrameType,
     NakFrame,
     RttMeasurement,
-    SetupFrame,
     SmFlags,
     StatusMessage,
+)
+from aeron_spark.transport.protocol.heartbeat import (
+    HEARTBEAT_INTERVAL_NS,
+    SETUP_INTERVAL_NS,
+    heartbeat_frame,
+    idle_heartbeat_interval_ns,
+    rttm_reply,
+    setup_frame,
 )
 from aeron_spark.transport.protocol.lifecycle import step
 from aeron_spark.transport.protocol.logbuffer import (
@@ -71,25 +93,37 @@ from aeron_spark.transport.protocol.logbuffer import (
     LogGeometry,
     allocate_log,
     compute_position,
-    wrap_int32,
+)
+from aeron_spark.transport.protocol.retransmit import (
+    MAX_RETRANSMIT_RANGES,
+    RETRANSMIT_LINGER_NS,
+    RetransmitHandler,
 )
 from aeron_spark.transport.protocol.term import TermAppender, scan_for_send
 
-SETUP_INTERVAL_NS = 100_000_000
-HEARTBEAT_INTERVAL_NS = 100_000_000
-CONNECTION_TIMEOUT_NS = 5_000_000_000
-# A SETUP request refused because its host was not allowed is answered if the host is allowed
-# within this time (before its next elicit, ELICIT_INTERVAL_NS later, would be); at most this
-# many such requests are remembered.
-REFUSED_ELICIT_NS = 100_000_000
-REFUSED_ELICITS_MAX = 64
-RETRANSMIT_LINGER_NS = 10_000_000
-MAX_RETRANSMIT_RANGES = 256  # lingering retransmit ranges tracked; NAKs past this wait
+__all__ = [
+    "CONNECTION_TIMEOUT_NS",
+    "HEARTBEAT_INTERVAL_NS",
+    "MAX_RETRANSMIT_RANGES",
+    "PUBLICATION_TRANSITIONS",
+    "REFUSED_ELICITS_MAX",
+    "REFUSED_ELICIT_NS",
+    "RETRANSMIT_LINGER_NS",
+    "SETUP_INTERVAL_NS",
+    "Destination",
+    "PublicationEvent",
+    "PublicationPhase",
+    "PublicationState",
+    "abort_claim",
+    "commit_claim",
+    "host_of",
+]
+
 DATAGRAMS_PER_SEND = 64  # datagrams per publication per send() call: bounds one step's work
 
 _I32 = struct.Struct("<i")
 _i32_from = _I32.unpack_from
-_TAIL = struct.Struct("<BBhiiiiq")
+_TAIL = DATA_HEADER_TAIL
 
 Address = Any  # a socket address tuple: (host, port) or (host, port, flow, scope)
 Transmit = Callable[[Any, Address], None]
@@ -131,23 +165,16 @@ _LINGER = _P.LINGER
 _CLOSED = _P.CLOSED
 
 
-class Destination:
-    """One place data goes: the unicast endpoint, or a receiver learned from its SMs (MDC)."""
+def _part(part: str, name: str, doc: str) -> Any:
+    """A property reading and writing ``self.<part>.<name>`` (the names other modules use)."""
 
-    __slots__ = ("address", "last_seen_ns", "receiver_ids", "needs_setup", "window")
+    def get(self: Any) -> Any:
+        return getattr(getattr(self, part), name)
 
-    def __init__(self, address: Address, now_ns: int, window: int = 0) -> None:
-        self.address = address
-        self.last_seen_ns = now_ns
-        self.receiver_ids: set[int] = set()
-        self.needs_setup = True
-        self.window = window  # the receiver window of its last SM: bounds its retransmits
+    def set_(self: Any, value: Any) -> None:
+        setattr(getattr(self, part), name, value)
 
-
-def host_of(address: Address) -> str:
-    """The IP address of a socket address, IPv4-mapped IPv6 addresses as IPv4."""
-    host = str(address[0])
-    return host[7:] if host.startswith("::ffff:") and "." in host else host
+    return property(get, set_, doc=doc)
 
 
 class PublicationState:
@@ -180,7 +207,6 @@ class PublicationState:
         self.max_message_length = self.geometry.max_message_length
         self.max_payload_length = self.geometry.max_payload_length
         self.linger_ns = linger_ns
-        self.retransmit_linger_ns = retransmit_linger_ns
         self.window = publication_window_length or term_length // 2
         self.log = allocate_log(PARTITION_COUNT * term_length)
         view = memoryview(self.log)
@@ -194,59 +220,74 @@ class PublicationState:
         self._max_position_guard = 0
         self.max_position = (1 << 31) * term_length - 1  # int32 term count, as Aeron
         self.sender_position = start
-        self.sender_limit = start
         self.publisher_limit = start
-        self.has_initial_connection = False
+        self.flow = FlowControl(start, self.window)
         self.dynamic = dynamic
-        # Who may become a destination of a dynamic publication (None: anyone who sends an SM;
-        # replaced whole by other threads, read by the sender), how many at most (0: no limit),
-        # and whether only an SM carrying this publication's own session id makes one (a
-        # session-0 "send me SETUPs" SM from a stranger then gets nothing).
-        self.allowed_hosts: frozenset[str] | None = None
-        self.max_destinations = 0
-        self.session_sm_only = False
-        self.destinations: dict[Address, Destination] = {}
-        self.destination_hosts: frozenset[str] = frozenset()  # replaced whole: read anywhere
-        # SETUP requests refused only because their host was not allowed yet (a handshake
-        # client elicits the replies before its HELLO image makes the server allow it): source
-        # -> (session id, when). Answered once if the host is allowed within REFUSED_ELICIT_NS,
-        # as if they came then: the same SETUP an allowed host gets, within the same sending
-        # bounds; at most REFUSED_ELICITS_MAX remembered (the oldest go first).
-        self.refused_elicits: dict[Address, tuple[int, int]] = {}
-        self._refused_seen_allowed: frozenset[str] | None = None
+        self.dests = Destinations(session_id)
         if destination is not None:
-            self.destinations[destination] = Destination(destination, now_ns)
-        self.receivers: dict[int, int] = {}  # receiver_id -> last SM time
+            self.dests.add(destination, now_ns)
+        self.retransmit = RetransmitHandler(retransmit_linger_ns)
         self.setup_deadline_ns = now_ns
         self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
+        self.idle_heartbeats = 0  # heartbeats since data was last sent (spaces them out)
         self.phase = PublicationPhase.ACTIVE  # changed only by _fire (PUBLICATION_TRANSITIONS)
         self.is_eos_sent = False
         self.linger_deadline_ns: int | None = None  # set on entering LINGER or CLOSED
         self.closed_at_ns: int | None = None  # when the client closed it
         self._undrainable = False  # no receiver was connected when the client closed it
         self.transitions = 0  # phase changes so far (a closed publication made at most 3)
-        # (start, end, linger until, destination or None for all)
-        self.retransmit_ranges: list[tuple[int, int, int, Any]] = []
-        self.retransmit_window = self.window  # the receiver window of the last SM
         self.status_messages_received = 0
         self.naks_received = 0
         self.retransmits_sent = 0
         self.retransmitted_bytes = 0
-        self.retransmits_suppressed = 0
         self.heartbeats_sent = 0
         self.setups_sent = 0
         self.bytes_sent = 0
         self.invalid_naks = 0
-        self.status_messages_refused = 0  # SMs from a source that is not (may not be) a destination
-        # SETUP requests from a host not allowed yet, held for REFUSED_ELICIT_NS (an honest
-        # handshake client's first one arrives before its HELLO): answered once its host is
-        # allowed, else counted in status_messages_refused as they expire
-        self.status_messages_deferred = 0
         self.naks_refused = 0  # NAKs from a source that is not a destination
         self.back_pressure_events = 0
         self.pending: list[tuple[Any, Address]] = []  # replies to control frames, sent on send()
         self.on_limit_change: Callable[[], None] | None = None
         self.spies: tuple[Any, ...] = ()  # images reading this log in-process (aeron-spy)
+        # Where kick() puts it for the sender (its endpoint's ready queue; None: nobody steps
+        # it), and whether it is there already (cleared by the sender before it steps it).
+        self.wakeups: deque[PublicationState] | None = None
+        self.kicked = False
+
+    # ------------------------------------------------------------------ the parts' state
+
+    sender_limit = _part("flow", "sender_limit", "How far the sender may send (never goes down).")
+    receivers = _part("flow", "receivers", "receiver_id -> time of its last SM.")
+    has_initial_connection = _part("flow", "has_initial_connection", "An SM came (data may go).")
+    retransmit_window = _part("flow", "retransmit_window", "The receiver window of the last SM.")
+    destinations = _part("dests", "by_address", "address -> :class:`Destination`.")
+    destination_hosts = _part("dests", "hosts", "The destinations' hosts (replaced whole).")
+    allowed_hosts = _part("dests", "allowed_hosts", "Who may become a destination (None: any).")
+    max_destinations = _part("dests", "max_destinations", "At most this many (0: no limit).")
+    session_sm_only = _part("dests", "session_sm_only", "Only SMs naming our session id add one.")
+    refused_elicits = _part("dests", "refused_elicits", "SETUP requests held for their host.")
+    status_messages_refused = _part("dests", "status_messages_refused", "SMs refused (count).")
+    status_messages_deferred = _part("dests", "status_messages_deferred", "SETUP requests held.")
+    retransmit_ranges = _part("retransmit", "ranges", "Lingering retransmits.")
+    retransmits_suppressed = _part("retransmit", "retransmits_suppressed", "NAKs cut (count).")
+    retransmit_linger_ns = _part("retransmit", "linger_ns", "How long a resent range lingers.")
+
+    def kick(self) -> None:
+        """Something for the sender that no deadline says (data appended, closed, a host
+        allowed): queue it to be stepped (any thread; at most once until it is stepped)."""
+        wakeups = self.wakeups
+        if wakeups is not None and not self.kicked:
+            self.kicked = True
+            wakeups.append(self)
+
+    def hold_unclaimed_elicit(self, source: Address, session_id: int, at_ns: int) -> None:
+        """A SETUP request that reached the socket before this publication existed (see
+        :meth:`.Destinations.hold_unclaimed`): answered by the next :meth:`send` if allowed."""
+        self.dests.hold_unclaimed(source, session_id, at_ns)
+
+    def has_refused_changed(self) -> bool:
+        """Held SETUP requests and their allowed hosts changed: :meth:`send` has work."""
+        return self.dests.refused_changed()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -283,7 +324,7 @@ class PublicationState:
 
     @property
     def is_connected(self) -> bool:
-        return bool(self.receivers) and not self.is_closed
+        return bool(self.flow.receivers) and not self.is_closed
 
     def offer(self, payload: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
         """Append one message; the new position, or a negative result code."""
@@ -302,7 +343,7 @@ class PublicationState:
             ):
                 return MAX_POSITION_EXCEEDED
             return appender.append(payload, reserved_value)
-        if self.receivers:
+        if self.flow.receivers:
             self.back_pressure_events += 1
             return BACK_PRESSURED
         return NOT_CONNECTED
@@ -317,13 +358,13 @@ class PublicationState:
             return CLOSED
         appender = self.appender
         if appender.term_offset >= self.term_length:
-            appender._pad_and_rotate()  # nothing left to pad: just the next term
+            appender.pad_and_rotate()  # nothing left to pad: just the next term
         position = appender.position
         if position < self.publisher_limit:
             if position + len(block) > self.max_position:
                 return MAX_POSITION_EXCEEDED
             return appender.append_block(block)
-        if self.receivers:
+        if self.flow.receivers:
             self.back_pressure_events += 1
             return BACK_PRESSURED
         return NOT_CONNECTED
@@ -346,7 +387,7 @@ class PublicationState:
             if position + self.appender.required_length(length) > self.max_position:
                 return MAX_POSITION_EXCEEDED
             return 0
-        if self.receivers:
+        if self.flow.receivers:
             self.back_pressure_events += 1
             return BACK_PRESSURED
         return NOT_CONNECTED
@@ -360,11 +401,12 @@ class PublicationState:
             self._fire(PublicationEvent.CLOSE)  # closing twice is allowed (a self-loop)
             return
         # What the sender reads once it sees DRAINING is written before the transition.
-        self._undrainable = not self.has_initial_connection or not self.receivers
+        self._undrainable = not self.flow.has_initial_connection or not self.flow.receivers
         self.closed_at_ns = now_ns
         self.heartbeat_deadline_ns = now_ns  # EOS goes out as soon as the log is drained
         self._fire(PublicationEvent.CLOSE)
         self.publisher_limit = self.appender.position
+        self.kick()
 
     # ------------------------------------------------------------------ sender side
 
@@ -377,31 +419,28 @@ class PublicationState:
         """Flow control, connection tracking, SETUP requests and (MDC dynamic) destinations."""
         self.status_messages_received += 1
         flags = sm.flags
+        dests = self.dests
+        dest: Destination | None
         if self.dynamic:
-            dest = self.destinations.get(source)
-            allowed = self.allowed_hosts
+            dest = dests.by_address.get(source)
             if dest is None:
                 if flags & SmFlags.EOS:
                     return
-                if not self.may_add_destination(source, sm.session_id):
-                    if (
-                        flags & SmFlags.SEND_SETUP
-                        and allowed is not None
-                        and host_of(source) not in allowed
-                        and not (self.session_sm_only and sm.session_id != self.session_id)
+                if not dests.may_add(source, sm.session_id):
+                    if flags & SmFlags.SEND_SETUP and dests.refused_only_for_host(
+                        source, sm.session_id
                     ):
                         # refused only for its host, perhaps an honest client's allowed a moment
-                        # later (a handshake client asks before its HELLO arrives): deferred,
-                        # and refused if its host is not allowed in time (_answer_refused)
-                        self._remember_refused(source, sm.session_id, now_ns)
+                        # later (a handshake client asks before its HELLO arrives): held, and
+                        # refused if its host is not allowed in time (Destinations.answer_refused)
+                        dests.hold_refused(source, sm.session_id, now_ns)
                     else:
-                        self.status_messages_refused += 1
+                        dests.status_messages_refused += 1
                     return
-                dest = self.destinations[source] = Destination(source, now_ns, self.window)
-                self._hosts_changed()
-            elif allowed is not None and host_of(source) not in allowed:
+                dest = dests.add(source, now_ns, self.window)
+            elif not dests.is_allowed(source):
                 self._drop_destination(source)  # no longer allowed (its handshake ended)
-                self.status_messages_refused += 1
+                dests.status_messages_refused += 1
                 return
             dest.last_seen_ns = now_ns
         else:
@@ -412,108 +451,47 @@ class PublicationState:
                 if dest is not None:
                     dest.needs_setup = True
                 else:
-                    for d in self.destinations.values():
+                    for d in dests.by_address.values():
                         d.needs_setup = True
             return
         if sm.session_id != self.session_id:
             return
+        flow = self.flow
         if flags & SmFlags.EOS:
-            self.receivers.pop(sm.receiver_id, None)
+            flow.on_end_of_stream(sm.receiver_id)
             if dest is not None:
-                dest.receiver_ids.discard(sm.receiver_id)
-                if not dest.receiver_ids:
-                    del self.destinations[source]
-                    self._hosts_changed()
+                dests.remove_receiver(dest, sm.receiver_id)
             self._update_publisher_limit()
             return
-        self.receivers[sm.receiver_id] = now_ns
         if dest is not None:
             dest.receiver_ids.add(sm.receiver_id)
             dest.needs_setup = False
-        elif not self.dynamic:
-            for d in self.destinations.values():
-                d.needs_setup = False
-        self.has_initial_connection = True
-        if sm.receiver_window > 0:
-            self.retransmit_window = sm.receiver_window
-            if dest is not None:
+            if sm.receiver_window > 0:
                 dest.window = sm.receiver_window
-        proposed = self.sm_position(sm) + sm.receiver_window
-        if proposed > self.sender_limit:
-            self.sender_limit = proposed
+        elif not self.dynamic:
+            for d in dests.by_address.values():
+                d.needs_setup = False
+        flow.on_status_message(sm.receiver_id, self.sm_position(sm), sm.receiver_window, now_ns)
         self._update_publisher_limit()
 
     def may_add_destination(self, source: Address, session_id: int) -> bool:
         """Whether an SM from ``source`` (for ``session_id``) may make it a destination."""
-        if self.session_sm_only and session_id != self.session_id:
-            return False
-        if self.max_destinations and len(self.destinations) >= self.max_destinations:
-            return False
-        allowed = self.allowed_hosts
-        return allowed is None or host_of(source) in allowed
-
-    def _remember_refused(self, source: Address, session_id: int, now_ns: int) -> None:
-        refused = self.refused_elicits
-        if refused.pop(source, None) is None:  # a repeated request renews the one held
-            self.status_messages_deferred += 1
-        if len(refused) >= REFUSED_ELICITS_MAX:
-            del refused[next(iter(refused))]
-            self.status_messages_refused += 1
-        refused[source] = (session_id, now_ns)
-        self._refused_seen_allowed = self.allowed_hosts
-
-    def _refused_due(self, now_ns: int) -> bool:
-        """Whether :meth:`_answer_refused` has work: the allowed hosts changed, or the oldest
-        held request expired (held in arrival order, so the first is the oldest)."""
-        refused = self.refused_elicits
-        if not refused:
-            return False
-        if self.allowed_hosts is not self._refused_seen_allowed:
-            return True
-        return now_ns - next(iter(refused.values()))[1] > REFUSED_ELICIT_NS
-
-    def _answer_refused(self, now_ns: int) -> None:
-        """The allowed hosts changed: refused SETUP requests of a now allowed host, recent
-        enough, become destinations that get a SETUP now (each answered once)."""
-        allowed = self._refused_seen_allowed = self.allowed_hosts
-        for source, (session_id, at) in list(self.refused_elicits.items()):
-            if now_ns - at > REFUSED_ELICIT_NS:
-                del self.refused_elicits[source]
-                if allowed is not None and host_of(source) not in allowed:
-                    self.status_messages_refused += 1  # its host was not allowed in time
-            elif allowed is None or host_of(source) in allowed:
-                del self.refused_elicits[source]
-                if source in self.destinations:
-                    continue
-                if not self.may_add_destination(source, session_id):
-                    self.status_messages_refused += 1
-                    continue
-                self.destinations[source] = Destination(source, now_ns, self.window)
-                self._hosts_changed()
-                self.setup_deadline_ns = now_ns
-
-    def _hosts_changed(self) -> None:
-        self.destination_hosts = frozenset(host_of(a) for a in self.destinations)
+        return self.dests.may_add(source, session_id)
 
     def _drop_destination(self, address: Address) -> None:
-        dest = self.destinations.pop(address, None)
-        if dest is not None:
-            self._hosts_changed()
-            for rid in dest.receiver_ids:
-                self.receivers.pop(rid, None)
+        if self.dests.drop(address, self.flow.receivers):
             self._update_publisher_limit()
 
     def on_nak(self, nak: NakFrame, now_ns: int, source: Address | None = None) -> int:
         """Resend exactly the original bytes of a lost range; returns datagrams queued.
 
         A dynamic publication takes NAKs only from its destinations (others are counted in
-        ``naks_refused``) and resends only to the one that asked. Parts of the range queued or
-        resent to it within the linger are skipped, and what would take its lingering bytes past
-        its receiver window is refused (both counted as suppressed).
+        ``naks_refused``) and resends only to the one that asked, within the rules of
+        :class:`.RetransmitHandler` (linger, one receiver window of lingering bytes).
         """
         dest: Destination | None = None
         if self.dynamic:
-            dest = self.destinations.get(source) if source is not None else None
+            dest = self.dests.by_address.get(source) if source is not None else None
             if dest is None:
                 self.naks_refused += 1
                 return 0
@@ -531,54 +509,16 @@ class PublicationState:
         if start < low or start >= self.sender_position:
             return 0
         end = start + min(nak.length, self.term_length - term_offset, self.sender_position - start)
-        ranges = self.retransmit_ranges
-        if ranges and any(r[2] <= now_ns for r in ranges):
-            ranges = self.retransmit_ranges = [r for r in ranges if r[2] > now_ns]
-        to = dest.address if dest is not None else None
-        pieces = [(start, end)]
-        lingering = 0
-        for r_start, r_end, _, r_to in ranges:
-            if r_to != to:
-                continue
-            lingering += r_end - r_start
-            if r_end <= start or r_start >= end:
-                continue
-            cut: list[tuple[int, int]] = []
-            for p_start, p_end in pieces:
-                if r_end <= p_start or r_start >= p_end:
-                    cut.append((p_start, p_end))
-                    continue
-                if p_start < r_start:
-                    cut.append((p_start, r_start))
-                if r_end < p_end:
-                    cut.append((r_end, p_end))
-            pieces = cut
-        suppressed = len(pieces) != 1 or pieces[0] != (start, end)
-        window = dest.window if dest is not None else self.retransmit_window
-        budget = max(window, self.mtu) - lingering
-        queued = 0
-        for p_start, p_end in pieces:
-            if budget <= 0 or len(ranges) >= MAX_RETRANSMIT_RANGES:
-                suppressed = True
-                break
-            if p_end - p_start > budget:
-                p_end = p_start + budget
-                suppressed = True
-            count, resent = self._resend(p_start, p_end, to)
-            if resent == 0:
-                suppressed = True
-                break
-            queued += count
-            budget -= resent
-            ranges.append((p_start, p_start + resent, now_ns + self.retransmit_linger_ns, to))
-        if suppressed:
-            self.retransmits_suppressed += 1
-        return queued
+        if dest is not None:
+            to, window = dest.address, dest.window
+        else:
+            to, window = None, self.flow.retransmit_window
+        return self.retransmit.on_nak(start, end, to, window, self.mtu, now_ns, self._resend)
 
     def _resend(self, start: int, end: int, to: Address | None = None) -> tuple[int, int]:
         """Queue the datagrams of whole frames in ``[start, end)`` (to ``to``, else to every
         destination): (datagrams, bytes covered)."""
-        targets = [to] if to is not None else [d.address for d in self.destinations.values()]
+        targets = [to] if to is not None else [d.address for d in self.dests.by_address.values()]
         term = self.terms[(start >> self.shift) % PARTITION_COUNT]
         offset = first = start & (self.term_length - 1)
         stop = offset + (end - start)
@@ -598,15 +538,12 @@ class PublicationState:
 
     def on_rttm(self, rttm: RttMeasurement, source: Address) -> None:
         if rttm.flags & RTTM_REPLY_FLAG:
-            reply = RttMeasurement(
-                self.session_id, self.stream_id, rttm.echo_timestamp, 0, rttm.receiver_id, 0
-            )
-            self.pending.append((reply.encode(), source))
+            self.pending.append((rttm_reply(rttm, self.session_id, self.stream_id), source))
 
     def _update_publisher_limit(self) -> None:
         if self.is_closed:
             return
-        if self.receivers:
+        if self.flow.receivers:
             consumer = self.sender_position
             for spy in self.spies:
                 if spy.subscriber_position < consumer:
@@ -624,38 +561,31 @@ class PublicationState:
                 self.on_limit_change()
 
     def setup_frame(self) -> bytes:
-        position = self.sender_position
-        return SetupFrame(
-            term_offset=position & (self.term_length - 1),
+        return setup_frame(
+            self.sender_position,
             session_id=self.session_id,
             stream_id=self.stream_id,
             initial_term_id=self.initial_term_id,
-            active_term_id=wrap_int32(self.initial_term_id + (position >> self.shift)),
             term_length=self.term_length,
             mtu=self.mtu,
-        ).encode()
+        )
 
     def heartbeat_frame(self) -> bytes:
         position = self.sender_position
-        flags = DataFlags.UNFRAGMENTED
-        if self.is_closed and position >= self.appender.position:
-            flags |= DataFlags.EOS
-        return DATA_HEADER.pack(
-            0,
-            0,
-            flags,
-            FrameType.DATA,
-            position & (self.term_length - 1),
-            self.session_id,
-            self.stream_id,
-            wrap_int32(self.initial_term_id + (position >> self.shift)),
-            0,
+        return heartbeat_frame(
+            position,
+            self.is_closed and position >= self.appender.position,
+            session_id=self.session_id,
+            stream_id=self.stream_id,
+            initial_term_id=self.initial_term_id,
+            term_length=self.term_length,
         )
 
     def has_data_to_send(self) -> bool:
         """True when :meth:`send` would send data now (used before a driver goes to sleep)."""
         position = self.sender_position
-        if position < self.appender.position and position < self.sender_limit:
+        sender_limit = self.flow.sender_limit
+        if position < self.appender.position and position < sender_limit:
             term = self.terms[(position >> self.shift) % PARTITION_COUNT]
             offset = position & (self.term_length - 1)
             length = _i32_from(term, offset)[0]
@@ -663,7 +593,7 @@ class PublicationState:
                 return False  # a claim not yet committed
             if term[offset + 6] == FrameType.PAD:
                 return True
-            return (length + 31) & -32 <= self.sender_limit - position
+            return (length + 31) & -32 <= sender_limit - position
         return False
 
     def claim(self, length: int, reserved_value: int = 0) -> tuple[memoryview, int]:
@@ -676,7 +606,7 @@ class PublicationState:
         appender = self.appender
         aligned = (length + DATA_HEADER_LENGTH + 31) & -32
         if appender.term_offset + aligned > self.term_length:
-            appender._pad_and_rotate()
+            appender.pad_and_rotate()
         term = self.terms[appender.partition]
         offset = appender.term_offset
         _TAIL.pack_into(
@@ -713,34 +643,26 @@ class PublicationState:
             for data, address in pending:
                 transmit(data, address)
             work += len(pending)
-        if self.refused_elicits and self._refused_due(now_ns):
-            self._answer_refused(now_ns)
-        if self.dynamic and self.destinations:
-            self._expire_destinations(now_ns)
+        dests = self.dests
+        flow = self.flow
+        if dests.refused_elicits and dests.refused_due(now_ns):
+            if dests.answer_refused(now_ns, self.window):
+                self.setup_deadline_ns = now_ns
+        if self.dynamic and dests.by_address:
+            dests.expire(now_ns, flow.receivers)
         if now_ns >= self.setup_deadline_ns and not self.is_eos_sent:
-            targets = [
-                d
-                for d in self.destinations.values()
-                if d.needs_setup or not self.has_initial_connection
-            ]
+            connected = flow.has_initial_connection
+            targets = [d for d in dests.by_address.values() if d.needs_setup or not connected]
             if targets:
                 frame = self.setup_frame()
                 for dest in targets:
                     transmit(frame, dest.address)
                     self.setups_sent += 1
                 work += 1
-                self.setup_deadline_ns = now_ns + SETUP_INTERVAL_NS
-            else:
-                self.setup_deadline_ns = now_ns + SETUP_INTERVAL_NS
-        if self.receivers:
-            expired = [
-                rid for rid, seen in self.receivers.items() if now_ns - seen > CONNECTION_TIMEOUT_NS
-            ]
-            for rid in expired:
-                del self.receivers[rid]
-            if expired:
-                self._update_publisher_limit()
-        if not self.has_initial_connection:
+            self.setup_deadline_ns = now_ns + SETUP_INTERVAL_NS
+        if flow.receivers and flow.expire(now_ns):
+            self._update_publisher_limit()
+        if not flow.has_initial_connection:
             return work
         sent = self._send_data(transmit)
         if sent:
@@ -748,21 +670,28 @@ class PublicationState:
                 self.heartbeat_deadline_ns = now_ns  # drained: EOS on the next step
             else:
                 self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
+            self.idle_heartbeats = 0
             work += sent
             self._update_publisher_limit()
         elif now_ns >= self.heartbeat_deadline_ns:
             frame = self.heartbeat_frame()
-            for dest in self.destinations.values():
+            for dest in dests.by_address.values():
                 transmit(frame, dest.address)
             self.heartbeats_sent += 1
-            self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
+            if self.phase is _ACTIVE:
+                self.idle_heartbeats += 1
+                self.heartbeat_deadline_ns = now_ns + idle_heartbeat_interval_ns(
+                    self.idle_heartbeats
+                )
+            else:
+                self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
             if frame[5] & DataFlags.EOS:
                 self.is_eos_sent = True
                 if self.phase is _DRAINING:
                     self.linger_deadline_ns = now_ns + self.linger_ns
                 self._fire(PublicationEvent.EOS_SENT)
             work += 1
-        if self.phase is _DRAINING and not self.receivers:
+        if self.phase is _DRAINING and not flow.receivers:
             # Aeron's DRAINING with nobody connected: what no receiver will take cannot be
             # drained (flow control holds it back), so linger and free the log.
             self._fire(PublicationEvent.RECEIVERS_GONE)
@@ -771,20 +700,20 @@ class PublicationState:
             assert self.linger_deadline_ns is not None
             if now_ns >= self.linger_deadline_ns:
                 self._fire(PublicationEvent.LINGER_EXPIRED)
-            elif self.is_eos_sent and not self.receivers:
+            elif self.is_eos_sent and not flow.receivers:
                 self._fire(PublicationEvent.EOS_ACKNOWLEDGED)
         return work
 
     def _send_data(self, transmit: Transmit) -> int:
         position = self.sender_position
-        limit = min(self.appender.position, self.sender_limit)
+        limit = min(self.appender.position, self.flow.sender_limit)
         if position >= limit:
             return 0
         mtu = self.mtu
         term_length = self.term_length
         shift = self.shift
         terms = self.terms
-        addresses = [d.address for d in self.destinations.values()]
+        addresses = [d.address for d in self.dests.by_address.values()]
         datagrams = 0
         sent_bytes = 0
         while position < limit and datagrams < DATAGRAMS_PER_SEND:
@@ -807,36 +736,22 @@ class PublicationState:
         self.bytes_sent += sent_bytes * len(addresses)
         return datagrams
 
-    def _expire_destinations(self, now_ns: int) -> None:
-        allowed = self.allowed_hosts
-        stale = [
-            a
-            for a, d in self.destinations.items()
-            if now_ns - d.last_seen_ns > CONNECTION_TIMEOUT_NS
-            or (allowed is not None and host_of(a) not in allowed)
-        ]
-        for address in stale:
-            dest = self.destinations.pop(address)
-            for rid in dest.receiver_ids:
-                self.receivers.pop(rid, None)
-        if stale:
-            self._hosts_changed()
-
     @property
     def next_deadline_ns(self) -> int:
         """Earliest time :meth:`send` has something to do without new input."""
-        deadline = (
-            self.setup_deadline_ns
-            if not self.has_initial_connection
-            else self.heartbeat_deadline_ns
-        )
-        if self.has_initial_connection and any(d.needs_setup for d in self.destinations.values()):
+        flow = self.flow
+        connected = flow.has_initial_connection
+        deadline = self.heartbeat_deadline_ns if connected else self.setup_deadline_ns
+        if connected and any(d.needs_setup for d in self.dests.by_address.values()):
             deadline = min(deadline, self.setup_deadline_ns)
         phase = self.phase
         if phase is _LINGER and self.linger_deadline_ns is not None:
             deadline = min(deadline, self.linger_deadline_ns)
         elif phase is _DRAINING and self._undrainable and self.closed_at_ns is not None:
             deadline = min(deadline, self.closed_at_ns)  # to be closed on the next send
+        refused = self.dests.next_refused_ns()
+        if refused is not None and refused < deadline:
+            deadline = refused  # a held SETUP request expires: counted refused
         return deadline
 
 

@@ -27,8 +27,11 @@ per datagram: the receiver drains a burst of datagrams before the subscriber run
 datagram, a subscriber thread took the GIL from the receiver at every ``recvfrom`` (a bounded
 replay from the real archive spent ~160 us per receive and the subscriber mostly waited).
 
-:meth:`do_work` steps every image (SMs, NAKs, cleaning, liveness) and, for subscriptions with a
-``control`` address (multi-destination-cast), sends SETUP-eliciting SMs from this socket to it.
+:meth:`do_work` steps the images that are due (SMs, NAKs, cleaning, liveness): kicked (data
+arrived, the subscriber moved on, a close) or at their next deadline (:class:`~.schedule.
+DueQueue`), so an idle image costs nothing between its deadlines; and, for subscriptions with a
+``control`` address (multi-destination-cast), sends SETUP-eliciting SMs from this socket to it
+when their elicit deadline comes.
 """
 
 from __future__ import annotations
@@ -57,13 +60,15 @@ from aeron_spark.transport.protocol.frames import (
     SmFlags,
     frame_type_of,
 )
-from aeron_spark.transport.protocol.image import ImageState
+from aeron_spark.transport.protocol.image import ImageState, system_random
 from aeron_spark.transport.protocol.logbuffer import (
     MAX_UDP_PAYLOAD_LENGTH,
     TERM_MAX_LENGTH,
     TERM_MIN_LENGTH,
     is_power_of_two,
 )
+from aeron_spark.transport.protocol.prefix_rate import PrefixRateLimiter
+from aeron_spark.transport.protocol.schedule import DueQueue
 
 SEND_SETUP_INTERVAL_NS = 100_000_000
 ELICIT_INTERVAL_NS = 100_000_000
@@ -107,6 +112,7 @@ class StreamInterest:
         on_image: Callable[[ImageState], None] | None = None,
         on_image_gone: Callable[[ImageState], None] | None = None,
         on_data: Callable[[], None] | None = None,
+        rng: random.Random = system_random,
     ) -> None:
         self.stream_id = stream_id
         self.session_id = session_id
@@ -123,10 +129,9 @@ class StreamInterest:
         self.max_images_per_source = max_images_per_source
         self.max_images_per_address = max_images_per_address
         self.images_per_source: dict[Any, int] = {}
-        # new images per second for the senders of one /24 or /64 (0: no limit): prefix ->
-        # (tokens, at ns)
+        # new images per second for the senders of one /24 or /64 (0: no limit)
         self.setups_per_prefix_per_s = setups_per_prefix_per_s
-        self.setup_rate: dict[str, tuple[float, int]] = {}
+        self.setup_rate = PrefixRateLimiter(setups_per_prefix_per_s)
         # the sender hosts this subscription makes images for (None: any), asked once per host
         self.admit_source = admit_source
         self.admitted: dict[str, bool] = {}
@@ -135,7 +140,7 @@ class StreamInterest:
         self.on_image = on_image
         self.on_image_gone = on_image_gone
         self.on_data = on_data
-        self.receiver_id = random.getrandbits(63)
+        self.receiver_id = rng.getrandbits(63)
         self.data_pending = False  # on_data is due at the dispatcher's next do_work
         self.images: dict[int, ImageState] = {}
         self.elicit_deadline_ns = 0
@@ -171,6 +176,10 @@ class ReceiveDispatcher:
         self.data_notifications = 0  # on_data calls (at most one per interest per do_work)
         self._arrived: list[StreamInterest] = []  # interests whose on_data is due
         self._sm = bytearray(SM_LENGTH)
+        # images and eliciting interests to step: kicked, or at their deadline
+        self.due: DueQueue[ImageState | StreamInterest] = DueQueue()
+        self._owner: dict[ImageState, StreamInterest] = {}  # each live image's interest
+        self._maybe_finished = False  # an interest may be closed with no image left
 
     # --------------------------------------------------------------- registration
 
@@ -178,12 +187,16 @@ class ReceiveDispatcher:
         with self._interests_lock:
             current = self.interests.get(interest.stream_id, ())
             self.interests[interest.stream_id] = (*current, interest)
+        if interest.control_address is not None:
+            self.due.ready.append(interest)  # its first elicit goes now
 
     def remove(self, interest: StreamInterest, now_ns: int) -> None:
         """Close an interest; its images send EOS SMs on the next steps and go away."""
         interest.closed = True
-        for image in interest.images.values():
+        for image in list(interest.images.values()):
             image.is_closing = True
+        self._maybe_finished = True
+        self.due.ready.append(interest)  # removed on the next step if it has no image
 
     def has_interests(self) -> bool:
         return bool(self.interests)
@@ -242,6 +255,7 @@ class ReceiveDispatcher:
                 continue
             if term_offset + extent > image.term_length:
                 raise InvalidFrameError(f"DATA at {term_offset}+{length} runs past the term")
+            image.kick()
             if image.on_data(buf, length, term_id, term_offset, now_ns, extent):
                 work += 1
                 if interest.on_data is not None and not interest.data_pending:
@@ -356,8 +370,8 @@ class ReceiveDispatcher:
                 if victim is None:
                     self.images_refused += 1
                     continue
-            if interest.setups_per_prefix_per_s and not _setup_rate_allows(
-                interest, source, now_ns
+            if interest.setups_per_prefix_per_s and not interest.setup_rate.allows(
+                source_prefix(source), now_ns
             ):
                 self.setups_rate_limited += 1  # its publication sends SETUP again later
                 continue
@@ -381,6 +395,9 @@ class ReceiveDispatcher:
                 now_ns=now_ns,
             )
             interest.images[setup.session_id] = image
+            self._owner[image] = interest
+            image.wakeups = self.due.ready
+            image.kick()
             per_source = interest.images_per_source
             for key in (source[:2], source[0]):
                 per_source[key] = per_source.get(key, 0) + 1
@@ -394,6 +411,11 @@ class ReceiveDispatcher:
     def _retire(self, interest: StreamInterest, image: ImageState, now_ns: int) -> None:
         """Remove an image (done, or evicted): its counts kept, its session id cooled down."""
         del interest.images[image.session_id]
+        self._owner.pop(image, None)
+        self.due.forget(image)
+        image.wakeups = None
+        if interest.closed and not interest.images:
+            self._maybe_finished = True
         self.images_removed += 1
         _forget_source(interest, image.source_address)
         for name, value in image_counts(image).items():
@@ -448,44 +470,27 @@ class ReceiveDispatcher:
 
     def do_work(self, now_ns: int, transmit: Transmit) -> int:
         work = self.notify_data()
-        for stream_id, interests in list(self.interests.items()):
-            finished = False
-            for interest in interests:
-                images = interest.images
-                for image in list(images.values()) if images else ():
-                    work += image.do_work(now_ns, transmit)
-                    if image.is_done:
-                        self._retire(interest, image, now_ns)
-                if (
-                    interest.control_address is not None
-                    and not interest.closed
-                    and now_ns >= interest.elicit_deadline_ns
-                ):
-                    # a session-specific subscription names its session (a secure session's
-                    # publication answers only SMs that carry its own, secret, id)
-                    self._send_sm(
-                        transmit,
-                        interest.control_address,
-                        interest.session_id or 0,
-                        stream_id,
-                        interest.receiver_id,
-                        SmFlags.SEND_SETUP,
-                    )
-                    interval = (
-                        ELICIT_CONNECTED_INTERVAL_NS if interest.images else ELICIT_INTERVAL_NS
-                    )
-                    interest.elicit_deadline_ns = now_ns + interval
-                    work += 1
-                if interest.closed and not images:
-                    finished = True
-            if finished:
-                with self._interests_lock:  # from the current tuple: one added meanwhile stays
-                    current = self.interests.get(stream_id, ())
-                    remaining = tuple(i for i in current if not (i.closed and not i.images))
-                    if remaining:
-                        self.interests[stream_id] = remaining
-                    else:
-                        self.interests.pop(stream_id, None)
+        due = self.due
+        ready = due.ready
+        owner = self._owner
+        for item in due.take(now_ns):
+            if isinstance(item, ImageState):
+                interest = owner.get(item)
+                if interest is None:
+                    continue  # retired meanwhile
+                item.kicked = False  # before do_work: a kick from now on queues it again
+                work += item.do_work(now_ns, transmit)
+                if item.is_done:
+                    self._retire(interest, item, now_ns)
+                elif item.needs_work():
+                    ready.append(item)
+                else:
+                    due.schedule(item, item.next_deadline_ns)
+            elif item.control_address is not None and not item.closed:
+                work += self._elicit(item, now_ns, transmit)
+        if self._maybe_finished:
+            self._maybe_finished = False
+            self._remove_finished()
         if len(self.cool_down) + len(self.pending_setups) > self._prune_above:
             # amortized: a flood of new session ids costs O(1) per datagram, not O(entries)
             self.cool_down = {k: v for k, v in self.cool_down.items() if v > now_ns}
@@ -493,25 +498,43 @@ class ReceiveDispatcher:
             self._prune_above = max(256, 2 * (len(self.cool_down) + len(self.pending_setups)))
         return work
 
+    def _elicit(self, interest: StreamInterest, now_ns: int, transmit: Transmit) -> int:
+        """A multi-destination-cast subscription asks its control address for SETUPs, every
+        100 ms until it has an image, then every second."""
+        work = 0
+        if now_ns >= interest.elicit_deadline_ns:
+            # a session-specific subscription names its session (a secure session's
+            # publication answers only SMs that carry its own, secret, id)
+            self._send_sm(
+                transmit,
+                interest.control_address,
+                interest.session_id or 0,
+                interest.stream_id,
+                interest.receiver_id,
+                SmFlags.SEND_SETUP,
+            )
+            interval = ELICIT_CONNECTED_INTERVAL_NS if interest.images else ELICIT_INTERVAL_NS
+            interest.elicit_deadline_ns = now_ns + interval
+            work = 1
+        self.due.schedule(interest, interest.elicit_deadline_ns)
+        return work
+
+    def _remove_finished(self) -> None:
+        """Forget the interests that are closed and have no image left."""
+        with self._interests_lock:  # from the current tuples: one added meanwhile stays
+            for stream_id, current in list(self.interests.items()):
+                remaining = tuple(i for i in current if not (i.closed and not i.images))
+                if len(remaining) == len(current):
+                    continue
+                if remaining:
+                    self.interests[stream_id] = remaining
+                else:
+                    self.interests.pop(stream_id, None)
+
     def next_deadline_ns(self, now_ns: int) -> int:
-        deadline = now_ns + 1_000_000_000
-        # list(): a client thread's add() may insert a stream id meanwhile (copied in one step,
-        # like images(); iterating the live view killed a handshake server's driver thread)
-        for interests in list(self.interests.values()):
-            for interest in interests:
-                if (
-                    interest.control_address is not None
-                    and not interest.closed  # do_work elicits nothing for a closed one
-                    and interest.elicit_deadline_ns < deadline
-                ):
-                    deadline = interest.elicit_deadline_ns
-                for image in interest.images.values():
-                    if image.needs_work():
-                        return now_ns
-                    d = image.next_deadline_ns
-                    if d < deadline:
-                        deadline = d
-        return deadline
+        """When :meth:`do_work` next has something to do (``now_ns`` or earlier: now)."""
+        deadline = self.due.next_ns(now_ns + 1_000_000_000)
+        return now_ns if self._maybe_finished and deadline > now_ns else deadline
 
     def images(self) -> list[ImageState]:
         """Every image, safe to call from another thread than the receiver's (stats snapshots):
@@ -584,9 +607,6 @@ def _victim(interest: StreamInterest, source: Address) -> ImageState | None:
     return None
 
 
-_RATE_TABLE_LIMIT = 65536  # networks whose SETUP rate a subscription tracks at once
-
-
 def source_prefix(source: Address) -> str:
     """The network a sender is accounted in: its /24 (IPv4, IPv4-mapped IPv6 too) or /64."""
     host = str(source[0])
@@ -603,28 +623,6 @@ def _v6_prefix(host: str) -> str:
         return ipaddress.ip_network(f"{host.partition('%')[0]}/64", strict=False).compressed
     except ValueError:
         return host
-
-
-def _setup_rate_allows(interest: StreamInterest, source: Address, now_ns: int) -> bool:
-    """Token bucket per /24 or /64 of senders: ``setups_per_prefix_per_s``, burst as many."""
-    rate = interest.setups_per_prefix_per_s
-    table = interest.setup_rate
-    prefix = source_prefix(source)
-    tokens, at = table.get(prefix, (float(rate), now_ns))
-    tokens = min(float(rate), tokens + max(now_ns - at, 0) * rate / 1e9)
-    if tokens < 1.0:
-        table[prefix] = (tokens, max(now_ns, at))
-        return False
-    if prefix not in table and len(table) >= _RATE_TABLE_LIMIT:
-        # forget the networks whose bucket has refilled (they are as if never seen)
-        for key in [
-            k for k, (t, a) in table.items() if t + max(now_ns - a, 0) * rate / 1e9 >= rate
-        ]:
-            del table[key]
-        if len(table) >= _RATE_TABLE_LIMIT:
-            return False
-    table[prefix] = (tokens - 1.0, max(now_ns, at))
-    return True
 
 
 def _forget_source(interest: StreamInterest, source: Address) -> None:

@@ -326,10 +326,6 @@ class TermAppender:
         if self.on_rotate is not None:
             self.on_rotate(self.term_id, self.partition)
 
-    # TODO(split): publication.py still calls the old private name; drop this alias once the
-    # split branch (which rewrites publication.py) calls pad_and_rotate.
-    _pad_and_rotate = pad_and_rotate
-
     def required_length(self, message_length: int) -> int:
         """Position delta the next append of ``message_length`` bytes can cause (with padding)."""
         framed = (

@@ -170,7 +170,9 @@ def test_a_subscription_added_while_the_receiver_computes_its_deadline() -> None
     every session, from its own thread, while the driver thread computes its next deadline: the
     dispatcher iterated its live dict of stream ids and the driver thread died ("dictionary
     changed size during iteration"; seen under the profiler). The interleaving is driven here:
-    the image's check runs the other thread's add()."""
+    the image's check runs the other thread's add(). (The deadline is now read from a heap,
+    not from a walk of the stream ids; the add is driven where the receiver still walks: its
+    step of the image, and the removal of finished interests after it.)"""
     now = 1_000_000_000
     dispatcher = ReceiveDispatcher()
     interest = StreamInterest(10)
@@ -188,6 +190,9 @@ def test_a_subscription_added_while_the_receiver_computes_its_deadline() -> None
         return bool(real_needs_work())
 
     image.needs_work = add_meanwhile  # type: ignore[method-assign]
+    image.kick()
+    dispatcher.remove(StreamInterest(12), now)  # a finished interest: the step walks them
+    dispatcher.do_work(now, _sent([]))
     assert dispatcher.next_deadline_ns(now) > now
     assert dispatcher.interests[11] == (added,)
 

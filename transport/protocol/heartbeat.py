@@ -1,0 +1,95 @@
+"""The control frames a publication sends besides data (Aeron's ``aeron_network_publication.c``
+setup and heartbeat parts), sans I/O: SETUP, the heartbeat (a zero-length DATA frame at the
+sender position, EOS when the stream is drained after close) and the RTTM reply.
+
+Rules (Aeron's, so a real Aeron receiver sees what it expects):
+
+* Before the first SM only SETUP goes out, every ``SETUP_INTERVAL_NS``; after it, SETUP again
+  only to a destination that asks (SM with SEND_SETUP), never after EOS.
+* A heartbeat goes out when no data was sent for ``HEARTBEAT_INTERVAL_NS``
+  (Aeron's ``PUBLICATION_HEARTBEAT_TIMEOUT``), so a receiver learns the sender position (a lost
+  last datagram becomes a gap) and keeps the image alive (its liveness timeout is 10 s).
+* An idle stream sends less (issue 31: ~10 heartbeats a second per idle session each way): the
+  first heartbeat after data still goes at 100 ms (the tail-loss rule), each further one while
+  nothing is sent after twice the wait of the one before, at most ``HEARTBEAT_IDLE_MAX_NS``
+  (1 s: ten within an image's 10 s liveness timeout, Aeron's default and ours, so a loss of
+  nine in a row is survived). A closed stream's EOS heartbeats keep the 100 ms rule.
+"""
+
+from __future__ import annotations
+
+from aeron_spark.transport.protocol.frames import (
+    DATA_HEADER,
+    DataFlags,
+    FrameType,
+    RttMeasurement,
+    SetupFrame,
+)
+from aeron_spark.transport.protocol.logbuffer import wrap_int32
+
+SETUP_INTERVAL_NS = 100_000_000
+HEARTBEAT_INTERVAL_NS = 100_000_000
+HEARTBEAT_IDLE_MAX_NS = 1_000_000_000
+
+
+def idle_heartbeat_interval_ns(idle_heartbeats: int) -> int:
+    """The wait after the ``idle_heartbeats``-th heartbeat since data was last sent (the first
+    went 100 ms after the data; 200 ms after it, then 400, 800, then ``HEARTBEAT_IDLE_MAX_NS``)."""
+    if idle_heartbeats >= 4:
+        return HEARTBEAT_IDLE_MAX_NS
+    return min(HEARTBEAT_INTERVAL_NS << idle_heartbeats, HEARTBEAT_IDLE_MAX_NS)
+
+
+def setup_frame(
+    position: int,
+    *,
+    session_id: int,
+    stream_id: int,
+    initial_term_id: int,
+    term_length: int,
+    mtu: int,
+) -> bytes:
+    """The SETUP of a stream whose sender is at ``position``."""
+    shift = term_length.bit_length() - 1
+    return SetupFrame(
+        term_offset=position & (term_length - 1),
+        session_id=session_id,
+        stream_id=stream_id,
+        initial_term_id=initial_term_id,
+        active_term_id=wrap_int32(initial_term_id + (position >> shift)),
+        term_length=term_length,
+        mtu=mtu,
+    ).encode()
+
+
+def heartbeat_frame(
+    position: int,
+    end_of_stream: bool,
+    *,
+    session_id: int,
+    stream_id: int,
+    initial_term_id: int,
+    term_length: int,
+) -> bytes:
+    """A heartbeat at ``position`` (with the EOS flag when ``end_of_stream``)."""
+    shift = term_length.bit_length() - 1
+    flags = DataFlags.UNFRAGMENTED
+    if end_of_stream:
+        flags |= DataFlags.EOS
+    return DATA_HEADER.pack(
+        0,
+        0,
+        flags,
+        FrameType.DATA,
+        position & (term_length - 1),
+        session_id,
+        stream_id,
+        wrap_int32(initial_term_id + (position >> shift)),
+        0,
+    )
+
+
+def rttm_reply(rttm: RttMeasurement, session_id: int, stream_id: int) -> bytes:
+    """The answer to an RTTM asking for one: its echo timestamp sent back."""
+    reply = RttMeasurement(session_id, stream_id, rttm.echo_timestamp, 0, rttm.receiver_id, 0)
+    return reply.encode()
