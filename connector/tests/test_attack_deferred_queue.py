@@ -8,9 +8,15 @@ a client allowed only to read one stream pipelines as many ``scan`` requests of 
 as it likes (about 60 bytes each, no reply read), and every other client's sink ``commit`` waits
 behind all of them.
 
-Measured (``python -m pytest connector/tests/test_attack_deferred_queue.py -s``, line
-``deferred flood``): see the report; the honest commit is answered only after the reader's
-queued scans have all run. Not fixed here (the fix belongs in ``server.py`` / ``core.py``: at
+A queued request is held decoded (its permission is checked only when the worker runs it),
+so the same pipelining holds memory without bound: a ``consumer_commit`` of 65,536 positions is
+197 KB on the wire and about 5 MB decoded.
+
+Measured (``python -m pytest --runxfail -s connector/tests/test_attack_deferred_queue.py``,
+lines ``deferred flood`` and ``deferred memory``, load average 17-18 on the shared 2-core
+machine): 150 scans of 43 bytes (6.5 KB) queued by a reader held a writer's commit for 15.8 s
+(one scan alone: 0.13 s), all 150 answered before it; 300 scans then 100 such commits (19.7 MB
+sent) took the server from 61 to 433 MiB peak, growing with what is sent. Not fixed here (the fix belongs in ``server.py`` / ``core.py``: at
 most a few deferred requests in flight per session, later ones refused with
 ``LIMIT_EXCEEDED``, or one queue per session served in turn), so the test is marked xfail.
 """
@@ -25,6 +31,7 @@ from pathlib import Path
 import pytest
 from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.server.testing import server_process
+from aeron_spark.connector.session import chunking
 from aeron_spark.connector.session import protocol as proto
 from aeron_spark.handshake.keystore import client_public_key_hex
 
@@ -105,3 +112,62 @@ def test_attack_a_readers_pipelined_scans_do_not_hold_back_another_clients_commi
             )
             # one session's queued requests may delay another's by a few, not by all of them
             assert len(before) <= 8, (len(before), commit_s)
+
+
+def _memory_mib(pid: int) -> dict[str, int]:
+    out = {}
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                out[name] = int(value.split()[0]) // 1024
+    return out
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a deferred request is decoded on the loop and held, decoded, in the commit "
+    "worker's unbounded queue (its permission is checked only when it runs): a reader's "
+    "pipelined consumer_commits hold about 26x their bytes (server.py StreamServer._defer)",
+)
+def test_attack_a_readers_queued_requests_hold_bounded_memory(tmp_path: Path) -> None:
+    reader, writer = str(tmp_path / "keys-reader"), str(tmp_path / "keys-writer")
+    keys = tmp_path / "authorized_keys"
+    keys.write_text(
+        f"{client_public_key_hex(reader)} reader read=10\n"
+        f"{client_public_key_hex(writer)} writer read=* write=*\n"
+    )
+    options = ["--authorized-keys", str(keys), "--key-store", str(tmp_path / "server-keys")]
+    with server_process(str(tmp_path / "srv"), options) as (proc, endpoint):
+        with _client(endpoint, writer) as w, _client(endpoint, reader) as r:
+            w.publish(10, ROWS)
+            rec = w.list_recordings([10])[0].recording_id
+            before = _memory_mib(proc.pid)
+            scan = proto.encode_request(1, "scan", {"recording_id": rec, "start": 0})
+            for _ in range(2 * SCANS):  # the worker is busy for a while (legitimate scans)
+                r._link.send(scan, time.monotonic() + 30)
+            # 65,536 positions of the reader's own recording: 197 KB, about 5 MB decoded
+            commit = proto.encode_request(
+                2,
+                "consumer_commit",
+                {"consumer_id": "c", "stream_ids": [10], "positions": [[rec, 0]] * 65536},
+            )
+            sent = 0
+            for n in range(100):
+                for piece in chunking.split(commit, r.max_message_length, n + 1):
+                    r._link.send(piece, time.monotonic() + 60)
+                sent += len(commit)
+            time.sleep(3.0)  # the server reads what was sent
+            after = _memory_mib(proc.pid)
+            print(
+                "deferred memory",
+                json.dumps(
+                    {
+                        "sent_mb": round(sent / 1e6, 1),
+                        "before_mib": before,
+                        "after_mib": after,
+                        "load_average": os.getloadavg(),
+                    }
+                ),
+            )
+            assert after["VmHWM"] - before["VmHWM"] <= 128, (before, after, sent)
