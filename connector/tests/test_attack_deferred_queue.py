@@ -16,9 +16,11 @@ Measured (``python -m pytest --runxfail -s connector/tests/test_attack_deferred_
 lines ``deferred flood`` and ``deferred memory``, load average 17-18 on the shared 2-core
 machine): 150 scans of 43 bytes (6.5 KB) queued by a reader held a writer's commit for 15.8 s
 (one scan alone: 0.13 s), all 150 answered before it; 300 scans then 100 such commits (19.7 MB
-sent) took the server from 61 to 433 MiB peak, growing with what is sent. Not fixed here (the fix belongs in ``server.py`` / ``core.py``: at
-most a few deferred requests in flight per session, later ones refused with
-``LIMIT_EXCEEDED``, or one queue per session served in turn), so the test is marked xfail.
+sent) took the server from 61 to 433 MiB peak, growing with what is sent.
+
+Not fixed here (the fix belongs in ``server.py`` / ``core.py``: at most a few deferred requests
+in flight per session, later ones refused with ``LIMIT_EXCEEDED``, or one queue per session
+served in turn), so the tests are marked xfail.
 """
 
 from __future__ import annotations
