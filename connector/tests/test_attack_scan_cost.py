@@ -9,9 +9,11 @@ block (``np.frombuffer`` over ``(len(frames) - offset) // aligned`` rows, then `
 ``argmin``) even when the very next frame differs. With messages of alternating lengths each
 call walks the rest of the block and takes one message: 2,000 / 4,000 / 8,000 / 16,000 messages
 took 0.45 / 1.1 / 3.0 / 12.8 s in ``scan`` (uniform ones: 1-9 ms; load average 17, the shared
-2-core machine), and a 4 MiB block of such frames minutes. Scans run on the commit worker that
-every client's sink ``commit``, ``abort``, ``consumer_commit`` and retention share, so a reader
-stalls them all; an honest source whose rows vary in length (JSON) pays it at each micro-batch.
+2-core machine), and a 4 MiB block of such frames minutes: this test's 174,000 messages
+(8.4 MB) got no answer within 60 s (load average 10); 5.6 s with the fix proposed below.
+Scans run on the commit worker that every client's sink ``commit``, ``abort``,
+``consumer_commit`` and retention share, so a reader stalls them all; an honest source whose
+rows vary in length (JSON) pays it at each micro-batch.
 
 Proposed fix (``scan.py``, not edited here): check a window that doubles (2, 4, 8, ... frames)
 and stop at the first window with a mismatch, so a run costs O(its length), not O(the block).
@@ -29,8 +31,9 @@ from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.server.testing import server_process
 from aeron_spark.handshake.keystore import client_public_key_hex
 
-# alternating lengths (64- and 96-byte frames): legitimate data, no run of equal messages
-ROWS = [b"r" * (20 if i % 2 else 52) for i in range(60_000)]
+# alternating lengths (32- and 64-byte frames): legitimate data, no run of equal messages; two
+# 4 MiB blocks of 87,000 frames each (the cost is quadratic in the frames of a block)
+ROWS = [b"r" * 20 if i % 2 else b"" for i in range(174_000)]
 
 
 def _client(endpoint: str, key_store: str, timeout_s: float) -> StreamClient:
@@ -59,7 +62,7 @@ def test_attack_one_scan_of_varied_messages_costs_linear_time(tmp_path: Path) ->
             end = w.publish(10, ROWS)
             rec = w.list_recordings([10])[0].recording_id
         # the bound is the client's own timeout (a bounded wait, not a timing): a linear scan
-        # of these 4.7 MB takes well under a second; the quadratic one minutes
+        # of these 8.4 MB takes seconds; the quadratic one many minutes
         with _client(endpoint, reader, 60.0) as r:
             started = time.monotonic()
             result = r.scan(rec, 0)
