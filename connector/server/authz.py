@@ -19,7 +19,8 @@ permission covers (the protocol's column ``session/protocol.PERMISSIONS``, read 
     write  publish, stage, local_stage, local_stage_done, commit, abort, last_committed_batch
     admin  purge, consumer_forget
 
-Operations on a recording are checked against its stream; operations without a stream
+Operations on a recording are checked against its stream (``consumer_commit``: the stream of
+each position's recording, which must exist); operations without a stream
 (``abort``, ``last_committed_batch``, ``consumer_forget``, listings) need the permission on at
 least one stream. ``keepalive`` and ``stop_replay`` (a session's own replay) need nothing.
 
@@ -190,10 +191,21 @@ def request_streams(
 
 
 def named_recordings(args: dict[str, Any]) -> list[int]:
-    """The recordings a request names: its ``recording_id``, its ``ranges``' recordings."""
-    ids = [int(args["recording_id"])] if "recording_id" in args else []
-    ids.extend(int(r[0]) for r in args.get("ranges") or () if isinstance(r, list) and r)
-    return ids
+    """The recordings a request names: its ``recording_id``, its ``ranges``' recordings and,
+    for ``consumer_commit``, the recording of every position (each must exist and be of a stream
+    the key may read: a consumer's positions were merged as they came, so a key allowed to read
+    one stream made the server hold any number of made-up recording ids,
+    ``test_attack_consumer_registry.py``)."""
+    recordings: list[int] = []
+    if "recording_id" in args:
+        recordings.append(int(args["recording_id"]))
+    recordings.extend(int(r[0]) for r in args.get("ranges") or () if isinstance(r, list) and r)
+    positions = args.get("positions")
+    if isinstance(positions, list):
+        recordings.extend(
+            dict.fromkeys(int(pair[0]) for pair in positions if isinstance(pair, list) and pair)
+        )
+    return recordings
 
 
 def named_streams(args: dict[str, Any]) -> list[int]:
@@ -271,7 +283,7 @@ class Authorizer:
         grant = self.table.get(key)
         who = grant.name if grant is not None else "an unlisted key"
         for recording_id in named_recordings(args):
-            held = stream_of(recording_id)
+            held = stream_of(recording_id)  # UnknownRecording for one that does not exist
             if not allowed(grant, op, held) and not allowed(grant, "replay", held):
                 raise NotAuthorisedError(
                     f"NOT_AUTHORISED: {op} on recording {recording_id} is not authorised for "
@@ -351,6 +363,7 @@ __all__ = [
     "Grant",
     "StreamSet",
     "allowed",
+    "named_recordings",
     "named_streams",
     "parse",
     "request_streams",

@@ -1,0 +1,63 @@
+"""Attack on "what one client may cost others" with ``--authorized-keys``: the session limits
+are per server (``--max-clients``, 1024) and per IP address (``--max-per-address``, 256), never
+per client key, so one listed key (read permission on one stream is enough) that opens sessions
+from four addresses (or four hosts it runs on) holds every session the server has, and every
+other key is refused (``ServerFullError``) for as long as it keeps them: sessions cost it almost
+nothing (40 idle sessions: the server from 47 to 49 MiB resident) and keepalives hold them.
+
+Proposed fix (``handshake/machine.py`` ``ServerCore``, which already counts sessions per address
+and knows each admitted session's client key): a ``max_per_key`` limit (a share of
+``--max-clients``, e.g. a quarter) refused before anything is allocated, as
+``max_per_address`` is. Not done here for lack of time: marked xfail.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from aeron_spark.connector.client import ClientSettings, StreamClient
+from aeron_spark.connector.server.testing import server_process
+from aeron_spark.handshake.keystore import client_public_key_hex
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="no per-key session limit: one key's sessions fill --max-clients and every other "
+    "key is refused (handshake/machine.py ServerCore limits are per address and in total)",
+)
+def test_attack_one_key_cannot_hold_every_session(tmp_path: Path) -> None:
+    hog, other = str(tmp_path / "keys-hog"), str(tmp_path / "keys-other")
+    keys = tmp_path / "authorized_keys"
+    keys.write_text(
+        f"{client_public_key_hex(hog)} hog read=10\n{client_public_key_hex(other)} other read=10\n"
+    )
+    options = [
+        "--authorized-keys",
+        str(keys),
+        "--key-store",
+        str(tmp_path / "server-keys"),
+        "--max-clients",
+        "8",
+    ]
+    with server_process(str(tmp_path / "srv"), options) as (_proc, endpoint):
+
+        def connect(key_store: str) -> StreamClient:
+            settings = ClientSettings(
+                endpoint=endpoint, encryption=False, key_store_dir=key_store, timeout_s=20
+            )
+            return StreamClient.connect(settings)
+
+        held = []
+        try:
+            for _ in range(8):  # as many as the server lets it have
+                try:
+                    held.append(connect(hog))
+                    held[-1].call("keepalive")
+                except Exception:  # noqa: BLE001 - refused: the key's share is full
+                    break
+            with connect(other) as c:  # another key still gets a session
+                assert c.call("keepalive") is None
+        finally:
+            for c in held:
+                c.close()
