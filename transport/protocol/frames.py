@@ -173,16 +173,30 @@ def uniform_run(
         count = min(count, max_frames)
     if count <= 0:
         return 0
-    words = np.frombuffer(data, dtype="<i4", count=count * aligned // 4, offset=offset).reshape(
-        count, aligned // 4
-    )
-    if unfragmented:
-        ok = (words[:, 0] == frame_length) & (words[:, 1] == UNFRAGMENTED_DATA_WORD)
-    else:
-        ok = (words[:, 0] == frame_length) & ((words[:, 1] & _TYPE_FLAGS_WORD_MASK) == DATA_WORD)
-    if ok.all():
-        return count
-    return int(np.argmin(ok))
+    # Windows that double (16, 32, 64 ... frames) stop at the first mismatch: a run costs what
+    # its own frames cost, never the rest of the block (one window over the whole rest made a
+    # block of messages of varying lengths quadratic: test_attack_scan_cost.py).
+    done = 0
+    window = _FIRST_WINDOW
+    while done < count:
+        n = min(window, count - done)
+        words = np.frombuffer(
+            data, dtype="<i4", count=n * aligned // 4, offset=offset + done * aligned
+        ).reshape(n, aligned // 4)
+        if unfragmented:
+            ok = (words[:, 0] == frame_length) & (words[:, 1] == UNFRAGMENTED_DATA_WORD)
+        else:
+            ok = (words[:, 0] == frame_length) & (
+                (words[:, 1] & _TYPE_FLAGS_WORD_MASK) == DATA_WORD
+            )
+        if not ok.all():
+            return done + int(np.argmin(ok))
+        done += n
+        window *= 2
+    return done
+
+
+_FIRST_WINDOW = 16  # frames uniform_run compares at first
 
 
 def uniform_block(data: Buffer | np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:

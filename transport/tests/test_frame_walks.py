@@ -81,3 +81,32 @@ def test_uniform_block_gives_headers_and_payloads_of_a_block_of_whole_equal_mess
     assert f.uniform_block(_frames([(40, 0xC0, 1, 0)] * 4 + [(33, 0xC0, 1, 0)])) is None
     assert f.uniform_block(buf[:-32]) is None
     assert f.uniform_block(np.frombuffer(buf, np.uint8)) is not None
+
+
+def test_a_run_costs_its_own_frames_not_the_rest_of_the_block(monkeypatch) -> None:
+    """Taking every message of a block of alternating lengths (no two equal neighbours) reads
+    each frame a bounded number of times: one window over the rest of the block at every
+    message made a scan of such data quadratic (4 MiB blocks of them: minutes, the commit worker
+    stalled for every client; ``connector/tests/test_attack_scan_cost.py``)."""
+    n = 4_000
+    block = _frames([(32 if i % 2 else 64, 0xC0, f.FrameType.DATA, 0) for i in range(n)])
+    words_read = 0
+    real = np.frombuffer
+
+    def counting(*args, **kwargs):
+        nonlocal words_read
+        out = real(*args, **kwargs)
+        words_read += out.size
+        return out
+
+    monkeypatch.setattr(f.np, "frombuffer", counting)
+    offset = taken = 0
+    while offset < len(block):
+        length = 32 if taken % 2 else 64
+        run = f.uniform_run(block, offset, length)
+        assert run == 1
+        offset += f.align(length)
+        taken += 1
+    assert taken == n
+    # 16 frames of 16 words at most per message; the old walk read ~n**2 / 2 frames' words
+    assert words_read <= n * 16 * 16, words_read
