@@ -20,13 +20,14 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from aeron_spark.connector import archive_sink, archive_source
 from aeron_spark.connector.archive_markers import BEGIN, MARKER_RESERVED_VALUE, read_tail
-from aeron_spark.connector.archive_options import (
+from aeron_spark.connector.options import (
     ArchiveSinkOptions,
     parse_archive_sink_options,
     parse_archive_source_options,
 )
+from aeron_spark.connector.source import AeronBatchReader
+from aeron_spark.connector.stores.archive import sink as archive_sink
 from aeron_spark.transport.testing import free_udp_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +70,7 @@ def _stage(o: ArchiveSinkOptions, batch: int, partition: int, rows: list[bytes],
 def _read(archive: aeron_peer.JavaArchive, stream_id: int) -> list[tuple[bytes, int]]:
     """(value, reserved value) of every row the archive source reads of the stream."""
     src = parse_archive_source_options({"archive": archive.control_channel, "streamId": stream_id})
-    reader = archive_source.ArchiveBatchReader(src, None)
+    reader = AeronBatchReader(src, None)
     out = []
     for part in reader.partitions():
         for batch in reader.read(part):
@@ -167,7 +168,7 @@ def test_blocks_split_at_small_target_terms_and_a_wider_staging_mtu(
 
 _KILL_AFTER_BEGIN = """
 import os, signal, sys, dataclasses, pickle
-from aeron_spark.connector import archive_sink
+from aeron_spark.connector.stores.archive import sink as archive_sink
 o, parts = pickle.loads(bytes.fromhex(sys.argv[1]))
 with archive_sink.connect(o.connect) as client:
     committer = archive_sink.ArchiveCommitter(o, "id", client)

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from aeron_spark.connector.archive_options import parse_archive_source_options
 from aeron_spark.connector.formats_sbe import check_sink_schema
-from aeron_spark.connector.options import parse_sink_options, parse_source_options
+from aeron_spark.connector.options import (
+    parse_archive_source_options,
+    parse_sink_options,
+    parse_source_options,
+)
 from aeron_spark.transport import sbe
 
 from aeron_spark.errors import ConfigurationError
