@@ -51,6 +51,12 @@ _SESSION_OPTIONS: dict[str, tuple[str, str, str]] = {
     "timeoutms": ("timeoutMs", "30000", "bound on connecting and on every wait for the server"),
 }
 
+_SBE_SCHEMA = (
+    "sbeSchema",
+    "(required with format=sbe)",
+    "format=sbe: the SBE message schema, a path to its XML file or the XML text",
+)
+
 SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
     "endpoint": (
         "endpoint",
@@ -124,11 +130,7 @@ SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
         "json, msgpack, sbe: also give stream_id, session_id, recording_id, position, timestamp, "
         "reserved_value",
     ),
-    "sbeschema": (
-        "sbeSchema",
-        "(required with format=sbe)",
-        "format=sbe: the SBE message schema, a path to its XML file or the XML text",
-    ),
+    "sbeschema": _SBE_SCHEMA,
     "sbemessage": (
         "sbeMessage",
         "(the schema's only message)",
@@ -221,11 +223,7 @@ SINK_OPTIONS: dict[str, tuple[str, str, str]] = {
         "(each row one JSON object), msgpack (each row one map) or sbe (each row one SBE message "
         "of sbeMessage)",
     ),
-    "sbeschema": (
-        "sbeSchema",
-        "(required with format=sbe)",
-        "format=sbe: the SBE message schema, a path to its XML file or the XML text",
-    ),
+    "sbeschema": _SBE_SCHEMA,
     "sbemessage": (
         "sbeMessage",
         "(the schema's only message)",

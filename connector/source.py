@@ -48,6 +48,7 @@ from aeron_spark.connector.formats_sbe import SbeBatches, SbeRead, source_arrow_
 from aeron_spark.connector.options import ArchiveSourceOptions, SourceOptions
 from aeron_spark.connector.pushdown import Pushed, push_filters
 from aeron_spark.connector.stores import (
+    Budget,
     LogStore,
     Recording,
     RecordingRange,
@@ -290,13 +291,12 @@ def _limited_ends(
                 if bytes_left is not None and bytes_left <= 0:
                     break
                 rec = recordings[key]
-                end, messages = sessions.of(rec.store).scan(
-                    rec,
-                    ends[key],
-                    target[key],
-                    messages_left if rounds else share_messages,
-                    bytes_left if rounds else share_bytes,
+                budget = (
+                    Budget(messages_left, bytes_left)
+                    if rounds
+                    else Budget(share_messages, share_bytes)
                 )
+                end, messages = sessions.of(rec.store).scan(rec, ends[key], target[key], budget)
                 if messages < 0:  # not counted: no budget, the store read nothing
                     counted = False
                 else:
@@ -319,7 +319,7 @@ def _limited_ends(
                 continue
             rec = recordings[key]
             _, messages = sessions.of(rec.store).scan(
-                rec, begin[key], ends[key], min_messages - have, None
+                rec, begin[key], ends[key], Budget(min_messages - have)
             )
             have += messages
         return ends, total, have >= min_messages
@@ -391,7 +391,7 @@ def first_message_schema(options: SourceOptions, stores: Sequence[LogStore]) -> 
                 start = max(rec.start, rec.purged)
                 if rec.end <= start:
                     continue
-                end, _ = session.scan(rec, start, rec.end, 1, None)
+                end, _ = session.scan(rec, start, rec.end, Budget(messages=1))
                 geometry = Geometry(rec.initial_term_id, rec.term_length)
                 with session.replay(rec, start, end) as blocks:
                     for message in iter_messages(blocks, geometry):

@@ -123,23 +123,45 @@ class RecordingRange(InputPartition):
     decoding: Decoding | None = None  # json, msgpack; text read past bad records
     sbe: SbeRead | None = None  # format=sbe
 
+    @classmethod
+    def of(
+        cls, store: LogStore, rec: Recording, start: int, end: int, text: bool, **more: Any
+    ) -> Any:
+        """A range of ``rec`` (``more``: the fields a store's subclass adds)."""
+        return cls(
+            store,
+            rec.key,
+            rec.recording_id,
+            start,
+            end,
+            rec.initial_term_id,
+            rec.term_length,
+            text,
+            **more,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """How much a scan may take: messages and recorded bytes (None: no bound)."""
+
+    messages: int | None = None
+    bytes: int | None = None
+
+    @property
+    def unlimited(self) -> bool:
+        return self.messages is None and self.bytes is None
+
 
 class StoreSession(Protocol):
     """A session with one store, held while the driver plans (one per store and call)."""
 
     def recordings(self, stream_ids: tuple[int, ...]) -> list[Recording]: ...
 
-    def scan(
-        self,
-        rec: Recording,
-        start: int,
-        target: int,
-        max_messages: int | None,
-        max_bytes: int | None,
-    ) -> tuple[int, int]:
+    def scan(self, rec: Recording, start: int, target: int, budget: Budget) -> tuple[int, int]:
         """``(end, messages)``: the furthest message boundary in ``(start, target]`` within the
-        budget (at least one message when there is one). ``messages`` is -1 when no budget was
-        given and the store did not count (then ``end`` is ``target``)."""
+        budget (at least one message when there is one). ``messages`` is -1 when the budget is
+        unlimited and the store did not count (then ``end`` is ``target``)."""
         ...
 
     def replay(
@@ -155,6 +177,17 @@ class StoreSession(Protocol):
     def commit_consumer(
         self, consumer_id: str, stream_ids: tuple[int, ...], positions: dict[str, int]
     ) -> None: ...
+
+
+class Features:
+    """What a store can do besides the contract (a store class inherits this and turns on its
+    own): ``time_index``: ``position_at``; ``pushdown``: ``narrow``; ``consumers``:
+    ``commit_consumer``."""
+
+    __slots__ = ()
+    time_index = False
+    pushdown = False
+    consumers = False
 
 
 class LogStore(Protocol):

@@ -33,7 +33,7 @@ from aeron_spark.connector.archive_markers import frames, is_sink_target, mask_m
 from aeron_spark.connector.options import ArchiveConnect
 from aeron_spark.connector.pushdown import Pushed
 from aeron_spark.connector.session.replay import ReplayBlock
-from aeron_spark.connector.stores import Recording, RecordingRange, no_hook
+from aeron_spark.connector.stores import Budget, Features, Recording, RecordingRange, no_hook
 from aeron_spark.transport.archive.client import ArchiveClient
 from aeron_spark.transport.archive.client.client import ReplayedBlock
 from aeron_spark.transport.protocol.frames import FRAME_ALIGNMENT
@@ -182,19 +182,13 @@ class ArchiveSession:
                 )
         return sorted(out, key=lambda r: r.recording_id)
 
-    def scan(
-        self,
-        rec: Recording,
-        start: int,
-        target: int,
-        max_messages: int | None,
-        max_bytes: int | None,
-    ) -> tuple[int, int]:
+    def scan(self, rec: Recording, start: int, target: int, budget: Budget) -> tuple[int, int]:
         """Replayed from ``start``; the replay is stopped once the budget is spent."""
         if target <= start:
             return start, 0
-        if max_messages is None and max_bytes is None:
+        if budget.unlimited:
             return target, -1  # everything: the count is not needed
+        max_messages, max_bytes = budget.messages, budget.bytes
         end, messages = start, 0
         replay = self.client.replay(rec.recording_id, start, target)
         blocks: Iterable[ReplayedBlock] = replay
@@ -237,16 +231,13 @@ class ArchiveSession:
 
 
 @dataclass(frozen=True, slots=True)
-class ArchiveStore:
+class ArchiveStore(Features):
     """One Aeron Archive, reached through ``connect``; recordings whose channel contains
     ``channel`` ("": all)."""
 
     connect: ArchiveConnect
     channel: str = ""
-    name = "archive"
-    time_index = False
-    pushdown = False
-    consumers = False
+    name = "archive"  # no time index, pushdown nor consumers (Features' defaults)
 
     @contextmanager
     def session(self) -> Iterator[ArchiveSession]:
@@ -254,14 +245,11 @@ class ArchiveStore:
             yield ArchiveSession(self, client)
 
     def partition(self, rec: Recording, start: int, end: int, text: bool) -> ArchiveRange:
-        return ArchiveRange(
+        return ArchiveRange.of(
             self,
-            rec.key,
-            rec.recording_id,
+            rec,
             start,
             end,
-            rec.initial_term_id,
-            rec.term_length,
             text,
             session_id=rec.session_id,
             stream_id=rec.stream_id,

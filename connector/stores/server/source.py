@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from aeron_spark.connector.client import ClientSettings, StreamClient, pooled
 from aeron_spark.connector.pushdown import Pushed
 from aeron_spark.connector.session.replay import ReplayBlock
-from aeron_spark.connector.stores import Recording, RecordingRange
+from aeron_spark.connector.stores import Budget, Features, Recording, RecordingRange
 
 log = logging.getLogger("aeron_spark.connector.source")
 
@@ -60,16 +60,9 @@ class ServerSession:
             )
         return out
 
-    def scan(
-        self,
-        rec: Recording,
-        start: int,
-        target: int,
-        max_messages: int | None,
-        max_bytes: int | None,
-    ) -> tuple[int, int]:
+    def scan(self, rec: Recording, start: int, target: int, budget: Budget) -> tuple[int, int]:
         got = self.client.scan(
-            rec.recording_id, start, target, max_messages=max_messages, max_bytes=max_bytes
+            rec.recording_id, start, target, max_messages=budget.messages, max_bytes=budget.bytes
         )
         return got.end, got.messages
 
@@ -95,7 +88,7 @@ class ServerSession:
 
 
 @dataclass(frozen=True, slots=True)
-class ServerStore:
+class ServerStore(Features):
     """One stream server (``settings.endpoint``) of a source."""
 
     settings: ClientSettings
@@ -112,17 +105,7 @@ class ServerStore:
             yield ServerSession(self, client)
 
     def partition(self, rec: Recording, start: int, end: int, text: bool) -> ServerRange:
-        return ServerRange(
-            self,
-            rec.key,
-            rec.recording_id,
-            start,
-            end,
-            rec.initial_term_id,
-            rec.term_length,
-            text,
-            local_reads=self.local_reads,
-        )
+        return ServerRange.of(self, rec, start, end, text, local_reads=self.local_reads)
 
     def split(self, part: RecordingRange, shares: int) -> list[RecordingRange]:
         """Cut at the message boundaries the server finds (``scan`` with ``parts``)."""
