@@ -308,12 +308,14 @@ def main(argv: list[str] | None = None) -> int:
         with pooled(settings) as client:
             recordings = client.list_recordings(stream_ids=[10])
 
-        from aeron_spark.connector.source import RecordingRange, read_range
+        from aeron_spark.connector.source import read_range
+        from aeron_spark.connector.stores.server import ServerRange, ServerStore
 
         def source(local: bool) -> Callable[[], None]:
             parts = [
-                RecordingRange(
-                    settings,
+                ServerRange(
+                    ServerStore(settings, local),
+                    str(r.recording_id),
                     r.recording_id,
                     r.start_position,
                     r.recorded_position,

@@ -30,11 +30,15 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from aeron_spark.connector import archive_sink, archive_source
-from aeron_spark.connector.archive_options import is_archive_mode
 from aeron_spark.connector.options import (
     ROUTING_COLUMN,
+    ArchiveSinkOptions,
+    ArchiveSourceOptions,
     SinkOptions,
+    SourceOptions,
+    is_archive_mode,
+    parse_archive_sink_options,
+    parse_archive_source_options,
     parse_sink_options,
     parse_source_options,
 )
@@ -64,14 +68,12 @@ class AeronDataSource(DataSource):
         return "aeron"
 
     def schema(self) -> str | StructType:
-        if is_archive_mode(self.options):
-            return archive_source.schema(self.options)
-        return source_schema(parse_source_options(self.options))
+        return source_schema(_source_options(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        if is_archive_mode(self.options):
-            return archive_source.batch_reader(self.options, schema)
-        options = parse_source_options(self.options)
+        options = _source_options(self.options)
+        if not isinstance(options, SourceOptions):
+            return AeronBatchReader(options, schema)  # no filter pushdown into an archive
         if options.read_on == "driver":
             raise ConfigurationError(
                 "readOn",
@@ -83,10 +85,8 @@ class AeronDataSource(DataSource):
         return AeronBatchReader(options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        if is_archive_mode(self.options):
-            return archive_source.stream_reader(self.options, schema)
-        options = parse_source_options(self.options)
-        if options.read_on == "driver":
+        options = _source_options(self.options)
+        if isinstance(options, SourceOptions) and options.read_on == "driver":
             # Spark's documented fallback: a source whose streamReader() is not implemented is
             # read through simpleStreamReader(), on Spark's prefetching path.
             raise PySparkNotImplementedError(
@@ -99,7 +99,12 @@ class AeronDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if is_archive_mode(self.options):
-            return archive_sink.batch_writer(dict(self.options), schema, overwrite)
+            archive = _archive_sink_options(self.options, schema)
+            if overwrite:
+                raise ConfigurationError(
+                    "mode", "overwrite", "append (a recording cannot be overwritten)"
+                )
+            return AeronBatchWriter(archive)
         options, schema = _sink_options(self.options, schema)
         if overwrite:
             raise ConfigurationError("mode", "overwrite", "append (a stream cannot be overwritten)")
@@ -110,12 +115,36 @@ class AeronDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         if is_archive_mode(self.options):
-            return archive_sink.stream_writer(dict(self.options), schema)
+            return AeronStreamWriter(_archive_sink_options(self.options, schema))
         options, schema = _sink_options(self.options, schema)
         if options.channel is not None:
             refuse_batch_id(options, "raw mode (channel: at-least-once, nothing is committed)")
             return RawStreamWriter(options)
         return AeronStreamWriter(options)
+
+
+def _source_options(options: Mapping[str, str]) -> SourceOptions | ArchiveSourceOptions:
+    if is_archive_mode(options):
+        return parse_archive_source_options(options)
+    return parse_source_options(options)
+
+
+def _archive_sink_options(options: Mapping[str, str], schema: StructType) -> ArchiveSinkOptions:
+    """The archive sink's options, checked against the DataFrame's schema: it appends to one
+    target recording, so a ``stream_id`` column does not route (``streamId`` is required)."""
+    has_column = ROUTING_COLUMN in schema.fieldNames()
+    if has_column and not any(str(k).lower() in ("streamid", "streamids") for k in options):
+        raise ConfigurationError(
+            "streamId",
+            None,
+            f"a stream id with archive: the archive sink appends to one target recording "
+            f"of streamId and does not route rows by a {ROUTING_COLUMN} column",
+        )
+    o = parse_archive_sink_options(dict(options))
+    if has_column:
+        warn_stream_id_column_ignored(o.sink.stream_id)
+    check_sink_schema(schema, o.sink.format, o.sink.sbe)
+    return o
 
 
 def _sink_options(options: Mapping[str, str], schema: StructType) -> tuple[SinkOptions, StructType]:

@@ -116,7 +116,7 @@ class Pushed:
         )
 
     def keeps(self, info: Any) -> bool:
-        """Whether a recording (a ``RecordingInfo``) may hold matching rows."""
+        """Whether a recording (a store's ``Recording``) may hold matching rows."""
         return all(getattr(info, column) in values for column, values in self.sets.items())
 
     def narrow(self, client: Any, recording_id: int, start: int, end: int) -> tuple[int, int]:

@@ -1,13 +1,14 @@
-"""The ``aeron`` source: batch and streaming readers over a stream server's recordings.
+"""The ``aeron`` source: batch and streaming readers over the recordings of log stores.
 
-Offsets are ``{"<recording_id>": position}`` (JSON object, keys sorted), one entry per recording
-of the chosen streams: a recording is a Spark "partition" the way a Kafka partition is. With several
-servers (``endpoint=a:1,b:2``) the keys are ``"<endpoint>/<recording_id>"``. Every
-input partition is a small picklable value that carries all a task needs (server settings,
-recording id, range, geometry, format); ``read()`` runs on an executor, opens its own session and
-reads exactly ``[start, end)`` (from the server's segment files when the executor sees them, see
-:mod:`~aeron_spark.connector.local`, else replayed over the session), so a re-run task returns
-the same rows.
+Written once over the store contract (:mod:`~aeron_spark.connector.stores`): a stream server
+(:mod:`.stores.server`, one store per ``endpoint``) or an Aeron Archive (:mod:`.stores.archive`,
+``archive=...``). Offsets are ``{"<key>": position}`` (JSON object, keys sorted), one entry per
+recording of the chosen streams: a recording is a Spark "partition" the way a Kafka partition
+is. Its key is the store's (``"<recording_id>"`` with one server, ``"<endpoint>/<recording_id>"``
+with several, ``"<archiveId>/<recording_id>"`` for an archive). Every input partition is a small
+picklable value that carries all a task needs (its store, recording id, range, geometry,
+format); ``read()`` runs on an executor and reads exactly ``[start, end)`` through its store, so a
+re-run task returns the same rows.
 
 With ``readOn=driver`` the streaming reader is :class:`AeronDriverStreamReader` instead: the
 driver replays each micro-batch's ranges while it plans the batch, and Spark hands those rows to
@@ -21,7 +22,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from contextlib import ExitStack
 from typing import Any
 
 import pyarrow as pa
@@ -43,7 +44,6 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from aeron_spark.connector import formats_arrow
-from aeron_spark.connector.client import ClientSettings, RecordingInfo, StreamClient, pooled
 from aeron_spark.connector.errors import PositionOutOfRangeError, PurgedError
 from aeron_spark.connector.formats import (
     BINARY_SCHEMA_DDL,
@@ -62,28 +62,43 @@ from aeron_spark.connector.formats_records import (
     output_ddl,
 )
 from aeron_spark.connector.formats_sbe import SbeBatches, SbeRead, source_arrow_schema
-from aeron_spark.connector.options import SourceOptions
+from aeron_spark.connector.options import ArchiveSourceOptions, SourceOptions
 from aeron_spark.connector.pushdown import Pushed, push_filters
+from aeron_spark.connector.stores import (
+    Budget,
+    LogStore,
+    Recording,
+    RecordingRange,
+    StoreSession,
+)
+from aeron_spark.connector.stores.archive import ArchiveStore
+from aeron_spark.connector.stores.server import ServerRange, ServerStore
 from aeron_spark.errors import ConfigurationError
 
 log = logging.getLogger("aeron_spark.connector.source")
 
+__all__ = [
+    "AeronBatchReader",
+    "AeronDriverStreamReader",
+    "AeronFilteringBatchReader",
+    "AeronStreamReader",
+    "RecordingRange",
+    "ServerRange",
+    "read_range",
+    "source_schema",
+    "stores_of",
+]
 
-@dataclass(frozen=True)
-class RecordingRange(InputPartition):
-    """One task's work: read ``[start, end)`` of one recording."""
 
-    settings: ClientSettings
-    recording_id: int
-    start: int
-    end: int
-    initial_term_id: int
-    term_length: int
-    text: bool
-    arrow_schema: bytes | None = None  # format=arrow: the serialized Arrow schema of the rows
-    decoding: Decoding | None = None  # json, msgpack; text read past bad records
-    local_reads: bool = True  # read from the server's files when this process sees them
-    sbe: SbeRead | None = None  # format=sbe
+def stores_of(options: SourceOptions | ArchiveSourceOptions) -> tuple[SourceOptions, tuple]:
+    """The reader options and the stores they name (each server of ``endpoint``, or the
+    archive of ``archive``)."""
+    if isinstance(options, ArchiveSourceOptions):
+        return options.source, (ArchiveStore(options.connect, options.channel),)
+    several = len(options.all_settings) > 1
+    return options, tuple(
+        ServerStore(s, options.local_reads, several) for s in options.all_settings
+    )
 
 
 def read_range(partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -91,140 +106,125 @@ def read_range(partition: InputPartition) -> Iterator[pa.RecordBatch]:
         # Spark plans one placeholder InputPartition when partitions() returned none (a micro-batch
         # with no new data, e.g. one run only to move the watermark): it holds no rows.
         return
-    if partition.end <= partition.start:
+    p = partition
+    if p.end <= p.start:
         return
-    geometry = Geometry(partition.initial_term_id, partition.term_length)
-    with pooled(partition.settings) as client:  # Python workers are reused: so are sessions
-        blocks = client.read_range(
-            partition.recording_id, partition.start, partition.end, local=partition.local_reads
-        )
-        if partition.arrow_schema is not None:
-            schema = pa.ipc.read_schema(pa.py_buffer(partition.arrow_schema))
+    geometry = Geometry(p.initial_term_id, p.term_length)
+    with p.store.read(p) as blocks:
+        if p.arrow_schema is not None:
+            schema = pa.ipc.read_schema(pa.py_buffer(p.arrow_schema))
             yield from formats_arrow.batches_from_blocks(blocks, geometry, schema)
-        elif partition.sbe is not None:
-            yield from SbeBatches(partition.sbe, partition.recording_id).batches(blocks, geometry)
-        elif partition.decoding is not None:
-            decoder = RecordDecoder(partition.decoding, partition.recording_id)
-            yield from decoder.batches(blocks, geometry)
+        elif p.sbe is not None:
+            yield from SbeBatches(p.sbe, p.recording_id).batches(blocks, geometry)
+        elif p.decoding is not None:
+            yield from RecordDecoder(p.decoding, p.recording_id).batches(blocks, geometry)
         else:
             try:
-                yield from batches_from_blocks(
-                    blocks, partition.recording_id, geometry, partition.text
-                )
+                yield from batches_from_blocks(blocks, p.recording_id, geometry, p.text)
             except pa.ArrowInvalid as exc:  # text: invalid UTF-8 (the vectorised path)
                 raise BadRecordError(
-                    f"recording {partition.recording_id} holds a message in "
-                    f"[{partition.start}, {partition.end}) that is not UTF-8 text ({exc}); set "
-                    "badRecordsPolicy to drop or column to read past bad records"
+                    f"recording {p.key} holds a message in [{p.start}, {p.end}) that is not "
+                    f"UTF-8 text ({exc}); set badRecordsPolicy to drop or column to read past "
+                    "bad records"
                 ) from exc
 
 
-@dataclass(frozen=True)
-class _Rec:
-    """A recording of one of the source's servers, under its offset key."""
+class _Sessions(ExitStack):
+    """One session per store, opened when first needed, for one planning call."""
 
-    key: str
-    settings: ClientSettings
-    info: RecordingInfo
+    def __init__(self) -> None:
+        super().__init__()
+        self._open: dict[Any, StoreSession] = {}
 
-
-def offset_key(options: SourceOptions, endpoint: str, recording_id: int) -> str:
-    """``"<recording_id>"`` with one server, ``"<endpoint>/<recording_id>"`` with several."""
-    if len(options.all_settings) == 1:
-        return str(recording_id)
-    return f"{endpoint}/{recording_id}"
+    def of(self, store: LogStore) -> StoreSession:
+        session = self._open.get(store)
+        if session is None:
+            session = self._open[store] = self.enter_context(store.session())
+        return session
 
 
-def _recordings(options: SourceOptions) -> dict[str, _Rec]:
-    out: dict[str, _Rec] = {}
-    for settings in options.all_settings:
-        with pooled(settings) as client:
-            for r in client.list_recordings(stream_ids=list(options.stream_ids)):
-                key = offset_key(options, settings.endpoint, r.recording_id)
-                out[key] = _Rec(key, settings, r)
+def _recordings(o: SourceOptions, stores: Sequence[LogStore]) -> dict[str, Recording]:
+    out: dict[str, Recording] = {}
+    for store in stores:
+        with store.session() as session:
+            for rec in session.recordings(o.stream_ids):
+                out[rec.key] = rec
     return out
 
 
-def _start_position(options: SourceOptions, rec: _Rec, client: StreamClient | None) -> int:
-    info = rec.info
-    by_time = options.starting_by_timestamp or {}
-    ts_ms = options.starting_timestamp_ms
-    if ts_ms is None:
-        ts_ms = by_time.get(rec.key)
-    if ts_ms is not None and client is not None:
-        return max(info.purged_position, client.position_at(info.recording_id, ts_ms * 1_000_000))
-    spec = options.starting
-    if spec == "latest":
-        return info.recorded_position
-    if isinstance(spec, dict) and rec.key in spec:
-        return spec[rec.key]
-    return info.purged_position
-
-
-def _start_positions(options: SourceOptions, recordings: dict[str, _Rec]) -> dict[str, int]:
+def _start_positions(o: SourceOptions, recordings: dict[str, Recording]) -> dict[str, int]:
+    by_time = o.starting_by_timestamp or {}
+    spec = o.starting
     out: dict[str, int] = {}
-    for settings in options.all_settings:
-        mine = [r for r in recordings.values() if r.settings == settings]
-        if not mine:
-            continue
-        with pooled(settings) as client:
-            for rec in mine:
-                out[rec.key] = _start_position(options, rec, client)
+    with _Sessions() as sessions:
+        for key, rec in recordings.items():
+            ts_ms = o.starting_timestamp_ms
+            if ts_ms is None:
+                ts_ms = by_time.get(key)
+            if ts_ms is not None:
+                at = sessions.of(rec.store).position_at(rec, ts_ms * 1_000_000)
+                out[key] = max(rec.purged, at)
+            elif spec == "latest":
+                out[key] = rec.end
+            elif isinstance(spec, dict) and key in spec:
+                out[key] = spec[key]
+            else:
+                out[key] = rec.purged
     return out
 
 
-def _positions_at(
-    options: SourceOptions, recordings: dict[str, _Rec], timestamps_ms: dict[str, int]
-) -> dict[str, int]:
-    """Each named recording's first position recorded at or after its time (its time index)."""
+def _positions_at(recordings: dict[str, Recording], timestamp_ms: int) -> dict[str, int]:
+    """Each recording's first position recorded at or after the time (its time index)."""
     out: dict[str, int] = {}
-    for settings in options.all_settings:
-        mine = [r for r in recordings.values() if r.settings == settings and r.key in timestamps_ms]
-        if not mine:
-            continue
-        with pooled(settings) as client:
-            for rec in mine:
-                ns = timestamps_ms[rec.key] * 1_000_000
-                out[rec.key] = max(
-                    rec.info.purged_position, client.position_at(rec.info.recording_id, ns)
-                )
+    with _Sessions() as sessions:
+        for key, rec in recordings.items():
+            at = sessions.of(rec.store).position_at(rec, timestamp_ms * 1_000_000)
+            out[key] = max(rec.purged, at)
     return out
 
 
 def _narrow(
-    pushed: Pushed, recordings: dict[str, _Rec], start: dict[str, int], end: dict[str, int]
+    pushed: Pushed, recordings: dict[str, Recording], start: dict[str, int], end: dict[str, int]
 ) -> tuple[dict[str, int], dict[str, int]]:
     """Start and end positions cut to the pushed filters (message boundaries still)."""
     start, end = dict(start), dict(end)
-    for key in sorted(end):
-        rec = recordings.get(key)
-        if rec is None:
-            continue
-        begin = max(start.get(key, rec.info.start_position), rec.info.purged_position)
-        if end[key] <= begin:
-            continue
-        with pooled(rec.settings) as client:
-            start[key], end[key] = pushed.narrow(client, rec.info.recording_id, begin, end[key])
+    with _Sessions() as sessions:
+        for key in sorted(end):
+            rec = recordings.get(key)
+            if rec is None:
+                continue
+            begin = max(start.get(key, rec.start), rec.purged)
+            if end[key] <= begin:
+                continue
+            start[key], end[key] = sessions.of(rec.store).narrow(pushed, rec, begin, end[key])
     return start, end
 
 
-def _check_loss(options: SourceOptions, rec: _Rec, start: int) -> int:
-    """The position to read from: ``start``, or the first readable one when data was purged."""
-    purged = rec.info.purged_position
-    if start >= purged:
-        return start
-    if options.fail_on_data_loss:
-        raise PurgedError(
-            f"recording {rec.key}: positions [{start}, {purged}) were purged; "
-            "set failOnDataLoss=false to skip them"
-        )
-    log.warning("recording %s: skipping purged range [%d, %d)", rec.key, start, purged)
-    return purged
+def _check_loss(o: SourceOptions, rec: Recording, start: int) -> int | None:
+    """Where to read from: ``start``, the first readable position when data below it was
+    purged, or None (nothing to read) when the recording was truncated below ``start``."""
+    if start < rec.purged:
+        if o.fail_on_data_loss:
+            raise PurgedError(
+                f"recording {rec.key}: positions [{start}, {rec.purged}) were purged; "
+                "set failOnDataLoss=false to skip them"
+            )
+        log.warning("recording %s: skipping purged range [%d, %d)", rec.key, start, rec.purged)
+        return rec.purged
+    if start > rec.end:
+        if o.fail_on_data_loss:
+            raise PurgedError(
+                f"recording {rec.key} was truncated to {rec.end}, below the offset {start} "
+                "already read; set failOnDataLoss=false to skip it"
+            )
+        log.warning("recording %s: truncated to %d below offset %d", rec.key, rec.end, start)
+        return None
+    return start
 
 
 def _partitions(
-    options: SourceOptions,
-    recordings: dict[str, _Rec],
+    o: SourceOptions,
+    recordings: dict[str, Recording],
     start: dict[str, int],
     end: dict[str, int],
 ) -> list[RecordingRange]:
@@ -233,54 +233,41 @@ def _partitions(
         rec = recordings.get(key)
         if rec is None:
             continue
-        begin = _check_loss(options, rec, start.get(key, rec.info.start_position))
-        if end[key] > begin:
-            parts.append(
-                RecordingRange(
-                    rec.settings,
-                    rec.info.recording_id,
-                    begin,
-                    end[key],
-                    rec.info.initial_term_id,
-                    rec.info.term_length,
-                    options.format == "text",
-                    local_reads=options.local_reads,
-                )
+        begin = _check_loss(o, rec, start.get(key, rec.start))
+        if begin is None or end[key] <= begin:
+            continue
+        if end[key] > rec.end:
+            raise PositionOutOfRangeError(
+                f"recording {key} ends at {rec.end}, before the planned offset {end[key]} "
+                "(truncated meanwhile?)"
             )
+        parts.append(rec.store.partition(rec, begin, end[key], o.format == "text"))
     return parts
 
 
-def _split(parts: list[RecordingRange], min_partitions: int | None) -> list[RecordingRange]:
-    """Cut ranges at message boundaries until there are about ``min_partitions`` of them, each
-    recording's share proportional to its bytes (deterministic: recorded data never changes)."""
+def split_ranges(parts: list[RecordingRange], min_partitions: int | None) -> list[RecordingRange]:
+    """Ranges cut by their stores into about ``min_partitions`` shares, each recording's share
+    proportional to its bytes (deterministic: recorded data never changes)."""
     if not min_partitions or len(parts) >= min_partitions or not parts:
         return parts
     total = sum(p.end - p.start for p in parts)
     out: list[RecordingRange] = []
     for part in parts:
         share = max(1, round(min_partitions * (part.end - part.start) / total))
-        if share == 1:
-            out.append(part)
-            continue
-        with pooled(part.settings) as client:
-            splits = client.scan(part.recording_id, part.start, part.end, parts=share).splits
-        bounds = [part.start, *splits, part.end]
-        out.extend(
-            dataclasses.replace(part, start=a, end=b)
-            for a, b in zip(bounds, bounds[1:], strict=False)
-            if b > a
-        )
+        out.extend([part] if share == 1 else part.store.split(part, share))
     return out
 
 
 def _limited_ends(
-    recordings: dict[str, _Rec],
+    recordings: dict[str, Recording],
     begin: dict[str, int],
     target: dict[str, int],
     max_messages: int | None,
     max_bytes: int | None,
-) -> tuple[dict[str, int], int]:
-    """Ends (message boundaries) of the next micro-batch within the limits, and its message count.
+    min_messages: int | None,
+) -> tuple[dict[str, int], int, bool]:
+    """Ends (message boundaries) of the next micro-batch within the limits, its message count,
+    and whether it holds at least ``min_messages`` (True without a minimum).
 
     The budget is shared evenly between recordings with data first, then what is left goes to
     those with more, so one recording's backlog never starves the others."""
@@ -289,34 +276,53 @@ def _limited_ends(
     messages_left = max_messages
     bytes_left = max_bytes
     total = 0
-    for rounds in (0, 1):
-        if not waiting:
-            break
-        share_messages = None if messages_left is None else max(1, messages_left // len(waiting))
-        share_bytes = None if bytes_left is None else max(1, bytes_left // len(waiting))
-        for key in list(waiting):
-            if messages_left is not None and messages_left <= 0:
+    counted = True
+    with _Sessions() as sessions:
+        for rounds in (0, 1):
+            if not waiting:
                 break
-            if bytes_left is not None and bytes_left <= 0:
-                break
-            rec = recordings[key]
-            with pooled(rec.settings) as client:
-                got = client.scan(
-                    rec.info.recording_id,
-                    ends[key],
-                    target[key],
-                    max_messages=messages_left if rounds else share_messages,
-                    max_bytes=bytes_left if rounds else share_bytes,
+            share_messages = (
+                None if messages_left is None else max(1, messages_left // len(waiting))
+            )
+            share_bytes = None if bytes_left is None else max(1, bytes_left // len(waiting))
+            for key in list(waiting):
+                if messages_left is not None and messages_left <= 0:
+                    break
+                if bytes_left is not None and bytes_left <= 0:
+                    break
+                rec = recordings[key]
+                budget = (
+                    Budget(messages_left, bytes_left)
+                    if rounds
+                    else Budget(share_messages, share_bytes)
                 )
-            total += got.messages
-            if messages_left is not None:
-                messages_left -= got.messages
-            if bytes_left is not None:
-                bytes_left -= got.end - ends[key]
-            ends[key] = got.end
-            if got.end >= target[key] or got.messages == 0:
-                waiting.remove(key)
-    return ends, total
+                end, messages = sessions.of(rec.store).scan(rec, ends[key], target[key], budget)
+                if messages < 0:  # not counted: no budget, the store read nothing
+                    counted = False
+                else:
+                    total += messages
+                if messages_left is not None:
+                    messages_left -= max(0, messages)
+                if bytes_left is not None:
+                    bytes_left -= end - ends[key]
+                ends[key] = end
+                if end >= target[key] or messages == 0:
+                    waiting.remove(key)
+        if min_messages is None:
+            return ends, total, True
+        if counted:
+            return ends, total, total >= min_messages
+        # a store that does not count unlimited scans: count up to the minimum, no further
+        have = 0
+        for key in sorted(ends):
+            if have >= min_messages or ends[key] <= begin.get(key, ends[key]):
+                continue
+            rec = recordings[key]
+            _, messages = sessions.of(rec.store).scan(
+                rec, begin[key], ends[key], Budget(min_messages - have)
+            )
+            have += messages
+        return ends, total, have >= min_messages
 
 
 def encode_offset(positions: dict[str, int]) -> dict[str, int]:
@@ -355,10 +361,11 @@ def format_fields(options: SourceOptions, schema: StructType | None) -> dict:
     return {"decoding": Decoding(fmt, data.serialize().to_pybytes(), policy, column, metadata)}
 
 
-def source_schema(options: SourceOptions) -> str | StructType:
+def source_schema(options: SourceOptions | ArchiveSourceOptions) -> str | StructType:
     """The rows' schema for ``DataSource.schema()``: given (``schema``) or inferred."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
+    options, stores = stores_of(options)
     fmt = options.format
     if fmt in ("binary", "text"):
         ddl = TEXT_SCHEMA_DDL if fmt == "text" else BINARY_SCHEMA_DDL
@@ -366,31 +373,33 @@ def source_schema(options: SourceOptions) -> str | StructType:
             ddl += f", `{options.corrupt_record_column}` binary"
         return ddl
     if fmt == "arrow":
-        return options.schema_ddl or from_arrow_schema(first_message_schema(options))
+        return options.schema_ddl or from_arrow_schema(first_message_schema(options, stores))
     if fmt == "sbe" and options.sbe is not None:
         return from_arrow_schema(source_arrow_schema(options.sbe, options.include_metadata))
     policy, column = options.bad_records_policy, options.corrupt_record_column
     if options.schema_ddl:
         return output_ddl(options.schema_ddl, policy, column, options.include_metadata)
-    data = first_message_schema(options)
+    data = first_message_schema(options, stores)
     return from_arrow_schema(full_schema(data, policy, column, options.include_metadata))
 
 
-def first_message_schema(options: SourceOptions) -> pa.Schema:
+def first_message_schema(options: SourceOptions, stores: Sequence[LogStore]) -> pa.Schema:
     """The schema of the first message of the streams (no ``schema`` option given)."""
-    for settings in options.all_settings:
-        with pooled(settings) as client:
-            for rec in client.list_recordings(stream_ids=list(options.stream_ids)):
-                start = max(rec.start_position, rec.purged_position)
-                if rec.recorded_position <= start:
+    for store in stores:
+        with store.session() as session:
+            for rec in session.recordings(options.stream_ids):
+                start = max(rec.start, rec.purged)
+                if rec.end <= start:
                     continue
-                first = client.scan(rec.recording_id, start, max_messages=1)
-                blocks = client.replay(rec.recording_id, start, first.end)
+                end, _ = session.scan(rec, start, rec.end, Budget(messages=1))
                 geometry = Geometry(rec.initial_term_id, rec.term_length)
-                for message in iter_messages(blocks, geometry):
-                    if options.format == "arrow":
-                        return formats_arrow.schema_of_payload(message.payload, message.position)
-                    return infer_schema(options.format, message.payload)
+                with session.replay(rec, start, end) as blocks:
+                    for message in iter_messages(blocks, geometry):
+                        if options.format == "arrow":
+                            return formats_arrow.schema_of_payload(
+                                message.payload, message.position
+                            )
+                        return infer_schema(options.format, message.payload)
     raise ConfigurationError(
         "schema", None, "a schema option (Spark DDL), since the streams hold no message yet"
     )
@@ -399,35 +408,34 @@ def first_message_schema(options: SourceOptions) -> pa.Schema:
 class AeronBatchReader(DataSourceReader):
     """``spark.read.format("aeron")``: a bounded read of every recording of the streams."""
 
-    def __init__(self, options: SourceOptions, schema: StructType | None = None) -> None:
-        self.options = options
-        self._format = format_fields(options, schema)
+    def __init__(
+        self, options: SourceOptions | ArchiveSourceOptions, schema: StructType | None = None
+    ) -> None:
+        self.options, self.stores = stores_of(options)
+        self._format = format_fields(self.options, schema)
         self._pushed = Pushed()
 
     def partitions(self) -> Sequence[InputPartition]:
         o = self.options
-        recordings = _recordings(o)
+        recordings = _recordings(o, self.stores)
         if self._pushed.sets:
-            recordings = {k: r for k, r in recordings.items() if self._pushed.keeps(r.info)}
+            recordings = {k: r for k, r in recordings.items() if self._pushed.keeps(r)}
         start = _start_positions(o, recordings)
         if o.ending_timestamp_ms is not None:
-            end = _positions_at(o, recordings, {k: o.ending_timestamp_ms for k in recordings})
-            end = {k: min(p, recordings[k].info.recorded_position) for k, p in end.items()}
+            end = _positions_at(recordings, o.ending_timestamp_ms)
+            end = {k: min(p, recordings[k].end) for k, p in end.items()}
         elif isinstance(o.ending, dict):
             unknown = set(o.ending) - set(recordings)
             if unknown:
                 raise PositionOutOfRangeError(
                     f"endingPositions names unknown recordings {sorted(unknown)}"
                 )
-            end = {
-                key: min(pos, recordings[key].info.recorded_position)
-                for key, pos in o.ending.items()
-            }
+            end = {key: min(pos, recordings[key].end) for key, pos in o.ending.items()}
         else:
-            end = {key: rec.info.recorded_position for key, rec in recordings.items()}
+            end = {key: rec.end for key, rec in recordings.items()}
         if not self._pushed.empty:
             start, end = _narrow(self._pushed, recordings, start, end)
-        parts = _split(_partitions(o, recordings, start, end), o.min_partitions)
+        parts = split_ranges(_partitions(o, recordings, start, end), o.min_partitions)
         return _with_format(parts, self._format)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -437,13 +445,15 @@ class AeronBatchReader(DataSourceReader):
 class AeronFilteringBatchReader(AeronBatchReader):
     """:class:`AeronBatchReader` taking Spark's filters (``spark.sql.python.filterPushdown.
     enabled=true``; Spark refuses a reader with ``pushFilters`` while that is off, so the data
-    source hands this one only when it is on)."""
+    source hands this one only when it is on, and only over stores that answer filters)."""
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
         """Narrow the read by what the store can answer (see :mod:`.pushdown`); with the
         metadata columns only (``format=binary/text``, or ``includeMetadata``). Every filter is
         returned: Spark still applies it to the rows read."""
         o = self.options
+        if not all(s.pushdown for s in self.stores):
+            return filters
         if o.format in ("binary", "text") or (o.include_metadata and o.format != "arrow"):
             return push_filters(self._pushed, filters)
         return filters
@@ -453,26 +463,28 @@ class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """``spark.readStream.format("aeron")``: micro-batches of newly recorded messages.
 
     Admission control: ``maxMessagesPerTrigger`` / ``maxBytesPerTrigger`` /
-    ``minMessagesPerTrigger``
-    become Spark's default read limit; every micro-batch ends on message boundaries the server
-    finds (``scan``), so no batch tears a fragmented message. ``Trigger.AvailableNow`` reads up to
-    the recorded positions at the time the query starts, in limited batches if limits are set.
+    ``minMessagesPerTrigger`` (with ``maxTriggerDelayMs``) become Spark's default read limit;
+    every micro-batch ends on message boundaries the store finds (``scan``), so no batch tears a
+    fragmented message. ``Trigger.AvailableNow`` reads up to the recorded positions at the time
+    the query starts, in limited batches if limits are set.
     """
 
-    def __init__(self, options: SourceOptions, schema: StructType | None = None) -> None:
-        self.options = options
-        self._format = format_fields(options, schema)
+    def __init__(
+        self, options: SourceOptions | ArchiveSourceOptions, schema: StructType | None = None
+    ) -> None:
+        self.options, self.stores = stores_of(options)
+        self._format = format_fields(self.options, schema)
         self._latest: dict[str, int] = {}
         self._available_now: dict[str, int] | None = None
         self._last_batch = time.monotonic()
 
     def initialOffset(self) -> dict:
-        return encode_offset(_start_positions(self.options, _recordings(self.options)))
+        o = self.options
+        return encode_offset(_start_positions(o, _recordings(o, self.stores)))
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._available_now = {
-            key: rec.info.recorded_position for key, rec in _recordings(self.options).items()
-        }
+        recordings = _recordings(self.options, self.stores)
+        self._available_now = {key: rec.end for key, rec in recordings.items()}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         o = self.options
@@ -486,19 +498,19 @@ class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
         o = self.options
-        recordings = _recordings(o)
+        recordings = _recordings(o, self.stores)
         current = decode_offset(start) if start else {}
         begin = dict(current)
         target: dict[str, int] = {}
         for key, rec in recordings.items():
             # Scan from the first readable position; a purged gap is partitions()' business
             # (failOnDataLoss), so it fails or is skipped there, not here.
-            begin[key] = max(begin.get(key, rec.info.start_position), rec.info.purged_position)
-            latest = rec.info.recorded_position
+            begin[key] = max(begin.get(key, rec.start), rec.purged)
+            latest = rec.end
             if self._available_now is not None:
                 latest = min(latest, self._available_now.get(key, begin[key]))
             target[key] = max(latest, begin[key])
-        self._latest = {**current, **{k: r.info.recorded_position for k, r in recordings.items()}}
+        self._latest = {**current, **{k: r.end for k, r in recordings.items()}}
         max_messages = max_bytes = min_messages = None
         if limit is not None and not isinstance(limit, ReadAllAvailable):
             # Spark hands one limit; the other limits from the options still apply.
@@ -511,12 +523,17 @@ class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 max_bytes = limit.max_bytes
             elif isinstance(limit, ReadMinRows):
                 min_messages = limit.min_rows
-        ends, messages = _limited_ends(recordings, begin, target, max_messages, max_bytes)
-        if min_messages is not None and messages < min_messages and self._available_now is None:
+        if self._available_now is not None:
+            min_messages = None  # AvailableNow reads what there is
+        ends, messages, enough = _limited_ends(
+            recordings, begin, target, max_messages, max_bytes, min_messages
+        )
+        if not enough:
             waited_ms = (time.monotonic() - self._last_batch) * 1000
             if waited_ms < o.max_trigger_delay_ms:
                 return encode_offset(current) if start else encode_offset(begin)
-        if messages:
+        moved = messages > 0 or any(ends[k] > begin[k] for k in recordings)
+        if moved:
             self._last_batch = time.monotonic()
             log.info(
                 "aeron source streams %s: next batch %d messages; %d bytes behind the latest "
@@ -533,13 +550,13 @@ class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return encode_offset(self._latest) if self._latest else None
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        recordings = _recordings(self.options)
+        recordings = _recordings(self.options, self.stores)
         begin = decode_offset(start)
         for key, rec in recordings.items():
             # A recording that appeared after the start offset was taken starts at its beginning.
-            begin.setdefault(key, rec.info.start_position)
+            begin.setdefault(key, rec.start)
         parts = _partitions(self.options, recordings, begin, decode_offset(end))
-        return _with_format(_split(parts, self.options.min_partitions), self._format)
+        return _with_format(split_ranges(parts, self.options.min_partitions), self._format)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         part: Any = partition  # a RecordingRange (or Spark's placeholder)
@@ -548,38 +565,37 @@ class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for batch in read_range(partition):
             rows += batch.num_rows
             yield batch
-        log.debug(
-            "recording %d [%d, %d): %d rows in %.3f s",
-            part.recording_id,
-            part.start,
-            part.end,
-            rows,
-            time.monotonic() - started,
-        )
+        if isinstance(part, RecordingRange):
+            log.debug(
+                "recording %s [%d, %d): %d rows in %.3f s",
+                part.key,
+                part.start,
+                part.end,
+                rows,
+                time.monotonic() - started,
+            )
 
     def commit(self, end: dict) -> None:
         """With a ``consumerId``: tell each server how far this query has processed its
         recordings, so its retention may purge below (and keeps what is above). Best effort: a
         server that cannot be told is logged, not fatal (its retention then keeps more, or, if it
-        ignores consumers, ``failOnDataLoss`` reports what was purged unread)."""
+        ignores consumers, ``failOnDataLoss`` reports what was purged unread). A store that keeps
+        no consumers (an archive) is told nothing (options refuse ``consumerId`` there)."""
         o = self.options
         if o.consumer_id is None:
             return
         offsets = decode_offset(end)
-        for settings in o.all_settings:
-            positions: dict[int, int] = {}
-            for key, pos in offsets.items():
-                endpoint, _, rid = key.rpartition("/")
-                if (endpoint or settings.endpoint) == settings.endpoint:
-                    positions[int(rid)] = pos
+        for store in self.stores:
+            if not store.consumers:
+                continue
             try:
-                with pooled(settings) as client:
-                    client.consumer_commit(o.consumer_id, o.stream_ids, positions)
+                with store.session() as session:
+                    session.commit_consumer(o.consumer_id, o.stream_ids, offsets)
             except Exception as exc:  # noqa: BLE001 - see the docstring
                 log.warning(
                     "aeron source: could not commit consumer %r positions to %s: %s",
                     o.consumer_id,
-                    settings.endpoint,
+                    store.settings.endpoint if isinstance(store, ServerStore) else store.name,
                     exc,
                 )
 
@@ -598,7 +614,9 @@ class AeronDriverStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvail
     a reader, so ``maxMessagesPerTrigger`` and the other limits are applied here.
     """
 
-    def __init__(self, options: SourceOptions, schema: StructType | None = None) -> None:
+    def __init__(
+        self, options: SourceOptions | ArchiveSourceOptions, schema: StructType | None = None
+    ) -> None:
         self._planner = AeronStreamReader(options, schema)
 
     def initialOffset(self) -> dict:

@@ -8,14 +8,16 @@ import struct
 
 import pytest
 
-from aeron_spark.connector.archive_options import (
+from aeron_spark.connector.client import ReplayBlock
+from aeron_spark.connector.formats import Geometry, iter_messages
+from aeron_spark.connector.options import (
     ArchiveConnect,
     is_archive_mode,
     parse_archive_source_options,
 )
-from aeron_spark.connector.archive_source import ArchiveRange, _owned, _split
-from aeron_spark.connector.client import ReplayBlock
-from aeron_spark.connector.formats import Geometry, iter_messages
+from aeron_spark.connector.source import split_ranges as _split
+from aeron_spark.connector.stores.archive import ArchiveRange, ArchiveStore
+from aeron_spark.connector.stores.archive import owned as _owned
 from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport.archive.client import ReplayedBlock
 
@@ -66,19 +68,18 @@ def test_bad_options_name_what_is_wrong(options: dict, name: str) -> None:
 
 def _range(start: int, end: int, term: int = 1024, limit: int | None = None) -> ArchiveRange:
     return ArchiveRange(
-        ArchiveConnect(ARCHIVE),
+        ArchiveStore(ArchiveConnect(ARCHIVE)),
         "1/2",
         2,
-        5,
-        6,
         start,
         end,
-        end if limit is None else limit,
-        limit is None,
         0,
         term,
-        0,
         False,
+        session_id=5,
+        stream_id=6,
+        limit=end if limit is None else limit,
+        exact=limit is None,
     )
 
 
@@ -191,9 +192,10 @@ def test_archive_sink_options_are_checked_clearly() -> None:
     streaming; stream-server options and a staging stream equal to the target are refused."""
     from pyspark.sql.types import BinaryType, StructField, StructType
 
-    from aeron_spark.connector.archive_options import parse_archive_sink_options
-    from aeron_spark.connector.archive_sink import ArchiveBatchWriter, ArchiveStreamWriter
     from aeron_spark.connector.datasource import AeronDataSource
+    from aeron_spark.connector.options import parse_archive_sink_options
+    from aeron_spark.connector.sink import AeronBatchWriter, AeronStreamWriter
+    from aeron_spark.connector.stores.archive.sink import ArchiveSink
 
     schema = StructType([StructField("value", BinaryType())])
     base = {"archive": ARCHIVE, "streamId": "1"}
@@ -206,8 +208,11 @@ def test_archive_sink_options_are_checked_clearly() -> None:
         assert info.value.name == "channel"
     channel = "aeron:udp?endpoint=127.0.0.1:40456|term-length=65536|session-id=7"
     ok = AeronDataSource({**base, "channel": channel, "sinkId": "s"})
-    assert isinstance(ok.writer(schema, False), ArchiveBatchWriter)
-    assert isinstance(ok.streamWriter(schema, False), ArchiveStreamWriter)
+    for writer in (ok.writer(schema, False), ok.streamWriter(schema, False)):
+        assert isinstance(writer, AeronBatchWriter | AeronStreamWriter)
+        assert isinstance(writer.store, ArchiveSink)
+    assert isinstance(ok.writer(schema, False), AeronBatchWriter)
+    assert isinstance(ok.streamWriter(schema, False), AeronStreamWriter)
     o = parse_archive_sink_options({**base, "channel": channel})
     assert o.channel == "aeron:udp?endpoint=127.0.0.1:40456"  # the sink sets session-id itself
     assert o.term_length == 65536 and o.staging_channel == o.channel

@@ -21,13 +21,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from aeron_spark.connector import archive_sink, archive_source
 from aeron_spark.connector.archive_markers import BEGIN, MARKER_RESERVED_VALUE, read_tail
-from aeron_spark.connector.archive_options import (
+from aeron_spark.connector.options import (
     ArchiveSinkOptions,
     parse_archive_sink_options,
     parse_archive_source_options,
 )
+from aeron_spark.connector.source import AeronBatchReader
+from aeron_spark.connector.stores.archive import sink as archive_sink
 from aeron_spark.transport.testing import free_udp_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +71,7 @@ def _stage(o: ArchiveSinkOptions, batch: int, partition: int, rows: list[bytes],
 def _read(archive: aeron_peer.JavaArchive, stream_id: int) -> list[tuple[bytes, int]]:
     """(value, reserved value) of every row the archive source reads of the stream."""
     src = parse_archive_source_options({"archive": archive.control_channel, "streamId": stream_id})
-    reader = archive_source.ArchiveBatchReader(src, None)
+    reader = AeronBatchReader(src, None)
     out = []
     for part in reader.partitions():
         for batch in reader.read(part):
@@ -168,7 +169,7 @@ def test_blocks_split_at_small_target_terms_and_a_wider_staging_mtu(
 
 _KILL_AFTER_BEGIN = """
 import os, signal, sys, dataclasses, pickle
-from aeron_spark.connector import archive_sink
+from aeron_spark.connector.stores.archive import sink as archive_sink
 o, parts = pickle.loads(bytes.fromhex(sys.argv[1]))
 with archive_sink.connect(o.connect) as client:
     committer = archive_sink.ArchiveCommitter(o, "id", client)
@@ -313,3 +314,46 @@ def test_a_java_replay_reads_every_row_once_skipping_markers(
     rows = [bytes.fromhex(line[4:]) for line in lines if line.startswith("ROW ")]
     assert rows == [r for rows in batches for r in rows]
     assert lines[-1] == f"DONE rows={len(rows)} markers=6"
+
+
+def test_min_messages_per_trigger_holds_back_a_batch_in_archive_mode(
+    archive: aeron_peer.JavaArchive,
+) -> None:
+    """Issue 29: archive mode took ``minMessagesPerTrigger`` and never used it (its reader's
+    default limit and ``latestOffset`` ignored it). Now the one reader applies it to either
+    store: fewer messages than the minimum make no batch until ``maxTriggerDelayMs`` passed."""
+    from pyspark.sql.streaming.datasource import ReadMinRows
+
+    from aeron_spark.connector.source import AeronStreamReader, decode_offset
+
+    o = _options(archive, 2207)
+    _commit(o, 0, [_stage(o, 0, 0, [b"a", b"b", b"c"])])  # 3 messages committed
+
+    def reader(delay: str) -> AeronStreamReader:
+        return AeronStreamReader(
+            parse_archive_source_options(
+                {
+                    "archive": archive.control_channel,
+                    "streamId": "2207",
+                    "minMessagesPerTrigger": "5",
+                    "maxTriggerDelayMs": delay,
+                }
+            )
+        )
+
+    waiting = reader("1h")
+    limit = waiting.getDefaultReadLimit()
+    assert isinstance(limit, ReadMinRows) and limit.min_rows == 5
+    start = waiting.initialOffset()
+    assert waiting.latestOffset(start, limit) == start  # 3 < 5: no batch yet
+    (key,) = decode_offset(start)
+    assert decode_offset(waiting.reportLatestOffset() or {})[key] > decode_offset(start)[key]
+    # maxTriggerDelayMs passed: the 3 go
+    impatient = reader("0")
+    moved = impatient.latestOffset(start, impatient.getDefaultReadLimit())
+    assert decode_offset(moved)[key] > decode_offset(start)[key]
+    _commit(o, 1, [_stage(o, 1, 0, [b"d", b"e", b"f"])])  # now 6 >= 5
+    end = waiting.latestOffset(start, limit)
+    assert decode_offset(end)[key] > decode_offset(moved)[key]
+    rows = [r for p in waiting.partitions(start, end) for b in waiting.read(p) for r in b["value"]]
+    assert [r.as_py() for r in rows] == [b"a", b"b", b"c", b"d", b"e", b"f"]

@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.errors import (
     LimitExceededError,

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.server.testing import server_process
 from aeron_spark.connector.session import chunking

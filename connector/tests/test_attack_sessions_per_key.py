@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.server.testing import server_process
 from aeron_spark.handshake.keystore import client_public_key_hex

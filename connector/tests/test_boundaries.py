@@ -34,14 +34,7 @@ _DATA_FLAGS = {0x80, 0x40, 0x20, 0xC0}
 # Known cases in files other engineers are rewriting this session (issue 29's other items), as
 # "file: finding" without the line; each names the branch that owns the file. The lead removes an
 # entry once that branch lands without it (the test fails on an entry that is no longer found).
-KNOWN_WIRE_FORMAT: dict[str, str] = {
-    "connector/archive_source.py: flag literal 0x80 (use frames.DataFlags)": (
-        "TODO(store): the store branch rewrites archive_source.py"
-    ),
-    "connector/archive_source.py: flag literal 0x40 (use frames.DataFlags)": (
-        "TODO(store): the store branch rewrites archive_source.py"
-    ),
-}
+KNOWN_WIRE_FORMAT: dict[str, str] = {}
 KNOWN_PRIVATE: dict[str, str] = {}
 
 # Private names of other libraries that are their public API, or that they give no public name

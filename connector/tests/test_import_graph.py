@@ -41,6 +41,15 @@ CONNECTOR_RULES = {
         "aeron_spark.connector.options",
         "aeron_spark.connector.source",
         "aeron_spark.connector.sink",
+        "aeron_spark.connector.stores",
+    ),
+    # the log stores implement the contract the source and the sink are written over (issue
+    # 29): they never reach up into the reader, the writer or the data source
+    "aeron_spark.connector.stores": (
+        "aeron_spark.connector.source",
+        "aeron_spark.connector.sink",
+        "aeron_spark.connector.datasource",
+        "aeron_spark.connector.raw",
     ),
     "aeron_spark.connector.client": ("aeron_spark.connector.server",),
     "aeron_spark.connector.local": ("aeron_spark.connector.server", "aeron_spark.connector.client"),

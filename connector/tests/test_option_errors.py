@@ -10,9 +10,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from aeron_spark.connector.archive_options import parse_archive_source_options
 from aeron_spark.connector.formats_sbe import check_sink_schema
-from aeron_spark.connector.options import parse_sink_options, parse_source_options
+from aeron_spark.connector.options import (
+    parse_archive_source_options,
+    parse_sink_options,
+    parse_source_options,
+)
 from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport import sbe
 
@@ -124,3 +127,37 @@ def test_a_kafka_option_is_named_as_spelled_and_ours_given(key: str, ours: str) 
     assert info.value.name in (key, *KAFKA_SPELLINGS)
     assert info.value.name.lower() == key.lower()
     assert f"here it is {ours}" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("parse", "options", "name", "store"),
+    [
+        (
+            parse_source_options,
+            {"archiveControlStreamId": "10"},
+            "archiveControlStreamId",
+            "server",
+        ),
+        (parse_source_options, {"archiveResponseHost": "h"}, "archiveResponseHost", "server"),
+        (parse_sink_options, {"archiveStagingChannel": "x"}, "archiveStagingChannel", "server"),
+        (parse_archive_source_options, {"consumerId": "c"}, "consumerId", "archive"),
+        (parse_archive_source_options, {"readOn": "driver"}, "readOn", "archive"),
+        (parse_archive_source_options, {"endingTimestamp": "1"}, "endingTimestamp", "archive"),
+    ],
+)
+def test_an_option_of_another_store_is_refused_naming_option_and_store(
+    parse: object, options: dict[str, str], name: str, store: str
+) -> None:
+    """Issue 29: the options of each store are one section of one module, and an option the
+    chosen store does not take is refused at load() with a coded error naming both (before, a
+    stream server source called archiveControlStreamId "not a known source option")."""
+    from aeron_spark.connector.options import StoreOptionError
+
+    base = {"streamId": "1"}
+    if parse is parse_archive_source_options:
+        base["archive"] = "aeron:udp?endpoint=127.0.0.1:8010"
+    with pytest.raises(StoreOptionError) as info:
+        parse(_lowered({**base, **options}))  # type: ignore[operator]
+    assert info.value.code == "OPTION_NOT_FOR_STORE"
+    assert info.value.name == name
+    assert store in info.value.store and f"no {name} with {info.value.store}" in str(info.value)

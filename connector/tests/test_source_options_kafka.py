@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aeron_spark.connector.archive_options import parse_archive_source_options
-from aeron_spark.connector.options import parse_source_options
+from aeron_spark.connector.options import parse_archive_source_options, parse_source_options
 from aeron_spark.errors import ConfigurationError
 
 ARCHIVE = "aeron:udp?endpoint=127.0.0.1:8010"

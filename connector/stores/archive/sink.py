@@ -1,4 +1,5 @@
-"""The ``aeron`` sink in archive mode: exactly-once appends into a real Aeron Archive.
+"""An Aeron Archive as a :class:`~aeron_spark.connector.stores.SinkStore`: exactly-once appends
+into a real Aeron Archive.
 
 ``df.write/writeStream.format("aeron").option("archive", "aeron:udp?endpoint=host:8010")
 .option("channel", "aeron:udp?endpoint=host:40456").option("streamId", 1001)
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import random
-import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -39,12 +39,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
-    WriterCommitMessage,
-)
-from pyspark.sql.types import StructType
+from pyspark.sql.datasource import WriterCommitMessage
 
 from aeron_spark.connector.archive_markers import (
     BEGIN,
@@ -59,22 +54,11 @@ from aeron_spark.connector.archive_markers import (
     sink_hash,
     target_alias,
 )
-from aeron_spark.connector.archive_options import (
-    ArchiveSinkOptions,
-    connect,
-    parse_archive_sink_options,
-)
 from aeron_spark.connector.errors import ServerUnavailableError
 from aeron_spark.connector.formats_sbe import encode_task
-from aeron_spark.connector.options import ROUTING_COLUMN
-from aeron_spark.connector.sink import (
-    check_sink_schema,
-    refuse_batch_id,
-    sink_payloads,
-    streaming_batch_id,
-    task_attempt,
-    warn_stream_id_column_ignored,
-)
+from aeron_spark.connector.options import ArchiveSinkOptions
+from aeron_spark.connector.stores.archive.source import connect
+from aeron_spark.connector.stores.tasks import sink_payloads, task_attempt
 from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport import ChannelConfig, ChannelError, TransportError
 from aeron_spark.transport.archive.client import (
@@ -89,6 +73,7 @@ from aeron_spark.transport.protocol.frames import (
     DATA_HEADER_LENGTH,
     DataFlags,
     FrameType,
+    uniform_run,
 )
 from aeron_spark.transport.protocol.logbuffer import is_reserved_session_id
 
@@ -324,7 +309,6 @@ _header = DATA_HEADER.pack
 _ZEROS = bytes(32)
 
 
-_UNFRAGMENTED_DATA_WORD = _UNFRAGMENTED << 8 | _TYPE_DATA << 16  # version, flags, type
 _UNIFORM_MIN_FRAMES = 16  # below this numpy's fixed cost is more than a step per frame
 
 
@@ -338,10 +322,7 @@ def _uniform_frames(view: memoryview, mtu: int) -> int:
     aligned = (first + 31) & -32
     if first < DATA_HEADER_LENGTH or first > mtu or size % aligned:
         return 0
-    words = np.frombuffer(view, dtype="<i4").reshape(-1, aligned // 4)
-    if (words[:, 0] == first).all() and (words[:, 1] == _UNFRAGMENTED_DATA_WORD).all():
-        return aligned
-    return 0
+    return aligned if uniform_run(view, 0, first) == size // aligned else 0
 
 
 def _longest_frame(data: bytearray) -> int:
@@ -757,88 +738,35 @@ def abort_batch(o: ArchiveSinkOptions, identity: str, batch: int, messages: list
     log.warning("archive sink %s: batch %d aborted: %s", identity, batch, stats)
 
 
-# ------------------------------------------------------------------ the writers
+# ------------------------------------------------------------------ the store
 
 
-class ArchiveStreamWriter(DataSourceStreamArrowWriter):
-    def __init__(self, options: ArchiveSinkOptions) -> None:
-        refuse_batch_id(options.sink, "a streaming write (Spark gives each micro-batch its id)")
-        if not options.sink.sink_id:
-            raise ConfigurationError(
-                "sinkId",
-                None,
-                "a stable sink identity for exactly-once streaming writes into the archive "
-                "(keep it across query restarts)",
-            )
-        self.options = options
-        self.identity = str(options.sink.commit_identity)
+@dataclass(frozen=True, slots=True)
+class ArchiveSink:
+    """The sink's side of one Aeron Archive: stage, commit and abort as above."""
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> ArchiveStaged:
-        return stage(self.options, self.identity, streaming_batch_id(), iterator)
+    options: ArchiveSinkOptions
+    name = "archive"
 
-    def commit(self, messages: list, batchId: int) -> None:
-        commit_batch(self.options, self.identity, batchId, messages)
+    def stage(self, identity: str, batch_id: int, rows: Iterator[pa.RecordBatch]) -> ArchiveStaged:
+        return stage(self.options, identity, batch_id, rows)
 
-    def abort(self, messages: list, batchId: int) -> None:
-        abort_batch(self.options, self.identity, batchId, messages)
+    def commit(self, identity: str, batch_id: int, messages: list, repeated: str | None) -> None:
+        """A repeated commit appends nothing: the target's END marker of the batch says so."""
+        commit_batch(self.options, identity, batch_id, messages)
 
-
-class ArchiveBatchWriter(DataSourceArrowWriter):
-    def __init__(self, options: ArchiveSinkOptions) -> None:
-        self.options = options
-        self.identity = options.sink.sink_id or "batch-write"
-        # batchId (with sinkId): the caller's idempotence key; the commit skips a batch whose
-        # END marker ends the target already (a replayed foreachBatch batch is the last one)
-        batch_id = options.sink.batch_id
-        self.batch_id = batch_id if batch_id is not None else secrets.randbits(62)
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> ArchiveStaged:
-        return stage(self.options, self.identity, self.batch_id, iterator)
-
-    def commit(self, messages: list) -> None:
-        commit_batch(self.options, self.identity, self.batch_id, messages)
-
-    def abort(self, messages: list) -> None:
-        abort_batch(self.options, self.identity, self.batch_id, messages)
-
-
-def _parse(options: dict, schema: StructType) -> ArchiveSinkOptions:
-    has_column = ROUTING_COLUMN in schema.fieldNames()
-    if has_column and not any(str(k).lower() in ("streamid", "streamids") for k in options):
-        raise ConfigurationError(
-            "streamId",
-            None,
-            f"a stream id with archive: the archive sink appends to one target recording "
-            f"of streamId and does not route rows by a {ROUTING_COLUMN} column",
-        )
-    o = parse_archive_sink_options(options)
-    if has_column:
-        warn_stream_id_column_ignored(o.sink.stream_id)
-    check_sink_schema(schema, o.sink.format, o.sink.sbe)
-    return o
-
-
-def batch_writer(options: dict, schema: StructType, overwrite: bool) -> ArchiveBatchWriter:
-    o = _parse(options, schema)
-    if overwrite:
-        raise ConfigurationError("mode", "overwrite", "append (a recording cannot be overwritten)")
-    return ArchiveBatchWriter(o)
-
-
-def stream_writer(options: dict, schema: StructType) -> ArchiveStreamWriter:
-    return ArchiveStreamWriter(_parse(options, schema))
+    def abort(self, identity: str, batch_id: int, messages: list) -> None:
+        abort_batch(self.options, identity, batch_id, messages)
 
 
 __all__ = [
     "Append",
-    "ArchiveBatchWriter",
     "ArchiveCommitter",
+    "ArchiveSink",
     "ArchiveStaged",
-    "ArchiveStreamWriter",
     "CommitStats",
     "abort_batch",
-    "batch_writer",
     "commit_batch",
+    "connect",
     "stage",
-    "stream_writer",
 ]

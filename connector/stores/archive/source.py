@@ -1,0 +1,286 @@
+"""An Aeron Archive as a :class:`~aeron_spark.connector.stores.LogStore`.
+
+``spark.read/readStream.format("aeron").option("archive", "aeron:udp?endpoint=host:8010")
+.option("streamId", 1001)`` (optionally ``.option("channel", "<fragment>")``) reads every
+recording of that stream the archive holds (whose channel contains the fragment):
+
+* offset keys are ``"<archiveId>/<recordingId>"``; a recording's end is the recording position
+  of an active recording and the stop position of a stopped one; for an archive sink's target,
+  the end of its last committed batch (read-committed, :mod:`...archive_markers`);
+* message boundaries (``scan``) are found by replaying from the batch start on the driver and
+  stopping at the budget; an unlimited scan reads nothing and counts nothing;
+* ``split`` cuts a range into as many shares as asked, proportionally to their bytes, each task
+  taking the messages that *begin* in its share: a share's replay starts at the term boundary at
+  or below it (every term starts with a frame), so a task reads at most one term more than its
+  share;
+* each task opens its own control session and a bounded replay of exactly its range (to its
+  own subscription port, so its own replay session), writes the recording's session id back
+  over the replay's in every frame; a retried task reads the same bytes and returns the same
+  rows. A replay that stalls or an archive that goes away fails the task within ``timeoutMs``.
+
+The ``timestamp`` column holds the recording's start time: an Aeron Archive keeps no time per
+message (no time index), no consumer positions, and answers no pushed filters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from aeron_spark.connector.archive_markers import frames, is_sink_target, mask_markers, read_tail
+from aeron_spark.connector.options import ArchiveConnect
+from aeron_spark.connector.pushdown import Pushed
+from aeron_spark.connector.session.replay import ReplayBlock
+from aeron_spark.connector.stores import Budget, Features, Recording, RecordingRange, no_hook
+from aeron_spark.transport.archive.client import ArchiveClient
+from aeron_spark.transport.archive.client.client import ReplayedBlock
+from aeron_spark.transport.protocol.frames import FRAME_ALIGNMENT, DataFlags
+
+_FLAG_BEGIN, _FLAG_END = int(DataFlags.BEGIN), int(DataFlags.END)
+
+
+def connect(c: ArchiveConnect) -> ArchiveClient:
+    """A control session with the archive ``c`` names (the source's and the sink's)."""
+    return ArchiveClient.connect(
+        c.control_channel,
+        control_stream_id=c.control_stream_id,
+        response_host=c.response_host,
+        timeout_s=c.timeout_s,
+    )
+
+
+_TYPE_PAD = 0x00
+
+
+@dataclass(frozen=True)
+class ArchiveRange(RecordingRange):
+    """The messages of a recording that begin in ``[start, end)``, replayed from the archive up
+    to ``limit`` (``end`` itself when ``exact``: both ends are message boundaries)."""
+
+    session_id: int = 0
+    stream_id: int = 0
+    limit: int = 0
+    exact: bool = True
+    timestamp_ns: int = 0
+    sink_target: bool = False  # an archive sink's target: its marker frames are not rows
+    # where the replay starts when ``start`` is not a frame boundary (a share of a split range):
+    # the term boundary at or below ``start``; None: ``start``
+    replay_from: int | None = None
+
+
+def _without_markers(blocks: Iterable[ReplayedBlock]) -> Iterator[ReplayedBlock]:
+    """The archive sink's BEGIN/END marker frames turned into padding (not rows)."""
+    for b in blocks:
+        data, masked = mask_markers(b.data)
+        yield b if not masked else ReplayedBlock(b.position, data, b.end_position)
+
+
+def owned(blocks: Iterable[ReplayedBlock], p: ArchiveRange) -> Iterator[ReplayedBlock]:
+    """The frames of the messages that begin in ``[p.start, p.end)``: leading fragments of a
+    message begun before ``start`` are dropped, and reading stops after the last message that
+    began before ``end`` is complete."""
+    started = p.start == 0
+    open_message = False
+    for block in blocks:
+        first = last = None
+        done = False
+        for at, aligned, _length, flags, ftype in frames(block.data):
+            position = block.position + at
+            if position < p.start:  # replayed from the term boundary below the share
+                continue
+            if ftype == _TYPE_PAD:
+                if first is not None:
+                    last = at + aligned
+                continue
+            if not started:
+                if not flags & _FLAG_BEGIN:
+                    continue
+                started = True
+            if flags & _FLAG_BEGIN:
+                if position >= p.end:
+                    done = True
+                    break
+                open_message = not flags & _FLAG_END
+            elif flags & _FLAG_END:
+                open_message = False
+            if first is None:
+                first = at
+            last = at + aligned
+        if first is not None and last is not None:
+            yield ReplayedBlock(
+                block.position + first, block.data[first:last], block.position + last
+            )
+        if done or (started and not open_message and block.end_position >= p.end):
+            return
+
+
+def split_range(p: ArchiveRange, shares: int) -> list[RecordingRange]:
+    """``p`` cut into ``shares`` proportional shares (at least one 32-byte frame each;
+    deterministic). A cut need not be a frame boundary: its task replays from the term boundary
+    at or below it (a frame boundary) and keeps the messages that begin in its share."""
+    cuts = sorted(
+        {(p.start + (p.end - p.start) * i // shares) & -FRAME_ALIGNMENT for i in range(1, shares)}
+    )
+    bounds = [p.start, *(c for c in cuts if p.start < c < p.end), p.end]
+    if len(bounds) == 2:
+        return [p]
+    return [
+        dataclasses.replace(
+            p,
+            start=a,
+            end=b,
+            limit=p.end,
+            exact=False,
+            replay_from=None if a == p.start else max(p.start, a // p.term_length * p.term_length),
+        )
+        for a, b in zip(bounds, bounds[1:], strict=False)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveSession:
+    store: ArchiveStore
+    client: ArchiveClient
+
+    def recordings(self, stream_ids: tuple[int, ...]) -> list[Recording]:
+        client = self.client
+        archive_id = client.archive_id()
+        out = []
+        for stream_id in stream_ids:
+            for d in client.list_recordings_for_uri(self.store.channel, stream_id):
+                end = d.stop_position
+                if d.is_active:
+                    end = client.recording_position(d.recording_id)
+                    if end < 0:  # stopped since it was listed
+                        end = client.stop_position(d.recording_id)
+                if end < 0:
+                    continue
+                target = is_sink_target(d.original_channel)
+                if target and end > d.start_position:
+                    # read-committed: up to the last END marker of the sink's appends
+                    end = read_tail(
+                        client, d.recording_id, d.start_position, end, d.term_buffer_length
+                    ).committed_end
+                out.append(
+                    Recording(
+                        f"{archive_id}/{d.recording_id}",
+                        self.store,
+                        d.recording_id,
+                        d.stream_id,
+                        d.session_id,
+                        d.initial_term_id,
+                        d.term_buffer_length,
+                        d.mtu_length,
+                        d.start_position,
+                        d.start_position,  # an archive purges whole recordings' heads
+                        end,
+                        d.start_timestamp_ms * 1_000_000,
+                        committed_only=target,
+                    )
+                )
+        return sorted(out, key=lambda r: r.recording_id)
+
+    def scan(self, rec: Recording, start: int, target: int, budget: Budget) -> tuple[int, int]:
+        """Replayed from ``start``; the replay is stopped once the budget is spent."""
+        if target <= start:
+            return start, 0
+        if budget.unlimited:
+            return target, -1  # everything: the count is not needed
+        max_messages, max_bytes = budget.messages, budget.bytes
+        end, messages = start, 0
+        replay = self.client.replay(rec.recording_id, start, target)
+        blocks: Iterable[ReplayedBlock] = replay
+        if rec.committed_only:
+            blocks = _without_markers(replay)
+        try:
+            for block in blocks:
+                for at, aligned, _length, flags, ftype in frames(block.data):
+                    if ftype == _TYPE_PAD or not flags & _FLAG_END:
+                        continue
+                    boundary = block.position + at + aligned
+                    if messages and max_bytes is not None and boundary - start > max_bytes:
+                        return end, messages
+                    end, messages = boundary, messages + 1
+                    if max_messages is not None and messages >= max_messages:
+                        return end, messages
+            return target, messages
+        finally:
+            replay.close()  # stops the replay if it is still running
+
+    @contextmanager
+    def replay(self, rec: Recording, start: int, end: int) -> Iterator[Iterator[ReplayBlock]]:
+        replay = self.client.replay(rec.recording_id, start, end)
+        try:
+            replayed = _without_markers(replay) if rec.committed_only else replay
+            yield (ReplayBlock(b.position, b.data, 0, b.end_position) for b in replayed)
+        finally:
+            replay.close()
+
+    def position_at(self, rec: Recording, timestamp_ns: int) -> int:
+        raise no_hook(self.store, "time index")
+
+    def narrow(self, pushed: Pushed, rec: Recording, start: int, end: int) -> tuple[int, int]:
+        raise no_hook(self.store, "filter pushdown")
+
+    def commit_consumer(
+        self, consumer_id: str, stream_ids: tuple[int, ...], positions: dict[str, int]
+    ) -> None:
+        raise no_hook(self.store, "consumer positions")
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveStore(Features):
+    """One Aeron Archive, reached through ``connect``; recordings whose channel contains
+    ``channel`` ("": all)."""
+
+    connect: ArchiveConnect
+    channel: str = ""
+    name = "archive"  # no time index, pushdown nor consumers (Features' defaults)
+
+    @contextmanager
+    def session(self) -> Iterator[ArchiveSession]:
+        with connect(self.connect) as client:
+            yield ArchiveSession(self, client)
+
+    def partition(self, rec: Recording, start: int, end: int, text: bool) -> ArchiveRange:
+        return ArchiveRange.of(
+            self,
+            rec,
+            start,
+            end,
+            text,
+            session_id=rec.session_id,
+            stream_id=rec.stream_id,
+            limit=end,
+            exact=True,
+            timestamp_ns=rec.timestamp_ns,
+            sink_target=rec.committed_only,
+        )
+
+    def split(self, part: RecordingRange, shares: int) -> list[RecordingRange]:
+        assert isinstance(part, ArchiveRange)
+        return split_range(part, shares)
+
+    @contextmanager
+    def read(self, part: RecordingRange) -> Iterator[Iterator[ReplayBlock]]:
+        assert isinstance(part, ArchiveRange)
+        p = part
+        with connect(self.connect) as client:
+            replayed = client.replay(
+                p.recording_id,
+                p.start if p.replay_from is None else p.replay_from,
+                p.end if p.exact else p.limit,
+                session_id=p.session_id,
+                stream_id=p.stream_id,
+            )
+            try:
+                kept = replayed if p.exact else owned(replayed, p)
+                if p.sink_target:
+                    kept = _without_markers(kept)
+                yield (
+                    ReplayBlock(b.position, b.data, p.timestamp_ns, b.end_position) for b in kept
+                )
+            finally:
+                replayed.close()
