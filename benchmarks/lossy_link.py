@@ -21,7 +21,7 @@ With ``--real-aeron`` the real Aeron runs every case too, in the same run, over 
 and loss, taking turns with ours: a Java media driver on each host (``io.aeron:aeron-all`` from
 Maven Central, ``python transport/tests/aeron_peer.py fetch``; SHARED threading, backoff idle,
 its defaults otherwise, as ours uses its own) and a small publisher / subscriber on its client API
-(``benchmarks/aeron_lossy/LossyPeer.java``, compiled at start into a temporary directory) doing
+(``benchmarks/aeron_java/BenchPeer.java``, compiled at start into a temporary directory) doing
 what ours does: the same channel parameters, message sizes, seconds and in-order check. Its
 figures carry a ``java_`` prefix; ``ours_to_java`` divides our goodput by the real driver's.
 
@@ -58,7 +58,7 @@ from aeron_spark.transport.testing_netns import (
 )
 
 HERE = Path(__file__).resolve().parent
-JAVA_PEER = HERE / "aeron_lossy" / "LossyPeer.java"
+JAVA_PEER = HERE / "aeron_java" / "BenchPeer.java"
 
 
 def _case(link: LossyLink, loss: float, size: int, seconds: float, window: str) -> dict[str, Any]:
@@ -152,6 +152,19 @@ class _Program:
             )
         return got
 
+    def try_json(self, timeout_s: float) -> dict[str, Any] | None:
+        """The next JSON line if one comes within ``timeout_s``, else None (raises at EOF)."""
+        try:
+            got = self._json.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+        if got is None:
+            self._json.put(None)
+            raise RuntimeError(
+                f"{self.name} exited ({self.proc.poll()}):\n" + "\n".join(self.lines[-30:])
+            )
+        return got
+
     def write(self, text: str) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.write(text)
@@ -173,7 +186,7 @@ class _Program:
 
 
 class JavaHosts:
-    """A real Java media driver on each host of ``link`` and the compiled ``LossyPeer``."""
+    """A real Java media driver on each host of ``link`` and the compiled ``BenchPeer``."""
 
     def __init__(self, link: LossyLink, tmp: str) -> None:
         self.peer = _aeron_peer()
@@ -181,7 +194,7 @@ class JavaHosts:
         if reason is not None:
             raise SystemExit(f"--real-aeron: {reason}")
         self.link = link
-        self.classes = self.peer.compile_java(JAVA_PEER.read_text(), "LossyPeer", Path(tmp))
+        self.classes = self.peer.compile_java(JAVA_PEER.read_text(), "BenchPeer", Path(tmp))
         self.drivers: list[tuple[_Program, str]] = []
         self.ports = itertools.count(random.randrange(20000, 40000))
         for host in (link.a, link.b):
@@ -209,12 +222,12 @@ class JavaHosts:
     def client(self, host_index: int, args: list[str]) -> _Program:
         host = (self.link.a, self.link.b)[host_index]
         argv = self.peer.java_argv(
-            "LossyPeer",
+            "BenchPeer",
             {"aeron.dir": self.drivers[host_index][1]},
             classpath=[self.classes],
             args=args,
         )
-        return _Program(host.command(argv), f"LossyPeer {args[0]}")
+        return _Program(host.command(argv), f"BenchPeer {args[0]}")
 
     def publisher_counters(self) -> dict[str, int]:
         counters, _ = self.peer.read_cnc(self.drivers[0][1])

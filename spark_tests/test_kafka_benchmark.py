@@ -76,3 +76,37 @@ def test_kafka_benchmark_tiny_run_prints_every_figure() -> None:
         0,
     )
     assert result["kafka_missing"] == 0 and result["kafka_unexpected"] == 0
+
+
+def test_kafka_benchmark_real_time_contender_measured_beside_read_on_driver() -> None:
+    """``--real-time`` (issue 34): Kafka -> Kafka in Spark's Real-Time Mode, stamped in the JVM,
+    in the same run as aeron ``readOn=driver``; throughput (``--rows 0``) and the exactly-once
+    copy skipped. Either RTM ran (every stamped message came back) or Spark's refusal is in the
+    JSON."""
+    missing = [tool for tool in ("java", "mvn") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not on PATH: the broker comes from Maven Central")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.kafka", "--rows", "0", "--exactly-once-rows", "0"]
+        + ["--latency-messages", "3", "--real-time", "1 second"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1400,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "rows" not in result and "aeron_to_kafka_source_ratio" not in result
+    assert result["real_time_batch"] == "1 second"
+    assert result["latency_aeron_driver_samples"] == 3, result.get("latency_aeron_driver_error")
+    if "real_time_error" in result:  # a Spark before 4.1
+        assert not result["pyspark_version"].startswith(("4.1", "4.2", "4.3"))
+    else:
+        assert result["latency_kafka_real_time_samples"] == 3
+        assert result["latency_kafka_real_time_p50_ms"] >= 0
+        assert result["aeron_driver_to_kafka_real_time_p50_ratio"] > 0
+    assert result["load_average_before"] and result["load_average_after"]
+    assert result["real_time_aeron_source"] and not result["real_time_aeron_source"].startswith(
+        "none"
+    )

@@ -1,10 +1,13 @@
-// The real Aeron's side of benchmarks/lossy_link.py: a publisher and a subscriber on the Aeron
-// client API (io.aeron:aeron-all from Maven Central, never kept in this repository), each against
-// a real Java media driver (aeron.dir from the system property), doing what testing_netns.transfer
-// does with ours.
+// The real Aeron's side of benchmarks/lossy_link.py and benchmarks/real_subscriber.py: a publisher
+// and a subscriber on the Aeron client API (io.aeron:aeron-all from Maven Central, never kept in
+// this repository), each against a real Java media driver (aeron.dir from the system property),
+// doing what testing_netns.transfer / real_subscriber do with ours.
 //   pub CHANNEL STREAM SIZE SECONDS: offers SIZE-byte messages (first 8 bytes: the index, little
 //     endian) for SECONDS as fast as flow control allows, prints {"offered":N,"start_ns":T}, then
 //     keeps the publication open (retransmits) until its stdin closes.
+//   pubn CHANNEL STREAM COUNT MAX_SIZE SEED: offers COUNT messages of 1..MAX_SIZE random bytes (the
+//     sizes from xorshift64 seeded with SEED, as real_subscriber.sizes makes them; first 8 bytes
+//     the index when there are 8), then as pub.
 //   sub CHANNEL STREAM TIMEOUT_S: prints {"ready":true}, reads the expected count from stdin,
 //     polls until it has that many messages (or TIMEOUT_S), prints what it received.
 // Times are System.nanoTime (CLOCK_MONOTONIC: comparable across the two processes and namespaces).
@@ -22,12 +25,15 @@ import org.agrona.concurrent.BackoffIdleStrategy;
 import org.agrona.concurrent.IdleStrategy;
 import org.agrona.concurrent.UnsafeBuffer;
 
-public class LossyPeer {
+public class BenchPeer {
     public static void main(String[] args) throws Exception {
         try (Aeron aeron = Aeron.connect(new Aeron.Context())) {
             if (args[0].equals("pub")) {
                 pub(aeron, args[1], Integer.parseInt(args[2]), Integer.parseInt(args[3]),
                     Double.parseDouble(args[4]));
+            } else if (args[0].equals("pubn")) {
+                pubn(aeron, args[1], Integer.parseInt(args[2]), Long.parseLong(args[3]),
+                    Integer.parseInt(args[4]), Long.parseLong(args[5]));
             } else {
                 sub(aeron, args[1], Integer.parseInt(args[2]), Double.parseDouble(args[3]));
             }
@@ -64,6 +70,45 @@ public class LossyPeer {
             System.out.flush();
             while (System.in.read() >= 0) {
                 // linger: the subscriber may still be recovering losses
+            }
+        }
+    }
+
+    static void pubn(Aeron aeron, String channel, int stream, long count, int maxSize, long seed)
+        throws Exception {
+        try (Publication pub = aeron.addPublication(channel, stream)) {
+            long deadline = System.nanoTime() + 30_000_000_000L;
+            while (!pub.isConnected()) {
+                if (System.nanoTime() > deadline) {
+                    throw new IllegalStateException("the subscriber never connected");
+                }
+                Thread.sleep(1);
+            }
+            UnsafeBuffer buffer = new UnsafeBuffer(BufferUtil.allocateDirectAligned(maxSize, 64));
+            java.util.Random random = new java.util.Random(seed);
+            byte[] noise = new byte[maxSize];
+            random.nextBytes(noise);
+            buffer.putBytes(0, noise);
+            IdleStrategy idle = new BackoffIdleStrategy();
+            long x = seed;
+            long start = System.nanoTime();
+            for (long i = 0; i < count; i++) {
+                x ^= x << 13;
+                x ^= x >>> 7;
+                x ^= x << 17;
+                int size = 1 + (int) Long.remainderUnsigned(x, maxSize);
+                if (size >= 8) {
+                    buffer.putLong(0, i, ByteOrder.LITTLE_ENDIAN);
+                }
+                while (pub.offer(buffer, 0, size) <= 0) {
+                    idle.idle();
+                }
+                idle.reset();
+            }
+            System.out.println("{\"offered\":" + count + ",\"start_ns\":" + start + "}");
+            System.out.flush();
+            while (System.in.read() >= 0) {
+                // linger until told: the subscriber may still be reading
             }
         }
     }
