@@ -155,7 +155,7 @@ class _Program:
     def try_json(self, timeout_s: float) -> dict[str, Any] | None:
         """The next JSON line if one comes within ``timeout_s``, else None (raises at EOF)."""
         try:
-            got = self._json.get(timeout=timeout_s)
+            got = self._json.get(timeout=timeout_s) if timeout_s > 0 else self._json.get_nowait()
         except queue.Empty:
             return None
         if got is None:
