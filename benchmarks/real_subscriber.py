@@ -168,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--max-size", type=int, default=20_000, help="sizes are 1..this bytes")
-    parser.add_argument("--repeats", type=int, default=2, help="timed rounds after a warm-up")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="timed rounds after a warm-up (0: the warm-up only)"
+    )
     parser.add_argument("--seed", type=int, default=0x5EED5EED)
     parser.add_argument("--profile", action="store_true", help="cProfile our runs")
     args = parser.parse_args(argv)
@@ -205,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             java.close()
     for name, rs in runs.items():
-        timed = rs[1:]  # the warm-up run is not counted
+        timed = rs[1:] or rs  # the warm-up run is not counted (--repeats 0: only it ran)
         result[f"{name}_mb_per_s"] = round(max(r["mb_per_s"] for r in timed), 1)
         result[f"{name}_mb_per_s_runs"] = [round(r["mb_per_s"], 1) for r in timed]
         result[f"{name}_bytes_received"] = sorted({r["bytes"] for r in rs})

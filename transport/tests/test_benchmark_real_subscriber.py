@@ -13,15 +13,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import aeron_peer  # noqa: E402
+import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.interop
+@pytest.mark.slow
 def test_real_subscriber_benchmark_runs_ours_and_the_real_publisher_side_by_side() -> None:
     aeron_peer.require_java("the real Aeron for benchmarks.real_subscriber")
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.real_subscriber", "--messages", "300"]
-        + ["--max-size", "3000", "--repeats", "1"],
+        + ["--max-size", "3000", "--repeats", "0"],
         cwd=ROOT,
         capture_output=True,
         text=True,

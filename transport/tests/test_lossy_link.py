@@ -48,6 +48,8 @@ def test_every_message_arrives_once_and_retransmits_stay_within_twice_the_loss(
     )
 
 
+@pytest.mark.interop
+@pytest.mark.slow
 def test_lossy_link_benchmark_runs_the_real_aeron_over_the_same_link() -> None:
     """``benchmarks.lossy_link --real-aeron`` (issue 34): the real Java media drivers run every
     case on the same link and loss, and the JSON has both goodputs and our ratio to theirs."""
