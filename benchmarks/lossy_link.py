@@ -1,7 +1,7 @@
 """The transport over a lossy link between two hosts; prints one JSON object.
 
     sudo python -m benchmarks.lossy_link [--seconds S] [--losses 0,1,5,10]
-        [--sizes 32,1024,8192,65536] [--repeats N] [--window 4m]
+        [--sizes 32,1024,8192,65536] [--repeats N] [--window 4m] [--real-aeron]
 
 Two hosts: this process in the root network namespace and a subscriber process in a new one,
 joined by a veth pair (1,500-byte MTU) whose ends drop the given percentage of arriving IP
