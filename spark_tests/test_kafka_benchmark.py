@@ -76,3 +76,42 @@ def test_kafka_benchmark_tiny_run_prints_every_figure() -> None:
         0,
     )
     assert result["kafka_missing"] == 0 and result["kafka_unexpected"] == 0
+
+
+def test_kafka_benchmark_real_time_contender_measured_beside_read_on_driver() -> None:
+    """``--real-time`` (issue 34): Kafka -> Kafka in Spark's Real-Time Mode, stamped in the JVM,
+    in the same run as aeron ``readOn=driver``; throughput (``--rows 0``) and the exactly-once
+    copy skipped. Either RTM ran (every stamped message came back) or Spark's refusal is in the
+    JSON."""
+    missing = [tool for tool in ("java", "mvn") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not on PATH: the broker comes from Maven Central")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.kafka", "--rows", "0", "--exactly-once-rows", "0"]
+        + ["--latency-messages", "3", "--real-time"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1400,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "rows" not in result and "aeron_to_kafka_source_ratio" not in result
+    assert result["real_time_batch"] == "5 seconds"  # the default BATCH
+    if "real_time_error" in result:  # a Spark before 4.1
+        assert not result["pyspark_version"].startswith(("4.1", "4.2", "4.3")), result[
+            "real_time_error"
+        ]
+    else:
+        assert result["latency_kafka_real_time_samples"] == 3
+        assert result["latency_kafka_real_time_p50_ms"] >= 0
+    # readOn=driver ran in the same session; on a saturated machine its micro-batches may not
+    # reach the stamped rows within the harness's wait (then no sample and no ratio)
+    assert "latency_aeron_driver_samples" in result
+    if result["latency_aeron_driver_samples"] and "real_time_error" not in result:
+        assert result["aeron_driver_to_kafka_real_time_p50_ratio"] > 0
+    assert result["load_average_before"] and result["load_average_after"]
+    assert result["real_time_aeron_source"] and not result["real_time_aeron_source"].startswith(
+        "none"
+    )
