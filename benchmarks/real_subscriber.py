@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 from aeron_spark.transport import Driver, DriverConfig
-
 from benchmarks._timing import interleaved_best
 from benchmarks.lossy_link import JAVA_PEER, _aeron_peer, _Program
 
