@@ -278,6 +278,19 @@ def _limited_ends(
     total = 0
     counted = True
     with _Sessions() as sessions:
+        if max_messages is None and max_bytes is None and min_messages is None and waiting:
+            # No limit needs a count: each recording's last message boundary, from the store's
+            # catalog in one request (issue 31 item 3); what it cannot answer is scanned below.
+            counted = False
+            by_store: dict[Any, list[Recording]] = {}
+            for key in waiting:
+                by_store.setdefault(recordings[key].store, []).append(recordings[key])
+            for store, recs in by_store.items():
+                found = sessions.of(store).message_ends(recs) or {}
+                for key, end in found.items():
+                    if begin[key] <= end <= target[key] and target[key] == recordings[key].end:
+                        ends[key] = end
+                        waiting.remove(key)
         for rounds in (0, 1):
             if not waiting:
                 break

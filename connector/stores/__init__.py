@@ -174,6 +174,12 @@ class StoreSession(Protocol):
 
     def position_at(self, rec: Recording, timestamp_ns: int) -> int: ...
 
+    def message_ends(self, recs: list[Recording]) -> dict[str, int] | None:
+        """The last message boundary at or below each recording's end, by key, from the store's
+        catalog without reading data (what a micro-batch without a limit needs); None when the
+        store cannot answer so (the reader then scans)."""
+        ...
+
     def narrow(self, pushed: Pushed, rec: Recording, start: int, end: int) -> tuple[int, int]: ...
 
     def commit_consumer(

@@ -169,3 +169,34 @@ def test_an_ingest_recordings_message_end_is_scanned_once_then_only_what_is_new(
 
 def client_for(server: StreamServer) -> StreamClient:
     return StreamClient.connect(ClientSettings(endpoint=server.endpoint, encryption=False))
+
+
+def test_latest_offset_without_a_limit_asks_the_catalog_not_a_scan_per_recording(server) -> None:
+    """The source's ``latestOffset`` with no trigger limit: one ``recording_positions`` request
+    for all of a server's recordings, not one ``scan`` each (issue 31 item 3); the offsets are
+    the recordings' message ends, as the scans found them."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from aeron_spark.connector.options import parse_source_options
+    from aeron_spark.connector.source import AeronStreamReader
+
+    for n in range(6):  # one recording per session
+        with _connect(server) as publisher:
+            publisher.publish(10, [b"m-%d-%d" % (n, i) * (1 + i % 300) for i in range(50)])
+    with _connect(server) as client:
+        expected = {
+            str(p.recording_id): p.message_end for p in client.recording_positions([10]).values()
+        }
+        assert len(expected) == 6
+        for rid, end in expected.items():
+            assert client.scan(int(rid), 0).end == end
+    reader = AeronStreamReader(
+        parse_source_options(
+            {"endpoint": server.endpoint, "streamIds": "10", "encryption": "false"}
+        )
+    )
+    start = reader.initialOffset()
+    before = server.snapshot()["counters"]["requests"]
+    assert reader.latestOffset(start, ReadAllAvailable()) == expected
+    asked = server.snapshot()["counters"]["requests"] - before
+    assert asked <= 2, asked  # list_recordings + recording_positions (6 scans before)

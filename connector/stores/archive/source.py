@@ -221,6 +221,9 @@ class ArchiveSession:
     def position_at(self, rec: Recording, timestamp_ns: int) -> int:
         raise no_hook(self.store, "time index")
 
+    def message_ends(self, recs: list[Recording]) -> dict[str, int] | None:
+        return None  # an archive keeps no message boundaries: the reader scans
+
     def narrow(self, pushed: Pushed, rec: Recording, start: int, end: int) -> tuple[int, int]:
         raise no_hook(self.store, "filter pushdown")
 

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from aeron_spark.connector.client import ClientSettings, StreamClient, pooled
+from aeron_spark.connector.errors import ControlProtocolError
 from aeron_spark.connector.pushdown import Pushed
 from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.connector.stores import Budget, Features, Recording, RecordingRange
@@ -65,6 +66,15 @@ class ServerSession:
             rec.recording_id, start, target, max_messages=budget.messages, max_bytes=budget.bytes
         )
         return got.end, got.messages
+
+    def message_ends(self, recs: list[Recording]) -> dict[str, int] | None:
+        """One ``recording_positions`` request for all of ``recs`` (issue 31 item 3: a scan per
+        recording took 10-21 s at 10,000 recordings); None from a server without it."""
+        try:
+            found = self.client.recording_positions(sorted({r.stream_id for r in recs}))
+        except ControlProtocolError:
+            return None  # a server before the request: the reader scans
+        return {r.key: found[r.recording_id].message_end for r in recs if r.recording_id in found}
 
     @contextmanager
     def replay(self, rec: Recording, start: int, end: int) -> Iterator[Iterator[ReplayBlock]]:
