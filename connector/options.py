@@ -18,13 +18,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from aeron_spark.connector.formats_sbe import SbeOptions, parse_sbe_options
 from aeron_spark.connector.session.settings import ClientSettings
 from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport import ChannelConfig, ChannelError
+from aeron_spark.transport.archive.client.credentials import ArchiveCredentials
 
 SOURCE_FORMATS = ("binary", "text", "arrow", "json", "msgpack", "sbe")
 SINK_FORMATS = ("binary", "text", "arrow", "json", "msgpack", "sbe")
@@ -314,6 +315,12 @@ class StoreOptionError(ConfigurationError):
         self.store = store
 
 
+class ConflictingOptionsError(ConfigurationError):
+    """Two options that say the same thing in different ways were both given."""
+
+    code = "CONFLICTING_OPTIONS"
+
+
 def _check_known(
     options: Mapping[str, str], known: dict[str, tuple[str, str, str]], kind: str
 ) -> dict[str, str]:
@@ -326,7 +333,7 @@ def _check_known(
         if name not in known and name in archive_only:
             raise StoreOptionError(
                 archive_only[name][0],
-                value,
+                shown(name, value),
                 "the stream server",
                 "an option of archive mode: set archive to the archive's control channel",
             )
@@ -361,6 +368,7 @@ def unknown_option(
     import difflib
 
     name = str(key).lower()
+    value = shown(name, value)
     names = ", ".join(spec[0] for spec in known.values())
     # a name that kept its case is the user's own spelling; a lower-cased one is recased below
     spelled = str(key) if str(key) != name else None
@@ -863,7 +871,39 @@ ARCHIVE_SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
         "(the local address routing to the archive)",
         "the address of this host the archive sends responses and replays to",
     ),
+    "archivecredentials": (
+        "archiveCredentials",
+        "(none)",
+        "the encoded credentials (UTF-8 text) for an archive that authenticates its control "
+        "sessions; shown in Spark's plans unless redacted: prefer archiveCredentialsFile",
+    ),
+    "archivecredentialsfile": (
+        "archiveCredentialsFile",
+        "(none)",
+        "a file holding the credentials (its bytes, one trailing newline dropped), read once "
+        "on the driver (executors need no copy)",
+    ),
 }
+
+# Options whose value is a secret: never quoted in an error, a repr or a log.
+SECRET_OPTIONS = frozenset({"archivecredentials"})
+_SECRET_WORDS = ("credential", "secret", "password", "token")
+
+
+def shown(name: str, value: object) -> object:
+    """``value`` as an error may quote it: ``"<hidden>"`` for a secret option, or a name
+    that looks like one (a misspelled ``archiveCredentials`` is still a secret)."""
+    import difflib
+
+    lowered = str(name).lower()
+    if (
+        lowered in SECRET_OPTIONS
+        or any(w in lowered for w in _SECRET_WORDS)
+        or difflib.get_close_matches(lowered, SECRET_OPTIONS, n=1, cutoff=0.75)
+    ):
+        return None if value is None else "<hidden>"
+    return value
+
 
 DEFAULT_STAGING_STREAM_ID = 0x5AFE0021  # staging recordings' stream id (not a row stream)
 
@@ -891,6 +931,8 @@ class ArchiveConnect:
     control_stream_id: int = 10
     response_host: str | None = None
     timeout_s: float = 30.0
+    # archiveCredentials / archiveCredentialsFile, resolved on the driver (never shown)
+    credentials: ArchiveCredentials | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -944,6 +986,33 @@ def _connect_parts(mine: dict[str, str]) -> tuple[str, int, str | None]:
     return control, stream, mine.get("archiveresponsehost", "").strip() or None
 
 
+def _credentials(mine: dict[str, str]) -> ArchiveCredentials | None:
+    """``archiveCredentials`` (text) or ``archiveCredentialsFile`` (read here, on the driver,
+    so the tasks carry the credentials and executors need no copy of the file)."""
+    text = mine.get("archivecredentials")
+    path = mine.get("archivecredentialsfile")
+    if text is not None and path is not None:
+        raise ConflictingOptionsError(
+            "archiveCredentials",
+            "<hidden>",
+            "archiveCredentials or archiveCredentialsFile, not both",
+        )
+    if text is not None:
+        if not text:
+            raise ConfigurationError("archiveCredentials", "<hidden>", "non-empty credentials")
+        return ArchiveCredentials(text)
+    if path is not None:
+        if not path.strip():
+            raise ConfigurationError("archiveCredentialsFile", path, "the path of a file")
+        credentials = ArchiveCredentials.from_file(path.strip())
+        if not credentials.encoded:
+            raise ConfigurationError(
+                "archiveCredentialsFile", path.strip(), problem="is empty (no credentials in it)"
+            )
+        return credentials
+    return None
+
+
 def parse_archive_source_options(options: Mapping[str, str]) -> ArchiveSourceOptions:
     mine, rest = _split_options(options, ARCHIVE_SOURCE_OPTIONS)
     control, stream, host = _connect_parts(mine)
@@ -951,7 +1020,9 @@ def parse_archive_source_options(options: Mapping[str, str]) -> ArchiveSourceOpt
     if source.read_on != "executors":
         raise ConfigurationError("readOn", source.read_on, "executors in archive mode")
     return ArchiveSourceOptions(
-        connect=ArchiveConnect(control, stream, host, source.settings.timeout_s),
+        connect=ArchiveConnect(
+            control, stream, host, source.settings.timeout_s, _credentials(mine)
+        ),
         channel=mine.get("channel", "").strip(),
         source=source,
     )
@@ -979,6 +1050,8 @@ ARCHIVE_SINK_OPTIONS: dict[str, tuple[str, str, str]] = {
     ),
     "archivecontrolstreamid": ARCHIVE_SOURCE_OPTIONS["archivecontrolstreamid"],
     "archiveresponsehost": ARCHIVE_SOURCE_OPTIONS["archiveresponsehost"],
+    "archivecredentials": ARCHIVE_SOURCE_OPTIONS["archivecredentials"],
+    "archivecredentialsfile": ARCHIVE_SOURCE_OPTIONS["archivecredentialsfile"],
 }
 _TARGET_TERM_LENGTH = 1 << 20
 # Parameters the sink sets itself on the channels it publishes on and records.
@@ -1055,7 +1128,7 @@ def parse_archive_sink_options(options: Mapping[str, str]) -> ArchiveSinkOptions
     query = mine["channel"].partition("?")[2]
     has = {p.split("=", 1)[0] for p in query.split("|") if p}
     return ArchiveSinkOptions(
-        connect=ArchiveConnect(control, stream, host, sink.settings.timeout_s),
+        connect=ArchiveConnect(control, stream, host, sink.settings.timeout_s, _credentials(mine)),
         channel=channel,
         staging_channel=staging,
         staging_stream_id=staging_stream,

@@ -48,6 +48,7 @@ def connect(c: ArchiveConnect) -> ArchiveClient:
         control_stream_id=c.control_stream_id,
         response_host=c.response_host,
         timeout_s=c.timeout_s,
+        credentials=c.credentials,
     )
 
 
