@@ -71,8 +71,13 @@ public final class TestArchiveAuthenticator implements AuthenticatorSupplier
             }
             else if (secret.length > 0 && MessageDigest.isEqual(given, secret))
             {
-                credentials.remove(id);
-                proxy.authenticate("aeron-spark-test".getBytes(StandardCharsets.US_ASCII));
+                // authenticate() is false when the response could not be sent yet (the archive
+                // calls again next cycle): forget the credentials only once it went out, or the
+                // retry finds none and rejects a right secret
+                if (proxy.authenticate("aeron-spark-test".getBytes(StandardCharsets.US_ASCII)))
+                {
+                    credentials.remove(id);
+                }
             }
             else if (Arrays.equals(given, CHALLENGE_ME))
             {
@@ -92,24 +97,29 @@ public final class TestArchiveAuthenticator implements AuthenticatorSupplier
         public void onChallengedSession(final SessionProxy proxy, final long nowMs)
         {
             final long id = proxy.sessionId();
-            final byte[] answer = answers.remove(id);
+            final byte[] answer = answers.get(id);
             if (null == answer)
             {
                 return; // not answered yet
             }
-            final String nonce = nonces.remove(id);
+            final String nonce = nonces.get(id);
             final byte[] prefix = (nonce + ":").getBytes(StandardCharsets.US_ASCII);
             final byte[] expected = new byte[prefix.length + secret.length];
             System.arraycopy(prefix, 0, expected, 0, prefix.length);
             System.arraycopy(secret, 0, expected, prefix.length, secret.length);
             if (null != nonce && MessageDigest.isEqual(answer, expected))
             {
-                proxy.authenticate("aeron-spark-test".getBytes(StandardCharsets.US_ASCII));
+                if (!proxy.authenticate("aeron-spark-test".getBytes(StandardCharsets.US_ASCII)))
+                {
+                    return; // the response could not be sent yet: called again next cycle
+                }
             }
             else
             {
                 proxy.reject();
             }
+            answers.remove(id);
+            nonces.remove(id);
         }
     }
 }
