@@ -25,7 +25,10 @@ from aeron_spark.connector.formats_sbe import SbeOptions, parse_sbe_options
 from aeron_spark.connector.session.settings import ClientSettings
 from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport import ChannelConfig, ChannelError
-from aeron_spark.transport.archive.client.credentials import ArchiveCredentials
+from aeron_spark.transport.archive.client.credentials import (
+    MAX_CREDENTIALS_BYTES,
+    ArchiveCredentials,
+)
 
 SOURCE_FORMATS = ("binary", "text", "arrow", "json", "msgpack", "sbe")
 SINK_FORMATS = ("binary", "text", "arrow", "json", "msgpack", "sbe")
@@ -875,7 +878,8 @@ ARCHIVE_SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
         "archiveCredentials",
         "(none)",
         "the encoded credentials (UTF-8 text) for an archive that authenticates its control "
-        "sessions; shown in Spark's plans unless redacted: prefer archiveCredentialsFile",
+        "sessions (Spark's default spark.redaction.regex hides it in plans, as it matches "
+        "'credential'); prefer archiveCredentialsFile",
     ),
     "archivecredentialsfile": (
         "archiveCredentialsFile",
@@ -1000,11 +1004,22 @@ def _credentials(mine: dict[str, str]) -> ArchiveCredentials | None:
     if text is not None:
         if not text:
             raise ConfigurationError("archiveCredentials", "<hidden>", "non-empty credentials")
+        if len(text.encode("utf-8")) > MAX_CREDENTIALS_BYTES:
+            raise ConfigurationError(
+                "archiveCredentials", "<hidden>", f"at most {MAX_CREDENTIALS_BYTES} bytes"
+            )
         return ArchiveCredentials(text)
     if path is not None:
         if not path.strip():
             raise ConfigurationError("archiveCredentialsFile", path, "the path of a file")
-        credentials = ArchiveCredentials.from_file(path.strip())
+        try:
+            credentials = ArchiveCredentials.from_file(path.strip())
+        except ConfigurationError as exc:
+            if exc.name == "archiveCredentialsFile":
+                raise
+            raise ConfigurationError(
+                "archiveCredentialsFile", path.strip(), f"a file of {exc.expected}"
+            ) from None
         if not credentials.encoded:
             raise ConfigurationError(
                 "archiveCredentialsFile", path.strip(), problem="is empty (no credentials in it)"

@@ -81,6 +81,7 @@ def test_both_forms_at_once_are_refused_without_quoting_the_secret(
             "cannot be read",
         ),
         ({"archivecredentialsfile": " "}, "archiveCredentialsFile", "path of a file"),
+        ({"archivecredentials": "x" * (64 * 1024 + 1)}, "archiveCredentials", "at most 65536"),
     ],
 )
 def test_bad_credentials_options_name_what_is_wrong(
@@ -91,12 +92,17 @@ def test_bad_credentials_options_name_what_is_wrong(
     assert info.value.name == name and says in str(info.value)
 
 
-def test_an_empty_credentials_file_is_refused(tmp_path: Path) -> None:
+def test_an_empty_or_oversized_credentials_file_is_refused_naming_the_path(tmp_path: Path) -> None:
     path = tmp_path / "empty"
     path.write_bytes(b"\n")
     with pytest.raises(ConfigurationError, match="is empty") as info:
         parse_archive_source_options({**SOURCE, "archivecredentialsfile": str(path)})
-    assert info.value.name == "archiveCredentialsFile"
+    assert info.value.name == "archiveCredentialsFile" and info.value.value == str(path)
+    path.write_bytes(SECRET.encode() * 4000)
+    with pytest.raises(ConfigurationError, match="at most 65536 bytes") as info:
+        parse_archive_source_options({**SOURCE, "archivecredentialsfile": str(path)})
+    assert info.value.name == "archiveCredentialsFile" and info.value.value == str(path)
+    _never_shows(info.value, info.value.args)
 
 
 @pytest.mark.parametrize(
