@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from aeron_spark.connector.client import ClientSettings, StreamClient
-from aeron_spark.connector.errors import ServerUnavailableError
+from aeron_spark.connector.errors import ServerUnavailableError, SessionLostError
 from aeron_spark.connector.server.testing import server_process
+from aeron_spark.handshake import TooManyForKeyError
 from aeron_spark.handshake.keystore import client_public_key_hex
 
 
@@ -58,6 +59,9 @@ def test_attack_one_key_cannot_hold_every_session(tmp_path: Path) -> None:
             # the default share: half of --max-clients, and the refusal says which limit
             assert len(held) == 4
             assert "TOO_MANY_FOR_KEY" in str(refusal)
+            # a refusal, not retried: not a SessionLostError (as SERVER_FULL is)
+            assert isinstance(refusal.__cause__, TooManyForKeyError)
+            assert not isinstance(refusal, SessionLostError)
             assert "already has 4 sessions" in str(refusal)
             with connect(other) as c:  # another key still gets a session
                 assert c.call("keepalive") is None
