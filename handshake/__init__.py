@@ -31,6 +31,7 @@ from aeron_spark.handshake.errors import (
     ServerFullError,
     ShuttingDownError,
     TooManyConnectionsError,
+    TooManyForKeyError,
     TooManyPendingError,
     UnsupportedVersionError,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "ServerFullError",
     "ShuttingDownError",
     "TooManyConnectionsError",
+    "TooManyForKeyError",
     "TooManyPendingError",
     "UnsupportedVersionError",
     "connect",

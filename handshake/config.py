@@ -63,7 +63,11 @@ class ServerConfig:
     when either side asks). Limits: ``max_clients`` (connected + pending), ``max_per_address``
     (connected + pending from one IP address; half of ``max_clients`` by default, so a Spark
     cluster behind one NAT address fits and still cannot take the other half: README,
-    "Security model"), ``max_pending`` (handshakes in flight),
+    "Security model"), ``max_per_key`` (connected + pending of one client key, counted only
+    when the server authorises client keys, ``authorize``: without that a client may make a key
+    per session, so a per-key limit would bound nothing; None: half of ``max_clients``, at least
+    one, so a Spark job whose driver and executors share a key gets many sessions and still
+    cannot lock every other key out), ``max_pending`` (handshakes in flight),
     ``max_pending_per_prefix`` (handshakes in flight from one /24 IPv4 or /64 IPv6 network: far
     below ``max_pending``, so one host or one network cannot fill the server's pending slots),
     ``hellos_per_prefix_per_s`` (HELLOs one /24 or /64 may have answered per second, with a burst
@@ -86,6 +90,7 @@ class ServerConfig:
     encryption: bool = True
     max_clients: int = 4096
     max_per_address: int = 2048
+    max_per_key: int | None = None
     max_pending: int = 256
     max_pending_per_prefix: int = 32
     hellos_per_prefix_per_s: float = 1000.0
@@ -114,6 +119,8 @@ class ServerConfig:
             "handshake_timeout_ns",
         ):
             _check_positive(name, getattr(self, name))
+        if self.max_per_key is not None:
+            _check_positive("max_per_key", self.max_per_key)
         parse_networks("allow", self.allow)
         parse_networks("deny", self.deny)
         _check_term_length("session_term_length", self.session_term_length)
@@ -121,6 +128,14 @@ class ServerConfig:
             raise ConfigurationError("session_mtu", self.session_mtu, f"64..{LOOPBACK_MTU}")
         if self.receiver_window_length is not None:
             _check_positive("receiver_window_length", self.receiver_window_length)
+
+    @property
+    def key_limit(self) -> int:
+        """Sessions (connected + pending) one client key may hold: ``max_per_key``, or half of
+        ``max_clients`` (at least one)."""
+        if self.max_per_key is not None:
+            return self.max_per_key
+        return max(1, self.max_clients // 2)
 
     @property
     def mtu(self) -> int:

@@ -27,6 +27,7 @@ class ErrorCode(enum.IntEnum):
     SHUTTING_DOWN = 9
     ENCRYPTION_REQUIRED = 10
     CLIENT_UNKNOWN = 11
+    TOO_MANY_FOR_KEY = 12
 
 
 class HandshakeError(AeronSparkError):
@@ -69,6 +70,13 @@ class TooManyConnectionsError(HandshakeRefusedError):
     """Too many connections (or pending handshakes) from this address."""
 
     code = ErrorCode.TOO_MANY_FROM_ADDRESS
+
+
+class TooManyForKeyError(HandshakeRefusedError):
+    """Too many sessions (connected or pending) of this client key: the server authorises client
+    keys and bounds each key's share of its sessions (``max_per_key``)."""
+
+    code = ErrorCode.TOO_MANY_FOR_KEY
 
 
 class TooManyPendingError(HandshakeRefusedError):
@@ -140,6 +148,7 @@ REFUSALS: dict[ErrorCode, type[HandshakeRefusedError]] = {
         ShuttingDownError,
         EncryptionRequiredError,
         ClientUnknownError,
+        TooManyForKeyError,
     )
 }
 
@@ -172,6 +181,7 @@ __all__ = [
     "ServerFullError",
     "ShuttingDownError",
     "TooManyConnectionsError",
+    "TooManyForKeyError",
     "TooManyPendingError",
     "UnsupportedVersionError",
     "refusal",

@@ -553,6 +553,8 @@ class ServerCore:
         self.sessions: set[ServerSession] = set()
         self.pending = 0
         self.per_address: Counter[str] = Counter()
+        # sessions (connected + pending) per client key; limited only when ``authorize`` is set
+        self.per_key: Counter[bytes] = Counter()
         self.pending_per_prefix: Counter[str] = Counter()
         self._cookie_secret = secrets.token_bytes(32)
         # resumption tokens issued: token -> (source, client key, expiry ns), oldest first
@@ -613,7 +615,7 @@ class ServerCore:
             if code is None and token is not None:
                 self._check_token_key(source, hello, client_key, token, now_ns)
         if code is None:
-            code, text = self._admission(address, prefix, hello)
+            code, text = self._admission(address, prefix, hello, client_key)
         if code is not None:
             self._refused(code)
             raise Rejected(code, m.refuse_for(ck, code, text).encode())
@@ -661,6 +663,7 @@ class ServerCore:
         self.pending += 1
         self.pending_per_prefix[prefix] += 1
         self.per_address[address] += 1
+        self.per_key[client_key] += 1
         self.connect_keys.add(ck)
         self.counters.accepted += 1
         return session
@@ -806,7 +809,9 @@ class ServerCore:
             self._forget_expired(self._spent, now_ns)
             self._spent[hello.cookie] = now_ns + 2 * COOKIE_PERIOD_NS
 
-    def _admission(self, address: str, prefix: str, hello: m.Hello) -> tuple[ErrorCode | None, str]:
+    def _admission(
+        self, address: str, prefix: str, hello: m.Hello, client_key: bytes
+    ) -> tuple[ErrorCode | None, str]:
         cfg = self.config
         if hello.connect_key in self.connect_keys:
             return ErrorCode.MALFORMED, "connect key already in use"
@@ -816,6 +821,14 @@ class ServerCore:
             return (
                 ErrorCode.TOO_MANY_FROM_ADDRESS,
                 f"{address} already has {cfg.max_per_address} connections",
+            )
+        # Only listed keys are a client's identity: without ``authorize`` anyone may make a
+        # key per session, so a per-key limit would bound nothing (the others still apply).
+        if self.authorize is not None and self.per_key[client_key] >= cfg.key_limit:
+            return (
+                ErrorCode.TOO_MANY_FOR_KEY,
+                f"client key {fingerprint(client_key)} already has {cfg.key_limit} sessions, "
+                "the most one client key may hold on this server (max_per_key)",
             )
         if address != "ipc" and self.pending_per_prefix[prefix] >= cfg.max_pending_per_prefix:
             return (
@@ -915,6 +928,9 @@ class ServerCore:
         self.per_address[session.address] -= 1
         if self.per_address[session.address] <= 0:
             del self.per_address[session.address]
+        self.per_key[session.client_key] -= 1
+        if self.per_key[session.client_key] <= 0:
+            del self.per_key[session.client_key]
         self.counters.closed += 1
 
 

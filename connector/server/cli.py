@@ -120,6 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-per-address", type=int, default=256, help="sessions per client IP address"
     )
     parser.add_argument(
+        "--max-per-key",
+        type=int,
+        default=None,
+        help="sessions one client key may hold, with --authorized-keys only (default: half of "
+        "--max-clients, so no key can lock the others out; a Spark job's driver and executors "
+        "share one key)",
+    )
+    parser.add_argument(
         "--max-pending-per-prefix",
         type=int,
         default=32,
@@ -249,6 +257,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         deny=tuple(args.deny),
         max_clients=args.max_clients,
         max_per_address=args.max_per_address,
+        max_per_key=args.max_per_key,
         max_pending_per_prefix=args.max_pending_per_prefix,
         hellos_per_prefix_per_s=args.hellos_per_prefix_per_s,
         retention_bytes=args.retention_bytes,

@@ -36,6 +36,10 @@ class ServerConfig:
     ``allow`` / ``deny``    addresses or CIDR ranges allowed / denied a session (deny wins; an
                             empty allow list allows everyone)
     ``max_clients`` / ``max_per_address``  session limits (in total / per client IP address)
+    ``max_per_key``         sessions one client key may hold, with ``authorized_keys_file`` only
+                            (without it a client may make a key per session); None: half of
+                            ``max_clients``, so a Spark job's driver and executors, which share
+                            one key, get many sessions and still cannot lock other keys out
     ``max_pending_per_prefix``  handshakes in flight from one /24 (IPv4) or /64 (IPv6) network
     ``hellos_per_prefix_per_s``  HELLOs (and new HELLO images) one /24 or /64 may have answered
                             per second, burst as many; past it they are dropped and counted
@@ -108,6 +112,7 @@ class ServerConfig:
     deny: tuple[str, ...] = ()
     max_clients: int = 1024
     max_per_address: int = 256
+    max_per_key: int | None = None
     max_pending_per_prefix: int = 32
     hellos_per_prefix_per_s: float = 1000.0
     term_length: int = 64 * 1024 * 1024
@@ -183,6 +188,8 @@ class ServerConfig:
             raise ConfigurationError("consumer_lease_s", self.consumer_lease_s, "a positive number")
         if self.staging_lease_s <= 0:
             raise ConfigurationError("staging_lease_s", self.staging_lease_s, "a positive number")
+        if self.max_per_key is not None and self.max_per_key <= 0:
+            raise ConfigurationError("max_per_key", self.max_per_key, "a positive number")
         if self.min_free_bytes < 0:
             raise ConfigurationError("min_free_bytes", self.min_free_bytes, "0 or more bytes")
         if self.max_open_files is not None and self.max_open_files < 1:

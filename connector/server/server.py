@@ -169,6 +169,7 @@ class StreamServer:
                 deny=self.config.deny,
                 max_clients=self.config.max_clients,
                 max_per_address=self.config.max_per_address,
+                max_per_key=self.config.max_per_key,
                 max_pending_per_prefix=self.config.max_pending_per_prefix,
                 hellos_per_prefix_per_s=self.config.hellos_per_prefix_per_s,
                 allow_plain_udp=self.config.allow_plain_udp,

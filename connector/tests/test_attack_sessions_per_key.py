@@ -1,14 +1,13 @@
 """Attack on "what one client may cost others" with ``--authorized-keys``: the session limits
-are per server (``--max-clients``, 1024) and per IP address (``--max-per-address``, 256), never
-per client key, so one listed key (read permission on one stream is enough) that opens sessions
-from four addresses (or four hosts it runs on) holds every session the server has, and every
-other key is refused (``ServerFullError``) for as long as it keeps them: sessions cost it almost
+were per server (``--max-clients``, 1024) and per IP address (``--max-per-address``, 256), never
+per client key, so one listed key (read permission on one stream is enough) that opened sessions
+from four addresses (or four hosts it runs on) held every session the server had, and every
+other key was refused (``ServerFullError``) for as long as it kept them: sessions cost it almost
 nothing (40 idle sessions: the server from 47 to 49 MiB resident) and keepalives hold them.
 
-Proposed fix (``handshake/machine.py`` ``ServerCore``, which already counts sessions per address
-and knows each admitted session's client key): a ``max_per_key`` limit (a share of
-``--max-clients``, e.g. a quarter) refused before anything is allocated, as
-``max_per_address`` is. Not done here for lack of time: marked xfail.
+Fixed: ``--max-per-key`` (default half of ``--max-clients``), checked in the handshake server's
+admission (``handshake/machine.py`` ``ServerCore._admission``) before anything is allocated, as
+``max_per_address`` is: the key's next session is refused with ``TOO_MANY_FOR_KEY``.
 """
 
 from __future__ import annotations
@@ -18,15 +17,12 @@ from pathlib import Path
 import pytest
 
 from aeron_spark.connector.client import ClientSettings, StreamClient
+from aeron_spark.connector.errors import ServerUnavailableError, SessionLostError
 from aeron_spark.connector.server.testing import server_process
+from aeron_spark.handshake import TooManyForKeyError
 from aeron_spark.handshake.keystore import client_public_key_hex
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="no per-key session limit: one key's sessions fill --max-clients and every other "
-    "key is refused (handshake/machine.py ServerCore limits are per address and in total)",
-)
 def test_attack_one_key_cannot_hold_every_session(tmp_path: Path) -> None:
     hog, other = str(tmp_path / "keys-hog"), str(tmp_path / "keys-other")
     keys = tmp_path / "authorized_keys"
@@ -55,8 +51,18 @@ def test_attack_one_key_cannot_hold_every_session(tmp_path: Path) -> None:
                 try:
                     held.append(connect(hog))
                     held[-1].call("keepalive")
-                except Exception:  # noqa: BLE001 - refused: the key's share is full
+                except ServerUnavailableError as exc:  # refused: the key's share is full
+                    refusal = exc
                     break
+            else:
+                pytest.fail("one key took every session of the server")
+            # the default share: half of --max-clients, and the refusal says which limit
+            assert len(held) == 4
+            assert "TOO_MANY_FOR_KEY" in str(refusal)
+            # a refusal, not retried: not a SessionLostError (as SERVER_FULL is)
+            assert isinstance(refusal.__cause__, TooManyForKeyError)
+            assert not isinstance(refusal, SessionLostError)
+            assert "already has 4 sessions" in str(refusal)
             with connect(other) as c:  # another key still gets a session
                 assert c.call("keepalive") is None
         finally:

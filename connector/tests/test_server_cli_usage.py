@@ -45,6 +45,19 @@ def test_memory_and_ingest_options_reach_the_config(tmp_path) -> None:
     assert config.incomplete_message_timeout_s == 5.0
 
 
+def test_max_per_key_reaches_the_config_and_a_bad_one_is_a_usage_error(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from aeron_spark.connector.server.cli import build_parser, config_from_args
+
+    parse = build_parser().parse_args
+    assert config_from_args(parse(["--dir", str(tmp_path)])).max_per_key is None  # half
+    args = parse(["--dir", str(tmp_path), "--max-clients", "8", "--max-per-key", "3"])
+    assert config_from_args(args).max_per_key == 3
+    directory = tmp_path / "data"
+    assert cli_main(["server", "--dir", str(directory), "--max-per-key", "0"]) == 2
+    assert "max_per_key=0" in capsys.readouterr().err
+    assert not directory.exists()  # refused before anything was created
+
+
 @pytest.mark.parametrize(
     ("fields", "name"),
     [

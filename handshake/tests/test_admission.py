@@ -11,10 +11,12 @@ import time
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from aeron_spark.errors import ConfigurationError
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.config import HANDSHAKE_STREAM_ID, REPLY_STREAM_ID, ServerConfig
+from aeron_spark.handshake.crypto import fingerprint, public_bytes
 from aeron_spark.handshake.errors import ErrorCode
-from aeron_spark.handshake.machine import ClientHandshake, Rejected, ServerCore
+from aeron_spark.handshake.machine import ClientHandshake, Rejected, ServerCore, SessionEvent
 from aeron_spark.transport.protocol.frames import DataFlags, FrameType, SetupFrame
 from aeron_spark.transport.protocol.term import encode_data_header
 
@@ -115,6 +117,73 @@ def test_pending_handshakes_are_limited_per_24_and_per_64_far_below_the_total() 
     for session in list(core.sessions):
         core.release(session)
     assert core.pending == 0 and not core.pending_per_prefix
+
+
+def _admit_as(core: ServerCore, key: X25519PrivateKey, address: str, now: int):
+    client = ClientHandshake(lambda spk: None, static_key=key)
+    client.start(now)
+    source = f"{address}:4000"
+    with pytest.raises(Rejected) as challenge:
+        core.on_hello(address, client.hello(), now, source=source)
+    client.on_reply(challenge.value.reply)
+    return core.on_hello(address, client.retry_hello, now, source=source)
+
+
+def test_one_client_key_holds_at_most_its_share_of_the_sessions() -> None:
+    hog, other = X25519PrivateKey.generate(), X25519PrivateKey.generate()
+    listed = {public_bytes(hog), public_bytes(other)}
+    config = ServerConfig(max_clients=8, handshake_timeout_ns=10 * S)
+    assert config.key_limit == 4  # default: half of max_clients
+    core = ServerCore(config, X25519PrivateKey.generate(), authorize=listed.__contains__)
+    now = 0
+    for i in range(4):  # from four addresses: the per-address limit does not stop it
+        _admit_as(core, hog, f"10.0.{i}.1", now)
+    with pytest.raises(Rejected) as refused:
+        _admit_as(core, hog, "10.0.9.1", now)
+    assert refused.value.code is ErrorCode.TOO_MANY_FOR_KEY
+    refuse = m.decode_message(refused.value.reply)
+    assert isinstance(refuse, m.Refuse) and refuse.code == ErrorCode.TOO_MANY_FOR_KEY
+    assert fingerprint(public_bytes(hog)) in refuse.message and "4 sessions" in refuse.message
+    assert core.counters.refused == {"TOO_MANY_FOR_KEY": 1}
+    assert len(core.sessions) == 4 and core.per_key[public_bytes(hog)] == 4  # nothing allocated
+    for i in range(4):  # another key takes the other half
+        _admit_as(core, other, f"10.1.{i}.1", now)
+    assert core.per_key == {public_bytes(hog): 4, public_bytes(other): 4}
+    # The hog's pending handshakes expire on the (manual) clock: its share comes back.
+    now += 10 * S
+    for session in core.expired(now):
+        core.release(session, SessionEvent.TIMEOUT)
+    assert not core.per_key and not core.sessions
+    _admit_as(core, hog, "10.0.9.1", now)
+    assert core.per_key == {public_bytes(hog): 1}
+
+
+def test_the_per_key_limit_is_set_and_applies_only_with_client_keys() -> None:
+    key = X25519PrivateKey.generate()
+    strict = ServerCore(
+        ServerConfig(max_clients=8, max_per_key=2),
+        X25519PrivateKey.generate(),
+        authorize={public_bytes(key)}.__contains__,
+    )
+    _admit_as(strict, key, "10.0.0.1", 0)
+    _admit_as(strict, key, "10.0.0.2", 0)
+    with pytest.raises(Rejected) as refused:
+        _admit_as(strict, key, "10.0.0.3", 0)
+    assert refused.value.code is ErrorCode.TOO_MANY_FOR_KEY
+    # Without authorised keys a client may make a key per session: no per-key limit applies.
+    core = _core(max_clients=8, max_per_key=2)
+    for i in range(8):
+        _admit_as(core, key, f"10.0.0.{i + 1}", 0)
+    with pytest.raises(Rejected) as refused:
+        _admit_as(core, key, "10.0.0.9", 0)
+    assert refused.value.code is ErrorCode.SERVER_FULL
+    for session in list(core.sessions):
+        core.release(session)
+    assert not core.per_key
+    assert ServerConfig(max_clients=1).key_limit == 1
+    for bad in (0, -1):
+        with pytest.raises(ConfigurationError, match="max_per_key"):
+            ServerConfig(max_per_key=bad)
 
 
 def test_hellos_per_network_are_rate_limited_silently_and_counted() -> None:
