@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from aeron_spark.connector.client import ClientSettings, StreamClient
+from aeron_spark.connector.errors import ErrorCode
 from aeron_spark.connector.server.testing import server_process
 from aeron_spark.connector.session import chunking
 from aeron_spark.connector.session import protocol as proto
@@ -93,8 +94,11 @@ def test_attack_a_readers_pipelined_scans_do_not_hold_back_another_clients_commi
             started = time.monotonic()
             w.commit(sink, 0, 11, [staged])
             commit_s = time.monotonic() - started
-            before = [x for x in _drain(r) if x.ok]
-            rest = [x for x in _drain(r, 0.2) if x.ok]
+            first = _drain(r)
+            later = _drain(r, 0.2)
+            before = [x for x in first if x.ok]
+            rest = [x for x in later if x.ok]
+            refused = [x for x in first + later if not x.ok]
             print(
                 "deferred flood",
                 json.dumps(
@@ -111,6 +115,10 @@ def test_attack_a_readers_pipelined_scans_do_not_hold_back_another_clients_commi
             )
             # one session's queued requests may delay another's by a few, not by all of them
             assert len(before) <= 8, (len(before), commit_s)
+            # the others were refused at once, coded, on their own request ids
+            assert refused, (len(before), len(rest))
+            limit = int(ErrorCode.LIMIT_EXCEEDED)
+            assert all(x.error["code"] == limit and x.id >= 1000 for x in refused), refused[0]
 
 
 def _memory_mib(pid: int) -> dict[str, int]:
