@@ -165,6 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a consumer silent this long holds nothing back (default 7 days)",
     )
     parser.add_argument(
+        "--max-consumers-per-client",
+        type=int,
+        default=1024,
+        help="consumers one client key may create (all clients on an open server; default 1024)",
+    )
+    parser.add_argument(
         "--min-free-bytes",
         type=_byte_size,
         default=0,
@@ -264,6 +270,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         retention_s=args.retention_seconds,
         retention_respects_consumers=not args.retention_ignores_consumers,
         consumer_lease_s=args.consumer_lease_seconds,
+        max_consumers_per_client=args.max_consumers_per_client,
         min_free_bytes=args.min_free_bytes,
         authorized_keys_file=args.authorized_keys,
         ingest_allow=tuple(args.ingest_allow),

@@ -285,6 +285,10 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
         self._authorise("consumer_commit", ids)
         positions = dict(args["positions"])
         authz, identity = self.authz, session.identity
+        if authz is None:  # with authorized keys authz.py checks each recording (and its stream)
+            for rid in positions:
+                if isinstance(rid, int):  # other keys: refused as malformed by the registry
+                    self._stream_of(rid)  # UNKNOWN_RECORDING naming it if it does not exist
         self.consumers.commit(
             args["consumer_id"],
             ids,
@@ -295,6 +299,7 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
             may_claim=lambda streams: (
                 authz is None or all(authz.may(identity, "consumer_commit", s) for s in streams)
             ),
+            max_per_owner=self.config.max_consumers_per_client,
         )
         return None
 

@@ -41,6 +41,8 @@ CORE_COUNTERS = (
     "chunks_discarded",
     "incomplete_messages_refused",  # a chunk past the incomplete-message budgets (issue 28)
     "incomplete_messages_expired",  # an incomplete message whose next chunk did not come
+    # a deferred request (commit, scan, ...) past MAX_DEFERRED_PER_SESSION queued (requests.py)
+    "deferred_requests_refused",
     "storage_full_errors",
     "too_many_open_files_errors",
 )

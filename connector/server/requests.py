@@ -29,6 +29,11 @@ log = logging.getLogger(__name__)
 DEFERRED_OPS = frozenset(
     {"commit", "abort", "scan", "scan_ranges", "recording_positions", "consumer_commit"}
 )
+# A session's deferred requests queued or running at once: one more is refused at once
+# (LIMIT_EXCEEDED, ``deferred_requests_refused``), so a client pipelining scans holds neither
+# memory nor the one worker's queue (every session's commits wait behind what is queued: 150
+# pipelined scans of a reader held a writer's commit for 15.8 s, test_attack_deferred_queue.py).
+MAX_DEFERRED_PER_SESSION = 4
 
 
 class RequestsMixin(CoreState):
@@ -73,6 +78,19 @@ class RequestsMixin(CoreState):
             session.errors += 1
             return [proto.encode_error(int(exc.details.pop("request_id", 0)), exc)]
         if request.op in DEFERRED_OPS and self.defer is not None:
+            if session.deferred_in_flight >= MAX_DEFERRED_PER_SESSION:
+                self.counters.add("deferred_requests_refused")
+                self.counters["request_errors"] += 1
+                session.errors += 1
+                refused = LimitExceededError(
+                    f"{request.op}: a session may have at most {MAX_DEFERRED_PER_SESSION} "
+                    "commit, abort, scan, scan_ranges, recording_positions and consumer_commit "
+                    "requests unanswered at once; wait for a reply before sending another",
+                    limit=MAX_DEFERRED_PER_SESSION,
+                    op=request.op,
+                )
+                return [proto.encode_error(request.id, refused)]
+            session.deferred_in_flight += 1
             self.defer(key, lambda: self._run(key, session, request, now_ns, wall_ns))
             return []
         return [self.complete(self._run(key, session, request, now_ns, wall_ns))]
@@ -115,6 +133,8 @@ class RequestsMixin(CoreState):
         """The reply to an executed request (ok or the typed error), counted. Runs on the loop's
         thread only, so the core's counters and sessions have one writer. Never raises."""
         session, request, exc = outcome.session, outcome.request, outcome.error
+        if request.op in DEFERRED_OPS and self.defer is not None:
+            session.deferred_in_flight -= 1  # its place is free (the reply goes out now)
         if exc is None:
             return proto.encode_ok(request.id, outcome.result)
         session.errors += 1
@@ -144,4 +164,4 @@ class RequestsMixin(CoreState):
         return self.store.stream_of(recording_id)  # the catalog's index, no description built
 
 
-__all__ = ["DEFERRED_OPS", "RequestsMixin"]
+__all__ = ["DEFERRED_OPS", "MAX_DEFERRED_PER_SESSION", "RequestsMixin"]

@@ -32,7 +32,11 @@ from typing import Any
 
 import msgpack
 
-from aeron_spark.connector.errors import ControlProtocolError, NotAuthorisedError
+from aeron_spark.connector.errors import (
+    ControlProtocolError,
+    LimitExceededError,
+    NotAuthorisedError,
+)
 from aeron_spark.connector.server.counters import retention_counters
 
 log = logging.getLogger("aeron_spark.connector.server.retention")
@@ -76,10 +80,12 @@ class ConsumerRegistry:
         now_s: float,
         owner: str | None = None,
         may_claim: Callable[[tuple[int, ...]], bool] | None = None,
+        max_per_owner: int | None = None,
     ) -> None:
         """Record a consumer's positions. ``owner``: the committing client's key (hex; None: no
         ownership, open server): another owner's consumer is refused; one without an owner is
-        claimed if ``may_claim(its streams)``."""
+        claimed if ``may_claim(its streams)``. A new consumer past ``max_per_owner`` consumers of
+        its owner (all consumers without an owner on an open server) is refused."""
         if not isinstance(consumer_id, str) or not consumer_id or len(consumer_id) > 256:
             raise ControlProtocolError("consumer_commit: consumer_id must be 1..256 characters")
         try:
@@ -91,6 +97,15 @@ class ConsumerRegistry:
         if owner is not None and old is not None and old.owner != owner:
             if old.owner or (may_claim is not None and not may_claim(old.stream_ids)):
                 raise _not_owner("consumer_commit", consumer_id)
+        if old is None and max_per_owner is not None:
+            mine = owner if owner is not None else ""
+            held = sum(1 for c in self.consumers.values() if c.owner == mine)
+            if held >= max_per_owner:
+                raise LimitExceededError(
+                    f"consumer_commit: a client may hold at most {max_per_owner} consumers "
+                    f"(--max-consumers-per-client); forget one (consumer_forget) or reuse an id",
+                    limit=max_per_owner,
+                )
         merged = dict(old.positions) if old is not None else {}
         for rid, pos in parsed.items():  # a query restarted from an older checkpoint may go back
             merged[rid] = pos

@@ -81,6 +81,7 @@ class Session:
     errors: int = 0
     bytes_replayed: int = 0
     identity: bytes = b""  # the client's static public key (proven in the handshake)
+    deferred_in_flight: int = 0  # requests handed to the shell's worker, not yet answered
 
 
 @dataclass(frozen=True, slots=True)

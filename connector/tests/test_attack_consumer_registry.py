@@ -16,7 +16,12 @@ process with ``--authorized-keys``.
    recording.
 2. The number of consumers a key may create has no bound (each ``consumer_id`` is a new entry,
    kept for the consumer lease, 7 days by default, and rewritten with all the others at every
-   commit). Not fixed here (``connector/server/retention.py``): the test is marked xfail.
+   commit). Fixed: ``--max-consumers-per-client`` (1024; all consumers without an owner
+   together on an open server): a new consumer past it is refused with ``LIMIT_EXCEEDED``
+   (``retention.ConsumerRegistry.commit``).
+3. A server without ``--authorized-keys`` kept made-up recording ids too (the existence check
+   was authz.py's only): ``ServerCore._op_consumer_commit`` now refuses them
+   (``UNKNOWN_RECORDING`` naming the recording).
 """
 
 from __future__ import annotations
@@ -102,12 +107,6 @@ def test_attack_consumer_positions_of_recordings_it_cannot_read_are_refused(
     assert os.path.getsize(registry) < 4096, os.path.getsize(registry)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="consumers per client key are unbounded: ConsumerRegistry.commit "
-    "(connector/server/retention.py) creates an entry for every new consumer_id; proposed: "
-    "--max-consumers-per-client (1024), LIMIT_EXCEEDED past it",
-)
 def test_attack_a_reader_cannot_create_consumers_without_bound(tmp_path: Path) -> None:
     reader, writer, keys_file = _keys(tmp_path)
     with _server(tmp_path, keys_file) as (_proc, endpoint):
@@ -120,3 +119,29 @@ def test_attack_a_reader_cannot_create_consumers_without_bound(tmp_path: Path) -
                     r.consumer_commit(f"made-up-consumer-{n:05d}", [10], {rec: end})
                     created += 1
             assert created <= 1024, created
+
+
+def test_attack_an_open_server_refuses_consumer_positions_of_unknown_recordings(
+    tmp_path: Path,
+) -> None:
+    """Without ``--authorized-keys`` the existence check was authz.py's only: made-up recording
+    ids were merged into the consumer's positions and kept for the consumer lease."""
+    client = str(tmp_path / "keys-client")
+    options = ["--key-store", str(tmp_path / "server-keys")]
+    with server_process(str(tmp_path / "srv"), options) as (_proc, endpoint):
+        with _client(endpoint, client) as c:
+            end = c.publish(10, [b"row"])
+            rec = c.list_recordings([10])[0].recording_id
+            made_up = (1 << 40) + 7
+            with pytest.raises(UnknownRecordingError) as unknown:
+                c.call(
+                    "consumer_commit",
+                    consumer_id="q",
+                    stream_ids=[10],
+                    positions=[[rec, end], [made_up, 64]],
+                )
+            assert str(made_up) in str(unknown.value), unknown.value
+            assert "q" not in {x["consumer_id"] for x in c.stats()["consumers"]}
+            c.consumer_commit("q", [10], {rec: end})  # a real recording still works
+            consumers = {x["consumer_id"]: x for x in c.stats()["consumers"]}
+            assert consumers["q"]["positions"] == {str(rec): end}, consumers

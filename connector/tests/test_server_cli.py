@@ -65,11 +65,13 @@ def test_consumers_command_lists_and_forgets(tmp_path, capsys) -> None:  # type:
 
     with StreamServer(ServerConfig(directory=str(tmp_path / "s"), port=0)) as server:
         with client_for(server.endpoint, encryption=True) as client:
-            client.consumer_commit("job-a", [10], {3: 64})
+            client.publish(10, [b"row"])  # a position's recording must exist
+            rid = client.list_recordings([10])[0].recording_id
+            client.consumer_commit("job-a", [10], {rid: 64})
         common = ["--endpoint", server.endpoint]
         assert cli_main(["consumers", "list", *common]) == 0
         listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-        assert listed[0]["consumer_id"] == "job-a" and listed[0]["positions"] == {"3": 64}
+        assert listed[0]["consumer_id"] == "job-a" and listed[0]["positions"] == {str(rid): 64}
         assert cli_main(["consumers", "forget", "job-a", *common]) == 0
         assert cli_main(["consumers", "forget", "job-a", *common]) == 1
         assert cli_main(["consumers", "forget", *common]) == 2  # which one?

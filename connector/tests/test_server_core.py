@@ -128,7 +128,10 @@ def test_the_wall_clock_of_consumer_commits_and_stats_is_the_callers(core) -> No
     """Issue 18: the core reads no clock; a consumer's commit time and its age in the stats are
     the wall clock the caller passes (``wall_ns``), like ``now_ns`` for leases."""
     core.open_session("a", "peer-a", MAX_MESSAGE, now_ns=0)
-    commit = {"consumer_id": "q1", "stream_ids": [5], "positions": [[0, 4096]]}
+    publish = {"stream_id": 5, "payloads": [b"x"]}  # the position's recording must exist
+    assert _reply(core.on_message("a", proto.encode_request(9, "publish", publish), 1, WALL_NS)).ok
+    rid = core.store.list_recordings({5})[0]["recording_id"]
+    commit = {"consumer_id": "q1", "stream_ids": [5], "positions": [[rid, 64]]}
     assert _reply(
         core.on_message("a", proto.encode_request(1, "consumer_commit", commit), 1, WALL_NS)
     ).ok
