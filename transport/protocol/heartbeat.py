@@ -29,7 +29,11 @@ from aeron_spark.transport.protocol.logbuffer import wrap_int32
 
 SETUP_INTERVAL_NS = 100_000_000
 HEARTBEAT_INTERVAL_NS = 100_000_000
-HEARTBEAT_IDLE_MAX_NS = 1_000_000_000
+# The idle cap is Aeron's own cadence: spaced out to 1 s, heartbeats of an active session were too
+# few to outlive the 10 s image liveness where a flood made the server's kernel drop 70-95% of its
+# socket's datagrams (the hostile-flood test lost sessions in CI); issue 31's idle-cost work must
+# find its saving elsewhere (the due queue already steps only what is due).
+HEARTBEAT_IDLE_MAX_NS = 100_000_000
 
 
 def idle_heartbeat_interval_ns(idle_heartbeats: int) -> int:

@@ -170,7 +170,8 @@ def test_an_idle_publication_spaces_its_heartbeats_out_up_to_a_second() -> None:
         pub.on_status_message(_sm(pub, 1), dest, clock.now_ns)  # the receiver stays
         pub.send(clock.now_ns, transmit)
     gaps = [b - a for a, b in zip([start, *sent], sent, strict=False)]
-    assert gaps[:5] == [100 * MS, 200 * MS, 400 * MS, 800 * MS, HEARTBEAT_IDLE_MAX_NS]
+    # within the cap all along (Aeron's 100 ms: a 1 s cap let a flooded server's image expire)
+    assert all(HEARTBEAT_INTERVAL_NS <= g <= HEARTBEAT_IDLE_MAX_NS for g in gaps)
     assert max(gaps) == HEARTBEAT_IDLE_MAX_NS
     assert len(sent) >= IMAGE_LIVENESS_TIMEOUT_NS // HEARTBEAT_IDLE_MAX_NS - 1
     pub.offer(b"more")  # data again: the next heartbeat 100 ms after it
@@ -198,7 +199,7 @@ def test_an_idle_image_spaces_its_status_messages_out_within_the_connection_time
         clock.now_ns = dispatcher.next_deadline_ns(clock.now_ns)
         dispatcher.on_datagram(hb, len(hb), SENDERS[0], clock.now_ns, transmit)  # alive
     gaps = [b - a for a, b in zip(sms, sms[1:], strict=False)]
-    assert gaps[:3] == [SM_INTERVAL_NS, 2 * SM_INTERVAL_NS, SM_IDLE_MAX_NS]
+    assert all(SM_INTERVAL_NS <= g <= SM_IDLE_MAX_NS for g in gaps)
     assert max(gaps) == SM_IDLE_MAX_NS
     assert len(sms) >= CONNECTION_TIMEOUT_NS // SM_IDLE_MAX_NS
     data = encode_data_header(64, DataFlags.UNFRAGMENTED, FrameType.DATA, 0, 7, 10, 0)
