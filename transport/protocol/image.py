@@ -19,8 +19,8 @@ Invariants:
   that would let the sender write into it again).
 * SMs: the first at once, then when ``subscriber_position > last_sm_position + window/4``, and
   every 200 ms repeating the last position; while the image is idle (nothing new arrived since
-  the last SM, no gap) each repeat waits twice the one before, at most ``SM_IDLE_MAX_NS``
-  (500 ms: ten within a sender's 5 s connection timeout, Aeron's default and ours). Aeron
+  the last SM, no gap) each repeat may wait twice the one before, at most ``SM_IDLE_MAX_NS``
+  (200 ms today, Aeron's cadence, so no spacing: 500 ms lost sessions under a flood). Aeron
   repeats every 200 ms; its sender needs only one SM per connection timeout. Gaps and their
   NAKs are the :class:`~.loss_detector.LossDetector`'s (its module states its rules).
 * End of stream: an EOS heartbeat at position P; when everything up to P is rebuilt and
