@@ -77,10 +77,19 @@ def test_thousands_of_short_lived_producers_under_a_low_descriptor_limit(tmp_pat
             assert 0 < limits["open_files"] < 160
             capacity = stats["store"]["open_files_capacity"]
             assert capacity == 40  # a quarter of the raised limit
-            recs = [r for r in reader.list_recordings([STREAM]) if r.source.startswith("session")]
-            recs = recs[1:]  # the first one's
-            assert len(recs) == threads * per_thread
-            assert all(r.stop_position is not None for r in recs)
+            deadline = time.monotonic() + 30
+            while True:  # a producer's close reaches the server's loop on its next sweep
+                recs = [
+                    r for r in reader.list_recordings([STREAM]) if r.source.startswith("session")
+                ]
+                recs = recs[1:]  # the first one's
+                assert len(recs) == threads * per_thread
+                open_recs = [r.recording_id for r in recs if r.stop_position is None]
+                if not open_recs or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert not open_recs, f"recordings of closed producers never stopped: {open_recs}"
+            assert open_fds(proc.pid) <= baseline + 2
             seen = set()
             for n, rec in enumerate(recs):  # a replay of every one, through the bounded cache
                 blocks = reader.replay(rec.recording_id, rec.start_position, rec.recorded_position)
