@@ -138,8 +138,13 @@ class NetworkPublicationLog:
         return self.state.claim(length, reserved_value)
 
     def appended(self) -> None:
-        self.state.kick()  # before the sleeping check: a runner going to sleep sees it
-        self._driver.wake_sender()
+        state = self.state
+        # Already kicked: it is queued and not yet stepped (the sender clears the flag before
+        # it reads the log), and whoever kicked it woke a sleeping sender: nothing to do. This
+        # is every offer but the first of a burst, so it is one attribute read.
+        if not state.kicked:
+            state.kick()  # before the sleeping check: a runner going to sleep sees it
+            self._driver.wake_sender()
         for notify in self.spy_notify:
             notify()
 
