@@ -7,6 +7,7 @@ UDP (``H`` = host, ``P`` = port, ``C`` = control port)::
                      |destination-host=<the HELLO image's address>|max-destinations=1
                                                                          REPLY_STREAM_ID
     client->us   aeron:udp?endpoint=H:P|session-id=<secret>              <per-client stream>
+                     (read from a socket on H:P connected to the client, see below)
     us->client   aeron:udp?control=H:C|control-mode=dynamic|session-id=<secret>
                      |destination-host=<the HELLO's address>|max-destinations=1
 
@@ -16,6 +17,21 @@ address whose SM names that session id (the client's reply subscription names it
 publication's), so a reply reaches the host that sent the HELLO and nobody else. A session's
 publication likewise takes exactly one destination: the first SM carrying its own secret session
 id from the address whose HELLO opened it (see ``transport/protocol/publication.py``).
+
+Sessions' datagrams and the public ports (UDP): the HELLO subscription opens the socket on
+``H:P`` with ``dedicated-sources=N`` (``SO_REUSEPORT``), the control publication the one on
+``H:C``; once a session is established the server asks the driver for a socket of its own for
+the client on each: on ``H:P`` connected to the address and port the client sends from (its
+HELLO and session publications share one socket, so one per client process), on ``H:C`` to the
+one it receives on (its reply and session subscriptions share one socket), which its SMs and
+NAKs come from. The kernel hands a connected socket every datagram of its 4-tuple, so a flood
+of a public port (anyone may send there) overflows the public socket's buffer, not the
+sessions'. Why this and not a third port announced in WELCOME: nothing changes on the wire (any
+client, old ones included, and a plain Aeron publication see the same ports; no protocol version
+bump), a session's socket is reachable only from the client's own address and port (a third
+port would be one more public socket, flooded as easily), and it costs two descriptors per client
+process, bounded (``max_dedicated_sockets``; past it, or with no descriptor left, a session
+shares the public socket as before, counted ``dedicated_sockets_refused``).
 
 IPC (same host, same driver directory; a client names the server by its UDP port, ``ipc:P``)::
 
@@ -67,12 +83,19 @@ class Channels:
     # -------------------------------------------------------------- handshake channels
 
     def hello_sub(
-        self, max_images: int = 0, max_images_per_address: int = 0, setups_per_s: int = 0
+        self,
+        max_images: int = 0,
+        max_images_per_address: int = 0,
+        setups_per_s: int = 0,
+        dedicated: int = 0,
     ) -> str:
         """The server's public HELLO subscription: small terms only, one HELLO image per client
         socket (a client publishes one HELLO per socket; allowing a few tolerates a retry), at
         most ``max_images`` at once and ``max_images_per_address`` from one IP address, at most
-        ``setups_per_s`` new ones a second from one /24 or /64 (0: no limit)."""
+        ``setups_per_s`` new ones a second from one /24 or /64 (0: no limit). It opens the
+        port's socket, which every session's subscription shares; ``dedicated``: that many
+        client addresses with a live session may get a connected socket of their own on the
+        port (``dedicated-sources``, ``Driver.dedicate_socket``)."""
         if self.media == "ipc":
             return "aeron:ipc"
         limits = "".join(
@@ -83,6 +106,7 @@ class Channels:
                 ("max-images-per-address", max_images_per_address),
                 ("setups-per-prefix-per-s", setups_per_s),
                 ("evict-unvouched", "true"),
+                ("dedicated-sources", dedicated),
             )
             if value
         )
@@ -93,16 +117,21 @@ class Channels:
             return f"aeron:ipc?term-length={HANDSHAKE_TERM_LENGTH}"
         return f"aeron:udp?endpoint={_h(self.host)}:{self.port}|term-length={HANDSHAKE_TERM_LENGTH}"
 
-    def reply_pub(self, session_id: int | None = None, client_host: str = "") -> str:
+    def reply_pub(
+        self, session_id: int | None = None, client_host: str = "", dedicated: int = 0
+    ) -> str:
         """The server's replies: over IPC one publication for all; over UDP one per HELLO
         image, with the image's ``session_id``, whose one destination is at ``client_host``
-        (without: the publication that holds the control port, which takes no destination)."""
+        (without: the publication that holds the control port, which takes no destination;
+        ``dedicated``: that many clients with a live session may get a connected socket of
+        their own on the control port, for their SMs and NAKs, as on the port)."""
         if self.media == "ipc":
             return f"aeron:ipc?term-length={HANDSHAKE_TERM_LENGTH}"
         if session_id is None:
+            own = f"|dedicated-sources={dedicated}" if dedicated else ""
             return (
                 f"aeron:udp?control={_h(self.host)}:{self.control_port}|control-mode=dynamic"
-                f"|term-length={HANDSHAKE_TERM_LENGTH}|destination-host=none{_GUARD}"
+                f"|term-length={HANDSHAKE_TERM_LENGTH}|destination-host=none{own}{_GUARD}"
             )
         return (
             f"aeron:udp?control={_h(self.host)}:{self.control_port}|control-mode=dynamic"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import resource
 from dataclasses import dataclass
 
 from aeron_spark.errors import ConfigurationError
@@ -81,6 +82,13 @@ class ServerConfig:
     (they connect to ``ipc:<port>``). ``allow_plain_udp``: let a session over UDP go unsealed
     when neither side asks for sealing (trusted networks only; otherwise such a session is sealed
     anyway, loopback included: its only protection would be its secret session id).
+    ``max_dedicated_sockets``: how many client processes (all sessions of one with this server
+    share its addresses) get, while a session of theirs lives, a UDP socket of their own on
+    ``port`` and one on ``control_port`` (connected to them, ``SO_REUSEPORT``), which a flood of
+    the public ports does not reach; past it a session shares the public sockets, as every
+    session did before. None: an eighth of the open files limit (``RLIMIT_NOFILE``'s soft
+    limit when the server starts; so at most a quarter of it in all), at most ``max_clients``;
+    0: none.
     """
 
     host: str = "127.0.0.1"
@@ -102,6 +110,7 @@ class ServerConfig:
     receiver_window_length: int | None = None
     ipc: bool = True
     allow_plain_udp: bool = False
+    max_dedicated_sockets: int | None = None
 
     def __post_init__(self) -> None:
         if not self.host:
@@ -121,6 +130,12 @@ class ServerConfig:
             _check_positive(name, getattr(self, name))
         if self.max_per_key is not None:
             _check_positive("max_per_key", self.max_per_key)
+        if self.max_dedicated_sockets is not None and (
+            not isinstance(self.max_dedicated_sockets, int) or self.max_dedicated_sockets < 0
+        ):
+            raise ConfigurationError(
+                "max_dedicated_sockets", self.max_dedicated_sockets, "a count >= 0 (0: none)"
+            )
         parse_networks("allow", self.allow)
         parse_networks("deny", self.deny)
         _check_term_length("session_term_length", self.session_term_length)
@@ -136,6 +151,16 @@ class ServerConfig:
         if self.max_per_key is not None:
             return self.max_per_key
         return max(1, self.max_clients // 2)
+
+    def dedicated_socket_limit(self) -> int:
+        """``max_dedicated_sockets``, or an eighth of the soft open files limit now (at most
+        ``max_clients``; unlimited: ``max_clients``)."""
+        if self.max_dedicated_sockets is not None:
+            return self.max_dedicated_sockets
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            return self.max_clients
+        return min(self.max_clients, soft // 8)
 
     @property
     def mtu(self) -> int:

@@ -71,6 +71,9 @@ class Connection:
         # What the server exempted from the amplification bound for this session (host, session
         # ids): the server sets it after DONE and gives it back when the session ends.
         self.trusted_host: tuple[Any, ...] | None = None
+        # server side, UDP: the driver's handles of the sockets of their own it gave the
+        # client's addresses (Driver.dedicate_socket; each released once when it ends)
+        self.dedicated_sockets: list[Any] = []
         self.close_reason: str | None = None  # why we closed it ourselves (e.g. a forged frame)
         self.messages_sent = 0
         self.messages_received = 0

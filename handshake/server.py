@@ -17,7 +17,10 @@ HELLO of a UDP image is answered, and the host of a live HELLO image stays on th
 publication. Each session's subscription only
 accepts the secret session id, so a stranger's publication on that stream is ignored by the
 transport. All of a server's subscriptions share the one socket on ``P`` and all its publications
-the one on ``C``.
+the one on ``C``, except that an established session's client gets a socket of its own on each
+(on ``P`` connected to the address and port it sends from, on ``C`` to the one it receives on),
+which a flood of the public ports does not reach (``SO_REUSEPORT``; why this and not a third
+port: ``channels.py``).
 
 Use it either from your own loop (``accept(now_ns)`` returns new connections, ``wait(timeout)``
 sleeps until any of the server's subscriptions has something) or with ``start()``, which runs a
@@ -65,6 +68,11 @@ TRANSPORT_REFUSALS = (
     "setups_rate_limited",  # SETUPs from one address past its rate (item 6)
     "images_created",
     "invalid_frames",
+    # established sessions' client addresses given a socket of their own on the port, refused
+    # one (at max_dedicated_sockets, or no descriptor), and those closed after their last session
+    "dedicated_sockets_opened",
+    "dedicated_sockets_refused",
+    "dedicated_sockets_closed",
 )
 _BIND_ATTEMPTS = 20
 # HELLOs read from one HELLO image in one step (a client process with many handshakes in flight
@@ -177,6 +185,8 @@ class Server:
         self._vouch_of: dict[ServerSession, Any] = {}
         self._vouches: dict[int, int] = {}
         self.reply_drops = 0
+        # client addresses that may get a socket of their own on the port (see channels.py)
+        self._dedicated_limit = config.dedicated_socket_limit()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._closed = False
@@ -225,6 +235,7 @@ class Server:
                         2 * self.config.max_pending,
                         self.config.max_per_address,
                         max(1, round(self.config.hellos_per_prefix_per_s)),
+                        self._dedicated_limit,
                     ),
                     channels.hello_stream,
                 )
@@ -232,7 +243,9 @@ class Server:
                     # over UDP every HELLO image gets a reply publication of its own (see
                     # _open_reply), so no client reads another's replies; this one, which
                     # takes no destination, binds the control port from the start
-                    pub = self.driver.add_publication(channels.reply_pub(), channels.reply_stream)
+                    pub = self.driver.add_publication(
+                        channels.reply_pub(dedicated=self._dedicated_limit), channels.reply_stream
+                    )
                 except BaseException:
                     sub.close()
                     raise
@@ -450,6 +463,12 @@ class Server:
             )
             self.driver.trust_host(*trusted)
             conn.trusted_host = trusted
+            # its datagrams on sockets of their own, out of a flood's reach (channels.py): what
+            # it sends to the port, and its SMs and NAKs to the control port
+            for peer in (image, pending.pub):
+                handle = self.driver.dedicate_socket(peer) if peer is not None else None
+                if handle is not None:
+                    conn.dedicated_sockets.append(handle)
         for frame in pending.inbox:  # whole frames the client sent right after DONE
             conn.deliver(frame)
         pending.inbox.clear()
@@ -537,6 +556,9 @@ class Server:
         if trusted is not None:
             conn.trusted_host = None
             self.driver.distrust_host(*trusted)
+        handles, conn.dedicated_sockets = conn.dedicated_sockets, []
+        for handle in handles:
+            self.driver.release_socket(handle)
 
     def _report(self, conn: Connection | None, exc: BaseException) -> None:
         if self.on_error is not None:

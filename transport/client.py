@@ -381,6 +381,11 @@ class Image:
         self.mtu = state.mtu
         self.join_position = state.join_position
         self.source_identity = state.source_identity
+        # the sender's (address, port) as the socket reports it; None for IPC and spies
+        address = getattr(state, "source_address", None)
+        self.source_address: tuple[Any, ...] | None = (
+            tuple(address) if address is not None and state.source_identity != "spy" else None
+        )
         self.closed = False
 
     @property

@@ -76,6 +76,12 @@ class SystemCounters:
     # SETUP requests held for a host not allowed yet (a handshake client's first SM precedes its
     # HELLO); answered once allowed, else counted in status_messages_refused
     status_messages_deferred: int = 0
+    # connected sockets of their own given to trusted senders (dedicated-sources; a handshake
+    # server's sessions), those not given (at the channel's limit, or no descriptor left: the
+    # sender stays on the shared socket) and those closed after their last user
+    dedicated_sockets_opened: int = 0
+    dedicated_sockets_refused: int = 0
+    dedicated_sockets_closed: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

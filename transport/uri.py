@@ -91,6 +91,7 @@ KNOWN_PARAMS = frozenset(
         "max-images-per-address",
         "setups-per-prefix-per-s",
         "evict-unvouched",  # at an image limit, evict the oldest image nobody vouched for
+        "dedicated-sources",  # connected sockets of their own for that many trusted senders
     }
 )
 
@@ -306,6 +307,10 @@ class ChannelConfig:
     # at an image limit a new sender's SETUP evicts the oldest image its subscriber never
     # vouched for (Image.vouch) instead of being refused (a handshake server's HELLO images)
     evict_unvouched: bool = False
+    # subscriptions: the socket this channel opens (SO_REUSEPORT) may give up to this many
+    # sender addresses a connected socket of their own (Driver.dedicate_source), whose
+    # datagrams a flood of the shared socket does not overflow (0: none, a plain socket)
+    dedicated_sources: int = 0
     # dynamic publications: the one IP address whose SMs may make a destination ("none": nobody
     # until the owner allows some, None: anyone) and how many destinations at most (0: no limit)
     destination_host: str | None = None
@@ -408,6 +413,8 @@ class ChannelConfig:
                 kwargs[key.replace("-", "_")] = parse_size(key, p[key])
         if "evict-unvouched" in p:
             kwargs["evict_unvouched"] = parse_bool("evict-unvouched", p["evict-unvouched"])
+        if "dedicated-sources" in p:
+            kwargs["dedicated_sources"] = parse_size("dedicated-sources", p["dedicated-sources"])
         if "setups-per-prefix-per-s" in p:
             kwargs["setups_per_prefix_per_s"] = parse_size(
                 "setups-per-prefix-per-s", p["setups-per-prefix-per-s"]

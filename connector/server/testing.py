@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import socket
 import subprocess
 import sys
 import time
@@ -124,3 +125,46 @@ def server_process(
         # directory itself: it goes with the server (runs left one per server in /tmp)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(log_path)
+
+
+@dataclass(frozen=True)
+class UdpSocketRow:
+    """One IPv4 UDP socket as ``/proc/net/udp`` shows it: the kernel's own count of the
+    datagrams it dropped for it (its receive buffer was full)."""
+
+    inode: int
+    local: tuple[str, int]
+    remote: tuple[str, int]  # ("0.0.0.0", 0): not connected
+    drops: int
+
+    @property
+    def connected(self) -> bool:
+        return self.remote != ("0.0.0.0", 0)
+
+
+def _proc_address(hex_address: str) -> tuple[str, int]:
+    host, port = hex_address.split(":")
+    return socket.inet_ntoa(int(host, 16).to_bytes(4, "little")), int(port, 16)
+
+
+def udp_sockets_of(pid: int, port: int) -> list[UdpSocketRow]:
+    """The IPv4 UDP sockets process ``pid`` holds bound to local ``port``."""
+    inodes = set()
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    rows = []
+    with open("/proc/net/udp") as fh:
+        next(fh)
+        for line in fh:
+            cols = line.split()
+            local = _proc_address(cols[1])
+            if int(cols[9]) in inodes and local[1] == port:
+                rows.append(
+                    UdpSocketRow(int(cols[9]), local, _proc_address(cols[2]), int(cols[-1]))
+                )
+    return rows

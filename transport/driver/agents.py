@@ -50,6 +50,10 @@ def _may_read(endpoint: UdpEndpoint, readable: set[Any] | None) -> bool:
     return readable is None or endpoint.sock in readable or endpoint.loss is not None
 
 
+def _sockets_version(agent: Any) -> int:
+    return int(getattr(agent, "sockets_version", 0))
+
+
 class Agent(Protocol):
     def do_work(self, now_ns: int) -> int: ...
     def next_deadline_ns(self, now_ns: int) -> int: ...
@@ -57,15 +61,31 @@ class Agent(Protocol):
     def filenos(self) -> list[Any]: ...
 
 
+class Dedicated:
+    """A peer address's connected socket on an endpoint's address (see
+    :class:`ReceiveEndpoint`): how many asked for it, and since when nobody has (ns, or None)."""
+
+    __slots__ = ("udp", "users", "idle_since_ns")
+
+    def __init__(self, udp: UdpEndpoint) -> None:
+        self.udp = udp
+        self.users = 1
+        self.idle_since_ns: int | None = None
+
+
 class SendEndpoint:
     """A publication-side socket and the publications sending through it (every publication
     whose channel has the same canonical form: see ``DriverConductor.add_network_publication``).
-    ``config`` is the channel of the publication that opened it (the socket's options)."""
+    ``config`` is the channel of the publication that opened it (the socket's options).
+    ``sockets``: as a :class:`ReceiveEndpoint`'s (the control frames of a dedicated receiver,
+    its SMs and NAKs, arrive on a socket connected to it; data still leaves by ``endpoint``)."""
 
     def __init__(self, key: Any, endpoint: UdpEndpoint, config: Any = None) -> None:
         self.key = key
         self.endpoint = endpoint
         self.config = config
+        self.dedicated: dict[Any, Dedicated] = {}
+        self.sockets: tuple[UdpEndpoint, ...] = (endpoint,)
         self.publications: tuple[PublicationState, ...] = ()
         self.by_session: dict[tuple[int, int], PublicationState] = {}
         # SETUP requests naming a (session id, stream id) no publication here has yet:
@@ -168,13 +188,24 @@ class SendEndpoint:
 
 class ReceiveEndpoint:
     """A subscription-side socket and the dispatcher of its datagrams. ``config`` is the
-    channel of the subscription that opened it (the socket's options)."""
+    channel of the subscription that opened it (the socket's options).
+
+    ``sockets`` is what the receiver reads into the one dispatcher: the connected sockets
+    dedicated to single senders (``dedicated``, by sender address; a channel with
+    ``dedicated-sources=N`` binds its socket with ``SO_REUSEPORT`` and the conductor adds them,
+    :meth:`DriverConductor.dedicate_source`) first, each up to its own share of a step, then
+    the shared socket. The kernel hands a connected socket every datagram of its 4-tuple, so a
+    flood of the shared socket (a public port) does not overflow a dedicated sender's buffer,
+    nor take its turn in a step. Every reply (SMs, NAKs) still goes out of the shared socket:
+    the same source address and port as before, so a sender sees no difference."""
 
     def __init__(self, key: Any, endpoint: UdpEndpoint, config: Any = None) -> None:
         self.key = key
         self.endpoint = endpoint
         self.config = config
         self.dispatcher = ReceiveDispatcher()
+        self.dedicated: dict[Any, Dedicated] = {}
+        self.sockets: tuple[UdpEndpoint, ...] = (endpoint,)
         # Every subscription of it closed (its images only send their EOS SMs, spaced out):
         # until quiet_until, while its socket has nothing and no interest was added (the
         # interests' tuples are still quiet_token), a step has nothing to do on it. A client
@@ -216,6 +247,7 @@ class SenderAgent:
     ) -> None:
         self.counters = counters
         self.endpoints: tuple[SendEndpoint, ...] = ()
+        self.sockets_version = 0  # bumped when an endpoint's ``sockets`` change
         self.on_publication_done = on_publication_done
         self.readable: set[Any] | None = None  # set by the runner each step (see _may_read)
 
@@ -224,17 +256,17 @@ class SenderAgent:
         counters = self.counters
         readable = self.readable
         for ep in self.endpoints:
-            endpoint = ep.endpoint
-            for _ in range(RECEIVES_PER_STEP if _may_read(endpoint, readable) else 0):
-                got = endpoint.receive()
-                if got is None:
-                    break
-                buf, length, source = got
-                work += 1
-                try:
-                    ep.on_control(buf, length, source, now_ns)
-                except RemoteProtocolError:
-                    counters.invalid_frames += 1
+            for udp in ep.sockets:
+                for _ in range(RECEIVES_PER_STEP if _may_read(udp, readable) else 0):
+                    got = udp.receive()
+                    if got is None:
+                        break
+                    buf, length, source = got
+                    work += 1
+                    try:
+                        ep.on_control(buf, length, source, now_ns)
+                    except RemoteProtocolError:
+                        counters.invalid_frames += 1
             work += ep.step(now_ns, self.on_publication_done)
         return work
 
@@ -249,7 +281,7 @@ class SenderAgent:
         return deadline
 
     def filenos(self) -> list[Any]:
-        return [ep.endpoint.sock for ep in self.endpoints]
+        return [udp.sock for ep in self.endpoints for udp in ep.sockets]
 
 
 class ReceiverAgent:
@@ -266,6 +298,8 @@ class ReceiverAgent:
     ) -> None:
         self.counters = counters
         self.endpoints: tuple[ReceiveEndpoint, ...] = ()
+        # bumped when an endpoint's ``sockets`` change (the runner registers them again)
+        self.sockets_version = 0
         self.on_endpoint_idle = on_endpoint_idle
         self.readable: set[Any] | None = None  # set by the runner each step (see _may_read)
 
@@ -276,22 +310,29 @@ class ReceiverAgent:
         readable = self.readable
         for ep in self.endpoints:
             endpoint = ep.endpoint
-            may_read = _may_read(endpoint, readable)
+            sockets = ep.sockets
+            if len(sockets) == 1:
+                may_read = _may_read(endpoint, readable)
+            else:
+                may_read = any(_may_read(udp, readable) for udp in sockets)
             if not may_read and ep.quiet_token is not None and ep.is_quiet(now_ns):
                 continue
             dispatcher = ep.dispatcher
             send = endpoint.send
             on_datagram = dispatcher.on_datagram
-            for _ in range(RECEIVES_PER_STEP if may_read else 0):
-                got = endpoint.receive()
-                if got is None:
-                    break
-                buf, length, source = got
-                work += 1
-                try:
-                    on_datagram(buf, length, source, now_ns, send)
-                except RemoteProtocolError:
-                    counters.invalid_frames += 1
+            for udp in sockets if may_read else ():
+                if len(sockets) > 1 and not _may_read(udp, readable):
+                    continue
+                for _ in range(RECEIVES_PER_STEP):
+                    got = udp.receive()
+                    if got is None:
+                        break
+                    buf, length, source = got
+                    work += 1
+                    try:
+                        on_datagram(buf, length, source, now_ns, send)
+                    except RemoteProtocolError:
+                        counters.invalid_frames += 1
             work += dispatcher.do_work(now_ns, send)
             if not dispatcher.interests:
                 idle = True
@@ -316,7 +357,7 @@ class ReceiverAgent:
         return deadline
 
     def filenos(self) -> list[Any]:
-        return [ep.endpoint.sock for ep in self.endpoints]
+        return [udp.sock for ep in self.endpoints for udp in ep.sockets]
 
 
 class AgentRunner:
@@ -426,11 +467,13 @@ class AgentRunner:
         if token is not None:
             # tuples of endpoints, replaced (copy on write) on change: compare identities
             for agent, seen in zip(self._endpoint_agents, token, strict=True):
-                if agent.endpoints is not seen:
+                if agent.endpoints is not seen[0] or _sockets_version(agent) != seen[1]:
                     break
             else:
                 return True
-        self._token = tuple(agent.endpoints for agent in self._endpoint_agents)
+        self._token = tuple(
+            (agent.endpoints, _sockets_version(agent)) for agent in self._endpoint_agents
+        )
         wanted: dict[int, Any] = {}
         for agent in self.agents:
             for sock in agent.filenos():

@@ -27,6 +27,7 @@ from typing import Any
 
 from aeron_spark.transport.counters import SystemCounters
 from aeron_spark.transport.driver.agents import (
+    Dedicated,
     ReceiveEndpoint,
     ReceiverAgent,
     SendEndpoint,
@@ -37,14 +38,19 @@ from aeron_spark.transport.driver.endpoint import (
     bind_endpoint_for,
     receiver_window_for,
 )
-from aeron_spark.transport.errors import ChannelError
+from aeron_spark.transport.errors import ChannelError, DriverError
 from aeron_spark.transport.protocol.image import ImageState
 from aeron_spark.transport.protocol.logbuffer import is_reserved_session_id, wrap_int32
 from aeron_spark.transport.protocol.publication import Destination, PublicationState
 from aeron_spark.transport.protocol.receiver import StreamInterest, image_counts
 from aeron_spark.transport.uri import DEFAULT_SO_RCVBUF, ChannelConfig, Endpoint, parse_uri
 
-OpenEndpoint = Callable[[Endpoint, ChannelConfig], UdpEndpoint]
+# (bind, channel) -> socket; a dedicated sender's socket also gets connect_to=<its address>
+OpenEndpoint = Callable[..., UdpEndpoint]
+# A sender's dedicated socket stays open this long after its last user released it (then closed
+# on the conductor's next tick): a client process that opens sessions one after the other keeps
+# its socket instead of paying a socket, and losing what is queued on it, per session.
+DEDICATED_LINGER_NS = 1_000_000_000
 # How often the conductor steps the IPC resources when nothing else wakes it: their own timers
 # are coarser (a subscription scans for new log files every 20 ms, heartbeats every 100 ms) and
 # an offer or a wait refreshes what it needs itself, so waking every millisecond bought nothing
@@ -121,6 +127,7 @@ class DriverConductor:
         if now_ns >= self.deadline_ns:
             self.deadline_ns = now_ns + self.interval_ns
             self.reap_receive_endpoints()
+            self.reap_dedicated(now_ns)
             self.reap_ipc()
             if self.on_tick is not None:
                 self.on_tick(now_ns)
@@ -271,6 +278,7 @@ class DriverConductor:
             if not ep.publications:
                 self.send_endpoints.pop(ep.key, None)
                 self.sender.endpoints = tuple(e for e in self.sender.endpoints if e is not ep)
+                self._close_dedicated(ep, list(ep.dedicated))
                 ep.endpoint.close()
 
     def _retire(self, counts: dict[str, int]) -> None:
@@ -417,7 +425,108 @@ class DriverConductor:
                         e for e in self.receiver.endpoints if e is not rep
                     )
                     self._retire(dispatcher_counts(rep))
+                    self._close_dedicated(rep, list(rep.dedicated))
                     rep.endpoint.close()
+
+    # ------------------------------------------------------------------ dedicated peers
+
+    def dedicate_source(self, ep: ReceiveEndpoint | SendEndpoint, address: Any) -> Any:
+        """Give the peer at ``address`` a socket of its own on ``ep``'s local address: a UDP
+        socket with ``SO_REUSEPORT``, bound there and connected to ``address``, read like the
+        shared one (see :class:`ReceiveEndpoint`; on a send endpoint the peer is a receiver,
+        whose SMs and NAKs arrive there). Counted per call: returns a handle for one
+        :meth:`release_source`, or None (nothing changes: the peer stays on the shared socket)
+        when the channel that opened ``ep`` did not ask for it (``dedicated-sources``), at that
+        many dedicated peers already, or when the socket cannot be opened (no descriptor left):
+        the last two counted ``dedicated_sockets_refused``."""
+        config = ep.config
+        limit = config.dedicated_sources if config is not None else 0
+        if not limit:
+            return None
+        key = (str(address[0]), int(address[1]))
+        with self.lock:
+            table: dict[Any, Any] = (
+                self.receive_endpoints if isinstance(ep, ReceiveEndpoint) else self.send_endpoints
+            )
+            if table.get(ep.key) is not ep:
+                return None  # closed meanwhile
+            held = ep.dedicated.get(key)
+            if held is not None:
+                held.users += 1
+                held.idle_since_ns = None
+                return (ep, key)
+            if len(ep.dedicated) >= limit:
+                self.system_counters.dedicated_sockets_refused += 1
+                return None
+            local = ep.endpoint.local_address
+            bind = Endpoint(str(local[0]), int(local[1]), ep.endpoint.family)
+            try:
+                udp = self.open_endpoint(bind, config, connect_to=tuple(address))
+            except (DriverError, OSError):
+                self.system_counters.dedicated_sockets_refused += 1
+                return None
+            ep.dedicated[key] = Dedicated(udp)
+            self._resocket(ep)
+            self.system_counters.dedicated_sockets_opened += 1
+        if isinstance(ep, ReceiveEndpoint):
+            self.wake_receiver()
+        else:
+            self.wake_sender()
+        return (ep, key)
+
+    def release_source(self, handle: Any, now_ns: int) -> None:
+        """Undo one :meth:`dedicate_source` (its handle); the socket closes
+        ``DEDICATED_LINGER_NS`` after its last user released it (the conductor's tick)."""
+        ep, key = handle
+        with self.lock:
+            held = ep.dedicated.get(key)
+            if held is None or held.users <= 0:
+                return
+            held.users -= 1
+            if held.users == 0:
+                held.idle_since_ns = now_ns
+
+    def reap_dedicated(self, now_ns: int) -> None:
+        """Close the dedicated sockets nobody has used for ``DEDICATED_LINGER_NS``."""
+        with self.lock:
+            endpoints: list[Any] = [*self.receive_endpoints.values(), *self.send_endpoints.values()]
+            for ep in endpoints:
+                if not ep.dedicated:
+                    continue
+                idle = [
+                    key
+                    for key, held in ep.dedicated.items()
+                    if held.idle_since_ns is not None
+                    and now_ns - held.idle_since_ns >= DEDICATED_LINGER_NS
+                ]
+                if idle:
+                    self._close_dedicated(ep, idle)
+
+    def _close_dedicated(self, ep: ReceiveEndpoint | SendEndpoint, keys: list[Any]) -> None:
+        for key in keys:
+            held = ep.dedicated.pop(key, None)
+            if held is not None:
+                held.udp.close()
+                self.system_counters.dedicated_sockets_closed += 1
+        if keys:
+            self._resocket(ep)
+
+    def _resocket(self, ep: ReceiveEndpoint | SendEndpoint) -> None:
+        """``ep.sockets`` from its dedicated sockets (read first) and its shared one; the
+        agent's runner registers them again."""
+        ep.sockets = (*(held.udp for held in ep.dedicated.values()), ep.endpoint)
+        if isinstance(ep, ReceiveEndpoint):
+            self.receiver.sockets_version += 1
+        else:
+            self.sender.sockets_version += 1
+
+    def send_endpoint_of(self, state: PublicationState) -> SendEndpoint | None:
+        """The send endpoint a UDP publication's state sends from (None: gone)."""
+        with self.lock:
+            for ep in self.send_endpoints.values():
+                if ep.by_session.get((state.session_id, state.stream_id)) is state:
+                    return ep
+        return None
 
     # ------------------------------------------------------------------ IPC
 
@@ -440,8 +549,10 @@ class DriverConductor:
         """Close every endpoint and IPC resource (the driver is closing)."""
         with self.lock:
             for ep in self.send_endpoints.values():
+                self._close_dedicated(ep, list(ep.dedicated))
                 ep.endpoint.close()
             for rep in self.receive_endpoints.values():
+                self._close_dedicated(rep, list(rep.dedicated))
                 rep.endpoint.close()
             self.send_endpoints.clear()
             self.receive_endpoints.clear()
@@ -559,6 +670,13 @@ def check_shares_socket(config: ChannelConfig, existing: ChannelConfig | None) -
                 f"{had or 'the OS default'} (the socket it shares, opened for {existing.uri}) "
                 "or none",
             )
+    if config.dedicated_sources and config.dedicated_sources != existing.dedicated_sources:
+        raise ChannelError(
+            "dedicated-sources",
+            config.dedicated_sources,
+            f"{existing.dedicated_sources} (the socket it shares, opened for {existing.uri}) "
+            "or none",
+        )
     if config.max_amplification != existing.max_amplification:
         raise ChannelError(
             "max-amplification",

@@ -41,6 +41,7 @@ from aeron_spark.transport.driver.endpoint import (
     AmplificationLedger,
     UdpEndpoint,
     destination_address,
+    port_taken,
 )
 from aeron_spark.transport.errors import ChannelError, ClosedError, DriverError, LocalProtocolError
 from aeron_spark.transport.protocol.logbuffer import (
@@ -343,17 +344,59 @@ class Driver:
         if self.amplification is not None:
             self.amplification.distrust(host, session_ids)
 
-    def _open_endpoint(self, bind: Endpoint, config: ChannelConfig) -> UdpEndpoint:
+    def dedicate_socket(self, peer: Image | Publication) -> Any:
+        """Give a UDP peer a socket of its own on our side, connected to it, when our socket
+        was opened by a channel with ``dedicated-sources=N`` (``SO_REUSEPORT``): for an
+        ``Image``, its sender (address and port) on the subscription's socket; for a
+        ``Publication`` with one destination, that receiver (whose SMs and NAKs arrive) on the
+        publication's socket. The kernel then hands that socket every datagram of the peer, so
+        a flood of the shared socket (a public port) does not overflow them (see
+        ``agents.ReceiveEndpoint``). Nothing changes on the wire. Meant for a peer that proved
+        itself (a handshake server's session): a spoofer gets none. Returns a handle for
+        :meth:`release_socket` (call it once), or None when not given (no such channel, IPC,
+        not one destination, at ``N`` peers, no descriptor: ``dedicated_sockets_refused``)."""
+        if self._closed:
+            return None
+        if isinstance(peer, Image):
+            registration = getattr(peer.subscription, "registration", None)
+            address = peer.source_address
+            if not isinstance(registration, tuple) or address is None:
+                return None
+            return self._conductor.dedicate_source(registration[0], address)
+        destinations = peer.destinations if peer.channel.startswith("aeron:udp") else []
+        if len(destinations) != 1:
+            return None
+        ep = self._conductor.send_endpoint_of(peer.state)
+        if ep is None:
+            return None
+        return self._conductor.dedicate_source(ep, destinations[0])
+
+    def release_socket(self, handle: Any) -> None:
+        """Undo one :meth:`dedicate_socket` (its handle; the socket lingers a second for the
+        peer's next session, then closes)."""
+        if handle is not None:
+            self._conductor.release_source(handle, time.monotonic_ns())
+
+    def _open_endpoint(
+        self, bind: Endpoint, config: ChannelConfig, connect_to: Any = None
+    ) -> UdpEndpoint:
         buffer = self.config.socket_buffer_length
         loss = None
         if self.config.loss is not None:
             loss = self.config.loss.receive_hook(self.system_counters)
+        reuse_port = bool(config.dedicated_sources)
+        if reuse_port and connect_to is None and port_taken(bind):
+            # SO_REUSEPORT would share a port another such socket of ours holds (a second
+            # server on the same port): refused as a plain socket's bind is
+            raise DriverError(f"cannot bind UDP socket to {bind}: the address is in use")
         udp = UdpEndpoint(
             bind,
             self.system_counters,
             so_rcvbuf=max(config.so_rcvbuf, buffer),
             so_sndbuf=max(config.so_sndbuf, buffer),
             loss=loss,
+            reuse_port=reuse_port,
+            connect_to=connect_to,
         )
         if config.max_amplification:
             # the driver's guarded sockets share one ledger: what an address sent to one

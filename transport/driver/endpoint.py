@@ -129,7 +129,12 @@ class UdpEndpoint:
         so_rcvbuf: int = 0,
         so_sndbuf: int = 0,
         loss: Any = None,
+        reuse_port: bool = False,
+        connect_to: Any = None,
     ) -> None:
+        """``reuse_port``: bound with ``SO_REUSEPORT``, so connected sockets of the same user
+        may share its address; ``connect_to``: such a socket, connected to that sender's
+        address (the kernel hands it every datagram of that 4-tuple, and nothing else)."""
         self.family = bind.family
         self.counters = counters
         try:
@@ -143,12 +148,18 @@ class UdpEndpoint:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, so_rcvbuf)
             if so_sndbuf:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, so_sndbuf)
+            if reuse_port or connect_to is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind(_sockaddr(bind))
+            if connect_to is not None:
+                sock.connect(connect_to)
             sock.setblocking(False)
         except OSError as exc:
             sock.close()
-            raise DriverError(f"cannot bind UDP socket to {bind}: {exc}") from exc
+            to = f" connected to {connect_to}" if connect_to is not None else ""
+            raise DriverError(f"cannot bind UDP socket to {bind}{to}: {exc}") from exc
         self.sock = sock
+        self.connected_to = connect_to
         local = sock.getsockname()
         self.local_address: tuple[Any, ...] = local
         self.local_port: int = local[1]
@@ -201,8 +212,8 @@ class UdpEndpoint:
         except (BlockingIOError, InterruptedError):
             return None
         except OSError as exc:
-            if exc.errno in _TRANSIENT:
-                return None
+            if exc.errno in _TRANSIENT or self.closed:
+                return None  # (closed: a dedicated socket the conductor closed under us)
             self.counters.receive_errors += 1
             self.counters.errors += 1
             return None
@@ -217,6 +228,22 @@ class UdpEndpoint:
         if not self.closed:
             self.closed = True
             self.sock.close()
+
+
+def port_taken(bind: Endpoint) -> bool:
+    """Whether a plain socket (no ``SO_REUSEPORT``) cannot bind ``bind`` now: checked before
+    a ``SO_REUSEPORT`` socket binds a fixed port, which would otherwise share it silently with
+    another such socket of the same user (a second server started on the same port)."""
+    if bind.port == 0:
+        return False
+    with socket.socket(bind.family, socket.SOCK_DGRAM) as probe:
+        try:
+            if bind.family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            probe.bind(_sockaddr(bind))
+        except OSError:
+            return True
+    return False
 
 
 def bind_endpoint_for(remote: Endpoint) -> Endpoint:

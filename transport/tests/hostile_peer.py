@@ -8,7 +8,8 @@ Sends crafted datagrams to ``HOST:PORT`` on ``STREAM_ID`` as fast as one thread 
 of the SETUP's position, a DATA frame just past half a term, a heartbeat 512 MiB ahead, and a
 SETUP with the smallest term but an mtu no receiver should accept. ``MODE`` ``images`` sends
 instead valid small SETUPs (64 KiB term), each followed by a heartbeat, for a new session id
-every time (an image flood: each would cost the receiver a log, SMs and a slot). Prints one
+every time (an image flood: each would cost the receiver a log, SMs and a slot); ``bulk``
+60,000-byte DATA frames nobody takes (a flood by bytes, e.g. of a control port). Prints one
 JSON line at the start (``{"event": "started"}``) and one at the end with how many datagrams
 it sent. ``SOURCE`` is the local address to send from (e.g. ``127.0.2.1``: another /24 of the
 loopback network than the clients', so the flood shares no per-network limit with them).
@@ -80,6 +81,23 @@ def image_flood_datagrams(stream_id: int, session_id: int) -> list[bytes]:
     return [setup, heartbeat]
 
 
+def bulk_datagrams(stream_id: int, session_id: int) -> list[bytes]:
+    """A 60,000-byte DATA frame far outside any window (MODE ``bulk``): on a publication's
+    control port (which reads only SMs, NAKs and RTTMs) it is read and ignored, so a flood of
+    them fills the socket's buffer by bytes rather than by the work each costs."""
+    payload = b"\xcd" * (60_000 - 32)
+    header = encode_data_header(
+        32 + len(payload),
+        DataFlags.UNFRAGMENTED,
+        FrameType.DATA,
+        512 * MIB,
+        session_id,
+        stream_id,
+        7,
+    )
+    return [header + payload]
+
+
 def stdin_closed() -> bool:
     readable, _, _ = select.select([sys.stdin], [], [], 0)
     return bool(readable) and not os.read(sys.stdin.fileno(), 1024)
@@ -90,7 +108,7 @@ def main(argv: list[str]) -> int:
     sessions = int(argv[4]) if len(argv) > 4 else 8
     mode = argv[5] if len(argv) > 5 else "crafted"
     source = argv[6] if len(argv) > 6 else None
-    make = image_flood_datagrams if mode == "images" else crafted_datagrams
+    make = {"images": image_flood_datagrams, "bulk": bulk_datagrams}.get(mode, crafted_datagrams)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     packets = [p for s in range(sessions) for p in make(stream_id, 0x0BAD0000 + s)]
     sent = 0
