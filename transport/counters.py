@@ -76,6 +76,9 @@ class SystemCounters:
     # SETUP requests held for a host not allowed yet (a handshake client's first SM precedes its
     # HELLO); answered once allowed, else counted in status_messages_refused
     status_messages_deferred: int = 0
+    gso_sends: int = 0  # sends of several datagrams at once (UDP GSO); datagrams_sent counts each
+    gso_fallbacks: int = 0  # GSO sends the kernel refused, their datagrams sent one by one
+    gro_receives: int = 0  # receives that carried several datagrams (UDP GRO, when enabled)
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
