@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -51,6 +52,11 @@ from pathlib import Path
 from typing import Any
 
 from aeron_spark.transport import Driver, DriverConfig
+from aeron_spark.transport.counters import SystemCounters
+from aeron_spark.transport.driver.endpoint import UdpEndpoint
+from aeron_spark.transport.protocol.frames import StatusMessage
+from aeron_spark.transport.protocol.publication import PublicationState
+from aeron_spark.transport.uri import Endpoint
 
 STREAM = 1001
 PONG_STREAM = 1002
@@ -227,6 +233,55 @@ def throughput(
 GSO_SIZES = [("1k", 1024, 1408), ("8k", 8192, 1408), ("64k", 65536, 1408)]
 
 
+def sender_cpu(size: int, mtu: int, megabytes: float, gso: bool) -> dict[str, float]:
+    """CPU time of the send path alone, one process: offers, the publication's sender and the
+    socket's sends (loopback delivery included), to a socket nobody reads (the kernel drops
+    what overflows it); status messages fed by hand so flow control never waits."""
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))
+    endpoint = UdpEndpoint(
+        Endpoint("0.0.0.0", 0, socket.AF_INET), SystemCounters(), so_sndbuf=2 << 20, gso=gso
+    )
+    try:
+        address = sink.getsockname()
+        term = (64 if size > 16384 else 16) << 20
+        pub = PublicationState(
+            session_id=1, stream_id=STREAM, initial_term_id=0, term_id=0, term_offset=0,
+            term_length=term, mtu=mtu, destination=address, now_ns=0,
+        )  # fmt: skip
+        send, segments = endpoint.send, endpoint.send_segments if endpoint.gso else None
+
+        def status(position: int) -> None:
+            sm = StatusMessage(1, STREAM, position >> pub.shift, position & (term - 1), term, 1)
+            pub.on_status_message(sm, address, 0)
+
+        pub.send(0, send, segments)
+        status(0)
+        payload = bytes(size)
+        count = int(megabytes * 1e6 / size)
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        offer = pub.offer
+        for _ in range(count):
+            while offer(payload) < 0:
+                pub.send(0, send, segments)
+                status(pub.sender_position)
+        while pub.sender_position < pub.position:
+            pub.send(0, send, segments)
+            status(pub.sender_position)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+    finally:
+        endpoint.close()
+        sink.close()
+    system = after.ru_stime - before.ru_stime
+    cpu = after.ru_utime - before.ru_utime + system
+    return {
+        "cpu_us_per_msg": cpu / count * 1e6,
+        "sys_us_per_msg": system / count * 1e6,
+        "datagrams_sent": endpoint.counters.datagrams_sent,
+        "gso_sends": endpoint.counters.gso_sends,
+    }
+
+
 def compare_gso(seconds: float, rounds: int) -> dict[str, Any]:
     """Each size with UDP GSO off and on, taking turns (see the module's docstring)."""
     result: dict[str, Any] = {}
@@ -259,8 +314,23 @@ def compare_gso(seconds: float, rounds: int) -> dict[str, Any]:
             for mode in ("on", "on_gro"):
                 on = summary[f"udp_{name}_gso_{mode}_{what}"]
                 summary[f"udp_{name}_{what}_{mode}_to_off"] = round(on / off, 3) if off else 0.0
+        # the send path alone (CPU time, so less at the mercy of the machine's load)
+        alone: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
+        for r in range(rounds):
+            for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
+                alone[mode].append(sender_cpu(size, mtu, 20.0, gso=mode == "on"))
+        for mode, rs in alone.items():
+            for what in ("cpu_us_per_msg", "sys_us_per_msg"):
+                values = sorted(x[what] for x in rs)
+                summary[f"udp_{name}_send_path_gso_{mode}_{what}"] = round(
+                    values[len(values) // 2], 2
+                )
+        off = summary[f"udp_{name}_send_path_gso_off_cpu_us_per_msg"]
+        on = summary[f"udp_{name}_send_path_gso_on_cpu_us_per_msg"]
+        summary[f"udp_{name}_send_path_cpu_on_to_off"] = round(on / off, 3) if off else 0.0
         result.update(summary)
         details[name] = runs
+        details[f"{name}_send_path"] = alone
     result["details"] = details
     return result
 
