@@ -2,7 +2,7 @@
 subscriber, in one run; prints one JSON object (issue 34 item 2).
 
     python -m benchmarks.real_subscriber [--messages 100000] [--max-size 20000] [--repeats 2]
-        [--profile]
+        [--profile] [--no-gso-too]
 
 Two real Java media drivers (``io.aeron:aeron-all`` from Maven Central, ``python
 transport/tests/aeron_peer.py fetch``; SHARED threading, backoff idle, their defaults otherwise)
@@ -21,6 +21,9 @@ Goodput = message bytes received / (last message received - first offer), both o
 CLOCK_MONOTONIC. The contenders take turns (a warm-up run each, then ``--repeats`` rounds, best
 kept, as ``benchmarks._timing`` does); ``ours_to_java`` is the ratio of the best goodputs.
 ``--profile``: the ``ours`` runs under cProfile, the top functions by own time in the JSON.
+``--no-gso-too``: a third contender, ``ours_no_gso``: ours sending every datagram with its own
+``sendto`` (``DriverConfig(udp_gso=False)``, as before UDP GSO), with the CPU time of each of
+our runs (``*_cpu_s``: this process, user + system).
 """
 
 from __future__ import annotations
@@ -108,13 +111,15 @@ def _goodput(got: dict[str, Any], start_ns: int, count: int) -> dict[str, Any]:
     return {"mb_per_s": got["bytes"] / seconds / 1e6, "seconds": seconds, "bytes": got["bytes"]}
 
 
-def run_ours(java: JavaDrivers, lengths: list[int], seed: int, timeout_s: float) -> dict[str, Any]:
+def run_ours(
+    java: JavaDrivers, lengths: list[int], seed: int, timeout_s: float, gso: bool = True
+) -> dict[str, Any]:
     count = len(lengths)
     sub, channel = _subscriber(java, count, timeout_s)
     try:
         payload = bytearray(random.Random(seed).randbytes(max(lengths)))
         view = memoryview(payload)
-        config = DriverConfig(threading_mode="invoker", write_counters_file=False)
+        config = DriverConfig(threading_mode="invoker", write_counters_file=False, udp_gso=gso)
         with Driver(config) as driver:
             pub = driver.add_publication(channel, STREAM)
             offer, do_work, idle = pub.offer, driver.do_work, driver.idle
@@ -125,6 +130,7 @@ def run_ours(java: JavaDrivers, lengths: list[int], seed: int, timeout_s: float)
                 if do_work() == 0:
                     idle(0.001)
             start = time.monotonic_ns()
+            cpu = os.times()
             for i, size in enumerate(lengths):
                 if size >= 8:
                     payload[:8] = i.to_bytes(8, "little")
@@ -144,9 +150,12 @@ def run_ours(java: JavaDrivers, lengths: list[int], seed: int, timeout_s: float)
                     got = sub.try_json(0)
             if got is None:
                 raise RuntimeError("the real subscriber did not report")
+            after = os.times()
     finally:
         sub.stop()
-    return _goodput(got, start, count)
+    out = _goodput(got, start, count)
+    out["cpu_s"] = after.user - cpu.user + after.system - cpu.system
+    return out
 
 
 def run_java(java: JavaDrivers, count: int, max_size: int, seed: int, timeout_s: float) -> dict:
@@ -172,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0x5EED5EED)
     parser.add_argument("--profile", action="store_true", help="cProfile our runs")
+    parser.add_argument(
+        "--no-gso-too",
+        action="store_true",
+        help="also ours without UDP GSO (DriverConfig(udp_gso=False)), in the same turns",
+    )
     args = parser.parse_args(argv)
     lengths = sizes(args.messages, args.max_size, args.seed)
     timeout_s = 120.0 + args.messages / 1000
@@ -184,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
     }
     runs: dict[str, list[dict[str, Any]]] = {"ours": [], "java": []}
+    if args.no_gso_too:
+        runs["ours_no_gso"] = []
     profile = cProfile.Profile() if args.profile else None
 
     def ours() -> None:
@@ -195,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
             if profile is not None:
                 profile.disable()
 
+    def ours_no_gso() -> None:
+        runs["ours_no_gso"].append(run_ours(java, lengths, args.seed, timeout_s, gso=False))
+
     def real() -> None:
         runs["java"].append(run_java(java, args.messages, args.max_size, args.seed, timeout_s))
 
@@ -202,7 +221,10 @@ def main(argv: list[str] | None = None) -> int:
         java = JavaDrivers(tmp)
         try:
             result["aeron_version"] = java.peer.AERON_VERSION
-            interleaved_best({"ours": ours, "java": real}, args.repeats)
+            contenders = {"ours": ours, "java": real}
+            if args.no_gso_too:
+                contenders["ours_no_gso"] = ours_no_gso
+            interleaved_best(contenders, args.repeats)
         finally:
             java.close()
     for name, rs in runs.items():
@@ -211,7 +233,13 @@ def main(argv: list[str] | None = None) -> int:
         result[f"{name}_mb_per_s_runs"] = [round(r["mb_per_s"], 1) for r in timed]
         result[f"{name}_bytes_received"] = sorted({r["bytes"] for r in rs})
         result[f"{name}_msgs_per_s"] = round(args.messages / min(r["seconds"] for r in timed))
+        if "cpu_s" in timed[0]:
+            result[f"{name}_cpu_s"] = [round(r["cpu_s"], 2) for r in timed]
     result["ours_to_java"] = round(result["ours_mb_per_s"] / result["java_mb_per_s"], 3)
+    if args.no_gso_too:
+        result["ours_no_gso_to_java"] = round(
+            result["ours_no_gso_mb_per_s"] / result["java_mb_per_s"], 3
+        )
     if profile is not None:
         out = io.StringIO()
         pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(25)

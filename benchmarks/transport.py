@@ -2,6 +2,7 @@
 
     python -m benchmarks.transport [--seconds S] [--pingpong-rounds N] [--only-pingpong]
         [--real-aeron [--java-driver-idle backoff|yield|sleep-ms|spin]]
+    python -m benchmarks.transport --compare-gso [--seconds S] [--rounds N]
 
 * Throughput (``udp_<size>_msgs_per_s`` and ``..._mb_per_s``): this process publishes messages of
   one size for ``--seconds`` as fast as flow control allows; a child process subscribes and
@@ -19,6 +20,17 @@
   2-core machine they compete with the driver thread and with each other: compare ratios from
   one run, on an otherwise idle machine.
 
+* ``--compare-gso``: only throughput, 1 KiB, 8 KiB and 64 KiB messages at the default MTU
+  (1408; 64 MiB terms for 64 KiB), each size run ``--rounds`` times with the publisher's UDP GSO
+  off (every datagram its own ``sendto``) and on (``DriverConfig.udp_gso``), the two taking
+  turns (the order swapped each round), and a third contender ``on_gro``: GSO on and the
+  subscriber taking coalesced receives (``DriverConfig.udp_gro``). Per size and contender: the
+  best msgs/s, and the median
+  CPU time per message of the publishing process (user + system, from the first offer to the
+  last byte sent: the offers, the sender, the syscalls) and of the subscribing process (from its
+  first message to its last); ``..._on_to_off`` the ratios (msgs/s: above 1 is faster; CPU:
+  below 1 is cheaper; ``..._on_gro_to_off`` the same for the third).
+
 Both sides run the driver in invoker mode (no driver thread: the application loop steps the
 driver itself), with 2 MiB socket buffers. Terms are 16 MiB (default) except 64 KiB messages,
 which use 64 MiB terms so a message fits (max message = term/8). Numbers depend heavily on what
@@ -30,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -39,21 +52,27 @@ from pathlib import Path
 from typing import Any
 
 from aeron_spark.transport import Driver, DriverConfig
+from aeron_spark.transport.counters import SystemCounters
+from aeron_spark.transport.driver.endpoint import UdpEndpoint
+from aeron_spark.transport.protocol.frames import StatusMessage
+from aeron_spark.transport.protocol.publication import PublicationState
+from aeron_spark.transport.uri import Endpoint
 
 STREAM = 1001
 PONG_STREAM = 1002
 SIZES = [("32b", 32, 1408), ("1k", 1024, 1408), ("8k", 8192, 1408), ("64k", 65536, 65504)]
 
 
-def _driver() -> Driver:
-    return Driver(DriverConfig(threading_mode="invoker", write_counters_file=False))
+def _driver(gso: bool = True) -> Driver:
+    return Driver(DriverConfig(threading_mode="invoker", write_counters_file=False, udp_gso=gso))
 
 
 # ---------------------------------------------------------------------------- child side
 
 
-def child_subscribe(port_out: Any, expected_seconds: float) -> None:
-    with _driver() as d:
+def child_subscribe(port_out: Any, expected_seconds: float, gro: bool = False) -> None:
+    config = DriverConfig(threading_mode="invoker", write_counters_file=False, udp_gro=gro)
+    with Driver(config) as d:
         sub = d.add_subscription("aeron:udp?endpoint=127.0.0.1:0|rcv-wnd=2m", STREAM)
         _say(port=sub.local_endpoints[0][1])
         count = 0
@@ -61,6 +80,8 @@ def child_subscribe(port_out: Any, expected_seconds: float) -> None:
         first = 0.0
         idle_since = time.monotonic()
         ends = [0]
+        cpu_first = cpu_last = 0.0
+        process_time = time.process_time
 
         def handler(payload: memoryview, header: Any) -> None:
             # Count whole messages (END fragments), not fragments.
@@ -75,8 +96,10 @@ def child_subscribe(port_out: Any, expected_seconds: float) -> None:
             if n:
                 count = ends[0]
                 last = time.monotonic()
+                cpu_last = process_time()
                 if not first:
                     first = last
+                    cpu_first = cpu_last
             if work == 0:
                 if count and time.monotonic() - last > 1.0:
                     break  # the publisher has stopped
@@ -88,6 +111,7 @@ def child_subscribe(port_out: Any, expected_seconds: float) -> None:
             first=first,
             last=last,
             idle_since=idle_since,
+            cpu_s=cpu_last - cpu_first,
             counters=d.counters.snapshot(),
         )
 
@@ -142,14 +166,16 @@ def _read(proc: subprocess.Popen[str]) -> dict[str, Any]:
     return json.loads(line)
 
 
-def throughput(size: int, mtu: int, seconds: float) -> dict[str, float]:
-    child = _spawn("--child", "subscribe", "--seconds", str(seconds))
+def throughput(
+    size: int, mtu: int, seconds: float, gso: bool = True, gro: bool = False
+) -> dict[str, float]:
+    child = _spawn("--child", "subscribe", "--seconds", str(seconds), *(["--gro"] if gro else []))
     try:
         port = _read(child)["port"]
         term = "64m" if size > 16384 else "16m"
         channel = f"aeron:udp?endpoint=127.0.0.1:{port}|mtu={mtu}|term-length={term}"
         payload = bytes(size)
-        with _driver() as d:
+        with _driver(gso) as d:
             pub = d.add_publication(channel, STREAM)
             deadline = time.monotonic() + 30
             while not pub.is_connected:
@@ -160,6 +186,7 @@ def throughput(size: int, mtu: int, seconds: float) -> dict[str, float]:
             offer = pub.offer
             do_work = d.do_work
             sent = 0
+            cpu = os.times()
             start = time.monotonic()
             stop = start + seconds
             clock = time.monotonic
@@ -175,6 +202,8 @@ def throughput(size: int, mtu: int, seconds: float) -> dict[str, float]:
             while time.monotonic() < drain_until and pub.sender_position < pub.position:
                 if do_work() == 0:
                     d.idle(0.001)
+            after = os.times()
+            counters = d.counters.snapshot()
             report = _read(child)
             linger_until = time.monotonic() + 0.2
             while time.monotonic() < linger_until:
@@ -191,7 +220,119 @@ def throughput(size: int, mtu: int, seconds: float) -> dict[str, float]:
         "sent": sent,
         "received": received,
         "seconds": elapsed,
+        "sender_cpu_s": after.user - cpu.user + after.system - cpu.system,
+        "sender_sys_s": after.system - cpu.system,
+        "receiver_cpu_s": report["cpu_s"],
+        "gso_sends": counters["gso_sends"],
+        "gso_fallbacks": counters["gso_fallbacks"],
+        "datagrams_sent": counters["datagrams_sent"],
+        "gro_receives": report["counters"]["gro_receives"],
     }
+
+
+GSO_SIZES = [("1k", 1024, 1408), ("8k", 8192, 1408), ("64k", 65536, 1408)]
+
+
+def sender_cpu(size: int, mtu: int, megabytes: float, gso: bool) -> dict[str, float]:
+    """CPU time of the send path alone, one process: offers, the publication's sender and the
+    socket's sends (loopback delivery included), to a socket nobody reads (the kernel drops
+    what overflows it); status messages fed by hand so flow control never waits."""
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))
+    endpoint = UdpEndpoint(
+        Endpoint("0.0.0.0", 0, socket.AF_INET), SystemCounters(), so_sndbuf=2 << 20, gso=gso
+    )
+    try:
+        address = sink.getsockname()
+        term = (64 if size > 16384 else 16) << 20
+        pub = PublicationState(
+            session_id=1, stream_id=STREAM, initial_term_id=0, term_id=0, term_offset=0,
+            term_length=term, mtu=mtu, destination=address, now_ns=0,
+        )  # fmt: skip
+        send, segments = endpoint.send, endpoint.send_segments if endpoint.gso else None
+
+        def status(position: int) -> None:
+            sm = StatusMessage(1, STREAM, position >> pub.shift, position & (term - 1), term, 1)
+            pub.on_status_message(sm, address, 0)
+
+        pub.send(0, send, segments)
+        status(0)
+        payload = bytes(size)
+        count = int(megabytes * 1e6 / size)
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        offer = pub.offer
+        for _ in range(count):
+            while offer(payload) < 0:
+                pub.send(0, send, segments)
+                status(pub.sender_position)
+        while pub.sender_position < pub.position:
+            pub.send(0, send, segments)
+            status(pub.sender_position)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+    finally:
+        endpoint.close()
+        sink.close()
+    system = after.ru_stime - before.ru_stime
+    cpu = after.ru_utime - before.ru_utime + system
+    return {
+        "cpu_us_per_msg": cpu / count * 1e6,
+        "sys_us_per_msg": system / count * 1e6,
+        "datagrams_sent": endpoint.counters.datagrams_sent,
+        "gso_sends": endpoint.counters.gso_sends,
+    }
+
+
+def compare_gso(seconds: float, rounds: int) -> dict[str, Any]:
+    """Each size with UDP GSO off and on, taking turns (see the module's docstring)."""
+    result: dict[str, Any] = {}
+    details: dict[str, Any] = {}
+    for name, size, mtu in GSO_SIZES:
+        runs: dict[str, list[dict[str, float]]] = {"off": [], "on": [], "on_gro": []}
+        for r in range(rounds):
+            order = ("off", "on", "on_gro") if r % 2 == 0 else ("on_gro", "on", "off")
+            for mode in order:
+                runs[mode].append(
+                    throughput(size, mtu, seconds, gso=mode != "off", gro=mode == "on_gro")
+                )
+        summary: dict[str, float] = {}
+        for mode, rs in runs.items():
+            prefix = f"udp_{name}_gso_{mode}"
+            per_msg = sorted(x["sender_cpu_s"] / max(x["sent"], 1) * 1e6 for x in rs)
+            sys_per_msg = sorted(x["sender_sys_s"] / max(x["sent"], 1) * 1e6 for x in rs)
+            rcv_per_msg = sorted(x["receiver_cpu_s"] / max(x["received"], 1) * 1e6 for x in rs)
+            summary[f"{prefix}_msgs_per_s"] = round(max(x["msgs_per_s"] for x in rs))
+            summary[f"{prefix}_mb_per_s"] = round(max(x["mb_per_s"] for x in rs), 1)
+            summary[f"{prefix}_sender_cpu_us_per_msg"] = round(per_msg[len(per_msg) // 2], 2)
+            summary[f"{prefix}_sender_sys_us_per_msg"] = round(
+                sys_per_msg[len(sys_per_msg) // 2], 2
+            )
+            summary[f"{prefix}_receiver_cpu_us_per_msg"] = round(
+                rcv_per_msg[len(rcv_per_msg) // 2], 2
+            )
+        for what in ("msgs_per_s", "sender_cpu_us_per_msg", "receiver_cpu_us_per_msg"):
+            off = summary[f"udp_{name}_gso_off_{what}"]
+            for mode in ("on", "on_gro"):
+                on = summary[f"udp_{name}_gso_{mode}_{what}"]
+                summary[f"udp_{name}_{what}_{mode}_to_off"] = round(on / off, 3) if off else 0.0
+        # the send path alone (CPU time, so less at the mercy of the machine's load)
+        alone: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
+        for r in range(rounds):
+            for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
+                alone[mode].append(sender_cpu(size, mtu, 20.0, gso=mode == "on"))
+        for mode, rs in alone.items():
+            for what in ("cpu_us_per_msg", "sys_us_per_msg"):
+                values = sorted(x[what] for x in rs)
+                summary[f"udp_{name}_send_path_gso_{mode}_{what}"] = round(
+                    values[len(values) // 2], 2
+                )
+        off = summary[f"udp_{name}_send_path_gso_off_cpu_us_per_msg"]
+        on = summary[f"udp_{name}_send_path_gso_on_cpu_us_per_msg"]
+        summary[f"udp_{name}_send_path_cpu_on_to_off"] = round(on / off, 3) if off else 0.0
+        result.update(summary)
+        details[name] = runs
+        details[f"{name}_send_path"] = alone
+    result["details"] = details
+    return result
 
 
 def _ping_rounds(
@@ -397,15 +538,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--only-pingpong", action="store_true", help="skip the throughput measurements"
     )
+    parser.add_argument(
+        "--compare-gso",
+        action="store_true",
+        help="only throughput of 1k/8k/64k messages at mtu 1408, UDP GSO off and on taking turns",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="--compare-gso: runs per contender")
     parser.add_argument("--child", choices=["subscribe", "pong"], help=argparse.SUPPRESS)
+    parser.add_argument("--gro", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child == "subscribe":
-        child_subscribe(None, args.seconds)
+        child_subscribe(None, args.seconds, args.gro)
         return
     if args.child == "pong":
         child_pong()
         return
     result: dict[str, Any] = {"load_average_at_start": os.getloadavg()[0], "cpus": os.cpu_count()}
+    if args.compare_gso:
+        result.update(compare_gso(args.seconds, args.rounds))
+        result["load_average_at_end"] = os.getloadavg()[0]
+        result["mode"] = "invoker (no driver thread), two processes, UDP loopback"
+        print(json.dumps(result))
+        return
     details: dict[str, Any] = {}
     for name, size, mtu in [] if args.only_pingpong else SIZES:
         r = throughput(size, mtu, args.seconds)

@@ -82,6 +82,9 @@ class SystemCounters:
     dedicated_sockets_opened: int = 0
     dedicated_sockets_refused: int = 0
     dedicated_sockets_closed: int = 0
+    gso_sends: int = 0  # sends of several datagrams at once (UDP GSO); datagrams_sent counts each
+    gso_fallbacks: int = 0  # GSO sends the kernel refused, their datagrams sent one by one
+    gro_receives: int = 0  # receives that carried several datagrams (UDP GRO, when enabled)
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -181,6 +181,10 @@ class LossyLink:
         for host in (self.a, self.b):
             prefix = ["ip", "-n", host.netns] if host.netns else ["ip"]
             _run([*prefix, "addr", "add", f"{host.address}/30", "dev", host.device])
+            # A GSO send (several datagrams in one sendmsg) crosses a veth pair whole, so the
+            # loss rule would drop all its datagrams at once; a wire carries them one by one:
+            # one segment per packet makes the kernel cut them before the veth, as a NIC would.
+            _run([*prefix, "link", "set", host.device, "gso_max_segs", "1"])
             _run([*prefix, "link", "set", host.device, "up"])
         self.set_loss(self.loss_percent)
 

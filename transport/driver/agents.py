@@ -46,8 +46,14 @@ _TYPE_ERR = int(FrameType.ERR)
 
 def _may_read(endpoint: UdpEndpoint, readable: set[Any] | None) -> bool:
     """Whether a step reads ``endpoint``: its socket polled readable at the step's start, or
-    nobody polled (an agent stepped by hand), or a loss hook that may hold datagrams back."""
-    return readable is None or endpoint.sock in readable or endpoint.loss is not None
+    nobody polled (an agent stepped by hand), or a loss hook that may hold datagrams back, or
+    datagrams of a coalesced receive (UDP GRO) are left."""
+    return (
+        readable is None
+        or endpoint.sock in readable
+        or endpoint.loss is not None
+        or endpoint.gro_segment != 0
+    )
 
 
 def _sockets_version(agent: Any) -> int:
@@ -124,13 +130,15 @@ class SendEndpoint:
         """Step the publications that are due: kicked, or at their deadline."""
         due = self.due
         ready = due.ready
-        send = self.endpoint.send
+        endpoint = self.endpoint
+        send = endpoint.send
+        send_segments = endpoint.send_segments if endpoint.gso else None
         work = 0
         for pub in due.take(now_ns):
             if pub.wakeups is not ready:
                 continue  # removed meanwhile
             pub.kicked = False  # before send(): a kick from now on queues it again
-            work += pub.send(now_ns, send)
+            work += pub.send(now_ns, send, send_segments)
             if pub.is_done:
                 due.forget(pub)
                 on_done(self, pub)
@@ -271,8 +279,9 @@ class SenderAgent:
         return work
 
     def has_work(self) -> bool:
-        """A publication was kicked (or had more than a step's worth): step again."""
-        return any(ep.due.ready for ep in self.endpoints)
+        """A publication was kicked (or had more than a step's worth), or datagrams of a
+        coalesced receive are left: step again."""
+        return any(ep.due.ready or ep.endpoint.gro_segment for ep in self.endpoints)
 
     def next_deadline_ns(self, now_ns: int) -> int:
         deadline = now_ns + 1_000_000_000
@@ -343,7 +352,8 @@ class ReceiverAgent:
         return work
 
     def has_work(self) -> bool:
-        return False
+        """Datagrams of a coalesced receive (UDP GRO) are left: step again."""
+        return any(ep.endpoint.gro_segment for ep in self.endpoints)
 
     def next_deadline_ns(self, now_ns: int) -> int:
         deadline = now_ns + 1_000_000_000

@@ -90,6 +90,12 @@ class DriverConfig:
     max_images_per_source: int = 0
     max_images_per_address: int = 0
     loss: Any = None  # a transport.api.MediaHook, e.g. transport.testing.LossConfig (tests)
+    # Send a publication's runs of equal datagrams in one sendmsg each (UDP GSO, Linux 4.18+)
+    # where the kernel offers it; False sends every datagram with its own sendto.
+    udp_gso: bool = True
+    # Take the kernel's coalesced receives (UDP GRO, Linux 5.0+): one recvmsg for a run of
+    # equal datagrams of one sender, handed on one datagram at a time as the sender cut them.
+    udp_gro: bool = False
 
     def __post_init__(self) -> None:
         if self.directory is not None and not isinstance(self.directory, Path):
@@ -114,6 +120,9 @@ class DriverConfig:
             raise ChannelError(
                 "counters_interval_ns", self.counters_interval_ns, "a positive duration"
             )
+        for name in ("udp_gso", "udp_gro"):
+            if not isinstance(getattr(self, name), bool):
+                raise ChannelError(name, getattr(self, name), "True or False")
         check_term_length(self.max_image_term_length, "max_image_term_length")
         check_mtu(self.max_image_mtu, "max_image_mtu")
         for name in ("max_images", "max_images_per_source", "max_images_per_address"):
@@ -397,6 +406,8 @@ class Driver:
             loss=loss,
             reuse_port=reuse_port,
             connect_to=connect_to,
+            gso=self.config.udp_gso,
+            gro=self.config.udp_gro,
         )
         if config.max_amplification:
             # the driver's guarded sockets share one ledger: what an address sent to one

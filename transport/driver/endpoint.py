@@ -2,6 +2,19 @@
 
 The socket is non-blocking; waiting is the agent runner's job (``selectors``). Sends that fail
 or are cut short are counted, never raised: UDP is lossy anyway and the protocol recovers.
+
+A run of equal datagrams (the last may be shorter) goes out in one ``sendmsg`` with
+``UDP_SEGMENT`` (UDP GSO, Linux 4.18) where the kernel offers it (:meth:`UdpEndpoint.
+send_segments`): the kernel cuts it into the same datagrams one ``sendto`` each would send.
+Where the kernel refuses a run (no GSO on the route: IPsec, a segment above the path MTU, a
+device or socket that cannot; ``gso_fallbacks``) its datagrams go one by one, and that
+destination is sent to one by one from then on.
+
+Receiving is one datagram per call: Python's socket has no ``recvmmsg``. With UDP GRO
+(``DriverConfig.udp_gro``, off by default; Linux 5.0) one ``recvmsg`` may return several equal
+datagrams of one sender coalesced by the kernel (a GSO send over loopback arrives whole), their
+length in a control message; :meth:`UdpEndpoint.raw_receive` hands them out one datagram a call,
+cut where their sender cut them. Without it the kernel cuts any GSO send it delivers to us.
 An optional :class:`~aeron_spark.transport.testing.LossInjector` sits between the socket and the
 state machines to drop, duplicate and reorder received datagrams in tests.
 """
@@ -10,6 +23,8 @@ from __future__ import annotations
 
 import errno
 import socket
+import struct
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -27,6 +42,46 @@ _TRANSIENT = {
     errno.EHOSTUNREACH,
     errno.ENETUNREACH,
 }
+
+# UDP GSO and GRO (linux/udp.h): the segment length rides in a SOL_UDP control message (a u16
+# sent, an int received)
+_SOL_UDP = 17
+_UDP_SEGMENT = 103
+_GSO_SIZE = struct.Struct("=H")
+_UDP_GRO = 104
+_GRO_SIZE = struct.Struct("=i")
+_GRO_ANCILLARY = socket.CMSG_SPACE(_GRO_SIZE.size)
+# What a kernel answers a GSO send it will not segment (the datagrams then go one by one)
+_GSO_REFUSED = {
+    errno.EINVAL,  # a segment past the path MTU, checksums off on the socket (SO_NO_CHECK)
+    errno.EIO,  # no checksum offload on the device, IPsec (xfrm) on the route
+    errno.EMSGSIZE,
+    errno.EOPNOTSUPP,
+    errno.ENOPROTOOPT,
+}
+GSO_REFUSED_MAX = 1024  # destinations remembered as refusing GSO, per socket
+
+
+def gso_supported(sock: socket.socket) -> bool:
+    """Whether the kernel knows ``UDP_SEGMENT`` on this socket (Linux 4.18 and later)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        sock.getsockopt(_SOL_UDP, _UDP_SEGMENT)
+    except OSError:
+        return False
+    return True
+
+
+def _enable_gro(sock: socket.socket) -> bool:
+    """Ask for coalesced receives (``UDP_GRO``, Linux 5.0); whether the kernel took it."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        sock.setsockopt(_SOL_UDP, _UDP_GRO, 1)
+    except OSError:
+        return False
+    return True
 
 
 class AmplificationLedger:
@@ -131,6 +186,8 @@ class UdpEndpoint:
         loss: Any = None,
         reuse_port: bool = False,
         connect_to: Any = None,
+        gso: bool = True,
+        gro: bool = False,
     ) -> None:
         """``reuse_port``: bound with ``SO_REUSEPORT``, so connected sockets of the same user
         may share its address; ``connect_to``: such a socket, connected to that sender's
@@ -168,7 +225,20 @@ class UdpEndpoint:
         self.loss = loss
         self.ledger: AmplificationLedger | None = None  # set on a server's guarded sockets
         self._sendto = sock.sendto
+        self._sendmsg = sock.sendmsg
         self._recvfrom_into = sock.recvfrom_into
+        # runs of datagrams in one GSO send (send_segments); the destinations whose runs the
+        # kernel refused go one datagram at a time
+        self.gso = gso and gso_supported(sock)
+        self.gso_refused: set[Any] = set()
+        # coalesced receives (UDP GRO): the rest of the last one, handed out a datagram a call
+        self.gro = gro and _enable_gro(sock)
+        self._recvmsg_into = sock.recvmsg_into
+        self._buffers = [self.buffer]
+        self.gro_segment = 0  # the coalesced datagrams' length while some are left, else 0
+        self._segment_at = 0
+        self._segment_end = 0
+        self._segment_source: Any = None
         self.closed = False
 
     def fileno(self) -> int:
@@ -183,6 +253,58 @@ class UdpEndpoint:
         ):
             counters.amplification_drops += 1
             return
+        self._send_unguarded(data, address)
+
+    def send_segments(self, data: Any, segment_length: int, address: Any) -> None:
+        """Send ``data`` as datagrams of ``segment_length`` bytes (the last may be shorter): in
+        one GSO ``sendmsg`` where the kernel offers it, else one :meth:`send` each. Counted per
+        datagram as :meth:`send` counts; a run the kernel refuses is counted in
+        ``gso_fallbacks`` and sent one by one. An amplification ledger admits or drops a run
+        whole."""
+        length = len(data)
+        if length <= segment_length:
+            self.send(data, address)
+            return
+        if not self.gso or address in self.gso_refused:
+            for at in range(0, length, segment_length):
+                self.send(data[at : at + segment_length], address)
+            return
+        counters = self.counters
+        ledger = self.ledger
+        if ledger is not None and not ledger.may_send(
+            host_key(address), length, frame_session_id(data) if ledger.trusted else None
+        ):
+            counters.amplification_drops += 1
+            return
+        segments = -(-length // segment_length)
+        try:
+            sent = self._sendmsg(
+                (data,), ((_SOL_UDP, _UDP_SEGMENT, _GSO_SIZE.pack(segment_length)),), 0, address
+            )
+        except OSError as exc:
+            if exc.errno in _TRANSIENT:
+                counters.short_sends += segments
+            elif exc.errno in _GSO_REFUSED:
+                counters.gso_fallbacks += 1
+                refused = self.gso_refused
+                if len(refused) >= GSO_REFUSED_MAX:
+                    refused.clear()
+                refused.add(address)
+                for at in range(0, length, segment_length):
+                    self._send_unguarded(data[at : at + segment_length], address)
+            else:
+                counters.send_errors += 1
+                counters.errors += 1
+            return
+        counters.gso_sends += 1
+        counters.datagrams_sent += segments
+        counters.bytes_sent += sent
+        if sent != length:
+            counters.short_sends += 1
+
+    def _send_unguarded(self, data: Any, address: Any) -> None:
+        """:meth:`send` past the ledger (a run it admitted whole, sent one by one)."""
+        counters = self.counters
         try:
             sent = self._sendto(data, address)
         except OSError as exc:
@@ -207,6 +329,8 @@ class UdpEndpoint:
         return self.raw_receive()
 
     def raw_receive(self) -> tuple[Any, int, Any] | None:
+        if self.gro:
+            return self._receive_coalesced()
         try:
             length, source = self._recvfrom_into(self.buffer)
         except (BlockingIOError, InterruptedError):
@@ -222,6 +346,53 @@ class UdpEndpoint:
         counters.bytes_received += length
         if self.ledger is not None:
             self.ledger.on_receive(host_key(source), length)
+        return self.view, length, source
+
+    def _receive_coalesced(self) -> tuple[Any, int, Any] | None:
+        """:meth:`raw_receive` with UDP GRO: the next datagram of the last coalesced receive,
+        else the next receive (one datagram, or several coalesced: the first of them)."""
+        counters = self.counters
+        segment = self.gro_segment
+        if segment:
+            at = self._segment_at
+            end = self._segment_end
+            stop = at + segment
+            if stop >= end:
+                stop = end
+                self.gro_segment = 0
+            else:
+                self._segment_at = stop
+            counters.datagrams_received += 1
+            return self.view[at:stop], stop - at, self._segment_source
+        while True:
+            try:
+                length, ancillary, flags, source = self._recvmsg_into(self._buffers, _GRO_ANCILLARY)
+            except (BlockingIOError, InterruptedError):
+                return None
+            except OSError as exc:
+                if exc.errno in _TRANSIENT:
+                    return None
+                counters.receive_errors += 1
+                counters.errors += 1
+                return None
+            if flags & socket.MSG_TRUNC:  # coalesced past the buffer: lost (NAKed again)
+                counters.receive_errors += 1
+                continue
+            break
+        counters.datagrams_received += 1
+        counters.bytes_received += length
+        if self.ledger is not None:
+            self.ledger.on_receive(host_key(source), length)
+        for level, kind, data in ancillary:
+            if level == _SOL_UDP and kind == _UDP_GRO and len(data) >= _GRO_SIZE.size:
+                segment = _GRO_SIZE.unpack_from(data)[0]
+                if 0 < segment < length:
+                    counters.gro_receives += 1
+                    self.gro_segment = segment
+                    self._segment_at = segment
+                    self._segment_end = length
+                    self._segment_source = source
+                    return self.view[:segment], segment, source
         return self.view, length, source
 
     def close(self) -> None:

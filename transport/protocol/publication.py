@@ -99,6 +99,7 @@ from aeron_spark.transport.protocol.retransmit import (
     RETRANSMIT_LINGER_NS,
     RetransmitHandler,
 )
+from aeron_spark.transport.protocol.segments import segment_runs
 from aeron_spark.transport.protocol.term import TermAppender, scan_for_send
 
 __all__ = [
@@ -127,6 +128,9 @@ _TAIL = DATA_HEADER_TAIL
 
 Address = Any  # a socket address tuple: (host, port) or (host, port, flow, scope)
 Transmit = Callable[[Any, Address], None]
+# transmit_segments(data, segment_length, address): the datagrams of ``data`` cut every
+# ``segment_length`` bytes (the last may be shorter), in one send where the socket can (UDP GSO)
+TransmitSegments = Callable[[Any, int, Address], None]
 
 
 class PublicationPhase(enum.Enum):
@@ -209,7 +213,7 @@ class PublicationState:
         self.linger_ns = linger_ns
         self.window = publication_window_length or term_length // 2
         self.log = allocate_log(PARTITION_COUNT * term_length)
-        view = memoryview(self.log)
+        view = self.log_view = memoryview(self.log)
         self.terms = [view[i * term_length : (i + 1) * term_length] for i in range(PARTITION_COUNT)]
         self.appender = TermAppender(
             self.geometry, self.terms, session_id, stream_id, term_id, term_offset
@@ -626,8 +630,14 @@ class PublicationState:
         appender.position += aligned
         return term, offset
 
-    def send(self, now_ns: int, transmit: Transmit) -> int:
-        """Send what is due: replies, SETUP, data up to the sender limit, heartbeats; work count."""
+    def send(
+        self, now_ns: int, transmit: Transmit, transmit_segments: TransmitSegments | None = None
+    ) -> int:
+        """Send what is due: replies, SETUP, data up to the sender limit, heartbeats; work count.
+
+        With ``transmit_segments`` the data's datagrams go out in runs (:func:`.segment_runs`:
+        contiguous, of equal length but the last), one call per run and destination; the
+        datagrams on the wire are the same."""
         phase = self.phase
         if phase is not _ACTIVE:
             if phase is _CLOSED:
@@ -664,7 +674,7 @@ class PublicationState:
             self._update_publisher_limit()
         if not flow.has_initial_connection:
             return work
-        sent = self._send_data(transmit)
+        sent = self._send_data(transmit, transmit_segments)
         if sent:
             if self.is_closed and self.sender_position >= self.appender.position:
                 self.heartbeat_deadline_ns = now_ns  # drained: EOS on the next step
@@ -704,7 +714,9 @@ class PublicationState:
                 self._fire(PublicationEvent.EOS_ACKNOWLEDGED)
         return work
 
-    def _send_data(self, transmit: Transmit) -> int:
+    def _send_data(self, transmit: Transmit, transmit_segments: TransmitSegments | None) -> int:
+        if transmit_segments is not None:
+            return self._send_data_runs(transmit_segments)
         position = self.sender_position
         limit = min(self.appender.position, self.flow.sender_limit)
         if position >= limit:
@@ -735,6 +747,45 @@ class PublicationState:
         self.sender_position = position
         self.bytes_sent += sent_bytes * len(addresses)
         return datagrams
+
+    def _send_data_runs(self, transmit_segments: TransmitSegments) -> int:
+        """:meth:`_send_data`'s datagrams, found the same way, sent in runs (GSO)."""
+        position = self.sender_position
+        limit = min(self.appender.position, self.flow.sender_limit)
+        if position >= limit:
+            return 0
+        mtu = self.mtu
+        term_length = self.term_length
+        shift = self.shift
+        terms = self.terms
+        found: list[tuple[int, int]] = []  # (offset in the log, length) of each datagram
+        sent_bytes = 0
+        while position < limit and len(found) < DATAGRAMS_PER_SEND:
+            offset = position & (term_length - 1)
+            partition = (position >> shift) % PARTITION_COUNT
+            available = limit - position
+            rest = term_length - offset
+            to_send, advance = scan_for_send(
+                terms[partition], offset, available if available < rest else rest, mtu
+            )
+            if advance == 0:
+                break
+            # the terms are one buffer in partition order: a run never wraps from the last
+            # partition to the first (its offsets are not contiguous)
+            found.append((partition * term_length + offset, to_send))
+            sent_bytes += to_send
+            position += advance
+        if not found:
+            return 0
+        addresses = [d.address for d in self.dests.by_address.values()]
+        log = self.log_view
+        for start, end, segment in segment_runs(found):
+            data = log[start:end]
+            for address in addresses:
+                transmit_segments(data, segment, address)
+        self.sender_position = position
+        self.bytes_sent += sent_bytes * len(addresses)
+        return len(found)
 
     @property
     def next_deadline_ns(self) -> int:
