@@ -1,0 +1,165 @@
+"""Attacks on what survives a crash and on what is bounded, made as a failing host and a hostile
+but authorised client would, on real servers: ``kill -9``, torn files (a commit log, a segment or
+the consumers' file cut at a random byte; an owner file left empty), a file system that is full
+when the server comes back (a real tmpfs), a client that stops reading mid-replay.
+
+The state a crash inside a sink commit leaves is made exactly: the commit runs for real, the
+server is killed, then its files are put back the way they were at a chosen instant of the commit
+(its ``begin`` whole in the commit log, its ``done`` torn off at a random byte, its frames cut off
+the segment at a random byte, its staged part files still there), as a ``kill -9`` or a power cut
+at that instant would leave them. Timing a kill into that window is left to
+``test_server_crash.py``; here the instant is chosen, so every run tests it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from aeron_spark.connector.errors import ConnectorError, ErrorCode
+from aeron_spark.connector.server.testing import client_for, server_process
+from aeron_spark.transport.archive.testing import MountUnavailable, fill, small_tmpfs
+from connector.tests.test_server_full_disk import STREAM, msgs, replayed
+
+MIB = 1024 * 1024
+SINK = "attack-sink"
+
+
+@pytest.fixture
+def tmpfs() -> Iterator[str]:
+    try:
+        with small_tmpfs(8 * MIB) as path:
+            yield path
+    except MountUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def _log_records(directory: str) -> list[tuple[int, int, dict[str, Any]]]:
+    """``(offset, end, record)`` of each whole record of the server's commit log."""
+    with open(os.path.join(directory, "sink", "commit.log"), "rb") as fh:
+        data = fh.read()
+    out, offset = [], 0
+    while offset + 8 <= len(data):
+        length, _crc = struct.unpack_from("<II", data, offset)
+        end = offset + 8 + length
+        if end > len(data):
+            break
+        out.append((offset, end, msgpack.unpackb(data[offset + 8 : end], raw=False)))
+        offset = end
+    return out
+
+
+def _batch_dir(directory: str, batch_id: int) -> str:
+    return os.path.join(directory, "sink", "staged", SINK.encode().hex(), str(batch_id))
+
+
+def _tear_into_commit(directory: str, batch_id: int, rng: random.Random) -> None:
+    """Make ``directory`` what a crash inside ``batch_id``'s commit leaves: its ``done`` record
+    torn off the commit log at a random byte, its frames cut off the recording at a random byte
+    at least 256 KiB before their end (so a resumed commit has pages to write)."""
+    records = _log_records(directory)
+    (begin,) = [r for o, e, r in records if r["t"] == "begin" and r["batch_id"] == batch_id]
+    ((done_at, done_end, done),) = [
+        (o, e, r) for o, e, r in records if r["t"] == "done" and r["batch_id"] == batch_id
+    ]
+    assert done_end == records[-1][1], "the commit under attack is the log's last record"
+    with open(os.path.join(directory, "sink", "commit.log"), "r+b") as fh:
+        fh.truncate(rng.randrange(done_at, done_end))
+    start, end = begin["start_position"], done["end_position"]
+    assert end - start > 512 * 1024, "the batch is too small to cut into"
+    rec_dir = os.path.join(directory, "recordings", str(begin["recording_id"]))
+    (segment,) = [n for n in os.listdir(rec_dir) if n.endswith(".seg")]
+    base = int(segment[:-4])
+    with open(os.path.join(rec_dir, segment), "r+b") as fh:
+        fh.truncate(rng.randrange(start, end - 256 * 1024) - base)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_commit_interrupted_by_a_crash_does_not_keep_a_server_on_a_full_disk_from_starting(
+    tmpfs: str, tmp_path: Path, seed: int
+) -> None:
+    """README: "a commit interrupted by the kill is completed by the restarted server before it
+    serves anyone" and "a server restarted on a full disk starts, serves what was recorded and
+    refuses appends". Both at once: the host crashed inside a commit and the disk is full when
+    the server comes back. Before, completing the commit failed with ENOSPC and the server did
+    not start at all (exit 1), serving nothing, not even the batches committed before. Now the
+    commit it cannot complete is cut off and cancelled like any commit a full disk fails (its
+    client was never told it committed): the server starts, serves batch 0, refuses the retry
+    of batch 1 with STORAGE_FULL, and commits it once when space is freed, also across a
+    restart."""
+    rng = random.Random(seed)
+    rows0, rows1 = msgs(0, 200), msgs(200, 1500)  # batch 1: ~1.5 MB of frames
+    saved = str(tmp_path / "staged-1")
+    with server_process(tmpfs) as (proc, endpoint), client_for(endpoint) as client:
+        part0 = client.stage(SINK, 0, 0, 0, STREAM, rows0, local=False)
+        client.commit(SINK, 0, STREAM, [part0])
+        part1 = client.stage(SINK, 1, 0, 0, STREAM, rows1, local=False)
+        shutil.copytree(_batch_dir(tmpfs, 1), saved)  # what the commit deletes once done
+        assert client.commit(SINK, 1, STREAM, [part1])["count"] == len(rows1)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    _tear_into_commit(tmpfs, 1, rng)
+    shutil.copytree(saved, _batch_dir(tmpfs, 1))  # part files stay until the commit is done
+    filler = fill(tmpfs)
+    try:
+        with server_process(tmpfs) as (proc, endpoint), client_for(endpoint) as client:
+            assert replayed(client, "sink:") == rows0  # nothing of the interrupted commit
+            assert client.last_committed_batch(SINK) == 0
+            with pytest.raises(ConnectorError) as refused:
+                client.commit(SINK, 1, STREAM, [part1])  # the client's retry, disk still full
+            assert refused.value.code == ErrorCode.STORAGE_FULL
+            os.unlink(filler)
+            filler = ""
+            assert client.commit(SINK, 1, STREAM, [part1])["count"] == len(rows1)
+            assert client.commit(SINK, 1, STREAM, [part1])["count"] == len(rows1)  # a repeat
+            assert replayed(client, "sink:") == rows0 + rows1
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    finally:
+        if filler:
+            os.unlink(filler)
+    with server_process(tmpfs) as (_proc, endpoint), client_for(endpoint) as client:
+        assert replayed(client, "sink:") == rows0 + rows1
+        assert client.last_committed_batch(SINK) == 1
+
+
+@pytest.mark.slow
+def test_a_commit_interrupted_by_a_crash_whose_parts_are_gone_does_not_keep_the_server_down(
+    tmpfs: str,
+) -> None:
+    """A ``begin`` whose staged parts are gone when the server restarts: the parts of a commit
+    that failed on a full disk are kept for its retry, but the client (Spark's abort of the failed
+    job) may delete them, and the cancel record of that failed commit stays unwritten while the
+    disk is full; a crash then leaves the ``begin`` to resume without its parts. Before, recovery
+    raised STAGED_DATA_MISSING and the server never started. Now that commit is cancelled: the
+    server starts, serves what was committed, refuses the stale commit message coded, and the
+    batch staged again commits once."""
+    rng = random.Random(3)
+    rows0, rows1 = msgs(0, 200), msgs(200, 1500)
+    with server_process(tmpfs) as (proc, endpoint), client_for(endpoint) as client:
+        part0 = client.stage(SINK, 0, 0, 0, STREAM, rows0, local=False)
+        client.commit(SINK, 0, STREAM, [part0])
+        part1 = client.stage(SINK, 1, 0, 0, STREAM, rows1, local=False)
+        client.commit(SINK, 1, STREAM, [part1])
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    _tear_into_commit(tmpfs, 1, rng)  # and its parts are not put back
+    with server_process(tmpfs) as (_proc, endpoint), client_for(endpoint) as client:
+        assert replayed(client, "sink:") == rows0
+        assert client.last_committed_batch(SINK) == 0
+        with pytest.raises(ConnectorError) as missing:
+            client.commit(SINK, 1, STREAM, [part1])
+        assert missing.value.code == ErrorCode.STAGED_DATA_MISSING
+        again = client.stage(SINK, 1, 0, 1, STREAM, rows1, local=False)
+        assert client.commit(SINK, 1, STREAM, [again])["count"] == len(rows1)
+        assert replayed(client, "sink:") == rows0 + rows1
