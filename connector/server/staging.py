@@ -185,23 +185,34 @@ class StagingStore:
             raise not_owner(op, f"batch {batch_id} of sink {sink_id!r}")
 
     def claim(self, sink_id: str, batch_id: int, owner: str | None, op: str) -> None:
-        """Make the batch ``owner``'s if nobody claimed it (durably: created exclusively and
-        fsynced); refuse ``op`` if another identity did. None: no ownership (open server)."""
+        """Make the batch ``owner``'s if nobody claimed it (durably: the file is written whole
+        and fsynced under another name, then renamed in); refuse ``op`` if another identity did.
+        None: no ownership (open server). An empty owner file (a crash between the creation and
+        the write of the old exclusive create) counts as nobody's, so the next stager claims it
+        (it used to stay nobody's for good: any key could then stage into the batch)."""
         if owner is None:
+            return
+        found = self.batch_owner(sink_id, batch_id)
+        if found is not None:
+            if found != owner:
+                raise not_owner(op, f"batch {batch_id} of sink {sink_id!r}")
             return
         directory = _key_dir(self.root, sink_id, batch_id)
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, OWNER_FILE)
+        tmp = path + ".tmp"  # one caller at a time (see the class): no other claim races it
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            self.check_owner(sink_id, batch_id, owner, op)
-            return
-        try:
-            os.write(fd, owner.encode("ascii"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, owner.encode("ascii"))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         fsync_dir(directory)
 
     def write(

@@ -29,6 +29,7 @@ from aeron_spark.connector.errors import ConnectorError, ErrorCode
 from aeron_spark.connector.server.testing import client_for, server_process
 from aeron_spark.transport.archive.testing import MountUnavailable, fill, small_tmpfs
 from connector.tests.test_server_full_disk import STREAM, msgs, replayed
+from connector.tests.test_server_ownership import EVIL, ROWS, _client, _key, _refused, _server
 
 MIB = 1024 * 1024
 SINK = "attack-sink"
@@ -163,3 +164,32 @@ def test_a_commit_interrupted_by_a_crash_whose_parts_are_gone_does_not_keep_the_
         again = client.stage(SINK, 1, 0, 1, STREAM, rows1, local=False)
         assert client.commit(SINK, 1, STREAM, [again])["count"] == len(rows1)
         assert replayed(client, "sink:") == rows0 + rows1
+
+
+def test_a_batch_owner_file_left_empty_by_a_crash_is_claimed_by_the_next_stager(
+    tmp_path: Path,
+) -> None:
+    """Ownership (README, security model: a batch belongs to the client key that staged its first
+    part, "created exclusively and fsynced"). The owner file was created empty (``O_EXCL``), then
+    written: a crash between the two leaves it empty, and an empty owner file meant "nobody", for
+    good: the victim's retried stage did not claim the batch (the file existed), so any other
+    listed key could stage rows into it and, committing it first, take the whole sink id. Now a
+    batch whose owner file is empty is claimed by the next stager (the file is written whole
+    under another name and renamed in)."""
+    victim, victim_key = _key(tmp_path, "victim")
+    attacker, attacker_key = _key(tmp_path, "attacker")
+    keys = tmp_path / "authorized_keys"
+    keys.write_text(
+        f"{victim_key} victim read=10 write=10\n{attacker_key} attacker read=10 write=10\n"
+    )
+    sink = "fresh-query@0123456789abcdef"
+    # what the crash left: the victim's first stage of batch 0 created its owner file, then died
+    batch_dir = tmp_path / "srv" / "sink" / "staged" / sink.encode().hex() / "0"
+    batch_dir.mkdir(parents=True)
+    (batch_dir / "owner").write_bytes(b"")
+    with _server(tmp_path, keys) as server:
+        with _client(server, victim) as v, _client(server, attacker) as a:
+            staged = v.stage(sink, 0, 0, 0, 10, ROWS, local=False)  # the task's retry
+            _refused(lambda: a.stage(sink, 0, 1, 0, 10, EVIL, local=False), "stage")
+            _refused(lambda: a.commit(sink, 0, 10, [staged]), "commit")
+            assert v.commit(sink, 0, 10, [staged])["count"] == len(ROWS)
