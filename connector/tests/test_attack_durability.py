@@ -28,6 +28,7 @@ import pytest
 from aeron_spark.connector.errors import ConnectorError, ErrorCode
 from aeron_spark.connector.server.testing import client_for, server_process
 from aeron_spark.transport.archive.testing import MountUnavailable, fill, small_tmpfs
+from connector.tests.test_server_dir_lock import _cli_server
 from connector.tests.test_server_full_disk import STREAM, msgs, replayed
 from connector.tests.test_server_ownership import EVIL, ROWS, _client, _key, _refused, _server
 
@@ -193,3 +194,31 @@ def test_a_batch_owner_file_left_empty_by_a_crash_is_claimed_by_the_next_stager(
             _refused(lambda: a.stage(sink, 0, 1, 0, 10, EVIL, local=False), "stage")
             _refused(lambda: a.commit(sink, 0, 10, [staged]), "commit")
             assert v.commit(sink, 0, 10, [staged])["count"] == len(ROWS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [4, 5])
+def test_a_torn_consumers_file_stops_the_server_with_an_error_naming_it(
+    tmp_path: Path, seed: int
+) -> None:
+    """``consumers.msgpack`` (the consumers' positions retention honours) was replaced without an
+    fsync before the rename, so a power cut could leave the new name on an empty or torn file
+    (it is now fsynced, and its directory). Such a file (here cut at a random byte) stopped the
+    server with a msgpack traceback; now it exits 1 with an error naming the file and what to
+    do (a server that started without it would let retention purge what those consumers
+    hold)."""
+    directory = str(tmp_path / "srv")
+    with server_process(directory) as (proc, endpoint), client_for(endpoint) as client:
+        end = client.publish(STREAM, msgs(0, 20))
+        (rec,) = client.list_recordings([STREAM])
+        for i in range(5):
+            client.consumer_commit(f"query-{i}", [STREAM], {rec.recording_id: end})
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    path = os.path.join(directory, "consumers.msgpack")
+    with open(path, "r+b") as fh:
+        fh.truncate(random.Random(seed).randrange(os.path.getsize(path)))
+    refused = _cli_server(directory)
+    assert refused.returncode == 1, refused.stderr
+    assert "Traceback" not in refused.stderr, refused.stderr
+    assert f"consumers' positions file {path} is damaged" in refused.stderr, refused.stderr
