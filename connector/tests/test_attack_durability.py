@@ -18,6 +18,7 @@ import random
 import shutil
 import signal
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,13 @@ from typing import Any
 import msgpack
 import pytest
 
+from aeron_spark.connector.client import StreamClient
 from aeron_spark.connector.errors import ConnectorError, ErrorCode
-from aeron_spark.connector.server.testing import client_for, server_process
+from aeron_spark.connector.server.testing import client_for, messages_of, server_process
 from aeron_spark.transport.archive.testing import MountUnavailable, fill, small_tmpfs
 from connector.tests.test_server_dir_lock import _cli_server
 from connector.tests.test_server_full_disk import STREAM, msgs, replayed
+from connector.tests.test_server_memory import _memory_kib
 from connector.tests.test_server_ownership import EVIL, ROWS, _client, _key, _refused, _server
 
 MIB = 1024 * 1024
@@ -222,3 +225,45 @@ def test_a_torn_consumers_file_stops_the_server_with_an_error_naming_it(
     assert refused.returncode == 1, refused.stderr
     assert "Traceback" not in refused.stderr, refused.stderr
     assert f"consumers' positions file {path} is damaged" in refused.stderr, refused.stderr
+
+
+def _replay_bytes(client: StreamClient) -> int:
+    return int(client.stats()["counters"]["replay_bytes"])
+
+
+@pytest.mark.slow
+def test_a_client_that_stops_reading_mid_replay_costs_the_server_a_bounded_amount(
+    tmp_path: Path,
+) -> None:
+    """Held (no change): a client that starts replaying a 48 MiB recording, takes one block and
+    reads no more. The server sends what the session's flow control lets through, then waits
+    (it pumps a replay only when the session's queue is empty): its resident memory stays
+    within a few MiB of where it was, and another client is served meanwhile."""
+    directory = str(tmp_path / "srv")
+    rows = [b"r%07d-" % i + b"z" * 1000 for i in range(48_000)]
+    with server_process(directory) as (proc, endpoint):
+        with client_for(endpoint) as writer:
+            for i in range(0, len(rows), 4000):
+                writer.publish(STREAM, rows[i : i + 4000])
+            (rec,) = writer.list_recordings([STREAM])
+        with client_for(endpoint) as stalled, client_for(endpoint) as other:
+            blocks = stalled.replay(rec.recording_id, rec.start_position, rec.recorded_position)
+            next(blocks)
+            before = _memory_kib(proc.pid)
+            sent, deadline = -1, time.monotonic() + 120
+            while sent != _replay_bytes(other):  # until the server stopped sending
+                assert time.monotonic() < deadline, "the server kept sending to a stalled reader"
+                sent = _replay_bytes(other)
+                time.sleep(1.0)
+            assert sent < rec.recorded_position - rec.start_position  # held back, not all sent
+            end = other.publish(STREAM + 1, [b"x" * 100] * 100)  # another client is served
+            (mine,) = other.list_recordings([STREAM + 1])
+            got = messages_of(
+                other.replay(mine.recording_id, mine.start_position, end),
+                mine.initial_term_id,
+                mine.term_length,
+            )
+            assert len(got) == 100
+            after = _memory_kib(proc.pid)
+            assert after["VmRSS"] - before["VmRSS"] < 16 * 1024, (before, after, sent)
+            blocks.close()
