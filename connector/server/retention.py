@@ -36,8 +36,10 @@ from aeron_spark.connector.errors import (
     ControlProtocolError,
     LimitExceededError,
     NotAuthorisedError,
+    ServerError,
 )
 from aeron_spark.connector.server.counters import retention_counters
+from aeron_spark.transport.archive.recordings import fsync_dir
 
 log = logging.getLogger("aeron_spark.connector.server.retention")
 
@@ -60,17 +62,28 @@ class ConsumerRegistry:
         self.commits = 0
         try:
             with open(self.path, "rb") as fh:
-                body = msgpack.unpackb(fh.read(), raw=False, strict_map_key=False)
+                data = fh.read()
         except FileNotFoundError:
-            body = {}
-        for cid, entry in body.items():
-            self.consumers[cid] = Consumer(
-                cid,
-                tuple(entry["stream_ids"]),
-                {int(k): int(v) for k, v in entry["positions"].items()},
-                float(entry["updated_s"]),
-                str(entry.get("owner", "")),
-            )
+            return
+        try:
+            body = msgpack.unpackb(data, raw=False, strict_map_key=False)
+            for cid, entry in body.items():
+                self.consumers[cid] = Consumer(
+                    cid,
+                    tuple(entry["stream_ids"]),
+                    {int(k): int(v) for k, v in entry["positions"].items()},
+                    float(entry["updated_s"]),
+                    str(entry.get("owner", "")),
+                )
+        except Exception as exc:  # noqa: BLE001 - any damage: the same refusal
+            raise ServerError(
+                f"the consumers' positions file {self.path} is damaged ({type(exc).__name__}: "
+                f"{exc}); the server writes it whole and fsynced, so a failing disk or another "
+                "program left it so. Restore it, or move it aside to start without those "
+                "consumers (retention then holds nothing for them until each commits again, at "
+                "its query's next batch)",
+                path=self.path,
+            ) from None
 
     def commit(
         self,
@@ -176,7 +189,12 @@ class ConsumerRegistry:
         tmp = self.path + ".tmp"
         with open(tmp, "wb") as fh:
             fh.write(msgpack.packb(body))
+            fh.flush()
+            # before the rename: else a power cut can leave the new name on an empty or torn
+            # file (the rename reaches the disk before the data), which the server cannot read
+            os.fsync(fh.fileno())
         os.replace(tmp, self.path)  # losing the newest commit only makes retention keep more
+        fsync_dir(os.path.dirname(self.path) or ".")
 
 
 def _not_owner(op: str, consumer_id: str) -> NotAuthorisedError:

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, Protocol
 import numpy as np
 
 from aeron_spark.connector.errors import (
+    ConnectorError,
     ControlProtocolError,
     NotAuthorisedError,
     PayloadTooLargeError,
@@ -184,23 +185,34 @@ class StagingStore:
             raise not_owner(op, f"batch {batch_id} of sink {sink_id!r}")
 
     def claim(self, sink_id: str, batch_id: int, owner: str | None, op: str) -> None:
-        """Make the batch ``owner``'s if nobody claimed it (durably: created exclusively and
-        fsynced); refuse ``op`` if another identity did. None: no ownership (open server)."""
+        """Make the batch ``owner``'s if nobody claimed it (durably: the file is written whole
+        and fsynced under another name, then renamed in); refuse ``op`` if another identity did.
+        None: no ownership (open server). An empty owner file (a crash between the creation and
+        the write of the old exclusive create) counts as nobody's, so the next stager claims it
+        (it used to stay nobody's for good: any key could then stage into the batch)."""
         if owner is None:
+            return
+        found = self.batch_owner(sink_id, batch_id)
+        if found is not None:
+            if found != owner:
+                raise not_owner(op, f"batch {batch_id} of sink {sink_id!r}")
             return
         directory = _key_dir(self.root, sink_id, batch_id)
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, OWNER_FILE)
+        tmp = path + ".tmp"  # one caller at a time (see the class): no other claim races it
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            self.check_owner(sink_id, batch_id, owner, op)
-            return
-        try:
-            os.write(fd, owner.encode("ascii"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, owner.encode("ascii"))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         fsync_dir(directory)
 
     def write(
@@ -620,40 +632,63 @@ class SinkCommitter:
             self._compacted_size = size
 
     def recover(self, now_ns: int) -> int:
-        """Complete every commit a crash interrupted. Returns how many were resumed."""
+        """Complete every commit a crash interrupted. Returns how many were resumed.
+
+        A commit that cannot be completed now (the disk is full, its staged parts are gone) is
+        cut off and cancelled as a commit a full disk fails while running is (:meth:`_fail`;
+        counted in ``failed_commits``): its client was never told it committed, and its retry
+        commits it once. It never keeps the server from starting (before, the server exited
+        and served nothing, not even what was committed)."""
         for rid, position in self.visible.items():
             self.recordings.set_visible(rid, position)
         resumed = 0
         for key, begin in list(self._pending.items()):
             writers: dict[int, SinkWriter] = {}
-            moved = False
-            targets = []
-            for target in _targets(begin):
-                writer = self.recordings.resume_writer(target["recording_id"], now_ns)
-                if writer is None or writer.recorded_position < target["start_position"]:
-                    writer = self.recordings.sink_writer(
-                        target["stream_id"], begin["sink_id"], now_ns
-                    )
-                    target = dict(
-                        target,
-                        recording_id=writer.recording_id,
-                        session_id=writer.session_id,
-                        start_position=writer.recorded_position,
-                    )
-                    moved = True
-                writers[target["stream_id"]] = writer
-                targets.append(target)
-            if moved:
-                if "streams" in begin:
-                    begin = dict(begin, streams=targets)
-                else:
-                    begin = dict(begin, **targets[0])
-                self.log.append(begin)
-            self._run(begin, writers, now_ns)
+            try:
+                begin = self._resume(begin, writers, now_ns)
+                self._run(begin, writers, now_ns)
+            except (OSError, ConnectorError) as exc:
+                log.warning(
+                    "cannot complete the commit of sink %r batch %s a crash interrupted "
+                    "(cancelled; its retry commits it): %s",
+                    key[0],
+                    key[1],
+                    exc,
+                )
+                self._fail(key, begin, writers)
+            else:
+                resumed += 1
             del self._pending[key]
-            resumed += 1
         self.resumed_commits += resumed
         return resumed
+
+    def _resume(
+        self, begin: dict[str, Any], writers: dict[int, SinkWriter], now_ns: int
+    ) -> dict[str, Any]:
+        """The writers of an interrupted commit's recordings (into ``writers``) and its plan: a
+        recording that lost the commit's start is replaced by a new one (planned anew)."""
+        moved = False
+        targets = []
+        for target in _targets(begin):
+            writer = self.recordings.resume_writer(target["recording_id"], now_ns)
+            if writer is None or writer.recorded_position < target["start_position"]:
+                writer = self.recordings.sink_writer(target["stream_id"], begin["sink_id"], now_ns)
+                target = dict(
+                    target,
+                    recording_id=writer.recording_id,
+                    session_id=writer.session_id,
+                    start_position=writer.recorded_position,
+                )
+                moved = True
+            writers[target["stream_id"]] = writer
+            targets.append(target)
+        if moved:
+            if "streams" in begin:
+                begin = dict(begin, streams=targets)
+            else:
+                begin = dict(begin, **targets[0])
+            self.log.append(begin)
+        return begin
 
     def check_sink_owner(self, sink_id: str, owner: str | None, op: str) -> None:
         """Refuse ``op`` on a sink id another identity committed first (None: no ownership)."""
@@ -768,8 +803,11 @@ class SinkCommitter:
             return
         self.failed_commits += 1
         for target in _targets(begin):
+            writer = writers.get(target["stream_id"])
+            if writer is None:  # never opened (recovery failed before): nothing to cut
+                continue
             try:
-                writers[target["stream_id"]].rollback(target["start_position"])
+                writer.rollback(target["start_position"])
             except Exception:  # noqa: BLE001 - reported; the next append overwrites what is left
                 log.exception("cannot cut a failed commit of %s off its recording", key)
         self._cancels.append(
