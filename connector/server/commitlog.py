@@ -125,12 +125,16 @@ class CommitLog:
 
     def compact(self, keep: Callable[[dict[str, Any]], dict[str, Any] | None]) -> int:
         """Rewrite the log with what ``keep`` returns for each record, in order (None: drop
-        it); its new length. Atomic: a fsynced temporary file renamed over the log. A failure
-        (a full disk) leaves the log as it was and raises."""
+        it); its new length. Atomic: a fsynced temporary file renamed over the log, whose
+        descriptor the log keeps (nothing is opened after the rename). A failure before the
+        rename (a full disk) leaves the log as it was and raises; one after it (the directory's
+        fsync) raises with the compacted log in use, so later appends go to the log's file."""
         records, _end, _length = _read(self.path)
         kept = (keep(record) for record in records)
         tmp = self.path + ".compact"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        # read-write: after the rename this descriptor is the log's (nothing is opened after
+        # the rename, so nothing can fail between it and the switch)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             size = 0
             for record in kept:
@@ -149,13 +153,20 @@ class CommitLog:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        os.close(fd)
-        os.replace(tmp, self.path)
-        fsync_dir(os.path.dirname(self.path) or ".")
-        old, self._fd = self._fd, os.open(self.path, os.O_RDWR, 0o644)
-        os.close(old)
+        try:
+            os.replace(tmp, self.path)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        # the rename is done: from here on the log is the new file, whatever fails after
+        old, self._fd = self._fd, fd
         self._size = size
         self.compactions += 1
+        with contextlib.suppress(OSError):
+            os.close(old)
+        fsync_dir(os.path.dirname(self.path) or ".")  # may raise: the rename is not yet durable
         return size
 
     def close(self) -> None:
