@@ -921,10 +921,16 @@ def test_our_dynamic_mdc_publication_to_real_subscriber(
 
 
 def test_idle_publication_keeps_real_image_alive(
-    real_driver: RealDriver, our_driver: Driver
+    real_stack: contextlib.ExitStack, peer: str, our_driver: Driver
 ) -> None:
-    """Our idle publication heartbeats: past the real image liveness timeout (10 s) the real
-    subscriber still has our image, and a message offered afterwards arrives."""
+    """Our idle publication heartbeats: past the real image liveness timeout the real
+    subscriber still has our image, and a message offered afterwards arrives. The Java driver's
+    liveness is set to 4 s (``aeron.image.liveness.timeout``; its default is 10 s) so that the
+    pause outlives it sooner; the C driver keeps its 10 s default."""
+    liveness_s = 4.0 if peer == "java" else 10.0
+    real_driver = _start_real_driver(
+        real_stack, peer, **{"aeron.image.liveness.timeout": f"{int(liveness_s * 1000)}ms"}
+    )
     port, stream_id = _free_udp_port(), 1012
     real_sub = _start_real_subscriber(real_driver, _channel(port), stream_id)
     pub = our_driver.add_publication(_channel(port), stream_id)
@@ -933,7 +939,7 @@ def test_idle_publication_keeps_real_image_alive(
         _check_real_image(real_sub, pub, stream_id)
         _offer_all(pub, [b"before the pause"], _DELIVERY_S)
         assert _collect_messages(real_sub, 1, _DELIVERY_S)[0][2] == b"before the pause"
-        idle_until = time.monotonic() + 12.0  # real image liveness timeout is 10 s
+        idle_until = time.monotonic() + liveness_s + 2.0  # past the real image liveness
         while (line := real_sub.next_line(idle_until)) is not None:
             assert not _UNAVAILABLE.match(line), "real image timed out while we were idle"
         assert pub.is_connected
