@@ -36,7 +36,7 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -67,7 +67,7 @@ from aeron_spark.transport.errors import TransportError
 log = logging.getLogger("aeron_spark.connector.stores.replicas")
 
 PROBE_S = 3.0  # how long a connect waits for one archive of a set (at most timeoutMs)
-SKIP_S = 10.0  # how long this process skips an archive that failed (unless none other serves)
+SKIP_S = 30.0  # how long this process skips an archive that failed (unless none other serves)
 
 # What makes an archive unable to serve (its own errors, the transport's, the OS's): the next
 # replica is tried. Anything else (a bug, a bad option) is raised as it is.
@@ -351,7 +351,7 @@ class ReplicaStore(Features):
         finally:
             replayed.close()
 
-    def _replayed(self, p: ReplicaRange) -> Iterator[ReplayedBlock]:
+    def _replayed(self, p: ReplicaRange) -> Generator[ReplayedBlock, None, None]:
         """The frames of ``replay_bounds(p)`` from the first archive that serves them; on a
         failure, the rest from the next one, from the position reached."""
         assert p.identity is not None
