@@ -82,6 +82,13 @@ class DirectoryInUseError(ServerUnavailableError):
     it cannot be read) and ``lock_file``."""
 
 
+class ReplicasUnavailableError(ServerUnavailableError):
+    """No archive of a set of replicas could serve a request (``archive`` naming several
+    control channels): none reachable, or none holding the recording up to the position
+    wanted. Raised on the reader's side only. ``details``: ``archives``, each archive's control
+    channel with why it could not serve (its error's code and message), in preference order."""
+
+
 class UnknownStreamError(ConnectorError):
     """No recording exists (or is allowed) for the stream id."""
 
@@ -231,6 +238,7 @@ __all__ = [
     "PayloadTooLargeError",
     "PositionOutOfRangeError",
     "PurgedError",
+    "ReplicasUnavailableError",
     "ServerError",
     "ServerUnavailableError",
     "SessionLostError",

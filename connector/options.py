@@ -857,7 +857,10 @@ ARCHIVE_SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
     "archive": (
         "archive",
         "(required for archive mode)",
-        "the archive's control request channel, e.g. aeron:udp?endpoint=archive-host:8010",
+        "the archive's control request channel, e.g. aeron:udp?endpoint=archive-host:8010; "
+        "for the source, several comma-separated, in preference order: replicas of one "
+        "another (a recording and its copies are one partition; reads go on from the next "
+        "replica when one fails)",
     ),
     "channel": (
         "channel",
@@ -944,6 +947,14 @@ class ArchiveSourceOptions:
     connect: ArchiveConnect
     channel: str  # recordings whose stripped channel contains this ("" : all)
     source: SourceOptions  # stream ids, positions, limits, format
+    # ``archive`` naming several control channels: the ones after the first (``connect``), in
+    # preference order; the source then reads the set of replicas (stores/replicas)
+    replicas: tuple[ArchiveConnect, ...] = ()
+
+    @property
+    def connects(self) -> tuple[ArchiveConnect, ...]:
+        """Every archive named, in preference order."""
+        return (self.connect, *self.replicas)
 
 
 def is_archive_mode(options: Mapping[str, str]) -> bool:
@@ -1028,18 +1039,43 @@ def _credentials(mine: dict[str, str]) -> ArchiveCredentials | None:
     return None
 
 
+# a comma before "aeron:" separates control channels (a comma inside a URI, as in tags=1,2, is
+# followed by something else)
+_CHANNEL_LIST = re.compile(r"\s*,\s*(?=aeron:)")
+
+
+def control_channels(text: str) -> list[str]:
+    """The control channels ``archive`` names: one, or several separated by commas (each
+    checked as the single one is, none twice)."""
+    channels = [c.strip() for c in _CHANNEL_LIST.split(text.strip())]
+    seen: set[str] = set()
+    for c in channels:
+        if c in seen:
+            raise ConfigurationError("archive", text, f"distinct control channels ({c} twice)")
+        seen.add(c)
+    return channels
+
+
 def parse_archive_source_options(options: Mapping[str, str]) -> ArchiveSourceOptions:
     mine, rest = _split_options(options, ARCHIVE_SOURCE_OPTIONS)
-    control, stream, host = _connect_parts(mine)
+    channels = control_channels(mine.get("archive", ""))
+    connects = []
+    for one in channels:
+        control, stream, host = _connect_parts({**mine, "archive": one})
+        connects.append((control, stream, host))
     source = parse_source_options(rest)
     if source.read_on != "executors":
         raise ConfigurationError("readOn", source.read_on, "executors in archive mode")
+    credentials = _credentials(mine)
+    first, *others = (
+        ArchiveConnect(control, stream, host, source.settings.timeout_s, credentials)
+        for control, stream, host in connects
+    )
     return ArchiveSourceOptions(
-        connect=ArchiveConnect(
-            control, stream, host, source.settings.timeout_s, _credentials(mine)
-        ),
+        connect=first,
         channel=mine.get("channel", "").strip(),
         source=source,
+        replicas=tuple(others),
     )
 
 

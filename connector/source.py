@@ -1,11 +1,13 @@
 """The ``aeron`` source: batch and streaming readers over the recordings of log stores.
 
 Written once over the store contract (:mod:`~aeron_spark.connector.stores`): a stream server
-(:mod:`.stores.server`, one store per ``endpoint``) or an Aeron Archive (:mod:`.stores.archive`,
-``archive=...``). Offsets are ``{"<key>": position}`` (JSON object, keys sorted), one entry per
-recording of the chosen streams: a recording is a Spark "partition" the way a Kafka partition
-is. Its key is the store's (``"<recording_id>"`` with one server, ``"<endpoint>/<recording_id>"``
-with several, ``"<archiveId>/<recording_id>"`` for an archive). Every input partition is a small
+(:mod:`.stores.server`, one store per ``endpoint``), an Aeron Archive (:mod:`.stores.archive`,
+``archive=...``) or a set of archive replicas (:mod:`.stores.replicas`, ``archive`` naming
+several control channels). Offsets are ``{"<key>": position}`` (JSON object, keys sorted), one
+entry per recording of the chosen streams: a recording is a Spark "partition" the way a Kafka
+partition is. Its key is the store's (``"<recording_id>"`` with one server,
+``"<endpoint>/<recording_id>"`` with several, ``"<archiveId>/<recording_id>"`` for an archive,
+the identity a recording's copies share for a set of replicas). Every input partition is a small
 picklable value that carries all a task needs (its store, recording id, range, geometry,
 format); ``read()`` runs on an executor and reads exactly ``[start, end)`` through its store, so a
 re-run task returns the same rows.
@@ -72,6 +74,7 @@ from aeron_spark.connector.stores import (
     StoreSession,
 )
 from aeron_spark.connector.stores.archive import ArchiveStore
+from aeron_spark.connector.stores.replicas import ReplicaStore
 from aeron_spark.connector.stores.server import ServerRange, ServerStore
 from aeron_spark.errors import ConfigurationError
 
@@ -91,9 +94,12 @@ __all__ = [
 
 
 def stores_of(options: SourceOptions | ArchiveSourceOptions) -> tuple[SourceOptions, tuple]:
-    """The reader options and the stores they name (each server of ``endpoint``, or the
-    archive of ``archive``)."""
+    """The reader options and the stores they name (each server of ``endpoint``, the archive
+    of ``archive``, or the set of replicas when ``archive`` names several)."""
     if isinstance(options, ArchiveSourceOptions):
+        if options.replicas:  # several archives: one store, the set of replicas
+            archives = tuple(ArchiveStore(c, options.channel) for c in options.connects)
+            return options.source, (ReplicaStore(archives),)
         return options.source, (ArchiveStore(options.connect, options.channel),)
     several = len(options.all_settings) > 1
     return options, tuple(

@@ -34,10 +34,12 @@ Replicas. A recording is identified by what Aeron keeps the same on every copy o
 mtu), not by its recording id, which each archive draws for itself. Positions are the same on
 every replica, so an offset or a :class:`RecordingRange` is valid on any of them. A store that is
 a *set of replicas* (several archives following one primary) is therefore a third
-implementation of this same interface, not a copy of the source: its ``recordings`` lists one
-:class:`Recording` per identity (keyed as the primary keys it), its ``read`` replays the exact
-range ``[start, end)`` of that identity from one replica and, when that replica fails, retries the
-same range on the next (the rows cannot differ: same bytes at the same positions), and its sink
+implementation of this same interface (:mod:`.replicas`, over :mod:`.archive`), not a copy of
+the source: its ``recordings`` lists one :class:`Recording` per identity (keyed by it), ending
+where every reachable in-sync copy has recorded, its ``read`` replays the exact range
+``[start, end)`` of that identity from one replica and, when that replica fails, goes on with the
+same range on the next from the position reached (the rows cannot differ: same bytes at the same
+positions), and its sink
 side acknowledges a commit once enough replicas hold the batch's END marker. Nothing here
 assumes one process per store: a partition carries its store, which holds only what a task needs
 to reach it (small, frozen, picklable).

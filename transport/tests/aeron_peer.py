@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 AERON_VERSION = "1.47.3"
@@ -435,6 +435,54 @@ class JavaArchive:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# What an archive needs to replicate from another (it connects to the source as a client of
+# its own): answers on loopback.
+REPLICATION_CLIENT_PROPS = {
+    "aeron.archive.control.response.channel": "aeron:udp?endpoint=127.0.0.1:0"
+}
+
+
+def free_udp_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def archive_set(
+    root: Path,
+    archives: Sequence[tuple[str, int]],
+    *,
+    extra: Mapping[str, Mapping[str, object]] | None = None,
+    classpaths: Mapping[str, list[Path]] | None = None,
+) -> Iterator[dict[str, JavaArchive]]:
+    """Several real archives at once (a primary and its replicas; issue 30): each
+    ``(name, archive id)`` an :class:`JavaArchive` in ``root/<name>`` on a free control port,
+    able to replicate from the others (:data:`REPLICATION_CLIENT_PROPS`), with its ``extra``
+    properties and ``classpaths`` entries; by name, in the order given. Every one is stopped
+    (and its Aeron directory removed) at the end, also when one fails to start, or was killed."""
+    extra = extra or {}
+    classpaths = classpaths or {}
+    started: dict[str, JavaArchive] = {}
+    try:
+        for name, archive_id in archives:
+            started[name] = JavaArchive(
+                root / name,
+                free_udp_port(),
+                archive_id,
+                tag=f"set-{name}",
+                classpath=classpaths.get(name),
+                **REPLICATION_CLIENT_PROPS,
+                **extra.get(name, {}),
+            )
+        yield started
+    finally:
+        for archive in started.values():
+            archive.close()
 
 
 def compile_java(source: str, class_name: str, out_dir: Path) -> Path:

@@ -17,7 +17,6 @@ import logging
 import pickle
 import random
 import secrets
-import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -54,10 +53,7 @@ SIG = RecordingSignal
 SECRET = b"aeron-spark-secret-" + secrets.token_hex(8).encode()
 
 
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+free_udp_port = aeron_peer.free_udp_port
 
 
 @dataclass
@@ -65,10 +61,6 @@ class Archives:
     src: aeron_peer.JavaArchive
     dst: aeron_peer.JavaArchive
     auth: aeron_peer.JavaArchive
-
-
-# the archive's own client (a replication connects to the source as one): answers on loopback
-_CLIENT_PROPS = {"aeron.archive.control.response.channel": "aeron:udp?endpoint=127.0.0.1:0"}
 
 
 @pytest.fixture(scope="module")
@@ -84,35 +76,18 @@ def archives(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Archives]:
     classes = aeron_peer.compile_java(source, "TestArchiveAuthenticator", root / "classes")
     secret_file = root / "secret"
     secret_file.write_bytes(SECRET)
-    started: list[aeron_peer.JavaArchive] = []
-    try:
-        for name, archive_id, extra in (
-            ("src", 0x51C, {}),
-            ("dst", 0xD57, {}),
-            (
-                "auth",
-                0xA07,
-                {
-                    "aeron.archive.authenticator.supplier": "TestArchiveAuthenticator",
-                    "aeronspark.test.secret.file": str(secret_file),
-                },
-            ),
-        ):
-            started.append(
-                aeron_peer.JavaArchive(
-                    root / name,
-                    free_udp_port(),
-                    archive_id,
-                    tag=f"repl-{name}",
-                    classpath=[classes] if name == "auth" else None,
-                    **_CLIENT_PROPS,
-                    **extra,
-                )
-            )
-        yield Archives(*started)
-    finally:
-        for archive in started:
-            archive.close()
+    with aeron_peer.archive_set(
+        root,
+        [("src", 0x51C), ("dst", 0xD57), ("auth", 0xA07)],
+        extra={
+            "auth": {
+                "aeron.archive.authenticator.supplier": "TestArchiveAuthenticator",
+                "aeronspark.test.secret.file": str(secret_file),
+            }
+        },
+        classpaths={"auth": [classes]},
+    ) as started:
+        yield Archives(started["src"], started["dst"], started["auth"])
 
 
 @pytest.fixture(scope="module")

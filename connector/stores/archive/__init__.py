@@ -7,7 +7,18 @@ from aeron_spark.connector.stores.archive.source import (
     ArchiveStore,
     connect,
     owned,
+    replay_bounds,
+    served,
     split_range,
 )
 
-__all__ = ["ArchiveRange", "ArchiveSession", "ArchiveStore", "connect", "owned", "split_range"]
+__all__ = [
+    "ArchiveRange",
+    "ArchiveSession",
+    "ArchiveStore",
+    "connect",
+    "owned",
+    "replay_bounds",
+    "served",
+    "split_range",
+]

@@ -117,6 +117,21 @@ def owned(blocks: Iterable[ReplayedBlock], p: ArchiveRange) -> Iterator[Replayed
             return
 
 
+def replay_bounds(p: ArchiveRange) -> tuple[int, int]:
+    """Where the replay of ``p`` starts and ends (a share of a split range starts at the term
+    boundary below it and reads up to the whole range's end)."""
+    return p.start if p.replay_from is None else p.replay_from, p.end if p.exact else p.limit
+
+
+def served(replayed: Iterable[ReplayedBlock], p: ArchiveRange) -> Iterator[ReplayBlock]:
+    """The blocks a task returns from the replay of ``replay_bounds(p)``: its own messages
+    (a share), markers turned into padding (a sink's target), the recording's time."""
+    kept = replayed if p.exact else owned(replayed, p)
+    if p.sink_target:
+        kept = _without_markers(kept)
+    return (ReplayBlock(b.position, b.data, p.timestamp_ns, b.end_position) for b in kept)
+
+
 def split_range(p: ArchiveRange, shares: int) -> list[RecordingRange]:
     """``p`` cut into ``shares`` proportional shares (at least one 32-byte frame each;
     deterministic). A cut need not be a frame boundary: its task replays from the term boundary
@@ -274,17 +289,11 @@ class ArchiveStore(Features):
         with connect(self.connect) as client:
             replayed = client.replay(
                 p.recording_id,
-                p.start if p.replay_from is None else p.replay_from,
-                p.end if p.exact else p.limit,
+                *replay_bounds(p),
                 session_id=p.session_id,
                 stream_id=p.stream_id,
             )
             try:
-                kept = replayed if p.exact else owned(replayed, p)
-                if p.sink_target:
-                    kept = _without_markers(kept)
-                yield (
-                    ReplayBlock(b.position, b.data, p.timestamp_ns, b.end_position) for b in kept
-                )
+                yield served(replayed, p)
             finally:
                 replayed.close()

@@ -142,6 +142,9 @@ class ArchiveClientConfig:
     response_stream_id: int = DEFAULT_RESPONSE_STREAM_ID
     timeout_s: float = 10.0
     keepalive_interval_s: float = 1.0
+    # how long connect() waits for the archive (None: timeout_s); a set of replicas probes each
+    # archive for less than a request may take, so a dead one costs little
+    connect_timeout_s: float | None = None
     replay_window: int = DEFAULT_REPLAY_WINDOW  # bytes; see DEFAULT_REPLAY_WINDOW
     # for an archive that authenticates (bytes / str are taken as the encoded credentials);
     # left out of repr, and never put in an error or a log
@@ -158,6 +161,12 @@ class ArchiveClientConfig:
             )
         if not isinstance(self.timeout_s, int | float) or self.timeout_s <= 0:
             raise ConfigurationError("timeout_s", self.timeout_s, "a positive number of seconds")
+        if self.connect_timeout_s is not None and (
+            not isinstance(self.connect_timeout_s, int | float) or self.connect_timeout_s <= 0
+        ):
+            raise ConfigurationError(
+                "connect_timeout_s", self.connect_timeout_s, "a positive number of seconds"
+            )
         if not isinstance(self.keepalive_interval_s, int | float) or self.keepalive_interval_s <= 0:
             raise ConfigurationError(
                 "keepalive_interval_s", self.keepalive_interval_s, "a positive number of seconds"
@@ -304,20 +313,21 @@ class ArchiveClient:
 
     def _connect(self) -> None:
         cfg = self.config
-        deadline = time.monotonic() + cfg.timeout_s
+        wait_s = cfg.timeout_s if cfg.connect_timeout_s is None else cfg.connect_timeout_s
+        deadline = time.monotonic() + wait_s
         self._publication = self.driver.add_publication(cfg.control_channel, cfg.control_stream_id)
-        if not self._publication.wait_until_connected(cfg.timeout_s):
+        if not self._publication.wait_until_connected(wait_s):
             raise ArchiveTimeoutError(
                 f"no archive answered on {cfg.control_channel} (stream {cfg.control_stream_id}) "
-                f"within {cfg.timeout_s} s",
-                timeout_ms=int(cfg.timeout_s * 1000),
+                f"within {wait_s} s",
+                timeout_ms=int(wait_s * 1000),
             )
         self._offer(self.session.connect(time.monotonic_ns()))
         while not self.session.connect_result():
             self._service(deadline)
-            if time.monotonic() > deadline + cfg.timeout_s:  # belt and braces
+            if time.monotonic() > deadline + wait_s:  # belt and braces
                 raise ArchiveTimeoutError(
-                    "the archive did not answer the connect", timeout_ms=int(cfg.timeout_s * 1000)
+                    "the archive did not answer the connect", timeout_ms=int(wait_s * 1000)
                 )
 
     def close(self) -> None:

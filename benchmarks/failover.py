@@ -1,0 +1,209 @@
+"""Failover across Aeron Archive replicas (issue 30): time from the primary's kill -9 to the
+query's next progress.
+
+    python -m benchmarks.failover --read [--rows 6000] [--rate 1000] [--timeout-ms 5000]
+
+Needs Java and the pinned aeron-all jar (``python transport/tests/aeron_peer.py fetch``). Three
+``ArchivingMediaDriver``s run on loopback (``aeron_peer.archive_set``: sleeping idle strategies);
+the primary records our live multi-destination publication and the two others replicate it with
+a live merge. Prints one JSON object (with the load average at the start):
+
+* ``read``: a ``readStream.format("aeron").option("archive", "<primary>,<second>,<third>")``
+  query (``maxMessagesPerTrigger`` 300, 500 ms trigger, ``timeoutMs``) writes to parquet while
+  ``--rows`` rows are published at ``--rate`` rows/s; the primary is killed once the query read
+  a fifth of them. ``kill_to_next_progress_s``: from the kill to the first micro-batch that
+  started after it and read rows (a task reading from the dead archive fails over after a stall
+  of ``timeoutMs``; the driver probes it for at most 3 s, then skips it);
+  ``kill_to_first_progress_s``: to any progress with rows (a batch in flight may finish first);
+  ``rows_out`` / ``duplicates``: the parquet output checked for every row exactly once.
+
+The read part lives in its own functions (``read_failover``); a write part (the sink with
+``minInSyncReplicas``) goes beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "transport" / "tests"))
+
+READ_STREAM = 5301
+_WAIT_S = 120.0
+
+
+def _wait(what: str, condition: Any, timeout_s: float = _WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.05)
+
+
+def _replicated_live_stream(archives: dict, driver: Any, stream_id: int) -> tuple[Any, str]:
+    """A live multi-destination publication the primary records and the others replicate
+    (live merge): (publication, live channel)."""
+    import aeron_peer  # type: ignore[import-not-found]
+
+    from aeron_spark.transport.archive.client import (
+        ArchiveClient,
+        RecordingSignal,
+        ReplicationParams,
+    )
+
+    primary = archives["primary"].control_channel
+    live = f"aeron:udp?control=127.0.0.1:{aeron_peer.free_udp_port()}|control-mode=dynamic"
+    with ArchiveClient.connect(primary, driver, timeout_s=60) as client:
+        sub_id = client.start_recording(live, stream_id)
+        pub = driver.add_publication(live + "|term-length=1048576", stream_id)
+        if not pub.wait_until_connected(60):
+            raise TimeoutError("the primary did not subscribe")
+        rid = client.wait_for_signal(
+            lambda e: e.subscription_id == sub_id and e.signal == RecordingSignal.START
+        ).recording_id
+    pub.offer_blocking(b"first", timeout_s=60)
+    for name, archive in archives.items():
+        if name == "primary":
+            continue
+        with ArchiveClient.connect(archive.control_channel, driver, timeout_s=60) as copy:
+            replication = copy.replicate(
+                rid, primary, params=ReplicationParams(live_destination=live)
+            )
+            copy.wait_for_replication(replication, RecordingSignal.MERGE)
+    return pub, live
+
+
+def read_failover(spark: Any, root: Path, rows: int, rate: int, timeout_ms: int) -> dict:
+    """The read part: a streaming query over three replicas, the primary killed mid-stream."""
+    import aeron_peer  # type: ignore[import-not-found]
+
+    from aeron_spark.transport import Driver, DriverConfig
+
+    payloads = [b"row-%07d" % i for i in range(rows)]
+    driver = Driver(DriverConfig(directory=root / "driver", write_counters_file=False)).start()
+    try:
+        with aeron_peer.archive_set(
+            root / "archives", [("primary", 0x41A), ("second", 0x41B), ("third", 0x41C)]
+        ) as archives:
+            pub, _ = _replicated_live_stream(archives, driver, READ_STREAM)
+
+            def write() -> None:
+                per_tick = max(1, rate // 100)
+                for i, m in enumerate(payloads):
+                    pub.offer_blocking(m, timeout_s=60)
+                    if i % per_tick == per_tick - 1:
+                        time.sleep(0.01)
+
+            out = root / "out"
+            query = (
+                spark.readStream.format("aeron")
+                .option("archive", ",".join(a.control_channel for a in archives.values()))
+                .option("streamId", READ_STREAM)
+                .option("timeoutMs", timeout_ms)
+                .option("maxMessagesPerTrigger", 300)
+                .load()
+                .select("value")
+                .writeStream.format("parquet")
+                .option("path", str(out))
+                .option("checkpointLocation", str(root / "ckpt"))
+                .trigger(processingTime="500 milliseconds")
+                .start()
+            )
+            writer = threading.Thread(target=write, name="failover-writer", daemon=True)
+            try:
+                writer.start()
+                _wait("reading", lambda: _rows_read(query) >= rows // 5)
+                killed_wall, killed = time.time(), time.monotonic()
+                before = _rows_read(query)
+                archives["primary"].kill()
+                first = next_batch = None
+                deadline = time.monotonic() + _WAIT_S
+                while next_batch is None and time.monotonic() < deadline:
+                    now = time.monotonic()
+                    if first is None and _rows_read(query) > before:
+                        first = now - killed
+                    if any(
+                        p["numInputRows"] > 0 and _started(p) >= killed_wall
+                        for p in query.recentProgress
+                    ):
+                        next_batch = now - killed
+                    time.sleep(0.05)
+                writer.join(_WAIT_S)
+                query.processAllAvailable()
+                error = query.exception()
+            finally:
+                query.stop()
+                writer.join(_WAIT_S)
+            pub.close()
+            got = [bytes(r.value) for r in spark.read.parquet(str(out)).collect()]
+    finally:
+        driver.close()
+    wanted = {b"first", *payloads}
+    return {
+        "rows": rows,
+        "rate_rows_per_s": rate,
+        "timeout_ms": timeout_ms,
+        "kill_to_next_progress_s": None if next_batch is None else round(next_batch, 2),
+        "kill_to_first_progress_s": None if first is None else round(first, 2),
+        "rows_out": len(got),
+        "duplicates": len(got) - len(set(got)),
+        "every_row_once": sorted(got) == sorted(wanted),
+        "query_error": None if error is None else str(error)[:300],
+    }
+
+
+def _rows_read(query: Any) -> int:
+    return sum(p["numInputRows"] for p in query.recentProgress)
+
+
+def _started(progress: Any) -> float:
+    return datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--read", action="store_true", help="the read part (streaming source)")
+    parser.add_argument("--rows", type=int, default=6000)
+    parser.add_argument("--rate", type=int, default=1000, help="rows published per second")
+    parser.add_argument("--timeout-ms", type=int, default=5000)
+    args = parser.parse_args(argv)
+    result: dict[str, Any] = {"load_average": list(os.getloadavg())}
+    if args.read:
+        from pyspark.sql import SparkSession
+
+        from aeron_spark.connector.datasource import ensure_registered
+
+        spark = (
+            SparkSession.builder.master("local[2,4]")
+            .appName("benchmark-failover")
+            .config("spark.ui.enabled", "false")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.driver.host", "127.0.0.1")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        ensure_registered(spark)
+        try:
+            with tempfile.TemporaryDirectory(prefix="aeron-spark-failover-") as root:
+                result["read"] = read_failover(
+                    spark, Path(root), args.rows, args.rate, args.timeout_ms
+                )
+        finally:
+            spark.stop()
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,395 @@
+"""A set of Aeron Archive replicas as one :class:`~aeron_spark.connector.stores.LogStore`.
+
+``.option("archive", "aeron:udp?endpoint=a:8010,aeron:udp?endpoint=b:8010,...")`` names
+archives that hold copies of the same recordings (Aeron Archive's ``replicate``, with or without
+a live merge), in preference order. This store reads them through the archive store
+(:mod:`..archive`: the same listing, scans and replays), adding only what replicas need:
+
+* **one partition per recording and its copies.** Copies are matched by what replication keeps
+  (:attr:`~aeron_spark.connector.stores.Recording.identity`: stream id, session id, initial term
+  id, start position, term length, mtu), never by recording id (each archive draws its own). The
+  offset key is that identity, ``"<streamId>/<sessionId>/<initialTermId>/<startPosition>/
+  <termLength>/<mtu>"``, so an offset or a checkpoint is valid on every replica. Its
+  ``recording_id`` (and the rows' ``recording_id`` column) is the one of the first archive, in
+  preference order, that listed it when the batch was planned.
+* **the end is what every reachable copy holds** (the smallest of their ends, as Kafka's high
+  watermark is the smallest of the in-sync replicas' ends): ``latestOffset`` never passes what
+  an archive a task may read from has recorded, so when the archive that held most dies, the
+  others still hold every planned range. An archive that does not answer is left out.
+* **a task fails over, exactly.** A task replays its range from the first archive (in
+  preference order) that answers and holds the copy up to the range's end; when that archive
+  fails mid-replay (gone, stalled for ``timeoutMs``, closed), the task goes on from the next one
+  *at the position it had reached* (frame boundaries: the same bytes sit at the same positions
+  on every copy), so it returns the same rows, each once. Only when no archive can serve does it
+  fail, with :class:`~aeron_spark.connector.errors.ReplicasUnavailableError` naming every
+  archive and why.
+* **a dead archive costs little.** An archive is probed with a short connect wait
+  (:data:`PROBE_S`, at most ``timeoutMs``); one that failed is skipped by this process for
+  :data:`SKIP_S` seconds (still tried when no other can serve), so the driver plans the next
+  micro-batches from the others without waiting on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import threading
+import time
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from aeron_spark.connector.errors import ConnectorError, ReplicasUnavailableError
+from aeron_spark.connector.options import ArchiveConnect
+from aeron_spark.connector.pushdown import Pushed
+from aeron_spark.connector.session.replay import ReplayBlock
+from aeron_spark.connector.stores import (
+    Budget,
+    Features,
+    Recording,
+    RecordingIdentity,
+    RecordingRange,
+    no_hook,
+)
+from aeron_spark.connector.stores.archive import (
+    ArchiveRange,
+    ArchiveSession,
+    ArchiveStore,
+    replay_bounds,
+    served,
+    split_range,
+)
+from aeron_spark.transport.archive.client import ArchiveClient
+from aeron_spark.transport.archive.client.client import ReplayedBlock
+from aeron_spark.transport.errors import TransportError
+
+log = logging.getLogger("aeron_spark.connector.stores.replicas")
+
+PROBE_S = 3.0  # how long a connect waits for one archive of a set (at most timeoutMs)
+SKIP_S = 30.0  # how long this process skips an archive that failed (unless none other serves)
+
+# What makes an archive unable to serve (its own errors, the transport's, the OS's): the next
+# replica is tried. Anything else (a bug, a bad option) is raised as it is.
+FAILOVER_ERRORS = (TransportError, ConnectorError, OSError, TimeoutError)
+
+_skipped: dict[str, float] = {}  # control channel -> monotonic time until which it is skipped
+_skipped_lock = threading.Lock()
+
+
+def _mark_failed(channel: str) -> None:
+    with _skipped_lock:
+        _skipped[channel] = time.monotonic() + SKIP_S
+
+
+def _mark_ok(channel: str) -> None:
+    with _skipped_lock:
+        _skipped.pop(channel, None)
+
+
+def _is_skipped(channel: str) -> bool:
+    with _skipped_lock:
+        until = _skipped.get(channel)
+        return until is not None and time.monotonic() < until
+
+
+def _order(replicas: tuple[ArchiveStore, ...]) -> list[ArchiveStore]:
+    """Preference order, archives that failed lately last (still tried when the rest fail)."""
+    return sorted(replicas, key=lambda r: _is_skipped(r.connect.control_channel))
+
+
+def describe(exc: BaseException) -> str:
+    """An archive's failure for an error message: its class, its code, its message (errors of
+    the archive client never quote credentials)."""
+    code = getattr(exc, "archive_code", None) or getattr(exc, "code", None)
+    coded = f" {code.name}" if isinstance(code, enum.Enum) else ""
+    return f"{type(exc).__name__}{coded}: {exc}"
+
+
+def connect(c: ArchiveConnect) -> ArchiveClient:
+    """A control session with one archive of the set, its connect bounded by :data:`PROBE_S`."""
+    return ArchiveClient.connect(
+        c.control_channel,
+        control_stream_id=c.control_stream_id,
+        response_host=c.response_host,
+        timeout_s=c.timeout_s,
+        credentials=c.credentials,
+        connect_timeout_s=min(c.timeout_s, PROBE_S),
+    )
+
+
+def identity_key(identity: RecordingIdentity) -> str:
+    """The offset key of a recording and its copies."""
+    i = identity
+    return (
+        f"{i.stream_id}/{i.session_id}/{i.initial_term_id}/{i.start_position}/"
+        f"{i.term_length}/{i.mtu}"
+    )
+
+
+def find_copy(
+    client: ArchiveClient, store: ArchiveStore, identity: RecordingIdentity
+) -> Recording | None:
+    """This archive's copy of the recording (the one holding most, if several), or None."""
+    copies = [
+        r
+        for r in ArchiveSession(store, client).recordings((identity.stream_id,))
+        if r.identity == identity
+    ]
+    return max(copies, key=lambda r: r.end, default=None)
+
+
+def in_sync_end(copies: list[Recording], active: list[bool]) -> int:
+    """The end of a recording of the set: the smallest end of its in-sync copies, which are the
+    copies still recording and the stopped ones holding as much as the longest copy. A stopped
+    copy that holds less (a replication that ended early, a primary that died and came back
+    after the others went on) can never serve the rest: it does not hold the stream back."""
+    longest = max(r.end for r in copies)
+    kept = [r.end for r, on in zip(copies, active, strict=True) if on or r.end >= longest]
+    return min(kept)
+
+
+def unavailable(store: ReplicaStore, what: str, failures: dict[str, str]) -> Exception:
+    named = {
+        r.connect.control_channel: failures.get(r.connect.control_channel, "not tried")
+        for r in store.replicas
+    }
+    reasons = "; ".join(f"{channel}: {why}" for channel, why in named.items())
+    return ReplicasUnavailableError(
+        f"no archive of the replica set could {what} ({reasons})", archives=named
+    )
+
+
+@dataclass(frozen=True)
+class ReplicaRange(ArchiveRange):
+    """An :class:`ArchiveRange` of a recording of the set, found on any archive by its
+    ``identity``."""
+
+    identity: RecordingIdentity | None = None
+
+
+class ReplicaSession:
+    """One planning call's sessions with the archives of the set (opened when first needed)."""
+
+    def __init__(self, store: ReplicaStore) -> None:
+        self.store = store
+        self.failures: dict[str, str] = {}
+        self._clients: dict[str, ArchiveClient] = {}
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+    def _fail(self, replica: ArchiveStore, exc: BaseException) -> None:
+        channel = replica.connect.control_channel
+        self.failures[channel] = describe(exc)
+        _mark_failed(channel)
+        client = self._clients.pop(channel, None)
+        if client is not None:
+            client.close()
+        log.warning("archive %s cannot serve (%s); using the other replicas", channel, exc)
+
+    def _client(self, replica: ArchiveStore) -> ArchiveClient | None:
+        channel = replica.connect.control_channel
+        client = self._clients.get(channel)
+        if client is None:
+            if channel in self.failures:
+                return None
+            try:
+                client = self._clients[channel] = connect(replica.connect)
+            except FAILOVER_ERRORS as exc:
+                self._fail(replica, exc)
+                return None
+            _mark_ok(channel)
+        return client
+
+    def _serving(self, skipped_too: bool = True) -> Iterator[tuple[ArchiveStore, ArchiveClient]]:
+        """The archives that answer, in preference order; those that failed lately after the
+        others, and only when none of the others answered unless ``skipped_too``."""
+        fresh = [r for r in self.store.replicas if not _is_skipped(r.connect.control_channel)]
+        stale = [r for r in self.store.replicas if r not in fresh]
+        answered = False
+        for replica in fresh:
+            client = self._client(replica)
+            if client is not None:
+                answered = True
+                yield replica, client
+        if answered and not skipped_too:
+            return
+        for replica in stale:
+            client = self._client(replica)
+            if client is not None:
+                yield replica, client
+
+    def recordings(self, stream_ids: tuple[int, ...]) -> list[Recording]:
+        copies: dict[RecordingIdentity, list[Recording]] = {}
+        answered = 0
+        for replica, client in self._serving(skipped_too=False):
+            try:
+                listed = ArchiveSession(replica, client).recordings(stream_ids)
+            except FAILOVER_ERRORS as exc:
+                self._fail(replica, exc)
+                continue
+            answered += 1
+            for rec in listed:
+                copies.setdefault(rec.identity, []).append(rec)
+        if not answered:
+            raise unavailable(self.store, "list the recordings", self.failures)
+        out = []
+        for identity, recs in copies.items():
+            first = recs[0]  # of the first archive (in preference order) holding it
+            out.append(
+                dataclasses.replace(
+                    first,
+                    key=identity_key(identity),
+                    store=self.store,
+                    purged=max(r.purged for r in recs),
+                    end=in_sync_end(recs, self._active(recs)),
+                )
+            )
+        return sorted(out, key=lambda r: (r.timestamp_ns, r.key))
+
+    def _active(self, recs: list[Recording]) -> list[bool]:
+        """Whether each copy is still recording (it may grow) or stopped."""
+        out = []
+        for rec in recs:
+            replica = rec.store
+            assert isinstance(replica, ArchiveStore)
+            client = self._clients.get(replica.connect.control_channel)
+            try:
+                out.append(client is not None and client.recording_position(rec.recording_id) >= 0)
+            except FAILOVER_ERRORS:
+                out.append(False)
+        return out
+
+    def scan(self, rec: Recording, start: int, target: int, budget: Budget) -> tuple[int, int]:
+        if target <= start:
+            return start, 0
+        if budget.unlimited:
+            return target, -1  # as the archive store: nothing read, nothing counted
+        for replica, client in self._serving():
+            try:
+                copy = find_copy(client, replica, rec.identity)
+                if copy is None or copy.end < target:
+                    held = "no copy" if copy is None else f"a copy up to {copy.end}"
+                    self.failures[replica.connect.control_channel] = f"holds {held}"
+                    continue
+                return ArchiveSession(replica, client).scan(copy, start, target, budget)
+            except FAILOVER_ERRORS as exc:
+                self._fail(replica, exc)
+        raise unavailable(
+            self.store, f"scan recording {rec.key} in [{start}, {target})", self.failures
+        )
+
+    @contextmanager
+    def replay(self, rec: Recording, start: int, end: int) -> Iterator[Iterator[ReplayBlock]]:
+        with self.store.read(self.store.partition(rec, start, end, False)) as blocks:
+            yield blocks
+
+    def position_at(self, rec: Recording, timestamp_ns: int) -> int:
+        raise no_hook(self.store, "time index")
+
+    def message_ends(self, recs: list[Recording]) -> dict[str, int] | None:
+        return None  # an archive keeps no message boundaries: the reader scans
+
+    def narrow(self, pushed: Pushed, rec: Recording, start: int, end: int) -> tuple[int, int]:
+        raise no_hook(self.store, "filter pushdown")
+
+    def commit_consumer(
+        self, consumer_id: str, stream_ids: tuple[int, ...], positions: dict[str, int]
+    ) -> None:
+        raise no_hook(self.store, "consumer positions")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStore(Features):
+    """Archives holding copies of the same recordings, in preference order (see the module
+    docstring); no time index, pushdown nor consumers, as one archive."""
+
+    replicas: tuple[ArchiveStore, ...]
+    name = "archive replicas"
+
+    @property
+    def control_channels(self) -> list[str]:
+        return [r.connect.control_channel for r in self.replicas]
+
+    @contextmanager
+    def session(self) -> Iterator[ReplicaSession]:
+        session = ReplicaSession(self)
+        try:
+            yield session
+        finally:
+            session.close()
+
+    def partition(self, rec: Recording, start: int, end: int, text: bool) -> ReplicaRange:
+        return ReplicaRange.of(
+            self,
+            rec,
+            start,
+            end,
+            text,
+            session_id=rec.session_id,
+            stream_id=rec.stream_id,
+            limit=end,
+            exact=True,
+            timestamp_ns=rec.timestamp_ns,
+            sink_target=rec.committed_only,
+            identity=rec.identity,
+        )
+
+    def split(self, part: RecordingRange, shares: int) -> list[RecordingRange]:
+        assert isinstance(part, ReplicaRange)
+        return split_range(part, shares)  # each share keeps the identity
+
+    @contextmanager
+    def read(self, part: RecordingRange) -> Iterator[Iterator[ReplayBlock]]:
+        assert isinstance(part, ReplicaRange)
+        replayed = self._replayed(part)
+        try:
+            yield served(replayed, part)
+        finally:
+            replayed.close()
+
+    def _replayed(self, p: ReplicaRange) -> Generator[ReplayedBlock, None, None]:
+        """The frames of ``replay_bounds(p)`` from the first archive that serves them; on a
+        failure, the rest from the next one, from the position reached."""
+        assert p.identity is not None
+        position, end = replay_bounds(p)
+        failures: dict[str, str] = {}
+        for replica in _order(self.replicas):
+            channel = replica.connect.control_channel
+            try:
+                with connect(replica.connect) as client:
+                    _mark_ok(channel)
+                    copy = find_copy(client, replica, p.identity)
+                    if copy is None or copy.end < end:
+                        held = "no copy" if copy is None else f"a copy up to {copy.end}"
+                        failures[channel] = f"holds {held}, the range ends at {end}"
+                        continue
+                    replay = client.replay(
+                        copy.recording_id,
+                        position,
+                        end,
+                        session_id=p.session_id,
+                        stream_id=p.stream_id,
+                    )
+                    try:
+                        for block in replay:
+                            yield block
+                            position = block.end_position
+                    finally:
+                        replay.close()
+                    return
+            except FAILOVER_ERRORS as exc:
+                failures[channel] = describe(exc)
+                _mark_failed(channel)
+                log.warning(
+                    "archive %s failed at position %d of recording %s (%s); going on from the "
+                    "next replica",
+                    channel,
+                    position,
+                    p.key,
+                    exc,
+                )
+        raise unavailable(self, f"replay recording {p.key} from {position} to {end}", failures)

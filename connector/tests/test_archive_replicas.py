@@ -1,0 +1,103 @@
+"""``archive`` naming several control channels (issue 30, the source over archive replicas):
+the option's parsing, the store it gives, the key and end rules of :mod:`...stores.replicas`
+(what needs no archive running; the real archives are in ``test_archive_replicas_interop.py``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+
+import pytest
+
+from aeron_spark.connector.options import parse_archive_source_options
+from aeron_spark.connector.source import stores_of
+from aeron_spark.connector.stores import Recording, RecordingIdentity
+from aeron_spark.connector.stores.archive import ArchiveStore
+from aeron_spark.connector.stores.replicas import (
+    ReplicaRange,
+    ReplicaStore,
+    identity_key,
+    in_sync_end,
+)
+from aeron_spark.errors import ConfigurationError
+
+A = "aeron:udp?endpoint=127.0.0.1:8010"
+B = "aeron:udp?endpoint=127.0.0.1:8011"
+C = "aeron:udp?endpoint=127.0.0.1:8012|tags=1,2"  # a comma inside a URI is no separator
+
+
+def _options(archive: str, **more: str):  # type: ignore[no-untyped-def]
+    return parse_archive_source_options({"archive": archive, "streamId": "7", **more})
+
+
+def test_one_control_channel_is_one_archive_as_before() -> None:
+    options = _options(A)
+    assert options.replicas == () and options.connects == (options.connect,)
+    _, stores = stores_of(options)
+    assert stores == (ArchiveStore(options.connect, ""),)
+
+
+def test_several_control_channels_are_one_store_of_replicas_in_preference_order() -> None:
+    options = _options(f"{A}, {B} ,{C}", archiveControlStreamId="11", timeoutMs="4000")
+    assert [c.control_channel for c in options.connects] == [A, B, C]
+    assert {(c.control_stream_id, c.timeout_s) for c in options.connects} == {(11, 4.0)}
+    _, stores = stores_of(options)
+    (store,) = stores
+    assert isinstance(store, ReplicaStore) and store.control_channels == [A, B, C]
+    assert pickle.loads(pickle.dumps(store)) == store  # tasks carry it
+
+
+@pytest.mark.parametrize(
+    ("archive", "named"),
+    [
+        (f"{A},{A}", "twice"),
+        (f"{A},aeron:ipc", "aeron:ipc"),
+        (f"{A},aeron:udp?control=127.0.0.1:9", "aeron:udp?control=127.0.0.1:9"),
+        (f"{A},", A + ","),
+    ],
+)
+def test_a_bad_control_channel_in_the_list_is_named(archive: str, named: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        _options(archive)
+    assert info.value.name == "archive" and named in str(info.value)
+
+
+def _rec(store: object, rid: int, end: int) -> Recording:
+    return Recording(f"x/{rid}", store, rid, 7, -5, 3, 65536, 1408, 0, 0, end)  # type: ignore[arg-type]
+
+
+def test_copies_share_one_key_and_the_end_is_what_every_in_sync_copy_holds() -> None:
+    a = ArchiveStore(_options(A).connect)
+    b = ArchiveStore(_options(B).connect)
+    one, two = _rec(a, 1, 4096), _rec(b, 9, 1024)
+    assert one.identity == two.identity  # recording ids differ, the identity does not
+    assert identity_key(one.identity) == "7/-5/3/0/65536/1408"
+    # Both recording (live): the smaller end; a stopped copy as long as the longest counts too.
+    assert in_sync_end([one, two], [True, True]) == 1024
+    assert in_sync_end([one, two], [False, True]) == 1024
+    # A stopped copy shorter than another can never serve the rest: it holds nothing back.
+    assert in_sync_end([one, two], [True, False]) == 4096
+    assert in_sync_end([one, dataclasses.replace(two, end=4096)], [False, False]) == 4096
+
+
+def test_a_range_keeps_its_identity_when_split_and_pickled() -> None:
+    store = ReplicaStore((ArchiveStore(_options(A).connect), ArchiveStore(_options(B).connect)))
+    rec = dataclasses.replace(_rec(store, 1, 1 << 20), key="7/-5/3/0/65536/1408")
+    part = store.partition(rec, 0, 1 << 20, False)
+    assert isinstance(part, ReplicaRange)
+    assert part.identity == RecordingIdentity(7, -5, 3, 0, 65536, 1408)
+    shares = store.split(part, 4)
+    assert len(shares) == 4
+    for share in shares:
+        again = pickle.loads(pickle.dumps(share))
+        assert isinstance(again, ReplicaRange) and again.identity == part.identity
+        assert again.store == store
+
+
+def test_the_probe_wait_is_checked() -> None:
+    from aeron_spark.transport.archive.client import ArchiveClientConfig
+
+    assert ArchiveClientConfig(A, timeout_s=30, connect_timeout_s=3).connect_timeout_s == 3
+    for bad in (0, -1, "3"):
+        with pytest.raises(ConfigurationError, match="connect_timeout_s"):
+            ArchiveClientConfig(A, connect_timeout_s=bad)  # type: ignore[arg-type]
