@@ -146,3 +146,44 @@ def test_one_budget_is_shared_evenly_then_the_rest_goes_to_those_with_more() -> 
     scan, _ = _scanner(messages)
     assert share_budget([(500, 500), (0, 200)], None, 100, scan) == [(500, 0), (100, 1)]
     assert share_budget([(0, 1000)], None, None, lambda *a: (1000, -1)) == [(1000, -1)]
+
+
+_NO_PANDAS = r"""
+import sys
+from aeron_spark.connector.formats import Geometry, batches_from_blocks
+from aeron_spark.connector.server.framing import Framer
+from aeron_spark.connector.session.replay import ReplayBlock
+from aeron_spark.transport.protocol.logbuffer import LogGeometry
+
+framer = Framer(LogGeometry(64 * 1024, 1408, 7), 5, 9, 0)
+uniform = [b"u%04d" % i for i in range(300)]  # equal lengths: the numpy path
+mixed = [b"m" * (1 + i * 37 % 3000) for i in range(40)]  # fragmented too: the general path
+blocks = [
+    ReplayBlock(p, bytes(b), 1_700_000_000_123_456_789, p + len(b))
+    for p, b in framer.frame(uniform + mixed, list(range(340)))
+]
+batches = list(batches_from_blocks(blocks, 3, Geometry(7, 64 * 1024), False))
+print("pandas" in sys.modules)  # before to_pylist below, which imports it
+rows = [r for b in batches for r in b.to_pylist()]
+assert [r["value"] for r in rows] == uniform + mixed, "values"
+assert [r["reserved_value"] for r in rows] == list(range(340))
+assert {(r["stream_id"], r["session_id"], r["recording_id"]) for r in rows} == {(9, 5, 3)}
+positions = [r["position"] for r in rows]
+assert positions[0] == 0 and positions == sorted(positions)
+assert {r["timestamp"].isoformat() for r in rows} == {"2023-11-14T22:13:20.123456+00:00"}
+assert batches[0].schema.field("timestamp").type.tz == "UTC"
+"""
+
+
+def test_a_read_builds_its_columns_without_importing_pandas() -> None:
+    """``pa.array`` imports pandas on its first call (~300 modules and their objects in every
+    Spark Python worker, walked by the ``gc.collect()`` after each task: issue 31 item 2); the
+    read path builds its columns from buffers, with the same values."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_PANDAS], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "False"
