@@ -15,6 +15,14 @@ own): the client call ``latestOffset`` needs without a trigger limit (the record
 recording, as the source did), ``list_recordings`` of the big and of the small stream, and the
 server's idle CPU (per cent of a core over ``--idle-s`` seconds, from ``/proc``).
 
+``--recordings 1,8,64,256``: ``--messages`` 100-byte messages (1,000,000) over 1 ... 256
+recordings (one stream each, written offline into one ``aeron-spark server`` directory, the server
+in a child process), each stream read whole by ``spark.read.format("aeron")`` into ``noop`` on
+``local[2]`` (the rows Spark counted checked): rows/s (best of ``--repeats`` after a warm-up, the
+counts taking turns), input partitions, and ``ratio_256_to_8`` (the target of issue 31: >= 0.5).
+``--unpacked`` adds each count read with ``maxPartitionBytes=1`` (one task a recording, as
+before issue 31 item 2).
+
 ``--index``: the recording's position/time index at 1, 10 (and with ``--large``, 100) million
 entries: the memory the server holds for it (tracemalloc peak while opening it and answering
 lookups), the time to open it (a restart), a lookup's time, against the two Python lists the index
@@ -242,6 +250,111 @@ def _populate(directory: str, count: int, messages: int = 10) -> None:
             rec.append(block, position, time.time_ns())
         rec.stop(time.time_ns())
     store.close(time.time_ns())
+
+
+def _populate_streams(directory: str, counts: list[int], messages: int) -> dict[int, int]:
+    """For each count N of ``counts``, ``messages`` 100-byte messages over N stopped recordings
+    of stream ``1000 + N`` (written offline, as a server would have); stream by count."""
+    store = RecordingStore(directory, fsync=False, max_open_files=16)
+    term = 64 * 1024 * 1024
+    payload = b"x" * 100
+    session = 0
+    streams = {}
+    for count in counts:
+        stream = streams[count] = 1000 + count
+        for n in range(count):
+            session += 1
+            each = messages // count + (1 if n < messages % count else 0)
+            rec = store.create(
+                stream, session, "session:bench", 0, 0, 0, term, 8192, time.time_ns()
+            )
+            framer = Framer(LogGeometry(term, 8192, 0), session, stream, 0)
+            for position, block in framer.frame([payload] * each, None):
+                rec.append(block, position, time.time_ns())
+            rec.stop(time.time_ns())
+    store.close(time.time_ns())
+    return streams
+
+
+def recordings_curve(
+    counts: list[int], messages: int, repeats: int, unpacked: bool
+) -> dict[str, Any]:
+    """Rows/s of a batch read of ``messages`` messages over each count of recordings."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import Observation, SparkSession
+    from pyspark.sql import functions as F
+
+    from aeron_spark.connector.datasource import ensure_registered
+    from benchmarks._timing import interleaved_best
+
+    keys = tempfile.mkdtemp(prefix="aeron-spark-scale-keys-")
+    os.environ["AERON_SPARK_KEY_STORE"] = keys
+    directory = tempfile.mkdtemp(prefix="aeron-spark-scale-recordings-")
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("bench-scale-recordings")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    ensure_registered(spark)
+    out: dict[str, Any] = {"messages": messages, "master": "local[2]", "curve": []}
+    try:
+        data = os.path.join(directory, "server")
+        streams = _populate_streams(data, counts, messages)
+        with RestartableServer(data) as server:
+
+            def frame(count: int, **options: Any) -> Any:
+                reader = (
+                    spark.read.format("aeron")
+                    .option("endpoint", server.endpoint)
+                    .option("encryption", "false")
+                    .option("streamId", streams[count])
+                )
+                for name, value in options.items():
+                    reader = reader.option(name, value)
+                return reader.load()
+
+            def run(count: int, **options: Any) -> Any:
+                def read() -> None:
+                    observed = Observation()
+                    df = frame(count, **options)
+                    df.observe(observed, F.count(F.lit(1)).alias("rows")).write.format("noop").mode(
+                        "overwrite"
+                    ).save()
+                    got = int(observed.get["rows"])
+                    if got != messages:
+                        raise RuntimeError(f"{count} recordings: read {got} rows, not {messages}")
+
+                return read
+
+            runs = {f"{n}": run(n) for n in counts}
+            if unpacked:
+                runs.update({f"{n}_unpacked": run(n, maxPartitionBytes=1) for n in counts})
+            best = interleaved_best(runs, repeats)
+            for name, seconds in best.items():
+                count = int(name.split("_")[0])
+                options = {"maxPartitionBytes": 1} if name.endswith("unpacked") else {}
+                out["curve"].append(
+                    {
+                        "recordings": count,
+                        "packed": not name.endswith("unpacked"),
+                        "partitions": frame(count, **options).rdd.getNumPartitions(),
+                        "rows_per_s": round(messages / seconds),
+                    }
+                )
+        rate = {(r["recordings"], r["packed"]): r["rows_per_s"] for r in out["curve"]}
+        if (256, True) in rate and (8, True) in rate:
+            out["ratio_256_to_8"] = round(rate[256, True] / rate[8, True], 3)
+        if (256, False) in rate and (8, False) in rate:
+            out["ratio_256_to_8_unpacked"] = round(rate[256, False] / rate[8, False], 3)
+    finally:
+        spark.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(keys, ignore_errors=True)
+    return out
 
 
 def _cpu_s(pid: int) -> float:
@@ -534,6 +647,12 @@ def main() -> None:
         "--python", default=sys.executable, help="--message-size: the client's and server's"
     )
     parser.add_argument("--term-length", default=None, help="--message-size: the server's")
+    parser.add_argument("--recordings", help="recordings per query: counts, e.g. 1,8,64,256")
+    parser.add_argument("--messages", type=int, default=1_000_000, help="--recordings' total")
+    parser.add_argument("--repeats", type=int, default=2, help="--recordings' timed runs")
+    parser.add_argument(
+        "--unpacked", action="store_true", help="--recordings: also maxPartitionBytes=1"
+    )
     parser.add_argument("--catalog", action="store_true", help="the catalog curve")
     parser.add_argument(
         "--catalog-sizes", default="10,100,1000,10000", help="recordings (comma separated)"
@@ -554,13 +673,16 @@ def main() -> None:
         result["sessions"] = sessions_curve(
             counts, args.idle_s, args.publish_s, args.handshakes, args.threads
         )
+    if args.recordings:
+        counts = [int(c) for c in args.recordings.split(",")]
+        result["recordings"] = recordings_curve(counts, args.messages, args.repeats, args.unpacked)
     if args.catalog:
         sizes = [int(s) for s in args.catalog_sizes.split(",")]
         result["catalog"] = catalog_curve(sizes, args.idle_s)
     if args.soak:
         result["soak"] = soak(args.soak, args.soak_rate)
     if args.index or not any(
-        [args.index, args.catalog, args.soak, args.message_size, args.sessions]
+        [args.index, args.catalog, args.soak, args.message_size, args.sessions, args.recordings]
     ):
         sizes = [1_000_000, 10_000_000] + ([100_000_000] if args.large else [])
         result.update(index_curve(sizes))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -169,7 +170,7 @@ class BatchBuilder:
         if self.total >= 2**31:
             raise ControlProtocolError("a batch of messages exceeds 2 GiB; lower rows_per_batch")
         values = pa.py_buffer(b"".join(self.values))
-        offsets = pa.array(self.offsets, pa.int32()).buffers()[1]
+        offsets = pa.py_buffer(np.array(self.offsets, dtype=np.int32))
         value_type = pa.string() if self.text else pa.binary()
         value_array = pa.Array.from_buffers(value_type, n, [None, offsets, values])
         if self.text:
@@ -177,17 +178,30 @@ class BatchBuilder:
         batch = pa.RecordBatch.from_arrays(
             [
                 value_array,
-                pa.array(self.stream_ids, pa.int32()),
-                pa.array(self.session_ids, pa.int32()),
-                pa.array([self.recording_id] * n, pa.int64()),
-                pa.array(self.positions, pa.int64()),
-                pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
-                pa.array(self.reserved, pa.int64()),
+                column(self.stream_ids, pa.int32()),
+                column(self.session_ids, pa.int32()),
+                column(np.full(n, self.recording_id, dtype=np.int64), pa.int64()),
+                column(self.positions, pa.int64()),
+                column(self.timestamps, TIMESTAMP_US),
+                column(self.reserved, pa.int64()),
             ],
             schema=self.schema,
         )
         self._reset()
         return batch
+
+
+TIMESTAMP_US = pa.timestamp("us", tz="UTC")
+_NUMPY_OF = {pa.int32(): np.int32, pa.int64(): np.int64, TIMESTAMP_US: np.int64}
+
+
+def column(values: Any, arrow_type: pa.DataType) -> pa.Array:
+    """Integers (a list or a numpy array, strided too) as an Arrow array of ``arrow_type``
+    (int32, int64, timestamp[us, UTC]) without ``pa.array``, whose first call imports pandas:
+    ~300 modules and ~40,000 objects more in every Python worker, so in every task's
+    ``gc.collect()`` (issue 31 item 2)."""
+    data = np.ascontiguousarray(values, dtype=_NUMPY_OF[arrow_type])
+    return pa.Array.from_buffers(arrow_type, len(data), [None, pa.py_buffer(data)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,12 +264,12 @@ def _uniform_batch(
     return pa.RecordBatch.from_arrays(
         [
             value_array,
-            pa.array(header["stream_id"], pa.int32()),
-            pa.array(header["session_id"], pa.int32()),
-            pa.array(np.full(n, recording_id, dtype=np.int64), pa.int64()),
-            pa.array(positions, pa.int64()),
-            pa.array(timestamps, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-            pa.array(header["reserved_value"], pa.int64()),
+            column(header["stream_id"], pa.int32()),
+            column(header["session_id"], pa.int32()),
+            column(np.full(n, recording_id, dtype=np.int64), pa.int64()),
+            column(positions, pa.int64()),
+            column(timestamps, TIMESTAMP_US),
+            column(header["reserved_value"], pa.int64()),
         ],
         schema=schema,
     )

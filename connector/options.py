@@ -33,6 +33,9 @@ from aeron_spark.transport.archive.client.credentials import (
 SOURCE_FORMATS = ("binary", "text", "arrow", "json", "msgpack", "sbe")
 SINK_FORMATS = ("binary", "text", "arrow", "json", "msgpack", "sbe")
 BAD_RECORD_POLICIES = ("fail", "drop", "column")
+# maxPartitionBytes: small recording ranges packed into one task up to this many bytes (a task
+# costs Spark's reused Python worker a gc.collect() and the reader a session: ~75 ms, issue 31)
+DEFAULT_PARTITION_BYTES = 32 * 1024 * 1024
 
 # name (lower case) -> (canonical name, default text, meaning); the README's tables come from here.
 # How a source or sink reaches and trusts the stream server (the same options on both sides).
@@ -171,6 +174,13 @@ SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
         "minPartitions",
         "",
         "split recording ranges at message boundaries into at least this many partitions",
+    ),
+    "maxpartitionbytes": (
+        "maxPartitionBytes",
+        str(DEFAULT_PARTITION_BYTES),
+        "pack consecutive small recording ranges into one input partition (one task) of at "
+        "most about this many recorded bytes; a larger range is a partition of its own; "
+        "minPartitions is still honoured; 1: one range a partition",
     ),
     "localreads": (
         "localReads",
@@ -451,6 +461,7 @@ class SourceOptions:
     min_messages_per_trigger: int | None = None
     max_trigger_delay_ms: int = 900_000
     min_partitions: int | None = None
+    max_partition_bytes: int = DEFAULT_PARTITION_BYTES  # packs small ranges into one task
     schema_ddl: str | None = None  # format=arrow/json/msgpack
     bad_records_policy: str = "fail"  # json/msgpack/text
     corrupt_record_column: str = "_corrupt_record"
@@ -772,6 +783,8 @@ def _limits(o: dict[str, str]) -> dict[str, Any]:
         "min_messages_per_trigger": opt("minmessagespertrigger", "minMessagesPerTrigger", 1, 2**53),
         "max_trigger_delay_ms": 900_000 if delay is None else delay,
         "min_partitions": opt("minpartitions", "minPartitions", 1, 100_000),
+        "max_partition_bytes": opt("maxpartitionbytes", "maxPartitionBytes", 1, 2**53)
+        or DEFAULT_PARTITION_BYTES,
     }
 
 

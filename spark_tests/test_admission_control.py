@@ -15,7 +15,7 @@ from pyspark.sql.streaming.datasource import (
 
 from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.options import parse_source_options
-from aeron_spark.connector.source import AeronStreamReader, decode_offset
+from aeron_spark.connector.source import AeronStreamReader, decode_offset, ranges_of
 
 pytestmark = pytest.mark.spark
 
@@ -108,3 +108,57 @@ def test_min_partitions_splits_at_message_boundaries_and_keeps_every_row(spark, 
     assert df.rdd.getNumPartitions() == 5
     assert sorted(bytes(r.value) for r in df.select("value").collect()) == payloads
     assert df.select("position").distinct().count() == 2000
+
+
+def _recording_bytes(endpoint: str, stream_id: int) -> list[int]:
+    with StreamClient.connect(ClientSettings(endpoint=endpoint)) as client:
+        recs = client.list_recordings([stream_id])
+    return [r.recorded_position - r.start_position for r in recs]
+
+
+def test_many_small_recordings_are_read_in_few_partitions_every_row_once(spark, server) -> None:
+    """Issue 31 item 2: one input partition (one task) a recording made 256 small recordings
+    read at 72 k rows/s; now consecutive ranges share a partition up to maxPartitionBytes."""
+    payloads = [b"p%05d" % i for i in range(24 * 20)]
+    publish(server.endpoint, 26, payloads, sessions=24)  # 24 recordings of 20 messages
+    sizes = _recording_bytes(server.endpoint, 26)
+    assert len(sizes) == 24 and len(set(sizes)) == 1
+
+    def load(**options: object):  # type: ignore[no-untyped-def]
+        reader = spark.read.format("aeron").option("endpoint", server.endpoint)
+        for name, value in {"streamId": 26, **options}.items():
+            reader = reader.option(name, value)
+        return reader.load()
+
+    cases = [
+        ({}, 1),  # the default: all of them in one task
+        ({"maxPartitionBytes": 6 * sizes[0]}, 4),
+        ({"minPartitions": 3}, 3),
+        ({"maxPartitionBytes": 1}, 24),  # one recording a partition, as before
+    ]
+    for options, partitions in cases:
+        df = load(**options)
+        assert df.rdd.getNumPartitions() == partitions, options
+        rows = df.select("recording_id", "position", "value").collect()
+        assert sorted(bytes(r.value) for r in rows) == payloads, options  # every row once
+        assert len({(r.recording_id, r.position) for r in rows}) == len(payloads)
+        assert rows == df.select("recording_id", "position", "value").collect()  # same again
+
+
+def test_a_micro_batch_over_many_recordings_is_packed_and_its_offsets_are_unchanged(
+    server,
+) -> None:
+    payloads = [b"q%05d" % i for i in range(12 * 10)]
+    publish(server.endpoint, 27, payloads, sessions=12)
+    packed = _reader(server.endpoint, 27)
+    alone = _reader(server.endpoint, 27, maxPartitionBytes="1")
+    start = packed.initialOffset()
+    end = packed.latestOffset(start, ReadAllAvailable())
+    assert end == alone.latestOffset(start, ReadAllAvailable())  # offsets: one a recording
+    assert len(decode_offset(end)) == 12
+    (task,) = packed.partitions(start, end)
+    each = alone.partitions(start, end)
+    assert len(each) == 12 and list(ranges_of(task)) == list(each)
+    rows = [v for batch in packed.read(task) for v in batch.column("value").to_pylist()]
+    assert sorted(rows) == payloads
+    assert rows == [v for p in each for b in alone.read(p) for v in b.column("value").to_pylist()]

@@ -64,7 +64,7 @@ def test_pushed_filters_give_the_same_rows_and_read_fewer(spark, server) -> None
     other = sorted({r.recording_id for r in every} - {rec})[0]
 
     def build():  # type: ignore[no-untyped-def]
-        df = _load(spark, server.endpoint, 40)
+        df = _load(spark, server.endpoint, 40, maxPartitionBytes="1")  # a recording a partition
         return df.filter(
             (F.col("recording_id").isin(rec, other))
             & (F.col("position") >= pos)
@@ -79,7 +79,9 @@ def test_pushed_filters_give_the_same_rows_and_read_fewer(spark, server) -> None
     assert (pushed_parts, plain_parts) == (2, 3)  # recording_id IN dropped the third recording
 
     # What was read: the reader Spark runs, told the same filters, cuts each range.
-    options = parse_source_options({"endpoint": server.endpoint, "streamId": "40"})
+    options = parse_source_options(
+        {"endpoint": server.endpoint, "streamId": "40", "maxPartitionBytes": "1"}
+    )
     reader = AeronFilteringBatchReader(options)
     filters = [In(("recording_id",), (rec, other)), GreaterThanOrEqual(("position",), pos)]
     assert list(reader.pushFilters(filters)) == filters  # all still applied by Spark

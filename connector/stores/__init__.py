@@ -16,6 +16,9 @@ Reading (:class:`LogStore`, one per server or archive the source reads from):
   committed data only);
 * :meth:`StoreSession.scan`: the furthest message boundary of a range within a message/byte
   budget (how micro-batches and ``minMessagesPerTrigger`` are measured);
+  :meth:`StoreSession.scan_ranges` the same for many ranges of one store within one shared
+  budget (the stream server answers it in one request; :func:`scan_each` is one ``scan`` per
+  range, for a store without such a request);
 * :meth:`LogStore.split`: a range cut into shares whose rows are the range's, each message in
   exactly one share (``minPartitions``);
 * :meth:`LogStore.read`: bounded replay blocks of one :class:`RecordingRange` on an executor,
@@ -54,6 +57,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pyspark.sql.datasource import InputPartition, WriterCommitMessage
 
+from aeron_spark.connector.session.budget import share_budget
 from aeron_spark.connector.session.replay import ReplayBlock
 
 if TYPE_CHECKING:
@@ -168,6 +172,14 @@ class StoreSession(Protocol):
         unlimited and the store did not count (then ``end`` is ``target``)."""
         ...
 
+    def scan_ranges(
+        self, ranges: list[tuple[Recording, int, int]], budget: Budget
+    ) -> list[tuple[int, int]]:
+        """``(end, messages)`` per ``(rec, start, target)`` of ``ranges``, within one budget
+        shared as :func:`~aeron_spark.connector.session.budget.share_budget` shares it (as
+        :func:`scan_each` would find them; messages -1: not counted)."""
+        ...
+
     def replay(
         self, rec: Recording, start: int, end: int
     ) -> AbstractContextManager[Iterator[ReplayBlock]]:
@@ -236,6 +248,19 @@ class SinkStore(Protocol):
         ...
 
     def abort(self, identity: str, batch_id: int, messages: list) -> None: ...
+
+
+def scan_each(
+    session: StoreSession, ranges: list[tuple[Recording, int, int]], budget: Budget
+) -> list[tuple[int, int]]:
+    """:meth:`StoreSession.scan_ranges` as one :meth:`StoreSession.scan` per range."""
+
+    def scan_one(
+        i: int, start: int, target: int, messages: int | None, nbytes: int | None
+    ) -> tuple[int, int]:
+        return session.scan(ranges[i][0], start, target, Budget(messages, nbytes))
+
+    return share_budget([(s, t) for _, s, t in ranges], budget.messages, budget.bytes, scan_one)
 
 
 def no_hook(store: Any, what: str) -> NotImplementedError:

@@ -200,3 +200,41 @@ def test_latest_offset_without_a_limit_asks_the_catalog_not_a_scan_per_recording
     assert reader.latestOffset(start, ReadAllAvailable()) == expected
     asked = server.snapshot()["counters"]["requests"] - before
     assert asked <= 2, asked  # list_recordings + recording_positions (6 scans before)
+
+
+def test_latest_offset_with_a_limit_asks_one_scan_ranges_request_not_a_scan_per_recording(
+    server,
+) -> None:
+    """With maxMessagesPerTrigger / maxBytesPerTrigger the source shares the budget between a
+    server's recordings through one ``scan_ranges`` request (the server's walk, issue 31 item
+    2), not one ``scan`` each; the ends are those one scan per recording found."""
+    from pyspark.sql.streaming.datasource import ReadMaxBytes, ReadMaxRows
+
+    from aeron_spark.connector.options import parse_source_options
+    from aeron_spark.connector.source import AeronStreamReader
+
+    for n in range(6):  # one recording per session, of different lengths
+        with _connect(server) as publisher:
+            publisher.publish(12, [b"n-%d-%d" % (n, i) * (1 + i % 200) for i in range(20 + 15 * n)])
+    reader = AeronStreamReader(
+        parse_source_options(
+            {"endpoint": server.endpoint, "streamIds": "12", "encryption": "false"}
+        )
+    )
+    start = reader.initialOffset()
+    with _connect(server) as client:
+        ranges = [(int(k), start[k], client.scan(int(k), 0).end) for k in sorted(start)]
+        for limit, args in (
+            (ReadMaxRows(100), (100, None)),
+            (ReadMaxBytes(30_000), (None, 30_000)),
+        ):
+            expected = {
+                str(rid): end
+                for (rid, _, _), (end, _) in zip(
+                    ranges, _old_limited_ends(client, ranges, *args), strict=True
+                )
+            }
+            before = server.snapshot()["counters"]["requests"]
+            assert reader.latestOffset(start, limit) == expected
+            asked = server.snapshot()["counters"]["requests"] - before
+            assert asked <= 2, asked  # list_recordings + scan_ranges (6 scans or more before)

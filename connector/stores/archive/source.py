@@ -33,7 +33,14 @@ from aeron_spark.connector.archive_markers import frames, is_sink_target, mask_m
 from aeron_spark.connector.options import ArchiveConnect
 from aeron_spark.connector.pushdown import Pushed
 from aeron_spark.connector.session.replay import ReplayBlock
-from aeron_spark.connector.stores import Budget, Features, Recording, RecordingRange, no_hook
+from aeron_spark.connector.stores import (
+    Budget,
+    Features,
+    Recording,
+    RecordingRange,
+    no_hook,
+    scan_each,
+)
 from aeron_spark.transport.archive.client import ArchiveClient
 from aeron_spark.transport.archive.client.client import ReplayedBlock
 from aeron_spark.transport.protocol.frames import FRAME_ALIGNMENT, DataFlags
@@ -224,6 +231,11 @@ class ArchiveSession:
             return target, messages
         finally:
             replay.close()  # stops the replay if it is still running
+
+    def scan_ranges(
+        self, ranges: list[tuple[Recording, int, int]], budget: Budget
+    ) -> list[tuple[int, int]]:
+        return scan_each(self, ranges, budget)  # one replay per range: no request for many
 
     @contextmanager
     def replay(self, rec: Recording, start: int, end: int) -> Iterator[Iterator[ReplayBlock]]:

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from aeron_spark.connector.client import ClientSettings, StreamClient, pooled
 from aeron_spark.connector.errors import ControlProtocolError
 from aeron_spark.connector.pushdown import Pushed
+from aeron_spark.connector.session.protocol import MAX_POSITIONS
 from aeron_spark.connector.session.replay import ReplayBlock
-from aeron_spark.connector.stores import Budget, Features, Recording, RecordingRange
+from aeron_spark.connector.stores import Budget, Features, Recording, RecordingRange, scan_each
 
 log = logging.getLogger("aeron_spark.connector.source")
 
@@ -66,6 +67,22 @@ class ServerSession:
             rec.recording_id, start, target, max_messages=budget.messages, max_bytes=budget.bytes
         )
         return got.end, got.messages
+
+    def scan_ranges(
+        self, ranges: list[tuple[Recording, int, int]], budget: Budget
+    ) -> list[tuple[int, int]]:
+        """One ``scan_ranges`` request (the server shares the budget as :func:`scan_each`
+        would); a scan per range from a server without it, or past what one request carries."""
+        if len(ranges) <= MAX_POSITIONS:
+            try:
+                return self.client.scan_ranges(
+                    [(rec.recording_id, start, target) for rec, start, target in ranges],
+                    max_messages=budget.messages,
+                    max_bytes=budget.bytes,
+                )
+            except ControlProtocolError:
+                pass  # a server before the request: one scan each
+        return scan_each(self, ranges, budget)
 
     def message_ends(self, recs: list[Recording]) -> dict[str, int] | None:
         """One ``recording_positions`` request for all of ``recs`` (issue 31 item 3: a scan per
