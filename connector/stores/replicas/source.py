@@ -51,6 +51,7 @@ from aeron_spark.connector.stores import (
     RecordingIdentity,
     RecordingRange,
     no_hook,
+    scan_each,
 )
 from aeron_spark.connector.stores.archive import (
     ArchiveRange,
@@ -281,6 +282,11 @@ class ReplicaSession:
         raise unavailable(
             self.store, f"scan recording {rec.key} in [{start}, {target})", self.failures
         )
+
+    def scan_ranges(
+        self, ranges: list[tuple[Recording, int, int]], budget: Budget
+    ) -> list[tuple[int, int]]:
+        return scan_each(self, ranges, budget)  # one scan per range, each on a replica
 
     @contextmanager
     def replay(self, rec: Recording, start: int, end: int) -> Iterator[Iterator[ReplayBlock]]:
