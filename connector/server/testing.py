@@ -16,6 +16,7 @@ from aeron_spark.connector.client import ClientSettings, ReplayBlock, StreamClie
 from aeron_spark.handshake.keystore import client_public_key_hex
 from aeron_spark.transport.protocol.frames import DataFlags
 from aeron_spark.transport.protocol.term import FragmentAssembler, Header, read_term
+from aeron_spark.transport.testing import sweep_dead
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ def server_process(
         if proc.poll() is None:
             proc.kill()
         proc.wait(30)
+        sweep_dead()  # what the killed server's driver left in /dev/shm (its IPC reply log)
         # the log lies beside the directory, which may be a tmpfs mount point or the temporary
         # directory itself: it goes with the server (runs left one per server in /tmp)
         with contextlib.suppress(FileNotFoundError):
