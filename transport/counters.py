@@ -145,7 +145,7 @@ def read_counters(directory: str | Path) -> list[dict[str, Any]]:
 def sweep_counter_files(directory: str | Path) -> list[str]:
     """Remove the counters files (and their half-written ``.tmp``) that dead processes left in
     ``directory`` (a killed driver never removes its own); the names removed."""
-    removed = []
+    removed: list[str] = []
     base = Path(directory)
     try:
         paths = list(base.glob(f"{COUNTERS_FILE_PREFIX}*"))

@@ -311,7 +311,7 @@ def sweep(directory: Path, now_ns: int, liveness_ns: int) -> list[str]:
         names = os.listdir(folder)
     except OSError:
         return []
-    removed = []
+    removed: list[str] = []
     for name in names:
         building = _building_pid(name)
         if building is not None:
