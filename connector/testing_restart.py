@@ -15,6 +15,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from aeron_spark.transport.testing import sweep_dead
+
 _CODE = "import sys; from aeron_spark.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
@@ -107,6 +109,7 @@ class RestartableServer:
             self.proc.send_signal(signal.SIGKILL)
         if self.proc is not None:
             self.proc.wait(30)
+            sweep_dead()  # a killed server closes nothing: its IPC logs would stay in /dev/shm
 
     def restart_later(self, after_s: float) -> None:
         """:meth:`kill` now and :meth:`start` again ``after_s`` seconds later (a thread)."""

@@ -73,6 +73,7 @@ class SystemCounters:
     publications_created: int = 0
     subscriptions_created: int = 0
     loss_injected_drops: int = 0
+    stale_files_removed: int = 0  # IPC log / counters files of dead processes, swept at start
     # SETUP requests held for a host not allowed yet (a handshake client's first SM precedes its
     # HELLO); answered once allowed, else counted in status_messages_refused
     status_messages_deferred: int = 0
@@ -148,6 +149,23 @@ def read_counters(directory: str | Path) -> list[dict[str, Any]]:
             continue
         result.append(data)
     return result
+
+
+def sweep_counter_files(directory: str | Path) -> list[str]:
+    """Remove the counters files (and their half-written ``.tmp``) that dead processes left in
+    ``directory`` (a killed driver never removes its own); the names removed."""
+    removed: list[str] = []
+    base = Path(directory)
+    try:
+        paths = list(base.glob(f"{COUNTERS_FILE_PREFIX}*"))
+    except OSError:
+        return removed
+    for path in paths:
+        pid = path.name[len(COUNTERS_FILE_PREFIX) :].partition("-")[0]
+        if path.suffix in (".json", ".tmp") and pid.isdigit() and not pid_alive(int(pid)):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
 
 
 def pid_alive(pid: int) -> bool:

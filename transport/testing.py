@@ -21,7 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from aeron_spark.transport.counters import sweep_counter_files
+from aeron_spark.transport.driver.driver import default_directory
 from aeron_spark.transport.errors import ChannelError
+from aeron_spark.transport.ipc import logfile
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +159,17 @@ def make_message(index: int, size: int) -> bytes:
 _PATTERN = bytes(range(256)) * 2
 
 
+def sweep_dead(directory: Any = None) -> list[str]:
+    """What a driver starting now would sweep from ``directory`` (the default driver directory:
+    the run's own under pytest): the IPC log buffers and counters files of processes that are
+    gone. A test that kills a process (``kill -9`` closes nothing) calls it once the process is
+    reaped, so the run leaves nothing in /dev/shm (the root conftest.py checks)."""
+    where = default_directory() if directory is None else directory
+    return logfile.sweep(where, time.monotonic_ns(), 10_000_000_000) + sweep_counter_files(where)
+
+
 __all__ = [
+    "sweep_dead",
     "LossConfig",
     "LossInjector",
     "ManualClock",

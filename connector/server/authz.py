@@ -24,11 +24,15 @@ each position's recording, which must exist); operations without a stream
 (``abort``, ``last_committed_batch``, ``consumer_forget``, listings) need the permission on at
 least one stream. ``keepalive`` and ``stop_replay`` (a session's own replay) need nothing.
 
-A refusal names the operation, the client and the stream, except the stream of a recording the
-client may not read (it names the recording: which stream a recording holds is not shown to
-clients that may not read it). ``stats`` shows a client its own sessions only, the consumers
-of the streams it reads (narrowed to those streams) and no handshake addresses
-(``pending_per_prefix``), unless it reads every stream (``read=*``).
+A refusal names the operation, the client and the stream; a recording on a stream the client may
+not read is answered exactly as one that does not exist (``UNKNOWN_RECORDING``, same text and
+details), so it cannot learn which ids exist there. A recording's ``source`` (its producer's
+address and port) is shown only to a client that may write its stream (others see its kind).
+``stats`` shows a client the streams and recordings it reads (``store.recordings`` counting
+those), its own sessions and the consumers of the streams it reads (narrowed to those streams);
+the server-wide sections (:data:`SERVER_WIDE_STATS`: every client's activity) only with
+``admin`` on every stream, otherwise named in ``withheld``. The server checks a request's
+permission on its loop, before a deferred one is queued for the commit worker.
 
 Parsing is strict: anything unexpected is a :class:`ConfigurationError` naming the file, the
 line number and what is wrong; a file that fails to parse on a reload leaves the previous table
@@ -48,7 +52,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from aeron_spark.connector.errors import NotAuthorisedError
+from aeron_spark.connector.errors import NotAuthorisedError, UnknownRecordingError
 from aeron_spark.connector.session.protocol import PERMISSIONS, Permission
 from aeron_spark.errors import ConfigurationError
 from aeron_spark.handshake.crypto import fingerprint
@@ -110,6 +114,11 @@ class Grant:
 
     def streams(self, permission: str) -> StreamSet:
         return getattr(self, permission)  # type: ignore[no-any-return]
+
+
+class UnreadableRecordingError(UnknownRecordingError):
+    """A recording on a stream the client may not read: on the wire exactly an unknown
+    recording (``UNKNOWN_RECORDING``, ``no recording N``); counted by the server as refused."""
 
 
 def _parse_key(text: str) -> bytes:
@@ -285,12 +294,10 @@ class Authorizer:
         for recording_id in named_recordings(args):
             held = stream_of(recording_id)  # UnknownRecording for one that does not exist
             if not allowed(grant, op, held) and not allowed(grant, "replay", held):
-                raise NotAuthorisedError(
-                    f"NOT_AUTHORISED: {op} on recording {recording_id} is not authorised for "
-                    f"client {who!r} (needs {OP_PERMISSION.get(op)} on its stream)",
-                    op=op,
-                    recording_id=recording_id,
-                    client=who,
+                # answered exactly as a recording that does not exist (code, text, details):
+                # a refusal naming it told a reader which ids exist on streams it may not read
+                raise UnreadableRecordingError(
+                    f"no recording {recording_id}", recording_id=recording_id
                 )
         streams: Iterable[int | None] = request_streams(op, args, stream_of) or [None]
         for stream_id in streams:
@@ -305,32 +312,70 @@ class Authorizer:
                 )
 
     def visible(self, key: bytes, op: str, result: Any, stream_of: Callable[[int], int]) -> Any:
-        """A listing narrowed to the streams ``key`` may read."""
+        """A listing narrowed to the streams ``key`` may read; a recording's producer address
+        (``source``) only to a key that may write its stream; ``stats``: see :func:`_stats`."""
         grant = self.table.get(key)
         readable = grant.read if grant is not None else StreamSet()
+        if op == "list_recordings":
+            return _recordings(result, grant)
+        if op == "stats":
+            return _stats(result, grant, stream_of)
         if readable.everything:
             return result
-        if op in ("list_streams", "list_recordings"):
+        if op == "list_streams":
             return [r for r in result if r["stream_id"] in readable]
         if op == "latest_positions":
             return [pair for pair in result if stream_of(pair[0]) in readable]
         if op == "recording_positions":  # rows [recording_id, stream_id, ...]
             return [row for row in result if row[1] in readable]
-        if op == "stats":
-            result = dict(result)
-            for section in ("streams", "recordings"):
-                result[section] = [r for r in result.get(section, []) if r["stream_id"] in readable]
-            name = grant.name if grant is not None else None
-            result["sessions"] = [s for s in result.get("sessions", []) if s.get("client") == name]
-            result["consumers"] = _readable_consumers(
-                result.get("consumers", []), readable, stream_of
-            )
-            if isinstance(result.get("handshake"), dict):  # other clients' address prefixes
-                result["handshake"] = {
-                    k: v for k, v in result["handshake"].items() if k != "pending_per_prefix"
-                }
-            return result
         return result
+
+
+# What ``stats`` shows of the whole server (every client's activity: counters of every
+# session's requests, the store's totals, the handshake and the transport): only to a key with
+# ``admin`` on every stream. Another key gets its own sessions and the streams it reads.
+SERVER_WIDE_STATS = ("counters", "store", "handshake", "transport", "storage", "limits", "server")
+
+
+def _recordings(rows: list[dict[str, Any]], grant: Grant | None) -> list[dict[str, Any]]:
+    """Recordings of the streams ``grant`` reads; ``source`` (a producer's address and port,
+    ``session:<ip>:<port>``, ``ingest:<ip>:<port>``, a sink's id ``sink:<id>``) shown only on
+    the streams it may write, else only its kind (``session``, ``ingest``, ``sink``)."""
+    readable = grant.read if grant is not None else StreamSet()
+    writable = grant.write if grant is not None else StreamSet()
+    out = []
+    for row in rows:
+        stream_id = row["stream_id"]
+        if stream_id not in readable:
+            continue
+        if stream_id not in writable and isinstance(row.get("source"), str):
+            row = {**row, "source": row["source"].partition(":")[0]}
+        out.append(row)
+    return out
+
+
+def _stats(
+    result: dict[str, Any], grant: Grant | None, stream_of: Callable[[int], int]
+) -> dict[str, Any]:
+    """``stats`` for ``grant``: everything with ``admin`` on every stream; otherwise the streams
+    and recordings it reads (sources as :func:`_recordings`), its own sessions, the consumers of
+    the streams it reads, ``store.recordings`` counting the recordings it reads, and none of
+    :data:`SERVER_WIDE_STATS` (named in ``withheld``)."""
+    if grant is not None and grant.admin.everything:
+        return result
+    readable = grant.read if grant is not None else StreamSet()
+    name = grant.name if grant is not None else None
+    out = {k: v for k, v in result.items() if k not in SERVER_WIDE_STATS}
+    if "streams" in result:
+        out["streams"] = [r for r in result["streams"] if r["stream_id"] in readable]
+    if "recordings" in result:
+        out["recordings"] = _recordings(result["recordings"], grant)
+    out["sessions"] = [s for s in result.get("sessions", []) if s.get("client") == name]
+    out["consumers"] = _readable_consumers(result.get("consumers", []), readable, stream_of)
+    if "recordings" in out:
+        out["store"] = {"recordings": len(out["recordings"])}
+    out["withheld"] = [k for k in SERVER_WIDE_STATS if k in result and k not in out]
+    return out
 
 
 def _readable_consumers(
@@ -361,7 +406,9 @@ __all__ = [
     "WRITE",
     "Authorizer",
     "Grant",
+    "SERVER_WIDE_STATS",
     "StreamSet",
+    "UnreadableRecordingError",
     "allowed",
     "named_recordings",
     "named_streams",

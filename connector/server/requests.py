@@ -16,6 +16,7 @@ from aeron_spark.connector.errors import (
     TooManyOpenFilesError,
     from_archive,
 )
+from aeron_spark.connector.server.authz import UnreadableRecordingError
 from aeron_spark.connector.server.state import CoreState, Outcome, Session
 from aeron_spark.connector.session import protocol as proto
 from aeron_spark.transport.archive import ArchiveError
@@ -68,6 +69,11 @@ class RequestsMixin(CoreState):
             del whole
         self.counters["requests"] += 1
         session.requests += 1
+        deferring = self.defer is not None
+        if deferring and session.deferred_in_flight >= MAX_DEFERRED_PER_SESSION:
+            head = proto.request_head(message)  # its op suffices: the args are never decoded
+            if head is not None and head[1] in DEFERRED_OPS:
+                return [self._refuse_deferred(session, *head)]
         try:
             request = proto.decode_request(message)
             # the request holds what it needs: a reassembled message goes now, not after the
@@ -77,46 +83,76 @@ class RequestsMixin(CoreState):
             self.counters["protocol_errors"] += 1
             session.errors += 1
             return [proto.encode_error(int(exc.details.pop("request_id", 0)), exc)]
-        if request.op in DEFERRED_OPS and self.defer is not None:
-            if session.deferred_in_flight >= MAX_DEFERRED_PER_SESSION:
-                self.counters.add("deferred_requests_refused")
-                self.counters["request_errors"] += 1
-                session.errors += 1
-                refused = LimitExceededError(
-                    f"{request.op}: a session may have at most {MAX_DEFERRED_PER_SESSION} "
-                    "commit, abort, scan, scan_ranges, recording_positions and consumer_commit "
-                    "requests unanswered at once; wait for a reply before sending another",
-                    limit=MAX_DEFERRED_PER_SESSION,
-                    op=request.op,
-                )
-                return [proto.encode_error(request.id, refused)]
+        if request.op in DEFERRED_OPS and deferring:
+            assert self.defer is not None
+            if session.deferred_in_flight >= MAX_DEFERRED_PER_SESSION:  # pragma: no cover
+                return [self._refuse_deferred(session, request.id, request.op)]
+            # its permission is checked here, on the loop, before it takes a place in the
+            # session's queue: a refused request holds none (the worker only runs allowed ones)
+            refused = self._check(key, session, request)
+            if refused is not None:
+                return [self.complete(refused)]
             session.deferred_in_flight += 1
-            self.defer(key, lambda: self._run(key, session, request, now_ns, wall_ns))
+            self.defer(key, lambda: self._run(key, session, request, now_ns, wall_ns, True))
             return []
         return [self.complete(self._run(key, session, request, now_ns, wall_ns))]
 
-    def _run(
-        self, key: object, session: Session, request: proto.Request, now_ns: int, wall_ns: int
-    ) -> Outcome:
-        """Execute one decoded request. For a deferred operation this runs on the I/O shell's
-        worker: it touches only the store, the committer and the consumers (never the core's
-        counters or sessions), and hands back an :class:`Outcome` for :meth:`complete`."""
+    def _refuse_deferred(self, session: Session, request_id: int, op: str) -> bytes:
+        self.counters.add("deferred_requests_refused")
+        self.counters["request_errors"] += 1
+        session.errors += 1
+        refused = LimitExceededError(
+            f"{op}: a session may have at most {MAX_DEFERRED_PER_SESSION} "
+            "commit, abort, scan, scan_ranges, recording_positions and consumer_commit "
+            "requests unanswered at once; wait for a reply before sending another",
+            limit=MAX_DEFERRED_PER_SESSION,
+            op=op,
+        )
+        return proto.encode_error(request_id, refused)
+
+    def _check(self, key: object, session: Session, request: proto.Request) -> Outcome | None:
+        """The one permission check of every request (op -> permission: authz.py); None when
+        allowed (or no authorized keys), else the refusal's :class:`Outcome` (counted)."""
+        authz = self.authz
+        if authz is None:
+            return None
         try:
             try:
-                authz = self.authz
-                if authz is None:
-                    result = self._dispatch(session, request, now_ns, wall_ns)
-                else:  # the one permission check of every request (op -> permission: authz.py)
-                    try:
-                        authz.check(session.identity, request.op, request.args, self._stream_of)
-                    except NotAuthorisedError:
-                        self.counters["requests_not_authorised"] += 1
-                        raise
-                    result = authz.visible(
-                        session.identity,
-                        request.op,
-                        self._dispatch(session, request, now_ns, wall_ns),
-                        self._stream_of,
+                authz.check(session.identity, request.op, request.args, self._stream_of)
+            except ArchiveError as exc:  # an unknown recording: the wire's own error
+                raise from_archive(exc) from exc
+        except (NotAuthorisedError, UnreadableRecordingError) as exc:
+            self.counters["requests_not_authorised"] += 1
+            return Outcome(key, session, request, error=exc)
+        except Exception as exc:  # noqa: BLE001 - reported typed by complete()
+            return Outcome(key, session, request, error=exc)
+        return None
+
+    def _run(
+        self,
+        key: object,
+        session: Session,
+        request: proto.Request,
+        now_ns: int,
+        wall_ns: int,
+        checked: bool = False,
+    ) -> Outcome:
+        """Execute one decoded request (``checked``: its permission was checked when it was
+        queued). For a deferred operation this runs on the I/O shell's worker: it touches only
+        the store, the committer and the consumers (never the core's counters or sessions), and
+        hands back an :class:`Outcome` for :meth:`complete`."""
+        if not checked:
+            refused = self._check(key, session, request)
+            if refused is not None:
+                return refused
+        try:
+            try:
+                if checked and self.authz is not None:  # again: the keys may have been reloaded
+                    self.authz.check(session.identity, request.op, request.args, self._stream_of)
+                result = self._dispatch(session, request, now_ns, wall_ns)
+                if self.authz is not None:  # listings narrowed to what the client may see
+                    result = self.authz.visible(
+                        session.identity, request.op, result, self._stream_of
                     )
             except ArchiveError as exc:  # the archive's errors travel as the wire's own
                 raise from_archive(exc) from exc
@@ -126,14 +162,14 @@ class RequestsMixin(CoreState):
                     raise
                 raise coded from exc
         except Exception as exc:  # noqa: BLE001 - reported typed by complete()
-            return Outcome(key, session, request, error=exc)
-        return Outcome(key, session, request, result=result)
+            return Outcome(key, session, request, error=exc, deferred=checked)
+        return Outcome(key, session, request, result=result, deferred=checked)
 
     def complete(self, outcome: Outcome) -> bytes:
         """The reply to an executed request (ok or the typed error), counted. Runs on the loop's
         thread only, so the core's counters and sessions have one writer. Never raises."""
         session, request, exc = outcome.session, outcome.request, outcome.error
-        if request.op in DEFERRED_OPS and self.defer is not None:
+        if outcome.deferred:
             session.deferred_in_flight -= 1  # its place is free (the reply goes out now)
         if exc is None:
             return proto.encode_ok(request.id, outcome.result)
@@ -153,7 +189,7 @@ class RequestsMixin(CoreState):
         )
 
     def _count_error(self, exc: ConnectorError) -> None:
-        if isinstance(exc, NotAuthorisedError):
+        if isinstance(exc, (NotAuthorisedError, UnreadableRecordingError)):
             self.counters["not_authorised"] += 1
         elif isinstance(exc, StorageFullError):
             self.counters["storage_full_errors"] += 1

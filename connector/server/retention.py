@@ -24,6 +24,7 @@ releases what its consumers held on the streams it lost.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -59,6 +60,9 @@ class ConsumerRegistry:
     def __init__(self, directory: str) -> None:
         self.path = os.path.join(directory, "consumers.msgpack")
         self.consumers: dict[str, Consumer] = {}
+        # consumers per owner (client key hex; "" none), kept as they come and go: the
+        # per-client limit was checked by a walk over every consumer on each new one
+        self.held: collections.Counter[str] = collections.Counter()
         self.commits = 0
         try:
             with open(self.path, "rb") as fh:
@@ -75,6 +79,7 @@ class ConsumerRegistry:
                     float(entry["updated_s"]),
                     str(entry.get("owner", "")),
                 )
+                self.held[self.consumers[cid].owner] += 1
         except Exception as exc:  # noqa: BLE001 - any damage: the same refusal
             raise ServerError(
                 f"the consumers' positions file {self.path} is damaged ({type(exc).__name__}: "
@@ -111,9 +116,7 @@ class ConsumerRegistry:
             if old.owner or (may_claim is not None and not may_claim(old.stream_ids)):
                 raise _not_owner("consumer_commit", consumer_id)
         if old is None and max_per_owner is not None:
-            mine = owner if owner is not None else ""
-            held = sum(1 for c in self.consumers.values() if c.owner == mine)
-            if held >= max_per_owner:
+            if self.held[owner if owner is not None else ""] >= max_per_owner:
                 raise LimitExceededError(
                     f"consumer_commit: a client may hold at most {max_per_owner} consumers "
                     f"(--max-consumers-per-client); forget one (consumer_forget) or reuse an id",
@@ -124,6 +127,9 @@ class ConsumerRegistry:
             merged[rid] = pos
         kept = owner if owner is not None else (old.owner if old is not None else "")
         self.consumers[consumer_id] = Consumer(consumer_id, ids, merged, now_s, kept)
+        if old is not None:
+            self._release(old.owner)
+        self.held[kept] += 1
         self.commits += 1
         self._save()
 
@@ -139,10 +145,17 @@ class ConsumerRegistry:
         if owner is not None and old is not None and old.owner and old.owner != owner:
             if may_override is None or not may_override(old.stream_ids):
                 raise _not_owner("consumer_forget", consumer_id)
-        found = self.consumers.pop(consumer_id, None) is not None
-        if found:
-            self._save()
-        return found
+        gone = self.consumers.pop(consumer_id, None)
+        if gone is None:
+            return False
+        self._release(gone.owner)
+        self._save()
+        return True
+
+    def _release(self, owner: str) -> None:
+        self.held[owner] -= 1
+        if not self.held[owner]:
+            del self.held[owner]  # a client that holds none takes no entry
 
     def hold(
         self,

@@ -192,6 +192,8 @@ def render(snapshot: dict[str, Any]) -> str:
         )
     lines.append("")
     lines.append("counters")
+    if snapshot.get("withheld"):  # a client key without admin on every stream
+        lines.append(f"  withheld (need admin on every stream): {', '.join(snapshot['withheld'])}")
     for name, value in _declared_first(snapshot.get("counters", {})):
         lines.append(f"  {name:<34} {value:>16,}")
     for name, value in sorted(snapshot.get("store", {}).items()):

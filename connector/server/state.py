@@ -95,6 +95,7 @@ class Outcome:
     request: proto.Request
     result: Any = None
     error: Exception | None = None
+    deferred: bool = False  # it held one of its session's deferred places (run on the worker)
 
 
 @dataclass(frozen=True, slots=True)

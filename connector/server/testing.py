@@ -14,8 +14,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from aeron_spark.connector.client import ClientSettings, ReplayBlock, StreamClient
+from aeron_spark.handshake.keystore import client_public_key_hex
 from aeron_spark.transport.protocol.frames import DataFlags
 from aeron_spark.transport.protocol.term import FragmentAssembler, Header, read_term
+from aeron_spark.transport.testing import sweep_dead
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,7 @@ def server_process(
         if proc.poll() is None:
             proc.kill()
         proc.wait(30)
+        sweep_dead()  # what the killed server's driver left in /dev/shm (its IPC reply log)
         # the log lies beside the directory, which may be a tmpfs mount point or the temporary
         # directory itself: it goes with the server (runs left one per server in /tmp)
         with contextlib.suppress(FileNotFoundError):
@@ -168,3 +171,47 @@ def udp_sockets_of(pid: int, port: int) -> list[UdpSocketRow]:
                     UdpSocketRow(int(cols[9]), local, _proc_address(cols[2]), int(cols[-1]))
                 )
     return rows
+
+
+@dataclass
+class KeyedServer:
+    """A server process run with ``--authorized-keys``: one client key store per name."""
+
+    proc: subprocess.Popen
+    endpoint: str
+    key_stores: dict[str, str]
+
+    def client(self, name: str, timeout_s: float = 120.0) -> StreamClient:
+        """A client holding ``name``'s key (unencrypted, as the server runs)."""
+        return StreamClient.connect(
+            ClientSettings(
+                endpoint=self.endpoint,
+                encryption=False,
+                key_store_dir=self.key_stores[name],
+                timeout_s=timeout_s,
+            )
+        )
+
+
+@contextlib.contextmanager
+def keyed_server(
+    directory: str, grants: dict[str, str], extra: Iterable[str] = ()
+) -> Iterator[KeyedServer]:
+    """:func:`server_process` with an authorized keys file granting each name of ``grants``
+    its permissions (``{"reader": "read=10", "ops": "read=* write=* admin"}``); the key stores,
+    the keys file and the server's own key store are made under ``directory``."""
+    os.makedirs(directory, exist_ok=True)
+    stores = {name: os.path.join(directory, f"keys-{name}") for name in grants}
+    keys_file = os.path.join(directory, "authorized_keys")
+    with open(keys_file, "w") as fh:
+        for name, permissions in grants.items():
+            fh.write(f"{client_public_key_hex(stores[name])} {name} {permissions}\n")
+    options = [
+        "--authorized-keys",
+        keys_file,
+        "--key-store",
+        os.path.join(directory, "server-keys"),
+        *extra,
+    ]
+    with server_process(os.path.join(directory, "srv"), options) as (proc, endpoint):
+        yield KeyedServer(proc, endpoint, stores)

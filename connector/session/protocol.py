@@ -498,6 +498,26 @@ def encode_request_parts(
     return parts
 
 
+def request_head(message: bytes | bytearray | memoryview) -> tuple[int, str] | None:
+    """A CONTROL request's id and operation, read without decoding its ``args`` (a few bytes
+    at the start of the message); None for anything :func:`decode_request` would refuse there
+    (it then says why). What a server refuses by its operation alone (a session's deferred
+    requests over their limit) is refused before its arguments cost a decode."""
+    if not (2 <= len(message) <= MAX_REQUEST_BYTES) or message[0] != KIND_CONTROL:
+        return None
+    try:
+        header = _header_unpacker(message)
+        if header.read_map_header() != 3 or header.unpack() != "id":
+            return None
+        rid = header.unpack()
+        if not (_is_int(rid) and 0 <= rid <= MAX_REQUEST_ID) or header.unpack() != "op":
+            return None
+        op = header.unpack()
+    except (ValueError, msgpack.UnpackException):
+        return None
+    return (rid, op) if isinstance(op, str) and op in OPS else None
+
+
 def decode_request(message: bytes | bytearray | memoryview) -> Request:
     """Strictly decode and validate a CONTROL request (kind byte included), within the limits of
     its operation (:data:`LIMITS`).
@@ -684,6 +704,7 @@ __all__ = [
     "decode_replay_data",
     "decode_reply",
     "decode_request",
+    "request_head",
     "encode_error",
     "encode_event",
     "encode_event_error",

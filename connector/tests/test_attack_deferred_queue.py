@@ -24,6 +24,13 @@ requests queued or running; one more is refused at once with ``LIMIT_EXCEEDED`` 
 client's commit and hold at most 4 decoded requests. After the fix (same command, load average
 0.2-0.6): the writer's commit took 0.01 s with 4 of the reader's scans answered before it; the
 memory attack peaked at 106 MiB from 64 MiB.
+
+Follow-ups (issue 28's third review): a request past the limit was still decoded whole before it
+was refused (its operation, read from the message's first bytes, is all the refusal needs); and
+a request's permission was checked only when the worker ran it, so a reader's refused requests
+(scans of a stream it may not read) took its places in the queue and the worker's time. Both are
+decided on the loop now: past the limit the args are never decoded (``protocol.request_head``),
+and a refused request is answered at once, never queued.
 """
 
 from __future__ import annotations
@@ -33,25 +40,20 @@ import os
 import time
 from pathlib import Path
 
-from aeron_spark.connector.client import ClientSettings, StreamClient
+import msgpack
+
+from aeron_spark.connector.client import StreamClient
 from aeron_spark.connector.errors import ErrorCode
-from aeron_spark.connector.server.testing import server_process
+from aeron_spark.connector.server.requests import MAX_DEFERRED_PER_SESSION
+from aeron_spark.connector.server.testing import keyed_server
 from aeron_spark.connector.session import chunking
 from aeron_spark.connector.session import protocol as proto
-from aeron_spark.handshake.keystore import client_public_key_hex
 
+GRANTS = {"reader": "read=10", "writer": "read=* write=*"}
 TIMEOUT_S = 120.0
 SCANS = 150
 # 8 MiB of equal 64-byte frames: the scan's fast (vectorised) path, a few tens of ms a scan
 ROWS = [b"r" * 32] * 131_072
-
-
-def _client(endpoint: str, key_store: str) -> StreamClient:
-    return StreamClient.connect(
-        ClientSettings(
-            endpoint=endpoint, encryption=False, key_store_dir=key_store, timeout_s=TIMEOUT_S
-        )
-    )
 
 
 def _drain(client: StreamClient, wait_s: float = 0.0) -> list[proto.Reply]:
@@ -69,15 +71,8 @@ def _drain(client: StreamClient, wait_s: float = 0.0) -> list[proto.Reply]:
 def test_attack_a_readers_pipelined_scans_do_not_hold_back_another_clients_commit(
     tmp_path: Path,
 ) -> None:
-    reader, writer = str(tmp_path / "keys-reader"), str(tmp_path / "keys-writer")
-    keys = tmp_path / "authorized_keys"
-    keys.write_text(
-        f"{client_public_key_hex(reader)} reader read=10\n"
-        f"{client_public_key_hex(writer)} writer read=* write=*\n"
-    )
-    options = ["--authorized-keys", str(keys), "--key-store", str(tmp_path / "server-keys")]
-    with server_process(str(tmp_path / "srv"), options) as (_proc, endpoint):
-        with _client(endpoint, writer) as w, _client(endpoint, reader) as r:
+    with keyed_server(str(tmp_path), GRANTS) as server:
+        with server.client("writer") as w, server.client("reader") as r:
             w.publish(10, ROWS)
             rec = w.list_recordings([10])[0].recording_id
 
@@ -132,15 +127,9 @@ def _memory_mib(pid: int) -> dict[str, int]:
 
 
 def test_attack_a_readers_queued_requests_hold_bounded_memory(tmp_path: Path) -> None:
-    reader, writer = str(tmp_path / "keys-reader"), str(tmp_path / "keys-writer")
-    keys = tmp_path / "authorized_keys"
-    keys.write_text(
-        f"{client_public_key_hex(reader)} reader read=10\n"
-        f"{client_public_key_hex(writer)} writer read=* write=*\n"
-    )
-    options = ["--authorized-keys", str(keys), "--key-store", str(tmp_path / "server-keys")]
-    with server_process(str(tmp_path / "srv"), options) as (proc, endpoint):
-        with _client(endpoint, writer) as w, _client(endpoint, reader) as r:
+    with keyed_server(str(tmp_path), GRANTS) as server:
+        proc = server.proc
+        with server.client("writer") as w, server.client("reader") as r:
             w.publish(10, ROWS)
             rec = w.list_recordings([10])[0].recording_id
             before = _memory_mib(proc.pid)
@@ -172,3 +161,65 @@ def test_attack_a_readers_queued_requests_hold_bounded_memory(tmp_path: Path) ->
                 ),
             )
             assert after["VmHWM"] - before["VmHWM"] <= 128, (before, after, sent)
+
+
+def _busy_worker(w: StreamClient, rec: int) -> None:
+    """Four whole-recording scans of the writer's, pipelined: the one worker is busy a while."""
+    scan = proto.encode_request(900, "scan", {"recording_id": rec, "start": 0})
+    for _ in range(4):
+        w._link.send(scan, time.monotonic() + 30)
+
+
+def _replies(client: StreamClient, count: int) -> list[proto.Reply]:
+    """The next ``count`` replies to ``client``'s raw requests (bounded wait)."""
+    replies: list[proto.Reply] = []
+    deadline = time.monotonic() + TIMEOUT_S
+    while len(replies) < count and time.monotonic() < deadline:
+        replies.extend(_drain(client, min(1.0, max(deadline - time.monotonic(), 0.0))))
+    assert len(replies) >= count, replies
+    return replies
+
+
+def test_attack_a_readers_refused_requests_take_no_place_in_the_deferred_queue(
+    tmp_path: Path,
+) -> None:
+    with keyed_server(str(tmp_path), GRANTS) as server:
+        with server.client("writer") as w, server.client("reader") as r:
+            w.publish(10, ROWS)
+            w.publish(11, [b"not for the reader"])
+            big = w.list_recordings([10])[0].recording_id
+            hidden = w.list_recordings([11])[0].recording_id
+            _busy_worker(w, big)
+            scan = {"recording_id": hidden, "start": 0}
+            for n in range(12):  # all refused: none may wait for the worker nor fill its places
+                r._link.send(proto.encode_request(2000 + n, "scan", scan), time.monotonic() + 30)
+            replies = _replies(r, 12)
+            codes = sorted({x.error["code"] for x in replies if not x.ok})
+            assert int(ErrorCode.LIMIT_EXCEEDED) not in codes, replies[-1].error
+            assert codes == [int(ErrorCode.UNKNOWN_RECORDING)] and not any(x.ok for x in replies)
+            assert sorted(x.id for x in replies) == list(range(2000, 2012))
+            _replies(w, 4)  # the writer's scans were answered too
+
+
+def test_attack_past_the_deferred_limit_a_requests_args_are_not_decoded(tmp_path: Path) -> None:
+    with keyed_server(str(tmp_path), GRANTS) as server:
+        with server.client("writer") as w, server.client("reader") as r:
+            w.publish(10, ROWS)
+            big = w.list_recordings([10])[0].recording_id
+            _busy_worker(w, big)
+            scan = proto.encode_request(3000, "scan", {"recording_id": big, "start": 0})
+            for _ in range(MAX_DEFERRED_PER_SESSION):  # the reader's places: all taken
+                r._link.send(scan, time.monotonic() + 30)
+            # a scan whose args are not msgpack (0xc1 is never used): decoding it fails
+            head = msgpack.packb({"id": 3001, "op": "scan", "args": None})[:-1]
+            undecodable = bytes((proto.KIND_CONTROL,)) + head + b"\xc1"
+            for _ in range(3):
+                r._link.send(undecodable, time.monotonic() + 30)
+            replies = _replies(r, MAX_DEFERRED_PER_SESSION + 3)
+            refused = [x for x in replies if x.id == 3001]
+            assert len(refused) == 3
+            # refused by its operation, before its args were decoded (a protocol error meant
+            # the server had decoded them: a large one costs its whole decode)
+            assert all(x.error["code"] == int(ErrorCode.LIMIT_EXCEEDED) for x in refused), refused
+            assert sum(x.ok for x in replies if x.id == 3000) == MAX_DEFERRED_PER_SESSION
+            _replies(w, 4)

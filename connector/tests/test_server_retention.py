@@ -7,7 +7,7 @@ import time
 import pytest
 
 from aeron_spark.connector.client import ClientSettings, StreamClient
-from aeron_spark.connector.errors import ControlProtocolError, PurgedError
+from aeron_spark.connector.errors import ControlProtocolError, LimitExceededError, PurgedError
 from aeron_spark.connector.server import ServerConfig, StreamServer
 from aeron_spark.connector.server.retention import ConsumerRegistry, RetentionPolicy, purge_target
 from aeron_spark.errors import ConfigurationError
@@ -121,3 +121,22 @@ def test_live_server_purges_what_consumers_have_committed(tmp_path) -> None:  # 
             "retention to the last two terms",
         )
         assert client.stats()["counters"]["retention_purges"] >= 2
+
+
+def test_consumers_per_client_are_counted_not_walked(tmp_path) -> None:
+    """``--max-consumers-per-client`` reads a count per key (it walked every consumer of every
+    client on each new one): the count follows commits, claims, forgets and a restart."""
+    registry = ConsumerRegistry(str(tmp_path))
+    registry.commit("a1", [10], {1: 0}, 1.0, owner="aa", max_per_owner=2)
+    registry.commit("a2", [10], {1: 0}, 1.0, owner="aa", max_per_owner=2)
+    registry.commit("old", [10], {1: 0}, 1.0)  # recorded without an owner
+    registry.commit("a1", [10], {1: 64}, 2.0, owner="aa", max_per_owner=2)  # not a new one
+    assert registry.held == {"aa": 2, "": 1}
+    with pytest.raises(LimitExceededError):
+        registry.commit("a3", [10], {1: 0}, 1.0, owner="aa", max_per_owner=2)
+    registry.commit("old", [10], {1: 0}, 3.0, owner="bb", may_claim=lambda s: True)  # claimed
+    assert registry.held == {"aa": 2, "bb": 1}
+    assert registry.forget("a2", owner="aa") and not registry.forget("a2", owner="aa")
+    assert registry.held == {"aa": 1, "bb": 1}
+    registry.commit("a3", [10], {1: 0}, 1.0, owner="aa", max_per_owner=2)
+    assert ConsumerRegistry(str(tmp_path)).held == {"aa": 2, "bb": 1}  # as persisted

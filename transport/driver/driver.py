@@ -16,6 +16,7 @@ Threading modes (``DriverConfig.threading_mode``):
 from __future__ import annotations
 
 import getpass
+import logging
 import os
 import tempfile
 import threading
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aeron_spark.transport import ipc
-from aeron_spark.transport.counters import Counters, SystemCounters
+from aeron_spark.transport.counters import Counters, SystemCounters, sweep_counter_files
 from aeron_spark.transport.driver.agents import Agent, AgentRunner
 from aeron_spark.transport.driver.client import (
     Image,
@@ -44,6 +45,7 @@ from aeron_spark.transport.driver.endpoint import (
     port_taken,
 )
 from aeron_spark.transport.errors import ChannelError, ClosedError, DriverError, LocalProtocolError
+from aeron_spark.transport.ipc import logfile as ipc_logfile
 from aeron_spark.transport.protocol.logbuffer import (
     MAX_UDP_PAYLOAD_LENGTH,
     RESERVED_SESSION_ID_HIGH,
@@ -54,12 +56,23 @@ from aeron_spark.transport.protocol.logbuffer import (
 )
 from aeron_spark.transport.uri import ChannelConfig, Endpoint, parse_endpoint
 
+log = logging.getLogger(__name__)
+
 ThreadingMode = Literal["shared", "dedicated", "invoker"]
 DEFAULT_SOCKET_BUFFER_LENGTH = 2 * 1024 * 1024
 
 
+# Names the default driver directory (as Aeron's AERON_DIR): a test run gives its processes one
+# of their own, so it can tell what they left in /dev/shm (the root conftest.py)
+DIRECTORY_ENV = "AERON_SPARK_DIR"
+
+
 def default_directory() -> Path:
-    """``/dev/shm/aeron-spark-<user>`` where /dev/shm exists, else under the temp directory."""
+    """``$AERON_SPARK_DIR`` if set, else ``/dev/shm/aeron-spark-<user>`` where /dev/shm exists,
+    else under the temp directory."""
+    named = os.environ.get(DIRECTORY_ENV)
+    if named:
+        return Path(named)
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
@@ -194,6 +207,20 @@ class Driver:
     def is_invoker(self) -> bool:
         return self.config.threading_mode == "invoker"
 
+    def _sweep(self) -> None:
+        """Remove what dead processes left in the driver directory (their IPC log buffers,
+        ~200 KB each in /dev/shm, and counters files): a Spark worker ends with ``os._exit`` and
+        a killed server closes nothing. Best effort, counted (``stale_files_removed``)."""
+        try:
+            removed = ipc_logfile.sweep(
+                self.directory, time.monotonic_ns(), self.config.ipc_liveness_timeout_ns
+            )
+            removed += sweep_counter_files(self.directory)
+        except OSError as exc:  # a directory we may not read: nothing swept, nothing broken
+            log.debug("sweeping %s failed: %s", self.directory, exc)
+            return
+        self.system_counters.stale_files_removed += len(removed)
+
     def start(self) -> Driver:
         with self._lock:
             if self._closed:
@@ -201,6 +228,7 @@ class Driver:
             if self._started:
                 return self
             self._started = True
+            self._sweep()
             mode = self.config.threading_mode
             agents: tuple[Agent, ...] = (self._conductor, self._sender, self._receiver)
             if mode == "dedicated":
@@ -526,5 +554,6 @@ __all__ = [
     "DriverConfig",
     "RESERVED_SESSION_ID_HIGH",
     "RESERVED_SESSION_ID_LOW",
+    "DIRECTORY_ENV",
     "default_directory",
 ]

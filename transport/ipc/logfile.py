@@ -291,4 +291,49 @@ class LogFile:
         self.path.unlink(missing_ok=True)
 
 
-__all__ = ["LogFile", "file_name", "ipc_directory", "parse_name", "pid_alive"]
+def _building_pid(name: str) -> int | None:
+    """The creator's pid of a ``.building-<pid>-<name>`` file (one being made), else None."""
+    if not name.startswith(".building-"):
+        return None
+    pid, _, rest = name[len(".building-") :].partition("-")
+    return int(pid) if pid.isdigit() and rest else None
+
+
+def sweep(directory: Path, now_ns: int, liveness_ns: int) -> list[str]:
+    """Remove the log files in ``directory``'s ``ipc`` folder that nobody will use again, of
+    every stream; the names removed. A file goes when its publisher closed it or its process is
+    gone (a Spark worker ends with ``os._exit``, a server may be killed: they never close) and
+    no live subscriber holds a slot (the rule a subscription applies to its own stream's files
+    when it finds them); a half-made file when its creator is gone. Run by a driver when it
+    starts, so what dead processes left does not pile up in ``/dev/shm``."""
+    folder = ipc_directory(directory)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    removed: list[str] = []
+    for name in names:
+        building = _building_pid(name)
+        if building is not None:
+            if not pid_alive(building):
+                (folder / name).unlink(missing_ok=True)
+                removed.append(name)
+            continue
+        if parse_name(name) is None:
+            continue
+        log = LogFile.open(folder / name)
+        if log is None:
+            continue  # not a complete log buffer (not ours, or being replaced)
+        try:
+            if log.publisher_live(now_ns, liveness_ns):
+                continue
+            if log.state == STATE_CLOSED or not pid_alive(log.pid):
+                if not log.live_slots(now_ns, liveness_ns):
+                    log.unlink()
+                    removed.append(name)
+        finally:
+            log.close()
+    return removed
+
+
+__all__ = ["LogFile", "file_name", "ipc_directory", "parse_name", "pid_alive", "sweep"]

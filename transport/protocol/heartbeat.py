@@ -8,11 +8,10 @@ Rules (Aeron's, so a real Aeron receiver sees what it expects):
   only to a destination that asks (SM with SEND_SETUP), never after EOS.
 * A heartbeat goes out when no data was sent for ``HEARTBEAT_INTERVAL_NS``
   (Aeron's ``PUBLICATION_HEARTBEAT_TIMEOUT``), so a receiver learns the sender position (a lost
-  last datagram becomes a gap) and keeps the image alive (its liveness timeout is 10 s).
-* An idle stream's heartbeats may be spaced out (each further one after twice the wait of the one
-  before, at most ``HEARTBEAT_IDLE_MAX_NS``), but the cap is Aeron's own 100 ms, so today they
-  are not: spaced to 1 s they lost sessions under a flood (see the constant). The doubling stays
-  as the knob; ``idle_heartbeat_interval_ns`` returns 100 ms at today's cap.
+  last datagram becomes a gap) and keeps the image alive (its liveness timeout is 10 s); an idle
+  stream keeps that cadence (spaced out to 1 s, an active session's heartbeats were too few to
+  outlive the image liveness where a flood made the server's kernel drop 70-95% of its socket's
+  datagrams: the hostile-flood test lost sessions in CI).
 """
 
 from __future__ import annotations
@@ -28,19 +27,6 @@ from aeron_spark.transport.protocol.logbuffer import wrap_int32
 
 SETUP_INTERVAL_NS = 100_000_000
 HEARTBEAT_INTERVAL_NS = 100_000_000
-# The idle cap is Aeron's own cadence: spaced out to 1 s, heartbeats of an active session were too
-# few to outlive the 10 s image liveness where a flood made the server's kernel drop 70-95% of its
-# socket's datagrams (the hostile-flood test lost sessions in CI); issue 31's idle-cost work must
-# find its saving elsewhere (the due queue already steps only what is due).
-HEARTBEAT_IDLE_MAX_NS = 100_000_000
-
-
-def idle_heartbeat_interval_ns(idle_heartbeats: int) -> int:
-    """The wait after the ``idle_heartbeats``-th heartbeat since data was last sent (the first
-    went 100 ms after the data; then twice the wait before, at most ``HEARTBEAT_IDLE_MAX_NS``)."""
-    if idle_heartbeats >= 4:
-        return HEARTBEAT_IDLE_MAX_NS
-    return min(HEARTBEAT_INTERVAL_NS << idle_heartbeats, HEARTBEAT_IDLE_MAX_NS)
 
 
 def setup_frame(

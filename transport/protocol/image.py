@@ -18,10 +18,8 @@ Invariants:
 * The receiver zeroes the partition of a term once the subscriber is past it (before any SM
   that would let the sender write into it again).
 * SMs: the first at once, then when ``subscriber_position > last_sm_position + window/4``, and
-  every 200 ms repeating the last position; while the image is idle (nothing new arrived since
-  the last SM, no gap) each repeat may wait twice the one before, at most ``SM_IDLE_MAX_NS``
-  (200 ms today, Aeron's cadence, so no spacing: 500 ms lost sessions under a flood). Aeron
-  repeats every 200 ms; its sender needs only one SM per connection timeout. Gaps and their
+  every 200 ms (``SM_INTERVAL_NS``, Aeron's cadence) repeating the last position, idle or not
+  (spaced out to 500 ms on an idle image, sessions were lost under a flood). Gaps and their
   NAKs are the :class:`~.loss_detector.LossDetector`'s (its module states its rules).
 * End of stream: an EOS heartbeat at position P; when everything up to P is rebuilt and
   consumed, SMs carry EOS and the image is done. No packet for ``liveness_timeout_ns``: done too.
@@ -101,7 +99,6 @@ __all__ = [
     "MIN_NAK_RETRY_NS",
     "NAK_BACKOFF_MAX_SHIFT",
     "NAK_RETRY_RATIO",
-    "SM_IDLE_MAX_NS",
     "SM_INTERVAL_NS",
     "ImageEvent",
     "ImagePhase",
@@ -110,7 +107,6 @@ __all__ = [
 ]
 
 SM_INTERVAL_NS = 200_000_000
-SM_IDLE_MAX_NS = 200_000_000
 IMAGE_LIVENESS_TIMEOUT_NS = 10_000_000_000
 EOS_SM_COUNT = 3
 
@@ -216,8 +212,6 @@ class ImageState:
         self.subscriber_position = join
         self.last_sm_position = join
         self.sm_deadline_ns = now_ns  # first SM at once
-        self.sm_interval_ns = SM_INTERVAL_NS  # the wait after the last SM (doubles when idle)
-        self._hwm_at_sm = -1  # the high-water mark when the last SM went out
         self.sm_scheduled = True
         self.cleaned_term_count = (join >> self.shift) - 1
         self.last_packet_ns = now_ns
@@ -432,18 +426,9 @@ class ImageState:
             self.last_sm_position = sub
             self.sm_scheduled = True
         if self.sm_scheduled or now_ns >= self.sm_deadline_ns:
-            idle = (
-                not self.sm_scheduled
-                and self.hwm == self._hwm_at_sm
-                and not self.loss.gaps
-                and sub >= self.rebuild_position
-            )
-            interval = min(self.sm_interval_ns * 2, SM_IDLE_MAX_NS) if idle else SM_INTERVAL_NS
-            self.sm_interval_ns = interval
-            self._hwm_at_sm = self.hwm
             self._send_sm(self.last_sm_position, 0, transmit)
             self.sm_scheduled = False
-            self.sm_deadline_ns = now_ns + interval
+            self.sm_deadline_ns = now_ns + SM_INTERVAL_NS
             if phase is _INIT:
                 self._fire(ImageEvent.CONNECT)
             work += 1

@@ -83,7 +83,6 @@ from aeron_spark.transport.protocol.heartbeat import (
     HEARTBEAT_INTERVAL_NS,
     SETUP_INTERVAL_NS,
     heartbeat_frame,
-    idle_heartbeat_interval_ns,
     rttm_reply,
     setup_frame,
 )
@@ -233,7 +232,6 @@ class PublicationState:
         self.retransmit = RetransmitHandler(retransmit_linger_ns)
         self.setup_deadline_ns = now_ns
         self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
-        self.idle_heartbeats = 0  # heartbeats since data was last sent (spaces them out)
         self.phase = PublicationPhase.ACTIVE  # changed only by _fire (PUBLICATION_TRANSITIONS)
         self.is_eos_sent = False
         self.linger_deadline_ns: int | None = None  # set on entering LINGER or CLOSED
@@ -680,7 +678,6 @@ class PublicationState:
                 self.heartbeat_deadline_ns = now_ns  # drained: EOS on the next step
             else:
                 self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
-            self.idle_heartbeats = 0
             work += sent
             self._update_publisher_limit()
         elif now_ns >= self.heartbeat_deadline_ns:
@@ -688,13 +685,7 @@ class PublicationState:
             for dest in dests.by_address.values():
                 transmit(frame, dest.address)
             self.heartbeats_sent += 1
-            if self.phase is _ACTIVE:
-                self.idle_heartbeats += 1
-                self.heartbeat_deadline_ns = now_ns + idle_heartbeat_interval_ns(
-                    self.idle_heartbeats
-                )
-            else:
-                self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
+            self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
             if frame[5] & DataFlags.EOS:
                 self.is_eos_sent = True
                 if self.phase is _DRAINING:

@@ -1,7 +1,7 @@
 """An idle stream costs (almost) nothing (issue 31 item 1): the sender and the receiver step
 only what is due, kicked or at its deadline, never every publication and image on every
-step; and an idle stream's heartbeats and status messages are spaced out within the rules
-that keep a real Aeron peer connected (image liveness 10 s, sender connection timeout 5 s)."""
+step; and an idle stream's heartbeats and status messages keep Aeron's cadence (100 ms and
+200 ms: spaced out, a flooded server lost sessions)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,8 @@ from aeron_spark.transport.driver.agents import SendEndpoint, SenderAgent
 from aeron_spark.transport.driver.endpoint import Endpoint, UdpEndpoint
 from aeron_spark.transport.protocol.flow_control import CONNECTION_TIMEOUT_NS
 from aeron_spark.transport.protocol.frames import DataFlags, FrameType, SetupFrame, StatusMessage
-from aeron_spark.transport.protocol.heartbeat import HEARTBEAT_IDLE_MAX_NS, HEARTBEAT_INTERVAL_NS
-from aeron_spark.transport.protocol.image import (
-    IMAGE_LIVENESS_TIMEOUT_NS,
-    SM_IDLE_MAX_NS,
-    SM_INTERVAL_NS,
-)
+from aeron_spark.transport.protocol.heartbeat import HEARTBEAT_INTERVAL_NS
+from aeron_spark.transport.protocol.image import IMAGE_LIVENESS_TIMEOUT_NS, SM_INTERVAL_NS
 from aeron_spark.transport.protocol.publication import PublicationState
 from aeron_spark.transport.protocol.receiver import ReceiveDispatcher, StreamInterest
 from aeron_spark.transport.protocol.schedule import DueQueue
@@ -143,7 +139,10 @@ def test_the_receiver_steps_only_the_images_that_are_due() -> None:
     assert calls == [interest.images[2005]]
 
 
-def test_an_idle_publication_spaces_its_heartbeats_out_up_to_a_second() -> None:
+def test_an_idle_publication_keeps_heartbeating_every_100_ms() -> None:
+    """The cap: an idle stream's heartbeats keep Aeron's 100 ms all through the image liveness
+    (spaced out to 1 s, a flooded server's images expired: the hostile-flood test lost
+    sessions in CI)."""
     clock, sent = ManualClock(), []
     dest = ("127.0.0.1", 40000)
     pub = PublicationState(
@@ -170,16 +169,13 @@ def test_an_idle_publication_spaces_its_heartbeats_out_up_to_a_second() -> None:
         pub.on_status_message(_sm(pub, 1), dest, clock.now_ns)  # the receiver stays
         pub.send(clock.now_ns, transmit)
     gaps = [b - a for a, b in zip([start, *sent], sent, strict=False)]
-    # within the cap all along (Aeron's 100 ms: a 1 s cap let a flooded server's image expire)
-    assert all(HEARTBEAT_INTERVAL_NS <= g <= HEARTBEAT_IDLE_MAX_NS for g in gaps)
-    assert max(gaps) == HEARTBEAT_IDLE_MAX_NS
-    assert len(sent) >= IMAGE_LIVENESS_TIMEOUT_NS // HEARTBEAT_IDLE_MAX_NS - 1
-    pub.offer(b"more")  # data again: the next heartbeat 100 ms after it
-    pub.send(clock.now_ns, transmit)
-    assert pub.next_deadline_ns == clock.now_ns + HEARTBEAT_INTERVAL_NS
+    assert gaps and all(g == HEARTBEAT_INTERVAL_NS for g in gaps)
+    assert len(sent) >= IMAGE_LIVENESS_TIMEOUT_NS // HEARTBEAT_INTERVAL_NS - 1
 
 
-def test_an_idle_image_spaces_its_status_messages_out_within_the_connection_timeout() -> None:
+def test_an_idle_image_keeps_its_status_messages_every_200_ms() -> None:
+    """The cap: an idle image repeats its status message every 200 ms (Aeron's cadence; spaced
+    out to 500 ms, sessions were lost under a flood)."""
     clock, sms = ManualClock(), []
     dispatcher = ReceiveDispatcher()
     interest = StreamInterest(10)
@@ -191,7 +187,6 @@ def test_an_idle_image_spaces_its_status_messages_out_within_the_connection_time
 
     setup = SetupFrame(0, 7, 10, 0, 0, TERM, 1408).encode()
     dispatcher.on_datagram(setup, len(setup), SENDERS[0], clock.now_ns, transmit)
-    (image,) = interest.images.values()
     start = clock.now_ns
     hb = encode_data_header(0, DataFlags.UNFRAGMENTED, FrameType.DATA, 0, 7, 10, 0)
     while clock.now_ns - start < CONNECTION_TIMEOUT_NS:
@@ -199,13 +194,5 @@ def test_an_idle_image_spaces_its_status_messages_out_within_the_connection_time
         clock.now_ns = dispatcher.next_deadline_ns(clock.now_ns)
         dispatcher.on_datagram(hb, len(hb), SENDERS[0], clock.now_ns, transmit)  # alive
     gaps = [b - a for a, b in zip(sms, sms[1:], strict=False)]
-    assert all(SM_INTERVAL_NS <= g <= SM_IDLE_MAX_NS for g in gaps)
-    assert max(gaps) == SM_IDLE_MAX_NS
-    assert len(sms) >= CONNECTION_TIMEOUT_NS // SM_IDLE_MAX_NS
-    data = encode_data_header(64, DataFlags.UNFRAGMENTED, FrameType.DATA, 0, 7, 10, 0)
-    dispatcher.on_datagram(data + b"y" * 32, 64, SENDERS[0], clock.now_ns, transmit)
-    dispatcher.do_work(clock.now_ns, transmit)  # something new: back to 200 ms
-    sms.clear()
-    clock.now_ns = image.sm_deadline_ns
-    dispatcher.do_work(clock.now_ns, transmit)
-    assert image.sm_interval_ns == SM_INTERVAL_NS and len(sms) == 1
+    assert gaps and all(g == SM_INTERVAL_NS for g in gaps)
+    assert len(sms) >= CONNECTION_TIMEOUT_NS // SM_INTERVAL_NS

@@ -294,3 +294,47 @@ def test_one_client_api_a_claim_on_ipc_is_made_in_place_and_shown_only_once_comm
             pub.try_claim(pub.max_payload_length + 1)
         pub.close()
         assert pub.try_claim(1) == -4  # CLOSED
+
+
+_ENDS_WITHOUT_CLOSING = """
+import os, sys
+from pathlib import Path
+from aeron_spark.transport import Driver, DriverConfig
+driver = Driver(DriverConfig(directory=Path(sys.argv[1]), write_counters_file=False)).start()
+driver.add_publication("aeron:ipc?term-length=64k", int(sys.argv[2]))
+driver.counters.write(Path(sys.argv[1]))
+print("ready", flush=True)
+sys.stdin.readline()
+os._exit(0)  # as Spark's Python workers end: nothing closed, no atexit
+"""
+
+
+def test_a_starting_driver_removes_what_processes_that_never_closed_left(ipc_dir: Path) -> None:
+    """A publisher that ends with os._exit (Spark's workers) or is killed closes nothing: its log
+    buffer (~200 KB in /dev/shm) stayed for good when no subscriber of its stream came again (a
+    run left one per killed server: its handshake reply log). A driver starting on the directory
+    removes the logs and counters files of processes that are gone, never a live one's."""
+    children = []
+    for stream_id in (31, 32):
+        child = subprocess.Popen(
+            [sys.executable, "-c", _ENDS_WITHOUT_CLOSING, str(ipc_dir), str(stream_id)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        children.append(child)
+    with _driver(ipc_dir) as live:
+        live.add_publication("aeron:ipc?term-length=64k", 33)  # a live process's: it stays
+        children[0].communicate("\n", timeout=60)  # os._exit
+        children[1].kill()  # SIGKILL
+        children[1].communicate(timeout=60)
+        left = sorted(p.name for p in ipc_dir.rglob("*") if p.is_file())
+        assert [n.split("_")[1] for n in left if n.startswith("pub_")] == ["31", "32", "33"]
+        assert sum(n.startswith("counters-") for n in left) == 2
+        with _driver(ipc_dir) as starting:
+            starting.start()
+            remaining = sorted(p.name for p in ipc_dir.rglob("*") if p.is_file())
+            assert remaining == [n for n in left if n.startswith("pub_33_")], remaining
+            assert starting.system_counters.stale_files_removed == 4
+    assert _files(ipc_dir) == []
