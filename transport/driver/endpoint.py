@@ -21,6 +21,7 @@ state machines to drop, duplicate and reorder received datagrams in tests.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import socket
 import struct
@@ -71,6 +72,27 @@ def gso_supported(sock: socket.socket) -> bool:
     except OSError:
         return False
     return True
+
+
+# SO_ATTACH_REUSEPORT_CBPF (Linux 4.5): a classic BPF program that picks, in a SO_REUSEPORT
+# group, the socket a datagram no connected socket claims goes to; ours returns index 0 (the
+# group's first socket: the public one, bound before its connected sockets).
+_SO_ATTACH_REUSEPORT_CBPF = 51
+_BPF_RET_K = 0x06  # BPF_RET | BPF_K
+
+
+def _keep_group_to_first(sock: socket.socket) -> None:
+    """Make every unconnected datagram of ``sock``'s ``SO_REUSEPORT`` group go to its first
+    socket (``sock``, just bound): another process of the same user that binds the same address
+    and port with ``SO_REUSEPORT`` (the kernel lets it join the group) then receives nothing,
+    instead of a hash-chosen share of the datagrams (HELLOs) meant for us. Connected sockets are
+    matched before the program runs (an exact 4-tuple scores higher), so they keep theirs."""
+    if not sys.platform.startswith("linux"):
+        return
+    program = ctypes.create_string_buffer(struct.pack("=HBBI", _BPF_RET_K, 0, 0, 0))
+    fprog = struct.pack("@HP", 1, ctypes.addressof(program))  # struct sock_fprog
+    # an OSError (no such option) fails the bind: a group left open is what this closes
+    sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_REUSEPORT_CBPF, fprog)
 
 
 def _enable_gro(sock: socket.socket) -> bool:
@@ -210,6 +232,8 @@ class UdpEndpoint:
             sock.bind(_sockaddr(bind))
             if connect_to is not None:
                 sock.connect(connect_to)
+            elif reuse_port:
+                _keep_group_to_first(sock)
             sock.setblocking(False)
         except OSError as exc:
             sock.close()
