@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 AERON_VERSION = "1.47.3"
@@ -435,6 +435,40 @@ class JavaArchive:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# A Java archive's own client (a replication connects to its source archive as one) answers on
+# loopback: the archives of a test all run on 127.0.0.1.
+LOOPBACK_CLIENT_PROPS = {"aeron.archive.control.response.channel": "aeron:udp?endpoint=127.0.0.1:0"}
+
+
+@contextlib.contextmanager
+def java_archives(
+    root: Path, names: list[str], first_id: int = 1, **properties: object
+) -> Iterator[list[JavaArchive]]:
+    """Several :class:`JavaArchive` s that can replicate from each other (free loopback control
+    ports, ids ``first_id``, ``first_id + 1``..., each in ``root / name``), all stopped after."""
+    import socket
+
+    started: list[JavaArchive] = []
+    try:
+        for k, name in enumerate(names):
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            started.append(
+                JavaArchive(
+                    root / name,
+                    port,
+                    first_id + k,
+                    tag=name,
+                    **{**LOOPBACK_CLIENT_PROPS, **properties},
+                )
+            )
+        yield started
+    finally:
+        for archive in started:
+            archive.close()
 
 
 def compile_java(source: str, class_name: str, out_dir: Path) -> Path:

@@ -68,7 +68,7 @@ class Archives:
 
 
 # the archive's own client (a replication connects to the source as one): answers on loopback
-_CLIENT_PROPS = {"aeron.archive.control.response.channel": "aeron:udp?endpoint=127.0.0.1:0"}
+_CLIENT_PROPS = aeron_peer.LOOPBACK_CLIENT_PROPS
 
 
 @pytest.fixture(scope="module")

@@ -54,9 +54,10 @@ from aeron_spark.connector.archive_markers import (
     sink_hash,
     target_alias,
 )
-from aeron_spark.connector.errors import ServerUnavailableError
+from aeron_spark.connector.errors import NotEnoughReplicasError, ServerUnavailableError
 from aeron_spark.connector.formats_sbe import encode_task
 from aeron_spark.connector.options import ArchiveSinkOptions
+from aeron_spark.connector.stores.archive.replicas import Replicas
 from aeron_spark.connector.stores.archive.source import connect
 from aeron_spark.connector.stores.tasks import sink_payloads, task_attempt
 from aeron_spark.errors import ConfigurationError
@@ -470,6 +471,9 @@ class CommitStats:
     target_recording_id: int = -1
     begin_position: int = -1
     end_position: int = -1
+    replicas_in_sync: int = 0  # replicas holding the batch's END (the primary not counted)
+    replicas_repaired: int = 0  # copies cut back or purged before being brought up to date
+    replicas_failed: int = 0  # replicas not in sync (unreachable, replication failed)
 
 
 class ArchiveCommitter:
@@ -520,10 +524,19 @@ class ArchiveCommitter:
     # ---------------------------------------------------------- commit
 
     def commit(
-        self, batch: int, parts: list[ArchiveStaged], stats: CommitStats | None = None
+        self,
+        batch: int,
+        parts: list[ArchiveStaged],
+        stats: CommitStats | None = None,
+        replicas: Replicas | None = None,
     ) -> CommitStats:
+        """Append the batch once; with ``replicas``, complete only when the batch's END is on
+        ``minInSyncReplicas - 1`` of them too (:mod:`.replicas`), else NOT_ENOUGH_REPLICAS with
+        the batch cut off again."""
         stats = stats or CommitStats()
         staged = sorted((p for p in parts if p.recording_id >= 0), key=lambda p: p.partition)
+        if replicas is not None:
+            self.require_replicas(batch, replicas)
         d = self.stopped_target()
         if d is not None:
             stats.target_recording_id = d.recording_id
@@ -557,8 +570,11 @@ class ArchiveCommitter:
                     d.recording_id,
                 )
                 stats.skipped_duplicate += 1
+                if replicas is not None:  # a commit repeated: the batch still needs its copies
+                    self.replicate(batch, replicas, d, tail.last.begin_position, stats)
                 self.purge(batch, parts, stats)
                 return stats
+        base = -1 if d is None else d.stop_position
         append = Append(self, d, batch, len(staged))
         try:
             append.begin()
@@ -570,8 +586,74 @@ class ArchiveCommitter:
             stats.begin_position, stats.end_position = append.begin_position, append.position
         finally:
             append.close()
+        if replicas is not None:
+            appended = self.client.list_recording(append.recording_id)
+            assert appended is not None
+            self.replicate(batch, replicas, appended, append.begin_position, stats, base)
         self.purge(batch, parts, stats)
         return stats
+
+    # ---------------------------------------------------------- replicas
+
+    def require_replicas(self, batch: int, replicas: Replicas) -> None:
+        """Before anything is appended: enough replicas answer (Kafka's NOT_ENOUGH_REPLICAS
+        before the append), else the coded error and nothing written."""
+        reachable = replicas.connect()
+        if reachable < replicas.required:
+            raise self._not_enough(batch, replicas, 1 + reachable, replicas.unreachable(), "")
+
+    def replicate(
+        self,
+        batch: int,
+        replicas: Replicas,
+        d: RecordingDescriptor,
+        begin: int,
+        stats: CommitStats,
+        base: int | None = None,
+    ) -> None:
+        """The stopped target ``d`` (the batch in ``[begin, stop)``) copied to every reachable
+        replica; too few in sync: the batch cut off the primary and those copies, and
+        NOT_ENOUGH_REPLICAS (nothing acknowledged; committed-only readers stop before it)."""
+        end = d.stop_position
+        outcomes = replicas.sync(d, begin if base is None else base, end)
+        good = [o for o in outcomes if o.in_sync]
+        stats.replicas_in_sync = len(good)
+        stats.replicas_repaired += sum(bool(o.repaired) for o in outcomes)
+        stats.replicas_failed += len(outcomes) - len(good)
+        if len(good) >= replicas.required:
+            return
+        log.warning(
+            "archive sink %s: batch %d on %d replica(s) of the %d needed; cutting recording %d "
+            "back to %d",
+            self.identity,
+            batch,
+            len(good),
+            replicas.required,
+            d.recording_id,
+            begin,
+        )
+        self.client.truncate_recording(d.recording_id, begin)
+        stats.truncated_bytes += end - begin
+        replicas.undo(good, begin)
+        failed = {o.control_channel: o.reason for o in outcomes if not o.in_sync}
+        raise self._not_enough(
+            batch, replicas, 1 + len(good), failed, f" (its append [{begin}, {end}) was undone)"
+        )
+
+    def _not_enough(
+        self, batch: int, replicas: Replicas, in_sync: int, failed: dict[str, str], undone: str
+    ) -> NotEnoughReplicasError:
+        required = self.o.min_insync_replicas
+        why = "; ".join(f"{channel}: {reason}" for channel, reason in failed.items())
+        return NotEnoughReplicasError(
+            f"archive sink {self.identity}: batch {batch} not committed: minInSyncReplicas="
+            f"{required} but only {in_sync} archive(s) (the primary included) can hold it"
+            f"{undone}; {why}",
+            required=required,
+            in_sync=in_sync,
+            failed=failed,
+            batch=batch,
+        )
 
     def purge(self, batch: int | None, parts: list[ArchiveStaged], stats: CommitStats) -> None:
         """Purge the staging recordings ``parts`` name, and (``batch`` not None) every stopped
@@ -725,7 +807,12 @@ class Append:
 def commit_batch(o: ArchiveSinkOptions, identity: str, batch: int, messages: list) -> CommitStats:
     parts = [m for m in messages if isinstance(m, ArchiveStaged)]
     with connect(o.connect) as client:
-        stats = ArchiveCommitter(o, identity, client).commit(batch, parts)
+        committer = ArchiveCommitter(o, identity, client)
+        if o.replicas:
+            with Replicas(o, identity) as replicas:
+                stats = committer.commit(batch, parts, replicas=replicas)
+        else:
+            stats = committer.commit(batch, parts)
     log.info("archive sink %s: batch %d: %s", identity, batch, stats)
     return stats
 
