@@ -1106,6 +1106,33 @@ class ArchiveSinkOptions:
     min_insync_replicas: int = 1  # archives holding a batch's END before its commit completes
 
 
+def archive_channel(channel: str, control_channel: str) -> str:
+    """``channel`` with its endpoint's host replaced by ``control_channel``'s: the same port on
+    another archive's host (where a promoted replica receives the sink's appends and stages)."""
+    endpoint = ChannelConfig.from_uri(control_channel).endpoint
+    port = ChannelConfig.from_uri(channel).endpoint
+    assert endpoint is not None and port is not None
+    host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
+    return re.sub(r"endpoint=[^|]*", f"endpoint={host}:{port.port}", channel, count=1)
+
+
+def sink_on_archive(o: ArchiveSinkOptions, k: int) -> ArchiveSinkOptions:
+    """The sink's options with archive ``k`` (0: ``archive``, k: the k-th replica) as the
+    primary: its control channel, ``channel`` and the staging channel on its host, the others
+    (the configured primary first) as its replicas."""
+    if k == 0:
+        return o
+    archives = (o.connect, *o.replicas)
+    chosen = archives[k]
+    return replace(
+        o,
+        connect=chosen,
+        channel=archive_channel(o.channel, chosen.control_channel),
+        staging_channel=archive_channel(o.staging_channel, chosen.control_channel),
+        replicas=tuple(a for i, a in enumerate(archives) if i != k),
+    )
+
+
 def _replicas(mine: dict[str, str], primary: ArchiveConnect) -> tuple[ArchiveConnect, ...]:
     """``replicas``: control channels of other archives, each once, none the primary."""
     text = mine.get("replicas", "").strip()

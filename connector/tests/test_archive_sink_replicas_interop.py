@@ -56,9 +56,11 @@ def _options(
     replicas: list[aeron_peer.JavaArchive | str],
     min_insync: int,
     channel: str,
+    **extra: str,
 ) -> ArchiveSinkOptions:
     return parse_archive_sink_options(
         {
+            **extra,
             "archive": primary.control_channel,
             "channel": channel,
             "streamId": str(stream_id),
@@ -200,3 +202,62 @@ def test_replica_options_are_checked(archives: list[aeron_peer.JavaArchive]) -> 
     ):
         with pytest.raises(ConfigurationError, match=match):
             _options(primary, 1, replicas, min_insync, channel)
+
+
+def test_primary_killed_a_replica_is_promoted_and_the_old_primary_reseeded(
+    tmp_path: Path,
+) -> None:
+    """kill -9 of the primary between commits (``minInSyncReplicas=2``, two replicas): the next
+    batch stages on the first replica that answers and the commit promotes the replica holding
+    the last committed END (the first, on a tie), extends its copy and replicates it to the
+    other; no acknowledged batch lost, none duplicated. The old primary restarted (same archive
+    directory) is behind: the next commit stays on the promoted replica, stages on the old
+    primary and brings its copy up to date; every archive then holds the same messages at the
+    same positions and reads every row once."""
+    aeron_peer.require_java()
+    names = ["promote-a", "promote-b", "promote-c"]
+    with aeron_peer.java_archives(tmp_path, names, 0x5C1) as (a, b, c):
+        # A promoted archive takes the sink's channels on its own host, same ports: here the
+        # same host, so staging gets a port of its own (a restarted primary stages there while
+        # the promoted one appends).
+        o = _options(
+            a,
+            6201,
+            [b, c],
+            2,
+            f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
+            archiveStagingChannel=f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
+        )
+        rows = [[b"p%d-%04d" % (n, i) for i in range(300)] for n in range(4)]
+        for n in (0, 1):
+            assert _commit(o, n, rows[n]).replicas_in_sync == 2
+        a.kill()  # kill -9: the archive gone without a goodbye
+        staged = _stage(o, 2, 0, rows[2])
+        assert staged.archive == b.control_channel  # the task staged beside the dead primary
+        stats = archive_sink.commit_batch(o, "id", 2, [staged])
+        assert (stats.appended_rows, stats.replicas_in_sync, stats.replicas_failed) == (300, 1, 1)
+        assert _read(b, 6201) == rows[0] + rows[1] + rows[2]
+        on_b = dataclasses.replace(o, connect=o.replicas[0])
+        assert _held(on_b, c) == _held(on_b, b)
+        # The old primary comes back (same directory and port): behind, so a replica now.
+        restarted = aeron_peer.JavaArchive(
+            a.archive_dir,
+            a.control_port,
+            a.archive_id,
+            tag="promote-a2",
+            **aeron_peer.LOOPBACK_CLIENT_PROPS,
+        )
+        try:
+            with archive_sink.connect(dataclasses.replace(o.connect, timeout_s=120)):
+                pass  # its JVM answers (started again on a loaded machine)
+            staged = _stage(o, 3, 0, rows[3])
+            assert staged.archive == ""  # staged on the configured primary again
+            stats = archive_sink.commit_batch(o, "id", 3, [staged])
+            assert (stats.appended_rows, stats.replicas_in_sync) == (300, 2)
+            expected = [r for batch in rows for r in batch]
+            for archive in (a, b, c):
+                assert _read(archive, 6201) == expected, archive.control_channel
+            held = _held(on_b, b)
+            assert _held(on_b, a) == held == _held(on_b, c)
+        finally:
+            restarted.close()

@@ -48,7 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from aeron_spark.connector.archive_markers import END, read_tail
-from aeron_spark.connector.errors import ConnectorError
+from aeron_spark.connector.errors import ConnectorError, ServerUnavailableError
 from aeron_spark.connector.options import ArchiveConnect, ArchiveSinkOptions
 from aeron_spark.connector.stores.archive.source import connect
 from aeron_spark.transport import TransportError
@@ -130,12 +130,20 @@ class Replicas:
     """Control sessions with the replica archives of one commit (a thread each: a dead
     replica's time-out runs beside the others, not after them)."""
 
-    def __init__(self, o: ArchiveSinkOptions, identity: str) -> None:
+    def __init__(
+        self,
+        o: ArchiveSinkOptions,
+        identity: str,
+        clients: list[ArchiveClient | None] | None = None,
+        errors: list[str] | None = None,
+    ) -> None:
+        """``clients`` / ``errors``: sessions (or why none) an election opened already, in
+        ``o.replicas`` order (taken over: closed here)."""
         self.o = o
         self.identity = identity
         self.connects: tuple[ArchiveConnect, ...] = o.replicas
-        self.clients: list[ArchiveClient | None] = [None] * len(o.replicas)
-        self.errors: list[str] = [""] * len(o.replicas)
+        self.clients: list[ArchiveClient | None] = clients or [None] * len(o.replicas)
+        self.errors: list[str] = errors or [""] * len(o.replicas)
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, len(o.replicas)), thread_name_prefix="archive-replica"
         )
@@ -162,9 +170,13 @@ class Replicas:
         self._pool.shutdown(wait=True)
 
     def connect(self) -> int:
-        """Connect to every replica at once; how many answered."""
-        futures = [self._pool.submit(connect, c) for c in self.connects]
-        for i, future in enumerate(futures):
+        """Connect to every replica at once (not those an election tried); how many answered."""
+        futures = {
+            i: self._pool.submit(connect, c)
+            for i, c in enumerate(self.connects)
+            if self.clients[i] is None and not self.errors[i]
+        }
+        for i, future in futures.items():
             try:
                 self.clients[i] = future.result()
                 self.errors[i] = ""
@@ -319,4 +331,99 @@ class Replicas:
                 )
 
 
-__all__ = ["REPLICA_FAILURES", "ReplicaOutcome", "Replicas", "describe", "find_copy"]
+# ------------------------------------------------------------------ promotion
+
+
+@dataclass
+class Election:
+    """Which archive a commit appends to: the reachable one holding the furthest committed END
+    of the sink (ties: the configured order, ``archive`` first), with every session opened."""
+
+    chosen: int  # 0: ``archive``, k: the k-th replica
+    clients: list[ArchiveClient | None]  # (archive, *replicas); None: unreachable
+    errors: list[str]
+    ends: list[int]  # committed end of the sink's recording on each (-1: none, or unreachable)
+
+
+def sink_recording(client: ArchiveClient, alias: str, stream_id: int) -> RecordingDescriptor | None:
+    """The sink's target on this archive, or its copy of it: the newest recording of the stream
+    whose original channel carries the sink's alias (replication keeps the original channel)."""
+    found = [
+        d
+        for d in client.list_recordings_for_uri(f"alias={alias}", stream_id)
+        if f"alias={alias}" in d.original_channel
+    ]
+    return max(found, key=lambda d: d.recording_id) if found else None
+
+
+def _committed_end(client: ArchiveClient, alias: str, stream_id: int) -> int:
+    d = sink_recording(client, alias, stream_id)
+    if d is None:
+        return -1
+    end = d.stop_position if d.stop_position >= 0 else client.recording_position(d.recording_id)
+    if end < 0:
+        end = client.stop_position(d.recording_id)
+    return read_tail(
+        client, d.recording_id, d.start_position, end, d.term_buffer_length
+    ).committed_end
+
+
+def elect(o: ArchiveSinkOptions, alias: str) -> Election:
+    """Connect to ``archive`` and every replica at once and pick the commit's primary.
+
+    The Spark driver is the only writer of a sinkId, so the archive holding the furthest
+    committed END holds every acknowledged batch (``minInSyncReplicas`` >= 2: each is on at
+    least two archives, so on a reachable one unless that many are gone): appending there and
+    bringing the others to it (cutting back what they hold beyond their last common END) loses
+    nothing acknowledged. ``archive`` itself stays the primary while it is reachable and not
+    behind; an old primary that comes back behind a promoted replica becomes its replica."""
+    archives = (o.connect, *o.replicas)
+    clients: list[ArchiveClient | None] = [None] * len(archives)
+    errors = [""] * len(archives)
+    ends = [-1] * len(archives)
+    stream_id = o.sink.stream_id
+
+    def probe(c: ArchiveConnect) -> tuple[ArchiveClient, int]:
+        client = connect(c)
+        try:
+            return client, _committed_end(client, alias, stream_id)
+        except BaseException:
+            client.close()
+            raise
+
+    with ThreadPoolExecutor(len(archives), thread_name_prefix="archive-elect") as pool:
+        futures = [pool.submit(probe, c) for c in archives]
+        for i, future in enumerate(futures):
+            try:
+                clients[i], ends[i] = future.result()
+            except REPLICA_FAILURES as exc:
+                errors[i] = f"unreachable ({describe(exc)})"
+    reachable = [i for i, c in enumerate(clients) if c is not None]
+    if not reachable:
+        raise ServerUnavailableError(
+            "archive sink: no archive of the sink answers: "
+            + "; ".join(f"{a.control_channel}: {e}" for a, e in zip(archives, errors, strict=True))
+        )
+    chosen = max(reachable, key=lambda i: (ends[i], -i))
+    if chosen != 0:
+        log.warning(
+            "archive sink %s: promoting %s (committed end %d; %s: %s)",
+            alias,
+            archives[chosen].control_channel,
+            ends[chosen],
+            o.connect.control_channel,
+            errors[0] or f"behind, at {ends[0]}",
+        )
+    return Election(chosen, clients, errors, ends)
+
+
+__all__ = [
+    "REPLICA_FAILURES",
+    "Election",
+    "ReplicaOutcome",
+    "Replicas",
+    "describe",
+    "elect",
+    "find_copy",
+    "sink_recording",
+]
