@@ -890,17 +890,17 @@ def commit_batch(o: ArchiveSinkOptions, identity: str, batch: int, messages: lis
     election = elect(o, target_alias(o.sink.sink_id or identity))
     k = election.chosen
     po = sink_on_archive(o, k)
-    client = election.clients[k]
-    assert client is not None
+    chosen = election.clients[k]
+    assert chosen is not None
     others = [c for i, c in enumerate(election.clients) if i != k]
     errors = [e for i, e in enumerate(election.errors) if i != k]
-    committer = ArchiveCommitter(po, identity, client, promoted=k != 0)
+    committer = ArchiveCommitter(po, identity, chosen, promoted=k != 0)
     try:
         with Replicas(po, identity, others, errors) as replicas:
             stats = committer.commit(batch, parts, replicas=replicas)
     finally:
         committer.close()
-        client.close()
+        chosen.close()
     log.info("archive sink %s: batch %d: %s", identity, batch, stats)
     return stats
 
