@@ -1,7 +1,8 @@
 """Failover across Aeron Archive replicas (issue 30): time from the primary's kill -9 to the
 query's next progress.
 
-    python -m benchmarks.failover --read [--rows 6000] [--rate 1000] [--timeout-ms 5000]
+    python -m benchmarks.failover [--read] [--write] [--rows N] [--rate 1000] [--timeout-ms 5000]
+                                  [--repeats 3] [--failover-timeout-ms 5000]
 
 Needs Java and the pinned aeron-all jar (``python transport/tests/aeron_peer.py fetch``). Three
 ``ArchivingMediaDriver``s run on loopback (``aeron_peer.archive_set``: sleeping idle strategies);
@@ -17,8 +18,12 @@ a live merge. Prints one JSON object (with the load average at the start):
   ``kill_to_first_progress_s``: to any progress with rows (a batch in flight may finish first);
   ``rows_out`` / ``duplicates``: the parquet output checked for every row exactly once.
 
-The read part lives in its own functions (``read_failover``); a write part (the sink with
-``minInSyncReplicas``) goes beside it.
+* ``write`` (``--write``; :mod:`benchmarks.failover_write`): the archive sink's rows/s with
+  ``minInSyncReplicas`` 1, 2 and 3 in turns, and the time from the primary's kill -9 to the next
+  batch committed on a promoted replica (see that module).
+
+``--read`` and ``--write`` choose the parts; with neither, both run. ``--rows`` is per part
+(6,000 published rows for the read, 50,000 rows a batch for the write).
 """
 
 from __future__ import annotations
@@ -174,11 +179,30 @@ def _started(progress: Any) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--read", action="store_true", help="the read part (streaming source)")
-    parser.add_argument("--rows", type=int, default=6000)
+    parser.add_argument("--write", action="store_true", help="the write part (the sink)")
+    parser.add_argument(
+        "--rows",
+        type=int,
+        default=None,
+        help="read: rows published (6000); write: rows a batch (50000)",
+    )
     parser.add_argument("--rate", type=int, default=1000, help="rows published per second")
-    parser.add_argument("--timeout-ms", type=int, default=5000)
+    parser.add_argument("--timeout-ms", type=int, default=5000, help="the read query's timeoutMs")
+    parser.add_argument("--repeats", type=int, default=3, help="write: timed runs per contender")
+    parser.add_argument(
+        "--failover-timeout-ms",
+        type=int,
+        default=5000,
+        help="write: the sink's timeoutMs when the primary is killed",
+    )
     args = parser.parse_args(argv)
+    if not args.read and not args.write:
+        args.read = args.write = True
     result: dict[str, Any] = {"load_average": list(os.getloadavg())}
+    if args.write:
+        from benchmarks.failover_write import run_write
+
+        result["write"] = run_write(args.rows or 50_000, args.repeats, args.failover_timeout_ms)
     if args.read:
         from pyspark.sql import SparkSession
 
@@ -197,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with tempfile.TemporaryDirectory(prefix="aeron-spark-failover-") as root:
                 result["read"] = read_failover(
-                    spark, Path(root), args.rows, args.rate, args.timeout_ms
+                    spark, Path(root), args.rows or 6000, args.rate, args.timeout_ms
                 )
         finally:
             spark.stop()

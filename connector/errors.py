@@ -39,6 +39,7 @@ class ErrorCode(enum.IntEnum):
     LIMIT_EXCEEDED = 13
     STORAGE_FULL = 14
     TOO_MANY_OPEN_FILES = 15
+    NOT_ENOUGH_REPLICAS = 16
 
 
 class ConnectorError(DetailedError):
@@ -182,6 +183,17 @@ class StagedDataMissingError(ConnectorError):
     code = ErrorCode.STAGED_DATA_MISSING
 
 
+class NotEnoughReplicasError(ConnectorError):
+    """A sink commit could not be acknowledged: fewer archives than ``minInSyncReplicas`` (the
+    primary counts as one, Kafka's meaning) hold the batch's END marker. Nothing of the batch is
+    acknowledged and a committed-only reader does not see it (the primary's append was undone,
+    or never made); the commit can be repeated once replicas are back. ``details``:
+    ``required`` (minInSyncReplicas), ``in_sync`` (archives that held it, the primary
+    included), ``failed`` (each replica that did not, by control channel: why)."""
+
+    code = ErrorCode.NOT_ENOUGH_REPLICAS
+
+
 _BY_CODE: dict[int, type[ConnectorError]] = {
     int(cls.code): cls
     for cls in (
@@ -200,6 +212,7 @@ _BY_CODE: dict[int, type[ConnectorError]] = {
         StagedDataMissingError,
         StorageFullError,
         TooManyOpenFilesError,
+        NotEnoughReplicasError,
     )
 }
 
@@ -234,6 +247,7 @@ __all__ = [
     "ErrorCode",
     "LimitExceededError",
     "NotAuthorisedError",
+    "NotEnoughReplicasError",
     "NotFrameBoundaryError",
     "PayloadTooLargeError",
     "PositionOutOfRangeError",

@@ -1116,6 +1116,18 @@ ARCHIVE_SINK_OPTIONS: dict[str, tuple[str, str, str]] = {
     "archiveresponsehost": ARCHIVE_SOURCE_OPTIONS["archiveresponsehost"],
     "archivecredentials": ARCHIVE_SOURCE_OPTIONS["archivecredentials"],
     "archivecredentialsfile": ARCHIVE_SOURCE_OPTIONS["archivecredentialsfile"],
+    "replicas": (
+        "replicas",
+        "(none)",
+        "comma-separated control request channels of replica archives; after each commit the "
+        "sink asks each to replicate the target recording (same credentials as archive)",
+    ),
+    "mininsyncreplicas": (
+        "minInSyncReplicas",
+        "1",
+        "archives (the primary counts as one, Kafka's meaning) that must hold a batch's END "
+        "marker before its commit completes; fewer: NOT_ENOUGH_REPLICAS, nothing acknowledged",
+    ),
 }
 _TARGET_TERM_LENGTH = 1 << 20
 # Parameters the sink sets itself on the channels it publishes on and records.
@@ -1139,6 +1151,76 @@ class ArchiveSinkOptions:
     term_length: int  # of a new target recording and of staging recordings
     mtu: int
     sink: SinkOptions  # stream id, sinkId, format, timeout
+    replicas: tuple[ArchiveConnect, ...] = ()  # replica archives the target is replicated to
+    min_insync_replicas: int = 1  # archives holding a batch's END before its commit completes
+
+
+def archive_channel(channel: str, control_channel: str) -> str:
+    """``channel`` with its endpoint's host replaced by ``control_channel``'s: the same port on
+    another archive's host (where a promoted replica receives the sink's appends and stages)."""
+    endpoint = ChannelConfig.from_uri(control_channel).endpoint
+    port = ChannelConfig.from_uri(channel).endpoint
+    assert endpoint is not None and port is not None
+    host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
+    return re.sub(r"endpoint=[^|]*", f"endpoint={host}:{port.port}", channel, count=1)
+
+
+def sink_on_archive(o: ArchiveSinkOptions, k: int) -> ArchiveSinkOptions:
+    """The sink's options with archive ``k`` (0: ``archive``, k: the k-th replica) as the
+    primary: its control channel, ``channel`` and the staging channel on its host, the others
+    (the configured primary first) as its replicas."""
+    if k == 0:
+        return o
+    archives = (o.connect, *o.replicas)
+    chosen = archives[k]
+    return replace(
+        o,
+        connect=chosen,
+        channel=archive_channel(o.channel, chosen.control_channel),
+        staging_channel=archive_channel(o.staging_channel, chosen.control_channel),
+        replicas=tuple(a for i, a in enumerate(archives) if i != k),
+    )
+
+
+def _replicas(mine: dict[str, str], primary: ArchiveConnect) -> tuple[ArchiveConnect, ...]:
+    """``replicas``: control channels of other archives, each once, none the primary."""
+    text = mine.get("replicas", "").strip()
+    out: list[ArchiveConnect] = []
+    seen = {primary.control_channel}
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        try:
+            config = ChannelConfig.from_uri(item)
+        except ChannelError:
+            config = None
+        if config is None or config.media != "udp" or config.endpoint is None:
+            raise ConfigurationError(
+                "replicas",
+                item,
+                "comma-separated UDP control request channels of replica archives, e.g. "
+                "aeron:udp?endpoint=replica-host:8010",
+            )
+        if item in seen:
+            raise ConfigurationError(
+                "replicas", item, "each replica once, and not the archive itself"
+            )
+        seen.add(item)
+        out.append(replace(primary, control_channel=item))
+    return tuple(out)
+
+
+def _min_insync(mine: dict[str, str], replicas: int) -> int:
+    text = mine.get("mininsyncreplicas", "1").strip()
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= replicas + 1:
+        raise ConfigurationError(
+            "minInSyncReplicas",
+            text,
+            f"an int from 1 to {replicas + 1} (the archive and its {replicas} replicas)",
+        )
+    return value
 
 
 def _udp_channel(name: str, text: str) -> tuple[str, ChannelConfig]:
@@ -1191,12 +1273,16 @@ def parse_archive_sink_options(options: Mapping[str, str]) -> ArchiveSinkOptions
         )
     query = mine["channel"].partition("?")[2]
     has = {p.split("=", 1)[0] for p in query.split("|") if p}
+    connect = ArchiveConnect(control, stream, host, sink.settings.timeout_s, _credentials(mine))
+    replicas = _replicas(mine, connect)
     return ArchiveSinkOptions(
-        connect=ArchiveConnect(control, stream, host, sink.settings.timeout_s, _credentials(mine)),
+        connect=connect,
         channel=channel,
         staging_channel=staging,
         staging_stream_id=staging_stream,
         term_length=config.term_length if "term-length" in has else _TARGET_TERM_LENGTH,
         mtu=config.mtu,
         sink=sink,
+        replicas=replicas,
+        min_insync_replicas=_min_insync(mine, len(replicas)),
     )

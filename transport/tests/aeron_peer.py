@@ -476,13 +476,27 @@ def archive_set(
                 archive_id,
                 tag=f"set-{name}",
                 classpath=classpaths.get(name),
-                **REPLICATION_CLIENT_PROPS,
-                **extra.get(name, {}),
+                **{**REPLICATION_CLIENT_PROPS, **extra.get(name, {})},
             )
         yield started
     finally:
         for archive in started.values():
             archive.close()
+
+
+# the sink replicas' name for the same properties
+LOOPBACK_CLIENT_PROPS = REPLICATION_CLIENT_PROPS
+
+
+@contextlib.contextmanager
+def java_archives(
+    root: Path, names: list[str], first_id: int = 1, **properties: object
+) -> Iterator[list[JavaArchive]]:
+    """:func:`archive_set` by a list of names (ids ``first_id``, ``first_id + 1``...), each
+    with the same extra ``properties``; the archives in that order."""
+    archives = [(name, first_id + k) for k, name in enumerate(names)]
+    with archive_set(root, archives, extra={name: properties for name in names}) as started:
+        yield [started[name] for name in names]
 
 
 def compile_java(source: str, class_name: str, out_dir: Path) -> Path:

@@ -34,7 +34,7 @@ import logging
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -54,9 +54,16 @@ from aeron_spark.connector.archive_markers import (
     sink_hash,
     target_alias,
 )
-from aeron_spark.connector.errors import ServerUnavailableError
+from aeron_spark.connector.errors import NotEnoughReplicasError, ServerUnavailableError
 from aeron_spark.connector.formats_sbe import encode_task
-from aeron_spark.connector.options import ArchiveSinkOptions
+from aeron_spark.connector.options import ArchiveConnect, ArchiveSinkOptions, sink_on_archive
+from aeron_spark.connector.stores.archive.replicas import (
+    REPLICA_FAILURES,
+    Replicas,
+    describe,
+    elect,
+    sink_recording,
+)
 from aeron_spark.connector.stores.archive.source import connect
 from aeron_spark.connector.stores.tasks import sink_payloads, task_attempt
 from aeron_spark.errors import ConfigurationError
@@ -350,6 +357,7 @@ class ArchiveStaged(WriterCommitMessage):
     initial_term_id: int = 0
     term_length: int = 0
     extra: dict = field(default_factory=dict)
+    archive: str = ""  # the control channel of the archive it is staged on ("": ``archive``)
 
 
 def _staging_alias(identity: str, batch: int) -> str:
@@ -385,6 +393,24 @@ def _payloads(
             yield payloads, reserved
 
 
+def _staging_archive(o: ArchiveSinkOptions) -> tuple[ArchiveClient, ArchiveSinkOptions]:
+    """A session with the first archive that answers, ``archive`` first, then the replicas in
+    order (a task stages beside a dead primary), and the options on it."""
+    for k in range(1 + len(o.replicas)):
+        on = sink_on_archive(o, k)
+        try:
+            return connect(on.connect), on
+        except REPLICA_FAILURES as exc:
+            if k == len(o.replicas):
+                raise
+            log.warning(
+                "archive sink staging: %s: %s; trying the next replica",
+                on.connect.control_channel,
+                describe(exc),
+            )
+    raise AssertionError("unreachable")
+
+
 def stage(
     o: ArchiveSinkOptions, identity: str, batch: int, iterator: Iterator[pa.RecordBatch]
 ) -> ArchiveStaged:
@@ -394,11 +420,12 @@ def stage(
     first = next(rows, None)
     if first is None:
         return ArchiveStaged(partition, attempt)
+    client, on = _staging_archive(o)
     timeout = o.sink.settings.timeout_s
     sid = _session_id()
     params = f"session-id={sid}|alias={_staging_alias(identity, batch)}"
-    record_channel = f"{o.staging_channel}|{params}"
-    with connect(o.connect) as client:
+    record_channel = f"{on.staging_channel}|{params}"
+    with client:
         sub_id = client.start_recording(record_channel, o.staging_stream_id, auto_stop=True)
         pub = None
         recording_id = -1
@@ -408,7 +435,7 @@ def stage(
             )
             if not pub.wait_until_connected(timeout):
                 raise ServerUnavailableError(
-                    f"archive sink: the archive did not subscribe to {o.staging_channel} "
+                    f"archive sink: the archive did not subscribe to {on.staging_channel} "
                     f"within {timeout:g} s"
                 )
             recording_id = client.wait_for_signal(
@@ -423,7 +450,14 @@ def stage(
             end = pub.position
             _wait_recorded(client, recording_id, end, f"task {partition}'s rows")
             return ArchiveStaged(
-                partition, attempt, recording_id, end, count, pub.initial_term_id, o.term_length
+                partition,
+                attempt,
+                recording_id,
+                end,
+                count,
+                pub.initial_term_id,
+                o.term_length,
+                archive="" if on is o else on.connect.control_channel,
             )
         except TransportError as exc:
             raise ServerUnavailableError(f"archive sink staging: {exc}") from exc
@@ -470,23 +504,59 @@ class CommitStats:
     target_recording_id: int = -1
     begin_position: int = -1
     end_position: int = -1
+    replicas_in_sync: int = 0  # replicas holding the batch's END (the primary not counted)
+    replicas_repaired: int = 0  # copies cut back or purged before being brought up to date
+    replicas_failed: int = 0  # replicas not in sync (unreachable, replication failed)
 
 
 class ArchiveCommitter:
     """The driver's side: find the sink's target recording, recover its tail, append a batch
     once. One instance per commit call (it holds a control session)."""
 
-    def __init__(self, o: ArchiveSinkOptions, identity: str, client: ArchiveClient) -> None:
+    def __init__(
+        self, o: ArchiveSinkOptions, identity: str, client: ArchiveClient, promoted: bool = False
+    ) -> None:
+        """``promoted``: ``client`` is a replica's (its copy of the target found by the sink's
+        alias alone: the copy keeps the primary's channel)."""
         self.o = o
         self.identity = identity  # in the markers: sinkId scoped to the query's checkpoint
         self.client = client
+        self.promoted = promoted
         self.alias = target_alias(o.sink.sink_id or identity)  # the target: by sinkId
+        self._staging: dict[str, ArchiveClient] = {}  # sessions with the other archives
+
+    def staging_client(self, part: ArchiveStaged) -> ArchiveClient:
+        """A session with the archive ``part`` is staged on."""
+        if part.archive in ("", self.o.connect.control_channel):
+            if not part.archive and self.promoted:
+                return self._other(self.o.replicas[0])  # ``archive`` (first of a promoted's)
+            return self.client
+        for c in self.o.replicas:
+            if c.control_channel == part.archive:
+                return self._other(c)
+        raise ServerUnavailableError(
+            f"archive sink: partition {part.partition} was staged on {part.archive}, not an "
+            "archive of this sink"
+        )
+
+    def _other(self, c: ArchiveConnect) -> ArchiveClient:
+        client = self._staging.get(c.control_channel)
+        if client is None:
+            client = self._staging[c.control_channel] = connect(c)
+        return client
+
+    def close(self) -> None:
+        for client in self._staging.values():
+            client.close()
+        self._staging.clear()
 
     # ---------------------------------------------------------- the target
 
     def target(self) -> RecordingDescriptor | None:
         """The sink's target recording: the newest recording of the stream on the sink's
         channel whose original channel carries the sink's alias."""
+        if self.promoted:
+            return sink_recording(self.client, self.alias, self.o.sink.stream_id)
         found = [
             d
             for d in _on_endpoint(self.client, self.o.channel, self.o.sink.stream_id)
@@ -520,10 +590,19 @@ class ArchiveCommitter:
     # ---------------------------------------------------------- commit
 
     def commit(
-        self, batch: int, parts: list[ArchiveStaged], stats: CommitStats | None = None
+        self,
+        batch: int,
+        parts: list[ArchiveStaged],
+        stats: CommitStats | None = None,
+        replicas: Replicas | None = None,
     ) -> CommitStats:
+        """Append the batch once; with ``replicas``, complete only when the batch's END is on
+        ``minInSyncReplicas - 1`` of them too (:mod:`.replicas`), else NOT_ENOUGH_REPLICAS with
+        the batch cut off again."""
         stats = stats or CommitStats()
         staged = sorted((p for p in parts if p.recording_id >= 0), key=lambda p: p.partition)
+        if replicas is not None:
+            self.require_replicas(batch, replicas)
         d = self.stopped_target()
         if d is not None:
             stats.target_recording_id = d.recording_id
@@ -557,8 +636,11 @@ class ArchiveCommitter:
                     d.recording_id,
                 )
                 stats.skipped_duplicate += 1
+                if replicas is not None:  # a commit repeated: the batch still needs its copies
+                    self.replicate(batch, replicas, d, tail.last.begin_position, stats)
                 self.purge(batch, parts, stats)
                 return stats
+        base = -1 if d is None else d.stop_position
         append = Append(self, d, batch, len(staged))
         try:
             append.begin()
@@ -570,15 +652,90 @@ class ArchiveCommitter:
             stats.begin_position, stats.end_position = append.begin_position, append.position
         finally:
             append.close()
+        if replicas is not None:
+            appended = self.client.list_recording(append.recording_id)
+            assert appended is not None
+            self.replicate(batch, replicas, appended, append.begin_position, stats, base)
         self.purge(batch, parts, stats)
         return stats
+
+    # ---------------------------------------------------------- replicas
+
+    def require_replicas(self, batch: int, replicas: Replicas) -> None:
+        """Before anything is appended: enough replicas answer (Kafka's NOT_ENOUGH_REPLICAS
+        before the append), else the coded error and nothing written."""
+        reachable = replicas.connect()
+        if reachable < replicas.required:
+            raise self._not_enough(batch, replicas, 1 + reachable, replicas.unreachable(), "")
+
+    def replicate(
+        self,
+        batch: int,
+        replicas: Replicas,
+        d: RecordingDescriptor,
+        begin: int,
+        stats: CommitStats,
+        base: int | None = None,
+    ) -> None:
+        """The stopped target ``d`` (the batch in ``[begin, stop)``) copied to every reachable
+        replica; too few in sync: the batch cut off the primary and those copies, and
+        NOT_ENOUGH_REPLICAS (nothing acknowledged; committed-only readers stop before it)."""
+        end = d.stop_position
+        outcomes = replicas.sync(d, begin if base is None else base, end)
+        good = [o for o in outcomes if o.in_sync]
+        stats.replicas_in_sync = len(good)
+        stats.replicas_repaired += sum(bool(o.repaired) for o in outcomes)
+        stats.replicas_failed += len(outcomes) - len(good)
+        if len(good) >= replicas.required:
+            return
+        log.warning(
+            "archive sink %s: batch %d on %d replica(s) of the %d needed; cutting recording %d "
+            "back to %d",
+            self.identity,
+            batch,
+            len(good),
+            replicas.required,
+            d.recording_id,
+            begin,
+        )
+        self.client.truncate_recording(d.recording_id, begin)
+        stats.truncated_bytes += end - begin
+        replicas.undo(good, begin)
+        failed = {o.control_channel: o.reason for o in outcomes if not o.in_sync}
+        raise self._not_enough(
+            batch, replicas, 1 + len(good), failed, f" (its append [{begin}, {end}) was undone)"
+        )
+
+    def _not_enough(
+        self, batch: int, replicas: Replicas, in_sync: int, failed: dict[str, str], undone: str
+    ) -> NotEnoughReplicasError:
+        required = self.o.min_insync_replicas
+        why = "; ".join(f"{channel}: {reason}" for channel, reason in failed.items())
+        return NotEnoughReplicasError(
+            f"archive sink {self.identity}: batch {batch} not committed: minInSyncReplicas="
+            f"{required} but only {in_sync} archive(s) (the primary included) can hold it"
+            f"{undone}; {why}",
+            required=required,
+            in_sync=in_sync,
+            failed=failed,
+            batch=batch,
+        )
 
     def purge(self, batch: int | None, parts: list[ArchiveStaged], stats: CommitStats) -> None:
         """Purge the staging recordings ``parts`` name, and (``batch`` not None) every stopped
         staging recording of this sink of batches up to ``batch`` (failed attempts)."""
-        named = {p.recording_id for p in parts if p.recording_id >= 0}
-        for rid in sorted(named):
-            if _stop_and_purge(self.client, rid):
+        named: set[int] = set()
+        for part in sorted(parts, key=lambda p: p.recording_id):
+            if part.recording_id < 0:
+                continue
+            try:
+                client = self.staging_client(part)
+            except REPLICA_FAILURES as exc:  # that archive is gone: purged when it is back
+                log.info("archive sink: staging on %s not purged: %s", part.archive, exc)
+                continue
+            if client is self.client:
+                named.add(part.recording_id)
+            if _stop_and_purge(client, part.recording_id):
                 stats.purged_staging += 1
         if batch is None:
             return
@@ -686,7 +843,8 @@ class Append:
         assert self.pub is not None
         relay = _Blocks(self.pub, self.c.o.sink.settings.timeout_s)
         try:
-            for b in self.c.client.replay(part.recording_id, 0, part.stop_position):
+            staged = self.c.staging_client(part)
+            for b in staged.replay(part.recording_id, 0, part.stop_position):
                 relay.feed(b.data, part.recording_id)
             relay.finish(part.recording_id)
         except TransportError as exc:
@@ -724,8 +882,25 @@ class Append:
 
 def commit_batch(o: ArchiveSinkOptions, identity: str, batch: int, messages: list) -> CommitStats:
     parts = [m for m in messages if isinstance(m, ArchiveStaged)]
-    with connect(o.connect) as client:
-        stats = ArchiveCommitter(o, identity, client).commit(batch, parts)
+    if not o.replicas:
+        with connect(o.connect) as client:
+            stats = ArchiveCommitter(o, identity, client).commit(batch, parts)
+        log.info("archive sink %s: batch %d: %s", identity, batch, stats)
+        return stats
+    election = elect(o, target_alias(o.sink.sink_id or identity))
+    k = election.chosen
+    po = sink_on_archive(o, k)
+    chosen = election.clients[k]
+    assert chosen is not None
+    others = [c for i, c in enumerate(election.clients) if i != k]
+    errors = [e for i, e in enumerate(election.errors) if i != k]
+    committer = ArchiveCommitter(po, identity, chosen, promoted=k != 0)
+    try:
+        with Replicas(po, identity, others, errors) as replicas:
+            stats = committer.commit(batch, parts, replicas=replicas)
+    finally:
+        committer.close()
+        chosen.close()
     log.info("archive sink %s: batch %d: %s", identity, batch, stats)
     return stats
 
@@ -733,8 +908,26 @@ def commit_batch(o: ArchiveSinkOptions, identity: str, batch: int, messages: lis
 def abort_batch(o: ArchiveSinkOptions, identity: str, batch: int, messages: list) -> None:
     parts = [m for m in messages if isinstance(m, ArchiveStaged)]
     stats = CommitStats()
-    with connect(o.connect) as client:
-        ArchiveCommitter(o, identity, client).purge(None, parts, stats)
+    if not o.replicas:
+        with connect(o.connect) as client:
+            ArchiveCommitter(o, identity, client).purge(None, parts, stats)
+    else:  # parts may be staged on several archives, some gone: each purged where it is
+        for archive in sorted({p.archive for p in parts if p.recording_id >= 0}):
+            c = replace(o.connect, control_channel=archive) if archive else o.connect
+            try:
+                with connect(c) as client:
+                    for p in parts:
+                        if p.archive == archive and p.recording_id >= 0:
+                            stats.purged_staging += _stop_and_purge(client, p.recording_id)
+            except REPLICA_FAILURES as exc:
+                log.warning(
+                    "archive sink %s: batch %d: staging on %s not purged (the next commit "
+                    "that reaches it does): %s",
+                    identity,
+                    batch,
+                    c.control_channel,
+                    describe(exc),
+                )
     log.warning("archive sink %s: batch %d aborted: %s", identity, batch, stats)
 
 

@@ -1,0 +1,263 @@
+"""The archive sink's ``replicas`` and ``minInSyncReplicas`` against real Java archives (issue 30).
+
+Real ``ArchivingMediaDriver``s from the pinned aeron-all jar (``aeron_peer.java_archives``, the
+replication tests' setup: free loopback ports, sleeping idle strategies, stopped and removed
+after): the sink appends to the primary and each commit asks the replicas to replicate its target
+recording (Aeron Archive's own replication). With ``minInSyncReplicas=2`` every row is read once
+and the replica holds the same rows at the same positions; with ``minInSyncReplicas=3`` and a
+replica killed (-9) the commit fails with NOT_ENOUGH_REPLICAS, before its append (the replica
+does not answer) or after it (killed between the check and the replication: the append is cut
+off again), and a committed-only reader sees nothing of the batch; the batch then goes in once.
+Skips without Java only; fails instead with ``AERON_INTEROP_REQUIRED`` (CI).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from aeron_spark.connector.errors import ErrorCode, NotEnoughReplicasError
+from aeron_spark.connector.formats import Geometry, iter_messages
+from aeron_spark.connector.options import (
+    ArchiveSinkOptions,
+    parse_archive_sink_options,
+    parse_archive_source_options,
+)
+from aeron_spark.connector.session.replay import ReplayBlock
+from aeron_spark.connector.source import AeronBatchReader
+from aeron_spark.connector.stores.archive import sink as archive_sink
+from aeron_spark.connector.stores.archive.replicas import Replicas, find_copy
+from aeron_spark.errors import ConfigurationError
+from aeron_spark.transport.testing import free_udp_port
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "transport" / "tests"))
+import aeron_peer  # noqa: E402
+
+pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+@pytest.fixture(scope="module")
+def archives(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[aeron_peer.JavaArchive]]:
+    aeron_peer.require_java()
+    root = tmp_path_factory.mktemp("sink-replicas")
+    with aeron_peer.java_archives(root, ["sink-primary", "sink-replica-b"], 0x5A1) as started:
+        yield started
+
+
+def _options(
+    primary: aeron_peer.JavaArchive,
+    stream_id: int,
+    replicas: list[aeron_peer.JavaArchive | str],
+    min_insync: int,
+    channel: str,
+    **extra: str,
+) -> ArchiveSinkOptions:
+    return parse_archive_sink_options(
+        {
+            **extra,
+            "archive": primary.control_channel,
+            "channel": channel,
+            "streamId": str(stream_id),
+            "sinkId": f"replicated-{stream_id}",
+            "timeoutMs": "15000",
+            "replicas": ",".join(r if isinstance(r, str) else r.control_channel for r in replicas),
+            "minInSyncReplicas": str(min_insync),
+        }
+    )
+
+
+def _stage(o: ArchiveSinkOptions, batch: int, partition: int, rows: list[bytes]):  # type: ignore[no-untyped-def]
+    staged = archive_sink.stage(o, "id", batch, iter([pa.record_batch({"value": rows})]))
+    return dataclasses.replace(staged, partition=partition)
+
+
+def _commit(o: ArchiveSinkOptions, batch: int, rows: list[bytes]) -> archive_sink.CommitStats:
+    half = len(rows) // 2
+    parts = [_stage(o, batch, 1, rows[half:]), _stage(o, batch, 0, rows[:half])]
+    return archive_sink.commit_batch(o, "id", batch, parts)
+
+
+def _read(archive: aeron_peer.JavaArchive, stream_id: int) -> list[bytes]:
+    """Every row a committed-only reader (the archive source) reads of the stream."""
+    src = parse_archive_source_options({"archive": archive.control_channel, "streamId": stream_id})
+    reader = AeronBatchReader(src, None)
+    out: list[bytes] = []
+    for part in reader.partitions():
+        for batch in reader.read(part):
+            out.extend(batch.column("value").to_pylist())
+    return out
+
+
+def _held(o: ArchiveSinkOptions, archive: aeron_peer.JavaArchive) -> tuple[int, list]:
+    """(stop position, [(position, payload)] of every message, markers included) of the sink's
+    target on the primary, or of its copy on ``archive``."""
+    with archive_sink.connect(o.connect) as primary:
+        target = archive_sink.ArchiveCommitter(o, "id", primary).target()
+        assert target is not None
+        connect = dataclasses.replace(o.connect, control_channel=archive.control_channel)
+        with archive_sink.connect(connect) as client:
+            d = target if archive.control_channel == o.connect.control_channel else None
+            d = d or find_copy(client, target)
+            assert d is not None and d.stop_position >= 0
+            blocks = [
+                ReplayBlock(b.position, b.data, 0, b.end_position)
+                for b in client.replay(d.recording_id, d.start_position, d.stop_position)
+            ]
+    geometry = Geometry(d.initial_term_id, d.term_buffer_length)
+    return d.stop_position, [
+        (m.position, bytes(m.payload)) for m in iter_messages(blocks, geometry)
+    ]
+
+
+def test_min_insync_replicas_2_every_row_once_and_the_replica_holds_the_same(
+    archives: list[aeron_peer.JavaArchive],
+) -> None:
+    primary, b = archives
+    o = _options(primary, 6101, [b], 2, f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}")
+    rows = [[b"b%d-row-%04d" % (n, i) + bytes(i % 300) for i in range(600)] for n in range(3)]
+    for n in range(3):
+        stats = _commit(o, n, rows[n])
+        assert (stats.appended_rows, stats.replicas_in_sync, stats.replicas_failed) == (600, 1, 0)
+    again = _commit(o, 2, rows[2][:10])  # a commit repeated (a restart): nothing appended
+    assert (again.skipped_duplicate, again.appended_rows, again.replicas_in_sync) == (1, 0, 1)
+    expected = [r for batch in rows for r in batch]
+    assert _read(primary, 6101) == expected  # every row once, in batch and partition order
+    stop, held = _held(o, primary)
+    assert _held(o, b) == (stop, held)  # the same rows (and markers) at the same positions
+    assert [m for _, m in held if not m.startswith(b"AERON-SPARK-SINK")] == expected
+
+
+class _KilledAfterConnect(Replicas):
+    """The replicas of one commit, with ``victim`` killed (-9) once they answered: the commit
+    finds enough replicas before its append and too few after it."""
+
+    victim: aeron_peer.JavaArchive
+
+    def connect(self) -> int:
+        reachable = super().connect()
+        self.victim.kill()
+        return reachable
+
+
+def test_min_insync_replicas_3_with_a_replica_down_commits_nothing(
+    archives: list[aeron_peer.JavaArchive], tmp_path: Path
+) -> None:
+    primary, b = archives
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+    with aeron_peer.java_archives(tmp_path, ["sink-replica-c"], 0x5A3) as (c,):
+        o = _options(primary, 6102, [b, c], 3, channel)
+        first = [b"first-%03d" % i for i in range(200)]
+        stats = _commit(o, 0, first)
+        assert (stats.appended_rows, stats.replicas_in_sync) == (200, 2)
+        committed, _ = _held(o, b)
+        # c dies after answering: the append goes in, too few copies reach its END: undone.
+        rows = [b"second-%03d" % i for i in range(300)]
+        parts = [_stage(o, 1, 0, rows)]
+        with archive_sink.connect(o.connect) as client:
+            committer = archive_sink.ArchiveCommitter(o, "id", client)
+            replicas = _KilledAfterConnect(o, "id")
+            replicas.victim = c
+            with replicas, pytest.raises(NotEnoughReplicasError) as after:
+                committer.commit(1, parts, replicas=replicas)
+    assert after.value.code is ErrorCode.NOT_ENOUGH_REPLICAS
+    assert (after.value.required, after.value.in_sync) == (3, 2)
+    assert list(after.value.failed) == [c.control_channel]
+    assert "was undone" in str(after.value)
+    assert _read(primary, 6102) == first  # nothing of batch 1 for a committed-only reader
+    assert _held(o, primary)[0] == committed == _held(o, b)[0]  # cut back on both
+    # c still down: refused before anything is appended.
+    with pytest.raises(NotEnoughReplicasError, match="NOT_ENOUGH|minInSyncReplicas=3") as before:
+        _commit(o, 1, rows)
+    assert "unreachable" in before.value.failed[c.control_channel]
+    assert before.value.in_sync == 2 and "undone" not in str(before.value)
+    assert _read(primary, 6102) == first
+    # With minInSyncReplicas=2 (c still down) the batch goes in, once.
+    o2 = dataclasses.replace(o, min_insync_replicas=2)
+    stats = _commit(o2, 1, rows)
+    assert (stats.appended_rows, stats.replicas_in_sync, stats.replicas_failed) == (300, 1, 1)
+    assert _read(primary, 6102) == first + rows
+    assert _held(o, b) == _held(o, primary)
+
+
+def test_replica_options_are_checked(archives: list[aeron_peer.JavaArchive]) -> None:
+    primary, b = archives
+    channel = "aeron:udp?endpoint=127.0.0.1:40999"
+    assert _options(primary, 1, [], 1, channel).replicas == ()
+    o = _options(primary, 1, [b], 2, channel)
+    assert [r.control_channel for r in o.replicas] == [b.control_channel]
+    assert o.replicas[0].timeout_s == o.connect.timeout_s
+    for replicas, min_insync, match in (
+        ([b], 3, "minInSyncReplicas.*from 1 to 2"),
+        ([], 2, "minInSyncReplicas.*from 1 to 1"),
+        ([b], 0, "minInSyncReplicas"),
+        ([b, b], 1, "replicas.*each replica once"),
+        ([primary], 1, "replicas.*not the archive itself"),
+        (["udp://nowhere"], 1, "replicas.*control request channels"),
+    ):
+        with pytest.raises(ConfigurationError, match=match):
+            _options(primary, 1, replicas, min_insync, channel)
+
+
+def test_primary_killed_a_replica_is_promoted_and_the_old_primary_reseeded(
+    tmp_path: Path,
+) -> None:
+    """kill -9 of the primary between commits (``minInSyncReplicas=2``, two replicas): the next
+    batch stages on the first replica that answers and the commit promotes the replica holding
+    the last committed END (the first, on a tie), extends its copy and replicates it to the
+    other; no acknowledged batch lost, none duplicated. The old primary restarted (same archive
+    directory) is behind: the next commit stays on the promoted replica, stages on the old
+    primary and brings its copy up to date; every archive then holds the same messages at the
+    same positions and reads every row once."""
+    aeron_peer.require_java()
+    names = ["promote-a", "promote-b", "promote-c"]
+    with aeron_peer.java_archives(tmp_path, names, 0x5C1) as (a, b, c):
+        # A promoted archive takes the sink's channels on its own host, same ports: here the
+        # same host, so staging gets a port of its own (a restarted primary stages there while
+        # the promoted one appends).
+        o = _options(
+            a,
+            6201,
+            [b, c],
+            2,
+            f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
+            archiveStagingChannel=f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
+        )
+        rows = [[b"p%d-%04d" % (n, i) for i in range(300)] for n in range(4)]
+        for n in (0, 1):
+            assert _commit(o, n, rows[n]).replicas_in_sync == 2
+        a.kill()  # kill -9: the archive gone without a goodbye
+        staged = _stage(o, 2, 0, rows[2])
+        assert staged.archive == b.control_channel  # the task staged beside the dead primary
+        stats = archive_sink.commit_batch(o, "id", 2, [staged])
+        assert (stats.appended_rows, stats.replicas_in_sync, stats.replicas_failed) == (300, 1, 1)
+        assert _read(b, 6201) == rows[0] + rows[1] + rows[2]
+        on_b = dataclasses.replace(o, connect=o.replicas[0])
+        assert _held(on_b, c) == _held(on_b, b)
+        # The old primary comes back (same directory and port): behind, so a replica now.
+        restarted = aeron_peer.JavaArchive(
+            a.archive_dir,
+            a.control_port,
+            a.archive_id,
+            tag="promote-a2",
+            **aeron_peer.LOOPBACK_CLIENT_PROPS,
+        )
+        try:
+            with archive_sink.connect(dataclasses.replace(o.connect, timeout_s=120)):
+                pass  # its JVM answers (started again on a loaded machine)
+            staged = _stage(o, 3, 0, rows[3])
+            assert staged.archive == ""  # staged on the configured primary again
+            stats = archive_sink.commit_batch(o, "id", 3, [staged])
+            assert (stats.appended_rows, stats.replicas_in_sync) == (300, 2)
+            expected = [r for batch in rows for r in batch]
+            for archive in (a, b, c):
+                assert _read(archive, 6201) == expected, archive.control_channel
+            held = _held(on_b, b)
+            assert _held(on_b, a) == held == _held(on_b, c)
+        finally:
+            restarted.close()
