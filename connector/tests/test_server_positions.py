@@ -40,7 +40,15 @@ def test_positions_of_every_recording_of_a_stream_come_in_one_request_without_a_
         with _connect(server) as publisher:
             publisher.publish(1 if n < 4 else 2, [bytes([n]) * s for s in sizes[: n + 1]])
     with _connect(server) as client:
-        listed = {r.recording_id: r for r in client.list_recordings([1])}
+        deadline = time.monotonic() + 30
+        while True:  # a publisher's close reaches the server's loop on its next sweep: wait
+            # for every recording to stop, so the listing and the positions see the same state
+            listed = {r.recording_id: r for r in client.list_recordings([1, 2])}
+            if all(r.stop_position is not None for r in listed.values()) and len(listed) == 6:
+                break
+            assert time.monotonic() < deadline, f"recordings never stopped: {listed}"
+            time.sleep(0.05)
+        listed = {rid: r for rid, r in listed.items() if r.stream_id == 1}
         positions = client.recording_positions([1])
         assert set(positions) == set(listed) and len(positions) == 4
         for rid, p in positions.items():
