@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from aeron_spark.transport.errors import ChannelError
+from aeron_spark.transport.protocol.flow_control import FlowControlPolicy, parse_flow_control
 from aeron_spark.transport.protocol.logbuffer import (
     DEFAULT_IPC_TERM_LENGTH,
     DEFAULT_MTU_LENGTH,
@@ -318,6 +319,10 @@ class ChannelConfig:
     # a socket opened for this channel sends an address that has not completed a handshake at
     # most this many times what it received from it (0: no bound; see AmplificationLedger)
     max_amplification: int = 0
+    # publications: the flow control strategy (fc=max, fc=min,..., fc=tagged,...; None: max)
+    flow_control: FlowControlPolicy | None = None
+    # subscriptions: the group tag their SMs carry (gtag), counted by an fc=tagged publisher
+    group_tag: int | None = None
     uri: str = ""
 
     @property
@@ -433,6 +438,21 @@ class ChannelConfig:
             kwargs["max_amplification"] = parse_size("max-amplification", p["max-amplification"])
         if "max-destinations" in p:
             kwargs["max_destinations"] = parse_size("max-destinations", p["max-destinations"])
+        if "fc" in p:
+            try:
+                kwargs["flow_control"] = parse_flow_control(p["fc"])
+            except ValueError as exc:
+                raise ChannelError(
+                    "fc", p["fc"], f"max, min[,t:5s][,g:/N] or tagged,g:TAG[/N][,t:5s] ({exc})"
+                ) from None
+        if "gtag" in p:
+            try:
+                tag = int(p["gtag"])
+            except ValueError:
+                tag = 1 << 64
+            if not -(2**63) <= tag < 2**63:
+                raise ChannelError("gtag", p["gtag"], "a 64-bit integer group tag")
+            kwargs["group_tag"] = tag
         config = cls(**kwargs)  # type: ignore[arg-type]
         config.validate()
         return config, resolved

@@ -210,6 +210,7 @@ class DriverConductor:
                 destination=destination,
                 dynamic=dynamic,
                 now_ns=now_ns,
+                flow_control=config.flow_control,
             )
             if config.destination_host is not None:
                 host = config.destination_host
@@ -336,6 +337,7 @@ class DriverConductor:
                 receiver_window=receiver_window_for(config.receiver_window_length, rep.endpoint),
                 nak_delay_ns=config.nak_delay_ns,
                 reliable=config.reliable,
+                group_tag=config.group_tag,
                 max_term_length=min(
                     limits.max_term_length, config.max_term_length or limits.max_term_length
                 ),

@@ -60,7 +60,9 @@ from aeron_spark.transport.protocol.frames import (
     NAK,
     NAK_LENGTH,
     SM,
+    SM_GROUP_TAG,
     SM_LENGTH,
+    SM_WITH_GROUP_TAG_LENGTH,
     DataFlags,
     FrameType,
     SmFlags,
@@ -181,6 +183,7 @@ class ImageState:
         receiver_id: int | None = None,
         now_ns: int = 0,
         log: bytearray | mmap.mmap | None = None,
+        group_tag: int | None = None,
         rng: random.Random = system_random,
     ) -> None:
         self.session_id = session_id
@@ -231,7 +234,12 @@ class ImageState:
         self.over_runs = 0
         self.under_runs = 0
         self.gaps_filled = 0
-        self._sm_buffer = bytearray(SM_LENGTH)
+        # a subscription's gtag: every SM carries it (an fc=tagged publisher counts us by it)
+        self.group_tag = group_tag
+        self._sm_length = SM_LENGTH if group_tag is None else SM_WITH_GROUP_TAG_LENGTH
+        self._sm_buffer = bytearray(self._sm_length)
+        if group_tag is not None:
+            SM_GROUP_TAG.pack_into(self._sm_buffer, SM_LENGTH, group_tag)
         # Where kick() puts it for the receiver (its dispatcher's ready queue; None: nobody
         # steps it), and whether it is there already (cleared before the receiver steps it).
         self.wakeups: deque[Any] | None = None
@@ -479,7 +487,7 @@ class ImageState:
         SM.pack_into(
             self._sm_buffer,
             0,
-            SM_LENGTH,
+            self._sm_length,
             0,
             flags,
             FrameType.SM,

@@ -66,7 +66,11 @@ from aeron_spark.transport.protocol.destinations import (
     Destinations,
     host_of,
 )
-from aeron_spark.transport.protocol.flow_control import CONNECTION_TIMEOUT_NS, FlowControl
+from aeron_spark.transport.protocol.flow_control import (
+    CONNECTION_TIMEOUT_NS,
+    FlowControlPolicy,
+    make_flow_control,
+)
 from aeron_spark.transport.protocol.frames import (
     DATA_HEADER_LENGTH,
     DATA_HEADER_TAIL,
@@ -199,6 +203,7 @@ class PublicationState:
         destination: Address | None = None,
         dynamic: bool = False,
         now_ns: int = 0,
+        flow_control: FlowControlPolicy | None = None,
     ) -> None:
         self.geometry = LogGeometry(term_length, mtu, initial_term_id)
         self.session_id = session_id
@@ -224,7 +229,7 @@ class PublicationState:
         self.max_position = (1 << 31) * term_length - 1  # int32 term count, as Aeron
         self.sender_position = start
         self.publisher_limit = start
-        self.flow = FlowControl(start, self.window)
+        self.flow = make_flow_control(flow_control, start, self.window)
         self.dynamic = dynamic
         self.dests = Destinations(session_id)
         if destination is not None:
@@ -326,7 +331,7 @@ class PublicationState:
 
     @property
     def is_connected(self) -> bool:
-        return bool(self.flow.receivers) and not self.is_closed
+        return self.flow.is_connected and not self.is_closed
 
     def offer(self, payload: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
         """Append one message; the new position, or a negative result code."""
@@ -345,7 +350,7 @@ class PublicationState:
             ):
                 return MAX_POSITION_EXCEEDED
             return appender.append(payload, reserved_value)
-        if self.flow.receivers:
+        if self.flow.is_connected:
             self.back_pressure_events += 1
             return BACK_PRESSURED
         return NOT_CONNECTED
@@ -366,7 +371,7 @@ class PublicationState:
             if position + len(block) > self.max_position:
                 return MAX_POSITION_EXCEEDED
             return appender.append_block(block)
-        if self.flow.receivers:
+        if self.flow.is_connected:
             self.back_pressure_events += 1
             return BACK_PRESSURED
         return NOT_CONNECTED
@@ -389,7 +394,7 @@ class PublicationState:
             if position + self.appender.required_length(length) > self.max_position:
                 return MAX_POSITION_EXCEEDED
             return 0
-        if self.flow.receivers:
+        if self.flow.is_connected:
             self.back_pressure_events += 1
             return BACK_PRESSURED
         return NOT_CONNECTED
@@ -473,7 +478,9 @@ class PublicationState:
         elif not self.dynamic:
             for d in dests.by_address.values():
                 d.needs_setup = False
-        flow.on_status_message(sm.receiver_id, self.sm_position(sm), sm.receiver_window, now_ns)
+        flow.on_status_message(
+            sm.receiver_id, self.sm_position(sm), sm.receiver_window, now_ns, sm.group_tag
+        )
         self._update_publisher_limit()
 
     def may_add_destination(self, source: Address, session_id: int) -> bool:
@@ -482,6 +489,7 @@ class PublicationState:
 
     def _drop_destination(self, address: Address) -> None:
         if self.dests.drop(address, self.flow.receivers):
+            self.flow.refresh()
             self._update_publisher_limit()
 
     def on_nak(self, nak: NakFrame, now_ns: int, source: Address | None = None) -> int:
@@ -545,7 +553,7 @@ class PublicationState:
     def _update_publisher_limit(self) -> None:
         if self.is_closed:
             return
-        if self.flow.receivers:
+        if self.flow.is_connected:
             consumer = self.sender_position
             for spy in self.spies:
                 if spy.subscriber_position < consumer:
@@ -656,8 +664,8 @@ class PublicationState:
         if dests.refused_elicits and dests.refused_due(now_ns):
             if dests.answer_refused(now_ns, self.window):
                 self.setup_deadline_ns = now_ns
-        if self.dynamic and dests.by_address:
-            dests.expire(now_ns, flow.receivers)
+        if self.dynamic and dests.by_address and dests.expire(now_ns, flow.receivers):
+            flow.refresh()
         if now_ns >= self.setup_deadline_ns and not self.is_eos_sent:
             connected = flow.has_initial_connection
             targets = [d for d in dests.by_address.values() if d.needs_setup or not connected]

@@ -113,8 +113,10 @@ class StreamInterest:
         on_image_gone: Callable[[ImageState], None] | None = None,
         on_data: Callable[[], None] | None = None,
         rng: random.Random = system_random,
+        group_tag: int | None = None,
     ) -> None:
         self.stream_id = stream_id
+        self.group_tag = group_tag  # the gtag our images' SMs carry (None: none)
         self.session_id = session_id
         self.control_address = control_address
         self.receiver_window = receiver_window
@@ -393,6 +395,7 @@ class ReceiveDispatcher:
                 reliable=interest.reliable,
                 receiver_id=interest.receiver_id,
                 now_ns=now_ns,
+                group_tag=interest.group_tag,
             )
             interest.images[setup.session_id] = image
             self._owner[image] = interest

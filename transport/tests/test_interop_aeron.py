@@ -866,6 +866,82 @@ def test_real_dynamic_mdc_publication_to_our_subscription(
     _assert_understood_everything(our_driver)
 
 
+def test_real_tagged_flow_control_counts_our_subscriptions_group_tag(
+    real_driver: RealDriver, our_driver: Driver
+) -> None:
+    """A real dynamic MDC publication with ``fc=tagged,g:7/2`` sends only once two receivers
+    whose status messages carry group tag 7 are known: our two subscriptions with ``gtag=7``
+    (SMs of 44 bytes with the tag) make it send, and both get every message in order. Without
+    the tag in our SMs the real publication never connects."""
+    control, stream_id, count, length = _free_udp_port(), 1019, 300, 2000
+    got = [Received(), Received()]
+    subs = [
+        r.subscribe(
+            our_driver,
+            _channel(_free_udp_port(), control=f"127.0.0.1:{control}", gtag=7),
+            stream_id,
+        )
+        for r in got
+    ]
+    channel = f"aeron:udp?control=127.0.0.1:{control}|control-mode=dynamic|fc=tagged,g:7/2"
+    pub = _run_streaming(real_driver, channel, stream_id, count, length)
+    try:
+        # both at once: the publication goes at the pace of the slower of the two
+        assemblers = [FragmentAssembler(r.handler) for r in got]
+        deadline = time.monotonic() + _DELIVERY_S
+        while any(len(r.payloads) < count for r in got):
+            assert time.monotonic() < deadline, [len(r.payloads) for r in got]
+            if sum(s.poll(a, 64) for s, a in zip(subs, assemblers, strict=True)) == 0:
+                time.sleep(0.002)
+        pub.wait_exit(_DELIVERY_S)
+    finally:
+        pub.stop()
+    for received in got:
+        _check_streamed(received.payloads, count, length)
+    _assert_understood_everything(our_driver)
+
+
+def test_our_min_flow_control_publication_to_real_tagged_subscribers(
+    real_driver: RealDriver, our_driver: Driver
+) -> None:
+    """Our dynamic MDC publication with ``fc=tagged,g:9/2`` connects only when two real
+    subscribers with ``gtag=9`` announced themselves (the real receivers' tagged SMs parsed),
+    then reaches both with every message, in order."""
+    control, stream_id = _free_udp_port(), 1020
+    pub = our_driver.add_publication(
+        f"aeron:udp?control=127.0.0.1:{control}|control-mode=dynamic|fc=tagged,g:9/2", stream_id
+    )
+    sub_channel = _channel(_free_udp_port(), control=f"127.0.0.1:{control}", gtag=9)
+    first = _start_real_subscriber(real_driver, sub_channel, stream_id)
+    real_subs = [first]
+    try:
+        # the first real receiver is known (its SMs made it a destination) but is one of two
+        deadline = time.monotonic() + _CONNECT_S
+        while not pub.destinations:
+            assert time.monotonic() < deadline, "the first real subscriber never sent an SM"
+            time.sleep(0.05)
+        assert not pub.wait_until_connected(1.0), "connected with one of a group of two"
+        real_subs.append(
+            _start_real_subscriber(
+                real_driver,
+                _channel(_free_udp_port(), control=f"127.0.0.1:{control}", gtag=9),
+                stream_id,
+            )
+        )
+        assert pub.wait_until_connected(_CONNECT_S), "the group of two never connected"
+        for s in real_subs:
+            _check_real_image(s, pub, stream_id)
+        messages = [_text_message(i, 100 + (i * 53) % 5000) for i in range(200)]
+        _offer_all(pub, messages, _DELIVERY_S)
+        printed = [_collect_messages(s, len(messages), _DELIVERY_S) for s in real_subs]
+    finally:
+        for s in real_subs:
+            s.stop()
+    for lines in printed:
+        assert [body for _, _, body in lines] == messages
+    _assert_understood_everything(our_driver)
+
+
 def test_our_manual_mdc_publication_to_two_real_subscribers(
     real_driver: RealDriver, our_driver: Driver
 ) -> None:
