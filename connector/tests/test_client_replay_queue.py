@@ -66,6 +66,6 @@ def test_an_unread_replay_stays_bounded_while_other_calls_run_and_then_completes
                 position = block.end_position
                 biggest = max(biggest, len(block.data))
             assert position == end
-            overruns = client.replay_overruns
+            overruns = getattr(client, "replay_overruns", 0)
     assert peak <= limit + biggest, f"{peak} bytes of an unread replay queued (bound {limit})"
     assert overruns >= 1
