@@ -23,7 +23,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from aeron_spark.connector.errors import ConnectorError, ServerUnavailableError
+from aeron_spark.connector.errors import ConnectorError, PortInUseError, ServerUnavailableError
 from aeron_spark.connector.server.authz import Authorizer
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.core import KeysReloaded, Outcome, ServerCore
@@ -42,6 +42,7 @@ from aeron_spark.connector.session import chunking
 from aeron_spark.connector.session.link import ServerLink, ServerListener
 from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport import Driver, DriverConfig
+from aeron_spark.transport.errors import PortInUseError as TransportPortInUseError
 
 log = logging.getLogger(__name__)
 
@@ -176,11 +177,13 @@ class StreamServer:
                 authorize=self.authz.knows if self.authz is not None else None,
             )
             self._store.start_ingest()
-        except BaseException:
+        except BaseException as exc:
             if self._store is not None:
                 self._store.close()
             self._driver.close()
             self._release_dir_lock()
+            if isinstance(exc, TransportPortInUseError):
+                raise PortInUseError(str(exc), host=exc.host, port=exc.port) from None
             raise
         self._started_ns = time.monotonic_ns()
         log.info(

@@ -41,10 +41,17 @@ from aeron_spark.transport.driver.conductor import DriverConductor, ImageLimits
 from aeron_spark.transport.driver.endpoint import (
     AmplificationLedger,
     UdpEndpoint,
+    claim_port,
     destination_address,
     port_taken,
 )
-from aeron_spark.transport.errors import ChannelError, ClosedError, DriverError, LocalProtocolError
+from aeron_spark.transport.errors import (
+    ChannelError,
+    ClosedError,
+    DriverError,
+    LocalProtocolError,
+    PortInUseError,
+)
 from aeron_spark.transport.ipc import logfile as ipc_logfile
 from aeron_spark.transport.protocol.logbuffer import (
     MAX_UDP_PAYLOAD_LENGTH,
@@ -422,21 +429,32 @@ class Driver:
         if self.config.loss is not None:
             loss = self.config.loss.receive_hook(self.system_counters)
         reuse_port = bool(config.dedicated_sources)
-        if reuse_port and connect_to is None and port_taken(bind):
+        claim = None
+        if reuse_port and connect_to is None and bind.port != 0:
             # SO_REUSEPORT would share a port another such socket of ours holds (a second
-            # server on the same port): refused as a plain socket's bind is
-            raise DriverError(f"cannot bind UDP socket to {bind}: the address is in use")
-        udp = UdpEndpoint(
-            bind,
-            self.system_counters,
-            so_rcvbuf=max(config.so_rcvbuf, buffer),
-            so_sndbuf=max(config.so_sndbuf, buffer),
-            loss=loss,
-            reuse_port=reuse_port,
-            connect_to=connect_to,
-            gso=self.config.udp_gso,
-            gro=self.config.udp_gro,
-        )
+            # server on the same port): refused as a plain socket's bind is. The claim makes
+            # check and bind one step (two servers starting together both passed the check)
+            claim = claim_port(bind)
+            if port_taken(bind):
+                claim.close()
+                raise PortInUseError(bind.host, bind.port)
+        try:
+            udp = UdpEndpoint(
+                bind,
+                self.system_counters,
+                so_rcvbuf=max(config.so_rcvbuf, buffer),
+                so_sndbuf=max(config.so_sndbuf, buffer),
+                loss=loss,
+                reuse_port=reuse_port,
+                connect_to=connect_to,
+                gso=self.config.udp_gso,
+                gro=self.config.udp_gro,
+            )
+        except BaseException:
+            if claim is not None:
+                claim.close()
+            raise
+        udp.port_claim = claim
         if config.max_amplification:
             # the driver's guarded sockets share one ledger: what an address sent to one
             # (a HELLO on the port) is its credit on the other (replies from port + 1)
