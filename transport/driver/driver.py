@@ -443,7 +443,8 @@ class Driver:
             # check and bind one step (two servers starting together both passed the check)
             claim = claim_port(bind)
             if port_taken(bind):
-                claim.close()
+                if claim is not None:
+                    claim.close()
                 raise PortInUseError(bind.host, bind.port)
         try:
             udp = UdpEndpoint(

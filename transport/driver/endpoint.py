@@ -428,13 +428,15 @@ class UdpEndpoint:
                 self.port_claim.close()
 
 
-def claim_port(bind: Endpoint) -> socket.socket:
+def claim_port(bind: Endpoint) -> socket.socket | None:
     """Claim UDP port ``bind.port`` for a server's ``SO_REUSEPORT`` socket, atomically: an
     abstract Unix socket named after the port (Linux; per network namespace, as the port is,
     released when closed or when the process dies, nothing on disk). A second claim of the port
     (any address: a wildcard and a specific one overlap) raises :class:`PortInUseError` while
     the first is held, so two servers started at the same moment cannot both pass the check of
     :func:`port_taken` and share the port (the second silently receiving nothing)."""
+    if not sys.platform.startswith("linux"):
+        return None  # no abstract names: the check alone, as before
     lock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
         lock.bind(f"\0aeron-spark-udp-port-{bind.port}")
