@@ -72,6 +72,11 @@ _ALWAYS_FITS = max_message_length(TERM_MIN_LENGTH)
 _CONNECT_ATTEMPT_S = 5.0
 
 
+class _ReplayOverrun(Exception):
+    """A replay's unread blocks were dropped (``max_queued_replay_bytes``): its iterator asks
+    for it again from the last block it delivered. Never leaves the client."""
+
+
 @dataclass(frozen=True, slots=True)
 class ScanResult:
     """What :meth:`StreamClient.scan` found: ``end`` (a message boundary), whole ``messages`` in
@@ -146,6 +151,10 @@ class StreamClient:
         self._payload_ids = itertools.count(1)
         self._replies: dict[int, proto.Reply] = {}
         self._replay_queues: dict[int, deque[Any]] = {}
+        # bytes of blocks waiting in each replay's queue, and the replays whose unread blocks
+        # passed settings.max_queued_replay_bytes (dropped, stopped: asked again when read)
+        self._replay_bytes: dict[int, int] = {}
+        self._overrun: set[int] = set()
         self._abandoned: set[int] = set()
         self._reassembler = chunking.Reassembler()
         self._last_send = time.monotonic()
@@ -153,6 +162,7 @@ class StreamClient:
         self.reconnects = 0  # sessions opened to replace a lost one
         self.restages = 0  # parts staged again on a new session
         self.replay_resumes = 0  # replays resumed on a new session
+        self.replay_overruns = 0  # replays whose unread blocks passed max_queued_replay_bytes
         self._generation = 0  # sessions replaced so far: a replay of an older one is dead
         self._outstanding: set[int] = set()  # requests sent, reply not yet taken
         self._in_operation = False  # a multi-request publish/stage is running
@@ -230,6 +240,8 @@ class StreamClient:
         self._generation += 1
         self._replies.clear()
         self._replay_queues.clear()
+        self._replay_bytes.clear()
+        self._overrun.clear()
         self._outstanding.clear()
         self._abandoned.clear()
         self._ignored_replies.clear()
@@ -296,7 +308,12 @@ class StreamClient:
             rid, position, end, ts, frames = proto.decode_replay_data(message)
             queue = self._replay_queues.get(rid)
             if queue is not None:
-                queue.append(ReplayBlock(position, frames, ts, end))
+                held = self._replay_bytes.get(rid, 0) + len(frames)
+                if queue and held > self.settings.max_queued_replay_bytes:
+                    self._overrun_replay(rid, queue)
+                else:
+                    self._replay_bytes[rid] = held
+                    queue.append(ReplayBlock(position, frames, ts, end))
             elif rid not in self._abandoned:
                 raise ControlProtocolError(f"replay data for unknown replay {rid}")
             return True
@@ -316,6 +333,28 @@ class StreamClient:
             return True
         self._replies[reply.id] = reply
         return True
+
+    def _overrun_replay(self, rid: int, queue: deque[Any]) -> None:
+        """Replay ``rid``'s unread blocks would pass ``max_queued_replay_bytes`` (the client
+        reads the session for other calls while nobody reads the replay): drop them and stop
+        the replay; its iterator asks for it again from its last delivered block when it is
+        read next (:meth:`_resuming_replay`), so memory stays bounded and nothing is lost."""
+        queue.clear()
+        self._replay_queues.pop(rid, None)
+        self._replay_bytes.pop(rid, None)
+        self._overrun.add(rid)
+        self.replay_overruns += 1
+        self._send_stop_replay(rid)
+
+    def _send_stop_replay(self, rid: int) -> None:
+        """Stop replay ``rid`` without waiting: its late blocks and end are dropped on arrival."""
+        self._abandoned.add(rid)
+        stop_id = next(self._ids) & proto.MAX_REQUEST_ID
+        self._ignored_replies.add(stop_id)  # nobody waits for it: drop it on arrival
+        try:
+            self._send(proto.encode_request(stop_id, "stop_replay", {"replay_id": rid}))
+        except ConnectorError:
+            pass  # the session is gone; the server's lease ends the replay
 
     def _wait_reply(self, request_id: int, deadline: float | None = None) -> Any:
         deadline = deadline if deadline is not None else self._deadline()
@@ -467,6 +506,9 @@ class StreamClient:
                     position = block.end_position
                     yield block
                 return
+            except _ReplayOverrun:
+                # its unread blocks were dropped while other calls ran: ask again from here
+                request_id = self._start_replay(recording_id, position, end, self._deadline())
             except SessionLostError as exc:
                 if self._closed:
                     raise
@@ -498,6 +540,10 @@ class StreamClient:
                 if not queue:
                     deadline = None if end is None else self._deadline()
                     while not queue:
+                        if request_id in self._overrun:
+                            self._overrun.discard(request_id)
+                            finished = True  # stopped already
+                            raise _ReplayOverrun(request_id)
                         if self._generation != generation:
                             raise SessionLostError(
                                 f"replay {request_id}: its session to "
@@ -518,6 +564,7 @@ class StreamClient:
                             )
                 item = queue.popleft()
                 if isinstance(item, ReplayBlock):
+                    self._replay_bytes[request_id] -= len(item.data)
                     if item.position != expected:
                         raise ControlProtocolError(
                             f"replay {request_id}: block at {item.position}, expected {expected}"
@@ -536,21 +583,15 @@ class StreamClient:
                 return
         finally:
             self._replay_queues.pop(request_id, None)
+            self._replay_bytes.pop(request_id, None)
+            self._overrun.discard(request_id)
             if (
                 not finished
                 and not self._closed
                 and self._generation == generation
                 and self._link.is_connected
             ):
-                self._abandoned.add(request_id)
-                stop_id = next(self._ids) & proto.MAX_REQUEST_ID
-                self._ignored_replies.add(stop_id)  # nobody waits for it: drop it on arrival
-                try:
-                    self._send(
-                        proto.encode_request(stop_id, "stop_replay", {"replay_id": request_id})
-                    )
-                except ConnectorError:
-                    pass  # the session is gone; the server's lease ends the replay
+                self._send_stop_replay(request_id)
 
     def _pipelined(
         self,

@@ -83,6 +83,12 @@ class DirectoryInUseError(ServerUnavailableError):
     it cannot be read) and ``lock_file``."""
 
 
+class PortInUseError(ServerUnavailableError):
+    """A server cannot start: another server of this host holds (or is binding at this very
+    moment) one of its UDP ports. Raised at start only, never sent on the wire. ``details``:
+    ``host``, ``port``."""
+
+
 class ReplicasUnavailableError(ServerUnavailableError):
     """No archive of a set of replicas could serve a request (``archive`` naming several
     control channels): none reachable, or none holding the recording up to the position
@@ -244,6 +250,7 @@ __all__ = [
     "ConnectorError",
     "ControlProtocolError",
     "DirectoryInUseError",
+    "PortInUseError",
     "ErrorCode",
     "LimitExceededError",
     "NotAuthorisedError",

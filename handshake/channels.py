@@ -30,8 +30,9 @@ sessions'. Why this and not a third port announced in WELCOME: nothing changes o
 client, old ones included, and a plain Aeron publication see the same ports; no protocol version
 bump), a session's socket is reachable only from the client's own address and port (a third
 port would be one more public socket, flooded as easily), and it costs two descriptors per client
-process, bounded (``max_dedicated_sockets``; past it, or with no descriptor left, a session
-shares the public socket as before, counted ``dedicated_sockets_refused``).
+process, bounded (``max_dedicated_sockets`` in all, both ports, and a share of it per client
+address and per client key; past it, or with no descriptor left, a session shares the public
+socket as before, counted ``dedicated_sockets_refused``).
 
 IPC (same host, same driver directory; a client names the server by its UDP port, ``ipc:P``)::
 

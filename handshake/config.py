@@ -82,13 +82,18 @@ class ServerConfig:
     (they connect to ``ipc:<port>``). ``allow_plain_udp``: let a session over UDP go unsealed
     when neither side asks for sealing (trusted networks only; otherwise such a session is sealed
     anyway, loopback included: its only protection would be its secret session id).
-    ``max_dedicated_sockets``: how many client processes (all sessions of one with this server
-    share its addresses) get, while a session of theirs lives, a UDP socket of their own on
-    ``port`` and one on ``control_port`` (connected to them, ``SO_REUSEPORT``), which a flood of
-    the public ports does not reach; past it a session shares the public sockets, as every
-    session did before. None: an eighth of the open files limit (``RLIMIT_NOFILE``'s soft
-    limit when the server starts; so at most a quarter of it in all), at most ``max_clients``;
-    0: none.
+    ``max_dedicated_sockets``: the UDP sockets of their own the server gives client processes
+    with a live session (all sessions of one with this server share its addresses): one on
+    ``port`` and one on ``control_port`` each (connected to them, ``SO_REUSEPORT``), which a
+    flood of the public ports does not reach; counted in all, both ports together (one budget:
+    descriptors), lingering ones included. Past it a session shares the public sockets, as every
+    session did before. None: an eighth of the open files limit (``RLIMIT_NOFILE``'s soft limit
+    when the server starts), at most ``2 * max_clients``; 0: none.
+    ``max_dedicated_per_address`` / ``max_dedicated_per_key``: of those, at most this many for
+    one client IP address / one client key (its sessions from any number of source ports), so
+    one client cannot take them all; past its share a client's session still works, on the
+    public sockets (``dedicated_sockets_over_share``). None: a quarter of the budget (at least
+    2: one client process).
     """
 
     host: str = "127.0.0.1"
@@ -111,6 +116,8 @@ class ServerConfig:
     ipc: bool = True
     allow_plain_udp: bool = False
     max_dedicated_sockets: int | None = None
+    max_dedicated_per_address: int | None = None
+    max_dedicated_per_key: int | None = None
 
     def __post_init__(self) -> None:
         if not self.host:
@@ -130,12 +137,12 @@ class ServerConfig:
             _check_positive(name, getattr(self, name))
         if self.max_per_key is not None:
             _check_positive("max_per_key", self.max_per_key)
-        if self.max_dedicated_sockets is not None and (
-            not isinstance(self.max_dedicated_sockets, int) or self.max_dedicated_sockets < 0
-        ):
-            raise ConfigurationError(
-                "max_dedicated_sockets", self.max_dedicated_sockets, "a count >= 0 (0: none)"
-            )
+        for name in ("max_dedicated_sockets", "max_dedicated_per_address", "max_dedicated_per_key"):
+            value = getattr(self, name)
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 0
+            ):
+                raise ConfigurationError(name, value, "a count of sockets >= 0 (0: none)")
         parse_networks("allow", self.allow)
         parse_networks("deny", self.deny)
         _check_term_length("session_term_length", self.session_term_length)
@@ -154,13 +161,23 @@ class ServerConfig:
 
     def dedicated_socket_limit(self) -> int:
         """``max_dedicated_sockets``, or an eighth of the soft open files limit now (at most
-        ``max_clients``; unlimited: ``max_clients``)."""
+        ``2 * max_clients``; unlimited: ``2 * max_clients``): sockets in all, both ports."""
         if self.max_dedicated_sockets is not None:
             return self.max_dedicated_sockets
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         if soft == resource.RLIM_INFINITY:
-            return self.max_clients
-        return min(self.max_clients, soft // 8)
+            return 2 * self.max_clients
+        return min(2 * self.max_clients, soft // 8)
+
+    def dedicated_shares(self, limit: int) -> dict[str, int]:
+        """One client address's and one client key's share of ``limit`` dedicated sockets."""
+        default = min(limit, max(2, limit // 4))
+        return {
+            "address": default
+            if self.max_dedicated_per_address is None
+            else self.max_dedicated_per_address,
+            "key": default if self.max_dedicated_per_key is None else self.max_dedicated_per_key,
+        }
 
     @property
     def mtu(self) -> int:

@@ -53,6 +53,7 @@ from aeron_spark.handshake.machine import (
 )
 from aeron_spark.handshake.messages import refuse_for
 from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler, TransportError
+from aeron_spark.transport.driver.agents import DedicatedBudget
 from aeron_spark.transport.protocol.publication import host_of
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ TRANSPORT_REFUSALS = (
     "dedicated_sockets_opened",
     "dedicated_sockets_refused",
     "dedicated_sockets_closed",
+    "dedicated_sockets_over_share",  # of the refused: the client's address or key share full
 )
 _BIND_ATTEMPTS = 20
 # HELLOs read from one HELLO image in one step (a client process with many handshakes in flight
@@ -187,6 +189,10 @@ class Server:
         self.reply_drops = 0
         # client addresses that may get a socket of their own on the port (see channels.py)
         self._dedicated_limit = config.dedicated_socket_limit()
+        # one budget for both ports, with each client address's and key's share of it
+        self.dedicated_budget = DedicatedBudget(
+            self._dedicated_limit, config.dedicated_shares(self._dedicated_limit)
+        )
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._closed = False
@@ -465,8 +471,13 @@ class Server:
             conn.trusted_host = trusted
             # its datagrams on sockets of their own, out of a flood's reach (channels.py): what
             # it sends to the port, and its SMs and NAKs to the control port
+            tags = (("address", trusted[0]), ("key", session.client_key))
             for peer in (image, pending.pub):
-                handle = self.driver.dedicate_socket(peer) if peer is not None else None
+                handle = (
+                    self.driver.dedicate_socket(peer, self.dedicated_budget, tags)
+                    if peer is not None
+                    else None
+                )
                 if handle is not None:
                     conn.dedicated_sockets.append(handle)
         for frame in pending.inbox:  # whole frames the client sent right after DONE

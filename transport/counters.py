@@ -86,6 +86,9 @@ class SystemCounters:
     gso_sends: int = 0  # sends of several datagrams at once (UDP GSO); datagrams_sent counts each
     gso_fallbacks: int = 0  # GSO sends the kernel refused, their datagrams sent one by one
     gro_receives: int = 0  # receives that carried several datagrams (UDP GRO, when enabled)
+    # dedicated sockets refused because their peer's share of the budget was full (a handshake
+    # server's per client address and per client key shares; also in dedicated_sockets_refused)
+    dedicated_sockets_over_share: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

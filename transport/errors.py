@@ -38,6 +38,20 @@ class DriverError(TransportError):
     """The media driver failed to set up a resource (socket, log buffer, thread)."""
 
 
+class PortInUseError(DriverError):
+    """A UDP port a server binds (``SO_REUSEPORT``, fixed) is held by another server of this
+    host (network namespace), or being bound by one at this moment. ``host`` and ``port``
+    name it."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(
+            f"UDP port {port} (on {host}) is in use by another server (PORT_IN_USE): "
+            "stop it or choose another --port"
+        )
+        self.host = host
+        self.port = port
+
+
 class OfferError(TransportError):
     """A blocking offer could not complete; ``reason`` names the last result code seen."""
 
@@ -63,6 +77,7 @@ __all__ = [
     "MaxPositionExceededError",
     "NotConnectedError",
     "OfferError",
+    "PortInUseError",
     "ChannelError",
     "ClosedError",
     "DriverError",

@@ -128,6 +128,28 @@ def build_parser() -> argparse.ArgumentParser:
         "share one key)",
     )
     parser.add_argument(
+        "--max-dedicated-sockets",
+        type=int,
+        default=None,
+        help="UDP sockets of their own for client processes with a session (one on each of the "
+        "two ports, out of a flood's reach), both ports together (default: an eighth of the open "
+        "files limit; 0: none); past it a session shares the public sockets",
+    )
+    parser.add_argument(
+        "--max-dedicated-per-address",
+        type=int,
+        default=None,
+        help="of those, the sockets one client IP address may hold (default: a quarter of "
+        "--max-dedicated-sockets); past it its sessions work on the public sockets",
+    )
+    parser.add_argument(
+        "--max-dedicated-per-key",
+        type=int,
+        default=None,
+        help="of those, the sockets one client key may hold, from any addresses (default: a "
+        "quarter of --max-dedicated-sockets)",
+    )
+    parser.add_argument(
         "--max-pending-per-prefix",
         type=int,
         default=32,
@@ -264,6 +286,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_clients=args.max_clients,
         max_per_address=args.max_per_address,
         max_per_key=args.max_per_key,
+        max_dedicated_sockets=args.max_dedicated_sockets,
+        max_dedicated_per_address=args.max_dedicated_per_address,
+        max_dedicated_per_key=args.max_dedicated_per_key,
         max_pending_per_prefix=args.max_pending_per_prefix,
         hellos_per_prefix_per_s=args.hellos_per_prefix_per_s,
         retention_bytes=args.retention_bytes,

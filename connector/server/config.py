@@ -40,6 +40,11 @@ class ServerConfig:
                             (without it a client may make a key per session); None: half of
                             ``max_clients``, so a Spark job's driver and executors, which share
                             one key, get many sessions and still cannot lock other keys out
+    ``max_dedicated_sockets``  sockets of their own for sessions' client processes, both ports
+                            together (None: an eighth of the open files limit at start)
+    ``max_dedicated_per_address`` / ``max_dedicated_per_key``  one client address's / key's share
+                            of them (None: a quarter each); past it its sessions use the public
+                            sockets (see ``handshake.ServerConfig``)
     ``max_pending_per_prefix``  handshakes in flight from one /24 (IPv4) or /64 (IPv6) network
     ``hellos_per_prefix_per_s``  HELLOs (and new HELLO images) one /24 or /64 may have answered
                             per second, burst as many; past it they are dropped and counted
@@ -115,6 +120,9 @@ class ServerConfig:
     max_clients: int = 1024
     max_per_address: int = 256
     max_per_key: int | None = None
+    max_dedicated_sockets: int | None = None
+    max_dedicated_per_address: int | None = None
+    max_dedicated_per_key: int | None = None
     max_pending_per_prefix: int = 32
     hellos_per_prefix_per_s: float = 1000.0
     term_length: int = 64 * 1024 * 1024
@@ -194,6 +202,10 @@ class ServerConfig:
             raise ConfigurationError("staging_lease_s", self.staging_lease_s, "a positive number")
         if self.max_per_key is not None and self.max_per_key <= 0:
             raise ConfigurationError("max_per_key", self.max_per_key, "a positive number")
+        for name in ("max_dedicated_sockets", "max_dedicated_per_address", "max_dedicated_per_key"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigurationError(name, value, "a count of sockets >= 0 (0: none)")
         if self.min_free_bytes < 0:
             raise ConfigurationError("min_free_bytes", self.min_free_bytes, "0 or more bytes")
         if self.max_open_files is not None and self.max_open_files < 1:

@@ -413,6 +413,7 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
                 "sink_commits": committer.commits,
                 "sink_duplicate_commits": committer.duplicate_commits,
                 "sink_resumed_commits": committer.resumed_commits,
+                "sink_tail_bytes_cut": committer.tail_bytes_cut,
                 "sink_aborts": committer.aborts,
                 "sink_parts_staged": committer.staging.parts_staged,
                 "sink_parts_staged_locally": committer.staging.parts_staged_locally,

@@ -62,6 +62,9 @@ SINK_COUNTERS = (
     "sink_commits",
     "sink_duplicate_commits",
     "sink_resumed_commits",
+    # bytes past sink recordings' committed ends cut at a restart (a failed commit whose cut
+    # failed too, or an interrupted one, resumed from its start)
+    "sink_tail_bytes_cut",
     "sink_aborts",
     "sink_parts_staged",
     "sink_parts_staged_locally",

@@ -23,7 +23,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from aeron_spark.connector.errors import ConnectorError, ServerUnavailableError
+from aeron_spark.connector.errors import ConnectorError, PortInUseError, ServerUnavailableError
 from aeron_spark.connector.server.authz import Authorizer
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.core import KeysReloaded, Outcome, ServerCore
@@ -42,6 +42,7 @@ from aeron_spark.connector.session import chunking
 from aeron_spark.connector.session.link import ServerLink, ServerListener
 from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport import Driver, DriverConfig
+from aeron_spark.transport.errors import PortInUseError as TransportPortInUseError
 
 log = logging.getLogger(__name__)
 
@@ -170,17 +171,22 @@ class StreamServer:
                 max_clients=self.config.max_clients,
                 max_per_address=self.config.max_per_address,
                 max_per_key=self.config.max_per_key,
+                max_dedicated_sockets=self.config.max_dedicated_sockets,
+                max_dedicated_per_address=self.config.max_dedicated_per_address,
+                max_dedicated_per_key=self.config.max_dedicated_per_key,
                 max_pending_per_prefix=self.config.max_pending_per_prefix,
                 hellos_per_prefix_per_s=self.config.hellos_per_prefix_per_s,
                 allow_plain_udp=self.config.allow_plain_udp,
                 authorize=self.authz.knows if self.authz is not None else None,
             )
             self._store.start_ingest()
-        except BaseException:
+        except BaseException as exc:
             if self._store is not None:
                 self._store.close()
             self._driver.close()
             self._release_dir_lock()
+            if isinstance(exc, TransportPortInUseError):
+                raise PortInUseError(str(exc), host=exc.host, port=exc.port) from None
             raise
         self._started_ns = time.monotonic_ns()
         log.info(

@@ -99,6 +99,7 @@ class SinkRecordings(Protocol):
     def sink_writer(self, stream_id: int, sink_id: str, now_ns: int) -> SinkWriter: ...
     def resume_writer(self, recording_id: int, now_ns: int) -> SinkWriter | None: ...
     def set_visible(self, recording_id: int, position: int) -> None: ...
+    def cut_sink_tails(self, visible: dict[int, int]) -> int: ...
 
 
 @dataclass
@@ -546,6 +547,7 @@ class SinkCommitter:
         self.commits = 0
         self.duplicate_commits = 0
         self.resumed_commits = 0
+        self.tail_bytes_cut = 0  # bytes past sink recordings' visible ends cut at recovery
         self.aborts = 0
         for record in self.log.records:
             key = (record["sink_id"], record["batch_id"])
@@ -641,6 +643,11 @@ class SinkCommitter:
         and served nothing, not even what was committed)."""
         for rid, position in self.visible.items():
             self.recordings.set_visible(rid, position)
+        # what lies past a sink recording's committed end is no commit's: a failed commit whose
+        # cut failed too, or an interrupted one (resumed below from its start, re-planned at
+        # the visible end if it began past it). Left there, the next commit would start after
+        # it and its done would make it visible
+        self.tail_bytes_cut += self.recordings.cut_sink_tails(self.visible)
         resumed = 0
         for key, begin in list(self._pending.items()):
             writers: dict[int, SinkWriter] = {}

@@ -394,6 +394,27 @@ class ArchiveStore:
     def set_visible(self, recording_id: int, position: int) -> None:
         self._visible[recording_id] = position
 
+    def cut_sink_tails(self, visible: dict[int, int]) -> int:
+        """Cut every sink recording back to its visible end (``visible``, else its start: no
+        commit of it was done); the bytes cut. At recovery, before any commit is resumed."""
+        cut = 0
+        for rec in list(self.recordings.recordings.values()):
+            if not rec.d.source.startswith("sink:"):
+                continue
+            end = max(visible.get(rec.d.recording_id, rec.d.start_position), rec.d.start_position)
+            if rec.recorded_position <= end:
+                continue
+            log.warning(
+                "sink recording %d: cutting %d bytes past its committed end %d (no commit's)",
+                rec.d.recording_id,
+                rec.recorded_position - end,
+                end,
+            )
+            cut += rec.recorded_position - end
+            rec.reopen()
+            rec.rollback(end)
+        return cut
+
     # --- ingest -------------------------------------------------------------------------------
 
     def start_ingest(self) -> None:

@@ -26,6 +26,10 @@ class ClientSettings:
     ``max_request_bytes``   publish/stage payloads are sent in requests of about this size
     ``max_in_flight``       requests of one publish/stage sent before waiting for replies
     ``keepalive_interval_s``  a keepalive is sent when the client has been silent this long
+    ``max_queued_replay_bytes``  blocks one replay may have waiting for its iterator while the
+                            client reads the session for something else (other calls); past it
+                            they are dropped, the replay stopped and asked again from its last
+                            delivered block when it is read next (``replay_overruns``)
     """
 
     endpoint: str = DEFAULT_ENDPOINT
@@ -38,6 +42,7 @@ class ClientSettings:
     max_request_bytes: int = 2 * 1024 * 1024
     max_in_flight: int = 4
     keepalive_interval_s: float = 10.0
+    max_queued_replay_bytes: int = 32 * 1024 * 1024
 
     def __post_init__(self) -> None:
         host, sep, port = self.endpoint.rpartition(":")
@@ -49,6 +54,10 @@ class ClientSettings:
             raise ConfigurationError("max_request_bytes", self.max_request_bytes, "at least 1024")
         if self.max_in_flight < 1:
             raise ConfigurationError("max_in_flight", self.max_in_flight, "at least 1")
+        if self.max_queued_replay_bytes < 64 * 1024:
+            raise ConfigurationError(
+                "max_queued_replay_bytes", self.max_queued_replay_bytes, "at least 65536"
+            )
         if not self.keepalive_interval_s > 0:
             raise ConfigurationError(
                 "keepalive_interval_s", self.keepalive_interval_s, "a positive number of seconds"

@@ -69,14 +69,78 @@ class Agent(Protocol):
 
 class Dedicated:
     """A peer address's connected socket on an endpoint's address (see
-    :class:`ReceiveEndpoint`): how many asked for it, and since when nobody has (ns, or None)."""
+    :class:`ReceiveEndpoint`): how many asked for it, and since when nobody has (ns, or None);
+    the budget it was taken from, under its tags (given back when it closes)."""
 
-    __slots__ = ("udp", "users", "idle_since_ns")
+    __slots__ = ("udp", "users", "idle_since_ns", "budget", "tags")
 
-    def __init__(self, udp: UdpEndpoint) -> None:
+    def __init__(
+        self,
+        udp: UdpEndpoint,
+        budget: DedicatedBudget | None = None,
+        tags: tuple[tuple[str, Any], ...] = (),
+    ) -> None:
         self.udp = udp
         self.users = 1
         self.idle_since_ns: int | None = None
+        self.budget = budget
+        self.tags = tags
+
+
+class DedicatedBudget:
+    """Dedicated sockets several endpoints share (a handshake server's two ports): at most
+    ``limit`` open in all (descriptors: one budget for both ports, lingering ones included), and
+    at most ``shares[kind]`` under any one tag of that kind (tags such as ``("address", ip)``,
+    ``("key", client_key)``), so one client cannot take the whole budget. Thread-safe (each
+    conductor calls it under its own lock). ``refused``: takes refused, by reason (``"limit"``
+    or the share's kind)."""
+
+    def __init__(self, limit: int, shares: dict[str, int] | None = None) -> None:
+        self.limit = limit
+        self.shares = dict(shares or {})
+        self.held = 0
+        self._by_tag: dict[tuple[str, Any], int] = {}
+        self._lock = threading.Lock()
+        self.refused: dict[str, int] = {}
+
+    def held_by(self, tag: tuple[str, Any]) -> int:
+        return self._by_tag.get(tag, 0)
+
+    def why_not(self, tags: tuple[tuple[str, Any], ...]) -> str | None:
+        """Why one more socket under ``tags`` would not fit now (None: it fits)."""
+        with self._lock:
+            return self._why_not(tags)
+
+    def _why_not(self, tags: tuple[tuple[str, Any], ...]) -> str | None:
+        if self.held >= self.limit:
+            return "limit"
+        for tag in tags:
+            share = self.shares.get(tag[0])
+            if share is not None and self._by_tag.get(tag, 0) >= share:
+                return tag[0]
+        return None
+
+    def take(self, tags: tuple[tuple[str, Any], ...]) -> str | None:
+        """Take one socket under ``tags``; None, or why not (counted in ``refused``)."""
+        with self._lock:
+            why = self._why_not(tags)
+            if why is not None:
+                self.refused[why] = self.refused.get(why, 0) + 1
+                return why
+            self.held += 1
+            for tag in tags:
+                self._by_tag[tag] = self._by_tag.get(tag, 0) + 1
+            return None
+
+    def give_back(self, tags: tuple[tuple[str, Any], ...]) -> None:
+        with self._lock:
+            self.held -= 1
+            for tag in tags:
+                left = self._by_tag.get(tag, 0) - 1
+                if left > 0:
+                    self._by_tag[tag] = left
+                else:
+                    self._by_tag.pop(tag, None)
 
 
 class SendEndpoint:

@@ -28,6 +28,7 @@ from typing import Any
 from aeron_spark.transport.counters import SystemCounters
 from aeron_spark.transport.driver.agents import (
     Dedicated,
+    DedicatedBudget,
     ReceiveEndpoint,
     ReceiverAgent,
     SendEndpoint,
@@ -432,15 +433,23 @@ class DriverConductor:
 
     # ------------------------------------------------------------------ dedicated peers
 
-    def dedicate_source(self, ep: ReceiveEndpoint | SendEndpoint, address: Any) -> Any:
+    def dedicate_source(
+        self,
+        ep: ReceiveEndpoint | SendEndpoint,
+        address: Any,
+        budget: DedicatedBudget | None = None,
+        tags: tuple[tuple[str, Any], ...] = (),
+    ) -> Any:
         """Give the peer at ``address`` a socket of its own on ``ep``'s local address: a UDP
         socket with ``SO_REUSEPORT``, bound there and connected to ``address``, read like the
         shared one (see :class:`ReceiveEndpoint`; on a send endpoint the peer is a receiver,
         whose SMs and NAKs arrive there). Counted per call: returns a handle for one
         :meth:`release_source`, or None (nothing changes: the peer stays on the shared socket)
         when the channel that opened ``ep`` did not ask for it (``dedicated-sources``), at that
-        many dedicated peers already, or when the socket cannot be opened (no descriptor left):
-        the last two counted ``dedicated_sockets_refused``."""
+        many dedicated peers already, past ``budget`` (in all, or the share of one of ``tags``:
+        also counted ``dedicated_sockets_over_share``), or when the socket cannot be opened (no
+        descriptor left): all but the first counted ``dedicated_sockets_refused``. An idle
+        socket (lingering after its last release) that stands in the way is closed first."""
         config = ep.config
         limit = config.dedicated_sources if config is not None else 0
         if not limit:
@@ -457,17 +466,31 @@ class DriverConductor:
                 held.users += 1
                 held.idle_since_ns = None
                 return (ep, key)
-            if len(ep.dedicated) >= limit:
+            if len(ep.dedicated) >= limit and not self._reclaim_idle([ep], None, None):
                 self.system_counters.dedicated_sockets_refused += 1
                 return None
+            if budget is not None:
+                why = budget.why_not(tags)
+                if why is not None:
+                    # an idle socket under the same budget (and tag) gives its place
+                    tag = next((t for t in tags if t[0] == why), None)
+                    self._reclaim_idle(self._all_endpoints(), budget, tag)
+                why = budget.take(tags)
+                if why is not None:
+                    self.system_counters.dedicated_sockets_refused += 1
+                    if why != "limit":
+                        self.system_counters.dedicated_sockets_over_share += 1
+                    return None
             local = ep.endpoint.local_address
             bind = Endpoint(str(local[0]), int(local[1]), ep.endpoint.family)
             try:
                 udp = self.open_endpoint(bind, config, connect_to=tuple(address))
             except (DriverError, OSError):
+                if budget is not None:
+                    budget.give_back(tags)
                 self.system_counters.dedicated_sockets_refused += 1
                 return None
-            ep.dedicated[key] = Dedicated(udp)
+            ep.dedicated[key] = Dedicated(udp, budget, tags if budget is not None else ())
             self._resocket(ep)
             self.system_counters.dedicated_sockets_opened += 1
         if isinstance(ep, ReceiveEndpoint):
@@ -504,11 +527,40 @@ class DriverConductor:
                 if idle:
                     self._close_dedicated(ep, idle)
 
+    def _all_endpoints(self) -> list[ReceiveEndpoint | SendEndpoint]:
+        return [*self.receive_endpoints.values(), *self.send_endpoints.values()]
+
+    def _reclaim_idle(
+        self,
+        endpoints: list[ReceiveEndpoint | SendEndpoint],
+        budget: DedicatedBudget | None,
+        tag: tuple[str, Any] | None,
+    ) -> bool:
+        """Close the longest idle dedicated socket of ``endpoints`` (of ``budget`` and under
+        ``tag`` when given) to make room for a new one; whether there was one."""
+        oldest: tuple[int, Any, Any] | None = None
+        for ep in endpoints:
+            for key, held in ep.dedicated.items():
+                if held.idle_since_ns is None:
+                    continue
+                if budget is not None and held.budget is not budget:
+                    continue
+                if tag is not None and tag not in held.tags:
+                    continue
+                if oldest is None or held.idle_since_ns < oldest[0]:
+                    oldest = (held.idle_since_ns, ep, key)
+        if oldest is None:
+            return False
+        self._close_dedicated(oldest[1], [oldest[2]])
+        return True
+
     def _close_dedicated(self, ep: ReceiveEndpoint | SendEndpoint, keys: list[Any]) -> None:
         for key in keys:
             held = ep.dedicated.pop(key, None)
             if held is not None:
                 held.udp.close()
+                if held.budget is not None:
+                    held.budget.give_back(held.tags)
                 self.system_counters.dedicated_sockets_closed += 1
         if keys:
             self._resocket(ep)

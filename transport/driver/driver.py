@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from aeron_spark.transport import ipc
 from aeron_spark.transport.counters import Counters, SystemCounters, sweep_counter_files
-from aeron_spark.transport.driver.agents import Agent, AgentRunner
+from aeron_spark.transport.driver.agents import Agent, AgentRunner, DedicatedBudget
 from aeron_spark.transport.driver.client import (
     Image,
     NetworkPublicationLog,
@@ -41,10 +41,17 @@ from aeron_spark.transport.driver.conductor import DriverConductor, ImageLimits
 from aeron_spark.transport.driver.endpoint import (
     AmplificationLedger,
     UdpEndpoint,
+    claim_port,
     destination_address,
     port_taken,
 )
-from aeron_spark.transport.errors import ChannelError, ClosedError, DriverError, LocalProtocolError
+from aeron_spark.transport.errors import (
+    ChannelError,
+    ClosedError,
+    DriverError,
+    LocalProtocolError,
+    PortInUseError,
+)
 from aeron_spark.transport.ipc import logfile as ipc_logfile
 from aeron_spark.transport.protocol.logbuffer import (
     MAX_UDP_PAYLOAD_LENGTH,
@@ -381,7 +388,12 @@ class Driver:
         if self.amplification is not None:
             self.amplification.distrust(host, session_ids)
 
-    def dedicate_socket(self, peer: Image | Publication) -> Any:
+    def dedicate_socket(
+        self,
+        peer: Image | Publication,
+        budget: DedicatedBudget | None = None,
+        tags: tuple[tuple[str, Any], ...] = (),
+    ) -> Any:
         """Give a UDP peer a socket of its own on our side, connected to it, when our socket
         was opened by a channel with ``dedicated-sources=N`` (``SO_REUSEPORT``): for an
         ``Image``, its sender (address and port) on the subscription's socket; for a
@@ -391,7 +403,9 @@ class Driver:
         ``agents.ReceiveEndpoint``). Nothing changes on the wire. Meant for a peer that proved
         itself (a handshake server's session): a spoofer gets none. Returns a handle for
         :meth:`release_socket` (call it once), or None when not given (no such channel, IPC,
-        not one destination, at ``N`` peers, no descriptor: ``dedicated_sockets_refused``)."""
+        not one destination, at ``N`` peers, past ``budget`` in all or under one of ``tags``, no
+        descriptor: ``dedicated_sockets_refused``). ``budget``: a :class:`DedicatedBudget`
+        several endpoints share (a socket's tags are given back with it when it closes)."""
         if self._closed:
             return None
         if isinstance(peer, Image):
@@ -399,14 +413,14 @@ class Driver:
             address = peer.source_address
             if not isinstance(registration, tuple) or address is None:
                 return None
-            return self._conductor.dedicate_source(registration[0], address)
+            return self._conductor.dedicate_source(registration[0], address, budget, tags)
         destinations = peer.destinations if peer.channel.startswith("aeron:udp") else []
         if len(destinations) != 1:
             return None
         ep = self._conductor.send_endpoint_of(peer.state)
         if ep is None:
             return None
-        return self._conductor.dedicate_source(ep, destinations[0])
+        return self._conductor.dedicate_source(ep, destinations[0], budget, tags)
 
     def release_socket(self, handle: Any) -> None:
         """Undo one :meth:`dedicate_socket` (its handle; the socket lingers a second for the
@@ -422,21 +436,33 @@ class Driver:
         if self.config.loss is not None:
             loss = self.config.loss.receive_hook(self.system_counters)
         reuse_port = bool(config.dedicated_sources)
-        if reuse_port and connect_to is None and port_taken(bind):
+        claim = None
+        if reuse_port and connect_to is None and bind.port != 0:
             # SO_REUSEPORT would share a port another such socket of ours holds (a second
-            # server on the same port): refused as a plain socket's bind is
-            raise DriverError(f"cannot bind UDP socket to {bind}: the address is in use")
-        udp = UdpEndpoint(
-            bind,
-            self.system_counters,
-            so_rcvbuf=max(config.so_rcvbuf, buffer),
-            so_sndbuf=max(config.so_sndbuf, buffer),
-            loss=loss,
-            reuse_port=reuse_port,
-            connect_to=connect_to,
-            gso=self.config.udp_gso,
-            gro=self.config.udp_gro,
-        )
+            # server on the same port): refused as a plain socket's bind is. The claim makes
+            # check and bind one step (two servers starting together both passed the check)
+            claim = claim_port(bind)
+            if port_taken(bind):
+                if claim is not None:
+                    claim.close()
+                raise PortInUseError(bind.host, bind.port)
+        try:
+            udp = UdpEndpoint(
+                bind,
+                self.system_counters,
+                so_rcvbuf=max(config.so_rcvbuf, buffer),
+                so_sndbuf=max(config.so_sndbuf, buffer),
+                loss=loss,
+                reuse_port=reuse_port,
+                connect_to=connect_to,
+                gso=self.config.udp_gso,
+                gro=self.config.udp_gro,
+            )
+        except BaseException:
+            if claim is not None:
+                claim.close()
+            raise
+        udp.port_claim = claim
         if config.max_amplification:
             # the driver's guarded sockets share one ledger: what an address sent to one
             # (a HELLO on the port) is its credit on the other (replies from port + 1)

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from aeron_spark.transport.counters import SystemCounters
-from aeron_spark.transport.errors import DriverError
+from aeron_spark.transport.errors import DriverError, PortInUseError
 from aeron_spark.transport.uri import Endpoint
 
 RECEIVE_BUFFER_LENGTH = 65536
@@ -248,6 +248,7 @@ class UdpEndpoint:
         self.view = memoryview(self.buffer)
         self.loss = loss
         self.ledger: AmplificationLedger | None = None  # set on a server's guarded sockets
+        self.port_claim: socket.socket | None = None  # claim_port's, closed with the socket
         self._sendto = sock.sendto
         self._sendmsg = sock.sendmsg
         self._recvfrom_into = sock.recvfrom_into
@@ -423,6 +424,28 @@ class UdpEndpoint:
         if not self.closed:
             self.closed = True
             self.sock.close()
+            if self.port_claim is not None:
+                self.port_claim.close()
+
+
+def claim_port(bind: Endpoint) -> socket.socket | None:
+    """Claim UDP port ``bind.port`` for a server's ``SO_REUSEPORT`` socket, atomically: an
+    abstract Unix socket named after the port (Linux; per network namespace, as the port is,
+    released when closed or when the process dies, nothing on disk). A second claim of the port
+    (any address: a wildcard and a specific one overlap) raises :class:`PortInUseError` while
+    the first is held, so two servers started at the same moment cannot both pass the check of
+    :func:`port_taken` and share the port (the second silently receiving nothing)."""
+    if not sys.platform.startswith("linux"):
+        return None  # no abstract names: the check alone, as before
+    lock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        lock.bind(f"\0aeron-spark-udp-port-{bind.port}")
+    except OSError as exc:
+        lock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUseError(bind.host, bind.port) from None
+        raise DriverError(f"cannot claim UDP port {bind.port}: {exc}") from exc
+    return lock
 
 
 def port_taken(bind: Endpoint) -> bool:

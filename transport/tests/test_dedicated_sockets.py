@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from aeron_spark.transport import ChannelError, Driver, DriverConfig, TransportError
+from aeron_spark.transport.driver.agents import DedicatedBudget
 
 TIMEOUT_S = 20.0
 MESSAGE = 1000
@@ -177,3 +178,43 @@ def test_a_fixed_port_is_not_shared_with_another_reuseport_socket(drivers) -> No
         second.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}|dedicated-sources=4", 10)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as plain, pytest.raises(OSError):
         plain.bind(("127.0.0.1", port))
+
+
+def test_a_budget_bounds_each_tags_share_and_an_idle_socket_gives_its_place(drivers) -> None:
+    """A :class:`DedicatedBudget` shared by callers: a sender over its tag's share stays on the
+    shared socket (counted ``dedicated_sockets_over_share``) while another tag's sender gets
+    one; the budget is given back when a socket closes, and a socket lingering after its last
+    release is closed at once for a newcomer of the same tag."""
+    receiver, sender = drivers
+    sub = receiver.add_subscription("aeron:udp?endpoint=127.0.0.1:0|dedicated-sources=8", 10)
+    port = sub.local_endpoints[0][1]
+    channel = f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k"
+    pubs = [sender.add_publication(channel, 10), receiver.add_publication(channel, 10)]
+    pump(drivers, lambda: len(sub.images) == 2 and all(p.is_connected for p in pubs))
+    image_a, image_b = (
+        next(im for im in sub.images if im.session_id == p.session_id) for p in pubs
+    )
+    budget = DedicatedBudget(8, {"key": 1})
+    rep = receive_endpoint(receiver)
+
+    held_a = receiver.dedicate_socket(image_a, budget, (("key", "a"),))
+    assert held_a is not None and budget.held == 1
+    # image b's sender under the same key: over the key's share, stays on the shared socket
+    assert receiver.dedicate_socket(image_b, budget, (("key", "a"),)) is None
+    counters = receiver.counters.snapshot()
+    assert counters["dedicated_sockets_over_share"] == 1
+    assert counters["dedicated_sockets_refused"] == 1
+    # a's socket lingers after its release (still counted); a newcomer of key a takes its place
+    receiver.release_socket(held_a)
+    held_b = receiver.dedicate_socket(image_b, budget, (("key", "a"),))
+    assert held_b is not None and budget.held == 1
+    (only,) = rep.dedicated.values()
+    assert only.udp.sock.getpeername() == image_b.source_address
+    assert receiver.counters.snapshot()["dedicated_sockets_closed"] == 1
+    # under another key, a's sender gets one again
+    held_a = receiver.dedicate_socket(image_a, budget, (("key", "b"),))
+    assert held_a is not None and budget.held == 2 and len(rep.dedicated) == 2
+    receiver.release_socket(held_a)
+    receiver.release_socket(held_b)
+    pump(drivers, lambda: not rep.dedicated)  # both close after the linger
+    assert budget.held == 0 and budget.held_by(("key", "a")) == 0
