@@ -62,7 +62,7 @@ class Connection:
         self.on_disconnect = on_disconnect
         self.on_error = on_error
         self._on_close = on_close
-        self._inbox: deque[bytes] = deque()
+        self._inbox: deque[bytes | memoryview] = deque()
         self._assembler = FragmentAssembler(self._on_fragment)
         self._pongs: deque[tuple[bytes, int]] = deque()
         self._closed = False
@@ -78,6 +78,9 @@ class Connection:
         self.messages_sent = 0
         self.messages_received = 0
         self.frames_dropped = 0
+        # DATA messages delivered as memoryviews of their frame (bytes-like, read-only: no copy
+        # of the body) rather than bytes; for a reader that only reads them (the stream server)
+        self.deliver_views = False
 
     # ---------------------------------------------------------------- state
 
@@ -115,9 +118,12 @@ class Connection:
 
     # ---------------------------------------------------------------- sending
 
-    def _frame(self, kind: bytes, body: bytes | bytearray | memoryview) -> bytes:
-        frame = kind + body
-        return self._sealer.seal(frame) if self._sealer is not None else frame
+    def _frame(self, kind: bytes, body: bytes | bytearray | memoryview) -> bytes | memoryview:
+        """The frame to offer: sealed into this thread's buffer (valid until its next frame:
+        ``offer`` copies it into the log), or ``kind + body``."""
+        if self._sealer is not None:
+            return self._sealer.seal_frame(kind[0], body)
+        return kind + body
 
     def try_send(self, message: bytes | bytearray | memoryview) -> bool:
         """Offer one message without waiting: False if back-pressured (try again later)."""
@@ -193,11 +199,14 @@ class Connection:
         if not frame:
             self.frames_dropped += 1
             return
-        kind, body = frame[0], frame[1:]
+        kind = frame[0]
         if kind == FrameKind.DATA:
             self.messages_received += 1
-            self._inbox.append(body)
-        elif kind == FrameKind.PING:
+            # the body as a view of the frame (no copy) where the reader takes views
+            self._inbox.append(memoryview(frame)[1:] if self.deliver_views else frame[1:])
+            return
+        body = frame[1:]
+        if kind == FrameKind.PING:
             try:
                 self._offer(_PONG, body)  # best effort: a lost PONG only times a ping out
             except (HandshakeError, TransportError, ValueError):
@@ -226,12 +235,18 @@ class Connection:
             self._check_lost()
         return count
 
-    def receive_nowait(self) -> bytes | None:
+    def receive_view_nowait(self) -> bytes | memoryview | None:
+        """The next message as it was delivered: a memoryview of its frame with
+        ``deliver_views`` (no copy), else bytes; None when none has arrived."""
         if not self._inbox and not self._closed:
             self.poll_frames()
             if not self._inbox:
                 return None
         return self._inbox.popleft()
+
+    def receive_nowait(self) -> bytes | None:
+        message = self.receive_view_nowait()
+        return message if message is None or type(message) is bytes else bytes(message)
 
     def receive(self, timeout_s: float) -> bytes | None:
         """The next message, or None at the timeout or once the connection is lost."""
@@ -242,7 +257,8 @@ class Connection:
                 if remaining <= 0 or not self.is_connected:
                     return None
                 self.subscription.wait(min(remaining, 0.05))
-        return self._inbox.popleft()
+        message = self._inbox.popleft()
+        return message if type(message) is bytes else bytes(message)
 
     def poll(self, handler: Callable[[bytes], object], limit: int = 64) -> int:
         """Call ``handler(message)`` for up to ``limit`` messages already arrived."""

@@ -53,6 +53,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
+import threading
 from dataclasses import dataclass, field
 
 from cryptography.exceptions import InvalidTag
@@ -291,8 +292,34 @@ class SealCounters:
         return self.tampered + self.replayed + self.reordered + self.truncated
 
 
+# Recent cryptography versions (48 here) write AES-GCM's output into a buffer of the caller's
+# (``encrypt_into`` / ``decrypt_into``); older ones return new bytes, then copied into it.
+_ENCRYPT_INTO = hasattr(AESGCM, "encrypt_into")
+_DECRYPT_INTO = hasattr(AESGCM, "decrypt_into")
+# Sealer.seal_frame's buffers are kept per thread (not per session: a server with many
+# sessions keeps one pair) up to this size; a larger frame gets buffers of its own. A session's
+# frames are at most its publication's max message (1 MiB for the stream server's 8 MiB terms).
+KEEP_BUFFER_BYTES = 2 * 1024 * 1024
+
+
+class _Buffers(threading.local):
+    """One thread's buffers for :meth:`Sealer.seal_frame` (plaintext, sealed frame)."""
+
+    def __init__(self) -> None:
+        self.plain = memoryview(bytearray(0))
+        self.sealed = memoryview(bytearray(0))
+
+
+_BUFFERS = _Buffers()
+
+
 class Sealer:
-    """Seals outgoing frames with a per-direction key, nonce = salt || counter."""
+    """Seals outgoing frames with a per-direction key, nonce = salt || counter.
+
+    :meth:`seal` returns new bytes; :meth:`seal_frame` seals ``kind || body`` into buffers
+    kept for the calling thread (no concatenation, no copy of the output: the bytes go straight
+    from AES-GCM to where the caller reads them), the same bytes :meth:`seal` gives for
+    ``kind + body``."""
 
     __slots__ = ("_aead", "_salt", "counter")
 
@@ -306,6 +333,44 @@ class Sealer:
         self.counter += 1
         return counter + self._aead.encrypt(self._salt + counter, frame, None)
 
+    def seal_into(self, frame: bytes | bytearray | memoryview, out: bytearray | memoryview) -> int:
+        """Seal ``frame`` into the start of ``out`` (at least ``len(frame) + SEAL_OVERHEAD``
+        bytes, not overlapping ``frame``); returns the sealed length. The same bytes as
+        :meth:`seal`."""
+        length = len(frame) + SEAL_OVERHEAD
+        if len(out) < length:
+            raise ValueError(f"a sealed frame of {length} bytes does not fit {len(out)} bytes")
+        view = out if isinstance(out, memoryview) else memoryview(out)
+        counter = self.counter
+        counter_bytes = _COUNTER.pack(counter)
+        view[:COUNTER_LENGTH] = counter_bytes
+        nonce = self._salt + counter_bytes
+        if _ENCRYPT_INTO:
+            self._aead.encrypt_into(nonce, frame, None, view[COUNTER_LENGTH:length])
+        else:  # pragma: no cover - a cryptography without it
+            view[COUNTER_LENGTH:length] = self._aead.encrypt(nonce, frame, None)
+        self.counter = counter + 1
+        return length
+
+    def seal_frame(self, kind: int, body: bytes | bytearray | memoryview) -> memoryview:
+        """The sealed frame of ``kind`` (one byte) then ``body``, in the calling thread's
+        buffer: valid until this thread's next call, of any sealer (the caller copies it out
+        at once, as a publication's ``offer`` does)."""
+        n = 1 + len(body)
+        buffers = _BUFFERS
+        plain = buffers.plain
+        sealed = buffers.sealed
+        if len(plain) < n:
+            # new buffers (a view handed out earlier may still be held: never resized)
+            plain = memoryview(bytearray(n))
+            sealed = memoryview(bytearray(n + SEAL_OVERHEAD))
+            if n <= KEEP_BUFFER_BYTES:
+                buffers.plain, buffers.sealed = plain, sealed
+        plain[0] = kind
+        plain[1:n] = body
+        length = self.seal_into(plain[:n], sealed)
+        return sealed[:length]
+
 
 class Opener:
     """Opens incoming sealed frames, demanding exactly the next counter (see module docstring)."""
@@ -318,8 +383,8 @@ class Opener:
         self.expected = 0
         self.counters = counters
 
-    def open(self, data: bytes | bytearray | memoryview) -> bytes:
-        """The frame inside ``data``; raises :class:`RemoteProtocolError` (and counts) otherwise."""
+    def _check(self, data: bytes | bytearray | memoryview) -> bytes:
+        """The counter bytes of ``data`` if it is the next frame; raises (and counts) else."""
         if len(data) < SEAL_OVERHEAD:
             self.counters.truncated += 1
             raise RemoteProtocolError(f"sealed frame of {len(data)} bytes is too short")
@@ -335,14 +400,46 @@ class Opener:
             raise RemoteProtocolError(
                 f"out-of-order frame: counter {counter}, expected {self.expected}"
             )
+        return counter_bytes
+
+    def open(self, data: bytes | bytearray | memoryview) -> bytes:
+        """The frame inside ``data``; raises :class:`RemoteProtocolError` (and counts) otherwise."""
+        counter_bytes = self._check(data)
+        if not isinstance(data, memoryview):
+            data = memoryview(data)
         try:
             frame = self._aead.decrypt(self._salt + counter_bytes, data[COUNTER_LENGTH:], None)
         except InvalidTag as exc:
             self.counters.tampered += 1
-            raise RemoteProtocolError(f"frame {counter} fails authentication") from exc
+            raise RemoteProtocolError(f"frame {self.expected} fails authentication") from exc
         self.expected += 1
         self.counters.opened += 1
         return frame
+
+    def open_into(self, data: bytes | bytearray | memoryview, out: bytearray | memoryview) -> int:
+        """:meth:`open` into the start of ``out`` (at least ``len(data) - SEAL_OVERHEAD`` bytes,
+        not overlapping ``data``); returns the frame's length. For a frame that does not
+        authenticate the bytes it would take in ``out`` are zeroed (``decrypt_into`` writes
+        the plaintext before it checks the tag: none of it is left behind)."""
+        length = len(data) - SEAL_OVERHEAD
+        if length >= 0 and len(out) < length:
+            raise ValueError(f"a frame of {length} bytes does not fit {len(out)} bytes")
+        counter_bytes = self._check(data)
+        view = data if isinstance(data, memoryview) else memoryview(data)
+        target = out if isinstance(out, memoryview) else memoryview(out)
+        nonce = self._salt + counter_bytes
+        try:
+            if _DECRYPT_INTO:
+                self._aead.decrypt_into(nonce, view[COUNTER_LENGTH:], None, target[:length])
+            else:  # pragma: no cover - a cryptography without it
+                target[:length] = self._aead.decrypt(nonce, view[COUNTER_LENGTH:], None)
+        except InvalidTag as exc:
+            target[:length] = bytes(length)
+            self.counters.tampered += 1
+            raise RemoteProtocolError(f"frame {self.expected} fails authentication") from exc
+        self.expected += 1
+        self.counters.opened += 1
+        return length
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,6 +460,7 @@ def fingerprint(public_key: bytes) -> str:
 
 __all__ = [
     "IDENTITY_BOX_LENGTH",
+    "KEEP_BUFFER_BYTES",
     "SEAL_OVERHEAD",
     "Opener",
     "SealCounters",

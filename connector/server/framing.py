@@ -216,7 +216,6 @@ class Framer:
                 block = bytearray()
                 block_start = position
             term_id = (initial + (position >> shift) + 2**31) % 2**32 - 2**31
-            start = len(block)
             if length <= max_payload:
                 # hot path (most messages): header, payload, alignment zeros appended in place
                 block += _pack(
@@ -233,37 +232,32 @@ class Framer:
                 block += payload
                 block += _ZEROS[: framed - DATA_HEADER_LENGTH - length]
             else:
-                # a fragmented message gets a block of its own, made at its size (no zeroed
-                # temporary copied in, no growth of a block holding earlier messages)
-                if block:
-                    yield block_start, block
-                    block_start = position
-                block = bytearray(framed)
-                start = 0
+                # a fragmented message: its fragments appended in place, like the hot path's
+                # frames, to the block holding the messages before it (one write for many
+                # large messages, not one each)
                 view = memoryview(payload)
                 consumed = 0
-                offset = start
+                offset = term_offset
                 while consumed < length:
                     chunk = min(max_payload, length - consumed)
                     flags = (_BEGIN if consumed == 0 else 0) | (
                         _END if consumed + chunk == length else 0
                     )
-                    _pack_into(
-                        block,
-                        offset,
+                    block += _pack(
                         chunk + DATA_HEADER_LENGTH,
                         0,
                         flags,
                         _DATA,
-                        term_offset + offset - start,
+                        offset,
                         session_id,
                         stream_id,
                         term_id,
                         rv,
                     )
-                    body = offset + DATA_HEADER_LENGTH
-                    block[body : body + chunk] = view[consumed : consumed + chunk]
-                    offset += (chunk + DATA_HEADER_LENGTH + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+                    block += view[consumed : consumed + chunk]
+                    aligned = (chunk + DATA_HEADER_LENGTH + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+                    block += _ZEROS[: aligned - DATA_HEADER_LENGTH - chunk]
+                    offset += aligned
                     consumed += chunk
             position += framed
             self.position = position

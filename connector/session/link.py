@@ -101,6 +101,7 @@ class ServerLink:
 
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
+        connection.deliver_views = True
         self.peer = connection.peer
         self.max_message_length = connection.max_message_length
         # the client's static public key, proven in the handshake
@@ -110,8 +111,10 @@ class ServerLink:
     def is_connected(self) -> bool:
         return self.connection.is_connected
 
-    def receive_nowait(self) -> bytes | None:
-        return self.connection.receive_nowait()
+    def receive_nowait(self) -> bytes | memoryview | None:
+        """The next message, or None: a read-only view of its opened frame (the body is not
+        copied out of it)."""
+        return self.connection.receive_view_nowait()
 
     def on_ready(self, callback: Callable[[], object]) -> bool:
         """Have ``callback`` called (from a driver thread: keep it cheap) whenever a message may

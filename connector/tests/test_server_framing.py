@@ -71,6 +71,26 @@ def test_framing_is_deterministic_so_a_commit_can_resume() -> None:
     assert a == b
 
 
+def test_large_messages_share_blocks_with_the_bytes_of_one_at_a_time() -> None:
+    """Fragmented messages go into the block holding the messages before them (one write for
+    many large messages, not one each: issue 34), framed byte for byte as one at a time."""
+    rng = random.Random(34)
+    geometry = LogGeometry(term_length=1 << 20, mtu=8192, initial_term_id=9)
+    payloads = [
+        rng.randbytes(rng.choice([65536, 65536, 20_000, 100, 8160, 8161])) for _ in range(60)
+    ]
+    framer = Framer(geometry, 5, 6, 0)
+    blocks = list(framer.frame(payloads))
+    single = Framer(geometry, 5, 6, 0)
+    one_at_a_time = [block for payload in payloads for block in single.frame([payload])]
+    assert _joined(blocks, 0) == _joined(one_at_a_time, 0)
+    assert framer.position == single.position > sum(map(len, payloads))
+    large = sum(len(p) > geometry.max_payload_length for p in payloads)
+    assert len(blocks) <= 4 < large  # a block per term (and the PAD ending it), not per message
+    got = _read_back(geometry, blocks, 0, framer.position)
+    assert [g[0] for g in got] == payloads
+
+
 def _joined(blocks: list[tuple[int, bytes]], start: int) -> bytes:
     out = bytearray()
     for position, block in blocks:

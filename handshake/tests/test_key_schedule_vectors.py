@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from aeron_spark.handshake import machine
+from aeron_spark.handshake import crypto, machine
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.config import ServerConfig
 from aeron_spark.handshake.crypto import (
@@ -251,6 +251,41 @@ def test_sealed_frames_match_the_independent_computation(handshake) -> None:
         )
         assert c_seal.seal(frame) == up and s_open.open(up) == frame
         assert s_seal.seal(frame) == down and c_open.open(down) == frame
+
+
+@pytest.mark.parametrize("into", [True, False], ids=["encrypt-into", "fallback"])
+def test_sealing_into_buffers_matches_the_independent_computation(
+    handshake, monkeypatch: pytest.MonkeyPatch, into: bool
+) -> None:
+    """seal_frame / seal_into / open_into (cryptography's encrypt_into and decrypt_into, or
+    encrypt and decrypt copied into the buffer on a version without them) give the bytes of
+    the independent computation, as seal and open do."""
+    monkeypatch.setattr(crypto, "_ENCRYPT_INTO", into and hasattr(AESGCM, "encrypt_into"))
+    monkeypatch.setattr(crypto, "_DECRYPT_INTO", into and hasattr(AESGCM, "decrypt_into"))
+    wire, client, session = handshake
+    want = _independent_schedule(wire["hello2"])
+    c_seal, c_open = client.keys.client_sealer(SealCounters())
+    s_seal, s_open = session.keys.server_sealer(SealCounters())
+    rng = random.Random(5)
+    bodies = [b"first", b"", rng.randbytes(70_000), b"x", rng.randbytes(3 * 1024 * 1024)]
+    for counter, body in enumerate(bodies):
+        frame = b"\x00" + body
+        nonce_counter = counter.to_bytes(8, "big")
+        up = nonce_counter + AESGCM(want["c2s_key"]).encrypt(
+            want["c2s_salt"] + nonce_counter, frame, None
+        )
+        down = nonce_counter + AESGCM(want["s2c_key"]).encrypt(
+            want["s2c_salt"] + nonce_counter, frame, None
+        )
+        sealed = c_seal.seal_frame(0, body)
+        assert isinstance(sealed, memoryview) and sealed == up
+        opened = bytearray(len(frame) + 7)
+        assert s_open.open_into(sealed, opened) == len(frame)
+        assert opened[: len(frame)] == frame
+        out = bytearray(len(frame) + crypto.SEAL_OVERHEAD + 3)
+        assert s_seal.seal_into(frame, out) == len(down) and out[: len(down)] == down
+        assert c_open.open(memoryview(out)[: len(down)]) == frame
+    assert c_seal.counter == s_open.expected == s_seal.counter == c_open.expected == len(bodies)
 
 
 def test_pinned_vectors(handshake) -> None:

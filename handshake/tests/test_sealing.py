@@ -7,6 +7,9 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.crypto import (
+    COUNTER_LENGTH,
+    KEEP_BUFFER_BYTES,
+    SEAL_OVERHEAD,
     SealCounters,
     client_keys,
     public_bytes,
@@ -91,3 +94,55 @@ def test_low_order_public_key_is_a_protocol_error() -> None:
         server_keys(static, ephemeral, bytes(32), public_bytes(static), b"hello")
     with pytest.raises(RemoteProtocolError):
         server_keys(static, ephemeral, public_bytes(ephemeral), bytes(32), b"hello")
+
+
+def test_frames_sealed_into_buffers_open_into_buffers_and_refusals_are_counted() -> None:
+    server, client = _agree()
+    counters = SealCounters()
+    sealer, _ = client.client_sealer(SealCounters())
+    _, opener = server.server_sealer(counters)
+    out = bytearray(64)
+    first = bytes(sealer.seal_frame(0, b"m0"))
+    second = bytes(sealer.seal_frame(0, b"m1"))
+    tampered = bytearray(second)
+    tampered[COUNTER_LENGTH] ^= 1
+    with pytest.raises(RemoteProtocolError, match="out-of-order"):
+        opener.open_into(second, out)
+    assert opener.open_into(first, out) == 3 and out[:3] == b"\x00m0"
+    with pytest.raises(RemoteProtocolError, match="replayed"):
+        opener.open_into(first, out)
+    out[:] = b"\xff" * len(out)
+    with pytest.raises(RemoteProtocolError, match="authentication"):
+        opener.open_into(bytes(tampered), out)
+    assert out[:3] == bytes(3)  # no unauthenticated plaintext left behind
+    with pytest.raises(RemoteProtocolError, match="too short"):
+        opener.open_into(b"123", out)
+    with pytest.raises(ValueError, match="does not fit"):
+        opener.open_into(second, bytearray(2))
+    assert opener.open_into(second, out) == 3 and out[:3] == b"\x00m1"
+    assert (counters.tampered, counters.reordered, counters.replayed, counters.truncated) == (
+        1,
+        1,
+        1,
+        1,
+    )
+    assert counters.opened == 2
+    with pytest.raises(ValueError, match="does not fit"):
+        sealer.seal_into(b"frame", bytearray(5 + SEAL_OVERHEAD - 1))
+    assert sealer.counter == 2  # a frame that did not fit took no counter
+
+
+def test_a_sealed_frame_is_valid_until_the_next_and_large_frames_are_not_kept() -> None:
+    server, client = _agree()
+    sealer, _ = client.client_sealer(SealCounters())
+    _, opener = server.server_sealer(SealCounters())
+    small = sealer.seal_frame(0, b"a" * 100)
+    assert opener.open(small) == b"\x00" + b"a" * 100
+    large_body = b"b" * (KEEP_BUFFER_BYTES + 1)
+    large = sealer.seal_frame(0, large_body)
+    assert opener.open(large) == b"\x00" + large_body
+    # the large frame had buffers of its own: the kept ones are still the small ones
+    again = sealer.seal_frame(0, b"c" * 100)
+    assert len(large) == len(large_body) + 1 + SEAL_OVERHEAD
+    assert opener.open(again) == b"\x00" + b"c" * 100
+    assert again.obj is small.obj

@@ -102,8 +102,8 @@ from aeron_spark.transport.protocol.retransmit import (
     RETRANSMIT_LINGER_NS,
     RetransmitHandler,
 )
-from aeron_spark.transport.protocol.segments import segment_runs
-from aeron_spark.transport.protocol.term import TermAppender, scan_for_send
+from aeron_spark.transport.protocol.segments import datagrams, segment_runs
+from aeron_spark.transport.protocol.term import TermAppender
 
 __all__ = [
     "CONNECTION_TIMEOUT_NS",
@@ -253,7 +253,9 @@ class PublicationState:
         self.invalid_naks = 0
         self.naks_refused = 0  # NAKs from a source that is not a destination
         self.back_pressure_events = 0
-        self.pending: list[tuple[Any, Address]] = []  # replies to control frames, sent on send()
+        # what control frames asked for, sent on send(): (data, segment length, address), the
+        # datagrams of ``data`` cut every ``segment length`` bytes (0: one datagram)
+        self.pending: list[tuple[Any, int, Address]] = []
         self.on_limit_change: Callable[[], None] | None = None
         self.spies: tuple[Any, ...] = ()  # images reading this log in-process (aeron-spy)
         # Where kick() puts it for the sender (its endpoint's ready queue; None: nobody steps
@@ -526,29 +528,31 @@ class PublicationState:
         return self.retransmit.on_nak(start, end, to, window, self.mtu, now_ns, self._resend)
 
     def _resend(self, start: int, end: int, to: Address | None = None) -> tuple[int, int]:
-        """Queue the datagrams of whole frames in ``[start, end)`` (to ``to``, else to every
-        destination): (datagrams, bytes covered)."""
+        """Queue the datagrams of whole frames in ``[start, end)`` (one term's; to ``to``, else
+        to every destination) in runs, as fresh data goes (:func:`.segment_runs`): (datagrams,
+        bytes covered). A run is a copy of the log's bytes, sent on the next :meth:`send`."""
         targets = [to] if to is not None else [d.address for d in self.dests.by_address.values()]
-        term = self.terms[(start >> self.shift) % PARTITION_COUNT]
-        offset = first = start & (self.term_length - 1)
-        stop = offset + (end - start)
-        queued = 0
-        while offset < stop:
-            to_send, advance = scan_for_send(term, offset, stop - offset, self.mtu)
-            if advance == 0:
-                break
-            data = bytes(term[offset : offset + to_send])
-            for address in targets:
-                self.pending.append((data, address))
-            self.retransmits_sent += 1
+        term_length = self.term_length
+        spans: list[tuple[int, int]] = []
+        covered = 0
+        for partition, offset, to_send, advance in datagrams(
+            self.terms, term_length, self.shift, start, end, self.mtu, end - start
+        ):
+            spans.append((partition * term_length + offset, to_send))
             self.retransmitted_bytes += to_send
-            queued += 1
-            offset += advance
-        return queued, offset - first
+            covered += advance
+        self.retransmits_sent += len(spans)
+        log = self.log_view
+        pending = self.pending
+        for run_start, run_end, segment in segment_runs(spans):
+            data = bytes(log[run_start:run_end])
+            for address in targets:
+                pending.append((data, segment, address))
+        return len(spans), covered
 
     def on_rttm(self, rttm: RttMeasurement, source: Address) -> None:
         if rttm.flags & RTTM_REPLY_FLAG:
-            self.pending.append((rttm_reply(rttm, self.session_id, self.stream_id), source))
+            self.pending.append((rttm_reply(rttm, self.session_id, self.stream_id), 0, source))
 
     def _update_publisher_limit(self) -> None:
         if self.is_closed:
@@ -641,9 +645,9 @@ class PublicationState:
     ) -> int:
         """Send what is due: replies, SETUP, data up to the sender limit, heartbeats; work count.
 
-        With ``transmit_segments`` the data's datagrams go out in runs (:func:`.segment_runs`:
-        contiguous, of equal length but the last), one call per run and destination; the
-        datagrams on the wire are the same."""
+        With ``transmit_segments`` the data's datagrams, fresh and resent, go out in runs
+        (:func:`.segment_runs`: contiguous, of equal length but the last), one call per run and
+        destination; the datagrams on the wire are the same."""
         phase = self.phase
         if phase is not _ACTIVE:
             if phase is _CLOSED:
@@ -656,8 +660,14 @@ class PublicationState:
         work = 0
         if self.pending:
             pending, self.pending = self.pending, []
-            for data, address in pending:
-                transmit(data, address)
+            for data, segment, address in pending:
+                if segment == 0 or len(data) <= segment:
+                    transmit(data, address)
+                elif transmit_segments is not None:
+                    transmit_segments(data, segment, address)
+                else:
+                    for at in range(0, len(data), segment):
+                        transmit(data[at : at + segment], address)
             work += len(pending)
         dests = self.dests
         flow = self.flow
@@ -714,77 +724,48 @@ class PublicationState:
         return work
 
     def _send_data(self, transmit: Transmit, transmit_segments: TransmitSegments | None) -> int:
-        if transmit_segments is not None:
-            return self._send_data_runs(transmit_segments)
         position = self.sender_position
         limit = min(self.appender.position, self.flow.sender_limit)
         if position >= limit:
             return 0
-        mtu = self.mtu
-        term_length = self.term_length
-        shift = self.shift
-        terms = self.terms
+        found = datagrams(
+            self.terms,
+            self.term_length,
+            self.shift,
+            position,
+            limit,
+            self.mtu,
+            DATAGRAMS_PER_SEND,
+        )
         addresses = [d.address for d in self.dests.by_address.values()]
-        datagrams = 0
-        sent_bytes = 0
-        while position < limit and datagrams < DATAGRAMS_PER_SEND:
-            offset = position & (term_length - 1)
-            term = terms[(position >> shift) % PARTITION_COUNT]
-            available = limit - position
-            rest = term_length - offset
-            to_send, advance = scan_for_send(
-                term, offset, available if available < rest else rest, mtu
-            )
-            if advance == 0:
-                break
-            data = term[offset : offset + to_send]
-            for address in addresses:
-                transmit(data, address)
-            datagrams += 1
-            sent_bytes += to_send
-            position += advance
-        self.sender_position = position
-        self.bytes_sent += sent_bytes * len(addresses)
-        return datagrams
-
-    def _send_data_runs(self, transmit_segments: TransmitSegments) -> int:
-        """:meth:`_send_data`'s datagrams, found the same way, sent in runs (GSO)."""
-        position = self.sender_position
-        limit = min(self.appender.position, self.flow.sender_limit)
-        if position >= limit:
-            return 0
-        mtu = self.mtu
-        term_length = self.term_length
-        shift = self.shift
-        terms = self.terms
-        found: list[tuple[int, int]] = []  # (offset in the log, length) of each datagram
-        sent_bytes = 0
-        while position < limit and len(found) < DATAGRAMS_PER_SEND:
-            offset = position & (term_length - 1)
-            partition = (position >> shift) % PARTITION_COUNT
-            available = limit - position
-            rest = term_length - offset
-            to_send, advance = scan_for_send(
-                terms[partition], offset, available if available < rest else rest, mtu
-            )
-            if advance == 0:
-                break
+        count = sent_bytes = 0
+        if transmit_segments is None:
+            terms = self.terms
+            for partition, offset, to_send, advance in found:
+                data = terms[partition][offset : offset + to_send]
+                for address in addresses:
+                    transmit(data, address)
+                count += 1
+                sent_bytes += to_send
+                position += advance
+        else:
             # the terms are one buffer in partition order: a run never wraps from the last
             # partition to the first (its offsets are not contiguous)
-            found.append((partition * term_length + offset, to_send))
-            sent_bytes += to_send
-            position += advance
-        if not found:
-            return 0
-        addresses = [d.address for d in self.dests.by_address.values()]
-        log = self.log_view
-        for start, end, segment in segment_runs(found):
-            data = log[start:end]
-            for address in addresses:
-                transmit_segments(data, segment, address)
+            term_length = self.term_length
+            spans: list[tuple[int, int]] = []  # (offset in the log, length) of each datagram
+            for partition, offset, to_send, advance in found:
+                spans.append((partition * term_length + offset, to_send))
+                sent_bytes += to_send
+                position += advance
+            count = len(spans)
+            log = self.log_view
+            for start, end, segment in segment_runs(spans):
+                data = log[start:end]
+                for address in addresses:
+                    transmit_segments(data, segment, address)
         self.sender_position = position
         self.bytes_sent += sent_bytes * len(addresses)
-        return len(found)
+        return count
 
     @property
     def next_deadline_ns(self) -> int:

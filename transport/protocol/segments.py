@@ -12,13 +12,19 @@ order) into runs one GSO send may carry: contiguous in the buffer, every datagra
 one's length but the last, which may be shorter and then ends the run, at most
 :data:`MAX_SEGMENTS` datagrams and :data:`MAX_RUN_BYTES` bytes. A run of one datagram is sent
 the ordinary way.
+
+:func:`datagrams` finds a send's datagrams in the log (the one scan of fresh data, retransmits
+and runs alike): ``(partition, term offset, length, advance)`` each, as Aeron's sender scans.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
-__all__ = ["MAX_RUN_BYTES", "MAX_SEGMENTS", "segment_runs"]
+from aeron_spark.transport.protocol.logbuffer import PARTITION_COUNT
+from aeron_spark.transport.protocol.term import scan_for_send
+
+__all__ = ["MAX_RUN_BYTES", "MAX_SEGMENTS", "datagrams", "segment_runs"]
 
 # Linux's UDP_MAX_SEGMENTS (64 from 4.18; later kernels allow 128, older refuse more than 64).
 MAX_SEGMENTS = 64
@@ -57,3 +63,33 @@ def segment_runs(
     if open_run:
         runs.append((start, end, segment))
     return runs
+
+
+def datagrams(
+    terms: list[memoryview],
+    term_length: int,
+    shift: int,
+    position: int,
+    limit: int,
+    mtu: int,
+    max_count: int,
+) -> Iterator[tuple[int, int, int, int]]:
+    """The datagrams from ``position`` up to ``limit``, at most ``max_count``: ``(partition,
+    term offset, length to send, advance)`` each (:func:`~.term.scan_for_send`: whole frames
+    within the mtu, a PAD sends its header and advances over the padding). A datagram never
+    crosses a term's end; the scan stops at the first frame not yet complete."""
+    count = 0
+    mask = term_length - 1
+    while position < limit and count < max_count:
+        offset = position & mask
+        partition = (position >> shift) % PARTITION_COUNT
+        available = limit - position
+        rest = term_length - offset
+        to_send, advance = scan_for_send(
+            terms[partition], offset, available if available < rest else rest, mtu
+        )
+        if advance == 0:
+            return
+        yield partition, offset, to_send, advance
+        count += 1
+        position += advance

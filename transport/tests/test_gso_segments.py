@@ -1,6 +1,6 @@
 """Which datagrams a publication sends in one UDP GSO send (sans-I/O): runs of contiguous,
 equal datagrams but a shorter last one, within the kernel's bounds; and the datagrams a
-publication's runs make are exactly those it sends one by one."""
+publication's runs make are exactly those it sends one by one, fresh or resent."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from aeron_spark.transport.protocol.frames import DataFrame, FrameType, NakFrame, frame_type_of
 from aeron_spark.transport.protocol.publication import PublicationState
 from aeron_spark.transport.protocol.segments import MAX_RUN_BYTES, MAX_SEGMENTS, segment_runs
 from aeron_spark.transport.testing import ManualClock
@@ -157,3 +158,81 @@ def test_an_8k_message_is_one_run_at_mtu_1408() -> None:
     runs = Runs()
     _publish([8192] * 4, runs, runs)
     assert runs.runs == [(6, 1408)] * 4  # 5 x 1408 + 1344 in one send each
+
+
+# ------------------------------------------------------------------ retransmits in runs
+
+
+LATER_NS = ManualClock().now_ns + 50_000_000  # after _publish's last step (it steps by 1 us)
+
+
+def _data(datagrams: list[tuple[bytes, Any]]) -> list[bytes]:
+    """The datagrams that carry frames of the log (no SETUP, no heartbeat)."""
+    return [
+        d
+        for d, _ in datagrams
+        if frame_type_of(d) in (FrameType.DATA, FrameType.PAD) and DataFrame.decode(d).frame_length
+    ]
+
+
+def _nak_range(datagrams: list[bytes], window: int) -> tuple[int, int, list[bytes]]:
+    """A NAKed range of whole datagrams of the first term, within one receiver window: its
+    term offset, its length and the datagrams first sent for it."""
+    offsets = [DataFrame.decode(d).term_offset for d in datagrams]
+    first = 1
+    last = first
+    while last + 1 < len(offsets) and offsets[last + 1] - offsets[first] <= window:
+        if offsets[last + 1] < offsets[last]:
+            break  # the next term
+        last += 1
+    return offsets[first], offsets[last] - offsets[first], datagrams[first:last]
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        [8192] * 20,  # mtu-sized fragments, a shorter last one
+        [1024] * 200,  # equal one-frame datagrams
+        [65536] * 3,  # more fragments than a run may carry
+        [100, 3000, 8192, 17, 1376, 1377, 40000, 1] * 3,  # mixed
+    ],
+    ids=["8k", "1k", "64k", "mixed"],
+)
+def test_a_naked_range_is_resent_in_runs_byte_identical_to_one_by_one(sizes: list[int]) -> None:
+    one_by_one = OneByOne()
+    plain = _publish(sizes, one_by_one, None, term_length=TERM)
+    runs = Runs()
+    batched = _publish(sizes, runs, runs, term_length=TERM)
+    assert runs.datagrams == one_by_one.datagrams
+    originals = _data(one_by_one.datagrams)
+    offset, length, expected = _nak_range(originals, 128 * 1024)
+    assert len(expected) > 2
+    fresh_runs = len(runs.runs)
+    del one_by_one.datagrams[:], runs.datagrams[:]
+    for pub, wire, segments in ((plain, one_by_one, None), (batched, runs, runs.segments)):
+        nak = NakFrame(pub.session_id, pub.stream_id, pub.initial_term_id, offset, length)
+        assert pub.on_nak(nak, LATER_NS, None) == len(expected)
+        pub.send(LATER_NS, wire, segments)
+    resent = _data(runs.datagrams)
+    assert resent == _data(one_by_one.datagrams) == expected
+    assert all(address == DEST for _, address in runs.datagrams)
+    retransmit_runs = runs.runs[fresh_runs:]
+    # runs of several datagrams (a run of one is an ordinary send, not counted here)
+    assert sum(count for count, _ in retransmit_runs) <= len(expected)
+    assert any(count > 1 for count, _ in retransmit_runs), retransmit_runs
+    assert len(retransmit_runs) < len(expected) / 2
+    assert batched.retransmits_sent == plain.retransmits_sent == len(expected)
+    assert batched.retransmitted_bytes == plain.retransmitted_bytes == sum(map(len, expected))
+
+
+def test_a_resent_run_goes_one_by_one_without_segments() -> None:
+    """A publication stepped without ``transmit_segments`` (GSO off) cuts its queued runs."""
+    wire = OneByOne()
+    pub = _publish([8192] * 4, wire, None)
+    originals = _data(wire.datagrams)
+    del wire.datagrams[:]
+    length = sum(map(len, originals[:12]))  # two messages of six fragments each
+    nak = NakFrame(pub.session_id, pub.stream_id, pub.initial_term_id, 0, length)
+    assert pub.on_nak(nak, LATER_NS, None) == 12
+    pub.send(LATER_NS, wire, None)
+    assert _data(wire.datagrams) == originals[:12]
