@@ -358,7 +358,12 @@ class ArchiveStore:
 
     def open_publisher(self, stream_id: int, source: str, now_ns: int) -> _Publisher:
         self.space.check("publish")
-        return _Publisher(self, self._create(stream_id, source, now_ns))
+        rec = self._create(stream_id, source, now_ns)
+        try:
+            return _Publisher(self, rec)
+        except BaseException:  # its acked file could not be written: no publisher holds it
+            rec.stop(self.clock())
+            raise
 
     def check_space(self, what: str) -> None:
         """Raise the coded STORAGE_FULL error below the free-space watermark."""
