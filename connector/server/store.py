@@ -113,6 +113,8 @@ class _Publisher:
         self._framer = Framer(
             geometry, rec.d.session_id, rec.d.stream_id, rec.recorded_position, reuse_blocks=True
         )
+        # the acknowledged end, durable before each answer: recovery cuts what lies past it
+        rec.acknowledge(rec.recorded_position)
 
     def publish(
         self, payloads: Sequence[bytes], reserved_values: Sequence[int] | None, now_ns: int
@@ -133,9 +135,12 @@ class _Publisher:
                 self.rec.append(block, position, timestamp_ns)
             if self._store.config.fsync:
                 self.rec.force()
+            self.rec.acknowledge(self.rec.recorded_position)
         except BaseException:
             self.rec.rollback(start)
             self._framer.position = start
+            with contextlib.suppress(OSError):  # it may have been written before a failed fsync
+                self.rec.acknowledge(start)
             raise
         return self.rec.recorded_position
 
@@ -353,7 +358,12 @@ class ArchiveStore:
 
     def open_publisher(self, stream_id: int, source: str, now_ns: int) -> _Publisher:
         self.space.check("publish")
-        return _Publisher(self, self._create(stream_id, source, now_ns))
+        rec = self._create(stream_id, source, now_ns)
+        try:
+            return _Publisher(self, rec)
+        except BaseException:  # its acked file could not be written: no publisher holds it
+            rec.stop(self.clock())
+            raise
 
     def check_space(self, what: str) -> None:
         """Raise the coded STORAGE_FULL error below the free-space watermark."""
@@ -465,6 +475,8 @@ class ArchiveStore:
             "ingest_held_back": self.ingest_held_back,
             "message_end_scanned_bytes": self.message_end_scanned_bytes,
             "torn_bytes_cut": self.recordings.torn_bytes_cut,
+            # complete frames past publish recordings' acknowledged ends cut at recovery
+            "publish_tail_bytes_cut": self.recordings.unacknowledged_bytes_cut,
             **self.recordings.files.stats(),
             **self.catalog.counters(),  # over live recordings (stopped ones' are kept)
         }

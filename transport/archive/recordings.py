@@ -11,6 +11,9 @@ Layout of one recording, ``<dir>/recordings/<id>/``::
     meta.msgpack        descriptor written (fsynced) at creation, never changed
     stop.msgpack        {stop_position, stop_timestamp_ns} once stopped (absent while recording)
     purged.msgpack      {purged_position} after a purge
+    acked               (position int64, ~position int64): the end of what the writer
+                        acknowledged (server publish recordings only: written after a publish's
+                        frames, before its answer); recovery cuts complete frames past it
     index               records (position int64, timestamp_ns int64): frame boundaries with the
                         time they were recorded, one per append at most every INDEX_INTERVAL;
                         read from the file, not held in memory (:mod:`.timeindex`)
@@ -38,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import struct
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +70,7 @@ _PAD = int(FrameType.PAD)
 _DATA = int(FrameType.DATA)
 INDEX_INTERVAL_BYTES = 64 * 1024
 INDEX_INTERVAL_NS = 1_000_000
+_ACKED = struct.Struct("<qq")  # position, ~position (a torn or damaged file is told apart)
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +188,7 @@ class Recording:
         self.stop_pending = False  # stopped, but stop.msgpack is not written yet (disk full)
         self._stop_ns = 0
         self.torn_bytes_cut = 0
+        self.unacknowledged_bytes_cut = 0  # complete frames past the acked end cut at recovery
         self.short_writes = 0  # pwrite wrote less than asked (the rest was retried)
         self.failed_appends = 0  # appends that failed (ENOSPC, EIO, ...) and were rolled back
         self.cut_failures = 0  # a rollback could not truncate its bytes away (see _cut)
@@ -240,12 +246,56 @@ class Recording:
                 break
         start = max(start, self.purged_position)
         end = self._walk(start, None)
+        acked = self._read_acked()
+        if acked is not None and self.purged_position <= acked < end:
+            # complete frames the writer never acknowledged: a publish refused after some of
+            # its blocks were written whose cut failed, or a crash between its blocks
+            log.warning(
+                "recording %s: cutting %d bytes past its acknowledged end %d",
+                self.d.recording_id,
+                end - acked,
+                acked,
+            )
+            self.unacknowledged_bytes_cut = end - acked
+            self._cut(acked, end)
+            end = acked
         if self.stop_position is not None and end >= self.stop_position:
             end = self.stop_position
         self.recorded_position = end
         # the index may name positions at or past the recovered end (a torn tail): drop them,
         # from the file too, so that it stays sorted for readers that search it (read-only opens)
         self.index.cut(end, fsync=True)
+
+    @property
+    def _acked_path(self) -> str:
+        return os.path.join(self.directory, "acked")
+
+    def _read_acked(self) -> int | None:
+        try:
+            with open(self._acked_path, "rb") as fh:
+                data = fh.read(_ACKED.size)
+        except FileNotFoundError:
+            return None
+        if len(data) == _ACKED.size:
+            position, check = _ACKED.unpack(data)
+            if check == ~position:
+                return position
+        log.warning("recording %s: ignoring a damaged %s", self.d.recording_id, self._acked_path)
+        return None
+
+    def acknowledge(self, position: int) -> None:
+        """Record ``position`` (the recorded end, after a force when fsync is on) as the end of
+        what the writer acknowledged: recovery cuts whatever complete frames lie past it (a
+        write that failed and whose cut failed too, or a crash half-way through a write of
+        several blocks). The first call creates the file (and syncs the directory)."""
+        created = not os.path.exists(self._acked_path)
+        with self._files.use(self._acked_path, True, True) as fd:
+            assert fd is not None
+            os.pwrite(fd, _ACKED.pack(position, ~position), 0)
+            if self.fsync:
+                os.fsync(fd)
+        if created and self.fsync:
+            fsync_dir(self.directory)
 
     def _data_end(self, position: int) -> int:
         """Where the bytes of ``position``'s segment file end (its written size)."""
@@ -585,6 +635,7 @@ class RecordingStore:
         self.files = FdCache(max_open_files)
         self.recordings: dict[int, Recording] = {}
         self.torn_bytes_cut = 0
+        self.unacknowledged_bytes_cut = 0
         for name in sorted(os.listdir(self.root)):
             if not name.isdigit():
                 continue
@@ -594,6 +645,7 @@ class RecordingStore:
                 continue
             rec = Recording(path, Descriptor(**meta), fsync, fds=self.files)
             self.torn_bytes_cut += rec.torn_bytes_cut
+            self.unacknowledged_bytes_cut += rec.unacknowledged_bytes_cut
             if rec.stop_position is None and not rec.d.source.startswith("sink:"):
                 rec.stop(0)  # recovered after a crash: finished where its frames end
             self.recordings[rec.d.recording_id] = rec
