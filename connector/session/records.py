@@ -111,14 +111,27 @@ def _run_records(run: PayloadBuffers) -> memoryview:
 
 
 def _uniform_records(buf: bytes, offset: int, length: int) -> int:
-    """How many whole records from ``offset`` have a payload of ``length`` bytes (0 if few)."""
+    """How many whole records from ``offset`` have a payload of ``length`` bytes (fewer than
+    :data:`_MIN_UNIFORM_RUN`: no run).
+
+    Looks at the next ``_MIN_UNIFORM_RUN`` records first, then at twice as many each time while
+    they all match: what it reads is bounded by twice the run it finds (or by
+    ``_MIN_UNIFORM_RUN`` records where there is none), so a block of payloads of mixed lengths
+    is read in time linear in the block, not in its records times its length."""
     size = RECORD.size + length
     count = (len(buf) - offset) // size
     if count < _MIN_UNIFORM_RUN:
         return 0
-    rows = np.frombuffer(buf, np.uint8, count * size, offset).reshape(count, size)
-    same = rows[:, :4].copy().view("<u4").ravel() == length
-    return count if same.all() else int(np.argmin(same))
+    checked, step = 0, _MIN_UNIFORM_RUN
+    while checked < count:
+        n = min(step, count - checked)
+        rows = np.frombuffer(buf, np.uint8, n * size, offset + checked * size).reshape(n, size)
+        same = rows[:, :4].copy().view("<u4").ravel() == length
+        if not same.all():
+            return checked + int(np.argmin(same))
+        checked += n
+        step *= 2
+    return count
 
 
 def block_records(buf: bytes) -> Generator[tuple[Any, Any], None, int]:

@@ -25,7 +25,8 @@ the real driver's counters in its cnc.dat show no invalid packet, no error and a
 log. Each real program runs in its own process group; every wait is bounded and every process
 is stopped in a ``finally`` (SIGINT, then SIGKILL). The real driver gets its own Aeron directory
 under ``/dev/shm``, the shared threading mode with a backoff idle strategy and sparse term
-files, so it stays light on a small machine.
+files, so it stays light on a small machine; one Java driver at its defaults serves every test
+that uses it as it is (``shared_java_driver``), so its JVM starts once for the module.
 """
 
 from __future__ import annotations
@@ -153,9 +154,24 @@ class JavaRealDriver(RealDriver):
 
     kind = "java"
 
-    def __init__(self, **driver_properties: object) -> None:
-        self.java = JavaMediaDriver(**driver_properties)
+    def __init__(self, shared: JavaMediaDriver | None = None, **driver_properties: object) -> None:
+        """A driver of its own (with ``driver_properties``), or the module's ``shared`` one:
+        then ``close()`` stops only the programs started through this object."""
+        assert shared is None or not driver_properties, "a shared driver has its own settings"
+        self.owned = shared is None
+        self.java = JavaMediaDriver(**driver_properties) if shared is None else shared
         self.aeron_dir = self.java.aeron_dir
+        self.programs: list[PeerProgram] = []
+
+    def run(
+        self,
+        main_class: str,
+        properties: dict[str, object] | None = None,
+        stdin: bytes | None = None,
+    ) -> PeerProgram:
+        program = self.java.run(main_class, properties, stdin=stdin)
+        self.programs.append(program)
+        return program
 
     def basic_publisher(self, channel: str, stream_id: int, count: int) -> PeerProgram:
         props = {
@@ -163,7 +179,7 @@ class JavaRealDriver(RealDriver):
             "aeron.sample.streamId": stream_id,
             "aeron.sample.messages": count,
         }
-        return self.java.run("io.aeron.samples.BasicPublisher", props)
+        return self.run("io.aeron.samples.BasicPublisher", props)
 
     def streaming_publisher(
         self, channel: str, stream_id: int, count: int, length: int
@@ -175,18 +191,21 @@ class JavaRealDriver(RealDriver):
             "aeron.sample.messageLength": length,
         }
         # "n" answers its "Execute again? (y/n)" prompt.
-        return self.java.run("io.aeron.samples.StreamingPublisher", props, stdin=b"n\n")
+        return self.run("io.aeron.samples.StreamingPublisher", props, stdin=b"n\n")
 
     def basic_subscriber(self, channel: str, stream_id: int) -> PeerProgram:
         props = {"aeron.sample.channel": channel, "aeron.sample.streamId": stream_id}
-        return self.java.run("io.aeron.samples.BasicSubscriber", props)
+        return self.run("io.aeron.samples.BasicSubscriber", props)
 
     def rate_subscriber(self, channel: str, stream_id: int) -> PeerProgram:
         props = {"aeron.sample.channel": channel, "aeron.sample.streamId": stream_id}
-        return self.java.run("io.aeron.samples.RateSubscriber", props)
+        return self.run("io.aeron.samples.RateSubscriber", props)
 
     def close(self) -> None:
-        self.java.close()
+        for p in self.programs:
+            p.stop()
+        if self.owned:
+            self.java.close()
 
 
 class CRealDriver(RealDriver):
@@ -256,12 +275,17 @@ class CRealDriver(RealDriver):
 
 
 def _start_real_driver(
-    stack: contextlib.ExitStack, kind: str, **java_properties: object
+    stack: contextlib.ExitStack,
+    kind: str,
+    shared: JavaMediaDriver | None = None,
+    **java_properties: object,
 ) -> RealDriver:
-    """Start a real driver of ``kind`` with its own directory; ``stack`` stops it and its
-    programs (clients first, then the driver)."""
+    """Start a real driver of ``kind`` with its own directory (or, Java, use the ``shared``
+    one); ``stack`` stops its programs, then the driver if it is not the shared one."""
     _require_peer(kind)
-    driver: RealDriver = JavaRealDriver(**java_properties) if kind == "java" else CRealDriver()
+    driver: RealDriver = (
+        JavaRealDriver(shared, **java_properties) if kind == "java" else CRealDriver()
+    )
     stack.callback(driver.close)
     if kind == "java":
         # Runs first (last in): the real driver counted no invalid packet and no error.
@@ -282,9 +306,30 @@ def peer(request: pytest.FixtureRequest) -> str:
     return kind
 
 
+@pytest.fixture(scope="module")
+def shared_java_driver() -> Iterator[JavaMediaDriver | None]:
+    """One Java media driver at its defaults for the module's tests that use one as it is: its
+    JVM starts and stops once (seconds each on a loaded 2-core machine), not once per test.
+    Each test still stops the programs it started and checks at its end that the driver counted
+    no invalid packet and no error (counters only grow: clean at a test's end is clean through
+    it). Tests that configure the driver (loss generators, image liveness), need two drivers, or
+    make one unclean on purpose start their own. None where Java cannot run (each test then
+    skips, or fails in CI, through ``_require_peer``)."""
+    if aeron_peer.unavailable_reason() is not None:
+        yield None
+        return
+    java = JavaMediaDriver()
+    try:
+        yield java
+    finally:
+        java.close()
+
+
 @pytest.fixture
-def real_driver(real_stack: contextlib.ExitStack, peer: str) -> RealDriver:
-    return _start_real_driver(real_stack, peer)
+def real_driver(
+    real_stack: contextlib.ExitStack, peer: str, shared_java_driver: JavaMediaDriver | None
+) -> RealDriver:
+    return _start_real_driver(real_stack, peer, shared_java_driver if peer == "java" else None)
 
 
 class OurDrivers:
@@ -1243,11 +1288,13 @@ _RATE_TOTALS = re.compile(r"totals (\d+) messages")
 
 
 def test_our_publication_to_java_rate_subscriber(
-    real_stack: contextlib.ExitStack, our_driver: Driver
+    real_stack: contextlib.ExitStack,
+    our_driver: Driver,
+    shared_java_driver: JavaMediaDriver | None,
 ) -> None:
     """The real ``RateSubscriber`` (which counts whole messages through a FragmentAssembler)
     counts exactly what we sent: 20,000 unfragmented and 1,000 fragmented messages."""
-    real = _start_real_driver(real_stack, "java")
+    real = _start_real_driver(real_stack, "java", shared_java_driver)
     port, stream_id = _free_udp_port(), 1022
     rate_sub = real.rate_subscriber(_channel(port), stream_id)  # type: ignore[attr-defined]
     pub = our_driver.add_publication(_channel(port), stream_id)
@@ -1330,11 +1377,15 @@ def _echo_until(
             sub.wait(0.01)
 
 
-def test_real_ping_against_our_pong(real_stack: contextlib.ExitStack, our_driver: Driver) -> None:
+def test_real_ping_against_our_pong(
+    real_stack: contextlib.ExitStack,
+    our_driver: Driver,
+    shared_java_driver: JavaMediaDriver | None,
+) -> None:
     """The real ``io.aeron.samples.Ping`` (its nanoTime stamps in 32-byte messages) gets every
     one of its 1,200 pings echoed by our subscription + publication and reports them all in
     its latency histogram."""
-    real = _start_real_driver(real_stack, "java")
+    real = _start_real_driver(real_stack, "java", shared_java_driver)
     ping_port, pong_port, rounds, warmup = _free_udp_port(), _free_udp_port(), 1000, 200
     sub = our_driver.add_subscription(_channel(ping_port), 1030)
     pub = our_driver.add_publication(_channel(pong_port), 1031)
@@ -1342,7 +1393,7 @@ def test_real_ping_against_our_pong(real_stack: contextlib.ExitStack, our_driver
     pong = threading.Thread(target=_echo_until, args=(sub, pub, stop, echoed))
     pong.start()
     try:
-        ping = real.java.run(  # type: ignore[attr-defined]
+        ping = real.run(  # type: ignore[attr-defined]
             "io.aeron.samples.Ping",
             {
                 "aeron.sample.ping.channel": _channel(ping_port),
@@ -1368,12 +1419,16 @@ def test_real_ping_against_our_pong(real_stack: contextlib.ExitStack, our_driver
     _assert_understood_everything(our_driver)
 
 
-def test_our_ping_against_real_pong(real_stack: contextlib.ExitStack, our_driver: Driver) -> None:
+def test_our_ping_against_real_pong(
+    real_stack: contextlib.ExitStack,
+    our_driver: Driver,
+    shared_java_driver: JavaMediaDriver | None,
+) -> None:
     """The real ``io.aeron.samples.Pong`` echoes each of our pings (various lengths, some
     fragmented) byte for byte, one at a time."""
-    real = _start_real_driver(real_stack, "java")
+    real = _start_real_driver(real_stack, "java", shared_java_driver)
     ping_port, pong_port = _free_udp_port(), _free_udp_port()
-    real.java.run(  # type: ignore[attr-defined]
+    real.run(  # type: ignore[attr-defined]
         "io.aeron.samples.Pong",
         {
             "aeron.sample.ping.channel": _channel(ping_port),
