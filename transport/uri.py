@@ -24,6 +24,11 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from aeron_spark.transport.errors import ChannelError
+from aeron_spark.transport.protocol.heartbeat import (
+    HEARTBEAT_INTERVAL_NS,
+    IDLE_HEARTBEAT_INTERVAL_MAX_NS,
+)
+from aeron_spark.transport.protocol.image import SM_IDLE_INTERVAL_MAX_NS, SM_INTERVAL_NS
 from aeron_spark.transport.protocol.logbuffer import (
     DEFAULT_IPC_TERM_LENGTH,
     DEFAULT_MTU_LENGTH,
@@ -92,6 +97,10 @@ KNOWN_PARAMS = frozenset(
         "setups-per-prefix-per-s",
         "evict-unvouched",  # at an image limit, evict the oldest image nobody vouched for
         "dedicated-sources",  # connected sockets of their own for that many trusted senders
+        # an idle stream's control cadence, longer than Aeron's (the driver-wide settings
+        # aeron.publication.heartbeat.timeout / aeron.rcv.status.message.timeout, per channel)
+        "idle-heartbeat-interval",
+        "idle-sm-interval",
     }
 )
 
@@ -318,6 +327,11 @@ class ChannelConfig:
     # a socket opened for this channel sends an address that has not completed a handshake at
     # most this many times what it received from it (0: no bound; see AmplificationLedger)
     max_amplification: int = 0
+    # an idle stream's heartbeats (publications) and status messages (subscriptions' images)
+    # this far apart once the first one after the last data went at Aeron's cadence (100 ms /
+    # 200 ms); 0: Aeron's cadence throughout. Our own sessions' channels set them (issue 31)
+    idle_heartbeat_interval_ns: int = 0
+    idle_sm_interval_ns: int = 0
     uri: str = ""
 
     @property
@@ -433,6 +447,17 @@ class ChannelConfig:
             kwargs["max_amplification"] = parse_size("max-amplification", p["max-amplification"])
         if "max-destinations" in p:
             kwargs["max_destinations"] = parse_size("max-destinations", p["max-destinations"])
+        for key, low, high in (
+            ("idle-heartbeat-interval", HEARTBEAT_INTERVAL_NS, IDLE_HEARTBEAT_INTERVAL_MAX_NS),
+            ("idle-sm-interval", SM_INTERVAL_NS, SM_IDLE_INTERVAL_MAX_NS),
+        ):
+            if key in p:
+                interval = parse_duration_ns(key, p[key])
+                if not low <= interval <= high:
+                    raise ChannelError(
+                        key, p[key], f"a duration from {low // 1_000_000} to {high // 1_000_000} ms"
+                    )
+                kwargs[key.replace("-", "_") + "_ns"] = interval
         config = cls(**kwargs)  # type: ignore[arg-type]
         config.validate()
         return config, resolved
