@@ -35,7 +35,9 @@ class ServerConfig:
     ``key_store_dir``       the server's key store (None: the handshake layer's default)
     ``allow`` / ``deny``    addresses or CIDR ranges allowed / denied a session (deny wins; an
                             empty allow list allows everyone)
-    ``max_clients`` / ``max_per_address``  session limits (in total / per client IP address)
+    ``max_clients`` / ``max_per_address``  session limits (in total / per client IP address;
+                            4096 / 2048: a Spark cluster behind one NAT address fits, and
+                            still cannot take the other half; issue 31)
     ``max_per_key``         sessions one client key may hold, with ``authorized_keys_file`` only
                             (without it a client may make a key per session); None: half of
                             ``max_clients``, so a Spark job's driver and executors, which share
@@ -112,8 +114,8 @@ class ServerConfig:
     key_store_dir: str | None = None
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
-    max_clients: int = 1024
-    max_per_address: int = 256
+    max_clients: int = 4096
+    max_per_address: int = 2048
     max_per_key: int | None = None
     max_pending_per_prefix: int = 32
     hellos_per_prefix_per_s: float = 1000.0
