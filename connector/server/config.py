@@ -90,7 +90,8 @@ class ServerConfig:
                             any client may connect and do anything the settings above allow)
     ``max_open_files``      recording files (segments, indexes) kept open at once, for appends
                             and replays, in a shared least-recently-used cache; None: a quarter
-                            of the descriptor limit, between 16 and 1024
+                            of the descriptor limit (raised to the hard limit at start),
+                            between 16 and 16384 (two per publishing session)
     ``max_incomplete_bytes`` / ``max_incomplete_bytes_per_session``  what the chunks of messages
                             not yet complete may hold, across all sessions / in one session (a
                             message announced longer than the latter is refused at its first
