@@ -585,6 +585,12 @@ def _publish_round(clients: list[Any], seconds: float, threads: int) -> dict[str
     }
 
 
+def _phase(name: str, sessions: int, pid: int) -> None:
+    """A marker on stderr as a phase starts (a profiler attached to the server waits for it)."""
+    print(json.dumps({"phase": name, "sessions": sessions, "server_pid": pid}), file=sys.stderr)
+    sys.stderr.flush()
+
+
 def sessions_curve(
     counts: list[int], idle_s: float, publish_s: float, handshakes: int, threads: int
 ) -> list[dict[str, Any]]:
@@ -594,8 +600,13 @@ def sessions_curve(
     rows = []
     for n in counts:
         with tempfile.TemporaryDirectory(prefix="aeron-spark-scale-") as tmp:
-            limit = str(n + handshakes + 16)
-            extra = ["--max-clients", limit, "--max-per-address", limit]
+            # the server's defaults (2048 of 4096 sessions from one address) where they suffice
+            limit = n + handshakes + 16
+            extra = (
+                []
+                if limit <= 2048
+                else ["--max-clients", str(limit), "--max-per-address", str(limit)]
+            )
             with server_process(f"{tmp}/srv", extra) as (proc, endpoint):
                 settings = ClientSettings(
                     endpoint=endpoint, encryption=True, key_store_dir=f"{tmp}/keys", timeout_s=30
@@ -606,17 +617,21 @@ def sessions_curve(
                 row["open_all_s"] = round(time.perf_counter() - started, 1)
                 try:
                     time.sleep(2.0)  # the handshakes' tails settle
+                    _phase("idle", n, proc.pid)
                     cpu0, t0 = _cpu_s(proc.pid), time.monotonic()
                     time.sleep(idle_s)
                     cpu = _cpu_s(proc.pid) - cpu0
                     wall = time.monotonic() - t0
                     row["idle_server_cpu_pct"] = round(100 * cpu / wall, 2)
                     row["idle_server_cpu_us_per_session_s"] = round(1e6 * cpu / wall / n, 1)
+                    row["server_open_fds"] = len(os.listdir(f"/proc/{proc.pid}/fd"))
+                    _phase("publish", n, proc.pid)
                     cpu0 = _cpu_s(proc.pid)
                     row.update(_publish_round(clients, publish_s, threads))
                     row["publish_server_cpu_pct"] = round(
                         100 * (_cpu_s(proc.pid) - cpu0) / publish_s, 1
                     )
+                    _phase("handshakes", n, proc.pid)
                     times = []
                     for _ in range(handshakes):
                         t = time.perf_counter()

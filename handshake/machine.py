@@ -552,6 +552,9 @@ class ServerCore:
         self._id_pool = b""
         self.sessions: set[ServerSession] = set()
         self.pending = 0
+        # the sessions still pending (WELCOME sent, no DONE yet): what expiry and deadlines
+        # look at, never every established session (issue 31 item 1)
+        self._pending_sessions: dict[ServerSession, None] = {}
         self.per_address: Counter[str] = Counter()
         # sessions (connected + pending) per client key; limited only when ``authorize`` is set
         self.per_key: Counter[bytes] = Counter()
@@ -660,6 +663,7 @@ class ServerCore:
             client_key=client_key,
         )
         self.sessions.add(session)
+        self._pending_sessions[session] = None
         self.pending += 1
         self.pending_per_prefix[prefix] += 1
         self.per_address[address] += 1
@@ -891,6 +895,7 @@ class ServerCore:
         if not session.pending:
             return
         session.pending = False
+        self._pending_sessions.pop(session, None)
         self.pending -= 1
         self.pending_per_prefix[session.prefix] -= 1
         if self.pending_per_prefix[session.prefix] <= 0:
@@ -899,7 +904,7 @@ class ServerCore:
     def expired(self, now_ns: int) -> list[ServerSession]:
         """Pending sessions past their deadline (moved to CLOSED; the caller releases them)."""
         out = []
-        for session in self.sessions:
+        for session in list(self._pending_sessions):
             if session.state is SessionState.WELCOMED and now_ns >= session.deadline_ns:
                 session.fire(SessionEvent.TIMEOUT)
                 self.counters.expired += 1
@@ -907,7 +912,9 @@ class ServerCore:
         return out
 
     def next_deadline_ns(self) -> int | None:
-        pending = [s.deadline_ns for s in self.sessions if s.state is SessionState.WELCOMED]
+        pending = [
+            s.deadline_ns for s in self._pending_sessions if s.state is SessionState.WELCOMED
+        ]
         return min(pending) if pending else None
 
     def release(self, session: ServerSession, event: SessionEvent = SessionEvent.CLOSE) -> None:

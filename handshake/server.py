@@ -80,6 +80,8 @@ _BIND_ATTEMPTS = 20
 # HELLOs read from one HELLO image in one step (a client process with many handshakes in flight
 # shares one image; the others get their turn in the same step)
 HELLOS_PER_STEP = 8
+# every connection is checked for a lost peer this often (closed ones are released at once)
+REAP_INTERVAL_NS = 500_000_000
 
 
 def _udp_port_free(host: str, port: int) -> bool:
@@ -179,6 +181,14 @@ class Server:
         self.pair_address_mismatches = 0
         self.connections: list[Connection] = []
         self._by_conn: dict[int, ServerSession] = {}
+        # Per-session work only for what needs it (issue 31 item 1: each step walked every
+        # session several times): the handshakes between WELCOME and their connection, the
+        # connections closed since the last step (reaped at once), every connection checked for
+        # a lost peer only every REAP_INTERVAL_NS, the IPC connections (they cannot signal)
+        self._pairs: dict[ServerSession, None] = {}
+        self._closing: deque[Connection] = deque()
+        self._next_reap_ns = 0
+        self._ipc_connections: set[int] = set()
         self.seal_counters = SealCounters()
         self._reply_of: dict[ServerSession, Any] = {}
         # the HELLO image each live handshake or session was admitted on, and how many of them
@@ -285,7 +295,7 @@ class Server:
             self._refuse_quietly(session, ErrorCode.HANDSHAKE_TIMEOUT, "handshake timed out")
             self._free(session, SessionEvent.TIMEOUT)
         self._flush_replies(now)
-        self._reap()
+        self._reap(now)
         return accepted
 
     def _read_hellos(self, now_ns: int) -> None:
@@ -370,6 +380,7 @@ class Server:
         self._reply_of[session] = reply
         try:
             session.transport = self._open_pair(channels, session)
+            self._pairs[session] = None
         except (TransportError, OSError) as exc:
             log.warning("handshake server: cannot open a session for %s: %s", address, exc)
             self._reply(
@@ -407,9 +418,10 @@ class Server:
 
     def _advance_pending(self) -> list[Connection]:
         accepted = []
-        for session in list(self.core.sessions):
+        for session in list(self._pairs):
             pending = session.transport
             if not isinstance(pending, _Pending):
+                self._pairs.pop(session, None)
                 continue
             if pending.confirm is None:
                 if not self._pair_from_hello_address(session, pending):
@@ -429,6 +441,7 @@ class Server:
                 continue  # not joined yet or back-pressured: try again on the next step
             conn = self._connection(session, pending)
             session.transport = conn
+            self._pairs.pop(session, None)
             accepted.append(conn)
         return accepted
 
@@ -457,6 +470,7 @@ class Server:
             seal_counters=self.seal_counters,
             on_disconnect=self.on_disconnect,
             on_error=self._report,
+            on_close=self._closing.append,
         )
         conn.client_key = session.client_key  # type: ignore[attr-defined]
         if session.address != "ipc":
@@ -485,6 +499,8 @@ class Server:
         pending.inbox.clear()
         self.connections.append(conn)
         self._by_conn[id(conn)] = session
+        if session.address == "ipc":
+            self._ipc_connections.add(id(conn))
         if self.on_connect is not None:
             self.on_connect(conn)
         return conn
@@ -504,6 +520,7 @@ class Server:
             resources.close()
             self._distrust(resources)
         session.transport = None
+        self._pairs.pop(session, None)
         self._reply_of.pop(session, None)
         self._unvouch(session)
         self.core.release(session, event)
@@ -547,8 +564,24 @@ class Server:
             self.reply_drops += 1
         self._replies = held
 
-    def _reap(self) -> None:
-        for conn in [c for c in self.connections if not c.is_connected]:
+    def _reap(self, now_ns: int) -> None:
+        """Release the connections that are gone: those closed since the last step at once,
+        and, every ``REAP_INTERVAL_NS``, those whose peer was lost (a walk of them all)."""
+        closing = self._closing
+        if now_ns >= self._next_reap_ns:
+            self._next_reap_ns = now_ns + REAP_INTERVAL_NS
+            closing.clear()
+            gone = [c for c in self.connections if not c.is_connected]
+        elif closing:
+            gone = []
+            while closing:
+                conn = closing.popleft()
+                if id(conn) in self._by_conn:  # not reaped yet
+                    gone.append(conn)
+        else:
+            return
+        for conn in gone:
+            self._ipc_connections.discard(id(conn))
             session = self._by_conn.pop(id(conn), None)
             if not conn.is_closed and self.on_disconnect is not None and conn.take_lost_report():
                 self.on_disconnect(conn)
@@ -581,21 +614,23 @@ class Server:
 
     def wait(self, timeout_s: float) -> None:
         """Sleep until a HELLO, a session message or an image change arrives (or the timeout)."""
-        self._wakeup.clear()
-        if any(sub.has_data() for _, sub, _ in self._listeners) or any(
-            c.subscription.has_data() for c in self.connections
-        ):
+        # The wake-up is cleared when a wait ends, not when one starts: a session's data that
+        # arrived since the last wait (maybe after the caller's poll of it) returns at once,
+        # with no look at every connection (issue 31 item 1: that look walked them all)
+        if any(sub.has_data() for _, sub, _ in self._listeners):
+            self._wakeup.clear()
             return
         deadline = self.core.next_deadline_ns()
         if deadline is not None:
             timeout_s = min(timeout_s, max(deadline - time.monotonic_ns(), 0) / 1e9)
         if self.core.pending or self._replies:
             timeout_s = min(timeout_s, 0.005)  # pending sessions wait on joins we are not told of
-        if any(c.subscription.channel.startswith("aeron:ipc") for c in self.connections) or any(
+        if self._ipc_connections or any(
             i.ipc and i.answered and not i.done for i in self._hellos.values()
         ):
             timeout_s = min(timeout_s, 0.001)  # IPC data has no cross-process wake-up
-        self._wakeup.wait(timeout_s)
+        if self._wakeup.wait(timeout_s):
+            self._wakeup.clear()
 
     def wake(self) -> None:
         self._wakeup.set()

@@ -25,6 +25,11 @@ from typing import Literal
 
 from aeron_spark.transport.errors import ChannelError
 from aeron_spark.transport.protocol.flow_control import FlowControlPolicy, parse_flow_control
+from aeron_spark.transport.protocol.heartbeat import (
+    HEARTBEAT_INTERVAL_NS,
+    IDLE_HEARTBEAT_INTERVAL_MAX_NS,
+)
+from aeron_spark.transport.protocol.image import SM_IDLE_INTERVAL_MAX_NS, SM_INTERVAL_NS
 from aeron_spark.transport.protocol.logbuffer import (
     DEFAULT_IPC_TERM_LENGTH,
     DEFAULT_MTU_LENGTH,
@@ -93,6 +98,10 @@ KNOWN_PARAMS = frozenset(
         "setups-per-prefix-per-s",
         "evict-unvouched",  # at an image limit, evict the oldest image nobody vouched for
         "dedicated-sources",  # connected sockets of their own for that many trusted senders
+        # an idle stream's control cadence, longer than Aeron's (the driver-wide settings
+        # aeron.publication.heartbeat.timeout / aeron.rcv.status.message.timeout, per channel)
+        "idle-heartbeat-interval",
+        "idle-sm-interval",
     }
 )
 
@@ -323,6 +332,11 @@ class ChannelConfig:
     flow_control: FlowControlPolicy | None = None
     # subscriptions: the group tag their SMs carry (gtag), counted by an fc=tagged publisher
     group_tag: int | None = None
+    # an idle stream's heartbeats (publications) and status messages (subscriptions' images)
+    # this far apart once the first one after the last data went at Aeron's cadence (100 ms /
+    # 200 ms); 0: Aeron's cadence throughout. Our own sessions' channels set them (issue 31)
+    idle_heartbeat_interval_ns: int = 0
+    idle_sm_interval_ns: int = 0
     uri: str = ""
 
     @property
@@ -453,6 +467,17 @@ class ChannelConfig:
             if not -(2**63) <= tag < 2**63:
                 raise ChannelError("gtag", p["gtag"], "a 64-bit integer group tag")
             kwargs["group_tag"] = tag
+        for key, low, high in (
+            ("idle-heartbeat-interval", HEARTBEAT_INTERVAL_NS, IDLE_HEARTBEAT_INTERVAL_MAX_NS),
+            ("idle-sm-interval", SM_INTERVAL_NS, SM_IDLE_INTERVAL_MAX_NS),
+        ):
+            if key in p:
+                interval = parse_duration_ns(key, p[key])
+                if not low <= interval <= high:
+                    raise ChannelError(
+                        key, p[key], f"a duration from {low // 1_000_000} to {high // 1_000_000} ms"
+                    )
+                kwargs[key.replace("-", "_") + "_ns"] = interval
         config = cls(**kwargs)  # type: ignore[arg-type]
         config.validate()
         return config, resolved

@@ -115,9 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--deny", action="append", default=[], metavar="CIDR", help="refuse these (repeatable)"
     )
-    parser.add_argument("--max-clients", type=int, default=1024, help="sessions in total")
+    parser.add_argument("--max-clients", type=int, default=4096, help="sessions in total")
     parser.add_argument(
-        "--max-per-address", type=int, default=256, help="sessions per client IP address"
+        "--max-per-address",
+        type=int,
+        default=2048,
+        help="sessions per client IP address (a cluster behind one NAT address is one address)",
     )
     parser.add_argument(
         "--max-per-key",

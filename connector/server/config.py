@@ -35,7 +35,9 @@ class ServerConfig:
     ``key_store_dir``       the server's key store (None: the handshake layer's default)
     ``allow`` / ``deny``    addresses or CIDR ranges allowed / denied a session (deny wins; an
                             empty allow list allows everyone)
-    ``max_clients`` / ``max_per_address``  session limits (in total / per client IP address)
+    ``max_clients`` / ``max_per_address``  session limits (in total / per client IP address;
+                            4096 / 2048: a Spark cluster behind one NAT address fits, and
+                            still cannot take the other half; issue 31)
     ``max_per_key``         sessions one client key may hold, with ``authorized_keys_file`` only
                             (without it a client may make a key per session); None: half of
                             ``max_clients``, so a Spark job's driver and executors, which share
@@ -93,7 +95,8 @@ class ServerConfig:
                             any client may connect and do anything the settings above allow)
     ``max_open_files``      recording files (segments, indexes) kept open at once, for appends
                             and replays, in a shared least-recently-used cache; None: a quarter
-                            of the descriptor limit, between 16 and 1024
+                            of the descriptor limit (raised to the hard limit at start),
+                            between 16 and 16384 (two per publishing session)
     ``max_incomplete_bytes`` / ``max_incomplete_bytes_per_session``  what the chunks of messages
                             not yet complete may hold, across all sessions / in one session (a
                             message announced longer than the latter is refused at its first
@@ -117,8 +120,8 @@ class ServerConfig:
     key_store_dir: str | None = None
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
-    max_clients: int = 1024
-    max_per_address: int = 256
+    max_clients: int = 4096
+    max_per_address: int = 2048
     max_per_key: int | None = None
     max_dedicated_sockets: int | None = None
     max_dedicated_per_address: int | None = None

@@ -68,6 +68,7 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
         self._replay_owner: dict[int, object] = {}
         self._leases: list[tuple[int, int, object]] = []
         self._lease_ids = itertools.count()
+        self._reassembling: set[object] = set()
         self.consumers = ConsumerRegistry(config.directory)
         self.retention = Retention(
             RetentionPolicy(

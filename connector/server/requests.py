@@ -64,6 +64,7 @@ class RequestsMixin(CoreState):
                     self.counters.add("incomplete_messages_refused")
                 return [proto.encode_error(0, exc)]
             if whole is None:
+                self._reassembling.add(key)  # its next chunk has a deadline (expire)
                 return []
             message = whole
             del whole

@@ -142,10 +142,12 @@ def open_fd_count() -> int:
 
 def file_cache_capacity(soft_limit: int) -> int:
     """How many recording files the server keeps open: a quarter of the descriptor limit
-    (the rest is for sessions, staging and the transport), between 16 and 1024."""
+    (the rest is for sessions, staging and the transport), between 16 and 16384. Each
+    publishing session's recording keeps two (its segment and its index): at 1024 open files
+    1024 sessions publishing in turn opened and closed both at every publish (issue 31)."""
     if soft_limit < 0:
         return 1024
-    return max(16, min(1024, soft_limit // 4))
+    return max(16, min(16384, soft_limit // 4))
 
 
 __all__ = [

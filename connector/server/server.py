@@ -35,6 +35,7 @@ from aeron_spark.connector.server.resources import (
     open_fd_count,
     raise_nofile_limit,
 )
+from aeron_spark.connector.server.schedule import SessionSchedule
 from aeron_spark.connector.server.staging import SinkCommitter
 from aeron_spark.connector.server.stat import write_snapshot_parts
 from aeron_spark.connector.server.store import ArchiveStore
@@ -53,9 +54,6 @@ _RECEIVE_BUDGET_BYTES = 4 * 1024 * 1024
 _STAT_INTERVAL_NS = 1_000_000_000
 _IDLE_WAIT_S = 0.02
 _LIVE_REPLAY_WAIT_S = 0.002
-# every session's connection is checked this often (a lost publication side signals nothing);
-# between sweeps a pass serves only the sessions with something to do (issue 31 item 1)
-_SWEEP_INTERVAL_NS = 250_000_000
 
 
 class _SessionIO:
@@ -91,18 +89,9 @@ class StreamServer:
         self._listener: ServerListener | None = None
         self.core: ServerCore | None = None
         self._sessions: dict[object, _SessionIO] = {}
-        # sessions with something to do: signalled by their subscriptions (driver threads append),
-        # busy ones (replies queued, replays, unread input left), and those whose media cannot
-        # signal (IPC), polled every pass
-        self._signalled: deque[object] = deque()
-        self._busy: set[object] = set()
-        self._unsignalled: set[object] = set()
-        self._next_sweep_ns = 0
-        # how the loop spends itself (tests and benchmarks): passes, sweeps of every session,
-        # and sessions served between sweeps (signalled, busy or unsignalled)
-        self.loop_passes = 0
-        self.session_sweeps = 0
-        self.sessions_served_between_sweeps = 0
+        # which sessions a pass serves: signalled, busy, unsignalled (IPC) or due for their
+        # check (schedule.py); never every session
+        self.schedule = SessionSchedule()
         # sink commits/aborts run here, one at a time, so they never stall the event loop
         self._worker: ThreadPoolExecutor | None = None
         self._deferred: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
@@ -268,7 +257,11 @@ class StreamServer:
                         next_gc_ns = now_ns + self.config.gc_interval_ns
                     if now_ns >= next_stat_ns:
                         self._write_stat(now_ns)
-                        next_stat_ns = now_ns + _STAT_INTERVAL_NS
+                        # a second apart, one more per 1024 sessions: the snapshot lists every
+                        # session and the transport's every stream (issue 31: at 1024 idle
+                        # sessions it was a fifth of the server's idle time)
+                        spacing = 1 + len(self._sessions) // 1024
+                        next_stat_ns = now_ns + _STAT_INTERVAL_NS * spacing
                         if self.authz is not None and self.authz.changed():
                             self._reload_requested.set()
                     if self._reload_requested.is_set():
@@ -281,7 +274,7 @@ class StreamServer:
                     self._resource_failure(exc, now_ns)
                     work = 0
                 if not work:
-                    live = any(self.core.has_replays(k) for k in self._busy)
+                    live = any(self.core.has_replays(k) for k in self.schedule.busy)
                     self._listener.wait(_LIVE_REPLAY_WAIT_S if live else _IDLE_WAIT_S)
         except BaseException as exc:  # the loop must never die silently
             self._failure = exc
@@ -367,7 +360,7 @@ class StreamServer:
             if io is not None:  # the session may have gone meanwhile: the reply is dropped
                 io.enqueue([reply])
                 if not self._flush(io):
-                    self._busy.add(outcome.key)
+                    self.schedule.set_busy(outcome.key, True)
             delivered += 1
 
     def _accept(self, now_ns: int) -> int:
@@ -387,45 +380,32 @@ class StreamServer:
                 link.close()
                 continue
             self._sessions[link] = _SessionIO(link)
-            if not link.on_ready(functools.partial(self._signalled.append, link)):
-                self._unsignalled.add(link)
-            self._signalled.append(link)  # what arrived before it was watched
+            schedule = self.schedule
+            signals = link.on_ready(functools.partial(schedule.signalled.append, link))
+            schedule.add(link, now_ns, signals)
             accepted += 1
         return accepted
 
     def _forget(self, key: object) -> None:
         """A session is gone: nothing of it is served any more."""
-        self._busy.discard(key)
-        self._unsignalled.discard(key)
-
-    def _due_sessions(self, now_ns: int) -> list[object]:
-        """The sessions a pass serves: every one on a sweep, else those with something to do."""
-        signalled = self._signalled
-        self.loop_passes += 1
-        if now_ns >= self._next_sweep_ns:
-            self._next_sweep_ns = now_ns + _SWEEP_INTERVAL_NS
-            self.session_sweeps += 1
-            signalled.clear()
-            return list(self._sessions)
-        due = set(self._busy)
-        due.update(self._unsignalled)
-        while signalled:
-            due.add(signalled.popleft())
-        served = [key for key in due if key in self._sessions]
-        self.sessions_served_between_sweeps += len(served)
-        return served
+        self.schedule.forget(key)
 
     def _serve_sessions(self, now_ns: int, wall_ns: int) -> int:
         core = self.core
         assert core is not None
         work = 0
-        for key in self._due_sessions(now_ns):
-            io = self._sessions[key]
+        schedule = self.schedule
+        sessions = self._sessions
+        for key in schedule.due(now_ns):
+            io = sessions.get(key)
+            if io is None:  # pragma: no cover - the schedule forgets every session closed
+                schedule.forget(key)
+                continue
             link = io.link
             if not link.is_connected:
                 core.close_session(key, now_ns)
                 link.close()
-                del self._sessions[key]
+                del sessions[key]
                 self._forget(key)
                 work += 1
                 continue
@@ -450,10 +430,7 @@ class StreamServer:
                         work += 1
                         io.enqueue(out)
                         self._flush(io)
-            if more or io.outbound or core.has_replays(key):
-                self._busy.add(key)
-            else:
-                self._busy.discard(key)
+            schedule.set_busy(key, more or bool(io.outbound) or core.has_replays(key))
         return work
 
     def _flush(self, io: _SessionIO) -> bool:

@@ -74,9 +74,13 @@ class SessionsMixin(CoreState):
     def expire(self, now_ns: int) -> list[object]:
         """Close sessions whose lease ran out; returns their keys (the shell closes connections).
         Discards incomplete messages whose next chunk is overdue, on the clock (counted)."""
-        if self.reassembly.open:  # only while some session has a message open
-            for session in self.sessions.values():
-                if session.reassembler.expire(now_ns):
+        if self._reassembling:  # only the sessions that took a chunk without its message's last
+            for key in list(self._reassembling):
+                session = self.sessions.get(key)
+                if session is None or not session.reassembler.is_open:
+                    self._reassembling.discard(key)  # closed, completed or discarded since
+                elif session.reassembler.expire(now_ns):
+                    self._reassembling.discard(key)
                     self.counters.add("incomplete_messages_expired")
         expired = []
         leases = self._leases

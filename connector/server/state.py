@@ -124,6 +124,7 @@ class CoreState:
     authz: Authorizer | None
     _replay_owner: dict[int, object]
     _leases: list[tuple[int, int, object]]  # (lease deadline, n, session key): a heap
+    _reassembling: set[object]  # sessions that may hold an incomplete chunked message
     _lease_ids: Iterator[int]
 
     def _authorise(self, op: str, stream_ids: Iterable[int] = ()) -> None:

@@ -178,6 +178,11 @@ class Reassembler:
         self.refused = 0
 
     @property
+    def is_open(self) -> bool:
+        """A payload is incomplete: some of its chunks came, not its last."""
+        return self._payload_id is not None
+
+    @property
     def held_bytes(self) -> int:
         """The bytes the open payload holds (charged to the budget)."""
         return len(self._buffer)

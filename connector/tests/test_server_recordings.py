@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import random
+import threading
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -208,3 +210,40 @@ def test_a_read_only_open_of_a_range_reads_what_the_writer_reads(tmp_path_factor
         finally:
             reader.close()
     store.close(0)
+
+
+def test_without_fsync_new_recordings_descriptors_are_fsynced_off_the_callers_thread(
+    tmp_path, monkeypatch
+) -> None:
+    """Issue 31 item 1: a recording's creation fsynced its descriptor and directory on the
+    caller's thread (the server's event loop: 512 sessions' first publishes stalled it for
+    seconds); without --fsync the descriptor is renamed in whole at once and fsynced by the
+    store's syncer thread, so it survives a restart all the same; with --fsync as before."""
+    threads: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:  # the real fsync, noting the thread that called it
+        threads.append(threading.current_thread().name)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    store = RecordingStore(str(tmp_path / "lazy"), fsync=False)
+    for i in range(20):
+        store.create(7, 100 + i, "test", 5, 5, 0, TERM, 1408, now_ns=1)
+    caller = threading.current_thread().name
+    deadline = time.monotonic() + 60
+    while store.meta_syncer.synced < 20:  # the syncer's thread catches up
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert caller not in threads  # nothing on the caller's thread
+    assert store.meta_syncer.failures == 0
+    store.close(2)  # (stops are written on the caller's thread, as before)
+    again = RecordingStore(str(tmp_path / "lazy"), fsync=False)
+    assert sorted(again.recordings) == list(range(20))
+    again.close(3)
+    threads.clear()
+    strict = RecordingStore(str(tmp_path / "strict"), fsync=True)
+    strict.create(7, 1, "test", 5, 5, 0, TERM, 1408, now_ns=1)
+    assert threads.count(caller) >= 2  # the descriptor and its directory, at once
+    strict.close(2)
+    assert strict.meta_syncer.synced == 0

@@ -99,23 +99,82 @@ def test_a_slow_reader_that_keeps_consuming_is_not_expired_though_it_sends_nothi
 def test_a_pass_serves_only_the_sessions_with_something_to_do(tmp_path: Path) -> None:
     """Issue 31 item 1: every pass of the loop walked every session (512 idle sessions took
     the server down); now a pass serves the sessions whose subscription signalled, those with
-    replies or replays pending, and every one only on a sweep (4 a second)."""
+    replies or replays pending, and each one else only when its check is due (once a second)."""
     with _server(tmp_path, encryption=False) as server:
         settings = ClientSettings(endpoint=server.endpoint, encryption=False)
         clients = [StreamClient.connect(settings) for _ in range(12)]
         try:
             for client in clients:
                 client.list_streams()
-            served = server.sessions_served_between_sweeps
-            passes = server.loop_passes - server.session_sweeps
+            schedule = server.schedule
+            served, checks, passes = schedule.served, schedule.checks, schedule.passes
             deadline = time.monotonic() + 60
-            while server.loop_passes - server.session_sweeps < passes + 40:  # 40 passes on
+            while schedule.passes < passes + 40:  # 40 passes on
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
             # idle: at most a handshake ping of each session now and then, never 12 a pass
-            assert server.sessions_served_between_sweeps - served <= 2 * len(clients)
+            signalled = (schedule.served - served) - (schedule.checks - checks)
+            assert signalled <= 2 * len(clients)
             # a request on one of them is still answered at once (its subscription signals)
             assert clients[5].list_streams() == []
         finally:
             for client in clients:
                 client.close()
+
+
+def test_idle_sessions_cost_a_few_control_datagrams_a_second_and_none_is_lost(
+    tmp_path: Path,
+) -> None:
+    """Issue 31 item 1: an idle session cost ~15 control datagrams a second each way (a
+    heartbeat every 100 ms, a status message every 200 ms: Aeron's cadence); our sessions'
+    channels now space them out to one a second each once idle. Counted over real sockets
+    for longer than an image's 10 s liveness: the server sends and receives at most ~2 a
+    second per session (plus the client process's handshake streams), and no session is
+    lost or expired meanwhile: every client is served on its first session afterwards."""
+    n = 16
+    with _server(tmp_path) as server:
+        settings = ClientSettings(endpoint=server.endpoint, key_store_dir=str(tmp_path / "keys"))
+        clients = [StreamClient.connect(settings) for _ in range(n)]
+        try:
+            for client in clients:
+                client.list_streams()  # each session carried a request and its answer
+            time.sleep(1.5)  # the answers' own heartbeats and SMs go out
+            first = server.snapshot()["transport"]
+            started = time.monotonic()
+            time.sleep(11.0)  # past an image's liveness timeout (10 s)
+            last = server.snapshot()["transport"]
+            elapsed = time.monotonic() - started
+            sent = last["datagrams_sent"] - first["datagrams_sent"]
+            received = last["datagrams_received"] - first["datagrams_received"]
+            # per session 1 heartbeat + 1 SM a second each way (a keepalive every 10 s adds
+            # a few); the client process's HELLO and reply streams keep Aeron's cadence
+            # (15 a second for all its sessions). Aeron's cadence everywhere: ~255 a second.
+            bound = (3 * n + 20) * elapsed
+            assert sent <= bound, (sent, elapsed)
+            assert received <= bound, (received, elapsed)
+            # (an image removed meanwhile may be the client process's HELLO image: its
+            # HELLO publication closes once idle; a session's lost image closes the session)
+            for client in clients:
+                client.publish(3, [b"still here"])
+            assert server.core is not None
+            counters = server.core.counters
+            assert counters["sessions_expired"] == 0 and counters["sessions_closed"] == 0
+            assert counters["sessions_opened"] == n  # nobody reconnected
+        finally:
+            for client in clients:
+                client.close()
+
+
+def test_session_limits_default_to_a_cluster_behind_one_nat_address(tmp_path: Path) -> None:
+    """Issue 31: the stream server refused the 257th session from one address by default
+    (``--max-per-address`` 256 of ``--max-clients`` 1024), which a Spark cluster behind one NAT
+    address meets first; its defaults are now the handshake layer's (2048 of 4096): one address
+    may hold half the server, and the other half stays for everyone else."""
+    from aeron_spark.connector.server.cli import build_parser, config_from_args
+    from aeron_spark.handshake import ServerConfig as HandshakeConfig
+
+    config = config_from_args(build_parser().parse_args(["--dir", str(tmp_path)]))
+    handshake = HandshakeConfig()
+    assert config.max_per_address == handshake.max_per_address >= 2048
+    assert config.max_clients == handshake.max_clients == 2 * config.max_per_address
+    assert ServerConfig(directory=str(tmp_path)).max_per_address == config.max_per_address

@@ -41,6 +41,9 @@ class FdCache:
             raise ValueError(f"capacity must be at least 1, not {capacity}")
         self.capacity = capacity
         self._entries: OrderedDict[tuple[str, bool], _Entry] = OrderedDict()
+        # the cached keys of the files directly in each directory (forget_under: a stopped
+        # recording's files, without a walk of every cached file; issue 31)
+        self._by_dir: dict[str, set[tuple[str, bool]]] = {}
         self._lock = threading.Lock()
         self.opens = 0
         self.evictions = 0
@@ -78,6 +81,7 @@ class FdCache:
             entry = _Entry(fd)
             entry.pins = 1
             self._entries[key] = entry
+            self._by_dir.setdefault(os.path.normpath(os.path.dirname(path)), set()).add(key)
             self.opens += 1
             self._trim(self.capacity)
             return entry
@@ -99,17 +103,25 @@ class FdCache:
     def _trim(self, keep: int) -> None:
         """Close least recently used unpinned descriptors until at most ``keep`` are cached
         (pinned ones are only marked: their last user closes them)."""
-        if len(self._entries) <= keep:
-            return
-        for key in list(self._entries):
-            if len(self._entries) <= keep:
-                break
-            entry = self._entries[key]
-            if entry.pins:
-                continue
-            del self._entries[key]
+        entries = self._entries
+        while len(entries) > keep:
+            # the least recently used unpinned one: the first, unless it is in use (never a
+            # copy of every key: at capacity each new file evicts one, at every publish)
+            victim = next((key for key, entry in entries.items() if not entry.pins), None)
+            if victim is None:
+                return
+            entry = entries.pop(victim)
+            self._unindex(victim)
             self.evictions += 1
             os.close(entry.fd)
+
+    def _unindex(self, key: tuple[str, bool]) -> None:
+        directory = os.path.normpath(os.path.dirname(key[0]))
+        keys = self._by_dir.get(directory)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_dir[directory]
 
     def _release(self, entry: _Entry) -> None:
         with self._lock:
@@ -124,10 +136,10 @@ class FdCache:
                 self._drop((path, writable))
 
     def forget_under(self, directory: str) -> int:
-        """Close the descriptors of every file in ``directory`` (a stopped recording's)."""
-        prefix = os.path.join(directory, "")
+        """Close the descriptors of every file directly in ``directory`` (a stopped
+        recording's); the cost follows that directory's files, not the cache's size."""
         with self._lock:
-            keys = [k for k in self._entries if k[0].startswith(prefix)]
+            keys = list(self._by_dir.get(os.path.normpath(directory), ()))
             for key in keys:
                 self._drop(key)
         return len(keys)
@@ -136,6 +148,7 @@ class FdCache:
         entry = self._entries.pop(key, None)
         if entry is None:
             return
+        self._unindex(key)
         if entry.pins:
             entry.evicted = True  # closed by its last user
         else:

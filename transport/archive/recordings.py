@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import struct
 import threading
 from dataclasses import dataclass
@@ -98,14 +99,103 @@ class Descriptor:
     segment_length: int
 
 
-def _write_meta(path: str, body: dict[str, Any]) -> None:
+def _write_meta(path: str, body: dict[str, Any], sync: bool = True) -> None:
+    """Write ``path`` whole (a temporary file renamed in); fsynced with its directory when
+    ``sync``, else left to the caller (:class:`MetaSyncer`)."""
     tmp = path + ".tmp"
     with open(tmp, "wb") as fh:
         fh.write(msgpack.packb(body))
-        fh.flush()
-        os.fsync(fh.fileno())
+        if sync:
+            fh.flush()
+            os.fsync(fh.fileno())
     os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path))
+    if sync:
+        fsync_dir(os.path.dirname(path))
+
+
+class MetaSyncer:
+    """fsyncs new recordings' descriptors (``meta.msgpack``, its directory and the recordings'
+    directory) on a thread of its own, in batches (one fsync of the shared directory a batch).
+
+    Without ``--fsync`` a recording's data is never fsynced by the appends, so its descriptor
+    need not be before the first append either: creating a recording cost two fsyncs on the
+    server's event loop (4 ms each on this machine's disk), and the first publish of 512
+    sessions stalled the loop for seconds (issue 31 item 1). The descriptor is still written
+    whole and renamed in at once (a crash of the process leaves it or nothing), and is fsynced
+    moments later. With ``--fsync`` the store fsyncs it at once, as before."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.synced = 0
+        self.failures = 0  # paths gone (purged) or a failing disk: counted, never raised
+
+    def submit(self, meta_path: str) -> None:
+        with self._lock:  # the put too: the thread ends only with the queue empty, under it
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="aeron-spark-meta-sync", daemon=True
+                )
+                self._thread.start()
+            self._queue.put(meta_path)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                first = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                with self._lock:  # idle a second: the thread ends (the next submit starts one)
+                    if self._queue.empty():
+                        self._thread = None
+                        return
+                continue
+            if first is None:
+                return
+            batch = [first]
+            stop = False
+            while True:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                batch.append(more)
+            directories: dict[str, None] = {}
+            for path in batch:
+                self._sync(path, file=True)
+                directory = os.path.dirname(path)
+                directories[directory] = None
+                directories[os.path.dirname(directory)] = None
+            for directory in directories:
+                self._sync(directory, file=False)
+            if stop:
+                return
+
+    def _sync(self, path: str, file: bool) -> None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            self.failures += 1
+            return
+        try:
+            os.fsync(fd)
+            self.synced += file
+        except OSError:
+            self.failures += 1
+        finally:
+            os.close(fd)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Sync what was submitted, then stop the thread."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+            if thread is not None:
+                self._queue.put(None)
+        if thread is not None:
+            thread.join(timeout_s)
 
 
 def _read_meta(path: str) -> dict[str, Any] | None:
@@ -651,6 +741,8 @@ class RecordingStore:
             self.recordings[rec.d.recording_id] = rec
         self._next_id = max(self.recordings, default=-1) + 1
         self._lock = threading.Lock()
+        # without fsync: new recordings' descriptors are fsynced off the caller's thread
+        self.meta_syncer = MetaSyncer()
 
     def get(self, recording_id: int) -> Recording:
         rec = self.recordings.get(recording_id)
@@ -689,7 +781,10 @@ class RecordingStore:
         )
         path = os.path.join(self.root, str(rid))
         os.makedirs(path, exist_ok=True)
-        _write_meta(os.path.join(path, "meta.msgpack"), descriptor.__dict__)
+        meta = os.path.join(path, "meta.msgpack")
+        _write_meta(meta, descriptor.__dict__, sync=self.fsync)
+        if not self.fsync:
+            self.meta_syncer.submit(meta)
         rec = Recording(path, descriptor, self.fsync, fds=self.files)
         self.recordings[rid] = rec
         return rec
@@ -716,6 +811,7 @@ class RecordingStore:
             rec.persist_stop()
             rec.close()
         self.files.close()
+        self.meta_syncer.close()
 
 
 __all__ = ["Descriptor", "Recording", "RecordingStore"]

@@ -208,6 +208,7 @@ class DriverConductor:
                 publication_window_length=config.publication_window_length,
                 linger_ns=config.linger_ns,
                 retransmit_linger_ns=self.retransmit_linger_ns,
+                idle_heartbeat_interval_ns=config.idle_heartbeat_interval_ns,
                 destination=destination,
                 dynamic=dynamic,
                 now_ns=now_ns,
@@ -339,6 +340,7 @@ class DriverConductor:
                 nak_delay_ns=config.nak_delay_ns,
                 reliable=config.reliable,
                 group_tag=config.group_tag,
+                idle_sm_interval_ns=config.idle_sm_interval_ns,
                 max_term_length=min(
                     limits.max_term_length, config.max_term_length or limits.max_term_length
                 ),

@@ -8,10 +8,12 @@ Rules (Aeron's, so a real Aeron receiver sees what it expects):
   only to a destination that asks (SM with SEND_SETUP), never after EOS.
 * A heartbeat goes out when no data was sent for ``HEARTBEAT_INTERVAL_NS``
   (Aeron's ``PUBLICATION_HEARTBEAT_TIMEOUT``), so a receiver learns the sender position (a lost
-  last datagram becomes a gap) and keeps the image alive (its liveness timeout is 10 s); an idle
-  stream keeps that cadence (spaced out to 1 s, an active session's heartbeats were too few to
-  outlive the image liveness where a flood made the server's kernel drop 70-95% of its socket's
-  datagrams: the hostile-flood test lost sessions in CI).
+  last datagram becomes a gap) and keeps the image alive (its liveness timeout is 10 s). An idle
+  stream keeps that cadence unless its channel asks for ``idle-heartbeat-interval`` (Aeron's
+  driver-wide ``aeron.publication.heartbeat.timeout``, per channel: our own sessions' channels,
+  issue 31): then the first heartbeat after data still goes after 100 ms (a lost last datagram
+  is found as soon), the following ones that far apart (at most ``IDLE_HEARTBEAT_INTERVAL_MAX_NS``,
+  a fifth of the image liveness); a closing stream's (EOS) heartbeats keep 100 ms.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from aeron_spark.transport.protocol.logbuffer import wrap_int32
 
 SETUP_INTERVAL_NS = 100_000_000
 HEARTBEAT_INTERVAL_NS = 100_000_000
+# The longest idle heartbeat interval a channel may ask for (``idle-heartbeat-interval``): a fifth
+# of an image's liveness timeout (10 s), so an idle image hears five before it would time out.
+IDLE_HEARTBEAT_INTERVAL_MAX_NS = 2_000_000_000
 
 
 def setup_frame(

@@ -18,9 +18,12 @@ Invariants:
 * The receiver zeroes the partition of a term once the subscriber is past it (before any SM
   that would let the sender write into it again).
 * SMs: the first at once, then when ``subscriber_position > last_sm_position + window/4``, and
-  every 200 ms (``SM_INTERVAL_NS``, Aeron's cadence) repeating the last position, idle or not
-  (spaced out to 500 ms on an idle image, sessions were lost under a flood). Gaps and their
-  NAKs are the :class:`~.loss_detector.LossDetector`'s (its module states its rules).
+  every 200 ms (``SM_INTERVAL_NS``, Aeron's cadence) repeating the last position, idle or not;
+  an image made with ``idle_sm_interval_ns`` (a channel's ``idle-sm-interval``: Aeron's
+  driver-wide ``aeron.rcv.status.message.timeout``, per channel, our own sessions' channels)
+  sends the SM after one that saw nothing new (no data arrived, nothing consumed) that far apart,
+  at most ``SM_IDLE_INTERVAL_MAX_NS`` (a fifth of the sender's 5 s connection timeout). Gaps and
+  their NAKs are the :class:`~.loss_detector.LossDetector`'s (its module states its rules).
 * End of stream: an EOS heartbeat at position P; when everything up to P is rebuilt and
   consumed, SMs carry EOS and the image is done. No packet for ``liveness_timeout_ns``: done too.
 
@@ -101,6 +104,7 @@ __all__ = [
     "MIN_NAK_RETRY_NS",
     "NAK_BACKOFF_MAX_SHIFT",
     "NAK_RETRY_RATIO",
+    "SM_IDLE_INTERVAL_MAX_NS",
     "SM_INTERVAL_NS",
     "ImageEvent",
     "ImagePhase",
@@ -109,6 +113,7 @@ __all__ = [
 ]
 
 SM_INTERVAL_NS = 200_000_000
+SM_IDLE_INTERVAL_MAX_NS = 1_000_000_000
 IMAGE_LIVENESS_TIMEOUT_NS = 10_000_000_000
 EOS_SM_COUNT = 3
 
@@ -180,6 +185,7 @@ class ImageState:
         nak_delay_ns: int = 100_000,
         reliable: bool = True,
         liveness_timeout_ns: int = IMAGE_LIVENESS_TIMEOUT_NS,
+        idle_sm_interval_ns: int = 0,
         receiver_id: int | None = None,
         now_ns: int = 0,
         log: bytearray | mmap.mmap | None = None,
@@ -204,6 +210,10 @@ class ImageState:
         self.nak_delay_ns = nak_delay_ns
         self.reliable = reliable
         self.liveness_timeout_ns = liveness_timeout_ns
+        # an SM that saw nothing new since the one before is followed this much later (0:
+        # Aeron's 200 ms); what the last SM saw: (hwm, subscriber position)
+        self.idle_sm_interval_ns = idle_sm_interval_ns or SM_INTERVAL_NS
+        self._sm_seen: tuple[int, int] | None = None
         self.receiver_id = receiver_id if receiver_id is not None else rng.getrandbits(63)
         self.log = log if log is not None else allocate_log(PARTITION_COUNT * term_length)
         view = memoryview(self.log)
@@ -436,7 +446,10 @@ class ImageState:
         if self.sm_scheduled or now_ns >= self.sm_deadline_ns:
             self._send_sm(self.last_sm_position, 0, transmit)
             self.sm_scheduled = False
-            self.sm_deadline_ns = now_ns + SM_INTERVAL_NS
+            seen = (self.hwm, sub)
+            idle = seen == self._sm_seen
+            self._sm_seen = seen
+            self.sm_deadline_ns = now_ns + (self.idle_sm_interval_ns if idle else SM_INTERVAL_NS)
             if phase is _INIT:
                 self._fire(ImageEvent.CONNECT)
             work += 1

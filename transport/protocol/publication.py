@@ -200,6 +200,7 @@ class PublicationState:
         publication_window_length: int = 0,
         linger_ns: int = 5_000_000_000,
         retransmit_linger_ns: int = RETRANSMIT_LINGER_NS,
+        idle_heartbeat_interval_ns: int = 0,
         destination: Address | None = None,
         dynamic: bool = False,
         now_ns: int = 0,
@@ -237,6 +238,8 @@ class PublicationState:
         self.retransmit = RetransmitHandler(retransmit_linger_ns)
         self.setup_deadline_ns = now_ns
         self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
+        # the heartbeats after the first one of an idle stream (0: Aeron's 100 ms throughout)
+        self.idle_heartbeat_interval_ns = idle_heartbeat_interval_ns or HEARTBEAT_INTERVAL_NS
         self.phase = PublicationPhase.ACTIVE  # changed only by _fire (PUBLICATION_TRANSITIONS)
         self.is_eos_sent = False
         self.linger_deadline_ns: int | None = None  # set on entering LINGER or CLOSED
@@ -703,7 +706,10 @@ class PublicationState:
             for dest in dests.by_address.values():
                 transmit(frame, dest.address)
             self.heartbeats_sent += 1
-            self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
+            closing = frame[5] & DataFlags.EOS or self.phase is not _ACTIVE
+            self.heartbeat_deadline_ns = now_ns + (
+                HEARTBEAT_INTERVAL_NS if closing else self.idle_heartbeat_interval_ns
+            )
             if frame[5] & DataFlags.EOS:
                 self.is_eos_sent = True
                 if self.phase is _DRAINING:

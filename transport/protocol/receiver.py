@@ -101,6 +101,7 @@ class StreamInterest:
         receiver_window: int = 128 * 1024,
         nak_delay_ns: int = 100_000,
         reliable: bool = True,
+        idle_sm_interval_ns: int = 0,
         max_term_length: int = TERM_MAX_LENGTH,
         max_mtu: int = MAX_UDP_PAYLOAD_LENGTH,
         max_images: int = 0,
@@ -122,6 +123,7 @@ class StreamInterest:
         self.receiver_window = receiver_window
         self.nak_delay_ns = nak_delay_ns
         self.reliable = reliable
+        self.idle_sm_interval_ns = idle_sm_interval_ns  # its images' (0: Aeron's 200 ms)
         self.max_term_length = max_term_length  # SETUPs asking for more are refused
         self.max_mtu = max_mtu
         # 0: no limit. A SETUP past any makes no image (a flood of valid SETUPs with new
@@ -393,6 +395,7 @@ class ReceiveDispatcher:
                 receiver_window=interest.receiver_window,
                 nak_delay_ns=interest.nak_delay_ns,
                 reliable=interest.reliable,
+                idle_sm_interval_ns=interest.idle_sm_interval_ns,
                 receiver_id=interest.receiver_id,
                 now_ns=now_ns,
                 group_tag=interest.group_tag,
@@ -503,9 +506,14 @@ class ReceiveDispatcher:
 
     def _elicit(self, interest: StreamInterest, now_ns: int, transmit: Transmit) -> int:
         """A multi-destination-cast subscription asks its control address for SETUPs, every
-        100 ms until it has an image, then every second."""
+        100 ms until it has an image, then every second; one that names its session asks
+        nothing while it has that session's image (its heartbeats and our SMs keep both sides
+        joined; each request cost a SETUP every 100 ms until our next SM, our sessions' idle
+        SMs being a second apart: issue 31)."""
         work = 0
-        if now_ns >= interest.elicit_deadline_ns:
+        if interest.session_id is not None and interest.session_id in interest.images:
+            interest.elicit_deadline_ns = now_ns + ELICIT_CONNECTED_INTERVAL_NS
+        elif now_ns >= interest.elicit_deadline_ns:
             # a session-specific subscription names its session (a secure session's
             # publication answers only SMs that carry its own, secret, id)
             self._send_sm(

@@ -1,16 +1,19 @@
 """An idle stream costs (almost) nothing (issue 31 item 1): the sender and the receiver step
 only what is due, kicked or at its deadline, never every publication and image on every
 step; and an idle stream's heartbeats and status messages keep Aeron's cadence (100 ms and
-200 ms: spaced out, a flooded server lost sessions)."""
+200 ms) unless its channel asks for longer idle intervals (our own sessions' channels do)."""
 
 from __future__ import annotations
 
 import socket
 from typing import Any
 
+import pytest
+
 from aeron_spark.transport.counters import SystemCounters
 from aeron_spark.transport.driver.agents import SendEndpoint, SenderAgent
 from aeron_spark.transport.driver.endpoint import Endpoint, UdpEndpoint
+from aeron_spark.transport.errors import ChannelError
 from aeron_spark.transport.protocol.flow_control import CONNECTION_TIMEOUT_NS
 from aeron_spark.transport.protocol.frames import DataFlags, FrameType, SetupFrame, StatusMessage
 from aeron_spark.transport.protocol.heartbeat import HEARTBEAT_INTERVAL_NS
@@ -20,6 +23,7 @@ from aeron_spark.transport.protocol.receiver import ReceiveDispatcher, StreamInt
 from aeron_spark.transport.protocol.schedule import DueQueue
 from aeron_spark.transport.protocol.term import encode_data_header
 from aeron_spark.transport.testing import ManualClock
+from aeron_spark.transport.uri import ChannelConfig
 
 MS = 1_000_000
 TERM = 64 * 1024
@@ -196,3 +200,112 @@ def test_an_idle_image_keeps_its_status_messages_every_200_ms() -> None:
     gaps = [b - a for a, b in zip(sms, sms[1:], strict=False)]
     assert gaps and all(g == SM_INTERVAL_NS for g in gaps)
     assert len(sms) >= CONNECTION_TIMEOUT_NS // SM_INTERVAL_NS
+
+
+def _idle_pub(clock: ManualClock, dest: Any, idle_ns: int) -> PublicationState:
+    pub = PublicationState(
+        session_id=5,
+        stream_id=10,
+        initial_term_id=0,
+        term_id=0,
+        term_offset=0,
+        term_length=TERM,
+        mtu=1408,
+        destination=dest,
+        now_ns=clock.now_ns,
+        idle_heartbeat_interval_ns=idle_ns,
+    )
+    pub.on_status_message(_sm(pub, 1), dest, clock.now_ns)
+    return pub
+
+
+def test_an_idle_heartbeat_interval_spaces_the_heartbeats_after_the_first() -> None:
+    """Issue 31: a channel's ``idle-heartbeat-interval`` (our sessions': 1 s) keeps the first
+    heartbeat after data at 100 ms (a lost last datagram is found as soon), then spaces them
+    out; the image still hears several within its liveness timeout; a closing stream's EOS
+    heartbeats keep 100 ms."""
+    clock, sent = ManualClock(), []
+    dest = ("127.0.0.1", 40000)
+    pub = _idle_pub(clock, dest, 1_000_000_000)
+
+    def transmit(data: Any, address: Any) -> None:
+        sent.append((clock.now_ns, bytes(data[:8])))
+
+    for _round in range(2):  # data, then idle; and again: the cadence starts over after data
+        pub.offer(b"data")
+        pub.send(clock.now_ns, transmit)
+        start, sent[:] = clock.now_ns, []
+        while clock.now_ns - start < IMAGE_LIVENESS_TIMEOUT_NS:
+            clock.now_ns = pub.next_deadline_ns
+            pub.on_status_message(_sm(pub, 1), dest, clock.now_ns)  # the receiver stays
+            pub.send(clock.now_ns, transmit)
+        times = [t for t, _ in sent]
+        gaps = [b - a for a, b in zip([start, *times], times, strict=False)]
+        assert gaps[0] == HEARTBEAT_INTERVAL_NS
+        assert gaps[1:] and all(g == 1_000_000_000 for g in gaps[1:])
+        # ten where Aeron's cadence sends a hundred; at least five within the liveness
+        assert 5 <= len(sent) <= IMAGE_LIVENESS_TIMEOUT_NS // 1_000_000_000 + 1
+    pub.close(clock.now_ns)
+    pub.send(clock.now_ns, transmit)
+    sent.clear()
+    before = clock.now_ns
+    for _ in range(3):
+        clock.now_ns = pub.next_deadline_ns
+        pub.send(clock.now_ns, transmit)
+    assert sent and sent[0][0] - before <= HEARTBEAT_INTERVAL_NS
+    assert sent[0][1][5] & DataFlags.EOS  # the EOS heartbeat, at Aeron's pace
+
+
+def test_an_idle_sm_interval_spaces_an_idle_images_status_messages() -> None:
+    """Issue 31: a subscription's ``idle-sm-interval`` (our sessions': 1 s): after an SM that saw
+    nothing new the next waits that long; data that arrived brings back 200 ms for the next;
+    the publication still hears five SMs in its 5 s connection timeout."""
+    clock, sms = ManualClock(), []
+    dispatcher = ReceiveDispatcher()
+    interest = StreamInterest(10, idle_sm_interval_ns=1_000_000_000)
+    dispatcher.add(interest)
+
+    def transmit(data: Any, address: Any) -> None:
+        if data[6] == FrameType.SM:
+            sms.append(clock.now_ns)
+
+    setup = SetupFrame(0, 7, 10, 0, 0, TERM, 1408).encode()
+    dispatcher.on_datagram(setup, len(setup), SENDERS[0], clock.now_ns, transmit)
+    start = clock.now_ns
+    hb = encode_data_header(0, DataFlags.UNFRAGMENTED, FrameType.DATA, 0, 7, 10, 0)
+    while clock.now_ns - start < CONNECTION_TIMEOUT_NS:
+        dispatcher.do_work(clock.now_ns, transmit)
+        clock.now_ns = dispatcher.next_deadline_ns(clock.now_ns)
+        dispatcher.on_datagram(hb, len(hb), SENDERS[0], clock.now_ns, transmit)  # alive
+    gaps = [b - a for a, b in zip(sms, sms[1:], strict=False)]
+    assert gaps[0] == SM_INTERVAL_NS  # the first SM saw a new image: Aeron's pace once more
+    assert gaps[1:] and all(g == 1_000_000_000 for g in gaps[1:])
+    assert len(sms) >= 5
+    # data arrives: the SM after it sees something new, the one after that comes at 200 ms
+    frame = encode_data_header(64, DataFlags.UNFRAGMENTED, FrameType.DATA, 0, 7, 10, 0)
+    data = frame + bytes(32)
+    dispatcher.on_datagram(data, len(data), SENDERS[0], clock.now_ns, transmit)
+    sms.clear()
+    for _ in range(3):
+        dispatcher.do_work(clock.now_ns, transmit)
+        clock.now_ns = dispatcher.next_deadline_ns(clock.now_ns)
+    assert len(sms) >= 2 and sms[1] - sms[0] == SM_INTERVAL_NS
+
+
+def test_the_idle_intervals_are_channel_parameters_bounded_by_the_liveness_timeouts() -> None:
+    """Aeron sets these cadences driver-wide (aeron.publication.heartbeat.timeout,
+    aeron.rcv.status.message.timeout); here a channel may lengthen its idle ones, no further
+    than a fifth of the image liveness (heartbeats) or connection timeout (SMs); absent, a
+    channel keeps Aeron's cadence (0)."""
+    base = "aeron:udp?endpoint=127.0.0.1:40123"
+    plain = ChannelConfig.from_uri(base)
+    assert plain.idle_heartbeat_interval_ns == 0 and plain.idle_sm_interval_ns == 0
+    config = ChannelConfig.from_uri(f"{base}|idle-heartbeat-interval=2s|idle-sm-interval=1s")
+    assert config.idle_heartbeat_interval_ns == 2_000_000_000
+    assert config.idle_sm_interval_ns == 1_000_000_000
+    for bad in ("idle-heartbeat-interval=3s", "idle-heartbeat-interval=50ms"):
+        with pytest.raises(ChannelError, match="idle-heartbeat-interval"):
+            ChannelConfig.from_uri(f"{base}|{bad}")
+    for bad in ("idle-sm-interval=2s", "idle-sm-interval=100ms", "idle-sm-interval=soon"):
+        with pytest.raises(ChannelError, match="idle-sm-interval"):
+            ChannelConfig.from_uri(f"{base}|{bad}")

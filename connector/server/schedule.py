@@ -1,0 +1,119 @@
+"""Which sessions a pass of the server's loop serves (issue 31 item 1), sans I/O.
+
+A pass used to serve every open session (and later every one on a sweep, 4 a second): with 512
+idle sessions the loop did nothing else. Now it serves only
+
+* the sessions whose subscription **signalled** (a driver thread appends the session's key to
+  ``signalled`` when a message arrives or an image comes or goes: ``deque.append`` is atomic,
+  the only thing another thread does here);
+* the **busy** ones (replies queued behind back pressure, replays, input left unread);
+* those whose media cannot signal (**unsignalled**: IPC), every pass;
+* and every session once per ``check_interval_ns``, whatever it did: its connection checked
+  (a publication whose client stopped sending status messages signals nothing) and anything
+  left read. Each session has one entry in a heap of check times; a check is due again a
+  check interval after the last one (not after the pass that made it), so checks stay spread
+  over the interval as the sessions' openings were (the first is anywhere in the first
+  interval, ``rng``), never all in one pass.
+
+Invariants: :meth:`SessionSchedule.due` returns each key at most once, only keys added and not
+forgotten, in the order busy, unsignalled, signalled, checked; a session that neither signals
+nor is busy is returned at most once a pass and, over any span of k check intervals, at most
+k + 1 times (a late pass may bring its next check closer); a pass costs O(due · log n), never
+O(n) for n open sessions.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections import deque
+from collections.abc import Hashable
+
+CHECK_INTERVAL_NS = 1_000_000_000
+
+
+class SessionSchedule:
+    """The sessions to serve now. One owner thread (the loop) but for ``signalled``."""
+
+    def __init__(
+        self, check_interval_ns: int = CHECK_INTERVAL_NS, rng: random.Random | None = None
+    ) -> None:
+        self.check_interval_ns = check_interval_ns
+        self._rng = rng if rng is not None else random.Random()
+        self.signalled: deque[Hashable] = deque()
+        self.busy: set[Hashable] = set()
+        self.unsignalled: set[Hashable] = set()
+        self._open: set[Hashable] = set()
+        self._checks: list[tuple[int, int, Hashable]] = []
+        self._ids = itertools.count()
+        # what the loop did (tests and benchmarks): due() calls, keys returned, of those the
+        # keys returned only because their check was due
+        self.passes = 0
+        self.served = 0
+        self.checks = 0
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def add(self, key: Hashable, now_ns: int, signals: bool = True) -> None:
+        """A session opened: served on the next pass, then when due. ``signals``: False when
+        its media cannot signal (served every pass)."""
+        self._open.add(key)
+        if not signals:
+            self.unsignalled.add(key)
+        self.signalled.append(key)  # what arrived before it was watched
+        first = now_ns + self._rng.randrange(self.check_interval_ns)
+        heapq.heappush(self._checks, (first, next(self._ids), key))
+
+    def forget(self, key: Hashable) -> None:
+        """A session is gone: never returned again (its heap entry is dropped when it surfaces)."""
+        self._open.discard(key)
+        self.busy.discard(key)
+        self.unsignalled.discard(key)
+
+    def set_busy(self, key: Hashable, busy: bool) -> None:
+        """After serving it: whether it has something left to do on the next pass."""
+        if busy:
+            if key in self._open:
+                self.busy.add(key)
+        else:
+            self.busy.discard(key)
+
+    def due(self, now_ns: int) -> list[Hashable]:
+        """The sessions to serve at ``now_ns``, each once."""
+        self.passes += 1
+        is_open = self._open
+        due: dict[Hashable, None] = dict.fromkeys(self.busy)
+        if self.unsignalled:
+            due.update(dict.fromkeys(self.unsignalled))
+        signalled = self.signalled
+        while signalled:
+            due[signalled.popleft()] = None
+        checks = self._checks
+        interval = self.check_interval_ns
+        while checks and checks[0][0] <= now_ns:
+            at, _n, key = checks[0]
+            if key not in is_open:
+                heapq.heappop(checks)  # forgotten meanwhile
+                continue
+            at += interval
+            if at <= now_ns:  # the loop fell behind (a long pass, a clock jump): from now
+                at = now_ns + interval
+            heapq.heapreplace(checks, (at, next(self._ids), key))
+            if key not in due:
+                due[key] = None
+                self.checks += 1
+        served = [key for key in due if key in is_open]
+        self.served += len(served)
+        return served
+
+    def next_check_ns(self) -> int | None:
+        """When the earliest check is due (None: no session)."""
+        checks = self._checks
+        while checks and checks[0][2] not in self._open:
+            heapq.heappop(checks)
+        return checks[0][0] if checks else None
+
+
+__all__ = ["CHECK_INTERVAL_NS", "SessionSchedule"]

@@ -1,0 +1,95 @@
+"""The server loop's session schedule on a manual clock (issue 31 item 1): a pass serves what
+signalled, what is busy and what is due for its check, never every open session."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import Counter
+
+from aeron_spark.connector.server.schedule import CHECK_INTERVAL_NS, SessionSchedule
+
+PASS_NS = 20_000_000  # the loop's idle wait: 50 passes a second
+
+
+def _opened(n: int, now_ns: int = 0) -> SessionSchedule:
+    schedule = SessionSchedule(rng=random.Random(7))
+    for key in range(n):
+        schedule.add(key, now_ns)
+    assert sorted(schedule.due(now_ns)) == list(range(n))  # each served once as it opens
+    return schedule
+
+
+def test_idle_sessions_are_served_once_per_check_interval_spread_over_it() -> None:
+    n = 2048
+    schedule = _opened(n)
+    served: Counter[int] = Counter()
+    largest = 0
+    seconds = 10
+    for step in range(1, seconds * 1_000_000_000 // PASS_NS + 1):
+        due = schedule.due(step * PASS_NS)
+        largest = max(largest, len(due))
+        served.update(due)
+    # every session checked once a second, none more: 10 in 10 s (the first check falls
+    # anywhere in the first second, so 9 or 10)
+    assert set(served) == set(range(n))
+    assert min(served.values()) >= seconds - 1
+    assert max(served.values()) <= seconds
+    # spread: a pass serves about n / 50 of them, never a burst of all
+    assert largest <= 3 * n * PASS_NS // CHECK_INTERVAL_NS
+    assert schedule.checks == sum(served.values())
+
+
+def test_a_signalled_session_is_served_on_the_next_pass_and_only_it() -> None:
+    schedule = _opened(100)
+    schedule.due(1)  # any check that fell in the first nanosecond
+    thread = threading.Thread(target=schedule.signalled.append, args=(42,))
+    thread.start()  # a driver thread signals
+    thread.join()
+    assert schedule.due(2) == [42]
+    assert schedule.due(3) == []  # served: nothing more until its check or its next signal
+
+
+def test_busy_sessions_are_served_every_pass_until_done() -> None:
+    schedule = _opened(10)
+    schedule.set_busy(3, True)
+    for step in range(1, 6):
+        assert 3 in schedule.due(step)
+    schedule.set_busy(3, False)
+    assert 3 not in schedule.due(6)
+
+
+def test_unsignalled_sessions_are_served_every_pass() -> None:
+    schedule = SessionSchedule(rng=random.Random(1))
+    schedule.add("ipc", 0, signals=False)
+    schedule.add("udp", 0)
+    schedule.due(0)
+    for step in range(1, 20):
+        due = schedule.due(step)
+        assert "ipc" in due
+        assert "udp" not in due  # its check is far off at this clock (ns)
+
+
+def test_a_forgotten_session_is_never_served_again() -> None:
+    schedule = _opened(50)
+    schedule.set_busy(7, True)
+    schedule.signalled.append(8)
+    schedule.forget(7)
+    schedule.forget(8)
+    seen: set[int] = set()
+    for step in range(1, 200):
+        seen.update(schedule.due(step * PASS_NS))
+    assert 7 not in seen and 8 not in seen
+    assert len(schedule) == 48
+    # the heap drops what was forgotten as it surfaces: no entry of a closed session is kept
+    schedule.next_check_ns()
+    assert len(seen) == 48
+
+
+def test_a_late_pass_serves_each_session_once_and_the_checks_go_on_from_it() -> None:
+    schedule = _opened(500)
+    due = schedule.due(5 * CHECK_INTERVAL_NS)  # the loop stalled for 5 s
+    assert sorted(due) == list(range(500))  # each once, not five times
+    # a second on, every session is due once again, and not before
+    assert schedule.due(5 * CHECK_INTERVAL_NS + CHECK_INTERVAL_NS - 1) == []
+    assert sorted(schedule.due(6 * CHECK_INTERVAL_NS)) == list(range(500))
