@@ -144,6 +144,19 @@ def read_failover(spark: Any, root: Path, rows: int, rate: int, timeout_ms: int)
                     ):
                         next_batch = now - killed
                     time.sleep(0.05)
+                # where the seconds went: each batch around the kill (start relative to the
+                # kill, rows, Spark's durations: latestOffset/planning on the driver, addBatch =
+                # the tasks)
+                batches = [
+                    {
+                        "started_s": round(_started(p) - killed_wall, 2),
+                        "rows": p["numInputRows"],
+                        **{k: p["durationMs"].get(k) for k in _DURATIONS},
+                    }
+                    for p in query.recentProgress
+                    if _started(p) >= killed_wall - 5
+                    and (next_batch is None or _started(p) <= killed_wall + next_batch)
+                ]
                 writer.join(_WAIT_S)
                 query.processAllAvailable()
                 error = query.exception()
@@ -161,11 +174,15 @@ def read_failover(spark: Any, root: Path, rows: int, rate: int, timeout_ms: int)
         "timeout_ms": timeout_ms,
         "kill_to_next_progress_s": None if next_batch is None else round(next_batch, 2),
         "kill_to_first_progress_s": None if first is None else round(first, 2),
+        "batches_around_the_kill": batches,
         "rows_out": len(got),
         "duplicates": len(got) - len(set(got)),
         "every_row_once": sorted(got) == sorted(wanted),
         "query_error": None if error is None else str(error)[:300],
     }
+
+
+_DURATIONS = ("latestOffset", "queryPlanning", "addBatch", "triggerExecution")
 
 
 def _rows_read(query: Any) -> int:
