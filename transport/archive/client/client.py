@@ -414,10 +414,32 @@ class ArchiveClient:
         if self._response_image.is_closed and not images:
             self.session.lost("lost: the archive's response stream went away")
 
+    def _check_silence(self, what: str) -> None:
+        """With ``silence_timeout_s``: raise :class:`ArchiveTimeoutError` once the archive's
+        response stream has carried nothing, not even a heartbeat, that long (its driver is gone
+        or cut off; a busy archive's driver still sends heartbeats)."""
+        silence = self.config.silence_timeout_s
+        image = self._response_image
+        if silence is None or image is None:
+            return
+        last = image.last_packet_ns
+        if last is None:
+            return
+        quiet_s = (time.monotonic_ns() - last) / _NS
+        if quiet_s > silence:
+            raise ArchiveTimeoutError(
+                f"{what} got no answer: the archive sent nothing, not even a heartbeat, for "
+                f"{quiet_s:.1f} s",
+                timeout_ms=int(silence * 1000),
+            )
+
     def _await(self, pending: Pending) -> Any:
         deadline = time.monotonic() + self.config.timeout_s
+        silent = self.config.silence_timeout_s is not None
         while not pending.done and pending.error is None:
             self._service(deadline)
+            if silent and not pending.done and pending.error is None:
+                self._check_silence(pending.name)
             if time.monotonic() > deadline + self.config.timeout_s:  # belt and braces
                 raise ArchiveTimeoutError(
                     f"{pending.name} got no answer", timeout_ms=int(self.config.timeout_s * 1000)
