@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -172,6 +173,7 @@ def read_failover(spark: Any, root: Path, rows: int, rate: int, timeout_ms: int)
         "rows": rows,
         "rate_rows_per_s": rate,
         "timeout_ms": timeout_ms,
+        "killed_at": datetime.fromtimestamp(killed_wall).strftime("%H:%M:%S.%f")[:-3],
         "kill_to_next_progress_s": None if next_batch is None else round(next_batch, 2),
         "kill_to_first_progress_s": None if first is None else round(first, 2),
         "batches_around_the_kill": batches,
@@ -213,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         help="write: the sink's timeoutMs when the primary is killed",
     )
     args = parser.parse_args(argv)
+    # failovers are logged as warnings: timed, to line them up with the kill (killed_at)
+    logging.basicConfig(
+        level=logging.WARNING,
+        format="%(asctime)s.%(msecs)03d pid %(process)d %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
     if not args.read and not args.write:
         args.read = args.write = True
     result: dict[str, Any] = {"load_average": list(os.getloadavg())}
