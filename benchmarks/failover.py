@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -144,6 +145,19 @@ def read_failover(spark: Any, root: Path, rows: int, rate: int, timeout_ms: int)
                     ):
                         next_batch = now - killed
                     time.sleep(0.05)
+                # where the seconds went: each batch around the kill (start relative to the
+                # kill, rows, Spark's durations: latestOffset/planning on the driver, addBatch =
+                # the tasks)
+                batches = [
+                    {
+                        "started_s": round(_started(p) - killed_wall, 2),
+                        "rows": p["numInputRows"],
+                        **{k: p["durationMs"].get(k) for k in _DURATIONS},
+                    }
+                    for p in query.recentProgress
+                    if _started(p) >= killed_wall - 5
+                    and (next_batch is None or _started(p) <= killed_wall + next_batch)
+                ]
                 writer.join(_WAIT_S)
                 query.processAllAvailable()
                 error = query.exception()
@@ -159,13 +173,18 @@ def read_failover(spark: Any, root: Path, rows: int, rate: int, timeout_ms: int)
         "rows": rows,
         "rate_rows_per_s": rate,
         "timeout_ms": timeout_ms,
+        "killed_at": datetime.fromtimestamp(killed_wall).strftime("%H:%M:%S.%f")[:-3],
         "kill_to_next_progress_s": None if next_batch is None else round(next_batch, 2),
         "kill_to_first_progress_s": None if first is None else round(first, 2),
+        "batches_around_the_kill": batches,
         "rows_out": len(got),
         "duplicates": len(got) - len(set(got)),
         "every_row_once": sorted(got) == sorted(wanted),
         "query_error": None if error is None else str(error)[:300],
     }
+
+
+_DURATIONS = ("latestOffset", "queryPlanning", "addBatch", "triggerExecution")
 
 
 def _rows_read(query: Any) -> int:
@@ -196,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         help="write: the sink's timeoutMs when the primary is killed",
     )
     args = parser.parse_args(argv)
+    # failovers are logged as warnings: timed, to line them up with the kill (killed_at)
+    logging.basicConfig(
+        level=logging.WARNING,
+        format="%(asctime)s.%(msecs)03d pid %(process)d %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
     if not args.read and not args.write:
         args.read = args.write = True
     result: dict[str, Any] = {"load_average": list(os.getloadavg())}

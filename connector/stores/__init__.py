@@ -78,6 +78,9 @@ class RecordingIdentity:
     start_position: int
     term_length: int
     mtu: int
+    # an archive sink's target: the sink's alias, in place of the session id (each append
+    # extends the target with a new session id, which the archive's catalog keeps: 0 here)
+    alias: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,16 +103,18 @@ class Recording:
     end: int
     timestamp_ns: int = 0  # its start time
     committed_only: bool = False  # a sink's target: markers are not rows, reads stop at END
+    alias: str = ""  # a sink's target: the alias of its channel (the sink's name)
 
     @property
     def identity(self) -> RecordingIdentity:
         return RecordingIdentity(
             self.stream_id,
-            self.session_id,
+            0 if self.alias else self.session_id,
             self.initial_term_id,
             self.start,
             self.term_length,
             self.mtu,
+            self.alias,
         )
 
 

@@ -101,3 +101,72 @@ def test_the_probe_wait_is_checked() -> None:
     for bad in (0, -1, "3"):
         with pytest.raises(ConfigurationError, match="connect_timeout_s"):
             ArchiveClientConfig(A, connect_timeout_s=bad)  # type: ignore[arg-type]
+
+
+def test_a_sink_targets_copies_share_one_key_without_the_session_id() -> None:
+    """Each append extends a sink's target with a new session id, which the archive's catalog
+    keeps (and each replication's on a copy): a target is known by the sink's alias instead."""
+    a = ArchiveStore(_options(A).connect)
+    b = ArchiveStore(_options(B).connect)
+    alias = "aeron-spark-sink-0123456789abcdef"
+    target = dataclasses.replace(_rec(a, 1, 4096), committed_only=True, alias=alias)
+    copy = dataclasses.replace(target, store=b, recording_id=4, session_id=77, end=2048)
+    assert target.identity == copy.identity
+    assert identity_key(copy.identity) == f"7/{alias}/3/0/65536/1408"
+    other = dataclasses.replace(copy, alias="aeron-spark-sink-fedcba9876543210")  # another sink
+    assert other.identity != target.identity
+    assert _rec(a, 1, 4096).identity != target.identity  # a plain recording keeps its session id
+
+
+def test_the_probe_and_silence_waits_are_checked() -> None:
+    from aeron_spark.transport.archive.client import ArchiveClientConfig
+
+    config = ArchiveClientConfig(A, timeout_s=30, silence_timeout_s=1.5)
+    assert config.silence_timeout_s == 1.5
+    assert ArchiveClientConfig(A).silence_timeout_s is None  # off unless asked
+    for bad in (0, -1, "3"):
+        with pytest.raises(ConfigurationError, match="silence_timeout_s"):
+            ArchiveClientConfig(A, silence_timeout_s=bad)  # type: ignore[arg-type]
+
+
+def test_a_closed_port_is_refused_at_once_and_remembered() -> None:
+    """An archive whose host has nothing on its control port (a process killed -9 on a living
+    host): the connect is refused after ``QUICK_S`` (ICMP port unreachable), with a coded error
+    naming it, not after the probe wait; an open port (something listening that ignores the
+    probe) is not taken for a closed one."""
+    import socket
+
+    from aeron_spark.connector.errors import ServerUnavailableError
+    from aeron_spark.connector.stores.archive import health
+    from aeron_spark.transport.testing import free_udp_port
+
+    closed = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+    assert health.refused(closed)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.settimeout(30)
+        open_port = f"aeron:udp?endpoint=127.0.0.1:{listening.getsockname()[1]}"
+        assert not health.refused(open_port)
+        assert listening.recv(64)  # it got the probe: a frame header, which Aeron ignores
+    connect = dataclasses.replace(_options(closed).connect, timeout_s=120.0)
+    with pytest.raises(ServerUnavailableError, match="port unreachable") as info:
+        health.connect(connect)
+    assert closed in str(info.value)
+
+
+def test_the_archives_the_driver_found_failing_go_last_in_its_tasks() -> None:
+    from aeron_spark.connector.stores.archive import health
+    from aeron_spark.connector.stores.replicas.source import _order
+
+    store = ReplicaStore((ArchiveStore(_options(A).connect), ArchiveStore(_options(B).connect)))
+    rec = dataclasses.replace(_rec(store, 1, 1 << 20), key="k")
+    try:
+        health.mark_failed(A)
+        part = store.partition(rec, 0, 1 << 20, False)
+        assert isinstance(part, ReplicaRange) and part.avoid == (A,)
+    finally:
+        health.mark_ok(A)
+    shipped = pickle.loads(pickle.dumps(store.split(part, 2)[1]))  # a task, another process
+    assert isinstance(shipped, ReplicaRange) and shipped.avoid == (A,)
+    assert [r.connect.control_channel for r in _order(store.replicas, shipped.avoid)] == [B, A]
+    assert [r.connect.control_channel for r in _order(store.replicas)] == [A, B]

@@ -416,6 +416,17 @@ class JavaArchive:
                         "the Java archive did not start:\n" + self.program.transcript()
                     )
                 time.sleep(0.05)
+            # the mark comes before the control subscription binds its port: until it does, a
+            # connect is refused (ICMP port unreachable), which clients of a set of archives take
+            # for a dead archive
+            while not udp_port_bound(control_port):
+                if self.program.proc.poll() is not None or time.monotonic() > deadline:
+                    self.program.drain(1.0)
+                    raise RuntimeError(
+                        "the Java archive did not bind its control port:\n"
+                        + self.program.transcript()
+                    )
+                time.sleep(0.05)
         except BaseException:
             self.close()
             raise
@@ -442,6 +453,25 @@ class JavaArchive:
 REPLICATION_CLIENT_PROPS = {
     "aeron.archive.control.response.channel": "aeron:udp?endpoint=127.0.0.1:0"
 }
+
+
+def udp_port_bound(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something receives on the UDP ``port``: a datagram no Aeron receiver handles (an
+    8-byte frame header of the extension type) is not answered with ICMP port unreachable."""
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, port))
+        s.settimeout(0.05)
+        try:
+            s.send(struct.pack("<iBBH", 8, 0, 0, 0xFFFF))
+            s.recv(64)
+        except ConnectionRefusedError:
+            return False
+        except TimeoutError:
+            return True
+    return True
 
 
 def free_udp_port() -> int:

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from aeron_spark.connector.archive_markers import END, read_tail
 from aeron_spark.connector.errors import ConnectorError, ServerUnavailableError
 from aeron_spark.connector.options import ArchiveConnect, ArchiveSinkOptions
+from aeron_spark.connector.stores.archive import health
 from aeron_spark.connector.stores.archive.source import connect
 from aeron_spark.transport import TransportError
 from aeron_spark.transport.archive.client import (
@@ -172,7 +173,7 @@ class Replicas:
     def connect(self) -> int:
         """Connect to every replica at once (not those an election tried); how many answered."""
         futures = {
-            i: self._pool.submit(connect, c)
+            i: self._pool.submit(health.connect, c)
             for i, c in enumerate(self.connects)
             if self.clients[i] is None and not self.errors[i]
         }
@@ -180,8 +181,10 @@ class Replicas:
             try:
                 self.clients[i] = future.result()
                 self.errors[i] = ""
+                health.mark_ok(self.connects[i].control_channel)
             except REPLICA_FAILURES as exc:
                 self.errors[i] = f"unreachable ({describe(exc)})"
+                health.mark_failed(self.connects[i].control_channel)
                 log.warning(
                     "archive sink %s: replica %s: %s",
                     self.identity,
@@ -384,7 +387,10 @@ def elect(o: ArchiveSinkOptions, alias: str) -> Election:
     stream_id = o.sink.stream_id
 
     def probe(c: ArchiveConnect) -> tuple[ArchiveClient, int]:
-        client = connect(c)
+        # an archive that answers nothing costs PROBE_S at most; one that failed lately in this
+        # process (the driver: an earlier commit) RECHECK_S, enough for a living one to answer
+        failed = health.is_failed(c.control_channel)
+        client = health.connect(c, health.RECHECK_S if failed else health.PROBE_S)
         try:
             return client, _committed_end(client, alias, stream_id)
         except BaseException:
@@ -396,8 +402,10 @@ def elect(o: ArchiveSinkOptions, alias: str) -> Election:
         for i, future in enumerate(futures):
             try:
                 clients[i], ends[i] = future.result()
+                health.mark_ok(archives[i].control_channel)
             except REPLICA_FAILURES as exc:
                 errors[i] = f"unreachable ({describe(exc)})"
+                health.mark_failed(archives[i].control_channel)
     reachable = [i for i, c in enumerate(clients) if c is not None]
     if not reachable:
         raise ServerUnavailableError(

@@ -57,6 +57,7 @@ from aeron_spark.connector.archive_markers import (
 from aeron_spark.connector.errors import NotEnoughReplicasError, ServerUnavailableError
 from aeron_spark.connector.formats_sbe import encode_task
 from aeron_spark.connector.options import ArchiveConnect, ArchiveSinkOptions, sink_on_archive
+from aeron_spark.connector.stores.archive import health
 from aeron_spark.connector.stores.archive.replicas import (
     REPLICA_FAILURES,
     Replicas,
@@ -395,19 +396,31 @@ def _payloads(
 
 def _staging_archive(o: ArchiveSinkOptions) -> tuple[ArchiveClient, ArchiveSinkOptions]:
     """A session with the first archive that answers, ``archive`` first, then the replicas in
-    order (a task stages beside a dead primary), and the options on it."""
-    for k in range(1 + len(o.replicas)):
-        on = sink_on_archive(o, k)
+    order (a task stages beside a dead primary), and the options on it. Without replicas the
+    connect waits ``timeoutMs``; with them, an archive whose port is closed is refused at once,
+    one that answers nothing costs at most ``health.PROBE_S``, and one that failed lately in
+    this process ``health.RECHECK_S`` (given ``PROBE_S`` again when none other answers; see
+    :mod:`.health`)."""
+    if not o.replicas:
+        return connect(o.connect), o
+    options = [sink_on_archive(o, k) for k in range(1 + len(o.replicas))]
+    failed = [on for on in options if health.is_failed(on.connect.control_channel)]
+    tries = [(on, health.RECHECK_S if on in failed else health.PROBE_S) for on in options]
+    tries += [(on, health.PROBE_S) for on in failed]  # when none answered
+    for n, (on, probe_s) in enumerate(tries):
+        channel = on.connect.control_channel
         try:
-            return connect(on.connect), on
+            client = health.connect(on.connect, probe_s)
         except REPLICA_FAILURES as exc:
-            if k == len(o.replicas):
+            health.mark_failed(channel)
+            if n == len(tries) - 1:
                 raise
             log.warning(
-                "archive sink staging: %s: %s; trying the next replica",
-                on.connect.control_channel,
-                describe(exc),
+                "archive sink staging: %s: %s; trying the next replica", channel, describe(exc)
             )
+            continue
+        health.mark_ok(channel)
+        return client, on
     raise AssertionError("unreachable")
 
 
@@ -542,7 +555,7 @@ class ArchiveCommitter:
     def _other(self, c: ArchiveConnect) -> ArchiveClient:
         client = self._staging.get(c.control_channel)
         if client is None:
-            client = self._staging[c.control_channel] = connect(c)
+            client = self._staging[c.control_channel] = health.connect(c)
         return client
 
     def close(self) -> None:
@@ -915,7 +928,7 @@ def abort_batch(o: ArchiveSinkOptions, identity: str, batch: int, messages: list
         for archive in sorted({p.archive for p in parts if p.recording_id >= 0}):
             c = replace(o.connect, control_channel=archive) if archive else o.connect
             try:
-                with connect(c) as client:
+                with health.connect(c) as client:
                     for p in parts:
                         if p.archive == archive and p.recording_id >= 0:
                             stats.purged_staging += _stop_and_purge(client, p.recording_id)

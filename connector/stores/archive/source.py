@@ -29,18 +29,23 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from aeron_spark.connector.archive_markers import frames, is_sink_target, mask_markers, read_tail
+from aeron_spark.connector.archive_markers import (
+    TARGET_ALIAS_PREFIX,
+    frames,
+    is_sink_target,
+    mask_markers,
+    read_tail,
+)
 from aeron_spark.connector.options import ArchiveConnect
-from aeron_spark.connector.pushdown import Pushed
 from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.connector.stores import (
     Budget,
     Features,
     Recording,
     RecordingRange,
-    no_hook,
     scan_each,
 )
+from aeron_spark.connector.stores.archive.hooks import ArchiveHooks
 from aeron_spark.transport.archive.client import ArchiveClient
 from aeron_spark.transport.archive.client.client import ReplayedBlock
 from aeron_spark.transport.protocol.frames import FRAME_ALIGNMENT, DataFlags
@@ -76,6 +81,12 @@ class ArchiveRange(RecordingRange):
     # where the replay starts when ``start`` is not a frame boundary (a share of a split range):
     # the term boundary at or below ``start``; None: ``start``
     replay_from: int | None = None
+
+
+def _target_alias(original_channel: str) -> str:
+    """The sink's alias of a target's channel (``...|alias=aeron-spark-sink-<hash>``)."""
+    tail = original_channel.split(f"alias={TARGET_ALIAS_PREFIX}", 1)[1]
+    return TARGET_ALIAS_PREFIX + tail.split("|", 1)[0]
 
 
 def _without_markers(blocks: Iterable[ReplayedBlock]) -> Iterator[ReplayedBlock]:
@@ -163,7 +174,7 @@ def split_range(p: ArchiveRange, shares: int) -> list[RecordingRange]:
 
 
 @dataclass(frozen=True, slots=True)
-class ArchiveSession:
+class ArchiveSession(ArchiveHooks):
     store: ArchiveStore
     client: ArchiveClient
 
@@ -186,6 +197,7 @@ class ArchiveSession:
                     end = read_tail(
                         client, d.recording_id, d.start_position, end, d.term_buffer_length
                     ).committed_end
+                alias = _target_alias(d.original_channel) if target else ""
                 out.append(
                     Recording(
                         f"{archive_id}/{d.recording_id}",
@@ -201,6 +213,7 @@ class ArchiveSession:
                         end,
                         d.start_timestamp_ms * 1_000_000,
                         committed_only=target,
+                        alias=alias,
                     )
                 )
         return sorted(out, key=lambda r: r.recording_id)
@@ -245,20 +258,6 @@ class ArchiveSession:
             yield (ReplayBlock(b.position, b.data, 0, b.end_position) for b in replayed)
         finally:
             replay.close()
-
-    def position_at(self, rec: Recording, timestamp_ns: int) -> int:
-        raise no_hook(self.store, "time index")
-
-    def message_ends(self, recs: list[Recording]) -> dict[str, int] | None:
-        return None  # an archive keeps no message boundaries: the reader scans
-
-    def narrow(self, pushed: Pushed, rec: Recording, start: int, end: int) -> tuple[int, int]:
-        raise no_hook(self.store, "filter pushdown")
-
-    def commit_consumer(
-        self, consumer_id: str, stream_ids: tuple[int, ...], positions: dict[str, int]
-    ) -> None:
-        raise no_hook(self.store, "consumer positions")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,12 @@ a live merge), in preference order. This store reads them through the archive st
   (:attr:`~aeron_spark.connector.stores.Recording.identity`: stream id, session id, initial term
   id, start position, term length, mtu), never by recording id (each archive draws its own). The
   offset key is that identity, ``"<streamId>/<sessionId>/<initialTermId>/<startPosition>/
-  <termLength>/<mtu>"``, so an offset or a checkpoint is valid on every replica. Its
+  <termLength>/<mtu>"``, so an offset or a checkpoint is valid on every replica. An archive
+  sink's target (and its copies, which the sink's ``replicas`` make) is matched without its
+  session id, which the archive's catalog replaces with each append's (and a copy's with each
+  replication's), and by the sink's alias instead, which replication keeps in the original
+  channel: its key is ``"<streamId>/<alias>/<initialTermId>/..."``, the same on every copy and
+  after every commit. Its
   ``recording_id`` (and the rows' ``recording_id`` column) is the one of the first archive, in
   preference order, that listed it when the batch was planned.
 * **the end is what every reachable copy holds** (the smallest of their ends, as Kafka's high
@@ -23,10 +28,13 @@ a live merge), in preference order. This store reads them through the archive st
   on every copy), so it returns the same rows, each once. Only when no archive can serve does it
   fail, with :class:`~aeron_spark.connector.errors.ReplicasUnavailableError` naming every
   archive and why.
-* **a dead archive costs little.** An archive is probed with a short connect wait
-  (:data:`PROBE_S`, at most ``timeoutMs``); one that failed is skipped by this process for
-  :data:`SKIP_S` seconds (still tried when no other can serve), so the driver plans the next
-  micro-batches from the others without waiting on it.
+* **a dead archive costs little** (:mod:`..archive.health`): a connect is refused at once when
+  the archive's host says its port is closed, and waits at most ``PROBE_S`` (3 s, at most
+  ``timeoutMs``) for one that answers nothing; a replay whose archive sends nothing at all, not
+  even heartbeats, for ``SILENCE_S`` (1.5 s) fails over then, not after ``timeoutMs``. One that
+  failed is tried last by this process for ``SKIP_S`` (30 s), and the driver's partitions name
+  the archives it found failing (``avoid``), so the tasks, in other processes, try them last
+  too. A slow archive (answering, heartbeats, no data yet) still gets ``timeoutMs``.
 """
 
 from __future__ import annotations
@@ -34,15 +42,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-import threading
-import time
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from aeron_spark.connector.errors import ConnectorError, ReplicasUnavailableError
-from aeron_spark.connector.options import ArchiveConnect
-from aeron_spark.connector.pushdown import Pushed
 from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.connector.stores import (
     Budget,
@@ -50,7 +54,6 @@ from aeron_spark.connector.stores import (
     Recording,
     RecordingIdentity,
     RecordingRange,
-    no_hook,
     scan_each,
 )
 from aeron_spark.connector.stores.archive import (
@@ -61,42 +64,32 @@ from aeron_spark.connector.stores.archive import (
     served,
     split_range,
 )
+from aeron_spark.connector.stores.archive.health import (
+    connect,
+    failed_now,
+    is_failed,
+    mark_failed,
+    mark_ok,
+)
+from aeron_spark.connector.stores.archive.hooks import ArchiveHooks
 from aeron_spark.transport.archive.client import ArchiveClient
 from aeron_spark.transport.archive.client.client import ReplayedBlock
 from aeron_spark.transport.errors import TransportError
 
 log = logging.getLogger("aeron_spark.connector.stores.replicas")
 
-PROBE_S = 3.0  # how long a connect waits for one archive of a set (at most timeoutMs)
-SKIP_S = 30.0  # how long this process skips an archive that failed (unless none other serves)
-
 # What makes an archive unable to serve (its own errors, the transport's, the OS's): the next
 # replica is tried. Anything else (a bug, a bad option) is raised as it is.
 FAILOVER_ERRORS = (TransportError, ConnectorError, OSError, TimeoutError)
 
-_skipped: dict[str, float] = {}  # control channel -> monotonic time until which it is skipped
-_skipped_lock = threading.Lock()
 
-
-def _mark_failed(channel: str) -> None:
-    with _skipped_lock:
-        _skipped[channel] = time.monotonic() + SKIP_S
-
-
-def _mark_ok(channel: str) -> None:
-    with _skipped_lock:
-        _skipped.pop(channel, None)
-
-
-def _is_skipped(channel: str) -> bool:
-    with _skipped_lock:
-        until = _skipped.get(channel)
-        return until is not None and time.monotonic() < until
-
-
-def _order(replicas: tuple[ArchiveStore, ...]) -> list[ArchiveStore]:
-    """Preference order, archives that failed lately last (still tried when the rest fail)."""
-    return sorted(replicas, key=lambda r: _is_skipped(r.connect.control_channel))
+def _order(replicas: tuple[ArchiveStore, ...], avoid: tuple[str, ...] = ()) -> list[ArchiveStore]:
+    """Preference order, archives that failed lately (here, or on the driver when it planned:
+    ``avoid``) last (still tried when the rest fail)."""
+    return sorted(
+        replicas,
+        key=lambda r: r.connect.control_channel in avoid or is_failed(r.connect.control_channel),
+    )
 
 
 def describe(exc: BaseException) -> str:
@@ -107,23 +100,12 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}{coded}: {exc}"
 
 
-def connect(c: ArchiveConnect) -> ArchiveClient:
-    """A control session with one archive of the set, its connect bounded by :data:`PROBE_S`."""
-    return ArchiveClient.connect(
-        c.control_channel,
-        control_stream_id=c.control_stream_id,
-        response_host=c.response_host,
-        timeout_s=c.timeout_s,
-        credentials=c.credentials,
-        connect_timeout_s=min(c.timeout_s, PROBE_S),
-    )
-
-
 def identity_key(identity: RecordingIdentity) -> str:
-    """The offset key of a recording and its copies."""
+    """The offset key of a recording and its copies (a sink's target: its alias in place of
+    the session id)."""
     i = identity
     return (
-        f"{i.stream_id}/{i.session_id}/{i.initial_term_id}/{i.start_position}/"
+        f"{i.stream_id}/{i.alias or i.session_id}/{i.initial_term_id}/{i.start_position}/"
         f"{i.term_length}/{i.mtu}"
     )
 
@@ -167,9 +149,11 @@ class ReplicaRange(ArchiveRange):
     ``identity``."""
 
     identity: RecordingIdentity | None = None
+    # archives the driver found failing when it planned: the task tries them last
+    avoid: tuple[str, ...] = ()
 
 
-class ReplicaSession:
+class ReplicaSession(ArchiveHooks):
     """One planning call's sessions with the archives of the set (opened when first needed)."""
 
     def __init__(self, store: ReplicaStore) -> None:
@@ -185,7 +169,7 @@ class ReplicaSession:
     def _fail(self, replica: ArchiveStore, exc: BaseException) -> None:
         channel = replica.connect.control_channel
         self.failures[channel] = describe(exc)
-        _mark_failed(channel)
+        mark_failed(channel)
         client = self._clients.pop(channel, None)
         if client is not None:
             client.close()
@@ -202,13 +186,13 @@ class ReplicaSession:
             except FAILOVER_ERRORS as exc:
                 self._fail(replica, exc)
                 return None
-            _mark_ok(channel)
+            mark_ok(channel)
         return client
 
     def _serving(self, skipped_too: bool = True) -> Iterator[tuple[ArchiveStore, ArchiveClient]]:
         """The archives that answer, in preference order; those that failed lately after the
         others, and only when none of the others answered unless ``skipped_too``."""
-        fresh = [r for r in self.store.replicas if not _is_skipped(r.connect.control_channel)]
+        fresh = [r for r in self.store.replicas if not is_failed(r.connect.control_channel)]
         stale = [r for r in self.store.replicas if r not in fresh]
         answered = False
         for replica in fresh:
@@ -293,20 +277,6 @@ class ReplicaSession:
         with self.store.read(self.store.partition(rec, start, end, False)) as blocks:
             yield blocks
 
-    def position_at(self, rec: Recording, timestamp_ns: int) -> int:
-        raise no_hook(self.store, "time index")
-
-    def message_ends(self, recs: list[Recording]) -> dict[str, int] | None:
-        return None  # an archive keeps no message boundaries: the reader scans
-
-    def narrow(self, pushed: Pushed, rec: Recording, start: int, end: int) -> tuple[int, int]:
-        raise no_hook(self.store, "filter pushdown")
-
-    def commit_consumer(
-        self, consumer_id: str, stream_ids: tuple[int, ...], positions: dict[str, int]
-    ) -> None:
-        raise no_hook(self.store, "consumer positions")
-
 
 @dataclass(frozen=True, slots=True)
 class ReplicaStore(Features):
@@ -342,6 +312,7 @@ class ReplicaStore(Features):
             timestamp_ns=rec.timestamp_ns,
             sink_target=rec.committed_only,
             identity=rec.identity,
+            avoid=failed_now(self.control_channels),
         )
 
     def split(self, part: RecordingRange, shares: int) -> list[RecordingRange]:
@@ -363,11 +334,11 @@ class ReplicaStore(Features):
         assert p.identity is not None
         position, end = replay_bounds(p)
         failures: dict[str, str] = {}
-        for replica in _order(self.replicas):
+        for replica in _order(self.replicas, p.avoid):
             channel = replica.connect.control_channel
             try:
                 with connect(replica.connect) as client:
-                    _mark_ok(channel)
+                    mark_ok(channel)
                     copy = find_copy(client, replica, p.identity)
                     if copy is None or copy.end < end:
                         held = "no copy" if copy is None else f"a copy up to {copy.end}"
@@ -389,7 +360,7 @@ class ReplicaStore(Features):
                     return
             except FAILOVER_ERRORS as exc:
                 failures[channel] = describe(exc)
-                _mark_failed(channel)
+                mark_failed(channel)
                 log.warning(
                     "archive %s failed at position %d of recording %s (%s); going on from the "
                     "next replica",

@@ -145,6 +145,10 @@ class ArchiveClientConfig:
     # how long connect() waits for the archive (None: timeout_s); a set of replicas probes each
     # archive for less than a request may take, so a dead one costs little
     connect_timeout_s: float | None = None
+    # a replay whose archive sends nothing at all (no data, none of the heartbeats its driver
+    # sends an idle publication every 100 ms) this long fails then, not after timeout_s: its
+    # driver is gone or cut off, while a slow archive still sends heartbeats (None: off)
+    silence_timeout_s: float | None = None
     replay_window: int = DEFAULT_REPLAY_WINDOW  # bytes; see DEFAULT_REPLAY_WINDOW
     # for an archive that authenticates (bytes / str are taken as the encoded credentials);
     # left out of repr, and never put in an error or a log
@@ -166,6 +170,12 @@ class ArchiveClientConfig:
         ):
             raise ConfigurationError(
                 "connect_timeout_s", self.connect_timeout_s, "a positive number of seconds"
+            )
+        if self.silence_timeout_s is not None and (
+            not isinstance(self.silence_timeout_s, int | float) or self.silence_timeout_s <= 0
+        ):
+            raise ConfigurationError(
+                "silence_timeout_s", self.silence_timeout_s, "a positive number of seconds"
             )
         if not isinstance(self.keepalive_interval_s, int | float) or self.keepalive_interval_s <= 0:
             raise ConfigurationError(
@@ -404,10 +414,32 @@ class ArchiveClient:
         if self._response_image.is_closed and not images:
             self.session.lost("lost: the archive's response stream went away")
 
+    def _check_silence(self, what: str) -> None:
+        """With ``silence_timeout_s``: raise :class:`ArchiveTimeoutError` once the archive's
+        response stream has carried nothing, not even a heartbeat, that long (its driver is gone
+        or cut off; a busy archive's driver still sends heartbeats)."""
+        silence = self.config.silence_timeout_s
+        image = self._response_image
+        if silence is None or image is None:
+            return
+        last = image.last_packet_ns
+        if last is None:
+            return
+        quiet_s = (time.monotonic_ns() - last) / _NS
+        if quiet_s > silence:
+            raise ArchiveTimeoutError(
+                f"{what} got no answer: the archive sent nothing, not even a heartbeat, for "
+                f"{quiet_s:.1f} s",
+                timeout_ms=int(silence * 1000),
+            )
+
     def _await(self, pending: Pending) -> Any:
         deadline = time.monotonic() + self.config.timeout_s
+        silent = self.config.silence_timeout_s is not None
         while not pending.done and pending.error is None:
             self._service(deadline)
+            if silent and not pending.done and pending.error is None:
+                self._check_silence(pending.name)
             if time.monotonic() > deadline + self.config.timeout_s:  # belt and braces
                 raise ArchiveTimeoutError(
                     f"{pending.name} got no answer", timeout_ms=int(self.config.timeout_s * 1000)
@@ -832,6 +864,8 @@ class ArchiveClient:
             blocks.append(ReplayedBlock(position, bytes(data), position + length))
 
         timeout = self.config.timeout_s
+        silence = self.config.silence_timeout_s
+        silence_ns = None if silence is None else int(silence * _NS)
         deadline = time.monotonic() + timeout
         next_service = time.monotonic() + 0.1
         while image.position < end:
@@ -868,7 +902,20 @@ class ArchiveClient:
                     recording_id=recording_id,
                     position=image.position,
                 )
-            sub.wait(min(remaining, 0.25))
+            last = image.last_packet_ns
+            if silence_ns is not None and last is not None:
+                quiet_ns = time.monotonic_ns() - last
+                if quiet_ns > silence_ns:
+                    raise ArchiveTimeoutError(
+                        f"the replay of recording {recording_id} stalled at {image.position} "
+                        f"(of [{start}, {end})): the archive sent nothing, not even a heartbeat, "
+                        f"for {quiet_ns / _NS:.1f} s",
+                        timeout_ms=int(silence_ns / 1_000_000),
+                        recording_id=recording_id,
+                        position=image.position,
+                    )
+                remaining = min(remaining, (silence_ns - quiet_ns) / _NS + 0.01)
+            sub.wait(max(0.001, min(remaining, 0.25)))
 
 
 def patch_frames(data: bytearray, session_id: int | None, stream_id: int | None) -> None:

@@ -1,0 +1,130 @@
+"""The two halves of issue 30 together against real Java archives: what the archive sink writes
+with ``replicas`` is what the source over ``archive="<primary>,<replica>"`` reads, as one
+recording, and it goes on reading after the primary's kill -9.
+
+Two ``ArchivingMediaDriver``s (``aeron_peer.java_archives``: free loopback ports, sleeping idle
+strategies, stopped and removed after). The sink (``minInSyncReplicas=2``) appends each batch to
+the primary's target and has the replica copy it (Aeron Archive's own replication). A streaming
+source (``AeronStreamReader``, without Spark: offsets, partitions pickled as Spark ships them,
+tasks read them) over both archives must see the target and its copy as one recording under one
+offset key that stays the same from commit to commit (each append extends the target with a new
+session id, which the archive's catalog keeps, so the session id cannot be part of the key), and
+after the primary's kill -9 (the sink then promotes the replica) read the next batch from the
+replica: every row exactly once. Skips without Java only; fails instead with
+``AERON_INTEROP_REQUIRED`` (CI).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from aeron_spark.connector.options import (
+    ArchiveSinkOptions,
+    parse_archive_sink_options,
+    parse_archive_source_options,
+)
+from aeron_spark.connector.source import AeronStreamReader, decode_offset
+from aeron_spark.connector.stores.archive import sink as archive_sink
+from aeron_spark.transport.testing import free_udp_port
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "transport" / "tests"))
+import aeron_peer  # noqa: E402
+
+pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(400)]
+
+STREAM = 6401
+
+
+@pytest.fixture
+def archives(tmp_path: Path) -> Iterator[list[aeron_peer.JavaArchive]]:
+    aeron_peer.require_java()
+    with aeron_peer.java_archives(tmp_path, ["both-primary", "both-replica"], 0x6A1) as started:
+        yield started
+
+
+def _sink(primary: aeron_peer.JavaArchive, replica: aeron_peer.JavaArchive) -> ArchiveSinkOptions:
+    # A promoted replica takes the sink's channels on its own host (here the same host), so
+    # staging gets a port of its own.
+    return parse_archive_sink_options(
+        {
+            "archive": primary.control_channel,
+            "channel": f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
+            "archiveStagingChannel": f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
+            "streamId": str(STREAM),
+            "sinkId": "both-halves",
+            "timeoutMs": "15000",
+            "replicas": replica.control_channel,
+            "minInSyncReplicas": "2",
+        }
+    )
+
+
+def _commit(o: ArchiveSinkOptions, batch: int, rows: list[bytes]) -> archive_sink.CommitStats:
+    half = len(rows) // 2
+    parts = [
+        dataclasses.replace(
+            archive_sink.stage(o, "q", batch, iter([pa.record_batch({"value": chunk})])),
+            partition=p,
+        )
+        for p, chunk in enumerate((rows[:half], rows[half:]))
+    ]
+    return archive_sink.commit_batch(o, "q", batch, parts)
+
+
+class Stream:
+    """A streaming query's source side, step by step as Spark's driver and tasks run it."""
+
+    def __init__(self, channels: list[str]) -> None:
+        self.reader = AeronStreamReader(
+            parse_archive_source_options(
+                {"archive": ",".join(channels), "streamId": str(STREAM), "timeoutMs": "15000"}
+            )
+        )
+        self.offset = self.reader.initialOffset()
+
+    def next_batch(self) -> list[bytes]:
+        end = self.reader.latestOffset(self.offset, None)
+        rows: list[bytes] = []
+        for part in self.reader.partitions(self.offset, end):
+            for batch in self.reader.read(pickle.loads(pickle.dumps(part))):
+                rows += batch.column("value").to_pylist()
+        self.reader.commit(end)
+        self.offset = end
+        return rows
+
+    @property
+    def keys(self) -> list[str]:
+        return sorted(decode_offset(self.offset))
+
+
+def test_the_source_over_the_sinks_replicas_reads_its_target_once_and_fails_over(
+    archives: list[aeron_peer.JavaArchive],
+) -> None:
+    primary, replica = archives
+    o = _sink(primary, replica)
+    rows = [[b"both-%d-%04d" % (n, i) for i in range(200)] for n in range(4)]
+    for n in (0, 1):
+        assert _commit(o, n, rows[n]).replicas_in_sync == 1
+    stream = Stream([primary.control_channel, replica.control_channel])
+    # The target and its copy: one recording, every row once (not once per archive).
+    assert stream.next_batch() == rows[0] + rows[1]
+    (key,) = stream.keys
+    # Another commit extends the target with a new session id: the same recording, same key.
+    assert _commit(o, 2, rows[2]).replicas_in_sync == 1
+    assert stream.next_batch() == rows[2]
+    assert stream.keys == [key]
+    # kill -9 of the primary: the sink (now content with the replica alone) promotes it, and
+    # the source reads from it.
+    primary.kill()
+    stats = _commit(dataclasses.replace(o, min_insync_replicas=1), 3, rows[3])
+    assert (stats.appended_rows, stats.replicas_in_sync, stats.replicas_failed) == (200, 0, 1)
+    assert stream.next_batch() == rows[3]
+    assert stream.keys == [key]
