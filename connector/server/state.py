@@ -22,7 +22,8 @@ from aeron_spark.counters import CounterMap
 
 
 class ReplayCursor(Protocol):
-    position: int
+    @property
+    def position(self) -> int: ...
 
     def read(self, max_bytes: int, now_ns: int) -> tuple[int, int, int, bytes | memoryview] | None:
         """``(position, end_position, timestamp_ns, frames)`` or None when nothing is ready."""
@@ -63,7 +64,7 @@ class Replay:
     request_id: int
     cursor: ReplayCursor
     max_block_bytes: int
-    stream_id: int = 0
+    stream_ids: tuple[int, ...] = ()  # what it reads (several: ``replay_ranges``)
     revoked: ConnectorError | None = None  # its key may no longer read the stream: end it
 
 
