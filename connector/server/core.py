@@ -380,21 +380,10 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
         ]
 
     def _list_streams(self) -> list[dict[str, Any]]:
-        streams: dict[int, dict[str, Any]] = {}
-        for rec in self._visible_recordings(None):
-            entry = streams.setdefault(
-                rec["stream_id"],
-                {
-                    "stream_id": rec["stream_id"],
-                    "recordings": 0,
-                    "active_recordings": 0,
-                    "bytes": 0,
-                },
-            )
-            entry["recordings"] += 1
-            entry["active_recordings"] += rec["stop_position"] is None
-            entry["bytes"] += rec["recorded_position"] - rec["purged_position"]
-        return [streams[k] for k in sorted(streams)]
+        """Per stream: recordings, active ones, bytes; the catalog's totals, kept by deltas
+        (the live recordings re-read, not every one: issue 31 item 4), narrowed to the streams
+        the server serves."""
+        return self.store.streams()
 
     def _publish(self, session: Session, args: dict[str, Any], now_ns: int) -> int:
         payloads, rvs = args["payloads"], args.get("reserved_values")
