@@ -18,6 +18,7 @@ from __future__ import annotations
 import pkgutil
 import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from pyspark.errors import PySparkNotImplementedError
 from pyspark.sql.datasource import (
@@ -30,34 +31,20 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from aeron_spark.connector.options import (
-    ROUTING_COLUMN,
-    ArchiveSinkOptions,
-    ArchiveSourceOptions,
-    SinkOptions,
-    SourceOptions,
-    is_archive_mode,
-    parse_archive_sink_options,
-    parse_archive_source_options,
-    parse_sink_options,
-    parse_source_options,
-)
-from aeron_spark.connector.raw import RawBatchWriter, RawStreamWriter
-from aeron_spark.connector.sink import (
-    AeronBatchWriter,
-    AeronStreamWriter,
-    check_sink_schema,
-    refuse_batch_id,
-    warn_stream_id_column_ignored,
-)
-from aeron_spark.connector.source import (
-    AeronBatchReader,
-    AeronDriverStreamReader,
-    AeronFilteringBatchReader,
-    AeronStreamReader,
-    source_schema,
-)
 from aeron_spark.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from aeron_spark.connector.options import (
+        ArchiveSinkOptions,
+        ArchiveSourceOptions,
+        SinkOptions,
+        SourceOptions,
+    )
+
+# Spark's Python worker imports this module for every read and write task (the task's function
+# holds the data source), so it imports what planning needs only when planning asks (issue 31
+# item 2: each module it loads is walked by the gc.collect() a reused worker runs after every
+# task); the reader's and writer's own modules come with their pickled instances.
 
 
 class AeronDataSource(DataSource):
@@ -68,9 +55,14 @@ class AeronDataSource(DataSource):
         return "aeron"
 
     def schema(self) -> str | StructType:
+        from aeron_spark.connector.source import source_schema
+
         return source_schema(_source_options(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        from aeron_spark.connector.options import SourceOptions
+        from aeron_spark.connector.source import AeronBatchReader, AeronFilteringBatchReader
+
         options = _source_options(self.options)
         if not isinstance(options, SourceOptions):
             return AeronBatchReader(options, schema)  # no filter pushdown into an archive
@@ -85,6 +77,9 @@ class AeronDataSource(DataSource):
         return AeronBatchReader(options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from aeron_spark.connector.options import SourceOptions
+        from aeron_spark.connector.source import AeronStreamReader
+
         options = _source_options(self.options)
         if isinstance(options, SourceOptions) and options.read_on == "driver":
             # Spark's documented fallback: a source whose streamReader() is not implemented is
@@ -95,9 +90,16 @@ class AeronDataSource(DataSource):
         return AeronStreamReader(options, schema)
 
     def simpleStreamReader(self, schema: StructType) -> SimpleDataSourceStreamReader:
+        from aeron_spark.connector.options import parse_source_options
+        from aeron_spark.connector.source import AeronDriverStreamReader
+
         return AeronDriverStreamReader(parse_source_options(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from aeron_spark.connector.options import is_archive_mode
+        from aeron_spark.connector.raw import RawBatchWriter
+        from aeron_spark.connector.sink import AeronBatchWriter, refuse_batch_id
+
         if is_archive_mode(self.options):
             archive = _archive_sink_options(self.options, schema)
             if overwrite:
@@ -114,6 +116,10 @@ class AeronDataSource(DataSource):
         return AeronBatchWriter(options)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from aeron_spark.connector.options import is_archive_mode
+        from aeron_spark.connector.raw import RawStreamWriter
+        from aeron_spark.connector.sink import AeronStreamWriter, refuse_batch_id
+
         if is_archive_mode(self.options):
             return AeronStreamWriter(_archive_sink_options(self.options, schema))
         options, schema = _sink_options(self.options, schema)
@@ -124,6 +130,12 @@ class AeronDataSource(DataSource):
 
 
 def _source_options(options: Mapping[str, str]) -> SourceOptions | ArchiveSourceOptions:
+    from aeron_spark.connector.options import (
+        is_archive_mode,
+        parse_archive_source_options,
+        parse_source_options,
+    )
+
     if is_archive_mode(options):
         return parse_archive_source_options(options)
     return parse_source_options(options)
@@ -132,6 +144,9 @@ def _source_options(options: Mapping[str, str]) -> SourceOptions | ArchiveSource
 def _archive_sink_options(options: Mapping[str, str], schema: StructType) -> ArchiveSinkOptions:
     """The archive sink's options, checked against the DataFrame's schema: it appends to one
     target recording, so a ``stream_id`` column does not route (``streamId`` is required)."""
+    from aeron_spark.connector.options import ROUTING_COLUMN, parse_archive_sink_options
+    from aeron_spark.connector.sink import check_sink_schema, warn_stream_id_column_ignored
+
     has_column = ROUTING_COLUMN in schema.fieldNames()
     if has_column and not any(str(k).lower() in ("streamid", "streamids") for k in options):
         raise ConfigurationError(
@@ -152,6 +167,9 @@ def _sink_options(options: Mapping[str, str], schema: StructType) -> tuple[SinkO
     each row to its stream when no ``streamId`` is given, and is then no part of the messages
     (the schema the messages get is returned); beside ``streamId`` it is ignored, with a warning
     (``streamId`` wins, as Kafka's ``topic`` option over a ``topic`` column)."""
+    from aeron_spark.connector.options import ROUTING_COLUMN, parse_sink_options
+    from aeron_spark.connector.sink import check_sink_schema, warn_stream_id_column_ignored
+
     has_column = ROUTING_COLUMN in schema.fieldNames()
     parsed = parse_sink_options(options, routed=has_column)
     if parsed.route_by_stream_id:

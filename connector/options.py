@@ -19,16 +19,20 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from aeron_spark.connector.formats_sbe import SbeOptions, parse_sbe_options
 from aeron_spark.connector.session.settings import ClientSettings
 from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport import ChannelConfig, ChannelError
-from aeron_spark.transport.archive.client.credentials import (
-    MAX_CREDENTIALS_BYTES,
-    ArchiveCredentials,
-)
+
+if TYPE_CHECKING:
+    from aeron_spark.connector.formats_sbe import SbeOptions
+    from aeron_spark.transport.archive.client.credentials import ArchiveCredentials
+
+# A Spark read task unpickles its reader's options, so this module is in every Python worker:
+# the SBE codecs (and their XML parser) and the archive client's package are imported by the
+# parsing that needs them (issue 31 item 2: the worker's modules are walked by the gc.collect()
+# after every task).
 
 SOURCE_FORMATS = ("binary", "text", "arrow", "json", "msgpack", "sbe")
 SINK_FORMATS = ("binary", "text", "arrow", "json", "msgpack", "sbe")
@@ -538,7 +542,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         read_on=_read_on(o),
         local_reads=_bool("localReads", o.get("localreads", "true")),
         more_settings=tuple(replace(settings, endpoint=e) for e in endpoints[1:]),
-        sbe=parse_sbe_options(o, fmt, sink=False),
+        sbe=_parse_sbe(o, fmt, sink=False),
     )
 
 
@@ -853,7 +857,7 @@ def parse_sink_options(options: Mapping[str, str], routed: bool = False) -> Sink
         channel=channel,
         compression=None if compression == "none" else compression,
         local_writes=_bool("localWrites", o.get("localwrites", "true")),
-        sbe=parse_sbe_options(o, fmt, sink=True),
+        sbe=_parse_sbe(o, fmt, sink=True),
         batch_id=batch_id,
         route_by_stream_id=routed and not ids,
     )
@@ -1014,9 +1018,20 @@ def _connect_parts(mine: dict[str, str]) -> tuple[str, int, str | None]:
     return control, stream, mine.get("archiveresponsehost", "").strip() or None
 
 
+def _parse_sbe(o: Mapping[str, str], fmt: str, *, sink: bool) -> SbeOptions | None:
+    from aeron_spark.connector.formats_sbe import parse_sbe_options
+
+    return parse_sbe_options(o, fmt, sink)
+
+
 def _credentials(mine: dict[str, str]) -> ArchiveCredentials | None:
     """``archiveCredentials`` (text) or ``archiveCredentialsFile`` (read here, on the driver,
     so the tasks carry the credentials and executors need no copy of the file)."""
+    from aeron_spark.transport.archive.client.credentials import (
+        MAX_CREDENTIALS_BYTES,
+        ArchiveCredentials,
+    )
+
     text = mine.get("archivecredentials")
     path = mine.get("archivecredentialsfile")
     if text is not None and path is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -57,19 +58,10 @@ from aeron_spark.connector.formats import (
     batches_from_blocks,
     iter_messages,
 )
-from aeron_spark.connector.formats_records import (
-    BadRecordError,
-    Decoding,
-    RecordDecoder,
-    data_columns,
-    full_schema,
-    infer_schema,
-    output_ddl,
-)
-from aeron_spark.connector.formats_sbe import SbeBatches, SbeRead, source_arrow_schema
 from aeron_spark.connector.options import ArchiveSourceOptions, SourceOptions
 from aeron_spark.connector.pushdown import Pushed, push_filters
 from aeron_spark.connector.session.budget import share_budget
+from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.connector.stores import (
     Budget,
     LogStore,
@@ -77,12 +69,15 @@ from aeron_spark.connector.stores import (
     RecordingRange,
     StoreSession,
 )
-from aeron_spark.connector.stores.archive import ArchiveStore
-from aeron_spark.connector.stores.replicas import ReplicaStore
 from aeron_spark.connector.stores.server import ServerRange, ServerStore
 from aeron_spark.errors import ConfigurationError
 
 log = logging.getLogger("aeron_spark.connector.source")
+
+# A read task's Python worker imports this module (its reader is pickled by reference): what
+# only planning or another format needs (the archive stores, the SBE and record codecs) is
+# imported where it is used (issue 31 item 2: the worker's modules are walked by the
+# gc.collect() Spark's reused worker runs after every task).
 
 __all__ = [
     "AeronBatchReader",
@@ -105,6 +100,9 @@ def stores_of(options: SourceOptions | ArchiveSourceOptions) -> tuple[SourceOpti
     """The reader options and the stores they name (each server of ``endpoint``, the archive
     of ``archive``, or the set of replicas when ``archive`` names several)."""
     if isinstance(options, ArchiveSourceOptions):
+        from aeron_spark.connector.stores.archive import ArchiveStore
+        from aeron_spark.connector.stores.replicas import ReplicaStore
+
         if options.replicas:  # several archives: one store, the set of replicas
             archives = tuple(ArchiveStore(c, options.channel) for c in options.connects)
             return options.source, (ReplicaStore(archives),)
@@ -138,8 +136,16 @@ def ranges_of(partition: InputPartition) -> tuple[RecordingRange, ...]:
 
 
 def read_range(partition: InputPartition) -> Iterator[pa.RecordBatch]:
-    for p in ranges_of(partition):
-        yield from _read_one(p)
+    """The rows of an input partition's ranges, in order: each store's consecutive ranges read
+    through one :meth:`~aeron_spark.connector.stores.LogStore.read_many` (one request to a
+    stream server for a packed partition's ranges)."""
+    for store, group in itertools.groupby(ranges_of(partition), key=lambda p: p.store):
+        parts = [p for p in group if p.end > p.start]
+        if not parts:
+            continue
+        with store.read_many(parts) as each:
+            for p, blocks in zip(parts, each, strict=True):
+                yield from _rows(p, blocks)
     settle_worker()
 
 
@@ -161,27 +167,31 @@ def settle_worker() -> None:
     gc.freeze()
 
 
-def _read_one(p: RecordingRange) -> Iterator[pa.RecordBatch]:
-    if p.end <= p.start:
-        return
+def _rows(p: RecordingRange, blocks: Iterator[ReplayBlock]) -> Iterator[pa.RecordBatch]:
+    """The rows of ``p``'s blocks in its format."""
     geometry = Geometry(p.initial_term_id, p.term_length)
-    with p.store.read(p) as blocks:
-        if p.arrow_schema is not None:
-            schema = pa.ipc.read_schema(pa.py_buffer(p.arrow_schema))
-            yield from formats_arrow.batches_from_blocks(blocks, geometry, schema)
-        elif p.sbe is not None:
-            yield from SbeBatches(p.sbe, p.recording_id).batches(blocks, geometry)
-        elif p.decoding is not None:
-            yield from RecordDecoder(p.decoding, p.recording_id).batches(blocks, geometry)
-        else:
-            try:
-                yield from batches_from_blocks(blocks, p.recording_id, geometry, p.text)
-            except pa.ArrowInvalid as exc:  # text: invalid UTF-8 (the vectorised path)
-                raise BadRecordError(
-                    f"recording {p.key} holds a message in [{p.start}, {p.end}) that is not "
-                    f"UTF-8 text ({exc}); set badRecordsPolicy to drop or column to read past "
-                    "bad records"
-                ) from exc
+    if p.arrow_schema is not None:
+        schema = pa.ipc.read_schema(pa.py_buffer(p.arrow_schema))
+        yield from formats_arrow.batches_from_blocks(blocks, geometry, schema)
+    elif p.sbe is not None:
+        from aeron_spark.connector.formats_sbe import SbeBatches
+
+        yield from SbeBatches(p.sbe, p.recording_id).batches(blocks, geometry)
+    elif p.decoding is not None:
+        from aeron_spark.connector.formats_records import RecordDecoder
+
+        yield from RecordDecoder(p.decoding, p.recording_id).batches(blocks, geometry)
+    else:
+        try:
+            yield from batches_from_blocks(blocks, p.recording_id, geometry, p.text)
+        except pa.ArrowInvalid as exc:  # text: invalid UTF-8 (the vectorised path)
+            from aeron_spark.connector.formats_records import BadRecordError
+
+            raise BadRecordError(
+                f"recording {p.key} holds a message in [{p.start}, {p.end}) that is not "
+                f"UTF-8 text ({exc}); set badRecordsPolicy to drop or column to read past "
+                "bad records"
+            ) from exc
 
 
 class _Sessions(ExitStack):
@@ -475,6 +485,9 @@ def format_fields(options: SourceOptions, schema: StructType | None) -> dict:
         return {}  # the vectorised path
     from pyspark.sql.pandas.types import to_arrow_schema
 
+    from aeron_spark.connector.formats_records import Decoding, data_columns
+    from aeron_spark.connector.formats_sbe import SbeRead
+
     arrow = to_arrow_schema(schema, timezone="UTC")
     if fmt == "sbe" and options.sbe is not None:
         return {
@@ -491,6 +504,9 @@ def format_fields(options: SourceOptions, schema: StructType | None) -> dict:
 def source_schema(options: SourceOptions | ArchiveSourceOptions) -> str | StructType:
     """The rows' schema for ``DataSource.schema()``: given (``schema``) or inferred."""
     from pyspark.sql.pandas.types import from_arrow_schema
+
+    from aeron_spark.connector.formats_records import full_schema, output_ddl
+    from aeron_spark.connector.formats_sbe import source_arrow_schema
 
     options, stores = stores_of(options)
     fmt = options.format
@@ -512,6 +528,8 @@ def source_schema(options: SourceOptions | ArchiveSourceOptions) -> str | Struct
 
 def first_message_schema(options: SourceOptions, stores: Sequence[LogStore]) -> pa.Schema:
     """The schema of the first message of the streams (no ``schema`` option given)."""
+    from aeron_spark.connector.formats_records import infer_schema
+
     for store in stores:
         with store.session() as session:
             for rec in session.recordings(options.stream_ids):
@@ -691,21 +709,19 @@ class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return pack_ranges(parts, o.max_partition_bytes, o.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        for part in ranges_of(partition):
-            started = time.monotonic()
-            rows = 0
-            for batch in _read_one(part):
-                rows += batch.num_rows
-                yield batch
-            log.debug(
-                "recording %s [%d, %d): %d rows in %.3f s",
-                part.key,
-                part.start,
-                part.end,
-                rows,
-                time.monotonic() - started,
-            )
-        settle_worker()
+        started = time.monotonic()
+        rows = 0
+        for batch in read_range(partition):
+            rows += batch.num_rows
+            yield batch
+        parts = ranges_of(partition)
+        log.debug(
+            "%d ranges (first recording %s): %d rows in %.3f s",
+            len(parts),
+            parts[0].key if parts else "-",
+            rows,
+            time.monotonic() - started,
+        )
 
     def commit(self, end: dict) -> None:
         """With a ``consumerId``: tell each server how far this query has processed its

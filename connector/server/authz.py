@@ -15,7 +15,8 @@ permission covers (the protocol's column ``session/protocol.PERMISSIONS``, read 
 
     read   list_streams, list_recordings, latest_positions, recording_positions, position_at,
            scan, scan_ranges, replay,
-           local_read, consumer_commit, stats  (listings show only readable streams)
+           local_read, local_read_ranges, replay_ranges, consumer_commit, stats  (listings show
+           only readable streams)
     write  publish, stage, local_stage, local_stage_done, commit, abort, last_committed_batch
     admin  purge, consumer_forget
 

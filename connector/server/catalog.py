@@ -13,7 +13,8 @@
   over the live ones plus what stopped ones held when they stopped.
 
 Thread use: the index is extended under a lock (the loop and the commit worker both list);
-:meth:`refresh` and the snapshot are the loop's alone.
+:meth:`refresh` runs under a lock of its own (the loop's snapshot and ``list_streams``, a
+caller's ``StreamServer.snapshot()``).
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ class Catalog:
         self._info = info
         self._is_live = is_live
         self._lock = threading.Lock()
+        # refresh and the state it updates: the loop's snapshot, its list_streams and a caller's
+        # StreamServer.snapshot() on another thread
+        self._refreshing = threading.RLock()
         self._seen = 0  # how many of the dict's entries are indexed
         self._ids: list[int] = []  # every recording id, in order
         self._by_id: dict[int, Recording] = {}
@@ -128,6 +132,17 @@ class Catalog:
 
     def refresh(self) -> int:
         """Re-read what may have changed since the last call; how many descriptions changed."""
+        with self._refreshing:
+            return self._refresh()
+
+    def current_streams(self) -> list[dict[str, Any]]:
+        """The ``streams`` section as of now (``list_streams``): a refresh (the live and the
+        touched recordings re-read), then the totals kept by deltas; any thread."""
+        with self._refreshing:
+            self._refresh()
+            return self.streams()
+
+    def _refresh(self) -> int:
         changed = 0
         self._adopt()
         todo: Iterable[int] = self._live

@@ -199,6 +199,31 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
         self.counters["local_reads_offered" if where else "local_reads_refused"] += 1
         return where
 
+    def _op_local_read_ranges(
+        self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
+    ) -> Any:
+        """Where a client that sees this directory reads each range (one request for a packed
+        input partition's ranges, each checked as ``local_read`` checks one): the recordings'
+        directories in the order asked, and the token; None when local reads are off."""
+        ranges = request.args["ranges"]
+        self._authorise("replay", sorted({self._stream_of(r[0]) for r in ranges}))
+        found = [self.store.local_read(rid, start, end) for rid, start, end in ranges]
+        if not found or found[0] is None:
+            self.counters["local_reads_refused"] += len(found)
+            return None
+        self.counters["local_reads_offered"] += len(found)
+        first = found[0]
+        return {
+            "directories": [w["directory"] for w in found if w is not None],
+            "token_path": first["token_path"],
+            "token": first["token"],
+        }
+
+    def _op_replay_ranges(
+        self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
+    ) -> Any:
+        return self._start_replay_ranges(session, request, now_ns)
+
     def _op_publish(
         self, session: Session, request: proto.Request, now_ns: int, wall_ns: int
     ) -> Any:
@@ -356,21 +381,10 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
         ]
 
     def _list_streams(self) -> list[dict[str, Any]]:
-        streams: dict[int, dict[str, Any]] = {}
-        for rec in self._visible_recordings(None):
-            entry = streams.setdefault(
-                rec["stream_id"],
-                {
-                    "stream_id": rec["stream_id"],
-                    "recordings": 0,
-                    "active_recordings": 0,
-                    "bytes": 0,
-                },
-            )
-            entry["recordings"] += 1
-            entry["active_recordings"] += rec["stop_position"] is None
-            entry["bytes"] += rec["recorded_position"] - rec["purged_position"]
-        return [streams[k] for k in sorted(streams)]
+        """Per stream: recordings, active ones, bytes; the catalog's totals, kept by deltas
+        (the live recordings re-read, not every one: issue 31 item 4), narrowed to the streams
+        the server serves."""
+        return self.store.streams()
 
     def _publish(self, session: Session, args: dict[str, Any], now_ns: int) -> int:
         payloads, rvs = args["payloads"], args.get("reserved_values")

@@ -122,8 +122,8 @@ class SessionsMixin(CoreState):
             return
         for session in self.sessions.values():
             for replay in session.replays.values():
-                if replay.revoked is None and not authz.may(
-                    session.identity, "replay", replay.stream_id
+                if replay.revoked is None and not all(
+                    authz.may(session.identity, "replay", s) for s in replay.stream_ids
                 ):
                     replay.revoked = NotAuthorisedError(
                         f"NOT_AUTHORISED: replay {replay.request_id} ended: client "

@@ -22,7 +22,8 @@ from aeron_spark.counters import CounterMap
 
 
 class ReplayCursor(Protocol):
-    position: int
+    @property
+    def position(self) -> int: ...
 
     def read(self, max_bytes: int, now_ns: int) -> tuple[int, int, int, bytes | memoryview] | None:
         """``(position, end_position, timestamp_ns, frames)`` or None when nothing is ready."""
@@ -45,6 +46,7 @@ class Store(Protocol):
     local_token: dict[str, str] | None  # {token_path, token}: proves a client sees the directory
 
     def list_recordings(self, stream_ids: set[int] | None) -> list[dict[str, Any]]: ...
+    def streams(self) -> list[dict[str, Any]]: ...
     def recording_info(self, recording_id: int) -> dict[str, Any]: ...
     def stream_of(self, recording_id: int) -> int: ...
     def positions(self, stream_ids: set[int] | None) -> list[list[Any]]: ...
@@ -63,7 +65,7 @@ class Replay:
     request_id: int
     cursor: ReplayCursor
     max_block_bytes: int
-    stream_id: int = 0
+    stream_ids: tuple[int, ...] = ()  # what it reads (several: ``replay_ranges``)
     revoked: ConnectorError | None = None  # its key may no longer read the stream: end it
 
 

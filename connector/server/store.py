@@ -248,6 +248,11 @@ class ArchiveStore:
     def list_recordings(self, stream_ids: set[int] | None) -> list[dict[str, Any]]:
         return [self._info(rec) for rec in self.catalog.recordings(stream_ids)]
 
+    def streams(self) -> list[dict[str, Any]]:
+        """Per stream: recordings, active ones, bytes (``list_streams``), from the catalog's
+        totals (the live recordings re-read, not every one: issue 31 item 4)."""
+        return self.catalog.current_streams()
+
     def recording_info(self, recording_id: int) -> dict[str, Any]:
         return self._info(self.recordings.get(recording_id))
 

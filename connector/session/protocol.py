@@ -52,8 +52,10 @@ REPLAY_DATA_HEADER_LENGTH = REPLAY_DATA_HEADER.size
 #: The control protocol's version. 1: the operations before issue 31. 2: ``limits`` (the
 #: largest message a stream takes, so a client refuses a larger one before sending it); its
 #: reply carries the server's version. A client finds a version 1 server by its "unknown
-#: operation" answer and then refuses only what no server takes (Aeron's 16 MiB).
-CONTROL_PROTOCOL_VERSION = 2
+#: operation" answer and then refuses only what no server takes (Aeron's 16 MiB). 3:
+#: ``local_read_ranges`` and ``replay_ranges`` (a packed partition's ranges in one request; a
+#: client falls back to a request a range on the "unknown operation" of an older server).
+CONTROL_PROTOCOL_VERSION = 3
 
 MAX_CONTROL_MESSAGE_BYTES = 256 * 1024 * 1024  # a reply (what a client accepts)
 MAX_REQUEST_ID = 0xFFFF_FFFF
@@ -117,6 +119,10 @@ OPS: dict[str, dict[str, tuple[str, bool]]] = {
     },
     "stop_replay": {"replay_id": ("uint32", True)},
     "local_read": {"recording_id": ("pos", True), "start": ("pos", True), "end": ("pos", True)},
+    # control protocol version 3 (issue 31 item 2): the ranges of a packed input partition in
+    # one request each way, a local read's directories or one replay of them all, in order
+    "local_read_ranges": {"ranges": ("pos_triples", True)},
+    "replay_ranges": {"ranges": ("pos_triples", True), "max_block_bytes": ("uint32", False)},
     "publish": {
         "stream_id": ("int32", True),
         "payloads": ("bytes_list", True),
@@ -194,6 +200,8 @@ PERMISSIONS: dict[str, Access] = {
     "replay": _READ,
     "stop_replay": _NONE,  # the session's own replay
     "local_read": _READ,
+    "local_read_ranges": _READ,
+    "replay_ranges": _READ,
     "publish": _WRITE,
     "stage": _WRITE,
     "local_stage": _WRITE,

@@ -22,7 +22,8 @@ Reading (:class:`LogStore`, one per server or archive the source reads from):
 * :meth:`LogStore.split`: a range cut into shares whose rows are the range's, each message in
   exactly one share (``minPartitions``);
 * :meth:`LogStore.read`: bounded replay blocks of one :class:`RecordingRange` on an executor,
-  the same bytes every time (a retried task returns the same rows);
+  the same bytes every time (a retried task returns the same rows); :meth:`LogStore.read_many`
+  the same for the ranges of a packed input partition (one request to a stream server);
 * optional hooks: :meth:`StoreSession.position_at` (a time index: ``startingTimestamp``),
   :meth:`StoreSession.narrow` (filter pushdown, :mod:`..pushdown`), and
   :meth:`StoreSession.commit_consumer` (retention that keeps what a query has not read).
@@ -50,10 +51,10 @@ to reach it (small, frozen, picklable).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from pyspark.sql.datasource import InputPartition, WriterCommitMessage
 
@@ -216,6 +217,11 @@ class Features:
     pushdown = False
     consumers = False
 
+    def read_many(
+        self, parts: Sequence[RecordingRange]
+    ) -> AbstractContextManager[Iterator[Iterator[ReplayBlock]]]:
+        return read_each(cast("LogStore", self), parts)
+
 
 class LogStore(Protocol):
     """A store the source reads: small, frozen and picklable (partitions carry it)."""
@@ -235,6 +241,15 @@ class LogStore(Protocol):
 
     def read(self, part: RecordingRange) -> AbstractContextManager[Iterator[ReplayBlock]]:
         """The blocks of ``part``'s messages (an executor; its own session)."""
+        ...
+
+    def read_many(
+        self, parts: Sequence[RecordingRange]
+    ) -> AbstractContextManager[Iterator[Iterator[ReplayBlock]]]:
+        """The blocks of each of ``parts`` (this store's ranges of one packed input partition):
+        one iterator per part, in order, each read before the next is taken, the blocks
+        :meth:`read` gives. :class:`Features` reads them one by one (:func:`read_each`); the
+        stream server asks for them all in one request."""
         ...
 
 
@@ -266,6 +281,25 @@ def scan_each(
         return session.scan(ranges[i][0], start, target, Budget(messages, nbytes))
 
     return share_budget([(s, t) for _, s, t in ranges], budget.messages, budget.bytes, scan_one)
+
+
+@contextmanager
+def read_each(
+    store: LogStore, parts: Sequence[RecordingRange]
+) -> Iterator[Iterator[Iterator[ReplayBlock]]]:
+    """:meth:`LogStore.read_many` as one :meth:`LogStore.read` per part, each closed when the
+    next is taken."""
+
+    def each() -> Generator[Iterator[ReplayBlock], None, None]:
+        for part in parts:
+            with store.read(part) as blocks:
+                yield blocks
+
+    parts_blocks = each()
+    try:
+        yield parts_blocks
+    finally:
+        parts_blocks.close()
 
 
 def no_hook(store: Any, what: str) -> NotImplementedError:

@@ -187,3 +187,45 @@ def test_a_read_builds_its_columns_without_importing_pandas() -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "False"
+
+
+_WORKER_IMPORTS = r"""
+import pickle, sys
+from aeron_spark.connector.options import parse_source_options
+from aeron_spark.connector.source import AeronBatchReader
+reader = AeronBatchReader(parse_source_options({"endpoint": "127.0.0.1:40123", "streamId": "1"}))
+blob = pickle.dumps(reader)
+for name in [m for m in sys.modules if m.startswith(("aeron_spark", "pyspark_aeron"))]:
+    del sys.modules[name]
+import aeron_spark.connector.datasource  # a read task's function holds the data source
+pickle.loads(blob)
+print(sorted(m for m in sys.modules if m.startswith("aeron_spark")))
+"""
+
+
+def test_a_read_tasks_worker_imports_no_planning_sink_archive_or_codec_module() -> None:
+    """What a Spark read task's Python worker imports (the data source, the pickled reader and
+    its options) leaves out the sink, the archive stores and client, the SBE and record codecs
+    (issue 31 item 2: 576 modules in a worker after a read, 537 without them; every one is walked
+    by the gc.collect() after each task)."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _WORKER_IMPORTS], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    loaded = json.loads(out.stdout.strip().replace("'", '"'))
+    assert "aeron_spark.connector.source" in loaded
+    unwanted = (
+        "aeron_spark.connector.sink",
+        "aeron_spark.connector.raw",
+        "aeron_spark.connector.stores.archive",
+        "aeron_spark.connector.stores.replicas",
+        "aeron_spark.connector.formats_sbe",
+        "aeron_spark.connector.formats_records",
+        "aeron_spark.transport.archive.client",
+        "aeron_spark.transport.sbe",
+    )
+    assert [m for m in loaded if m.startswith(unwanted)] == []

@@ -144,6 +144,8 @@ def test_permission_table_over_permissions_and_requests(perms, op, stream_id) ->
         "stats",
         "recording_positions",
         "scan_ranges",
+        "local_read_ranges",
+        "replay_ranges",
     }
     write_ops = {
         "publish",

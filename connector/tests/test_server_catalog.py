@@ -4,14 +4,18 @@ recordings, and every listing sorted and copied every recording)."""
 
 from __future__ import annotations
 
+import collections
 import time
 from pathlib import Path
+
+import pytest
 
 from aeron_spark.connector.server import ServerConfig, StreamServer
 from aeron_spark.connector.server.framing import Framer
 from aeron_spark.connector.server.stat import read_snapshot
+from aeron_spark.connector.server.store import ArchiveStore
 from aeron_spark.connector.server.testing import client_for
-from aeron_spark.transport.archive import RecordingStore
+from aeron_spark.transport.archive import Recording, RecordingStore
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
 
 TERM = 64 * 1024
@@ -83,3 +87,47 @@ def test_the_stat_snapshot_rereads_only_recordings_that_can_change(tmp_path: Pat
             by_id = {r["recording_id"]: r for r in snapshot["recordings"]}
             assert by_id[live.recording_id]["recorded_position"] == live.recorded_position
             assert by_id[small[0].recording_id]["purged_position"] == purged
+
+
+def test_list_streams_and_the_stop_retry_walk_what_changed_not_every_recording(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``list_streams`` described every recording (an ``_info`` each) and the loop's
+    housekeeping tried every recording's stop file every second (issue 31 item 4): both now
+    touch only what may have changed (the live recordings, the stops still pending)."""
+    described = collections.Counter[str]()
+    info, persist = ArchiveStore._info, Recording.persist_stop
+
+    def counted_info(self: ArchiveStore, rec: Recording) -> dict:
+        described["info"] += 1
+        return info(self, rec)
+
+    def counted_persist(self: Recording) -> bool:
+        described["persist_stop"] += 1
+        return persist(self)
+
+    monkeypatch.setattr(ArchiveStore, "_info", counted_info)
+    monkeypatch.setattr(Recording, "persist_stop", counted_persist)
+    directory = str(tmp_path / "srv")
+    _populate(directory, 200)
+    config = ServerConfig(directory=directory, port=0, term_length=TERM, mtu=1408)
+    with StreamServer(config) as server, client_for(server.endpoint) as client:
+        _stat_written_after(directory, time.time())  # every recording described once
+        streams = client.list_streams()
+        assert [(s["stream_id"], s["recordings"], s["active_recordings"]) for s in streams] == [
+            (5, 180, 0),
+            (6, 20, 0),
+        ]
+        described.clear()
+        for _ in range(3):
+            assert client.list_streams() == streams
+        _stat_written_after(directory, time.time())  # a second of housekeeping at least
+        _stat_written_after(directory, time.time())
+        assert described["info"] == 0, described
+        assert described["persist_stop"] == 0, described
+        client.publish(6, [b"new"] * 10)  # one live recording: described, the others not
+        described.clear()
+        now = {s["stream_id"]: s for s in client.list_streams()}
+        assert (now[6]["recordings"], now[6]["active_recordings"]) == (21, 1)
+        assert now[6]["bytes"] > streams[1]["bytes"] and now[5] == streams[0]
+        assert described["info"] <= 10, described  # the live one, a few times: not 200

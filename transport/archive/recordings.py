@@ -256,8 +256,12 @@ class Recording:
         read_only: bool = False,
         index_range: tuple[int, int | None] | None = None,
         fds: FdCache | None = None,
+        stops_pending: dict[int, Recording] | None = None,
     ) -> None:
         self.directory = directory
+        # the store's recordings whose stop file is not written yet (joined while pending), so
+        # its retry walks those, not every recording (issue 31 item 4)
+        self._stops_pending = stops_pending
         self.d = descriptor
         self.fsync = fsync
         self.read_only = read_only
@@ -573,7 +577,8 @@ class Recording:
             self.stop_position = self.recorded_position
             self._stop_ns = now_ns
             self.stop_pending = True
-            self.persist_stop()
+            if not self.persist_stop() and self._stops_pending is not None:
+                self._stops_pending[self.d.recording_id] = self
         self._files.forget_under(self.directory)
 
     def persist_stop(self) -> bool:
@@ -594,6 +599,8 @@ class Recording:
         finally:
             self._files.forget_under(self.directory)
         self.stop_pending = False
+        if self._stops_pending is not None:
+            self._stops_pending.pop(self.d.recording_id, None)
         return True
 
     def reopen(self) -> None:
@@ -604,6 +611,8 @@ class Recording:
             fsync_dir(self.directory)
             self.stop_position = None
             self.stop_pending = False
+            if self._stops_pending is not None:
+                self._stops_pending.pop(self.d.recording_id, None)
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -724,6 +733,8 @@ class RecordingStore:
         # in use this instant, whatever the number of recordings
         self.files = FdCache(max_open_files)
         self.recordings: dict[int, Recording] = {}
+        self._stops_pending: dict[int, Recording] = {}  # stopped, stop file not yet written
+        self.stop_retries = 0  # stop files tried again by persist_stops
         self.torn_bytes_cut = 0
         self.unacknowledged_bytes_cut = 0
         for name in sorted(os.listdir(self.root)):
@@ -733,7 +744,9 @@ class RecordingStore:
             meta = _read_meta(os.path.join(path, "meta.msgpack"))
             if meta is None:  # died between mkdir and its descriptor: never had data
                 continue
-            rec = Recording(path, Descriptor(**meta), fsync, fds=self.files)
+            rec = Recording(
+                path, Descriptor(**meta), fsync, fds=self.files, stops_pending=self._stops_pending
+            )
             self.torn_bytes_cut += rec.torn_bytes_cut
             self.unacknowledged_bytes_cut += rec.unacknowledged_bytes_cut
             if rec.stop_position is None and not rec.d.source.startswith("sink:"):
@@ -785,14 +798,19 @@ class RecordingStore:
         _write_meta(meta, descriptor.__dict__, sync=self.fsync)
         if not self.fsync:
             self.meta_syncer.submit(meta)
-        rec = Recording(path, descriptor, self.fsync, fds=self.files)
+        rec = Recording(
+            path, descriptor, self.fsync, fds=self.files, stops_pending=self._stops_pending
+        )
         self.recordings[rid] = rec
         return rec
 
     def persist_stops(self) -> int:
         """Write the stop files a full disk held back (see :meth:`Recording.stop`); how many
-        are still missing."""
-        return sum(not rec.persist_stop() for rec in list(self.recordings.values()))
+        are still missing. Only those recordings are tried (the server calls this every
+        second: it walked all 10,000 of a large catalog, issue 31 item 4)."""
+        pending = list(self._stops_pending.values())
+        self.stop_retries += len(pending)
+        return sum(not rec.persist_stop() for rec in pending)
 
     def stats(self) -> dict[str, int]:
         recs = list(self.recordings.values())

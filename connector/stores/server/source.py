@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -150,3 +150,22 @@ class ServerStore(Features):
         local = part.local_reads if isinstance(part, ServerRange) else True
         with pooled(self.settings) as client:
             yield client.read_range(part.recording_id, part.start, part.end, local=local)
+
+    @contextmanager
+    def read_many(
+        self, parts: Sequence[RecordingRange]
+    ) -> Iterator[Iterator[Iterator[ReplayBlock]]]:
+        """Every part in one request (``local_read_ranges``, else one ``replay_ranges``): a
+        packed partition of many small recordings paid a request (a round trip through the
+        server's loop) a range."""
+        local = all(p.local_reads if isinstance(p, ServerRange) else True for p in parts)
+        with pooled(self.settings) as client:
+            each = client.read_ranges(
+                [(p.recording_id, p.start, p.end) for p in parts], local=local
+            )
+            try:
+                yield each
+            finally:
+                close = getattr(each, "close", None)
+                if close is not None:
+                    close()
