@@ -23,12 +23,26 @@ SINK_ID = "ride-through"  # the copy query's sinkId
 
 
 def _batches_staging(directory: str) -> set[str]:
-    """The batch ids with a staging directory on the server (staged, not yet committed)."""
-    root = os.path.join(directory, "sink", "staged", SINK_ID.encode().hex())
+    """The batch ids with a staging directory on the server (staged, not yet committed). The
+    server stages under the sink's commit identity: ``sinkId``, or ``sinkId@<checkpoint
+    digest>`` when Spark passes the checkpoint (a streaming query does), hex-encoded."""
+    root = os.path.join(directory, "sink", "staged")
     try:
-        return set(os.listdir(root))
+        identities = os.listdir(root)
     except FileNotFoundError:
         return set()
+    out: set[str] = set()
+    for name in identities:
+        try:
+            identity = bytes.fromhex(name).decode()
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if identity == SINK_ID or identity.startswith(SINK_ID + "@"):
+            try:
+                out |= {f"{name}/{b}" for b in os.listdir(os.path.join(root, name))}
+            except FileNotFoundError:
+                continue
+    return out
 
 
 def _kill_while_staged(
@@ -41,7 +55,7 @@ def _kill_while_staged(
     while time.monotonic() < deadline and not seen:
         seen = bool(_batches_staging(server.directory) - before)
         if not seen:
-            time.sleep(0.002)
+            time.sleep(0.01)
     server.restart_later(1.0)
     server.wait_restarted()
     return seen
