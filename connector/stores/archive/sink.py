@@ -639,7 +639,9 @@ class ArchiveCommitter:
                 )
                 stats.skipped_duplicate += 1
                 if replicas is not None:  # a commit repeated: the batch still needs its copies
-                    self.replicate(batch, replicas, d, tail.last.begin_position, stats)
+                    self.replicate(
+                        batch, replicas, d, tail.last.begin_position, stats, repeated=True
+                    )
                 self.purge(batch, parts, stats)
                 return stats
         base = -1 if d is None else d.stop_position
@@ -678,10 +680,16 @@ class ArchiveCommitter:
         begin: int,
         stats: CommitStats,
         base: int | None = None,
+        repeated: bool = False,
     ) -> None:
         """The stopped target ``d`` (the batch in ``[begin, stop)``) copied to every reachable
         replica; too few in sync: the batch cut off the primary and those copies, and
-        NOT_ENOUGH_REPLICAS (nothing acknowledged; committed-only readers stop before it)."""
+        NOT_ENOUGH_REPLICAS (nothing acknowledged; committed-only readers stop before it).
+
+        ``repeated``: the batch was found committed on the primary (its END there before this
+        commit), so an earlier commit may have acknowledged it (a batch write run again with
+        its batchId, a driver that died before Spark logged the commit): it is never cut off,
+        only NOT_ENOUGH_REPLICAS is raised."""
         end = d.stop_position
         outcomes = replicas.sync(d, begin if base is None else base, end)
         good = [o for o in outcomes if o.in_sync]
@@ -690,6 +698,15 @@ class ArchiveCommitter:
         stats.replicas_failed += len(outcomes) - len(good)
         if len(good) >= replicas.required:
             return
+        if repeated:
+            failed = {o.control_channel: o.reason for o in outcomes if not o.in_sync}
+            raise self._not_enough(
+                batch,
+                replicas,
+                1 + len(good),
+                failed,
+                f" (it was committed before, at [{begin}, {end}): kept)",
+            )
         log.warning(
             "archive sink %s: batch %d on %d replica(s) of the %d needed; cutting recording %d "
             "back to %d",
