@@ -374,22 +374,29 @@ class JavaArchive:
         tag: str = "archive",
         *,
         classpath: list[Path] | None = None,
+        host: str = "127.0.0.1",
+        prefix: Sequence[str] = (),
         **properties: object,
     ) -> None:
         """``classpath``: more entries before the jar (classes of our own the archive loads,
-        e.g. an authenticator named by ``aeron.archive.authenticator.supplier``)."""
+        e.g. an authenticator named by ``aeron.archive.authenticator.supplier``). ``host``: the
+        address of its control channel (and, unless ``properties`` say otherwise, of its
+        replication and control response channels); ``prefix``: runs it inside a network
+        namespace (``ip netns exec NS``, :mod:`aeron_spark.transport.testing_netns`)."""
         self.aeron_dir = new_aeron_dir(tag)
         self.archive_dir = archive_dir
         self.control_port = control_port
         self.archive_id = archive_id
-        self.control_channel = f"aeron:udp?endpoint=127.0.0.1:{control_port}"
+        self.host = host
+        self.prefix = list(prefix)
+        self.control_channel = f"aeron:udp?endpoint={host}:{control_port}"
         sleeping = "org.agrona.concurrent.SleepingMillisIdleStrategy"
         props = driver_properties(self.aeron_dir, **{"aeron.shared.idle.strategy": sleeping})
         props.update(
             {
                 "aeron.archive.dir": str(archive_dir),
                 "aeron.archive.control.channel": self.control_channel,
-                "aeron.archive.replication.channel": "aeron:udp?endpoint=127.0.0.1:0",
+                "aeron.archive.replication.channel": f"aeron:udp?endpoint={host}:0",
                 "aeron.archive.recording.events.enabled": "false",
                 "aeron.archive.threading.mode": "SHARED",
                 "aeron.archive.idle.strategy": sleeping,
@@ -401,9 +408,14 @@ class JavaArchive:
             }
         )
         props.update(properties)
+        if host != "127.0.0.1" and "aeron.archive.control.response.channel" in props:
+            props["aeron.archive.control.response.channel"] = f"aeron:udp?endpoint={host}:0"
         self.properties = props
         self.program = PeerProgram(
-            java_argv("io.aeron.archive.ArchivingMediaDriver", props, classpath=classpath),
+            [
+                *self.prefix,
+                *java_argv("io.aeron.archive.ArchivingMediaDriver", props, classpath=classpath),
+            ],
             f"java-{tag}",
         )
         mark = archive_dir / "archive-mark.dat"
@@ -419,7 +431,7 @@ class JavaArchive:
             # the mark comes before the control subscription binds its port: until it does, a
             # connect is refused (ICMP port unreachable), which clients of a set of archives take
             # for a dead archive
-            while not udp_port_bound(control_port):
+            while not udp_port_bound(control_port, host):
                 if self.program.proc.poll() is not None or time.monotonic() > deadline:
                     self.program.drain(1.0)
                     raise RuntimeError(
@@ -474,11 +486,11 @@ def udp_port_bound(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def free_udp_port() -> int:
+def free_udp_port(host: str = "127.0.0.1") -> int:
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -489,23 +501,30 @@ def archive_set(
     *,
     extra: Mapping[str, Mapping[str, object]] | None = None,
     classpaths: Mapping[str, list[Path]] | None = None,
+    hosts: Mapping[str, tuple[str, Sequence[str]]] | None = None,
 ) -> Iterator[dict[str, JavaArchive]]:
     """Several real archives at once (a primary and its replicas; issue 30): each
     ``(name, archive id)`` an :class:`JavaArchive` in ``root/<name>`` on a free control port,
     able to replicate from the others (:data:`REPLICATION_CLIENT_PROPS`), with its ``extra``
-    properties and ``classpaths`` entries; by name, in the order given. Every one is stopped
-    (and its Aeron directory removed) at the end, also when one fails to start, or was killed."""
+    properties and ``classpaths`` entries, and ``hosts`` ((address, ``ip netns exec`` prefix):
+    another host, e.g. a network namespace; default loopback); by name, in the order given.
+    Every one is stopped (and its Aeron directory removed) at the end, also when one fails to
+    start, or was killed."""
     extra = extra or {}
     classpaths = classpaths or {}
+    hosts = hosts or {}
     started: dict[str, JavaArchive] = {}
     try:
         for name, archive_id in archives:
+            host, prefix = hosts.get(name, ("127.0.0.1", ()))
             started[name] = JavaArchive(
                 root / name,
-                free_udp_port(),
+                free_udp_port(host) if not prefix else free_udp_port(),
                 archive_id,
                 tag=f"set-{name}",
                 classpath=classpaths.get(name),
+                host=host,
+                prefix=prefix,
                 **{**REPLICATION_CLIENT_PROPS, **extra.get(name, {})},
             )
         yield started

@@ -72,6 +72,7 @@ from aeron_spark.transport import ChannelConfig, ChannelError, TransportError
 from aeron_spark.transport.archive.client import (
     ArchiveClient,
     ArchiveClientError,
+    ArchiveResponseError,
     ArchiveUnknownRecordingError,
     RecordingDescriptor,
     RecordingSignal,
@@ -514,6 +515,7 @@ class CommitStats:
     truncated_bytes: int = 0
     purged_staging: int = 0
     purged_orphans: int = 0
+    unpurged_staging: int = 0  # staging recordings left on an archive lost after the commit
     target_recording_id: int = -1
     begin_position: int = -1
     end_position: int = -1
@@ -650,7 +652,9 @@ class ArchiveCommitter:
                 )
                 stats.skipped_duplicate += 1
                 if replicas is not None:  # a commit repeated: the batch still needs its copies
-                    self.replicate(batch, replicas, d, tail.last.begin_position, stats)
+                    self.replicate(
+                        batch, replicas, d, tail.last.begin_position, stats, repeated=True
+                    )
                 self.purge(batch, parts, stats)
                 return stats
         base = -1 if d is None else d.stop_position
@@ -689,10 +693,16 @@ class ArchiveCommitter:
         begin: int,
         stats: CommitStats,
         base: int | None = None,
+        repeated: bool = False,
     ) -> None:
         """The stopped target ``d`` (the batch in ``[begin, stop)``) copied to every reachable
         replica; too few in sync: the batch cut off the primary and those copies, and
-        NOT_ENOUGH_REPLICAS (nothing acknowledged; committed-only readers stop before it)."""
+        NOT_ENOUGH_REPLICAS (nothing acknowledged; committed-only readers stop before it).
+
+        ``repeated``: the batch was found committed on the primary (its END there before this
+        commit), so an earlier commit may have acknowledged it (a batch write run again with
+        its batchId, a driver that died before Spark logged the commit): it is never cut off,
+        only NOT_ENOUGH_REPLICAS is raised."""
         end = d.stop_position
         outcomes = replicas.sync(d, begin if base is None else base, end)
         good = [o for o in outcomes if o.in_sync]
@@ -701,6 +711,15 @@ class ArchiveCommitter:
         stats.replicas_failed += len(outcomes) - len(good)
         if len(good) >= replicas.required:
             return
+        if repeated:
+            failed = {o.control_channel: o.reason for o in outcomes if not o.in_sync}
+            raise self._not_enough(
+                batch,
+                replicas,
+                1 + len(good),
+                failed,
+                f" (it was committed before, at [{begin}, {end}): kept)",
+            )
         log.warning(
             "archive sink %s: batch %d on %d replica(s) of the %d needed; cutting recording %d "
             "back to %d",
@@ -711,13 +730,24 @@ class ArchiveCommitter:
             d.recording_id,
             begin,
         )
-        self.client.truncate_recording(d.recording_id, begin)
-        stats.truncated_bytes += end - begin
+        undone = f" (its append [{begin}, {end}) was undone)"
+        try:
+            self.client.truncate_recording(d.recording_id, begin)
+            stats.truncated_bytes += end - begin
+        except REPLICA_FAILURES as exc:
+            # The primary was lost after its END (killed, cut off): the batch stays on it,
+            # unacknowledged. The next commit's election repairs it: promoted elsewhere, the
+            # old primary is cut back to the last END it shares with the new one when it is
+            # back; or, back first and furthest, it is the primary again and its END of this
+            # batch makes the repeated commit append nothing (a batch's rows are the same
+            # every time Spark runs it).
+            undone = (
+                f" (its append [{begin}, {end}) could not be undone on the primary: "
+                f"{describe(exc)}; the next commit repairs it)"
+            )
         replicas.undo(good, begin)
         failed = {o.control_channel: o.reason for o in outcomes if not o.in_sync}
-        raise self._not_enough(
-            batch, replicas, 1 + len(good), failed, f" (its append [{begin}, {end}) was undone)"
-        )
+        raise self._not_enough(batch, replicas, 1 + len(good), failed, undone)
 
     def _not_enough(
         self, batch: int, replicas: Replicas, in_sync: int, failed: dict[str, str], undone: str
@@ -736,24 +766,46 @@ class ArchiveCommitter:
 
     def purge(self, batch: int | None, parts: list[ArchiveStaged], stats: CommitStats) -> None:
         """Purge the staging recordings ``parts`` name, and (``batch`` not None) every stopped
-        staging recording of this sink of batches up to ``batch`` (failed attempts)."""
+        staging recording of this sink of batches up to ``batch`` (failed attempts).
+
+        Best effort: the batch is committed (and, with replicas, on enough archives) before
+        this runs, so an archive lost meanwhile (the primary killed or cut off after its
+        replicas copied the batch) fails nothing; what it holds is counted
+        (``unpurged_staging``) and purged by a later commit on it."""
         named: set[int] = set()
+        lost: set[str] = set()  # archives that failed once: not waited for again
         for part in sorted(parts, key=lambda p: p.recording_id):
             if part.recording_id < 0:
                 continue
+            where = part.archive or self.o.connect.control_channel
+            if where in lost:
+                stats.unpurged_staging += 1
+                continue
             try:
                 client = self.staging_client(part)
+                if client is self.client:
+                    named.add(part.recording_id)
+                if _stop_and_purge(client, part.recording_id):
+                    stats.purged_staging += 1
             except REPLICA_FAILURES as exc:  # that archive is gone: purged when it is back
-                log.info("archive sink: staging on %s not purged: %s", part.archive, exc)
-                continue
-            if client is self.client:
-                named.add(part.recording_id)
-            if _stop_and_purge(client, part.recording_id):
-                stats.purged_staging += 1
-        if batch is None:
+                lost.add(where)
+                stats.unpurged_staging += 1
+                log.warning(
+                    "archive sink %s: staging recording %d on %s not purged: %s",
+                    self.identity,
+                    part.recording_id,
+                    where,
+                    describe(exc),
+                )
+        if batch is None or self.o.connect.control_channel in lost:
             return
         prefix = f"alias={STAGING_ALIAS_PREFIX}{sink_hash(self.identity)}-"
-        for d in _on_endpoint(self.client, self.o.staging_channel, self.o.staging_stream_id):
+        try:
+            staged = _on_endpoint(self.client, self.o.staging_channel, self.o.staging_stream_id)
+        except REPLICA_FAILURES as exc:
+            log.warning("archive sink %s: staging not swept: %s", self.identity, describe(exc))
+            return
+        for d in staged:
             if d.recording_id in named or not d.original_channel.count(prefix):
                 continue
             tail = d.original_channel.split(prefix, 1)[1].split("|", 1)[0]
@@ -766,8 +818,11 @@ class ArchiveCommitter:
             try:
                 self.client.purge_recording(d.recording_id)
                 stats.purged_orphans += 1
-            except ArchiveClientError as exc:
+            except ArchiveResponseError as exc:  # the archive refused this one
                 log.info("archive sink: staging recording %d not purged: %s", d.recording_id, exc)
+            except REPLICA_FAILURES as exc:  # the archive is gone: a later commit sweeps
+                log.warning("archive sink %s: staging not swept: %s", self.identity, describe(exc))
+                return
 
 
 class Append:

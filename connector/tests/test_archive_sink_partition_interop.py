@@ -1,0 +1,288 @@
+"""The archive sink's primary cut off or killed mid-commit, with replicas (issue 30), against
+three real Java archives: the primary inside a network namespace behind a veth pair
+(:class:`~aeron_spark.transport.testing_netns.LossyLink`; nftables drops every packet for the
+partition: alive but unreachable), the two replicas in this namespace on the link's address.
+
+Each test commits two batches (on every archive), then loses the primary at a chosen instant of
+the third batch's commit: in the middle of its append (the target left with a torn tail: BEGIN
+and some rows, no END) or after the END, before the replicas copied it (the primary alone holds
+an unacknowledged batch). That commit fails and acknowledges nothing; the batch staged again (on
+a replica: the primary does not answer) commits on the promoted replica, and one more after it.
+The primary then comes back (the partition heals, or the killed archive restarts on its
+directory): the next commit truncates its tail back to the last END it shares with the promoted
+replica and re-seeds it. Every acknowledged batch is then on every archive once, nothing
+duplicated, and a batch read of each archive gives the same rows at the same positions.
+
+Needs root, ``ip`` and ``nft`` (skips without them; CI runs as root) and Java (skips without it;
+fails instead with ``AERON_INTEROP_REQUIRED``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from aeron_spark.connector.errors import ConnectorError, NotEnoughReplicasError
+from aeron_spark.connector.formats import Geometry, iter_messages
+from aeron_spark.connector.options import (
+    ArchiveSinkOptions,
+    parse_archive_sink_options,
+    parse_archive_source_options,
+)
+from aeron_spark.connector.session.replay import ReplayBlock
+from aeron_spark.connector.source import AeronBatchReader
+from aeron_spark.connector.stores.archive import sink as archive_sink
+from aeron_spark.connector.stores.archive.replicas import Replicas, find_copy
+from aeron_spark.transport import TransportError
+from aeron_spark.transport.archive.client import ArchiveClientError
+from aeron_spark.transport.testing_netns import LossyLink, unavailable_reason
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "transport" / "tests"))
+import aeron_peer  # noqa: E402
+
+netns_reason = unavailable_reason()
+pytestmark = [
+    pytest.mark.interop,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(netns_reason is not None, reason=netns_reason or ""),
+]
+
+TIMEOUT_MS = 10_000  # each attempt to reach the lost primary costs this much
+STREAM_ID = 6301
+ROWS = 200  # per partition, two partitions a batch
+FAILED = (ConnectorError, ArchiveClientError, TransportError, OSError)
+
+
+@pytest.fixture
+def hosts(tmp_path: Path) -> Iterator[tuple[LossyLink, dict[str, aeron_peer.JavaArchive]]]:
+    """The primary ``a`` in a network namespace, the replicas ``b`` and ``c`` here."""
+    aeron_peer.require_java()
+    with LossyLink() as link:
+        here = (link.a.address, ())
+        there = (link.b.address, link.b.command([]))
+        with aeron_peer.archive_set(
+            tmp_path / "archives",
+            [("a", 0x5D1), ("b", 0x5D2), ("c", 0x5D3)],
+            hosts={"a": there, "b": here, "c": here},
+        ) as started:
+            yield link, started
+
+
+def _options(link: LossyLink, archives: dict[str, aeron_peer.JavaArchive]) -> ArchiveSinkOptions:
+    port = aeron_peer.free_udp_port(link.a.address)
+    staging = aeron_peer.free_udp_port(link.a.address)
+    return parse_archive_sink_options(
+        {
+            "archive": archives["a"].control_channel,
+            "replicas": f"{archives['b'].control_channel},{archives['c'].control_channel}",
+            "minInSyncReplicas": "2",
+            # on the primary's host; a promoted replica takes the same ports on its own
+            "channel": f"aeron:udp?endpoint={link.b.address}:{port}",
+            "archiveStagingChannel": f"aeron:udp?endpoint={link.b.address}:{staging}",
+            "streamId": str(STREAM_ID),
+            "sinkId": "partitioned",
+            "timeoutMs": str(TIMEOUT_MS),
+        }
+    )
+
+
+def _rows(batch: int) -> list[list[bytes]]:
+    """Two partitions of rows of varied lengths."""
+    return [[b"b%d-p%d-%04d-" % (batch, p, i) + bytes(i % 97) for i in range(ROWS)] for p in (0, 1)]
+
+
+def _stage(o: ArchiveSinkOptions, batch: int) -> list[archive_sink.ArchiveStaged]:
+    return [
+        dataclasses.replace(
+            archive_sink.stage(o, "id", batch, iter([pa.record_batch({"value": rows})])),
+            partition=p,
+        )
+        for p, rows in enumerate(_rows(batch))
+    ]
+
+
+def _read(archive: aeron_peer.JavaArchive) -> list[bytes]:
+    """Every row a committed-only reader (the archive source) reads of the stream."""
+    src = parse_archive_source_options({"archive": archive.control_channel, "streamId": STREAM_ID})
+    reader = AeronBatchReader(src, None)
+    out: list[bytes] = []
+    for part in reader.partitions():
+        for batch in reader.read(part):
+            out.extend(batch.column("value").to_pylist())
+    return out
+
+
+def _held(o: ArchiveSinkOptions, archive: aeron_peer.JavaArchive) -> tuple[int, list]:
+    """(stop position, [(position, payload)] of every message, markers included) of the sink's
+    recording on ``archive`` (its target or its copy: the one matching ``o``'s primary's)."""
+    with archive_sink.connect(o.connect) as primary:
+        target = archive_sink.ArchiveCommitter(o, "id", primary, promoted=True).target()
+        assert target is not None
+        connect = dataclasses.replace(o.connect, control_channel=archive.control_channel)
+        with archive_sink.connect(connect) as client:
+            d = find_copy(client, target)
+            assert d is not None and d.stop_position >= 0, archive.control_channel
+            blocks = [
+                ReplayBlock(b.position, b.data, 0, b.end_position)
+                for b in client.replay(d.recording_id, d.start_position, d.stop_position)
+            ]
+    geometry = Geometry(d.initial_term_id, d.term_buffer_length)
+    return d.stop_position, [
+        (m.position, bytes(m.payload)) for m in iter_messages(blocks, geometry)
+    ]
+
+
+def _answers(archive: aeron_peer.JavaArchive, o: ArchiveSinkOptions) -> None:
+    """Until ``archive`` answers again (a healed partition, a restarted JVM), bounded."""
+    deadline = time.monotonic() + 180
+    connect = dataclasses.replace(o.connect, control_channel=archive.control_channel)
+    while True:
+        try:
+            with archive_sink.connect(connect):
+                return
+        except FAILED:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+class _LoseAroundSync(Replicas):
+    """The replicas of one commit, with the primary lost once its END is recorded and its
+    target stopped: before any replica copies the batch, or once they all did (before the
+    staging recordings are purged)."""
+
+    before: Callable[[], None] = staticmethod(lambda: None)
+    after: Callable[[], None] = staticmethod(lambda: None)
+
+    def sync(self, target, base, end):  # type: ignore[no-untyped-def]
+        self.before()
+        try:
+            return super().sync(target, base, end)
+        finally:
+            self.after()
+
+
+def _lose_mid_append(monkeypatch: pytest.MonkeyPatch, lose: Callable[[], None]) -> None:
+    """The primary lost once the append wrote its BEGIN and the first partition's rows."""
+    real = archive_sink.Append.write_part
+
+    def write_part(self, part, stats=None):  # type: ignore[no-untyped-def]
+        if part.partition == 1:
+            archive_sink._wait_recorded(
+                self.c.client, self.recording_id, self.position, "the first partition"
+            )
+            lose()
+        return real(self, part, stats)
+
+    monkeypatch.setattr(archive_sink.Append, "write_part", write_part)
+
+
+@pytest.mark.parametrize(
+    ("how", "when"),
+    [("cut", "mid-append"), ("cut", "after-end"), ("kill", "after-end"), ("kill", "after-sync")],
+)
+def test_primary_lost_mid_commit_a_replica_is_promoted_and_the_old_primary_truncated(
+    hosts: tuple[LossyLink, dict[str, aeron_peer.JavaArchive]],
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
+    when: str,
+) -> None:
+    """``mid-append``: the commit fails (its second part cannot be replayed from the lost
+    primary); ``after-end``: the commit fails with NOT_ENOUGH_REPLICAS (no replica got the
+    batch, and the primary's copy of it cannot be cut off: the next election repairs it);
+    ``after-sync``: the batch is on every archive, the commit completes (its staging recordings
+    stay on the lost primary)."""
+    link, archives = hosts
+    a, b, c = archives["a"], archives["b"], archives["c"]
+    o = _options(link, archives)
+    expected: list[bytes] = []
+    for n in (0, 1):
+        stats = archive_sink.commit_batch(o, "id", n, _stage(o, n))
+        assert (stats.appended_rows, stats.replicas_in_sync) == (2 * ROWS, 2)
+        expected += [r for part in _rows(n) for r in part]
+
+    def lose() -> None:
+        if how == "cut":
+            link.set_loss(100)  # every packet to and from the primary's host dropped
+        else:
+            a.kill()
+
+    # batch 2: staged on the primary, which is lost during the commit
+    parts = _stage(o, 2)
+    assert {p.archive for p in parts} == {""}
+    replicas = _LoseAroundSync(o, "id")
+    if when == "mid-append":
+        _lose_mid_append(monkeypatch, lose)
+    elif when == "after-end":
+        replicas.before = lose
+    else:
+        replicas.after = lose
+    retried = [2, 3]
+    with archive_sink.connect(o.connect) as client:
+        committer = archive_sink.ArchiveCommitter(o, "id", client)
+        try:
+            with replicas:
+                if when == "after-sync":
+                    stats = committer.commit(2, parts, replicas=replicas)
+                    assert (stats.appended_rows, stats.replicas_in_sync) == (2 * ROWS, 2)
+                    expected += [r for part in _rows(2) for r in part]
+                    retried = [3]
+                else:
+                    expect = NotEnoughReplicasError if when == "after-end" else FAILED
+                    with pytest.raises(expect) as failed:
+                        committer.commit(2, parts, replicas=replicas)
+                    print(f"{how} {when}: {type(failed.value).__name__}: {failed.value}")
+        finally:
+            monkeypatch.undo()
+            committer.close()
+    # nothing acknowledged (but after-sync); the batch is staged again (beside the lost
+    # primary) and committed on the promoted replica, then one more batch
+    for n in retried:
+        parts = _stage(o, n)
+        assert {p.archive for p in parts} == {b.control_channel}
+        stats = archive_sink.commit_batch(o, "id", n, parts)
+        assert (stats.appended_rows, stats.replicas_in_sync, stats.replicas_failed) == (
+            2 * ROWS,
+            1,
+            1,
+        )
+        expected += [r for part in _rows(n) for r in part]
+    on_b = dataclasses.replace(o, connect=o.replicas[0])
+    assert _read(b) == expected == _read(c)
+    assert _held(on_b, c) == _held(on_b, b)
+    # the old primary comes back, behind, holding what nobody acknowledged
+    if how == "cut":
+        link.set_loss(0)
+    else:
+        restarted = aeron_peer.JavaArchive(
+            a.archive_dir,
+            a.control_port,
+            a.archive_id,
+            tag="cut-a2",
+            host=a.host,
+            prefix=a.prefix,
+            **aeron_peer.LOOPBACK_CLIENT_PROPS,
+        )
+        archives["a2"] = restarted  # stopped with the others
+    _answers(a, o)
+    parts = _stage(o, 4)
+    assert {p.archive for p in parts} == {""}  # staged on the configured primary again
+    stats = archive_sink.commit_batch(o, "id", 4, parts)
+    assert (stats.appended_rows, stats.replicas_in_sync, stats.replicas_repaired) == (
+        2 * ROWS,
+        2,
+        1,
+    )
+    expected += [r for part in _rows(4) for r in part]
+    for archive in (a, b, c):
+        assert _read(archive) == expected, archive.control_channel  # every row once
+    held = _held(on_b, b)
+    assert _held(on_b, a) == held == _held(on_b, c)  # the same messages at the same positions
