@@ -542,9 +542,14 @@ def java_archives(
     root: Path, names: list[str], first_id: int = 1, **properties: object
 ) -> Iterator[list[JavaArchive]]:
     """:func:`archive_set` by a list of names (ids ``first_id``, ``first_id + 1``...), each
-    with the same extra ``properties``; the archives in that order."""
+    with the same extra ``properties``; the archives in that order, the k-th on loopback address
+    ``127.0.0.<k+1>``: as on hosts of their own, a sink stages on the same port of whichever is
+    primary, and two archives on one address could both want that port (one refused it with
+    "Address already in use" while the other still recorded there after a promotion)."""
     archives = [(name, first_id + k) for k, name in enumerate(names)]
-    with archive_set(root, archives, extra={name: properties for name in names}) as started:
+    hosts = {name: (f"127.0.0.{k + 1}", ()) for k, name in enumerate(names)}
+    extra = {name: properties for name in names}
+    with archive_set(root, archives, extra=extra, hosts=hosts) as started:
         yield [started[name] for name in names]
 
 
