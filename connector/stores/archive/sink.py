@@ -17,8 +17,9 @@ recording** of the stream (``docs/aeron-archive.md`` has the whole design and it
    ``truncateRecording`` back to where that append began. Then it extends the target
    (``extendRecording``; a publication continuing the target's term geometry: initial term id,
    term id and offset of its stop position, term length and MTU) with a BEGIN marker, every
-   committed staging recording's messages in partition order (replayed, re-published with their
-   reserved values), an END marker; waits until recorded, stops the recording, and purges the
+   committed staging recording's messages in partition order (replayed ahead of the append on
+   threads of their own, :class:`_Prefetch`, and re-published with their reserved values), an
+   END marker; waits until recorded, stops the recording, and purges the
    staging recordings (the committed ones, and every stopped one of this sink left by a failed
    attempt of this or an earlier batch). The first commit creates the target
    (``startRecording``; its channel's ``alias`` names the sink).
