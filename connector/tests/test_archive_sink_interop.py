@@ -15,6 +15,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import pyarrow as pa
 import pytest
 
 from aeron_spark.connector.archive_markers import BEGIN, MARKER_RESERVED_VALUE, read_tail
+from aeron_spark.connector.errors import ServerUnavailableError
 from aeron_spark.connector.options import (
     ArchiveSinkOptions,
     parse_archive_sink_options,
@@ -29,6 +31,7 @@ from aeron_spark.connector.options import (
 )
 from aeron_spark.connector.source import AeronBatchReader
 from aeron_spark.connector.stores.archive import sink as archive_sink
+from aeron_spark.transport.archive.client import ArchiveUnknownRecordingError
 from aeron_spark.transport.testing import free_udp_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,6 +168,42 @@ def test_blocks_split_at_small_target_terms_and_a_wider_staging_mtu(
         + [(m, 0) for m in more]
         + [(m, i if i < 1500 else 0) for i, m in enumerate(fixed)]
     )
+
+
+def _replay_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("archive-sink-replay-")]
+
+
+def test_parts_replayed_ahead_in_order_and_a_failed_replay_commits_nothing(
+    archive: aeron_peer.JavaArchive,
+) -> None:
+    """The commit replays the staging recordings ahead of the append (a few at a time, each
+    on a thread and control session of its own) and still appends them in partition order;
+    a staging recording that cannot be replayed (purged here) fails the commit with the
+    archive's error (as SERVER_UNAVAILABLE), stops every replay, leaves the batch invisible to
+    committed-only readers, and the re-commit cuts the torn append back and appends the batch
+    once."""
+    o = _options(archive, 2231)
+    rows = [[b"b0-p%d-%04d" % (p, i) for i in range(300)] for p in range(5)]
+    parts = [_stage(o, 0, p, rows[p]) for p in (3, 1, 4, 0, 2)]  # any order, as Spark's
+    stats = _commit(o, 0, parts)
+    assert (stats.appended_parts, stats.appended_rows) == (5, 1500)
+    first = [r for part in rows for r in part]
+    assert [v for v, _ in _read(archive, 2231)] == first
+    assert _replay_threads() == []
+
+    more = [[b"b1-p%d-%04d" % (p, i) for i in range(200)] for p in range(5)]
+    staged = [_stage(o, 1, p, more[p]) for p in range(5)]
+    with archive_sink.connect(o.connect) as client:  # partition 3's staging is gone
+        assert archive_sink._stop_and_purge(client, staged[3].recording_id)
+    with pytest.raises(ServerUnavailableError) as failed:
+        _commit(o, 1, staged)
+    assert isinstance(failed.value.__cause__, ArchiveUnknownRecordingError)
+    assert _replay_threads() == []
+    assert [v for v, _ in _read(archive, 2231)] == first  # committed only: none of batch 1
+    stats = _commit(o, 1, [_stage(o, 1, p, more[p]) for p in range(5)])
+    assert stats.truncated_bytes > 0 and stats.appended_rows == 1000
+    assert [v for v, _ in _read(archive, 2231)] == first + [r for part in more for r in part]
 
 
 _KILL_AFTER_BEGIN = """

@@ -199,6 +199,28 @@ def uniform_run(
 _FIRST_WINDOW = 16  # frames uniform_run compares at first
 
 
+def uniform_ids_into(
+    buffer: Buffer,
+    offset: int,
+    frames: int,
+    aligned: int,
+    session_id: int,
+    stream_id: int,
+    term_id: int,
+) -> None:
+    """Write the ids of ``frames`` equal-length frames (``aligned`` bytes each) from ``offset``
+    of ``buffer`` at once with numpy: each frame's term offset (its own offset in the buffer,
+    a term), session, stream and term id; nothing else of the headers (``frame_length`` least
+    of all: the caller writes the first one last). The block append of a run of equal-length
+    frames (:func:`uniform_run`), which a frame-by-frame walk costs ~7 us per frame."""
+    words = np.frombuffer(buffer, dtype="<i4", count=frames * aligned // 4, offset=offset)
+    rows = words.reshape(frames, aligned // 4)
+    rows[:, TERM_OFFSET_OFFSET // 4] = np.arange(offset, offset + frames * aligned, aligned)
+    rows[:, SESSION_ID_OFFSET // 4] = session_id
+    rows[:, STREAM_ID_OFFSET // 4] = stream_id
+    rows[:, TERM_ID_OFFSET // 4] = term_id
+
+
 def uniform_block(data: Buffer | np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """A block that is only equal-length whole-message DATA frames (:func:`uniform_run` over all
     of it) as ``(headers, payloads)``: the headers as a :data:`DATA_HEADER_DTYPE` array (a copy),

@@ -22,6 +22,8 @@ from aeron_spark.transport.protocol.frames import (
     FRAME_ALIGNMENT,
     DataFlags,
     FrameType,
+    uniform_ids_into,
+    uniform_run,
 )
 from aeron_spark.transport.protocol.logbuffer import LogGeometry, wrap_int32
 
@@ -39,6 +41,7 @@ _FLAG_UNFRAGMENTED = int(DataFlags.UNFRAGMENTED)
 _TYPE_PAD = int(FrameType.PAD)
 _TYPE_DATA = int(FrameType.DATA)
 
+_UNIFORM_BLOCK_FRAMES = 16  # from here a block of equal-length frames is rewritten with numpy
 _ZERO_PIECE = 1024 * 1024
 _ZEROS = memoryview(bytes(_ZERO_PIECE))
 
@@ -271,8 +274,21 @@ class TermAppender:
         first_length = _i32_from(view, 0)[0]
         end = offset + length
         term = self.terms[self.partition]
-        term[offset + 4 : end] = view[4:]  # the first frame_length stays 0: nobody reads on
         session_id, stream_id, term_id = self.session_id, self.stream_id, self.term_id
+        aligned = (first_length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+        frames = length // aligned if first_length >= DATA_HEADER_LENGTH else 0
+        if (
+            frames >= _UNIFORM_BLOCK_FRAMES
+            and frames * aligned == length
+            and uniform_run(view, 0, first_length, unfragmented=False) == frames
+        ):  # equal-length DATA frames (fixed-size rows): the ids rewritten at once
+            term[offset + 4 : end] = view[4:]
+            uniform_ids_into(term, offset, frames, aligned, session_id, stream_id, term_id)
+            _i32_into(term, offset, first_length)
+            self.term_offset = end
+            self.position += length
+            return self.position
+        term[offset + 4 : end] = view[4:]  # the first frame_length stays 0: nobody reads on
         at, frame_length = offset, first_length
         while True:
             frame_type = _u16_from(term, at + 6)[0]

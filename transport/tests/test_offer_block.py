@@ -112,6 +112,33 @@ def test_a_block_lands_whole_with_this_publications_ids_and_offsets() -> None:
     assert read_all(pub, 0, start + len(block))[0][:2] == (b"after", 0)
 
 
+def test_a_block_of_equal_length_frames_gets_every_frames_ids_and_offset() -> None:
+    """Fixed-size rows (the archive sink's common case) take the numpy path: every frame's
+    term offset, session, stream and term id are this log's, reserved values and payloads as
+    they were, and an ordinary offer carries on behind the block."""
+    pub = make()
+    pub.offer(b"first", 0)
+    start = pub.position
+    rows = [(bytes([i]) * 100, i * 1000 - 7) for i in range(40)]
+    block = framed(rows, term_offset=640, term_id=1234)
+    assert pub.offer_block(block) == start + len(block)
+    pub.offer(b"after", 0)
+    got = read_all(pub, 0, 0)
+    assert [(m, rv) for m, rv, _ in got] == [(b"first", 0), *rows, (b"after", 0)]
+    offset = 0
+    for length, _v, flags, ftype, term_offset, session, stream, term_id, _rv in got[0][2]:
+        assert (ftype, flags, term_offset, session, stream, term_id) == (
+            FrameType.DATA,
+            DataFlags.UNFRAGMENTED,
+            offset,
+            77,
+            10,
+            5,
+        )
+        offset += (length + 31) & -32
+    assert offset == pub.position
+
+
 def test_a_block_spanning_the_term_end_is_refused_and_split_blocks_fill_then_rotate() -> None:
     pub = make(term_offset=TERM - 4096)
     block = framed([(bytes([i]) * 1000, i) for i in range(5)])  # 5 x 1056 > 4096

@@ -17,8 +17,9 @@ recording** of the stream (``docs/aeron-archive.md`` has the whole design and it
    ``truncateRecording`` back to where that append began. Then it extends the target
    (``extendRecording``; a publication continuing the target's term geometry: initial term id,
    term id and offset of its stop position, term length and MTU) with a BEGIN marker, every
-   committed staging recording's messages in partition order (replayed, re-published with their
-   reserved values), an END marker; waits until recorded, stops the recording, and purges the
+   committed staging recording's messages in partition order (replayed ahead of the append on
+   threads of their own, :class:`_Prefetch`, and re-published with their reserved values), an
+   END marker; waits until recorded, stops the recording, and purges the
    staging recordings (the committed ones, and every stopped one of this sink left by a failed
    attempt of this or an earlier batch). The first commit creates the target
    (``startRecording``; its channel's ``alias`` names the sink).
@@ -31,7 +32,9 @@ END marker of a target and drops marker frames.
 from __future__ import annotations
 
 import logging
+import queue
 import random
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -87,7 +90,10 @@ from aeron_spark.transport.protocol.frames import (
 from aeron_spark.transport.protocol.logbuffer import is_reserved_session_id
 
 log = logging.getLogger("aeron_spark.connector.archive_sink")
-_POLL_S = 0.005
+# Waits on the archive poll from 2 ms, doubling to 20 ms: each poll is one control request, and
+# a wait usually ends within a few of the archive's duty cycles.
+_POLL_S = 0.002
+_POLL_MAX_S = 0.02
 
 
 def _session_id() -> int:
@@ -114,13 +120,14 @@ def _wait_recorded(client: ArchiveClient, recording_id: int, position: int, what
                 f"{recorded} of {position} within {timeout:g} s"
             )
         time.sleep(delay)
-        delay = min(delay * 2, 0.05)
+        delay = min(delay * 2, _POLL_MAX_S)
 
 
 def _wait_stopped(client: ArchiveClient, recording_id: int) -> int:
     """The stop position of ``recording_id`` once it is stopped (bounded)."""
     timeout = client.config.timeout_s
     deadline = time.monotonic() + timeout
+    delay = _POLL_S
     while True:
         stop = client.stop_position(recording_id)
         if stop >= 0:
@@ -129,7 +136,8 @@ def _wait_stopped(client: ArchiveClient, recording_id: int) -> int:
             raise ServerUnavailableError(
                 f"archive sink: recording {recording_id} did not stop within {timeout:g} s"
             )
-        time.sleep(0.02)
+        time.sleep(delay)
+        delay = min(delay * 2, _POLL_MAX_S)
 
 
 def _stop_and_purge(client: ArchiveClient, recording_id: int) -> bool:
@@ -540,19 +548,24 @@ class ArchiveCommitter:
         self.alias = target_alias(o.sink.sink_id or identity)  # the target: by sinkId
         self._staging: dict[str, ArchiveClient] = {}  # sessions with the other archives
 
-    def staging_client(self, part: ArchiveStaged) -> ArchiveClient:
-        """A session with the archive ``part`` is staged on."""
+    def staging_connect(self, part: ArchiveStaged) -> ArchiveConnect:
+        """How to reach the archive ``part`` is staged on."""
         if part.archive in ("", self.o.connect.control_channel):
             if not part.archive and self.promoted:
-                return self._other(self.o.replicas[0])  # ``archive`` (first of a promoted's)
-            return self.client
+                return self.o.replicas[0]  # ``archive`` (first of a promoted's)
+            return self.o.connect
         for c in self.o.replicas:
             if c.control_channel == part.archive:
-                return self._other(c)
+                return c
         raise ServerUnavailableError(
             f"archive sink: partition {part.partition} was staged on {part.archive}, not an "
             "archive of this sink"
         )
+
+    def staging_client(self, part: ArchiveStaged) -> ArchiveClient:
+        """A session with the archive ``part`` is staged on."""
+        c = self.staging_connect(part)
+        return self.client if c is self.o.connect else self._other(c)
 
     def _other(self, c: ArchiveConnect) -> ArchiveClient:
         client = self._staging.get(c.control_channel)
@@ -659,15 +672,17 @@ class ArchiveCommitter:
                 return stats
         base = -1 if d is None else d.stop_position
         append = Append(self, d, batch, len(staged))
+        prefetch = _Prefetch(self, staged)  # replaying while the append opens and publishes
         try:
             append.begin()
-            for part in staged:
-                stats.appended_rows += append.write_part(part, stats)
+            for k, part in enumerate(staged):
+                stats.appended_rows += append.write_part(part, stats, prefetch.blocks(k))
                 stats.appended_parts += 1
             append.end(stats.appended_rows)
             stats.target_recording_id = append.recording_id
             stats.begin_position, stats.end_position = append.begin_position, append.position
         finally:
+            prefetch.close()
             append.close()
         if replicas is not None:
             appended = self.client.list_recording(append.recording_id)
@@ -905,15 +920,23 @@ class Append:
         self.begin_position = self.pub.position
         self._marker(BEGIN, 0)
 
-    def write_part(self, part: ArchiveStaged, stats: CommitStats | None = None) -> int:
+    def write_part(
+        self,
+        part: ArchiveStaged,
+        stats: CommitStats | None = None,
+        replayed: Iterator[bytes] | None = None,
+    ) -> int:
         """Re-publish one staging recording's messages, in blocks of whole frames
-        (:class:`_Relay`); their count."""
+        (:class:`_Blocks`); their count. ``replayed``: its frames replayed already
+        (:class:`_Prefetch`), else replayed here."""
         assert self.pub is not None
         relay = _Blocks(self.pub, self.c.o.sink.settings.timeout_s)
         try:
-            staged = self.c.staging_client(part)
-            for b in staged.replay(part.recording_id, 0, part.stop_position):
-                relay.feed(b.data, part.recording_id)
+            if replayed is None:
+                staged = self.c.staging_client(part)
+                replayed = (b.data for b in staged.replay(part.recording_id, 0, part.stop_position))
+            for data in replayed:
+                relay.feed(data, part.recording_id)
             relay.finish(part.recording_id)
         except TransportError as exc:
             raise ServerUnavailableError(f"archive sink append: {exc}") from exc
@@ -946,6 +969,89 @@ class Append:
         if self.pub is not None:
             self.pub.close()
             self.pub = None
+
+
+_DONE = object()
+
+
+class _Prefetch:
+    """The committed staging recordings replayed ahead of the append, in partition order: a
+    thread with a control session of its own per recording (at most :attr:`AHEAD` started and
+    not yet published, each holding at most :attr:`QUEUED` blocks of :attr:`BLOCK` bytes), so
+    the archive replays the next parts while the driver opens the target and publishes the
+    current one (replaying in the append's thread, each replay waited on the target's flow
+    control and the target on the replay). :meth:`blocks` yields a part's frames in order,
+    raising what its replay raised; :meth:`close` stops every replay still running."""
+
+    AHEAD = 3
+    QUEUED = 32
+    BLOCK = 256 * 1024
+
+    def __init__(self, c: ArchiveCommitter, parts: list[ArchiveStaged]) -> None:
+        self.c = c
+        self.parts = parts
+        self.timeout_s = c.o.sink.settings.timeout_s
+        self.stopping = threading.Event()
+        self.queues: list[queue.Queue[Any]] = []
+        self.threads: list[threading.Thread] = []
+        self._start_up_to(self.AHEAD)
+
+    def _start_up_to(self, n: int) -> None:
+        while len(self.queues) < min(n, len(self.parts)):
+            part = self.parts[len(self.queues)]
+            q: queue.Queue[Any] = queue.Queue(self.QUEUED)
+            t = threading.Thread(
+                target=self._replay,
+                args=(part, q),
+                name=f"archive-sink-replay-{part.recording_id}",
+                daemon=True,
+            )
+            self.queues.append(q)
+            self.threads.append(t)
+            t.start()
+
+    def _replay(self, part: ArchiveStaged, q: queue.Queue[Any]) -> None:
+        try:
+            with connect(self.c.staging_connect(part)) as client:
+                for b in client.replay(
+                    part.recording_id, 0, part.stop_position, block_bytes=self.BLOCK
+                ):
+                    if not self._put(q, b.data):
+                        return
+            self._put(q, _DONE)
+        except BaseException as exc:  # handed to the append's thread
+            self._put(q, exc)
+
+    def _put(self, q: queue.Queue[Any], item: object) -> bool:
+        while not self.stopping.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def blocks(self, k: int) -> Iterator[bytes]:
+        self._start_up_to(k + self.AHEAD)
+        q = self.queues[k]
+        while True:
+            try:  # the replay fails by itself after timeout_s without progress
+                item = q.get(timeout=2 * self.timeout_s + 5)
+            except queue.Empty:
+                raise ServerUnavailableError(
+                    f"archive sink: the replay of staging recording "
+                    f"{self.parts[k].recording_id} gave nothing for {2 * self.timeout_s + 5:g} s"
+                ) from None
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self.stopping.set()
+        for t in self.threads:
+            t.join(self.timeout_s + 5)
 
 
 def commit_batch(o: ArchiveSinkOptions, identity: str, batch: int, messages: list) -> CommitStats:
