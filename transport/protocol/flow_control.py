@@ -129,13 +129,17 @@ class FlowControl:
         group_tag: int | None = None,
     ) -> None:
         """A receiver's SM (not EOS, not a SETUP request): it is connected; the limit moves."""
+        proposed = self._heard(receiver_id, sm_position, receiver_window, now_ns)
+        if proposed > self.sender_limit:
+            self.sender_limit = proposed
+
+    def _heard(self, receiver_id: int, sm_position: int, receiver_window: int, now_ns: int) -> int:
+        """Note a receiver's SM; the limit it proposes (its position + window)."""
         self.receivers[receiver_id] = now_ns
         self.has_initial_connection = True
         if receiver_window > 0:
             self.retransmit_window = receiver_window
-        proposed = sm_position + receiver_window
-        if proposed > self.sender_limit:
-            self.sender_limit = proposed
+        return sm_position + receiver_window
 
     def on_end_of_stream(self, receiver_id: int) -> None:
         """The receiver closed its image (an EOS SM): no longer connected."""
@@ -204,11 +208,7 @@ class MinFlowControl(FlowControl):
         now_ns: int,
         group_tag: int | None = None,
     ) -> None:
-        self.receivers[receiver_id] = now_ns
-        self.has_initial_connection = True
-        if receiver_window > 0:
-            self.retransmit_window = receiver_window
-        proposed = sm_position + receiver_window
+        proposed = self._heard(receiver_id, sm_position, receiver_window, now_ns)
         counted = self.counted
         if self._matches(group_tag):
             if receiver_id in counted:
