@@ -29,13 +29,13 @@ given up on):
 from __future__ import annotations
 
 import socket
-import struct
 import threading
 import time
 
 from aeron_spark.connector.errors import ServerUnavailableError
 from aeron_spark.connector.options import ArchiveConnect
 from aeron_spark.transport.archive.client import ArchiveClient, ArchiveTimeoutError
+from aeron_spark.transport.protocol.frames import HEADER, FrameType
 from aeron_spark.transport.uri import ChannelConfig
 
 PROBE_S = 3.0  # how long a connect of a set waits for an archive that answers nothing
@@ -47,7 +47,7 @@ REFUSED_WAIT_S = 0.05  # how long the port probe waits for the ICMP answer
 
 # An Aeron frame header (frame length 8, version 0, flags 0) of the extension type (0xFFFF),
 # which no Aeron receiver handles: a valid frame (not counted as invalid), ignored.
-_PROBE = struct.pack("<iBBH", 8, 0, 0, 0xFFFF)
+_PROBE = HEADER.pack(8, 0, 0, FrameType.EXT)
 
 _failed: dict[str, float] = {}  # control channel -> monotonic time until which it is marked
 _failed_lock = threading.Lock()
