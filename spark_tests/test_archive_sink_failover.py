@@ -139,6 +139,10 @@ def test_kill_9_of_the_primary_during_a_streaming_write(spark, tmp_path: Path) -
             add_file(2)
             add_file(3)
             _wait_rows(query, b.control_channel, 4 * ROWS)  # on the promoted replica
+            # killed -9: its mark file says "active" for 10 s more and a restart before then
+            # is refused ("active Mark file detected"); an operator who knows it is dead
+            # removes it
+            (a.archive_dir / "archive-mark.dat").unlink(missing_ok=True)
             restarted = aeron_peer.JavaArchive(
                 a.archive_dir,
                 a.control_port,

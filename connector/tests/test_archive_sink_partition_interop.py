@@ -174,13 +174,13 @@ def _lose_mid_append(monkeypatch: pytest.MonkeyPatch, lose: Callable[[], None]) 
     """The primary lost once the append wrote its BEGIN and the first partition's rows."""
     real = archive_sink.Append.write_part
 
-    def write_part(self, part, stats=None):  # type: ignore[no-untyped-def]
+    def write_part(self, part, *args, **kwargs):  # type: ignore[no-untyped-def]
         if part.partition == 1:
             archive_sink._wait_recorded(
                 self.c.client, self.recording_id, self.position, "the first partition"
             )
             lose()
-        return real(self, part, stats)
+        return real(self, part, *args, **kwargs)
 
     monkeypatch.setattr(archive_sink.Append, "write_part", write_part)
 
@@ -262,6 +262,9 @@ def test_primary_lost_mid_commit_a_replica_is_promoted_and_the_old_primary_trunc
     if how == "cut":
         link.set_loss(0)
     else:
+        # killed -9: its mark file says "active" for 10 s more, and a restart before then is
+        # refused ("active Mark file detected"); an operator who knows it is dead removes it
+        (a.archive_dir / "archive-mark.dat").unlink(missing_ok=True)
         restarted = aeron_peer.JavaArchive(
             a.archive_dir,
             a.control_port,
