@@ -102,15 +102,19 @@ def test_kill_9_of_the_primary_during_a_streaming_write(spark, tmp_path: Path) -
         part.rename(inbox / f"file-{n:02d}.txt")  # whole, at once
         expected.extend(r.encode() for r in rows)
 
+    # each archive on an address of its own, as on hosts of their own: a task stages on the
+    # same port of whichever archive answers, and two archives on one address both wanted it
+    # (the restarted primary's recording was refused while the promoted replica's lingered)
+    hosts = {"w-a": ("127.0.0.1", ()), "w-b": ("127.0.0.2", ()), "w-c": ("127.0.0.3", ())}
     with aeron_peer.archive_set(
-        tmp_path / "archives", [("w-a", 0x5E1), ("w-b", 0x5E2), ("w-c", 0x5E3)]
+        tmp_path / "archives", [("w-a", 0x5E1), ("w-b", 0x5E2), ("w-c", 0x5E3)], hosts=hosts
     ) as archives:
         a, b, c = archives["w-a"], archives["w-b"], archives["w-c"]
         sink = {
             "archive": a.control_channel,
             "replicas": f"{b.control_channel},{c.control_channel}",
             "minInSyncReplicas": "2",
-            # one host here: the promoted archive takes the same ports, so staging its own
+            # the same ports on each archive's address (free on all three)
             "channel": f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
             "archiveStagingChannel": f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
             "streamId": str(STREAM_ID),
@@ -139,17 +143,7 @@ def test_kill_9_of_the_primary_during_a_streaming_write(spark, tmp_path: Path) -
             add_file(2)
             add_file(3)
             _wait_rows(query, b.control_channel, 4 * ROWS)  # on the promoted replica
-            # killed -9: its mark file says "active" for 10 s more and a restart before then
-            # is refused ("active Mark file detected"); an operator who knows it is dead
-            # removes it
-            (a.archive_dir / "archive-mark.dat").unlink(missing_ok=True)
-            restarted = aeron_peer.JavaArchive(
-                a.archive_dir,
-                a.control_port,
-                a.archive_id,
-                tag="w-a2",
-                **aeron_peer.LOOPBACK_CLIENT_PROPS,
-            )
+            restarted = a.restart_after_kill("w-a2")  # its stale mark file removed
             archives["w-a2"] = restarted  # stopped with the others
             add_file(4)
             for archive in (b, a, c):  # a: re-seeded by the commit that appended it on b

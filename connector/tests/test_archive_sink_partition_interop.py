@@ -262,18 +262,7 @@ def test_primary_lost_mid_commit_a_replica_is_promoted_and_the_old_primary_trunc
     if how == "cut":
         link.set_loss(0)
     else:
-        # killed -9: its mark file says "active" for 10 s more, and a restart before then is
-        # refused ("active Mark file detected"); an operator who knows it is dead removes it
-        (a.archive_dir / "archive-mark.dat").unlink(missing_ok=True)
-        restarted = aeron_peer.JavaArchive(
-            a.archive_dir,
-            a.control_port,
-            a.archive_id,
-            tag="cut-a2",
-            host=a.host,
-            prefix=a.prefix,
-            **aeron_peer.LOOPBACK_CLIENT_PROPS,
-        )
+        restarted = a.restart_after_kill("cut-a2")  # its stale mark file removed
         archives["a2"] = restarted  # stopped with the others
     _answers(a, o)
     parts = _stage(o, 4)

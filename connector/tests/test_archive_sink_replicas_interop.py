@@ -239,17 +239,9 @@ def test_primary_killed_a_replica_is_promoted_and_the_old_primary_reseeded(
         assert _read(b, 6201) == rows[0] + rows[1] + rows[2]
         on_b = dataclasses.replace(o, connect=o.replicas[0])
         assert _held(on_b, c) == _held(on_b, b)
-        # The old primary comes back (same directory and port): behind, so a replica now. The
-        # failover took a second or two, so its killed JVM's mark file still looks active (an
-        # archive refuses to start over one for 10 s): removed, as after a reboot.
-        (a.archive_dir / "archive-mark.dat").unlink()
-        restarted = aeron_peer.JavaArchive(
-            a.archive_dir,
-            a.control_port,
-            a.archive_id,
-            tag="promote-a2",
-            **aeron_peer.LOOPBACK_CLIENT_PROPS,
-        )
+        # The old primary comes back (same directory, port and address): behind, so a replica
+        # now (its killed JVM's stale mark file removed, as after a reboot).
+        restarted = a.restart_after_kill("promote-a2")
         try:
             with archive_sink.connect(dataclasses.replace(o.connect, timeout_s=120)):
                 pass  # its JVM answers (started again on a loaded machine)

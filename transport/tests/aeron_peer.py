@@ -383,6 +383,7 @@ class JavaArchive:
         address of its control channel (and, unless ``properties`` say otherwise, of its
         replication and control response channels); ``prefix``: runs it inside a network
         namespace (``ip netns exec NS``, :mod:`aeron_spark.transport.testing_netns`)."""
+        self._restart = (tag, classpath, dict(properties))
         self.aeron_dir = new_aeron_dir(tag)
         self.archive_dir = archive_dir
         self.control_port = control_port
@@ -448,6 +449,27 @@ class JavaArchive:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.program.proc.pid, signal.SIGKILL)
             self.program.proc.wait(timeout=STOP_TIMEOUT_S)
+
+    def restart_after_kill(self, tag: str | None = None) -> JavaArchive:
+        """A new archive on this one's directory, control port, host and properties, after
+        :meth:`kill`: a killed archive's mark file says "active" for 10 s more, and a restart
+        before then is refused ("active Mark file detected"); an operator who knows it is dead
+        removes it, as this does. The caller stops the new one."""
+        if self.program.proc.poll() is None:
+            raise RuntimeError("restart_after_kill: the archive still runs (kill() it first)")
+        shutil.rmtree(self.aeron_dir, ignore_errors=True)
+        (self.archive_dir / "archive-mark.dat").unlink(missing_ok=True)
+        old_tag, classpath, properties = self._restart
+        return JavaArchive(
+            self.archive_dir,
+            self.control_port,
+            self.archive_id,
+            tag=tag or f"{old_tag}-restarted",
+            classpath=classpath,
+            host=self.host,
+            prefix=self.prefix,
+            **properties,
+        )
 
     def close(self) -> None:
         self.program.stop()
