@@ -72,6 +72,8 @@ class PublicationLog(PublicationStream, Protocol):
     def destinations(self) -> list[tuple[str, int]]: ...
     @property
     def destination_hosts(self) -> frozenset[str]: ...
+    @property
+    def last_status_ns(self) -> int | None: ...
 
     def offer(self, payload: bytes | bytearray | memoryview, reserved_value: int) -> int:
         """Append one message (the caller holds the lock of a concurrent publication)."""
@@ -218,6 +220,14 @@ class Publication:
     @property
     def is_closed(self) -> bool:
         return self._log.is_closed
+
+    @property
+    def last_status_ns(self) -> int | None:
+        """When (``time.monotonic_ns``, this host's clock) a subscriber last showed it is alive:
+        UDP, the newest status message of a connected receiver (an idle one still sends one
+        every ``idle-sm-interval``); IPC, the newest heartbeat of a live subscriber's slot (its
+        process alive). None: no subscriber is connected. A cheap read, for liveness checks."""
+        return self._log.last_status_ns
 
     @property
     def local_endpoints(self) -> list[tuple[str, int]]:

@@ -12,7 +12,8 @@ Invariants:
 - A replay belongs to the session that asked for it and ends with one ``replay_end`` event
   (``ok`` with the end position, or an error such as :class:`PurgedError`).
 - A session that sends nothing and consumes nothing (no message to it goes out) for
-  ``session_lease_ns`` is expired: its replays stop, its
+  ``session_lease_ns``, and whose transport (``transport_heard_ns``: the shell's) showed no
+  sign of its client for as long, is expired: its replays stop, its
   publications' recordings stop, its unfinished staged parts are left to the lease GC.
 """
 
@@ -82,6 +83,9 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
         )
         # set by the I/O shell: extra sections of ``stats`` (server identity, transport counters)
         self.stats_hook: Callable[[], dict[str, Any]] | None = None
+        # set by the I/O shell: when a session's transport last heard its client's driver
+        # (monotonic ns; None: silent or gone), asked when its lease runs out (expire)
+        self.transport_heard_ns: Callable[[object], int | None] | None = None
         # set by the I/O shell: run ``job`` (returns the reply) elsewhere, reply on ``key`` later
         self.defer: Callable[[object, Callable[[], Outcome]], None] | None = None
         # set by the I/O shell with --authorized-keys: per-client permissions (authz.py)

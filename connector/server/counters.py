@@ -18,6 +18,8 @@ CORE_COUNTERS = (
     "sessions_opened",
     "sessions_closed",
     "sessions_expired",
+    # a lease ran out while the session's transport showed its client alive: renewed (issue 31)
+    "session_leases_renewed_by_transport",
     "requests",
     "request_errors",
     "protocol_errors",

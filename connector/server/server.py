@@ -134,6 +134,7 @@ class StreamServer:
             committer.recover(time.monotonic_ns())
             self.core = ServerCore(self.config, self._store, committer)
             self.core.stats_hook = self._extra_stats
+            self.core.transport_heard_ns = self._transport_heard_ns
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="aeron-spark-commit")
             self.core.defer = self._defer
             if self.config.authorized_keys_file is not None:
@@ -385,6 +386,16 @@ class StreamServer:
             schedule.add(link, now_ns, signals)
             accepted += 1
         return accepted
+
+    def _transport_heard_ns(self, key: object) -> int | None:
+        """When a session's transport last heard its client (asked when its lease runs out):
+        an idle client is alive while its driver sends status messages and heartbeats. None
+        when replies wait for it behind back pressure: a client that stopped consuming them
+        keeps its session only by consuming (``_flush`` renews), not by being alive."""
+        io = self._sessions.get(key)
+        if io is None or io.outbound:
+            return None
+        return io.link.last_heard_ns()
 
     def _forget(self, key: object) -> None:
         """A session is gone: nothing of it is served any more."""

@@ -73,7 +73,12 @@ class SessionsMixin(CoreState):
 
     def expire(self, now_ns: int) -> list[object]:
         """Close sessions whose lease ran out; returns their keys (the shell closes connections).
-        Discards incomplete messages whose next chunk is overdue, on the clock (counted)."""
+        A lease that ran out is first renewed from ``transport_heard_ns`` (the shell's: when
+        the session's transport last heard the client's driver; None: not alive, or not to be
+        renewed that way) to that time plus the lease, if that is still ahead: a session
+        expires when it made no request, consumed nothing sent to it, and its transport was
+        silent, all for the lease. Discards incomplete messages whose next chunk is overdue, on
+        the clock (counted)."""
         if self._reassembling:  # only the sessions that took a chunk without its message's last
             for key in list(self._reassembling):
                 session = self.sessions.get(key)
@@ -84,6 +89,8 @@ class SessionsMixin(CoreState):
                     self.counters.add("incomplete_messages_expired")
         expired = []
         leases = self._leases
+        lease_ns = self.config.session_lease_ns
+        heard_ns = self.transport_heard_ns
         # a heap of (deadline, n, key), one entry per session; a lease renewed since its entry
         # was pushed is pushed again at its new deadline: a pass looks only at what is due
         while leases and leases[0][0] <= now_ns:
@@ -92,9 +99,16 @@ class SessionsMixin(CoreState):
             if held is None:
                 continue  # closed meanwhile
             if now_ns >= held.lease_deadline_ns:
-                expired.append(key)
-            else:
-                heapq.heappush(leases, (held.lease_deadline_ns, next(self._lease_ids), key))
+                # ran out: its transport may still show the client alive (issue 31: an idle
+                # client's driver sends status messages and heartbeats every second), asked
+                # only now, when its lease pops, never for every session on every pass
+                heard = heard_ns(key) if heard_ns is not None else None
+                if heard is None or heard + lease_ns <= now_ns:
+                    expired.append(key)
+                    continue
+                held.lease_deadline_ns = heard + lease_ns
+                self.counters["session_leases_renewed_by_transport"] += 1
+            heapq.heappush(leases, (held.lease_deadline_ns, next(self._lease_ids), key))
         for key in expired:
             self.close_session(key, now_ns)
             self.counters["sessions_expired"] += 1

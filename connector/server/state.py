@@ -122,6 +122,8 @@ class CoreState:
     consumers: ConsumerRegistry
     retention: Retention
     stats_hook: Callable[[], dict[str, Any]] | None
+    # when a session's transport last heard its client (None: not alive): see expire()
+    transport_heard_ns: Callable[[object], int | None] | None
     defer: Callable[[object, Callable[[], Outcome]], None] | None
     authz: Authorizer | None
     _replay_owner: dict[int, object]

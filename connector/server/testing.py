@@ -4,8 +4,11 @@ messages back with the transport's own term reader, and running a server in a ch
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import resource
+import select
+import signal
 import socket
 import subprocess
 import sys
@@ -128,6 +131,75 @@ def server_process(
         # directory itself: it goes with the server (runs left one per server in /tmp)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(log_path)
+
+
+# A client process holding N sessions to ENDPOINT: each publishes one message to STREAM, then
+# it prints "ready"; each line read from stdin makes every session list STREAM's recordings and
+# prints {"recordings": [count per session], "reconnects": [per session]} (one JSON line).
+_CLIENT_PROCESS = """
+import json, sys
+from aeron_spark.connector.client import ClientSettings, StreamClient
+endpoint, n, stream = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+settings = ClientSettings(endpoint=endpoint, encryption=False, timeout_s=60)
+clients = [StreamClient.connect(settings) for _ in range(n)]
+for c in clients:
+    c.publish(stream, [b"x"])
+print("ready", flush=True)
+for line in sys.stdin:
+    got = [len(c.list_recordings([stream])) for c in clients]
+    again = [c.reconnects for c in clients]
+    print(json.dumps({"recordings": got, "reconnects": again}), flush=True)
+"""
+
+
+@dataclass
+class ClientProcess:
+    """A client in a process of its own (:func:`client_process`): kill it, stop it, ask it."""
+
+    proc: subprocess.Popen[str]
+
+    def readline(self, timeout_s: float = 120.0) -> str:
+        out = self.proc.stdout
+        assert out is not None
+        ready, _, _ = select.select([out], [], [], timeout_s)
+        assert ready, f"the client process said nothing in {timeout_s} s (exit {self.proc.poll()})"
+        line = out.readline()
+        assert line, f"the client process ended (exit {self.proc.wait(30)})"
+        return line.strip()
+
+    def ask(self) -> dict[str, list[int]]:
+        """Every session lists the stream's recordings: what each got, and its reconnects."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("list\n")
+        self.proc.stdin.flush()
+        answer: dict[str, list[int]] = json.loads(self.readline())
+        return answer
+
+
+@contextlib.contextmanager
+def client_process(endpoint: str, sessions: int, stream: int) -> Iterator[ClientProcess]:
+    """A plain (unsealed) client process with ``sessions`` sessions, each having published
+    one message to ``stream``; killed (resumed first if stopped) at the end, what its driver
+    left in /dev/shm swept."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CLIENT_PROCESS, endpoint, str(sessions), str(stream)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    client = ClientProcess(proc)
+    try:
+        assert client.readline() == "ready"
+        yield client
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)  # a stopped process must be able to die
+            proc.kill()
+        proc.wait(30)
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+        sweep_dead()  # a killed client's IPC logs
 
 
 @dataclass(frozen=True)

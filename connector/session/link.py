@@ -111,6 +111,10 @@ class ServerLink:
     def is_connected(self) -> bool:
         return self.connection.is_connected
 
+    def last_heard_ns(self) -> int | None:
+        """When the client's transport last showed it alive (``Connection.last_heard_ns``)."""
+        return self.connection.last_heard_ns()
+
     def receive_nowait(self) -> bytes | memoryview | None:
         """The next message, or None: a read-only view of its opened frame (the body is not
         copied out of it)."""

@@ -11,7 +11,7 @@ from aeron_spark.connector.errors import (
     UnknownRecordingError,
 )
 from aeron_spark.connector.server import ServerConfig, StreamServer
-from aeron_spark.connector.server.testing import client_for
+from aeron_spark.connector.server.testing import client_for, client_process
 from aeron_spark.connector.session import protocol as proto
 
 
@@ -108,17 +108,26 @@ def test_request_encoding_is_checked_before_sending() -> None:
 
 
 def test_client_reconnects_after_the_server_expired_its_idle_session(tmp_path) -> None:
+    """An idle session is expired only once its transport is silent for the lease (an alive
+    client's driver keeps it: test_session_liveness.py): SIGSTOP freezes the client process,
+    driver included; resumed, its next request goes out on a new session, and works."""
+    import os
+    import signal
     import time
 
-    cfg = _config(tmp_path, session_lease_ns=300_000_000)
-    with StreamServer(cfg) as srv, client_for(srv.endpoint) as c:
-        c.publish(10, [b"x"])
-        deadline = time.monotonic() + 30
-        while c._link.is_connected:  # idle: the server expires the session
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        assert [r.recorded_position > 0 for r in c.list_recordings([10])] == [True]
-        assert c.reconnects == 1
+    cfg = _config(tmp_path, session_lease_ns=1_000_000_000)
+    with StreamServer(cfg) as srv, client_process(srv.endpoint, 1, 10) as client:
+        assert srv.core is not None
+        os.kill(client.proc.pid, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 60
+            while srv.core.counters["sessions_expired"] < 1:  # silent: the server expires it
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        finally:
+            os.kill(client.proc.pid, signal.SIGCONT)
+        assert client.ask() == {"recordings": [1], "reconnects": [1]}
+        assert srv.core.counters["sessions_expired"] == 1
 
 
 def test_a_failed_publish_leaves_the_session_usable(tmp_path) -> None:

@@ -109,6 +109,11 @@ class NetworkPublicationLog:
         return self.state.is_closed
 
     @property
+    def last_status_ns(self) -> int | None:
+        # the receivers' last SM times (the driver's thread writes them: copied in one step)
+        return max(tuple(self.state.flow.receivers.values()), default=None)
+
+    @property
     def local_endpoints(self) -> list[tuple[str, int]]:
         local = getattr(getattr(self.registration, "endpoint", None), "local_address", None)
         return [(str(local[0]), int(local[1]))] if local else []

@@ -102,6 +102,15 @@ class IpcPublicationLog:
             self._refresh_limit(time.monotonic_ns())
         return self.state.connected and not self.is_closed
 
+    @property
+    def last_status_ns(self) -> int | None:
+        """The newest heartbeat of a live subscriber's slot (None: none is live)."""
+        if self.is_closed:
+            return None
+        log, now_ns = self.log, time.monotonic_ns()
+        beats = [log.read_slot(i)[1] for i in log.live_slots(now_ns, self.liveness_timeout_ns)]
+        return max(beats, default=None)
+
     def allow_destination_hosts(self, hosts: frozenset[str] | None) -> None:
         raise ChannelError("channel", "aeron:ipc", "a UDP channel (IPC has no destinations)")
 
