@@ -184,6 +184,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="purge even what consumers (sources with a consumerId) have not committed",
     )
     parser.add_argument(
+        "--session-lease-seconds",
+        type=float,
+        default=60.0,
+        help="a session is closed once it made no request, consumed nothing sent to it and its "
+        "transport showed no sign of its client (an idle client's driver sends one a second) "
+        "for this long (default 60)",
+    )
+    parser.add_argument(
         "--consumer-lease-seconds",
         type=float,
         default=7 * 24 * 3600.0,
@@ -298,6 +306,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         retention_s=args.retention_seconds,
         retention_respects_consumers=not args.retention_ignores_consumers,
         consumer_lease_s=args.consumer_lease_seconds,
+        session_lease_ns=int(args.session_lease_seconds * 1e9),
         max_consumers_per_client=args.max_consumers_per_client,
         min_free_bytes=args.min_free_bytes,
         authorized_keys_file=args.authorized_keys,

@@ -59,9 +59,19 @@ class ServerConfig:
     ``stream_term_lengths``  ``(stream_id, term_length)`` pairs: the term length of that
                             stream's new recordings, in place of ``term_length`` (as Aeron sets
                             it per publication with the channel's ``term-length``)
-    ``session_lease_ns``    a session with no request for this long, and that consumed nothing
-                            sent to it, is closed (Spark's ``stop()`` is best-effort); clients
-                            send keepalives while they wait
+    ``session_lease_ns``    a session is closed (expired) once, for this long, it made no
+                            request, consumed nothing sent to it, and its transport showed no
+                            sign of its client: a lease that runs out is renewed from the last
+                            status message the client's driver sent for the session's reply
+                            publication or the last data or heartbeat of its image (IPC: its
+                            subscriber's heartbeat, its process alive), which an idle client's
+                            driver sends every second; so an idle, alive client keeps its
+                            session (Kafka's background heartbeat), and one killed, frozen or
+                            cut off loses it after the lease (Spark's ``stop()`` is
+                            best-effort). A session with replies waiting behind back pressure
+                            renews only by consuming them. Keep it several seconds at least
+                            (the transport's signs come a second apart); clients also send
+                            keepalives while they wait for a reply
     ``staging_lease_s``     staged sink parts untouched this long are garbage collected
     ``max_replays_per_session``, ``max_block_bytes``  replay limits
     ``read_only``           refuse publish, stage, commit, abort and purge

@@ -58,6 +58,19 @@ def test_max_per_key_reaches_the_config_and_a_bad_one_is_a_usage_error(tmp_path,
     assert not directory.exists()  # refused before anything was created
 
 
+def test_session_lease_reaches_the_config_and_a_bad_one_is_a_usage_error(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from aeron_spark.connector.server.cli import build_parser, config_from_args
+
+    parse = build_parser().parse_args
+    assert config_from_args(parse(["--dir", str(tmp_path)])).session_lease_ns == 60 * 10**9
+    args = parse(["--dir", str(tmp_path), "--session-lease-seconds", "2.5"])
+    assert config_from_args(args).session_lease_ns == 2_500_000_000
+    directory = tmp_path / "data"
+    assert cli_main(["server", "--dir", str(directory), "--session-lease-seconds", "0"]) == 2
+    assert "session_lease_ns=0" in capsys.readouterr().err
+    assert not directory.exists()
+
+
 @pytest.mark.parametrize(
     ("fields", "name"),
     [
