@@ -591,6 +591,17 @@ def _phase(name: str, sessions: int, pid: int) -> None:
     sys.stderr.flush()
 
 
+def _server_session_counters(directory: str) -> dict[str, Any]:
+    """The server's own session counts from its ``stat.json`` (written every second or so)."""
+    try:
+        with open(os.path.join(directory, "stat.json")) as fh:
+            counters = json.load(fh)["counters"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    names = ("sessions_opened", "sessions_expired", "session_leases_renewed_by_transport")
+    return {f"server_{name}": counters.get(name) for name in names}
+
+
 def sessions_curve(
     counts: list[int], idle_s: float, publish_s: float, handshakes: int, threads: int
 ) -> list[dict[str, Any]]:
@@ -641,6 +652,7 @@ def sessions_curve(
                     row["handshake_p50_ms"] = round(_quantile(times, 0.5) * 1000, 1)
                     row["handshake_p99_ms"] = round(_quantile(times, 0.99) * 1000, 1)
                     row["sessions_lost"] = sum(c._generation for c in clients)
+                    row.update(_server_session_counters(f"{tmp}/srv"))
                 finally:
                     for c in clients:
                         c.close()
