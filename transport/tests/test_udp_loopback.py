@@ -391,3 +391,21 @@ def test_driver_config_takes_a_directory_as_text(tmp_path: Path) -> None:
     with pytest.raises(ChannelError) as info:
         DriverConfig(directory=42)  # type: ignore[arg-type]
     assert info.value.name == "directory"
+
+
+def test_a_publication_tells_when_its_receiver_last_sent_a_status_message(driver) -> None:
+    """``Publication.last_status_ns``: the driver's time of the newest SM of a connected
+    receiver, which an idle receiver keeps sending (the stream server renews an idle session's
+    lease from it: issue 31); None before the first and once no receiver is left."""
+    sub = driver.add_subscription("aeron:udp?endpoint=127.0.0.1:0", 10)
+    port = sub.local_endpoints[0][1]
+    pub = driver.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}", 10)
+    assert pub.last_status_ns is None
+    pump(driver, lambda: pub.is_connected and sub.is_connected)
+    first = pub.last_status_ns
+    assert first is not None and first <= time.monotonic_ns()
+    pump(driver, lambda: pub.last_status_ns > first)  # idle: its SMs go on
+    sub.close()
+    pump(driver, lambda: pub.last_status_ns is None)  # its last SM (EOS) or the timeout
+    assert not pub.is_connected
+    pub.close()
