@@ -42,8 +42,8 @@ _END = int(DataFlags.END)
 _DATA = int(FrameType.DATA)
 _PAD = int(FrameType.PAD)
 
-#: With ``gather_payloads``, a payload at least this long is framed as its fragments' headers
-#: beside slices of it (a :class:`Gathered` block), not copied into the block.
+#: In :meth:`Framer.frame_gathered`, a payload at least this long is framed as its fragments'
+#: headers beside slices of it (a :class:`Gathered` block), not copied into the block.
 GATHER_PAYLOAD_BYTES = 64 * 1024
 
 
@@ -60,15 +60,10 @@ class Framer:
         position: int,
         max_block_bytes: int = 4 * 1024 * 1024,
         reuse_blocks: bool = False,
-        gather_payloads: bool = False,
     ) -> None:
         """``reuse_blocks``: build equal-length runs in one buffer kept between blocks (no fresh
         memory to fault in for each block); a block yielded so is only valid until the next one
-        is asked for, so only a caller that writes each block out before going on may set it.
-        ``gather_payloads``: a payload of :data:`GATHER_PAYLOAD_BYTES` or more is not copied: its
-        block is a :class:`Gathered` (frame headers built apart, slices of the payload, the
-        frames before and after it), for a caller that writes blocks with ``Recording.append``
-        (``os.pwritev``) while the payloads are alive. The bytes are the same either way."""
+        is asked for, so only a caller that writes each block out before going on may set it."""
         if position % FRAME_ALIGNMENT:
             raise ValueError(f"position {position} is not frame aligned")
         self.geometry = geometry
@@ -79,7 +74,6 @@ class Framer:
         self._max_payload = geometry.max_payload_length
         self._max_message = geometry.max_message_length
         self._reuse = reuse_blocks
-        self._gather = gather_payloads
         self._buffer: np.ndarray | None = None
 
     def check(self, payload_length: int) -> None:
@@ -95,7 +89,7 @@ class Framer:
         self,
         payloads: Iterable[bytes | bytearray | memoryview] | np.ndarray,
         reserved_values: Sequence[int] | np.ndarray | None = None,
-    ) -> Iterator[tuple[int, bytes | bytearray | memoryview | Gathered]]:
+    ) -> Iterator[tuple[int, bytes | bytearray | memoryview]]:
         """Frames of ``payloads``: a sequence of byte strings, or a 2-D uint8 array of equal-length
         payloads (one per row), which is framed with numpy; the bytes are the same either way."""
         if isinstance(payloads, np.ndarray):
@@ -103,11 +97,26 @@ class Framer:
                 yield from self._frame_uniform(payloads, reserved_values)
                 return
             payloads = [row.tobytes() for row in payloads]  # fragmented: frame by frame
-        yield from self._frame_each(payloads, reserved_values)
+        for position, block in self._frame_each(payloads, reserved_values, False):
+            assert not isinstance(block, Gathered)  # only frame_gathered makes them
+            yield position, block
+
+    def frame_gathered(
+        self,
+        payloads: Iterable[bytes | bytearray | memoryview],
+        reserved_values: Sequence[int] | np.ndarray | None = None,
+    ) -> Iterator[tuple[int, bytes | bytearray | memoryview | Gathered]]:
+        """The frames of :meth:`frame`, byte for byte, but a payload of
+        :data:`GATHER_PAYLOAD_BYTES` or more is not copied: its block is a :class:`Gathered`
+        (its fragments' headers built apart beside slices of it, the frames before and after
+        it), for a caller that writes each block with ``Recording.append`` (``os.pwritev``)
+        while the payloads are alive (issue 31 item 5: a 16 MiB publish was copied whole into
+        the block it was written from)."""
+        yield from self._frame_each(payloads, reserved_values, True)
 
     def _frame_uniform(
         self, payloads: np.ndarray, reserved_values: Sequence[int] | np.ndarray | None
-    ) -> Iterator[tuple[int, bytes | bytearray | memoryview | Gathered]]:
+    ) -> Iterator[tuple[int, bytes | bytearray | memoryview]]:
         """Equal-length unfragmented messages: whole runs of frames built as one 2-D array."""
         geometry = self.geometry
         term_length = geometry.term_length
@@ -176,7 +185,8 @@ class Framer:
     def _frame_each(
         self,
         payloads: Iterable[bytes | bytearray | memoryview],
-        reserved_values: Sequence[int] | np.ndarray | None = None,
+        reserved_values: Sequence[int] | np.ndarray | None,
+        gather: bool,
     ) -> Iterator[tuple[int, bytes | bytearray | memoryview | Gathered]]:
         geometry = self.geometry
         term_length = geometry.term_length
@@ -187,11 +197,11 @@ class Framer:
         block = bytearray()
         block_start = self.position
         position = self.position
-        # gather_payloads: the parts of the block before ``block`` (a large payload's frames as
-        # headers and slices of it) and their bytes; ``block`` is then the part after them
+        # gather: the parts of the block before ``block`` (a large payload's frames as headers
+        # and slices of it) and their bytes; ``block`` is then the part after them
         gathered: list[bytes | bytearray | memoryview] = []
         gathered_bytes = 0
-        gather_from = GATHER_PAYLOAD_BYTES if self._gather else -1
+        gather_from = GATHER_PAYLOAD_BYTES if gather else -1
         for index, payload in enumerate(payloads):
             length = len(payload)
             self.check(length)
@@ -250,7 +260,7 @@ class Framer:
                 block += payload
                 block += _ZEROS[: framed - DATA_HEADER_LENGTH - length]
             elif 0 <= gather_from <= length:
-                # a large payload (gather_payloads): its fragments' headers beside slices of
+                # a large payload (frame_gathered): its fragments' headers beside slices of
                 # it, the block so far before them, nothing of the payload copied
                 if block:
                     gathered.append(block)

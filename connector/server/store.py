@@ -113,12 +113,7 @@ class _Publisher:
         # and a large payload (a view into the request it came in) is written as it is beside
         # its frame headers (os.pwritev), never copied into a block (issue 31 item 5)
         self._framer = Framer(
-            geometry,
-            rec.d.session_id,
-            rec.d.stream_id,
-            rec.recorded_position,
-            reuse_blocks=True,
-            gather_payloads=True,
+            geometry, rec.d.session_id, rec.d.stream_id, rec.recorded_position, reuse_blocks=True
         )
         # the acknowledged end, durable before each answer: recovery cuts what lies past it
         rec.acknowledge(rec.recorded_position)
@@ -141,7 +136,7 @@ class _Publisher:
         timestamp_ns = self._store.clock()
         start = self.rec.recorded_position
         try:
-            for position, block in self._framer.frame(payloads, reserved_values):
+            for position, block in self._framer.frame_gathered(payloads, reserved_values):
                 self.rec.append(block, position, timestamp_ns)
             if self._store.config.fsync:
                 self.rec.force()

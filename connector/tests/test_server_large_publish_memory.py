@@ -107,7 +107,7 @@ def test_a_large_payload_is_framed_as_headers_beside_its_own_memory() -> None:
     big = os.urandom(3 * MIB + 5)
     payloads = [b"a" * 10, big, b"c" * 100]
     for start in (0, 64 * MIB - 200_000):
-        gathered = list(Framer(geometry, 1, 2, start, gather_payloads=True).frame(payloads))
+        gathered = list(Framer(geometry, 1, 2, start).frame_gathered(payloads))
         copied = list(Framer(geometry, 1, 2, start).frame(payloads))
         assert [p for p, _ in gathered] == [p for p, _ in copied]
         assert [b.tobytes() if isinstance(b, Gathered) else bytes(b) for _, b in gathered] == [
@@ -332,3 +332,35 @@ def test_a_gathered_block_crosses_a_segment_end_in_iov_max_batches(tmp_path, mon
         assert first + second == b"".join(parts)
     finally:
         store.close(0)
+
+
+def test_a_large_stage_is_staged_from_views_of_the_request(core) -> None:
+    """A stage request of 1 MiB or more (its payloads views into the reassembled request) is
+    staged as the same records a small one is: read back, the payloads and reserved values
+    are those sent."""
+    payloads = [os.urandom(3 * MIB), b"tail", os.urandom(70_000)]
+    args = {
+        "sink_id": "big",
+        "batch_id": 0,
+        "partition_id": 0,
+        "attempt": 0,
+        "stream_id": 5,
+        "payloads": payloads,
+        "reserved_values": [7, -1, 2**40],
+        "final": True,
+    }
+    core.open_session("a", "peer-a", MIB, now_ns=0)
+    parts = proto.encode_request_parts(3, "stage", args)
+    replies: list[bytes] = []
+    for chunk in chunking.split_parts(parts, MIB, payload_id=3):
+        replies += core.on_message("a", chunk, 1, WALL_NS)
+    (reply,) = replies
+    staged = proto.decode_reply(reply)
+    assert staged.ok, staged.error
+    assert (staged.result["count"], staged.result["bytes"]) == (3, sum(map(len, payloads)))
+    path = core.committer.staging.check_part(staged.result)
+    got, rvs = [], []
+    for batch, values in core.committer.staging.read_part(path):
+        got += [bytes(p) for p in batch]
+        rvs += list(values)
+    assert got == payloads and rvs == [7, -1, 2**40]
