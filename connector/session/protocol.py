@@ -34,6 +34,8 @@ A ``publish`` or ``stage`` request of :data:`VIEW_DECODE_BYTES` (1 MiB) or more 
 large message) has its ``args`` read by :func:`_decode_payload_args` instead of msgpack, within
 the same limits, its payloads views (``memoryview``) into the message (issue 31 item 5: msgpack
 copies every ``bin`` out, so the server held a large message twice); the wire format is the same.
+One with an array of more than :data:`VIEW_DECODE_MAX_ITEMS` items (many small payloads) is
+still decoded by msgpack, much faster per item than a Python loop.
 """
 
 from __future__ import annotations
@@ -466,6 +468,9 @@ def _unpack(body: bytes | bytearray | memoryview) -> Any:
 #: :func:`_decode_payload_args`, its payloads views into the message (no copy); a shorter one
 #: by msgpack (faster per payload, and its copy is at most this many bytes).
 VIEW_DECODE_BYTES = 1024 * 1024
+#: ... unless it holds an array of more than this many items: many small payloads, whose copies
+#: cost little and which msgpack decodes about ten times faster than Python can.
+VIEW_DECODE_MAX_ITEMS = 256
 
 _FIXED_INTS = {
     0xCC: struct.Struct(">B"),
@@ -497,6 +502,10 @@ class _Undecodable(ValueError):
     pass
 
 
+class _ManyItems(Exception):
+    """An array of more than :data:`VIEW_DECODE_MAX_ITEMS`: msgpack decodes the request."""
+
+
 def _decode_payload_args(op: str, body: memoryview, limits: Limits) -> Any:
     """The ``args`` of a ``publish`` or ``stage`` request, decoded with every byte string
     (``bin``) a ``memoryview`` into ``body``: no payload is copied.
@@ -511,7 +520,9 @@ def _decode_payload_args(op: str, body: memoryview, limits: Limits) -> Any:
     msgpack's ``ExtraData``) and a truncated value, and its result goes through the same schema
     checks, so it accepts what the msgpack path accepts, with the same values (byte strings as
     views), and refuses what it refuses (test_server_protocol.py decodes the same inputs both
-    ways). The views keep the message alive until the request is done with them."""
+    ways). The views keep the message alive until the request is done with them. An array of
+    more than :data:`VIEW_DECODE_MAX_ITEMS` raises ``_ManyItems``: the caller decodes with
+    msgpack then (a Python loop per item took ~9x msgpack's time for 65,536 small payloads)."""
     n = len(body)
     at = 0
 
@@ -571,6 +582,8 @@ def _decode_payload_args(op: str, body: memoryview, limits: Limits) -> Any:
             at += size
             return view
         if family == "array" and not nested:
+            if size > VIEW_DECODE_MAX_ITEMS:
+                raise _ManyItems
             if size > limits.max_array_len:
                 raise _Undecodable(f"{size} exceeds max_array_len({limits.max_array_len})")
             count(size)
@@ -734,9 +747,13 @@ def decode_request(message: bytes | bytearray | memoryview) -> Request:
             )
         hook = _counting_hook(limits.max_items)
         try:
+            args = None
             if limits.max_bin_len and len(message) >= VIEW_DECODE_BYTES:
-                args = _decode_payload_args(op, memoryview(message)[args_at:], limits)
-            else:
+                try:
+                    args = _decode_payload_args(op, memoryview(message)[args_at:], limits)
+                except _ManyItems:
+                    pass  # many small payloads: msgpack's copies are cheap, its loop fast
+            if args is None:
                 args = msgpack.unpackb(
                     memoryview(message)[args_at:],
                     raw=False,

@@ -364,3 +364,17 @@ def test_a_large_stage_is_staged_from_views_of_the_request(core) -> None:
         got += [bytes(p) for p in batch]
         rvs += list(values)
     assert got == payloads and rvs == [7, -1, 2**40]
+
+
+def test_many_small_payloads_are_decoded_by_msgpack() -> None:
+    """A large request of more than VIEW_DECODE_MAX_ITEMS payloads is decoded by msgpack (a
+    Python loop per item cost ~9x its time), copies; at the bound, views."""
+    for count, kind in ((proto.VIEW_DECODE_MAX_ITEMS, memoryview), (257, bytes)):
+        size = proto.VIEW_DECODE_BYTES // count + 1
+        message = proto.encode_request(
+            1, "publish", {"stream_id": 5, "payloads": [b"x" * size] * count}
+        )
+        assert len(message) >= proto.VIEW_DECODE_BYTES
+        payloads = proto.decode_request(message).args["payloads"]
+        assert len(payloads) == count and all(type(p) is kind for p in payloads)
+        assert all(bytes(p) == b"x" * size for p in payloads)
