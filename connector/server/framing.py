@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from aeron_spark.connector.errors import PayloadTooLargeError
+from aeron_spark.transport.archive.diskio import Gathered
 from aeron_spark.transport.protocol.frames import (
     DATA_HEADER,
     DATA_HEADER_DTYPE,
@@ -40,6 +41,10 @@ _BEGIN = int(DataFlags.BEGIN)
 _END = int(DataFlags.END)
 _DATA = int(FrameType.DATA)
 _PAD = int(FrameType.PAD)
+
+#: In :meth:`Framer.frame_gathered`, a payload at least this long is framed as its fragments'
+#: headers beside slices of it (a :class:`Gathered` block), not copied into the block.
+GATHER_PAYLOAD_BYTES = 64 * 1024
 
 
 class Framer:
@@ -92,7 +97,22 @@ class Framer:
                 yield from self._frame_uniform(payloads, reserved_values)
                 return
             payloads = [row.tobytes() for row in payloads]  # fragmented: frame by frame
-        yield from self._frame_each(payloads, reserved_values)
+        for position, block in self._frame_each(payloads, reserved_values, False):
+            assert not isinstance(block, Gathered)  # only frame_gathered makes them
+            yield position, block
+
+    def frame_gathered(
+        self,
+        payloads: Iterable[bytes | bytearray | memoryview],
+        reserved_values: Sequence[int] | np.ndarray | None = None,
+    ) -> Iterator[tuple[int, bytes | bytearray | memoryview | Gathered]]:
+        """The frames of :meth:`frame`, byte for byte, but a payload of
+        :data:`GATHER_PAYLOAD_BYTES` or more is not copied: its block is a :class:`Gathered`
+        (its fragments' headers built apart beside slices of it, the frames before and after
+        it), for a caller that writes each block with ``Recording.append`` (``os.pwritev``)
+        while the payloads are alive (issue 31 item 5: a 16 MiB publish was copied whole into
+        the block it was written from)."""
+        yield from self._frame_each(payloads, reserved_values, True)
 
     def _frame_uniform(
         self, payloads: np.ndarray, reserved_values: Sequence[int] | np.ndarray | None
@@ -165,8 +185,9 @@ class Framer:
     def _frame_each(
         self,
         payloads: Iterable[bytes | bytearray | memoryview],
-        reserved_values: Sequence[int] | np.ndarray | None = None,
-    ) -> Iterator[tuple[int, bytes | bytearray | memoryview]]:
+        reserved_values: Sequence[int] | np.ndarray | None,
+        gather: bool,
+    ) -> Iterator[tuple[int, bytes | bytearray | memoryview | Gathered]]:
         geometry = self.geometry
         term_length = geometry.term_length
         shift = geometry.shift
@@ -176,6 +197,11 @@ class Framer:
         block = bytearray()
         block_start = self.position
         position = self.position
+        # gather: the parts of the block before ``block`` (a large payload's frames as headers
+        # and slices of it) and their bytes; ``block`` is then the part after them
+        gathered: list[bytes | bytearray | memoryview] = []
+        gathered_bytes = 0
+        gather_from = GATHER_PAYLOAD_BYTES if gather else -1
         for index, payload in enumerate(payloads):
             length = len(payload)
             self.check(length)
@@ -206,14 +232,16 @@ class Framer:
                     0,
                 )
                 position += pad
-                yield block_start, block  # a fresh bytearray follows: no copy
-                block = bytearray()
+                yield block_start, _block(gathered, gathered_bytes, block)  # no copy
+                block, gathered, gathered_bytes = bytearray(), [], 0
                 block_start = position
                 term_offset = 0
-            elif block and (len(block) >= self.max_block_bytes or term_offset == 0):
+            elif (block or gathered) and (
+                len(block) + gathered_bytes >= self.max_block_bytes or term_offset == 0
+            ):
                 # full, or the last message ended exactly at the end of its term
-                yield block_start, block  # a fresh bytearray follows: no copy
-                block = bytearray()
+                yield block_start, _block(gathered, gathered_bytes, block)  # no copy
+                block, gathered, gathered_bytes = bytearray(), [], 0
                 block_start = position
             term_id = (initial + (position >> shift) + 2**31) % 2**32 - 2**31
             if length <= max_payload:
@@ -231,6 +259,43 @@ class Framer:
                 )
                 block += payload
                 block += _ZEROS[: framed - DATA_HEADER_LENGTH - length]
+            elif 0 <= gather_from <= length:
+                # a large payload (frame_gathered): its fragments' headers beside slices of
+                # it, the block so far before them, nothing of the payload copied
+                if block:
+                    gathered.append(block)
+                    gathered_bytes += len(block)
+                    block = bytearray()
+                view = memoryview(payload)
+                if view.ndim != 1 or view.itemsize != 1:
+                    view = view.cast("B")
+                consumed = 0
+                offset = term_offset
+                while consumed < length:
+                    chunk = min(max_payload, length - consumed)
+                    flags = (_BEGIN if consumed == 0 else 0) | (
+                        _END if consumed + chunk == length else 0
+                    )
+                    gathered.append(
+                        _pack(
+                            chunk + DATA_HEADER_LENGTH,
+                            0,
+                            flags,
+                            _DATA,
+                            offset,
+                            session_id,
+                            stream_id,
+                            term_id,
+                            rv,
+                        )
+                    )
+                    gathered.append(view[consumed : consumed + chunk])
+                    aligned = (chunk + DATA_HEADER_LENGTH + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+                    if aligned - DATA_HEADER_LENGTH - chunk:
+                        gathered.append(_ZEROS[: aligned - DATA_HEADER_LENGTH - chunk])
+                    offset += aligned
+                    consumed += chunk
+                gathered_bytes += framed
             else:
                 # a fragmented message: its fragments appended in place, like the hot path's
                 # frames, to the block holding the messages before it (one write for many
@@ -261,9 +326,21 @@ class Framer:
                     consumed += chunk
             position += framed
             self.position = position
-        if block:
-            yield block_start, block  # a fresh bytearray follows: no copy
+        if block or gathered:
+            yield block_start, _block(gathered, gathered_bytes, block)  # no copy
         self.position = position
 
 
-__all__ = ["Framer"]
+def _block(
+    gathered: list[bytes | bytearray | memoryview], gathered_bytes: int, block: bytearray
+) -> bytearray | Gathered:
+    """A block of ``_frame_each``: ``block`` alone, or the gathered parts and ``block`` after
+    them as one :class:`Gathered` block."""
+    if not gathered:
+        return block
+    if block:
+        gathered.append(block)
+    return Gathered(gathered, gathered_bytes + len(block))
+
+
+__all__ = ["GATHER_PAYLOAD_BYTES", "Framer"]

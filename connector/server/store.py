@@ -109,7 +109,9 @@ class _Publisher:
         self.rec = rec
         self.recording_id = rec.d.recording_id
         geometry = LogGeometry(rec.d.term_length, rec.d.mtu, rec.d.initial_term_id)
-        # publish() writes each block out before the next is framed: the framer may reuse memory
+        # publish() writes each block out before the next is framed: the framer may reuse memory,
+        # and a large payload (a view into the request it came in) is written as it is beside
+        # its frame headers (os.pwritev), never copied into a block (issue 31 item 5)
         self._framer = Framer(
             geometry, rec.d.session_id, rec.d.stream_id, rec.recorded_position, reuse_blocks=True
         )
@@ -117,7 +119,10 @@ class _Publisher:
         rec.acknowledge(rec.recorded_position)
 
     def publish(
-        self, payloads: Sequence[bytes], reserved_values: Sequence[int] | None, now_ns: int
+        self,
+        payloads: Sequence[bytes | memoryview],
+        reserved_values: Sequence[int] | None,
+        now_ns: int,
     ) -> int:
         """Frame and append ``payloads``; the recorded end after them.
 
@@ -131,7 +136,7 @@ class _Publisher:
         timestamp_ns = self._store.clock()
         start = self.rec.recorded_position
         try:
-            for position, block in self._framer.frame(payloads, reserved_values):
+            for position, block in self._framer.frame_gathered(payloads, reserved_values):
                 self.rec.append(block, position, timestamp_ns)
             if self._store.config.fsync:
                 self.rec.force()

@@ -49,6 +49,7 @@ from typing import Any
 
 import msgpack
 
+from aeron_spark.transport.archive.diskio import IOV_MAX, Gathered, pwritev_all
 from aeron_spark.transport.archive.diskio import pwrite_all as _pwrite_all
 from aeron_spark.transport.archive.errors import (
     NotFrameBoundaryError,
@@ -460,8 +461,12 @@ class Recording:
 
     # --- writing ------------------------------------------------------------------------------
 
-    def append(self, block: bytes | bytearray | memoryview, position: int, now_ns: int) -> None:
-        """Write ``block`` at ``position`` (the recorded end) and index it.
+    def append(
+        self, block: bytes | bytearray | memoryview | Gathered, position: int, now_ns: int
+    ) -> None:
+        """Write ``block`` at ``position`` (the recorded end) and index it. A
+        :class:`~aeron_spark.transport.archive.diskio.Gathered` block (a large message's
+        payload beside its frame headers) is written with ``os.pwritev``, still one append.
 
         All or nothing: a short ``pwrite`` is continued where it stopped; a write that fails
         (ENOSPC, EIO, EMFILE, ...) or makes no progress raises ``OSError`` after the bytes and
@@ -473,6 +478,17 @@ class Recording:
                 f"{self.recorded_position}",
                 position=position,
             )
+        if isinstance(block, Gathered):
+            size = len(block)
+            try:
+                self._write_gathered(block, position)
+                self._indexed(position, now_ns)
+            except BaseException:
+                self.failed_appends += 1
+                self._cut(position, position + size)
+                raise
+            self.recorded_position = position + size
+            return
         view = memoryview(block)
         if view.ndim != 1 or view.itemsize != 1:
             view = view.cast("B")
@@ -490,20 +506,62 @@ class Recording:
                 if count < 0:  # short writes happened, all were continued
                     self.short_writes += -count
                 written += len(piece)
-            if self.fsync:
-                self._force_segments()
-            last = self.index.last
-            if last is not None and now_ns < last[1]:
-                now_ns = last[1]  # the wall clock stepped back: keep it sorted
-            if last is None or (
-                position - last[0] >= INDEX_INTERVAL_BYTES or now_ns - last[1] >= INDEX_INTERVAL_NS
-            ):
-                self._add_index(position, now_ns)
+            self._indexed(position, now_ns)
         except BaseException:
             self.failed_appends += 1
             self._cut(position, position + size)
             raise
         self.recorded_position = position + size
+
+    def _indexed(self, position: int, now_ns: int) -> None:
+        """After an append's bytes are written: forced (fsync on) and its index entry added."""
+        if self.fsync:
+            self._force_segments()
+        last = self.index.last
+        if last is not None and now_ns < last[1]:
+            now_ns = last[1]  # the wall clock stepped back: keep it sorted
+        if last is None or (
+            position - last[0] >= INDEX_INTERVAL_BYTES or now_ns - last[1] >= INDEX_INTERVAL_NS
+        ):
+            self._add_index(position, now_ns)
+
+    def _write_gathered(self, block: Gathered, position: int) -> None:
+        """Write a gathered block's parts in order from ``position``: ``os.pwritev`` calls of
+        at most ``IOV_MAX`` buffers, none crossing a segment file's end (a part that does is
+        cut there), short writes continued. Raises ``OSError`` as ``append`` says."""
+        segment_length = self.d.segment_length
+        pos = position
+        batch: list[memoryview] = []
+        batch_at = pos
+
+        def flush() -> None:
+            nonlocal batch, batch_at
+            if batch:
+                base = self._segment_base(batch_at)
+                with self._segment(base, create=True) as fd:
+                    assert fd is not None
+                    self._dirty.add(base)
+                    count = pwritev_all(fd, batch, batch_at - base, self._segment_path(base))
+                if count < 0:  # short writes happened, all were continued
+                    self.short_writes += -count
+            batch = []
+            batch_at = pos
+
+        for part in block.parts:
+            view = memoryview(part)
+            if view.ndim != 1 or view.itemsize != 1:
+                view = view.cast("B")
+            while len(view):
+                room = self._segment_base(pos) + segment_length - pos
+                piece = view[:room] if len(view) > room else view
+                batch.append(piece)
+                pos += len(piece)
+                view = view[len(piece) :]
+                if len(batch) == IOV_MAX or pos == self._segment_base(batch_at) + segment_length:
+                    flush()
+        flush()
+        if pos != position + len(block):
+            raise ValueError(f"a gathered block of {len(block)} bytes held {pos - position}")
 
     def _add_index(self, position: int, now_ns: int) -> None:
         # the index file holds exactly the entries counted (recovery cuts anything else), so

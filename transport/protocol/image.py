@@ -77,6 +77,7 @@ from aeron_spark.transport.protocol.logbuffer import (
     compute_position,
     position_bits_to_shift,
     receiver_window_length,
+    release_term,
     wrap_int32,
 )
 from aeron_spark.transport.protocol.loss_detector import (
@@ -215,7 +216,12 @@ class ImageState:
         self.idle_sm_interval_ns = idle_sm_interval_ns or SM_INTERVAL_NS
         self._sm_seen: tuple[int, int] | None = None
         self.receiver_id = receiver_id if receiver_id is not None else rng.getrandbits(63)
-        self.log = log if log is not None else allocate_log(PARTITION_COUNT * term_length)
+        # allocate_log's memory (not a log shared with a publication, as a spy's): a consumed
+        # term is cleaned by giving its pages back
+        self._own_log: mmap.mmap | None = None
+        if log is None:
+            log = self._own_log = allocate_log(PARTITION_COUNT * term_length)
+        self.log = log
         view = memoryview(self.log)
         self.terms = [view[i * term_length : (i + 1) * term_length] for i in range(PARTITION_COUNT)]
         join = compute_position(active_term_id, term_offset, self.shift, initial_term_id)
@@ -391,7 +397,10 @@ class ImageState:
         current = self.subscriber_position >> self.shift
         while self.cleaned_term_count < current - 1:
             self.cleaned_term_count += 1
-            zero_fill(self.terms[self.cleaned_term_count % PARTITION_COUNT])
+            partition = self.cleaned_term_count % PARTITION_COUNT
+            own = self._own_log
+            if own is None or not release_term(own, partition * self.term_length, self.term_length):
+                zero_fill(self.terms[partition])
 
     def do_work(self, now_ns: int, transmit: Transmit) -> int:
         """Clean consumed terms, NAK gaps, send SMs, check liveness and EOS; work count."""

@@ -45,6 +45,19 @@ def allocate_log(length: int) -> mmap.mmap:
     return mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
+def release_term(log: mmap.mmap, offset: int, length: int) -> bool:
+    """Clean ``length`` bytes of a log from :func:`allocate_log` at ``offset`` (a term) by giving
+    its pages back (``madvise(MADV_DONTNEED)``: anonymous private pages then read as zeros again
+    and are faulted in only when written), so a term that one large message passed through does
+    not stay resident as a zero-filled one did (issue 31 item 5: three 8 MiB terms a side were
+    1.5x of a 16 MiB message). False where madvise is missing: the caller zero-fills instead.
+    Only for :func:`allocate_log`'s memory: a shared file's pages would not read as zeros."""
+    if not hasattr(mmap, "MADV_DONTNEED"):  # pragma: no cover - not Linux
+        return False
+    log.madvise(mmap.MADV_DONTNEED, offset, length)
+    return True
+
+
 def wrap_int32(value: int) -> int:
     """``value`` reduced to a signed 32-bit integer, as Java/C int arithmetic would wrap it."""
     value &= _INT32_MASK

@@ -96,6 +96,7 @@ from aeron_spark.transport.protocol.logbuffer import (
     LogGeometry,
     allocate_log,
     compute_position,
+    release_term,
 )
 from aeron_spark.transport.protocol.retransmit import (
     MAX_RETRANSMIT_RANGES,
@@ -223,6 +224,8 @@ class PublicationState:
         self.appender = TermAppender(
             self.geometry, self.terms, session_id, stream_id, term_id, term_offset
         )
+        # the term rotated into is cleaned by giving its pages back, not by zeroing them all
+        self.appender.release = self._release_partition
         start = self.appender.position
         self.start_position = start
         self._max_position = 0
@@ -283,6 +286,10 @@ class PublicationState:
     retransmit_ranges = _part("retransmit", "ranges", "Lingering retransmits.")
     retransmits_suppressed = _part("retransmit", "retransmits_suppressed", "NAKs cut (count).")
     retransmit_linger_ns = _part("retransmit", "linger_ns", "How long a resent range lingers.")
+
+    def _release_partition(self, partition: int) -> bool:
+        """Clean the term rotated into by giving its pages back (``TermAppender.release``)."""
+        return release_term(self.log, partition * self.term_length, self.term_length)
 
     def kick(self) -> None:
         """Something for the sender that no deadline says (data appended, closed, a host
