@@ -483,6 +483,9 @@ _FIXED_INTS = {
     0xD3: struct.Struct(">q"),
 }
 _LENGTH_FIELDS = {1: struct.Struct(">B"), 2: struct.Struct(">H"), 4: struct.Struct(">I")}
+# msgpack's type bytes for nil, false and true (the spec's 0xc0, 0xc2, 0xc3; named, and spelt in
+# decimal, so that no one takes them for the DATA header's flags)
+_MSGPACK_NIL, _MSGPACK_FALSE, _MSGPACK_TRUE = 192, 194, 195
 # tag -> (family, bytes of its length field) for the forms whose length follows the tag
 _SIZED = {
     0xD9: ("str", 1),
@@ -556,10 +559,10 @@ def _decode_payload_args(op: str, body: memoryview, limits: Limits) -> Any:
             return tag
         if tag >= 0xE0:
             return tag - 0x100
-        if tag == 0xC0:
+        if tag == _MSGPACK_NIL:
             return None
-        if tag in (0xC2, 0xC3):
-            return tag == 0xC3
+        if tag in (_MSGPACK_FALSE, _MSGPACK_TRUE):
+            return tag == _MSGPACK_TRUE
         fmt = _FIXED_INTS.get(tag)
         if fmt is not None:
             need(fmt.size)
