@@ -12,6 +12,8 @@ Invariants:
   ``REFUSED_ELICITS_MAX``, ``status_messages_deferred``) and answered once if its host is
   allowed within ``REFUSED_ELICIT_NS`` (a handshake client asks before its HELLO makes the
   server allow it); else it is counted as refused when it expires.
+* A receiver id belongs to the destination it was first heard from while that one lives: an SM
+  naming it from another address is refused (counted).
 * A destination silent for the connection timeout, or whose host is no longer allowed, is
   dropped with its receivers. ``hosts`` is replaced whole on every change (read by any thread).
 """
@@ -190,6 +192,13 @@ class Destinations:
         for rid in dest.receiver_ids:
             receivers.pop(rid, None)
         return True
+
+    def claimed_elsewhere(self, dest: Destination, receiver_id: int) -> bool:
+        """Whether another destination already has this receiver id (an SM naming it from
+        ``dest`` is then forged). Scans only for an id ``dest`` does not have yet."""
+        if receiver_id in dest.receiver_ids:
+            return False
+        return any(receiver_id in d.receiver_ids for d in self.by_address.values() if d is not dest)
 
     def remove_receiver(self, dest: Destination, receiver_id: int) -> None:
         """A receiver of ``dest`` ended its stream: the destination goes with its last one."""

@@ -18,7 +18,8 @@ Invariants:
 
 * ``sender_position <= appender.position`` and only complete frames are ever sent (the appender
   advances ``position`` after ``frame_length`` is written).
-* ``sender_limit`` never goes down: ``max(limit, sm_position + receiver_window)``.
+* ``sender_limit`` never goes down: ``max(limit, sm_position + receiver_window)``. An SM
+  beyond ``sender_position`` (or before 0) is refused and counted (``status_messages_refused``).
 * ``publisher_limit = sender_position + publication window`` while connected; while not
   connected it drops back to ``sender_position`` so offers answer NOT_CONNECTED.
 * a retransmission is an exact copy of term bytes in
@@ -475,6 +476,15 @@ class PublicationState:
                 dests.remove_receiver(dest, sm.receiver_id)
             self._update_publisher_limit()
             return
+        position = self.sm_position(sm)
+        if not 0 <= position <= self.sender_position or (
+            dest is not None and dests.claimed_elsewhere(dest, sm.receiver_id)
+        ):
+            # a receiver cannot have consumed what was never sent, and a receiver id is bound
+            # to the address it was first heard from: either would move the sender limit past
+            # a live slow receiver (fc=min/tagged), the limit never going back
+            dests.status_messages_refused += 1
+            return
         if dest is not None:
             dest.receiver_ids.add(sm.receiver_id)
             dest.needs_setup = False
@@ -483,9 +493,7 @@ class PublicationState:
         elif not self.dynamic:
             for d in dests.by_address.values():
                 d.needs_setup = False
-        flow.on_status_message(
-            sm.receiver_id, self.sm_position(sm), sm.receiver_window, now_ns, sm.group_tag
-        )
+        flow.on_status_message(sm.receiver_id, position, sm.receiver_window, now_ns, sm.group_tag)
         self._update_publisher_limit()
 
     def may_add_destination(self, source: Address, session_id: int) -> bool:

@@ -1,0 +1,130 @@
+"""Attacks on ``fc=min`` / ``fc=tagged`` over real sockets: a hostile receiver of a dynamic MDC
+publication sends status messages of its own (a position far ahead of anything sent, another
+receiver's id), a receiver process is killed with SIGKILL. The publication must neither overrun
+a live slow receiver (it loses data for good once the others are a log ahead) nor wait for a
+dead one longer than the receiver timeout, and it must not move on before it."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler
+from aeron_spark.transport.client import Publication, Subscription
+from aeron_spark.transport.protocol.frames import StatusMessage
+from aeron_spark.transport.testing import pump
+
+TIMEOUT_S = 60.0
+STREAM = 22
+TAG = 5
+
+
+def _mdc(fc: str) -> str:
+    return f"aeron:udp?control=127.0.0.1:0|control-mode=dynamic|term-length=64k|fc={fc}"
+
+
+def _sub_channel(pub: Publication) -> str:
+    return (
+        f"aeron:udp?endpoint=127.0.0.1:0|control=127.0.0.1:{pub.local_endpoints[0][1]}"
+        f"|control-mode=dynamic|gtag={TAG}"
+    )
+
+
+def _sm(pub: Publication, position: int, receiver_id: int, window: int = 1 << 16) -> bytes:
+    shift = pub.term_length.bit_length() - 1
+    term_id = pub.initial_term_id + (position >> shift)
+    offset = position & (pub.term_length - 1)
+    return StatusMessage(
+        pub.session_id, STREAM, term_id, offset, window, receiver_id, group_tag=TAG
+    ).encode()
+
+
+@contextmanager
+def _hostile() -> Iterator[socket.socket]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        yield sock
+    finally:
+        sock.close()
+
+
+def _deliver(
+    d: Driver,
+    pub: Publication,
+    fast: Subscription,
+    slow: Subscription,
+    between: Callable[[int], None] = lambda sent: None,
+) -> list[list[bytes]]:
+    """Offer 400 messages (about 1 MB, five logs of 64 KiB terms); ``fast`` reads everything it
+    can, ``slow`` one fragment every fourth turn. Both must get every message, in order."""
+    messages = [bytes([i % 251]) * (1000 + (i * 37) % 3000) for i in range(400)]
+    received: list[list[bytes]] = [[], []]
+    assemblers = [FragmentAssembler(lambda p, h, got=got: got.append(bytes(p))) for got in received]
+    sent = turn = 0
+    deadline = time.monotonic() + TIMEOUT_S
+    while any(len(r) < len(messages) for r in received):
+        counts = pub.state.flow.sender_limit, pub.sender_position, [len(r) for r in received]
+        assert time.monotonic() < deadline, counts
+        while sent < len(messages) and pub.offer(messages[sent]) > 0:
+            sent += 1
+            between(sent)
+        turn += 1
+        work = d.do_work() + fast.poll(assemblers[0], 100)
+        if turn % 4 == 0:
+            work += slow.poll(assemblers[1], 1)
+        if work == 0:
+            d.idle(0.001)
+    assert received == [messages, messages]
+    return received
+
+
+@pytest.mark.parametrize("fc", ["min", f"tagged,g:{TAG}"])
+def test_a_status_message_far_ahead_does_not_make_the_publication_overrun_a_slow_receiver(
+    tmp_path: Path, fc: str
+) -> None:
+    """A hostile receiver tells the publication, before anyone else joins, that it consumed a
+    gigabyte nobody sent. Before: its position + window became the sender limit, which never
+    goes down, and the slow receiver joining next was "more than a window behind" it, so never
+    counted: the publication ran a log past it and it lost data for good (the delivery below
+    timed out). Now an SM beyond what was sent is refused and counted."""
+    with Driver(DriverConfig(threading_mode="invoker", directory=tmp_path)) as d, _hostile() as h:
+        pub = d.add_publication(_mdc(fc), STREAM)
+        control = ("127.0.0.1", pub.local_endpoints[0][1])
+        h.sendto(_sm(pub, 1 << 30, receiver_id=666), control)
+        pump(d, lambda: pub.state.status_messages_received >= 1)
+        assert pub.state.flow.sender_limit < 1 << 20
+        assert pub.state.status_messages_refused == 1
+        fast, slow = (d.add_subscription(_sub_channel(pub), STREAM) for _ in range(2))
+        pump(d, lambda: fast.is_connected and slow.is_connected and len(pub.destinations) >= 3)
+        _deliver(d, pub, fast, slow)
+
+
+@pytest.mark.parametrize("fc", ["min", f"tagged,g:{TAG}"])
+def test_another_receivers_id_from_a_hostile_address_does_not_release_the_publication(
+    tmp_path: Path, fc: str
+) -> None:
+    """A hostile receiver that learnt the slow receiver's id (it is in every SM; a multicast
+    group member sees them all) sends SMs in its name, each at the sender's position. Before:
+    the counted position of that id was the highest either sent, so the slow receiver no longer
+    held the publication, which ran a log past it. Now a receiver id is bound to the address
+    it was first heard from; SMs naming it from elsewhere are refused and counted."""
+    with Driver(DriverConfig(threading_mode="invoker", directory=tmp_path)) as d, _hostile() as h:
+        pub = d.add_publication(_mdc(fc), STREAM)
+        control = ("127.0.0.1", pub.local_endpoints[0][1])
+        fast, slow = (d.add_subscription(_sub_channel(pub), STREAM) for _ in range(2))
+        pump(d, lambda: fast.is_connected and slow.is_connected and len(pub.destinations) == 2)
+        slow_address = ("127.0.0.1", slow.local_endpoints[0][1])
+        pump(d, lambda: bool(pub.state.dests.by_address[slow_address].receiver_ids))
+        (slow_id,) = pub.state.dests.by_address[slow_address].receiver_ids
+
+        def forge(sent: int) -> None:
+            h.sendto(_sm(pub, pub.sender_position, receiver_id=slow_id), control)
+
+        _deliver(d, pub, fast, slow, forge)
+        assert pub.state.status_messages_refused >= 300
