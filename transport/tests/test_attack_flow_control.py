@@ -6,7 +6,11 @@ dead one longer than the receiver timeout, and it must not move on before it."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +26,19 @@ from aeron_spark.transport.testing import pump
 TIMEOUT_S = 60.0
 STREAM = 22
 TAG = 5
+MS = 1_000_000
+
+# A subscriber process that never polls: its image's SMs hold an fc=min publication at the
+# position it joined + its window, until it is killed.
+IDLE_SUBSCRIBER = """
+import sys, time
+from aeron_spark.transport import Driver, DriverConfig
+with Driver(DriverConfig(directory=sys.argv[1])) as d:
+    sub = d.add_subscription(sys.argv[2], int(sys.argv[3]))
+    print(sub.local_endpoints[0][1], flush=True)
+    while True:
+        time.sleep(1)
+"""
 
 
 def _mdc(fc: str) -> str:
@@ -128,3 +145,71 @@ def test_another_receivers_id_from_a_hostile_address_does_not_release_the_public
 
         _deliver(d, pub, fast, slow, forge)
         assert pub.state.status_messages_refused >= 300
+
+
+def test_a_killed_slowest_receiver_holds_min_for_the_receiver_timeout_then_not(
+    tmp_path: Path,
+) -> None:
+    """The slowest receiver of an ``fc=min,t:2s`` publication is a process that never reads;
+    it is killed with SIGKILL (no EOS). The publication stays at that receiver's limit while
+    its SMs last and for the receiver timeout after the last one (never sooner, on the
+    driver's clock), then moves on: the live receiver gets every message."""
+    child_dir = tmp_path / "child"
+    child_dir.mkdir()
+    with Driver(DriverConfig(threading_mode="invoker", directory=tmp_path / "d")) as d:
+        pub = d.add_publication(_mdc("min,t:2s"), STREAM)
+        flow = pub.state.flow
+        proc = subprocess.Popen(
+            [sys.executable, "-c", IDLE_SUBSCRIBER, str(child_dir), _sub_channel(pub), str(STREAM)],
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        try:
+            assert proc.stdout is not None
+            child_address = ("127.0.0.1", int(proc.stdout.readline()))
+            fast = d.add_subscription(_sub_channel(pub), STREAM)
+            pump(d, lambda: len(flow.counted) == 2 and fast.is_connected, timeout_s=60.0)
+            (child_id,) = pub.state.dests.by_address[child_address].receiver_ids
+            held = flow.counted[child_id]  # the child's join position + window
+            messages = [bytes([i % 251]) * 1000 for i in range(300)]
+            received: list[bytes] = []
+            assembler = FragmentAssembler(lambda p, h: received.append(bytes(p)))
+            sent = 0
+
+            def step() -> None:
+                nonlocal sent
+                while sent < len(messages) and pub.offer(messages[sent]) > 0:
+                    sent += 1
+                if d.do_work() + fast.poll(assembler, 100) == 0:
+                    d.idle(0.001)
+
+            # held: the fast receiver reads all it is sent, the sender stays at the child's limit
+            pump_deadline = time.monotonic() + TIMEOUT_S
+            while pub.sender_position + 1100 <= held:
+                assert time.monotonic() < pump_deadline, (pub.sender_position, held)
+                step()
+            for _ in range(200):
+                step()
+            assert pub.sender_position <= held < len(messages) * 1032
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            last_sm_ns = flow.counted_seen[child_id]
+            deadline = time.monotonic() + TIMEOUT_S
+            while flow.sender_limit <= held:
+                assert time.monotonic() < deadline, flow.counted
+                if child_id in flow.counted_seen:
+                    last_sm_ns = flow.counted_seen[child_id]
+                step()
+            released_ns = time.monotonic_ns()
+            assert child_id not in flow.counted
+            assert released_ns - last_sm_ns >= 2_000 * MS  # not before the receiver timeout
+            while len(received) < len(messages):
+                assert time.monotonic() < deadline, len(received)
+                step()
+            assert received == messages
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            if proc.stdout is not None:
+                proc.stdout.close()
