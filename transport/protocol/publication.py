@@ -478,11 +478,12 @@ class PublicationState:
             return
         position = self.sm_position(sm)
         if not 0 <= position <= self.sender_position or (
-            dest is not None and dests.claimed_elsewhere(dest, sm.receiver_id)
+            dest is not None and not dests.admits_receiver(dest, sm.receiver_id, flow.receivers)
         ):
             # a receiver cannot have consumed what was never sent, and a receiver id is bound
             # to the address it was first heard from: either would move the sender limit past
-            # a live slow receiver (fc=min/tagged), the limit never going back
+            # a live slow receiver (fc=min/tagged), the limit never going back; an address
+            # has a few receiver ids at most
             dests.status_messages_refused += 1
             return
         if dest is not None:

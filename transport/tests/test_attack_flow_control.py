@@ -213,3 +213,28 @@ def test_a_killed_slowest_receiver_holds_min_for_the_receiver_timeout_then_not(
             proc.wait(10)
             if proc.stdout is not None:
                 proc.stdout.close()
+
+
+def test_a_flood_of_receiver_ids_from_one_address_stays_bounded(tmp_path: Path) -> None:
+    """A hostile destination of an ``fc=min`` publication keeps itself alive and sends each SM
+    under a new receiver id. Before: every id stayed in its destination's ``receiver_ids`` for
+    as long as it lived (memory without bound) and in the flow control's receivers for the
+    timeout (each SM then took the minimum over all of them). Now a destination has at most
+    four ids still heard from; SMs naming another are refused and counted."""
+    with Driver(DriverConfig(threading_mode="invoker", directory=tmp_path)) as d, _hostile() as h:
+        pub = d.add_publication(_mdc("min"), STREAM)
+        flow = pub.state.flow
+        control = ("127.0.0.1", pub.local_endpoints[0][1])
+        hostile_address = h.getsockname()
+        sub = d.add_subscription(_sub_channel(pub), STREAM)
+        pump(d, lambda: sub.is_connected and len(flow.counted) == 1)
+        flood = 3000
+        for rid in range(1, flood + 1):
+            h.sendto(_sm(pub, 0, receiver_id=rid), control)
+            if rid % 50 == 0:
+                pump(d, lambda rid=rid: pub.state.status_messages_received >= rid // 2)
+        pump(d, lambda: pub.state.status_messages_received >= flood)
+        dest = pub.state.dests.by_address[hostile_address]
+        assert len(dest.receiver_ids) <= 4
+        assert len(flow.receivers) <= 5 and len(flow.counted) <= 5
+        assert pub.state.status_messages_refused >= flood - 4
