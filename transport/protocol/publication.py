@@ -471,6 +471,10 @@ class PublicationState:
             return
         flow = self.flow
         if flags & SmFlags.EOS:
+            if dest is not None and sm.receiver_id not in dest.receiver_ids:
+                # another destination's receiver (forged): it would stop holding the sender
+                dests.status_messages_refused += 1
+                return
             flow.on_end_of_stream(sm.receiver_id)
             if dest is not None:
                 dests.remove_receiver(dest, sm.receiver_id)

@@ -20,7 +20,7 @@ import pytest
 
 from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler
 from aeron_spark.transport.client import Publication, Subscription
-from aeron_spark.transport.protocol.frames import StatusMessage
+from aeron_spark.transport.protocol.frames import SmFlags, StatusMessage
 from aeron_spark.transport.testing import pump
 
 TIMEOUT_S = 60.0
@@ -52,12 +52,14 @@ def _sub_channel(pub: Publication) -> str:
     )
 
 
-def _sm(pub: Publication, position: int, receiver_id: int, window: int = 1 << 16) -> bytes:
+def _sm(
+    pub: Publication, position: int, receiver_id: int, window: int = 1 << 16, flags: int = 0
+) -> bytes:
     shift = pub.term_length.bit_length() - 1
     term_id = pub.initial_term_id + (position >> shift)
     offset = position & (pub.term_length - 1)
     return StatusMessage(
-        pub.session_id, STREAM, term_id, offset, window, receiver_id, group_tag=TAG
+        pub.session_id, STREAM, term_id, offset, window, receiver_id, group_tag=TAG, flags=flags
     ).encode()
 
 
@@ -86,7 +88,13 @@ def _deliver(
     sent = turn = 0
     deadline = time.monotonic() + TIMEOUT_S
     while any(len(r) < len(messages) for r in received):
-        counts = pub.state.flow.sender_limit, pub.sender_position, [len(r) for r in received]
+        counts = (
+            pub.state.flow.sender_limit,
+            pub.sender_position,
+            [len(r) for r in received],
+            getattr(pub.state.flow, "counted", None),
+            {a: d.receiver_ids for a, d in pub.state.dests.by_address.items()},
+        )
         assert time.monotonic() < deadline, counts
         while sent < len(messages) and pub.offer(messages[sent]) > 0:
             sent += 1
@@ -238,3 +246,32 @@ def test_a_flood_of_receiver_ids_from_one_address_stays_bounded(tmp_path: Path) 
         assert len(dest.receiver_ids) <= 4
         assert len(flow.receivers) <= 5 and len(flow.counted) <= 5
         assert pub.state.status_messages_refused >= flood - 4
+
+
+@pytest.mark.parametrize("fc", ["min", f"tagged,g:{TAG}"])
+def test_an_end_of_stream_naming_another_receiver_does_not_release_the_publication(
+    tmp_path: Path, fc: str
+) -> None:
+    """A hostile destination (it sent an SM of its own first) sends end-of-stream SMs naming
+    the slow receiver's id. Before: each removed the slow receiver from the flow control and the
+    sender ran past its window; what it dropped was soon older than the sender resends, so it
+    stopped at 22 of 400 messages and, counted again, held the publication there for good
+    (both receivers stalled). Now an EOS naming a receiver id its destination does not have is
+    refused and counted."""
+    with Driver(DriverConfig(threading_mode="invoker", directory=tmp_path)) as d, _hostile() as h:
+        pub = d.add_publication(_mdc(fc), STREAM)
+        control = ("127.0.0.1", pub.local_endpoints[0][1])
+        fast, slow = (d.add_subscription(_sub_channel(pub), STREAM) for _ in range(2))
+        pump(d, lambda: fast.is_connected and slow.is_connected and len(pub.destinations) == 2)
+        slow_address = ("127.0.0.1", slow.local_endpoints[0][1])
+        pump(d, lambda: bool(pub.state.dests.by_address[slow_address].receiver_ids))
+        (slow_id,) = pub.state.dests.by_address[slow_address].receiver_ids
+        h.sendto(_sm(pub, 0, receiver_id=777), control)  # a destination of its own
+        pump(d, lambda: len(pub.destinations) == 3)
+        eos = _sm(pub, 0, receiver_id=slow_id, flags=SmFlags.EOS)
+
+        def forge(sent: int) -> None:
+            h.sendto(eos, control)
+
+        _deliver(d, pub, fast, slow, forge)
+        assert pub.state.status_messages_refused >= 300
