@@ -275,3 +275,40 @@ def test_an_end_of_stream_naming_another_receiver_does_not_release_the_publicati
 
         _deliver(d, pub, fast, slow, forge)
         assert pub.state.status_messages_refused >= 300
+
+
+def test_a_receiver_joining_late_is_waited_for_from_where_it_joined(tmp_path: Path) -> None:
+    """``fc=min``: a slow receiver subscribes after the fast one read 150 messages, while the
+    publisher keeps offering. It joins where the publication is (its SETUP) and from its first
+    status message holds the sender: it gets every message from its first one on, in order, to
+    the last (none lost to a sender run ahead of it)."""
+    with Driver(DriverConfig(threading_mode="invoker", directory=tmp_path)) as d:
+        pub = d.add_publication(_mdc("min"), STREAM)
+        fast = d.add_subscription(_sub_channel(pub), STREAM)
+        pump(d, lambda: fast.is_connected and len(pub.state.flow.counted) == 1)
+        messages = [i.to_bytes(4, "little") * (250 + (i * 37) % 750) for i in range(600)]
+        received: list[list[bytes]] = [[], []]
+        assemblers = [
+            FragmentAssembler(lambda p, h, got=got: got.append(bytes(p))) for got in received
+        ]
+        late: Subscription | None = None
+        sent = turn = 0
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(received[0]) < len(messages) or (
+            late is not None and received[1][-1:] != messages[-1:]
+        ):
+            assert time.monotonic() < deadline, [len(r) for r in received]
+            while sent < len(messages) and pub.offer(messages[sent]) > 0:
+                sent += 1
+            if late is None and len(received[0]) >= 150:
+                late = d.add_subscription(_sub_channel(pub), STREAM)
+            turn += 1
+            work = d.do_work() + fast.poll(assemblers[0], 100)
+            if late is not None and turn % 4 == 0:
+                work += late.poll(assemblers[1], 1)
+            if work == 0:
+                d.idle(0.001)
+        assert received[0] == messages
+        first = messages.index(received[1][0])
+        assert 150 <= first < len(messages) - 100
+        assert received[1] == messages[first:]
