@@ -155,6 +155,7 @@ class StreamClient:
         # passed settings.max_queued_replay_bytes (dropped, stopped: asked again when read)
         self._replay_bytes: dict[int, int] = {}
         self._overrun: set[int] = set()
+        self._reading: int | None = None  # the replay whose iterator waits for a block now
         self._abandoned: set[int] = set()
         self._reassembler = chunking.Reassembler()
         self._last_send = time.monotonic()
@@ -308,11 +309,15 @@ class StreamClient:
             rid, position, end, ts, frames = proto.decode_replay_data(message)
             queue = self._replay_queues.get(rid)
             if queue is not None:
-                held = self._replay_bytes.get(rid, 0) + len(frames)
-                if queue and held > self.settings.max_queued_replay_bytes:
+                # one bound for all the client's replays together; only the replay being read,
+                # waiting for its next block, takes one past it (so it always moves on)
+                total = sum(self._replay_bytes.values()) + len(frames)
+                if total > self.settings.max_queued_replay_bytes and (
+                    queue or rid != self._reading
+                ):
                     self._overrun_replay(rid, queue)
                 else:
-                    self._replay_bytes[rid] = held
+                    self._replay_bytes[rid] = self._replay_bytes.get(rid, 0) + len(frames)
                     queue.append(ReplayBlock(position, frames, ts, end))
             elif rid not in self._abandoned:
                 raise ControlProtocolError(f"replay data for unknown replay {rid}")
@@ -641,16 +646,25 @@ class StreamClient:
         """The blocks of one replay of ``spans`` (``(start, end)`` each, in order: one for a
         ``replay``, several for a ``replay_ranges``), each block checked to start where the
         previous one ended, or where the next span starts once one is read to its end."""
-        queue = self._replay_queues[request_id]
         generation = self._generation
         at = 0
         expected = spans[0][0]
         end = spans[-1][1]
         finished = False
         try:
+            queue = self._replay_queues.get(request_id)
+            if queue is None:  # gone before its first read: overrun, or its session replaced
+                finished = True  # stopped already, or with its session
+                if request_id in self._overrun:
+                    self._overrun.discard(request_id)
+                    raise _ReplayOverrun(request_id)
+                raise SessionLostError(
+                    f"replay {request_id}: its session to {self.settings.endpoint} was replaced"
+                )
             while True:
                 if not queue:
                     deadline = None if end is None else self._deadline()
+                    self._reading = request_id
                     while not queue:
                         if request_id in self._overrun:
                             self._overrun.discard(request_id)
@@ -674,6 +688,7 @@ class StreamClient:
                                 f"replay {request_id} stalled: no data from "
                                 f"{self.settings.endpoint} within {self.settings.timeout_s} s"
                             )
+                    self._reading = None
                 item = queue.popleft()
                 if isinstance(item, ReplayBlock):
                     self._replay_bytes[request_id] -= len(item.data)
@@ -700,6 +715,8 @@ class StreamClient:
                     )
                 return
         finally:
+            if self._reading == request_id:
+                self._reading = None
             self._replay_queues.pop(request_id, None)
             self._replay_bytes.pop(request_id, None)
             self._overrun.discard(request_id)

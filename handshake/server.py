@@ -55,6 +55,7 @@ from aeron_spark.handshake.messages import refuse_for
 from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler, TransportError
 from aeron_spark.transport.driver.agents import DedicatedBudget
 from aeron_spark.transport.protocol.publication import host_of
+from aeron_spark.transport.protocol.receiver import source_prefix
 
 log = logging.getLogger(__name__)
 # The driver's counters of what strangers sent and the transport dropped, in :meth:`Server.stats`
@@ -96,6 +97,13 @@ def _udp_port_free(host: str, port: int) -> bool:
 
 def _host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def dedicated_share_address(host: str) -> str:
+    """The client address a dedicated-socket share is counted under: an IPv4 address (IPv4-mapped
+    ones as IPv4, ``host_of``) as it is, an IPv6 address as its /64, from which any one host may
+    pick as many source addresses as it likes (as the HELLO and SETUP rates per /64)."""
+    return host if ":" not in host else source_prefix((host, 0))
 
 
 class _HelloInbox:
@@ -485,7 +493,7 @@ class Server:
             conn.trusted_host = trusted
             # its datagrams on sockets of their own, out of a flood's reach (channels.py): what
             # it sends to the port, and its SMs and NAKs to the control port
-            tags = (("address", trusted[0]), ("key", session.client_key))
+            tags = (("address", dedicated_share_address(trusted[0])), ("key", session.client_key))
             for peer in (image, pending.pub):
                 handle = (
                     self.driver.dedicate_socket(peer, self.dedicated_budget, tags)

@@ -45,8 +45,8 @@ class ServerConfig:
     ``max_dedicated_sockets``  sockets of their own for sessions' client processes, both ports
                             together (None: an eighth of the open files limit at start)
     ``max_dedicated_per_address`` / ``max_dedicated_per_key``  one client address's / key's share
-                            of them (None: a quarter each); past it its sessions use the public
-                            sockets (see ``handshake.ServerConfig``)
+                            of them (IPv6: a /64's; None: a quarter each); past it its sessions
+                            use the public sockets (see ``handshake.ServerConfig``)
     ``max_pending_per_prefix``  handshakes in flight from one /24 (IPv4) or /64 (IPv6) network
     ``hellos_per_prefix_per_s``  HELLOs (and new HELLO images) one /24 or /64 may have answered
                             per second, burst as many; past it they are dropped and counted

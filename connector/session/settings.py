@@ -26,10 +26,12 @@ class ClientSettings:
     ``max_request_bytes``   publish/stage payloads are sent in requests of about this size
     ``max_in_flight``       requests of one publish/stage sent before waiting for replies
     ``keepalive_interval_s``  a keepalive is sent when the client has been silent this long
-    ``max_queued_replay_bytes``  blocks one replay may have waiting for its iterator while the
-                            client reads the session for something else (other calls); past it
-                            they are dropped, the replay stopped and asked again from its last
-                            delivered block when it is read next (``replay_overruns``)
+    ``max_queued_replay_bytes``  blocks the client's replays, all together, may have waiting
+                            for their iterators while it reads the session for something else
+                            (other calls, another replay); past it a replay's blocks are
+                            dropped, the replay stopped and asked again from its last delivered
+                            block when it is read next (``replay_overruns``); the replay being
+                            read always takes the block it waits for
     """
 
     endpoint: str = DEFAULT_ENDPOINT

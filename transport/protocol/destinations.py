@@ -12,6 +12,9 @@ Invariants:
   ``REFUSED_ELICITS_MAX``, ``status_messages_deferred``) and answered once if its host is
   allowed within ``REFUSED_ELICIT_NS`` (a handshake client asks before its HELLO makes the
   server allow it); else it is counted as refused when it expires.
+* A receiver id belongs to the destination it was first heard from while that one lives: an SM
+  naming it from another address is refused (counted), as is one naming a new id from a
+  destination with ``MAX_RECEIVER_IDS`` ids still heard from (a flood of ids stays bounded).
 * A destination silent for the connection timeout, or whose host is no longer allowed, is
   dropped with its receivers. ``hosts`` is replaced whole on every change (read by any thread).
 """
@@ -27,6 +30,9 @@ from aeron_spark.transport.protocol.flow_control import CONNECTION_TIMEOUT_NS
 # many such requests are remembered.
 REFUSED_ELICIT_NS = 100_000_000
 REFUSED_ELICITS_MAX = 64
+# Receiver ids one destination (one address) may have at a time: an honest one has one per
+# image of the publication; a new id beyond these is refused until one of them goes silent.
+MAX_RECEIVER_IDS = 4
 
 Address = Any  # a socket address tuple: (host, port) or (host, port, flow, scope)
 
@@ -190,6 +196,24 @@ class Destinations:
         for rid in dest.receiver_ids:
             receivers.pop(rid, None)
         return True
+
+    def admits_receiver(
+        self, dest: Destination, receiver_id: int, receivers: dict[int, int]
+    ) -> bool:
+        """Whether an SM from ``dest`` naming ``receiver_id`` may count: not if another
+        destination has that id (the SM is forged), nor if ``dest`` already has
+        ``MAX_RECEIVER_IDS`` ids the flow control (``receivers``) still hears. Scans only for
+        an id ``dest`` does not have yet."""
+        ids = dest.receiver_ids
+        if receiver_id in ids:
+            return True
+        if len(ids) >= MAX_RECEIVER_IDS:
+            ids.intersection_update(receivers)  # forget those gone silent (or ended)
+            if len(ids) >= MAX_RECEIVER_IDS:
+                return False
+        return not any(
+            receiver_id in d.receiver_ids for d in self.by_address.values() if d is not dest
+        )
 
     def remove_receiver(self, dest: Destination, receiver_id: int) -> None:
         """A receiver of ``dest`` ended its stream: the destination goes with its last one."""

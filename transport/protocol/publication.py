@@ -18,7 +18,8 @@ Invariants:
 
 * ``sender_position <= appender.position`` and only complete frames are ever sent (the appender
   advances ``position`` after ``frame_length`` is written).
-* ``sender_limit`` never goes down: ``max(limit, sm_position + receiver_window)``.
+* ``sender_limit`` never goes down: ``max(limit, sm_position + receiver_window)``. An SM
+  beyond ``sender_position`` (or before 0) is refused and counted (``status_messages_refused``).
 * ``publisher_limit = sender_position + publication window`` while connected; while not
   connected it drops back to ``sender_position`` so offers answer NOT_CONNECTED.
 * a retransmission is an exact copy of term bytes in
@@ -477,10 +478,24 @@ class PublicationState:
             return
         flow = self.flow
         if flags & SmFlags.EOS:
+            if dest is not None and sm.receiver_id not in dest.receiver_ids:
+                # another destination's receiver (forged): it would stop holding the sender
+                dests.status_messages_refused += 1
+                return
             flow.on_end_of_stream(sm.receiver_id)
             if dest is not None:
                 dests.remove_receiver(dest, sm.receiver_id)
             self._update_publisher_limit()
+            return
+        position = self.sm_position(sm)
+        if not 0 <= position <= self.sender_position or (
+            dest is not None and not dests.admits_receiver(dest, sm.receiver_id, flow.receivers)
+        ):
+            # a receiver cannot have consumed what was never sent, and a receiver id is bound
+            # to the address it was first heard from: either would move the sender limit past
+            # a live slow receiver (fc=min/tagged), the limit never going back; an address
+            # has a few receiver ids at most
+            dests.status_messages_refused += 1
             return
         if dest is not None:
             dest.receiver_ids.add(sm.receiver_id)
@@ -490,9 +505,7 @@ class PublicationState:
         elif not self.dynamic:
             for d in dests.by_address.values():
                 d.needs_setup = False
-        flow.on_status_message(
-            sm.receiver_id, self.sm_position(sm), sm.receiver_window, now_ns, sm.group_tag
-        )
+        flow.on_status_message(sm.receiver_id, position, sm.receiver_window, now_ns, sm.group_tag)
         self._update_publisher_limit()
 
     def may_add_destination(self, source: Address, session_id: int) -> bool:

@@ -85,6 +85,8 @@ def test_max_follows_the_fastest_receiver_as_before() -> None:
     pub = _pub(clock, None)
     assert type(pub.flow) is FlowControl
     pub.on_status_message(_sm(0, 1), A, clock.now_ns)
+    _fill(pub)
+    _send_all(pub, clock)  # an SM beyond what was sent is refused
     pub.on_status_message(_sm(4096, 2), B, clock.now_ns)
     assert pub.flow.sender_limit == 4096 + WINDOW
 
@@ -99,7 +101,7 @@ def test_min_waits_for_the_slowest_until_it_goes_silent_for_the_receiver_timeout
     _send_all(pub, clock)
     assert WINDOW - 1100 < pub.sender_position <= WINDOW  # a window past both, whole frames
     # A keeps up, B is slow: the sender goes no further than B's window
-    pub.on_status_message(_sm(WINDOW, 1), A, clock.now_ns)
+    pub.on_status_message(_sm(pub.sender_position, 1), A, clock.now_ns)
     pub.on_status_message(_sm(1024, 2), B, clock.now_ns)
     assert pub.flow.sender_limit == 1024 + WINDOW
     _fill(pub)
@@ -122,6 +124,8 @@ def test_min_end_of_stream_of_the_slowest_releases_the_others() -> None:
     pub = _pub(clock, "min")
     pub.on_status_message(_sm(0, 1), A, clock.now_ns)
     pub.on_status_message(_sm(0, 2), B, clock.now_ns)
+    _fill(pub)
+    _send_all(pub, clock)
     pub.on_status_message(_sm(4096, 1), A, clock.now_ns)
     assert pub.flow.sender_limit == WINDOW
     pub.on_status_message(_sm(0, 2, flags=SmFlags.EOS), B, clock.now_ns)
@@ -132,16 +136,23 @@ def test_min_end_of_stream_of_the_slowest_releases_the_others() -> None:
 def test_min_does_not_wait_for_a_receiver_joining_more_than_a_window_behind() -> None:
     clock = ManualClock()
     pub = _pub(clock, "min")
-    pub.on_status_message(_sm(4 * WINDOW, 1), A, clock.now_ns)  # as if it had joined late
+    while pub.sender_position < 4 * WINDOW:  # A alone for four windows
+        pub.on_status_message(_sm(pub.sender_position, 1), A, clock.now_ns)
+        _fill(pub)
+        _send_all(pub, clock)
+    position = pub.sender_position
+    pub.on_status_message(_sm(position, 1), A, clock.now_ns)
     pub.on_status_message(_sm(0, 2), B, clock.now_ns)  # 4 windows behind: not counted
     assert pub.flow.counted.keys() == {1}
-    assert pub.flow.sender_limit == 5 * WINDOW
+    assert pub.flow.sender_limit == position + WINDOW
 
 
 def test_tagged_counts_only_receivers_with_the_group_tag() -> None:
     clock = ManualClock()
     pub = _pub(clock, "tagged,g:7")
     pub.on_status_message(_sm(0, 1, tag=7), A, clock.now_ns)
+    _fill(pub)
+    _send_all(pub, clock)
     pub.on_status_message(_sm(4096, 2), B, clock.now_ns)  # untagged: receives, holds nobody
     pub.on_status_message(_sm(4096, 3, tag=8), C, clock.now_ns)  # another group
     assert pub.flow.counted.keys() == {1}
@@ -181,6 +192,8 @@ def test_a_dropped_destination_stops_holding_the_sender() -> None:
     pub = _pub(clock, "min,t:10s")
     pub.on_status_message(_sm(0, 1), A, clock.now_ns)
     pub.on_status_message(_sm(0, 2), B, clock.now_ns)
+    _fill(pub)
+    _send_all(pub, clock)
     pub.on_status_message(_sm(4096, 1), A, clock.now_ns)
     assert pub.flow.sender_limit == WINDOW
     # B stops sending SMs: its destination goes after the connection timeout (5 s), with its
