@@ -28,6 +28,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from aeron_spark.connector.archive_markers import target_alias
 from aeron_spark.connector.errors import ConnectorError, NotEnoughReplicasError
 from aeron_spark.connector.formats import Geometry, iter_messages
 from aeron_spark.connector.options import (
@@ -38,9 +39,9 @@ from aeron_spark.connector.options import (
 from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.connector.source import AeronBatchReader
 from aeron_spark.connector.stores.archive import sink as archive_sink
-from aeron_spark.connector.stores.archive.replicas import Replicas, find_copy
+from aeron_spark.connector.stores.archive.replicas import Replicas, find_copy, sink_recording
 from aeron_spark.transport import TransportError
-from aeron_spark.transport.archive.client import ArchiveClientError
+from aeron_spark.transport.archive.client import ArchiveClientError, RecordingSignal
 from aeron_spark.transport.testing_netns import LossyLink, unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -278,3 +279,99 @@ def test_primary_lost_mid_commit_a_replica_is_promoted_and_the_old_primary_trunc
         assert _read(archive) == expected, archive.control_channel  # every row once
     held = _held(on_b, b)
     assert _held(on_b, a) == held == _held(on_b, c)  # the same messages at the same positions
+
+
+GIVE_UP_MS = 2_000  # the sink's timeoutMs (Java's replication waits 10 s for its source)
+
+
+@pytest.fixture
+def pair(
+    tmp_path: Path,
+) -> Iterator[tuple[LossyLink, aeron_peer.JavaArchive, aeron_peer.JavaArchive]]:
+    """The primary ``a`` in a network namespace, its one replica ``b`` here."""
+    aeron_peer.require_java()
+    with LossyLink() as link:
+        with aeron_peer.archive_set(
+            tmp_path / "archives",
+            [("a", 0x5E1), ("b", 0x5E2)],
+            hosts={"a": (link.b.address, link.b.command([])), "b": (link.a.address, ())},
+        ) as started:
+            yield link, started["a"], started["b"]
+
+
+def _copy_on(archive: aeron_peer.JavaArchive, o: ArchiveSinkOptions) -> tuple[int, bool]:
+    """(stop position or recorded position, still recording) of the sink's copy on
+    ``archive``."""
+    connect = dataclasses.replace(o.connect, control_channel=archive.control_channel)
+    with archive_sink.connect(connect) as client:
+        d = sink_recording(client, target_alias(o.sink.sink_id), STREAM_ID)
+        assert d is not None
+        if d.is_active:
+            return client.recording_position(d.recording_id), True
+        return d.stop_position, False
+
+
+def test_a_replica_given_up_on_copies_nothing_when_the_partition_heals(
+    pair: tuple[LossyLink, aeron_peer.JavaArchive, aeron_peer.JavaArchive],
+) -> None:
+    """The primary is cut off from its replica once its END is recorded; the sink waits
+    ``timeoutMs`` for the replica's copy and gives up. The partition heals at that moment,
+    before the sink cuts the batch off the primary: a replication left running (the replica
+    archive retries its connect to the primary for 10 s) now copies the batch, which is then
+    never acknowledged (NOT_ENOUGH_REPLICAS), and which a committed-only reader of the replica
+    would read (and an election would find furthest). The sink stops the replication when it
+    gives up: the copy stays at the last acknowledged END."""
+    link, a, b = pair
+    port = aeron_peer.free_udp_port(link.a.address)
+    staging = aeron_peer.free_udp_port(link.a.address)
+    o = parse_archive_sink_options(
+        {
+            "archive": a.control_channel,
+            "replicas": b.control_channel,
+            "minInSyncReplicas": "2",
+            "channel": f"aeron:udp?endpoint={link.b.address}:{port}",
+            "archiveStagingChannel": f"aeron:udp?endpoint={link.b.address}:{staging}",
+            "streamId": str(STREAM_ID),
+            "sinkId": "given-up",
+            "timeoutMs": str(GIVE_UP_MS),
+        }
+    )
+    expected: list[bytes] = []
+    for n in (0, 1):
+        stats = archive_sink.commit_batch(o, "id", n, _stage(o, n))
+        assert (stats.appended_rows, stats.replicas_in_sync) == (2 * ROWS, 1)
+        expected += [r for part in _rows(n) for r in part]
+    acknowledged = _copy_on(b, o)
+    assert not acknowledged[1]
+    parts = _stage(o, 2)
+    replicas = _LoseAroundSync(o, "id")
+    replicas.before = lambda: link.set_loss(100)
+
+    def heal() -> None:
+        """The partition healed; until the replica's replication of this commit is over (it
+        ends by itself: copied, failed, or stopped), bounded."""
+        link.set_loss(0)
+        client = replicas.clients[0]
+        assert client is not None
+        for replication in list(client.session.replications):
+            try:
+                client.wait_for_replication(
+                    replication, RecordingSignal.REPLICATE_END, timeout_s=30
+                )
+            except ArchiveClientError as exc:  # it failed: what it copied is checked below
+                print(f"replication {replication}: {exc}")
+
+    replicas.after = heal
+    with archive_sink.connect(o.connect) as client:
+        committer = archive_sink.ArchiveCommitter(o, "id", client)
+        try:
+            with replicas, pytest.raises(NotEnoughReplicasError) as failed:
+                committer.commit(2, parts, replicas=replicas)
+        finally:
+            link.set_loss(0)
+            committer.close()
+    print(failed.value)
+    assert "was undone" in str(failed.value)  # off the primary (reachable again)
+    assert _copy_on(b, o) == acknowledged, "the replica copied an unacknowledged batch"
+    assert _read(b) == expected == _read(a)
+    assert replicas.stopped_replications == 1

@@ -43,6 +43,7 @@ reader, which stops at the last END, does not see the batch from then on.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -145,6 +146,8 @@ class Replicas:
         self.connects: tuple[ArchiveConnect, ...] = o.replicas
         self.clients: list[ArchiveClient | None] = clients or [None] * len(o.replicas)
         self.errors: list[str] = errors or [""] * len(o.replicas)
+        self.stopped_replications = 0  # replications given up on and stopped (_give_up)
+        self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, len(o.replicas)), thread_name_prefix="archive-replica"
         )
@@ -254,8 +257,12 @@ class Replicas:
             params,
         )
         outcome.replicated = True
-        status = client.wait_for_replication(replication, RecordingSignal.STOP)
-        client.wait_for_replication(replication, RecordingSignal.REPLICATE_END)
+        try:
+            status = client.wait_for_replication(replication, RecordingSignal.STOP)
+            client.wait_for_replication(replication, RecordingSignal.REPLICATE_END)
+        except REPLICA_FAILURES:
+            self._give_up(client, i, replication)
+            raise
         outcome.recording_id = status.recording_id
         stop = client.stop_position(status.recording_id)
         if stop != end:
@@ -263,6 +270,34 @@ class Replicas:
             return outcome
         outcome.in_sync = True
         return outcome
+
+    def _give_up(self, client: ArchiveClient, i: int, replication: int) -> None:
+        """Stop a replication the commit no longer waits for. Left running, it would go on
+        copying after the commit failed: a replica cut off from the primary that can reach it
+        again within the archive's own time-outs (a partition healing) would copy a batch that
+        was never acknowledged, which the primary could not cut off (unreachable itself, or
+        replaying it to that replica). Best effort: a replica the driver cannot reach either is
+        repaired by the next commit (a copy longer than the primary's END is cut back)."""
+        try:
+            stopped = client.try_stop_replication(replication)
+        except REPLICA_FAILURES as exc:
+            log.warning(
+                "archive sink %s: replica %s: replication %d not stopped: %s",
+                self.identity,
+                self.connects[i].control_channel,
+                replication,
+                describe(exc),
+            )
+            return
+        with self._lock:
+            self.stopped_replications += stopped
+        log.warning(
+            "archive sink %s: replica %s: replication %d %s",
+            self.identity,
+            self.connects[i].control_channel,
+            replication,
+            "stopped (given up on)" if stopped else "was over already",
+        )
 
     def _repair(
         self,

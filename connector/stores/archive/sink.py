@@ -530,6 +530,7 @@ class CommitStats:
     replicas_in_sync: int = 0  # replicas holding the batch's END (the primary not counted)
     replicas_repaired: int = 0  # copies cut back or purged before being brought up to date
     replicas_failed: int = 0  # replicas not in sync (unreachable, replication failed)
+    replications_stopped: int = 0  # replications given up on (timeoutMs) and stopped
 
 
 class ArchiveCommitter:
@@ -721,6 +722,7 @@ class ArchiveCommitter:
         end = d.stop_position
         outcomes = replicas.sync(d, begin if base is None else base, end)
         good = [o for o in outcomes if o.in_sync]
+        stats.replications_stopped = replicas.stopped_replications
         stats.replicas_in_sync = len(good)
         stats.replicas_repaired += sum(bool(o.repaired) for o in outcomes)
         stats.replicas_failed += len(outcomes) - len(good)
