@@ -256,3 +256,48 @@ def test_primary_killed_a_replica_is_promoted_and_the_old_primary_reseeded(
             assert _held(on_b, a) == held == _held(on_b, c)
         finally:
             restarted.close()
+
+
+def _cut_primary(o: ArchiveSinkOptions, position: int) -> None:
+    """The primary's target cut back to ``position`` and nothing else: what a commit that
+    failed with NOT_ENOUGH_REPLICAS leaves when it could undo its append on the primary but
+    not on a replica that got it (the replica did not answer at that instant)."""
+    with archive_sink.connect(o.connect) as client:
+        target = archive_sink.ArchiveCommitter(o, "id", client).target()
+        assert target is not None
+        client.truncate_recording(target.recording_id, position)
+
+
+def test_a_copy_of_a_batch_retried_in_another_order_is_repaired(
+    archives: list[aeron_peer.JavaArchive],
+) -> None:
+    """A replica keeps a batch the primary undid (its undo failed), and does not answer while
+    Spark runs the batch again, whose rows come in another order (same rows, same sizes: every
+    marker the same, and the same END position; ``minInSyncReplicas`` met by other replicas,
+    here a commit without this one). Whether the replica's copy is then found at the primary's
+    END of that batch (a commit repeated after a restart) or where a later batch starts, it
+    must be found to differ from the primary and repaired: every archive then reads the same
+    rows in the same order, at the same positions."""
+    primary, b = archives
+    o = _options(primary, 6106, [b], 2, f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}")
+    alone = dataclasses.replace(o, replicas=(), min_insync_replicas=1)  # the replica away
+    rows = [[b"o%d-row-%04d" % (n, i) for i in range(400)] for n in range(3)]
+    assert _commit(o, 0, rows[0]).replicas_in_sync == 1
+    first = _commit(o, 1, rows[1])
+    assert first.replicas_in_sync == 1
+    # (1) the retry, other order, without the replica; then the commit repeated with it
+    _cut_primary(o, first.begin_position)
+    retry = _commit(alone, 1, rows[1][::-1])
+    assert (retry.end_position, retry.appended_rows) == (first.end_position, 400)
+    repeated = _commit(o, 1, rows[1][::-1])
+    assert (repeated.skipped_duplicate, repeated.replicas_in_sync) == (1, 1)
+    assert repeated.replicas_repaired == 1
+    assert _read(b, 6106) == rows[0] + rows[1][::-1] == _read(primary, 6106)
+    assert _held(o, b) == _held(o, primary)
+    # (2) again, the retry in the first order; the next batch finds the copy where it starts
+    _cut_primary(o, first.begin_position)
+    assert _commit(alone, 1, rows[1]).end_position == first.end_position
+    later = _commit(o, 2, rows[2])
+    assert (later.replicas_in_sync, later.replicas_repaired) == (1, 1)
+    assert _read(b, 6106) == rows[0] + rows[1] + rows[2] == _read(primary, 6106)
+    assert _held(o, b) == _held(o, primary)

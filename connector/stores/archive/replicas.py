@@ -48,7 +48,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from aeron_spark.connector.archive_markers import END, read_tail
+from aeron_spark.connector.archive_markers import END, Marker, markers_in, read_tail
 from aeron_spark.connector.errors import ConnectorError, ServerUnavailableError
 from aeron_spark.connector.options import ArchiveConnect, ArchiveSinkOptions
 from aeron_spark.connector.stores.archive import health
@@ -128,6 +128,17 @@ def _stopped(
     return again
 
 
+def _same_end(client: ArchiveClient, copy: RecordingDescriptor, ends: dict[int, Marker]) -> bool:
+    """Whether ``copy`` ends with the primary's END marker known for its stop position
+    (digest included: the same batch with its rows in another order differs there), read
+    as one frame; True when none is known there (nothing to compare)."""
+    m = ends.get(copy.stop_position)
+    if m is None or m.position < copy.start_position:
+        return True
+    data = b"".join(b.data for b in client.replay(copy.recording_id, m.position, m.end_position))
+    return markers_in(data, m.position) == [m]
+
+
 class Replicas:
     """Control sessions with the replica archives of one commit (a thread each: a dead
     replica's time-out runs beside the others, not after them)."""
@@ -205,11 +216,19 @@ class Replicas:
 
     # ---------------------------------------------------------- bringing copies up to date
 
-    def sync(self, target: RecordingDescriptor, base: int, end: int) -> list[ReplicaOutcome]:
+    def sync(
+        self,
+        target: RecordingDescriptor,
+        base: int,
+        end: int,
+        ends: dict[int, Marker] | None = None,
+    ) -> list[ReplicaOutcome]:
         """Every reachable replica's copy of the stopped ``target`` brought to ``end`` (``base``:
-        where the primary ended before this commit, -1 for a new target), in parallel."""
+        where the primary ended before this commit, -1 for a new target), in parallel.
+        ``ends``: the primary's END markers known, by their end position (a copy that ends at
+        one of them must hold the same marker there)."""
         futures = {
-            i: self._pool.submit(self._sync_one, i, target, base, end)
+            i: self._pool.submit(self._sync_one, i, target, base, end, ends or {})
             for i, client in enumerate(self.clients)
             if client is not None
         }
@@ -232,7 +251,14 @@ class Replicas:
                 )
         return out
 
-    def _sync_one(self, i: int, target: RecordingDescriptor, base: int, end: int) -> ReplicaOutcome:
+    def _sync_one(
+        self,
+        i: int,
+        target: RecordingDescriptor,
+        base: int,
+        end: int,
+        ends: dict[int, Marker],
+    ) -> ReplicaOutcome:
         client = self.clients[i]
         assert client is not None
         timeout = self.o.sink.settings.timeout_s
@@ -240,7 +266,7 @@ class Replicas:
         copy = find_copy(client, target)
         if copy is not None:
             copy = _stopped(client, copy, timeout)
-            if copy.stop_position not in (base, end):
+            if copy.stop_position not in (base, end) or not _same_end(client, copy, ends):
                 copy, outcome.repaired = self._repair(client, copy, target, end)
         if copy is not None and copy.stop_position == end:
             outcome.in_sync, outcome.recording_id = True, copy.recording_id
