@@ -76,9 +76,10 @@ def test_target_alias_names_the_sink_safely() -> None:
 
 def test_an_end_marker_carries_a_digest_and_older_markers_decode_without() -> None:
     """The END's digest survives encode/decode and takes part in equality (two appends of a
-    batch whose rows differ in order only); a marker without one (the format before it: the
-    byte after the kind zero) still decodes, with no digest; a digest of the wrong length, or
-    flags this version does not know, are refused."""
+    batch whose rows differ in order only), as does the commit's minInSyncReplicas (insync); a
+    marker of the format before them (the two bytes after the kind zero) still decodes, with no
+    digest and insync 1; a digest of the wrong length, or flags this version does not know, are
+    refused."""
     end = Marker(END, "sink@abc", 5, 2, 64, 7, digest=b"\x01" * 8)
     payload = end.encode()
     got = Marker.decode(payload, 0, 0)
@@ -89,6 +90,13 @@ def test_an_end_marker_carries_a_digest_and_older_markers_decode_without() -> No
     assert Marker.decode(old, 0, 0) == Marker(END, "sink@abc", 5, 2, 64, 7, 0, 0)
     with pytest.raises(ValueError, match="8 bytes"):
         replace(end, digest=b"\x01" * 4).encode()
+    older = bytearray(old)
+    older[len(MARKER_MAGIC) + 2] = 0  # insync: 0 before it existed, read as 1
+    assert Marker.decode(bytes(older), 0, 0) == Marker(END, "sink@abc", 5, 2, 64, 7, 0, 0)
+    three = Marker.decode(replace(end, insync=3).encode(), 0, 0)
+    assert three is not None and three.insync == 3
+    with pytest.raises(ValueError, match="insync"):
+        replace(end, insync=0).encode()
     unknown = bytearray(payload)
     unknown[len(MARKER_MAGIC) + 1] = 0x80
     assert Marker.decode(bytes(unknown), 0, 0) is None

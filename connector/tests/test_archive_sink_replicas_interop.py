@@ -301,3 +301,62 @@ def test_a_copy_of_a_batch_retried_in_another_order_is_repaired(
     assert (later.replicas_in_sync, later.replicas_repaired) == (1, 1)
     assert _read(b, 6106) == rows[0] + rows[1] + rows[2] == _read(primary, 6106)
     assert _held(o, b) == _held(o, primary)
+
+
+def _read_set(archives: list[aeron_peer.JavaArchive], stream_id: int) -> list[bytes]:
+    """Every row a committed-only reader of the whole set (``archive`` naming every archive of
+    the sink) reads of the stream."""
+    channels = ",".join(a.control_channel for a in archives)
+    src = parse_archive_source_options({"archive": channels, "streamId": stream_id})
+    reader = AeronBatchReader(src, None)
+    out: list[bytes] = []
+    for part in reader.partitions():
+        for batch in reader.read(part):
+            out.extend(batch.column("value").to_pylist())
+    return out
+
+
+def test_a_reader_of_the_set_sees_no_batch_before_min_insync_archives_hold_it(
+    tmp_path: Path,
+) -> None:
+    """``minInSyncReplicas=2``: a reader of every archive of the sink reads between the
+    primary's END of a batch and any copy of it; the primary is then killed (-9), the commit
+    fails (nothing acknowledged), and Spark runs the batch again, its rows in another order
+    (same size: the same positions), on the promoted replica. Had the reader read the batch from
+    the primary, a re-read of its partition (a retried task) would now give other rows, and
+    rows that were never committed. It reads only what two archives hold (the END marker says
+    how many archives its commit needs): the rows before the batch."""
+    aeron_peer.require_java()
+    names = ["seen-a", "seen-b", "seen-c"]
+    with aeron_peer.java_archives(tmp_path, names, 0x5F1) as (a, b, c):
+        o = _options(
+            a,
+            6301,
+            [b, c],
+            2,
+            f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
+            archiveStagingChannel=f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
+            timeoutMs="5000",
+        )
+        rows = [[b"s%d-row-%04d" % (n, i) for i in range(300)] for n in range(2)]
+        assert _commit(o, 0, rows[0]).replicas_in_sync == 2
+        seen: list[bytes] = []
+
+        class _ReadThenKill(Replicas):
+            def sync(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+                seen.extend(_read_set([a, b, c], 6301))  # the batch's END on the primary only
+                a.kill()
+                return super().sync(*args, **kwargs)
+
+        parts = [_stage(o, 1, 0, rows[1])]
+        with archive_sink.connect(o.connect) as client:
+            committer = archive_sink.ArchiveCommitter(o, "id", client)
+            try:
+                with _ReadThenKill(o, "id") as replicas, pytest.raises(NotEnoughReplicasError):
+                    committer.commit(1, parts, replicas=replicas)
+            finally:
+                committer.close()
+        retried = _commit(o, 1, rows[1][::-1])  # promoted: b
+        assert (retried.appended_rows, retried.replicas_in_sync) == (300, 1)
+        assert seen == rows[0], "the reader saw a batch no commit acknowledged"
+        assert _read_set([a, b, c], 6301) == rows[0] + rows[1][::-1]

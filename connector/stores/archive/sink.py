@@ -944,6 +944,7 @@ class Append:
             self.begin_position,
             rows,
             digest=digest,
+            insync=self.c.o.min_insync_replicas,
         )
         payload = m.encode()
         self._offer(payload, MARKER_RESERVED_VALUE)
