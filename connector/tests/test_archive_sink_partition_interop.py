@@ -21,32 +21,32 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
 from aeron_spark.connector.archive_markers import target_alias
-from aeron_spark.connector.errors import ConnectorError, NotEnoughReplicasError
-from aeron_spark.connector.formats import Geometry, iter_messages
+from aeron_spark.connector.errors import NotEnoughReplicasError
 from aeron_spark.connector.options import (
     ArchiveSinkOptions,
     parse_archive_sink_options,
-    parse_archive_source_options,
 )
-from aeron_spark.connector.session.replay import ReplayBlock
-from aeron_spark.connector.source import AeronBatchReader
 from aeron_spark.connector.stores.archive import sink as archive_sink
-from aeron_spark.connector.stores.archive.replicas import Replicas, find_copy, sink_recording
-from aeron_spark.transport import TransportError
+from aeron_spark.connector.stores.archive.replicas import Replicas, sink_recording
 from aeron_spark.transport.archive.client import ArchiveClientError, RecordingSignal
 from aeron_spark.transport.testing_netns import LossyLink, unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "transport" / "tests"))
 import aeron_peer  # noqa: E402
+from archive_sink_helpers import (  # noqa: E402
+    UNREACHABLE,
+    answers,
+    messages_on,
+    read_rows,
+    stage,
+)
 
 netns_reason = unavailable_reason()
 pytestmark = [
@@ -59,7 +59,6 @@ pytestmark = [
 TIMEOUT_MS = 10_000  # each attempt to reach the lost primary costs this much
 STREAM_ID = 6301
 ROWS = 200  # per partition, two partitions a batch
-FAILED = (ConnectorError, ArchiveClientError, TransportError, OSError)
 
 
 @pytest.fixture
@@ -101,58 +100,7 @@ def _rows(batch: int) -> list[list[bytes]]:
 
 
 def _stage(o: ArchiveSinkOptions, batch: int) -> list[archive_sink.ArchiveStaged]:
-    return [
-        dataclasses.replace(
-            archive_sink.stage(o, "id", batch, iter([pa.record_batch({"value": rows})])),
-            partition=p,
-        )
-        for p, rows in enumerate(_rows(batch))
-    ]
-
-
-def _read(archive: aeron_peer.JavaArchive) -> list[bytes]:
-    """Every row a committed-only reader (the archive source) reads of the stream."""
-    src = parse_archive_source_options({"archive": archive.control_channel, "streamId": STREAM_ID})
-    reader = AeronBatchReader(src, None)
-    out: list[bytes] = []
-    for part in reader.partitions():
-        for batch in reader.read(part):
-            out.extend(batch.column("value").to_pylist())
-    return out
-
-
-def _held(o: ArchiveSinkOptions, archive: aeron_peer.JavaArchive) -> tuple[int, list]:
-    """(stop position, [(position, payload)] of every message, markers included) of the sink's
-    recording on ``archive`` (its target or its copy: the one matching ``o``'s primary's)."""
-    with archive_sink.connect(o.connect) as primary:
-        target = archive_sink.ArchiveCommitter(o, "id", primary, promoted=True).target()
-        assert target is not None
-        connect = dataclasses.replace(o.connect, control_channel=archive.control_channel)
-        with archive_sink.connect(connect) as client:
-            d = find_copy(client, target)
-            assert d is not None and d.stop_position >= 0, archive.control_channel
-            blocks = [
-                ReplayBlock(b.position, b.data, 0, b.end_position)
-                for b in client.replay(d.recording_id, d.start_position, d.stop_position)
-            ]
-    geometry = Geometry(d.initial_term_id, d.term_buffer_length)
-    return d.stop_position, [
-        (m.position, bytes(m.payload)) for m in iter_messages(blocks, geometry)
-    ]
-
-
-def _answers(archive: aeron_peer.JavaArchive, o: ArchiveSinkOptions) -> None:
-    """Until ``archive`` answers again (a healed partition, a restarted JVM), bounded."""
-    deadline = time.monotonic() + 180
-    connect = dataclasses.replace(o.connect, control_channel=archive.control_channel)
-    while True:
-        try:
-            with archive_sink.connect(connect):
-                return
-        except FAILED:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+    return [stage(o, batch, p, rows) for p, rows in enumerate(_rows(batch))]
 
 
 class _LoseAroundSync(Replicas):
@@ -237,7 +185,7 @@ def test_primary_lost_mid_commit_a_replica_is_promoted_and_the_old_primary_trunc
                     expected += [r for part in _rows(2) for r in part]
                     retried = [3]
                 else:
-                    expect = NotEnoughReplicasError if when == "after-end" else FAILED
+                    expect = NotEnoughReplicasError if when == "after-end" else UNREACHABLE
                     with pytest.raises(expect) as failed:
                         committer.commit(2, parts, replicas=replicas)
                     print(f"{how} {when}: {type(failed.value).__name__}: {failed.value}")
@@ -257,15 +205,15 @@ def test_primary_lost_mid_commit_a_replica_is_promoted_and_the_old_primary_trunc
         )
         expected += [r for part in _rows(n) for r in part]
     on_b = dataclasses.replace(o, connect=o.replicas[0])
-    assert _read(b) == expected == _read(c)
-    assert _held(on_b, c) == _held(on_b, b)
+    assert read_rows(b, STREAM_ID) == expected == read_rows(c, STREAM_ID)
+    assert messages_on(on_b, c) == messages_on(on_b, b)
     # the old primary comes back, behind, holding what nobody acknowledged
     if how == "cut":
         link.set_loss(0)
     else:
         restarted = a.restart_after_kill("cut-a2")  # its stale mark file removed
         archives["a2"] = restarted  # stopped with the others
-    _answers(a, o)
+    answers(a, o)
     parts = _stage(o, 4)
     assert {p.archive for p in parts} == {""}  # staged on the configured primary again
     stats = archive_sink.commit_batch(o, "id", 4, parts)
@@ -276,9 +224,11 @@ def test_primary_lost_mid_commit_a_replica_is_promoted_and_the_old_primary_trunc
     )
     expected += [r for part in _rows(4) for r in part]
     for archive in (a, b, c):
-        assert _read(archive) == expected, archive.control_channel  # every row once
-    held = _held(on_b, b)
-    assert _held(on_b, a) == held == _held(on_b, c)  # the same messages at the same positions
+        assert read_rows(archive, STREAM_ID) == expected, archive.control_channel  # every row once
+    held = messages_on(on_b, b)
+    assert (
+        messages_on(on_b, a) == held == messages_on(on_b, c)
+    )  # the same messages at the same positions
 
 
 GIVE_UP_MS = 2_000  # the sink's timeoutMs (Java's replication waits 10 s for its source)
@@ -373,5 +323,5 @@ def test_a_replica_given_up_on_copies_nothing_when_the_partition_heals(
     print(failed.value)
     assert "was undone" in str(failed.value)  # off the primary (reachable again)
     assert _copy_on(b, o) == acknowledged, "the replica copied an unacknowledged batch"
-    assert _read(b) == expected == _read(a)
+    assert read_rows(b, STREAM_ID) == expected == read_rows(a, STREAM_ID)
     assert replicas.stopped_replications == 1
