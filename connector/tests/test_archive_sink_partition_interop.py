@@ -111,10 +111,10 @@ class _LoseAroundSync(Replicas):
     before: Callable[[], None] = staticmethod(lambda: None)
     after: Callable[[], None] = staticmethod(lambda: None)
 
-    def sync(self, target, base, end):  # type: ignore[no-untyped-def]
+    def sync(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         self.before()
         try:
-            return super().sync(target, base, end)
+            return super().sync(*args, **kwargs)
         finally:
             self.after()
 
