@@ -4,8 +4,18 @@ recording, and how readers find the committed end of such a recording.
 A marker is one unfragmented DATA frame whose header's **reserved value** is
 :data:`MARKER_RESERVED_VALUE` and whose payload starts with :data:`MARKER_MAGIC`::
 
-    magic (16 bytes) | kind u8 (1 BEGIN, 2 END) | 3 bytes zero | partitions i32 |
-    batch i64 | begin position i64 | rows i64 | identity (UTF-8, the rest)
+    magic (16 bytes) | kind u8 (1 BEGIN, 2 END) | flags u8 | insync u8 | 1 byte zero |
+    partitions i32 | batch i64 | begin position i64 | rows i64 | [digest, 8 bytes] |
+    identity (UTF-8, the rest)
+
+An END marker carries a ``digest`` of the batch's frames as appended (flag 1 set: BLAKE2b, 8
+bytes): two appends of one batch whose rows differ in order only (Spark running a batch again:
+same rows, same sizes, so the same markers at the same positions) differ there, so a replica's
+copy of the one is not taken for the other. Markers written before it have no digest (flags 0).
+``insync`` is the ``minInSyncReplicas`` of the commit that wrote the marker (0 in older markers:
+read as 1): a reader of the sink's whole set of archives reads a batch only once that many hold
+it (:func:`~aeron_spark.connector.stores.replicas.source.in_sync_end`), i.e. once it can be
+acknowledged.
 
 ``begin position`` is where the append started (the target's stop position before the BEGIN:
 what a torn append is truncated back to). The sink refuses rows whose reserved value is the
@@ -35,8 +45,10 @@ from aeron_spark.transport.protocol.frames import (
 MARKER_MAGIC = b"AERON-SPARK-SINK"
 MARKER_RESERVED_VALUE = int.from_bytes(b"ASPKSINK", "little")  # 0x4B4E49534B505341
 BEGIN, END = 1, 2
-_BODY = struct.Struct("<B3xiqqq")  # kind, partitions, batch, begin position, rows
+_BODY = struct.Struct("<BBBxiqqq")  # kind, flags, insync, partitions, batch, begin, rows
 _HEAD_LEN = len(MARKER_MAGIC) + _BODY.size
+_HAS_DIGEST = 1  # flags: a digest follows the body
+DIGEST_BYTES = 8
 _TYPE_DATA, _TYPE_PAD = int(FrameType.DATA), int(FrameType.PAD)
 _RESERVED_AT = RESERVED_VALUE_OFFSET
 TARGET_ALIAS_PREFIX = "aeron-spark-sink-"
@@ -53,11 +65,27 @@ class Marker:
     rows: int
     position: int = -1  # where the marker frame starts in the recording (-1: not read yet)
     end_position: int = -1  # where it ends
+    digest: bytes = b""  # an END's digest of the batch's frames (b"": none, an older marker)
+    insync: int = 1  # the commit's minInSyncReplicas (archives that must hold the batch)
 
     def encode(self) -> bytes:
+        if self.digest and len(self.digest) != DIGEST_BYTES:
+            raise ValueError(f"a marker digest is {DIGEST_BYTES} bytes, not {len(self.digest)}")
+        if not 1 <= self.insync <= 255:
+            raise ValueError(f"a marker's insync is 1 to 255, not {self.insync}")
+        flags = _HAS_DIGEST if self.digest else 0
         return (
             MARKER_MAGIC
-            + _BODY.pack(self.kind, self.partitions, self.batch, self.begin_position, self.rows)
+            + _BODY.pack(
+                self.kind,
+                flags,
+                self.insync,
+                self.partitions,
+                self.batch,
+                self.begin_position,
+                self.rows,
+            )
+            + self.digest
             + self.identity.encode()
         )
 
@@ -66,14 +94,20 @@ class Marker:
         data = bytes(payload)
         if len(data) < _HEAD_LEN or not data.startswith(MARKER_MAGIC):
             return None
-        kind, parts, batch, begin, rows = _BODY.unpack_from(data, len(MARKER_MAGIC))
-        if kind not in (BEGIN, END):
+        kind, flags, insync, parts, batch, begin, rows = _BODY.unpack_from(data, len(MARKER_MAGIC))
+        if kind not in (BEGIN, END) or flags & ~_HAS_DIGEST:
             return None
+        at = _HEAD_LEN
+        digest = b""
+        if flags & _HAS_DIGEST:
+            if len(data) < at + DIGEST_BYTES:
+                return None
+            digest, at = data[at : at + DIGEST_BYTES], at + DIGEST_BYTES
         try:
-            identity = data[_HEAD_LEN:].decode()
+            identity = data[at:].decode()
         except UnicodeDecodeError:
             return None
-        return cls(kind, identity, batch, parts, begin, rows, position, end)
+        return cls(kind, identity, batch, parts, begin, rows, position, end, digest, insync or 1)
 
 
 def sink_hash(sink_id: str) -> str:
@@ -110,20 +144,11 @@ def markers_in(data: bytes | bytearray | memoryview, position: int) -> list[Mark
     out = []
     for at, aligned, length, flags, ftype in frames(data):
         if ftype == _TYPE_DATA and marker_at(data, at, length, flags):
-            m = Marker.decode(memoryview(data)[at + 32 : at + length], position + at, 0)
+            m = Marker.decode(
+                memoryview(data)[at + 32 : at + length], position + at, position + at + aligned
+            )
             if m is not None:
-                out.append(
-                    Marker(
-                        m.kind,
-                        m.identity,
-                        m.batch,
-                        m.partitions,
-                        m.begin_position,
-                        m.rows,
-                        position + at,
-                        position + at + aligned,
-                    )
-                )
+                out.append(m)
     return out
 
 
@@ -179,6 +204,7 @@ def read_tail(client: Any, recording_id: int, start: int, end: int, term_length:
 
 __all__ = [
     "BEGIN",
+    "DIGEST_BYTES",
     "END",
     "MARKER_MAGIC",
     "MARKER_RESERVED_VALUE",

@@ -24,17 +24,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "transport" / "tests"))
 import aeron_peer  # noqa: E402
+from archive_sink_helpers import messages_on, read_rows  # noqa: E402
 
-from aeron_spark.connector.formats import Geometry, iter_messages  # noqa: E402
 from aeron_spark.connector.options import (  # noqa: E402
-    ArchiveSinkOptions,
     parse_archive_sink_options,
-    parse_archive_source_options,
 )
-from aeron_spark.connector.session.replay import ReplayBlock  # noqa: E402
-from aeron_spark.connector.source import AeronBatchReader  # noqa: E402
-from aeron_spark.connector.stores.archive import sink as archive_sink  # noqa: E402
-from aeron_spark.connector.stores.archive.replicas import find_copy  # noqa: E402
 from aeron_spark.transport.testing import free_udp_port  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.interop, pytest.mark.timeout(900)]
@@ -44,36 +38,6 @@ ROWS = 20  # per file (micro-batch)
 TIMEOUT_MS = 10_000  # each attempt to reach the dead primary costs this much
 
 
-def _read(channel: str) -> list[bytes]:
-    """Every row a committed-only reader reads of the sink's stream on one archive."""
-    src = parse_archive_source_options({"archive": channel, "streamId": STREAM_ID})
-    reader = AeronBatchReader(src, None)
-    out: list[bytes] = []
-    for part in reader.partitions():
-        for batch in reader.read(part):
-            out.extend(batch.column("value").to_pylist())
-    return out
-
-
-def _held(o: ArchiveSinkOptions, channel: str) -> tuple[int, list]:
-    """(stop position, [(position, payload)] of every message, markers included) of the sink's
-    recording on ``channel``, found as a copy of ``o``'s primary's."""
-    with archive_sink.connect(o.connect) as primary:
-        target = archive_sink.ArchiveCommitter(o, "x", primary, promoted=True).target()
-        assert target is not None
-        with archive_sink.connect(dataclasses.replace(o.connect, control_channel=channel)) as c:
-            d = find_copy(c, target)
-            assert d is not None and d.stop_position >= 0, channel
-            blocks = [
-                ReplayBlock(b.position, b.data, 0, b.end_position)
-                for b in c.replay(d.recording_id, d.start_position, d.stop_position)
-            ]
-    geometry = Geometry(d.initial_term_id, d.term_buffer_length)
-    return d.stop_position, [
-        (m.position, bytes(m.payload)) for m in iter_messages(blocks, geometry)
-    ]
-
-
 def _wait_rows(query, channel: str, count: int, timeout_s: float = 240.0) -> list[bytes]:  # type: ignore[no-untyped-def]
     """Until the committed-only reader of ``channel`` reads ``count`` rows (bounded); fails
     at once with the query's error when it stopped."""
@@ -81,7 +45,7 @@ def _wait_rows(query, channel: str, count: int, timeout_s: float = 240.0) -> lis
     while True:
         if not query.isActive:
             raise AssertionError(f"the query stopped: {query.exception()}")
-        got = _read(channel)
+        got = read_rows(channel, STREAM_ID)
         if len(got) >= count:
             return got
         if time.monotonic() > deadline:
@@ -154,8 +118,8 @@ def test_kill_9_of_the_primary_during_a_streaming_write(spark, tmp_path: Path) -
             query.stop()
         on_b = dataclasses.replace(o, connect=o.replicas[0])
         for archive in (a, b, c):
-            got = _read(archive.control_channel)
+            got = read_rows(archive.control_channel, STREAM_ID)
             assert len(got) == len(set(got)), archive.control_channel  # nothing twice
             assert sorted(got) == sorted(expected), archive.control_channel  # nothing lost
-        held = _held(on_b, b.control_channel)
-        assert _held(on_b, a.control_channel) == held == _held(on_b, c.control_channel)
+        held = messages_on(on_b, b.control_channel)
+        assert messages_on(on_b, a.control_channel) == held == messages_on(on_b, c.control_channel)

@@ -105,6 +105,7 @@ class Recording:
     timestamp_ns: int = 0  # its start time
     committed_only: bool = False  # a sink's target: markers are not rows, reads stop at END
     alias: str = ""  # a sink's target: the alias of its channel (the sink's name)
+    insync: int = 1  # a sink's target: archives its last commit needed (its minInSyncReplicas)
 
     @property
     def identity(self) -> RecordingIdentity:

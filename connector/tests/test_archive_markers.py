@@ -4,10 +4,14 @@ marker (reserved value and magic), masking into padding, and the committed end o
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
+
+import pytest
 
 from aeron_spark.connector.archive_markers import (
     BEGIN,
     END,
+    MARKER_MAGIC,
     MARKER_RESERVED_VALUE,
     Marker,
     Tail,
@@ -68,3 +72,31 @@ def test_target_alias_names_the_sink_safely() -> None:
     assert "|" not in alias and "=" not in alias
     assert is_sink_target(f"aeron:udp?endpoint=h:1|alias={alias}")
     assert not is_sink_target("aeron:udp?endpoint=h:1|alias=other")
+
+
+def test_an_end_marker_carries_a_digest_and_older_markers_decode_without() -> None:
+    """The END's digest survives encode/decode and takes part in equality (two appends of a
+    batch whose rows differ in order only), as does the commit's minInSyncReplicas (insync); a
+    marker of the format before them (the two bytes after the kind zero) still decodes, with no
+    digest and insync 1; a digest of the wrong length, or flags this version does not know, are
+    refused."""
+    end = Marker(END, "sink@abc", 5, 2, 64, 7, digest=b"\x01" * 8)
+    payload = end.encode()
+    got = Marker.decode(payload, 0, 0)
+    assert got is not None and got.digest == b"\x01" * 8 and got.identity == "sink@abc"
+    assert got != Marker.decode(replace(end, digest=b"\x02" * 8).encode(), 0, 0)
+    old = Marker(END, "sink@abc", 5, 2, 64, 7).encode()
+    assert old[len(MARKER_MAGIC) + 1] == 0  # the flags byte: what the older format had
+    assert Marker.decode(old, 0, 0) == Marker(END, "sink@abc", 5, 2, 64, 7, 0, 0)
+    with pytest.raises(ValueError, match="8 bytes"):
+        replace(end, digest=b"\x01" * 4).encode()
+    older = bytearray(old)
+    older[len(MARKER_MAGIC) + 2] = 0  # insync: 0 before it existed, read as 1
+    assert Marker.decode(bytes(older), 0, 0) == Marker(END, "sink@abc", 5, 2, 64, 7, 0, 0)
+    three = Marker.decode(replace(end, insync=3).encode(), 0, 0)
+    assert three is not None and three.insync == 3
+    with pytest.raises(ValueError, match="insync"):
+        replace(end, insync=0).encode()
+    unknown = bytearray(payload)
+    unknown[len(MARKER_MAGIC) + 1] = 0x80
+    assert Marker.decode(bytes(unknown), 0, 0) is None

@@ -170,3 +170,28 @@ def test_the_archives_the_driver_found_failing_go_last_in_its_tasks() -> None:
     assert isinstance(shipped, ReplicaRange) and shipped.avoid == (A,)
     assert [r.connect.control_channel for r in _order(store.replicas, shipped.avoid)] == [B, A]
     assert [r.connect.control_channel for r in _order(store.replicas)] == [A, B]
+
+
+def test_a_sink_target_is_read_only_as_far_as_its_min_insync_archives_hold_it() -> None:
+    """A sink's target whose last commit needed 2 archives (``insync``, from its markers): the
+    end is what 2 of the set hold, an archive missing from the listing holding nothing; with
+    ``insync`` 1 (the default, and markers of before) the rule above alone."""
+    store = ReplicaStore((ArchiveStore(_options(A).connect), ArchiveStore(_options(B).connect)))
+    target = dataclasses.replace(_rec(store, 1, 4096), committed_only=True, alias="s", insync=2)
+    primary, copy = target, dataclasses.replace(target, recording_id=2, end=1024)
+    # the primary's END of a batch, its copy not begun yet (stopped, behind)
+    assert in_sync_end([primary, copy], [False, False], 2) == 1024
+    assert in_sync_end([primary, copy], [False, False], 3) == 1024
+    # copied: both hold it
+    assert in_sync_end([primary, dataclasses.replace(copy, end=4096)], [False, False], 2) == 4096
+    # the only archive that answers cannot confirm anything: nothing (its start)
+    assert in_sync_end([primary], [False], 2) == primary.start
+    # two of three hold it; the third is behind
+    third = dataclasses.replace(copy, recording_id=3, end=512)
+    assert in_sync_end([primary, copy, third], [False, False, False], 3) == 1024
+    assert (
+        in_sync_end([primary, dataclasses.replace(copy, end=4096), third], [False] * 3, 3) == 4096
+    )
+    # minInSyncReplicas 1: as before (the longest stopped copy)
+    one = [dataclasses.replace(r, insync=1) for r in (primary, copy)]
+    assert in_sync_end(one, [False, False], 2) == 4096

@@ -21,31 +21,32 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
-from aeron_spark.connector.errors import ConnectorError, NotEnoughReplicasError
-from aeron_spark.connector.formats import Geometry, iter_messages
+from aeron_spark.connector.archive_markers import target_alias
+from aeron_spark.connector.errors import NotEnoughReplicasError
 from aeron_spark.connector.options import (
     ArchiveSinkOptions,
     parse_archive_sink_options,
-    parse_archive_source_options,
 )
-from aeron_spark.connector.session.replay import ReplayBlock
-from aeron_spark.connector.source import AeronBatchReader
 from aeron_spark.connector.stores.archive import sink as archive_sink
-from aeron_spark.connector.stores.archive.replicas import Replicas, find_copy
-from aeron_spark.transport import TransportError
-from aeron_spark.transport.archive.client import ArchiveClientError
+from aeron_spark.connector.stores.archive.replicas import Replicas, sink_recording
+from aeron_spark.transport.archive.client import ArchiveClientError, RecordingSignal
 from aeron_spark.transport.testing_netns import LossyLink, unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "transport" / "tests"))
 import aeron_peer  # noqa: E402
+from archive_sink_helpers import (  # noqa: E402
+    UNREACHABLE,
+    answers,
+    messages_on,
+    read_rows,
+    stage,
+)
 
 netns_reason = unavailable_reason()
 pytestmark = [
@@ -58,7 +59,6 @@ pytestmark = [
 TIMEOUT_MS = 10_000  # each attempt to reach the lost primary costs this much
 STREAM_ID = 6301
 ROWS = 200  # per partition, two partitions a batch
-FAILED = (ConnectorError, ArchiveClientError, TransportError, OSError)
 
 
 @pytest.fixture
@@ -100,58 +100,7 @@ def _rows(batch: int) -> list[list[bytes]]:
 
 
 def _stage(o: ArchiveSinkOptions, batch: int) -> list[archive_sink.ArchiveStaged]:
-    return [
-        dataclasses.replace(
-            archive_sink.stage(o, "id", batch, iter([pa.record_batch({"value": rows})])),
-            partition=p,
-        )
-        for p, rows in enumerate(_rows(batch))
-    ]
-
-
-def _read(archive: aeron_peer.JavaArchive) -> list[bytes]:
-    """Every row a committed-only reader (the archive source) reads of the stream."""
-    src = parse_archive_source_options({"archive": archive.control_channel, "streamId": STREAM_ID})
-    reader = AeronBatchReader(src, None)
-    out: list[bytes] = []
-    for part in reader.partitions():
-        for batch in reader.read(part):
-            out.extend(batch.column("value").to_pylist())
-    return out
-
-
-def _held(o: ArchiveSinkOptions, archive: aeron_peer.JavaArchive) -> tuple[int, list]:
-    """(stop position, [(position, payload)] of every message, markers included) of the sink's
-    recording on ``archive`` (its target or its copy: the one matching ``o``'s primary's)."""
-    with archive_sink.connect(o.connect) as primary:
-        target = archive_sink.ArchiveCommitter(o, "id", primary, promoted=True).target()
-        assert target is not None
-        connect = dataclasses.replace(o.connect, control_channel=archive.control_channel)
-        with archive_sink.connect(connect) as client:
-            d = find_copy(client, target)
-            assert d is not None and d.stop_position >= 0, archive.control_channel
-            blocks = [
-                ReplayBlock(b.position, b.data, 0, b.end_position)
-                for b in client.replay(d.recording_id, d.start_position, d.stop_position)
-            ]
-    geometry = Geometry(d.initial_term_id, d.term_buffer_length)
-    return d.stop_position, [
-        (m.position, bytes(m.payload)) for m in iter_messages(blocks, geometry)
-    ]
-
-
-def _answers(archive: aeron_peer.JavaArchive, o: ArchiveSinkOptions) -> None:
-    """Until ``archive`` answers again (a healed partition, a restarted JVM), bounded."""
-    deadline = time.monotonic() + 180
-    connect = dataclasses.replace(o.connect, control_channel=archive.control_channel)
-    while True:
-        try:
-            with archive_sink.connect(connect):
-                return
-        except FAILED:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+    return [stage(o, batch, p, rows) for p, rows in enumerate(_rows(batch))]
 
 
 class _LoseAroundSync(Replicas):
@@ -162,10 +111,10 @@ class _LoseAroundSync(Replicas):
     before: Callable[[], None] = staticmethod(lambda: None)
     after: Callable[[], None] = staticmethod(lambda: None)
 
-    def sync(self, target, base, end):  # type: ignore[no-untyped-def]
+    def sync(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         self.before()
         try:
-            return super().sync(target, base, end)
+            return super().sync(*args, **kwargs)
         finally:
             self.after()
 
@@ -236,7 +185,7 @@ def test_primary_lost_mid_commit_a_replica_is_promoted_and_the_old_primary_trunc
                     expected += [r for part in _rows(2) for r in part]
                     retried = [3]
                 else:
-                    expect = NotEnoughReplicasError if when == "after-end" else FAILED
+                    expect = NotEnoughReplicasError if when == "after-end" else UNREACHABLE
                     with pytest.raises(expect) as failed:
                         committer.commit(2, parts, replicas=replicas)
                     print(f"{how} {when}: {type(failed.value).__name__}: {failed.value}")
@@ -256,15 +205,15 @@ def test_primary_lost_mid_commit_a_replica_is_promoted_and_the_old_primary_trunc
         )
         expected += [r for part in _rows(n) for r in part]
     on_b = dataclasses.replace(o, connect=o.replicas[0])
-    assert _read(b) == expected == _read(c)
-    assert _held(on_b, c) == _held(on_b, b)
+    assert read_rows(b, STREAM_ID) == expected == read_rows(c, STREAM_ID)
+    assert messages_on(on_b, c) == messages_on(on_b, b)
     # the old primary comes back, behind, holding what nobody acknowledged
     if how == "cut":
         link.set_loss(0)
     else:
         restarted = a.restart_after_kill("cut-a2")  # its stale mark file removed
         archives["a2"] = restarted  # stopped with the others
-    _answers(a, o)
+    answers(a, o)
     parts = _stage(o, 4)
     assert {p.archive for p in parts} == {""}  # staged on the configured primary again
     stats = archive_sink.commit_batch(o, "id", 4, parts)
@@ -275,6 +224,104 @@ def test_primary_lost_mid_commit_a_replica_is_promoted_and_the_old_primary_trunc
     )
     expected += [r for part in _rows(4) for r in part]
     for archive in (a, b, c):
-        assert _read(archive) == expected, archive.control_channel  # every row once
-    held = _held(on_b, b)
-    assert _held(on_b, a) == held == _held(on_b, c)  # the same messages at the same positions
+        assert read_rows(archive, STREAM_ID) == expected, archive.control_channel  # every row once
+    held = messages_on(on_b, b)
+    assert (
+        messages_on(on_b, a) == held == messages_on(on_b, c)
+    )  # the same messages at the same positions
+
+
+GIVE_UP_MS = 2_000  # the sink's timeoutMs (Java's replication waits 10 s for its source)
+
+
+@pytest.fixture
+def pair(
+    tmp_path: Path,
+) -> Iterator[tuple[LossyLink, aeron_peer.JavaArchive, aeron_peer.JavaArchive]]:
+    """The primary ``a`` in a network namespace, its one replica ``b`` here."""
+    aeron_peer.require_java()
+    with LossyLink() as link:
+        with aeron_peer.archive_set(
+            tmp_path / "archives",
+            [("a", 0x5E1), ("b", 0x5E2)],
+            hosts={"a": (link.b.address, link.b.command([])), "b": (link.a.address, ())},
+        ) as started:
+            yield link, started["a"], started["b"]
+
+
+def _copy_on(archive: aeron_peer.JavaArchive, o: ArchiveSinkOptions) -> tuple[int, bool]:
+    """(stop position or recorded position, still recording) of the sink's copy on
+    ``archive``."""
+    connect = dataclasses.replace(o.connect, control_channel=archive.control_channel)
+    with archive_sink.connect(connect) as client:
+        d = sink_recording(client, target_alias(o.sink.sink_id), STREAM_ID)
+        assert d is not None
+        if d.is_active:
+            return client.recording_position(d.recording_id), True
+        return d.stop_position, False
+
+
+def test_a_replica_given_up_on_copies_nothing_when_the_partition_heals(
+    pair: tuple[LossyLink, aeron_peer.JavaArchive, aeron_peer.JavaArchive],
+) -> None:
+    """The primary is cut off from its replica once its END is recorded; the sink waits
+    ``timeoutMs`` for the replica's copy and gives up. The partition heals at that moment,
+    before the sink cuts the batch off the primary: a replication left running (the replica
+    archive retries its connect to the primary for 10 s) now copies the batch, which is then
+    never acknowledged (NOT_ENOUGH_REPLICAS), and which a committed-only reader of the replica
+    would read (and an election would find furthest). The sink stops the replication when it
+    gives up: the copy stays at the last acknowledged END."""
+    link, a, b = pair
+    port = aeron_peer.free_udp_port(link.a.address)
+    staging = aeron_peer.free_udp_port(link.a.address)
+    o = parse_archive_sink_options(
+        {
+            "archive": a.control_channel,
+            "replicas": b.control_channel,
+            "minInSyncReplicas": "2",
+            "channel": f"aeron:udp?endpoint={link.b.address}:{port}",
+            "archiveStagingChannel": f"aeron:udp?endpoint={link.b.address}:{staging}",
+            "streamId": str(STREAM_ID),
+            "sinkId": "given-up",
+            "timeoutMs": str(GIVE_UP_MS),
+        }
+    )
+    expected: list[bytes] = []
+    for n in (0, 1):
+        stats = archive_sink.commit_batch(o, "id", n, _stage(o, n))
+        assert (stats.appended_rows, stats.replicas_in_sync) == (2 * ROWS, 1)
+        expected += [r for part in _rows(n) for r in part]
+    acknowledged = _copy_on(b, o)
+    assert not acknowledged[1]
+    parts = _stage(o, 2)
+    replicas = _LoseAroundSync(o, "id")
+    replicas.before = lambda: link.set_loss(100)
+
+    def heal() -> None:
+        """The partition healed; until the replica's replication of this commit is over (it
+        ends by itself: copied, failed, or stopped), bounded."""
+        link.set_loss(0)
+        client = replicas.clients[0]
+        assert client is not None
+        for replication in list(client.session.replications):
+            try:
+                client.wait_for_replication(
+                    replication, RecordingSignal.REPLICATE_END, timeout_s=30
+                )
+            except ArchiveClientError as exc:  # it failed: what it copied is checked below
+                print(f"replication {replication}: {exc}")
+
+    replicas.after = heal
+    with archive_sink.connect(o.connect) as client:
+        committer = archive_sink.ArchiveCommitter(o, "id", client)
+        try:
+            with replicas, pytest.raises(NotEnoughReplicasError) as failed:
+                committer.commit(2, parts, replicas=replicas)
+        finally:
+            link.set_loss(0)
+            committer.close()
+    print(failed.value)
+    assert "was undone" in str(failed.value)  # off the primary (reachable again)
+    assert _copy_on(b, o) == acknowledged, "the replica copied an unacknowledged batch"
+    assert read_rows(b, STREAM_ID) == expected == read_rows(a, STREAM_ID)
+    assert replicas.stopped_replications == 1

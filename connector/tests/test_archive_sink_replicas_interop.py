@@ -18,26 +18,28 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
 from aeron_spark.connector.errors import ErrorCode, NotEnoughReplicasError
-from aeron_spark.connector.formats import Geometry, iter_messages
 from aeron_spark.connector.options import (
     ArchiveSinkOptions,
     parse_archive_sink_options,
-    parse_archive_source_options,
 )
-from aeron_spark.connector.session.replay import ReplayBlock
-from aeron_spark.connector.source import AeronBatchReader
 from aeron_spark.connector.stores.archive import sink as archive_sink
-from aeron_spark.connector.stores.archive.replicas import Replicas, find_copy
+from aeron_spark.connector.stores.archive.replicas import Replicas
 from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport.testing import free_udp_port
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "transport" / "tests"))
 import aeron_peer  # noqa: E402
+from archive_sink_helpers import (  # noqa: E402
+    KilledAfterConnect,
+    commit,
+    messages_on,
+    read_rows,
+    stage,
+)
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -72,49 +74,6 @@ def _options(
     )
 
 
-def _stage(o: ArchiveSinkOptions, batch: int, partition: int, rows: list[bytes]):  # type: ignore[no-untyped-def]
-    staged = archive_sink.stage(o, "id", batch, iter([pa.record_batch({"value": rows})]))
-    return dataclasses.replace(staged, partition=partition)
-
-
-def _commit(o: ArchiveSinkOptions, batch: int, rows: list[bytes]) -> archive_sink.CommitStats:
-    half = len(rows) // 2
-    parts = [_stage(o, batch, 1, rows[half:]), _stage(o, batch, 0, rows[:half])]
-    return archive_sink.commit_batch(o, "id", batch, parts)
-
-
-def _read(archive: aeron_peer.JavaArchive, stream_id: int) -> list[bytes]:
-    """Every row a committed-only reader (the archive source) reads of the stream."""
-    src = parse_archive_source_options({"archive": archive.control_channel, "streamId": stream_id})
-    reader = AeronBatchReader(src, None)
-    out: list[bytes] = []
-    for part in reader.partitions():
-        for batch in reader.read(part):
-            out.extend(batch.column("value").to_pylist())
-    return out
-
-
-def _held(o: ArchiveSinkOptions, archive: aeron_peer.JavaArchive) -> tuple[int, list]:
-    """(stop position, [(position, payload)] of every message, markers included) of the sink's
-    target on the primary, or of its copy on ``archive``."""
-    with archive_sink.connect(o.connect) as primary:
-        target = archive_sink.ArchiveCommitter(o, "id", primary).target()
-        assert target is not None
-        connect = dataclasses.replace(o.connect, control_channel=archive.control_channel)
-        with archive_sink.connect(connect) as client:
-            d = target if archive.control_channel == o.connect.control_channel else None
-            d = d or find_copy(client, target)
-            assert d is not None and d.stop_position >= 0
-            blocks = [
-                ReplayBlock(b.position, b.data, 0, b.end_position)
-                for b in client.replay(d.recording_id, d.start_position, d.stop_position)
-            ]
-    geometry = Geometry(d.initial_term_id, d.term_buffer_length)
-    return d.stop_position, [
-        (m.position, bytes(m.payload)) for m in iter_messages(blocks, geometry)
-    ]
-
-
 def test_min_insync_replicas_2_every_row_once_and_the_replica_holds_the_same(
     archives: list[aeron_peer.JavaArchive],
 ) -> None:
@@ -122,27 +81,15 @@ def test_min_insync_replicas_2_every_row_once_and_the_replica_holds_the_same(
     o = _options(primary, 6101, [b], 2, f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}")
     rows = [[b"b%d-row-%04d" % (n, i) + bytes(i % 300) for i in range(600)] for n in range(3)]
     for n in range(3):
-        stats = _commit(o, n, rows[n])
+        stats = commit(o, n, rows[n])
         assert (stats.appended_rows, stats.replicas_in_sync, stats.replicas_failed) == (600, 1, 0)
-    again = _commit(o, 2, rows[2][:10])  # a commit repeated (a restart): nothing appended
+    again = commit(o, 2, rows[2][:10])  # a commit repeated (a restart): nothing appended
     assert (again.skipped_duplicate, again.appended_rows, again.replicas_in_sync) == (1, 0, 1)
     expected = [r for batch in rows for r in batch]
-    assert _read(primary, 6101) == expected  # every row once, in batch and partition order
-    stop, held = _held(o, primary)
-    assert _held(o, b) == (stop, held)  # the same rows (and markers) at the same positions
+    assert read_rows(primary, 6101) == expected  # every row once, in batch and partition order
+    stop, held = messages_on(o, primary)
+    assert messages_on(o, b) == (stop, held)  # the same rows (and markers) at the same positions
     assert [m for _, m in held if not m.startswith(b"AERON-SPARK-SINK")] == expected
-
-
-class _KilledAfterConnect(Replicas):
-    """The replicas of one commit, with ``victim`` killed (-9) once they answered: the commit
-    finds enough replicas before its append and too few after it."""
-
-    victim: aeron_peer.JavaArchive
-
-    def connect(self) -> int:
-        reachable = super().connect()
-        self.victim.kill()
-        return reachable
 
 
 def test_min_insync_replicas_3_with_a_replica_down_commits_nothing(
@@ -153,15 +100,15 @@ def test_min_insync_replicas_3_with_a_replica_down_commits_nothing(
     with aeron_peer.java_archives(tmp_path, ["sink-replica-c"], 0x5A3) as (c,):
         o = _options(primary, 6102, [b, c], 3, channel)
         first = [b"first-%03d" % i for i in range(200)]
-        stats = _commit(o, 0, first)
+        stats = commit(o, 0, first)
         assert (stats.appended_rows, stats.replicas_in_sync) == (200, 2)
-        committed, _ = _held(o, b)
+        committed, _ = messages_on(o, b)
         # c dies after answering: the append goes in, too few copies reach its END: undone.
         rows = [b"second-%03d" % i for i in range(300)]
-        parts = [_stage(o, 1, 0, rows)]
+        parts = [stage(o, 1, 0, rows)]
         with archive_sink.connect(o.connect) as client:
             committer = archive_sink.ArchiveCommitter(o, "id", client)
-            replicas = _KilledAfterConnect(o, "id")
+            replicas = KilledAfterConnect(o, "id")
             replicas.victim = c
             with replicas, pytest.raises(NotEnoughReplicasError) as after:
                 committer.commit(1, parts, replicas=replicas)
@@ -169,20 +116,20 @@ def test_min_insync_replicas_3_with_a_replica_down_commits_nothing(
     assert (after.value.required, after.value.in_sync) == (3, 2)
     assert list(after.value.failed) == [c.control_channel]
     assert "was undone" in str(after.value)
-    assert _read(primary, 6102) == first  # nothing of batch 1 for a committed-only reader
-    assert _held(o, primary)[0] == committed == _held(o, b)[0]  # cut back on both
+    assert read_rows(primary, 6102) == first  # nothing of batch 1 for a committed-only reader
+    assert messages_on(o, primary)[0] == committed == messages_on(o, b)[0]  # cut back on both
     # c still down: refused before anything is appended.
     with pytest.raises(NotEnoughReplicasError, match="NOT_ENOUGH|minInSyncReplicas=3") as before:
-        _commit(o, 1, rows)
+        commit(o, 1, rows)
     assert "unreachable" in before.value.failed[c.control_channel]
     assert before.value.in_sync == 2 and "undone" not in str(before.value)
-    assert _read(primary, 6102) == first
+    assert read_rows(primary, 6102) == first
     # With minInSyncReplicas=2 (c still down) the batch goes in, once.
     o2 = dataclasses.replace(o, min_insync_replicas=2)
-    stats = _commit(o2, 1, rows)
+    stats = commit(o2, 1, rows)
     assert (stats.appended_rows, stats.replicas_in_sync, stats.replicas_failed) == (300, 1, 1)
-    assert _read(primary, 6102) == first + rows
-    assert _held(o, b) == _held(o, primary)
+    assert read_rows(primary, 6102) == first + rows
+    assert messages_on(o, b) == messages_on(o, primary)
 
 
 def test_replica_options_are_checked(archives: list[aeron_peer.JavaArchive]) -> None:
@@ -230,29 +177,120 @@ def test_primary_killed_a_replica_is_promoted_and_the_old_primary_reseeded(
         )
         rows = [[b"p%d-%04d" % (n, i) for i in range(300)] for n in range(4)]
         for n in (0, 1):
-            assert _commit(o, n, rows[n]).replicas_in_sync == 2
+            assert commit(o, n, rows[n]).replicas_in_sync == 2
         a.kill()  # kill -9: the archive gone without a goodbye
-        staged = _stage(o, 2, 0, rows[2])
+        staged = stage(o, 2, 0, rows[2])
         assert staged.archive == b.control_channel  # the task staged beside the dead primary
         stats = archive_sink.commit_batch(o, "id", 2, [staged])
         assert (stats.appended_rows, stats.replicas_in_sync, stats.replicas_failed) == (300, 1, 1)
-        assert _read(b, 6201) == rows[0] + rows[1] + rows[2]
+        assert read_rows(b, 6201) == rows[0] + rows[1] + rows[2]
         on_b = dataclasses.replace(o, connect=o.replicas[0])
-        assert _held(on_b, c) == _held(on_b, b)
+        assert messages_on(on_b, c) == messages_on(on_b, b)
         # The old primary comes back (same directory, port and address): behind, so a replica
         # now (its killed JVM's stale mark file removed, as after a reboot).
         restarted = a.restart_after_kill("promote-a2")
         try:
             with archive_sink.connect(dataclasses.replace(o.connect, timeout_s=120)):
                 pass  # its JVM answers (started again on a loaded machine)
-            staged = _stage(o, 3, 0, rows[3])
+            staged = stage(o, 3, 0, rows[3])
             assert staged.archive == ""  # staged on the configured primary again
             stats = archive_sink.commit_batch(o, "id", 3, [staged])
             assert (stats.appended_rows, stats.replicas_in_sync) == (300, 2)
             expected = [r for batch in rows for r in batch]
             for archive in (a, b, c):
-                assert _read(archive, 6201) == expected, archive.control_channel
-            held = _held(on_b, b)
-            assert _held(on_b, a) == held == _held(on_b, c)
+                assert read_rows(archive, 6201) == expected, archive.control_channel
+            held = messages_on(on_b, b)
+            assert messages_on(on_b, a) == held == messages_on(on_b, c)
         finally:
             restarted.close()
+
+
+def _cut_primary(o: ArchiveSinkOptions, position: int) -> None:
+    """The primary's target cut back to ``position`` and nothing else: what a commit that
+    failed with NOT_ENOUGH_REPLICAS leaves when it could undo its append on the primary but
+    not on a replica that got it (the replica did not answer at that instant)."""
+    with archive_sink.connect(o.connect) as client:
+        target = archive_sink.ArchiveCommitter(o, "id", client).target()
+        assert target is not None
+        client.truncate_recording(target.recording_id, position)
+
+
+def test_a_copy_of_a_batch_retried_in_another_order_is_repaired(
+    archives: list[aeron_peer.JavaArchive],
+) -> None:
+    """A replica keeps a batch the primary undid (its undo failed), and does not answer while
+    Spark runs the batch again, whose rows come in another order (same rows, same sizes: every
+    marker the same, and the same END position; ``minInSyncReplicas`` met by other replicas,
+    here a commit without this one). Whether the replica's copy is then found at the primary's
+    END of that batch (a commit repeated after a restart) or where a later batch starts, it
+    must be found to differ from the primary and repaired: every archive then reads the same
+    rows in the same order, at the same positions."""
+    primary, b = archives
+    o = _options(primary, 6106, [b], 2, f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}")
+    alone = dataclasses.replace(o, replicas=(), min_insync_replicas=1)  # the replica away
+    rows = [[b"o%d-row-%04d" % (n, i) for i in range(400)] for n in range(3)]
+    assert commit(o, 0, rows[0]).replicas_in_sync == 1
+    first = commit(o, 1, rows[1])
+    assert first.replicas_in_sync == 1
+    # (1) the retry, other order, without the replica; then the commit repeated with it
+    _cut_primary(o, first.begin_position)
+    retry = commit(alone, 1, rows[1][::-1])
+    assert (retry.end_position, retry.appended_rows) == (first.end_position, 400)
+    repeated = commit(o, 1, rows[1][::-1])
+    assert (repeated.skipped_duplicate, repeated.replicas_in_sync) == (1, 1)
+    assert repeated.replicas_repaired == 1
+    assert read_rows(b, 6106) == rows[0] + rows[1][::-1] == read_rows(primary, 6106)
+    assert messages_on(o, b) == messages_on(o, primary)
+    # (2) again, the retry in the first order; the next batch finds the copy where it starts
+    _cut_primary(o, first.begin_position)
+    assert commit(alone, 1, rows[1]).end_position == first.end_position
+    later = commit(o, 2, rows[2])
+    assert (later.replicas_in_sync, later.replicas_repaired) == (1, 1)
+    assert read_rows(b, 6106) == rows[0] + rows[1] + rows[2] == read_rows(primary, 6106)
+    assert messages_on(o, b) == messages_on(o, primary)
+
+
+def test_a_reader_of_the_set_sees_no_batch_before_min_insync_archives_hold_it(
+    tmp_path: Path,
+) -> None:
+    """``minInSyncReplicas=2``: a reader of every archive of the sink reads between the
+    primary's END of a batch and any copy of it; the primary is then killed (-9), the commit
+    fails (nothing acknowledged), and Spark runs the batch again, its rows in another order
+    (same size: the same positions), on the promoted replica. Had the reader read the batch from
+    the primary, a re-read of its partition (a retried task) would now give other rows, and
+    rows that were never committed. It reads only what two archives hold (the END marker says
+    how many archives its commit needs): the rows before the batch."""
+    aeron_peer.require_java()
+    names = ["seen-a", "seen-b", "seen-c"]
+    with aeron_peer.java_archives(tmp_path, names, 0x5F1) as (a, b, c):
+        o = _options(
+            a,
+            6301,
+            [b, c],
+            2,
+            f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
+            archiveStagingChannel=f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
+            timeoutMs="5000",
+        )
+        rows = [[b"s%d-row-%04d" % (n, i) for i in range(300)] for n in range(2)]
+        assert commit(o, 0, rows[0]).replicas_in_sync == 2
+        seen: list[bytes] = []
+
+        class _ReadThenKill(Replicas):
+            def sync(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+                seen.extend(read_rows([a, b, c], 6301))  # the batch's END on the primary only
+                a.kill()
+                return super().sync(*args, **kwargs)
+
+        parts = [stage(o, 1, 0, rows[1])]
+        with archive_sink.connect(o.connect) as client:
+            committer = archive_sink.ArchiveCommitter(o, "id", client)
+            try:
+                with _ReadThenKill(o, "id") as replicas, pytest.raises(NotEnoughReplicasError):
+                    committer.commit(1, parts, replicas=replicas)
+            finally:
+                committer.close()
+        retried = commit(o, 1, rows[1][::-1])  # promoted: b
+        assert (retried.appended_rows, retried.replicas_in_sync) == (300, 1)
+        assert seen == rows[0], "the reader saw a batch no commit acknowledged"
+        assert read_rows([a, b, c], 6301) == rows[0] + rows[1][::-1]

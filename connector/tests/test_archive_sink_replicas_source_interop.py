@@ -22,7 +22,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
 from aeron_spark.connector.options import (
@@ -31,12 +30,12 @@ from aeron_spark.connector.options import (
     parse_archive_source_options,
 )
 from aeron_spark.connector.source import AeronStreamReader, decode_offset
-from aeron_spark.connector.stores.archive import sink as archive_sink
 from aeron_spark.transport.testing import free_udp_port
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "transport" / "tests"))
 import aeron_peer  # noqa: E402
+from archive_sink_helpers import commit  # noqa: E402
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -65,18 +64,6 @@ def _sink(primary: aeron_peer.JavaArchive, replica: aeron_peer.JavaArchive) -> A
             "minInSyncReplicas": "2",
         }
     )
-
-
-def _commit(o: ArchiveSinkOptions, batch: int, rows: list[bytes]) -> archive_sink.CommitStats:
-    half = len(rows) // 2
-    parts = [
-        dataclasses.replace(
-            archive_sink.stage(o, "q", batch, iter([pa.record_batch({"value": chunk})])),
-            partition=p,
-        )
-        for p, chunk in enumerate((rows[:half], rows[half:]))
-    ]
-    return archive_sink.commit_batch(o, "q", batch, parts)
 
 
 class Stream:
@@ -112,19 +99,19 @@ def test_the_source_over_the_sinks_replicas_reads_its_target_once_and_fails_over
     o = _sink(primary, replica)
     rows = [[b"both-%d-%04d" % (n, i) for i in range(200)] for n in range(4)]
     for n in (0, 1):
-        assert _commit(o, n, rows[n]).replicas_in_sync == 1
+        assert commit(o, n, rows[n], identity="q").replicas_in_sync == 1
     stream = Stream([primary.control_channel, replica.control_channel])
     # The target and its copy: one recording, every row once (not once per archive).
     assert stream.next_batch() == rows[0] + rows[1]
     (key,) = stream.keys
     # Another commit extends the target with a new session id: the same recording, same key.
-    assert _commit(o, 2, rows[2]).replicas_in_sync == 1
+    assert commit(o, 2, rows[2], identity="q").replicas_in_sync == 1
     assert stream.next_batch() == rows[2]
     assert stream.keys == [key]
     # kill -9 of the primary: the sink (now content with the replica alone) promotes it, and
     # the source reads from it.
     primary.kill()
-    stats = _commit(dataclasses.replace(o, min_insync_replicas=1), 3, rows[3])
+    stats = commit(dataclasses.replace(o, min_insync_replicas=1), 3, rows[3], identity="q")
     assert (stats.appended_rows, stats.replicas_in_sync, stats.replicas_failed) == (200, 0, 1)
     assert stream.next_batch() == rows[3]
     assert stream.keys == [key]

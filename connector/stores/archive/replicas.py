@@ -43,11 +43,12 @@ reader, which stops at the last END, does not see the batch from then on.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from aeron_spark.connector.archive_markers import END, read_tail
+from aeron_spark.connector.archive_markers import END, Marker, markers_in, read_tail
 from aeron_spark.connector.errors import ConnectorError, ServerUnavailableError
 from aeron_spark.connector.options import ArchiveConnect, ArchiveSinkOptions
 from aeron_spark.connector.stores.archive import health
@@ -127,6 +128,17 @@ def _stopped(
     return again
 
 
+def _same_end(client: ArchiveClient, copy: RecordingDescriptor, ends: dict[int, Marker]) -> bool:
+    """Whether ``copy`` ends with the primary's END marker known for its stop position
+    (digest included: the same batch with its rows in another order differs there), read
+    as one frame; True when none is known there (nothing to compare)."""
+    m = ends.get(copy.stop_position)
+    if m is None or m.position < copy.start_position:
+        return True
+    data = b"".join(b.data for b in client.replay(copy.recording_id, m.position, m.end_position))
+    return markers_in(data, m.position) == [m]
+
+
 class Replicas:
     """Control sessions with the replica archives of one commit (a thread each: a dead
     replica's time-out runs beside the others, not after them)."""
@@ -145,6 +157,8 @@ class Replicas:
         self.connects: tuple[ArchiveConnect, ...] = o.replicas
         self.clients: list[ArchiveClient | None] = clients or [None] * len(o.replicas)
         self.errors: list[str] = errors or [""] * len(o.replicas)
+        self.stopped_replications = 0  # replications given up on and stopped (_give_up)
+        self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, len(o.replicas)), thread_name_prefix="archive-replica"
         )
@@ -202,11 +216,19 @@ class Replicas:
 
     # ---------------------------------------------------------- bringing copies up to date
 
-    def sync(self, target: RecordingDescriptor, base: int, end: int) -> list[ReplicaOutcome]:
+    def sync(
+        self,
+        target: RecordingDescriptor,
+        base: int,
+        end: int,
+        ends: dict[int, Marker] | None = None,
+    ) -> list[ReplicaOutcome]:
         """Every reachable replica's copy of the stopped ``target`` brought to ``end`` (``base``:
-        where the primary ended before this commit, -1 for a new target), in parallel."""
+        where the primary ended before this commit, -1 for a new target), in parallel.
+        ``ends``: the primary's END markers known, by their end position (a copy that ends at
+        one of them must hold the same marker there)."""
         futures = {
-            i: self._pool.submit(self._sync_one, i, target, base, end)
+            i: self._pool.submit(self._sync_one, i, target, base, end, ends or {})
             for i, client in enumerate(self.clients)
             if client is not None
         }
@@ -229,7 +251,14 @@ class Replicas:
                 )
         return out
 
-    def _sync_one(self, i: int, target: RecordingDescriptor, base: int, end: int) -> ReplicaOutcome:
+    def _sync_one(
+        self,
+        i: int,
+        target: RecordingDescriptor,
+        base: int,
+        end: int,
+        ends: dict[int, Marker],
+    ) -> ReplicaOutcome:
         client = self.clients[i]
         assert client is not None
         timeout = self.o.sink.settings.timeout_s
@@ -237,7 +266,7 @@ class Replicas:
         copy = find_copy(client, target)
         if copy is not None:
             copy = _stopped(client, copy, timeout)
-            if copy.stop_position not in (base, end):
+            if copy.stop_position not in (base, end) or not _same_end(client, copy, ends):
                 copy, outcome.repaired = self._repair(client, copy, target, end)
         if copy is not None and copy.stop_position == end:
             outcome.in_sync, outcome.recording_id = True, copy.recording_id
@@ -254,8 +283,12 @@ class Replicas:
             params,
         )
         outcome.replicated = True
-        status = client.wait_for_replication(replication, RecordingSignal.STOP)
-        client.wait_for_replication(replication, RecordingSignal.REPLICATE_END)
+        try:
+            status = client.wait_for_replication(replication, RecordingSignal.STOP)
+            client.wait_for_replication(replication, RecordingSignal.REPLICATE_END)
+        except REPLICA_FAILURES:
+            self._give_up(client, i, replication)
+            raise
         outcome.recording_id = status.recording_id
         stop = client.stop_position(status.recording_id)
         if stop != end:
@@ -263,6 +296,34 @@ class Replicas:
             return outcome
         outcome.in_sync = True
         return outcome
+
+    def _give_up(self, client: ArchiveClient, i: int, replication: int) -> None:
+        """Stop a replication the commit no longer waits for. Left running, it would go on
+        copying after the commit failed: a replica cut off from the primary that can reach it
+        again within the archive's own time-outs (a partition healing) would copy a batch that
+        was never acknowledged, which the primary could not cut off (unreachable itself, or
+        replaying it to that replica). Best effort: a replica the driver cannot reach either is
+        repaired by the next commit (a copy longer than the primary's END is cut back)."""
+        try:
+            stopped = client.try_stop_replication(replication)
+        except REPLICA_FAILURES as exc:
+            log.warning(
+                "archive sink %s: replica %s: replication %d not stopped: %s",
+                self.identity,
+                self.connects[i].control_channel,
+                replication,
+                describe(exc),
+            )
+            return
+        with self._lock:
+            self.stopped_replications += stopped
+        log.warning(
+            "archive sink %s: replica %s: replication %d %s",
+            self.identity,
+            self.connects[i].control_channel,
+            replication,
+            "stopped (given up on)" if stopped else "was over already",
+        )
 
     def _repair(
         self,

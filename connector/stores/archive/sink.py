@@ -31,6 +31,7 @@ END marker of a target and drops marker frames.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
 import random
@@ -46,6 +47,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from aeron_spark.connector.archive_markers import (
     BEGIN,
+    DIGEST_BYTES,
     END,
     MARKER_RESERVED_VALUE,
     STAGING_ALIAS_PREFIX,
@@ -170,9 +172,12 @@ class _Blocks:
 
     BLOCK_BYTES = 64 * 1024  # a block in flight while the next one is gathered
 
-    def __init__(self, pub: Any, timeout_s: float) -> None:
+    def __init__(self, pub: Any, timeout_s: float, digest: Any = None) -> None:
+        """``digest``: a hashlib object fed every block and single message as offered (the
+        batch's digest in its END marker)."""
         self.pub = pub
         self.timeout_s = timeout_s
+        self.digest = digest
         self.term_length = int(pub.term_length)
         self.mtu = int(pub.mtu)
         self.max_payload = int(pub.max_payload_length)
@@ -234,6 +239,9 @@ class _Blocks:
 
     def _single(self, payload: bytes | bytearray | memoryview, rv: int) -> None:
         self.flush()
+        if self.digest is not None:
+            self.digest.update(rv.to_bytes(8, "little", signed=True))
+            self.digest.update(payload)
         self.pub.offer_blocking(payload, reserved_value=rv, timeout_s=self.timeout_s)
         self.singly += 1
         self.messages += 1
@@ -306,6 +314,8 @@ class _Blocks:
 
     def flush(self) -> None:
         if self.out:
+            if self.digest is not None:
+                self.digest.update(self.out)
             self.pub.offer_block_blocking(self.out, timeout_s=self.timeout_s)
             self.blocks += 1
             self.out.clear()
@@ -530,6 +540,7 @@ class CommitStats:
     replicas_in_sync: int = 0  # replicas holding the batch's END (the primary not counted)
     replicas_repaired: int = 0  # copies cut back or purged before being brought up to date
     replicas_failed: int = 0  # replicas not in sync (unreachable, replication failed)
+    replications_stopped: int = 0  # replications given up on (timeoutMs) and stopped
 
 
 class ArchiveCommitter:
@@ -632,9 +643,12 @@ class ArchiveCommitter:
         if replicas is not None:
             self.require_replicas(batch, replicas)
         d = self.stopped_target()
+        ends: dict[int, Marker] = {}  # the primary's END markers known, by their end
         if d is not None:
             stats.target_recording_id = d.recording_id
             tail = self.tail(d)
+            if tail.last is not None and tail.last.kind == END:
+                ends[tail.last.end_position] = tail.last
             if tail.torn:
                 assert tail.last is not None
                 cut = tail.last.begin_position
@@ -666,7 +680,7 @@ class ArchiveCommitter:
                 stats.skipped_duplicate += 1
                 if replicas is not None:  # a commit repeated: the batch still needs its copies
                     self.replicate(
-                        batch, replicas, d, tail.last.begin_position, stats, repeated=True
+                        batch, replicas, d, tail.last.begin_position, stats, ends, repeated=True
                     )
                 self.purge(batch, parts, stats)
                 return stats
@@ -687,7 +701,9 @@ class ArchiveCommitter:
         if replicas is not None:
             appended = self.client.list_recording(append.recording_id)
             assert appended is not None
-            self.replicate(batch, replicas, appended, append.begin_position, stats, base)
+            if append.end_marker is not None:
+                ends[append.end_marker.end_position] = append.end_marker
+            self.replicate(batch, replicas, appended, append.begin_position, stats, ends, base)
         self.purge(batch, parts, stats)
         return stats
 
@@ -707,6 +723,7 @@ class ArchiveCommitter:
         d: RecordingDescriptor,
         begin: int,
         stats: CommitStats,
+        ends: dict[int, Marker] | None = None,
         base: int | None = None,
         repeated: bool = False,
     ) -> None:
@@ -717,10 +734,13 @@ class ArchiveCommitter:
         ``repeated``: the batch was found committed on the primary (its END there before this
         commit), so an earlier commit may have acknowledged it (a batch write run again with
         its batchId, a driver that died before Spark logged the commit): it is never cut off,
-        only NOT_ENOUGH_REPLICAS is raised."""
+        only NOT_ENOUGH_REPLICAS is raised. ``ends``: the primary's END markers known (by
+        their end position): a copy ending there must end with the same marker (digest
+        included), else it is repaired."""
         end = d.stop_position
-        outcomes = replicas.sync(d, begin if base is None else base, end)
+        outcomes = replicas.sync(d, begin if base is None else base, end, ends)
         good = [o for o in outcomes if o.in_sync]
+        stats.replications_stopped = replicas.stopped_replications
         stats.replicas_in_sync = len(good)
         stats.replicas_repaired += sum(bool(o.repaired) for o in outcomes)
         stats.replicas_failed += len(outcomes) - len(good)
@@ -855,6 +875,10 @@ class Append:
         self.sub_id = -1
         self.recording_id = d.recording_id if d is not None else -1
         self.begin_position = -1
+        # the batch's frames as offered, for its END marker (a retry of the batch with its rows
+        # in another order differs there only)
+        self.digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
+        self.end_marker: Marker | None = None  # the END written, with its position
 
     @property
     def position(self) -> int:
@@ -911,8 +935,23 @@ class Append:
             raise ServerUnavailableError(f"archive sink append: {exc}") from exc
 
     def _marker(self, kind: int, rows: int) -> None:
-        m = Marker(kind, self.c.identity, self.batch, self.partitions, self.begin_position, rows)
-        self._offer(m.encode(), MARKER_RESERVED_VALUE)
+        digest = self.digest.digest() if kind == END else b""
+        m = Marker(
+            kind,
+            self.c.identity,
+            self.batch,
+            self.partitions,
+            self.begin_position,
+            rows,
+            digest=digest,
+            insync=self.c.o.min_insync_replicas,
+        )
+        payload = m.encode()
+        self._offer(payload, MARKER_RESERVED_VALUE)
+        if kind == END:  # where it went: a term too full for it was padded first
+            end = self.position
+            aligned = (DATA_HEADER_LENGTH + len(payload) + 31) & -32
+            self.end_marker = replace(m, position=end - aligned, end_position=end)
 
     def begin(self) -> None:
         self._open()
@@ -930,7 +969,7 @@ class Append:
         (:class:`_Blocks`); their count. ``replayed``: its frames replayed already
         (:class:`_Prefetch`), else replayed here."""
         assert self.pub is not None
-        relay = _Blocks(self.pub, self.c.o.sink.settings.timeout_s)
+        relay = _Blocks(self.pub, self.c.o.sink.settings.timeout_s, self.digest)
         try:
             if replayed is None:
                 staged = self.c.staging_client(part)

@@ -192,11 +192,14 @@ class ArchiveSession(ArchiveHooks):
                 if end < 0:
                     continue
                 target = is_sink_target(d.original_channel)
+                insync = 1
                 if target and end > d.start_position:
                     # read-committed: up to the last END marker of the sink's appends
-                    end = read_tail(
+                    tail = read_tail(
                         client, d.recording_id, d.start_position, end, d.term_buffer_length
-                    ).committed_end
+                    )
+                    end = tail.committed_end
+                    insync = 1 if tail.last is None else tail.last.insync
                 alias = _target_alias(d.original_channel) if target else ""
                 out.append(
                     Recording(
@@ -214,6 +217,7 @@ class ArchiveSession(ArchiveHooks):
                         d.start_timestamp_ms * 1_000_000,
                         committed_only=target,
                         alias=alias,
+                        insync=insync,
                     )
                 )
         return sorted(out, key=lambda r: r.recording_id)

@@ -122,14 +122,27 @@ def find_copy(
     return max(copies, key=lambda r: r.end, default=None)
 
 
-def in_sync_end(copies: list[Recording], active: list[bool]) -> int:
+def in_sync_end(copies: list[Recording], active: list[bool], archives: int = 0) -> int:
     """The end of a recording of the set: the smallest end of its in-sync copies, which are the
     copies still recording and the stopped ones holding as much as the longest copy. A stopped
     copy that holds less (a replication that ended early, a primary that died and came back
-    after the others went on) can never serve the rest: it does not hold the stream back."""
+    after the others went on) can never serve the rest: it does not hold the stream back.
+
+    An archive sink's target whose last commit needed ``k`` archives (its ``minInSyncReplicas``,
+    in its markers: :attr:`Recording.insync`) is read no further than ``k`` of the set's
+    ``archives`` hold (an archive that did not answer, or holds no copy, counts as holding
+    nothing): a batch on the primary alone, between its END and its copies, may never be
+    acknowledged (the primary lost, the batch run again in another order on a promoted
+    replica), and a reader that read it would read other rows on a retry."""
     longest = max(r.end for r in copies)
     kept = [r.end for r, on in zip(copies, active, strict=True) if on or r.end >= longest]
-    return min(kept)
+    end = min(kept)
+    k = max(r.insync for r in copies)
+    if k > 1 and any(r.committed_only for r in copies):
+        held = sorted((r.end for r in copies), reverse=True)
+        held += [copies[0].start] * max(0, archives - len(held))
+        end = min(end, held[k - 1] if k <= len(held) else copies[0].start)
+    return end
 
 
 def unavailable(store: ReplicaStore, what: str, failures: dict[str, str]) -> Exception:
@@ -230,7 +243,7 @@ class ReplicaSession(ArchiveHooks):
                     key=identity_key(identity),
                     store=self.store,
                     purged=max(r.purged for r in recs),
-                    end=in_sync_end(recs, self._active(recs)),
+                    end=in_sync_end(recs, self._active(recs), len(self.store.replicas)),
                 )
             )
         return sorted(out, key=lambda r: (r.timestamp_ns, r.key))
