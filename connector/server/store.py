@@ -482,6 +482,12 @@ class ArchiveStore:
             "torn_bytes_cut": self.recordings.torn_bytes_cut,
             # complete frames past publish recordings' acknowledged ends cut at recovery
             "publish_tail_bytes_cut": self.recordings.unacknowledged_bytes_cut,
+            # ingest: a message a crash or a dead publisher left incomplete at a recording's
+            # end, cut (at recovery or when its image went away), and the first fragments of an
+            # image that joined inside a message (its recording starts at its first message)
+            "ingest_tail_bytes_cut": self.recordings.incomplete_tail_bytes_cut
+            + sum(r.tail_bytes_cut for r in self._recorders),
+            "ingest_head_bytes_skipped": sum(r.head_bytes_skipped for r in self._recorders),
             **self.recordings.files.stats(),
             **self.catalog.counters(),  # over live recordings (stopped ones' are kept)
         }
