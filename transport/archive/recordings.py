@@ -900,9 +900,16 @@ class RecordingStore:
             max(term_length, 64 * 1024 * 1024),
         )
         path = os.path.join(self.root, str(rid))
-        os.makedirs(path, exist_ok=True)
         meta = os.path.join(path, "meta.msgpack")
-        _write_meta(meta, descriptor.__dict__, sync=self.fsync)
+        try:
+            os.makedirs(path, exist_ok=True)
+            _write_meta(meta, descriptor.__dict__, sync=self.fsync)
+        except BaseException:
+            # a full disk (or no descriptor): take back what was made and the id, so a caller
+            # that retries (an ingest image waiting for room, every 100 ms) leaves nothing
+            # behind; before, each try left a directory with a meta.msgpack.tmp, for good
+            self._undo_create(rid, path, meta)
+            raise
         if not self.fsync:
             self.meta_syncer.submit(meta)
         rec = Recording(
@@ -910,6 +917,16 @@ class RecordingStore:
         )
         self.recordings[rid] = rec
         return rec
+
+    def _undo_create(self, rid: int, path: str, meta: str) -> None:
+        for leftover in (meta, meta + ".tmp"):
+            with contextlib.suppress(OSError):
+                os.unlink(leftover)
+        with contextlib.suppress(OSError):
+            os.rmdir(path)  # only when empty: a stale recording's files are never removed here
+        with self._lock:
+            if self._next_id == rid + 1:
+                self._next_id = rid
 
     def persist_stops(self) -> int:
         """Write the stop files a full disk held back (see :meth:`Recording.stop`); how many
