@@ -285,6 +285,8 @@ class Recording:
         self._own_files = fds is None
         self._files = FdCache(8) if fds is None else fds
         self._dirty: set[int] = set()  # segment bases written since the last force()
+        self._present: set[int] = set()  # segment bases known to exist (no stat per append)
+        self._dir_dirty = False  # a file was created here since the directory's last fsync
         self._index_dirty = False
         self.stop_pending = False  # stopped, but stop.msgpack is not written yet (disk full)
         self._stop_ns = 0
@@ -584,6 +586,10 @@ class Recording:
                 pos = position + written
                 base = self._segment_base(pos)
                 piece = view[written : written + base + self.d.segment_length - pos]
+                if base not in self._present:
+                    if not os.path.exists(self._segment_path(base)):
+                        self._dir_dirty = True  # its name is fsynced with the data (force)
+                    self._present.add(base)
                 with self._segment(base, create=True) as fd:
                     assert fd is not None
                     self._dirty.add(base)
@@ -610,6 +616,8 @@ class Recording:
         # the index file holds exactly the entries counted (recovery cuts anything else), so
         # the next one goes at their end; a failed write is cut off by the caller
         self._index_dirty = True
+        if self.index.last is None and not os.path.exists(self._index_path):
+            self._dir_dirty = True  # the index file is new: its name is fsynced by force()
         self.index.append(position, now_ns)
 
     def rollback(self, position: int) -> None:
@@ -639,6 +647,7 @@ class Recording:
                 path = self._segment_path(base)
                 self._files.forget(path)
                 self._dirty.discard(base)
+                self._present.discard(base)
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
             with contextlib.suppress(FileNotFoundError):
@@ -656,6 +665,9 @@ class Recording:
                 if fd is not None:
                     os.fsync(fd)
         self._dirty.clear()
+        if self._dir_dirty:  # a new segment file's name (before, only its data was fsynced)
+            fsync_dir(self.directory)
+            self._dir_dirty = False
 
     def force(self) -> None:
         """fsync what was appended since the last force (segments and index)."""
@@ -665,6 +677,9 @@ class Recording:
                 if fd is not None:
                     os.fsync(fd)
             self._index_dirty = False
+        if self._dir_dirty:
+            fsync_dir(self.directory)
+            self._dir_dirty = False
 
     def stop(self, now_ns: int) -> None:
         """Finish the recording at its recorded end and close its files.
@@ -904,6 +919,8 @@ class RecordingStore:
         try:
             os.makedirs(path, exist_ok=True)
             _write_meta(meta, descriptor.__dict__, sync=self.fsync)
+            if self.fsync:  # the new directory's name too: before, a power cut could lose it
+                fsync_dir(self.root)
         except BaseException:
             # a full disk (or no descriptor): take back what was made and the id, so a caller
             # that retries (an ingest image waiting for room, every 100 ms) leaves nothing
