@@ -511,6 +511,39 @@ class Recording:
             position += i
         return boundary
 
+    def next_message_start(self, position: int, limit: int) -> int:
+        """The first message boundary at or after ``position`` (a frame boundary), ``limit``
+        (one) at most: ``position`` itself when a message begins there, else the end of the
+        message it is inside (its END fragment), or of a PAD frame."""
+        while position < limit:
+            base = self._segment_base(position)
+            with self._segment(base) as fd:
+                if fd is None:
+                    return limit
+                chunk = os.pread(
+                    fd,
+                    min(limit - position, base + self.d.segment_length - position, 4 << 20),
+                    position - base,
+                )
+            n = len(chunk)
+            i = 0
+            while i + 32 <= n:
+                length, _v, flags, ftype, _o = _head_from(chunk, i)
+                if length <= 0:
+                    return limit
+                aligned = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+                if ftype == _DATA and flags & _BEGIN:
+                    return position + i
+                if ftype == _PAD or flags & _END:
+                    return min(position + i + aligned, limit)
+                if i + aligned > n:
+                    break
+                i += aligned
+            if i == 0:
+                return limit
+            position += i
+        return limit
+
     def cut_incomplete_message(self) -> int:
         """Cut a fragmented message whose last fragments never came off the recorded end (a
         recording of a publisher that died, or of a server killed, while the message came in);
