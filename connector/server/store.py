@@ -9,8 +9,10 @@ Visibility rule: for a sink recording the readable end is the end of its last *c
 recording is readable up to its recorded end.
 
 Ingest: a subscription on ``config.ingest_channel`` per ingest stream id; every image (one plain
-Aeron publisher session) becomes one recording, fed with ``Image.block_poll`` (raw frames as the
-publisher wrote them, PAD frames included), stopped when the image goes away. Over UDP the
+Aeron publisher session) becomes one recording from its first message on, fed with
+``Image.block_poll`` (raw frames as the publisher wrote them, PAD frames included), stopped when
+the image goes away at the end of its last whole message (see
+:mod:`~aeron_spark.transport.archive.recorder`). Over UDP the
 subscription makes images only for sender hosts that pass the server's ``deny`` / ``allow`` and
 ``ingest_allow`` (``ServerConfig.ingest_source_filter``): another host's SETUP makes no image and
 is counted by the transport (``setups_source_refused``).
