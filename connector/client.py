@@ -101,12 +101,16 @@ class RecordingInfo:
     term_length: int
     mtu: int
     initial_term_id: int
+    # the last message boundary at or below recorded_position (None: a server before it)
+    message_end: int | None = None
 
     @classmethod
     def from_wire(cls, item: Any) -> RecordingInfo:
         try:
-            return cls(**{name: item[name] for name in cls.__slots__})  # type: ignore[attr-defined]
-        except (KeyError, TypeError) as exc:
+            fields = {name: item[name] for name in cls.__slots__ if name != "message_end"}  # type: ignore[attr-defined]
+            end = item.get("message_end")
+            return cls(**fields, message_end=None if end is None else int(end))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ControlProtocolError(f"malformed recording description {item!r:.200}") from exc
 
 

@@ -9,8 +9,10 @@ Visibility rule: for a sink recording the readable end is the end of its last *c
 recording is readable up to its recorded end.
 
 Ingest: a subscription on ``config.ingest_channel`` per ingest stream id; every image (one plain
-Aeron publisher session) becomes one recording, fed with ``Image.block_poll`` (raw frames as the
-publisher wrote them, PAD frames included), stopped when the image goes away. Over UDP the
+Aeron publisher session) becomes one recording from its first message on, fed with
+``Image.block_poll`` (raw frames as the publisher wrote them, PAD frames included), stopped when
+the image goes away at the end of its last whole message (see
+:mod:`~aeron_spark.transport.archive.recorder`). Over UDP the
 subscription makes images only for sender hosts that pass the server's ``deny`` / ``allow`` and
 ``ingest_allow`` (``ServerConfig.ingest_source_filter``): another host's SETUP makes no image and
 is counted by the transport (``setups_source_refused``).
@@ -235,6 +237,7 @@ class ArchiveStore:
 
     def _info(self, rec: Recording) -> dict[str, Any]:
         d = rec.d
+        visible = self.visible_end(rec)
         return {
             "recording_id": d.recording_id,
             "stream_id": d.stream_id,
@@ -242,7 +245,10 @@ class ArchiveStore:
             "source": d.source,
             "start_position": d.start_position,
             "stop_position": self.stop_position(rec),
-            "recorded_position": self.visible_end(rec),
+            "recorded_position": visible,
+            # where a reader may stop: an ingest recording's end may be inside a message still
+            # coming in (a source that read to it failed: test_attack_ingest_reads.py)
+            "message_end": self.message_end(rec, visible, rec.purged_position),
             "purged_position": rec.purged_position,
             "start_timestamp_ns": d.start_timestamp_ns,
             "term_length": d.term_length,
@@ -315,8 +321,17 @@ class ArchiveStore:
         return int(found)
 
     def position_at(self, recording_id: int, timestamp_ns: int) -> int:
+        """The first message boundary recorded at or after ``timestamp_ns``. The time index
+        names the starts of appends: whole messages where the server framed them, but where a
+        block of an ingest image began, which may be inside a message: then the next message's
+        start (the message there has its first position's time, before ``timestamp_ns``)."""
         rec = self.recordings.get(recording_id)
-        return min(rec.position_at(timestamp_ns), self.visible_end(rec))
+        visible = self.visible_end(rec)
+        at = min(rec.position_at(timestamp_ns), visible)
+        if rec.d.source.startswith(("session:", "sink:")):
+            return at
+        limit = self.message_end(rec, visible, rec.purged_position)
+        return limit if at >= limit else rec.next_message_start(at, limit)
 
     def open_replay(self, recording_id: int, start: int, end: int | None) -> ReplayCursor:
         rec = self.recordings.get(recording_id)
@@ -487,6 +502,12 @@ class ArchiveStore:
             "torn_bytes_cut": self.recordings.torn_bytes_cut,
             # complete frames past publish recordings' acknowledged ends cut at recovery
             "publish_tail_bytes_cut": self.recordings.unacknowledged_bytes_cut,
+            # ingest: a message a crash or a dead publisher left incomplete at a recording's
+            # end, cut (at recovery or when its image went away), and the first fragments of an
+            # image that joined inside a message (its recording starts at its first message)
+            "ingest_tail_bytes_cut": self.recordings.incomplete_tail_bytes_cut
+            + sum(r.tail_bytes_cut for r in self._recorders),
+            "ingest_head_bytes_skipped": sum(r.head_bytes_skipped for r in self._recorders),
             **self.recordings.files.stats(),
             **self.catalog.counters(),  # over live recordings (stopped ones' are kept)
         }

@@ -53,24 +53,22 @@ def _read_all(rec, start: int, limit: int) -> tuple[bytes, int]:
 @given(seed=st.integers(0, 10_000), cut=st.floats(0.0, 1.0))
 def test_recovery_keeps_every_complete_frame_and_cuts_the_torn_tail(tmp_path_factory, seed, cut):
     directory = str(tmp_path_factory.mktemp("rec"))
-    store, rec, _payloads, _ends = _fill(directory, seed)
+    store, rec, _payloads, ends = _fill(directory, seed)
     full, _ = _read_all(rec, 0, rec.recorded_position)
     store.close(now_ns=2)
     # the crash: the segment ends somewhere, possibly inside a frame; stop marker never written
     seg = [n for n in os.listdir(rec.directory) if n.endswith(".seg")][0]
     path = os.path.join(rec.directory, seg)
     raw = open(path, "rb").read()
-    boundaries, offset = [0], 0
-    while offset < len(raw) and (length := int.from_bytes(raw[offset : offset + 4], "little")):
-        offset += (length + 31) & -32
-        boundaries.append(offset)
     keep = int(len(raw) * cut)
     os.truncate(path, keep)
     os.unlink(os.path.join(rec.directory, "stop.msgpack"))
     again = RecordingStore(directory, fsync=False).get(rec.d.recording_id)
     recovered = again.recorded_position
-    # every frame complete on disk is kept, the torn one is cut
-    assert recovered == max(b for b in boundaries if b <= keep)
+    # every message complete on disk is kept; the torn frame, and the fragmented message it
+    # was part of, are cut (message boundaries: message ends, and term starts after a PAD)
+    term_starts = range(0, len(raw) + 1, TERM)
+    assert recovered == max(b for b in [0, *ends, *term_starts] if b <= keep)
     data, end = _read_all(again, 0, recovered)
     assert end == recovered and full.startswith(data)
     assert again.stop_position == recovered  # recovered recordings are finished

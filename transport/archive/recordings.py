@@ -25,7 +25,10 @@ Invariants:
   preallocated, so after ``kill -9`` a segment's size bounds what was written. Recovery walks the
   frames from the last indexed boundary and stops at the first frame that is not complete within
   the file (or whose header disagrees with its position): the torn tail is cut off, every complete
-  frame before it is kept.
+  frame before it is kept. A recording the crash left live that has no acknowledged end (a
+  recorded image's, see :mod:`.recorder`) is then cut back to the end of its last whole message
+  (:meth:`Recording.cut_incomplete_message`): a fragmented message whose last fragments never
+  came is no message, and a reader takes a recording from message boundary to message boundary.
 - Every index position is a frame boundary; a replay position is checked by walking frames from
   the nearest indexed boundary below it (never more than about INDEX_INTERVAL_BYTES).
 - ``purged_position`` only grows; segments wholly below it are deleted.
@@ -62,6 +65,7 @@ from aeron_spark.transport.archive.timeindex import TimeIndex
 from aeron_spark.transport.protocol.frames import (
     FRAME_ALIGNMENT,
     FRAME_HEAD,
+    DataFlags,
     FrameType,
     uniform_run,
 )
@@ -70,6 +74,9 @@ from aeron_spark.transport.protocol.logbuffer import compute_position
 _head_from = FRAME_HEAD.unpack_from  # frame_length, version, flags, type, term_offset
 _PAD = int(FrameType.PAD)
 _DATA = int(FrameType.DATA)
+_BEGIN = int(DataFlags.BEGIN)
+_END = int(DataFlags.END)
+_UNFRAGMENTED = int(DataFlags.UNFRAGMENTED)
 INDEX_INTERVAL_BYTES = 64 * 1024
 INDEX_INTERVAL_NS = 1_000_000
 _ACKED = struct.Struct("<qq")  # position, ~position (a torn or damaged file is told apart)
@@ -279,6 +286,8 @@ class Recording:
         self._own_files = fds is None
         self._files = FdCache(8) if fds is None else fds
         self._dirty: set[int] = set()  # segment bases written since the last force()
+        self._present: set[int] = set()  # segment bases known to exist (no stat per append)
+        self._dir_dirty = False  # a file was created here since the directory's last fsync
         self._index_dirty = False
         self.stop_pending = False  # stopped, but stop.msgpack is not written yet (disk full)
         self._stop_ns = 0
@@ -287,6 +296,7 @@ class Recording:
         self.short_writes = 0  # pwrite wrote less than asked (the rest was retried)
         self.failed_appends = 0  # appends that failed (ENOSPC, EIO, ...) and were rolled back
         self.cut_failures = 0  # a rollback could not truncate its bytes away (see _cut)
+        self.has_acked_end = False  # an ``acked`` file was found at recovery (publish recordings)
         # the position/time index stays on disk (see timeindex.py); a read-only view of a
         # range another process reported recorded considers only the entries below its end
         self.index = TimeIndex(
@@ -342,6 +352,7 @@ class Recording:
         start = max(start, self.purged_position)
         end = self._walk(start, None)
         acked = self._read_acked()
+        self.has_acked_end = acked is not None
         if acked is not None and self.purged_position <= acked < end:
             # complete frames the writer never acknowledged: a publish refused after some of
             # its blocks were written whose cut failed, or a crash between its blocks
@@ -433,6 +444,131 @@ class Recording:
             position += i
         return position
 
+    def last_message_end(self) -> int:
+        """The last message boundary at or below the recorded end: the end itself unless the
+        recording ends inside a fragmented message (its BEGIN written, not its END).
+
+        A message never spans terms and is at most ``term_length / 8`` long, so its BEGIN lies
+        after the last term start and within two maximum messages of the end: the walk reads
+        the frame headers from the last index entry (one append, usually all there is to read),
+        and only when no message starts or ends there, from the entry two maximum messages
+        back (or the term's start)."""
+        end = self.recorded_position
+        mask = self.d.term_length - 1
+        known = max(self.d.start_position, self.purged_position, end - (end & mask))
+        if end <= known:
+            return end  # nothing past a known boundary (a term start, the first position)
+        last = self.index.floor(end - 1)
+        if last is not None and last[1] > known:
+            found = self._walk_boundaries(last[1], end, None)
+            if found is not None:
+                return found
+        window = 2 * min(self.d.term_length // 8, 16 * 1024 * 1024) + 2 * self.d.mtu
+        far = self.index.floor(end - window)
+        if far is not None and far[1] > known:
+            found = self._walk_boundaries(far[1], end, None)
+        else:
+            found = self._walk_boundaries(known, end, known)
+        return end if found is None else found
+
+    def _walk_boundaries(self, position: int, end: int, boundary: int | None) -> int | None:
+        """The last message boundary in ``(position, end]`` (``position``, a frame boundary,
+        is one when ``boundary`` says so): after an END fragment or a PAD frame, or where a
+        BEGIN fragment starts; None when there is none."""
+        while position < end:
+            base = self._segment_base(position)
+            with self._segment(base) as fd:
+                if fd is None:
+                    return boundary
+                chunk = os.pread(
+                    fd,
+                    min(end - position, base + self.d.segment_length - position, 4 << 20),
+                    position - base,
+                )
+            n = len(chunk)
+            i = 0
+            while i + 32 <= n:
+                length, _v, flags, ftype, _o = _head_from(chunk, i)
+                if length <= 0:
+                    return boundary
+                aligned = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+                if i + aligned > n:
+                    break
+                if ftype == _PAD:
+                    boundary = position + i + aligned
+                elif ftype == _DATA:
+                    if flags & _UNFRAGMENTED == _UNFRAGMENTED:
+                        run = uniform_run(chunk, i, length) if n - i >= 16 * aligned else 0
+                        i += max(run, 1) * aligned
+                        boundary = position + i
+                        continue
+                    if flags & _BEGIN:
+                        boundary = position + i
+                    if flags & _END:
+                        boundary = position + i + aligned
+                i += aligned
+            if i == 0:
+                return boundary
+            position += i
+        return boundary
+
+    def next_message_start(self, position: int, limit: int) -> int:
+        """The first message boundary at or after ``position`` (a frame boundary), ``limit``
+        (one) at most: ``position`` itself when a message begins there, else the end of the
+        message it is inside (its END fragment), or of a PAD frame."""
+        while position < limit:
+            base = self._segment_base(position)
+            with self._segment(base) as fd:
+                if fd is None:
+                    return limit
+                chunk = os.pread(
+                    fd,
+                    min(limit - position, base + self.d.segment_length - position, 4 << 20),
+                    position - base,
+                )
+            n = len(chunk)
+            i = 0
+            while i + 32 <= n:
+                length, _v, flags, ftype, _o = _head_from(chunk, i)
+                if length <= 0:
+                    return limit
+                aligned = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+                if ftype == _DATA and flags & _BEGIN:
+                    return position + i
+                if ftype == _PAD or flags & _END:
+                    return min(position + i + aligned, limit)
+                if i + aligned > n:
+                    break
+                i += aligned
+            if i == 0:
+                return limit
+            position += i
+        return limit
+
+    def cut_incomplete_message(self) -> int:
+        """Cut a fragmented message whose last fragments never came off the recorded end (a
+        recording of a publisher that died, or of a server killed, while the message came in);
+        the bytes cut. A recording the server framed (publish, sink) never ends inside one."""
+        try:
+            boundary = self.last_message_end()
+        except OSError as exc:
+            log.warning(
+                "recording %s: cannot look for an incomplete last message: %s",
+                self.d.recording_id,
+                exc,
+            )
+            return 0
+        cut = self.recorded_position - boundary
+        if cut > 0:
+            log.warning(
+                "recording %s: cutting the %d bytes of an incomplete message at its end %d",
+                self.d.recording_id,
+                cut,
+                self.recorded_position,
+            )
+            self.rollback(boundary)
+        return cut
+
     def _frame_around(self, start: int, target: int) -> tuple[int, int]:
         """Walk headers from the boundary ``start`` to the frame boundaries around ``target``:
         ``(before, after)`` with ``before <= target < after``, or ``(target, target)``."""
@@ -499,6 +635,10 @@ class Recording:
                 pos = position + written
                 base = self._segment_base(pos)
                 piece = view[written : written + base + self.d.segment_length - pos]
+                if base not in self._present:
+                    if not os.path.exists(self._segment_path(base)):
+                        self._dir_dirty = True  # its name is fsynced with the data (force)
+                    self._present.add(base)
                 with self._segment(base, create=True) as fd:
                     assert fd is not None
                     self._dirty.add(base)
@@ -567,6 +707,8 @@ class Recording:
         # the index file holds exactly the entries counted (recovery cuts anything else), so
         # the next one goes at their end; a failed write is cut off by the caller
         self._index_dirty = True
+        if self.index.last is None and not os.path.exists(self._index_path):
+            self._dir_dirty = True  # the index file is new: its name is fsynced by force()
         self.index.append(position, now_ns)
 
     def rollback(self, position: int) -> None:
@@ -596,6 +738,7 @@ class Recording:
                 path = self._segment_path(base)
                 self._files.forget(path)
                 self._dirty.discard(base)
+                self._present.discard(base)
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
             with contextlib.suppress(FileNotFoundError):
@@ -613,6 +756,9 @@ class Recording:
                 if fd is not None:
                     os.fsync(fd)
         self._dirty.clear()
+        if self._dir_dirty:  # a new segment file's name (before, only its data was fsynced)
+            fsync_dir(self.directory)
+            self._dir_dirty = False
 
     def force(self) -> None:
         """fsync what was appended since the last force (segments and index)."""
@@ -622,6 +768,9 @@ class Recording:
                 if fd is not None:
                     os.fsync(fd)
             self._index_dirty = False
+        if self._dir_dirty:
+            fsync_dir(self.directory)
+            self._dir_dirty = False
 
     def stop(self, now_ns: int) -> None:
         """Finish the recording at its recorded end and close its files.
@@ -795,6 +944,7 @@ class RecordingStore:
         self.stop_retries = 0  # stop files tried again by persist_stops
         self.torn_bytes_cut = 0
         self.unacknowledged_bytes_cut = 0
+        self.incomplete_tail_bytes_cut = 0  # incomplete last messages of recovered recordings
         for name in sorted(os.listdir(self.root)):
             if not name.isdigit():
                 continue
@@ -808,7 +958,12 @@ class RecordingStore:
             self.torn_bytes_cut += rec.torn_bytes_cut
             self.unacknowledged_bytes_cut += rec.unacknowledged_bytes_cut
             if rec.stop_position is None and not rec.d.source.startswith("sink:"):
-                rec.stop(0)  # recovered after a crash: finished where its frames end
+                # recovered after a crash: finished where its last whole message ends (a
+                # recorded image's last message may have been coming in; a recording with an
+                # acknowledged end was cut to it: a publish's, whole messages only)
+                if not rec.has_acked_end:
+                    self.incomplete_tail_bytes_cut += rec.cut_incomplete_message()
+                rec.stop(0)
             self.recordings[rec.d.recording_id] = rec
         self._next_id = max(self.recordings, default=-1) + 1
         self._lock = threading.Lock()
@@ -851,9 +1006,18 @@ class RecordingStore:
             max(term_length, 64 * 1024 * 1024),
         )
         path = os.path.join(self.root, str(rid))
-        os.makedirs(path, exist_ok=True)
         meta = os.path.join(path, "meta.msgpack")
-        _write_meta(meta, descriptor.__dict__, sync=self.fsync)
+        try:
+            os.makedirs(path, exist_ok=True)
+            _write_meta(meta, descriptor.__dict__, sync=self.fsync)
+            if self.fsync:  # the new directory's name too: before, a power cut could lose it
+                fsync_dir(self.root)
+        except BaseException:
+            # a full disk (or no descriptor): take back what was made and the id, so a caller
+            # that retries (an ingest image waiting for room, every 100 ms) leaves nothing
+            # behind; before, each try left a directory with a meta.msgpack.tmp, for good
+            self._undo_create(rid, path, meta)
+            raise
         if not self.fsync:
             self.meta_syncer.submit(meta)
         rec = Recording(
@@ -861,6 +1025,16 @@ class RecordingStore:
         )
         self.recordings[rid] = rec
         return rec
+
+    def _undo_create(self, rid: int, path: str, meta: str) -> None:
+        for leftover in (meta, meta + ".tmp"):
+            with contextlib.suppress(OSError):
+                os.unlink(leftover)
+        with contextlib.suppress(OSError):
+            os.rmdir(path)  # only when empty: a stale recording's files are never removed here
+        with self._lock:
+            if self._next_id == rid + 1:
+                self._next_id = rid
 
     def persist_stops(self) -> int:
         """Write the stop files a full disk held back (see :meth:`Recording.stop`); how many

@@ -56,7 +56,9 @@ class ServerSession:
                     r.mtu,
                     r.start_position,
                     r.purged_position,
-                    r.recorded_position,
+                    # a read ends on a message boundary: an ingest recording's recorded end may
+                    # be inside a message still coming in
+                    r.recorded_position if r.message_end is None else r.message_end,
                     r.start_timestamp_ns,
                 )
             )

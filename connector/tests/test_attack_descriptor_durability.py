@@ -1,0 +1,142 @@
+"""With ``--fsync`` a recording's directory is durable before anything in it is acknowledged.
+
+A power cut keeps only what was fsynced. A new recording is a directory ``recordings/<id>``
+made for it, its descriptor ``meta.msgpack`` inside. With ``--fsync`` the server fsynced the
+descriptor and the recording's own directory before the first append, but never the directory
+``recordings`` that holds the new directory's name: a power cut after the first publish was
+acknowledged could lose the recording's name, and with it the whole recording (its descriptor,
+its acknowledged messages), on a file system that does not order a new directory's entry
+before its files (POSIX promises nothing else). Likewise a new segment file (the first, and one
+every 64 MiB): its data was fsynced before the answer, its name in the recording's directory
+never. The answer (Aeron's too): fsync the parent after creating a file or directory in it.
+
+A power cut cannot be made for a test; what the server asks of the kernel can be seen: the
+server runs under ``strace`` (its real system calls, with the paths of their descriptors and
+wall-clock times): the fsync of ``recordings`` must come after the ``mkdir`` of the new
+recording, and one of the recording's directory after its segment file was created, both
+before the client has its acknowledgement.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from aeron_spark.connector.server.testing import client_for
+from aeron_spark.transport.testing import sweep_dead
+
+STREAM = 21
+_CODE = (
+    "import sys; from aeron_spark.connector.server import server_main; "
+    "sys.exit(server_main(sys.argv[1:]))"
+)
+_LINE = re.compile(r"^(\d+) (\d+\.\d+) (\w+)\((.*)\) = (-?\d+)")
+
+
+def _traced_server(directory: str, trace: str, log_path: str) -> subprocess.Popen[bytes]:
+    argv = [
+        "strace",
+        "-f",
+        "-y",
+        "-ttt",
+        "-e",
+        "trace=mkdir,mkdirat,open,openat,fsync,fdatasync",
+        "-o",
+        trace,
+        sys.executable,
+        "-c",
+        _CODE,
+        "--dir",
+        directory,
+        "--port",
+        "0",
+        "--no-encryption",
+        "--fsync",
+    ]
+    with open(log_path, "w") as log:
+        return subprocess.Popen(argv, stdout=log, stderr=log, env=dict(os.environ))
+
+
+def _endpoint(proc: subprocess.Popen[bytes], log_path: str) -> str:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        with open(log_path) as fh:
+            for line in fh.read().splitlines():
+                if "listening on" in line:
+                    return line.split("listening on ")[1].split()[0]
+        time.sleep(0.1)
+    with open(log_path) as fh:
+        raise AssertionError(f"the server did not start (exit {proc.poll()}): {fh.read()[-2000:]}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the traced server (strace's child), then reap strace, which ends with it."""
+    children_file = f"/proc/{proc.pid}/task/{proc.pid}/children"
+    if proc.poll() is None and os.path.exists(children_file):
+        with open(children_file) as fh:
+            for pid in fh.read().split():
+                os.kill(int(pid), signal.SIGKILL)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(30)
+    sweep_dead()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+def test_a_new_recordings_name_is_fsynced_before_its_first_publish_is_acknowledged(
+    tmp_path,
+) -> None:
+    directory = str(tmp_path / "srv")
+    trace = str(tmp_path / "strace.log")
+    log_path = str(tmp_path / "server.log")
+    proc = _traced_server(directory, trace, log_path)
+    try:
+        endpoint = _endpoint(proc, log_path)
+        with client_for(endpoint, timeout_s=120) as c:
+            c.publish(STREAM, [b"first"])
+            acknowledged = time.time()
+            (rec,) = c.list_recordings([STREAM])
+    finally:
+        _stop(proc)
+    root = os.path.realpath(os.path.join(directory, "recordings"))
+    made = os.path.join(root, str(rec.recording_id))
+    calls = []
+    with open(trace) as fh:
+        for line in fh:
+            found = _LINE.match(line)
+            if found:
+                calls.append((float(found.group(2)), found.group(3), found.group(4)))
+    mkdir_at = [t for t, name, args in calls if name.startswith("mkdir") and f'"{made}"' in args]
+    assert mkdir_at, f"no mkdir of {made} traced"
+
+    def synced_after(path: str, after: float) -> list[float]:
+        return [
+            t
+            for t, name, args in calls
+            if name in ("fsync", "fdatasync") and args.endswith(f"<{path}>") and t > after
+        ]
+
+    segment = os.path.join(made, "00000000000000000000.seg")
+    created = [
+        t
+        for t, name, args in calls
+        if name.startswith("open") and f'"{segment}"' in args and "O_CREAT" in args
+    ]
+    assert created, f"no creation of {segment} traced"
+    root_synced = synced_after(root, mkdir_at[0])
+    dir_synced = synced_after(made, created[0])
+    after = [c for c in calls if c[0] > mkdir_at[0] and c[1] != "openat"][:20]
+    # main: the recording's descriptor was fsynced, ``recordings`` never
+    assert root_synced and root_synced[0] < acknowledged, f"fsyncs after the mkdir: {after}"
+    # main: the segment file's data was fsynced, its name in the recording's directory never
+    assert dir_synced and dir_synced[0] < acknowledged, f"fsyncs after the mkdir: {after}"
