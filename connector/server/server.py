@@ -54,6 +54,8 @@ _RECEIVE_BUDGET_BYTES = 4 * 1024 * 1024
 _STAT_INTERVAL_NS = 1_000_000_000
 _IDLE_WAIT_S = 0.02
 _LIVE_REPLAY_WAIT_S = 0.002
+# the longest an idle pass sleeps with no deadline nearer (stop, SIGHUP and commits wake it)
+_MAX_WAIT_S = 1.0
 
 
 class _SessionIO:
@@ -168,7 +170,7 @@ class StreamServer:
                 allow_plain_udp=self.config.allow_plain_udp,
                 authorize=self.authz.knows if self.authz is not None else None,
             )
-            self._store.start_ingest()
+            self._store.start_ingest(wake=self._wake_loop)
         except BaseException as exc:
             if self._store is not None:
                 self._store.close()
@@ -274,14 +276,34 @@ class StreamServer:
                     self._resource_failure(exc, now_ns)
                     work = 0
                 if not work:
-                    live = any(self.core.has_replays(k) for k in self.schedule.busy)
-                    self._listener.wait(_LIVE_REPLAY_WAIT_S if live else _IDLE_WAIT_S)
+                    self._listener.wait(self._idle_wait_s(min(next_gc_ns, next_stat_ns)))
         except BaseException as exc:  # the loop must never die silently
             self._failure = exc
             log.exception("stream server loop failed")
             self._started.set()
         finally:
             self._shutdown()
+
+    def _idle_wait_s(self, timer_ns: int) -> float:
+        """How long a pass that did no work may sleep (the transport wakes it earlier for a
+        HELLO, a session's data or image change, a finished commit): until the next real
+        deadline (``timer_ns``: housekeeping or the stat snapshot; a session's check; a
+        lease), or a short poll for what cannot signal (busy sessions, IPC sessions, IPC
+        ingest, chunked messages on their clock). An idle server used to wake every 20 ms
+        whatever it held (issue 31 item 4)."""
+        core, schedule = self.core, self.schedule
+        assert core is not None and self._store is not None
+        if schedule.busy:
+            live = any(core.has_replays(k) for k in schedule.busy)
+            return _LIVE_REPLAY_WAIT_S if live else _IDLE_WAIT_S
+        if schedule.unsignalled or self._store.ingest_polled or core.reassembling:
+            return _IDLE_WAIT_S
+        deadline = timer_ns
+        for at in (schedule.next_check_ns(), core.next_deadline_ns()):
+            if at is not None and at < deadline:
+                deadline = at
+        wait_s = (deadline - time.monotonic_ns()) / 1e9
+        return min(max(wait_s, 0.0), _MAX_WAIT_S)
 
     def request_reload(self) -> None:
         """Re-read the authorized keys file on the loop's next pass (SIGHUP)."""
@@ -334,6 +356,11 @@ class StreamServer:
         except OSError as exc:
             self.core.counters.add("housekeeping_failures")
             log.warning("housekeeping failed (retried on the next tick): %s", exc)
+
+    def _wake_loop(self) -> None:
+        """Wake the loop from another thread (ingest data arrived)."""
+        if self._listener is not None:
+            self._listener.wake()
 
     def _defer(self, key: object, job: Any) -> None:
         assert self._worker is not None
