@@ -335,7 +335,7 @@ class Publication:
         """When the driver must step it next (None: no deadline of its own); media that
         cannot tell are stepped every ``poll_ns``."""
         deadline = getattr(self._log, "next_deadline_ns", None)
-        return now_ns + poll_ns if deadline is None else deadline(now_ns, poll_ns)  # type: ignore[no-any-return]
+        return now_ns + poll_ns if deadline is None else deadline(now_ns, poll_ns)
 
     def close(self) -> None:
         """Stop accepting offers; what was offered is still delivered (UDP: then EOS, linger;
@@ -603,7 +603,7 @@ class Subscription:
         """When the driver must step it next (None: not before something wakes the driver);
         media that cannot tell are stepped every ``poll_ns``."""
         deadline = getattr(self._media, "next_deadline_ns", None)
-        return now_ns + poll_ns if deadline is None else deadline(now_ns, poll_ns)  # type: ignore[no-any-return]
+        return now_ns + poll_ns if deadline is None else deadline(now_ns, poll_ns)
 
     def close(self) -> None:
         if not self._closed:

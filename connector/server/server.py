@@ -106,7 +106,7 @@ class StreamServer:
         self.stat_writer = SnapshotWriter(config.directory)
         # the open descriptors counted last (listing /proc/self/fd: 30 ms at 5,000 open
         # recording files), recounted only when what opens them moved (_open_files)
-        self._fd_count = (-1, (), 0)
+        self._fd_count: tuple[int, tuple[int, ...], int] = (-1, (), 0)
 
     # --- lifecycle ----------------------------------------------------------------------------
 

@@ -66,7 +66,7 @@ def _ipc_deadline(resource: Any, now_ns: int) -> int | None:
     deadline = getattr(resource, "next_deadline_ns", None)
     if deadline is None:
         return now_ns + IPC_POLL_INTERVAL_NS
-    return deadline(now_ns, IPC_POLL_INTERVAL_NS)  # type: ignore[no-any-return]
+    return deadline(now_ns, IPC_POLL_INTERVAL_NS)
 
 
 class ImageLimits:
