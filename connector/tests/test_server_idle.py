@@ -22,7 +22,7 @@ from aeron_spark.connector.server.stat import read_snapshot
 from aeron_spark.connector.server.testing import client_for
 from aeron_spark.transport.archive import RecordingStore
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
-from aeron_spark.transport.testing import thread_wakeups
+from aeron_spark.transport.testing import running_threads, thread_wakeups
 
 TERM = 64 * 1024
 SERVER_THREADS = ("aeron-driver", "aeron-spark-server")
@@ -72,13 +72,14 @@ def test_an_idle_server_wakes_only_for_its_deadlines(tmp_path: Path) -> None:
     woke ~140 times a second (a 20 ms loop wait, a 10 ms IPC poll, a SETUP deadline every
     100 ms for the reply publication that has no client yet, a 100 ms runner cap); now a
     housekeeping tick and a stat snapshot a second (each thread)."""
+    others = running_threads()  # e.g. a client driver an earlier test left to be reused
     config = ServerConfig(directory=str(tmp_path / "srv"), port=0)
     with StreamServer(config):
         _confirmed_after(config.directory, 0)  # started: its first snapshot is out
         time.sleep(0.5)
-        before = thread_wakeups(SERVER_THREADS)
+        before = thread_wakeups(SERVER_THREADS, others)
         time.sleep(3.0)
-        wakeups = thread_wakeups(SERVER_THREADS) - before
+        wakeups = thread_wakeups(SERVER_THREADS, others) - before
     # ~8 here (two threads, a few a second between them); before: ~420
     assert wakeups <= 40, f"an idle server's threads woke {wakeups} times in 3 s"
 
