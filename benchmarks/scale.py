@@ -13,7 +13,8 @@ venv, e.g. main's, to compare); ``--term-length`` is passed to the server (serve
 own): the client call ``latestOffset`` needs without a trigger limit (the recordings' positions:
 ``recording_positions`` where the server has it, else ``list_recordings`` and one ``scan`` per
 recording, as the source did), ``list_recordings`` of the big and of the small stream, and the
-server's idle CPU (per cent of a core over ``--idle-s`` seconds, from ``/proc``).
+server's idle CPU (per cent of a core over ``--idle-s`` seconds, from ``/proc``) and wake-ups (its
+threads' voluntary context switches a second), with one idle session open.
 
 ``--recordings 1,8,64,256``: ``--messages`` 100-byte messages (1,000,000) over 1 ... 256
 recordings (one stream each, written offline into one ``aeron-spark server`` directory, the server
@@ -363,6 +364,20 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _wakeups(pid: int) -> int:
+    """The process's threads' voluntary context switches (each a sleep that ended)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as fh:
+                for line in fh:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        total += int(line.split()[1])
+        except FileNotFoundError:
+            continue
+    return total
+
+
 def _positions(client: StreamClient, stream: int) -> tuple[str, int]:
     """What latestOffset asks the server, without a trigger limit: message-boundary ends."""
     if hasattr(client, "recording_positions"):
@@ -406,10 +421,16 @@ def catalog_curve(sizes: list[int], idle_s: float) -> list[dict[str, Any]]:
                     list_small, _ = _timed(lambda: client.list_recordings([SMALL_STREAM]), 5)
                     time.sleep(2.0)  # past the first stat snapshot and the session's settling
                     cpu0, t0 = _cpu_s(server.proc.pid), time.monotonic()
+                    wakes0 = _wakeups(server.proc.pid)
                     time.sleep(idle_s)
-                    cpu = (_cpu_s(server.proc.pid) - cpu0) / (time.monotonic() - t0)
+                    wall = time.monotonic() - t0
+                    cpu = (_cpu_s(server.proc.pid) - cpu0) / wall
+                    wakeups = (_wakeups(server.proc.pid) - wakes0) / wall
                     stat = os.path.join(data, "stat.json")
                     stat_bytes = os.path.getsize(stat) if os.path.exists(stat) else None
+                    # the recordings' own file (issue 31 item 4: rewritten only when one changed)
+                    held = os.path.join(data, "stat-recordings.json")
+                    held_bytes = os.path.getsize(held) if os.path.exists(held) else None
             rows.append(
                 {
                     "recordings": n,
@@ -420,7 +441,9 @@ def catalog_curve(sizes: list[int], idle_s: float) -> list[dict[str, Any]]:
                     "list_recordings_big_ms": round(list_big * 1000, 1),
                     "list_recordings_small_ms": round(list_small * 1000, 2),
                     "idle_cpu_percent": round(cpu * 100, 2),
+                    "idle_wakeups_per_s": round(wakeups, 1),
                     "stat_json_bytes": stat_bytes,
+                    "stat_recordings_json_bytes": held_bytes,
                     "load_average_1m": os.getloadavg()[0],
                 }
             )

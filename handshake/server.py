@@ -629,6 +629,8 @@ class Server:
             self._wakeup.clear()
             return
         deadline = self.core.next_deadline_ns()
+        if self.connections and (deadline is None or self._next_reap_ns < deadline):
+            deadline = self._next_reap_ns  # the walk for lost peers (a caller may sleep long)
         if deadline is not None:
             timeout_s = min(timeout_s, max(deadline - time.monotonic_ns(), 0) / 1e9)
         if self.core.pending or self._replies:

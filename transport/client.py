@@ -341,6 +341,12 @@ class Publication:
         """The media's own duty (IPC: heartbeat and refresh the limit); the driver steps it."""
         return self._log.do_work(now_ns)
 
+    def next_deadline_ns(self, now_ns: int, poll_ns: int) -> int | None:
+        """When the driver must step it next (None: no deadline of its own); media that
+        cannot tell are stepped every ``poll_ns``."""
+        deadline = getattr(self._log, "next_deadline_ns", None)
+        return now_ns + poll_ns if deadline is None else deadline(now_ns, poll_ns)
+
     def close(self) -> None:
         """Stop accepting offers; what was offered is still delivered (UDP: then EOS, linger;
         IPC: subscribers drain to the end, the last one removes the file)."""
@@ -602,6 +608,12 @@ class Subscription:
     def do_work(self, now_ns: int) -> int:
         """The media's own duty (IPC: scan for publications, heartbeat, retire images)."""
         return self._media.do_work(now_ns)
+
+    def next_deadline_ns(self, now_ns: int, poll_ns: int) -> int | None:
+        """When the driver must step it next (None: not before something wakes the driver);
+        media that cannot tell are stepped every ``poll_ns``."""
+        deadline = getattr(self._media, "next_deadline_ns", None)
+        return now_ns + poll_ns if deadline is None else deadline(now_ns, poll_ns)
 
     def close(self) -> None:
         if not self._closed:

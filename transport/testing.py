@@ -168,8 +168,41 @@ def sweep_dead(directory: Any = None) -> list[str]:
     return logfile.sweep(where, time.monotonic_ns(), 10_000_000_000) + sweep_counter_files(where)
 
 
+def running_threads() -> frozenset[int]:
+    """The native ids of this process's threads now (to leave out of :func:`thread_wakeups`:
+    another test's shared client driver lives on in the process)."""
+    import threading
+
+    return frozenset(t.native_id for t in threading.enumerate() if t.native_id is not None)
+
+
+def thread_wakeups(prefixes: tuple[str, ...], exclude: frozenset[int] = frozenset()) -> int:
+    """How many times this process's threads named ``prefixes*`` (but those in ``exclude``,
+    :func:`running_threads` before the ones to count started) went to sleep and woke since
+    they started (Linux: the sum of their ``voluntary_ctxt_switches``): an idle thread's duty
+    cycles, counted by the kernel, not by the code under test. A loaded machine delays wake-ups
+    (and a GIL hand-off between two busy threads adds one), it does not add ticks: a fixed tick
+    adds one per tick however slow the machine."""
+    import threading
+
+    total = 0
+    for thread in threading.enumerate():
+        if not thread.name.startswith(prefixes) or thread.native_id in (None, *exclude):
+            continue
+        try:
+            with open(f"/proc/self/task/{thread.native_id}/status") as fh:
+                for line in fh:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        total += int(line.split()[1])
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+    return total
+
+
 __all__ = [
+    "running_threads",
     "sweep_dead",
+    "thread_wakeups",
     "LossConfig",
     "LossInjector",
     "ManualClock",

@@ -163,6 +163,12 @@ class SessionsMixin(CoreState):
             return True
         return authz.may(key, "consumer_commit", stream_id)
 
+    @property
+    def reassembling(self) -> bool:
+        """Whether a session holds an incomplete chunked message (its next chunk is due on the
+        clock: :meth:`expire` must run often)."""
+        return bool(self._reassembling)
+
     def next_deadline_ns(self) -> int | None:
         """The earliest lease that may run out (a renewed one is found later: never late)."""
         leases = self._leases

@@ -26,7 +26,7 @@ import os
 import random
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aeron_spark.connector.errors import (
@@ -209,6 +209,7 @@ class ArchiveStore:
         self._visible: dict[int, int] = {}
         self._sink_writers: dict[tuple[int, str], _SinkWriter] = {}
         self._recorders: list[Recorder] = []
+        self.ingest_polled = False  # ingest media that cannot wake the loop: it polls them
         self.catalog = Catalog(
             self.recordings.recordings, self._info, self._is_live, config.allowed_stream_ids
         )
@@ -452,10 +453,13 @@ class ArchiveStore:
 
     # --- ingest -------------------------------------------------------------------------------
 
-    def start_ingest(self) -> None:
+    def start_ingest(self, wake: Callable[[], object] | None = None) -> None:
+        """Subscribe to the ingest channel's streams; ``wake`` (the loop's) is called when one
+        has data or images come or go (UDP: over IPC the loop polls, ``ingest_polled``)."""
         channel = self.config.ingest_channel
         if channel is None:
             return
+        self.ingest_polled = wake is None or channel.startswith("aeron:ipc")
         admits = self.config.ingest_source_filter()
         if admits is None and not channel.startswith("aeron:ipc"):
             log.warning(
@@ -464,13 +468,14 @@ class ArchiveStore:
                 channel,
             )
         for stream_id in self.config.ingest_stream_ids:
+            subscription = self.driver.add_subscription(channel, stream_id, admit_source=admits)
+            add_listener = getattr(subscription, "add_listener", None)
+            if wake is not None and add_listener is not None:
+                add_listener(wake)
+            else:
+                self.ingest_polled = True
             self._recorders.append(
-                Recorder(
-                    self.recordings,
-                    self.driver.add_subscription(channel, stream_id, admit_source=admits),
-                    source="ingest",
-                    clock=self.clock,
-                )
+                Recorder(self.recordings, subscription, source="ingest", clock=self.clock)
             )
 
     def record_ingest(self, now_ns: int) -> int:

@@ -38,6 +38,9 @@ from aeron_spark.transport.protocol.schedule import DueQueue
 
 UNCLAIMED_ELICITS_MAX = 64  # SETUP requests for publications not (yet) there, per socket
 RECEIVES_PER_STEP = 64
+# the longest a driver thread sleeps when no agent has a deadline nearer (a safety net: every
+# agent reports its deadlines and every client change wakes it)
+IDLE_MAX_S = 1.0
 _TYPE_SM = int(FrameType.SM)
 _TYPE_NAK = int(FrameType.NAK)
 _TYPE_RTTM = int(FrameType.RTTM)
@@ -451,7 +454,10 @@ class AgentRunner:
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._registered: dict[int, Any] = {}
         self._token: tuple[Any, ...] | None = None
-        self._endpoint_agents = tuple(a for a in self.agents if hasattr(a, "endpoints"))
+        # agents whose sockets may change: endpoints replaced or their sockets_version bumped
+        self._endpoint_agents = tuple(
+            a for a in self.agents if hasattr(a, "endpoints") or hasattr(a, "sockets_version")
+        )
         self._reading_agents = tuple(a for a in self.agents if hasattr(a, "readable"))
         # the sockets idle()'s select found readable: the step right after it reads those
         # without polling again (one epoll_wait a step, not two)
@@ -490,16 +496,21 @@ class AgentRunner:
         return work
 
     def idle(self, timeout_s: float | None = None) -> None:
-        """Sleep until a socket is readable, the next deadline, a wake-up, or ``timeout_s``."""
-        now = time.monotonic_ns()
-        deadline = min(agent.next_deadline_ns(now) for agent in self.agents) if self.agents else now
-        wait_s = max(0.0, (deadline - now) / 1e9)
-        if timeout_s is not None:
-            wait_s = min(wait_s, timeout_s)
+        """Sleep until a socket is readable, the next deadline, a wake-up, or ``timeout_s``.
+
+        ``sleeping`` is set before the deadlines are asked: a client that changes an agent's
+        state and then wakes it either did so before (the deadline sees the change) or finds
+        it sleeping (its wake-up byte ends the select), never neither."""
         self._sync_registrations()
         self.sleeping = True
         try:
-            if any(agent.has_work() for agent in self.agents):
+            now = time.monotonic_ns()
+            agents = self.agents
+            deadline = min(agent.next_deadline_ns(now) for agent in agents) if agents else now
+            wait_s = max(0.0, (deadline - now) / 1e9)
+            if timeout_s is not None:
+                wait_s = min(wait_s, timeout_s)
+            if any(agent.has_work() for agent in agents):
                 return
             if wait_s <= 0:
                 return
@@ -541,12 +552,16 @@ class AgentRunner:
         if token is not None:
             # tuples of endpoints, replaced (copy on write) on change: compare identities
             for agent, seen in zip(self._endpoint_agents, token, strict=True):
-                if agent.endpoints is not seen[0] or _sockets_version(agent) != seen[1]:
+                if (
+                    getattr(agent, "endpoints", None) is not seen[0]
+                    or _sockets_version(agent) != seen[1]
+                ):
                     break
             else:
                 return True
         self._token = tuple(
-            (agent.endpoints, _sockets_version(agent)) for agent in self._endpoint_agents
+            (getattr(agent, "endpoints", None), _sockets_version(agent))
+            for agent in self._endpoint_agents
         )
         wanted: dict[int, Any] = {}
         for agent in self.agents:
@@ -580,8 +595,10 @@ class AgentRunner:
                 # The sender and receiver say what is left through has_work(), deadlines and
                 # readable sockets, which idle() checks before it sleeps: after their work go
                 # there, not through one more step that finds nothing (half the steps).
+                # no cap on the sleep: every agent says when it next has something to do
+                # (an idle driver used to wake ten times a second whatever it held)
                 if self.do_work() == 0 or not self._restep:
-                    self.idle(0.1)
+                    self.idle(IDLE_MAX_S)
             except Exception as exc:  # noqa: BLE001 - a bug in a deadline must not kill the driver
                 self.on_error(exc)
                 self.sleeping = False

@@ -41,6 +41,7 @@ from aeron_spark.transport.driver.endpoint import (
 )
 from aeron_spark.transport.errors import ChannelError, DriverError
 from aeron_spark.transport.protocol.image import ImageState
+from aeron_spark.transport.protocol.ipc import DUTY_INTERVAL_NS
 from aeron_spark.transport.protocol.logbuffer import is_reserved_session_id, wrap_int32
 from aeron_spark.transport.protocol.publication import Destination, PublicationState
 from aeron_spark.transport.protocol.receiver import StreamInterest, image_counts
@@ -52,11 +53,20 @@ OpenEndpoint = Callable[..., UdpEndpoint]
 # on the conductor's next tick): a client process that opens sessions one after the other keeps
 # its socket instead of paying a socket, and losing what is queued on it, per session.
 DEDICATED_LINGER_NS = 1_000_000_000
-# How often the conductor steps the IPC resources when nothing else wakes it: their own timers
-# are coarser (a subscription scans for new log files every 20 ms, heartbeats every 100 ms) and
-# an offer or a wait refreshes what it needs itself, so waking every millisecond bought nothing
-# but a thousand wake-ups a second per idle driver with an IPC resource (a handshake server).
-IPC_POLL_INTERVAL_NS = 10_000_000
+# How often the conductor steps an IPC resource that cannot say when it needs it: their own
+# timers are coarser (a subscription scans for new log files every 20 ms, heartbeats every
+# 100 ms) and an offer or a wait refreshes what it needs itself, so waking every millisecond
+# bought nothing but a thousand wake-ups a second per idle driver with an IPC resource (a
+# handshake server). Resources that can tell (``next_deadline_ns``) are stepped at their own
+# deadlines: an idle IPC subscription with the directory watched has none (issue 31).
+IPC_POLL_INTERVAL_NS = DUTY_INTERVAL_NS
+
+
+def _ipc_deadline(resource: Any, now_ns: int) -> int | None:
+    deadline = getattr(resource, "next_deadline_ns", None)
+    if deadline is None:
+        return now_ns + IPC_POLL_INTERVAL_NS
+    return deadline(now_ns, IPC_POLL_INTERVAL_NS)
 
 
 class ImageLimits:
@@ -115,6 +125,8 @@ class DriverConductor:
         self.subscriptions: list[Any] = []  # client Subscription objects (network and spy)
         self.spies: list[tuple[Any, ChannelConfig]] = []
         self.ipc: tuple[Any, ...] = ()  # IPC publications/subscriptions, stepped here
+        self.ipc_watch: Any = None  # the IPC directory's watch (ipc/watch.py), if any
+        self.sockets_version = 0  # bumped when filenos() changes (the runner registers them)
         self.retired: dict[str, int] = {}  # counts of publications and endpoints that are gone
         seed = random.getrandbits(32) if session_id_seed is None else session_id_seed
         self._next_session_id = wrap_int32(seed)
@@ -123,6 +135,9 @@ class DriverConductor:
 
     def do_work(self, now_ns: int) -> int:
         work = 0
+        watch = self.ipc_watch
+        if watch is not None:
+            watch.drain()  # a new log file: the subscriptions compare its generation
         for resource in self.ipc:
             work += resource.do_work(now_ns)
         if now_ns >= self.deadline_ns:
@@ -138,12 +153,27 @@ class DriverConductor:
         return False
 
     def next_deadline_ns(self, now_ns: int) -> int:
-        if self.ipc:
-            return min(now_ns + IPC_POLL_INTERVAL_NS, self.deadline_ns)
-        return self.deadline_ns
+        """The housekeeping tick or the earliest IPC resource's own deadline (a publication's
+        heartbeat; a subscription's poll while it has images, none while the IPC directory's
+        watch will wake the driver for a new log file)."""
+        deadline = self.deadline_ns
+        for resource in self.ipc:
+            at = _ipc_deadline(resource, now_ns)
+            if at is not None and at < deadline:
+                deadline = at
+        return deadline
 
     def filenos(self) -> list[Any]:
-        return []
+        watch = self.ipc_watch
+        return [watch] if watch is not None and not watch.closed else []
+
+    def watch_ipc(self, watch: Any) -> None:
+        """The driver's inotify watch of its IPC directory: readable when a log file comes."""
+        with self.lock:
+            self.ipc_watch = watch
+            self.sockets_version += 1  # the runner registers it
+        if self._wake_conductor is not None:
+            self._wake_conductor()
 
     def wake_sender(self) -> None:
         if self._wake_sender is not None:
@@ -618,6 +648,8 @@ class DriverConductor:
                 except Exception as exc:  # noqa: BLE001
                     on_error(exc)
             self.ipc = ()
+            if self.ipc_watch is not None:
+                self.ipc_watch.close()
 
     # ------------------------------------------------------------------ counters
 

@@ -53,6 +53,7 @@ from aeron_spark.transport.errors import (
     PortInUseError,
 )
 from aeron_spark.transport.ipc import logfile as ipc_logfile
+from aeron_spark.transport.ipc.watch import DirectoryWatch, open_watch
 from aeron_spark.transport.protocol.logbuffer import (
     MAX_UDP_PAYLOAD_LENGTH,
     RESERVED_SESSION_ID_HIGH,
@@ -193,6 +194,8 @@ class Driver:
         self._receiver_runner: AgentRunner | None = None
         self._started = False
         self._closed = False
+        self._ipc_watch: DirectoryWatch | None = None
+        self._ipc_watch_tried = False
         self.errors: list[BaseException] = []
         self.counters = Counters(
             self.system_counters, self._conductor.stream_positions, self._conductor.totals
@@ -558,6 +561,14 @@ class Driver:
     ) -> Any:
         ipc = self._ipc_module()
         self.directory.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            if not self._ipc_watch_tried and not self.is_invoker:
+                # one inotify watch of the IPC directory for the driver: an idle subscription
+                # sleeps until a log file comes (invoker mode: its caller's loop polls anyway)
+                self._ipc_watch_tried = True
+                self._ipc_watch = open_watch(ipc_logfile.ipc_directory(self.directory))
+                if self._ipc_watch is not None:
+                    self._conductor.watch_ipc(self._ipc_watch)
         resource = ipc.add_subscription(
             config,
             stream_id,
@@ -565,6 +576,7 @@ class Driver:
             on_available_image=on_available_image,
             on_unavailable_image=on_unavailable_image,
             liveness_timeout_ns=self.config.ipc_liveness_timeout_ns,
+            watch=self._ipc_watch,
         )
         self._conductor.add_ipc(resource)
         return resource

@@ -15,6 +15,7 @@ from typing import Any
 from aeron_spark.transport.ipc.logfile import LogFile
 from aeron_spark.transport.ipc.publication import IpcPublication
 from aeron_spark.transport.ipc.subscription import IpcImage, IpcSubscription
+from aeron_spark.transport.ipc.watch import DirectoryWatch, open_watch
 from aeron_spark.transport.uri import ChannelConfig
 
 DEFAULT_LIVENESS_TIMEOUT_NS = 10_000_000_000
@@ -41,6 +42,7 @@ def add_subscription(
     on_available_image: Callable[[Any], object] | None = None,
     on_unavailable_image: Callable[[Any], object] | None = None,
     liveness_timeout_ns: int = DEFAULT_LIVENESS_TIMEOUT_NS,
+    watch: DirectoryWatch | None = None,
 ) -> IpcSubscription:
     return IpcSubscription(
         config,
@@ -49,15 +51,18 @@ def add_subscription(
         on_available_image=on_available_image,
         on_unavailable_image=on_unavailable_image,
         liveness_timeout_ns=liveness_timeout_ns,
+        watch=watch,
     )
 
 
 __all__ = [
     "DEFAULT_LIVENESS_TIMEOUT_NS",
+    "DirectoryWatch",
     "IpcImage",
     "IpcPublication",
     "IpcSubscription",
     "LogFile",
+    "open_watch",
     "add_publication",
     "add_subscription",
 ]

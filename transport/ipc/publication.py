@@ -196,6 +196,12 @@ class IpcPublicationLog:
         self._refresh_limit(now_ns)
         return 1
 
+    def next_deadline_ns(self, now_ns: int, poll_ns: int) -> int | None:
+        """Its next heartbeat (None once closed). Ten a second even with no subscriber: a
+        subscriber that finds the file judges it by its own liveness timeout (as short as
+        a second in tests), so the publisher cannot heartbeat less often on its own say."""
+        return None if self.is_closed else self._heartbeat.next_ns
+
     def close(self) -> None:
         """End of stream: subscribers drain to ``position``, then the last one removes the file
         (or we do, now, when nobody is subscribed). The publication holds its lock."""

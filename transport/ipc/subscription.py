@@ -29,6 +29,7 @@ from aeron_spark.transport.ipc.logfile import (
     pid_alive,
 )
 from aeron_spark.transport.ipc.waiting import BackoffSignal
+from aeron_spark.transport.ipc.watch import DirectoryWatch
 from aeron_spark.transport.protocol import ipc as rules
 from aeron_spark.transport.protocol.image import ImageState
 from aeron_spark.transport.protocol.term import Header
@@ -114,8 +115,14 @@ class IpcSubscriptionMedia:
         directory: Path,
         liveness_timeout_ns: int,
         on_error: Callable[[BaseException], object] | None = None,
+        watch: DirectoryWatch | None = None,
     ) -> None:
         self.stream_id = stream_id
+        # the driver's inotify watch of the directory: with it, no image and no file waiting
+        # to be ready, the subscription has no deadline (a new log file wakes the driver)
+        self._watch = watch
+        self._watched = -1  # the watch's generation at the last scan
+        self._retry = True  # a scan left a file of ours to look at again (or none ran yet)
         self.session_filter = config.session_id
         self.folder = ipc_directory(directory)
         self._name_prefix = file_name(stream_id, 0).rpartition("_")[0] + "_"  # "pub_<stream>_"
@@ -152,13 +159,31 @@ class IpcSubscriptionMedia:
         with self._lock:
             if self._closed:  # closed while we waited for the lock: a scan now would claim
                 return 0  # slots (re-find files close let go of) that nobody ever releases
-            if self._scan_due.due(now_ns):
+            watch = self._watch
+            if watch is None or watch.broken:
+                if self._scan_due.due(now_ns):
+                    work += self._scan(now_ns)
+            elif (watch.generation != self._watched or self._retry) and self._scan_due.due(now_ns):
+                self._watched = watch.generation  # before the listing: a later change rescans
                 work += self._scan(now_ns)
             if self._heartbeat_due.due(now_ns):
                 for image in self._images():
                     image.log.set_slot_heartbeat(image.slot, now_ns)
             work += self._retire(now_ns)
         return work
+
+    def next_deadline_ns(self, now_ns: int, poll_ns: int) -> int | None:
+        """When the driver must step it next without new input (None: not before a change of
+        the directory wakes the driver). ``poll_ns``: the driver's duty interval for an IPC
+        resource that cannot tell (images: their data and their publishers' ends are polled)."""
+        if self._closed:
+            return None
+        if self._subscription is not None and self._subscription.is_connected:
+            return now_ns + poll_ns
+        watch = self._watch
+        if watch is None or watch.broken or watch.generation != self._watched or self._retry:
+            return max(self._scan_due.next_ns, now_ns + poll_ns)
+        return None
 
     def _images(self) -> list[IpcImageLog]:
         assert self._subscription is not None
@@ -174,6 +199,7 @@ class IpcSubscriptionMedia:
         except FileNotFoundError:
             return 0
         if stamp == self._listed_stamp and now_ns < self._next_listing_ns:
+            self._retry = False
             return 0
         self._listed_stamp = None
         self._next_listing_ns = now_ns + LISTING_INTERVAL_NS
@@ -218,6 +244,7 @@ class IpcSubscriptionMedia:
         # was (file times are coarse): only a stamp older than that tick is trusted.
         if not retry and time.time_ns() - stamp > MTIME_SETTLED_NS:
             self._listed_stamp = stamp
+        self._retry = retry
         return added
 
     def _retire(self, now_ns: int) -> int:
@@ -230,6 +257,7 @@ class IpcSubscriptionMedia:
         assert self._subscription is not None
         self._known.discard(image.log.path.name)
         self._listed_stamp = None  # its file may be found again (a publisher that resumes)
+        self._retry = True
         try:
             self._subscription.image_unavailable(image)
         finally:
@@ -256,8 +284,11 @@ class IpcSubscription(Subscription):
         on_unavailable_image: Callable[[Image], object] | None = None,
         liveness_timeout_ns: int,
         on_error: Callable[[BaseException], object] | None = None,
+        watch: DirectoryWatch | None = None,
     ) -> None:
-        media = IpcSubscriptionMedia(config, stream_id, directory, liveness_timeout_ns, on_error)
+        media = IpcSubscriptionMedia(
+            config, stream_id, directory, liveness_timeout_ns, on_error, watch
+        )
         super().__init__("aeron:ipc", stream_id, on_available_image, on_unavailable_image, media)
 
     def __repr__(self) -> str:

@@ -16,6 +16,9 @@ from aeron_spark.transport.api import BACK_PRESSURED, MAX_POSITION_EXCEEDED, NOT
 PUBLISHER_HEARTBEAT_INTERVAL_NS = 100_000_000
 SUBSCRIBER_HEARTBEAT_INTERVAL_NS = 100_000_000
 SCAN_INTERVAL_NS = 20_000_000
+# how often the driver steps an IPC resource that cannot say when (an image's data and its
+# publisher's end are polled): a thousand wake-ups a second bought nothing over a hundred
+DUTY_INTERVAL_NS = 10_000_000
 
 SLOT_FREE = 0
 SLOT_USED = 1

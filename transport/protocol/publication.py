@@ -798,10 +798,17 @@ class PublicationState:
         """Earliest time :meth:`send` has something to do without new input."""
         flow = self.flow
         connected = flow.has_initial_connection
-        deadline = self.heartbeat_deadline_ns if connected else self.setup_deadline_ns
-        if connected and any(d.needs_setup for d in self.dests.by_address.values()):
-            deadline = min(deadline, self.setup_deadline_ns)
         phase = self.phase
+        if connected:
+            deadline = self.heartbeat_deadline_ns
+            if any(d.needs_setup for d in self.dests.by_address.values()):
+                deadline = min(deadline, self.setup_deadline_ns)
+        elif self.dests.by_address or phase is not _ACTIVE:
+            deadline = self.setup_deadline_ns
+        else:
+            # no destination yet (a server's reply publication before its first client): a
+            # SETUP has nowhere to go; a destination added or a receiver's SM kicks it
+            deadline = NO_DEADLINE_NS
         if phase is _LINGER and self.linger_deadline_ns is not None:
             deadline = min(deadline, self.linger_deadline_ns)
         elif phase is _DRAINING and self._undrainable and self.closed_at_ns is not None:
@@ -810,6 +817,10 @@ class PublicationState:
         if refused is not None and refused < deadline:
             deadline = refused  # a held SETUP request expires: counted refused
         return deadline
+
+
+# what :attr:`PublicationState.next_deadline_ns` says when nothing is due without new input
+NO_DEADLINE_NS = 2**62
 
 
 def commit_claim(term: memoryview, offset: int) -> None:

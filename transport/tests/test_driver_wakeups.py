@@ -331,3 +331,48 @@ def test_subscription_wait_returns_for_an_image_that_came_just_before_the_call(
         assert sub.wait(5.0)
         pub.close()
         sub.close()
+
+
+def test_an_idle_driver_sleeps_until_a_real_deadline_and_a_new_ipc_log_wakes_it(
+    tmp_path: Any,
+) -> None:
+    """What an idle stream server's driver holds (issue 31 item 4): an IPC subscription with no
+    image (the handshake's IPC HELLO), a UDP publication with no destination yet (its reply
+    publication) and a UDP subscription with no image. The runner woke ~95 times a second for
+    them: the conductor stepped the IPC subscription every 10 ms to scan for log files, the
+    publication's SETUP deadline came every 100 ms with nowhere to send it, and the runner
+    never slept longer than 100 ms. Now it sleeps until its housekeeping tick (a second) and an
+    inotify watch of the IPC directory wakes it for a new log file. Counted by the kernel (the
+    thread's voluntary context switches) over two seconds; a loaded machine makes fewer."""
+    from aeron_spark.transport.testing import free_udp_port, running_threads, thread_wakeups
+
+    others = running_threads()  # e.g. a client driver an earlier test left to be reused
+    config = DriverConfig(directory=tmp_path, write_counters_file=False)
+    driver = Driver(config).start()
+    other = Driver(config).start()  # another client's driver over the same IPC directory
+    try:
+        sub = driver.add_subscription("aeron:ipc", 12)
+        port = free_udp_port()
+        nowhere = driver.add_publication(
+            f"aeron:udp?control=127.0.0.1:{port}|control-mode=manual", 13
+        )
+        udp_sub = driver.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}", 14)
+        time.sleep(0.3)  # the first SETUP, scan and registrations
+        before = thread_wakeups(("aeron-driver",), others)
+        time.sleep(2.0)
+        wakeups = thread_wakeups(("aeron-driver",), others) - before
+        # both drivers' threads (one name): a housekeeping tick a second each, nothing else;
+        # before: ~190 and ~20
+        assert wakeups <= 12, f"two idle drivers woke {wakeups} times in 2 s"
+        pub = other.add_publication("aeron:ipc", 12)
+        deadline = time.monotonic() + 10.0
+        while not sub.images and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sub.images and sub.images[0].session_id == pub.session_id
+        pub.close()
+        nowhere.close()
+        udp_sub.close()
+        sub.close()
+    finally:
+        other.close()
+        driver.close()

@@ -1,0 +1,116 @@
+"""What an idle stream server costs (issue 31 item 4, done when: idle server CPU with 10,000
+recordings <= 3% of a core).
+
+An idle server with no session and no recording woke ~95 times a second in its driver thread
+and ~45 times in its event loop (2-3% of a core on its own), and every second it rewrote the
+whole catalog into ``stat.json`` (2.8 MB at 10,000 recordings) and listed ``/proc/self/fd``
+(5,000 entries with the recordings' files open). Now the loop and the driver sleep until their
+next real deadline, and the snapshot's files are replaced only when what they say changed.
+Wake-ups are counted by the kernel (the threads' voluntary context switches), not timed: a
+loaded machine only makes fewer."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from aeron_spark.connector.server import ServerConfig, StreamServer
+from aeron_spark.connector.server.framing import Framer
+from aeron_spark.connector.server.stat import read_snapshot
+from aeron_spark.connector.server.testing import client_for
+from aeron_spark.transport.archive import RecordingStore
+from aeron_spark.transport.protocol.logbuffer import LogGeometry
+from aeron_spark.transport.testing import running_threads, thread_wakeups
+
+TERM = 64 * 1024
+SERVER_THREADS = ("aeron-driver", "aeron-spark-server")
+
+
+def _populate(directory: str, count: int) -> None:
+    """``count`` finished recordings on stream 5, two messages each (as a server writes)."""
+    store = RecordingStore(directory, fsync=False, max_open_files=8)
+    for n in range(count):
+        rec = store.create(5, n + 1, "session:test", 0, 0, 0, TERM, 1408, time.time_ns())
+        for position, block in Framer(LogGeometry(TERM, 1408, 0), n + 1, 5, 0).frame(
+            [b"m%d" % n] * 2, None
+        ):
+            rec.append(block, position, time.time_ns())
+        rec.stop(time.time_ns())
+    store.close(time.time_ns())
+
+
+def _confirmed_after(directory: str, after_s: float) -> dict:
+    """The snapshot once the server has confirmed it (rewritten or touched) after ``after_s``."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            snapshot = read_snapshot(directory)
+        except Exception:  # noqa: BLE001 - not written yet
+            snapshot = {}
+        if snapshot.get("written_at_s", 0) > after_s:
+            return snapshot
+        assert time.monotonic() < deadline, "the stat snapshot was not confirmed"
+        time.sleep(0.1)
+
+
+def _recordings_file(directory: str) -> str:
+    """The file that holds the snapshot's recordings (before issue 31: stat.json itself)."""
+    with open(os.path.join(directory, "stat.json")) as fh:
+        name = json.load(fh).get("recordings_file", "stat.json")
+    return os.path.join(directory, name)
+
+
+def _identity(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_ino, st.st_mtime_ns
+
+
+def test_an_idle_server_wakes_only_for_its_deadlines(tmp_path: Path) -> None:
+    """No session, no recording: the loop's and the driver's threads over three seconds. They
+    woke ~140 times a second (a 20 ms loop wait, a 10 ms IPC poll, a SETUP deadline every
+    100 ms for the reply publication that has no client yet, a 100 ms runner cap); now a
+    housekeeping tick and a stat snapshot a second (each thread)."""
+    others = running_threads()  # e.g. a client driver an earlier test left to be reused
+    config = ServerConfig(directory=str(tmp_path / "srv"), port=0)
+    with StreamServer(config):
+        _confirmed_after(config.directory, 0)  # started: its first snapshot is out
+        time.sleep(0.5)
+        before = thread_wakeups(SERVER_THREADS, others)
+        time.sleep(3.0)
+        wakeups = thread_wakeups(SERVER_THREADS, others) - before
+    # ~8 here (two threads, a few a second between them); before: ~420
+    assert wakeups <= 40, f"an idle server's threads woke {wakeups} times in 3 s"
+
+
+def test_an_idle_servers_stat_snapshot_does_not_rewrite_the_recordings(tmp_path: Path) -> None:
+    """The recordings' part of the snapshot is replaced when a recording changes, not every
+    second: over three confirmed snapshots of an idle server the file holding them is the same
+    file (inode and modification time); a publish (a new recording) replaces it, with the new
+    recording in it."""
+    directory = str(tmp_path / "srv")
+    _populate(directory, 300)
+    config = ServerConfig(directory=directory, port=0, term_length=TERM, mtu=1408)
+    with StreamServer(config) as server:
+        first = _confirmed_after(directory, 0)
+        assert len(first["recordings"]) == 300
+        held = _recordings_file(directory)
+        settled = _identity(held)
+        confirmed = first["written_at_s"]
+        for _ in range(3):  # three more looks of the server's, a second apart
+            confirmed = _confirmed_after(directory, confirmed + 0.5)["written_at_s"]
+        assert _identity(held) == settled, "the recordings were rewritten with nothing changed"
+        snapshot = read_snapshot(directory, max_age_s=30)
+        assert "stale" not in snapshot  # touched, so a reader knows the server is alive
+        assert snapshot["recordings"] == server.snapshot()["recordings"]
+        assert snapshot["server"]["uptime_s"] >= 2.0  # aged by the reader since its writing
+        with client_for(server.endpoint) as client:
+            client.publish(6, [b"new"])
+            deadline = time.monotonic() + 60
+            while _identity(held) == settled:
+                assert time.monotonic() < deadline, "a new recording did not reach the snapshot"
+                time.sleep(0.1)
+            recordings = _confirmed_after(directory, time.time())["recordings"]
+            assert [r["stream_id"] for r in recordings].count(6) == 1
+            assert len(recordings) == 301

@@ -1,0 +1,107 @@
+"""A wake-up for new IPC log files: Linux ``inotify`` on the driver's IPC directory.
+
+An IPC subscription with no image had nothing to wait on but the clock: it scanned the directory
+every 20 ms and its driver's conductor woke every 10 ms to step it, a hundred wake-ups a second
+for an idle handshake server (issue 31). A publisher's log file is renamed into the directory
+once its header is written (:mod:`.logfile`), so ``IN_MOVED_TO`` / ``IN_CREATE`` say when a scan
+can find something. The watch's descriptor is one more readable object in the driver's
+``select``; :attr:`DirectoryWatch.generation` counts the changes seen, and a subscription scans
+when it moved since its last scan (or a file it found was not ready: it polls until it is).
+
+One watch per driver (inotify instances are few: 128 per user by default). Where inotify is
+missing or refused (another OS, the limit reached) :func:`open_watch` returns None and the
+subscriptions poll as before; a watch that lost its directory (removed, queue overflow) says
+``broken`` and they poll from then on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import struct
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+IN_MOVED_TO = 0x00000080
+IN_CREATE = 0x00000100
+IN_DELETE_SELF = 0x00000400
+IN_MOVE_SELF = 0x00000800
+IN_Q_OVERFLOW = 0x00004000
+IN_IGNORED = 0x00008000
+_MASK = IN_MOVED_TO | IN_CREATE | IN_DELETE_SELF | IN_MOVE_SELF
+_GONE = IN_DELETE_SELF | IN_MOVE_SELF | IN_Q_OVERFLOW | IN_IGNORED
+_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then the name, len bytes)
+
+
+class DirectoryWatch:
+    """An inotify descriptor watching one directory (see the module)."""
+
+    def __init__(self, fd: int, directory: Path) -> None:
+        self._fd = fd
+        self.directory = directory
+        self.generation = 0  # changes seen (a subscription compares it with its last scan's)
+        self.broken = False  # the directory went (or events were lost): poll from now on
+        self.closed = False
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def drain(self) -> bool:
+        """Read what is pending (never blocks); True if the directory changed."""
+        if self.closed:
+            return False
+        changed = False
+        while True:
+            try:
+                data = os.read(self._fd, 65536)
+            except BlockingIOError:
+                return changed
+            except OSError:
+                self.broken = True
+                self.generation += 1
+                return True
+            if not data:
+                return changed
+            changed = True
+            self.generation += 1
+            at = 0
+            while at + _EVENT.size <= len(data):
+                _wd, mask, _cookie, length = _EVENT.unpack_from(data, at)
+                if mask & _GONE:
+                    self.broken = True
+                at += _EVENT.size + length
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            os.close(self._fd)
+
+
+def open_watch(directory: Path) -> DirectoryWatch | None:
+    """A watch on ``directory`` (created if missing), or None where inotify is not available."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name, use_errno=True)
+        init1 = libc.inotify_init1
+        add_watch = libc.inotify_add_watch
+    except (OSError, AttributeError):
+        return None
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError:
+        return None
+    fd = init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    if fd < 0:
+        log.debug("inotify_init1: errno %d (IPC subscriptions poll)", ctypes.get_errno())
+        return None
+    if add_watch(fd, os.fsencode(str(directory)), _MASK) < 0:
+        log.debug("inotify_add_watch %s: errno %d (polling)", directory, ctypes.get_errno())
+        os.close(fd)
+        return None
+    return DirectoryWatch(fd, directory)
+
+
+__all__ = ["DirectoryWatch", "open_watch"]
