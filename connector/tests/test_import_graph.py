@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -112,14 +113,6 @@ def _known(name: str) -> str | None:
     return None
 
 
-def _in_type_checking(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
-    while node in parents:
-        node = parents[node]
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            return True
-    return False
-
-
 def imports_of(module: str) -> list[tuple[str, int, bool]]:
     """(imported module of ours, line, function-local) for each import in ``module``."""
     if module not in _IMPORTS:
@@ -131,30 +124,30 @@ _IMPORTS: dict[str, list[tuple[str, int, bool]]] = {}
 
 
 def _scan(module: str) -> Iterator[tuple[str, int, bool]]:
+    """The imports of ours in ``module``, in ``ast.walk`` order; one breadth-first walk that
+    carries down whether a node is under an ``if TYPE_CHECKING`` (either branch: skipped) and
+    whether it is inside a function (function-local)."""
     tree = ast.parse(MODULES[module].read_text(), str(MODULES[module]))
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-
-    def local(node: ast.AST) -> bool:
-        while node in parents:
-            node = parents[node]
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                return True
-        return False
-
-    for node in ast.walk(tree):
-        if _in_type_checking(node, parents):
-            continue
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                target = _known(alias.name)
-                if target is not None:
-                    yield target, node.lineno, local(node)
-        elif isinstance(node, ast.ImportFrom):
-            source = _resolve(module, node)
-            for alias in node.names:
-                target = _known(f"{source}.{alias.name}") or _known(source)
-                if target is not None and target != module:
-                    yield target, node.lineno, local(node)
+    todo: deque[tuple[ast.AST, bool, bool]] = deque([(tree, False, False)])
+    while todo:
+        node, type_checking, local = todo.popleft()
+        if not type_checking:
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    target = _known(alias.name)
+                    if target is not None:
+                        yield target, node.lineno, local
+            elif isinstance(node, ast.ImportFrom):
+                source = _resolve(module, node)
+                for alias in node.names:
+                    target = _known(f"{source}.{alias.name}") or _known(source)
+                    if target is not None and target != module:
+                        yield target, node.lineno, local
+        below = (
+            type_checking or isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test),
+            local or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef),
+        )
+        todo.extend((child, *below) for child in ast.iter_child_nodes(node))
 
 
 GRAPH = {m: sorted({t for t, _, _ in imports_of(m)}) for m in MODULES}

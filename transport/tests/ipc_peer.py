@@ -3,6 +3,9 @@
 Modes:
   subscribe N SLEEP_S   receive N messages (sleeping SLEEP_S after each poll), print a JSON line
                         with their count, sha256 and whether they were in order, then exit
+  check N SEED          receive N messages, each compared with what the publisher sent
+                        (``payload(i, random_sizes(SEED, N)[i])``), print a JSON line with their
+                        count and the first one that differed (null if none), then exit
   hold                  subscribe and never poll (prints "ready"); for back-pressure tests
   publish-torn N        publish N whole messages, then die (os._exit) in the middle of a
                         fragmented one: after its later fragments, before its first frame length
@@ -13,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import sys
 import time
 
@@ -22,6 +26,12 @@ from aeron_spark.transport.protocol import term as term_module
 
 def payload(i: int, size: int) -> bytes:
     return i.to_bytes(8, "little") + bytes([i % 251]) * max(0, size - 8)
+
+
+def random_sizes(seed: int, count: int) -> list[int]:
+    """Message sizes from a few bytes to 40 KB (fragmented), the same in both processes."""
+    rng = random.Random(seed)
+    return [rng.choice((8, 40, 500, 1400, 3000, 9000, 40_000)) for _ in range(count)]
 
 
 def main() -> None:
@@ -56,6 +66,34 @@ def main() -> None:
                 ),
                 flush=True,
             )
+            sub.close()
+        elif mode == "check":
+            count, seed = int(sys.argv[4]), int(sys.argv[5])
+            sizes = random_sizes(seed, count)
+            sub = driver.add_subscription("aeron:ipc", stream)
+            result: dict[str, object] = {"count": 0, "first_bad": None}
+
+            def on_checked(data: memoryview, header: object) -> None:
+                n = result["count"]
+                assert isinstance(n, int)
+                # bytes(data) == ...: a copy and a memcmp (a memoryview compares item by item)
+                if result["first_bad"] is None and (
+                    n >= count or bytes(data) != payload(n, sizes[n])
+                ):
+                    result["first_bad"] = {
+                        "index": n,
+                        "length": len(data),
+                        "head": bytes(data[:16]).hex(),
+                    }
+                result["count"] = n + 1
+
+            checker = FragmentAssembler(on_checked)
+            print("ready", flush=True)
+            deadline = time.monotonic() + 120
+            while result["count"] < count and time.monotonic() < deadline:  # type: ignore[operator]
+                if sub.poll(checker, 256) == 0:
+                    sub.wait(0.05)
+            print(json.dumps(result), flush=True)
             sub.close()
         elif mode == "hold":
             sub = driver.add_subscription("aeron:ipc", stream)

@@ -157,7 +157,11 @@ def test_control_path_counts_every_refusal_and_still_sends(packets: list[bytes])
         deadline = time.monotonic() + 5
         while not any(b"after the garbage" in d for d in seen):
             assert time.monotonic() < deadline, "no DATA reached the receiver after the garbage"
-            if select.select([peer], [], [], 0.05)[0]:
+            # The agent runs on the test's manual clock: the data may only go out once that clock
+            # passes a send deadline (10 steps of 10 ms). A loopback datagram the agent sent is
+            # readable at once, so a short real wait before the next step is enough (a late one
+            # is read at the next step); 50 ms a step cost 0.5 s an example, 100 s in all.
+            if select.select([peer], [], [], 0.002)[0]:
                 seen.append(peer.recv(65536))
             else:
                 now += 10_000_000

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -26,7 +25,7 @@ from aeron_spark.transport import (
 
 PEER = str(Path(__file__).with_name("ipc_peer.py"))
 sys.path.insert(0, str(Path(__file__).parent))
-from ipc_peer import payload  # noqa: E402
+from ipc_peer import payload, random_sizes  # noqa: E402
 
 
 @pytest.fixture
@@ -89,20 +88,21 @@ def test_same_api_as_udp_in_one_process(ipc_dir: Path) -> None:
 
 
 def test_100k_messages_of_random_sizes_between_two_processes(ipc_dir: Path) -> None:
-    rng = random.Random(7)
-    sizes = [rng.choice((8, 40, 500, 1400, 3000, 9000, 40_000)) for _ in range(100_000)]
-    child = _peer("subscribe", ipc_dir, 9, len(sizes), 0)
-    digest = hashlib.sha256()
+    """100,000 messages of 8 B to 40 KB (about 770 MB; the large ones fragmented) arrive
+    complete, in order and intact: the subscriber compares each with what was sent (both sides
+    draw the sizes from one seed). A SHA-256 of both sides' 770 MB had cost more than the
+    transfer itself on a loaded 2-core machine; the comparison is exact and names the first
+    message that differs."""
+    sizes = random_sizes(7, 100_000)
+    child = _peer("check", ipc_dir, 9, len(sizes), 7)
     with _driver(ipc_dir) as driver:
         pub = driver.add_publication("aeron:ipc?term-length=1m", 9)
         assert pub.wait_until_connected(10)
         for i, size in enumerate(sizes):
-            data = payload(i, size)
-            digest.update(data)
-            pub.offer_blocking(data, timeout_s=30)
+            pub.offer_blocking(payload(i, size), timeout_s=30)
         result = _result(child)
         pub.close()
-    assert result == {"count": len(sizes), "sha256": digest.hexdigest(), "in_order": True}
+    assert result == {"count": len(sizes), "first_bad": None}
     assert _files(ipc_dir) == []
 
 
