@@ -487,26 +487,66 @@ def soak(seconds: float, rate: int) -> dict[str, Any]:
             threads = [threading.Thread(target=f, daemon=True) for f in (publish, replay, sink)]
             for t in threads:
                 t.start()
-            time.sleep(seconds / 5)
-            first = tracemalloc.take_snapshot()
-            rss_first = _rss_kib()
-            time.sleep(seconds * 4 / 5)
+            began = time.monotonic()
+            base_at = min(300.0, seconds / 5)
+            step = min(60.0, seconds / 10)
+            curve: list[dict[str, Any]] = []
+            first = None
+            rss_first = anon_first = -1
+            next_sample = began + step
+            while True:
+                now = time.monotonic()
+                if first is None and now - began >= base_at:
+                    first = tracemalloc.take_snapshot()
+                    rss_first, anon_first = _rss_kib(), _rss_kib("RssAnon:")
+                    print(
+                        f"soak baseline at {now - began:.0f} s: rss {rss_first} KiB",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                if now >= next_sample or now - began >= seconds:
+                    point = {
+                        "t_s": round(now - began),
+                        "rss_kib": _rss_kib(),
+                        "rss_anon_kib": _rss_kib("RssAnon:"),
+                        "traced_kib": tracemalloc.get_traced_memory()[0] // 1024,
+                        "published": published[0],
+                        "replayed_bytes": read[0],
+                        "sink_commits": committed[0],
+                        "load_1m": os.getloadavg()[0],
+                    }
+                    curve.append(point)
+                    print("soak " + json.dumps(point), file=sys.stderr, flush=True)
+                    next_sample += step
+                if now - began >= seconds:
+                    break
+                time.sleep(max(0.05, min(next_sample, began + seconds) - time.monotonic()))
+            elapsed = time.monotonic() - began
             last = tracemalloc.take_snapshot()
-            rss_last = _rss_kib()
+            rss_last, anon_last = _rss_kib(), _rss_kib("RssAnon:")
             stop.set()
             for t in threads:
                 t.join(30)
-            assert server.core is not None
+            assert server.core is not None and first is not None
             mine = [
-                tracemalloc.Filter(True, "*/connector/server/*"),
-                tracemalloc.Filter(True, "*/transport/archive/*"),
+                tracemalloc.Filter(True, "*/connector/*"),
+                tracemalloc.Filter(True, "*/transport/*"),
+                tracemalloc.Filter(True, "*/aeron_spark/*"),
             ]
             diff = last.filter_traces(mine).compare_to(first.filter_traces(mine), "lineno")
+            by_tb = last.compare_to(first, "traceback")
             out.update(
                 published=published[0],
+                msgs_per_s=round(published[0] / elapsed, 1),
+                replayed_bytes=read[0],
                 sink_commits=committed[0],
-                rss_kib_after_first_fifth=rss_first,
+                baseline_at_s=base_at,
+                rss_kib_baseline=rss_first,
+                rss_anon_kib_baseline=anon_first,
                 rss_kib_end=rss_last,
+                rss_anon_kib_end=anon_last,
+                rss_end_over_baseline=round(rss_last / rss_first, 3),
+                curve=curve,
                 committer_done=len(server.core.committer.done),
                 commit_log_bytes=server.core.committer.log.size,
                 growth_top=[
@@ -515,7 +555,15 @@ def soak(seconds: float, rate: int) -> dict[str, Any]:
                         "size_diff": d.size_diff,
                         "count_diff": d.count_diff,
                     }
-                    for d in diff[:12]
+                    for d in diff[:15]
+                ],
+                growth_by_traceback=[
+                    {
+                        "traceback": [str(f) for f in d.traceback],
+                        "size_diff": d.size_diff,
+                        "count_diff": d.count_diff,
+                    }
+                    for d in by_tb[:10]
                 ],
             )
     finally:
@@ -526,10 +574,10 @@ def soak(seconds: float, rate: int) -> dict[str, Any]:
     return out
 
 
-def _rss_kib() -> int:
+def _rss_kib(field: str = "VmRSS:") -> int:
     with open("/proc/self/status") as fh:
         for line in fh:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field):
                 return int(line.split()[1])
     return -1
 
