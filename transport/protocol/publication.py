@@ -52,6 +52,7 @@ publication sends nothing and the driver frees it (``is_done``).
 from __future__ import annotations
 
 import enum
+import mmap
 import struct
 from collections import deque
 from collections.abc import Callable
@@ -96,6 +97,9 @@ from aeron_spark.transport.protocol.logbuffer import (
     LogGeometry,
     allocate_log,
     compute_position,
+    release_chunk,
+    release_positions,
+    release_range,
 )
 from aeron_spark.transport.protocol.retransmit import (
     MAX_RETRANSMIT_RANGES,
@@ -223,7 +227,14 @@ class PublicationState:
         self.appender = TermAppender(
             self.geometry, self.terms, session_id, stream_id, term_id, term_offset
         )
+        # the term the appender enters is cleaned by giving its pages back (they read as
+        # zeros), not by writing zeros over them (which kept all three terms resident)
+        self.appender.clean_on_rotate = False
+        self.appender.on_rotate = self._release_term
         start = self.appender.position
+        self._released_to = start  # pages below it (rounded) were given back
+        self._release_chunk = release_chunk(term_length)
+        self.released_bytes = 0  # sent bytes past any NAK's reach whose pages were given back
         self.start_position = start
         self._max_position = 0
         self._max_position_guard = 0
@@ -557,6 +568,28 @@ class PublicationState:
         if rttm.flags & RTTM_REPLY_FLAG:
             self.pending.append((rttm_reply(rttm, self.session_id, self.stream_id), 0, source))
 
+    def _release_term(self, term_id: int, partition: int) -> None:
+        """The appender entered ``partition`` (its thread): cleaned, its pages given back. What
+        it held (three terms back) is past any NAK's reach and any spy's position, as when the
+        appender zeroed it."""
+        length = self.term_length
+        release_range(self.log, partition * length, (partition + 1) * length)
+
+    def _release_sent(self) -> None:
+        """Give back the pages of what was sent and can no longer be asked for again: below
+        half a term and a message behind the sender (a NAK further back is ignored) and below
+        every spy's position, a chunk at a time (the sender's thread, where NAKs are answered).
+        Never a partition the appender may be writing (three terms before the publisher
+        limit)."""
+        bound = self.sender_position - self.term_length // 2 - self.max_message_length
+        for spy in self.spies:
+            bound = min(bound, spy.subscriber_position)
+        if bound - self._released_to < self._release_chunk:
+            return
+        low = max(self._released_to, self.publisher_limit - 2 * self.term_length)
+        self.released_bytes += release_positions(self.log, low, bound, self.shift)
+        self._released_to = bound & -mmap.PAGESIZE  # a page part sent: next time
+
     def _update_publisher_limit(self) -> None:
         if self.is_closed:
             return
@@ -771,6 +804,7 @@ class PublicationState:
                     transmit_segments(data, segment, address)
         self.sender_position = position
         self.bytes_sent += sent_bytes * len(addresses)
+        self._release_sent()
         return count
 
     @property
