@@ -36,6 +36,15 @@ publishes/s, failures), then ``--handshakes`` new clients' connect time (p50/p99
 open, and the sessions lost (expired and replaced by a reconnect) over the run. Run it with
 another interpreter to measure another tree (``/work/main/.venv/bin/python -m benchmarks.scale
 --sessions ...``): the server runs under the same interpreter.
+
+``--soak SECONDS --soak-rate 2000``: a server under publishes (one session, 50 publishes a
+second of ``rate / 50`` 100-byte messages), a live replay of them (another session) and a sink
+committing a batch of 50 every 0.2 s (a third), for ``SECONDS``: RSS every minute (stderr as it
+goes, ``curve`` in the JSON), the baseline at 5 minutes, the end over the baseline (issue 31's
+target: within 10% over 60 minutes), messages/s achieved. By default the server runs in this
+process under tracemalloc (the RSS is the process's, the clients' logs included; growth from the
+baseline by line and by traceback); ``--soak-server-process``: an ``aeron-spark server`` process
+of its own, its RSS from ``/proc`` (no tracemalloc: the rate is not cut by it).
 """
 
 from __future__ import annotations
