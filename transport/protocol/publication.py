@@ -233,6 +233,10 @@ class PublicationState:
         self.appender.on_rotate = self._release_term
         start = self.appender.position
         self._released_to = start  # pages below it (rounded) were given back
+        # receiver_id -> the furthest consumption position its SMs reported: a receiver NAKs
+        # only past it (what it has not rebuilt). Kept while it is within a NAK's reach of the
+        # sender (a receiver that went quiet may come back), dropped at its EOS.
+        self._receiver_positions: dict[int, int] = {}
         self._release_chunk = release_chunk(term_length)
         self.released_bytes = 0  # sent bytes past any NAK's reach whose pages were given back
         self.start_position = start
@@ -481,6 +485,7 @@ class PublicationState:
             return
         flow = self.flow
         if flags & SmFlags.EOS:
+            self._receiver_positions.pop(sm.receiver_id, None)
             flow.on_end_of_stream(sm.receiver_id)
             if dest is not None:
                 dests.remove_receiver(dest, sm.receiver_id)
@@ -494,10 +499,15 @@ class PublicationState:
         elif not self.dynamic:
             for d in dests.by_address.values():
                 d.needs_setup = False
+        sm_position = self.sm_position(sm)
+        positions = self._receiver_positions
+        if sm_position > positions.get(sm.receiver_id, -1):
+            positions[sm.receiver_id] = sm_position
         flow.on_status_message(
-            sm.receiver_id, self.sm_position(sm), sm.receiver_window, now_ns, sm.group_tag
+            sm.receiver_id, sm_position, sm.receiver_window, now_ns, sm.group_tag
         )
         self._update_publisher_limit()
+        self._release_sent()  # what it consumed may now be given back
 
     def may_add_destination(self, source: Address, session_id: int) -> bool:
         """Whether an SM from ``source`` (for ``session_id``) may make it a destination."""
@@ -532,6 +542,7 @@ class PublicationState:
             return 0
         start = compute_position(nak.term_id, term_offset, self.shift, self.initial_term_id)
         low = self.sender_position - self.term_length // 2 - self.max_message_length
+        low = max(low, self._released_to)  # given back: nothing to resend
         if start < low or start >= self.sender_position:
             return 0
         end = start + min(nak.length, self.term_length - term_offset, self.sender_position - start)
@@ -576,12 +587,22 @@ class PublicationState:
         release_range(self.log, partition * length, (partition + 1) * length)
 
     def _release_sent(self) -> None:
-        """Give back the pages of what was sent and can no longer be asked for again: below
-        half a term and a message behind the sender (a NAK further back is ignored) and below
-        every spy's position, a chunk at a time (the sender's thread, where NAKs are answered).
-        Never a partition the appender may be writing (three terms before the publisher
-        limit)."""
-        bound = self.sender_position - self.term_length // 2 - self.max_message_length
+        """Give back the pages of what was sent and can no longer be asked for again, a chunk
+        at a time (the sender's thread, where NAKs are answered): below every known receiver's
+        consumption position (it NAKs only what it has not rebuilt, past it; a new receiver
+        joins at the sender's position), and in any case below half a term and a message behind
+        the sender (a NAK further back is ignored); below every spy's position. A NAK for what
+        was given back is ignored. Never a partition the appender may be writing (three terms
+        before the publisher limit)."""
+        sender = self.sender_position
+        reach = sender - self.term_length // 2 - self.max_message_length
+        bound = reach
+        positions = self._receiver_positions
+        if positions:
+            for rid in [r for r, p in positions.items() if p <= reach]:
+                del positions[rid]  # a NAK from it could not reach what it has not rebuilt
+            if positions:
+                bound = max(reach, min(sender, *positions.values()))
         for spy in self.spies:
             bound = min(bound, spy.subscriber_position)
         if bound - self._released_to < self._release_chunk:

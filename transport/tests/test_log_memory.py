@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler
+from aeron_spark.transport.protocol.frames import NakFrame
 from aeron_spark.transport.protocol.logbuffer import PARTITION_COUNT
 from aeron_spark.transport.testing import pump
 
@@ -74,10 +75,11 @@ def test_a_publication_and_its_image_hold_memory_for_what_they_still_need(
 ) -> None:
     pub, image, _ = stream(driver, terms=10)
     assert len(pub.log) == len(image.log) == PARTITION_COUNT * TERM
-    # the publication keeps what a NAK may still ask for (half a term and a message behind the
-    # sender) and the current term; the image what it has not delivered (nothing, here). Both
-    # wrote all three terms more than three times over: before, all three stayed resident.
-    assert resident_bytes(pub.log) <= TERM
+    # the publication keeps what its receiver may still NAK (past the position its SMs
+    # reported: nothing, here, but a chunk not yet given back); the image what it has not
+    # delivered (nothing). Both wrote all three terms more than three times over: before, all
+    # three stayed resident.
+    assert resident_bytes(pub.log) <= TERM // 4
     assert resident_bytes(image.log) <= TERM // 4
     assert pub.released_bytes > 0 and image.released_bytes > 0
 
@@ -98,3 +100,27 @@ def test_given_back_pages_read_as_zeros_when_their_term_comes_round_again(
     assert bytes(read_term[image.subscriber_position % TERM :]) == bytes(
         TERM - image.subscriber_position % TERM
     )
+
+
+def test_a_nak_for_what_was_given_back_is_ignored_not_answered_with_zeros(
+    driver: Driver,
+) -> None:
+    """A NAK within the old reach (half a term behind the sender) for data the receiver has
+    consumed (a late duplicate) asks for pages given back: nothing is resent (before, the
+    bytes were still there and were resent)."""
+    pub, _image, _ = stream(driver, terms=4)
+    # 248 frames of 1,056 bytes fill a term (then a PAD): the stream ends with the fourth
+    # term's last frame; a NAK names a frame's start, 200 frames into that term (~50 KiB back)
+    position = pub.sender_position // TERM * TERM + 200 * 1056
+    assert pub.sender_position - TERM // 2 < position < pub.sender_position
+    nak = NakFrame(
+        session_id=pub.session_id,
+        stream_id=pub.stream_id,
+        term_id=pub.initial_term_id + (position // TERM),
+        term_offset=position % TERM,
+        length=4096,
+    )
+    sent = pub.retransmits_sent
+    assert pub.on_nak(nak, 0) == 0
+    assert pub.retransmits_sent == sent
+    assert not pub.pending
