@@ -54,6 +54,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -787,6 +788,8 @@ def main() -> None:
         sizes = [int(s) for s in args.catalog_sizes.split(",")]
         result["catalog"] = catalog_curve(sizes, args.idle_s)
     if args.soak:
+        # a soak stopped with SIGTERM still stops its server process and removes its directories
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         result["soak"] = soak(args.soak, args.soak_rate, args.soak_server_process)
     if args.index or not any(
         [args.index, args.catalog, args.soak, args.message_size, args.sessions, args.recordings]
