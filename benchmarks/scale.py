@@ -37,14 +37,25 @@ publishes/s, failures), then ``--handshakes`` new clients' connect time (p50/p99
 open, and the sessions lost (expired and replaced by a reconnect) over the run. Run it with
 another interpreter to measure another tree (``/work/main/.venv/bin/python -m benchmarks.scale
 --sessions ...``): the server runs under the same interpreter.
+
+``--soak SECONDS --soak-rate 2000``: a server under publishes (one session, 50 publishes a
+second of ``rate / 50`` 100-byte messages), a live replay of them (another session) and a sink
+committing a batch of 50 every 0.2 s (a third), for ``SECONDS``: RSS every minute (stderr as it
+goes, ``curve`` in the JSON), the baseline at 5 minutes, the end over the baseline (issue 31's
+target: within 10% over 60 minutes), messages/s achieved. By default the server runs in this
+process under tracemalloc (the RSS is the process's, the clients' logs included; growth from the
+baseline by line and by traceback); ``--soak-server-process``: an ``aeron-spark server`` process
+of its own, its RSS from ``/proc`` (no tracemalloc: the rate is not cut by it).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -453,25 +464,48 @@ def catalog_curve(sizes: list[int], idle_s: float) -> list[dict[str, Any]]:
     return rows
 
 
-def soak(seconds: float, rate: int) -> dict[str, Any]:
-    """A server in this process under ``rate`` messages/s of publishes, a live replay of them
-    and a sink committing a batch every 0.2 s, for ``seconds``: what tracemalloc sees grow
-    between the end of the first fifth and the end (the top lines, server and archive code),
-    and the committer's remembered commits (bounded by its window)."""
-    import threading
+def soak(seconds: float, rate: int, server_process: bool = False) -> dict[str, Any]:
+    """A server under ``rate`` messages/s of publishes (one client, 50 publishes a second), a
+    live replay of them and a sink committing a batch of 50 every 0.2 s, for ``seconds``.
 
-    from aeron_spark.connector.server import ServerConfig, StreamServer
+    In this process (the default): the process's RSS (server and the three clients: the
+    clients' log buffers are in it) every minute, a baseline at 5 minutes (or a fifth of the run
+    when shorter), what tracemalloc sees grow from the baseline to the end (by line in the
+    connector and transport code, and the top tracebacks anywhere), and the committer's
+    remembered commits (bounded by its window). ``server_process``: the server is an
+    ``aeron-spark server`` process of its own (no tracemalloc anywhere: the rate is the one the
+    done-when of issue 31 names), its RSS sampled from ``/proc``."""
+    import threading
 
     directory = tempfile.mkdtemp(prefix="aeron-spark-scale-soak-")
     keys = tempfile.mkdtemp(prefix="aeron-spark-scale-keys-")
     os.environ["AERON_SPARK_KEY_STORE"] = keys
     stop = threading.Event()
-    tracemalloc.start(8)
-    out: dict[str, Any] = {"seconds": seconds, "rate": rate}
+    if not server_process:
+        tracemalloc.start(8)
+    out: dict[str, Any] = {
+        "seconds": seconds,
+        "rate": rate,
+        "server": "own process" if server_process else "in process, tracemalloc",
+    }
     try:
-        config = ServerConfig(directory=os.path.join(directory, "srv"), port=0, encryption=False)
-        with StreamServer(config) as server:
-            settings = ClientSettings(endpoint=server.endpoint, encryption=False, timeout_s=60)
+        with contextlib.ExitStack() as stack:
+            data = os.path.join(directory, "srv")
+            if server_process:
+                child = stack.enter_context(RestartableServer(data))
+                assert child.proc is not None
+                pid = child.proc.pid
+                endpoint = child.endpoint
+                core = None
+            else:
+                from aeron_spark.connector.server import ServerConfig, StreamServer
+
+                config = ServerConfig(directory=data, port=0, encryption=False)
+                server = stack.enter_context(StreamServer(config))
+                pid = os.getpid()
+                endpoint = server.endpoint
+                core = server.core
+            settings = ClientSettings(endpoint=endpoint, encryption=False, timeout_s=60)
             published = [0]
 
             def publish() -> None:
@@ -510,49 +544,103 @@ def soak(seconds: float, rate: int) -> dict[str, Any]:
             threads = [threading.Thread(target=f, daemon=True) for f in (publish, replay, sink)]
             for t in threads:
                 t.start()
-            time.sleep(seconds / 5)
-            first = tracemalloc.take_snapshot()
-            rss_first = _rss_kib()
-            time.sleep(seconds * 4 / 5)
-            last = tracemalloc.take_snapshot()
-            rss_last = _rss_kib()
+            began = time.monotonic()
+            base_at = min(300.0, seconds / 5)
+            step = min(60.0, seconds / 10)
+            curve: list[dict[str, Any]] = []
+            first = None
+            rss_first = anon_first = -1
+            next_sample = began + step
+            cpu0 = _cpu_s(pid)
+            while True:
+                now = time.monotonic()
+                if first is None and now - began >= base_at:
+                    first = tracemalloc.take_snapshot() if not server_process else True
+                    rss_first, anon_first = _rss_kib(pid=pid), _rss_kib("RssAnon:", pid)
+                    print(
+                        f"soak baseline at {now - began:.0f} s: rss {rss_first} KiB",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                if now >= next_sample or now - began >= seconds:
+                    point = {
+                        "t_s": round(now - began),
+                        "rss_kib": _rss_kib(pid=pid),
+                        "rss_anon_kib": _rss_kib("RssAnon:", pid),
+                        "published": published[0],
+                        "replayed_bytes": read[0],
+                        "sink_commits": committed[0],
+                        "cpu_s": round(_cpu_s(pid) - cpu0, 1),
+                        "load_1m": os.getloadavg()[0],
+                    }
+                    if not server_process:
+                        point["traced_kib"] = tracemalloc.get_traced_memory()[0] // 1024
+                    curve.append(point)
+                    print("soak " + json.dumps(point), file=sys.stderr, flush=True)
+                    next_sample += step
+                if now - began >= seconds:
+                    break
+                time.sleep(max(0.05, min(next_sample, began + seconds) - time.monotonic()))
+            elapsed = time.monotonic() - began
+            rss_last, anon_last = _rss_kib(pid=pid), _rss_kib("RssAnon:", pid)
+            last = tracemalloc.take_snapshot() if not server_process else None
             stop.set()
             for t in threads:
                 t.join(30)
-            assert server.core is not None
-            mine = [
-                tracemalloc.Filter(True, "*/connector/server/*"),
-                tracemalloc.Filter(True, "*/transport/archive/*"),
-            ]
-            diff = last.filter_traces(mine).compare_to(first.filter_traces(mine), "lineno")
             out.update(
                 published=published[0],
+                msgs_per_s=round(published[0] / elapsed, 1),
+                replayed_bytes=read[0],
                 sink_commits=committed[0],
-                rss_kib_after_first_fifth=rss_first,
+                baseline_at_s=base_at,
+                rss_kib_baseline=rss_first,
+                rss_anon_kib_baseline=anon_first,
                 rss_kib_end=rss_last,
-                committer_done=len(server.core.committer.done),
-                commit_log_bytes=server.core.committer.log.size,
-                growth_top=[
-                    {
-                        "where": str(d.traceback[0]),
-                        "size_diff": d.size_diff,
-                        "count_diff": d.count_diff,
-                    }
-                    for d in diff[:12]
-                ],
+                rss_anon_kib_end=anon_last,
+                rss_end_over_baseline=round(rss_last / rss_first, 3),
+                curve=curve,
             )
+            if core is not None and last is not None and isinstance(first, tracemalloc.Snapshot):
+                mine = [
+                    tracemalloc.Filter(True, "*/connector/*"),
+                    tracemalloc.Filter(True, "*/transport/*"),
+                    tracemalloc.Filter(True, "*/aeron_spark/*"),
+                ]
+                diff = last.filter_traces(mine).compare_to(first.filter_traces(mine), "lineno")
+                by_tb = last.compare_to(first, "traceback")
+                out.update(
+                    committer_done=len(core.committer.done),
+                    commit_log_bytes=core.committer.log.size,
+                    growth_top=[
+                        {
+                            "where": str(d.traceback[0]),
+                            "size_diff": d.size_diff,
+                            "count_diff": d.count_diff,
+                        }
+                        for d in diff[:15]
+                    ],
+                    growth_by_traceback=[
+                        {
+                            "traceback": [str(f) for f in d.traceback],
+                            "size_diff": d.size_diff,
+                            "count_diff": d.count_diff,
+                        }
+                        for d in by_tb[:10]
+                    ],
+                )
     finally:
         stop.set()
-        tracemalloc.stop()
+        if tracemalloc.is_tracing():
+            tracemalloc.stop()
         shutil.rmtree(directory, ignore_errors=True)
         shutil.rmtree(keys, ignore_errors=True)
     return out
 
 
-def _rss_kib() -> int:
-    with open("/proc/self/status") as fh:
+def _rss_kib(field: str = "VmRSS:", pid: int | None = None) -> int:
+    with open(f"/proc/{pid or 'self'}/status") as fh:
         for line in fh:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field):
                 return int(line.split()[1])
     return -1
 
@@ -712,6 +800,11 @@ def main() -> None:
     )
     parser.add_argument("--soak", type=float, default=0, help="soak seconds (tracemalloc)")
     parser.add_argument("--soak-rate", type=int, default=2000, help="soak messages/s")
+    parser.add_argument(
+        "--soak-server-process",
+        action="store_true",
+        help="--soak: the server in a process of its own (its RSS; no tracemalloc)",
+    )
     parser.add_argument("--sessions", help="the sessions curve: counts, e.g. 16,64,256,2048")
     parser.add_argument("--publish-s", type=float, default=10.0, help="publishing (sessions)")
     parser.add_argument("--handshakes", type=int, default=20, help="new connects (sessions)")
@@ -730,7 +823,9 @@ def main() -> None:
         sizes = [int(s) for s in args.catalog_sizes.split(",")]
         result["catalog"] = catalog_curve(sizes, args.idle_s)
     if args.soak:
-        result["soak"] = soak(args.soak, args.soak_rate)
+        # a soak stopped with SIGTERM still stops its server process and removes its directories
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        result["soak"] = soak(args.soak, args.soak_rate, args.soak_server_process)
     if args.index or not any(
         [args.index, args.catalog, args.soak, args.message_size, args.sessions, args.recordings]
     ):

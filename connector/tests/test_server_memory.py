@@ -202,3 +202,29 @@ def test_msgpack_bombs_are_refused_within_their_operations_limits(tmp_path) -> N
             for reply, (_, _, _, code) in zip(replies, bombs, strict=True):
                 assert not reply.ok and reply.error["code"] == int(code), reply
             assert all(r.ok for r in _ping(attacker, 5))  # the session still works
+
+
+def test_a_sessions_logs_hold_what_they_still_need_not_what_went_through(tmp_path) -> None:
+    """Issue 31 item 6: a soak's server grew without a plateau. A session's two UDP logs (8 MiB
+    terms, three each) kept every page they ever wrote, so a session cost up to 2 x 24 MiB of
+    resident memory however slowly its traffic came. 32 MiB published on one session and read
+    back by a replay on another: the old server grew by ~48 MiB (two logs filled); now its logs
+    give back what was delivered and what no NAK can ask for again."""
+    message = b"p" * 1000
+    with server_process(str(tmp_path / "srv")) as (proc, endpoint):
+        with client_for(endpoint, timeout_s=TIMEOUT_S) as writer:
+            with client_for(endpoint, timeout_s=TIMEOUT_S) as reader:
+                writer.publish(1, [message] * 100)
+                (rec,) = reader.list_recordings([1])
+                for _block in reader.replay(rec.recording_id, rec.start_position, None):
+                    break  # the replay's path warmed up; not kept open
+                before = _memory_kib(proc.pid)["VmRSS"]
+                for _ in range(320):  # 100 KB requests: below malloc's mmap threshold
+                    end = writer.publish(1, [message] * 100)
+                assert end - rec.start_position > 32 * MIB
+                read = 0
+                for block in reader.replay(rec.recording_id, rec.start_position, end):
+                    read += len(block.data)
+                assert read >= 32_100 * len(message)
+                grown_mib = (_memory_kib(proc.pid)["VmRSS"] - before) / 1024
+    assert grown_mib < 16, f"the server's memory grew by {grown_mib:.0f} MiB"

@@ -77,7 +77,9 @@ from aeron_spark.transport.protocol.logbuffer import (
     compute_position,
     position_bits_to_shift,
     receiver_window_length,
-    release_term,
+    release_chunk,
+    release_positions,
+    release_range,
     wrap_int32,
 )
 from aeron_spark.transport.protocol.loss_detector import (
@@ -216,8 +218,7 @@ class ImageState:
         self.idle_sm_interval_ns = idle_sm_interval_ns or SM_INTERVAL_NS
         self._sm_seen: tuple[int, int] | None = None
         self.receiver_id = receiver_id if receiver_id is not None else rng.getrandbits(63)
-        # allocate_log's memory (not a log shared with a publication, as a spy's): a consumed
-        # term is cleaned by giving its pages back
+        # its own log (not a spy's view of a publication's): consumed pages are given back
         self._own_log: mmap.mmap | None = None
         if log is None:
             log = self._own_log = allocate_log(PARTITION_COUNT * term_length)
@@ -233,6 +234,9 @@ class ImageState:
         self.sm_deadline_ns = now_ns  # first SM at once
         self.sm_scheduled = True
         self.cleaned_term_count = (join >> self.shift) - 1
+        self._released_to = join  # pages below it (rounded) were given back
+        self._release_chunk = release_chunk(term_length)
+        self.released_bytes = 0  # consumed bytes whose pages were given back
         self.last_packet_ns = now_ns
         self.loss = LossDetector(self.terms, term_length, join, nak_delay_ns)
         self._dirty = False  # something was inserted since the last gap scan
@@ -394,13 +398,26 @@ class ImageState:
         return True
 
     def _clean(self) -> None:
-        current = self.subscriber_position >> self.shift
+        """Clean the terms behind the subscriber. An image with a log of its own gives the pages
+        of what was consumed back to the kernel, a chunk at a time (they read as zeros after, as
+        a cleaned term does): its memory is what it holds, not every page it ever wrote. Never
+        below the previous term's start: a partition ahead (an insert within the window) is
+        never touched (on the receiver's thread, as inserts are)."""
+        sub = self.subscriber_position
+        current = sub >> self.shift
+        own = self._own_log
         while self.cleaned_term_count < current - 1:
             self.cleaned_term_count += 1
             partition = self.cleaned_term_count % PARTITION_COUNT
-            own = self._own_log
-            if own is None or not release_term(own, partition * self.term_length, self.term_length):
+            if own is not None:
+                length = self.term_length
+                release_range(own, partition * length, (partition + 1) * length)
+            else:
                 zero_fill(self.terms[partition])
+        if own is not None and sub - self._released_to >= self._release_chunk:
+            low = max(self._released_to, (current - 1) << self.shift)
+            self.released_bytes += release_positions(own, low, sub, self.shift)
+            self._released_to = sub & -mmap.PAGESIZE  # a page part consumed: next time
 
     def do_work(self, now_ns: int, transmit: Transmit) -> int:
         """Clean consumed terms, NAK gaps, send SMs, check liveness and EOS; work count."""

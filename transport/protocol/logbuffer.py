@@ -45,17 +45,44 @@ def allocate_log(length: int) -> mmap.mmap:
     return mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
-def release_term(log: mmap.mmap, offset: int, length: int) -> bool:
-    """Clean ``length`` bytes of a log from :func:`allocate_log` at ``offset`` (a term) by giving
-    its pages back (``madvise(MADV_DONTNEED)``: anonymous private pages then read as zeros again
-    and are faulted in only when written), so a term that one large message passed through does
-    not stay resident as a zero-filled one did (issue 31 item 5: three 8 MiB terms a side were
-    1.5x of a 16 MiB message). False where madvise is missing: the caller zero-fills instead.
-    Only for :func:`allocate_log`'s memory: a shared file's pages would not read as zeros."""
-    if not hasattr(mmap, "MADV_DONTNEED"):  # pragma: no cover - not Linux
-        return False
-    log.madvise(mmap.MADV_DONTNEED, offset, length)
-    return True
+#: Consumed bytes of a log given back to the kernel at a time (one ``madvise`` each): at most
+#: this, at least a page, and an eighth of a term on small terms.
+RELEASE_CHUNK = 1024 * 1024
+
+
+def release_chunk(term_length: int) -> int:
+    return max(mmap.PAGESIZE, min(RELEASE_CHUNK, term_length // 8))
+
+
+def release_range(log: mmap.mmap, start: int, end: int) -> int:
+    """Give the pages wholly inside bytes ``[start, end)`` of an :func:`allocate_log` log back to
+    the kernel (``MADV_DONTNEED``): they read as zeros after, as a cleaned term does, and cost no
+    memory until written again. Returns the bytes given back.
+
+    A log's terms are touched as they are written and zeroing a term to clean it keeps its pages:
+    a session's logs each grew to their three terms' size however slowly they were written (a
+    server's session 2 x 24 MiB; issue 31 item 6, the soak's growth without a plateau)."""
+    page = mmap.PAGESIZE
+    low = -(-start // page) * page
+    high = end // page * page
+    if high <= low:
+        return 0
+    log.madvise(mmap.MADV_DONTNEED, low, high - low)
+    return high - low
+
+
+def release_positions(log: mmap.mmap, start: int, end: int, shift: int) -> int:
+    """:func:`release_range` over the stream positions ``[start, end)``, in however many terms
+    (partitions) they lie."""
+    term_length = 1 << shift
+    released = 0
+    while start < end:
+        term_start = start >> shift << shift
+        stop = min(end, term_start + term_length)
+        base = ((start >> shift) % PARTITION_COUNT) * term_length - term_start
+        released += release_range(log, base + start, base + stop)
+        start = stop
+    return released
 
 
 def wrap_int32(value: int) -> int:

@@ -53,6 +53,7 @@ publication sends nothing and the driver frees it (``is_done``).
 from __future__ import annotations
 
 import enum
+import mmap
 import struct
 from collections import deque
 from collections.abc import Callable
@@ -97,7 +98,9 @@ from aeron_spark.transport.protocol.logbuffer import (
     LogGeometry,
     allocate_log,
     compute_position,
-    release_term,
+    release_chunk,
+    release_positions,
+    release_range,
 )
 from aeron_spark.transport.protocol.retransmit import (
     MAX_RETRANSMIT_RANGES,
@@ -225,9 +228,18 @@ class PublicationState:
         self.appender = TermAppender(
             self.geometry, self.terms, session_id, stream_id, term_id, term_offset
         )
-        # the term rotated into is cleaned by giving its pages back, not by zeroing them all
-        self.appender.release = self._release_partition
+        # the term the appender enters is cleaned by giving its pages back (they read as
+        # zeros), not by writing zeros over them (which kept all three terms resident)
+        self.appender.clean_on_rotate = False
+        self.appender.on_rotate = self._release_term
         start = self.appender.position
+        self._released_to = start  # pages below it (rounded) were given back
+        # receiver_id -> the furthest consumption position its SMs reported: a receiver NAKs
+        # only past it (what it has not rebuilt). Kept while it is within a NAK's reach of the
+        # sender (a receiver that went quiet may come back), dropped at its EOS.
+        self._receiver_positions: dict[int, int] = {}
+        self._release_chunk = release_chunk(term_length)
+        self.released_bytes = 0  # sent bytes past any NAK's reach whose pages were given back
         self.start_position = start
         self._max_position = 0
         self._max_position_guard = 0
@@ -287,10 +299,6 @@ class PublicationState:
     retransmit_ranges = _part("retransmit", "ranges", "Lingering retransmits.")
     retransmits_suppressed = _part("retransmit", "retransmits_suppressed", "NAKs cut (count).")
     retransmit_linger_ns = _part("retransmit", "linger_ns", "How long a resent range lingers.")
-
-    def _release_partition(self, partition: int) -> bool:
-        """Clean the term rotated into by giving its pages back (``TermAppender.release``)."""
-        return release_term(self.log, partition * self.term_length, self.term_length)
 
     def kick(self) -> None:
         """Something for the sender that no deadline says (data appended, closed, a host
@@ -482,6 +490,7 @@ class PublicationState:
                 # another destination's receiver (forged): it would stop holding the sender
                 dests.status_messages_refused += 1
                 return
+            self._receiver_positions.pop(sm.receiver_id, None)
             flow.on_end_of_stream(sm.receiver_id)
             if dest is not None:
                 dests.remove_receiver(dest, sm.receiver_id)
@@ -505,8 +514,12 @@ class PublicationState:
         elif not self.dynamic:
             for d in dests.by_address.values():
                 d.needs_setup = False
+        positions = self._receiver_positions
+        if position > positions.get(sm.receiver_id, -1):
+            positions[sm.receiver_id] = position
         flow.on_status_message(sm.receiver_id, position, sm.receiver_window, now_ns, sm.group_tag)
         self._update_publisher_limit()
+        self._release_sent()  # what it consumed may now be given back
 
     def may_add_destination(self, source: Address, session_id: int) -> bool:
         """Whether an SM from ``source`` (for ``session_id``) may make it a destination."""
@@ -541,6 +554,7 @@ class PublicationState:
             return 0
         start = compute_position(nak.term_id, term_offset, self.shift, self.initial_term_id)
         low = self.sender_position - self.term_length // 2 - self.max_message_length
+        low = max(low, self._released_to)  # given back: nothing to resend
         if start < low or start >= self.sender_position:
             return 0
         end = start + min(nak.length, self.term_length - term_offset, self.sender_position - start)
@@ -576,6 +590,38 @@ class PublicationState:
     def on_rttm(self, rttm: RttMeasurement, source: Address) -> None:
         if rttm.flags & RTTM_REPLY_FLAG:
             self.pending.append((rttm_reply(rttm, self.session_id, self.stream_id), 0, source))
+
+    def _release_term(self, term_id: int, partition: int) -> None:
+        """The appender entered ``partition`` (its thread): cleaned, its pages given back. What
+        it held (three terms back) is past any NAK's reach and any spy's position, as when the
+        appender zeroed it."""
+        length = self.term_length
+        release_range(self.log, partition * length, (partition + 1) * length)
+
+    def _release_sent(self) -> None:
+        """Give back the pages of what was sent and can no longer be asked for again, a chunk
+        at a time (the sender's thread, where NAKs are answered): below every known receiver's
+        consumption position (it NAKs only what it has not rebuilt, past it; a new receiver
+        joins at the sender's position), and in any case below half a term and a message behind
+        the sender (a NAK further back is ignored); below every spy's position. A NAK for what
+        was given back is ignored. Never a partition the appender may be writing (three terms
+        before the publisher limit)."""
+        sender = self.sender_position
+        reach = sender - self.term_length // 2 - self.max_message_length
+        bound = reach
+        positions = self._receiver_positions
+        if positions:
+            for rid in [r for r, p in positions.items() if p <= reach]:
+                del positions[rid]  # a NAK from it could not reach what it has not rebuilt
+            if positions:
+                bound = max(reach, min(sender, *positions.values()))
+        for spy in self.spies:
+            bound = min(bound, spy.subscriber_position)
+        if bound - self._released_to < self._release_chunk:
+            return
+        low = max(self._released_to, self.publisher_limit - 2 * self.term_length)
+        self.released_bytes += release_positions(self.log, low, bound, self.shift)
+        self._released_to = bound & -mmap.PAGESIZE  # a page part sent: next time
 
     def _update_publisher_limit(self) -> None:
         if self.is_closed:
@@ -791,6 +837,7 @@ class PublicationState:
                     transmit_segments(data, segment, address)
         self.sender_position = position
         self.bytes_sent += sent_bytes * len(addresses)
+        self._release_sent()
         return count
 
     @property

@@ -143,7 +143,6 @@ class TermAppender:
         "position",
         "on_rotate",
         "clean_on_rotate",
-        "release",
     )
 
     def __init__(
@@ -169,8 +168,6 @@ class TermAppender:
         self.on_rotate: Callable[[int, int], None] | None = None
         # False when the owner cleans terms ahead itself (IPC: readers share the terms)
         self.clean_on_rotate = True
-        # cleans a partition by giving its pages back (logbuffer.release_term); False: zeroed
-        self.release: Callable[[int], bool] | None = None
 
     def append(self, payload: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:
         """Append one message; returns the new position. Caller checks limits first."""
@@ -340,7 +337,7 @@ class TermAppender:
         self.term_id = wrap_int32(self.term_id + 1)
         self.partition = (self.partition + 1) % 3
         self.term_offset = 0
-        if self.clean_on_rotate and not (self.release is not None and self.release(self.partition)):
+        if self.clean_on_rotate:
             zero_fill(self.terms[self.partition])
         if self.on_rotate is not None:
             self.on_rotate(self.term_id, self.partition)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler
-from aeron_spark.transport.protocol.logbuffer import allocate_log, release_term
+from aeron_spark.transport.protocol.logbuffer import allocate_log, release_range
 from aeron_spark.transport.testing import pump
 
 TIMEOUT_S = 30.0
@@ -56,7 +56,7 @@ def test_a_released_term_reads_as_zeros_and_holds_no_pages() -> None:
     try:
         log[TERM : 2 * TERM] = b"\x5a" * TERM
         assert resident_bytes(log) >= TERM
-        assert release_term(log, TERM, TERM)
+        assert release_range(log, TERM, 2 * TERM) == TERM
         assert resident_bytes(log) == 0
         assert log[TERM : 2 * TERM] == bytes(TERM)  # clean, as zero_fill left it
     finally:
