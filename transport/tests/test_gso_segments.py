@@ -105,12 +105,23 @@ class Runs(OneByOne):
         self.datagrams.extend((d, address) for d in cut)
 
 
-def _publish(sizes: list[int], wire: OneByOne, runs: Runs | None, **kw: Any) -> PublicationState:
+def _publish(
+    sizes: list[int], wire: OneByOne, runs: Runs | None, *, lagging: bool = False, **kw: Any
+) -> PublicationState:
+    """``lagging``: the receiver consumes none of it (its SMs stay at 0, its window half a
+    term), so a NAK can still reach all that was sent (a publication gives back the pages of
+    what every receiver consumed, as no NAK from it can ask for them again)."""
     clock = ManualClock()
     pub = make(clock, **kw)
     send = runs.segments if runs is not None else None
+
+    def sm_now() -> Any:
+        if lagging:
+            return sm(pub, 0, pub.term_length // 2)
+        return sm(pub, pub.sender_position)
+
     pub.send(clock.now_ns, wire, send)  # SETUP
-    pub.on_status_message(sm(pub, pub.position), RECEIVER, clock.now_ns)
+    pub.on_status_message(sm_now(), RECEIVER, clock.now_ns)
     rng = random.Random(7)
     for size in sizes:
         payload = rng.randbytes(size)
@@ -119,7 +130,7 @@ def _publish(sizes: list[int], wire: OneByOne, runs: Runs | None, **kw: Any) -> 
                 break
             clock.advance(1000)
             pub.send(clock.now_ns, wire, send)
-            pub.on_status_message(sm(pub, pub.sender_position), RECEIVER, clock.now_ns)
+            pub.on_status_message(sm_now(), RECEIVER, clock.now_ns)
         else:
             raise AssertionError("the publication never took the message")
     for _ in range(1000):
@@ -127,7 +138,7 @@ def _publish(sizes: list[int], wire: OneByOne, runs: Runs | None, **kw: Any) -> 
             break
         clock.advance(1000)
         pub.send(clock.now_ns, wire, send)
-        pub.on_status_message(sm(pub, pub.sender_position), RECEIVER, clock.now_ns)
+        pub.on_status_message(sm_now(), RECEIVER, clock.now_ns)
     assert pub.sender_position == pub.position
     return pub
 
@@ -200,9 +211,9 @@ def _nak_range(datagrams: list[bytes], window: int) -> tuple[int, int, list[byte
 )
 def test_a_naked_range_is_resent_in_runs_byte_identical_to_one_by_one(sizes: list[int]) -> None:
     one_by_one = OneByOne()
-    plain = _publish(sizes, one_by_one, None, term_length=TERM)
+    plain = _publish(sizes, one_by_one, None, lagging=True, term_length=TERM)
     runs = Runs()
-    batched = _publish(sizes, runs, runs, term_length=TERM)
+    batched = _publish(sizes, runs, runs, lagging=True, term_length=TERM)
     assert runs.datagrams == one_by_one.datagrams
     originals = _data(one_by_one.datagrams)
     offset, length, expected = _nak_range(originals, 128 * 1024)
@@ -228,7 +239,7 @@ def test_a_naked_range_is_resent_in_runs_byte_identical_to_one_by_one(sizes: lis
 def test_a_resent_run_goes_one_by_one_without_segments() -> None:
     """A publication stepped without ``transmit_segments`` (GSO off) cuts its queued runs."""
     wire = OneByOne()
-    pub = _publish([8192] * 4, wire, None)
+    pub = _publish([8192] * 4, wire, None, lagging=True, term_length=TERM)
     originals = _data(wire.datagrams)
     del wire.datagrams[:]
     length = sum(map(len, originals[:12]))  # two messages of six fragments each
