@@ -342,7 +342,13 @@ def test_replication_errors_are_coded(
     assert f"replication {unknown}" in str(e.value)
     with pytest.raises(ArchiveUnknownRecordingError):  # the error stays the replication's answer
         dst.wait_for_replication(unknown, SIG.REPLICATE_END)
+    # the error may come before the archive's REPLICATE_END signal (seen in CI): wait for it
+    deadline = time.monotonic() + 30
     ended = dst.replication(unknown)
+    while not (ended is not None and ended.ended) and time.monotonic() < deadline:
+        dst.poll()
+        time.sleep(0.01)
+        ended = dst.replication(unknown)
     assert ended is not None and ended.signals[-1] == SIG.REPLICATE_END and ended.ended
     # A live merge needs an active source.
     merge = dst.replicate(
