@@ -37,7 +37,9 @@ _CODE = (
     "import sys; from aeron_spark.connector.server import server_main; "
     "sys.exit(server_main(sys.argv[1:]))"
 )
-_LINE = re.compile(r"^(\d+) (\d+\.\d+) (\w+)\((.*)\) = (-?\d+)")
+# a call another thread interrupted is printed "<unfinished ...>" (its start time and arguments;
+# the result on a later "resumed" line): one line per call either way (CI missed such a mkdir)
+_LINE = re.compile(r"^(\d+) (\d+\.\d+) (\w+)\((.*)(?:\) = (-?\d+)| <unfinished \.\.\.>)")
 
 
 def _traced_server(directory: str, trace: str, log_path: str) -> subprocess.Popen[bytes]:
