@@ -47,6 +47,7 @@ import os
 import queue
 import struct
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -471,15 +472,20 @@ class Recording:
             found = self._walk_boundaries(known, end, known)
         return end if found is None else found
 
-    def _walk_boundaries(self, position: int, end: int, boundary: int | None) -> int | None:
-        """The last message boundary in ``(position, end]`` (``position``, a frame boundary,
-        is one when ``boundary`` says so): after an END fragment or a PAD frame, or where a
-        BEGIN fragment starts; None when there is none."""
+    def _frames(
+        self, position: int, end: int, partial: bool = False
+    ) -> Iterator[tuple[int, int, int, int]]:
+        """The frames from ``position`` (a frame boundary) to ``end``, read from the segment files
+        in 4 MiB chunks: ``(position, aligned length, flags, type)`` each. A run of whole-message
+        DATA frames of one length comes as its first frame, then (when the walk goes on past it)
+        the rest of the run as one item. The walk ends at a frame whose length is not positive,
+        at a missing segment, and at a frame that does not end within ``end`` and the bytes
+        written, which it yields (as the last item) only when ``partial``."""
         while position < end:
             base = self._segment_base(position)
             with self._segment(base) as fd:
                 if fd is None:
-                    return boundary
+                    return
                 chunk = os.pread(
                     fd,
                     min(end - position, base + self.d.segment_length - position, 4 << 20),
@@ -490,59 +496,46 @@ class Recording:
             while i + 32 <= n:
                 length, _v, flags, ftype, _o = _head_from(chunk, i)
                 if length <= 0:
-                    return boundary
+                    return
                 aligned = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
                 if i + aligned > n:
+                    if partial and i == 0:
+                        yield position, aligned, flags, ftype
                     break
-                if ftype == _PAD:
-                    boundary = position + i + aligned
-                elif ftype == _DATA:
-                    if flags & _UNFRAGMENTED == _UNFRAGMENTED:
-                        run = uniform_run(chunk, i, length) if n - i >= 16 * aligned else 0
-                        i += max(run, 1) * aligned
-                        boundary = position + i
-                        continue
-                    if flags & _BEGIN:
-                        boundary = position + i
-                    if flags & _END:
-                        boundary = position + i + aligned
+                yield position + i, aligned, flags, ftype
+                if ftype == _DATA and flags & _UNFRAGMENTED == _UNFRAGMENTED:
+                    run = uniform_run(chunk, i, length) if n - i >= 16 * aligned else 0
+                    if run > 1:
+                        yield position + i + aligned, (run - 1) * aligned, flags, ftype
+                        i += (run - 1) * aligned
                 i += aligned
             if i == 0:
-                return boundary
+                return
             position += i
+
+    def _walk_boundaries(self, position: int, end: int, boundary: int | None) -> int | None:
+        """The last message boundary in ``(position, end]`` (``position``, a frame boundary,
+        is one when ``boundary`` says so): after an END fragment or a PAD frame, or where a
+        BEGIN fragment starts; None when there is none."""
+        for at, aligned, flags, ftype in self._frames(position, end):
+            if ftype == _PAD:
+                boundary = at + aligned
+            elif ftype == _DATA:
+                if flags & _END:
+                    boundary = at + aligned
+                elif flags & _BEGIN:
+                    boundary = at
         return boundary
 
     def next_message_start(self, position: int, limit: int) -> int:
         """The first message boundary at or after ``position`` (a frame boundary), ``limit``
         (one) at most: ``position`` itself when a message begins there, else the end of the
         message it is inside (its END fragment), or of a PAD frame."""
-        while position < limit:
-            base = self._segment_base(position)
-            with self._segment(base) as fd:
-                if fd is None:
-                    return limit
-                chunk = os.pread(
-                    fd,
-                    min(limit - position, base + self.d.segment_length - position, 4 << 20),
-                    position - base,
-                )
-            n = len(chunk)
-            i = 0
-            while i + 32 <= n:
-                length, _v, flags, ftype, _o = _head_from(chunk, i)
-                if length <= 0:
-                    return limit
-                aligned = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
-                if ftype == _DATA and flags & _BEGIN:
-                    return position + i
-                if ftype == _PAD or flags & _END:
-                    return min(position + i + aligned, limit)
-                if i + aligned > n:
-                    break
-                i += aligned
-            if i == 0:
-                return limit
-            position += i
+        for at, aligned, flags, ftype in self._frames(position, limit, partial=True):
+            if ftype == _DATA and flags & _BEGIN:
+                return at
+            if ftype == _PAD or flags & _END:
+                return min(at + aligned, limit)
         return limit
 
     def cut_incomplete_message(self) -> int:
