@@ -17,7 +17,7 @@ recording holds every position (as a log buffer does).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -269,66 +269,65 @@ class Framer:
                 view = memoryview(payload)
                 if view.ndim != 1 or view.itemsize != 1:
                     view = view.cast("B")
-                consumed = 0
-                offset = term_offset
-                while consumed < length:
-                    chunk = min(max_payload, length - consumed)
-                    flags = (_BEGIN if consumed == 0 else 0) | (
-                        _END if consumed + chunk == length else 0
-                    )
-                    gathered.append(
-                        _pack(
-                            chunk + DATA_HEADER_LENGTH,
-                            0,
-                            flags,
-                            _DATA,
-                            offset,
-                            session_id,
-                            stream_id,
-                            term_id,
-                            rv,
-                        )
-                    )
-                    gathered.append(view[consumed : consumed + chunk])
-                    aligned = (chunk + DATA_HEADER_LENGTH + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
-                    if aligned - DATA_HEADER_LENGTH - chunk:
-                        gathered.append(_ZEROS[: aligned - DATA_HEADER_LENGTH - chunk])
-                    offset += aligned
-                    consumed += chunk
+                self._fragments(gathered.append, view, length, term_offset, term_id, rv)
                 gathered_bytes += framed
             else:
                 # a fragmented message: its fragments appended in place, like the hot path's
                 # frames, to the block holding the messages before it (one write for many
                 # large messages, not one each)
-                view = memoryview(payload)
-                consumed = 0
-                offset = term_offset
-                while consumed < length:
-                    chunk = min(max_payload, length - consumed)
-                    flags = (_BEGIN if consumed == 0 else 0) | (
-                        _END if consumed + chunk == length else 0
-                    )
-                    block += _pack(
-                        chunk + DATA_HEADER_LENGTH,
-                        0,
-                        flags,
-                        _DATA,
-                        offset,
-                        session_id,
-                        stream_id,
-                        term_id,
-                        rv,
-                    )
-                    block += view[consumed : consumed + chunk]
-                    aligned = (chunk + DATA_HEADER_LENGTH + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
-                    block += _ZEROS[: aligned - DATA_HEADER_LENGTH - chunk]
-                    offset += aligned
-                    consumed += chunk
+                self._fragments(block.extend, memoryview(payload), length, term_offset, term_id, rv)
             position += framed
             self.position = position
         if block or gathered:
             yield block_start, _block(gathered, gathered_bytes, block)  # no copy
         self.position = position
+
+    def _fragments(
+        self,
+        append: Callable[[bytes | memoryview], object],
+        view: memoryview,
+        length: int,
+        term_offset: int,
+        term_id: int,
+        reserved_value: int,
+    ) -> None:
+        """The fragments of the message ``view`` (``length`` bytes, more than the maximum
+        payload) framed from ``term_offset``, BEGIN on the first and END on the last, given to
+        ``append`` part by part: each one's header, payload slice and alignment zeros (when there
+        are any). The block's ``extend`` copies them in; a gathered block's ``append`` keeps
+        them apart. Every fragment but the last is a full one (its sizes worked out once)."""
+        session_id, stream_id = self.session_id, self.stream_id
+        chunk = self._max_payload
+        aligned = (chunk + DATA_HEADER_LENGTH + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+        zeros = _ZEROS[: aligned - DATA_HEADER_LENGTH - chunk]
+        flags = _BEGIN
+        offset = term_offset
+        consumed = 0
+        while consumed < length:
+            if length - consumed <= chunk:  # the last fragment
+                chunk = length - consumed
+                flags |= _END
+                aligned = (chunk + DATA_HEADER_LENGTH + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+                zeros = _ZEROS[: aligned - DATA_HEADER_LENGTH - chunk]
+            append(
+                _pack(
+                    chunk + DATA_HEADER_LENGTH,
+                    0,
+                    flags,
+                    _DATA,
+                    offset,
+                    session_id,
+                    stream_id,
+                    term_id,
+                    reserved_value,
+                )
+            )
+            append(view[consumed : consumed + chunk])
+            if zeros:
+                append(zeros)
+            flags = 0
+            offset += aligned
+            consumed += chunk
 
 
 def _block(
