@@ -13,12 +13,17 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from aeron_spark.connector.client import ClientSettings, ReplayBlock, StreamClient
+from aeron_spark.connector.server.framing import Framer
+from aeron_spark.connector.server.stat import read_snapshot
 from aeron_spark.handshake.keystore import client_public_key_hex
+from aeron_spark.transport.archive import RecordingStore
 from aeron_spark.transport.protocol.frames import DataFlags
+from aeron_spark.transport.protocol.logbuffer import LogGeometry
 from aeron_spark.transport.protocol.term import FragmentAssembler, Header, read_term
 from aeron_spark.transport.testing import sweep_dead
 
@@ -287,3 +292,41 @@ def keyed_server(
     ]
     with server_process(os.path.join(directory, "srv"), options) as (proc, endpoint):
         yield KeyedServer(proc, endpoint, stores)
+
+
+def write_session_recordings(
+    directory: str,
+    count: int,
+    messages: int,
+    stream_of: Callable[[int], int] = lambda n: 5,
+    term_length: int = 64 * 1024,
+) -> None:
+    """``count`` finished recordings in a server directory, written as a server writes them (a
+    session's publish, mtu 1408): the ``n``-th on stream ``stream_of(n)`` and session ``n + 1``,
+    holding ``messages`` messages ``b"m<n>"``. A catalog to start a server on."""
+    store = RecordingStore(directory, fsync=False, max_open_files=8)
+    for n in range(count):
+        stream = stream_of(n)
+        rec = store.create(
+            stream, n + 1, "session:test", 0, 0, 0, term_length, 1408, time.time_ns()
+        )
+        framer = Framer(LogGeometry(term_length, 1408, 0), n + 1, stream, 0)
+        for position, block in framer.frame([b"m%d" % n] * messages, None):
+            rec.append(block, position, time.time_ns())
+        rec.stop(time.time_ns())
+    store.close(time.time_ns())
+
+
+def stat_snapshot_after(directory: str, after_s: float, timeout_s: float = 60.0) -> dict[str, Any]:
+    """The server's stat snapshot in ``directory`` once it has been written (or confirmed)
+    after ``after_s`` (``time.time()``); fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            snapshot = read_snapshot(directory)
+        except Exception:  # noqa: BLE001 - not written yet
+            snapshot = {}
+        if snapshot.get("written_at_s", 0) > after_s:
+            return snapshot
+        assert time.monotonic() < deadline, f"the stat snapshot was not written in {timeout_s} s"
+        time.sleep(0.1)

@@ -11,59 +11,32 @@ from pathlib import Path
 import pytest
 
 from aeron_spark.connector.server import ServerConfig, StreamServer
-from aeron_spark.connector.server.framing import Framer
-from aeron_spark.connector.server.stat import read_snapshot
 from aeron_spark.connector.server.store import ArchiveStore
-from aeron_spark.connector.server.testing import client_for
-from aeron_spark.transport.archive import Recording, RecordingStore
-from aeron_spark.transport.protocol.logbuffer import LogGeometry
+from aeron_spark.connector.server.testing import (
+    client_for,
+    stat_snapshot_after,
+    write_session_recordings,
+)
+from aeron_spark.transport.archive import Recording
 
 TERM = 64 * 1024
 
 
-def _populate(directory: str, count: int) -> None:
-    """``count`` finished recordings written as a server would have (stream 5; every tenth on
-    stream 6), three messages each."""
-    store = RecordingStore(directory, fsync=False, max_open_files=8)
-    for n in range(count):
-        stream = 6 if n % 10 == 0 else 5
-        rec = store.create(stream, n + 1, "session:test", 0, 0, 0, TERM, 1408, time.time_ns())
-        for position, block in Framer(LogGeometry(TERM, 1408, 0), n + 1, stream, 0).frame(
-            [b"m%d" % n] * 3, None
-        ):
-            rec.append(block, position, time.time_ns())
-        rec.stop(time.time_ns())
-    store.close(time.time_ns())
-
-
-def _stat_written_after(directory: str, after_s: float) -> dict:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            snapshot = read_snapshot(directory)
-        except Exception:  # noqa: BLE001 - not written yet
-            snapshot = {}
-        if snapshot.get("written_at_s", 0) > after_s:
-            return snapshot
-        assert time.monotonic() < deadline, "stat.json was not rewritten"
-        time.sleep(0.1)
-
-
 def test_the_stat_snapshot_rereads_only_recordings_that_can_change(tmp_path: Path) -> None:
     directory = str(tmp_path / "srv")
-    _populate(directory, 200)
+    write_session_recordings(directory, 200, 3, lambda n: 6 if n % 10 == 0 else 5)
     config = ServerConfig(directory=directory, port=0, term_length=TERM, mtu=1408)
     with StreamServer(config) as server:
         assert server.core is not None
         catalog = server.core.store.catalog  # type: ignore[attr-defined]
-        first = _stat_written_after(directory, time.time())
+        first = stat_snapshot_after(directory, time.time())
         assert len(first["recordings"]) == 200
         assert first["streams"] == server.snapshot()["streams"]
         assert [s["recordings"] for s in first["streams"]] == [180, 20]
         # every recording was read once (all stopped): the next snapshots read none of them
         settled = catalog.refreshed
-        _stat_written_after(directory, time.time())
-        _stat_written_after(directory, time.time())
+        stat_snapshot_after(directory, time.time())
+        stat_snapshot_after(directory, time.time())
         assert catalog.refreshed == settled
         with client_for(server.endpoint) as client:
             mark = catalog.refreshed
@@ -77,7 +50,7 @@ def test_the_stat_snapshot_rereads_only_recordings_that_can_change(tmp_path: Pat
             live = small[-1]
             purged = client.scan(small[0].recording_id, 0, max_messages=1).end
             assert client.purge(small[0].recording_id, purged) == purged
-            snapshot = _stat_written_after(directory, time.time())
+            snapshot = stat_snapshot_after(directory, time.time())
             # the live recording (once per snapshot, a few written meanwhile) and the purged
             # one: never the other 199
             assert 2 <= catalog.refreshed - mark <= 8
@@ -109,10 +82,10 @@ def test_list_streams_and_the_stop_retry_walk_what_changed_not_every_recording(
     monkeypatch.setattr(ArchiveStore, "_info", counted_info)
     monkeypatch.setattr(Recording, "persist_stop", counted_persist)
     directory = str(tmp_path / "srv")
-    _populate(directory, 200)
+    write_session_recordings(directory, 200, 3, lambda n: 6 if n % 10 == 0 else 5)
     config = ServerConfig(directory=directory, port=0, term_length=TERM, mtu=1408)
     with StreamServer(config) as server, client_for(server.endpoint) as client:
-        _stat_written_after(directory, time.time())  # every recording described once
+        stat_snapshot_after(directory, time.time())  # every recording described once
         streams = client.list_streams()
         assert [(s["stream_id"], s["recordings"], s["active_recordings"]) for s in streams] == [
             (5, 180, 0),
@@ -121,8 +94,8 @@ def test_list_streams_and_the_stop_retry_walk_what_changed_not_every_recording(
         described.clear()
         for _ in range(3):
             assert client.list_streams() == streams
-        _stat_written_after(directory, time.time())  # a second of housekeeping at least
-        _stat_written_after(directory, time.time())
+        stat_snapshot_after(directory, time.time())  # a second of housekeeping at least
+        stat_snapshot_after(directory, time.time())
         assert described["info"] == 0, described
         assert described["persist_stop"] == 0, described
         client.publish(6, [b"new"] * 10)  # one live recording: described, the others not

@@ -17,42 +17,16 @@ import time
 from pathlib import Path
 
 from aeron_spark.connector.server import ServerConfig, StreamServer
-from aeron_spark.connector.server.framing import Framer
 from aeron_spark.connector.server.stat import read_snapshot
-from aeron_spark.connector.server.testing import client_for
-from aeron_spark.transport.archive import RecordingStore
-from aeron_spark.transport.protocol.logbuffer import LogGeometry
+from aeron_spark.connector.server.testing import (
+    client_for,
+    stat_snapshot_after,
+    write_session_recordings,
+)
 from aeron_spark.transport.testing import running_threads, thread_wakeups
 
 TERM = 64 * 1024
 SERVER_THREADS = ("aeron-driver", "aeron-spark-server")
-
-
-def _populate(directory: str, count: int) -> None:
-    """``count`` finished recordings on stream 5, two messages each (as a server writes)."""
-    store = RecordingStore(directory, fsync=False, max_open_files=8)
-    for n in range(count):
-        rec = store.create(5, n + 1, "session:test", 0, 0, 0, TERM, 1408, time.time_ns())
-        for position, block in Framer(LogGeometry(TERM, 1408, 0), n + 1, 5, 0).frame(
-            [b"m%d" % n] * 2, None
-        ):
-            rec.append(block, position, time.time_ns())
-        rec.stop(time.time_ns())
-    store.close(time.time_ns())
-
-
-def _confirmed_after(directory: str, after_s: float) -> dict:
-    """The snapshot once the server has confirmed it (rewritten or touched) after ``after_s``."""
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            snapshot = read_snapshot(directory)
-        except Exception:  # noqa: BLE001 - not written yet
-            snapshot = {}
-        if snapshot.get("written_at_s", 0) > after_s:
-            return snapshot
-        assert time.monotonic() < deadline, "the stat snapshot was not confirmed"
-        time.sleep(0.1)
 
 
 def _recordings_file(directory: str) -> str:
@@ -75,7 +49,7 @@ def test_an_idle_server_wakes_only_for_its_deadlines(tmp_path: Path) -> None:
     others = running_threads()  # e.g. a client driver an earlier test left to be reused
     config = ServerConfig(directory=str(tmp_path / "srv"), port=0)
     with StreamServer(config) as server:
-        _confirmed_after(config.directory, 0)  # started: its first snapshot is out
+        stat_snapshot_after(config.directory, 0)  # started: its first snapshot is out
         time.sleep(0.5)
         before = thread_wakeups(SERVER_THREADS, others)
         arrived = _datagrams_received(server)
@@ -104,16 +78,16 @@ def test_an_idle_servers_stat_snapshot_does_not_rewrite_the_recordings(tmp_path:
     file (inode and modification time); a publish (a new recording) replaces it, with the new
     recording in it."""
     directory = str(tmp_path / "srv")
-    _populate(directory, 300)
+    write_session_recordings(directory, 300, 2)
     config = ServerConfig(directory=directory, port=0, term_length=TERM, mtu=1408)
     with StreamServer(config) as server:
-        first = _confirmed_after(directory, 0)
+        first = stat_snapshot_after(directory, 0)
         assert len(first["recordings"]) == 300
         held = _recordings_file(directory)
         settled = _identity(held)
         confirmed = first["written_at_s"]
         for _ in range(3):  # three more looks of the server's, a second apart
-            confirmed = _confirmed_after(directory, confirmed + 0.5)["written_at_s"]
+            confirmed = stat_snapshot_after(directory, confirmed + 0.5)["written_at_s"]
         assert _identity(held) == settled, "the recordings were rewritten with nothing changed"
         snapshot = read_snapshot(directory, max_age_s=30)
         assert "stale" not in snapshot  # touched, so a reader knows the server is alive
@@ -125,6 +99,6 @@ def test_an_idle_servers_stat_snapshot_does_not_rewrite_the_recordings(tmp_path:
             while _identity(held) == settled:
                 assert time.monotonic() < deadline, "a new recording did not reach the snapshot"
                 time.sleep(0.1)
-            recordings = _confirmed_after(directory, time.time())["recordings"]
+            recordings = stat_snapshot_after(directory, time.time())["recordings"]
             assert [r["stream_id"] for r in recordings].count(6) == 1
             assert len(recordings) == 301
