@@ -14,7 +14,6 @@ answers the next message boundary.
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
@@ -26,16 +25,11 @@ from connector.tests.test_server_ingest_tail_recovery import (
     STREAM,
     WHOLE,
     _batch_read,
+    _ingest_channel,
     _options,
-    _torn_message,
+    _send_torn,
     _wait_recorded,
 )
-
-
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.slow
@@ -45,19 +39,13 @@ def test_reads_of_an_ingest_recording_stop_before_a_message_still_coming_in(tmp_
     from aeron_spark.connector.options import parse_source_options
     from aeron_spark.connector.source import AeronStreamReader
 
-    channel = f"aeron:udp?endpoint=127.0.0.1:{_free_udp_port()}"
-    extra = ["--ingest-channel", channel, "--ingest-stream-id", str(STREAM)]
+    channel, extra = _ingest_channel()
     with (
         Driver(DriverConfig()) as driver,
         server_process(str(tmp_path / "srv"), extra) as (_proc, endpoint),
     ):
         pub = driver.add_publication(channel, STREAM)
-        assert pub.wait_until_connected(60.0)
-        for message in WHOLE:
-            pub.offer_blocking(message, timeout_s=60.0)
-        first, rest = _torn_message(pub.max_payload_length + 32)
-        pub.offer_block_blocking(first, timeout_s=60.0)
-        _wait_recorded(endpoint, pub.position, 1)
+        _first, rest = _send_torn(pub, endpoint)
 
         assert _batch_read(endpoint) == WHOLE  # main: ends inside a fragmented message
         after_first = time.time_ns() // 1_000_000 + 1  # ms: after the first fragments' time

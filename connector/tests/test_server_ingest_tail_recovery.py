@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 
 import pytest
@@ -32,7 +31,9 @@ import pytest
 from aeron_spark.connector.server.framing import Framer
 from aeron_spark.connector.server.testing import client_for, server_process
 from aeron_spark.transport import Driver, DriverConfig
+from aeron_spark.transport.driver.client import Publication
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
+from aeron_spark.transport.testing import free_udp_port
 
 STREAM = 33
 WHOLE = [b"whole-%03d-" % i + b"w" * (i * 37 % 3000) for i in range(50)]
@@ -40,10 +41,10 @@ AFTER = [b"after-%03d-" % i + b"a" * (i * 53 % 2000) for i in range(10)]
 FIRST_FRAGMENTS = 20
 
 
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _ingest_channel() -> tuple[str, list[str]]:
+    """A channel on a free UDP port, and the server options that record STREAM on it."""
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+    return channel, ["--ingest-channel", channel, "--ingest-stream-id", str(STREAM)]
 
 
 def _torn_message(mtu: int) -> tuple[bytes, bytes]:
@@ -64,6 +65,18 @@ def _wait_recorded(endpoint: str, position: int, recordings: int) -> None:
                 return
             assert time.monotonic() < deadline, recs
             time.sleep(0.05)
+
+
+def _send_torn(pub: Publication, endpoint: str) -> tuple[bytes, bytes]:
+    """WHOLE, then the first fragments of a large message (never the rest), published on
+    ``pub`` once it connects and recorded: the torn message's first and remaining frames."""
+    assert pub.wait_until_connected(60.0)
+    for message in WHOLE:
+        pub.offer_blocking(message, timeout_s=60.0)
+    first, rest = _torn_message(pub.max_payload_length + 32)
+    pub.offer_block_blocking(first, timeout_s=60.0)
+    _wait_recorded(endpoint, pub.position, 1)
+    return first, rest
 
 
 def _wait(condition, what: str, timeout_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
@@ -120,12 +133,7 @@ def _record_then_kill(driver: Driver, directory: str, extra: list[str], channel:
     the publication (still open) and the rest of the torn message's frames."""
     pub = driver.add_publication(channel, STREAM)
     with server_process(directory, extra) as (proc, endpoint):
-        assert pub.wait_until_connected(60.0)
-        for message in WHOLE:
-            pub.offer_blocking(message, timeout_s=60.0)
-        first, rest = _torn_message(pub.max_payload_length + 32)
-        pub.offer_block_blocking(first, timeout_s=60.0)
-        _wait_recorded(endpoint, pub.position, 1)
+        _first, rest = _send_torn(pub, endpoint)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(30)
     return pub, rest
@@ -137,8 +145,7 @@ def test_a_message_torn_by_kill_9_is_cut_off_the_ingest_recording_at_restart(
     tmp_path, fsync
 ) -> None:
     directory = str(tmp_path / "srv")
-    channel = f"aeron:udp?endpoint=127.0.0.1:{_free_udp_port()}"
-    extra = ["--ingest-channel", channel, "--ingest-stream-id", str(STREAM)]
+    channel, extra = _ingest_channel()
     extra += ["--fsync"] if fsync else []
     with Driver(DriverConfig()) as driver:
         pub, _rest = _record_then_kill(driver, directory, extra, channel)
@@ -159,8 +166,7 @@ def test_a_publisher_that_outlives_the_server_mid_message_leaves_a_readable_stre
     tmp_path,
 ) -> None:
     directory = str(tmp_path / "srv")
-    channel = f"aeron:udp?endpoint=127.0.0.1:{_free_udp_port()}"
-    extra = ["--ingest-channel", channel, "--ingest-stream-id", str(STREAM)]
+    channel, extra = _ingest_channel()
     with Driver(DriverConfig()) as driver:
         pub, rest = _record_then_kill(driver, directory, extra, channel)
         # the publication notices its receiver gone, then joins the restarted server where it
@@ -193,16 +199,10 @@ def test_a_publisher_gone_mid_message_leaves_its_recording_ending_on_its_last_me
     image times out the same way). The recording stopped there too (main: every batch read of
     the stream failed afterwards); now it stops at its last whole message."""
     directory = str(tmp_path / "srv")
-    channel = f"aeron:udp?endpoint=127.0.0.1:{_free_udp_port()}"
-    extra = ["--ingest-channel", channel, "--ingest-stream-id", str(STREAM)]
+    channel, extra = _ingest_channel()
     with Driver(DriverConfig()) as driver, server_process(directory, extra) as (_p, endpoint):
         pub = driver.add_publication(channel, STREAM)
-        assert pub.wait_until_connected(60.0)
-        for message in WHOLE:
-            pub.offer_blocking(message, timeout_s=60.0)
-        first, _rest = _torn_message(pub.max_payload_length + 32)
-        pub.offer_block_blocking(first, timeout_s=60.0)
-        _wait_recorded(endpoint, pub.position, 1)
+        first, _rest = _send_torn(pub, endpoint)
         pub.close()
         with client_for(endpoint, timeout_s=60) as c:
             _wait(
