@@ -73,6 +73,17 @@ def _hostile() -> Iterator[socket.socket]:
         sock.close()
 
 
+def _fast_and_slow(d: Driver, pub: Publication) -> tuple[Subscription, Subscription, int]:
+    """Two receivers of ``pub`` (for :func:`_deliver`), once both are its destinations and the
+    slow one's receiver id is known: ``(fast, slow, slow's receiver id)``."""
+    fast, slow = (d.add_subscription(_sub_channel(pub), STREAM) for _ in range(2))
+    pump(d, lambda: fast.is_connected and slow.is_connected and len(pub.destinations) == 2)
+    slow_address = ("127.0.0.1", slow.local_endpoints[0][1])
+    pump(d, lambda: bool(pub.state.dests.by_address[slow_address].receiver_ids))
+    (slow_id,) = pub.state.dests.by_address[slow_address].receiver_ids
+    return fast, slow, slow_id
+
+
 def _deliver(
     d: Driver,
     pub: Publication,
@@ -142,11 +153,7 @@ def test_another_receivers_id_from_a_hostile_address_does_not_release_the_public
     with Driver(DriverConfig(threading_mode="invoker", directory=tmp_path)) as d, _hostile() as h:
         pub = d.add_publication(_mdc(fc), STREAM)
         control = ("127.0.0.1", pub.local_endpoints[0][1])
-        fast, slow = (d.add_subscription(_sub_channel(pub), STREAM) for _ in range(2))
-        pump(d, lambda: fast.is_connected and slow.is_connected and len(pub.destinations) == 2)
-        slow_address = ("127.0.0.1", slow.local_endpoints[0][1])
-        pump(d, lambda: bool(pub.state.dests.by_address[slow_address].receiver_ids))
-        (slow_id,) = pub.state.dests.by_address[slow_address].receiver_ids
+        fast, slow, slow_id = _fast_and_slow(d, pub)
 
         def forge(sent: int) -> None:
             h.sendto(_sm(pub, pub.sender_position, receiver_id=slow_id), control)
@@ -261,11 +268,7 @@ def test_an_end_of_stream_naming_another_receiver_does_not_release_the_publicati
     with Driver(DriverConfig(threading_mode="invoker", directory=tmp_path)) as d, _hostile() as h:
         pub = d.add_publication(_mdc(fc), STREAM)
         control = ("127.0.0.1", pub.local_endpoints[0][1])
-        fast, slow = (d.add_subscription(_sub_channel(pub), STREAM) for _ in range(2))
-        pump(d, lambda: fast.is_connected and slow.is_connected and len(pub.destinations) == 2)
-        slow_address = ("127.0.0.1", slow.local_endpoints[0][1])
-        pump(d, lambda: bool(pub.state.dests.by_address[slow_address].receiver_ids))
-        (slow_id,) = pub.state.dests.by_address[slow_address].receiver_ids
+        fast, slow, slow_id = _fast_and_slow(d, pub)
         h.sendto(_sm(pub, 0, receiver_id=777), control)  # a destination of its own
         pump(d, lambda: len(pub.destinations) == 3)
         eos = _sm(pub, 0, receiver_id=slow_id, flags=SmFlags.EOS)
