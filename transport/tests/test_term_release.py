@@ -14,15 +14,16 @@ from __future__ import annotations
 import ctypes
 import mmap
 import random
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler
+from aeron_spark.transport import Driver, DriverConfig
 from aeron_spark.transport.protocol.logbuffer import allocate_log, release_range
 from aeron_spark.transport.testing import pump
+
+from .test_udp_loopback import connect, transfer
 
 TIMEOUT_S = 30.0
 PAGE = mmap.PAGESIZE
@@ -66,22 +67,10 @@ def test_a_released_term_reads_as_zeros_and_holds_no_pages() -> None:
 def test_terms_a_stream_passed_through_are_given_back_on_both_sides(driver: Driver) -> None:
     """4.6 terms of messages (1 MiB terms) through a publication and its image: what stays
     resident is what each side still needs, not all three terms."""
-    sub = driver.add_subscription("aeron:udp?endpoint=127.0.0.1:0", 10)
-    port = sub.local_endpoints[0][1]
-    pub = driver.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=1m", 10)
-    pump(driver, lambda: pub.is_connected and sub.is_connected)
+    pub, sub = connect(driver, "|term-length=1m")
     rnd = random.Random(5)
     messages = [rnd.randbytes(4000) for _ in range(1200)]  # ~4.6 MiB framed
-    got: list[int] = []
-    assembler = FragmentAssembler(lambda payload, header: got.append(len(payload)))
-    i = 0
-    deadline = time.monotonic() + TIMEOUT_S
-    while len(got) < len(messages):
-        assert time.monotonic() < deadline, f"only {len(got)} of {len(messages)} arrived"
-        while i < len(messages) and pub.offer(messages[i]) > 0:
-            i += 1
-        if driver.do_work() + sub.poll(assembler, 256) == 0:
-            driver.idle(0.002)
+    transfer(driver, pub, sub, messages, TIMEOUT_S)
     (image,) = sub.images
     # the image cleans the term its subscriber passed on its next duty cycle
     pump(driver, lambda: image._state.cleaned_term_count >= (image.position >> 20) - 1)

@@ -50,11 +50,13 @@ def connect(
     return pub, sub
 
 
-def transfer(driver: Driver, pub: Any, sub: Any, messages: list[bytes]) -> list[bytes]:
+def transfer(
+    driver: Driver, pub: Any, sub: Any, messages: list[bytes], timeout_s: float = TIMEOUT_S
+) -> list[bytes]:
     got: list[bytes] = []
     assembler = FragmentAssembler(lambda payload, header: got.append(bytes(payload)))
     i = 0
-    deadline = time.monotonic() + TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while len(got) < len(messages):
         assert time.monotonic() < deadline, f"only {len(got)} of {len(messages)} arrived"
         while i < len(messages) and pub.offer(messages[i]) > 0:
