@@ -37,6 +37,43 @@ def _stream_payloads(client, stream_id=STREAM) -> list[bytes]:
     return out
 
 
+def _staged_parts(config: ServerConfig) -> dict[str, bytes]:
+    """The sink's staged part files (a commit deletes them; a crash before "done" would not)."""
+    saved = {}
+    for root, _dirs, files in os.walk(os.path.join(config.directory, "sink", "staged")):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as fh:
+                saved[os.path.join(root, name)] = fh.read()
+    return saved
+
+
+def _rewind_to_begin(config: ServerConfig, saved: dict[str, bytes]) -> None:
+    """The commit log back to the last commit's "begin" (its "done" dropped) and the staged
+    parts ``saved`` back in place: a server crashed in the middle of that commit."""
+    from aeron_spark.connector.server.commitlog import CommitLog
+
+    log_path = os.path.join(config.directory, "sink", "commit.log")
+    records = CommitLog(log_path).records
+    assert [r["t"] for r in records] == ["begin", "done"]
+    os.unlink(log_path)
+    rewound = CommitLog(log_path)
+    rewound.append(records[0])
+    rewound.close()
+    for path, data in saved.items():
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(data)
+
+
+def _cut_inside_a_frame(config: ServerConfig, appended: dict) -> None:
+    """Half of what a commit ``appended`` to a recording (its result, or one of its streams')
+    off the recording's segment, cut inside a frame."""
+    rec_dir = os.path.join(config.directory, "recordings", str(appended["recording_id"]))
+    (segment,) = [n for n in os.listdir(rec_dir) if n.endswith(".seg")]
+    middle = (appended["start_position"] + appended["end_position"]) // 2 + 7
+    os.truncate(os.path.join(rec_dir, segment), middle - int(segment[:-4]))
+
+
 def test_commit_appends_in_partition_order_once(tmp_path) -> None:
     with StreamServer(_config(tmp_path)) as srv, client_for(srv.endpoint) as c:
         assert c.last_committed_batch("q1") is None
@@ -104,36 +141,17 @@ def test_large_stage_is_chunked_and_committed(tmp_path) -> None:
 
 
 def test_a_commit_torn_by_a_crash_is_completed_exactly_once_on_restart(tmp_path) -> None:
-    from aeron_spark.connector.server.commitlog import CommitLog
-
     config = _config(tmp_path)
     payloads = {p: [f"p{p}-{i}".encode() * 20 for i in range(2000)] for p in range(3)}
     with StreamServer(config) as srv, client_for(srv.endpoint) as c:
         staged = [c.stage("q", 0, p, 0, STREAM, payloads[p]) for p in range(3)]
         # keep copies of the parts: the commit deletes them, a crash before "done" would not
-        sink_dir = os.path.join(config.directory, "sink")
-        saved = {}
-        for root, _dirs, files in os.walk(os.path.join(sink_dir, "staged")):
-            for name in files:
-                saved[os.path.join(root, name)] = open(os.path.join(root, name), "rb").read()
+        saved = _staged_parts(config)
         result = c.commit("q", 0, STREAM, staged)
     # Rewind to "crashed in the middle of the commit": the log has "begin" but not "done", half
     # of the frames reached the segment (cut inside a frame), the staged parts are still there.
-    log_path = os.path.join(sink_dir, "commit.log")
-    records = CommitLog(log_path).records
-    assert [r["t"] for r in records] == ["begin", "done"]
-    os.unlink(log_path)
-    rewound = CommitLog(log_path)
-    rewound.append(records[0])
-    rewound.close()
-    for path, data in saved.items():
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as fh:
-            fh.write(data)
-    rec_dir = os.path.join(config.directory, "recordings", str(result["recording_id"]))
-    (segment,) = [n for n in os.listdir(rec_dir) if n.endswith(".seg")]
-    middle = (result["start_position"] + result["end_position"]) // 2 + 7
-    os.truncate(os.path.join(rec_dir, segment), middle - int(segment[:-4]))
+    _rewind_to_begin(config, saved)
+    _cut_inside_a_frame(config, result)
     with StreamServer(config) as srv, client_for(srv.endpoint) as c:
         assert c.last_committed_batch("q") == 0
         assert c.commit("q", 0, STREAM, staged) == result
@@ -170,35 +188,15 @@ def test_a_commit_of_several_streams_appends_each_streams_parts_once(tmp_path) -
 
 
 def test_a_commit_of_several_streams_torn_by_a_crash_is_completed_on_restart(tmp_path) -> None:
-    from aeron_spark.connector.server.commitlog import CommitLog
-
     config = _config(tmp_path)
     payloads = {s: [f"s{s}-{i}".encode() * 20 for i in range(2000)] for s in (31, 32)}
     with StreamServer(config) as srv, client_for(srv.endpoint) as c:
         staged = [c.stage("q", 0, 0, 0, s, payloads[s]) for s in (31, 32)]
-        sink_dir = os.path.join(config.directory, "sink")
-        saved = {}
-        for root, _dirs, files in os.walk(os.path.join(sink_dir, "staged")):
-            for name in files:
-                saved[os.path.join(root, name)] = open(os.path.join(root, name), "rb").read()
+        saved = _staged_parts(config)
         result = c.commit("q", 0, None, staged)
     # crashed after stream 31's frames and half of stream 32's, before "done"
-    log_path = os.path.join(sink_dir, "commit.log")
-    records = CommitLog(log_path).records
-    assert [r["t"] for r in records] == ["begin", "done"]
-    os.unlink(log_path)
-    rewound = CommitLog(log_path)
-    rewound.append(records[0])
-    rewound.close()
-    for path, data in saved.items():
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as fh:
-            fh.write(data)
-    second = result["streams"][1]
-    rec_dir = os.path.join(config.directory, "recordings", str(second["recording_id"]))
-    (segment,) = [n for n in os.listdir(rec_dir) if n.endswith(".seg")]
-    middle = (second["start_position"] + second["end_position"]) // 2 + 7
-    os.truncate(os.path.join(rec_dir, segment), middle - int(segment[:-4]))
+    _rewind_to_begin(config, saved)
+    _cut_inside_a_frame(config, result["streams"][1])
     with StreamServer(config) as srv, client_for(srv.endpoint) as c:
         assert c.commit("q", 0, None, staged) == result
         for s in (31, 32):
