@@ -6,6 +6,7 @@ step; and an idle stream's heartbeats and status messages keep Aeron's cadence (
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -177,12 +178,14 @@ def test_an_idle_publication_keeps_heartbeating_every_100_ms() -> None:
     assert len(sent) >= IMAGE_LIVENESS_TIMEOUT_NS // HEARTBEAT_INTERVAL_NS - 1
 
 
-def test_an_idle_image_keeps_its_status_messages_every_200_ms() -> None:
-    """The cap: an idle image repeats its status message every 200 ms (Aeron's cadence; spaced
-    out to 500 ms, sessions were lost under a flood)."""
+def _idle_image(
+    interest: StreamInterest,
+) -> tuple[ManualClock, ReceiveDispatcher, Callable[[Any, Any], None], list[int]]:
+    """An image of ``interest`` (a SETUP of session 7), kept alive by heartbeats for a
+    connection timeout on a manual clock: the clock, the dispatcher, its ``transmit`` and the
+    times of the status messages it sent."""
     clock, sms = ManualClock(), []
     dispatcher = ReceiveDispatcher()
-    interest = StreamInterest(10)
     dispatcher.add(interest)
 
     def transmit(data: Any, address: Any) -> None:
@@ -197,6 +200,13 @@ def test_an_idle_image_keeps_its_status_messages_every_200_ms() -> None:
         dispatcher.do_work(clock.now_ns, transmit)
         clock.now_ns = dispatcher.next_deadline_ns(clock.now_ns)
         dispatcher.on_datagram(hb, len(hb), SENDERS[0], clock.now_ns, transmit)  # alive
+    return clock, dispatcher, transmit, sms
+
+
+def test_an_idle_image_keeps_its_status_messages_every_200_ms() -> None:
+    """The cap: an idle image repeats its status message every 200 ms (Aeron's cadence; spaced
+    out to 500 ms, sessions were lost under a flood)."""
+    _clock, _dispatcher, _transmit, sms = _idle_image(StreamInterest(10))
     gaps = [b - a for a, b in zip(sms, sms[1:], strict=False)]
     assert gaps and all(g == SM_INTERVAL_NS for g in gaps)
     assert len(sms) >= CONNECTION_TIMEOUT_NS // SM_INTERVAL_NS
@@ -260,23 +270,8 @@ def test_an_idle_sm_interval_spaces_an_idle_images_status_messages() -> None:
     """Issue 31: a subscription's ``idle-sm-interval`` (our sessions': 1 s): after an SM that saw
     nothing new the next waits that long; data that arrived brings back 200 ms for the next;
     the publication still hears five SMs in its 5 s connection timeout."""
-    clock, sms = ManualClock(), []
-    dispatcher = ReceiveDispatcher()
     interest = StreamInterest(10, idle_sm_interval_ns=1_000_000_000)
-    dispatcher.add(interest)
-
-    def transmit(data: Any, address: Any) -> None:
-        if data[6] == FrameType.SM:
-            sms.append(clock.now_ns)
-
-    setup = SetupFrame(0, 7, 10, 0, 0, TERM, 1408).encode()
-    dispatcher.on_datagram(setup, len(setup), SENDERS[0], clock.now_ns, transmit)
-    start = clock.now_ns
-    hb = encode_data_header(0, DataFlags.UNFRAGMENTED, FrameType.DATA, 0, 7, 10, 0)
-    while clock.now_ns - start < CONNECTION_TIMEOUT_NS:
-        dispatcher.do_work(clock.now_ns, transmit)
-        clock.now_ns = dispatcher.next_deadline_ns(clock.now_ns)
-        dispatcher.on_datagram(hb, len(hb), SENDERS[0], clock.now_ns, transmit)  # alive
+    clock, dispatcher, transmit, sms = _idle_image(interest)
     gaps = [b - a for a, b in zip(sms, sms[1:], strict=False)]
     assert gaps[0] == SM_INTERVAL_NS  # the first SM saw a new image: Aeron's pace once more
     assert gaps[1:] and all(g == 1_000_000_000 for g in gaps[1:])
