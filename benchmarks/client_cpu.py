@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from aeron_spark.transport import Driver, DriverConfig
+from aeron_spark.transport.testing import free_udp_port
 
 MESSAGE = bytes(32)
 
@@ -29,12 +29,6 @@ def _driver(directory: str) -> Driver:
     return Driver(
         DriverConfig(threading_mode="invoker", directory=directory, write_counters_file=False)
     )
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _round(driver: Driver, pub: Any, sub: Any, messages: int) -> tuple[float, float]:
@@ -72,7 +66,7 @@ def measure(media: str, messages: int, repeats: int) -> dict[str, int]:
             if media == "ipc":
                 channel = "aeron:ipc?term-length=16m"
             else:
-                channel = f"aeron:udp?endpoint=127.0.0.1:{_free_port()}"
+                channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
             pub = driver.add_publication(channel, 5)  # first: an IPC subscription scans
             sub = driver.add_subscription(channel, 5)  # for it when it is made
             if not pub.wait_until_connected(10):

@@ -35,7 +35,6 @@ import json
 import os
 import pstats
 import random
-import socket
 import sys
 import tempfile
 import time
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from aeron_spark.transport import Driver, DriverConfig
+from aeron_spark.transport.testing import free_udp_port
 from benchmarks._timing import interleaved_best
 from benchmarks.lossy_link import JAVA_PEER, _aeron_peer, _Program
 
@@ -59,12 +59,6 @@ def sizes(count: int, max_size: int, seed: int) -> list[int]:
         x ^= (x << 17) & MASK
         out.append(1 + x % max_size)
     return out
-
-
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class JavaDrivers:
@@ -95,7 +89,7 @@ class JavaDrivers:
 
 
 def _subscriber(java: JavaDrivers, count: int, timeout_s: float) -> tuple[_Program, str]:
-    port = _free_udp_port()
+    port = free_udp_port()
     sub = java.client(
         1, ["sub", f"aeron:udp?endpoint=127.0.0.1:{port}", str(STREAM)] + [str(timeout_s)]
     )

@@ -56,6 +56,7 @@ from aeron_spark.transport.counters import SystemCounters
 from aeron_spark.transport.driver.endpoint import UdpEndpoint
 from aeron_spark.transport.protocol.frames import StatusMessage
 from aeron_spark.transport.protocol.publication import PublicationState
+from aeron_spark.transport.testing import free_udp_port
 from aeron_spark.transport.uri import Endpoint
 
 STREAM = 1001
@@ -422,12 +423,6 @@ def _aeron_peer() -> Any:
     return aeron_peer
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _java_ping(
     java: Any, ping_port: int, pong_port: int, rounds: int, warmup: int
 ) -> dict[str, float]:
@@ -492,7 +487,7 @@ def pingpong_real_aeron(
         child = _spawn("--child", "pong")
         try:
             port = _read(child)["port"]
-            pong_port = _free_port()
+            pong_port = free_udp_port()
             assert child.stdin is not None
             child.stdin.write(f"{pong_port}\n")
             child.stdin.flush()
@@ -502,7 +497,7 @@ def pingpong_real_aeron(
             child.wait(10)
     # Our ping -> Java Pong.
     with peer.JavaMediaDriver(tag="bench", **driver_props) as java:
-        ping_port, pong_port = _free_port(), _free_port()
+        ping_port, pong_port = free_udp_port(), free_udp_port()
         java.run("io.aeron.samples.Pong", _pong_properties(ping_port, pong_port))
         samples = _ping_rounds(
             f"aeron:udp?endpoint=127.0.0.1:{ping_port}",
@@ -513,7 +508,7 @@ def pingpong_real_aeron(
         out["ours_ping_java_pong"] = _summary(samples, rounds)
     # Java Ping <-> Java Pong (one Java media driver, as Aeron is usually run on one host).
     with peer.JavaMediaDriver(tag="bench", **driver_props) as java:
-        ping_port, pong_port = _free_port(), _free_port()
+        ping_port, pong_port = free_udp_port(), free_udp_port()
         java.run("io.aeron.samples.Pong", _pong_properties(ping_port, pong_port))
         out["java_java"] = _java_ping(java, ping_port, pong_port, rounds, warmup)
     return out

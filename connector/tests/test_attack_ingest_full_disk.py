@@ -14,7 +14,6 @@ server skipped them). Now a failed creation removes what it made and gives its i
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Iterator
 
@@ -24,6 +23,7 @@ from aeron_spark.connector.errors import ConnectorError
 from aeron_spark.connector.server.testing import client_for, messages_of, server_process
 from aeron_spark.transport import Driver, DriverConfig
 from aeron_spark.transport.archive.testing import MountUnavailable, fill, small_tmpfs
+from aeron_spark.transport.testing import free_udp_port
 
 STREAM = 33
 STORAGE_FULL = 14
@@ -37,12 +37,6 @@ def tmpfs() -> Iterator[str]:
             yield path
     except MountUnavailable as exc:
         pytest.skip(str(exc))
-
-
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _msgs(tag: bytes, count: int) -> list[bytes]:
@@ -69,7 +63,7 @@ def _by_session(client, stream_id: int) -> dict[int, list[bytes]]:  # type: igno
 def test_a_full_disk_holds_ingest_back_loses_nothing_and_leaves_no_half_made_recordings(
     tmpfs: str,
 ) -> None:
-    channel = f"aeron:udp?endpoint=127.0.0.1:{_free_udp_port()}"
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
     extra = ["--ingest-channel", channel, "--ingest-stream-id", str(STREAM)]
     root = os.path.join(tmpfs, "recordings")
     with (

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
@@ -11,16 +10,11 @@ from aeron_spark.connector.server import ServerConfig, StreamServer
 from aeron_spark.connector.server.testing import client_for, messages_of
 from aeron_spark.transport import Driver, DriverConfig
 from aeron_spark.transport.api import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
-
-
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from aeron_spark.transport.testing import free_udp_port
 
 
 def test_plain_publication_on_the_ingest_channel_is_recorded(tmp_path) -> None:
-    channel = f"aeron:udp?endpoint=127.0.0.1:{_free_udp_port()}"
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
     config = ServerConfig(
         directory=str(tmp_path / "srv"),
         port=0,
@@ -88,7 +82,7 @@ def test_the_ingest_channel_records_only_admitted_sources(
     """The ingest channel applies the server's allow/deny lists and its own ingest allow list at
     SETUP: a plain publisher (no key, no handshake) from another source gets no image, so it is
     never recorded (the old server recorded it), and the refusal is counted."""
-    channel = f"aeron:udp?endpoint=127.0.0.1:{_free_udp_port()}"
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
     config = ServerConfig(
         directory=str(tmp_path / "srv"),
         port=0,

@@ -4,7 +4,6 @@ recorded data even with no trigger limit; 10-21 s at 10,000 recordings)."""
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from aeron_spark.connector.errors import UnknownRecordingError
 from aeron_spark.connector.server import ServerConfig, StreamServer
 from aeron_spark.transport import Driver, DriverConfig
 from aeron_spark.transport.api import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
+from aeron_spark.transport.testing import free_udp_port
 
 
 @pytest.fixture
@@ -124,14 +124,8 @@ def test_scan_ranges_shares_one_budget_over_many_recordings_as_one_scan_each_did
             client.scan_ranges([(999, 0, 64)])
 
 
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_an_ingest_recordings_message_end_is_scanned_once_then_only_what_is_new(tmp_path) -> None:
-    channel = f"aeron:udp?endpoint=127.0.0.1:{_free_udp_port()}"
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
     config = ServerConfig(
         directory=str(tmp_path / "srv"),
         port=0,

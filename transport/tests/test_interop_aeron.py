@@ -63,7 +63,7 @@ from aeron_spark.transport import (  # noqa: E402
     Publication,
     Subscription,
 )
-from aeron_spark.transport.testing import LossConfig  # noqa: E402
+from aeron_spark.transport.testing import LossConfig, free_udp_port  # noqa: E402
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -108,16 +108,9 @@ def _require_peer(kind: str) -> None:
 # --------------------------------------------------------------------------- helpers: processes
 
 
-def _free_udp_port(host: str = "127.0.0.1") -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def _has_ipv6_loopback() -> bool:
     try:
-        _free_udp_port("::1")
+        free_udp_port("::1")
     except OSError:
         return False
     return True
@@ -468,7 +461,7 @@ def test_basic_publisher_to_our_subscription(real_driver: RealDriver, our_driver
     """
     # 7 messages, one a second: longer than the real publisher's 5 s connection timeout, so our
     # periodic status messages must keep it connected.
-    port, stream_id, count = _free_udp_port(), 1001, 7
+    port, stream_id, count = free_udp_port(), 1001, 7
     channel = _channel(port)
     received = Received()
     sub = received.subscribe(our_driver, channel, stream_id)
@@ -517,7 +510,7 @@ def test_streaming_publisher_to_our_subscription(
     streaming_publisher retries each offer until it succeeds, so all ``count`` messages must
     arrive. It uses message lengths above the MTU, so the real driver fragments them.
     """
-    port, stream_id = _free_udp_port(), 1002
+    port, stream_id = free_udp_port(), 1002
     received = Received()
     # rcv-wnd is a receiver setting: it goes on our subscription, the rest on the publisher.
     ours = {k: v for k, v in params.items() if k == "rcv_wnd"}
@@ -555,7 +548,7 @@ def test_two_real_publishers_interleave_into_our_subscription(
     Two drivers because one real driver refuses a second publication on the same channel and
     stream with another ``session-id`` (and without one, it shares a single session).
     """
-    port, stream_id, count, length = _free_udp_port(), 1005, 200, 5000
+    port, stream_id, count, length = free_udp_port(), 1005, 200, 5000
     received = Received()
     sub = received.subscribe(our_driver, _channel(port), stream_id)
     pubs = [
@@ -593,7 +586,7 @@ def test_real_publisher_to_our_subscription_with_loss(
     64 KiB terms some losses hit the padding at term ends."""
     loss = LossConfig(drop_rate=0.05, duplicate_rate=0.02, reorder_rate=0.02, seed=7)
     driver = our_drivers.start(loss=loss)
-    port, stream_id, count = _free_udp_port(), 1006, 2000
+    port, stream_id, count = free_udp_port(), 1006, 2000
     received = Received()
     sub = received.subscribe(driver, _channel(port), stream_id)
     pub = _run_streaming(real_driver, _channel(port, **params), stream_id, count, length)
@@ -615,7 +608,7 @@ def test_our_subscription_rejoins_a_running_real_publication(
     """A subscriber that comes back on the same port while the real publication runs: the real
     publisher only sends SETUP again when asked, so our receiver must answer its data/heartbeats
     of an unknown session with a SEND_SETUP status message, and delivery resumes."""
-    port, stream_id, count = _free_udp_port(), 1007, 8
+    port, stream_id, count = free_udp_port(), 1007, 8
     channel = _channel(port)
     first, second = Received(), Received()
     driver = our_drivers.start()
@@ -729,7 +722,7 @@ def test_our_publication_to_basic_subscriber(
     With ``cc=cubic`` on its channel the real receiver measures RTT (RTTM requests we answer)
     and changes its window as it goes (more status messages for our flow control).
     """
-    port, stream_id = _free_udp_port(), 1003
+    port, stream_id = free_udp_port(), 1003
     real_sub = _start_real_subscriber(real_driver, _channel(port, **sub_params), stream_id)
     pub = our_driver.add_publication(_channel(port, **params), stream_id)
     try:
@@ -753,7 +746,7 @@ def test_closing_our_publication_makes_real_image_unavailable(
     real_driver: RealDriver, our_driver: Driver
 ) -> None:
     """Our end-of-stream on close is understood: the real subscriber's image goes unavailable."""
-    port, stream_id = _free_udp_port(), 1004
+    port, stream_id = free_udp_port(), 1004
     real_sub = _start_real_subscriber(real_driver, _channel(port), stream_id)
     pub = our_driver.add_publication(_channel(port, linger="1s"), stream_id)
     try:
@@ -776,7 +769,7 @@ def test_real_subscriber_restart_gets_setup_from_our_publication(
     """A real subscriber that starts after our publication has connected (to an earlier one)
     sees only our heartbeats/data: it asks with SEND_SETUP, we answer with SETUP, and it gets
     the messages offered after its image appeared."""
-    port, stream_id = _free_udp_port(), 1008
+    port, stream_id = free_udp_port(), 1008
     first = _start_real_subscriber(real_driver, _channel(port), stream_id)
     pub = our_driver.add_publication(_channel(port), stream_id)
     try:
@@ -862,7 +855,7 @@ def test_our_publication_retransmits_on_real_naks(
     """Between us and the real subscriber 5% of our DATA/PAD datagrams are dropped: the real
     receiver NAKs, we retransmit the original bytes (padding at term ends included), and it
     prints every message in order."""
-    port, stream_id = _free_udp_port(), 1009
+    port, stream_id = free_udp_port(), 1009
     real_sub = _start_real_subscriber(real_driver, _channel(port), stream_id)
     proxy = LossyUdpProxy(port, drop_rate=0.05, seed=11)
     try:
@@ -890,8 +883,8 @@ def test_real_dynamic_mdc_publication_to_our_subscription(
     """A real publication in dynamic control mode learns our subscription from the status
     messages we send to its control address, and sends to us; everything arrives in order."""
     control, endpoint, stream_id, count, length = (
-        _free_udp_port(),
-        _free_udp_port(),
+        free_udp_port(),
+        free_udp_port(),
         1010,
         500,
         3000,
@@ -918,12 +911,12 @@ def test_real_tagged_flow_control_counts_our_subscriptions_group_tag(
     whose status messages carry group tag 7 are known: our two subscriptions with ``gtag=7``
     (SMs of 44 bytes with the tag) make it send, and both get every message in order. Without
     the tag in our SMs the real publication never connects."""
-    control, stream_id, count, length = _free_udp_port(), 1019, 300, 2000
+    control, stream_id, count, length = free_udp_port(), 1019, 300, 2000
     got = [Received(), Received()]
     subs = [
         r.subscribe(
             our_driver,
-            _channel(_free_udp_port(), control=f"127.0.0.1:{control}", gtag=7),
+            _channel(free_udp_port(), control=f"127.0.0.1:{control}", gtag=7),
             stream_id,
         )
         for r in got
@@ -952,11 +945,11 @@ def test_our_min_flow_control_publication_to_real_tagged_subscribers(
     """Our dynamic MDC publication with ``fc=tagged,g:9/2`` connects only when two real
     subscribers with ``gtag=9`` announced themselves (the real receivers' tagged SMs parsed),
     then reaches both with every message, in order."""
-    control, stream_id = _free_udp_port(), 1020
+    control, stream_id = free_udp_port(), 1020
     pub = our_driver.add_publication(
         f"aeron:udp?control=127.0.0.1:{control}|control-mode=dynamic|fc=tagged,g:9/2", stream_id
     )
-    sub_channel = _channel(_free_udp_port(), control=f"127.0.0.1:{control}", gtag=9)
+    sub_channel = _channel(free_udp_port(), control=f"127.0.0.1:{control}", gtag=9)
     first = _start_real_subscriber(real_driver, sub_channel, stream_id)
     real_subs = [first]
     try:
@@ -969,7 +962,7 @@ def test_our_min_flow_control_publication_to_real_tagged_subscribers(
         real_subs.append(
             _start_real_subscriber(
                 real_driver,
-                _channel(_free_udp_port(), control=f"127.0.0.1:{control}", gtag=9),
+                _channel(free_udp_port(), control=f"127.0.0.1:{control}", gtag=9),
                 stream_id,
             )
         )
@@ -992,7 +985,7 @@ def test_our_manual_mdc_publication_to_two_real_subscribers(
 ) -> None:
     """Manual multi-destination-cast: our publication with two added destinations reaches two
     real subscribers; each prints every message, in order."""
-    ports, stream_id = (_free_udp_port(), _free_udp_port()), 1018
+    ports, stream_id = (free_udp_port(), free_udp_port()), 1018
     real_subs = [_start_real_subscriber(real_driver, _channel(p), stream_id) for p in ports]
     pub = our_driver.add_publication("aeron:udp?control-mode=manual", stream_id)
     for p in ports:
@@ -1023,7 +1016,7 @@ def test_our_dynamic_mdc_publication_to_real_subscriber(
     stream id are 0, once a second; a real publisher adds any status message's source as a
     destination before looking at session and stream, so ours must too.
     """
-    control, endpoint, stream_id = _free_udp_port(), _free_udp_port(), 1011
+    control, endpoint, stream_id = free_udp_port(), free_udp_port(), 1011
     pub = our_driver.add_publication(
         f"aeron:udp?control=127.0.0.1:{control}|control-mode=dynamic", stream_id
     )
@@ -1052,7 +1045,7 @@ def test_idle_publication_keeps_real_image_alive(
     real_driver = _start_real_driver(
         real_stack, peer, **{"aeron.image.liveness.timeout": f"{int(liveness_s * 1000)}ms"}
     )
-    port, stream_id = _free_udp_port(), 1012
+    port, stream_id = free_udp_port(), 1012
     real_sub = _start_real_subscriber(real_driver, _channel(port), stream_id)
     pub = our_driver.add_publication(_channel(port), stream_id)
     try:
@@ -1082,7 +1075,7 @@ def test_lost_last_datagram_from_real_publisher_is_recovered(
     follows are heartbeats (then EOS heartbeats) at the position after the message: they raise
     our high-water mark, so our image must see the gap, NAK it within the real publication's
     5 s linger, and deliver the retransmitted message."""
-    port, stream_id = _free_udp_port(), 1013
+    port, stream_id = free_udp_port(), 1013
     received = Received()
     sub = received.subscribe(our_driver, _channel(port), stream_id)
     proxy = LossyUdpProxy(port, drop_rate=0.0, seed=0, drop_first=1)
@@ -1105,7 +1098,7 @@ def test_lost_last_datagram_from_our_publication_is_recovered(
 ) -> None:
     """The mirror case: our only DATA datagram is lost; our heartbeats tell the real receiver
     where the stream ends, it NAKs, and we retransmit."""
-    port, stream_id = _free_udp_port(), 1014
+    port, stream_id = free_udp_port(), 1014
     real_sub = _start_real_subscriber(real_driver, _channel(port), stream_id)
     proxy = LossyUdpProxy(port, drop_rate=0.0, seed=0, drop_first=1)
     try:
@@ -1131,7 +1124,7 @@ _needs_ipv6 = pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopb
 def test_ipv6_real_publisher_to_our_subscription(
     real_driver: RealDriver, our_driver: Driver
 ) -> None:
-    port, stream_id, count, length = _free_udp_port("::1"), 1015, 300, 3000
+    port, stream_id, count, length = free_udp_port("::1"), 1015, 300, 3000
     channel = f"aeron:udp?endpoint=[::1]:{port}"
     received = Received()
     sub = received.subscribe(our_driver, channel, stream_id)
@@ -1149,7 +1142,7 @@ def test_ipv6_real_publisher_to_our_subscription(
 def test_ipv6_our_publication_to_real_subscriber(
     real_driver: RealDriver, our_driver: Driver
 ) -> None:
-    port, stream_id = _free_udp_port("::1"), 1016
+    port, stream_id = free_udp_port("::1"), 1016
     channel = f"aeron:udp?endpoint=[::1]:{port}"
     real_sub = _start_real_subscriber(real_driver, channel, stream_id)
     pub = our_driver.add_publication(channel, stream_id)
@@ -1173,7 +1166,7 @@ def test_claimed_and_aborted_frames_to_real_subscriber(
 ) -> None:
     """Messages written through ``try_claim`` reach the real subscriber; an aborted claim becomes
     padding that the real client skips."""
-    port, stream_id = _free_udp_port(), 1017
+    port, stream_id = free_udp_port(), 1017
     real_sub = _start_real_subscriber(real_driver, _channel(port), stream_id)
     pub = our_driver.add_publication(_channel(port), stream_id)
     messages = [_text_message(i, 1 + i * 97 % pub.max_payload_length) for i in range(40)]
@@ -1228,7 +1221,7 @@ def test_java_driver_send_loss_to_our_subscription(
             "aeron.debug.send.control.loss.seed": 6,
         },
     )
-    port, stream_id, count, length = _free_udp_port(), 1020, 2000, 3000
+    port, stream_id, count, length = free_udp_port(), 1020, 2000, 3000
     received = Received()
     sub = received.subscribe(our_driver, _channel(port), stream_id)
     pub = _run_streaming(real, _channel(port, term_length=65536), stream_id, count, length)
@@ -1266,7 +1259,7 @@ def test_our_publication_to_java_receiver_with_loss(
             "aeron.debug.receive.control.loss.seed": 8,
         },
     )
-    port, stream_id = _free_udp_port(), 1021
+    port, stream_id = free_udp_port(), 1021
     real_sub = _start_real_subscriber(real, _channel(port), stream_id)
     pub = our_driver.add_publication(_channel(port, term_length=65536), stream_id)
     try:
@@ -1295,7 +1288,7 @@ def test_our_publication_to_java_rate_subscriber(
     """The real ``RateSubscriber`` (which counts whole messages through a FragmentAssembler)
     counts exactly what we sent: 20,000 unfragmented and 1,000 fragmented messages."""
     real = _start_real_driver(real_stack, "java", shared_java_driver)
-    port, stream_id = _free_udp_port(), 1022
+    port, stream_id = free_udp_port(), 1022
     rate_sub = real.rate_subscriber(_channel(port), stream_id)  # type: ignore[attr-defined]
     pub = our_driver.add_publication(_channel(port), stream_id)
     count = 21_000
@@ -1321,7 +1314,7 @@ def test_real_java_driver_counters_catch_invalid_packets(real_stack: contextlib.
     (too short; a DATA header with a wrong version) show up in its ``Invalid packets`` counter,
     read from its cnc.dat, and make ``assert_driver_clean`` fail."""
     real = _start_real_driver(real_stack, "java")
-    port, stream_id = _free_udp_port(), 1023
+    port, stream_id = free_udp_port(), 1023
     real_sub = _start_real_subscriber(real, _channel(port), stream_id)
     try:
         # The receiver binds the port once the subscription is added; wait until it has (read
@@ -1386,7 +1379,7 @@ def test_real_ping_against_our_pong(
     one of its 1,200 pings echoed by our subscription + publication and reports them all in
     its latency histogram."""
     real = _start_real_driver(real_stack, "java", shared_java_driver)
-    ping_port, pong_port, rounds, warmup = _free_udp_port(), _free_udp_port(), 1000, 200
+    ping_port, pong_port, rounds, warmup = free_udp_port(), free_udp_port(), 1000, 200
     sub = our_driver.add_subscription(_channel(ping_port), 1030)
     pub = our_driver.add_publication(_channel(pong_port), 1031)
     stop, echoed = threading.Event(), [0]
@@ -1427,7 +1420,7 @@ def test_our_ping_against_real_pong(
     """The real ``io.aeron.samples.Pong`` echoes each of our pings (various lengths, some
     fragmented) byte for byte, one at a time."""
     real = _start_real_driver(real_stack, "java", shared_java_driver)
-    ping_port, pong_port = _free_udp_port(), _free_udp_port()
+    ping_port, pong_port = free_udp_port(), free_udp_port()
     real.run(  # type: ignore[attr-defined]
         "io.aeron.samples.Pong",
         {
@@ -1474,8 +1467,8 @@ def test_our_publication_recorded_and_replayed_by_real_archive(
     source = (Path(__file__).parent / "java" / "ArchivePeer.java").read_text()
     classes = aeron_peer.compile_java(source, "ArchivePeer", tmp_path / "classes")
     record_port, replay_port, stream_id, replay_stream_id = (
-        _free_udp_port(),
-        _free_udp_port(),
+        free_udp_port(),
+        free_udp_port(),
         1040,
         1041,
     )
