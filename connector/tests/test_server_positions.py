@@ -146,13 +146,18 @@ def test_an_ingest_recordings_message_end_is_scanned_once_then_only_what_is_new(
                     time.sleep(0.001)
             return int(pub.position)
 
+        looks = [0]  # the server's looks at the recording's end while it grows (see below)
+
         def recorded(client: StreamClient, end: int) -> RecordingPosition:
-            deadline = time.monotonic() + 60
+            started = time.monotonic()
+            deadline = started + 60
             # The publication is connected once the server's image answers; its recording may
             # be listed a moment later (CI: an empty list once).
             while not (recs := client.list_recordings([33])) or recs[0].recorded_position < end:
                 assert time.monotonic() < deadline, recs
+                looks[0] += 1
                 time.sleep(0.05)
+            looks[0] += 2 + int(time.monotonic() - started)  # + the stat snapshot's, 1 a second
             (p,) = client.recording_positions([33]).values()
             return p
 
@@ -166,9 +171,14 @@ def test_an_ingest_recordings_message_end_is_scanned_once_then_only_what_is_new(
             again = client.recording_positions([33])[p.recording_id]
             assert again.message_end == first and _scanned(srv) == scanned  # nothing new
             second = offer_all([b"b" * 3000 for _ in range(50)])  # fragmented (mtu 1408)
+            looks[0] = 0
             p = recorded(client, second)
             assert p.message_end == second
-            assert _scanned(srv) - scanned == second - first  # only what was new
+            # Only what was new, but for the message a look found incomplete: its first
+            # fragments (two frames of at most the mtu) are walked again from its start at the
+            # next look (CI at load 25: 1,408 bytes more once).
+            again_walked = _scanned(srv) - scanned - (second - first)
+            assert 0 <= again_walked <= looks[0] * 2 * 1408, (again_walked, looks[0])
 
 
 def client_for(server: StreamServer) -> StreamClient:
