@@ -16,9 +16,11 @@ In a terminal the view is redrawn in place until Ctrl-C; ``--once`` prints one s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -37,18 +39,23 @@ _AGES = ("sessions", "consumers")
 
 def write_snapshot(directory: str, snapshot: dict[str, Any]) -> None:
     """Atomically replace ``DIR/stat.json`` (readers never see a half-written file)."""
-    path = os.path.join(directory, STAT_FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(snapshot, fh, default=str)
-    os.replace(tmp, path)
+    _replace(os.path.join(directory, STAT_FILE), json.dumps(snapshot, default=str))
 
 
 def _replace(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    """Write ``text`` to a new file of a name nobody can have prepared (``mkstemp``: created
+    exclusively, never through a symlink) and rename it over ``path``."""
+    fd, tmp = tempfile.mkstemp(
+        prefix=os.path.basename(path) + ".", suffix=".tmp", dir=os.path.dirname(path) or "."
+    )
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _clockless(snapshot: dict[str, Any]) -> dict[str, Any]:
@@ -80,6 +87,10 @@ class SnapshotWriter:
         self.path = os.path.join(directory, STAT_FILE)
         self.recordings_path = os.path.join(directory, RECORDINGS_FILE)
         self._recordings: str | None = None  # the recordings text last written
+        # the recordings file's generation, also named in stat.json: a reader pairs the two
+        # files only when they agree (the server replaces one, then the other). It starts at
+        # the clock, so a restarted server's generations are not its predecessor's.
+        self.generation = time.time_ns() // 1000
         self._said: str | None = None  # stat.json as last written, less the clock
         # what it did (tests and benchmarks)
         self.rewrites = 0
@@ -91,10 +102,19 @@ class SnapshotWriter:
         text: the catalog keeps it encoded and builds a new string only when a recording
         changed, so an unchanged one is the same object)."""
         if recordings is not self._recordings and recordings != self._recordings:
-            _replace(self.recordings_path, recordings)
+            generation = self.generation + 1
+            _replace(
+                self.recordings_path,
+                f'{{"generation": {generation}, "recordings": {recordings}}}',
+            )
+            self.generation = generation
             self.recordings_rewrites += 1
         self._recordings = recordings
-        snapshot = {**snapshot, "recordings_file": RECORDINGS_FILE}
+        snapshot = {
+            **snapshot,
+            "recordings_file": RECORDINGS_FILE,
+            "recordings_generation": self.generation,
+        }
         said = json.dumps(_clockless(snapshot), default=str, sort_keys=True)
         if said == self._said and os.path.exists(self.path):
             os.utime(self.path)  # confirmed now: the reader ages the clock's fields
@@ -112,27 +132,65 @@ class SnapshotWriter:
                 pass
 
 
-def read_snapshot(directory: str, max_age_s: float | None = None) -> dict[str, Any]:
+#: How long a reader waits for the server to finish replacing its two files (it replaces the
+#: recordings' file, then stat.json, back to back) before it gives up pairing them.
+SETTLE_S = 1.5
+
+
+def read_snapshot(
+    directory: str, max_age_s: float | None = None, settle_s: float = SETTLE_S
+) -> dict[str, Any]:
+    """The server's snapshot: ``stat.json`` with the recordings of the same snapshot.
+
+    The server replaces ``stat-recordings.json`` and then ``stat.json``; a reader that opens
+    them in between, or the server in between (or between its own two replaces), gets the files
+    of two snapshots: a recording the streams do not count, positions of one second beside
+    consumers of another. Both files carry the snapshot's generation: a reader reads again
+    (for up to ``settle_s``) until they agree; if they never do (the server failed to write
+    ``stat.json`` after the recordings, or stopped between the two), the snapshot says so
+    (``recordings_mismatch``: both generations; ``stale``) rather than pairing them silently."""
     path = os.path.join(directory, STAT_FILE)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            snapshot = json.load(fh)
-            confirmed_s = os.fstat(fh.fileno()).st_mtime
-    except FileNotFoundError:
-        raise ServerUnavailableError(f"no running server has written {path}") from None
-    except ValueError as exc:
-        raise ServerUnavailableError(f"{path} is not a stat snapshot: {exc}") from exc
-    recordings_file = snapshot.pop("recordings_file", None)
-    if recordings_file is not None and "recordings" not in snapshot:
+    deadline = time.monotonic() + settle_s
+    while True:
         try:
-            with open(os.path.join(directory, os.path.basename(recordings_file))) as fh:
-                snapshot["recordings"] = json.load(fh)
+            with open(path, encoding="utf-8") as fh:
+                snapshot = json.load(fh)
+                confirmed_s = os.fstat(fh.fileno()).st_mtime
+        except FileNotFoundError:
+            raise ServerUnavailableError(f"no running server has written {path}") from None
+        except ValueError as exc:
+            raise ServerUnavailableError(f"{path} is not a stat snapshot: {exc}") from exc
+        if not isinstance(snapshot, dict):
+            raise ServerUnavailableError(f"{path} is not a stat snapshot: not a JSON object")
+        recordings_file = snapshot.pop("recordings_file", None)
+        wanted = snapshot.pop("recordings_generation", None)
+        if recordings_file is None or "recordings" in snapshot:
+            break
+        name = os.path.basename(str(recordings_file))
+        try:
+            with open(os.path.join(directory, name), encoding="utf-8") as fh:
+                held = json.load(fh)
         except FileNotFoundError:
             snapshot["recordings"] = []  # the server stopped between the two reads
+            break
         except ValueError as exc:
-            raise ServerUnavailableError(
-                f"{recordings_file} is not a stat snapshot: {exc}"
-            ) from exc
+            raise ServerUnavailableError(f"{name} is not a stat snapshot: {exc}") from exc
+        if isinstance(held, list):  # a server of before the generations
+            snapshot["recordings"] = held
+            break
+        if not isinstance(held, dict) or not isinstance(held.get("recordings"), list):
+            raise ServerUnavailableError(f"{name} is not a stat snapshot: no recordings list")
+        got = held.get("generation")
+        if wanted is None or got == wanted:
+            snapshot["recordings"] = held["recordings"]
+            break
+        if time.monotonic() < deadline:
+            time.sleep(0.02)  # the server is between its two replaces: read both again
+            continue
+        snapshot["recordings"] = held["recordings"]
+        snapshot["recordings_mismatch"] = {"stat_json": wanted, "recordings": got}
+        snapshot["stale"] = True
+        break
     # unchanged since it was written: the server confirmed it at its modification time
     written = snapshot.get("written_at_s", 0)
     if isinstance(written, int | float) and confirmed_s > written:
@@ -215,6 +273,11 @@ def render(snapshot: dict[str, Any]) -> str:
     lines: list[str] = []
     server = snapshot.get("server", {})
     stale = "  (STALE: the server has stopped updating)" if snapshot.get("stale") else ""
+    if snapshot.get("recordings_mismatch"):
+        stale = (
+            f"  (STALE: the recordings are of another snapshot than the rest, "
+            f"{snapshot['recordings_mismatch']}: the server could not finish writing it)"
+        )
     lines.append(
         f"aeron-spark server {server.get('endpoint', '?')}  pid {server.get('pid', '?')}  "
         f"dir {server.get('directory', '?')}  up {server.get('uptime_s', 0):.0f}s{stale}"
