@@ -96,11 +96,18 @@ class SnapshotWriter:
         self.rewrites = 0
         self.recordings_rewrites = 0
         self.touches = 0
+        self._swept = False  # temporary files a killed predecessor left: removed at first write
 
     def write(self, snapshot: dict[str, Any], recordings: str) -> None:
         """``snapshot`` (everything but the recordings) and ``recordings`` (a JSON list, as
         text: the catalog keeps it encoded and builds a new string only when a recording
         changed, so an unchanged one is the same object)."""
+        if not self._swept:  # the first write holds the directory's lock: no other writer
+            self._swept = True
+            for name in os.listdir(self.directory):
+                if name.endswith(".tmp") and name.startswith((STAT_FILE, RECORDINGS_FILE)):
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(self.directory, name))
         if recordings is not self._recordings and recordings != self._recordings:
             generation = self.generation + 1
             _replace(

@@ -58,6 +58,10 @@ def test_a_reader_never_pairs_stat_json_with_another_snapshots_recordings(
     generations) rather than pairing them; once the pair agrees it reads them as one."""
     directory = str(tmp_path / "srv")
     stat_path = os.path.join(directory, "stat.json")
+    os.mkdir(directory, 0o755)
+    leftover = os.path.join(directory, "stat-recordings.json.k1ll3d.tmp")  # a killed server's
+    with open(leftover, "w") as fh:
+        fh.write("[")
     with server_process(directory) as (proc, endpoint):
         with client_for(endpoint) as client:
             client.publish(7, [b"first"])
@@ -68,6 +72,7 @@ def test_a_reader_never_pairs_stat_json_with_another_snapshots_recordings(
             client.publish(8, [b"second"])
             newer = _agreeing(directory, 2)
             assert _counted(newer) == _listed(newer) == {7: 1, 8: 1}
+            assert not os.path.exists(leftover)
         os.kill(proc.pid, signal.SIGSTOP)
         try:
             with open(stat_path, "rb") as fh:
