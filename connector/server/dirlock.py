@@ -43,7 +43,8 @@ def check_directory(directory: str) -> None:
     raise DirectoryUnsafeError(
         f"the data directory {directory} is not safe: {why}; another user could plant "
         "symlinks there and have the server overwrite files. Give the server a directory of "
-        "its own user, not writable by others (chmod o-w, or a fresh --dir)",
+        "its own user, not writable by others: chmod o-w it, or name a subdirectory the server "
+        "will make (e.g. --dir DIR/server under a shared or world-writable volume)",
         directory=directory,
         owner_uid=st.st_uid,
         mode=f"{mode:04o}",
