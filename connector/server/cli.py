@@ -133,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-per-address",
         type=int,
         default=2048,
-        help="sessions per client IP address (a cluster behind one NAT address is one address)",
+        help="sessions per client IP address, an IPv6 client's /64 (a cluster behind one NAT "
+        "address is one address)",
     )
     parser.add_argument(
         "--max-per-key",

@@ -36,9 +36,9 @@ class ServerConfig:
     ``key_store_dir``       the server's key store (None: the handshake layer's default)
     ``allow`` / ``deny``    addresses or CIDR ranges allowed / denied a session (deny wins; an
                             empty allow list allows everyone)
-    ``max_clients`` / ``max_per_address``  session limits (in total / per client IP address;
-                            4096 / 2048: a Spark cluster behind one NAT address fits, and
-                            still cannot take the other half; issue 31)
+    ``max_clients`` / ``max_per_address``  session limits (in total / per client IP address,
+                            an IPv6 one's /64; 4096 / 2048: a Spark cluster behind one NAT
+                            address fits, and still cannot take the other half; issue 31)
     ``max_per_key``         sessions one client key may hold, with ``authorized_keys_file`` only
                             (without it a client may make a key per session); None: half of
                             ``max_clients``, so a Spark job's driver and executors, which share
