@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import json
 import os
+import stat
 import sys
 import tempfile
 import time
@@ -139,6 +140,30 @@ class SnapshotWriter:
                 pass
 
 
+#: The largest snapshot file a reader takes (the recordings of 10,000 recordings are ~3 MB).
+MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
+
+
+def _open_snapshot_file(path: str) -> Any:
+    """``path`` opened for reading if it is a regular file of at most
+    :data:`MAX_SNAPSHOT_BYTES`, never through a symlink nor a FIFO (opened non-blocking): the
+    server's user can write its directory, and whoever runs ``stat`` (an operator, root) would
+    otherwise read ``/dev/zero`` until out of memory, or wait on a FIFO for good."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SNAPSHOT_BYTES:
+            raise ServerUnavailableError(
+                f"{path} is not a stat snapshot: not a regular file of at most "
+                f"{MAX_SNAPSHOT_BYTES} bytes (mode {st.st_mode:o}, {st.st_size} bytes)"
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 #: How long a reader waits for the server to finish replacing its two files (it replaces the
 #: recordings' file, then stat.json, back to back) before it gives up pairing them.
 SETTLE_S = 1.5
@@ -160,11 +185,13 @@ def read_snapshot(
     deadline = time.monotonic() + settle_s
     while True:
         try:
-            with open(path, encoding="utf-8") as fh:
+            with _open_snapshot_file(path) as fh:
                 snapshot = json.load(fh)
                 confirmed_s = os.fstat(fh.fileno()).st_mtime
         except FileNotFoundError:
             raise ServerUnavailableError(f"no running server has written {path}") from None
+        except OSError as exc:  # a symlink (ELOOP), no permission...
+            raise ServerUnavailableError(f"cannot read {path}: {exc}") from exc
         except ValueError as exc:
             raise ServerUnavailableError(f"{path} is not a stat snapshot: {exc}") from exc
         if not isinstance(snapshot, dict):
@@ -175,11 +202,13 @@ def read_snapshot(
             break
         name = os.path.basename(str(recordings_file))
         try:
-            with open(os.path.join(directory, name), encoding="utf-8") as fh:
+            with _open_snapshot_file(os.path.join(directory, name)) as fh:
                 held = json.load(fh)
         except FileNotFoundError:
             snapshot["recordings"] = []  # the server stopped between the two reads
             break
+        except OSError as exc:
+            raise ServerUnavailableError(f"cannot read {name}: {exc}") from exc
         except ValueError as exc:
             raise ServerUnavailableError(f"{name} is not a stat snapshot: {exc}") from exc
         if isinstance(held, list):  # a server of before the generations

@@ -14,6 +14,7 @@ into ``stat.json`` and ``stat-recordings.json``), against real server processes.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import signal
 import subprocess
@@ -21,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from aeron_spark.connector.server.stat import read_snapshot, render
 from aeron_spark.connector.server.testing import client_for, server_process
@@ -139,3 +142,43 @@ def test_a_server_refuses_a_directory_another_user_can_write(tmp_path: Path) -> 
     text = log_path.read_text()
     assert "is not safe" in text and str(directory) in text, text[-2000:]
     assert not (directory / "stat.json").exists()
+
+
+_READER = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+from aeron_spark.connector.server.stat import read_snapshot
+try:
+    read_snapshot(sys.argv[1])
+except Exception as exc:  # the coded refusal
+    print(type(exc).__name__, exc)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("planted", ["stat.json -> /dev/zero", "stat.json fifo", "recordings"])
+def test_a_reader_takes_only_regular_snapshot_files(tmp_path: Path, planted: str) -> None:
+    """The server's user can write its directory; whoever runs ``aeron-spark stat --dir``
+    (an operator, root) read what it found there. Before: a ``stat.json`` (or recordings file)
+    linked to ``/dev/zero`` was read until the reader ran out of memory, and a FIFO made it wait
+    for good. Now each is refused at once with SERVER_UNAVAILABLE naming the file."""
+    directory = tmp_path / "srv"
+    directory.mkdir()
+    if planted == "stat.json -> /dev/zero":
+        os.symlink("/dev/zero", directory / "stat.json")
+    elif planted == "stat.json fifo":
+        os.mkfifo(directory / "stat.json")
+    else:
+        (directory / "stat.json").write_text(
+            json.dumps({"recordings_file": "stat-recordings.json", "written_at_s": time.time()})
+        )
+        os.symlink("/dev/zero", directory / "stat-recordings.json")
+    done = subprocess.run(
+        [sys.executable, "-c", _READER, str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 3, (done.returncode, done.stdout[-500:], done.stderr[-1500:])
+    assert done.stdout.startswith("ServerUnavailableError")
+    assert "stat" in done.stdout
