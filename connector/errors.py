@@ -257,6 +257,7 @@ __all__ = [
     "ConnectorError",
     "ControlProtocolError",
     "DirectoryInUseError",
+    "DirectoryUnsafeError",
     "PortInUseError",
     "ErrorCode",
     "LimitExceededError",
