@@ -43,14 +43,31 @@ def write_snapshot(directory: str, snapshot: dict[str, Any]) -> None:
     _replace(os.path.join(directory, STAT_FILE), json.dumps(snapshot, default=str))
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it (``/proc/self/status``; 022 elsewhere)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
+_MODE = 0o666 & ~_umask()  # what open(path, "w") would have given the file
+
+
 def _replace(path: str, text: str) -> None:
     """Write ``text`` to a new file of a name nobody can have prepared (``mkstemp``: created
-    exclusively, never through a symlink) and rename it over ``path``."""
+    exclusively, never through a symlink; given the mode ``open`` would have, not mkstemp's
+    0600, so the users who could read the snapshot still can) and rename it over ``path``."""
     fd, tmp = tempfile.mkstemp(
         prefix=os.path.basename(path) + ".", suffix=".tmp", dir=os.path.dirname(path) or "."
     )
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            os.fchmod(fh.fileno(), _MODE)
             fh.write(text)
         os.replace(tmp, path)
     except BaseException:

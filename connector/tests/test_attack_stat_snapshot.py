@@ -76,6 +76,10 @@ def test_a_reader_never_pairs_stat_json_with_another_snapshots_recordings(
             newer = _agreeing(directory, 2)
             assert _counted(newer) == _listed(newer) == {7: 1, 8: 1}
             assert not os.path.exists(leftover)
+            # readable by whom it was before (mkstemp makes 0600): as open() makes a file
+            plain = os.path.join(str(tmp_path), "plain")
+            open(plain, "w").close()
+            assert os.stat(stat_path).st_mode == os.stat(plain).st_mode
         os.kill(proc.pid, signal.SIGSTOP)
         try:
             with open(stat_path, "rb") as fh:
