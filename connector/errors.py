@@ -83,6 +83,13 @@ class DirectoryInUseError(ServerUnavailableError):
     it cannot be read) and ``lock_file``."""
 
 
+class DirectoryUnsafeError(ServerUnavailableError):
+    """A server cannot start: another user could write into its data directory (it is owned
+    by another user, or writable by others), and so plant symlinks where the server writes
+    (its lock, ``stat.json``) or replace its recordings. Raised at start only, never sent on
+    the wire. ``details``: ``directory``, ``owner_uid``, ``mode``."""
+
+
 class PortInUseError(ServerUnavailableError):
     """A server cannot start: another server of this host holds (or is binding at this very
     moment) one of its UDP ports. Raised at start only, never sent on the wire. ``details``:
@@ -250,6 +257,7 @@ __all__ = [
     "ConnectorError",
     "ControlProtocolError",
     "DirectoryInUseError",
+    "DirectoryUnsafeError",
     "PortInUseError",
     "ErrorCode",
     "LimitExceededError",

@@ -525,6 +525,18 @@ def address_prefix(address: str) -> str:
     return str(ipaddress.ip_network(f"{ip}/{bits}", strict=False))
 
 
+@functools.lru_cache(maxsize=4096)
+def address_share(address: str) -> str:
+    """What an address's connections are counted under (``max_per_address``): an IPv4 address
+    (an IPv4-mapped one too) as it is, an IPv6 address as its /64, from which any one host may
+    pick as many source addresses as it likes (so its connections went uncounted past the
+    limit, one address each); as the pending handshakes, HELLO rates and dedicated sockets."""
+    ip = _ip_of(address)
+    if ip is None:
+        return address
+    return str(ip) if ip.version == 4 else address_prefix(address)
+
+
 class ServerCore:
     """Admission, allocation and key agreement for a handshake server (sans-I/O).
 
@@ -666,7 +678,7 @@ class ServerCore:
         self._pending_sessions[session] = None
         self.pending += 1
         self.pending_per_prefix[prefix] += 1
-        self.per_address[address] += 1
+        self.per_address[address_share(address)] += 1
         self.per_key[client_key] += 1
         self.connect_keys.add(ck)
         self.counters.accepted += 1
@@ -821,10 +833,12 @@ class ServerCore:
             return ErrorCode.MALFORMED, "connect key already in use"
         if len(self.sessions) >= cfg.max_clients:
             return ErrorCode.SERVER_FULL, f"the server is full ({cfg.max_clients} clients)"
-        if self.per_address[address] >= cfg.max_per_address:
+        share = address_share(address)
+        if self.per_address[share] >= cfg.max_per_address:
+            network = "" if share == address else f" (its network {share}, counted as one)"
             return (
                 ErrorCode.TOO_MANY_FROM_ADDRESS,
-                f"{address} already has {cfg.max_per_address} connections",
+                f"{address}{network} already has {cfg.max_per_address} connections",
             )
         # Only listed keys are a client's identity: without ``authorize`` anyone may make a
         # key per session, so a per-key limit would bound nothing (the others still apply).
@@ -932,9 +946,10 @@ class ServerCore:
         self.stream_ids.discard(d.c2s_stream_id)
         self.stream_ids.discard(d.s2c_stream_id)
         self.connect_keys.discard(session.connect_key)
-        self.per_address[session.address] -= 1
-        if self.per_address[session.address] <= 0:
-            del self.per_address[session.address]
+        share = address_share(session.address)
+        self.per_address[share] -= 1
+        if self.per_address[share] <= 0:
+            del self.per_address[share]
         self.per_key[session.client_key] -= 1
         if self.per_key[session.client_key] <= 0:
             del self.per_key[session.client_key]

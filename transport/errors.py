@@ -52,6 +52,24 @@ class PortInUseError(DriverError):
         self.port = port
 
 
+class DirectoryUnsafeError(DriverError):
+    """The driver directory may be written by another user (DIRECTORY_UNSAFE): the default
+    one (``/dev/shm/aeron-spark-<user>``, a name anyone can take first in the world-writable
+    ``/dev/shm``) owned by another user, or any directory writable by every user. That user
+    could replace IPC log files (its messages read as a stream's), delete them, or plant
+    symlinks where the driver writes. ``path``, ``owner_uid`` and ``mode`` name it."""
+
+    def __init__(self, path: str, owner_uid: int, mode: int, why: str) -> None:
+        super().__init__(
+            f"the driver directory {path} is not safe (DIRECTORY_UNSAFE): {why}; another user "
+            "could replace its IPC log files or plant symlinks there. Remove it, or give the "
+            "driver a directory of this user's own (DriverConfig(directory=...), AERON_SPARK_DIR)"
+        )
+        self.path = path
+        self.owner_uid = owner_uid
+        self.mode = mode
+
+
 class OfferError(TransportError):
     """A blocking offer could not complete; ``reason`` names the last result code seen."""
 
@@ -80,6 +98,7 @@ __all__ = [
     "PortInUseError",
     "ChannelError",
     "ClosedError",
+    "DirectoryUnsafeError",
     "DriverError",
     "InvalidFrameError",
     "LocalProtocolError",

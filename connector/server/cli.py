@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import signal
 import sys
 from collections.abc import Sequence
@@ -27,6 +28,18 @@ def _byte_size(text: str) -> int:
     if number < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a size cannot be negative")
     return int(number * _UNITS[unit])
+
+
+def _number(text: str) -> float:
+    """A finite number (``nan`` and ``inf`` are refused here, with the option's name; as
+    seconds they made the server fail at start with a traceback)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or abs(value) > 1e12:
+        raise argparse.ArgumentTypeError(f"{text!r}: a finite number (at most 1e12) is needed")
+    return value
 
 
 def _stream_size(text: str) -> tuple[int, int]:
@@ -120,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-per-address",
         type=int,
         default=2048,
-        help="sessions per client IP address (a cluster behind one NAT address is one address)",
+        help="sessions per client IP address, an IPv6 client's /64 (a cluster behind one NAT "
+        "address is one address)",
     )
     parser.add_argument(
         "--max-per-key",
@@ -161,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--hellos-per-prefix-per-s",
-        type=float,
+        type=_number,
         default=1000.0,
         help="HELLOs (and new HELLO streams) one /24 or /64 network may have answered per "
         "second, burst as many; past it they are dropped and counted (default %(default)s)",
@@ -174,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--retention-seconds",
-        type=float,
+        type=_number,
         default=None,
         help="purge what was recorded more than S seconds ago (default: keep all)",
     )
@@ -185,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--session-lease-seconds",
-        type=float,
+        type=_number,
         default=60.0,
         help="a session is closed once it made no request, consumed nothing sent to it and its "
         "transport showed no sign of its client (an idle client's driver sends one a second) "
@@ -193,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--consumer-lease-seconds",
-        type=float,
+        type=_number,
         default=7 * 24 * 3600.0,
         help="a consumer silent this long holds nothing back (default 7 days)",
     )
@@ -247,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--incomplete-message-timeout-seconds",
-        type=float,
+        type=_number,
         default=30.0,
         help="discard a chunked message not whole this long after its first chunk (default 30)",
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,9 +36,9 @@ class ServerConfig:
     ``key_store_dir``       the server's key store (None: the handshake layer's default)
     ``allow`` / ``deny``    addresses or CIDR ranges allowed / denied a session (deny wins; an
                             empty allow list allows everyone)
-    ``max_clients`` / ``max_per_address``  session limits (in total / per client IP address;
-                            4096 / 2048: a Spark cluster behind one NAT address fits, and
-                            still cannot take the other half; issue 31)
+    ``max_clients`` / ``max_per_address``  session limits (in total / per client IP address,
+                            an IPv6 one's /64; 4096 / 2048: a Spark cluster behind one NAT
+                            address fits, and still cannot take the other half; issue 31)
     ``max_per_key``         sessions one client key may hold, with ``authorized_keys_file`` only
                             (without it a client may make a key per session); None: half of
                             ``max_clients``, so a Spark job's driver and executors, which share
@@ -203,15 +204,16 @@ class ServerConfig:
             "max_incomplete_bytes_per_session",
             "incomplete_message_timeout_s",
         ):
-            if getattr(self, name) <= 0:
-                raise ConfigurationError(name, getattr(self, name), "a positive number")
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):  # nan passed a "<= 0" check
+                raise ConfigurationError(name, value, "a positive number")
         if self.retention_bytes is not None and self.retention_bytes < 0:
             raise ConfigurationError("retention_bytes", self.retention_bytes, "0 or more bytes")
-        if self.retention_s is not None and self.retention_s < 0:
+        if self.retention_s is not None and not 0 <= self.retention_s < math.inf:
             raise ConfigurationError("retention_s", self.retention_s, "0 or more seconds")
-        if self.consumer_lease_s <= 0:
+        if not 0 < self.consumer_lease_s < math.inf:
             raise ConfigurationError("consumer_lease_s", self.consumer_lease_s, "a positive number")
-        if self.staging_lease_s <= 0:
+        if not 0 < self.staging_lease_s < math.inf:
             raise ConfigurationError("staging_lease_s", self.staging_lease_s, "a positive number")
         if self.max_per_key is not None and self.max_per_key <= 0:
             raise ConfigurationError("max_per_key", self.max_per_key, "a positive number")

@@ -15,10 +15,40 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 
-from aeron_spark.connector.errors import DirectoryInUseError
+from aeron_spark.connector.errors import DirectoryInUseError, DirectoryUnsafeError
 
 LOCK_FILE = "server.lock"
+
+
+def check_directory(directory: str) -> None:
+    """Refuse (:class:`DirectoryUnsafeError`) a data directory another user may write into: one
+    owned by a user other than the server's (or root), or writable by others. Such a user could
+    plant a symlink where the server creates a file (``server.lock``, ``stat.json``'s temporary
+    file, a recording's) and have the server truncate or overwrite any file the server's user
+    may write; or pre-create the directory in a shared place (``/tmp``) before the server first
+    starts. Group-writable is allowed (user-private groups, umask 002). A symlink to a safe
+    directory is fine (the directory itself is checked)."""
+    st = os.stat(directory)
+    owner_ok = st.st_uid in (os.geteuid(), 0)
+    if owner_ok and not st.st_mode & stat.S_IWOTH:
+        return
+    mode = stat.S_IMODE(st.st_mode)
+    why = (
+        f"it is owned by uid {st.st_uid}, not by this server's user (uid {os.geteuid()})"
+        if not owner_ok
+        else f"it is writable by every user (mode {mode:04o})"
+    )
+    raise DirectoryUnsafeError(
+        f"the data directory {directory} is not safe: {why}; another user could plant "
+        "symlinks there and have the server overwrite files. Give the server a directory of "
+        "its own user, not writable by others: chmod o-w it, or name a subdirectory the server "
+        "will make (e.g. --dir DIR/server under a shared or world-writable volume)",
+        directory=directory,
+        owner_uid=st.st_uid,
+        mode=f"{mode:04o}",
+    )
 
 
 class DirectoryLock:
@@ -30,7 +60,8 @@ class DirectoryLock:
         self._fd: int | None = None
 
     def acquire(self) -> DirectoryLock:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # never through a symlink (check_directory keeps others from planting one)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -77,4 +108,4 @@ def _read_pid(fd: int) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-__all__ = ["LOCK_FILE", "DirectoryLock"]
+__all__ = ["LOCK_FILE", "DirectoryLock", "check_directory"]

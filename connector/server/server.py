@@ -26,7 +26,7 @@ from aeron_spark.connector.errors import ConnectorError, PortInUseError, ServerU
 from aeron_spark.connector.server.authz import Authorizer
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.core import KeysReloaded, Outcome, ServerCore
-from aeron_spark.connector.server.dirlock import DirectoryLock
+from aeron_spark.connector.server.dirlock import DirectoryLock, check_directory
 from aeron_spark.connector.server.resources import (
     DESCRIPTOR_ERRNOS,
     STORAGE_ERRNOS,
@@ -113,7 +113,10 @@ class StreamServer:
     def start(self, timeout_s: float = 30.0) -> StreamServer:
         if self._thread is not None:
             return self
-        os.makedirs(self.config.directory, exist_ok=True)
+        # made without write for others (whatever the umask), and refused if another user could
+        # write there (owner, mode): checked before anything in it is opened
+        os.makedirs(self.config.directory, mode=0o755, exist_ok=True)
+        check_directory(self.config.directory)
         # before anything in the directory is opened: a second server there is refused
         self._dir_lock = DirectoryLock(self.config.directory).acquire()
         try:

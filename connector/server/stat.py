@@ -16,9 +16,12 @@ In a terminal the view is redrawn in place until Ctrl-C; ``--once`` prints one s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import stat
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -37,18 +40,40 @@ _AGES = ("sessions", "consumers")
 
 def write_snapshot(directory: str, snapshot: dict[str, Any]) -> None:
     """Atomically replace ``DIR/stat.json`` (readers never see a half-written file)."""
-    path = os.path.join(directory, STAT_FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(snapshot, fh, default=str)
-    os.replace(tmp, path)
+    _replace(os.path.join(directory, STAT_FILE), json.dumps(snapshot, default=str))
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (``/proc/self/status``; 022 elsewhere)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
+_MODE = 0o666 & ~_umask()  # what open(path, "w") would have given the file
 
 
 def _replace(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    """Write ``text`` to a new file of a name nobody can have prepared (``mkstemp``: created
+    exclusively, never through a symlink; given the mode ``open`` would have, not mkstemp's
+    0600, so the users who could read the snapshot still can) and rename it over ``path``."""
+    fd, tmp = tempfile.mkstemp(
+        prefix=os.path.basename(path) + ".", suffix=".tmp", dir=os.path.dirname(path) or "."
+    )
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            os.fchmod(fh.fileno(), _MODE)
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _clockless(snapshot: dict[str, Any]) -> dict[str, Any]:
@@ -80,21 +105,41 @@ class SnapshotWriter:
         self.path = os.path.join(directory, STAT_FILE)
         self.recordings_path = os.path.join(directory, RECORDINGS_FILE)
         self._recordings: str | None = None  # the recordings text last written
+        # the recordings file's generation, also named in stat.json: a reader pairs the two
+        # files only when they agree (the server replaces one, then the other). It starts at
+        # the clock, so a restarted server's generations are not its predecessor's.
+        self.generation = time.time_ns() // 1000
         self._said: str | None = None  # stat.json as last written, less the clock
         # what it did (tests and benchmarks)
         self.rewrites = 0
         self.recordings_rewrites = 0
         self.touches = 0
+        self._swept = False  # temporary files a killed predecessor left: removed at first write
 
     def write(self, snapshot: dict[str, Any], recordings: str) -> None:
         """``snapshot`` (everything but the recordings) and ``recordings`` (a JSON list, as
         text: the catalog keeps it encoded and builds a new string only when a recording
         changed, so an unchanged one is the same object)."""
+        if not self._swept:  # the first write holds the directory's lock: no other writer
+            self._swept = True
+            for name in os.listdir(self.directory):
+                if name.endswith(".tmp") and name.startswith((STAT_FILE, RECORDINGS_FILE)):
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(self.directory, name))
         if recordings is not self._recordings and recordings != self._recordings:
-            _replace(self.recordings_path, recordings)
+            generation = self.generation + 1
+            _replace(
+                self.recordings_path,
+                f'{{"generation": {generation}, "recordings": {recordings}}}',
+            )
+            self.generation = generation
             self.recordings_rewrites += 1
         self._recordings = recordings
-        snapshot = {**snapshot, "recordings_file": RECORDINGS_FILE}
+        snapshot = {
+            **snapshot,
+            "recordings_file": RECORDINGS_FILE,
+            "recordings_generation": self.generation,
+        }
         said = json.dumps(_clockless(snapshot), default=str, sort_keys=True)
         if said == self._said and os.path.exists(self.path):
             os.utime(self.path)  # confirmed now: the reader ages the clock's fields
@@ -112,27 +157,93 @@ class SnapshotWriter:
                 pass
 
 
-def read_snapshot(directory: str, max_age_s: float | None = None) -> dict[str, Any]:
-    path = os.path.join(directory, STAT_FILE)
+#: The largest snapshot file a reader takes (the recordings of 10,000 recordings are ~3 MB).
+MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
+
+
+def _open_snapshot_file(path: str) -> Any:
+    """``path`` opened for reading if it is a regular file of at most
+    :data:`MAX_SNAPSHOT_BYTES`, never through a symlink nor a FIFO (opened non-blocking): the
+    server's user can write its directory, and whoever runs ``stat`` (an operator, root) would
+    otherwise read ``/dev/zero`` until out of memory, or wait on a FIFO for good."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        with open(path, encoding="utf-8") as fh:
-            snapshot = json.load(fh)
-            confirmed_s = os.fstat(fh.fileno()).st_mtime
-    except FileNotFoundError:
-        raise ServerUnavailableError(f"no running server has written {path}") from None
-    except ValueError as exc:
-        raise ServerUnavailableError(f"{path} is not a stat snapshot: {exc}") from exc
-    recordings_file = snapshot.pop("recordings_file", None)
-    if recordings_file is not None and "recordings" not in snapshot:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SNAPSHOT_BYTES:
+            raise ServerUnavailableError(
+                f"{path} is not a stat snapshot: not a regular file of at most "
+                f"{MAX_SNAPSHOT_BYTES} bytes (mode {st.st_mode:o}, {st.st_size} bytes)"
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+#: How long a reader waits for the server to finish replacing its two files (it replaces the
+#: recordings' file, then stat.json, back to back) before it gives up pairing them.
+SETTLE_S = 1.5
+
+
+def read_snapshot(
+    directory: str, max_age_s: float | None = None, settle_s: float = SETTLE_S
+) -> dict[str, Any]:
+    """The server's snapshot: ``stat.json`` with the recordings of the same snapshot.
+
+    The server replaces ``stat-recordings.json`` and then ``stat.json``; a reader that opens
+    them in between, or the server in between (or between its own two replaces), gets the files
+    of two snapshots: a recording the streams do not count, positions of one second beside
+    consumers of another. Both files carry the snapshot's generation: a reader reads again
+    (for up to ``settle_s``) until they agree; if they never do (the server failed to write
+    ``stat.json`` after the recordings, or stopped between the two), the snapshot says so
+    (``recordings_mismatch``: both generations; ``stale``) rather than pairing them silently."""
+    path = os.path.join(directory, STAT_FILE)
+    deadline = time.monotonic() + settle_s
+    while True:
         try:
-            with open(os.path.join(directory, os.path.basename(recordings_file))) as fh:
-                snapshot["recordings"] = json.load(fh)
+            with _open_snapshot_file(path) as fh:
+                snapshot = json.load(fh)
+                confirmed_s = os.fstat(fh.fileno()).st_mtime
+        except FileNotFoundError:
+            raise ServerUnavailableError(f"no running server has written {path}") from None
+        except OSError as exc:  # a symlink (ELOOP), no permission...
+            raise ServerUnavailableError(f"cannot read {path}: {exc}") from exc
+        except ValueError as exc:
+            raise ServerUnavailableError(f"{path} is not a stat snapshot: {exc}") from exc
+        if not isinstance(snapshot, dict):
+            raise ServerUnavailableError(f"{path} is not a stat snapshot: not a JSON object")
+        recordings_file = snapshot.pop("recordings_file", None)
+        wanted = snapshot.pop("recordings_generation", None)
+        if recordings_file is None or "recordings" in snapshot:
+            break
+        name = os.path.basename(str(recordings_file))
+        try:
+            with _open_snapshot_file(os.path.join(directory, name)) as fh:
+                held = json.load(fh)
         except FileNotFoundError:
             snapshot["recordings"] = []  # the server stopped between the two reads
+            break
+        except OSError as exc:
+            raise ServerUnavailableError(f"cannot read {name}: {exc}") from exc
         except ValueError as exc:
-            raise ServerUnavailableError(
-                f"{recordings_file} is not a stat snapshot: {exc}"
-            ) from exc
+            raise ServerUnavailableError(f"{name} is not a stat snapshot: {exc}") from exc
+        if isinstance(held, list):  # a server of before the generations
+            snapshot["recordings"] = held
+            break
+        if not isinstance(held, dict) or not isinstance(held.get("recordings"), list):
+            raise ServerUnavailableError(f"{name} is not a stat snapshot: no recordings list")
+        got = held.get("generation")
+        if wanted is None or got == wanted:
+            snapshot["recordings"] = held["recordings"]
+            break
+        if time.monotonic() < deadline:
+            time.sleep(0.02)  # the server is between its two replaces: read both again
+            continue
+        snapshot["recordings"] = held["recordings"]
+        snapshot["recordings_mismatch"] = {"stat_json": wanted, "recordings": got}
+        snapshot["stale"] = True
+        break
     # unchanged since it was written: the server confirmed it at its modification time
     written = snapshot.get("written_at_s", 0)
     if isinstance(written, int | float) and confirmed_s > written:
@@ -215,6 +326,11 @@ def render(snapshot: dict[str, Any]) -> str:
     lines: list[str] = []
     server = snapshot.get("server", {})
     stale = "  (STALE: the server has stopped updating)" if snapshot.get("stale") else ""
+    if snapshot.get("recordings_mismatch"):
+        stale = (
+            f"  (STALE: the recordings are of another snapshot than the rest, "
+            f"{snapshot['recordings_mismatch']}: the server could not finish writing it)"
+        )
     lines.append(
         f"aeron-spark server {server.get('endpoint', '?')}  pid {server.get('pid', '?')}  "
         f"dir {server.get('directory', '?')}  up {server.get('uptime_s', 0):.0f}s{stale}"

@@ -99,3 +99,42 @@ def test_the_ingest_filter_applies_deny_allow_and_ingest_allow(tmp_path) -> None
     assert not admits("10.9.0.1")  # denied wins
     assert not admits("192.168.1.1") and not admits("not-an-address")
     assert ServerConfig(directory=str(tmp_path)).ingest_source_filter() is None
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e300"])
+def test_seconds_that_are_not_finite_are_a_usage_error(tmp_path, capsys, value) -> None:  # type: ignore[no-untyped-def]
+    """``nan`` or ``inf`` seconds made the server fail at start with a traceback (int() of
+    them in nanoseconds)."""
+    directory = tmp_path / "data"
+    assert cli_main(["server", "--dir", str(directory), "--session-lease-seconds", value]) == 2
+    err = capsys.readouterr().err
+    assert "--session-lease-seconds" in err and "finite" in err and "Traceback" not in err
+    assert not directory.exists()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+@pytest.mark.parametrize(
+    "option",
+    ["--consumer-lease-seconds", "--hellos-per-prefix-per-s", "--retention-seconds"]
+    + ["--incomplete-message-timeout-seconds"],
+)
+def test_every_number_option_refuses_nan_and_inf(tmp_path, capsys, option, value) -> None:  # type: ignore[no-untyped-def]
+    """(Parsed only: ``nan`` HELLOs a second or lease seconds passed the "positive" checks,
+    and the server ran with them.)"""
+    from aeron_spark.connector.server.cli import build_parser
+
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["--dir", str(tmp_path), option, value])
+    assert info.value.code == 2
+    assert option in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["hellos_per_prefix_per_s", "consumer_lease_s", "staging_lease_s", "retention_s"]
+    + ["incomplete_message_timeout_s"],
+)
+def test_config_refuses_nan_and_infinite_durations_and_rates(tmp_path, name: str) -> None:
+    for value in (float("nan"), float("inf")):
+        with pytest.raises(ConfigurationError, match=name):
+            ServerConfig(directory=str(tmp_path), **{name: value})

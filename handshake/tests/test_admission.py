@@ -186,6 +186,33 @@ def test_the_per_key_limit_is_set_and_applies_only_with_client_keys() -> None:
             ServerConfig(max_per_key=bad)
 
 
+def test_an_ipv6_host_cannot_pass_the_address_limit_by_picking_addresses_of_its_64() -> None:
+    """Any one IPv6 host may use as many source addresses of its /64 as it likes: counted per
+    address, each of its sessions came from a fresh one and the address limit bounded nothing
+    (with sessions kept alive by their transport, issue 31, one host without a listed key
+    could hold the whole server). Counted per /64, as the pending handshakes and dedicated
+    sockets are; IPv4 (and IPv4-mapped) addresses stay one each."""
+    core = _core(max_clients=64, max_per_address=3, max_pending_per_prefix=64)
+    for i in range(3):
+        _admit(core, f"2001:db8:0:7::{i + 1:x}")
+    with pytest.raises(Rejected) as refused:
+        _admit(core, "2001:db8:0:7:ffff:1:2:3")  # another address of the same /64
+    assert refused.value.code is ErrorCode.TOO_MANY_FROM_ADDRESS
+    refuse = m.decode_message(refused.value.reply)
+    assert isinstance(refuse, m.Refuse) and "2001:db8:0:7::/64" in refuse.message
+    _admit(core, "2001:db8:0:8::1")  # the next /64 is another network
+    for i in range(3):  # IPv4: per address, as before (a /24 is many hosts)
+        _admit(core, "10.0.0.1")
+        _admit(core, f"10.0.0.{i + 2}")
+    with pytest.raises(Rejected) as refused:
+        _admit(core, "::ffff:10.0.0.1")  # the IPv4 address it maps
+    assert refused.value.code is ErrorCode.TOO_MANY_FROM_ADDRESS
+    for session in list(core.sessions):
+        core.release(session)
+    assert not core.per_address  # every share given back
+    _admit(core, "2001:db8:0:7::9")
+
+
 def test_hellos_per_network_are_rate_limited_silently_and_counted() -> None:
     core = _core(hellos_per_prefix_per_s=10)
     answers = []

@@ -18,6 +18,7 @@ from __future__ import annotations
 import getpass
 import logging
 import os
+import stat
 import tempfile
 import threading
 import time
@@ -48,6 +49,7 @@ from aeron_spark.transport.driver.endpoint import (
 from aeron_spark.transport.errors import (
     ChannelError,
     ClosedError,
+    DirectoryUnsafeError,
     DriverError,
     LocalProtocolError,
     PortInUseError,
@@ -87,6 +89,30 @@ def default_directory() -> Path:
         user = str(os.getuid())
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
     return base / f"aeron-spark-{user}"
+
+
+def check_directory(path: Path, default: bool) -> None:
+    """Refuse (:class:`DirectoryUnsafeError`) a driver directory another user may write: any
+    writable by every user, and the default one (:func:`default_directory`) unless it is this
+    user's or root's. The default's name is known in advance and ``/dev/shm`` lets anyone make
+    it first: whoever owns it may replace the IPC log files in it (its messages then read as
+    the stream's) or plant symlinks where the driver writes. A directory named explicitly may
+    belong to another user on purpose (a group sharing one), as long as not everyone may write
+    to it."""
+    st = os.stat(path)
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_mode & stat.S_IWOTH:
+        raise DirectoryUnsafeError(
+            str(path), st.st_uid, mode, f"every user may write to it (mode {mode:04o})"
+        )
+    if default and st.st_uid not in (os.geteuid(), 0):
+        raise DirectoryUnsafeError(
+            str(path),
+            st.st_uid,
+            mode,
+            f"it is the default directory of this user but owned by uid {st.st_uid} "
+            f"(this process runs as uid {os.geteuid()}): another user made it first",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +180,11 @@ class DriverConfig:
     def resolved_directory(self) -> Path:
         return self.directory if self.directory is not None else default_directory()
 
+    @property
+    def directory_is_default(self) -> bool:
+        """The directory is :func:`default_directory`'s guess, not one the user named."""
+        return self.directory is None and not os.environ.get(DIRECTORY_ENV)
+
 
 class Driver:
     """An in-process Aeron media driver with the client API on top.
@@ -196,6 +227,8 @@ class Driver:
         self._closed = False
         self._ipc_watch: DirectoryWatch | None = None
         self._ipc_watch_tried = False
+        self._directory_checked = False  # check_directory passed (the directory is ours)
+        self._directory_unsafe = False  # it failed: no counters file is written there
         self.errors: list[BaseException] = []
         self.counters = Counters(
             self.system_counters, self._conductor.stream_positions, self._conductor.totals
@@ -231,6 +264,15 @@ class Driver:
             return
         self.system_counters.stale_files_removed += len(removed)
 
+    def _ensure_directory(self) -> Path:
+        """The driver directory, made if missing (never writable by others) and checked
+        (:func:`check_directory`) before the driver first reads or writes anything in it."""
+        if not self._directory_checked:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o755)
+            check_directory(self.directory, self.config.directory_is_default)
+            self._directory_checked = True
+        return self.directory
+
     def start(self) -> Driver:
         with self._lock:
             if self._closed:
@@ -238,6 +280,8 @@ class Driver:
             if self._started:
                 return self
             self._started = True
+            if self.directory.is_dir():  # else made (and checked) when first written
+                self._ensure_directory()
             self._sweep()
             mode = self.config.threading_mode
             agents: tuple[Agent, ...] = (self._conductor, self._sender, self._receiver)
@@ -343,9 +387,12 @@ class Driver:
             runner.wake()
 
     def _on_tick(self, now_ns: int) -> None:
-        if self.config.write_counters_file:
+        if self.config.write_counters_file and not self._directory_unsafe:
             try:
-                self.counters.write(self.directory)
+                self.counters.write(self._ensure_directory())
+            except DirectoryUnsafeError as exc:  # made by another user since the start
+                self._directory_unsafe = True  # reported once; nothing written there
+                self.record_error(exc)
             except OSError as exc:
                 self.record_error(exc)
 
@@ -541,7 +588,7 @@ class Driver:
         self, config: ChannelConfig, stream_id: int, exclusive: bool
     ) -> Publication:
         ipc = self._ipc_module()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self._ensure_directory()
         resource = ipc.add_publication(
             config,
             stream_id,
@@ -560,7 +607,7 @@ class Driver:
         on_unavailable_image: Any,
     ) -> Any:
         ipc = self._ipc_module()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self._ensure_directory()
         with self._lock:
             if not self._ipc_watch_tried and not self.is_invoker:
                 # one inotify watch of the IPC directory for the driver: an idle subscription
