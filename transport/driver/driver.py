@@ -196,6 +196,7 @@ class Driver:
         self._closed = False
         self._ipc_watch: DirectoryWatch | None = None
         self._ipc_watch_tried = False
+        self._ipc_used = False  # made an IPC publication or subscription (its folder is ours)
         self.errors: list[BaseException] = []
         self.counters = Counters(
             self.system_counters, self._conductor.stream_positions, self._conductor.totals
@@ -284,6 +285,22 @@ class Driver:
             try:
                 self.counters.file_path(self.directory).unlink(missing_ok=True)
             except OSError:
+                pass
+        self._remove_empty_folders()
+
+    def _remove_empty_folders(self) -> None:
+        """What the driver made in its directory goes with it when nobody else needs it: the
+        ``ipc`` folder when this driver used IPC and the folder is empty (another process's log
+        buffer keeps it; a publisher makes it again, a watching driver follows it: see
+        ``ipc/watch.py``), then the default directory when empty (a directory the application
+        named stays). Every run left an empty ``/dev/shm/aeron-spark-<user>/ipc``."""
+        folders = [ipc_logfile.ipc_directory(self.directory)] if self._ipc_used else []
+        if self.config.directory is None:
+            folders.append(self.directory)
+        for folder in folders:
+            try:
+                os.rmdir(folder)
+            except OSError:  # not empty (another process's files), gone already, not ours
                 pass
 
     def __enter__(self) -> Driver:
@@ -541,6 +558,7 @@ class Driver:
         self, config: ChannelConfig, stream_id: int, exclusive: bool
     ) -> Publication:
         ipc = self._ipc_module()
+        self._ipc_used = True
         self.directory.mkdir(parents=True, exist_ok=True)
         resource = ipc.add_publication(
             config,
@@ -560,6 +578,7 @@ class Driver:
         on_unavailable_image: Any,
     ) -> Any:
         ipc = self._ipc_module()
+        self._ipc_used = True
         self.directory.mkdir(parents=True, exist_ok=True)
         with self._lock:
             if not self._ipc_watch_tried and not self.is_invoker:
