@@ -368,10 +368,10 @@ class Server:
         reply = inbox.reply
         if reply is None or heard is None or now_ns - heard < HELLO_SILENT_NS:
             return False
-        if any(r is reply and s in self._pairs for s, r in self._reply_of.items()):
-            return False  # a handshake waits for its connection: its refusal goes this way
         if any(entry[0] is reply for entry in self._replies):
             return False  # a reply still to be offered
+        if any(self._reply_of.get(session) is reply for session in self._pairs):
+            return False  # a handshake waits for its connection: its refusal goes this way
         reply.close()  # what was offered drains (the publication lingers for it)
         inbox.reply = None
         inbox.silent_at = heard
