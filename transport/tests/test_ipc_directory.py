@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -125,3 +126,21 @@ def test_a_live_drivers_watch_follows_the_ipc_folder_when_another_process_remove
             assert not watch.broken
             pub.close()
         sub.close()
+
+
+def test_a_stream_server_process_stopped_leaves_nothing_in_its_driver_directory(
+    base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real ``aeron-spark server`` process (its handshake listens over IPC too: a reply log
+    buffer in the folder while it runs), stopped with SIGTERM: its driver directory is gone."""
+    from aeron_spark.connector.server.testing import server_process
+
+    directory = base / "aeron-spark-user"
+    # the server process's only (a client here would make this process's shared driver there)
+    monkeypatch.setenv(DIRECTORY_ENV, str(directory))
+    with server_process(str(tmp_path / "srv")) as (proc, _endpoint):
+        assert (directory / "ipc").is_dir()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    # main: the empty ``ipc`` folder stayed
+    assert not directory.exists(), sorted(str(p) for p in directory.rglob("*"))
