@@ -559,7 +559,7 @@ class Driver:
     ) -> Publication:
         ipc = self._ipc_module()
         self._ipc_used = True
-        self.directory.mkdir(parents=True, exist_ok=True)
+        ipc_logfile.make_folder(self.directory)
         resource = ipc.add_publication(
             config,
             stream_id,
@@ -579,7 +579,7 @@ class Driver:
     ) -> Any:
         ipc = self._ipc_module()
         self._ipc_used = True
-        self.directory.mkdir(parents=True, exist_ok=True)
+        ipc_logfile.make_folder(self.directory)
         with self._lock:
             if not self._ipc_watch_tried and not self.is_invoker:
                 # one inotify watch of the IPC directory for the driver: an idle subscription

@@ -62,6 +62,18 @@ def ipc_directory(directory: Path) -> Path:
     return Path(directory) / "ipc"
 
 
+def make_folder(folder: Path, attempts: int = 16) -> None:
+    """``folder.mkdir(parents=True, exist_ok=True)``, again when a closing driver of another
+    process removed an empty parent meanwhile (``Driver.close``)."""
+    for attempt in range(attempts):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            return
+        except FileNotFoundError:
+            if attempt == attempts - 1:
+                raise
+
+
 def file_name(stream_id: int, session_id: int) -> str:
     return f"pub_{stream_id}_{session_id}.logbuffer"  # ids may be negative: "_" separates
 
@@ -119,7 +131,7 @@ class LogFile:
         initial_term_id: int,
     ) -> LogFile:
         folder = ipc_directory(directory)
-        folder.mkdir(parents=True, exist_ok=True)
+        make_folder(folder)
         size = METADATA_LENGTH + 3 * term_length
         free = shutil.disk_usage(folder.parent).free
         if free < size:
@@ -146,7 +158,7 @@ class LogFile:
                 # again; once the file is in it, nobody removes it
                 if attempt == _CREATE_ATTEMPTS - 1:
                     raise
-                folder.mkdir(parents=True, exist_ok=True)
+                make_folder(folder)
         try:
             try:
                 os.posix_fallocate(fd, 0, size)
@@ -346,4 +358,12 @@ def sweep(directory: Path, now_ns: int, liveness_ns: int) -> list[str]:
     return removed
 
 
-__all__ = ["LogFile", "file_name", "ipc_directory", "parse_name", "pid_alive", "sweep"]
+__all__ = [
+    "LogFile",
+    "file_name",
+    "ipc_directory",
+    "make_folder",
+    "parse_name",
+    "pid_alive",
+    "sweep",
+]

@@ -89,13 +89,16 @@ class DirectoryWatch:
     def _rearm(self) -> None:
         """The directory went: make it again and watch it (or say ``broken``)."""
         wd = -1
-        if self._add_watch is not None:
+        for _ in range(16 if self._add_watch is not None else 0):
             try:
                 os.makedirs(self.directory, exist_ok=True)
+            except FileNotFoundError:
+                continue  # its parent removed meanwhile (a closing driver's default directory)
             except OSError:
-                pass
-            else:
-                wd = self._add_watch(self._fd, os.fsencode(str(self.directory)), _MASK)
+                break
+            wd = self._add_watch(self._fd, os.fsencode(str(self.directory)), _MASK)
+            if wd >= 0 or ctypes.get_errno() != errno.ENOENT:
+                break  # else removed again between the two (another closing driver): again
         if wd < 0:
             self.broken = True
             return
@@ -126,6 +129,8 @@ def open_watch(directory: Path) -> DirectoryWatch | None:
     for _ in range(16):  # another process's closing driver may remove it when empty
         try:
             os.makedirs(directory, exist_ok=True)
+        except FileNotFoundError:
+            continue  # its parent removed meanwhile
         except OSError:
             break
         wd = add_watch(fd, os.fsencode(str(directory)), _MASK)
