@@ -83,6 +83,11 @@ _BIND_ATTEMPTS = 20
 HELLOS_PER_STEP = 8
 # every connection is checked for a lost peer this often (closed ones are released at once)
 REAP_INTERVAL_NS = 500_000_000
+# A HELLO publication heartbeats every 100 ms while its process lives (a closed one ends its
+# image at once): its image silent this long, with no handshake in flight on it, is a client
+# process gone (killed, os._exit), and the image's reply publication is closed then rather than
+# when the image's liveness (10 s) runs out; opened again should the image speak again
+HELLO_SILENT_NS = 2_000_000_000
 
 
 def _udp_port_free(host: str, port: int) -> bool:
@@ -127,6 +132,7 @@ class _HelloInbox:
         "address",
         "host",
         "reply",
+        "silent_at",
     )
 
     def __init__(self, image: Any, ipc: bool = False) -> None:
@@ -139,6 +145,9 @@ class _HelloInbox:
         self.address = "ipc" if ipc else _address_of(image)
         self.host = "ipc" if ipc else host_of((self.address,))
         self.reply: Any = None  # UDP: this image's reply publication (None: not open)
+        # the image's last packet when its reply publication was closed for its silence (None:
+        # not closed so): opened again only once the image has spoken since
+        self.silent_at: int | None = None
 
 
 class _Pending:
@@ -186,6 +195,7 @@ class Server:
         # (reply publication, message, expiry ns: 0 over IPC)
         self._replies: deque[tuple[Any, bytes, int]] = deque()
         self.reply_publications_failed = 0  # HELLO images whose reply publication did not open
+        self.reply_publications_closed_silent = 0  # closed: their HELLO image fell silent
         self.pair_address_mismatches = 0
         self.connections: list[Connection] = []
         self._by_conn: dict[int, ServerSession] = {}
@@ -317,6 +327,8 @@ class Server:
                     inbox = self._hellos[id(image)] = _HelloInbox(image, channels.media == "ipc")
                 if inbox.done:
                     continue
+                if not inbox.ipc and self._silent(inbox, now_ns):
+                    continue
                 reply = shared_reply if inbox.ipc else self._open_reply(channels, inbox)
                 if reply is None:
                     continue
@@ -342,6 +354,29 @@ class Server:
             gone = self._hellos.pop(key)
             if gone.reply is not None:
                 gone.reply.close()
+
+    def _silent(self, inbox: _HelloInbox, now_ns: int) -> bool:
+        """Whether a UDP HELLO image's client is gone (see ``HELLO_SILENT_NS``): its reply
+        publication is closed, once nothing in flight needs it (a handshake between its HELLO
+        and its connection, a reply queued), and stays closed while the image says nothing."""
+        heard = inbox.image.last_packet_ns
+        if inbox.silent_at is not None:
+            if heard == inbox.silent_at:
+                return True
+            inbox.silent_at = None  # it spoke again: a reply publication anew
+            return False
+        reply = inbox.reply
+        if reply is None or heard is None or now_ns - heard < HELLO_SILENT_NS:
+            return False
+        if any(entry[0] is reply for entry in self._replies):
+            return False  # a reply still to be offered
+        if any(self._reply_of.get(session) is reply for session in self._pairs):
+            return False  # a handshake waits for its connection: its refusal goes this way
+        reply.close()  # what was offered drains (the publication lingers for it)
+        inbox.reply = None
+        inbox.silent_at = heard
+        self.reply_publications_closed_silent += 1
+        return True
 
     def _open_reply(self, channels: Channels, inbox: _HelloInbox) -> Any:
         """The reply publication of a UDP HELLO image (opened on its first step): its one
@@ -726,6 +761,8 @@ class Server:
             "refused": dict(c.refused),
             "reply_drops": self.reply_drops,
             "reply_publications_failed": self.reply_publications_failed,
+            "reply_publications": sum(i.reply is not None for i in self._hellos.values()),
+            "reply_publications_closed_silent": self.reply_publications_closed_silent,
             "pair_address_mismatches": self.pair_address_mismatches,
             "amplification_drops": ledger.drops if ledger is not None else 0,
             # what the transport under the server refused (the server's driver, all channels)

@@ -123,11 +123,18 @@ class Counters:
 
     def write(self, directory: Path) -> Path:
         """Write the snapshot to :meth:`file_path` atomically; returns the path."""
-        directory.mkdir(parents=True, exist_ok=True)
         path = self.file_path(directory)
         tmp = path.with_suffix(".tmp")
         payload = {"pid": os.getpid(), "time_ns": time.time_ns(), "counters": self.snapshot()}
-        tmp.write_text(json.dumps(payload, sort_keys=True))
+        text = json.dumps(payload, sort_keys=True)
+        for attempt in range(3):
+            directory.mkdir(parents=True, exist_ok=True)
+            try:
+                tmp.write_text(text)
+                break
+            except FileNotFoundError:  # another closing driver removed the empty directory
+                if attempt == 2:
+                    raise
         os.replace(tmp, path)
         return path
 

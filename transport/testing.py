@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+import os
 import random
 import socket
 import struct
@@ -165,7 +166,16 @@ def sweep_dead(directory: Any = None) -> list[str]:
     gone. A test that kills a process (``kill -9`` closes nothing) calls it once the process is
     reaped, so the run leaves nothing in /dev/shm (the root conftest.py checks)."""
     where = default_directory() if directory is None else directory
-    return logfile.sweep(where, time.monotonic_ns(), 10_000_000_000) + sweep_counter_files(where)
+    removed = logfile.sweep(where, time.monotonic_ns(), 10_000_000_000)
+    removed += sweep_counter_files(where)
+    # and the folders, when empty, as the killed process's driver would have on close (a live
+    # driver watching the ipc folder follows it: ipc/watch.py)
+    for folder in (logfile.ipc_directory(where), *(() if directory is not None else (where,))):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
+    return removed
 
 
 def running_threads() -> frozenset[int]:

@@ -25,6 +25,7 @@ releases what its consumers held on the streams it lost.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -126,12 +127,16 @@ class ConsumerRegistry:
         for rid, pos in parsed.items():  # a query restarted from an older checkpoint may go back
             merged[rid] = pos
         kept = owner if owner is not None else (old.owner if old is not None else "")
-        self.consumers[consumer_id] = Consumer(consumer_id, ids, merged, now_s, kept)
+        new = Consumer(consumer_id, ids, merged, now_s, kept)
+        # durable first, then taken: a commit whose file could not be written (full disk, EIO)
+        # is answered with an error and must leave the positions as they were (issue: the
+        # server went on with positions the client was told were refused)
+        self._save(consumer_id, new)
+        self.consumers[consumer_id] = new
         if old is not None:
             self._release(old.owner)
         self.held[kept] += 1
         self.commits += 1
-        self._save()
 
     def forget(
         self,
@@ -145,11 +150,11 @@ class ConsumerRegistry:
         if owner is not None and old is not None and old.owner and old.owner != owner:
             if may_override is None or not may_override(old.stream_ids):
                 raise _not_owner("consumer_forget", consumer_id)
-        gone = self.consumers.pop(consumer_id, None)
-        if gone is None:
+        if old is None:
             return False
-        self._release(gone.owner)
-        self._save()
+        self._save(consumer_id, None)  # durable first, then forgotten (as commit)
+        del self.consumers[consumer_id]
+        self._release(old.owner)
         return True
 
     def _release(self, owner: str) -> None:
@@ -189,25 +194,68 @@ class ConsumerRegistry:
             for c in sorted(self.consumers.values(), key=lambda c: c.consumer_id)
         ]
 
-    def _save(self) -> None:
-        body = {
-            c.consumer_id: {
-                "stream_ids": list(c.stream_ids),
-                "updated_s": c.updated_s,
-                "positions": {str(k): v for k, v in c.positions.items()},
-                "owner": c.owner,
-            }
-            for c in self.consumers.values()
-        }
+    def _body(self, changed_id: str | None, changed: Consumer | None) -> bytes:
+        """The file's content: the registry with ``changed_id`` set to ``changed`` (None: left
+        out), the registry itself untouched."""
+        body = {}
+        for c in self.consumers.values():
+            if c.consumer_id == changed_id:
+                continue
+            body[c.consumer_id] = _entry(c)
+        if changed is not None:
+            body[changed.consumer_id] = _entry(changed)
+        return msgpack.packb(body)
+
+    def _save(self, changed_id: str | None = None, changed: Consumer | None = None) -> None:
+        """Replace the file (atomically, fsynced) by the registry with one consumer changed
+        (``changed`` None: forgotten); the registry in memory is changed by the caller once this
+        returned. Raises the ``OSError`` of a write that failed, leaving the file as it was: the
+        temporary file is removed, and a rename already made when the directory's fsync failed
+        is taken back (the old content written again, best effort)."""
+        self._write(self._body(changed_id, changed))
+
+    def _write(self, data: bytes) -> None:
+        tmp = self.path + ".tmp"
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                # before the rename: else a power cut can leave the new name on an empty or
+                # torn file (the rename reaches the disk before the data), which the server
+                # cannot read
+                os.fsync(fh.fileno())
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # a full disk keeps no half-written file of ours
+            raise
+        os.replace(tmp, self.path)  # losing the newest commit only makes retention keep more
+        try:
+            fsync_dir(os.path.dirname(self.path) or ".")
+        except OSError:
+            # the new content is in place but not known durable, and the client is told the
+            # commit failed: put back what the registry still holds (if that fails too, a
+            # restart may find the refused commit, as it would one whose answer was lost)
+            with contextlib.suppress(OSError):
+                self._rewrite_current()
+            raise
+
+    def _rewrite_current(self) -> None:
         tmp = self.path + ".tmp"
         with open(tmp, "wb") as fh:
-            fh.write(msgpack.packb(body))
+            fh.write(self._body(None, None))
             fh.flush()
-            # before the rename: else a power cut can leave the new name on an empty or torn
-            # file (the rename reaches the disk before the data), which the server cannot read
             os.fsync(fh.fileno())
-        os.replace(tmp, self.path)  # losing the newest commit only makes retention keep more
+        os.replace(tmp, self.path)
         fsync_dir(os.path.dirname(self.path) or ".")
+
+
+def _entry(c: Consumer) -> dict[str, Any]:
+    return {
+        "stream_ids": list(c.stream_ids),
+        "updated_s": c.updated_s,
+        "positions": {str(k): v for k, v in c.positions.items()},
+        "owner": c.owner,
+    }
 
 
 def _not_owner(op: str, consumer_id: str) -> NotAuthorisedError:

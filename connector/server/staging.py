@@ -9,6 +9,10 @@ Layout under ``<server dir>/sink/``::
     staged/<sink id hex>/<batch id>/<partition>-<attempt>@<stream>.part   complete (fsynced)
     staged/<sink id hex>/<batch id>/owner        the client key (hex) that staged the batch
 
+Every name is durable before a part is acknowledged: the part's data, its rename to ``.part``
+(its directory fsynced) and the names of the directories made for it (each new directory's
+parent fsynced after its mkdir: ``makedirs_synced``), whatever ``--fsync`` says.
+
 A part file is a sequence of records ``length (uint32) | reserved value (int64) | payload``.
 
 Invariants:
@@ -59,7 +63,7 @@ from aeron_spark.connector.errors import (
 from aeron_spark.connector.server.commitlog import CommitLog
 from aeron_spark.connector.server.framing import Framer
 from aeron_spark.connector.session.records import RECORD, block_records, complete_record, records
-from aeron_spark.transport.archive.recordings import fsync_dir
+from aeron_spark.transport.archive.recordings import fsync_dir, makedirs_synced
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
 
 if TYPE_CHECKING:
@@ -150,7 +154,7 @@ class StagingStore:
         # the sink recordings' largest message, or a stream's (a callable of the stream id;
         # None: no check)
         self.max_payload = max_payload
-        os.makedirs(root, exist_ok=True)
+        makedirs_synced(root)
         self._open: dict[PartKey, _OpenPart] = {}
         self.parts_staged = 0
         self.parts_staged_locally = 0
@@ -166,7 +170,9 @@ class StagingStore:
     def _create(self, key: PartKey, stream_id: int) -> BinaryIO:
         """The part's ``.open`` file, created empty (its batch directory too)."""
         path = self._file(key, stream_id, ".open")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        # the batch's (and a new sink's) directory durable before a part in it is acknowledged
+        # (its name fsynced in its parent: _complete fsyncs only the part's name)
+        makedirs_synced(os.path.dirname(path))
         return open(path, "wb")
 
     def batch_owner(self, sink_id: str, batch_id: int) -> str | None:
@@ -199,7 +205,7 @@ class StagingStore:
                 raise not_owner(op, f"batch {batch_id} of sink {sink_id!r}")
             return
         directory = _key_dir(self.root, sink_id, batch_id)
-        os.makedirs(directory, exist_ok=True)
+        makedirs_synced(directory)
         path = os.path.join(directory, OWNER_FILE)
         tmp = path + ".tmp"  # one caller at a time (see the class): no other claim races it
         try:
@@ -524,7 +530,7 @@ class SinkCommitter:
         done_window: int = DONE_WINDOW,
         compact_min_bytes: int = COMPACT_MIN_BYTES,
     ) -> None:
-        os.makedirs(directory, exist_ok=True)
+        makedirs_synced(directory)
         self.staging = StagingStore(os.path.join(directory, "staged"), max_payload)
         self.log = CommitLog(os.path.join(directory, "commit.log"))
         self.recordings = recordings

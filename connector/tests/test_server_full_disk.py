@@ -182,3 +182,45 @@ def test_min_free_bytes_takes_sizes_with_units_and_refuses_nonsense() -> None:
         parse(["--dir", "d", "--min-free-bytes", "lots"])
     with pytest.raises(ConfigurationError, match="min_free_bytes"):
         ServerConfig(directory="d", min_free_bytes=-1)
+
+
+def _consumers(client: StreamClient) -> dict[str, dict[str, int]]:
+    return {c["consumer_id"]: c["positions"] for c in client.stats()["consumers"]}
+
+
+@pytest.mark.slow
+def test_a_consumer_commit_that_cannot_be_written_leaves_the_old_positions(tmpfs: str) -> None:
+    """``consumers.msgpack`` on a full disk: a consumer_commit or consumer_forget answered with
+    STORAGE_FULL changed nothing, in memory (what the server shows and retention honours) or
+    after a restart. Before, the registry changed its positions (and added or dropped the
+    consumer) first and wrote the file after: the client was told "error" while the server
+    went on with the new positions, and a restart brought the old ones back."""
+    with server_process(tmpfs) as (proc, endpoint), client_for(endpoint) as client:
+        client.publish(STREAM, msgs(0, 3))
+        (rec,) = client.list_recordings([STREAM])
+        rid, end = rec.recording_id, rec.recorded_position
+        client.consumer_commit("kept", [STREAM], {rid: rec.start_position})
+        client.consumer_commit("forgotten", [STREAM], {rid: rec.start_position})
+        before = _consumers(client)
+        filler = fill(tmpfs)  # to the last byte: the registry's next write fails
+        for call in (
+            lambda: client.consumer_commit("kept", [STREAM], {rid: end}),
+            lambda: client.consumer_commit("new", [STREAM], {rid: end}),
+            lambda: client.consumer_forget("forgotten"),
+        ):
+            with pytest.raises(ConnectorError) as refused:
+                call()
+            assert refused.value.code == STORAGE_FULL, f"not STORAGE_FULL: {refused.value!r}"
+            # the client was told "error": the server holds the old positions, no new
+            # consumer and the one it did not forget
+            assert _consumers(client) == before
+        assert client.stats()["counters"]["consumer_commits"] == 2  # the refused not counted
+        assert not os.path.exists(os.path.join(tmpfs, "consumers.msgpack.tmp"))
+        assert proc.poll() is None
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    os.unlink(filler)
+    with server_process(tmpfs) as (proc, endpoint), client_for(endpoint) as client:
+        assert _consumers(client) == before  # after a restart too
+        client.consumer_commit("kept", [STREAM], {rid: end})  # room again: it is taken
+        assert _consumers(client)["kept"] == {str(rid): end}

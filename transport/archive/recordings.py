@@ -94,6 +94,28 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def makedirs_synced(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)``, each directory it creates durable: the parent of
+    each new directory is fsynced after its mkdir (else a power cut may lose a new directory's
+    name, and with it all that was fsynced inside). A path that exists costs one ``stat``."""
+    missing: list[str] = []
+    at = os.path.abspath(path)
+    while not os.path.isdir(at):
+        missing.append(at)
+        parent = os.path.dirname(at)
+        if parent == at:
+            break
+        at = parent
+    for directory in reversed(missing):  # the outermost first
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            if not os.path.isdir(directory):
+                raise
+    for directory in reversed(missing):
+        fsync_dir(os.path.dirname(directory))
+
+
 @dataclass
 class Descriptor:
     recording_id: int

@@ -229,6 +229,7 @@ class Driver:
         self._ipc_watch_tried = False
         self._directory_checked = False  # check_directory passed (the directory is ours)
         self._directory_unsafe = False  # it failed: no counters file is written there
+        self._ipc_used = False  # made an IPC publication or subscription (its folder is ours)
         self.errors: list[BaseException] = []
         self.counters = Counters(
             self.system_counters, self._conductor.stream_positions, self._conductor.totals
@@ -268,7 +269,8 @@ class Driver:
         """The driver directory, made if missing (never writable by others) and checked
         (:func:`check_directory`) before the driver first reads or writes anything in it."""
         if not self._directory_checked:
-            self.directory.mkdir(parents=True, exist_ok=True, mode=0o755)
+            # again if a closing driver of another process removed it meanwhile (empty)
+            ipc_logfile.make_folder(self.directory, mode=0o755)
             check_directory(self.directory, self.config.directory_is_default)
             self._directory_checked = True
         return self.directory
@@ -328,6 +330,22 @@ class Driver:
             try:
                 self.counters.file_path(self.directory).unlink(missing_ok=True)
             except OSError:
+                pass
+        self._remove_empty_folders()
+
+    def _remove_empty_folders(self) -> None:
+        """What the driver made in its directory goes with it when nobody else needs it: the
+        ``ipc`` folder when this driver used IPC and the folder is empty (another process's log
+        buffer keeps it; a publisher makes it again, a watching driver follows it: see
+        ``ipc/watch.py``), then the default directory when empty (a directory the application
+        named stays). Every run left an empty ``/dev/shm/aeron-spark-<user>/ipc``."""
+        folders = [ipc_logfile.ipc_directory(self.directory)] if self._ipc_used else []
+        if self.config.directory is None:
+            folders.append(self.directory)
+        for folder in folders:
+            try:
+                os.rmdir(folder)
+            except OSError:  # not empty (another process's files), gone already, not ours
                 pass
 
     def __enter__(self) -> Driver:
@@ -589,6 +607,8 @@ class Driver:
     ) -> Publication:
         ipc = self._ipc_module()
         self._ensure_directory()
+        self._ipc_used = True
+        ipc_logfile.make_folder(self.directory)
         resource = ipc.add_publication(
             config,
             stream_id,
@@ -608,6 +628,8 @@ class Driver:
     ) -> Any:
         ipc = self._ipc_module()
         self._ensure_directory()
+        self._ipc_used = True
+        ipc_logfile.make_folder(self.directory)
         with self._lock:
             if not self._ipc_watch_tried and not self.is_invoker:
                 # one inotify watch of the IPC directory for the driver: an idle subscription

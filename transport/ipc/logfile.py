@@ -54,10 +54,24 @@ _SLOT = struct.Struct("<qqii")
 OFF_STATE = 32
 OFF_POSITION = 40
 OFF_HEARTBEAT = 48
+# tries to create a log buffer in a folder other processes' drivers remove when it is empty
+_CREATE_ATTEMPTS = 16
 
 
 def ipc_directory(directory: Path) -> Path:
     return Path(directory) / "ipc"
+
+
+def make_folder(folder: Path, attempts: int = 16, mode: int = 0o777) -> None:
+    """``folder.mkdir(parents=True, exist_ok=True)``, again when a closing driver of another
+    process removed an empty parent meanwhile (``Driver.close``)."""
+    for attempt in range(attempts):
+        try:
+            folder.mkdir(parents=True, exist_ok=True, mode=mode)
+            return
+        except FileNotFoundError:
+            if attempt == attempts - 1:
+                raise
 
 
 def file_name(stream_id: int, session_id: int) -> str:
@@ -117,9 +131,9 @@ class LogFile:
         initial_term_id: int,
     ) -> LogFile:
         folder = ipc_directory(directory)
-        folder.mkdir(parents=True, exist_ok=True)
+        make_folder(folder)
         size = METADATA_LENGTH + 3 * term_length
-        free = shutil.disk_usage(folder).free
+        free = shutil.disk_usage(folder.parent).free
         if free < size:
             raise DriverError(
                 f"not enough space for an IPC log buffer of {size / 2**20:.1f} MiB in {folder} "
@@ -133,10 +147,18 @@ class LogFile:
         # Built under a temporary name and renamed into place once its header is written, so a
         # subscriber never sees (or cleans up) a half-made file.
         building = folder / f".building-{os.getpid()}-{path.name}"
-        try:
-            fd = os.open(building, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError as exc:
-            raise DriverError(f"an IPC publication {path.name} is being created") from exc
+        for attempt in range(_CREATE_ATTEMPTS):
+            try:
+                fd = os.open(building, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                break
+            except FileExistsError as exc:
+                raise DriverError(f"an IPC publication {path.name} is being created") from exc
+            except FileNotFoundError:
+                # the folder was empty and a closing driver removed it (see Driver.close): made
+                # again; once the file is in it, nobody removes it
+                if attempt == _CREATE_ATTEMPTS - 1:
+                    raise
+                make_folder(folder)
         try:
             try:
                 os.posix_fallocate(fd, 0, size)
@@ -336,4 +358,12 @@ def sweep(directory: Path, now_ns: int, liveness_ns: int) -> list[str]:
     return removed
 
 
-__all__ = ["LogFile", "file_name", "ipc_directory", "parse_name", "pid_alive", "sweep"]
+__all__ = [
+    "LogFile",
+    "file_name",
+    "ipc_directory",
+    "make_folder",
+    "parse_name",
+    "pid_alive",
+    "sweep",
+]

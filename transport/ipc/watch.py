@@ -10,18 +10,22 @@ when it moved since its last scan (or a file it found was not ready: it polls un
 
 One watch per driver (inotify instances are few: 128 per user by default). Where inotify is
 missing or refused (another OS, the limit reached) :func:`open_watch` returns None and the
-subscriptions poll as before; a watch that lost its directory (removed, queue overflow) says
-``broken`` and they poll from then on.
+subscriptions poll as before. A watch whose directory went (a closing driver removes the folder
+when it is empty: ``Driver.close``) makes it again and watches the new one, its generation moved
+so the subscriptions scan (what came meanwhile is found); one that cannot, or lost events (queue
+overflow), says ``broken`` and they poll from then on.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import logging
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -32,15 +36,18 @@ IN_MOVE_SELF = 0x00000800
 IN_Q_OVERFLOW = 0x00004000
 IN_IGNORED = 0x00008000
 _MASK = IN_MOVED_TO | IN_CREATE | IN_DELETE_SELF | IN_MOVE_SELF
-_GONE = IN_DELETE_SELF | IN_MOVE_SELF | IN_Q_OVERFLOW | IN_IGNORED
+_MOVED_AWAY = IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED  # the directory went: watched anew
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then the name, len bytes)
 
 
 class DirectoryWatch:
     """An inotify descriptor watching one directory (see the module)."""
 
-    def __init__(self, fd: int, directory: Path) -> None:
+    def __init__(self, fd: int, directory: Path, wd: int = -1, add_watch: Any = None) -> None:
         self._fd = fd
+        self._wd = wd  # the directory's watch (events of an older one are stale)
+        self._add_watch = add_watch  # libc's inotify_add_watch (None: cannot watch anew)
+        self.rearmed = 0  # times the directory went and was watched anew
         self.directory = directory
         self.generation = 0  # changes seen (a subscription compares it with its last scan's)
         self.broken = False  # the directory went (or events were lost): poll from now on
@@ -68,11 +75,36 @@ class DirectoryWatch:
             changed = True
             self.generation += 1
             at = 0
+            gone = False
             while at + _EVENT.size <= len(data):
-                _wd, mask, _cookie, length = _EVENT.unpack_from(data, at)
-                if mask & _GONE:
-                    self.broken = True
+                wd, mask, _cookie, length = _EVENT.unpack_from(data, at)
+                if mask & IN_Q_OVERFLOW:
+                    self.broken = True  # events were lost
+                elif mask & _MOVED_AWAY and wd == self._wd:
+                    gone = True
                 at += _EVENT.size + length
+            if gone and not self.broken:
+                self._rearm()
+
+    def _rearm(self) -> None:
+        """The directory went: make it again and watch it (or say ``broken``)."""
+        wd = -1
+        for _ in range(16 if self._add_watch is not None else 0):
+            try:
+                os.makedirs(self.directory, exist_ok=True)
+            except FileNotFoundError:
+                continue  # its parent removed meanwhile (a closing driver's default directory)
+            except OSError:
+                break
+            wd = self._add_watch(self._fd, os.fsencode(str(self.directory)), _MASK)
+            if wd >= 0 or ctypes.get_errno() != errno.ENOENT:
+                break  # else removed again between the two (another closing driver): again
+        if wd < 0:
+            self.broken = True
+            return
+        self._wd = wd
+        self.rearmed += 1
+        self.generation += 1  # the subscriptions scan the new directory
 
     def close(self) -> None:
         if not self.closed:
@@ -89,19 +121,26 @@ def open_watch(directory: Path) -> DirectoryWatch | None:
         add_watch = libc.inotify_add_watch
     except (OSError, AttributeError):
         return None
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError:
-        return None
     fd = init1(os.O_NONBLOCK | os.O_CLOEXEC)
     if fd < 0:
         log.debug("inotify_init1: errno %d (IPC subscriptions poll)", ctypes.get_errno())
         return None
-    if add_watch(fd, os.fsencode(str(directory)), _MASK) < 0:
+    wd = -1
+    for _ in range(16):  # another process's closing driver may remove it when empty
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except FileNotFoundError:
+            continue  # its parent removed meanwhile
+        except OSError:
+            break
+        wd = add_watch(fd, os.fsencode(str(directory)), _MASK)
+        if wd >= 0 or ctypes.get_errno() != errno.ENOENT:
+            break
+    if wd < 0:
         log.debug("inotify_add_watch %s: errno %d (polling)", directory, ctypes.get_errno())
         os.close(fd)
         return None
-    return DirectoryWatch(fd, directory)
+    return DirectoryWatch(fd, directory, wd, add_watch)
 
 
 __all__ = ["DirectoryWatch", "open_watch"]
