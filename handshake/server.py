@@ -736,10 +736,13 @@ class Server:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, transport: dict[str, int] | None = None) -> dict[str, Any]:
+        """The handshake's counts; ``transport``: the driver's counters snapshot when the caller
+        has just taken one (a snapshot walks every stream: a stream server's stat took two)."""
         c = self.core.counters
         ledger = getattr(self.driver, "amplification", None)
-        transport = self.driver.counters.snapshot()
+        if transport is None:
+            transport = self.driver.counters.snapshot()
         return {
             "connections": len(self.connections),
             "pending": self.core.pending,

@@ -543,10 +543,12 @@ class StreamServer:
         }
         if self._store is not None:
             extra["storage"] = self._store.space.stats()
+        # one transport snapshot for both sections (it walks every stream: issue 31)
+        transport = None if self._driver is None else self._driver.counters.snapshot()
         if self._listener is not None:
-            extra["handshake"] = self._listener.stats()
-        if self._driver is not None:
-            extra["transport"] = self._driver.counters.snapshot()
+            extra["handshake"] = self._listener.stats(transport)
+        if transport is not None:
+            extra["transport"] = transport
         return extra
 
     def snapshot(self) -> dict[str, Any]:

@@ -110,6 +110,10 @@ class SnapshotWriter:
         # the clock, so a restarted server's generations are not its predecessor's.
         self.generation = time.time_ns() // 1000
         self._said: str | None = None  # stat.json as last written, less the clock
+        # the transport section last written (a dict the caller built for that snapshot): when
+        # it differs (a live session's heartbeats count up) the file is rewritten without
+        # encoding the snapshot twice (at 2,048 sessions it lists ~14,000 stream positions)
+        self._transport: Any = None
         # what it did (tests and benchmarks)
         self.rewrites = 0
         self.recordings_rewrites = 0
@@ -140,13 +144,18 @@ class SnapshotWriter:
             "recordings_file": RECORDINGS_FILE,
             "recordings_generation": self.generation,
         }
-        said = json.dumps(_clockless(snapshot), default=str, sort_keys=True)
-        if said == self._said and os.path.exists(self.path):
-            os.utime(self.path)  # confirmed now: the reader ages the clock's fields
-            self.touches += 1
-            return
+        transport = snapshot.get("transport")
+        if transport is not None and transport != self._transport:
+            said = None  # changed: compared again once the transport stands still
+        else:
+            said = json.dumps(_clockless(snapshot), default=str, sort_keys=True)
+            if said == self._said and os.path.exists(self.path):
+                os.utime(self.path)  # confirmed now: the reader ages the clock's fields
+                self.touches += 1
+                return
         _replace(self.path, json.dumps(snapshot, default=str))
         self._said = said
+        self._transport = transport
         self.rewrites += 1
 
     def remove(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -269,6 +270,54 @@ def test_server_close_is_seen_by_the_client(make_server, make_client) -> None:
     wait_for(lambda: conn.receive(0.05) is None and not conn.is_connected, what="loss seen")
     assert lost.is_set()
     conn.close()
+
+
+def test_idle_sessions_cost_the_server_few_datagrams_and_stay_alive(
+    make_server, make_client
+) -> None:
+    """Issue 31: an idle session's control traffic is what an idle server spends its time on
+    (~58 us of Python a datagram; at 2,048 sessions 4 datagrams a session-second were half a
+    core). Counted by the server's driver over 8 s of 16 idle sessions (the client's HELLO
+    channel gone, so only the sessions' streams are left): at most 0.75 heartbeats a session-
+    second (they go 2 s apart: 4 or 5 in the window; 1 s apart before, 8 or 9) and 1.9
+    datagrams sent (a heartbeat and a status message a second before: 2), while every session
+    stays connected and its status messages still go a second apart (a dead server is noticed
+    within the publication's 5 s connection timeout). Upper bounds on counts: a loaded machine
+    only sends fewer."""
+    n = 16
+    server = make_server()
+    client = make_client(hello_linger_s=0)
+    conns = [client.connect(server.endpoint) for _ in range(n)]
+    try:
+        for conn in conns:
+            conn.send(b"x")
+            assert conn.receive(10.0) == b"x"
+        wait_for(
+            lambda: server.stats()["hello_images"] == 0,
+            timeout_s=30.0,
+            what="the client's HELLO channel to close",
+        )
+        time.sleep(1.0)  # the echoes' first heartbeats and SMs (Aeron's 100 / 200 ms) went
+        first = server.driver.counters.snapshot()
+        started = time.monotonic()
+        time.sleep(8.0)
+        last = server.driver.counters.snapshot()
+        elapsed = time.monotonic() - started
+
+        def rate(name: str) -> float:
+            return (last[name] - first[name]) / elapsed / n
+
+        assert rate("heartbeats_sent") <= 0.75, (rate("heartbeats_sent"), elapsed)
+        assert rate("datagrams_sent") <= 1.9, (rate("datagrams_sent"), elapsed)
+        assert rate("status_messages_sent") > 0  # the SMs go on (their cadence is kept)
+        assert server.stats()["connections"] == n
+        for conn in conns:
+            assert conn.is_connected
+            conn.send(b"still here")
+            assert conn.receive(10.0) == b"still here"
+    finally:
+        for conn in conns:
+            conn.close()
 
 
 @pytest.mark.slow

@@ -45,22 +45,61 @@ _TYPE_SM = int(FrameType.SM)
 _TYPE_NAK = int(FrameType.NAK)
 _TYPE_RTTM = int(FrameType.RTTM)
 _TYPE_ERR = int(FrameType.ERR)
-
-
-def _may_read(endpoint: UdpEndpoint, readable: set[Any] | None) -> bool:
-    """Whether a step reads ``endpoint``: its socket polled readable at the step's start, or
-    nobody polled (an agent stepped by hand), or a loss hook that may hold datagrams back, or
-    datagrams of a coalesced receive (UDP GRO) are left."""
-    return (
-        readable is None
-        or endpoint.sock in readable
-        or endpoint.loss is not None
-        or endpoint.gro_segment != 0
-    )
+_SEND_SETUP = int(SmFlags.SEND_SETUP)  # an int: an IntFlag operation builds an enum member
 
 
 def _sockets_version(agent: Any) -> int:
     return int(getattr(agent, "sockets_version", 0))
+
+
+class _SocketIndex:
+    """Which endpoint each socket of an agent's endpoints belongs to, so a step reads the
+    sockets its runner's poll found readable without walking every socket (a server's
+    endpoint holds a dedicated socket per client process: walking its thousands on every
+    step, each wake-up for one datagram, was most of an idle server's time; issue 31).
+    Rebuilt when the agent's endpoints or ``sockets_version`` change. ``always``: the sockets
+    a step may read though not polled readable (a loss hook that may hold datagrams back, or
+    UDP GRO with datagrams of a coalesced receive left). An agent stepped by hand (nobody
+    polled: ``readable`` None) reads every socket."""
+
+    __slots__ = ("token", "by_sock", "always")
+
+    def __init__(self) -> None:
+        self.token: tuple[Any, int] | None = None
+        self.by_sock: dict[Any, tuple[Any, UdpEndpoint]] = {}
+        self.always: tuple[tuple[Any, UdpEndpoint], ...] = ()
+
+    def readable(self, agent: Any, readable: set[Any]) -> dict[Any, list[UdpEndpoint]]:
+        """The sockets a step reads, by endpoint (each endpoint's in its ``sockets`` order
+        is not kept: each is read up to its own share of the step either way)."""
+        token = (agent.endpoints, agent.sockets_version)
+        if self.token is None or self.token[0] is not token[0] or self.token[1] != token[1]:
+            self.token = token
+            self.by_sock = {udp.sock: (ep, udp) for ep in agent.endpoints for udp in ep.sockets}
+            self.always = tuple(
+                (ep, udp)
+                for ep in agent.endpoints
+                for udp in ep.sockets
+                if udp.loss is not None or udp.gro
+            )
+        out: dict[Any, list[UdpEndpoint]] = {}
+        by_sock = self.by_sock
+        for sock in readable:
+            hit = by_sock.get(sock)
+            if hit is not None:
+                got = out.get(hit[0])
+                if got is None:
+                    out[hit[0]] = [hit[1]]
+                else:
+                    got.append(hit[1])
+        for ep, udp in self.always:
+            if udp.sock not in readable and (udp.loss is not None or udp.gro_segment != 0):
+                got = out.get(ep)
+                if got is None:
+                    out[ep] = [udp]
+                else:
+                    got.append(udp)
+        return out
 
 
 class Agent(Protocol):
@@ -221,7 +260,7 @@ class SendEndpoint:
         pub: PublicationState | None
         if ftype == _TYPE_SM:
             sm = StatusMessage.decode(buf[:length])
-            if sm.session_id == 0 and sm.flags & SmFlags.SEND_SETUP:
+            if sm.session_id == 0 and sm.flags & _SEND_SETUP:
                 # A receiver announcing itself (MDC dynamic). The real driver sends stream id 0
                 # too ("pending setup"): that one is for every publication on the endpoint.
                 # A publication that takes only SMs of its own session (a secure session's)
@@ -238,7 +277,7 @@ class SendEndpoint:
             if pub is not None:
                 pub.on_status_message(sm, source, now_ns)
                 self.due.ready.append(pub)
-            elif sm.flags & SmFlags.SEND_SETUP:
+            elif sm.flags & _SEND_SETUP:
                 unclaimed = self.unclaimed_elicits
                 key = (sm.session_id, sm.stream_id)
                 unclaimed.pop(key, None)
@@ -324,15 +363,17 @@ class SenderAgent:
         self.endpoints: tuple[SendEndpoint, ...] = ()
         self.sockets_version = 0  # bumped when an endpoint's ``sockets`` change
         self.on_publication_done = on_publication_done
-        self.readable: set[Any] | None = None  # set by the runner each step (see _may_read)
+        self.readable: set[Any] | None = None  # set by the runner each step (_SocketIndex)
+        self._index = _SocketIndex()  # the sockets a step reads, from what is readable
 
     def do_work(self, now_ns: int) -> int:
         work = 0
         counters = self.counters
         readable = self.readable
+        reading = None if readable is None else self._index.readable(self, readable)
         for ep in self.endpoints:
-            for udp in ep.sockets:
-                for _ in range(RECEIVES_PER_STEP if _may_read(udp, readable) else 0):
+            for udp in ep.sockets if reading is None else reading.get(ep, ()):
+                for _ in range(RECEIVES_PER_STEP):
                     got = udp.receive()
                     if got is None:
                         break
@@ -377,28 +418,24 @@ class ReceiverAgent:
         # bumped when an endpoint's ``sockets`` change (the runner registers them again)
         self.sockets_version = 0
         self.on_endpoint_idle = on_endpoint_idle
-        self.readable: set[Any] | None = None  # set by the runner each step (see _may_read)
+        self.readable: set[Any] | None = None  # set by the runner each step (_SocketIndex)
+        self._index = _SocketIndex()  # the sockets a step reads, from what is readable
 
     def do_work(self, now_ns: int) -> int:
         work = 0
         counters = self.counters
         idle = False
         readable = self.readable
+        reading = None if readable is None else self._index.readable(self, readable)
         for ep in self.endpoints:
             endpoint = ep.endpoint
-            sockets = ep.sockets
-            if len(sockets) == 1:
-                may_read = _may_read(endpoint, readable)
-            else:
-                may_read = any(_may_read(udp, readable) for udp in sockets)
-            if not may_read and ep.quiet_token is not None and ep.is_quiet(now_ns):
+            sockets = ep.sockets if reading is None else reading.get(ep, ())
+            if not sockets and ep.quiet_token is not None and ep.is_quiet(now_ns):
                 continue
             dispatcher = ep.dispatcher
             send = endpoint.send
             on_datagram = dispatcher.on_datagram
-            for udp in sockets if may_read else ():
-                if len(sockets) > 1 and not _may_read(udp, readable):
-                    continue
+            for udp in sockets:
                 for _ in range(RECEIVES_PER_STEP):
                     got = udp.receive()
                     if got is None:

@@ -13,7 +13,8 @@ Rules (Aeron's, so a real Aeron receiver sees what it expects):
   driver-wide ``aeron.publication.heartbeat.timeout``, per channel: our own sessions' channels,
   issue 31): then the first heartbeat after data still goes after 100 ms (a lost last datagram
   is found as soon), the following ones that far apart (at most ``IDLE_HEARTBEAT_INTERVAL_MAX_NS``,
-  a fifth of the image liveness); a closing stream's (EOS) heartbeats keep 100 ms.
+  a fifth of the image liveness; due on the idle grid, ``schedule.idle_deadline``: never later,
+  at most 20 ms sooner); a closing stream's (EOS) heartbeats keep 100 ms.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ HEARTBEAT_INTERVAL_NS = 100_000_000
 # The longest idle heartbeat interval a channel may ask for (``idle-heartbeat-interval``): a fifth
 # of an image's liveness timeout (10 s), so an idle image hears five before it would time out.
 IDLE_HEARTBEAT_INTERVAL_MAX_NS = 2_000_000_000
+_UNFRAGMENTED = int(DataFlags.UNFRAGMENTED)  # ints: an IntFlag operation builds an enum member
+_UNFRAGMENTED_EOS = int(DataFlags.UNFRAGMENTED | DataFlags.EOS)
 
 
 def setup_frame(
@@ -67,9 +70,7 @@ def heartbeat_frame(
 ) -> bytes:
     """A heartbeat at ``position`` (with the EOS flag when ``end_of_stream``)."""
     shift = term_length.bit_length() - 1
-    flags = DataFlags.UNFRAGMENTED
-    if end_of_stream:
-        flags |= DataFlags.EOS
+    flags = _UNFRAGMENTED_EOS if end_of_stream else _UNFRAGMENTED
     return DATA_HEADER.pack(
         0,
         0,

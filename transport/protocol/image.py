@@ -22,7 +22,8 @@ Invariants:
   an image made with ``idle_sm_interval_ns`` (a channel's ``idle-sm-interval``: Aeron's
   driver-wide ``aeron.rcv.status.message.timeout``, per channel, our own sessions' channels)
   sends the SM after one that saw nothing new (no data arrived, nothing consumed) that far apart,
-  at most ``SM_IDLE_INTERVAL_MAX_NS`` (a fifth of the sender's 5 s connection timeout). Gaps and
+  at most ``SM_IDLE_INTERVAL_MAX_NS`` (a fifth of the sender's 5 s connection timeout), due on the
+  idle grid (``schedule.idle_deadline``: never later, at most 20 ms sooner). Gaps and
   their NAKs are the :class:`~.loss_detector.LossDetector`'s (its module states its rules).
 * End of stream: an EOS heartbeat at position P; when everything up to P is rebuilt and
   consumed, SMs carry EOS and the image is done. No packet for ``liveness_timeout_ns``: done too.
@@ -90,6 +91,7 @@ from aeron_spark.transport.protocol.loss_detector import (
     NAK_RETRY_RATIO,
     LossDetector,
 )
+from aeron_spark.transport.protocol.schedule import idle_deadline
 from aeron_spark.transport.protocol.term import (
     FragmentHandler,
     Header,
@@ -171,6 +173,9 @@ _CLOSED = _I.CLOSED
 
 class ImageState:
     """Receiver and subscriber state of one (session, stream) image."""
+
+    # its counters' keys in a driver's positions snapshot, made by the first snapshot
+    position_keys: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -475,7 +480,11 @@ class ImageState:
             seen = (self.hwm, sub)
             idle = seen == self._sm_seen
             self._sm_seen = seen
-            self.sm_deadline_ns = now_ns + (self.idle_sm_interval_ns if idle else SM_INTERVAL_NS)
+            if idle and self.idle_sm_interval_ns > SM_INTERVAL_NS:
+                # on the idle grid: an idle driver's SMs go out together
+                self.sm_deadline_ns = idle_deadline(now_ns, self.idle_sm_interval_ns)
+            else:
+                self.sm_deadline_ns = now_ns + SM_INTERVAL_NS
             if phase is _INIT:
                 self._fire(ImageEvent.CONNECT)
             work += 1

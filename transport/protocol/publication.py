@@ -107,6 +107,7 @@ from aeron_spark.transport.protocol.retransmit import (
     RETRANSMIT_LINGER_NS,
     RetransmitHandler,
 )
+from aeron_spark.transport.protocol.schedule import idle_deadline
 from aeron_spark.transport.protocol.segments import datagrams, segment_runs
 from aeron_spark.transport.protocol.term import TermAppender
 
@@ -133,6 +134,11 @@ DATAGRAMS_PER_SEND = 64  # datagrams per publication per send() call: bounds one
 _I32 = struct.Struct("<i")
 _i32_from = _I32.unpack_from
 _TAIL = DATA_HEADER_TAIL
+# flags as plain ints on the per-datagram path (an IntFlag operation builds an enum member:
+# most of a status message's handling; issue 31)
+_SM_EOS = int(SmFlags.EOS)
+_SM_SEND_SETUP = int(SmFlags.SEND_SETUP)
+_DATA_EOS = int(DataFlags.EOS)
 
 Address = Any  # a socket address tuple: (host, port) or (host, port, flow, scope)
 Transmit = Callable[[Any, Address], None]
@@ -191,6 +197,9 @@ def _part(part: str, name: str, doc: str) -> Any:
 
 class PublicationState:
     """Log buffer, appender, flow control, SETUP/heartbeat/EOS and retransmits of one session."""
+
+    # its counters' keys in a driver's positions snapshot, made by the first snapshot
+    position_keys: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -452,10 +461,10 @@ class PublicationState:
         if self.dynamic:
             dest = dests.by_address.get(source)
             if dest is None:
-                if flags & SmFlags.EOS:
+                if flags & _SM_EOS:
                     return
                 if not dests.may_add(source, sm.session_id):
-                    if flags & SmFlags.SEND_SETUP and dests.refused_only_for_host(
+                    if flags & _SM_SEND_SETUP and dests.refused_only_for_host(
                         source, sm.session_id
                     ):
                         # refused only for its host, perhaps an honest client's allowed a moment
@@ -473,7 +482,7 @@ class PublicationState:
             dest.last_seen_ns = now_ns
         else:
             dest = None
-        if flags & SmFlags.SEND_SETUP:
+        if flags & _SM_SEND_SETUP:
             if not self.is_eos_sent and not self.is_closed:
                 self.setup_deadline_ns = now_ns
                 if dest is not None:
@@ -485,7 +494,7 @@ class PublicationState:
         if sm.session_id != self.session_id:
             return
         flow = self.flow
-        if flags & SmFlags.EOS:
+        if flags & _SM_EOS:
             if dest is not None and sm.receiver_id not in dest.receiver_ids:
                 # another destination's receiver (forged): it would stop holding the sender
                 dests.status_messages_refused += 1
@@ -772,11 +781,13 @@ class PublicationState:
             for dest in dests.by_address.values():
                 transmit(frame, dest.address)
             self.heartbeats_sent += 1
-            closing = frame[5] & DataFlags.EOS or self.phase is not _ACTIVE
-            self.heartbeat_deadline_ns = now_ns + (
-                HEARTBEAT_INTERVAL_NS if closing else self.idle_heartbeat_interval_ns
-            )
-            if frame[5] & DataFlags.EOS:
+            closing = frame[5] & _DATA_EOS or self.phase is not _ACTIVE
+            idle = self.idle_heartbeat_interval_ns
+            if closing or idle <= HEARTBEAT_INTERVAL_NS:
+                self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
+            else:  # on the idle grid: an idle driver's heartbeats go out together
+                self.heartbeat_deadline_ns = idle_deadline(now_ns, idle)
+            if frame[5] & _DATA_EOS:
                 self.is_eos_sent = True
                 if self.phase is _DRAINING:
                     self.linger_deadline_ns = now_ns + self.linger_ns

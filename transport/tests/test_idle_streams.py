@@ -5,14 +5,21 @@ step; and an idle stream's heartbeats and status messages keep Aeron's cadence (
 
 from __future__ import annotations
 
+import itertools
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from aeron_spark.transport.counters import SystemCounters
-from aeron_spark.transport.driver.agents import SendEndpoint, SenderAgent
+from aeron_spark.transport.driver.agents import (
+    ReceiveEndpoint,
+    ReceiverAgent,
+    SendEndpoint,
+    SenderAgent,
+)
 from aeron_spark.transport.driver.endpoint import Endpoint, UdpEndpoint
 from aeron_spark.transport.errors import ChannelError
 from aeron_spark.transport.protocol.flow_control import CONNECTION_TIMEOUT_NS
@@ -21,7 +28,7 @@ from aeron_spark.transport.protocol.heartbeat import HEARTBEAT_INTERVAL_NS
 from aeron_spark.transport.protocol.image import IMAGE_LIVENESS_TIMEOUT_NS, SM_INTERVAL_NS
 from aeron_spark.transport.protocol.publication import PublicationState
 from aeron_spark.transport.protocol.receiver import ReceiveDispatcher, StreamInterest
-from aeron_spark.transport.protocol.schedule import DueQueue
+from aeron_spark.transport.protocol.schedule import IDLE_GRID_NS, DueQueue
 from aeron_spark.transport.protocol.term import encode_data_header
 from aeron_spark.transport.testing import ManualClock
 from aeron_spark.transport.uri import ChannelConfig
@@ -230,9 +237,9 @@ def _idle_pub(clock: ManualClock, dest: Any, idle_ns: int) -> PublicationState:
 
 
 def test_an_idle_heartbeat_interval_spaces_the_heartbeats_after_the_first() -> None:
-    """Issue 31: a channel's ``idle-heartbeat-interval`` (our sessions': 1 s) keeps the first
-    heartbeat after data at 100 ms (a lost last datagram is found as soon), then spaces them
-    out; the image still hears several within its liveness timeout; a closing stream's EOS
+    """Issue 31: a channel's ``idle-heartbeat-interval`` (here 1 s; our sessions': 2 s) keeps
+    the first heartbeat after data at 100 ms (a lost last datagram is found as soon), then spaces
+    them out; the image still hears several within its liveness timeout; a closing stream's EOS
     heartbeats keep 100 ms."""
     clock, sent = ManualClock(), []
     dest = ("127.0.0.1", 40000)
@@ -304,3 +311,84 @@ def test_the_idle_intervals_are_channel_parameters_bounded_by_the_liveness_timeo
     for bad in ("idle-sm-interval=2s", "idle-sm-interval=100ms", "idle-sm-interval=soon"):
         with pytest.raises(ChannelError, match="idle-sm-interval"):
             ChannelConfig.from_uri(f"{base}|{bad}")
+
+
+class _CountedSockets(tuple):  # type: ignore[type-arg]
+    """An endpoint's ``sockets`` that counts the walks of it."""
+
+    walks = 0
+
+    def __iter__(self) -> Any:
+        type(self).walks += 1
+        return super().__iter__()
+
+
+def test_a_step_reads_the_readable_socket_without_walking_every_dedicated_one() -> None:
+    """Issue 31: an endpoint holds a dedicated socket per client process (thousands on a busy
+    server) and the runner's poll says which are readable; a step walked them all (twice) to
+    find those, once per wake-up. Now it looks the readable ones up (an index rebuilt when the
+    sockets change): the datagram is read and dispatched, and no step walks the sockets."""
+    clock, counters = ManualClock(), SystemCounters()
+    udps = [UdpEndpoint(Endpoint("127.0.0.1", 0, socket.AF_INET), counters) for _ in range(65)]
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rep = ReceiveEndpoint("k", udps[-1])
+        interest = StreamInterest(10)
+        rep.dispatcher.add(interest)
+        agent = ReceiverAgent(counters)
+        agent.endpoints = (rep,)
+        rep.sockets = _CountedSockets(udps)  # 64 dedicated sockets, then the shared one
+        agent.sockets_version += 1
+        agent.readable = set()
+        agent.do_work(clock.now_ns)  # the index is built here (one walk)
+        _CountedSockets.walks = 0
+        target = udps[17]
+        setup = SetupFrame(0, 77, 10, 0, 0, TERM, 1408).encode()
+        sender.sendto(setup, target.local_address)
+        agent.readable = {target.sock}  # what the runner's poll found
+        deadline = time.monotonic() + 30.0
+        while 77 not in interest.images and time.monotonic() < deadline:
+            agent.do_work(clock.now_ns)
+            time.sleep(0.001)  # the datagram crosses loopback (bounded wait)
+        assert 77 in interest.images  # read from the readable socket and dispatched
+        for _ in range(10):
+            agent.readable = {udps[3].sock}
+            agent.do_work(clock.now_ns)
+        assert _CountedSockets.walks == 0
+    finally:
+        sender.close()
+        for udp in udps:
+            udp.close()
+
+
+def test_idle_status_messages_of_many_images_share_steps_on_the_idle_grid() -> None:
+    """Issue 31: 200 idle images (``idle-sm-interval`` 1 s) opened at scattered times each sent
+    their idle SM at its own instant: 200 receiver wake-ups a second. Their idle deadlines now
+    fall on the 20 ms grid, never later than the interval: over 3 s every image still sends an
+    SM at least every second, and the receiver steps at most 50 distinct instants a second."""
+    clock, sms = ManualClock(), []
+    dispatcher = ReceiveDispatcher()
+    interest = StreamInterest(10, idle_sm_interval_ns=1_000_000_000)
+    dispatcher.add(interest)
+
+    def transmit(data: Any, address: Any) -> None:
+        if data[6] == FrameType.SM:
+            sms.append((clock.now_ns, int.from_bytes(bytes(data[8:12]), "little")))
+
+    for i in range(200):
+        clock.advance(4_999_999)  # scattered: 200 openings over a second
+        setup = SetupFrame(0, 1000 + i, 10, 0, 0, TERM, 1408).encode()
+        dispatcher.on_datagram(setup, len(setup), SENDERS[i % len(SENDERS)], clock.now_ns, transmit)
+        dispatcher.do_work(clock.now_ns, transmit)
+    start = clock.now_ns + 2_000_000_000  # past the first two SMs (Aeron's pace, then idle)
+    steps = []
+    while clock.now_ns < start + 3_000_000_000:
+        clock.now_ns = dispatcher.next_deadline_ns(clock.now_ns)
+        if clock.now_ns >= start:
+            steps.append(clock.now_ns)
+        dispatcher.do_work(clock.now_ns, transmit)
+    assert len(steps) <= 3 * (1_000_000_000 // IDLE_GRID_NS) + 1, len(steps)
+    window = [(t, s) for t, s in sms if t >= start]
+    for session in range(1000, 1200):
+        times = [start] + [t for t, s in window if s == session]
+        assert len(times) >= 4 and max(b - a for a, b in itertools.pairwise(times)) <= 10**9
