@@ -46,6 +46,7 @@ from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from aeron_spark.connector.archive_markers import Marker, agreed_end, end_at
 from aeron_spark.connector.errors import ConnectorError, ReplicasUnavailableError
 from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.connector.stores import (
@@ -81,6 +82,13 @@ log = logging.getLogger("aeron_spark.connector.stores.replicas")
 # What makes an archive unable to serve (its own errors, the transport's, the OS's): the next
 # replica is tried. Anything else (a bug, a bad option) is raised as it is.
 FAILOVER_ERRORS = (TransportError, ConnectorError, OSError, TimeoutError)
+
+
+def _channel(rec: Recording) -> str:
+    """The control channel of the archive a copy was listed on."""
+    store = rec.store
+    assert isinstance(store, ArchiveStore)
+    return store.connect.control_channel
 
 
 def _order(replicas: tuple[ArchiveStore, ...], avoid: tuple[str, ...] = ()) -> list[ArchiveStore]:
@@ -164,6 +172,10 @@ class ReplicaRange(ArchiveRange):
     identity: RecordingIdentity | None = None
     # archives the driver found failing when it planned: the task tries them last
     avoid: tuple[str, ...] = ()
+    # a sink's target: the archives that held the same END at ``anchor`` (the readable end
+    # when planned, at or past ``end``), the only ones this range may be read from; (): any
+    holders: tuple[str, ...] = ()
+    anchor: int = -1
 
 
 class ReplicaSession(ArchiveHooks):
@@ -236,17 +248,62 @@ class ReplicaSession(ArchiveHooks):
             raise unavailable(self.store, "list the recordings", self.failures)
         out = []
         for identity, recs in copies.items():
-            first = recs[0]  # of the first archive (in preference order) holding it
+            end = in_sync_end(recs, self._active(recs), len(self.store.replicas))
+            holders: tuple[str, ...] = ()
+            if any(r.committed_only for r in recs):
+                end, holders = self._agreed(recs, end)
+            # of the first archive (in preference order) holding it
+            first = next(r for r in recs if not holders or _channel(r) in holders)
             out.append(
                 dataclasses.replace(
                     first,
                     key=identity_key(identity),
                     store=self.store,
                     purged=max(r.purged for r in recs),
-                    end=in_sync_end(recs, self._active(recs), len(self.store.replicas)),
+                    end=end,
+                    end_marker=None,
+                    holders=holders,
                 )
             )
         return sorted(out, key=lambda r: (r.timestamp_ns, r.key))
+
+    def _agreed(self, recs: list[Recording], end: int) -> tuple[int, tuple[str, ...]]:
+        """A sink's target: how far it may be read (``end`` at most) and from which archives:
+        the furthest END that as many archives as its commits need (the markers'
+        ``minInSyncReplicas``) hold the same, digest included (:func:`agreed_end`). Copies that
+        end at one END agree without a read; a copy that goes further is read there (one term)."""
+        need = max(r.insync for r in recs)
+
+        def marker_at(i: int, position: int) -> Marker | None:
+            r = recs[i]
+            client = self._clients.get(_channel(r))
+            if client is None:
+                return None
+            try:
+                return end_at(client, r.recording_id, r.start, r.end, r.term_length, position)
+            except FAILOVER_ERRORS as exc:
+                log.warning(
+                    "archive %s: cannot read recording %d at %d (%s); not counted as holding it",
+                    _channel(r),
+                    r.recording_id,
+                    position,
+                    exc,
+                )
+                return None
+
+        copies = [(r.end, r.end_marker) for r in recs]
+        position, held = agreed_end(copies, recs[0].start, need, marker_at, below=end)
+        if position < end:
+            log.warning(
+                "recording %s: read up to %d, not %d: fewer than %d archives hold the same "
+                "batch there (%s)",
+                identity_key(recs[0].identity),
+                position,
+                end,
+                need,
+                ", ".join(f"{_channel(r)} up to {r.end}" for r in recs),
+            )
+        return position, tuple(_channel(recs[i]) for i in held)
 
     def _active(self, recs: list[Recording]) -> list[bool]:
         """Whether each copy is still recording (it may grow) or stopped."""
@@ -267,6 +324,8 @@ class ReplicaSession(ArchiveHooks):
         if budget.unlimited:
             return target, -1  # as the archive store: nothing read, nothing counted
         for replica, client in self._serving():
+            if rec.holders and replica.connect.control_channel not in rec.holders:
+                continue  # it holds other bytes (a batch never acknowledged), or cannot tell
             try:
                 copy = find_copy(client, replica, rec.identity)
                 if copy is None or copy.end < target:
@@ -326,6 +385,8 @@ class ReplicaStore(Features):
             sink_target=rec.committed_only,
             identity=rec.identity,
             avoid=failed_now(self.control_channels),
+            holders=rec.holders,
+            anchor=rec.end,
         )
 
     def split(self, part: RecordingRange, shares: int) -> list[RecordingRange]:
@@ -349,6 +410,9 @@ class ReplicaStore(Features):
         failures: dict[str, str] = {}
         for replica in _order(self.replicas, p.avoid):
             channel = replica.connect.control_channel
+            if p.holders and channel not in p.holders:
+                failures[channel] = f"does not hold the batch ending at {p.anchor} the same"
+                continue
             try:
                 with connect(replica.connect) as client:
                     mark_ok(channel)
