@@ -299,7 +299,7 @@ def test_a_reader_of_the_set_sees_no_batch_before_min_insync_archives_hold_it(
 
 
 def test_an_old_primarys_unacknowledged_batch_is_never_read_nor_kept(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """``minInSyncReplicas=2``: the primary writes a batch's END and is killed (-9) before any
     copy; the commit fails (nothing acknowledged) and Spark runs the batch again, its rows in
@@ -351,6 +351,7 @@ def test_an_old_primarys_unacknowledged_batch_is_never_read_nor_kept(
             assert held_a[0] == held_b[0]  # the same end position, other rows before it
             assert held_a != held_b
             assert read_rows(a, 6302) == rows[0] + rows[1]  # one archive: cannot know
+            assert "name every archive of the sink" in caplog.text  # and says so
             acknowledged = rows[0] + rows[1][::-1]
             assert read_rows([a, b, c], 6302) == acknowledged
             assert read_rows([a, b], 6302) == rows[0]

@@ -463,7 +463,8 @@ def _electable(
     reachable = [i for i, c in enumerate(clients) if c is not None and held[i].d is not None]
     if len(reachable) < 2:
         return [i for i, c in enumerate(clients) if c is not None]
-    need = max((held[i].last.insync for i in reachable if held[i].last is not None), default=1)
+    lasts = [m for m in (held[i].last for i in reachable) if m is not None]
+    need = max((m.insync for m in lasts), default=1)
     start = min(held[i].d.start_position for i in reachable)  # type: ignore[union-attr]
 
     def marker_at(j: int, position: int) -> Marker | None:

@@ -25,6 +25,7 @@ message (no time index), no consumer positions, and answers no pushed filters.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -53,6 +54,8 @@ from aeron_spark.transport.archive.client.client import ReplayedBlock
 from aeron_spark.transport.protocol.frames import FRAME_ALIGNMENT, DataFlags
 
 _FLAG_BEGIN, _FLAG_END = int(DataFlags.BEGIN), int(DataFlags.END)
+
+log = logging.getLogger("aeron_spark.connector.stores.archive")
 
 
 def connect(c: ArchiveConnect) -> ArchiveClient:
@@ -159,6 +162,26 @@ def from_message_start(blocks: Iterable[ReplayedBlock]) -> Iterator[ReplayedBloc
         return
 
 
+_warned: set[tuple[str, int]] = set()
+
+
+def _warn_alone(control_channel: str, recording_id: int, insync: int) -> None:
+    """Once per recording and process: a reader of one archive of a replicated sink."""
+    if (control_channel, recording_id) in _warned:
+        return
+    _warned.add((control_channel, recording_id))
+    log.warning(
+        "archive %s: recording %d is an archive sink's target committed with "
+        "minInSyncReplicas=%d; a reader of this one archive reads every batch it holds, which "
+        "may not be acknowledged yet (or ever, on an old primary): name every archive of the "
+        "sink in `archive` to read only what %d of them hold the same",
+        control_channel,
+        recording_id,
+        insync,
+        insync,
+    )
+
+
 # The last message boundary found in each recording (a frame boundary, below which a recording
 # changes only if truncated), so that listing an active recording again reads what was recorded
 # since: (archive id, recording id) -> (start position, boundary).
@@ -246,6 +269,7 @@ def split_range(p: ArchiveRange, shares: int) -> list[RecordingRange]:
 class ArchiveSession(ArchiveHooks):
     store: ArchiveStore
     client: ArchiveClient
+    alone: bool = False  # the source's only archive (not one of a set of replicas)
 
     def recordings(self, stream_ids: tuple[int, ...]) -> list[Recording]:
         client = self.client
@@ -275,6 +299,8 @@ class ArchiveSession(ArchiveHooks):
                     insync = 1 if tail.last is None else tail.last.insync
                     if tail.last is not None and tail.last.kind == END:
                         end_marker = tail.last
+                    if self.alone and insync > 1:
+                        _warn_alone(self.store.connect.control_channel, d.recording_id, insync)
                 alias = _target_alias(d.original_channel) if target else ""
                 out.append(
                     Recording(
@@ -354,7 +380,7 @@ class ArchiveStore(Features):
     @contextmanager
     def session(self) -> Iterator[ArchiveSession]:
         with connect(self.connect) as client:
-            yield ArchiveSession(self, client)
+            yield ArchiveSession(self, client, alone=True)
 
     def partition(self, rec: Recording, start: int, end: int, text: bool) -> ArchiveRange:
         return ArchiveRange.of(
