@@ -63,12 +63,18 @@ def _recorded(client: ArchiveClient, recording_id: int, position: int) -> None:
         time.sleep(0.02)
 
 
-def _options(archive: aeron_peer.JavaArchive, stream_id: int) -> dict[str, str]:
-    return {"archive": archive.control_channel, "streamId": str(stream_id)}
+def _options(archive: aeron_peer.JavaArchive, stream_id: int, set_of: bool) -> dict[str, str]:
+    """One archive; or (``set_of``) a set of replicas, the second one down (nothing listens
+    on its port: refused at once), so that the set's own path (one end for all copies) runs."""
+    channel = archive.control_channel
+    if set_of:
+        channel += f",aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+    return {"archive": channel, "streamId": str(stream_id), "timeoutMs": "10000"}
 
 
-def _read(archive: aeron_peer.JavaArchive, stream_id: int) -> list[bytes]:
-    reader = AeronBatchReader(parse_archive_source_options(_options(archive, stream_id)), None)
+def _read(archive: aeron_peer.JavaArchive, stream_id: int, set_of: bool = False) -> list[bytes]:
+    options = parse_archive_source_options(_options(archive, stream_id, set_of))
+    reader = AeronBatchReader(options, None)
     out: list[bytes] = []
     for part in reader.partitions():
         for batch in reader.read(part):
@@ -76,8 +82,9 @@ def _read(archive: aeron_peer.JavaArchive, stream_id: int) -> list[bytes]:
     return out
 
 
-def _latest(archive: aeron_peer.JavaArchive, stream_id: int) -> int:
-    reader = AeronStreamReader(parse_archive_source_options(_options(archive, stream_id)), None)
+def _latest(archive: aeron_peer.JavaArchive, stream_id: int, set_of: bool = False) -> int:
+    options = parse_archive_source_options(_options(archive, stream_id, set_of))
+    reader = AeronStreamReader(options, None)
     (position,) = decode_offset(reader.latestOffset(reader.initialOffset(), None)).values()
     return position
 
@@ -102,8 +109,9 @@ def test_the_recorded_end_inside_a_message_is_never_offered_nor_read(
             # the publisher is in the middle of a message: its first two fragments recorded
             inside = pub.offer_block_blocking(_block(BEGIN, MIDDLE), timeout_s=WAIT_S)
             _recorded(client, recording_id, inside)
-            assert _latest(archive, stream_id) == boundary  # not the recorded end
-            assert _read(archive, stream_id) == whole
+            for set_of in (False, True):
+                assert _latest(archive, stream_id, set_of) == boundary  # not the recorded end
+                assert _read(archive, stream_id, set_of) == whole
             # the message completes, another follows: both read
             done = pub.offer_block_blocking(_block(END), timeout_s=WAIT_S)
             after = pub.offer_blocking(b"after", timeout_s=WAIT_S)
@@ -154,8 +162,9 @@ def test_a_recording_that_begins_inside_a_message_is_read_from_the_first_whole_o
             _recorded(client, recording_id, last)
             d = client.list_recording(recording_id)
             assert d is not None and d.start_position == joined
-            assert _read(archive, stream_id) == rows
-            assert _latest(archive, stream_id) == last
+            for set_of in (False, True):
+                assert _read(archive, stream_id, set_of) == rows
+                assert _latest(archive, stream_id, set_of) == last
         finally:
             pub.close()
             client.stop_recording_subscription(sub_id)

@@ -49,7 +49,7 @@ from aeron_spark.connector.stores import (
     scan_each,
 )
 from aeron_spark.connector.stores.archive.hooks import ArchiveHooks
-from aeron_spark.transport.archive.client import ArchiveClient, RecordingDescriptor
+from aeron_spark.transport.archive.client import ArchiveClient
 from aeron_spark.transport.archive.client.client import ReplayedBlock
 from aeron_spark.transport.protocol.frames import FRAME_ALIGNMENT, DataFlags
 
@@ -184,12 +184,12 @@ def _warn_alone(control_channel: str, recording_id: int, insync: int) -> None:
 
 # The last message boundary found in each recording (a frame boundary, below which a recording
 # changes only if truncated), so that listing an active recording again reads what was recorded
-# since: (archive id, recording id) -> (start position, boundary).
-_BOUNDARIES: dict[tuple[int, int], tuple[int, int]] = {}
+# since: (control channel, recording id) -> (start position, boundary).
+_BOUNDARIES: dict[tuple[str, int], tuple[int, int]] = {}
 _BOUNDARIES_LOCK = threading.Lock()
 
 
-def message_end(client: ArchiveClient, archive_id: int, d: RecordingDescriptor, end: int) -> int:
+def message_end(client: ArchiveClient, channel: str, rec: Recording, end: int) -> int:
     """The last message boundary at or below ``end`` (a recorded or stop position, a frame
     boundary): ``end`` itself unless the recording ends inside a fragmented message (a publisher
     in the middle of one, a recording stopped there), then where that message begins; the
@@ -199,11 +199,11 @@ def message_end(client: ArchiveClient, archive_id: int, d: RecordingDescriptor, 
     frames from the last term start (or the boundary found by the previous call, when it is
     further on) to ``end``: at most one term, usually what was recorded since the last call.
     The recording's own start is not one when it begins inside a message (a late join)."""
-    start = d.start_position
+    start = rec.start
     if end <= start:
         return end
-    key = (archive_id, d.recording_id)
-    term_start = max(start, (end - 1) // d.term_buffer_length * d.term_buffer_length)
+    key = (channel, rec.recording_id)
+    term_start = max(start, (end - 1) // rec.term_length * rec.term_length)
     with _BOUNDARIES_LOCK:
         known = _BOUNDARIES.get(key)
     boundary: int | None
@@ -212,7 +212,7 @@ def message_end(client: ArchiveClient, archive_id: int, d: RecordingDescriptor, 
     else:
         lo, boundary = term_start, (term_start if term_start > start else None)
     if lo < end:
-        for block in client.replay(d.recording_id, lo, end):
+        for block in client.replay(rec.recording_id, lo, end):
             for at, aligned, _length, flags, ftype in frames(block.data):
                 if ftype == _TYPE_PAD:
                     boundary = block.position + at + aligned
@@ -270,6 +270,9 @@ class ArchiveSession(ArchiveHooks):
     store: ArchiveStore
     client: ArchiveClient
     alone: bool = False  # the source's only archive (not one of a set of replicas)
+    # ends moved back to the last message boundary (:func:`message_end`); a set of replicas
+    # does it once, on the end of the set, not on every copy
+    bound_messages: bool = True
 
     def recordings(self, stream_ids: tuple[int, ...]) -> list[Recording]:
         client = self.client
@@ -287,10 +290,7 @@ class ArchiveSession(ArchiveHooks):
                 target = is_sink_target(d.original_channel)
                 insync = 1
                 end_marker = None
-                if not target:
-                    # never inside a fragmented message (a sink's target ends at its END)
-                    end = message_end(client, archive_id, d, end)
-                elif end > d.start_position:
+                if target and end > d.start_position:
                     # read-committed: up to the last END marker of the sink's appends
                     tail = read_tail(
                         client, d.recording_id, d.start_position, end, d.term_buffer_length
@@ -322,6 +322,14 @@ class ArchiveSession(ArchiveHooks):
                         end_marker=end_marker,
                     )
                 )
+        if self.bound_messages:
+            channel = self.store.connect.control_channel
+            out = [
+                r
+                if r.committed_only
+                else dataclasses.replace(r, end=message_end(client, channel, r, r.end))
+                for r in out
+            ]
         return sorted(out, key=lambda r: r.recording_id)
 
     def scan(self, rec: Recording, start: int, target: int, budget: Budget) -> tuple[int, int]:

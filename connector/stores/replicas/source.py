@@ -73,6 +73,7 @@ from aeron_spark.connector.stores.archive.health import (
     mark_ok,
 )
 from aeron_spark.connector.stores.archive.hooks import ArchiveHooks
+from aeron_spark.connector.stores.archive.source import message_end
 from aeron_spark.transport.archive.client import ArchiveClient
 from aeron_spark.transport.archive.client.client import ReplayedBlock
 from aeron_spark.transport.errors import TransportError
@@ -237,7 +238,9 @@ class ReplicaSession(ArchiveHooks):
         answered = 0
         for replica, client in self._serving(skipped_too=False):
             try:
-                listed = ArchiveSession(replica, client).recordings(stream_ids)
+                listed = ArchiveSession(replica, client, bound_messages=False).recordings(
+                    stream_ids
+                )
             except FAILOVER_ERRORS as exc:
                 self._fail(replica, exc)
                 continue
@@ -252,6 +255,8 @@ class ReplicaSession(ArchiveHooks):
             holders: tuple[str, ...] = ()
             if any(r.committed_only for r in recs):
                 end, holders = self._agreed(recs, end)
+            else:
+                end = self._message_end(recs, end)
             # of the first archive (in preference order) holding it
             first = next(r for r in recs if not holders or _channel(r) in holders)
             out.append(
@@ -266,6 +271,22 @@ class ReplicaSession(ArchiveHooks):
                 )
             )
         return sorted(out, key=lambda r: (r.timestamp_ns, r.key))
+
+    def _message_end(self, recs: list[Recording], end: int) -> int:
+        """The last message boundary at or below ``end`` (:func:`message_end`), read from the
+        first copy that holds ``end`` and answers (the same bytes on every copy)."""
+        for r in recs:
+            channel = _channel(r)
+            client = self._clients.get(channel)
+            if client is None or r.end < end:
+                continue
+            try:
+                return message_end(client, channel, r, end)
+            except FAILOVER_ERRORS as exc:
+                assert isinstance(r.store, ArchiveStore)
+                self._fail(r.store, exc)
+        what = f"read recording {identity_key(recs[0].identity)} up to {end}"
+        raise unavailable(self.store, what, self.failures)
 
     def _agreed(self, recs: list[Recording], end: int) -> tuple[int, tuple[str, ...]]:
         """A sink's target: how far it may be read (``end`` at most) and from which archives:
