@@ -125,7 +125,10 @@ def find_copy(
     """This archive's copy of the recording (the one holding most, if several), or None."""
     copies = [
         r
-        for r in ArchiveSession(store, client).recordings((identity.stream_id,))
+        # raw ends: whether it holds a range's end is all a caller asks (no boundary walk)
+        for r in ArchiveSession(store, client, bound_messages=False).recordings(
+            (identity.stream_id,)
+        )
         if r.identity == identity
     ]
     return max(copies, key=lambda r: r.end, default=None)
