@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,6 +203,65 @@ def read_tail(client: Any, recording_id: int, start: int, end: int, term_length:
     return Tail(None, end)
 
 
+def end_at(
+    client: Any, recording_id: int, start: int, end: int, term_length: int, position: int
+) -> Marker | None:
+    """The END marker that ends exactly at ``position`` in a recording whose committed end
+    ``end`` (a frame boundary) is at or past it; None when no END ends there. Read from the term
+    boundary below ``position`` to the one at or after it (or ``end``): frame boundaries on any
+    copy, even one that holds other bytes before ``position``, where ``position`` itself may
+    fall inside a frame."""
+    if position <= start or end < position:
+        return None
+    lo = max(start, (position - 1) // term_length * term_length)
+    hi = min(end, -(-position // term_length) * term_length)
+    data = b"".join(b.data for b in client.replay(recording_id, lo, hi))
+    for m in markers_in(data, lo):
+        if m.kind == END and m.end_position == position:
+            return m
+    return None
+
+
+def agreed_end(
+    copies: Sequence[tuple[int, Marker | None]],
+    start: int,
+    need: int,
+    marker_at: Callable[[int, int], Marker | None],
+    below: int | None = None,
+) -> tuple[int, list[int]]:
+    """The furthest position (``below`` at most) where ``need`` copies of a sink's target end
+    a batch with the same END marker (digest included), and those copies (indices, preference
+    order); ``(start, every copy)`` when there is none above ``start``.
+
+    ``copies`` are each copy's committed end and the END marker ending there (None: not known,
+    a torn tail); ``marker_at(i, position)`` reads copy ``i``'s END ending at ``position`` (or
+    None). A batch is acknowledged once ``need`` archives hold its END, and the single writer
+    extends a copy only after checking its END against the primary's, so copies holding the
+    same END at a position hold the same bytes below it: that END is the readable end, and only
+    those copies may serve it. A copy holding another batch there (an old primary back with a
+    batch never acknowledged, the same size as the one acknowledged after it) does not count,
+    and when no batch there is held by ``need`` copies, the END before it is tried."""
+    ends = [e for e, _ in copies]
+    position = max(ends, default=start) if below is None else below
+    while position > start:
+        groups: dict[Marker, list[int]] = {}
+        begins: list[int] = []
+        for i, (end, last) in enumerate(copies):
+            if end < position:
+                continue
+            m = last if end == position and last is not None else marker_at(i, position)
+            if m is None or m.end_position != position:
+                continue
+            groups.setdefault(m, []).append(i)
+            begins.append(m.begin_position)
+        best = max(groups.values(), key=len, default=[])
+        if len(best) >= need:
+            return position, best
+        lower = [e for e in ends if e < position] + [b for b in begins if b < position]
+        position = max(lower, default=start)
+    return start, list(range(len(copies)))
+
+
 __all__ = [
     "BEGIN",
     "DIGEST_BYTES",
@@ -212,6 +272,8 @@ __all__ = [
     "STAGING_ALIAS_PREFIX",
     "TARGET_ALIAS_PREFIX",
     "Tail",
+    "agreed_end",
+    "end_at",
     "frames",
     "is_sink_target",
     "mask_markers",

@@ -64,6 +64,7 @@ from aeron_spark.connector.session.replay import ReplayBlock
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from aeron_spark.connector.archive_markers import Marker
     from aeron_spark.connector.formats_records import Decoding
     from aeron_spark.connector.formats_sbe import SbeRead
     from aeron_spark.connector.pushdown import Pushed
@@ -106,6 +107,12 @@ class Recording:
     committed_only: bool = False  # a sink's target: markers are not rows, reads stop at END
     alias: str = ""  # a sink's target: the alias of its channel (the sink's name)
     insync: int = 1  # a sink's target: archives its last commit needed (its minInSyncReplicas)
+    # a sink's target: the END marker ending at ``end`` (None: not read, or a torn tail)
+    end_marker: Marker | None = None
+    # a recording of a set of archives: the control channels of the archives whose copies hold
+    # ``end`` the same (a sink's target: the same END marker there, digest included), the only
+    # ones a read of it may use; (): any
+    holders: tuple[str, ...] = ()
 
     @property
     def identity(self) -> RecordingIdentity:

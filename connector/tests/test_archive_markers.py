@@ -15,6 +15,7 @@ from aeron_spark.connector.archive_markers import (
     MARKER_RESERVED_VALUE,
     Marker,
     Tail,
+    agreed_end,
     is_sink_target,
     markers_in,
     mask_markers,
@@ -100,3 +101,38 @@ def test_an_end_marker_carries_a_digest_and_older_markers_decode_without() -> No
     unknown = bytearray(payload)
     unknown[len(MARKER_MAGIC) + 1] = 0x80
     assert Marker.decode(bytes(unknown), 0, 0) is None
+
+
+def _end(end: int, begin: int, digest: bytes, insync: int = 2) -> Marker:
+    return Marker(END, "id", 1, 1, begin, 10, end - 64, end, digest, insync)
+
+
+def test_agreed_end_is_the_furthest_end_enough_copies_hold_the_same() -> None:
+    """Copies of a sink's target: (committed end, the END there). ``marker_at`` answers from
+    what each copy holds further back (what a read of it would find)."""
+    w = _end(1000, 500, b"w" * 8)
+    x, y = _end(2000, 1000, b"x" * 8), _end(2000, 1000, b"y" * 8)  # one batch, two orders
+    held = {0: {1000: w, 2000: x}, 1: {1000: w, 2000: y}, 2: {1000: w, 2000: y}}
+    reads: list[tuple[int, int]] = []
+
+    def marker_at(i: int, position: int) -> Marker | None:
+        reads.append((i, position))
+        return held[i].get(position)
+
+    # every copy ends at the same END: no read
+    assert agreed_end([(2000, y), (2000, y)], 0, 2, marker_at) == (2000, [0, 1])
+    assert reads == []
+    # an old primary (first) holds another batch there: the two that agree
+    assert agreed_end([(2000, x), (2000, y), (2000, y)], 0, 2, marker_at) == (2000, [1, 2])
+    # the old primary and one replica disagree: the END before, which both hold
+    assert agreed_end([(2000, x), (2000, y)], 0, 2, marker_at) == (1000, [0, 1])
+    # a copy behind: the copy further on is read where it ends
+    reads.clear()
+    assert agreed_end([(2000, y), (1000, w)], 0, 2, marker_at) == (1000, [0, 1])
+    assert reads == [(0, 1000)]
+    # one copy, two needed: nothing above the start; ``below`` bounds the search
+    assert agreed_end([(2000, y)], 0, 2, marker_at) == (0, [0])
+    assert agreed_end([(2000, y), (2000, y)], 0, 2, marker_at, below=1000) == (1000, [0, 1])
+    # minInSyncReplicas 1: the END most copies hold (ties: preference order)
+    assert agreed_end([(2000, x), (2000, y), (2000, y)], 0, 1, marker_at) == (2000, [1, 2])
+    assert agreed_end([(2000, x), (2000, y)], 0, 1, marker_at) == (2000, [0])

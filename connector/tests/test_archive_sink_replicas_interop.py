@@ -25,6 +25,7 @@ from aeron_spark.connector.options import (
     ArchiveSinkOptions,
     parse_archive_sink_options,
 )
+from aeron_spark.connector.stores.archive import health
 from aeron_spark.connector.stores.archive import sink as archive_sink
 from aeron_spark.connector.stores.archive.replicas import Replicas
 from aeron_spark.errors import ConfigurationError
@@ -35,6 +36,7 @@ sys.path.insert(0, str(ROOT / "transport" / "tests"))
 import aeron_peer  # noqa: E402
 from archive_sink_helpers import (  # noqa: E402
     KilledAfterConnect,
+    answers,
     commit,
     messages_on,
     read_rows,
@@ -294,3 +296,68 @@ def test_a_reader_of_the_set_sees_no_batch_before_min_insync_archives_hold_it(
         assert (retried.appended_rows, retried.replicas_in_sync) == (300, 1)
         assert seen == rows[0], "the reader saw a batch no commit acknowledged"
         assert read_rows([a, b, c], 6301) == rows[0] + rows[1][::-1]
+
+
+def test_an_old_primarys_unacknowledged_batch_is_never_read_nor_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``minInSyncReplicas=2``: the primary writes a batch's END and is killed (-9) before any
+    copy; the commit fails (nothing acknowledged) and Spark runs the batch again, its rows in
+    another order (same size: the same positions), on the promoted replica, which copies it to
+    the third archive. The old primary then comes back before any commit repaired it: it holds
+    the never-acknowledged batch, ending at the same position as the acknowledged one. A reader
+    naming every archive (the old primary first: its preferred one) must read the acknowledged
+    rows, which two archives hold with the same END digest, never the old primary's; a reader
+    naming the old primary and one replica (they disagree, neither batch on two of them) reads
+    only what both hold the same: the rows before the batch. The next commit must not elect the
+    old primary (first in the configured order, at the same committed end): it would cut the
+    acknowledged batch off the others; it keeps it and repairs the old primary."""
+    aeron_peer.require_java()
+    names = ["old-a", "old-b", "old-c"]
+    with aeron_peer.java_archives(tmp_path, names, 0x5F5) as (a, b, c):
+        o = _options(
+            a,
+            6302,
+            [b, c],
+            2,
+            f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
+            archiveStagingChannel=f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
+            timeoutMs="5000",
+        )
+        rows = [[b"u%d-row-%04d" % (n, i) for i in range(300)] for n in range(2)]
+        assert commit(o, 0, rows[0]).replicas_in_sync == 2
+
+        class _KillBeforeCopies(Replicas):
+            def sync(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+                a.kill()  # the batch's END on the primary only
+                return super().sync(*args, **kwargs)
+
+        parts = [stage(o, 1, 0, rows[1])]
+        with archive_sink.connect(o.connect) as client:
+            committer = archive_sink.ArchiveCommitter(o, "id", client)
+            try:
+                with _KillBeforeCopies(o, "id") as replicas, pytest.raises(NotEnoughReplicasError):
+                    committer.commit(1, parts, replicas=replicas)
+            finally:
+                committer.close()
+        retried = commit(o, 1, rows[1][::-1])  # promoted: b, copied to c
+        assert (retried.appended_rows, retried.replicas_in_sync) == (300, 1)
+        restarted = a.restart_after_kill("old-a2")
+        try:
+            answers(a, o)
+            health.mark_ok(a.control_channel)  # a reader in a process that never saw it fail
+            on_b = dataclasses.replace(o, connect=o.replicas[0])
+            held_a, held_b = messages_on(on_b, a), messages_on(on_b, b)
+            assert held_a[0] == held_b[0]  # the same end position, other rows before it
+            assert held_a != held_b
+            assert read_rows(a, 6302) == rows[0] + rows[1]  # one archive: cannot know
+            assert "name every archive of the sink" in caplog.text  # and says so
+            acknowledged = rows[0] + rows[1][::-1]
+            assert read_rows([a, b, c], 6302) == acknowledged
+            assert read_rows([a, b], 6302) == rows[0]
+            later = [b"u2-row-%04d" % i for i in range(300)]
+            assert commit(o, 2, later).replicas_in_sync >= 1
+            for archive in (b, c, a):
+                assert read_rows(archive, 6302) == acknowledged + later, archive.control_channel
+        finally:
+            restarted.close()

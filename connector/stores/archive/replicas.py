@@ -48,7 +48,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from aeron_spark.connector.archive_markers import END, Marker, markers_in, read_tail
+from aeron_spark.connector.archive_markers import (
+    END,
+    Marker,
+    agreed_end,
+    end_at,
+    markers_in,
+    read_tail,
+)
 from aeron_spark.connector.errors import ConnectorError, ServerUnavailableError
 from aeron_spark.connector.options import ArchiveConnect, ArchiveSinkOptions
 from aeron_spark.connector.stores.archive import health
@@ -420,16 +427,79 @@ def sink_recording(client: ArchiveClient, alias: str, stream_id: int) -> Recordi
     return max(found, key=lambda d: d.recording_id) if found else None
 
 
-def _committed_end(client: ArchiveClient, alias: str, stream_id: int) -> int:
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """What an archive holds of the sink's recording: its committed end and the END there."""
+
+    d: RecordingDescriptor | None
+    end: int  # -1: no recording
+    last: Marker | None  # the END marker ending at ``end`` (None: none, or a torn tail)
+
+
+def _committed_end(client: ArchiveClient, alias: str, stream_id: int) -> _Held:
     d = sink_recording(client, alias, stream_id)
     if d is None:
-        return -1
+        return _Held(None, -1, None)
     end = d.stop_position if d.stop_position >= 0 else client.recording_position(d.recording_id)
     if end < 0:
         end = client.stop_position(d.recording_id)
-    return read_tail(
-        client, d.recording_id, d.start_position, end, d.term_buffer_length
-    ).committed_end
+    tail = read_tail(client, d.recording_id, d.start_position, end, d.term_buffer_length)
+    last = tail.last if tail.last is not None and tail.last.kind == END else None
+    return _Held(d, tail.committed_end, last)
+
+
+def _electable(
+    archives: tuple[ArchiveConnect, ...],
+    clients: list[ArchiveClient | None],
+    held: list[_Held],
+) -> list[int]:
+    """The reachable archives that hold the last batch acknowledged as far as they can tell:
+    those holding the furthest END that as many of them as its commit needed (the markers'
+    ``minInSyncReplicas``) hold the same, digest included (:func:`agreed_end`). An old primary
+    back with a batch never acknowledged, where the promoted replica and its copy hold the batch
+    run again (same size: same END position), holds another END there and is not electable:
+    electing it (it comes first in the configured order) would cut the acknowledged batch off
+    the others. When no END is held by that many, every reachable archive is."""
+    reachable = [i for i, c in enumerate(clients) if c is not None and held[i].d is not None]
+    if len(reachable) < 2:
+        return [i for i, c in enumerate(clients) if c is not None]
+    lasts = [m for m in (held[i].last for i in reachable) if m is not None]
+    need = max((m.insync for m in lasts), default=1)
+    start = min(held[i].d.start_position for i in reachable)  # type: ignore[union-attr]
+
+    def marker_at(j: int, position: int) -> Marker | None:
+        i = reachable[j]
+        d, client = held[i].d, clients[i]
+        assert d is not None and client is not None
+        try:
+            end = held[i].end
+            term = d.term_buffer_length
+            return end_at(client, d.recording_id, d.start_position, end, term, position)
+        except REPLICA_FAILURES as exc:
+            log.warning(
+                "archive sink: %s: cannot read its END at %d (%s)",
+                archives[i].control_channel,
+                position,
+                exc,
+            )
+            return None
+
+    copies = [(held[i].end, held[i].last) for i in reachable]
+    position, agreeing = agreed_end(copies, start, need, marker_at)
+    if position == start:
+        return [i for i, c in enumerate(clients) if c is not None]
+    chosen = [reachable[j] for j in agreeing]
+    others = [i for i in reachable if i not in chosen]
+    if others:
+        log.warning(
+            "archive sink: %s do not hold the END at %d that %s hold (minInSyncReplicas=%d): "
+            "not electable",
+            [archives[i].control_channel for i in others],
+            position,
+            [archives[i].control_channel for i in chosen],
+            need,
+        )
+    return chosen + [i for i, c in enumerate(clients) if c is not None and held[i].d is None]
 
 
 def elect(o: ArchiveSinkOptions, alias: str) -> Election:
@@ -447,7 +517,7 @@ def elect(o: ArchiveSinkOptions, alias: str) -> Election:
     ends = [-1] * len(archives)
     stream_id = o.sink.stream_id
 
-    def probe(c: ArchiveConnect) -> tuple[ArchiveClient, int]:
+    def probe(c: ArchiveConnect) -> tuple[ArchiveClient, _Held]:
         # an archive that answers nothing costs PROBE_S at most; one that failed lately in this
         # process (the driver: an earlier commit) RECHECK_S, enough for a living one to answer
         failed = health.is_failed(c.control_channel)
@@ -458,11 +528,13 @@ def elect(o: ArchiveSinkOptions, alias: str) -> Election:
             client.close()
             raise
 
+    held = [_Held(None, -1, None)] * len(archives)
     with ThreadPoolExecutor(len(archives), thread_name_prefix="archive-elect") as pool:
         futures = [pool.submit(probe, c) for c in archives]
         for i, future in enumerate(futures):
             try:
-                clients[i], ends[i] = future.result()
+                clients[i], held[i] = future.result()
+                ends[i] = held[i].end
                 health.mark_ok(archives[i].control_channel)
             except REPLICA_FAILURES as exc:
                 errors[i] = f"unreachable ({describe(exc)})"
@@ -473,7 +545,7 @@ def elect(o: ArchiveSinkOptions, alias: str) -> Election:
             "archive sink: no archive of the sink answers: "
             + "; ".join(f"{a.control_channel}: {e}" for a, e in zip(archives, errors, strict=True))
         )
-    chosen = max(reachable, key=lambda i: (ends[i], -i))
+    chosen = max(_electable(archives, clients, held), key=lambda i: (ends[i], -i))
     if chosen != 0:
         log.warning(
             "archive sink %s: promoting %s (committed end %d; %s: %s)",

@@ -25,11 +25,14 @@ message (no time index), no consumer positions, and answers no pushed filters.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from aeron_spark.connector.archive_markers import (
+    END,
     TARGET_ALIAS_PREFIX,
     frames,
     is_sink_target,
@@ -51,6 +54,8 @@ from aeron_spark.transport.archive.client.client import ReplayedBlock
 from aeron_spark.transport.protocol.frames import FRAME_ALIGNMENT, DataFlags
 
 _FLAG_BEGIN, _FLAG_END = int(DataFlags.BEGIN), int(DataFlags.END)
+
+log = logging.getLogger("aeron_spark.connector.stores.archive")
 
 
 def connect(c: ArchiveConnect) -> ArchiveClient:
@@ -135,6 +140,93 @@ def owned(blocks: Iterable[ReplayedBlock], p: ArchiveRange) -> Iterator[Replayed
             return
 
 
+def from_message_start(blocks: Iterable[ReplayedBlock]) -> Iterator[ReplayedBlock]:
+    """``blocks`` without the fragments of a message begun before them (DATA frames before the
+    first BEGIN fragment): what a recording that begins inside a message (an image that joined
+    late, a copy of such a recording) holds first. A replay from a message boundary starts with a
+    BEGIN (or padding): nothing is dropped."""
+    it = iter(blocks)
+    for block in it:
+        first = None
+        for at, _aligned, _length, flags, ftype in frames(block.data):
+            if ftype != _TYPE_PAD and flags & _FLAG_BEGIN:
+                first = at
+                break
+        if first is None:
+            continue  # fragments of the message begun before (and padding) only
+        if first == 0:
+            yield block
+        else:
+            yield ReplayedBlock(block.position + first, block.data[first:], block.end_position)
+        yield from it
+        return
+
+
+_warned: set[tuple[str, int]] = set()
+
+
+def _warn_alone(control_channel: str, recording_id: int, insync: int) -> None:
+    """Once per recording and process: a reader of one archive of a replicated sink."""
+    if (control_channel, recording_id) in _warned:
+        return
+    _warned.add((control_channel, recording_id))
+    log.warning(
+        "archive %s: recording %d is an archive sink's target committed with "
+        "minInSyncReplicas=%d; a reader of this one archive reads every batch it holds, which "
+        "may not be acknowledged yet (or ever, on an old primary): name every archive of the "
+        "sink in `archive` to read only what %d of them hold the same",
+        control_channel,
+        recording_id,
+        insync,
+        insync,
+    )
+
+
+# The last message boundary found in each recording (a frame boundary, below which a recording
+# changes only if truncated), so that listing an active recording again reads what was recorded
+# since: (control channel, recording id) -> (start position, boundary).
+_BOUNDARIES: dict[tuple[str, int], tuple[int, int]] = {}
+_BOUNDARIES_LOCK = threading.Lock()
+
+
+def message_end(client: ArchiveClient, channel: str, rec: Recording, end: int) -> int:
+    """The last message boundary at or below ``end`` (a recorded or stop position, a frame
+    boundary): ``end`` itself unless the recording ends inside a fragmented message (a publisher
+    in the middle of one, a recording stopped there), then where that message begins; the
+    recording's start when no message ends in it yet.
+
+    A message never spans terms, so a term's start is a message boundary: the walk reads the
+    frames from the last term start (or the boundary found by the previous call, when it is
+    further on) to ``end``: at most one term, usually what was recorded since the last call.
+    The recording's own start is not one when it begins inside a message (a late join)."""
+    start = rec.start
+    if end <= start:
+        return end
+    key = (channel, rec.recording_id)
+    term_start = max(start, (end - 1) // rec.term_length * rec.term_length)
+    with _BOUNDARIES_LOCK:
+        known = _BOUNDARIES.get(key)
+    boundary: int | None
+    if known is not None and known[0] == start and term_start <= known[1] <= end:
+        lo = boundary = known[1]
+    else:
+        lo, boundary = term_start, (term_start if term_start > start else None)
+    if lo < end:
+        for block in client.replay(rec.recording_id, lo, end):
+            for at, aligned, _length, flags, ftype in frames(block.data):
+                if ftype == _TYPE_PAD:
+                    boundary = block.position + at + aligned
+                    continue
+                if flags & _FLAG_BEGIN:
+                    boundary = block.position + at
+                if flags & _FLAG_END:
+                    boundary = block.position + at + aligned
+    found = start if boundary is None else boundary
+    with _BOUNDARIES_LOCK:
+        _BOUNDARIES[key] = (start, found)
+    return found
+
+
 def replay_bounds(p: ArchiveRange) -> tuple[int, int]:
     """Where the replay of ``p`` starts and ends (a share of a split range starts at the term
     boundary below it and reads up to the whole range's end)."""
@@ -144,7 +236,7 @@ def replay_bounds(p: ArchiveRange) -> tuple[int, int]:
 def served(replayed: Iterable[ReplayedBlock], p: ArchiveRange) -> Iterator[ReplayBlock]:
     """The blocks a task returns from the replay of ``replay_bounds(p)``: its own messages
     (a share), markers turned into padding (a sink's target), the recording's time."""
-    kept = replayed if p.exact else owned(replayed, p)
+    kept = from_message_start(replayed) if p.exact else owned(replayed, p)
     if p.sink_target:
         kept = _without_markers(kept)
     return (ReplayBlock(b.position, b.data, p.timestamp_ns, b.end_position) for b in kept)
@@ -177,6 +269,10 @@ def split_range(p: ArchiveRange, shares: int) -> list[RecordingRange]:
 class ArchiveSession(ArchiveHooks):
     store: ArchiveStore
     client: ArchiveClient
+    alone: bool = False  # the source's only archive (not one of a set of replicas)
+    # ends moved back to the last message boundary (:func:`message_end`); a set of replicas
+    # does it once, on the end of the set, not on every copy
+    bound_messages: bool = True
 
     def recordings(self, stream_ids: tuple[int, ...]) -> list[Recording]:
         client = self.client
@@ -193,6 +289,7 @@ class ArchiveSession(ArchiveHooks):
                     continue
                 target = is_sink_target(d.original_channel)
                 insync = 1
+                end_marker = None
                 if target and end > d.start_position:
                     # read-committed: up to the last END marker of the sink's appends
                     tail = read_tail(
@@ -200,6 +297,10 @@ class ArchiveSession(ArchiveHooks):
                     )
                     end = tail.committed_end
                     insync = 1 if tail.last is None else tail.last.insync
+                    if tail.last is not None and tail.last.kind == END:
+                        end_marker = tail.last
+                    if self.alone and insync > 1:
+                        _warn_alone(self.store.connect.control_channel, d.recording_id, insync)
                 alias = _target_alias(d.original_channel) if target else ""
                 out.append(
                     Recording(
@@ -218,8 +319,17 @@ class ArchiveSession(ArchiveHooks):
                         committed_only=target,
                         alias=alias,
                         insync=insync,
+                        end_marker=end_marker,
                     )
                 )
+        if self.bound_messages:
+            channel = self.store.connect.control_channel
+            out = [
+                r
+                if r.committed_only
+                else dataclasses.replace(r, end=message_end(client, channel, r, r.end))
+                for r in out
+            ]
         return sorted(out, key=lambda r: r.recording_id)
 
     def scan(self, rec: Recording, start: int, target: int, budget: Budget) -> tuple[int, int]:
@@ -231,9 +341,9 @@ class ArchiveSession(ArchiveHooks):
         max_messages, max_bytes = budget.messages, budget.bytes
         end, messages = start, 0
         replay = self.client.replay(rec.recording_id, start, target)
-        blocks: Iterable[ReplayedBlock] = replay
+        blocks: Iterable[ReplayedBlock] = from_message_start(replay)
         if rec.committed_only:
-            blocks = _without_markers(replay)
+            blocks = _without_markers(blocks)
         try:
             for block in blocks:
                 for at, aligned, _length, flags, ftype in frames(block.data):
@@ -258,7 +368,9 @@ class ArchiveSession(ArchiveHooks):
     def replay(self, rec: Recording, start: int, end: int) -> Iterator[Iterator[ReplayBlock]]:
         replay = self.client.replay(rec.recording_id, start, end)
         try:
-            replayed = _without_markers(replay) if rec.committed_only else replay
+            replayed = from_message_start(replay)
+            if rec.committed_only:
+                replayed = _without_markers(replayed)
             yield (ReplayBlock(b.position, b.data, 0, b.end_position) for b in replayed)
         finally:
             replay.close()
@@ -276,7 +388,7 @@ class ArchiveStore(Features):
     @contextmanager
     def session(self) -> Iterator[ArchiveSession]:
         with connect(self.connect) as client:
-            yield ArchiveSession(self, client)
+            yield ArchiveSession(self, client, alone=True)
 
     def partition(self, rec: Recording, start: int, end: int, text: bool) -> ArchiveRange:
         return ArchiveRange.of(

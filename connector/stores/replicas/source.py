@@ -46,6 +46,7 @@ from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from aeron_spark.connector.archive_markers import Marker, agreed_end, end_at
 from aeron_spark.connector.errors import ConnectorError, ReplicasUnavailableError
 from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.connector.stores import (
@@ -72,6 +73,7 @@ from aeron_spark.connector.stores.archive.health import (
     mark_ok,
 )
 from aeron_spark.connector.stores.archive.hooks import ArchiveHooks
+from aeron_spark.connector.stores.archive.source import message_end
 from aeron_spark.transport.archive.client import ArchiveClient
 from aeron_spark.transport.archive.client.client import ReplayedBlock
 from aeron_spark.transport.errors import TransportError
@@ -81,6 +83,13 @@ log = logging.getLogger("aeron_spark.connector.stores.replicas")
 # What makes an archive unable to serve (its own errors, the transport's, the OS's): the next
 # replica is tried. Anything else (a bug, a bad option) is raised as it is.
 FAILOVER_ERRORS = (TransportError, ConnectorError, OSError, TimeoutError)
+
+
+def _channel(rec: Recording) -> str:
+    """The control channel of the archive a copy was listed on."""
+    store = rec.store
+    assert isinstance(store, ArchiveStore)
+    return store.connect.control_channel
 
 
 def _order(replicas: tuple[ArchiveStore, ...], avoid: tuple[str, ...] = ()) -> list[ArchiveStore]:
@@ -116,7 +125,10 @@ def find_copy(
     """This archive's copy of the recording (the one holding most, if several), or None."""
     copies = [
         r
-        for r in ArchiveSession(store, client).recordings((identity.stream_id,))
+        # raw ends: whether it holds a range's end is all a caller asks (no boundary walk)
+        for r in ArchiveSession(store, client, bound_messages=False).recordings(
+            (identity.stream_id,)
+        )
         if r.identity == identity
     ]
     return max(copies, key=lambda r: r.end, default=None)
@@ -164,6 +176,10 @@ class ReplicaRange(ArchiveRange):
     identity: RecordingIdentity | None = None
     # archives the driver found failing when it planned: the task tries them last
     avoid: tuple[str, ...] = ()
+    # a sink's target: the archives that held the same END at ``anchor`` (the readable end
+    # when planned, at or past ``end``), the only ones this range may be read from; (): any
+    holders: tuple[str, ...] = ()
+    anchor: int = -1
 
 
 class ReplicaSession(ArchiveHooks):
@@ -225,7 +241,9 @@ class ReplicaSession(ArchiveHooks):
         answered = 0
         for replica, client in self._serving(skipped_too=False):
             try:
-                listed = ArchiveSession(replica, client).recordings(stream_ids)
+                listed = ArchiveSession(replica, client, bound_messages=False).recordings(
+                    stream_ids
+                )
             except FAILOVER_ERRORS as exc:
                 self._fail(replica, exc)
                 continue
@@ -236,17 +254,80 @@ class ReplicaSession(ArchiveHooks):
             raise unavailable(self.store, "list the recordings", self.failures)
         out = []
         for identity, recs in copies.items():
-            first = recs[0]  # of the first archive (in preference order) holding it
+            end = in_sync_end(recs, self._active(recs), len(self.store.replicas))
+            holders: tuple[str, ...] = ()
+            if any(r.committed_only for r in recs):
+                end, holders = self._agreed(recs, end)
+            else:
+                end = self._message_end(recs, end)
+            # of the first archive (in preference order) holding it
+            first = next(r for r in recs if not holders or _channel(r) in holders)
             out.append(
                 dataclasses.replace(
                     first,
                     key=identity_key(identity),
                     store=self.store,
                     purged=max(r.purged for r in recs),
-                    end=in_sync_end(recs, self._active(recs), len(self.store.replicas)),
+                    end=end,
+                    end_marker=None,
+                    holders=holders,
                 )
             )
         return sorted(out, key=lambda r: (r.timestamp_ns, r.key))
+
+    def _message_end(self, recs: list[Recording], end: int) -> int:
+        """The last message boundary at or below ``end`` (:func:`message_end`), read from the
+        first copy that holds ``end`` and answers (the same bytes on every copy)."""
+        for r in recs:
+            channel = _channel(r)
+            client = self._clients.get(channel)
+            if client is None or r.end < end:
+                continue
+            try:
+                return message_end(client, channel, r, end)
+            except FAILOVER_ERRORS as exc:
+                assert isinstance(r.store, ArchiveStore)
+                self._fail(r.store, exc)
+        what = f"read recording {identity_key(recs[0].identity)} up to {end}"
+        raise unavailable(self.store, what, self.failures)
+
+    def _agreed(self, recs: list[Recording], end: int) -> tuple[int, tuple[str, ...]]:
+        """A sink's target: how far it may be read (``end`` at most) and from which archives:
+        the furthest END that as many archives as its commits need (the markers'
+        ``minInSyncReplicas``) hold the same, digest included (:func:`agreed_end`). Copies that
+        end at one END agree without a read; a copy that goes further is read there (one term)."""
+        need = max(r.insync for r in recs)
+
+        def marker_at(i: int, position: int) -> Marker | None:
+            r = recs[i]
+            client = self._clients.get(_channel(r))
+            if client is None:
+                return None
+            try:
+                return end_at(client, r.recording_id, r.start, r.end, r.term_length, position)
+            except FAILOVER_ERRORS as exc:
+                log.warning(
+                    "archive %s: cannot read recording %d at %d (%s); not counted as holding it",
+                    _channel(r),
+                    r.recording_id,
+                    position,
+                    exc,
+                )
+                return None
+
+        copies = [(r.end, r.end_marker) for r in recs]
+        position, held = agreed_end(copies, recs[0].start, need, marker_at, below=end)
+        if position < end:
+            log.warning(
+                "recording %s: read up to %d, not %d: fewer than %d archives hold the same "
+                "batch there (%s)",
+                identity_key(recs[0].identity),
+                position,
+                end,
+                need,
+                ", ".join(f"{_channel(r)} up to {r.end}" for r in recs),
+            )
+        return position, tuple(_channel(recs[i]) for i in held)
 
     def _active(self, recs: list[Recording]) -> list[bool]:
         """Whether each copy is still recording (it may grow) or stopped."""
@@ -267,6 +348,8 @@ class ReplicaSession(ArchiveHooks):
         if budget.unlimited:
             return target, -1  # as the archive store: nothing read, nothing counted
         for replica, client in self._serving():
+            if rec.holders and replica.connect.control_channel not in rec.holders:
+                continue  # it holds other bytes (a batch never acknowledged), or cannot tell
             try:
                 copy = find_copy(client, replica, rec.identity)
                 if copy is None or copy.end < target:
@@ -326,6 +409,8 @@ class ReplicaStore(Features):
             sink_target=rec.committed_only,
             identity=rec.identity,
             avoid=failed_now(self.control_channels),
+            holders=rec.holders,
+            anchor=rec.end,
         )
 
     def split(self, part: RecordingRange, shares: int) -> list[RecordingRange]:
@@ -349,6 +434,9 @@ class ReplicaStore(Features):
         failures: dict[str, str] = {}
         for replica in _order(self.replicas, p.avoid):
             channel = replica.connect.control_channel
+            if p.holders and channel not in p.holders:
+                failures[channel] = f"does not hold the batch ending at {p.anchor} the same"
+                continue
             try:
                 with connect(replica.connect) as client:
                     mark_ok(channel)
