@@ -540,10 +540,12 @@ class StreamServer:
         }
         if self._store is not None:
             extra["storage"] = self._store.space.stats()
+        # one walk of the driver's streams for both sections (issue 31: it was taken twice)
+        transport = self._driver.counters.snapshot() if self._driver is not None else None
         if self._listener is not None:
-            extra["handshake"] = self._listener.stats()
-        if self._driver is not None:
-            extra["transport"] = self._driver.counters.snapshot()
+            extra["handshake"] = self._listener.stats(transport)
+        if transport is not None:
+            extra["transport"] = transport
         return extra
 
     def snapshot(self) -> dict[str, Any]:

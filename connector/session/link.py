@@ -192,8 +192,9 @@ class ServerListener:
     def wake(self) -> None:
         self.server.wake()
 
-    def stats(self) -> dict[str, Any]:
-        return self.server.stats()
+    def stats(self, transport: dict[str, int] | None = None) -> dict[str, Any]:
+        """The handshake's counts (``transport``: the driver's snapshot, if taken already)."""
+        return self.server.stats(transport)
 
     def close(self) -> None:
         self.server.close()

@@ -675,12 +675,16 @@ def _check_frames(buf: Any, length: int) -> int:
     return length
 
 
+# the counters an image keeps: (system counter name, ImageState attribute)
+IMAGE_COUNTERS: tuple[tuple[str, str], ...] = (
+    ("naks_sent", "naks_sent"),
+    ("status_messages_sent", "status_messages_sent"),
+    ("flow_control_over_runs", "over_runs"),
+    ("flow_control_under_runs", "under_runs"),
+    ("gaps_filled", "gaps_filled"),
+)
+
+
 def image_counts(image: ImageState) -> dict[str, int]:
     """The counters an image keeps, under their system counter names."""
-    return {
-        "naks_sent": image.naks_sent,
-        "status_messages_sent": image.status_messages_sent,
-        "flow_control_over_runs": image.over_runs,
-        "flow_control_under_runs": image.under_runs,
-        "gaps_filled": image.gaps_filled,
-    }
+    return {name: getattr(image, attribute) for name, attribute in IMAGE_COUNTERS}
