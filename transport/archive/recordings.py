@@ -287,6 +287,8 @@ class Recording:
         self._files = FdCache(8) if fds is None else fds
         self._dirty: set[int] = set()  # segment bases written since the last force()
         self._present: set[int] = set()  # segment bases known to exist (no stat per append)
+        # the acked file is known to exist (this writer wrote it): no stat per acknowledge
+        self._acked_written = False
         self._dir_dirty = False  # a file was created here since the directory's last fsync
         self._index_dirty = False
         self.stop_pending = False  # stopped, but stop.msgpack is not written yet (disk full)
@@ -394,14 +396,16 @@ class Recording:
         what the writer acknowledged: recovery cuts whatever complete frames lie past it (a
         write that failed and whose cut failed too, or a crash half-way through a write of
         several blocks). The first call creates the file (and syncs the directory)."""
-        created = not os.path.exists(self._acked_path)
-        with self._files.use(self._acked_path, True, True) as fd:
+        path = self._acked_path
+        created = not self._acked_written and not os.path.exists(path)
+        with self._files.use(path, True, True) as fd:
             assert fd is not None
             os.pwrite(fd, _ACKED.pack(position, ~position), 0)
             if self.fsync:
                 os.fsync(fd)
         if created and self.fsync:
             fsync_dir(self.directory)
+        self._acked_written = True  # after the directory's fsync: a failed one asks again
 
     def _data_end(self, position: int) -> int:
         """Where the bytes of ``position``'s segment file end (its written size)."""
