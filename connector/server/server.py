@@ -572,9 +572,9 @@ class StreamServer:
                 self._stat_stage = 1
                 return False
             if self._stat_stage == 1:
-                snapshot = self.core.stats(now_ns, time.time_ns(), catalog=False)
-                snapshot["streams"] = catalog.streams()
-                self._stat_snapshot = snapshot
+                taken = self.core.stats(now_ns, time.time_ns(), catalog=False)
+                taken["streams"] = catalog.streams()
+                self._stat_snapshot = taken
                 self._stat_stage = 2
                 return False
             snapshot, self._stat_snapshot = self._stat_snapshot, None
