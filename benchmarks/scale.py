@@ -33,8 +33,11 @@ used to be (their memory measured at one million entries, then per entry).
 UDP on loopback; the clients share one process and its driver): the server's CPU while every
 session is idle (per session and in % of a core, over ``--idle-s``), then each session
 publishing one 100-byte message a second for ``--publish-s`` (publish p50/p99, achieved
-publishes/s, failures), then ``--handshakes`` new clients' connect time (p50/p99) with the N
-open, and the sessions lost (expired and replaced by a reconnect) over the run. Run it with
+publishes/s, failures; the server's CPU over the round's own length and per publish net of its
+idle cost, and this process's: the clients and their driver, so a harness that is the bottleneck
+shows; ``--threads`` publishing threads, by default one per 16 sessions), then ``--handshakes``
+new clients' connect time (p50/p99) with the N open, and the sessions lost (expired and
+replaced by a reconnect) over the run. Run it with
 another interpreter to measure another tree (``/work/main/.venv/bin/python -m benchmarks.scale
 --sessions ...``): the server runs under the same interpreter.
 
@@ -688,6 +691,8 @@ def _publish_round(clients: list[Any], seconds: float, threads: int) -> dict[str
         t.join()
     elapsed = max(time.monotonic() - start, 1e-9)
     return {
+        "publish_elapsed_s": round(elapsed, 2),
+        "publishes": len(latencies),
         "publishes_per_s": round(len(latencies) / elapsed, 1),
         "wanted_per_s": n,
         "publish_p50_ms": round(_quantile(latencies, 0.5) * 1000, 1),
@@ -740,18 +745,29 @@ def sessions_curve(
                 try:
                     time.sleep(2.0)  # the handshakes' tails settle
                     _phase("idle", n, proc.pid)
-                    cpu0, t0 = _cpu_s(proc.pid), time.monotonic()
+                    me = os.getpid()
+                    cpu0, mine0, t0 = _cpu_s(proc.pid), _cpu_s(me), time.monotonic()
                     time.sleep(idle_s)
                     cpu = _cpu_s(proc.pid) - cpu0
                     wall = time.monotonic() - t0
+                    idle_rate = cpu / wall  # the server's CPU-seconds a second while idle
                     row["idle_server_cpu_pct"] = round(100 * cpu / wall, 2)
                     row["idle_server_cpu_us_per_session_s"] = round(1e6 * cpu / wall / n, 1)
+                    # this process: the N clients and their driver (the harness's own cost)
+                    row["idle_client_cpu_pct"] = round(100 * (_cpu_s(me) - mine0) / wall, 1)
                     row["server_open_fds"] = len(os.listdir(f"/proc/{proc.pid}/fd"))
                     _phase("publish", n, proc.pid)
-                    cpu0 = _cpu_s(proc.pid)
-                    row.update(_publish_round(clients, publish_s, threads))
-                    row["publish_server_cpu_pct"] = round(
-                        100 * (_cpu_s(proc.pid) - cpu0) / publish_s, 1
+                    cpu0, mine0 = _cpu_s(proc.pid), _cpu_s(me)
+                    row.update(_publish_round(clients, publish_s, threads or max(32, n // 16)))
+                    # over the round's own length: a round that fell behind lasts longer than
+                    # --publish-s (the figure was divided by --publish-s, so overstated)
+                    elapsed = row["publish_elapsed_s"]
+                    used = _cpu_s(proc.pid) - cpu0
+                    row["publish_server_cpu_pct"] = round(100 * used / elapsed, 1)
+                    row["publish_client_cpu_pct"] = round(100 * (_cpu_s(me) - mine0) / elapsed, 1)
+                    # a publish's own server CPU: the round's, less what idling costs meanwhile
+                    row["publish_server_cpu_us_each"] = round(
+                        1e6 * (used - idle_rate * elapsed) / max(row["publishes"], 1), 1
                     )
                     _phase("handshakes", n, proc.pid)
                     times = []
@@ -808,7 +824,13 @@ def main() -> None:
     parser.add_argument("--sessions", help="the sessions curve: counts, e.g. 16,64,256,2048")
     parser.add_argument("--publish-s", type=float, default=10.0, help="publishing (sessions)")
     parser.add_argument("--handshakes", type=int, default=20, help="new connects (sessions)")
-    parser.add_argument("--threads", type=int, default=32, help="publishing threads (sessions)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="publishing threads (sessions; default one per 16 sessions, at least 32: each "
+        "publishes for its sessions in turn, so fewer would cap the rate at threads / latency)",
+    )
     args = parser.parse_args()
     result: dict[str, Any] = {"load_average_1m": os.getloadavg()[0], "cpus": os.cpu_count()}
     if args.sessions:

@@ -192,6 +192,11 @@ class Server:
         self.on_error = on_error
         self._wakeup = threading.Event()
         self._hellos: dict[int, _HelloInbox] = {}
+        # each HELLO subscription's images as the last full read saw them: a step with the
+        # same images and none holding data reads nothing (issue 31: the read cost ~80 us a
+        # step, and the stream server steps the handshake once per loop pass, about once per
+        # request at 2,048 sessions)
+        self._hello_images_seen: list[tuple[Any, ...] | None] = []
         # (reply publication, message, expiry ns: 0 over IPC)
         self._replies: deque[tuple[Any, bytes, int]] = deque()
         self.reply_publications_failed = 0  # HELLO images whose reply publication did not open
@@ -317,6 +322,17 @@ class Server:
         return accepted
 
     def _read_hellos(self, now_ns: int) -> None:
+        seen = self._hello_images_seen
+        if len(seen) != len(self._listeners):
+            seen[:] = [None] * len(self._listeners)
+        quiet = True
+        for i, (_, sub, _) in enumerate(self._listeners):
+            images = tuple(sub.images)
+            if images != seen[i] or sub.has_data():
+                quiet = False
+            seen[i] = images
+        if quiet:
+            return  # no HELLO arrived and no image came or went since the last read
         live: set[int] = set()
         for channels, sub, shared_reply in self._listeners:
             images = sub.images

@@ -105,9 +105,9 @@ class ServerConfig:
                             its key's permissions; re-read when it changes and on SIGHUP (None:
                             any client may connect and do anything the settings above allow)
     ``max_open_files``      recording files (segments, indexes) kept open at once, for appends
-                            and replays, in a shared least-recently-used cache; None: a quarter
+                            and replays, in a shared least-recently-used cache; None: a third
                             of the descriptor limit (raised to the hard limit at start),
-                            between 16 and 16384 (two per publishing session)
+                            between 16 and 16384 (three per publishing session)
     ``max_incomplete_bytes`` / ``max_incomplete_bytes_per_session``  what the chunks of messages
                             not yet complete may hold, across all sessions / in one session (a
                             message announced longer than the latter is refused at its first

@@ -104,6 +104,9 @@ class StreamServer:
         self.authz: Authorizer | None = None
         self._reload_requested = threading.Event()
         self.stat_writer = SnapshotWriter(config.directory)
+        # the stat snapshot is taken a part a pass (_stat_step): the next part, what is taken
+        self._stat_stage = 0
+        self._stat_snapshot: dict[str, Any] | None = None
         # the open descriptors counted last (listing /proc/self/fd: 30 ms at 5,000 open
         # recording files), recounted only when what opens them moved (_open_files)
         self._fd_count: tuple[int, tuple[int, ...], int] = (-1, (), 0)
@@ -265,8 +268,7 @@ class StreamServer:
                     if now_ns >= next_gc_ns:
                         self._housekeeping(wall_ns)
                         next_gc_ns = now_ns + self.config.gc_interval_ns
-                    if now_ns >= next_stat_ns:
-                        self._write_stat(now_ns)
+                    if now_ns >= next_stat_ns and self._stat_step(now_ns):
                         # a second apart, one more per 1024 sessions: the snapshot lists every
                         # session and the transport's every stream (issue 31: at 1024 idle
                         # sessions it was a fifth of the server's idle time)
@@ -556,18 +558,34 @@ class StreamServer:
         assert self.core is not None
         return self.core.stats(time.monotonic_ns(), time.time_ns())
 
-    def _write_stat(self, now_ns: int) -> None:
-        """Best effort: a snapshot that cannot be taken or written (a full disk, a counter
+    def _stat_step(self, now_ns: int) -> bool:
+        """One third of the stat snapshot, a pass each (True once it is written or failed):
+        the catalog's live recordings re-read, then the snapshot taken, then it is encoded
+        and written. At 2,048 sessions the whole took ~100 ms in one pass, every request
+        queued behind it (issue 31: a stall past the publish p99 target); in thirds, the
+        sessions are served between them.
+
+        Best effort: a snapshot that cannot be taken or written (a full disk, a counter
         read racing the driver thread) is skipped, logged and counted, never fatal."""
         try:
             assert self.core is not None and self._store is not None
             catalog = self._store.catalog
-            catalog.refresh()  # re-reads live (and purged) recordings only
-            snapshot = self.core.stats(now_ns, time.time_ns(), catalog=False)
-            snapshot["streams"] = catalog.streams()
+            if self._stat_stage == 0:
+                catalog.refresh()  # re-reads live (and purged) recordings only
+                self._stat_stage = 1
+                return False
+            if self._stat_stage == 1:
+                taken = self.core.stats(now_ns, time.time_ns(), catalog=False)
+                taken["streams"] = catalog.streams()
+                self._stat_snapshot = taken
+                self._stat_stage = 2
+                return False
+            snapshot, self._stat_snapshot = self._stat_snapshot, None
+            self._stat_stage = 0
             # each file replaced only when what it says changed (stat.py)
-            self.stat_writer.write(snapshot, catalog.recordings_json())
+            self.stat_writer.write(snapshot or {}, catalog.recordings_json())
         except Exception as exc:  # noqa: BLE001
+            self._stat_stage, self._stat_snapshot = 0, None
             assert self.core is not None
             self.core.counters.add("stat_snapshot_failures")
             if now_ns >= self._next_failure_log_ns:
@@ -575,6 +593,7 @@ class StreamServer:
                     "cannot write the stat snapshot (skipped): %s: %s", type(exc).__name__, exc
                 )
                 self._next_failure_log_ns = now_ns + 1_000_000_000
+        return True
 
     def _shutdown(self) -> None:
         now_ns = time.monotonic_ns()

@@ -76,7 +76,7 @@ def test_thousands_of_short_lived_producers_under_a_low_descriptor_limit(tmp_pat
             assert limits["open_files_soft_limit_at_start"] == 64
             assert 0 < limits["open_files"] < 160
             capacity = stats["store"]["open_files_capacity"]
-            assert capacity == 40  # a quarter of the raised limit
+            assert capacity == 53  # a third of the raised limit
             deadline = time.monotonic() + 30
             while True:  # a producer's close reaches the server's loop on its next sweep
                 recs = [

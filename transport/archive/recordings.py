@@ -288,7 +288,12 @@ class Recording:
         index_range: tuple[int, int | None] | None = None,
         fds: FdCache | None = None,
         stops_pending: dict[int, Recording] | None = None,
+        fresh: bool = False,
     ) -> None:
+        """``fresh``: the directory was made just now and holds only the descriptor, so there
+        is nothing to recover, no stop or purge file to read (the store's ``create``; issue
+        31: a stream server's 2,048 sessions each create one on their first publish, and the
+        looks for files that cannot be there were half of each creation's cost)."""
         self.directory = directory
         # the store's recordings whose stop file is not written yet (joined while pending), so
         # its retry walks those, not every recording (issue 31 item 4)
@@ -298,9 +303,9 @@ class Recording:
         self.read_only = read_only
         self.shift = descriptor.term_length.bit_length() - 1
         self.recorded_position = descriptor.start_position
-        stop = _read_meta(os.path.join(directory, "stop.msgpack"))
+        stop = None if fresh else _read_meta(os.path.join(directory, "stop.msgpack"))
         self.stop_position: int | None = None if stop is None else int(stop["stop_position"])
-        purged = _read_meta(os.path.join(directory, "purged.msgpack"))
+        purged = None if fresh else _read_meta(os.path.join(directory, "purged.msgpack"))
         self.purged_position = (
             descriptor.start_position if purged is None else int(purged["purged_position"])
         )
@@ -310,6 +315,8 @@ class Recording:
         self._files = FdCache(8) if fds is None else fds
         self._dirty: set[int] = set()  # segment bases written since the last force()
         self._present: set[int] = set()  # segment bases known to exist (no stat per append)
+        # the acked file is known to exist (this writer wrote it): no stat per acknowledge
+        self._acked_written = False
         self._dir_dirty = False  # a file was created here since the directory's last fsync
         self._index_dirty = False
         self.stop_pending = False  # stopped, but stop.msgpack is not written yet (disk full)
@@ -327,7 +334,7 @@ class Recording:
             self._files.use,
             limit_position=None if index_range is None else index_range[1],
         )
-        if not read_only:
+        if not read_only and not fresh:
             self._recover()
 
     @classmethod
@@ -417,14 +424,16 @@ class Recording:
         what the writer acknowledged: recovery cuts whatever complete frames lie past it (a
         write that failed and whose cut failed too, or a crash half-way through a write of
         several blocks). The first call creates the file (and syncs the directory)."""
-        created = not os.path.exists(self._acked_path)
-        with self._files.use(self._acked_path, True, True) as fd:
+        path = self._acked_path
+        created = not self._acked_written and not os.path.exists(path)
+        with self._files.use(path, True, True) as fd:
             assert fd is not None
             os.pwrite(fd, _ACKED.pack(position, ~position), 0)
             if self.fsync:
                 os.fsync(fd)
         if created and self.fsync:
             fsync_dir(self.directory)
+        self._acked_written = True  # after the directory's fsync: a failed one asks again
 
     def _data_end(self, position: int) -> int:
         """Where the bytes of ``position``'s segment file end (its written size)."""
@@ -1022,8 +1031,14 @@ class RecordingStore:
         )
         path = os.path.join(self.root, str(rid))
         meta = os.path.join(path, "meta.msgpack")
+        fresh = True
         try:
-            os.makedirs(path, exist_ok=True)
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                fresh = False  # a leftover directory: what it holds is recovered, as before
+            except FileNotFoundError:
+                os.makedirs(path, exist_ok=True)
             _write_meta(meta, descriptor.__dict__, sync=self.fsync)
             if self.fsync:  # the new directory's name too: before, a power cut could lose it
                 fsync_dir(self.root)
@@ -1036,7 +1051,12 @@ class RecordingStore:
         if not self.fsync:
             self.meta_syncer.submit(meta)
         rec = Recording(
-            path, descriptor, self.fsync, fds=self.files, stops_pending=self._stops_pending
+            path,
+            descriptor,
+            self.fsync,
+            fds=self.files,
+            stops_pending=self._stops_pending,
+            fresh=fresh,
         )
         self.recordings[rid] = rec
         return rec

@@ -15,7 +15,12 @@ from aeron_spark.transport import Driver, DriverConfig
 from aeron_spark.transport.api import NOT_CONNECTED
 from aeron_spark.transport.counters import SystemCounters
 from aeron_spark.transport.driver.client import network_publication, network_subscription
-from aeron_spark.transport.driver.conductor import DriverConductor, ImageLimits
+from aeron_spark.transport.driver.conductor import (
+    DriverConductor,
+    ImageLimits,
+    dispatcher_counts,
+    publication_counts,
+)
 from aeron_spark.transport.driver.endpoint import UdpEndpoint, destination_address
 from aeron_spark.transport.protocol.frames import SetupFrame
 from aeron_spark.transport.protocol.image import ImagePhase
@@ -26,7 +31,7 @@ from aeron_spark.transport.protocol.logbuffer import (
     TERM_MAX_LENGTH,
 )
 from aeron_spark.transport.protocol.publication import PublicationPhase
-from aeron_spark.transport.testing import ManualClock
+from aeron_spark.transport.testing import ManualClock, pump
 from aeron_spark.transport.uri import ChannelConfig, Endpoint
 
 MS = 1_000_000
@@ -118,4 +123,44 @@ def test_a_closed_publication_is_freed_by_the_next_sender_step_with_its_spy_imag
         assert c.stream_positions() == {}
     finally:
         peer.close()
+        driver.close()
+
+
+def test_totals_are_the_sums_of_every_live_stream_and_what_retired() -> None:
+    """``totals()`` sums columns of every publication and image at once (issue 31: the stat
+    snapshot's walk built a dict per stream); it must equal the per-stream counts summed."""
+    driver = Driver(DriverConfig(threading_mode="invoker", write_counters_file=False))
+    c = driver._conductor
+    try:
+        pairs = []
+        for stream_id in (10, 11, 12):
+            sub = driver.add_subscription("aeron:udp?endpoint=127.0.0.1:0", stream_id)
+            port = sub.local_endpoints[0][1]
+            pub = driver.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}", stream_id)
+            pairs.append((pub, sub))
+        pump(driver, lambda: all(p.is_connected and s.is_connected for p, s in pairs))
+        got: list[bytes] = []
+        for pub, _ in pairs:
+            pump(driver, lambda pub=pub: pub.offer(b"m" * 100) > 0)
+        pump(
+            driver,
+            lambda: (
+                sum(s.poll(lambda b, h: got.append(b), 8) for _, s in pairs) == 0 and len(got) == 3
+            ),
+        )
+        pairs[0][0].close()  # one publication retires: its counts move to ``retired``
+        pump(driver, lambda: len(c.publications) == 2)
+        expected = dict(c.retired)
+        for ep in c.sender.endpoints:
+            for state in ep.publications:
+                for name, value in publication_counts(state).items():
+                    expected[name] = expected.get(name, 0) + value
+        for rep in c.receiver.endpoints:
+            for name, value in dispatcher_counts(rep).items():
+                expected[name] = expected.get(name, 0) + value
+        totals = c.totals()
+        assert totals == expected
+        assert totals["setups_sent"] >= 3 and totals["status_messages_received"] >= 3
+        assert totals["status_messages_sent"] >= 3 and totals["heartbeats_received"] >= 0
+    finally:
         driver.close()
