@@ -25,6 +25,9 @@ Bounded (issue 31 item 6): :meth:`CommitLog.compact` rewrites the log with the r
 committer still needs (its window of recent commits per sink, the commit that made each sink
 recording's visible end; see ``staging.SinkCommitter``), through a fsynced temporary file renamed
 over the log, so a crash leaves the old log or the new one, never a mix.
+Compaction and open read the log record by record in chunks of 64 KiB (a whole-log read left
+the allocator's high-water mark for good: +5.3 MB of a soak server's RSS at its first
+compaction), so their extra memory is a chunk's, not the log's.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import errno
 import os
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgpack
@@ -45,33 +48,60 @@ _RECORD = struct.Struct("<II")
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 
 
-def _read(path: str) -> tuple[list[dict[str, Any]], int, int]:
-    """The whole records of the log at ``path``, where they end, and the file's length."""
-    records: list[dict[str, Any]] = []
-    good_end = 0
-    if not os.path.exists(path):
-        return records, 0, 0
-    with open(path, "rb") as fh:
-        data = fh.read()
-    offset = 0
-    while offset + _RECORD.size <= len(data):
-        length, crc = _RECORD.unpack_from(data, offset)
-        end = offset + _RECORD.size + length
-        if length > MAX_RECORD_BYTES or end > len(data):
-            break
-        body = data[offset + _RECORD.size : end]
+_CHUNK = 64 * 1024  # bytes read or written at a time: a scan's memory, not the log's size
+
+
+def _scan(fd: int, limit: int | None = None) -> Iterator[tuple[dict[str, Any], int]]:
+    """The whole records of the log open at ``fd`` from its start, one at a time, each with
+    the offset where it ends; stops at the first incomplete or corrupt record (a torn tail), at
+    the end of the file or at ``limit`` bytes. Reads in chunks of :data:`_CHUNK` (or one
+    record, if larger): its memory is bounded by a record, not by the log (issue 31 item 6: a
+    whole-log read left the allocator's high-water mark +5 MB above the soak's baseline)."""
+    buf = b""  # the file's bytes from ``base``; ``pos`` the next record's start in it
+    base = pos = 0
+    eof = False
+
+    def fill(need: int) -> bool:  # at least ``need`` bytes past ``pos`` in ``buf``
+        nonlocal buf, base, pos, eof
+        while len(buf) - pos < need and not eof:
+            at = base + len(buf)
+            want = max(_CHUNK, need - (len(buf) - pos))
+            if limit is not None:
+                want = min(want, limit - at)
+            more = os.pread(fd, want, at) if want > 0 else b""
+            if not more:
+                eof = True
+                break
+            buf = buf[pos:] + more
+            base += pos
+            pos = 0
+        return len(buf) - pos >= need
+
+    while fill(_RECORD.size):
+        length, crc = _RECORD.unpack_from(buf, pos)
+        if length > MAX_RECORD_BYTES or not fill(_RECORD.size + length):
+            return
+        body = buf[pos + _RECORD.size : pos + _RECORD.size + length]
         if zlib.crc32(body) != crc:
-            break
+            return
         try:
             record = msgpack.unpackb(body, raw=False)
         except Exception:  # a corrupt body that happens to match its crc: stop here
-            break
+            return
         if not isinstance(record, dict):
-            break
-        records.append(record)
-        offset = end
-        good_end = end
-    return records, good_end, len(data)
+            return
+        pos += _RECORD.size + length
+        yield record, base + pos
+
+
+def _write_all(fd: int, data: bytes | bytearray, name: str) -> None:
+    with memoryview(data) as view:
+        done = 0
+        while done < len(view):
+            count = os.write(fd, view[done:])
+            if count <= 0:
+                raise OSError(errno.ENOSPC, "write made no progress", name)
+            done += count
 
 
 def _encode(record: dict[str, Any]) -> bytes:
@@ -85,10 +115,19 @@ class CommitLog:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.records, good_end, length = _read(path)
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.records: list[dict[str, Any]] = []
+            good_end = 0
+            for record, end in _scan(self._fd):
+                self.records.append(record)
+                good_end = end
+            length = os.fstat(self._fd).st_size
+        except BaseException:
+            os.close(self._fd)
+            raise
         self.torn_bytes_truncated = length - good_end
         self.compactions = 0
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         if self.torn_bytes_truncated:
             os.ftruncate(self._fd, good_end)
             os.fsync(self._fd)
@@ -129,24 +168,31 @@ class CommitLog:
         descriptor the log keeps (nothing is opened after the rename). A failure before the
         rename (a full disk) leaves the log as it was and raises; one after it (the directory's
         fsync) raises with the compacted log in use, so later appends go to the log's file."""
-        records, _end, _length = _read(self.path)
-        kept = (keep(record) for record in records)
         tmp = self.path + ".compact"
         # read-write: after the rename this descriptor is the log's (nothing is opened after
         # the rename, so nothing can fail between it and the switch)
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
+            # record by record from the log's own descriptor (its whole records: up to
+            # ``_size``), written in chunks: memory bounded by a record, not the log's size
             size = 0
-            for record in kept:
-                if record is not None:
-                    data = _encode(record)
-                    done = 0
-                    while done < len(data):
-                        count = os.write(fd, data[done:])
-                        if count <= 0:
-                            raise OSError(errno.ENOSPC, "write made no progress", tmp)
-                        done += count
+            out = bytearray()
+            end = 0
+            for record, record_end in _scan(self._fd, self._size):
+                end = record_end
+                kept = keep(record)
+                if kept is not None:
+                    data = _encode(kept)
+                    out += data
                     size += len(data)
+                    if len(out) >= _CHUNK:
+                        _write_all(fd, out, tmp)
+                        out.clear()
+            if end != self._size:  # a record the log held no longer reads: keep the log
+                raise OSError(errno.EIO, f"commit log unreadable at byte {end}", self.path)
+            if out:
+                _write_all(fd, out, tmp)
+                out.clear()
             os.fsync(fd)
         except BaseException:
             os.close(fd)
