@@ -226,7 +226,7 @@ def test_an_idle_channel_closes_after_its_linger(make_server, make_client) -> No
     client = make_client(hello_linger_s=0.3)
     client.connect(server.endpoint).close()
     (channel,) = _channels_of(client)
-    wait_for(lambda: channel.closed, timeout_s=5.0, what="the reaper to close the idle channel")
+    wait_for(lambda: channel.closed, timeout_s=30.0, what="the reaper to close the idle channel")
     assert _channels_of(client) == []
     wait_for(lambda: server.stats()["hello_images"] == 0, what="the server to see it end")
 

@@ -67,7 +67,7 @@ def test_ipc_handshake_echo_limits_and_clean_up(tmp_path: Path, shm_dir: Path) -
                 client.connect(endpoint)
             for conn in held:
                 conn.close()
-            wait_for(lambda: server.stats()["connections"] == 0, 15, "sessions reaped")
+            wait_for(lambda: server.stats()["connections"] == 0, 60, "sessions reaped")
             assert server.stats()["connected"] == 51 and not server.core.session_ids
         finally:
             server.close()
