@@ -57,6 +57,12 @@ def cluster_env(work_dir: Path) -> dict[str, str]:
             "SPARK_LOCAL_DIRS": str(work_dir / "local"),  # shuffle and spill files
             "TMPDIR": str(work_dir / "tmp"),  # Python workers' temporary files
             "SPARK_NO_DAEMONIZE": "1",
+            # the master's and workers' own JVMs (not the executors'): bookkeeping only, so one
+            # GC thread, no C2 compiler, a small heap. Measured (a cluster registered, then 20 s
+            # idle, load ~30): 26.1 s of their CPU before, 13.6 s with these; registered in
+            # 62 s before, 38 s with them
+            "SPARK_DAEMON_JAVA_OPTS": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xss512k",
+            "SPARK_DAEMON_MEMORY": "256m",
         }
     )
     return env

@@ -36,7 +36,7 @@ class Collector:
             if self.sub.poll(self._assembler, 100) == 0:
                 self.sub.wait(0.05)
 
-    def wait_for(self, count: int, timeout_s: float = 10.0) -> None:
+    def wait_for(self, count: int, timeout_s: float = 60.0) -> None:  # ends when they came
         deadline = time.monotonic() + timeout_s  # tasks return once their data was sent
         while len(self.received) < count and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -36,6 +36,7 @@ from aeron_spark.connector.errors import (
     LimitExceededError,
     UnknownRecordingError,
 )
+from aeron_spark.connector.server import ServerConfig
 from aeron_spark.connector.server.testing import server_process
 from aeron_spark.handshake.keystore import client_public_key_hex
 
@@ -54,10 +55,11 @@ def _keys(tmp_path: Path) -> tuple[str, str, str]:
     return reader, writer, str(path)
 
 
-def _server(tmp_path: Path, keys_file: str):  # type: ignore[no-untyped-def]
+def _server(tmp_path: Path, keys_file: str, extra: list[str] | None = None):  # type: ignore[no-untyped-def]
     return server_process(
         str(tmp_path / "srv"),
-        ["--authorized-keys", keys_file, "--key-store", str(tmp_path / "server-keys")],
+        ["--authorized-keys", keys_file, "--key-store", str(tmp_path / "server-keys")]
+        + (extra or []),
     )
 
 
@@ -107,18 +109,29 @@ def test_attack_consumer_positions_of_recordings_it_cannot_read_are_refused(
     assert os.path.getsize(registry) < 4096, os.path.getsize(registry)
 
 
+LIMIT = 64  # the server's --max-consumers-per-client here (each commit rewrites the registry
+# whole: up to the default 1024 the test took 70 s at load 14; the bound is the same code)
+
+
 def test_attack_a_reader_cannot_create_consumers_without_bound(tmp_path: Path) -> None:
+    assert ServerConfig(directory=str(tmp_path)).max_consumers_per_client == 1024  # the default
     reader, writer, keys_file = _keys(tmp_path)
-    with _server(tmp_path, keys_file) as (_proc, endpoint):
+    with _server(tmp_path, keys_file, ["--max-consumers-per-client", str(LIMIT)]) as (
+        _proc,
+        endpoint,
+    ):
         with _client(endpoint, writer) as w, _client(endpoint, reader) as r:
             end = w.publish(10, [b"row"])
             rec = w.list_recordings([10])[0].recording_id
             created = 0
-            with pytest.raises(LimitExceededError):
-                for n in range(1100):
+            with pytest.raises(LimitExceededError) as refused:
+                for n in range(LIMIT + 10):
                     r.consumer_commit(f"made-up-consumer-{n:05d}", [10], {rec: end})
                     created += 1
-            assert created <= 1024, created
+            assert created == LIMIT, created
+            assert f"at most {LIMIT} consumers" in str(refused.value), refused.value
+            # the writer (another key) still has its own allowance
+            w.consumer_commit("the-writers-own", [10], {rec: end})
 
 
 def test_attack_an_open_server_refuses_consumer_positions_of_unknown_recordings(

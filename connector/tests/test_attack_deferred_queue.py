@@ -49,7 +49,8 @@ from aeron_spark.connector.server.testing import keyed_server
 from aeron_spark.connector.session import chunking
 from aeron_spark.connector.session import protocol as proto
 
-GRANTS = {"reader": "read=10", "writer": "read=* write=*"}
+# ``ops`` only watches (an admin key sees every session's request count in ``stats``)
+GRANTS = {"reader": "read=10", "writer": "read=* write=*", "ops": "read=* write=* admin"}
 TIMEOUT_S = 120.0
 SCANS = 150
 # 8 MiB of equal 64-byte frames: the scan's fast (vectorised) path, a few tens of ms a scan
@@ -72,7 +73,11 @@ def test_attack_a_readers_pipelined_scans_do_not_hold_back_another_clients_commi
     tmp_path: Path,
 ) -> None:
     with keyed_server(str(tmp_path), GRANTS) as server:
-        with server.client("writer") as w, server.client("reader") as r:
+        with (
+            server.client("writer") as w,
+            server.client("reader") as r,
+            server.client("ops") as ops,
+        ):
             w.publish(10, ROWS)
             rec = w.list_recordings([10])[0].recording_id
 
@@ -83,9 +88,14 @@ def test_attack_a_readers_pipelined_scans_do_not_hold_back_another_clients_commi
             one_scan_s = time.monotonic() - started
 
             scan = {"recording_id": rec, "start": 0}
+            read_before = _requests_read(ops, "reader")
             for n in range(SCANS):  # pipelined, no reply read
                 r._link.send(proto.encode_request(1000 + n, "scan", scan), time.monotonic() + 30)
-            time.sleep(0.5)  # the server has read them (64 per pass)
+            # the server has read them all (64 per pass; a fixed 0.5 s was short at load 20)
+            deadline = time.monotonic() + TIMEOUT_S
+            while _requests_read(ops, "reader") < read_before + SCANS:
+                assert time.monotonic() < deadline, "the server never read the reader's scans"
+                time.sleep(0.05)
             started = time.monotonic()
             w.commit(sink, 0, 11, [staged])
             commit_s = time.monotonic() - started
@@ -116,6 +126,13 @@ def test_attack_a_readers_pipelined_scans_do_not_hold_back_another_clients_commi
             assert all(x.error["code"] == limit and x.id >= 1000 for x in refused), refused[0]
 
 
+def _requests_read(client: StreamClient, name: str) -> int:
+    """The requests the server has read on the sessions of the key named ``name`` (as an admin
+    ``client`` sees them)."""
+    sessions = client.stats()["sessions"]
+    return sum(s["requests"] for s in sessions if s.get("client") == name)
+
+
 def _memory_mib(pid: int) -> dict[str, int]:
     out = {}
     with open(f"/proc/{pid}/status") as fh:
@@ -129,10 +146,15 @@ def _memory_mib(pid: int) -> dict[str, int]:
 def test_attack_a_readers_queued_requests_hold_bounded_memory(tmp_path: Path) -> None:
     with keyed_server(str(tmp_path), GRANTS) as server:
         proc = server.proc
-        with server.client("writer") as w, server.client("reader") as r:
+        with (
+            server.client("writer") as w,
+            server.client("reader") as r,
+            server.client("ops") as ops,
+        ):
             w.publish(10, ROWS)
             rec = w.list_recordings([10])[0].recording_id
             before = _memory_mib(proc.pid)
+            read_before = _requests_read(ops, "reader")
             scan = proto.encode_request(1, "scan", {"recording_id": rec, "start": 0})
             for _ in range(2 * SCANS):  # the worker is busy for a while (legitimate scans)
                 r._link.send(scan, time.monotonic() + 30)
@@ -147,7 +169,12 @@ def test_attack_a_readers_queued_requests_hold_bounded_memory(tmp_path: Path) ->
                 for piece in chunking.split(commit, r.max_message_length, n + 1):
                     r._link.send(piece, time.monotonic() + 60)
                 sent += len(commit)
-            time.sleep(3.0)  # the server reads what was sent
+            # the server has read what was sent (a fixed 3 s proved nothing on a loaded machine
+            # that had not read it all yet)
+            deadline = time.monotonic() + TIMEOUT_S
+            while _requests_read(ops, "reader") < read_before + 2 * SCANS + 100:
+                assert time.monotonic() < deadline, "the server never read the reader's requests"
+                time.sleep(0.05)
             after = _memory_mib(proc.pid)
             print(
                 "deferred memory",

@@ -40,7 +40,7 @@ def _echo(conns, size: int = 1000) -> None:
     for conn in conns:
         payload = os.urandom(size)
         conn.send(payload)
-        assert conn.receive(5.0) == payload
+        assert conn.receive(30.0) == payload
 
 
 def _refused(server, name: str) -> int:

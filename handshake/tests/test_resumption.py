@@ -184,7 +184,7 @@ def test_sequential_connects_share_one_hello_channel_and_skip_the_cookie(
     for i in range(5):
         with client.connect(server.endpoint) as conn:
             conn.send(bytes([i]) * 10)
-            assert conn.receive(5.0) == bytes([i]) * 10
+            assert conn.receive(30.0) == bytes([i]) * 10
     stats = server.stats()
     assert stats["connected"] == 5
     assert stats["cookies_sent"] == 1 and stats["resumed"] == 4
@@ -203,7 +203,7 @@ def test_concurrent_connects_on_one_channel_each_get_their_own_session(
         for i, conn in enumerate(conns):
             conn.send(b"n%d" % i)
         for i, conn in enumerate(conns):
-            assert conn.receive(5.0) == b"n%d" % i
+            assert conn.receive(30.0) == b"n%d" % i
         assert server.stats()["connected"] == 16 and server.stats()["hello_images"] == 1
     finally:
         for conn in conns:
@@ -226,7 +226,7 @@ def test_an_idle_channel_closes_after_its_linger(make_server, make_client) -> No
     client = make_client(hello_linger_s=0.3)
     client.connect(server.endpoint).close()
     (channel,) = _channels_of(client)
-    wait_for(lambda: channel.closed, timeout_s=5.0, what="the reaper to close the idle channel")
+    wait_for(lambda: channel.closed, timeout_s=30.0, what="the reaper to close the idle channel")
     assert _channels_of(client) == []
     wait_for(lambda: server.stats()["hello_images"] == 0, what="the server to see it end")
 
@@ -235,7 +235,7 @@ def test_a_server_closed_and_started_again_on_its_ports_gets_a_fresh_channel(
     make_server, make_client
 ) -> None:
     first = make_server()
-    client = make_client(timeout_s=5.0)
+    client = make_client()
     client.connect(first.endpoint).close()
     (old,) = _channels_of(client)
     port = first.port
@@ -243,7 +243,7 @@ def test_a_server_closed_and_started_again_on_its_ports_gets_a_fresh_channel(
     second = make_server(port=port)  # the same key store: the same server key
     with client.connect(second.endpoint) as conn:
         conn.send(b"again")
-        assert conn.receive(5.0) == b"again"
+        assert conn.receive(30.0) == b"again"
     assert old.closed and old not in _channels_of(client)
     assert second.stats()["connected"] == 1
 
@@ -283,7 +283,7 @@ def test_a_server_killed_and_restarted_is_not_reached_over_its_dead_channel(
     fresh channel instead of saying HELLO into the dead one."""
     key_dir = str(tmp_path / "server")
     proc, port = _serve(key_dir, 0)
-    client = make_client(timeout_s=5.0)
+    client = make_client()
     try:
         client.connect(f"127.0.0.1:{port}").close()
         (old,) = _channels_of(client)
@@ -293,7 +293,7 @@ def test_a_server_killed_and_restarted_is_not_reached_over_its_dead_channel(
         proc, _ = _serve(key_dir, port)
         with client.connect(f"127.0.0.1:{port}") as conn:
             conn.send(b"after kill -9")
-            assert conn.receive(5.0) == b"after kill -9"
+            assert conn.receive(30.0) == b"after kill -9"
         assert old.closed
     finally:
         proc.kill()

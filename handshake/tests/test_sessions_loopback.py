@@ -31,10 +31,10 @@ def test_connect_echo_ping_and_close(make_server, make_client) -> None:
     conn = make_client().connect(server.endpoint)
     assert conn.encrypted and conn.is_connected
     conn.send(b"hello")
-    assert conn.receive(5.0) == b"hello"
+    assert conn.receive(30.0) == b"hello"
     big = os.urandom(100_000)  # fragmented
     conn.send(big)
-    assert conn.receive(5.0) == big
+    assert conn.receive(30.0) == big
     assert 0 < conn.ping(5.0) < 5.0
     assert conn.receive(0.05) is None
     conn.close()
@@ -58,7 +58,7 @@ def test_plain_sessions_only_when_both_sides_turn_encryption_off(make_server, ma
     assert sealed.encrypted and not plain.encrypted
     for conn in (sealed, plain):
         conn.send(b"x" * 1000)
-        assert conn.receive(5.0) == b"x" * 1000
+        assert conn.receive(30.0) == b"x" * 1000
         conn.close()
     strict = make_server(encryption=True, key_dir="k2")
     conn = make_client(encryption=False).connect(strict.endpoint)
@@ -76,7 +76,7 @@ def test_100_clients_connect_concurrently_and_exchange_messages(make_server, mak
         with client.connect(server.endpoint) as conn:
             for j in range(10):
                 conn.send(b"%d:%d" % (i, j))
-            got = [conn.receive(10.0) for _ in range(10)]
+            got = [conn.receive(30.0) for _ in range(10)]
             assert got == [b"%d:%d" % (i, j) for j in range(10)]
             return len(got)
 
@@ -162,7 +162,7 @@ def test_garbage_and_truncated_hellos_are_counted_and_others_still_connect(
     wait_for(lambda: server.stats()["malformed"] == 4, what="4 malformed HELLOs counted")
     conn = make_client().connect(server.endpoint)
     conn.send(b"ok")
-    assert conn.receive(5.0) == b"ok"
+    assert conn.receive(30.0) == b"ok"
     conn.close()
 
 
@@ -181,7 +181,7 @@ def test_frames_injected_into_a_live_session_from_another_source_are_dropped_and
     server = make_server()
     conn = make_client().connect(server.endpoint)
     conn.send(b"before")
-    assert conn.receive(5.0) == b"before"
+    assert conn.receive(30.0) == b"before"
     wait_for(lambda: len(server.connections) == 1, what="the server side")
     server_conn = server.connections[0]
     details = server._by_conn[id(server_conn)].details
@@ -223,7 +223,7 @@ def test_frames_injected_into_a_live_session_from_another_source_are_dropped_and
                 )
                 spoofer.send(source, client_endpoint, frame)
         conn.send(b"real")  # takes the slots the first forged frames asked for, both ways
-        assert conn.receive(5.0) == b"real", "the session stopped working after the injection"
+        assert conn.receive(30.0) == b"real", "the session stopped working after the injection"
         assert conn.receive(0.2) is None
         stats = server.stats()
         assert stats["frames_rejected"] == 0 and server_conn.is_connected
@@ -349,7 +349,7 @@ def test_thousands_of_connect_close_cycles_leak_nothing(make_server, make_client
         conn = client.connect(server.endpoint)
         if i % 100 == 0:
             conn.send(b"ping")
-            assert conn.receive(5.0) == b"ping"
+            assert conn.receive(30.0) == b"ping"
         conn.close()
     wait_for(lambda: server.stats()["connections"] == 0, what="all sessions reaped")
     wait_for(
@@ -366,8 +366,8 @@ def test_thousands_of_connect_close_cycles_leak_nothing(make_server, make_client
     lingering = [c for c in registry.channels.values() if c.driver is client.driver]
     assert len(lingering) == 1
     registry.close_all()
-    wait_for(lambda: len(client.driver._publications) == 0, 15, "client publications freed")
+    wait_for(lambda: len(client.driver._publications) == 0, 60, "client publications freed")
     assert len(client.driver._subscriptions) == 0
     # Sockets of closed subscriptions are reaped by the driver's conductor (about once a second).
-    wait_for(lambda: len(os.listdir("/proc/self/fd")) <= fds + 2, 15, "sockets closed")
+    wait_for(lambda: len(os.listdir("/proc/self/fd")) <= fds + 2, 60, "sockets closed")
     assert server.stats()["connected"] == cycles + 1

@@ -235,7 +235,7 @@ def test_a_hello_streams_reply_publication_goes_with_it(tmp_path: Path) -> None:
         for _ in range(3):
             with client.connect(server.endpoint) as conn:
                 conn.send(b"ping")
-                assert conn.receive(5.0) == b"ping"
+                assert conn.receive(30.0) == b"ping"
         wait_for(
             lambda: (
                 server.stats()["hello_images"] == 0

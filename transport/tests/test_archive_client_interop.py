@@ -298,7 +298,7 @@ def test_unreachable_archive_times_out_clearly(driver: Driver) -> None:
         ArchiveClient.connect(
             f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}", driver, timeout_s=1.0
         )
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 30  # not a hang (a loaded machine delays the raise)
 
 
 def test_archive_killed_mid_replay_fails_within_the_timeout(tmp_path: Path, driver: Driver) -> None:
@@ -309,7 +309,10 @@ def test_archive_killed_mid_replay_fails_within_the_timeout(tmp_path: Path, driv
         tmp_path / "archive", free_udp_port(), 99, tag="archive-kill"
     ) as doomed:
         ArchiveClient.connect(doomed.control_channel, driver, timeout_s=_WAIT_S).close()  # up
-        client = ArchiveClient.connect(doomed.control_channel, driver, timeout_s=2.0)
+        # short, for the failures below to come soon, yet each request of the recording before
+        # the kill must be answered within it by a JVM on a loaded machine (2 s was tight)
+        timeout_s = 5.0
+        client = ArchiveClient.connect(doomed.control_channel, driver, timeout_s=timeout_s)
         try:
             messages = [bytes([i % 256]) * 4000 for i in range(1000)]  # ~4 MB
             rid, end, _, _ = _record(client, driver, messages, 2151)
@@ -320,10 +323,10 @@ def test_archive_killed_mid_replay_fails_within_the_timeout(tmp_path: Path, driv
             with pytest.raises((ArchiveTimeoutError, ArchiveReplayError), match="recording"):
                 for _ in replay:
                     pass
-            assert time.monotonic() - started < 2.0 + 5.0
+            assert time.monotonic() - started < timeout_s + 10.0  # not a hang
             started = time.monotonic()
             with pytest.raises((ArchiveTimeoutError, ArchiveSessionClosedError), match="archive"):
                 client.archive_id()
-            assert time.monotonic() - started < 2.0 + 5.0
+            assert time.monotonic() - started < timeout_s + 10.0  # not a hang
         finally:
             client.close()

@@ -43,7 +43,7 @@ def test_record_a_live_stream_and_replay_ranges_byte_for_byte(tmp_path: Path, me
             sub = driver.add_subscription("aeron:ipc", 5)
             pub = driver.add_publication("aeron:ipc?term-length=256k", 5)
         recorder = Recorder(store, sub, source=media)
-        assert pub.wait_until_connected(10)
+        assert pub.wait_until_connected(30)
         for payload in payloads:
             while pub.offer(payload) < 0:
                 recorder.do_work()

@@ -242,7 +242,7 @@ def test_a_recorder_on_a_full_disk_keeps_blocks_in_the_image_until_they_fit(tmp_
             sub = driver.add_subscription("aeron:ipc", 5)
             pub = driver.add_publication("aeron:ipc?term-length=256k", 5)
             recorder = Recorder(store, sub, source="ipc")
-            assert pub.wait_until_connected(10)
+            assert pub.wait_until_connected(30)
             pub.offer(payloads[0])
             deadline = time.monotonic() + 30
             while not store.recordings:  # the recording is made while there is room

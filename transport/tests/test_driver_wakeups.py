@@ -155,7 +155,7 @@ def test_an_ipc_scan_parses_only_its_own_streams_names(tmp_path: Any, monkeypatc
     try:
         pub = driver.add_publication("aeron:ipc", 10)
         sub = driver.add_subscription("aeron:ipc", 10)
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + 60.0  # bounded for a loaded machine
         while not sub.images and time.monotonic() < deadline:
             driver.do_work()
             sub.wait(0.05)
@@ -225,7 +225,7 @@ def test_a_step_reads_only_the_sockets_that_have_datagrams(monkeypatch: Any) -> 
         host, port = subs[3].local_endpoints[0]
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
             peer.sendto(b"\x00" * 32, (host, port))  # a malformed frame: read, counted, dropped
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + 60.0  # bounded for a loaded machine
         while not reads and time.monotonic() < deadline:
             driver.do_work(now)
         assert set(reads) == {port}, f"read {sorted(set(reads))}, the datagram went to {port}"
@@ -273,7 +273,7 @@ def test_an_ipc_subscription_lists_its_directory_only_when_it_changed(
             driver.do_work(now + step * 25_000_000)  # ten scans due, within the second
         assert len(listings) == 1, "the unchanged directory was listed again"
         pub = driver.add_publication("aeron:ipc", 10)  # creates a file: the mtime moves
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + 60.0  # bounded for a loaded machine
         while not sub.images and time.monotonic() < deadline:
             driver.do_work()
             sub.wait(0.05)
@@ -316,7 +316,7 @@ def test_subscription_wait_returns_for_an_image_that_came_just_before_the_call(
         seen = list(sub.images)  # the caller's check: nothing yet
         assert seen == []
         pub = driver.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}", 10)
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + 60.0  # a bound for a loaded machine; ends when it holds
         while not sub._images and time.monotonic() < deadline:  # the image arrives meanwhile
             time.sleep(0.001)
         assert sub._images
@@ -358,14 +358,23 @@ def test_an_idle_driver_sleeps_until_a_real_deadline_and_a_new_ipc_log_wakes_it(
         )
         udp_sub = driver.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}", 14)
         time.sleep(0.3)  # the first SETUP, scan and registrations
-        before = thread_wakeups(("aeron-driver",), others)
+
+        def arrived() -> int:
+            return sum(d.counters.snapshot()["datagrams_received"] for d in (driver, other))
+
+        before, datagrams = thread_wakeups(("aeron-driver",), others), arrived()
         time.sleep(2.0)
         wakeups = thread_wakeups(("aeron-driver",), others) - before
+        datagrams = arrived() - datagrams
         # both drivers' threads (one name): a housekeeping tick a second each, nothing else;
-        # before: ~190 and ~20
-        assert wakeups <= 12, f"two idle drivers woke {wakeups} times in 2 s"
+        # before: ~190 and ~20. A datagram that reaches the drivers' ports is work, not a tick:
+        # in a long test run an earlier test's lingering publication may still send to a port
+        # number free_udp_port() hands out again (as for the idle stream server, CI stop 36).
+        assert wakeups <= 12 + 2 * datagrams, (
+            f"two idle drivers woke {wakeups} times in 2 s ({datagrams} datagrams arrived)"
+        )
         pub = other.add_publication("aeron:ipc", 12)
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + 60.0  # a bound for a loaded machine; ends when it holds
         while not sub.images and time.monotonic() < deadline:
             time.sleep(0.01)
         assert sub.images and sub.images[0].session_id == pub.session_id

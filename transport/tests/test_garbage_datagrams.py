@@ -154,7 +154,7 @@ def test_control_path_counts_every_refusal_and_still_sends(packets: list[bytes])
         assert pub.offer(b"after the garbage") > 0
         agent.do_work(now + 2)
         seen: list[bytes] = []
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60  # bounded for a loaded machine
         while not any(b"after the garbage" in d for d in seen):
             assert time.monotonic() < deadline, "no DATA reached the receiver after the garbage"
             # The agent runs on the test's manual clock: the data may only go out once that clock

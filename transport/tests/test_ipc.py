@@ -52,6 +52,16 @@ def _peer(*args: object) -> subprocess.Popen:
     return proc
 
 
+def _wait_joined(pub, subscribers: int, timeout_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    """Until ``subscribers`` subscriptions have joined the IPC publication (live slots in its log
+    file): ``wait_until_connected`` returns at the first one, and a fixed 0.2 s was not enough
+    for a child process's driver to scan and join on a loaded machine."""
+    deadline = time.monotonic() + timeout_s
+    while len(pub.log.live_slots(time.monotonic_ns(), pub.liveness_timeout_ns)) < subscribers:
+        assert time.monotonic() < deadline, f"fewer than {subscribers} subscribers joined"
+        time.sleep(0.01)
+
+
 def _result(proc: subprocess.Popen) -> dict:
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0
@@ -68,19 +78,19 @@ def test_same_api_as_udp_in_one_process(ipc_dir: Path) -> None:
         pub = driver.add_publication("aeron:ipc?term-length=64k", 7)
         assert pub.offer(b"nobody listens") == NOT_CONNECTED and not pub.is_connected
         sub = driver.add_subscription("aeron:ipc", 7)
-        assert pub.wait_until_connected(5)
+        assert pub.wait_until_connected(30)
         got: list[tuple[bytes, int]] = []
         assembler = FragmentAssembler(lambda p, h: got.append((bytes(p), h.reserved_value)))
         for i in range(2000):  # several term rotations of a 64 KiB term
-            pub.offer_blocking(payload(i, 1 + i % 3000), reserved_value=i, timeout_s=5)
+            pub.offer_blocking(payload(i, 1 + i % 3000), reserved_value=i, timeout_s=30)
             sub.poll(assembler, 100)
         while len(got) < 2000:
             if sub.poll(assembler, 100) == 0:
-                assert sub.wait(5)
+                assert sub.wait(30)
         assert [g[1] for g in got] == list(range(2000))
         assert all(g[0] == payload(i, 1 + i % 3000) for i, g in enumerate(got))
         pub.close()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30
         while sub.images and time.monotonic() < deadline:
             sub.wait(0.05)
         assert not sub.images and _files(ipc_dir) == []  # drained, then removed
@@ -97,7 +107,7 @@ def test_100k_messages_of_random_sizes_between_two_processes(ipc_dir: Path) -> N
     child = _peer("check", ipc_dir, 9, len(sizes), 7)
     with _driver(ipc_dir) as driver:
         pub = driver.add_publication("aeron:ipc?term-length=1m", 9)
-        assert pub.wait_until_connected(10)
+        assert pub.wait_until_connected(60)  # the peer process starts meanwhile
         for i, size in enumerate(sizes):
             pub.offer_blocking(payload(i, size), timeout_s=30)
         result = _result(child)
@@ -115,9 +125,9 @@ def test_two_subscribers_at_different_speeds_get_everything_and_the_slow_one_hol
     digest = hashlib.sha256()
     with _driver(ipc_dir) as driver:
         pub = driver.add_publication("aeron:ipc?term-length=64k", 11)
+        assert pub.wait_until_connected(60)  # the peer process starts meanwhile
+        _wait_joined(pub, 2)  # both have joined at position 0 (nothing is offered before)
         deadline = time.monotonic() + 10
-        assert pub.wait_until_connected(10)
-        time.sleep(0.2)  # both have joined at position 0 (they were started first)
         for i in range(5000):
             data = payload(i, 300)
             digest.update(data)
@@ -162,8 +172,8 @@ def test_subscriber_stalled_while_back_pressured_is_dropped_after_the_liveness_t
     with _driver(ipc_dir, ipc_liveness_timeout_ns=1_000_000_000) as driver:
         pub = driver.add_publication("aeron:ipc?term-length=64k", 15)
         own = driver.add_subscription("aeron:ipc", 15)  # a live reader that keeps up
-        assert pub.wait_until_connected(10)
-        time.sleep(0.2)
+        assert pub.wait_until_connected(60)  # the peer process starts meanwhile
+        _wait_joined(pub, 2)  # the child's subscription too, before it is stopped
         os.kill(child.pid, signal.SIGSTOP)  # alive but silent: only the liveness timeout helps
         try:
             sink = FragmentAssembler(lambda p, h: None)
@@ -272,7 +282,7 @@ def test_one_client_api_a_claim_on_ipc_is_made_in_place_and_shown_only_once_comm
         pub = driver.add_publication("aeron:ipc?term-length=64k", 9)
         sub = driver.add_subscription("aeron:ipc", 9)
         assert isinstance(pub, Publication) and isinstance(sub, Subscription)
-        assert pub.wait_until_connected(5) and isinstance(sub.images[0], Image)
+        assert pub.wait_until_connected(30) and isinstance(sub.images[0], Image)
         got: list[bytes] = []
 
         def take(payload: memoryview, header: object) -> None:
