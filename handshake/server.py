@@ -197,6 +197,9 @@ class Server:
         # step, and the stream server steps the handshake once per loop pass, about once per
         # request at 2,048 sessions)
         self._hello_images_seen: list[tuple[Any, ...] | None] = []
+        # the earliest a UDP HELLO image with a reply publication may be found silent: a quiet
+        # step (nothing new on the HELLO images) still walks them from then (HELLO_SILENT_NS)
+        self._silence_due_ns: int | None = None
         # (reply publication, message, expiry ns: 0 over IPC)
         self._replies: deque[tuple[Any, bytes, int]] = deque()
         self.reply_publications_failed = 0  # HELLO images whose reply publication did not open
@@ -331,9 +334,10 @@ class Server:
             if images != seen[i] or sub.has_data():
                 quiet = False
             seen[i] = images
-        if quiet:
-            return  # no HELLO arrived and no image came or went since the last read
+        if quiet and (self._silence_due_ns is None or now_ns < self._silence_due_ns):
+            return  # no HELLO arrived, no image came or went, none may have fallen silent
         live: set[int] = set()
+        due: int | None = None
         for channels, sub, shared_reply in self._listeners:
             images = sub.images
             live.update(id(image) for image in images)
@@ -348,6 +352,13 @@ class Server:
                 reply = shared_reply if inbox.ipc else self._open_reply(channels, inbox)
                 if reply is None:
                     continue
+                heard = inbox.image.last_packet_ns
+                if not inbox.ipc and heard is not None:  # checked again for silence from then
+                    due = (
+                        heard + HELLO_SILENT_NS
+                        if due is None
+                        else min(due, heard + HELLO_SILENT_NS)
+                    )
                 image.poll(inbox.assembler, HELLOS_PER_STEP)
                 while inbox.messages and not inbox.done:
                     message = inbox.messages.popleft()
@@ -366,6 +377,7 @@ class Server:
                             now_ns,
                             image,
                         )
+        self._silence_due_ns = due
         for key in [k for k in self._hellos if k not in live]:
             gone = self._hellos.pop(key)
             if gone.reply is not None:
