@@ -267,7 +267,9 @@ def _narrow(
 
 def _check_loss(o: SourceOptions, rec: Recording, start: int) -> int | None:
     """Where to read from: ``start``, the first readable position when data below it was
-    purged, or None (nothing to read) when the recording was truncated below ``start``."""
+    purged, or None (nothing to read) when the recording was truncated below ``start``, or
+    when a set of archives does not confirm it that far yet (a sink's target with fewer
+    archives answering than its ``minInSyncReplicas``: the set's end is held back, not cut)."""
     if start < rec.purged:
         if o.fail_on_data_loss:
             raise PurgedError(
@@ -277,6 +279,15 @@ def _check_loss(o: SourceOptions, rec: Recording, start: int) -> int | None:
         log.warning("recording %s: skipping purged range [%d, %d)", rec.key, start, rec.purged)
         return rec.purged
     if start > rec.end:
+        if start <= rec.held:  # a set of archives that cannot confirm it yet: not a loss
+            log.debug(
+                "recording %s: offset %d is past what enough archives confirm (%d); "
+                "nothing read from it until they do",
+                rec.key,
+                start,
+                rec.end,
+            )
+            return None
         if o.fail_on_data_loss:
             raise PurgedError(
                 f"recording {rec.key} was truncated to {rec.end}, below the offset {start} "

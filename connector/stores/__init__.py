@@ -113,6 +113,11 @@ class Recording:
     # ``end`` the same (a sink's target: the same END marker there, digest included), the only
     # ones a read of it may use; (): any
     holders: tuple[str, ...] = ()
+    # a recording of a set of archives whose ``end`` is held back below what a copy holds
+    # (fewer archives than its ``minInSyncReplicas`` confirm an END further on): the furthest
+    # a copy holds, so an offset past ``end`` but within it is not taken for a truncation;
+    # -1: not held back
+    held: int = -1
 
     @property
     def identity(self) -> RecordingIdentity:

@@ -256,8 +256,11 @@ class ReplicaSession(ArchiveHooks):
         for identity, recs in copies.items():
             end = in_sync_end(recs, self._active(recs), len(self.store.replicas))
             holders: tuple[str, ...] = ()
+            held = -1
             if any(r.committed_only for r in recs):
                 end, holders = self._agreed(recs, end)
+                longest = max(r.end for r in recs)
+                held = longest if end < longest else -1
             else:
                 end = self._message_end(recs, end)
             # of the first archive (in preference order) holding it
@@ -271,6 +274,7 @@ class ReplicaSession(ArchiveHooks):
                     end=end,
                     end_marker=None,
                     holders=holders,
+                    held=held,
                 )
             )
         return sorted(out, key=lambda r: (r.timestamp_ns, r.key))
