@@ -6,12 +6,15 @@ running (the real archives are in ``test_archive_replicas_interop.py``)."""
 from __future__ import annotations
 
 import dataclasses
+import struct
 
 from aeron_spark.connector.options import parse_archive_source_options
 from aeron_spark.connector.source import _partitions
 from aeron_spark.connector.stores import Recording
 from aeron_spark.connector.stores.archive import ArchiveStore
+from aeron_spark.connector.stores.archive.source import message_end
 from aeron_spark.connector.stores.replicas import ReplicaStore, in_sync_end
+from aeron_spark.transport.archive.client.client import ReplayedBlock
 
 A = "aeron:udp?endpoint=127.0.0.1:8010"
 B = "aeron:udp?endpoint=127.0.0.1:8011"
@@ -40,3 +43,46 @@ def test_a_target_fewer_archives_can_confirm_is_not_read_as_truncated() -> None:
     recordings = {"t": target, "o": other}
     parts = _partitions(o, recordings, {"t": 4096, "o": 0}, {"t": 4096, "o": 1024})
     assert [(p.key, p.start, p.end) for p in parts] == [("o", 0, 1024)]
+
+
+def _frame(position: int, flags: int, length: int = 64) -> bytes:
+    head = struct.pack("<iBBhiiiiq", length, 0, flags, 1, position, 7, 9, 0, 0)
+    return head.ljust(length, b"\1")
+
+
+class _Held:
+    """What an archive replays of one recording: ``data`` from its start (position 0)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.replays: list[tuple[int, int]] = []
+
+    def replay(self, recording_id: int, lo: int, hi: int) -> list[ReplayedBlock]:
+        self.replays.append((lo, hi))
+        return [ReplayedBlock(lo, self.data[lo:hi], hi)]
+
+
+def test_a_cached_message_boundary_is_not_trusted_once_the_bytes_there_changed() -> None:
+    """The boundary cache is keyed by (control channel, recording id). The archive behind the
+    channel answers for that id with other bytes (the recording truncated and extended again,
+    or a fresh archive's catalog giving the id to another recording): the old boundary, 128,
+    is now inside a fragmented message (BEGIN at 0, middle fragments after, no END yet). The
+    old code walked on from 128, saw no BEGIN nor END and answered 128, inside the message:
+    a reader would take [0, 128), half a message (and, on the next batch, drop the rest)."""
+    channel = "aeron:udp?endpoint=127.0.0.1:65001"
+    whole = _frame(0, 0xC0) + _frame(64, 0xC0)  # two unfragmented messages
+    torn = _frame(0, 0x80) + _frame(64, 0x00) + _frame(128, 0x00)  # BEGIN, middle, middle
+    # truncated and extended: the same identity, other bytes
+    rec = Recording("k", None, 42, 7, 9, 3, 65536, 1408, 0, 0, 128)  # type: ignore[arg-type]
+    assert message_end(_Held(whole), channel, rec, 128) == 128
+    assert message_end(_Held(torn), channel, dataclasses.replace(rec, end=192), 192) == 0
+    # a fresh catalog's recording 43 is another one (another session)
+    rec = dataclasses.replace(rec, recording_id=43)
+    assert message_end(_Held(whole), channel, rec, 128) == 128
+    other = dataclasses.replace(rec, session_id=10, end=192)
+    assert message_end(_Held(torn), channel, other, 192) == 0
+    # the cache still serves a recording that grows
+    grown = _Held(whole + _frame(128, 0xC0) + _frame(192, 0xC0))
+    assert message_end(grown, channel, dataclasses.replace(rec, end=192), 192) == 192
+    assert message_end(grown, channel, dataclasses.replace(rec, end=256), 256) == 256
+    assert grown.replays == [(0, 192), (192, 256)]  # the second walk read what is new only

@@ -184,9 +184,40 @@ def _warn_alone(control_channel: str, recording_id: int, insync: int) -> None:
 
 # The last message boundary found in each recording (a frame boundary, below which a recording
 # changes only if truncated), so that listing an active recording again reads what was recorded
-# since: (control channel, recording id) -> (start position, boundary).
-_BOUNDARIES: dict[tuple[str, int], tuple[int, int]] = {}
+# since: (control channel, recording id) -> (its identity, boundary). The identity (start, stream,
+# session, initial term, term length, mtu) tells another recording under the same id (a fresh
+# archive's catalog at the same channel) apart; a walk from a cached boundary that does not find a
+# message's first fragment (or padding) there (the recording truncated and extended since) starts
+# again from the term's start.
+_BOUNDARIES: dict[tuple[str, int], tuple[object, int]] = {}
 _BOUNDARIES_LOCK = threading.Lock()
+
+
+def _walk(
+    client: ArchiveClient,
+    rec: Recording,
+    lo: int,
+    end: int,
+    boundary: int | None,
+    check: bool = False,
+) -> int | None:
+    """The last message boundary of ``[lo, end)`` (``boundary`` when none); with ``check`` (``lo``
+    a boundary found before), -1 when the frame at ``lo`` begins no message."""
+    first = check
+    for block in client.replay(rec.recording_id, lo, end):
+        for at, aligned, _length, flags, ftype in frames(block.data):
+            if first:
+                first = False
+                if ftype != _TYPE_PAD and not flags & _FLAG_BEGIN:
+                    return -1
+            if ftype == _TYPE_PAD:
+                boundary = block.position + at + aligned
+                continue
+            if flags & _FLAG_BEGIN:
+                boundary = block.position + at
+            if flags & _FLAG_END:
+                boundary = block.position + at + aligned
+    return boundary
 
 
 def message_end(client: ArchiveClient, channel: str, rec: Recording, end: int) -> int:
@@ -203,27 +234,23 @@ def message_end(client: ArchiveClient, channel: str, rec: Recording, end: int) -
     if end <= start:
         return end
     key = (channel, rec.recording_id)
+    identity = rec.identity
     term_start = max(start, (end - 1) // rec.term_length * rec.term_length)
+    from_term: int | None = term_start if term_start > start else None
     with _BOUNDARIES_LOCK:
         known = _BOUNDARIES.get(key)
     boundary: int | None
-    if known is not None and known[0] == start and term_start <= known[1] <= end:
-        lo = boundary = known[1]
+    if known is not None and known[0] == identity and term_start <= known[1] <= end:
+        boundary = known[1]
+        if boundary < end:
+            boundary = _walk(client, rec, boundary, end, boundary, check=True)
+            if boundary == -1:  # not a boundary any more: the bytes there changed
+                boundary = _walk(client, rec, term_start, end, from_term)
     else:
-        lo, boundary = term_start, (term_start if term_start > start else None)
-    if lo < end:
-        for block in client.replay(rec.recording_id, lo, end):
-            for at, aligned, _length, flags, ftype in frames(block.data):
-                if ftype == _TYPE_PAD:
-                    boundary = block.position + at + aligned
-                    continue
-                if flags & _FLAG_BEGIN:
-                    boundary = block.position + at
-                if flags & _FLAG_END:
-                    boundary = block.position + at + aligned
+        boundary = _walk(client, rec, term_start, end, from_term)
     found = start if boundary is None else boundary
     with _BOUNDARIES_LOCK:
-        _BOUNDARIES[key] = (start, found)
+        _BOUNDARIES[key] = (identity, found)
     return found
 
 
