@@ -240,9 +240,13 @@ def agreed_end(
     same END at a position hold the same bytes below it: that END is the readable end, and only
     those copies may serve it. A copy holding another batch there (an old primary back with a
     batch never acknowledged, the same size as the one acknowledged after it) does not count,
-    and when no batch there is held by ``need`` copies, the END before it is tried."""
+    and when no batch there is held by ``need`` copies, the next END below it (on any copy)
+    is tried."""
     ends = [e for e, _ in copies]
     position = max(ends, default=start) if below is None else below
+    # positions still to try: every copy's end and the begin of every END seen, kept across
+    # the steps (a begin learnt high up may lie below a batch another copy spans further down)
+    pending: set[int] = set()
     while position > start:
         groups: dict[Marker, list[int]] = {}
         begins: list[int] = []
@@ -257,8 +261,10 @@ def agreed_end(
         best = max(groups.values(), key=len, default=[])
         if len(best) >= need:
             return position, best
-        lower = [e for e in ends if e < position] + [b for b in begins if b < position]
-        position = max(lower, default=start)
+        pending.update(ends)
+        pending.update(begins)
+        pending = {p for p in pending if p < position}
+        position = max(pending, default=start)
     return start, list(range(len(copies)))
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 
+from aeron_spark.connector.archive_markers import END, Marker, agreed_end
 from aeron_spark.connector.options import parse_archive_source_options
 from aeron_spark.connector.source import _partitions
 from aeron_spark.connector.stores import Recording
@@ -86,3 +87,25 @@ def test_a_cached_message_boundary_is_not_trusted_once_the_bytes_there_changed()
     assert message_end(grown, channel, dataclasses.replace(rec, end=192), 192) == 192
     assert message_end(grown, channel, dataclasses.replace(rec, end=256), 256) == 256
     assert grown.replays == [(0, 192), (192, 256)]  # the second walk read what is new only
+
+
+def _end(end: int, begin: int, digest: bytes) -> Marker:
+    return Marker(END, "id", 1, 1, begin, 10, end - 64, end, digest, 2)
+
+
+def test_an_end_two_copies_agree_on_is_found_past_a_copy_whose_batch_spans_it() -> None:
+    """``minInSyncReplicas=2``; X and Y both end batch w at 1000 and went different ways after
+    it (X to 3000, Y to 2500: neither acknowledged); Z, an old copy of another history, holds
+    one batch over [0, 2000). 1000 is what two archives agree on. The old search walked down
+    3000, 2500, 2000 and forgot there the beginnings it had learnt higher up (X's and Y's
+    batches begin at 1000): at 2000 only Z's own begin, 0, was left, so the reader was given
+    nothing (the recording's start)."""
+    w = _end(1000, 0, b"w" * 8)
+    x, y, z = _end(3000, 1000, b"x" * 8), _end(2500, 1000, b"y" * 8), _end(2000, 0, b"z" * 8)
+    held = {0: {1000: w, 3000: x}, 1: {1000: w, 2500: y}, 2: {2000: z}}
+
+    def marker_at(i: int, position: int) -> Marker | None:
+        return held[i].get(position)
+
+    copies = [(3000, x), (2500, y), (2000, z)]
+    assert agreed_end(copies, 0, 2, marker_at) == (1000, [0, 1])
