@@ -50,7 +50,11 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from aeron_spark.connector import formats_arrow
-from aeron_spark.connector.errors import PositionOutOfRangeError, PurgedError
+from aeron_spark.connector.errors import (
+    PositionOutOfRangeError,
+    PurgedError,
+    ReplicasUnavailableError,
+)
 from aeron_spark.connector.formats import (
     BINARY_SCHEMA_DDL,
     TEXT_SCHEMA_DDL,
@@ -309,6 +313,21 @@ def _partitions(
         rec = recordings.get(key)
         if rec is None:
             continue
+        if rec.end < end[key] <= rec.held and start.get(key, rec.start) < end[key]:
+            # planned when enough archives held it; fewer answer now (the range is there, on
+            # too few of them to know it is the acknowledged one): no rows yet, not a loss
+            raise ReplicasUnavailableError(
+                f"recording {key}: the planned offset {end[key]} is past what enough archives "
+                f"of the set confirm now ({rec.end}; a copy holds {rec.held}, but its batches "
+                f"need minInSyncReplicas={rec.insync} archives holding them the same): retry "
+                "once they answer",
+                archives={
+                    channel: "holds a copy, cannot confirm it alone"
+                    if channel in rec.holders
+                    else "did not answer, or holds no copy"
+                    for channel in getattr(rec.store, "control_channels", rec.holders)
+                },
+            )
         begin = _check_loss(o, rec, start.get(key, rec.start))
         if begin is None or end[key] <= begin:
             continue

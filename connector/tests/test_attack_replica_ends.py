@@ -8,7 +8,10 @@ from __future__ import annotations
 import dataclasses
 import struct
 
+import pytest
+
 from aeron_spark.connector.archive_markers import END, Marker, agreed_end
+from aeron_spark.connector.errors import ErrorCode, ReplicasUnavailableError
 from aeron_spark.connector.options import parse_archive_source_options
 from aeron_spark.connector.source import _partitions
 from aeron_spark.connector.stores import Recording
@@ -109,3 +112,30 @@ def test_an_end_two_copies_agree_on_is_found_past_a_copy_whose_batch_spans_it() 
 
     copies = [(3000, x), (2500, y), (2000, z)]
     assert agreed_end(copies, 0, 2, marker_at) == (1000, [0, 1])
+
+
+def test_a_planned_range_no_longer_confirmed_fails_as_replicas_unavailable() -> None:
+    """``latestOffset`` planned a target's batch up to 4096 (A and B held its END, as its
+    ``minInSyncReplicas=2`` needs); A died before ``planInputPartitions`` listed again, so the
+    set's end is held back to 0 while B still holds 4096. The range cannot be confirmed now,
+    nor was anything truncated: the error says so and is the replica set's coded
+    SERVER_UNAVAILABLE one, failOnDataLoss or not. The old code raised PurgedError
+    ('truncated to 0, below the offset 1024'), and with failOnDataLoss=false planned nothing
+    for the recording: the batch would be committed up to 4096 without [1024, 4096)'s rows."""
+    o = _options(f"{A},{B}").source
+    store = ReplicaStore((ArchiveStore(_options(A).connect), ArchiveStore(_options(B).connect)))
+    target = Recording("t", store, 2, 7, 0, 3, 65536, 1408, 0, 0, 0)
+    target = dataclasses.replace(
+        target, committed_only=True, alias="s", insync=2, holders=(B,), held=4096
+    )
+    with pytest.raises(ReplicasUnavailableError) as info:
+        _partitions(o, {"t": target}, {"t": 1024}, {"t": 4096})
+    assert info.value.code == ErrorCode.SERVER_UNAVAILABLE
+    assert "minInSyncReplicas=2" in str(info.value) and "4096" in str(info.value)
+    assert info.value.details["archives"] == {
+        A: "did not answer, or holds no copy",
+        B: "holds a copy, cannot confirm it alone",
+    }
+    lenient = dataclasses.replace(o, fail_on_data_loss=False)
+    with pytest.raises(ReplicasUnavailableError):
+        _partitions(lenient, {"t": target}, {"t": 1024}, {"t": 4096})
