@@ -139,3 +139,30 @@ def test_a_planned_range_no_longer_confirmed_fails_as_replicas_unavailable() -> 
     lenient = dataclasses.replace(o, fail_on_data_loss=False)
     with pytest.raises(ReplicasUnavailableError):
         _partitions(lenient, {"t": target}, {"t": 1024}, {"t": 4096})
+
+
+def test_what_held_under_attack() -> None:
+    """Attacks the rules withstood (they pass on the old code too; kept as their record)."""
+    # the same batch and digest ending at two positions is two batches, not one agreed END
+    here, there = _end(2000, 1000, b"d" * 8), _end(2064, 1064, b"d" * 8)
+    held = {0: {2000: here}, 1: {2064: there}}
+    got = agreed_end([(2000, here), (2064, there)], 0, 2, lambda i, p: held[i].get(p))
+    assert got == (0, [0, 1])
+    # a copy claiming minInSyncReplicas=1 does not lower what the others' markers ask
+    store = ReplicaStore((ArchiveStore(_options(A).connect), ArchiveStore(_options(B).connect)))
+    primary = Recording("t", store, 1, 7, 0, 3, 65536, 1408, 0, 0, 4096)
+    primary = dataclasses.replace(primary, committed_only=True, alias="s", insync=2)
+    liar = dataclasses.replace(primary, recording_id=2, end=1024, insync=1)
+    assert in_sync_end([primary, liar], [False, False], 2) == 1024
+    assert in_sync_end([dataclasses.replace(liar, end=4096)], [False], 2) == 4096  # k=1 alone
+    # a message whose END fragment ends exactly at the recorded end; an empty recording; a
+    # recording that begins inside a message (a late join) and one that holds only its tail
+    channel = "aeron:udp?endpoint=127.0.0.1:65002"
+    rec = Recording("k", None, 7, 7, 9, 3, 65536, 1408, 0, 0, 128)  # type: ignore[arg-type]
+    assert message_end(_Held(_frame(0, 0x80) + _frame(64, 0x40)), channel, rec, 128) == 128
+    assert message_end(_Held(b""), channel, dataclasses.replace(rec, recording_id=8), 0) == 0
+    late = dataclasses.replace(rec, recording_id=9, start=64, purged=64)
+    tail = _Held(b"\0" * 64 + _frame(64, 0x00) + _frame(128, 0x40) + _frame(192, 0x80))
+    assert message_end(tail, channel, late, 256) == 192
+    only = dataclasses.replace(rec, recording_id=10, start=64, purged=64)
+    assert message_end(_Held(b"\0" * 64 + _frame(64, 0x00)), channel, only, 128) == 64
