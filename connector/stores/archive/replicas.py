@@ -59,7 +59,8 @@ from aeron_spark.connector.archive_markers import (
 from aeron_spark.connector.errors import ConnectorError, ServerUnavailableError
 from aeron_spark.connector.options import ArchiveConnect, ArchiveSinkOptions
 from aeron_spark.connector.stores.archive import health
-from aeron_spark.connector.stores.archive.source import connect
+from aeron_spark.connector.stores.archive.source import connect, distinct_archives
+from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport import TransportError
 from aeron_spark.transport.archive.client import (
     ArchiveClient,
@@ -517,28 +518,36 @@ def elect(o: ArchiveSinkOptions, alias: str) -> Election:
     ends = [-1] * len(archives)
     stream_id = o.sink.stream_id
 
-    def probe(c: ArchiveConnect) -> tuple[ArchiveClient, _Held]:
+    def probe(c: ArchiveConnect) -> tuple[ArchiveClient, _Held, int]:
         # an archive that answers nothing costs PROBE_S at most; one that failed lately in this
         # process (the driver: an earlier commit) RECHECK_S, enough for a living one to answer
         failed = health.is_failed(c.control_channel)
         client = health.connect(c, health.RECHECK_S if failed else health.PROBE_S)
         try:
-            return client, _committed_end(client, alias, stream_id)
+            return client, _committed_end(client, alias, stream_id), client.archive_id()
         except BaseException:
             client.close()
             raise
 
     held = [_Held(None, -1, None)] * len(archives)
+    ids: dict[str, int] = {}  # each reachable archive's id: one archive named twice is refused
     with ThreadPoolExecutor(len(archives), thread_name_prefix="archive-elect") as pool:
         futures = [pool.submit(probe, c) for c in archives]
         for i, future in enumerate(futures):
             try:
-                clients[i], held[i] = future.result()
+                clients[i], held[i], ids[archives[i].control_channel] = future.result()
                 ends[i] = held[i].end
                 health.mark_ok(archives[i].control_channel)
             except REPLICA_FAILURES as exc:
                 errors[i] = f"unreachable ({describe(exc)})"
                 health.mark_failed(archives[i].control_channel)
+    try:
+        distinct_archives("replicas", ids)
+    except ConfigurationError:
+        for c in clients:
+            if c is not None:
+                c.close()
+        raise
     reachable = [i for i, c in enumerate(clients) if c is not None]
     if not reachable:
         raise ServerUnavailableError(

@@ -49,6 +49,7 @@ from aeron_spark.connector.stores import (
     scan_each,
 )
 from aeron_spark.connector.stores.archive.hooks import ArchiveHooks
+from aeron_spark.errors import ConfigurationError
 from aeron_spark.transport.archive.client import ArchiveClient
 from aeron_spark.transport.archive.client.client import ReplayedBlock
 from aeron_spark.transport.protocol.frames import FRAME_ALIGNMENT, DataFlags
@@ -70,6 +71,22 @@ def connect(c: ArchiveConnect) -> ArchiveClient:
 
 
 _TYPE_PAD = 0x00
+
+
+def distinct_archives(option: str, ids: dict[str, int]) -> None:
+    """Refuse control channels that reach one archive (``ids``: each channel's archive id, as
+    the archive answers it): two spellings of one archive (a host name and its address, a
+    parameter more) would count it twice as a replica, so a batch held by that archive alone
+    would pass for one held by ``minInSyncReplicas`` archives."""
+    first: dict[int, str] = {}
+    for channel, archive_id in ids.items():
+        if archive_id in first:
+            raise ConfigurationError(
+                option,
+                f"{first[archive_id]},{channel}",
+                f"distinct archives (both reach archive id {archive_id})",
+            )
+        first[archive_id] = channel
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ from aeron_spark.connector.stores.archive.health import (
     mark_ok,
 )
 from aeron_spark.connector.stores.archive.hooks import ArchiveHooks
-from aeron_spark.connector.stores.archive.source import message_end
+from aeron_spark.connector.stores.archive.source import distinct_archives, message_end
 from aeron_spark.transport.archive.client import ArchiveClient
 from aeron_spark.transport.archive.client.client import ReplayedBlock
 from aeron_spark.transport.errors import TransportError
@@ -239,6 +239,7 @@ class ReplicaSession(ArchiveHooks):
     def recordings(self, stream_ids: tuple[int, ...]) -> list[Recording]:
         copies: dict[RecordingIdentity, list[Recording]] = {}
         answered = 0
+        ids: dict[str, int] = {}
         for replica, client in self._serving(skipped_too=False):
             try:
                 listed = ArchiveSession(replica, client, bound_messages=False).recordings(
@@ -247,6 +248,10 @@ class ReplicaSession(ArchiveHooks):
             except FAILOVER_ERRORS as exc:
                 self._fail(replica, exc)
                 continue
+            if listed:  # keys "<archiveId>/<recordingId>": one archive named twice would hold
+                # each copy twice, and a sink's batch on it alone pass for one on two archives
+                ids[replica.connect.control_channel] = int(listed[0].key.split("/", 1)[0])
+                distinct_archives("archive", ids)
             answered += 1
             for rec in listed:
                 copies.setdefault(rec.identity, []).append(rec)
