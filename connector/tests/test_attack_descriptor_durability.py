@@ -19,6 +19,7 @@ before the client has its acknowledgement.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -26,9 +27,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from aeron_spark.connector.client import StreamClient
 from aeron_spark.connector.server.testing import client_for
 from aeron_spark.transport.testing import sweep_dead
 
@@ -48,7 +52,7 @@ def _traced_server(
     directory: str,
     trace: str,
     log_path: str,
-    calls: str = "mkdir,mkdirat,open,openat,fsync,fdatasync",
+    calls: str,
 ) -> subprocess.Popen[bytes]:
     argv = [
         "strace",
@@ -100,41 +104,62 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     sweep_dead()
 
 
+@contextlib.contextmanager
+def _traced_client(tmp_path: Path, calls: str) -> Iterator[StreamClient]:
+    """A client of a server (``--fsync``, its directory ``tmp_path/srv``) running under strace,
+    which writes the ``calls`` it traces to ``tmp_path/strace.log`` (read them with
+    :func:`_calls` once this exits: the server is killed and strace reaped by then)."""
+    log_path = str(tmp_path / "server.log")
+    proc = _traced_server(str(tmp_path / "srv"), str(tmp_path / "strace.log"), log_path, calls)
+    try:
+        endpoint = _endpoint(proc, log_path)
+        with client_for(endpoint, timeout_s=120) as c:
+            yield c
+    finally:
+        _stop(proc)
+
+
+def _calls(tmp_path: Path) -> list[tuple[float, str, str]]:
+    """(wall time, call, arguments) of each call :func:`_traced_client` traced, an interrupted
+    one at its start."""
+    calls = []
+    with open(tmp_path / "strace.log") as fh:
+        for line in fh:
+            found = _LINE.match(line)
+            if found:
+                calls.append((float(found.group(2)), found.group(3), found.group(4)))
+    return calls
+
+
+def _made(calls: list[tuple[float, str, str]], path: str) -> float:
+    """When directory ``path`` was made (its first mkdir traced)."""
+    at = [t for t, name, args in calls if name.startswith("mkdir") and f'"{path}"' in args]
+    assert at, f"no mkdir of {path} traced"
+    return at[0]
+
+
+def _synced_after(calls: list[tuple[float, str, str]], path: str, after: float) -> list[float]:
+    """When ``path`` was fsynced (or fdatasynced) after ``after``."""
+    return [
+        t
+        for t, name, args in calls
+        if name in ("fsync", "fdatasync") and args.endswith(f"<{path}>") and t > after
+    ]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
 def test_a_new_recordings_name_is_fsynced_before_its_first_publish_is_acknowledged(
     tmp_path,
 ) -> None:
-    directory = str(tmp_path / "srv")
-    trace = str(tmp_path / "strace.log")
-    log_path = str(tmp_path / "server.log")
-    proc = _traced_server(directory, trace, log_path)
-    try:
-        endpoint = _endpoint(proc, log_path)
-        with client_for(endpoint, timeout_s=120) as c:
-            c.publish(STREAM, [b"first"])
-            acknowledged = time.time()
-            (rec,) = c.list_recordings([STREAM])
-    finally:
-        _stop(proc)
-    root = os.path.realpath(os.path.join(directory, "recordings"))
+    with _traced_client(tmp_path, "mkdir,mkdirat,open,openat,fsync,fdatasync") as c:
+        c.publish(STREAM, [b"first"])
+        acknowledged = time.time()
+        (rec,) = c.list_recordings([STREAM])
+    root = os.path.realpath(os.path.join(tmp_path / "srv", "recordings"))
     made = os.path.join(root, str(rec.recording_id))
-    calls = []
-    with open(trace) as fh:
-        for line in fh:
-            found = _LINE.match(line)
-            if found:
-                calls.append((float(found.group(2)), found.group(3), found.group(4)))
-    mkdir_at = [t for t, name, args in calls if name.startswith("mkdir") and f'"{made}"' in args]
-    assert mkdir_at, f"no mkdir of {made} traced"
-
-    def synced_after(path: str, after: float) -> list[float]:
-        return [
-            t
-            for t, name, args in calls
-            if name in ("fsync", "fdatasync") and args.endswith(f"<{path}>") and t > after
-        ]
-
+    calls = _calls(tmp_path)
+    mkdir_at = _made(calls, made)
     segment = os.path.join(made, "00000000000000000000.seg")
     created = [
         t
@@ -142,24 +167,13 @@ def test_a_new_recordings_name_is_fsynced_before_its_first_publish_is_acknowledg
         if name.startswith("open") and f'"{segment}"' in args and "O_CREAT" in args
     ]
     assert created, f"no creation of {segment} traced"
-    root_synced = synced_after(root, mkdir_at[0])
-    dir_synced = synced_after(made, created[0])
-    after = [c for c in calls if c[0] > mkdir_at[0] and c[1] != "openat"][:20]
+    root_synced = _synced_after(calls, root, mkdir_at)
+    dir_synced = _synced_after(calls, made, created[0])
+    after = [c for c in calls if c[0] > mkdir_at and c[1] != "openat"][:20]
     # main: the recording's descriptor was fsynced, ``recordings`` never
     assert root_synced and root_synced[0] < acknowledged, f"fsyncs after the mkdir: {after}"
     # main: the segment file's data was fsynced, its name in the recording's directory never
     assert dir_synced and dir_synced[0] < acknowledged, f"fsyncs after the mkdir: {after}"
-
-
-def _calls(trace: str) -> list[tuple[float, str, str]]:
-    """(wall time, call, arguments) of each traced call, an interrupted one at its start."""
-    calls = []
-    with open(trace) as fh:
-        for line in fh:
-            found = _LINE.match(line)
-            if found:
-                calls.append((float(found.group(2)), found.group(3), found.group(4)))
-    return calls
 
 
 @pytest.mark.slow
@@ -174,46 +188,24 @@ def test_a_staged_parts_directory_names_are_fsynced_before_the_stage_is_acknowle
     with STAGED_DATA_MISSING and Spark runs the batch again: no loss, but an acknowledged stage
     that was not durable). Now each new directory's parent is fsynced after its mkdir, before
     the answer; for a part staged over the session and one the client wrote itself (local)."""
-    directory = str(tmp_path / "srv")
-    trace = str(tmp_path / "strace.log")
-    log_path = str(tmp_path / "server.log")
-    calls_traced = "mkdir,mkdirat,fsync,fdatasync,rename,renameat,renameat2"
-    proc = _traced_server(directory, trace, log_path, calls_traced)
     acknowledged: dict[bool, float] = {}
-    try:
-        endpoint = _endpoint(proc, log_path)
-        with client_for(endpoint, timeout_s=120) as c:
-            for batch, local in ((7, False), (8, True)):
-                c.stage("sink-a", batch, 0, 0, STREAM, [b"row"] * 3, local=local)
-                acknowledged[local] = time.time()
-    finally:
-        _stop(proc)
-    staged = os.path.join(os.path.realpath(directory), "sink", "staged")
+    with _traced_client(tmp_path, "mkdir,mkdirat,fsync,fdatasync,rename,renameat,renameat2") as c:
+        for batch, local in ((7, False), (8, True)):
+            c.stage("sink-a", batch, 0, 0, STREAM, [b"row"] * 3, local=local)
+            acknowledged[local] = time.time()
+    staged = os.path.join(os.path.realpath(tmp_path / "srv"), "sink", "staged")
     sink_dir = os.path.join(staged, b"sink-a".hex())
-    calls = _calls(trace)
-
-    def made(path: str) -> float:
-        at = [t for t, name, args in calls if name.startswith("mkdir") and f'"{path}"' in args]
-        assert at, f"no mkdir of {path} traced"
-        return at[0]
-
-    def synced_after(path: str, after: float) -> list[float]:
-        return [
-            t
-            for t, name, args in calls
-            if name in ("fsync", "fdatasync") and args.endswith(f"<{path}>") and t > after
-        ]
-
-    sink_made = made(sink_dir)
+    calls = _calls(tmp_path)
+    sink_made = _made(calls, sink_dir)
     for batch, local in ((7, False), (8, True)):
         batch_dir = os.path.join(sink_dir, str(batch))
         part = os.path.join(batch_dir, f"0-0@{STREAM}.part")
         renamed = [t for t, name, args in calls if name.startswith("rename") and part in args]
         assert renamed, f"no rename to {part} traced"
         ack = acknowledged[local]
-        after = [c for c in calls if c[0] > made(batch_dir)][:20]
+        after = [c for c in calls if c[0] > _made(calls, batch_dir)][:20]
         # main: fsynced after the rename (the part's name in its batch directory) ...
-        assert any(t < ack for t in synced_after(batch_dir, renamed[0])), after
+        assert any(t < ack for t in _synced_after(calls, batch_dir, renamed[0])), after
         # ... but not the batch directory's name, nor the sink directory's
-        assert any(t < ack for t in synced_after(sink_dir, made(batch_dir))), after
-        assert any(t < acknowledged[False] for t in synced_after(staged, sink_made)), after
+        assert any(t < ack for t in _synced_after(calls, sink_dir, _made(calls, batch_dir))), after
+        assert any(t < acknowledged[False] for t in _synced_after(calls, staged, sink_made)), after
