@@ -13,6 +13,7 @@ fails instead with ``AERON_INTEROP_REQUIRED`` (CI).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ import pytest
 from aeron_spark.connector.options import parse_archive_source_options
 from aeron_spark.connector.source import AeronBatchReader, AeronStreamReader, decode_offset
 from aeron_spark.transport.archive.client import ArchiveClient, RecordingSignal
+from aeron_spark.transport.driver.client import Publication
 from aeron_spark.transport.protocol.frames import DataFlags, DataFrame
 from aeron_spark.transport.testing import free_udp_port
 
@@ -38,9 +40,7 @@ WAIT_S = 60.0  # bounded waits, sized for a loaded 2-core machine
 
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[aeron_peer.JavaArchive]:
-    aeron_peer.require_java()
-    root = tmp_path_factory.mktemp("partial")
-    with aeron_peer.java_archives(root, ["partial"], 0x7A1) as (started,):
+    with aeron_peer.module_archives(tmp_path_factory, "partial", ["partial"], 0x7A1) as (started,):
         yield started
 
 
@@ -61,6 +61,29 @@ def _recorded(client: ArchiveClient, recording_id: int, position: int) -> None:
     while client.recording_position(recording_id) < position:
         assert time.monotonic() < deadline, f"not recorded up to {position}"
         time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def _recorded_publication(
+    client: ArchiveClient, channel: str, stream_id: int, params: str, stop_recording: bool
+) -> Iterator[tuple[Publication, int, int]]:
+    """A recording of ``stream_id`` on ``channel`` and our publication to it (``channel`` with
+    ``params``), connected and its recording started: (publication, recording subscription id,
+    recording id). The publication closed after; then (``stop_recording``) the recording
+    stopped."""
+    sub_id = client.start_recording(channel, stream_id)
+    pub = client.driver.add_publication(f"{channel}|{params}", stream_id)
+    try:
+        assert pub.wait_until_connected(WAIT_S)
+        recording_id = client.wait_for_signal(
+            lambda e: e.subscription_id == sub_id and e.signal == RecordingSignal.START,
+            WAIT_S,
+        ).recording_id
+        yield pub, sub_id, recording_id
+    finally:
+        pub.close()
+        if stop_recording:
+            client.stop_recording_subscription(sub_id)
 
 
 def _options(archive: aeron_peer.JavaArchive, stream_id: int, set_of: bool) -> dict[str, str]:
@@ -94,42 +117,37 @@ def test_the_recorded_end_inside_a_message_is_never_offered_nor_read(
 ) -> None:
     stream_id = 7101
     channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
-    with ArchiveClient.connect(archive.control_channel) as client:
-        sub_id = client.start_recording(channel, stream_id)
-        pub = client.driver.add_publication(f"{channel}|term-length={TERM}", stream_id)
-        try:
-            assert pub.wait_until_connected(WAIT_S)
-            recording_id = client.wait_for_signal(
-                lambda e: e.subscription_id == sub_id and e.signal == RecordingSignal.START,
-                WAIT_S,
-            ).recording_id
-            whole = [b"whole-%d" % i for i in range(3)]
-            for payload in whole:
-                boundary = pub.offer_blocking(payload, timeout_s=WAIT_S)
-            # the publisher is in the middle of a message: its first two fragments recorded
-            inside = pub.offer_block_blocking(_block(BEGIN, MIDDLE), timeout_s=WAIT_S)
-            _recorded(client, recording_id, inside)
-            for set_of in (False, True):
-                assert _latest(archive, stream_id, set_of) == boundary  # not the recorded end
-                assert _read(archive, stream_id, set_of) == whole
-            # the message completes, another follows: both read
-            done = pub.offer_block_blocking(_block(END), timeout_s=WAIT_S)
-            after = pub.offer_blocking(b"after", timeout_s=WAIT_S)
-            _recorded(client, recording_id, after)
-            assert _latest(archive, stream_id) == after
-            assert _read(archive, stream_id) == [*whole, b"".join(BIG), b"after"]
-            assert done < after
-            # the recording stopped inside the next message
-            cut = pub.offer_block_blocking(_block(BEGIN), timeout_s=WAIT_S)
-            _recorded(client, recording_id, cut)
-            client.stop_recording_subscription(sub_id)
-            deadline = time.monotonic() + WAIT_S
-            while client.stop_position(recording_id) < 0:
-                assert time.monotonic() < deadline, "the recording did not stop"
-                time.sleep(0.02)
-            assert client.stop_position(recording_id) == cut
-        finally:
-            pub.close()
+    with (
+        ArchiveClient.connect(archive.control_channel) as client,
+        _recorded_publication(
+            client, channel, stream_id, f"term-length={TERM}", stop_recording=False
+        ) as (pub, sub_id, recording_id),
+    ):
+        whole = [b"whole-%d" % i for i in range(3)]
+        for payload in whole:
+            boundary = pub.offer_blocking(payload, timeout_s=WAIT_S)
+        # the publisher is in the middle of a message: its first two fragments recorded
+        inside = pub.offer_block_blocking(_block(BEGIN, MIDDLE), timeout_s=WAIT_S)
+        _recorded(client, recording_id, inside)
+        for set_of in (False, True):
+            assert _latest(archive, stream_id, set_of) == boundary  # not the recorded end
+            assert _read(archive, stream_id, set_of) == whole
+        # the message completes, another follows: both read
+        done = pub.offer_block_blocking(_block(END), timeout_s=WAIT_S)
+        after = pub.offer_blocking(b"after", timeout_s=WAIT_S)
+        _recorded(client, recording_id, after)
+        assert _latest(archive, stream_id) == after
+        assert _read(archive, stream_id) == [*whole, b"".join(BIG), b"after"]
+        assert done < after
+        # the recording stopped inside the next message
+        cut = pub.offer_block_blocking(_block(BEGIN), timeout_s=WAIT_S)
+        _recorded(client, recording_id, cut)
+        client.stop_recording_subscription(sub_id)
+        deadline = time.monotonic() + WAIT_S
+        while client.stop_position(recording_id) < 0:
+            assert time.monotonic() < deadline, "the recording did not stop"
+            time.sleep(0.02)
+        assert client.stop_position(recording_id) == cut
     assert _latest(archive, stream_id) == after
     assert _read(archive, stream_id) == [*whole, b"".join(BIG), b"after"]
 
@@ -143,28 +161,22 @@ def test_a_recording_that_begins_inside_a_message_is_read_from_the_first_whole_o
     stream_id = 7102
     channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
     joined = 4096
-    with ArchiveClient.connect(archive.control_channel) as client:
-        sub_id = client.start_recording(channel, stream_id)
-        pub = client.driver.add_publication(
-            f"{channel}|term-length={TERM}|init-term-id=7|term-id=7|term-offset={joined}",
-            stream_id,
-        )
-        try:
-            assert pub.wait_until_connected(WAIT_S)
-            recording_id = client.wait_for_signal(
-                lambda e: e.subscription_id == sub_id and e.signal == RecordingSignal.START,
-                WAIT_S,
-            ).recording_id
-            pub.offer_block_blocking(_block(MIDDLE, END), timeout_s=WAIT_S)
-            rows = [b"late-%d" % i for i in range(3)]
-            for payload in rows:
-                last = pub.offer_blocking(payload, timeout_s=WAIT_S)
-            _recorded(client, recording_id, last)
-            d = client.list_recording(recording_id)
-            assert d is not None and d.start_position == joined
-            for set_of in (False, True):
-                assert _read(archive, stream_id, set_of) == rows
-                assert _latest(archive, stream_id, set_of) == last
-        finally:
-            pub.close()
-            client.stop_recording_subscription(sub_id)
+    params = f"term-length={TERM}|init-term-id=7|term-id=7|term-offset={joined}"
+    with (
+        ArchiveClient.connect(archive.control_channel) as client,
+        _recorded_publication(client, channel, stream_id, params, stop_recording=True) as (
+            pub,
+            _,
+            recording_id,
+        ),
+    ):
+        pub.offer_block_blocking(_block(MIDDLE, END), timeout_s=WAIT_S)
+        rows = [b"late-%d" % i for i in range(3)]
+        for payload in rows:
+            last = pub.offer_blocking(payload, timeout_s=WAIT_S)
+        _recorded(client, recording_id, last)
+        d = client.list_recording(recording_id)
+        assert d is not None and d.start_position == joined
+        for set_of in (False, True):
+            assert _read(archive, stream_id, set_of) == rows
+            assert _latest(archive, stream_id, set_of) == last

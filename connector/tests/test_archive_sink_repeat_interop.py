@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from aeron_spark.connector.errors import NotEnoughReplicasError
 from aeron_spark.connector.options import (
     parse_archive_sink_options,
 )
@@ -30,7 +29,7 @@ from aeron_spark.transport.testing import free_udp_port
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "transport" / "tests"))
 import aeron_peer  # noqa: E402
-from archive_sink_helpers import KilledAfterConnect, read_rows, stage  # noqa: E402
+from archive_sink_helpers import KilledAfterConnect, commit_fails, read_rows, stage  # noqa: E402
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(400)]
 STREAM_ID = 6401
@@ -57,15 +56,9 @@ def test_a_failed_repeated_commit_keeps_the_acknowledged_batch(tmp_path: Path) -
         assert read_rows(a, STREAM_ID) == rows[0] + rows[1] == read_rows(b, STREAM_ID)
         # batch 1 committed again; its only replica dies once it answered
         parts = [dataclasses.replace(stage(o, 1, 0, rows[1]), attempt=1)]
-        with archive_sink.connect(o.connect) as client:
-            committer = archive_sink.ArchiveCommitter(o, "id", client)
-            replicas = KilledAfterConnect(o, "id")
-            replicas.victim = b
-            try:
-                with replicas, pytest.raises(NotEnoughReplicasError) as failed:
-                    committer.commit(1, parts, replicas=replicas)
-            finally:
-                committer.close()
+        replicas = KilledAfterConnect(o, "id")
+        replicas.victim = b
+        failed = commit_fails(o, 1, parts, replicas)
         assert "undone" not in str(failed.value)
         assert read_rows(a, STREAM_ID) == rows[0] + rows[1]  # the acknowledged batch is still there
         # with the replica gone for good, the same batch with minInSyncReplicas=1: nothing

@@ -13,6 +13,7 @@ Skips without Java only; fails instead with ``AERON_INTEROP_REQUIRED`` (CI).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ from archive_sink_helpers import (  # noqa: E402
     KilledAfterConnect,
     answers,
     commit,
+    commit_fails,
     messages_on,
     read_rows,
     stage,
@@ -48,9 +50,8 @@ pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(400)]
 
 @pytest.fixture(scope="module")
 def archives(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[aeron_peer.JavaArchive]]:
-    aeron_peer.require_java()
-    root = tmp_path_factory.mktemp("sink-replicas")
-    with aeron_peer.java_archives(root, ["sink-primary", "sink-replica-b"], 0x5A1) as started:
+    names = ["sink-primary", "sink-replica-b"]
+    with aeron_peer.module_archives(tmp_path_factory, "sink-replicas", names, 0x5A1) as started:
         yield started
 
 
@@ -74,6 +75,32 @@ def _options(
             "minInSyncReplicas": str(min_insync),
         }
     )
+
+
+_Archive = aeron_peer.JavaArchive
+
+
+@contextlib.contextmanager
+def _three_archives(
+    tmp_path: Path, prefix: str, first_id: int, stream_id: int, **extra: str
+) -> Iterator[tuple[_Archive, _Archive, _Archive, ArchiveSinkOptions]]:
+    """Archives ``<prefix>-a`` (the primary), ``-b`` and ``-c`` (its replicas) and a sink's
+    options on them, ``minInSyncReplicas=2``. A promoted archive takes the sink's channels on
+    its own host, same ports: here the same host, so staging gets a port of its own (a
+    restarted primary stages there while the promoted one appends)."""
+    aeron_peer.require_java()
+    names = [f"{prefix}-a", f"{prefix}-b", f"{prefix}-c"]
+    with aeron_peer.java_archives(tmp_path, names, first_id) as (a, b, c):
+        o = _options(
+            a,
+            stream_id,
+            [b, c],
+            2,
+            f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
+            archiveStagingChannel=f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
+            **extra,
+        )
+        yield a, b, c, o
 
 
 def test_min_insync_replicas_2_every_row_once_and_the_replica_holds_the_same(
@@ -107,13 +134,9 @@ def test_min_insync_replicas_3_with_a_replica_down_commits_nothing(
         committed, _ = messages_on(o, b)
         # c dies after answering: the append goes in, too few copies reach its END: undone.
         rows = [b"second-%03d" % i for i in range(300)]
-        parts = [stage(o, 1, 0, rows)]
-        with archive_sink.connect(o.connect) as client:
-            committer = archive_sink.ArchiveCommitter(o, "id", client)
-            replicas = KilledAfterConnect(o, "id")
-            replicas.victim = c
-            with replicas, pytest.raises(NotEnoughReplicasError) as after:
-                committer.commit(1, parts, replicas=replicas)
+        replicas = KilledAfterConnect(o, "id")
+        replicas.victim = c
+        after = commit_fails(o, 1, [stage(o, 1, 0, rows)], replicas)
     assert after.value.code is ErrorCode.NOT_ENOUGH_REPLICAS
     assert (after.value.required, after.value.in_sync) == (3, 2)
     assert list(after.value.failed) == [c.control_channel]
@@ -163,20 +186,7 @@ def test_primary_killed_a_replica_is_promoted_and_the_old_primary_reseeded(
     directory) is behind: the next commit stays on the promoted replica, stages on the old
     primary and brings its copy up to date; every archive then holds the same messages at the
     same positions and reads every row once."""
-    aeron_peer.require_java()
-    names = ["promote-a", "promote-b", "promote-c"]
-    with aeron_peer.java_archives(tmp_path, names, 0x5C1) as (a, b, c):
-        # A promoted archive takes the sink's channels on its own host, same ports: here the
-        # same host, so staging gets a port of its own (a restarted primary stages there while
-        # the promoted one appends).
-        o = _options(
-            a,
-            6201,
-            [b, c],
-            2,
-            f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
-            archiveStagingChannel=f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
-        )
+    with _three_archives(tmp_path, "promote", 0x5C1, 6201) as (a, b, c, o):
         rows = [[b"p%d-%04d" % (n, i) for i in range(300)] for n in range(4)]
         for n in (0, 1):
             assert commit(o, n, rows[n]).replicas_in_sync == 2
@@ -262,18 +272,7 @@ def test_a_reader_of_the_set_sees_no_batch_before_min_insync_archives_hold_it(
     the primary, a re-read of its partition (a retried task) would now give other rows, and
     rows that were never committed. It reads only what two archives hold (the END marker says
     how many archives its commit needs): the rows before the batch."""
-    aeron_peer.require_java()
-    names = ["seen-a", "seen-b", "seen-c"]
-    with aeron_peer.java_archives(tmp_path, names, 0x5F1) as (a, b, c):
-        o = _options(
-            a,
-            6301,
-            [b, c],
-            2,
-            f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
-            archiveStagingChannel=f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
-            timeoutMs="5000",
-        )
+    with _three_archives(tmp_path, "seen", 0x5F1, 6301, timeoutMs="5000") as (a, b, c, o):
         rows = [[b"s%d-row-%04d" % (n, i) for i in range(300)] for n in range(2)]
         assert commit(o, 0, rows[0]).replicas_in_sync == 2
         seen: list[bytes] = []
@@ -284,14 +283,7 @@ def test_a_reader_of_the_set_sees_no_batch_before_min_insync_archives_hold_it(
                 a.kill()
                 return super().sync(*args, **kwargs)
 
-        parts = [stage(o, 1, 0, rows[1])]
-        with archive_sink.connect(o.connect) as client:
-            committer = archive_sink.ArchiveCommitter(o, "id", client)
-            try:
-                with _ReadThenKill(o, "id") as replicas, pytest.raises(NotEnoughReplicasError):
-                    committer.commit(1, parts, replicas=replicas)
-            finally:
-                committer.close()
+        commit_fails(o, 1, [stage(o, 1, 0, rows[1])], _ReadThenKill(o, "id"))
         retried = commit(o, 1, rows[1][::-1])  # promoted: b
         assert (retried.appended_rows, retried.replicas_in_sync) == (300, 1)
         assert seen == rows[0], "the reader saw a batch no commit acknowledged"
@@ -312,18 +304,7 @@ def test_an_old_primarys_unacknowledged_batch_is_never_read_nor_kept(
     only what both hold the same: the rows before the batch. The next commit must not elect the
     old primary (first in the configured order, at the same committed end): it would cut the
     acknowledged batch off the others; it keeps it and repairs the old primary."""
-    aeron_peer.require_java()
-    names = ["old-a", "old-b", "old-c"]
-    with aeron_peer.java_archives(tmp_path, names, 0x5F5) as (a, b, c):
-        o = _options(
-            a,
-            6302,
-            [b, c],
-            2,
-            f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
-            archiveStagingChannel=f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
-            timeoutMs="5000",
-        )
+    with _three_archives(tmp_path, "old", 0x5F5, 6302, timeoutMs="5000") as (a, b, c, o):
         rows = [[b"u%d-row-%04d" % (n, i) for i in range(300)] for n in range(2)]
         assert commit(o, 0, rows[0]).replicas_in_sync == 2
 
@@ -332,14 +313,7 @@ def test_an_old_primarys_unacknowledged_batch_is_never_read_nor_kept(
                 a.kill()  # the batch's END on the primary only
                 return super().sync(*args, **kwargs)
 
-        parts = [stage(o, 1, 0, rows[1])]
-        with archive_sink.connect(o.connect) as client:
-            committer = archive_sink.ArchiveCommitter(o, "id", client)
-            try:
-                with _KillBeforeCopies(o, "id") as replicas, pytest.raises(NotEnoughReplicasError):
-                    committer.commit(1, parts, replicas=replicas)
-            finally:
-                committer.close()
+        commit_fails(o, 1, [stage(o, 1, 0, rows[1])], _KillBeforeCopies(o, "id"))
         retried = commit(o, 1, rows[1][::-1])  # promoted: b, copied to c
         assert (retried.appended_rows, retried.replicas_in_sync) == (300, 1)
         restarted = a.restart_after_kill("old-a2")

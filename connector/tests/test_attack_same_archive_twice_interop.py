@@ -28,9 +28,8 @@ pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(300)]
 
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[aeron_peer.JavaArchive]:
-    aeron_peer.require_java()
-    root = tmp_path_factory.mktemp("same-archive-twice")
-    with aeron_peer.java_archives(root, ["only"], 0x5B1) as (started,):
+    folder = "same-archive-twice"
+    with aeron_peer.module_archives(tmp_path_factory, folder, ["only"], 0x5B1) as (started,):
         yield started
 
 

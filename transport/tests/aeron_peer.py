@@ -29,6 +29,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 AERON_VERSION = "1.47.3"
 ARTIFACT = f"io.aeron:aeron-all:{AERON_VERSION}"
@@ -573,6 +574,18 @@ def java_archives(
     extra = {name: properties for name in names}
     with archive_set(root, archives, extra=extra, hosts=hosts) as started:
         yield [started[name] for name in names]
+
+
+@contextlib.contextmanager
+def module_archives(
+    tmp_path_factory: Any, folder: str, names: list[str], first_id: int
+) -> Iterator[list[JavaArchive]]:
+    """:func:`java_archives` for a module-scoped fixture (``tmp_path_factory`` is pytest's):
+    Java required (skips without it, fails under ``AERON_INTEROP_REQUIRED``), the archives in
+    a fresh temporary ``folder``."""
+    require_java()
+    with java_archives(tmp_path_factory.mktemp(folder), names, first_id) as started:
+        yield started
 
 
 def compile_java(source: str, class_name: str, out_dir: Path) -> Path:

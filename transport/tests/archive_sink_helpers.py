@@ -13,8 +13,9 @@ from collections.abc import Sequence
 
 import aeron_peer
 import pyarrow as pa
+import pytest
 
-from aeron_spark.connector.errors import ConnectorError
+from aeron_spark.connector.errors import ConnectorError, NotEnoughReplicasError
 from aeron_spark.connector.formats import Geometry, iter_messages
 from aeron_spark.connector.options import ArchiveSinkOptions, parse_archive_source_options
 from aeron_spark.connector.session.replay import ReplayBlock
@@ -50,6 +51,26 @@ def commit(
         stage(o, batch, 0, rows[:half], identity),
     ]
     return archive_sink.commit_batch(o, identity, batch, parts)
+
+
+def commit_fails(
+    o: ArchiveSinkOptions,
+    batch: int,
+    parts: list[archive_sink.ArchiveStaged],
+    replicas: Replicas,
+    identity: str = "id",
+) -> pytest.ExceptionInfo[NotEnoughReplicasError]:
+    """``parts`` committed as ``batch`` on ``o``'s primary with ``replicas`` (one that loses
+    some of them mid-commit; closed after, the committer too): the commit must fail with
+    NOT_ENOUGH_REPLICAS; what it raised."""
+    with archive_sink.connect(o.connect) as client:
+        committer = archive_sink.ArchiveCommitter(o, identity, client)
+        try:
+            with replicas, pytest.raises(NotEnoughReplicasError) as failed:
+                committer.commit(batch, parts, replicas=replicas)
+        finally:
+            committer.close()
+    return failed
 
 
 def read_rows(
