@@ -544,36 +544,17 @@ def measure_latency(
     spark: Any, kafka: dict, aeron: dict, classpath: str, messages: int, tmp: str
 ) -> dict[str, Any]:
     """p50/p99 publish -> row in the sink's task (the JVM stamps it), as source_latency does."""
-    from pyspark.sql import functions as F  # noqa: N812
-
-    from benchmarks.source_latency import _latencies
+    from benchmarks.source_latency import _latencies, jvm_stamped_query, observed_latencies
 
     interval_s = 0.1
     holder: dict[str, Any] = {}
 
     def stamped(df: Any, name: str) -> Any:
-        rows = df.selectExpr(
-            "cast(substring(cast(value as string), 1, 20) as bigint) as sent_ns",
-            "substring(cast(value as string), 21, 1) as kind",
-            "cast(reflect('java.lang.System', 'currentTimeMillis') as bigint) as now_ms",
-        )
-        latency = F.expr("collect_list(if(kind = 'M', now_ms - sent_ns / 1e6, null))")
-        holder["query"] = (
-            rows.observe("latency", latency.alias("ms"))
-            .writeStream.format("noop")
-            .option("checkpointLocation", os.path.join(tmp, f"lat-{name}"))
-            .trigger(processingTime="0 seconds")
-            .start()
-        )
+        holder["query"] = jvm_stamped_query(df, os.path.join(tmp, f"lat-{name}"))
         return holder["query"]
 
     def collect() -> list[float]:
-        values: list[float] = []
-        for progress in holder["query"].recentProgress:
-            observed = progress["observedMetrics"].get("latency")
-            if observed is not None:
-                values.extend(float(v) for v in observed["ms"])
-        return values
+        return observed_latencies(holder["query"])
 
     out: dict[str, Any] = {}
     # Kafka: a producer in its own JVM; the topic exists (a first message) before the query

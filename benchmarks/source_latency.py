@@ -125,6 +125,38 @@ def _stamp(kind: bytes) -> bytes:
     return b"%020d" % time.time_ns() + kind + bytes(95)
 
 
+def jvm_stamped_query(df: Any, checkpoint: str) -> Any:
+    """A query over ``df`` (messages stamped as :func:`_stamp` does) into ``noop``, triggered as
+    fast as possible, that stamps each row in the sink's task (the JVM's clock, ms) and gathers
+    publish -> row latencies of the measured messages with ``observe``: read them with
+    :func:`observed_latencies`."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    rows = df.selectExpr(
+        "cast(substring(cast(value as string), 1, 20) as bigint) as sent_ns",
+        "substring(cast(value as string), 21, 1) as kind",
+        "cast(reflect('java.lang.System', 'currentTimeMillis') as bigint) as now_ms",
+    )
+    latency = F.expr("collect_list(if(kind = 'M', now_ms - sent_ns / 1e6, null))")
+    return (
+        rows.observe("latency", latency.alias("ms"))
+        .writeStream.format("noop")
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+
+
+def observed_latencies(query: Any) -> list[float]:
+    """The latencies (ms) a :func:`jvm_stamped_query` gathered so far."""
+    values: list[float] = []
+    for progress in query.recentProgress:
+        observed = progress["observedMetrics"].get("latency")
+        if observed is not None:
+            values.extend(float(v) for v in observed["ms"])
+    return values
+
+
 def _latencies(
     spark: Any,
     endpoint: str,
@@ -193,30 +225,12 @@ def measure(spark: Any, endpoint: str, messages: int = 60, interval_s: float = 0
         holder: dict[str, Any] = {}
 
         def jvm_sink(stream: int, read_on: str) -> Any:
-            from pyspark.sql import functions as F  # noqa: N812
-
-            rows = source(stream, read_on).selectExpr(
-                "cast(substring(cast(value as string), 1, 20) as bigint) as sent_ns",
-                "substring(cast(value as string), 21, 1) as kind",
-                "cast(reflect('java.lang.System', 'currentTimeMillis') as bigint) as now_ms",
-            )
-            latency = F.expr("collect_list(if(kind = 'M', now_ms - sent_ns / 1e6, null))")
-            holder["query"] = (
-                rows.observe("latency", latency.alias("ms"))
-                .writeStream.format("noop")
-                .option("checkpointLocation", os.path.join(tmp, f"ckpt-jvm-{read_on}"))
-                .trigger(processingTime="0 seconds")
-                .start()
-            )
+            checkpoint = os.path.join(tmp, f"ckpt-jvm-{read_on}")
+            holder["query"] = jvm_stamped_query(source(stream, read_on), checkpoint)
             return holder["query"]
 
         def jvm_collect() -> list[float]:
-            values: list[float] = []
-            for progress in holder["query"].recentProgress:
-                observed = progress["observedMetrics"].get("latency")
-                if observed is not None:
-                    values.extend(float(v) for v in observed["ms"])
-            return values
+            return observed_latencies(holder["query"])
 
         values, _ = _latencies(
             spark,
