@@ -995,18 +995,24 @@ def _split_options(
     return mine, rest
 
 
-def _connect_parts(mine: dict[str, str]) -> tuple[str, int, str | None]:
-    control = mine.get("archive", "").strip()
+def _check_control_channel(name: str, text: str, expected: str) -> None:
+    """``text`` an archive's control request channel (UDP, with an endpoint), or
+    :class:`ConfigurationError` naming option ``name`` and what was ``expected``."""
     try:
-        config = ChannelConfig.from_uri(control)
+        config = ChannelConfig.from_uri(text)
     except ChannelError:
         config = None
     if config is None or config.media != "udp" or config.endpoint is None:
-        raise ConfigurationError(
-            "archive",
-            control,
-            "the archive's UDP control request channel, e.g. aeron:udp?endpoint=archive-host:8010",
-        )
+        raise ConfigurationError(name, text, expected)
+
+
+def _connect_parts(mine: dict[str, str]) -> tuple[str, int, str | None]:
+    control = mine.get("archive", "").strip()
+    _check_control_channel(
+        "archive",
+        control,
+        "the archive's UDP control request channel, e.g. aeron:udp?endpoint=archive-host:8010",
+    )
     try:
         stream = int(mine.get("archivecontrolstreamid", "10"))
     except ValueError:
@@ -1203,17 +1209,12 @@ def _replicas(mine: dict[str, str], primary: ArchiveConnect) -> tuple[ArchiveCon
     out: list[ArchiveConnect] = []
     seen = {primary.control_channel}
     for item in (t.strip() for t in text.split(",") if t.strip()):
-        try:
-            config = ChannelConfig.from_uri(item)
-        except ChannelError:
-            config = None
-        if config is None or config.media != "udp" or config.endpoint is None:
-            raise ConfigurationError(
-                "replicas",
-                item,
-                "comma-separated UDP control request channels of replica archives, e.g. "
-                "aeron:udp?endpoint=replica-host:8010",
-            )
+        _check_control_channel(
+            "replicas",
+            item,
+            "comma-separated UDP control request channels of replica archives, e.g. "
+            "aeron:udp?endpoint=replica-host:8010",
+        )
         if item in seen:
             raise ConfigurationError(
                 "replicas", item, "each replica once, and not the archive itself"
