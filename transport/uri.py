@@ -20,6 +20,7 @@ import re
 import socket
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -278,6 +279,48 @@ def _parse_endpoint(name: str, value: str, allow_port_zero: bool) -> tuple[Endpo
     return Endpoint(str(sockaddr[0]), port, int(family)), True
 
 
+def _parse_term_length(name: str, value: str) -> int:
+    return check_term_length(parse_size(name, value), name)
+
+
+def _parse_mtu(name: str, value: str) -> int:
+    return check_mtu(parse_size(name, value), name)
+
+
+def _parse_destination_host(name: str, value: str) -> str:
+    host = value.strip("[]")
+    if host == "none":
+        return host
+    address = _destination_host(host)
+    if address is None:
+        raise ChannelError(name, value, "an IP address or none")
+    return address
+
+
+# The channel parameters each parsed on its own (parameter, ChannelConfig field, parser), in
+# the order they are checked.
+_PARSED_PARAMS: tuple[tuple[str, str, Callable[[str, str], object]], ...] = (
+    ("session-id", "session_id", parse_int32),
+    ("reliable", "reliable", parse_bool),
+    ("linger", "linger_ns", parse_duration_ns),
+    ("rcv-wnd", "receiver_window_length", parse_size),
+    ("so-rcvbuf", "so_rcvbuf", parse_size),
+    ("so-sndbuf", "so_sndbuf", parse_size),
+    ("nak-delay", "nak_delay_ns", parse_duration_ns),
+    ("pub-wnd", "publication_window_length", parse_size),
+    ("max-term-length", "max_term_length", _parse_term_length),
+    ("max-mtu", "max_mtu", _parse_mtu),
+    ("max-images", "max_images", parse_size),
+    ("max-images-per-source", "max_images_per_source", parse_size),
+    ("max-images-per-address", "max_images_per_address", parse_size),
+    ("evict-unvouched", "evict_unvouched", parse_bool),
+    ("dedicated-sources", "dedicated_sources", parse_size),
+    ("setups-per-prefix-per-s", "setups_per_prefix_per_s", parse_size),
+    ("destination-host", "destination_host", _parse_destination_host),
+    ("max-amplification", "max_amplification", parse_size),
+    ("max-destinations", "max_destinations", parse_size),
+)
+
 _CONFIG_CACHE_SIZE = 1024
 _config_cache: OrderedDict[str, ChannelConfig] = OrderedDict()
 _config_cache_lock = threading.Lock()
@@ -404,54 +447,9 @@ class ChannelConfig:
             kwargs["initial_term_id"] = parse_int32("init-term-id", p["init-term-id"])
             kwargs["term_id"] = parse_int32("term-id", p["term-id"])
             kwargs["term_offset"] = parse_int32("term-offset", p["term-offset"])
-        if "session-id" in p:
-            sid = parse_int32("session-id", p["session-id"])
-            kwargs["session_id"] = sid
-        if "reliable" in p:
-            kwargs["reliable"] = parse_bool("reliable", p["reliable"])
-        if "linger" in p:
-            kwargs["linger_ns"] = parse_duration_ns("linger", p["linger"])
-        if "rcv-wnd" in p:
-            kwargs["receiver_window_length"] = parse_size("rcv-wnd", p["rcv-wnd"])
-        if "so-rcvbuf" in p:
-            kwargs["so_rcvbuf"] = parse_size("so-rcvbuf", p["so-rcvbuf"])
-        if "so-sndbuf" in p:
-            kwargs["so_sndbuf"] = parse_size("so-sndbuf", p["so-sndbuf"])
-        if "nak-delay" in p:
-            kwargs["nak_delay_ns"] = parse_duration_ns("nak-delay", p["nak-delay"])
-        if "pub-wnd" in p:
-            kwargs["publication_window_length"] = parse_size("pub-wnd", p["pub-wnd"])
-        if "max-term-length" in p:
-            kwargs["max_term_length"] = check_term_length(
-                parse_size("max-term-length", p["max-term-length"]), "max-term-length"
-            )
-        if "max-mtu" in p:
-            kwargs["max_mtu"] = check_mtu(parse_size("max-mtu", p["max-mtu"]), "max-mtu")
-        for key in ("max-images", "max-images-per-source", "max-images-per-address"):
+        for key, field_name, parse in _PARSED_PARAMS:
             if key in p:
-                kwargs[key.replace("-", "_")] = parse_size(key, p[key])
-        if "evict-unvouched" in p:
-            kwargs["evict_unvouched"] = parse_bool("evict-unvouched", p["evict-unvouched"])
-        if "dedicated-sources" in p:
-            kwargs["dedicated_sources"] = parse_size("dedicated-sources", p["dedicated-sources"])
-        if "setups-per-prefix-per-s" in p:
-            kwargs["setups_per_prefix_per_s"] = parse_size(
-                "setups-per-prefix-per-s", p["setups-per-prefix-per-s"]
-            )
-        if "destination-host" in p:
-            host = p["destination-host"].strip("[]")
-            if host != "none":
-                address = _destination_host(host)
-                if address is None:
-                    raise ChannelError(
-                        "destination-host", p["destination-host"], "an IP address or none"
-                    )
-                host = address
-            kwargs["destination_host"] = host
-        if "max-amplification" in p:
-            kwargs["max_amplification"] = parse_size("max-amplification", p["max-amplification"])
-        if "max-destinations" in p:
-            kwargs["max_destinations"] = parse_size("max-destinations", p["max-destinations"])
+                kwargs[field_name] = parse(key, p[key])
         if "fc" in p:
             try:
                 kwargs["flow_control"] = parse_flow_control(p["fc"])
