@@ -6,7 +6,8 @@ would if each were timed in its own block, one after the other)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 
 def interleaved_best(runs: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
@@ -20,3 +21,15 @@ def interleaved_best(runs: dict[str, Callable[[], None]], repeats: int) -> dict[
             run()
             best[name] = min(best[name], time.perf_counter() - started)
     return best
+
+
+def ceiling_ratios(result: Mapping[str, Any]) -> dict[str, Any]:
+    """What the source and sink benchmarks report beside their rows per second: the binary and
+    arrow contenders' against the ceiling's, and sbe's (103-byte messages) against arrow's."""
+    ceiling = result["ceiling_rows_per_s"]
+    return {
+        "binary_to_ceiling_ratio": round(result["binary_rows_per_s"] / ceiling, 3),
+        "arrow_to_ceiling_ratio": round(result["arrow_rows_per_s"] / ceiling, 3),
+        "sbe_message_length": 103,
+        "sbe_to_arrow_ratio": round(result["sbe_rows_per_s"] / result["sbe_arrow_rows_per_s"], 3),
+    }

@@ -31,7 +31,7 @@ from pyspark.sql.datasource import (  # noqa: E402
     WriterCommitMessage,
 )
 
-from benchmarks._timing import interleaved_best  # noqa: E402
+from benchmarks._timing import ceiling_ratios, interleaved_best  # noqa: E402
 
 ROW_LENGTH = 116
 
@@ -163,14 +163,7 @@ def main() -> int:
             raise RuntimeError(f"the sbe sink committed only {sbe_bytes} bytes")
         if arrow < runs_each * args.rows * ROW_LENGTH:
             raise RuntimeError(f"the arrow sink committed only {arrow} bytes")
-    ceiling = result["ceiling_rows_per_s"]
-    result["binary_to_ceiling_ratio"] = round(result["binary_rows_per_s"] / ceiling, 3)  # type: ignore[operator]
-    result["arrow_to_ceiling_ratio"] = round(result["arrow_rows_per_s"] / ceiling, 3)  # type: ignore[operator]
-    result["sbe_message_length"] = 103
-    result["sbe_to_arrow_ratio"] = round(
-        result["sbe_rows_per_s"] / result["sbe_arrow_rows_per_s"],
-        3,  # type: ignore[operator]
-    )
+    result.update(ceiling_ratios(result))
     spark.stop()
     print(json.dumps(result))
     return 0

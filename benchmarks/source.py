@@ -41,7 +41,7 @@ from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition  # noqa: E402
 
 from aeron_spark.connector.formats import BINARY_SCHEMA_DDL, arrow_schema  # noqa: E402
-from benchmarks._timing import interleaved_best  # noqa: E402
+from benchmarks._timing import ceiling_ratios, interleaved_best  # noqa: E402
 
 MESSAGE_LENGTH = 116
 
@@ -338,14 +338,7 @@ def main() -> int:
             from benchmarks.source_latency import measure as measure_latency
 
             result.update(measure_latency(spark, server.endpoint))
-    ceiling = result["ceiling_rows_per_s"]
-    result["binary_to_ceiling_ratio"] = round(result["binary_rows_per_s"] / ceiling, 3)  # type: ignore[operator]
-    result["arrow_to_ceiling_ratio"] = round(result["arrow_rows_per_s"] / ceiling, 3)  # type: ignore[operator]
-    result["sbe_message_length"] = 103
-    result["sbe_to_arrow_ratio"] = round(
-        result["sbe_rows_per_s"] / result["sbe_arrow_rows_per_s"],
-        3,  # type: ignore[operator]
-    )
+    result.update(ceiling_ratios(result))
     result["mode"] = (
         "batch reads into noop (same read path as a micro-batch); rate via Trigger.Once"
     )
