@@ -40,16 +40,21 @@ public class BenchPeer {
         }
     }
 
+    /** Until a subscriber is connected to {@code pub} (at most 30 s). */
+    static void awaitConnected(Publication pub) throws InterruptedException {
+        long deadline = System.nanoTime() + 30_000_000_000L;
+        while (!pub.isConnected()) {
+            if (System.nanoTime() > deadline) {
+                throw new IllegalStateException("the subscriber never connected");
+            }
+            Thread.sleep(1);
+        }
+    }
+
     static void pub(Aeron aeron, String channel, int stream, int size, double seconds)
         throws Exception {
         try (Publication pub = aeron.addPublication(channel, stream)) {
-            long deadline = System.nanoTime() + 30_000_000_000L;
-            while (!pub.isConnected()) {
-                if (System.nanoTime() > deadline) {
-                    throw new IllegalStateException("the subscriber never connected");
-                }
-                Thread.sleep(1);
-            }
+            awaitConnected(pub);
             UnsafeBuffer buffer = new UnsafeBuffer(BufferUtil.allocateDirectAligned(size, 64));
             IdleStrategy idle = new BackoffIdleStrategy();
             long start = System.nanoTime();
@@ -77,13 +82,7 @@ public class BenchPeer {
     static void pubn(Aeron aeron, String channel, int stream, long count, int maxSize, long seed)
         throws Exception {
         try (Publication pub = aeron.addPublication(channel, stream)) {
-            long deadline = System.nanoTime() + 30_000_000_000L;
-            while (!pub.isConnected()) {
-                if (System.nanoTime() > deadline) {
-                    throw new IllegalStateException("the subscriber never connected");
-                }
-                Thread.sleep(1);
-            }
+            awaitConnected(pub);
             UnsafeBuffer buffer = new UnsafeBuffer(BufferUtil.allocateDirectAligned(maxSize, 64));
             java.util.Random random = new java.util.Random(seed);
             byte[] noise = new byte[maxSize];
