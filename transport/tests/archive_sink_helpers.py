@@ -1,5 +1,6 @@
 """What the archive sink's interop tests share (issue 30): staging a partition's rows, committing
-a batch in two partitions, reading a stream back as a committed-only reader, the messages a
+a batch in two partitions (or with replicas that fail, the commit failing with
+NOT_ENOUGH_REPLICAS), reading a stream back as a committed-only reader, the messages a
 sink's recording holds at which positions, waiting for an archive to answer again, and a set of
 replicas with one killed once they answered. Beside :mod:`aeron_peer` (every such test puts this
 folder on ``sys.path``); real archives only, nothing here stands in for one.
