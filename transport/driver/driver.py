@@ -635,7 +635,9 @@ class Driver:
                 # one inotify watch of the IPC directory for the driver: an idle subscription
                 # sleeps until a log file comes (invoker mode: its caller's loop polls anyway)
                 self._ipc_watch_tried = True
-                self._ipc_watch = open_watch(ipc_logfile.ipc_directory(self.directory))
+                self._ipc_watch = open_watch(
+                    ipc_logfile.ipc_directory(self.directory), self.system_counters
+                )
                 if self._ipc_watch is not None:
                     self._conductor.watch_ipc(self._ipc_watch)
         resource = ipc.add_subscription(
