@@ -73,7 +73,7 @@ def test_a_long_run_of_commits_keeps_a_bounded_window_and_log(tmp_path: Path) ->
         _close(store, committer)
 
 
-def test_a_small_commit_frames_into_a_block_its_size_not_4_mib(tmp_path: Path) -> None:
+def test_a_small_commit_reads_its_part_without_allocating_4_mib(tmp_path: Path) -> None:
     """A commit reads its parts back in blocks of at most 4 MiB; ``fh.read(4 MiB)`` allocates
     4 MiB before it reads, whatever the file holds, so every commit of the soak's sink (fifty
     100-byte rows every 0.2 s) allocated 4 MiB: the soak server's always-present 4 MiB block
