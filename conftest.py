@@ -8,15 +8,23 @@ never look like a changed server key; the store is a fresh directory, never the 
 The run's processes (this one, the servers and peers it starts, Spark's Python workers: they all
 inherit ``TMPDIR``) make their temporary files in a directory of the run's own, so the check that
 the run leaves nothing behind sees only this run's files, never another run's on a shared machine
-(pytest's own ``tmp_path`` directories stay where pytest keeps them).
+(pytest's own ``tmp_path`` directories stay where pytest keeps them). The directory names the
+pytest process that made it (``pytest-owner``: its pid and start time); a run removes, as it
+starts, those whose process is gone (an interrupted run never removed its own), never a live
+run's, nor one naming no owner.
+
+A run stops at once, saying why, when /dev/shm (where the drivers' log buffers live) is missing,
+not writable or has less than 256 MiB free.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -24,8 +32,81 @@ import pytest
 # key stores, tmpfs mounts, ...): what the run must not leave behind.
 PROJECT_TEMP_PREFIXES = ("aeron-archive-client-", "aeron-spark-")
 
+RUN_PREFIX = "aeron-spark-test-run-"
+# In each run's directory: "<pid> <start time>" of the pytest process that made it, so a later
+# run can tell a directory left by an interrupted run (its process gone) from a live one's
+OWNER_FILE = "pytest-owner"
+# /dev/shm must take the Aeron log buffers of a run (ours, and the Java archives' of the interop
+# tests): a container's default 64 MiB did not, and tests failed far from the cause
+MIN_SHM_FREE = 256 * 1024 * 1024
+
+
+def _start_time(pid: int) -> str | None:
+    """The start time of process ``pid`` (clock ticks since boot), None if there is none: with
+    the pid it names one process, never a later one given the same pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[19]  # field 22 (the fields after the name start at 3)
+
+
+def _sweep_dead_runs(parent: str) -> list[str]:
+    """Remove the run directories in ``parent`` whose pytest process is gone (an interrupted
+    run's: its ``pytest_unconfigure`` never came); a live run's stays, and so does one that
+    names no owner (a run of an older conftest, or one being made: not ours to judge)."""
+    removed: list[str] = []
+    if not Path("/proc/self/stat").exists():
+        return removed  # cannot tell a live run from a dead one here
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(RUN_PREFIX):
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
+                continue
+            owner = Path(entry.path, OWNER_FILE).read_text().split()
+        except OSError:
+            continue
+        if len(owner) != 2 or not owner[0].isdigit() or _start_time(int(owner[0])) == owner[1]:
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.name)
+    return removed
+
+
+def shm_problem(path: str = "/dev/shm", need: int = MIN_SHM_FREE) -> str | None:
+    """Why ``path`` cannot hold a run's log buffers (missing, not writable, too small), or None."""
+    if not os.path.isdir(path):
+        return f"{path} is missing (the drivers' log buffers live there)"
+    try:
+        fd, probe = tempfile.mkstemp(prefix="aeron-spark-test-shm-probe-", dir=path)
+    except OSError as exc:
+        return f"{path} is not writable: {exc}"
+    try:
+        os.write(fd, b"\0" * 4096)
+    except OSError as exc:
+        return f"{path} refused a 4 KiB write: {exc}"
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+    st = os.statvfs(path)
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        return (
+            f"{path} has {free / 2**20:.1f} MiB free, the tests need at least "
+            f"{need / 2**20:.0f} MiB (Aeron log buffers; in a container: --shm-size=1g)"
+        )
+    return None
+
+
+_SWEPT = _sweep_dead_runs(tempfile.gettempdir())
 os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
-_RUN_TMP = tempfile.mkdtemp(prefix="aeron-spark-test-run-")
+_RUN_TMP = tempfile.mkdtemp(prefix=RUN_PREFIX)
+Path(_RUN_TMP, OWNER_FILE).write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
 os.environ["TMPDIR"] = _RUN_TMP
 tempfile.tempdir = _RUN_TMP
 
@@ -46,6 +127,20 @@ def _temporary_directory_left_as_found() -> Iterator[None]:
     left = sorted(_project_entries() - before)
     if left:
         pytest.fail(f"the run left {len(left)} entries in {_RUN_TMP}: {left}", pytrace=False)
+
+
+def pytest_sessionstart(session) -> None:  # type: ignore[no-untyped-def]
+    """A run on a machine whose /dev/shm cannot take its log buffers stops here, saying why."""
+    if sys.platform.startswith("linux"):
+        problem = shm_problem()
+        if problem is not None:
+            pytest.exit(f"/dev/shm is not usable for the tests: {problem}", returncode=4)
+
+
+def pytest_report_header(config) -> list[str]:  # type: ignore[no-untyped-def]
+    if not _SWEPT:
+        return []
+    return [f"removed {len(_SWEPT)} temporary directories of interrupted runs: {_SWEPT}"]
 
 
 def pytest_unconfigure(config) -> None:  # type: ignore[no-untyped-def]

@@ -47,13 +47,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "transport" / "test
 
 READ_STREAM = 5301
 _WAIT_S = 120.0
+# the longest the read part waits for its query to read a fifth of the rows while it keeps
+# making progress (a micro-batch within every _WAIT_S): at load 18 on 2 cores its first batches
+# took most of a fixed 120 s wait (sized for a quiet machine) and the run failed unmeasured
+_READ_CAP_S = 1200.0
 
 
-def _wait(what: str, condition: Any, timeout_s: float = _WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
+def _wait_rows(query: Any, rows: int, writer_failed: list[BaseException]) -> None:
+    """Until ``query`` has read ``rows`` rows: bounded by progress (a new micro-batch within
+    every :data:`_WAIT_S`, :data:`_READ_CAP_S` in all), not by one wait for a quiet machine;
+    a query or writer that failed ends it at once, saying why."""
+    began = time.monotonic()
+    last_batch, stalled_at = None, began + _WAIT_S
+    while (read := _rows_read(query)) < rows:
+        now = time.monotonic()
+        error = query.exception()
+        if error is not None:
+            raise RuntimeError(f"the query failed after reading {read} of {rows} rows: {error}")
+        if writer_failed:
+            raise RuntimeError(f"the writer failed: {writer_failed[0]!r}")
+        progress = query.lastProgress
+        batch = None if progress is None else progress["batchId"]
+        if batch != last_batch:
+            last_batch, stalled_at = batch, now + _WAIT_S
+        if now > stalled_at or now - began > _READ_CAP_S:
+            raise TimeoutError(
+                f"reading: {read} of {rows} rows read in {now - began:.0f} s "
+                f"(last micro-batch {last_batch}, load {os.getloadavg()[0]:.1f})"
+            )
         time.sleep(0.05)
 
 
@@ -104,12 +125,18 @@ def read_failover(spark: Any, root: Path, rows: int, rate: int, timeout_ms: int)
         ) as archives:
             pub, _ = _replicated_live_stream(archives, driver, READ_STREAM)
 
+            writer_failed: list[BaseException] = []
+
             def write() -> None:
                 per_tick = max(1, rate // 100)
-                for i, m in enumerate(payloads):
-                    pub.offer_blocking(m, timeout_s=60)
-                    if i % per_tick == per_tick - 1:
-                        time.sleep(0.01)
+                try:
+                    for i, m in enumerate(payloads):
+                        pub.offer_blocking(m, timeout_s=60)
+                        if i % per_tick == per_tick - 1:
+                            time.sleep(0.01)
+                except BaseException as exc:  # reported by the wait for rows, not lost
+                    writer_failed.append(exc)
+                    raise
 
             out = root / "out"
             query = (
@@ -129,7 +156,7 @@ def read_failover(spark: Any, root: Path, rows: int, rate: int, timeout_ms: int)
             writer = threading.Thread(target=write, name="failover-writer", daemon=True)
             try:
                 writer.start()
-                _wait("reading", lambda: _rows_read(query) >= rows // 5)
+                _wait_rows(query, rows // 5, writer_failed)
                 killed_wall, killed = time.time(), time.monotonic()
                 before = _rows_read(query)
                 archives["primary"].kill()

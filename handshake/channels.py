@@ -105,8 +105,9 @@ class Channels:
     ) -> str:
         """The server's public HELLO subscription: small terms only, one HELLO image per client
         socket (a client publishes one HELLO per socket; allowing a few tolerates a retry), at
-        most ``max_images`` at once and ``max_images_per_address`` from one IP address, at most
-        ``setups_per_s`` new ones a second from one /24 or /64 (0: no limit). It opens the
+        most ``max_images`` at once and ``max_images_per_address`` from one IP address (an
+        IPv6 /64 counts as one), at most ``setups_per_s`` new ones a second from one /24 or /64
+        (0: no limit). It opens the
         port's socket, which every session's subscription shares; ``dedicated``: that many
         client addresses with a live session may get a connected socket of their own on the
         port (``dedicated-sources``, ``Driver.dedicate_socket``)."""

@@ -89,6 +89,9 @@ class SystemCounters:
     # dedicated sockets refused because their peer's share of the budget was full (a handshake
     # server's per client address and per client key shares; also in dedicated_sockets_refused)
     dedicated_sockets_over_share: int = 0
+    # overflows of the IPC directory's inotify queue (events lost: the directory watched anew
+    # and every IPC subscription rescans it once)
+    ipc_watch_overflows: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -179,7 +179,11 @@ class Framer:
         if not self._reuse:
             return np.empty(size, dtype=np.uint8)
         if self._buffer is None or len(self._buffer) < size:
-            self._buffer = np.empty(max(size, self.max_block_bytes), dtype=np.uint8)
+            # as long as the blocks asked for (twice the last, up to max_block_bytes, when a
+            # longer one comes), not max_block_bytes at once: a commit of a few small rows
+            # allocated 4 MiB
+            grown = 0 if self._buffer is None else min(2 * len(self._buffer), self.max_block_bytes)
+            self._buffer = np.empty(max(size, grown), dtype=np.uint8)
         return self._buffer[:size]
 
     def _frame_each(

@@ -130,3 +130,35 @@ def test_equal_length_payloads_framed_with_numpy_give_the_same_bytes() -> None:
             assert geometry.term_offset(position) + len(data) <= geometry.term_length
 
     check()
+
+
+def test_a_reusing_framer_holds_a_buffer_as_long_as_its_blocks() -> None:
+    """A framer that reuses its block buffer (the sink committer's, a session's publisher's)
+    made it max_block_bytes (4 MiB) long at its first block of equal-length messages, however
+    short: fifty 100-byte rows allocated 4 MiB. Now the buffer is as long as the blocks asked
+    for (twice as long, up to max_block_bytes, when a longer one comes); the bytes framed are
+    the copying framer's."""
+    import tracemalloc
+
+    import numpy as np
+
+    geometry = LogGeometry(term_length=64 * 1024 * 1024, mtu=1408, initial_term_id=3)
+    reusing = Framer(geometry, 1, 2, 0, reuse_blocks=True)
+    copying = Framer(geometry, 1, 2, 0)
+    small = np.frombuffer(b"s" * 5000, dtype=np.uint8).reshape(50, 100)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        got = [(p, bytes(b)) for p, b in reusing.frame(small)]
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 * 1024, f"framing 50 x 100 bytes peaked at {peak / 2**20:.2f} MiB"
+    assert got == [(p, bytes(b)) for p, b in copying.frame(small)]
+    for rows, length in ((3000, 1000), (20, 100), (9000, 500)):  # longer, shorter, longer
+        run = np.frombuffer(bytes(range(256)) * (rows * length // 256 + 1), dtype=np.uint8)
+        run = run[: rows * length].reshape(rows, length)
+        assert [(p, bytes(b)) for p, b in reusing.frame(run)] == [
+            (p, bytes(b)) for p, b in copying.frame(run)
+        ]

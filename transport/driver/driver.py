@@ -131,7 +131,7 @@ class DriverConfig:
     max_image_term_length: int = TERM_MAX_LENGTH
     max_image_mtu: int = MAX_UDP_PAYLOAD_LENGTH
     # Images one UDP subscription takes at once: in all, from one sender (address and port),
-    # from one IP address (0: no limit; channels may lower them: max-images,
+    # from one IP address or IPv6 /64 (0: no limit; channels may lower them: max-images,
     # max-images-per-source, max-images-per-address); SETUPs past them are counted.
     max_images: int = 0
     max_images_per_source: int = 0
@@ -635,7 +635,9 @@ class Driver:
                 # one inotify watch of the IPC directory for the driver: an idle subscription
                 # sleeps until a log file comes (invoker mode: its caller's loop polls anyway)
                 self._ipc_watch_tried = True
-                self._ipc_watch = open_watch(ipc_logfile.ipc_directory(self.directory))
+                self._ipc_watch = open_watch(
+                    ipc_logfile.ipc_directory(self.directory), self.system_counters
+                )
                 if self._ipc_watch is not None:
                     self._conductor.watch_ipc(self._ipc_watch)
         resource = ipc.add_subscription(

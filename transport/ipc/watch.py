@@ -12,8 +12,12 @@ One watch per driver (inotify instances are few: 128 per user by default). Where
 missing or refused (another OS, the limit reached) :func:`open_watch` returns None and the
 subscriptions poll as before. A watch whose directory went (a closing driver removes the folder
 when it is empty: ``Driver.close``) makes it again and watches the new one, its generation moved
-so the subscriptions scan (what came meanwhile is found); one that cannot, or lost events (queue
-overflow), says ``broken`` and they poll from then on.
+so the subscriptions scan (what came meanwhile is found); one that cannot says ``broken`` and
+they poll from then on. One that lost events (``IN_Q_OVERFLOW``: more came than the kernel
+queues, ``fs.inotify.max_queued_events``, before the driver read them, a flood of files made in
+the directory) is counted (``ipc_watch_overflows``), watched anew (its directory may have gone
+among the lost events) and its generation moved, so the subscriptions scan once and then wait on
+it again; it used to say ``broken`` and they polled every 20 ms for good.
 """
 
 from __future__ import annotations
@@ -43,14 +47,23 @@ _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then the name, len byte
 class DirectoryWatch:
     """An inotify descriptor watching one directory (see the module)."""
 
-    def __init__(self, fd: int, directory: Path, wd: int = -1, add_watch: Any = None) -> None:
+    def __init__(
+        self,
+        fd: int,
+        directory: Path,
+        wd: int = -1,
+        add_watch: Any = None,
+        counters: Any = None,
+    ) -> None:
         self._fd = fd
+        self._counters = counters  # the driver's SystemCounters (ipc_watch_overflows)
         self._wd = wd  # the directory's watch (events of an older one are stale)
         self._add_watch = add_watch  # libc's inotify_add_watch (None: cannot watch anew)
-        self.rearmed = 0  # times the directory went and was watched anew
+        self.rearmed = 0  # times the directory went (or events were lost) and was watched anew
+        self.overflows = 0  # times the kernel's queue overflowed (events lost: rescanned)
         self.directory = directory
         self.generation = 0  # changes seen (a subscription compares it with its last scan's)
-        self.broken = False  # the directory went (or events were lost): poll from now on
+        self.broken = False  # the directory went and could not be watched anew: poll from now on
         self.closed = False
 
     def fileno(self) -> int:
@@ -79,7 +92,12 @@ class DirectoryWatch:
             while at + _EVENT.size <= len(data):
                 wd, mask, _cookie, length = _EVENT.unpack_from(data, at)
                 if mask & IN_Q_OVERFLOW:
-                    self.broken = True  # events were lost
+                    # events were lost (the directory's going among them, maybe): counted,
+                    # watched anew and rescanned
+                    gone = True
+                    self.overflows += 1
+                    if self._counters is not None:
+                        self._counters.ipc_watch_overflows += 1
                 elif mask & _MOVED_AWAY and wd == self._wd:
                     gone = True
                 at += _EVENT.size + length
@@ -87,7 +105,8 @@ class DirectoryWatch:
                 self._rearm()
 
     def _rearm(self) -> None:
-        """The directory went: make it again and watch it (or say ``broken``)."""
+        """The directory went (or events were lost): make it again if missing and watch it
+        (the same watch when it is the same directory), or say ``broken``."""
         wd = -1
         for _ in range(16 if self._add_watch is not None else 0):
             try:
@@ -112,8 +131,9 @@ class DirectoryWatch:
             os.close(self._fd)
 
 
-def open_watch(directory: Path) -> DirectoryWatch | None:
-    """A watch on ``directory`` (created if missing), or None where inotify is not available."""
+def open_watch(directory: Path, counters: Any = None) -> DirectoryWatch | None:
+    """A watch on ``directory`` (created if missing), or None where inotify is not available;
+    ``counters``: the driver's (the watch counts its overflows there)."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name, use_errno=True)
@@ -140,7 +160,7 @@ def open_watch(directory: Path) -> DirectoryWatch | None:
         log.debug("inotify_add_watch %s: errno %d (polling)", directory, ctypes.get_errno())
         os.close(fd)
         return None
-    return DirectoryWatch(fd, directory, wd, add_watch)
+    return DirectoryWatch(fd, directory, wd, add_watch, counters)
 
 
 __all__ = ["DirectoryWatch", "open_watch"]

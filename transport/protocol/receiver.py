@@ -10,7 +10,8 @@
   a SETUP whose term length or mtu is above the subscription's bound (``max_term_length``,
   ``max_mtu``) creates nothing and is counted (``setups_rejected``), as is one past the
   subscription's image limits (``max_images`` in all, ``max_images_per_source`` from one sender's
-  address and port, ``max_images_per_address`` from one IP address: ``images_refused``) or
+  address and port, ``max_images_per_address`` from one IP address, an IPv6 sender's /64 counted
+  as one: ``images_refused``) or
   past its rate of new images per /24 (IPv4) or /64 (IPv6) network of senders
   (``setups_per_prefix_per_s``, a token bucket with as big a burst: ``setups_rate_limited``);
   a SETUP from a host the subscription does not admit (``admit_source``) makes no image either
@@ -128,7 +129,8 @@ class StreamInterest:
         self.max_mtu = max_mtu
         # 0: no limit. A SETUP past any makes no image (a flood of valid SETUPs with new
         # session ids would otherwise cost a log, SMs and loop time each). A source is one
-        # sender's socket (address and port), an address all sockets of one IP address.
+        # sender's socket (address and port), an address all sockets of one IP address (of
+        # one IPv6 /64: address_key).
         self.max_images = max_images
         self.max_images_per_source = max_images_per_source
         self.max_images_per_address = max_images_per_address
@@ -405,8 +407,8 @@ class ReceiveDispatcher:
             image.wakeups = self.due.ready
             image.kick()
             per_source = interest.images_per_source
-            for key in (source[:2], source[0]):
-                per_source[key] = per_source.get(key, 0) + 1
+            for counted in (source[:2], address_key(source)):
+                per_source[counted] = per_source.get(counted, 0) + 1
             self.images_created += 1
             self.pending_setups.pop(key, None)
             if interest.on_image is not None:
@@ -580,12 +582,12 @@ def _is_full(interest: StreamInterest, source: Address) -> bool:
     or from its IP address."""
     if interest.max_images and len(interest.images) >= interest.max_images:
         return True
-    counts = interest.images_per_source  # keyed (host, port) for sources, host for addresses
+    counts = interest.images_per_source  # keyed (host, port) for sources, address_key else
     limit = interest.max_images_per_source
     if limit and counts.get(source[:2], 0) >= limit:
         return True
     limit = interest.max_images_per_address
-    return bool(limit) and counts.get(source[0], 0) >= limit
+    return bool(limit) and counts.get(address_key(source), 0) >= limit
 
 
 def _victim(interest: StreamInterest, source: Address) -> ImageState | None:
@@ -601,9 +603,9 @@ def _victim(interest: StreamInterest, source: Address) -> ImageState | None:
     ):
         scope = [im for im in interest.images.values() if im.source_address[:2] == source[:2]]
     elif interest.max_images_per_address and (
-        counts.get(source[0], 0) >= interest.max_images_per_address
+        counts.get(address := address_key(source), 0) >= interest.max_images_per_address
     ):
-        scope = [im for im in interest.images.values() if im.source_address[0] == source[0]]
+        scope = [im for im in interest.images.values() if address_key(im.source_address) == address]
     else:
         by_prefix: dict[str, list[ImageState]] = {}
         for im in interest.images.values():
@@ -636,9 +638,20 @@ def _v6_prefix(host: str) -> str:
         return host
 
 
+def address_key(source: Address) -> str:
+    """What ``max_images_per_address`` counts a sender under: its IPv4 address (an IPv4-mapped
+    one too) as it is, an IPv6 address as its /64, from which one host may pick as many source
+    addresses as it likes (each had images of its own up to the limit); as the handshake
+    counts its clients (``address_share``) and the setup rate (``source_prefix``)."""
+    host = str(source[0])
+    if ":" not in host or (host.startswith("::ffff:") and "." in host):
+        return host
+    return _v6_prefix(host)
+
+
 def _forget_source(interest: StreamInterest, source: Address) -> None:
     counts = interest.images_per_source
-    for key in (source[:2], source[0]):
+    for key in (source[:2], address_key(source)):
         left = counts.get(key, 0) - 1
         if left > 0:
             counts[key] = left

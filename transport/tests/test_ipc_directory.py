@@ -10,6 +10,7 @@ watch of the folder saw it go watches the new one (it used to say ``broken`` and
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -18,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -146,3 +148,107 @@ def test_a_stream_server_process_stopped_leaves_nothing_in_its_driver_directory(
         assert proc.wait(60) == 0
     # main: the empty ``ipc`` folder stayed
     assert not directory.exists(), sorted(str(p) for p in directory.rglob("*"))
+
+
+# a driver process with an IPC subscription, answering on stdin: "state" (its watch), "read"
+# (the first message of its subscription, within a bounded wait)
+_WATCHING = """
+import json, sys, time
+from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler
+driver = Driver(DriverConfig(directory=sys.argv[1], write_counters_file=False))
+sub = driver.add_subscription("aeron:ipc", int(sys.argv[2]))
+watch = driver._ipc_watch
+got = []
+assembler = FragmentAssembler(lambda payload, header: got.append(bytes(payload)))
+print(json.dumps({"watch": watch is not None}), flush=True)
+for line in sys.stdin:
+    if line.strip() == "state":
+        state = {
+            "broken": watch.broken,
+            "generation": watch.generation,
+            "overflows": getattr(watch, "overflows", None),
+            "counted": driver.counters.snapshot().get("ipc_watch_overflows"),
+        }
+        print(json.dumps(state), flush=True)
+    elif line.strip() == "read":
+        deadline = time.monotonic() + 60.0
+        while not got and time.monotonic() < deadline:
+            sub.poll(assembler, 10)
+            sub.wait(0.05)
+        print(json.dumps({"got": [g.decode() for g in got]}), flush=True)
+driver.close()
+"""
+
+
+def _ask(proc: subprocess.Popen[str], command: str) -> dict[str, Any]:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(command + "\n")
+    proc.stdin.flush()
+    line = proc.stdout.readline()  # the child answers each command (bounded by its own waits)
+    assert line, f"the watching driver ended: {proc.stderr.read() if proc.stderr else ''}"
+    answer: dict[str, Any] = json.loads(line)
+    return answer
+
+
+def test_an_ipc_watch_whose_queue_overflowed_is_watched_anew_and_counted(base: Path) -> None:
+    """More files came in the IPC directory than the kernel queues for a watch that is not read
+    (``fs.inotify.max_queued_events``; the driver process stopped meanwhile, as a busy or
+    descheduled one is): the watch gets ``IN_Q_OVERFLOW``. It said ``broken`` for good, and
+    the driver's IPC subscriptions polled the directory every 20 ms from then on; now the
+    overflow is counted, the watch is armed again and its generation moved (the subscriptions
+    scan once: what came meanwhile is found), and it wakes them for the next file."""
+    queued = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
+    folder = base / "ipc"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WATCHING, str(base), "47"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline() or "{}")
+        assert ready.get("watch") is True, "no inotify watch in the driver process"
+        before = _ask(proc, "state")
+        os.kill(proc.pid, signal.SIGSTOP)  # its events queue in the kernel, unread
+        try:
+            for i in range(queued + 256):  # more than the queue holds: an overflow
+                path = folder / f"flood-{i}"
+                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+                os.unlink(path)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+
+        def overflow_seen() -> bool:
+            state = _ask(proc, "state")
+            return bool(state["broken"] or state["overflows"])
+
+        wait_for(overflow_seen, "the driver to read its watch's overflow")
+        after = _ask(proc, "state")
+        # main: {"broken": true, "overflows": null}: its subscriptions polled for good
+        assert not after["broken"], "the overflowed watch said broken: the subscriptions poll"
+        assert after["overflows"] == 1 and after["counted"] == 1, after
+        assert after["generation"] > before["generation"]  # the subscriptions rescan
+        # the watch is live again: a new publisher's log file wakes the subscription
+        with Driver(DriverConfig(directory=base, write_counters_file=False)) as publishing:
+            pub = publishing.add_publication("aeron:ipc?term-length=64k", 47)
+            wait_for(lambda: _ask(proc, "state")["generation"] > after["generation"], "an event")
+            wait_for(lambda: pub.offer(b"after-overflow") > 0, "the publication to offer")
+            assert _ask(proc, "read") == {"got": ["after-overflow"]}
+            final = _ask(proc, "state")
+            assert not final["broken"] and final["overflows"] == 1
+            pub.close()
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -205,8 +206,11 @@ def _warn_alone(control_channel: str, recording_id: int, insync: int) -> None:
 # session, initial term, term length, mtu) tells another recording under the same id (a fresh
 # archive's catalog at the same channel) apart; a walk from a cached boundary that does not find a
 # message's first fragment (or padding) there (the recording truncated and extended since) starts
-# again from the term's start.
-_BOUNDARIES: dict[tuple[str, int], tuple[object, int]] = {}
+# again from the term's start. Bounded: the _BOUNDARIES_MAX most recently used recordings are
+# kept (a long-running reader of many recordings grew it without limit); a recording evicted
+# (not listed for that long) is walked again from its last term's start, at most one term.
+_BOUNDARIES_MAX = 4096
+_BOUNDARIES: OrderedDict[tuple[str, int], tuple[object, int]] = OrderedDict()
 _BOUNDARIES_LOCK = threading.Lock()
 
 
@@ -256,6 +260,8 @@ def message_end(client: ArchiveClient, channel: str, rec: Recording, end: int) -
     from_term: int | None = term_start if term_start > start else None
     with _BOUNDARIES_LOCK:
         known = _BOUNDARIES.get(key)
+        if known is not None:
+            _BOUNDARIES.move_to_end(key)
     boundary: int | None
     if known is not None and known[0] == identity and term_start <= known[1] <= end:
         boundary = known[1]
@@ -268,6 +274,9 @@ def message_end(client: ArchiveClient, channel: str, rec: Recording, end: int) -
     found = start if boundary is None else boundary
     with _BOUNDARIES_LOCK:
         _BOUNDARIES[key] = (identity, found)
+        _BOUNDARIES.move_to_end(key)
+        while len(_BOUNDARIES) > _BOUNDARIES_MAX:
+            _BOUNDARIES.popitem(last=False)  # the least recently used
     return found
 
 

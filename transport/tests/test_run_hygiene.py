@@ -1,0 +1,102 @@
+"""The test run's own hygiene (the root ``conftest.py``), checked on real pytest processes.
+
+* An interrupted run (Ctrl-C twice, a CI job killed, SIGKILL) never reached its
+  ``pytest_unconfigure``, so its ``aeron-spark-test-run-*`` directory stayed in the temporary
+  directory for good. A run now removes, as it starts, those whose pytest process is gone (each
+  names its process: pid and start time, so a pid reused since is not taken for the run), and
+  never a live run's nor one that names no owner.
+* A run on a machine whose /dev/shm cannot take the log buffers (a container's 64 MiB, a
+  read-only mount) failed test by test far from the cause; it now stops at once saying why.
+  The /dev/shm of the child run is a tmpfs of a mount namespace of its own (``unshare -m``, root):
+  the machine's /dev/shm is never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFIX = "aeron-spark-test-run-"
+# a run of one tiny test of this directory: the root conftest's session start and end
+TARGET = "transport/tests/test_run_hygiene.py::test_a_trivial_test_for_the_child_runs"
+
+
+def test_a_trivial_test_for_the_child_runs() -> None:
+    assert ROOT.joinpath("conftest.py").is_file()
+
+
+def _start_time(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+
+
+def _child_run(tmp: Path, prefix: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, TMPDIR=str(tmp), PYTEST_DEBUG_TEMPROOT=str(tmp))
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", TARGET]
+    return subprocess.run(
+        [*(prefix or []), *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
+    )
+
+
+@pytest.fixture
+def live() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(["sleep", "600"])
+    yield proc
+    proc.kill()
+    proc.wait(timeout=30)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
+def test_a_run_removes_the_directories_of_interrupted_runs_and_no_live_ones(
+    tmp_path: Path, live: subprocess.Popen[bytes]
+) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait(timeout=30)
+    runs = {
+        "dead": f"{gone.pid} {_start_time(os.getpid())}",  # its process exited
+        "reused": f"{os.getpid()} 1",  # its pid now another process's (another start time)
+        "live": f"{live.pid} {_start_time(live.pid)}",  # a run still going on
+        "unowned": None,  # names no owner: left alone
+    }
+    for name, owner in runs.items():
+        path = tmp_path / f"{PREFIX}{name}"
+        path.mkdir()
+        (path / "aeron-spark-left-behind").mkdir()
+        if owner is not None:
+            (path / "pytest-owner").write_text(owner + "\n")
+    done = _child_run(tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(PREFIX))
+    assert left == [f"{PREFIX}live", f"{PREFIX}unowned"], (left, done.stdout[-2000:])
+    assert "removed 2 temporary directories of interrupted runs" in done.stdout
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="a /dev/shm of its own needs root and unshare (a mount namespace)",
+)
+@pytest.mark.parametrize(
+    ("mount", "says"),
+    [
+        ("size=1m", "/dev/shm has 1.0 MiB free, the tests need at least 256 MiB"),
+        ("ro", "/dev/shm is not writable"),
+    ],
+)
+def test_a_run_stops_at_once_when_dev_shm_is_not_usable(
+    tmp_path: Path, mount: str, says: str
+) -> None:
+    mounted = f'mount -t tmpfs -o {mount} aeron-spark-test-shm /dev/shm && exec "$@"'
+    done = _child_run(
+        tmp_path, ["unshare", "-m", "--propagation", "private", "sh", "-c", mounted, "sh"]
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 4, out[-3000:]
+    assert "/dev/shm is not usable for the tests" in out and says in out, out[-3000:]
+    assert "1 passed" not in out
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(PREFIX)]  # its own went too
