@@ -12,10 +12,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+import aeron_peer  # noqa: E402
 from test_interop_aeron import (  # noqa: E402
     _CONNECT_S,
     _DELIVERY_S,
     _UNAVAILABLE,
+    JavaRealDriver,
     _assert_understood_everything,
     _channel,
     _check_real_image,
@@ -61,4 +63,88 @@ def test_our_publication_idle_at_the_longest_interval_keeps_a_java_image_at_its_
     finally:
         real_sub.stop()
     assert got[0][2] == b"after the idle spell"
+    _assert_understood_everything(our_driver)
+
+
+# A Java publication that offers one message, idles for IDLE_MS watching isConnected() every
+# 50 ms (printing "lost" if it ever goes false: the Java sender heard no status message for its
+# 5 s connection timeout), then offers a second one and exits.
+_IDLE_PUBLISHER = """
+import io.aeron.Aeron;
+import io.aeron.Publication;
+import org.agrona.concurrent.UnsafeBuffer;
+import java.nio.ByteBuffer;
+
+public class IdlePublisher {
+    public static void main(String[] args) throws Exception {
+        String channel = args[0];
+        int streamId = Integer.parseInt(args[1]);
+        long idleMs = Long.parseLong(args[2]);
+        try (Aeron aeron = Aeron.connect(new Aeron.Context());
+             Publication pub = aeron.addPublication(channel, streamId)) {
+            UnsafeBuffer buf = new UnsafeBuffer(ByteBuffer.allocateDirect(64));
+            for (int i = 0; i < 2; i++) {
+                byte[] msg = ("idle-" + i).getBytes();
+                buf.putBytes(0, msg);
+                long deadline = System.currentTimeMillis() + 45000;
+                while (pub.offer(buf, 0, msg.length) < 0) {
+                    if (System.currentTimeMillis() > deadline) {
+                        System.out.println("offer failed");
+                        return;
+                    }
+                    Thread.sleep(10);
+                }
+                System.out.println("sent " + i);
+                if (i == 0) {
+                    long until = System.currentTimeMillis() + idleMs;
+                    while (System.currentTimeMillis() < until) {
+                        if (!pub.isConnected()) {
+                            System.out.println("lost");
+                        }
+                        Thread.sleep(50);
+                    }
+                    System.out.println("idled");
+                }
+            }
+        }
+    }
+}
+"""
+
+
+def test_a_java_publication_idle_past_its_connection_timeout_stays_connected_to_our_idle_sms(
+    real_stack: contextlib.ExitStack,  # noqa: F811
+    our_driver: Driver,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Our subscription at ``idle-sm-interval=1s`` (the longest allowed, on the idle grid): a
+    Java publication idle for 8 s (past its 5 s connection timeout) never sees itself
+    disconnected, and its next message arrives."""
+    real_driver = _start_real_driver(real_stack, "java")
+    classes = aeron_peer.compile_java(_IDLE_PUBLISHER, "IdlePublisher", tmp_path / "classes")
+    port, stream_id = free_udp_port(), 1014
+    sub = our_driver.add_subscription(_channel(port, **{"idle-sm-interval": "1s"}), stream_id)
+    got: list[bytes] = []
+    assert isinstance(real_driver, JavaRealDriver)
+    program = real_driver.java.run(
+        "IdlePublisher", classpath=[classes], args=[_channel(port), str(stream_id), "8000"]
+    )
+    try:
+        deadline = time.monotonic() + _DELIVERY_S + 20
+        sms: list[int] = []  # status messages sent when each message arrived
+        while len(got) < 2:
+            assert time.monotonic() < deadline, program.transcript()
+            if not sub.poll(lambda payload, header: got.append(bytes(payload)), 10):
+                time.sleep(0.02)
+            while len(sms) < len(got):
+                sms.append(our_driver.counters.snapshot()["status_messages_sent"])
+        assert program.wait_exit(_DELIVERY_S) == 0
+        program.drain(5)
+        said = program.transcript()
+    finally:
+        program.stop()
+    assert got == [b"idle-0", b"idle-1"]
+    # the 8 s between them were idle at the asked interval (200 ms apart would be ~40)
+    assert sms[1] - sms[0] <= 16, sms
+    assert "idled" in said and "lost" not in said, said
     _assert_understood_everything(our_driver)
