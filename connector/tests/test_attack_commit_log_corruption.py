@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from aeron_spark.connector.errors import CommitLogCorruptError
-from aeron_spark.connector.server.commitlog import CommitLog
+from aeron_spark.connector.server.commitlog import CommitLog, _encode
 from aeron_spark.connector.server.testing import client_for, messages_of, server_process
 
 STREAM = 10
@@ -161,3 +161,56 @@ def test_a_damaged_length_in_the_middle_is_found_and_refused(tmp_path: Path) -> 
         CommitLog(str(path))
     assert refused.value.details["offset"] == offset
     assert path.read_bytes() == before
+
+
+_COMPACTING_CHILD = """
+import sys, time
+from aeron_spark.connector.server.commitlog import CommitLog
+log = CommitLog(sys.argv[1])
+seen = [0]
+def keep(record):
+    seen[0] += 1
+    if seen[0] == int(sys.argv[2]):
+        print("compacting", flush=True)  # the parent kills this process now
+        time.sleep(600)
+    return record if record["batch_id"] % 2 else None
+log.compact(keep)
+print("compacted", flush=True)
+"""
+
+
+def test_a_kill_mid_compaction_leaves_the_old_log_whole(tmp_path: Path) -> None:
+    """``kill -9`` of a process in the middle of a compaction (its temporary file half
+    written, 64 KiB chunks already out): the log opens with every record it had, and the next
+    compaction overwrites the leftover temporary file."""
+    path = tmp_path / "commit.log"
+    # what 3,000 appends write (each append fsyncs: seconds on a loaded disk)
+    path.write_bytes(
+        b"".join(
+            _encode({"t": "done", "sink_id": "s", "batch_id": i, "pad": "p" * 40})
+            for i in range(3000)
+        )
+    )
+    before = path.read_bytes()
+    child = subprocess.Popen(
+        [sys.executable, "-c", _COMPACTING_CHILD, str(path), "2500"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "compacting"
+        assert (tmp_path / "commit.log.compact").stat().st_size > 0  # chunks already written
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait(30)
+    assert path.read_bytes() == before
+    again = CommitLog(str(path))
+    assert [r["batch_id"] for r in again.records] == list(range(3000))
+    again.compact(lambda r: r if r["batch_id"] % 2 else None)
+    again.close()
+    compacted = CommitLog(str(path))
+    compacted.close()
+    assert [r["batch_id"] for r in compacted.records] == list(range(1, 3000, 2))
+    assert not (tmp_path / "commit.log.compact").exists()
