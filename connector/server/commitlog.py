@@ -182,6 +182,7 @@ class CommitLog:
             raise
         self.torn_bytes_truncated = length - good_end
         self.compactions = 0
+        self.compaction_failures = 0  # refused (a record no longer reads) or failed (a full disk)
         if self.torn_bytes_truncated:
             os.ftruncate(self._fd, good_end)
             os.fsync(self._fd)
@@ -249,6 +250,7 @@ class CommitLog:
                 out.clear()
             os.fsync(fd)
         except BaseException:
+            self.compaction_failures += 1
             os.close(fd)
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -256,6 +258,7 @@ class CommitLog:
         try:
             os.replace(tmp, self.path)
         except BaseException:
+            self.compaction_failures += 1
             os.close(fd)
             with contextlib.suppress(OSError):
                 os.unlink(tmp)

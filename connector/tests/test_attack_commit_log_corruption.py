@@ -11,6 +11,7 @@ naming the file and the byte, and leaves the log as it was (the operator restore
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import struct
@@ -214,3 +215,25 @@ def test_a_kill_mid_compaction_leaves_the_old_log_whole(tmp_path: Path) -> None:
     compacted.close()
     assert [r["batch_id"] for r in compacted.records] == list(range(1, 3000, 2))
     assert not (tmp_path / "commit.log.compact").exists()
+
+
+def test_a_record_damaged_while_the_log_is_open_makes_compaction_refuse_and_keep_the_log(
+    tmp_path: Path,
+) -> None:
+    """A record damaged under a running server (its log open): compaction refuses with EIO
+    (counted), the log stays as it was and takes appends; the next open refuses it whole."""
+    path = tmp_path / "commit.log"
+    log = CommitLog(str(path))
+    for i in range(6):
+        log.append({"t": "done", "sink_id": "s", "batch_id": i})
+    offset, length = _records(path)[2]
+    _flip(path, offset + _HEADER.size + length // 2)
+    with pytest.raises(OSError) as refused:
+        log.compact(lambda r: r)
+    assert refused.value.errno == errno.EIO and log.compaction_failures == 1
+    log.append({"t": "done", "sink_id": "s", "batch_id": 6})
+    log.close()
+    assert len(_records(path)) == 7
+    assert not (tmp_path / "commit.log.compact").exists()
+    with pytest.raises(CommitLogCorruptError):
+        CommitLog(str(path))
