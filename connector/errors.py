@@ -96,6 +96,14 @@ class PortInUseError(ServerUnavailableError):
     ``host``, ``port``."""
 
 
+class CommitLogCorruptError(ServerError):
+    """A server cannot start: its sink commit log holds a record that does not read (a damaged
+    disk block) with whole records after it. Not a crash's torn tail (only the last record can
+    be torn): cutting the log there would forget every acknowledged commit after it, so the
+    log is left as it is for the operator. Raised at start only, never sent on the wire.
+    ``details``: ``path``, ``offset`` (the bad record's first byte), ``size``."""
+
+
 class ReplicasUnavailableError(ServerUnavailableError):
     """No archive of a set of replicas could serve a request (``archive`` naming several
     control channels): none reachable, or none holding the recording up to the position
@@ -254,6 +262,7 @@ def error_from_wire(error: object) -> ConnectorError:
 
 __all__ = [
     "ChunkMissingError",
+    "CommitLogCorruptError",
     "ConnectorError",
     "ControlProtocolError",
     "DirectoryInUseError",

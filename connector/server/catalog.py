@@ -127,8 +127,9 @@ class Catalog:
             rec = self._by_id[rid]
             self._entries[rid] = _Entry(rec)
             self._live.add(rid)
-            self._streams.setdefault(rec.d.stream_id, [0, 0, 0])[0] += 1
-            self._text = None
+            # counted by its stream when first read (_refresh), as it is first listed then: a
+            # snapshot's streams and recordings sections never disagree about it
+            self._streams.setdefault(rec.d.stream_id, [0, 0, 0])
 
     def refresh(self) -> int:
         """Re-read what may have changed since the last call; how many descriptions changed."""
@@ -163,7 +164,9 @@ class Catalog:
             state = (info["recorded_position"], info["purged_position"], info["stop_position"])
             if state != entry.state:
                 stats = self._streams[rec.d.stream_id]
-                if entry.state is not None:
+                if entry.state is None:
+                    stats[0] += 1  # first read: counted and listed from now on
+                else:
                     stats[1] -= entry.info["stop_position"] is None
                     stats[2] -= entry.info["recorded_position"] - entry.info["purged_position"]
                 stats[1] += info["stop_position"] is None
@@ -203,7 +206,7 @@ class Catalog:
         return [
             {"stream_id": s, "recordings": v[0], "active_recordings": v[1], "bytes": v[2]}
             for s, v in sorted(self._streams.items())
-            if self._shown is None or s in self._shown
+            if v[0] and (self._shown is None or s in self._shown)  # v[0]: none read yet
         ]
 
     def counters(self) -> dict[str, int]:

@@ -3,7 +3,10 @@
 Record layout: ``length (uint32) | crc32 of body (uint32) | msgpack body``. A record is durable
 once :meth:`CommitLog.append` returns (write + ``fsync``). On open, records are read until the
 first incomplete or corrupt one -- the torn tail of a crash -- and the file is truncated there, so
-the log is always a clean prefix of what was appended.
+the log is always a clean prefix of what was appended. A record that does not read with a whole
+record after it is damage in the middle, not a torn tail (only the last record can be torn):
+the open refuses with :class:`~aeron_spark.connector.errors.CommitLogCorruptError` and leaves
+the file as it is (cutting there forgot every acknowledged commit after it).
 
 Two record types, written by :class:`connector.server.staging.SinkCommitter`:
 
@@ -35,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import struct
 import zlib
 from collections.abc import Callable, Iterator
@@ -42,6 +46,7 @@ from typing import Any
 
 import msgpack
 
+from aeron_spark.connector.errors import CommitLogCorruptError
 from aeron_spark.transport.archive.recordings import fsync_dir
 
 _RECORD = struct.Struct("<II")
@@ -94,6 +99,44 @@ def _scan(fd: int, limit: int | None = None) -> Iterator[tuple[dict[str, Any], i
         yield record, base + pos
 
 
+def _record_at(data: bytes, pos: int) -> bool:
+    """Whether a whole, readable record (as :func:`_scan` reads one) begins at ``pos``."""
+    if pos + _RECORD.size > len(data):
+        return False
+    length, crc = _RECORD.unpack_from(data, pos)
+    end = pos + _RECORD.size + length
+    if not 0 < length <= MAX_RECORD_BYTES or end > len(data):
+        return False
+    body = data[pos + _RECORD.size : end]
+    if zlib.crc32(body) != crc:
+        return False
+    try:
+        return isinstance(msgpack.unpackb(body, raw=False), dict)
+    except Exception:  # noqa: BLE001 - not a record
+        return False
+
+
+# a record's body is a msgpack map: its first byte is a fixmap, map16 or map32 marker
+_MAP_AT_BODY = re.compile(rb"(?=.{8}[\x80-\x8f\xde\xdf])", re.DOTALL)
+
+
+def _whole_record_after(fd: int, bad: int, size: int) -> bool:
+    """Whether the bytes from ``bad`` (where :func:`_scan` stopped) to ``size`` hold a whole,
+    readable record past ``bad``: then the record at ``bad`` is damaged in the middle of the
+    log, not a crash's torn tail (a record is appended and fsynced whole after the one before
+    it, so only the last can be torn, and nothing readable follows it). More than a record's
+    worth of bytes is never a torn tail. Else the bytes are searched at every offset whose
+    body would begin with a map (a damaged length hides where the next record begins)."""
+    if size - bad > _RECORD.size + MAX_RECORD_BYTES:
+        return True
+    data = os.pread(fd, size - bad, bad)
+    if len(data) >= _RECORD.size:
+        length, _crc = _RECORD.unpack_from(data, 0)
+        if _record_at(data, _RECORD.size + length):  # the common case: a damaged body
+            return True
+    return any(_record_at(data, m.start()) for m in _MAP_AT_BODY.finditer(data, 1))
+
+
 def _write_all(fd: int, data: bytes | bytearray, name: str) -> None:
     with memoryview(data) as view:
         done = 0
@@ -123,11 +166,23 @@ class CommitLog:
                 self.records.append(record)
                 good_end = end
             length = os.fstat(self._fd).st_size
+            if good_end < length and _whole_record_after(self._fd, good_end, length):
+                raise CommitLogCorruptError(
+                    f"COMMIT_LOG_CORRUPT: the sink commit log {path} does not read at byte "
+                    f"{good_end} of {length}, with whole records after it: not a crash's torn "
+                    "tail (cutting it there would forget the acknowledged commits after it), "
+                    "so it is left as it is and the server does not start. Restore the file "
+                    "from a backup or a replica, or move it aside to start without its commits",
+                    path=path,
+                    offset=good_end,
+                    size=length,
+                )
         except BaseException:
             os.close(self._fd)
             raise
         self.torn_bytes_truncated = length - good_end
         self.compactions = 0
+        self.compaction_failures = 0  # refused (a record no longer reads) or failed (a full disk)
         if self.torn_bytes_truncated:
             os.ftruncate(self._fd, good_end)
             os.fsync(self._fd)
@@ -195,6 +250,7 @@ class CommitLog:
                 out.clear()
             os.fsync(fd)
         except BaseException:
+            self.compaction_failures += 1
             os.close(fd)
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -202,6 +258,7 @@ class CommitLog:
         try:
             os.replace(tmp, self.path)
         except BaseException:
+            self.compaction_failures += 1
             os.close(fd)
             with contextlib.suppress(OSError):
                 os.unlink(tmp)

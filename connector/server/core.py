@@ -441,6 +441,7 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
                 "sink_stage_failures": committer.staging.stage_failures,
                 "sink_forgotten_commits": committer.forgotten_commits,
                 "sink_commit_log_compactions": committer.log.compactions,
+                "sink_commit_log_compaction_failures": committer.log.compaction_failures,
             },
         )
         result: dict[str, Any] = {}

@@ -75,6 +75,8 @@ SINK_COUNTERS = (
     "sink_stage_failures",
     "sink_forgotten_commits",  # a repeat of a batch below its sink's window (issue 31)
     "sink_commit_log_compactions",
+    # refused (a record of the log no longer reads: the log kept) or failed (a full disk)
+    "sink_commit_log_compaction_failures",
 )
 RETENTION_COUNTERS = (
     "retention_runs",

@@ -28,6 +28,7 @@ import collections
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +66,11 @@ class ConsumerRegistry:
         # per-client limit was checked by a walk over every consumer on each new one
         self.held: collections.Counter[str] = collections.Counter()
         self.commits = 0
+        # one change at a time: consumer_commit runs on the commit worker (a deferred
+        # operation), consumer_forget on the loop; each writes the whole file from the registry
+        # through one temporary name, then changes the registry (two at once: the second's
+        # rename found no file, and the file lacked the other's change)
+        self._changing = threading.Lock()
         try:
             with open(self.path, "rb") as fh:
                 data = fh.read()
@@ -92,6 +98,30 @@ class ConsumerRegistry:
             ) from None
 
     def commit(
+        self,
+        consumer_id: str,
+        stream_ids: Iterable[int],
+        positions: dict[Any, Any],
+        now_s: float,
+        owner: str | None = None,
+        may_claim: Callable[[tuple[int, ...]], bool] | None = None,
+        max_per_owner: int | None = None,
+    ) -> None:
+        """See :meth:`_commit` (one change at a time)."""
+        with self._changing:
+            self._commit(consumer_id, stream_ids, positions, now_s, owner, may_claim, max_per_owner)
+
+    def forget(
+        self,
+        consumer_id: str,
+        owner: str | None = None,
+        may_override: Callable[[tuple[int, ...]], bool] | None = None,
+    ) -> bool:
+        """See :meth:`_forget` (one change at a time)."""
+        with self._changing:
+            return self._forget(consumer_id, owner, may_override)
+
+    def _commit(
         self,
         consumer_id: str,
         stream_ids: Iterable[int],
@@ -138,7 +168,7 @@ class ConsumerRegistry:
         self.held[kept] += 1
         self.commits += 1
 
-    def forget(
+    def _forget(
         self,
         consumer_id: str,
         owner: str | None = None,

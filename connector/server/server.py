@@ -107,6 +107,7 @@ class StreamServer:
         # the stat snapshot is taken a part a pass (_stat_step): the next part, what is taken
         self._stat_stage = 0
         self._stat_snapshot: dict[str, Any] | None = None
+        self._stat_recordings = "[]"  # its recordings section, taken with it
         # the open descriptors counted last (listing /proc/self/fd: 30 ms at 5,000 open
         # recording files), recounted only when what opens them moved (_open_files)
         self._fd_count: tuple[int, tuple[int, ...], int] = (-1, (), 0)
@@ -576,14 +577,20 @@ class StreamServer:
                 return False
             if self._stat_stage == 1:
                 taken = self.core.stats(now_ns, time.time_ns(), catalog=False)
+                # the streams, the recordings and their total of one catalog state (a refresh
+                # between the parts, or recordings made since this one's, would show in one
+                # and not the others)
                 taken["streams"] = catalog.streams()
+                self._stat_recordings = catalog.recordings_json()
+                if isinstance(taken.get("store"), dict) and "recordings" in taken["store"]:
+                    taken["store"]["recordings"] = sum(s["recordings"] for s in taken["streams"])
                 self._stat_snapshot = taken
                 self._stat_stage = 2
                 return False
             snapshot, self._stat_snapshot = self._stat_snapshot, None
             self._stat_stage = 0
             # each file replaced only when what it says changed (stat.py)
-            self.stat_writer.write(snapshot or {}, catalog.recordings_json())
+            self.stat_writer.write(snapshot or {}, self._stat_recordings)
         except Exception as exc:  # noqa: BLE001
             self._stat_stage, self._stat_snapshot = 0, None
             assert self.core is not None

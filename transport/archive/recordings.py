@@ -229,6 +229,14 @@ class MetaSyncer:
             thread.join(timeout_s)
 
 
+def _listdir(path: str) -> list[str]:
+    """The names in ``path`` ([] if it is not a directory one can list)."""
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
 def _read_meta(path: str) -> dict[str, Any] | None:
     try:
         with open(path, "rb") as fh:
@@ -969,12 +977,20 @@ class RecordingStore:
         self.torn_bytes_cut = 0
         self.unacknowledged_bytes_cut = 0
         self.incomplete_tail_bytes_cut = 0  # incomplete last messages of recovered recordings
+        # directories with files but no readable descriptor (lost or damaged): left as they are,
+        # and their ids never given to a new recording (whose creation would recover the files
+        # into it: another stream's data at the start of a new recording)
+        self.orphan_directories: list[str] = []
+        orphan_max = -1
         for name in sorted(os.listdir(self.root)):
             if not name.isdigit():
                 continue
             path = os.path.join(self.root, name)
             meta = _read_meta(os.path.join(path, "meta.msgpack"))
-            if meta is None:  # died between mkdir and its descriptor: never had data
+            if meta is None:  # died between mkdir and its descriptor (empty), or lost it
+                if any(not f.startswith("meta.msgpack") for f in _listdir(path)):
+                    self.orphan_directories.append(path)
+                    orphan_max = max(orphan_max, int(name))
                 continue
             rec = Recording(
                 path, Descriptor(**meta), fsync, fds=self.files, stops_pending=self._stops_pending
@@ -989,7 +1005,13 @@ class RecordingStore:
                     self.incomplete_tail_bytes_cut += rec.cut_incomplete_message()
                 rec.stop(0)
             self.recordings[rec.d.recording_id] = rec
-        self._next_id = max(self.recordings, default=-1) + 1
+        self._next_id = max(max(self.recordings, default=-1), orphan_max) + 1
+        if self.orphan_directories:
+            log.warning(
+                "recording directories with data but no readable descriptor (meta.msgpack), "
+                "not served and their ids not reused: %s",
+                ", ".join(self.orphan_directories),
+            )
         self._lock = threading.Lock()
         # without fsync: new recordings' descriptors are fsynced off the caller's thread
         self.meta_syncer = MetaSyncer()

@@ -1,0 +1,73 @@
+"""Attacks on an idle session's spaced-out control traffic (fifteenth session: its heartbeats 2 s
+apart, its status messages 1 s, both on a 20 ms grid, the server's per-session checks on the
+grid too): a client process that is alive but was paused (a stop-the-world pause, ``SIGSTOP``)
+for 2 s, idle before and after, on a server with a short lease (``--session-lease-seconds 5``)
+keeps its sessions: its last sign before the pause came at most a second before it (the status
+messages), so no lease and no 5 s connection timeout runs out; no session is closed, expired or
+reopened. (A pause longer than the lease less a second loses them, as README says: a frozen
+client loses its sessions a lease after its last sign.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from aeron_spark.connector.server.testing import client_for, server_process
+
+# a client process holding 4 idle sessions; a line on stdin makes each publish once more and
+# print its reconnect count
+_CLIENT = """
+import sys
+from aeron_spark.connector.client import ClientSettings, StreamClient
+settings = ClientSettings(endpoint=sys.argv[1], encryption=False, timeout_s=60)
+clients = [StreamClient.connect(settings) for _ in range(4)]
+for c in clients:
+    c.publish(10, [b"first"])
+print("ready", flush=True)
+sys.stdin.readline()
+for c in clients:
+    c.publish(10, [b"after"])
+print("reconnects", sum(c.reconnects for c in clients), flush=True)
+"""
+
+
+def test_idle_sessions_of_a_client_paused_2_s_survive_a_5_s_lease(tmp_path: Path) -> None:
+    with server_process(str(tmp_path / "srv"), ["--session-lease-seconds", "5"]) as (
+        _proc,
+        endpoint,
+    ):
+        client = subprocess.Popen(
+            [sys.executable, "-c", _CLIENT, endpoint],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ),
+        )
+        try:
+            assert client.stdout is not None and client.stdin is not None
+            assert client.stdout.readline().strip() == "ready"
+            with client_for(endpoint) as observer:
+                before = observer.stats()["counters"]
+                time.sleep(12.0)  # idle: nothing but the transport's signs, past the lease
+                client.send_signal(signal.SIGSTOP)
+                time.sleep(2.0)
+                client.send_signal(signal.SIGCONT)
+                time.sleep(2.0)
+                client.stdin.write("go\n")
+                client.stdin.flush()
+                assert client.stdout.readline().strip() == "reconnects 0"
+                after = observer.stats()["counters"]
+            for name in ("sessions_closed", "sessions_expired"):
+                assert after[name] == before[name], (name, before[name], after[name])
+            assert after["session_leases_renewed_by_transport"] > before.get(
+                "session_leases_renewed_by_transport", 0
+            )
+        finally:
+            if client.poll() is None:
+                client.send_signal(signal.SIGCONT)
+                client.kill()
+            client.wait(30)
