@@ -62,6 +62,8 @@ from aeron_spark.transport.archive.errors import (
     UnknownRecordingError,
 )
 from aeron_spark.transport.archive.fdcache import FdCache
+from aeron_spark.transport.archive.spares import FILES as SPARE_FILES
+from aeron_spark.transport.archive.spares import SparePool
 from aeron_spark.transport.archive.timeindex import TimeIndex
 from aeron_spark.transport.protocol.frames import (
     FRAME_ALIGNMENT,
@@ -289,11 +291,14 @@ class Recording:
         fds: FdCache | None = None,
         stops_pending: dict[int, Recording] | None = None,
         fresh: bool = False,
+        spare: bool = False,
     ) -> None:
         """``fresh``: the directory was made just now and holds only the descriptor, so there
         is nothing to recover, no stop or purge file to read (the store's ``create``; issue
         31: a stream server's 2,048 sessions each create one on their first publish, and the
-        looks for files that cannot be there were half of each creation's cost)."""
+        looks for files that cannot be there were half of each creation's cost). ``spare``:
+        it is a spare renamed in (:mod:`.spares`): its ``acked``, ``index`` and first segment
+        files exist, empty, their names durable."""
         self.directory = directory
         # the store's recordings whose stop file is not written yet (joined while pending), so
         # its retry walks those, not every recording (issue 31 item 4)
@@ -314,9 +319,11 @@ class Recording:
         self._own_files = fds is None
         self._files = FdCache(8) if fds is None else fds
         self._dirty: set[int] = set()  # segment bases written since the last force()
-        self._present: set[int] = set()  # segment bases known to exist (no stat per append)
-        # the acked file is known to exist (this writer wrote it): no stat per acknowledge
-        self._acked_written = False
+        # segment bases known to exist (no stat per append)
+        self._present: set[int] = {0} if spare else set()
+        # the acked file is known to exist (this writer wrote it, or a spare held it): no stat
+        # per acknowledge
+        self._acked_written = spare
         self._dir_dirty = False  # a file was created here since the directory's last fsync
         self._index_dirty = False
         self.stop_pending = False  # stopped, but stop.msgpack is not written yet (disk full)
@@ -333,6 +340,7 @@ class Recording:
             self._index_path,
             self._files.use,
             limit_position=None if index_range is None else index_range[1],
+            empty=fresh,  # nothing to read (a spare's is empty): no open, no cached descriptor
         )
         if not read_only and not fresh:
             self._recover()
@@ -411,6 +419,8 @@ class Recording:
             with open(self._acked_path, "rb") as fh:
                 data = fh.read(_ACKED.size)
         except FileNotFoundError:
+            return None
+        if not data:  # a spare's, left empty: a crash came before the first acknowledge
             return None
         if len(data) == _ACKED.size:
             position, check = _ACKED.unpack(data)
@@ -991,6 +1001,9 @@ class RecordingStore:
             self.recordings[rec.d.recording_id] = rec
         self._next_id = max(self.recordings, default=-1) + 1
         self._lock = threading.Lock()
+        # empty recording directories made ahead on a thread of their own: a creation renames
+        # one into place instead of making five names on the caller's thread (issue 31 item 1)
+        self.spares = SparePool(self.root, fsync)
         # without fsync: new recordings' descriptors are fsynced off the caller's thread
         self.meta_syncer = MetaSyncer()
 
@@ -1032,9 +1045,18 @@ class RecordingStore:
         path = os.path.join(self.root, str(rid))
         meta = os.path.join(path, "meta.msgpack")
         fresh = True
+        # a spare holds the segment file of position 0: only for recordings starting in it
+        spare = self.spares.take() if start < descriptor.segment_length else None
+        if spare is not None:
+            try:
+                os.rename(spare, path)  # over nothing, or over a leftover empty directory
+            except OSError:
+                self.spares.give_back(spare)  # a leftover with files in it: as below
+                spare = None
         try:
             try:
-                os.mkdir(path)
+                if spare is None:
+                    os.mkdir(path)
             except FileExistsError:
                 fresh = False  # a leftover directory: what it holds is recovered, as before
             except FileNotFoundError:
@@ -1046,6 +1068,10 @@ class RecordingStore:
             # a full disk (or no descriptor): take back what was made and the id, so a caller
             # that retries (an ingest image waiting for room, every 100 ms) leaves nothing
             # behind; before, each try left a directory with a meta.msgpack.tmp, for good
+            if spare is not None:  # its empty files go with it
+                for name in SPARE_FILES:
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(path, name))
             self._undo_create(rid, path, meta)
             raise
         if not self.fsync:
@@ -1057,6 +1083,7 @@ class RecordingStore:
             fds=self.files,
             stops_pending=self._stops_pending,
             fresh=fresh,
+            spare=spare is not None,
         )
         self.recordings[rid] = rec
         return rec
@@ -1087,6 +1114,7 @@ class RecordingStore:
             "failed_appends": sum(r.failed_appends for r in recs),
             "cut_failures": sum(r.cut_failures for r in recs),
             "stops_pending": sum(r.stop_pending for r in recs),
+            **self.spares.stats(),
         }
 
     def close(self, now_ns: int) -> None:
@@ -1097,6 +1125,7 @@ class RecordingStore:
             rec.close()
         self.files.close()
         self.meta_syncer.close()
+        self.spares.close()
 
 
 __all__ = ["Descriptor", "Recording", "RecordingStore"]

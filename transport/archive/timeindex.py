@@ -53,7 +53,12 @@ class TimeIndex:
     process has reported recorded; entries past it may be rewritten by their writer)."""
 
     def __init__(
-        self, path: str, open_file: OpenFile, *, limit_position: int | None = None
+        self,
+        path: str,
+        open_file: OpenFile,
+        *,
+        limit_position: int | None = None,
+        empty: bool = False,
     ) -> None:
         self.path = path
         self._open = open_file
@@ -64,7 +69,8 @@ class TimeIndex:
         self._count = 0
         self._last: tuple[int, int] | None = None
         self._hint: tuple[int, int, int] | None = None  # (block, first position, next's)
-        self._load(limit_position)
+        if not empty:  # ``empty``: a new recording's, known to hold nothing (nothing to read)
+            self._load(limit_position)
 
     # --- loading -----------------------------------------------------------------------------
 
