@@ -42,6 +42,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import queue
@@ -300,6 +301,10 @@ class Recording:
         it is a spare renamed in (:mod:`.spares`): its ``acked``, ``index`` and first segment
         files exist, empty, their names durable."""
         self.directory = directory
+        # the index's and acked file's paths, and the last segment's, joined once (a publish
+        # wrote all three: issue 31)
+        self._paths = (os.path.join(directory, "index"), os.path.join(directory, "acked"))
+        self._last_segment = (-1, "")
         # the store's recordings whose stop file is not written yet (joined while pending), so
         # its retry walks those, not every recording (issue 31 item 4)
         self._stops_pending = stops_pending
@@ -365,7 +370,11 @@ class Recording:
         return position - position % self.d.segment_length
 
     def _segment_path(self, base: int) -> str:
-        return os.path.join(self.directory, f"{base:020d}.seg")
+        if base == self._last_segment[0]:  # the one appended to (a publish's: issue 31)
+            return self._last_segment[1]
+        path = os.path.join(self.directory, f"{base:020d}.seg")
+        self._last_segment = (base, path)
+        return path
 
     def _segment(
         self, base: int, create: bool = False
@@ -376,7 +385,7 @@ class Recording:
 
     @property
     def _index_path(self) -> str:
-        return os.path.join(self.directory, "index")
+        return self._paths[0]
 
     def _recover(self) -> None:
         """Find the end of the complete frames (see the module invariants)."""
@@ -412,7 +421,7 @@ class Recording:
 
     @property
     def _acked_path(self) -> str:
-        return os.path.join(self.directory, "acked")
+        return self._paths[1]
 
     def _read_acked(self) -> int | None:
         try:
@@ -434,13 +443,17 @@ class Recording:
         what the writer acknowledged: recovery cuts whatever complete frames lie past it (a
         write that failed and whose cut failed too, or a crash half-way through a write of
         several blocks). The first call creates the file (and syncs the directory)."""
-        path = self._acked_path
+        path = self._paths[1]
         created = not self._acked_written and not os.path.exists(path)
-        with self._files.use(path, True, True) as fd:
-            assert fd is not None
-            os.pwrite(fd, _ACKED.pack(position, ~position), 0)
+        files = self._files
+        entry = files.pin(path, True, True)
+        assert entry is not None
+        try:
+            os.pwrite(entry.fd, _ACKED.pack(position, ~position), 0)
             if self.fsync:
-                os.fsync(fd)
+                os.fsync(entry.fd)
+        finally:
+            files.unpin(entry)
         if created and self.fsync:
             fsync_dir(self.directory)
         self._acked_written = True  # after the directory's fsync: a failed one asks again
@@ -664,21 +677,31 @@ class Recording:
             view = view.cast("B")
         size = len(view)
         written = 0
+        files = self._files
         try:
             while written < size:
                 pos = position + written
                 base = self._segment_base(pos)
                 piece = view[written : written + base + self.d.segment_length - pos]
+                path = self._segment_path(base)
                 if base not in self._present:
-                    if not os.path.exists(self._segment_path(base)):
+                    if not os.path.exists(path):
                         self._dir_dirty = True  # its name is fsynced with the data (force)
                     self._present.add(base)
-                with self._segment(base, create=True) as fd:
-                    assert fd is not None
+                # pinned without a context manager: a publish's three writes spent more time
+                # in their wrappers than in the system calls (issue 31)
+                entry = files.pin(path, True, True)
+                assert entry is not None
+                try:
                     self._dirty.add(base)
-                    count = _pwrite_all(fd, piece, pos - base, self._segment_path(base))
-                if count < 0:  # short writes happened, all were continued
-                    self.short_writes += -count
+                    count = os.pwrite(entry.fd, piece, pos - base)
+                    if count != len(piece):  # as _pwrite_all: no progress raises, short goes on
+                        if count <= 0:
+                            raise OSError(errno.ENOSPC, "write made no progress", path)
+                        rest, at = piece[count:], pos + count - base
+                        self.short_writes += 1 - _pwrite_all(entry.fd, rest, at, path)
+                finally:
+                    files.unpin(entry)
                 written += len(piece)
             self._indexed(position, now_ns)
         except BaseException:
@@ -741,9 +764,16 @@ class Recording:
         # the index file holds exactly the entries counted (recovery cuts anything else), so
         # the next one goes at their end; a failed write is cut off by the caller
         self._index_dirty = True
-        if self.index.last is None and not os.path.exists(self._index_path):
+        path = self._paths[0]
+        if self.index.last is None and not os.path.exists(path):
             self._dir_dirty = True  # the index file is new: its name is fsynced by force()
-        self.index.append(position, now_ns)
+        files = self._files
+        entry = files.pin(path, True, True)
+        assert entry is not None
+        try:
+            self.index.append(position, now_ns, entry.fd)
+        finally:
+            files.unpin(entry)
 
     def rollback(self, position: int) -> None:
         """Forget what was appended from ``position`` (a boundary this writer appended at, not
