@@ -11,6 +11,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from aeron_spark.connector.server.framing import Framer
 from aeron_spark.connector.server.testing import client_for, server_process
 from aeron_spark.transport.archive import RecordingStore
@@ -137,3 +139,31 @@ def test_a_server_keeps_a_spare_for_each_session_that_has_not_published(tmp_path
         finally:
             for c in clients:
                 c.close()
+
+
+def test_with_fsync_adopted_spares_are_fsynced_before_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spares a run without ``--fsync`` made may not have durable names: a store with fsync
+    fsyncs each one it keeps at start (a recording made from it could lose its segment's name
+    in a power cut otherwise)."""
+    root = tmp_path / "recordings"
+    for n in (3, 4):
+        (root / f"{PREFIX}{n}").mkdir(parents=True)
+        for name in FILES:
+            (root / f"{PREFIX}{n}" / name).touch()
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    store = RecordingStore(str(tmp_path), fsync=True)
+    try:
+        assert store.spares.ready == 2
+        for n in (3, 4):
+            assert os.path.realpath(root / f"{PREFIX}{n}") in synced
+    finally:
+        store.close(time.time_ns())

@@ -71,6 +71,13 @@ class SparePool:
             if suffix.isdigit():
                 last = max(last, int(suffix))
             if suffix.isdigit() and self._is_whole(path):
+                if self.fsync:  # made by a run without --fsync: its names made durable now
+                    try:
+                        _fsync_dir(path)
+                    except OSError:
+                        shutil.rmtree(path, ignore_errors=True)
+                        self.removed += 1
+                        continue
                 self._ready.append(path)
             else:
                 shutil.rmtree(path, ignore_errors=True)
