@@ -81,6 +81,8 @@ class Connection:
         # DATA messages delivered as memoryviews of their frame (bytes-like, read-only: no copy
         # of the body) rather than bytes; for a reader that only reads them (the stream server)
         self.deliver_views = False
+        # the last poll read as many fragments as it was allowed: more may be waiting
+        self.poll_was_full = False
 
     # ---------------------------------------------------------------- state
 
@@ -243,6 +245,7 @@ class Connection:
         if self._closed:
             return 0
         count = self.subscription.poll(self._assembler, fragment_limit)
+        self.poll_was_full = count >= fragment_limit
         if self.close_reason is not None:
             self._check_lost()
             self.close()  # after the poll: never free the subscription from inside it
@@ -251,10 +254,14 @@ class Connection:
             self._check_lost()
         return count
 
-    def receive_view_nowait(self) -> bytes | memoryview | None:
+    def receive_view_nowait(self, poll: bool = True) -> bytes | memoryview | None:
         """The next message as it was delivered: a memoryview of its frame with
-        ``deliver_views`` (no copy), else bytes; None when none has arrived."""
+        ``deliver_views`` (no copy), else bytes; None when none has arrived. Without ``poll``
+        only what an earlier poll read is given (a caller woken by the subscription's listener
+        for what arrives later: the stream server's loop)."""
         if not self._inbox and not self._closed:
+            if not poll:
+                return None
             self.poll_frames()
             if not self._inbox:
                 return None

@@ -70,6 +70,9 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
         self._leases: list[tuple[int, int, object]] = []
         self._lease_ids = itertools.count()
         self._reassembling: set[object] = set()
+        # open sessions that have not published: as many empty recording directories are kept
+        # ready (store.expect_publishers), so a first publish renames one (issue 31 item 1)
+        self._unpublished = 0
         self.consumers = ConsumerRegistry(config.directory)
         self.retention = Retention(
             RetentionPolicy(
@@ -398,11 +401,21 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
         publisher = session.publishers.get(stream_id)
         if publisher is None:
             publisher = self.store.open_publisher(stream_id, f"session:{session.peer}", now_ns)
+            if not session.publishers:
+                self._expect_publishers(-1)
             session.publishers[stream_id] = publisher
         end = publisher.publish(payloads, rvs, now_ns)
         self.counters["messages_published"] += len(payloads)
         self.counters["bytes_published"] += sum(map(len, payloads))
         return end
+
+    def _expect_publishers(self, delta: int) -> None:
+        """One session more (or less) that may still publish a first time (not on a read-only
+        server): the store keeps that many spare recording directories ready."""
+        if self.config.read_only:
+            return
+        self._unpublished += delta
+        self.store.expect_publishers(self._unpublished)
 
     # --- housekeeping -------------------------------------------------------------------------
 

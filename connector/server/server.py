@@ -460,10 +460,16 @@ class StreamServer:
             more = False  # input may be left (a pass's budget ran out)
             if self._flush(io):
                 received = 0
+                # the transport is polled once a pass (again only when that poll was cut at
+                # its fragment limit): what arrives after it signals the session for the next
+                # pass (on_ready), so polling again after the messages it read found nothing
+                # but cost a poll and a liveness check a request (issue 31)
+                poll = True
                 for _ in range(_MAX_MESSAGES_PER_PASS):
-                    message = link.receive_nowait()
+                    message = link.receive_nowait(poll)
                     if message is None:
                         break
+                    poll = link.may_have_more
                     work += 1
                     received += len(message)
                     io.enqueue(core.on_message(key, message, now_ns, wall_ns))

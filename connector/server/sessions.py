@@ -46,6 +46,7 @@ class SessionsMixin(CoreState):
         self.sessions[key] = session
         heapq.heappush(self._leases, (session.lease_deadline_ns, next(self._lease_ids), key))
         self.counters["sessions_opened"] += 1
+        self._expect_publishers(1)
         return session
 
     def close_session(self, key: object, now_ns: int) -> None:
@@ -64,6 +65,8 @@ class SessionsMixin(CoreState):
                 log.exception("closing a publication of %s failed", session.peer)
         self.committer.staging.release_owner(key)
         self.counters["sessions_closed"] += 1
+        if not session.publishers:
+            self._expect_publishers(-1)
 
     def renew_lease(self, key: object, now_ns: int) -> None:
         """The session made progress without a request (it consumed what was sent to it)."""

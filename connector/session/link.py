@@ -115,10 +115,15 @@ class ServerLink:
         """When the client's transport last showed it alive (``Connection.last_heard_ns``)."""
         return self.connection.last_heard_ns()
 
-    def receive_nowait(self) -> bytes | memoryview | None:
+    def receive_nowait(self, poll: bool = True) -> bytes | memoryview | None:
         """The next message, or None: a read-only view of its opened frame (the body is not
-        copied out of it)."""
-        return self.connection.receive_view_nowait()
+        copied out of it). Without ``poll``: only a message an earlier call's poll read."""
+        return self.connection.receive_view_nowait(poll)
+
+    @property
+    def may_have_more(self) -> bool:
+        """The last poll read all it was allowed: more may be waiting beyond it."""
+        return self.connection.poll_was_full
 
     def on_ready(self, callback: Callable[[], object]) -> bool:
         """Have ``callback`` called (from a driver thread: keep it cheap) whenever a message may

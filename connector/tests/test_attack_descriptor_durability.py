@@ -152,28 +152,49 @@ def _synced_after(calls: list[tuple[float, str, str]], path: str, after: float) 
 def test_a_new_recordings_name_is_fsynced_before_its_first_publish_is_acknowledged(
     tmp_path,
 ) -> None:
-    with _traced_client(tmp_path, "mkdir,mkdirat,open,openat,fsync,fdatasync") as c:
+    """The recording a first publish creates is a spare directory renamed in (issue 31 item 1:
+    made ahead, off the loop, its files fsynced in it before it is handed out), or, with no
+    spare ready, made by a ``mkdir``: either way ``recordings`` is fsynced after the new name
+    appears, and the directory holding the new segment file after that file's creation, both
+    before the publish is acknowledged. The client waits for the server's spare, so the spare's
+    path is the one traced (the mkdir path is the store's fallback)."""
+    traced = "mkdir,mkdirat,open,openat,fsync,fdatasync,rename,renameat,renameat2"
+    with _traced_client(tmp_path, traced) as c:
+        deadline = time.monotonic() + 120
+        while c.stats()["store"]["spare_recordings_ready"] < 1:
+            assert time.monotonic() < deadline, "no spare recording directory was made"
+            time.sleep(0.05)
         c.publish(STREAM, [b"first"])
         acknowledged = time.time()
         (rec,) = c.list_recordings([STREAM])
     root = os.path.realpath(os.path.join(tmp_path / "srv", "recordings"))
     made = os.path.join(root, str(rec.recording_id))
     calls = _calls(tmp_path)
-    mkdir_at = _made(calls, made)
-    segment = os.path.join(made, "00000000000000000000.seg")
+    mkdir_at = [t for t, name, args in calls if name.startswith("mkdir") and f'"{made}"' in args]
+    renamed = [
+        (t, re.findall(r'"([^"]+)"', args)[0])
+        for t, name, args in calls
+        if name.startswith("rename") and f'"{made}"' in args
+    ]
+    assert mkdir_at or renamed, f"neither a mkdir nor a rename to {made} traced"
+    # where the segment file was created: in the spare (then renamed in) or in the new directory
+    named_at, held_in = (renamed[0][0], renamed[0][1]) if renamed else (mkdir_at[0], made)
+    segment = os.path.join(held_in, "00000000000000000000.seg")
     created = [
         t
         for t, name, args in calls
         if name.startswith("open") and f'"{segment}"' in args and "O_CREAT" in args
     ]
     assert created, f"no creation of {segment} traced"
-    root_synced = _synced_after(calls, root, mkdir_at)
-    dir_synced = _synced_after(calls, made, created[0])
-    after = [c for c in calls if c[0] > mkdir_at and c[1] != "openat"][:20]
+    root_synced = _synced_after(calls, root, named_at)
+    dir_synced = _synced_after(calls, held_in, created[0])
+    after = [c for c in calls if c[0] > named_at and c[1] != "openat"][:20]
     # main: the recording's descriptor was fsynced, ``recordings`` never
-    assert root_synced and root_synced[0] < acknowledged, f"fsyncs after the mkdir: {after}"
+    assert root_synced and root_synced[0] < acknowledged, f"fsyncs after the new name: {after}"
     # main: the segment file's data was fsynced, its name in the recording's directory never
-    assert dir_synced and dir_synced[0] < acknowledged, f"fsyncs after the mkdir: {after}"
+    assert dir_synced and dir_synced[0] < acknowledged, f"fsyncs after the segment: {after}"
+    if renamed:  # the spare's names were durable before it was renamed in
+        assert dir_synced[0] < named_at, f"the spare was fsynced after its rename: {after}"
 
 
 @pytest.mark.slow

@@ -65,6 +65,14 @@ class FdCache:
         finally:
             self._release(entry)
 
+    def pin(self, path: str, writable: bool, create: bool = False) -> _Entry | None:
+        """:meth:`use` without a context manager (a publish's writes: issue 31): the entry
+        (its ``fd``), pinned until :meth:`unpin`; None when the file does not exist."""
+        return self._acquire(path, writable, create)
+
+    def unpin(self, entry: _Entry) -> None:
+        self._release(entry)
+
     def _acquire(self, path: str, writable: bool, create: bool) -> _Entry | None:
         key = (path, writable)
         with self._lock:

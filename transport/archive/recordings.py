@@ -42,6 +42,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import queue
@@ -62,6 +63,8 @@ from aeron_spark.transport.archive.errors import (
     UnknownRecordingError,
 )
 from aeron_spark.transport.archive.fdcache import FdCache
+from aeron_spark.transport.archive.spares import FILES as SPARE_FILES
+from aeron_spark.transport.archive.spares import SparePool
 from aeron_spark.transport.archive.timeindex import TimeIndex
 from aeron_spark.transport.protocol.frames import (
     FRAME_ALIGNMENT,
@@ -297,12 +300,19 @@ class Recording:
         fds: FdCache | None = None,
         stops_pending: dict[int, Recording] | None = None,
         fresh: bool = False,
+        spare: bool = False,
     ) -> None:
         """``fresh``: the directory was made just now and holds only the descriptor, so there
         is nothing to recover, no stop or purge file to read (the store's ``create``; issue
         31: a stream server's 2,048 sessions each create one on their first publish, and the
-        looks for files that cannot be there were half of each creation's cost)."""
+        looks for files that cannot be there were half of each creation's cost). ``spare``:
+        it is a spare renamed in (:mod:`.spares`): its ``acked``, ``index`` and first segment
+        files exist, empty, their names durable."""
         self.directory = directory
+        # the index's and acked file's paths, and the last segment's, joined once (a publish
+        # wrote all three: issue 31)
+        self._paths = (os.path.join(directory, "index"), os.path.join(directory, "acked"))
+        self._last_segment = (-1, "")
         # the store's recordings whose stop file is not written yet (joined while pending), so
         # its retry walks those, not every recording (issue 31 item 4)
         self._stops_pending = stops_pending
@@ -322,9 +332,11 @@ class Recording:
         self._own_files = fds is None
         self._files = FdCache(8) if fds is None else fds
         self._dirty: set[int] = set()  # segment bases written since the last force()
-        self._present: set[int] = set()  # segment bases known to exist (no stat per append)
-        # the acked file is known to exist (this writer wrote it): no stat per acknowledge
-        self._acked_written = False
+        # segment bases known to exist (no stat per append)
+        self._present: set[int] = {0} if spare else set()
+        # the acked file is known to exist (this writer wrote it, or a spare held it): no stat
+        # per acknowledge
+        self._acked_written = spare
         self._dir_dirty = False  # a file was created here since the directory's last fsync
         self._index_dirty = False
         self.stop_pending = False  # stopped, but stop.msgpack is not written yet (disk full)
@@ -341,6 +353,7 @@ class Recording:
             self._index_path,
             self._files.use,
             limit_position=None if index_range is None else index_range[1],
+            empty=fresh,  # nothing to read (a spare's is empty): no open, no cached descriptor
         )
         if not read_only and not fresh:
             self._recover()
@@ -365,7 +378,11 @@ class Recording:
         return position - position % self.d.segment_length
 
     def _segment_path(self, base: int) -> str:
-        return os.path.join(self.directory, f"{base:020d}.seg")
+        if base == self._last_segment[0]:  # the one appended to (a publish's: issue 31)
+            return self._last_segment[1]
+        path = os.path.join(self.directory, f"{base:020d}.seg")
+        self._last_segment = (base, path)
+        return path
 
     def _segment(
         self, base: int, create: bool = False
@@ -376,7 +393,7 @@ class Recording:
 
     @property
     def _index_path(self) -> str:
-        return os.path.join(self.directory, "index")
+        return self._paths[0]
 
     def _recover(self) -> None:
         """Find the end of the complete frames (see the module invariants)."""
@@ -412,13 +429,15 @@ class Recording:
 
     @property
     def _acked_path(self) -> str:
-        return os.path.join(self.directory, "acked")
+        return self._paths[1]
 
     def _read_acked(self) -> int | None:
         try:
             with open(self._acked_path, "rb") as fh:
                 data = fh.read(_ACKED.size)
         except FileNotFoundError:
+            return None
+        if not data:  # a spare's, left empty: a crash came before the first acknowledge
             return None
         if len(data) == _ACKED.size:
             position, check = _ACKED.unpack(data)
@@ -432,13 +451,17 @@ class Recording:
         what the writer acknowledged: recovery cuts whatever complete frames lie past it (a
         write that failed and whose cut failed too, or a crash half-way through a write of
         several blocks). The first call creates the file (and syncs the directory)."""
-        path = self._acked_path
+        path = self._paths[1]
         created = not self._acked_written and not os.path.exists(path)
-        with self._files.use(path, True, True) as fd:
-            assert fd is not None
-            os.pwrite(fd, _ACKED.pack(position, ~position), 0)
+        files = self._files
+        entry = files.pin(path, True, True)
+        assert entry is not None
+        try:
+            os.pwrite(entry.fd, _ACKED.pack(position, ~position), 0)
             if self.fsync:
-                os.fsync(fd)
+                os.fsync(entry.fd)
+        finally:
+            files.unpin(entry)
         if created and self.fsync:
             fsync_dir(self.directory)
         self._acked_written = True  # after the directory's fsync: a failed one asks again
@@ -662,21 +685,31 @@ class Recording:
             view = view.cast("B")
         size = len(view)
         written = 0
+        files = self._files
         try:
             while written < size:
                 pos = position + written
                 base = self._segment_base(pos)
                 piece = view[written : written + base + self.d.segment_length - pos]
+                path = self._segment_path(base)
                 if base not in self._present:
-                    if not os.path.exists(self._segment_path(base)):
+                    if not os.path.exists(path):
                         self._dir_dirty = True  # its name is fsynced with the data (force)
                     self._present.add(base)
-                with self._segment(base, create=True) as fd:
-                    assert fd is not None
+                # pinned without a context manager: a publish's three writes spent more time
+                # in their wrappers than in the system calls (issue 31)
+                entry = files.pin(path, True, True)
+                assert entry is not None
+                try:
                     self._dirty.add(base)
-                    count = _pwrite_all(fd, piece, pos - base, self._segment_path(base))
-                if count < 0:  # short writes happened, all were continued
-                    self.short_writes += -count
+                    count = os.pwrite(entry.fd, piece, pos - base)
+                    if count != len(piece):  # as _pwrite_all: no progress raises, short goes on
+                        if count <= 0:
+                            raise OSError(errno.ENOSPC, "write made no progress", path)
+                        rest, at = piece[count:], pos + count - base
+                        self.short_writes += 1 - _pwrite_all(entry.fd, rest, at, path)
+                finally:
+                    files.unpin(entry)
                 written += len(piece)
             self._indexed(position, now_ns)
         except BaseException:
@@ -739,9 +772,16 @@ class Recording:
         # the index file holds exactly the entries counted (recovery cuts anything else), so
         # the next one goes at their end; a failed write is cut off by the caller
         self._index_dirty = True
-        if self.index.last is None and not os.path.exists(self._index_path):
+        path = self._paths[0]
+        if self.index.last is None and not os.path.exists(path):
             self._dir_dirty = True  # the index file is new: its name is fsynced by force()
-        self.index.append(position, now_ns)
+        files = self._files
+        entry = files.pin(path, True, True)
+        assert entry is not None
+        try:
+            self.index.append(position, now_ns, entry.fd)
+        finally:
+            files.unpin(entry)
 
     def rollback(self, position: int) -> None:
         """Forget what was appended from ``position`` (a boundary this writer appended at, not
@@ -1013,6 +1053,9 @@ class RecordingStore:
                 ", ".join(self.orphan_directories),
             )
         self._lock = threading.Lock()
+        # empty recording directories made ahead on a thread of their own: a creation renames
+        # one into place instead of making five names on the caller's thread (issue 31 item 1)
+        self.spares = SparePool(self.root, fsync)
         # without fsync: new recordings' descriptors are fsynced off the caller's thread
         self.meta_syncer = MetaSyncer()
 
@@ -1054,9 +1097,18 @@ class RecordingStore:
         path = os.path.join(self.root, str(rid))
         meta = os.path.join(path, "meta.msgpack")
         fresh = True
+        # a spare holds the segment file of position 0: only for recordings starting in it
+        spare = self.spares.take() if start < descriptor.segment_length else None
+        if spare is not None:
+            try:
+                os.rename(spare, path)  # over nothing, or over a leftover empty directory
+            except OSError:
+                self.spares.give_back(spare)  # a leftover with files in it: as below
+                spare = None
         try:
             try:
-                os.mkdir(path)
+                if spare is None:
+                    os.mkdir(path)
             except FileExistsError:
                 fresh = False  # a leftover directory: what it holds is recovered, as before
             except FileNotFoundError:
@@ -1068,6 +1120,10 @@ class RecordingStore:
             # a full disk (or no descriptor): take back what was made and the id, so a caller
             # that retries (an ingest image waiting for room, every 100 ms) leaves nothing
             # behind; before, each try left a directory with a meta.msgpack.tmp, for good
+            if spare is not None:  # its empty files go with it
+                for name in SPARE_FILES:
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(path, name))
             self._undo_create(rid, path, meta)
             raise
         if not self.fsync:
@@ -1079,6 +1135,7 @@ class RecordingStore:
             fds=self.files,
             stops_pending=self._stops_pending,
             fresh=fresh,
+            spare=spare is not None,
         )
         self.recordings[rid] = rec
         return rec
@@ -1109,6 +1166,7 @@ class RecordingStore:
             "failed_appends": sum(r.failed_appends for r in recs),
             "cut_failures": sum(r.cut_failures for r in recs),
             "stops_pending": sum(r.stop_pending for r in recs),
+            **self.spares.stats(),
         }
 
     def close(self, now_ns: int) -> None:
@@ -1119,6 +1177,7 @@ class RecordingStore:
             rec.close()
         self.files.close()
         self.meta_syncer.close()
+        self.spares.close()
 
 
 __all__ = ["Descriptor", "Recording", "RecordingStore"]

@@ -53,7 +53,12 @@ class TimeIndex:
     process has reported recorded; entries past it may be rewritten by their writer)."""
 
     def __init__(
-        self, path: str, open_file: OpenFile, *, limit_position: int | None = None
+        self,
+        path: str,
+        open_file: OpenFile,
+        *,
+        limit_position: int | None = None,
+        empty: bool = False,
     ) -> None:
         self.path = path
         self._open = open_file
@@ -64,7 +69,8 @@ class TimeIndex:
         self._count = 0
         self._last: tuple[int, int] | None = None
         self._hint: tuple[int, int, int] | None = None  # (block, first position, next's)
-        self._load(limit_position)
+        if not empty:  # ``empty``: a new recording's, known to hold nothing (nothing to read)
+            self._load(limit_position)
 
     # --- loading -----------------------------------------------------------------------------
 
@@ -236,13 +242,19 @@ class TimeIndex:
 
     # --- writing (one writer) ----------------------------------------------------------------
 
-    def append(self, position: int, timestamp_ns: int) -> None:
-        """Write one entry at the end (position above the last, time not below it). A failed
-        write raises ``OSError``; the caller cuts the file back."""
+    def append(self, position: int, timestamp_ns: int, fd: int | None = None) -> None:
+        """Write one entry at the end (position above the last, time not below it), through
+        ``fd`` (the index file's, writable) when the caller holds it. A failed write raises
+        ``OSError``; the caller cuts the file back."""
         i = self._count
-        with self._open(self.path, True, True) as fd:
-            assert fd is not None
-            pwrite_all(fd, ENTRY.pack(position, timestamp_ns), i * ENTRY.size, self.path)
+        if fd is not None:
+            entry = ENTRY.pack(position, timestamp_ns)
+            if os.pwrite(fd, entry, i * ENTRY.size) != ENTRY.size:  # short: continued
+                pwrite_all(fd, entry, i * ENTRY.size, self.path)  # (rewrites its start: same)
+        else:
+            with self._open(self.path, True, True) as opened:
+                assert opened is not None
+                pwrite_all(opened, ENTRY.pack(position, timestamp_ns), i * ENTRY.size, self.path)
         if i % STRIDE == 0:
             j = i // STRIDE
             if j >= len(self._top_pos):

@@ -1,0 +1,100 @@
+"""What one publish costs the stream server, held by counts (issue 31 item 1: 2,048 sessions
+each publishing a message a second; the figures are in README's performance table).
+
+- A publish of one small message is three writes (the frames, their index entry, the acknowledged
+  end: three files, so no ``pwritev`` joins them) and nothing else: no open, no stat, once the
+  recording's files are open.
+- The server's loop reads a session's request with one poll of its transport: it polled again
+  after every request (finding nothing, then checking the connection's liveness), although what
+  arrives after a poll signals the session for the next pass anyway.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aeron_spark.connector.client import ClientSettings, StreamClient
+from aeron_spark.connector.server import ServerConfig, StreamServer
+from aeron_spark.connector.server.store import ArchiveStore
+from aeron_spark.handshake.connection import Connection
+
+
+def test_a_small_publish_is_three_writes_and_no_open_or_stat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ArchiveStore(ServerConfig(directory=str(tmp_path)), None)
+    try:
+        ticks = itertools.count(time.time_ns(), 1_000_000_000)  # a second apart: each indexed
+        store.clock = lambda: next(ticks)
+        publisher = store.open_publisher(3, "session:test", 0)
+        publisher.publish([b"first"], None, 0)  # opens the recording's files
+        calls: dict[str, int] = {"pwrite": 0, "pwritev": 0, "open": 0, "stat": 0}
+
+        me = threading.get_ident()  # not the descriptor's fsync on the meta-sync thread
+
+        def counted(name: str, real: Any) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                calls[name] += threading.get_ident() == me
+                return real(*args, **kwargs)
+
+            return call
+
+        for name in calls:
+            monkeypatch.setattr(os, name, counted(name, getattr(os, name)))
+        ends = [publisher.publish([b"p" * 100], None, 0) for _ in range(10)]
+        monkeypatch.undo()
+        assert calls == {"pwrite": 30, "pwritev": 0, "open": 0, "stat": 0}, calls
+        assert ends == sorted(set(ends))  # each publish appended
+        rec = store.recordings.get(publisher.recording_id)
+        assert len(rec.index) == 11  # every publish indexed (a second apart)
+    finally:
+        store.close()
+
+
+def test_the_loop_reads_a_request_with_one_poll_of_its_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each poll of a session's connection on the server's loop, by pass: a poll that finds
+    nothing right after a poll that read, in the same pass, is the wasted one (main: one a
+    request)."""
+    passes = itertools.count()
+    current = {"pass": -1}
+    polls: list[tuple[int, int, int]] = []  # (pass, connection, fragments read)
+    real_serve = StreamServer._serve_sessions
+    real_poll = Connection.poll_frames
+
+    def serve(self: StreamServer, now_ns: int, wall_ns: int) -> int:
+        current["pass"] = next(passes)
+        return real_serve(self, now_ns, wall_ns)
+
+    def poll(self: Connection, fragment_limit: int = 64) -> int:
+        count = real_poll(self, fragment_limit)
+        if threading.current_thread().name == "aeron-spark-server":
+            polls.append((current["pass"], id(self), count))
+        return count
+
+    monkeypatch.setattr(StreamServer, "_serve_sessions", serve)
+    monkeypatch.setattr(Connection, "poll_frames", poll)
+    config = ServerConfig(directory=str(tmp_path / "srv"), port=0, term_length=1 << 20)
+    with StreamServer(config).start() as server:
+        settings = ClientSettings(
+            endpoint=server.endpoint, key_store_dir=str(tmp_path / "keys"), timeout_s=60
+        )
+        with StreamClient.connect(settings) as client:
+            client.publish(5, [b"warm"])
+            start = len(polls)
+            for i in range(20):
+                client.publish(5, [b"m%d" % i])
+            taken = polls[start:]
+    reads = [p for p in taken if p[2] > 0]
+    assert len(reads) >= 20  # every request was read by a poll on the loop
+    read_in = {(p[0], p[1]) for p in reads}
+    wasted = [p for p in taken if p[2] == 0 and (p[0], p[1]) in read_in]
+    assert wasted == [], f"{len(wasted)} polls after a read in the same pass"
