@@ -455,7 +455,9 @@ def _unpack(body: bytes | bytearray | memoryview) -> Any:
             max_str_len=64 * 1024,
             max_bin_len=MAX_CONTROL_MESSAGE_BYTES,
             max_array_len=MAX_LIST_LENGTH,
-            max_map_len=1024,
+            # a stats reply's transport positions are a map of ~7 entries a session (3,700 at
+            # 512 sessions): bounded as lists are, its memory by the reply's size
+            max_map_len=MAX_LIST_LENGTH,
             max_ext_len=0,
         )
     except (ValueError, msgpack.UnpackException) as exc:  # ExtraData, FormatError, StackError...

@@ -285,3 +285,13 @@ def test_a_request_nested_too_deep_is_refused_with_a_reason() -> None:
     assert info.value.details["request_id"] == 7
     with pytest.raises(E.ControlProtocolError, match="nested"):
         proto.decode_reply(bytes((proto.KIND_CONTROL,)) + deep)
+
+
+def test_a_reply_with_a_map_of_thousands_of_entries_is_decoded() -> None:
+    """A stats reply of a server with 512 sessions holds ~3,700 transport positions in one map
+    (``<kind>:<session>:<stream>``): the client refused it (``3700 exceeds max_map_len(1024)``),
+    so ``aeron-spark stat --endpoint`` failed past ~150 sessions. A reply's maps are bounded as
+    its lists are (and its memory by the reply's size)."""
+    transport = {f"pub:{i}:{i % 8}": i for i in range(20_000)}
+    reply = proto.decode_reply(proto.encode_ok(7, {"transport": transport}))
+    assert reply.ok and reply.result["transport"] == transport
