@@ -34,7 +34,7 @@ from aeron_spark.connector.server.resources import (
     open_fd_count,
     raise_nofile_limit,
 )
-from aeron_spark.connector.server.schedule import SessionSchedule
+from aeron_spark.connector.server.schedule import CHECK_GRID_NS, CHECK_INTERVAL_NS, SessionSchedule
 from aeron_spark.connector.server.staging import SinkCommitter
 from aeron_spark.connector.server.stat import SnapshotWriter
 from aeron_spark.connector.server.store import ArchiveStore
@@ -54,6 +54,8 @@ _STAT_INTERVAL_NS = 1_000_000_000
 _FD_RECOUNT_NS = 60_000_000_000
 _IDLE_WAIT_S = 0.02
 _LIVE_REPLAY_WAIT_S = 0.002
+# how often the handshake walks every connection for a lost peer (the loop's checks find them)
+_LOST_PEER_WALK_NS = 10 * CHECK_INTERVAL_NS
 # the longest an idle pass sleeps with no deadline nearer (stop, SIGHUP and commits wake it)
 _MAX_WAIT_S = 1.0
 
@@ -181,6 +183,10 @@ class StreamServer:
                 allow_plain_udp=self.config.allow_plain_udp,
                 authorize=self.authz.knows if self.authz is not None else None,
             )
+            # the loop checks each session's connection once a check interval and closes the
+            # lost ones itself (_serve_sessions): the handshake's walk of every connection for
+            # a lost peer (twice a second) only a safety net
+            self._listener.server.lost_peer_walk_ns = _LOST_PEER_WALK_NS
             self._store.start_ingest(wake=self._wake_loop)
         except BaseException as exc:
             if self._store is not None:
@@ -309,7 +315,13 @@ class StreamServer:
         if schedule.unsignalled or self._store.ingest_polled or core.reassembling:
             return _IDLE_WAIT_S
         deadline = timer_ns
-        for at in (schedule.next_check_ns(), core.next_deadline_ns()):
+        lease = core.next_deadline_ns()
+        if lease is not None:
+            # on the checks' grid, rounded up (a lease is never found out before it runs
+            # out): leases of idle sessions fall due at their own instants (a minute after
+            # each was renewed), one wake-up each at 2,048 sessions, now many to a pass
+            lease += -lease % CHECK_GRID_NS
+        for at in (schedule.next_check_ns(), lease):
             if at is not None and at < deadline:
                 deadline = at
         wait_s = (deadline - time.monotonic_ns()) / 1e9
@@ -443,7 +455,9 @@ class StreamServer:
         work = 0
         schedule = self.schedule
         sessions = self._sessions
-        for key in schedule.due(now_ns):
+        due = schedule.due(now_ns)
+        checking = schedule.checking
+        for key in due:
             io = sessions.get(key)
             if io is None:  # pragma: no cover - the schedule forgets every session closed
                 schedule.forget(key)
@@ -455,6 +469,10 @@ class StreamServer:
                 del sessions[key]
                 self._forget(key)
                 work += 1
+                continue
+            if key in checking:
+                # due only for its connection check: nothing signalled (a message, an image
+                # come or gone), nothing queued, no replay, no input left: nothing to read
                 continue
             more = False  # input may be left (a pass's budget ran out)
             if self._flush(io):
