@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aeron_spark.connector.errors import ConnectorError, PortInUseError, ServerUnavailableError
+from aeron_spark.connector.server import stat
 from aeron_spark.connector.server.authz import Authorizer
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.core import KeysReloaded, Outcome, ServerCore
@@ -544,7 +545,9 @@ class StreamServer:
             self._fd_count = (count, signature, now_ns)
         return count
 
-    def _extra_stats(self) -> dict[str, Any]:
+    def _extra_stats(self, listed: int | None = None) -> dict[str, Any]:
+        """The shell's sections of a snapshot; with ``listed`` sessions at most (``stat.json``),
+        the transport's stream positions only while the sessions are that few."""
         soft, hard = nofile_limits()
         extra: dict[str, Any] = {
             "server": {
@@ -564,7 +567,10 @@ class StreamServer:
         if self._store is not None:
             extra["storage"] = self._store.space.stats()
         # one transport snapshot for both sections (it walks every stream: issue 31)
-        transport = None if self._driver is None else self._driver.counters.snapshot()
+        positions = listed is None or len(self._sessions) <= listed
+        if not positions:
+            extra["transport_positions_listed"] = False
+        transport = None if self._driver is None else self._driver.counters.snapshot(positions)
         if self._listener is not None:
             extra["handshake"] = self._listener.stats(transport)
         if transport is not None:
@@ -593,7 +599,11 @@ class StreamServer:
                 self._stat_stage = 1
                 return False
             if self._stat_stage == 1:
-                taken = self.core.stats(now_ns, time.time_ns(), catalog=False)
+                # at most STAT_LISTED_SESSIONS sessions listed (stat.py): at 2,048 sessions the
+                # list and the streams' positions were most of an idle snapshot's cost
+                taken = self.core.stats(
+                    now_ns, time.time_ns(), catalog=False, listed=stat.STAT_LISTED_SESSIONS
+                )
                 taken["streams"] = catalog.streams()
                 self._stat_snapshot = taken
                 self._stat_stage = 2
