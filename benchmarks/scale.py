@@ -69,6 +69,7 @@ from typing import Any
 
 import numpy as np
 
+from aeron_spark import AeronSparkError
 from aeron_spark.connector.client import StreamClient
 from aeron_spark.connector.server.framing import Framer
 from aeron_spark.connector.session.settings import ClientSettings
@@ -756,6 +757,8 @@ def sessions_curve(
                     # this process: the N clients and their driver (the harness's own cost)
                     row["idle_client_cpu_pct"] = round(100 * (_cpu_s(me) - mine0) / wall, 1)
                     row["server_open_fds"] = len(os.listdir(f"/proc/{proc.pid}/fd"))
+                    # the idle figures on their own first: a later phase may abort the run
+                    print(json.dumps({"idle": row}), file=sys.stderr, flush=True)
                     _phase("publish", n, proc.pid)
                     cpu0, mine0 = _cpu_s(proc.pid), _cpu_s(me)
                     row.update(_publish_round(clients, publish_s, threads or max(32, n // 16)))
@@ -771,13 +774,20 @@ def sessions_curve(
                     )
                     _phase("handshakes", n, proc.pid)
                     times = []
+                    failed = 0
                     for _ in range(handshakes):
                         t = time.perf_counter()
-                        extra_client = StreamClient.connect(settings)
+                        try:
+                            extra_client = StreamClient.connect(settings)
+                        except AeronSparkError:  # counted: one failure ends no run
+                            failed += 1
+                            continue
                         times.append(time.perf_counter() - t)
                         extra_client.close()
-                    row["handshake_p50_ms"] = round(_quantile(times, 0.5) * 1000, 1)
-                    row["handshake_p99_ms"] = round(_quantile(times, 0.99) * 1000, 1)
+                    if times:
+                        row["handshake_p50_ms"] = round(_quantile(times, 0.5) * 1000, 1)
+                        row["handshake_p99_ms"] = round(_quantile(times, 0.99) * 1000, 1)
+                    row["handshake_failures"] = failed
                     row["sessions_lost"] = sum(c._generation for c in clients)
                     row.update(_server_session_counters(f"{tmp}/srv"))
                 finally:

@@ -84,8 +84,9 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
             self.consumers,
             may_read=self._owner_may_read,
         )
-        # set by the I/O shell: extra sections of ``stats`` (server identity, transport counters)
-        self.stats_hook: Callable[[], dict[str, Any]] | None = None
+        # set by the I/O shell: extra sections of ``stats`` (server identity, transport counters),
+        # given ``stats``'s ``listed``
+        self.stats_hook: Callable[[int | None], dict[str, Any]] | None = None
         # set by the I/O shell: when a session's transport last heard its client's driver
         # (monotonic ns; None: silent or gone), asked when its lease runs out (expire)
         self.transport_heard_ns: Callable[[object], int | None] | None = None
@@ -419,10 +420,16 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
 
     # --- housekeeping -------------------------------------------------------------------------
 
-    def stats(self, now_ns: int, wall_ns: int, catalog: bool = True) -> dict[str, Any]:
+    def stats(
+        self, now_ns: int, wall_ns: int, catalog: bool = True, listed: int | None = None
+    ) -> dict[str, Any]:
         """Everything ``aeron-spark stat`` shows at monotonic ``now_ns`` and wall ``wall_ns``;
         without the ``streams`` and ``recordings`` sections when not ``catalog`` (the shell's
-        snapshot writer keeps those itself, re-encoding only what changed)."""
+        snapshot writer keeps those itself, re-encoding only what changed). ``listed``: at most
+        that many sessions are listed (the first opened; ``sessions_total`` says how many
+        there are), and the stats hook is told (the ``stat.json`` snapshot: issue 31 item 1)."""
+        held = self.sessions.values()
+        total = len(self.sessions)
         sessions = [
             {
                 "peer": s.peer,
@@ -434,7 +441,7 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
                 "publishing": sorted(s.publishers),
                 **({"client": self.authz.name_of(s.identity)} if self.authz else {}),
             }
-            for s in self.sessions.values()
+            for s in (held if listed is None or total <= listed else itertools.islice(held, listed))
         ]
         committer = self.committer
         counters = server_counters(
@@ -461,6 +468,8 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
         if catalog:
             result["streams"] = self._list_streams()
             result["recordings"] = self._visible_recordings(None)
+        if len(sessions) < total:
+            result["sessions_total"] = total
         result |= {
             "sessions": sessions,
             "counters": counters,
@@ -468,7 +477,7 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
             "consumers": self.consumers.describe(wall_ns / 1e9),
         }
         if self.stats_hook is not None:
-            result.update(self.stats_hook())
+            result.update(self.stats_hook(listed))
         return result
 
 

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aeron_spark.connector.errors import ConnectorError, PortInUseError, ServerUnavailableError
+from aeron_spark.connector.server import stat
 from aeron_spark.connector.server.authz import Authorizer
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.core import KeysReloaded, Outcome, ServerCore
@@ -34,7 +35,7 @@ from aeron_spark.connector.server.resources import (
     open_fd_count,
     raise_nofile_limit,
 )
-from aeron_spark.connector.server.schedule import SessionSchedule
+from aeron_spark.connector.server.schedule import CHECK_GRID_NS, CHECK_INTERVAL_NS, SessionSchedule
 from aeron_spark.connector.server.staging import SinkCommitter
 from aeron_spark.connector.server.stat import SnapshotWriter
 from aeron_spark.connector.server.store import ArchiveStore
@@ -54,6 +55,8 @@ _STAT_INTERVAL_NS = 1_000_000_000
 _FD_RECOUNT_NS = 60_000_000_000
 _IDLE_WAIT_S = 0.02
 _LIVE_REPLAY_WAIT_S = 0.002
+# how often the handshake walks every connection for a lost peer (the loop's checks find them)
+_LOST_PEER_WALK_NS = 10 * CHECK_INTERVAL_NS
 # the longest an idle pass sleeps with no deadline nearer (stop, SIGHUP and commits wake it)
 _MAX_WAIT_S = 1.0
 
@@ -182,6 +185,10 @@ class StreamServer:
                 allow_plain_udp=self.config.allow_plain_udp,
                 authorize=self.authz.knows if self.authz is not None else None,
             )
+            # the loop checks each session's connection once a check interval and closes the
+            # lost ones itself (_serve_sessions): the handshake's walk of every connection for
+            # a lost peer (twice a second) only a safety net
+            self._listener.server.lost_peer_walk_ns = _LOST_PEER_WALK_NS
             self._store.start_ingest(wake=self._wake_loop)
         except BaseException as exc:
             if self._store is not None:
@@ -310,7 +317,13 @@ class StreamServer:
         if schedule.unsignalled or self._store.ingest_polled or core.reassembling:
             return _IDLE_WAIT_S
         deadline = timer_ns
-        for at in (schedule.next_check_ns(), core.next_deadline_ns()):
+        lease = core.next_deadline_ns()
+        if lease is not None:
+            # on the checks' grid, rounded up (a lease is never found out before it runs
+            # out): leases of idle sessions fall due at their own instants (a minute after
+            # each was renewed), one wake-up each at 2,048 sessions, now many to a pass
+            lease += -lease % CHECK_GRID_NS
+        for at in (schedule.next_check_ns(), lease):
             if at is not None and at < deadline:
                 deadline = at
         wait_s = (deadline - time.monotonic_ns()) / 1e9
@@ -444,7 +457,9 @@ class StreamServer:
         work = 0
         schedule = self.schedule
         sessions = self._sessions
-        for key in schedule.due(now_ns):
+        due = schedule.due(now_ns)
+        checking = schedule.checking
+        for key in due:
             io = sessions.get(key)
             if io is None:  # pragma: no cover - the schedule forgets every session closed
                 schedule.forget(key)
@@ -456,6 +471,10 @@ class StreamServer:
                 del sessions[key]
                 self._forget(key)
                 work += 1
+                continue
+            if key in checking:
+                # due only for its connection check: nothing signalled (a message, an image
+                # come or gone), nothing queued, no replay, no input left: nothing to read
                 continue
             more = False  # input may be left (a pass's budget ran out)
             if self._flush(io):
@@ -533,7 +552,9 @@ class StreamServer:
             self._fd_count = (count, signature, now_ns)
         return count
 
-    def _extra_stats(self) -> dict[str, Any]:
+    def _extra_stats(self, listed: int | None = None) -> dict[str, Any]:
+        """The shell's sections of a snapshot; with ``listed`` sessions at most (``stat.json``),
+        the transport's stream positions only while the sessions are that few."""
         soft, hard = nofile_limits()
         extra: dict[str, Any] = {
             "server": {
@@ -553,7 +574,10 @@ class StreamServer:
         if self._store is not None:
             extra["storage"] = self._store.space.stats()
         # one transport snapshot for both sections (it walks every stream: issue 31)
-        transport = None if self._driver is None else self._driver.counters.snapshot()
+        positions = listed is None or len(self._sessions) <= listed
+        if not positions:
+            extra["transport_positions_listed"] = False
+        transport = None if self._driver is None else self._driver.counters.snapshot(positions)
         if self._listener is not None:
             extra["handshake"] = self._listener.stats(transport)
         if transport is not None:
@@ -582,7 +606,11 @@ class StreamServer:
                 self._stat_stage = 1
                 return False
             if self._stat_stage == 1:
-                taken = self.core.stats(now_ns, time.time_ns(), catalog=False)
+                # at most STAT_LISTED_SESSIONS sessions listed (stat.py): at 2,048 sessions the
+                # list and the streams' positions were most of an idle snapshot's cost
+                taken = self.core.stats(
+                    now_ns, time.time_ns(), catalog=False, listed=stat.STAT_LISTED_SESSIONS
+                )
                 # the streams, the recordings and their total of one catalog state (a refresh
                 # between the parts, or recordings made since this one's, would show in one
                 # and not the others)

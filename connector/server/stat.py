@@ -36,6 +36,12 @@ STAT_FILE = "stat.json"
 RECORDINGS_FILE = "stat-recordings.json"
 # what changes with the clock alone: not a reason to rewrite the file (the reader ages them)
 _AGES = ("sessions", "consumers")
+# ``stat.json`` lists at most this many sessions (the first opened; ``sessions_total`` says how
+# many there are) and the transport's stream positions only while there are no more sessions
+# (``transport_positions_listed``: false): at 2,048 sessions the list and the ~14,000 positions
+# were most of what an idle server's snapshot cost, a tenth of its time (issue 31 item 1).
+# ``stat --endpoint`` (the ``stats`` request) lists every one.
+STAT_LISTED_SESSIONS = 256
 
 
 def write_snapshot(directory: str, snapshot: dict[str, Any]) -> None:
@@ -396,7 +402,12 @@ def render(snapshot: dict[str, Any]) -> str:
         )
     lines.append("")
     sessions = snapshot.get("sessions", [])
-    lines.append(f"sessions ({len(sessions)})")
+    total = snapshot.get("sessions_total", len(sessions))
+    lines.append(
+        f"sessions ({total})"
+        if total == len(sessions)
+        else f"sessions ({total}; the first {len(sessions)} listed: stat --endpoint lists all)"
+    )
     for s in sessions:
         lines.append(
             f"  {s['peer']:<28} age {s['age_s']:>7.1f}s  requests {s['requests']:>8}  "
@@ -434,6 +445,11 @@ def render(snapshot: dict[str, Any]) -> str:
         for name, value in sorted(transport.items()):
             if ":" in name:
                 lines.append(f"  {name:<34} {value:>16,}")
+        if snapshot.get("transport_positions_listed") is False:
+            lines.append(
+                f"  (stream positions not listed past {len(sessions)} sessions: "
+                "stat --endpoint lists them)"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -490,6 +506,7 @@ def stat_main(argv: Sequence[str], out: TextIO | None = None) -> int:
 __all__ = [
     "RECORDINGS_FILE",
     "STAT_FILE",
+    "STAT_LISTED_SESSIONS",
     "SnapshotWriter",
     "consumer_lag",
     "read_snapshot",

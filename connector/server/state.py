@@ -122,7 +122,7 @@ class CoreState:
     reassembly: ReassemblyBudget
     consumers: ConsumerRegistry
     retention: Retention
-    stats_hook: Callable[[], dict[str, Any]] | None
+    stats_hook: Callable[[int | None], dict[str, Any]] | None
     # when a session's transport last heard its client (None: not alive): see expire()
     transport_heard_ns: Callable[[object], int | None] | None
     defer: Callable[[object, Callable[[], Outcome]], None] | None

@@ -18,8 +18,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.server import ServerConfig, StreamServer
-from aeron_spark.connector.server.stat import read_snapshot
+from aeron_spark.connector.server import stat as stat_module
+from aeron_spark.connector.server.stat import read_snapshot, render
 from aeron_spark.connector.server.testing import (
     client_for,
     stat_snapshot_after,
@@ -119,3 +123,52 @@ def test_an_idle_servers_stat_snapshot_does_not_rewrite_the_recordings(tmp_path:
             recordings = stat_snapshot_after(directory, time.time())["recordings"]
             assert [r["stream_id"] for r in recordings].count(6) == 1
             assert len(recordings) == 301
+
+
+def test_the_stat_snapshot_lists_a_bounded_number_of_sessions_and_positions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31 item 1: ``stat.json`` listed every session (~7 keys each) and every stream's
+    positions (~7 keys a session), rewritten every few seconds since an idle session's
+    heartbeats move the transport's counters: at 2,048 idle sessions a tenth of the server's
+    time. It now lists the first ``STAT_LISTED_SESSIONS`` sessions and says how many there
+    are, and past that many sessions no stream positions (it says so); ``aeron-spark stat``
+    shows both; the ``stats`` request (``stat --endpoint``) still lists everything. Here with
+    the limit at 4 and 6 sessions open."""
+    monkeypatch.setattr(stat_module, "STAT_LISTED_SESSIONS", 4)
+    directory = str(tmp_path / "srv")
+    config = ServerConfig(directory=directory, port=0, term_length=TERM, encryption=False)
+    with StreamServer(config) as server:
+        settings = ClientSettings(endpoint=server.endpoint, encryption=False)
+        clients = [StreamClient.connect(settings) for _ in range(6)]
+        try:
+            for client in clients:
+                client.list_streams()
+            snapshot = stat_snapshot_after(directory, time.time())
+            assert len(snapshot["sessions"]) == 4 and snapshot["sessions_total"] == 6
+            assert snapshot["transport_positions_listed"] is False
+            assert not [name for name in snapshot["transport"] if ":" in name]
+            assert snapshot["transport"]["heartbeats_sent"] > 0  # the counters are there
+            text = render(snapshot)
+            assert "sessions (6; the first 4 listed: stat --endpoint lists all)" in text
+            assert "(stream positions not listed past 4 sessions" in text
+            # asked for (``stats``), everything
+            full = server.snapshot()
+            assert len(full["sessions"]) == 6 and "sessions_total" not in full
+            assert [name for name in full["transport"] if name.startswith("pub_pos:")]
+        finally:
+            for client in clients:
+                client.close()
+        # as few as the limit: all listed, positions too
+        deadline = time.monotonic() + 60
+        while len(server.core.sessions if server.core else ()) > 4:
+            assert time.monotonic() < deadline, "closed sessions were not closed"
+            time.sleep(0.1)
+        with StreamClient.connect(ClientSettings(endpoint=server.endpoint, encryption=False)):
+            snapshot = stat_snapshot_after(directory, time.time())
+            while len(snapshot["sessions"]) != 1:
+                assert time.monotonic() < deadline, snapshot["sessions"]
+                snapshot = stat_snapshot_after(directory, time.time())
+            assert "sessions_total" not in snapshot
+            assert "transport_positions_listed" not in snapshot
+            assert [name for name in snapshot["transport"] if name.startswith("pub_pos:")]

@@ -10,6 +10,8 @@ import pytest
 from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.errors import ServerUnavailableError
 from aeron_spark.connector.server import ServerConfig, StreamServer
+from aeron_spark.connector.session.link import ServerLink
+from aeron_spark.handshake.connection import Connection
 
 
 def _server(tmp_path: Path, **kw: object) -> StreamServer:
@@ -117,6 +119,102 @@ def test_a_pass_serves_only_the_sessions_with_something_to_do(tmp_path: Path) ->
             assert signalled <= 2 * len(clients)
             # a request on one of them is still answered at once (its subscription signals)
             assert clients[5].list_streams() == []
+        finally:
+            for client in clients:
+                client.close()
+
+
+def test_an_idle_sessions_check_reads_nothing_and_is_its_only_lost_peer_look(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31 item 1: each idle session was looked at three times a second besides its
+    traffic: the loop's check once a second (its connection, then a read of its subscription)
+    and the handshake server's walk of every connection for a lost peer twice a second. The
+    loop's check now only looks at the connection (what arrives signals the session: nothing
+    to read), and the handshake walks the connections the loop checks every 10 s only, a
+    safety net. Counted over three seconds of 12 idle sessions: connection looks and reads of
+    the server's sessions per session-second (before: ~3 and ~1)."""
+    looks: list[object] = []
+    reads: list[object] = []
+    connected = Connection.is_connected
+    receive = ServerLink.receive_nowait
+
+    def counted_connected(conn: Connection) -> bool:
+        looks.append(conn)
+        return connected.fget(conn)  # type: ignore[attr-defined,no-any-return]
+
+    def counted_receive(link: ServerLink) -> object:
+        reads.append(link.connection)
+        return receive(link)
+
+    monkeypatch.setattr(Connection, "is_connected", property(counted_connected))
+    monkeypatch.setattr(ServerLink, "receive_nowait", counted_receive)
+    n = 12
+    with _server(tmp_path, encryption=False) as server:
+        settings = ClientSettings(endpoint=server.endpoint, encryption=False)
+        clients = [StreamClient.connect(settings) for _ in range(n)]
+        try:
+            for client in clients:
+                client.list_streams()
+            assert server._listener is not None
+            mine = {id(c) for c in server._listener.server.connections}
+            assert len(mine) == n
+            time.sleep(1.0)  # the answers' heartbeats and status messages settle
+            looked, read = len(looks), len(reads)
+            started = time.monotonic()
+            time.sleep(3.0)
+            elapsed = time.monotonic() - started
+            session_s = n * elapsed
+            # the server's connections only (the clients' live in this process too)
+            looked_here = sum(1 for c in looks[looked:] if id(c) in mine)
+            read_here = sum(1 for c in reads[read:] if id(c) in mine)
+            # a check a second each (+1: a check due at either end of the span); main ~3
+            assert looked_here <= n * (elapsed + 1) + n, (looked_here, session_s)
+            # nothing arrived for them: no read (a client's keepalive may bring one); main ~1
+            assert read_here <= 0.2 * session_s, (read_here, session_s)
+            # a request on one of them is still answered at once (its subscription signals)
+            assert clients[5].list_streams() == []
+            assert server.core is not None and server.core.counters["sessions_closed"] == 0
+        finally:
+            for client in clients:
+                client.close()
+
+
+def test_an_idle_servers_loop_wakes_on_the_check_grid_and_leases_share_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 31 item 1: with idle sessions the loop woke ~50 times a second for their checks
+    (a 20 ms grid), and once more for each lease that ran out at its own instant (an idle
+    session's lease runs out a lease after its client was last heard, and is renewed from
+    its transport then: at 2,048 sessions and a 60 s lease, 34 more wake-ups a second). The
+    checks now fall on a 100 ms grid and the loop wakes for a lease on that grid too. Counted
+    (the loop's passes) over 4 s of 32 idle sessions whose 1.5 s leases are renewed by their
+    transport meanwhile; none expires."""
+    n = 32
+    with _server(tmp_path, encryption=False, session_lease_ns=1_500_000_000) as server:
+        settings = ClientSettings(
+            endpoint=server.endpoint, encryption=False, keepalive_interval_s=1000.0
+        )
+        clients = [StreamClient.connect(settings) for _ in range(n)]
+        try:
+            for client in clients:
+                client.list_streams()
+            assert server.core is not None
+            counters = server.core.counters
+            time.sleep(1.0)
+            passes, renewed = (
+                server.schedule.passes,
+                counters["session_leases_renewed_by_transport"],
+            )
+            started = time.monotonic()
+            time.sleep(4.0)
+            elapsed = time.monotonic() - started
+            passes = server.schedule.passes - passes
+            # ten check slots, a housekeeping tick and a stat snapshot in three passes a
+            # second, what arrives now and then (~12); main ~40
+            assert passes <= 20 * elapsed, (passes, elapsed)
+            assert counters["session_leases_renewed_by_transport"] - renewed >= n
+            assert counters["sessions_expired"] == 0 and counters["sessions_closed"] == 0
         finally:
             for client in clients:
                 client.close()
