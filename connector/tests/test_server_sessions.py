@@ -143,9 +143,9 @@ def test_an_idle_sessions_check_reads_nothing_and_is_its_only_lost_peer_look(
         looks.append(conn)
         return connected.fget(conn)  # type: ignore[attr-defined,no-any-return]
 
-    def counted_receive(link: ServerLink) -> object:
+    def counted_receive(link: ServerLink, poll: bool = True) -> object:
         reads.append(link.connection)
-        return receive(link)
+        return receive(link, poll)
 
     monkeypatch.setattr(Connection, "is_connected", property(counted_connected))
     monkeypatch.setattr(ServerLink, "receive_nowait", counted_receive)
