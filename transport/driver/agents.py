@@ -270,13 +270,15 @@ class SendEndpoint:
                         if pub.session_sm_only and source not in pub.destinations:
                             pub.status_messages_refused += 1
                             continue
-                        pub.on_status_message(sm, source, now_ns)
-                        self.due.ready.append(pub)
+                        if pub.on_status_message(sm, source, now_ns):
+                            pub.kick()
                 return
             pub = self.by_session.get((sm.session_id, sm.stream_id))
             if pub is not None:
-                pub.on_status_message(sm, source, now_ns)
-                self.due.ready.append(pub)
+                # stepped only if the SM gave it something to do now (most repeat a position:
+                # its deadline stays as it was)
+                if pub.on_status_message(sm, source, now_ns):
+                    pub.kick()
             elif sm.flags & _SEND_SETUP:
                 unclaimed = self.unclaimed_elicits
                 key = (sm.session_id, sm.stream_id)

@@ -452,8 +452,25 @@ class PublicationState:
             sm.consumption_term_id, sm.consumption_term_offset, self.shift, self.initial_term_id
         )
 
-    def on_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
-        """Flow control, connection tracking, SETUP requests and (MDC dynamic) destinations."""
+    def on_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> bool:
+        """Flow control, connection tracking, SETUP requests and (MDC dynamic) destinations.
+
+        True when :meth:`send` has something to do now because of it: data the new limit lets
+        go, a SETUP it asked for, a first connection, a reply queued, a closing publication
+        (its receivers' EOS ends the drain or the linger). Otherwise the sender need not step
+        it before its deadline: most SMs only repeat a position (issue 31: a step per SM was a
+        third of a server's sender steps)."""
+        connected = self.flow.has_initial_connection
+        self._on_status_message(sm, source, now_ns)
+        return (
+            not connected
+            or self.phase is not _ACTIVE
+            or sm.flags & _SM_SEND_SETUP != 0
+            or bool(self.pending)
+            or self.has_data_to_send()
+        )
+
+    def _on_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
         self.status_messages_received += 1
         flags = sm.flags
         dests = self.dests
