@@ -256,7 +256,9 @@ class SendEndpoint:
 
     def on_control(self, buf: Any, length: int, source: Any, now_ns: int) -> None:
         """An SM, NAK, RTTM or ERR for one of our publications; raises RemoteProtocolError."""
-        ftype = frame_type_of(buf[:length])
+        if length < 8 or buf[4] != 0:
+            frame_type_of(buf[:length])  # raises: short, or another protocol version
+        ftype = buf[6] | (buf[7] << 8)  # as frame_type_of, without a slice and a call a frame
         pub: PublicationState | None
         if ftype == _TYPE_SM:
             sm = StatusMessage.decode(buf[:length])

@@ -21,6 +21,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from aeron_spark.transport.protocol.flow_control import CONNECTION_TIMEOUT_NS
@@ -37,6 +38,7 @@ MAX_RECEIVER_IDS = 4
 Address = Any  # a socket address tuple: (host, port) or (host, port, flow, scope)
 
 
+@functools.lru_cache(maxsize=4096)  # per SM of a dynamic publication (is_allowed)
 def host_of(address: Address) -> str:
     """The IP address of a socket address, IPv4-mapped IPv6 addresses as IPv4."""
     host = str(address[0])

@@ -633,6 +633,8 @@ class PublicationState:
         was given back is ignored. Never a partition the appender may be writing (three terms
         before the publisher limit)."""
         sender = self.sender_position
+        if sender - self._released_to < self._release_chunk:
+            return  # nothing to give back can reach a chunk (it is below the sender)
         reach = sender - self.term_length // 2 - self.max_message_length
         bound = reach
         positions = self._receiver_positions
