@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from aeron_spark.transport import Driver, DriverConfig
 from aeron_spark.transport.counters import SystemCounters
 from aeron_spark.transport.driver.agents import (
     ReceiveEndpoint,
@@ -516,3 +517,48 @@ def test_idle_status_messages_of_many_images_share_steps_on_the_idle_grid() -> N
     for session in range(1000, 1200):
         times = [start] + [t for t, s in window if s == session]
         assert len(times) >= 4 and max(b - a for a, b in itertools.pairwise(times)) <= 10**9
+
+
+def test_a_session_publishing_once_a_second_costs_one_datagram_a_message_each_way() -> None:
+    """Issue 31, over real loopback sockets (two invoker-mode drivers stepped on one made-up
+    clock, 20 ms apart): a stream with our sessions' idle intervals carrying one 100-byte
+    message a second. The subscriber's driver sends its SMs at the SM timeout (1 s), not one
+    more after each message (it sent two a second: 20 for these 10 messages); the publisher's
+    driver receives only those."""
+    config = DriverConfig(threading_mode="invoker", write_counters_file=False)
+    with Driver(config) as sub_driver, Driver(config) as pub_driver:
+        sub = sub_driver.add_subscription("aeron:udp?endpoint=127.0.0.1:0|idle-sm-interval=1s", 10)
+        port = sub.local_endpoints[0][1]
+        pub = pub_driver.add_publication(
+            f"aeron:udp?endpoint=127.0.0.1:{port}|idle-heartbeat-interval=2s", 10
+        )
+        now = time.monotonic_ns()
+        got: list[bytes] = []
+
+        def step() -> None:
+            pub_driver.do_work(now)
+            sub_driver.do_work(now)
+            sub.poll(lambda payload, header: got.append(bytes(payload)), 10)
+            sub_driver.do_work(now)
+
+        for _ in range(100):  # connect: SETUP, the first SMs (Aeron's pace), settled
+            now += 20 * MS
+            step()
+        assert pub.is_connected
+
+        def sms_sent() -> int:
+            return sub_driver.counters.snapshot()["status_messages_sent"]
+
+        def sms_received() -> int:
+            return pub_driver.counters.snapshot()["status_messages_received"]
+
+        sms, sms_in = sms_sent(), sms_received()
+        for second in range(10):
+            assert pub.offer(bytes(100)) > 0
+            for _ in range(50):
+                step()
+                now += 20 * MS
+            assert len(got) == second + 1
+        sent = sms_sent() - sms
+        assert 9 <= sent <= 11, sent
+        assert sms_received() - sms_in == sent
