@@ -264,6 +264,8 @@ class ImageState:
         self.group_tag = group_tag
         self._sm_length = SM_LENGTH if group_tag is None else SM_WITH_GROUP_TAG_LENGTH
         self._sm_buffer = bytearray(self._sm_length)
+        self._sm_key: tuple[int, int, int] | None = None  # what _sm_bytes says
+        self._sm_bytes = b""
         if group_tag is not None:
             SM_GROUP_TAG.pack_into(self._sm_buffer, SM_LENGTH, group_tag)
         # Where kick() puts it for the receiver (its dispatcher's ready queue; None: nobody
@@ -532,21 +534,26 @@ class ImageState:
         return 1
 
     def _send_sm(self, position: int, flags: int, transmit: Transmit) -> None:
-        SM.pack_into(
-            self._sm_buffer,
-            0,
-            self._sm_length,
-            0,
-            flags,
-            FrameType.SM,
-            self.session_id,
-            self.stream_id,
-            wrap_int32(self.initial_term_id + (position >> self.shift)),
-            position & self.term_mask,
-            self.window,
-            self.receiver_id,
-        )
-        transmit(bytes(self._sm_buffer), self.sm_address)
+        # an idle image repeats its last SM: its bytes are kept, packed again only on a change
+        key = (position, flags, self.window)
+        if key != self._sm_key:
+            SM.pack_into(
+                self._sm_buffer,
+                0,
+                self._sm_length,
+                0,
+                flags,
+                FrameType.SM,
+                self.session_id,
+                self.stream_id,
+                wrap_int32(self.initial_term_id + (position >> self.shift)),
+                position & self.term_mask,
+                self.window,
+                self.receiver_id,
+            )
+            self._sm_bytes = bytes(self._sm_buffer)
+            self._sm_key = key
+        transmit(self._sm_bytes, self.sm_address)
         self.status_messages_sent += 1
 
     @property

@@ -276,6 +276,8 @@ class PublicationState:
         self.retransmits_sent = 0
         self.retransmitted_bytes = 0
         self.heartbeats_sent = 0
+        self._heartbeat_key: tuple[int, bool] | None = None  # what _heartbeat says
+        self._heartbeat = b""
         self.setups_sent = 0
         self.bytes_sent = 0
         self.invalid_naks = 0
@@ -683,14 +685,20 @@ class PublicationState:
 
     def heartbeat_frame(self) -> bytes:
         position = self.sender_position
-        return heartbeat_frame(
-            position,
-            self.is_closed and position >= self.appender.position,
-            session_id=self.session_id,
-            stream_id=self.stream_id,
-            initial_term_id=self.initial_term_id,
-            term_length=self.term_length,
-        )
+        eos = self.is_closed and position >= self.appender.position
+        # an idle stream repeats its heartbeat: kept, built again only when it changes
+        key = (position, eos)
+        if key != self._heartbeat_key:
+            self._heartbeat = heartbeat_frame(
+                position,
+                eos,
+                session_id=self.session_id,
+                stream_id=self.stream_id,
+                initial_term_id=self.initial_term_id,
+                term_length=self.term_length,
+            )
+            self._heartbeat_key = key
+        return self._heartbeat
 
     def has_data_to_send(self) -> bool:
         """True when :meth:`send` would send data now (used before a driver goes to sleep)."""
