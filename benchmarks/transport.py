@@ -3,6 +3,7 @@
     python -m benchmarks.transport [--seconds S] [--pingpong-rounds N] [--only-pingpong]
         [--real-aeron [--java-driver-idle backoff|yield|sleep-ms|spin]]
     python -m benchmarks.transport --compare-gso [--seconds S] [--rounds N]
+    python -m benchmarks.transport --sessions 256 [--session-seconds 10] [--rounds N] [--python P]
 
 * Throughput (``udp_<size>_msgs_per_s`` and ``..._mb_per_s``): this process publishes messages of
   one size for ``--seconds`` as fast as flow control allows; a child process subscribes and
@@ -31,6 +32,21 @@
   first message to its last); ``..._on_to_off`` the ratios (msgs/s: above 1 is faster; CPU:
   below 1 is cheaper; ``..._on_gro_to_off`` the same for the third).
 
+* ``--sessions N``: the datagram path of N sessions with our session channels' shape (issue
+  31: the stream server's), CPU per message of each driver and datagrams per message: a
+  "server" and a "client" invoker-mode driver in one process on a made-up clock (20 ms steps, so
+  the figures do not depend on the machine's speed or load but through the CPU time itself);
+  each session's client publication (``session-id``, ``idle-heartbeat-interval=2s``) sends one
+  100-byte request a (made-up) second to the server's subscription on one shared port
+  (``idle-sm-interval=1s``), which answers a 100-byte reply on a ``control-mode=dynamic``
+  publication to the client's subscription (one shared port too). The thread CPU spent inside
+  each driver's ``do_work`` over ``--session-seconds`` of publishing, net of its idle rate (4
+  idle seconds before), per message; its idle CPU per session-second; the datagrams each
+  driver sent and received per message net of idle (``S_...`` the server's, ``C_...`` the
+  client's). ``--python OTHER`` runs it also under another interpreter (another checkout's
+  venv, e.g. main's), the two in turns ``--rounds`` times (medians): this file is run under it
+  as a script, against that checkout's transport.
+
 Both sides run the driver in invoker mode (no driver thread: the application loop steps the
 driver itself), with 2 MiB socket buffers. Terms are 16 MiB (default) except 64 KiB messages,
 which use 64 MiB terms so a message fits (max message = term/8). Numbers depend heavily on what
@@ -44,6 +60,7 @@ import json
 import os
 import resource
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -514,6 +531,183 @@ def pingpong_real_aeron(
     return out
 
 
+# ---------------------------------------------------------------------------- sessions
+
+MS = 1_000_000
+
+
+def session_datagrams(sessions: int, seconds: int) -> dict[str, Any]:
+    """The ``--sessions`` rig (module doc), in this process."""
+    cfg = DriverConfig(threading_mode="invoker", write_counters_file=False)
+    server, client = Driver(cfg), Driver(cfg)
+    try:
+        return _session_rig(server, client, sessions, seconds)
+    finally:
+        server.close()
+        client.close()
+
+
+def _session_rig(server: Driver, client: Driver, k: int, seconds: int) -> dict[str, Any]:
+    subs, requests, replies, reply_subs = [], [], [], []
+    port = 0
+    for i in range(k):
+        sub = server.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{port}|session-id={1000 + i}|idle-sm-interval=1s"
+            "|rcv-wnd=4m",
+            100 + i,
+        )
+        port = port or sub.local_endpoints[0][1]
+        subs.append(sub)
+        requests.append(
+            client.add_publication(
+                f"aeron:udp?endpoint=127.0.0.1:{port}|session-id={1000 + i}"
+                "|idle-heartbeat-interval=2s|term-length=8m",
+                100 + i,
+            )
+        )
+    control = free_udp_port()
+    back = 0
+    for i in range(k):
+        replies.append(
+            server.add_publication(
+                f"aeron:udp?control=127.0.0.1:{control}|control-mode=dynamic"
+                f"|session-id={5000 + i}|idle-heartbeat-interval=2s|term-length=8m",
+                5000 + i,
+            )
+        )
+        sub = client.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{back}|control=127.0.0.1:{control}"
+            f"|control-mode=dynamic|session-id={5000 + i}|idle-sm-interval=1s|rcv-wnd=4m",
+            5000 + i,
+        )
+        back = back or sub.local_endpoints[0][1]
+        reply_subs.append(sub)
+    clock = [time.monotonic_ns()]
+    cpu = {"S": 0.0, "C": 0.0}
+    thread_time = time.thread_time
+
+    def step() -> None:
+        now = clock[0]
+        a = thread_time()
+        server.do_work(now)
+        b = thread_time()
+        client.do_work(now)
+        cpu["S"] += b - a
+        cpu["C"] += thread_time() - b
+
+    def answer(i: int) -> Callable[[memoryview, Any], None]:
+        def handler(payload: memoryview, header: Any) -> None:
+            while replies[i].offer(b"r" * 100) < 0:
+                step()
+
+        return handler
+
+    handlers = [answer(i) for i in range(k)]
+    answered = [0]
+
+    def on_reply(payload: memoryview, header: Any) -> None:
+        answered[0] += 1
+
+    deadline = time.monotonic() + 120
+    while not all(p.is_connected for p in requests + replies):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the sessions never connected")
+        clock[0] += 20 * MS
+        step()
+    for _ in range(200):  # settle: past the first SMs and heartbeats
+        clock[0] += 20 * MS
+        step()
+
+    def counts(d: Driver) -> dict[str, int]:
+        snap = d.counters.snapshot()
+        keys = ("datagrams_sent", "datagrams_received", "status_messages_sent", "heartbeats_sent")
+        return {key: snap.get(key, 0) for key in keys}
+
+    def run(run_seconds: int, publish: bool) -> dict[str, Any]:
+        c0, s0, k0 = dict(cpu), counts(server), counts(client)
+        sent = 0
+        for _ in range(run_seconds):
+            for tick in range(50):
+                if publish:
+                    for i in range(tick, k, 50):  # each session once a second, spread out
+                        if requests[i].offer(b"q" * 100) < 0:
+                            raise RuntimeError("a request was refused")
+                        sent += 1
+                step()
+                for i, sub in enumerate(subs):
+                    sub.poll(handlers[i], 10)
+                for sub in reply_subs:
+                    sub.poll(on_reply, 10)
+                clock[0] += 20 * MS
+        s1, k1 = counts(server), counts(client)
+        return {
+            "cpu_S": cpu["S"] - c0["S"],
+            "cpu_C": cpu["C"] - c0["C"],
+            "sent": sent,
+            "S": {key: s1[key] - s0[key] for key in s1},
+            "C": {key: k1[key] - k0[key] for key in k1},
+        }
+
+    idle_s = 4
+    idle = run(idle_s, False)
+    busy = run(seconds, True)
+    n = busy["sent"]
+    scale = seconds / idle_s
+    out: dict[str, Any] = {"sessions": k, "messages": n, "replies": answered[0]}
+    for side in ("S", "C"):
+        net = busy[f"cpu_{side}"] - idle[f"cpu_{side}"] * scale
+        out[f"{side}_driver_us_per_message"] = round(1e6 * net / n, 1)
+        out[f"{side}_idle_us_per_session_s"] = round(1e6 * idle[f"cpu_{side}"] / idle_s / k, 1)
+        for key in busy[side]:
+            value = (busy[side][key] - idle[side][key] * scale) / n
+            out[f"{side}_{key}_per_message"] = round(value, 2)
+        datagrams = busy[side]["datagrams_sent"] + busy[side]["datagrams_received"]
+        out[f"{side}_us_per_datagram"] = round(1e6 * busy[f"cpu_{side}"] / datagrams, 1)
+    return out
+
+
+def compare_sessions(sessions: int, seconds: int, rounds: int, other: str | None) -> dict[str, Any]:
+    """The rig in a child process (this interpreter, and ``other`` in turns): medians."""
+    contenders = {"this": sys.executable}
+    if other:
+        contenders["other"] = other
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in contenders}
+    for r in range(rounds):
+        order = list(contenders.items())
+        if r % 2:
+            order.reverse()
+        for name, python in order:
+            out = subprocess.run(
+                [
+                    python,
+                    os.path.abspath(__file__),
+                    "--child",
+                    "sessions",
+                    "--sessions",
+                    str(sessions),
+                    "--session-seconds",
+                    str(seconds),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=900,
+            ).stdout
+            runs[name].append(json.loads(out.strip().splitlines()[-1]))
+    result: dict[str, Any] = {"rounds": runs}
+    for name, got in runs.items():
+        for key in got[0]:
+            if isinstance(got[0][key], (int, float)):
+                result[f"{name}_{key}"] = statistics.median(g[key] for g in got)
+    if other:
+        for side in ("S", "C"):
+            key = f"{side}_driver_us_per_message"
+            result[f"{side}_driver_cpu_this_to_other"] = round(
+                result[f"this_{key}"] / result[f"other_{key}"], 2
+            )
+    return result
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=4.0, help="publishing time per size")
@@ -538,8 +732,26 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="only throughput of 1k/8k/64k messages at mtu 1408, UDP GSO off and on taking turns",
     )
-    parser.add_argument("--rounds", type=int, default=3, help="--compare-gso: runs per contender")
-    parser.add_argument("--child", choices=["subscribe", "pong"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="--compare-gso, --sessions: runs per contender"
+    )
+    parser.add_argument(
+        "--sessions",
+        type=int,
+        default=0,
+        help="only the datagram path of N sessions shaped as the stream server's: driver CPU "
+        "and datagrams per message, on a made-up clock",
+    )
+    parser.add_argument(
+        "--session-seconds", type=int, default=10, help="--sessions: publishing seconds"
+    )
+    parser.add_argument(
+        "--python",
+        help="--sessions: also run it under this interpreter (another checkout's venv), in turns",
+    )
+    parser.add_argument(
+        "--child", choices=["subscribe", "pong", "sessions"], help=argparse.SUPPRESS
+    )
     parser.add_argument("--gro", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child == "subscribe":
@@ -548,7 +760,18 @@ def main(argv: list[str] | None = None) -> None:
     if args.child == "pong":
         child_pong()
         return
+    if args.child == "sessions":
+        print(json.dumps(session_datagrams(args.sessions, args.session_seconds)))
+        return
     result: dict[str, Any] = {"load_average_at_start": os.getloadavg()[0], "cpus": os.cpu_count()}
+    if args.sessions:
+        result.update(
+            compare_sessions(args.sessions, args.session_seconds, args.rounds, args.python)
+        )
+        result["load_average_at_end"] = os.getloadavg()[0]
+        result["mode"] = "two invoker drivers in one process, a made-up clock, UDP loopback"
+        print(json.dumps(result))
+        return
     if args.compare_gso:
         result.update(compare_gso(args.seconds, args.rounds))
         result["load_average_at_end"] = os.getloadavg()[0]

@@ -256,7 +256,9 @@ class SendEndpoint:
 
     def on_control(self, buf: Any, length: int, source: Any, now_ns: int) -> None:
         """An SM, NAK, RTTM or ERR for one of our publications; raises RemoteProtocolError."""
-        ftype = frame_type_of(buf[:length])
+        if length < 8 or buf[4] != 0:
+            frame_type_of(buf[:length])  # raises: short, or another protocol version
+        ftype = buf[6] | (buf[7] << 8)  # as frame_type_of, without a slice and a call a frame
         pub: PublicationState | None
         if ftype == _TYPE_SM:
             sm = StatusMessage.decode(buf[:length])
@@ -270,13 +272,15 @@ class SendEndpoint:
                         if pub.session_sm_only and source not in pub.destinations:
                             pub.status_messages_refused += 1
                             continue
-                        pub.on_status_message(sm, source, now_ns)
-                        self.due.ready.append(pub)
+                        if pub.on_status_message(sm, source, now_ns):
+                            pub.kick()
                 return
             pub = self.by_session.get((sm.session_id, sm.stream_id))
             if pub is not None:
-                pub.on_status_message(sm, source, now_ns)
-                self.due.ready.append(pub)
+                # stepped only if the SM gave it something to do now (most repeat a position:
+                # its deadline stays as it was)
+                if pub.on_status_message(sm, source, now_ns):
+                    pub.kick()
             elif sm.flags & _SEND_SETUP:
                 unclaimed = self.unclaimed_elicits
                 key = (sm.session_id, sm.stream_id)
@@ -484,6 +488,8 @@ class AgentRunner:
         self.agents = tuple(agents)
         self.on_error = on_error
         self.sleeping = False
+        self._woken = False  # a wake-up byte was sent since the runner last went to sleep
+        self.wakeups_sent = 0  # wake-up bytes sent (one per sleep at most)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -506,12 +512,18 @@ class AgentRunner:
         self._thread: threading.Thread | None = None
 
     def wake(self) -> None:
-        """Make a sleeping runner look at its agents now (callable from any thread)."""
-        if self.sleeping:
+        """Make a sleeping runner look at its agents now (callable from any thread). One byte
+        per sleep: once one is on its way, the wake-ups until the runner sleeps again send
+        nothing (a server's loop offering replies to many sessions in one pass woke it with a
+        ``send`` each; issue 31)."""
+        if self.sleeping and not self._woken:
+            self._woken = True
             try:
                 self._wake_w.send(b"\x01")
             except OSError:
-                pass
+                pass  # a full socket pair: the runner has bytes to wake it already
+            else:
+                self.wakeups_sent += 1
 
     def do_work(self, now_ns: int | None = None) -> int:
         now = time.monotonic_ns() if now_ns is None else now_ns
@@ -539,6 +551,9 @@ class AgentRunner:
         state and then wakes it either did so before (the deadline sees the change) or finds
         it sleeping (its wake-up byte ends the select), never neither."""
         self._sync_registrations()
+        # before sleeping is set: a wake-up from now on sends its byte (the last one was read,
+        # or is still there and ends this select at once)
+        self._woken = False
         self.sleeping = True
         try:
             now = time.monotonic_ns()
@@ -644,6 +659,7 @@ class AgentRunner:
     def stop(self, timeout_s: float = 5.0) -> None:
         self._running = False
         self.sleeping = True
+        self._woken = False
         self.wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)

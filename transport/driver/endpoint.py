@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import socket
 import struct
 import sys
@@ -174,16 +175,17 @@ def frame_session_id(data: Any) -> int | None:
     8), or None for another or a short frame."""
     if len(data) < 16:
         return None
-    ftype = data[6] | (data[7] << 8)
-    if ftype in (0x00, 0x01, 0x05):
-        offset = 12
-    elif ftype in (0x02, 0x03, 0x06):
-        offset = 8
-    else:
+    offset = _SESSION_OFFSET.get(data[6] | (data[7] << 8))
+    if offset is None:
         return None
-    return int.from_bytes(bytes(data[offset : offset + 4]), "little", signed=True)
+    return _i32_from(data, offset)[0]
 
 
+_SESSION_OFFSET = {0x00: 12, 0x01: 12, 0x05: 12, 0x02: 8, 0x03: 8, 0x06: 8}
+_i32_from = struct.Struct("<i").unpack_from
+
+
+@functools.lru_cache(maxsize=4096)  # per datagram sent and received on a guarded socket
 def host_key(address: Any) -> str:
     host = str(address[0])
     return host[7:] if host.startswith("::ffff:") and "." in host else host

@@ -21,6 +21,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from aeron_spark.transport.protocol.flow_control import CONNECTION_TIMEOUT_NS
@@ -37,6 +38,7 @@ MAX_RECEIVER_IDS = 4
 Address = Any  # a socket address tuple: (host, port) or (host, port, flow, scope)
 
 
+@functools.lru_cache(maxsize=4096)  # per SM of a dynamic publication (is_allowed)
 def host_of(address: Address) -> str:
     """The IP address of a socket address, IPv4-mapped IPv6 addresses as IPv4."""
     host = str(address[0])
@@ -76,6 +78,11 @@ class Destinations:
         self.refused_seen_allowed: frozenset[str] | None = None  # allowed_hosts when last seen
         self.status_messages_refused = 0  # SMs from a source that is not (may not be) one
         self.status_messages_deferred = 0  # SETUP requests held until their host is allowed
+        # expire() finds nothing before this time while the allowed hosts and the timeout are
+        # those it last looked at (a destination's last SM only moves later): it is called on
+        # every send, and walked every destination each time (issue 31)
+        self.expire_check_ns = 0
+        self._expire_seen: tuple[frozenset[str] | None, int] = (None, 0)
 
     def add(self, address: Address, now_ns: int, window: int = 0) -> Destination:
         dest = self.by_address[address] = Destination(address, now_ns, window)
@@ -166,6 +173,9 @@ class Destinations:
         """Drop destinations silent too long or no longer allowed, with their receivers."""
         allowed = self.allowed_hosts
         timeout = self.connection_timeout_ns
+        seen = self._expire_seen
+        if now_ns < self.expire_check_ns and seen[0] is allowed and seen[1] == timeout:
+            return False
         stale = [
             a
             for a, d in self.by_address.items()
@@ -178,6 +188,11 @@ class Destinations:
                 receivers.pop(rid, None)
         if stale:
             self._hosts_changed()
+        by_address = self.by_address
+        # the soonest any destination, one added later too, can be silent too long
+        oldest = min(d.last_seen_ns for d in by_address.values()) if by_address else now_ns
+        self.expire_check_ns = min(oldest, now_ns) + timeout + 1
+        self._expire_seen = (allowed, timeout)
         return bool(stale)
 
     def next_expiry_ns(self) -> int | None:

@@ -94,6 +94,7 @@ class FlowControl:
 
     __slots__ = (
         "connection_timeout_ns",
+        "expire_check_ns",
         "has_initial_connection",
         "receivers",
         "retransmit_window",
@@ -111,6 +112,9 @@ class FlowControl:
         self.has_initial_connection = False
         self.retransmit_window = window
         self.connection_timeout_ns = connection_timeout_ns
+        # (the time, the timeout) before which expire() finds no receiver silent too long (a
+        # receiver's last SM only moves later): expire() is called on every send (issue 31)
+        self.expire_check_ns = (0, connection_timeout_ns)
 
     @property
     def is_connected(self) -> bool:
@@ -148,9 +152,15 @@ class FlowControl:
     def expire(self, now_ns: int) -> bool:
         """Forget receivers silent for longer than the connection timeout; True if any went."""
         timeout = self.connection_timeout_ns
-        expired = [rid for rid, seen in self.receivers.items() if now_ns - seen > timeout]
+        check = self.expire_check_ns
+        if now_ns < check[0] and check[1] == timeout:
+            return False
+        receivers = self.receivers
+        expired = [rid for rid, seen in receivers.items() if now_ns - seen > timeout]
         for rid in expired:
-            del self.receivers[rid]
+            del receivers[rid]
+        oldest = min(receivers.values()) if receivers else now_ns
+        self.expire_check_ns = (min(oldest, now_ns) + timeout + 1, timeout)
         return bool(expired)
 
     def next_expiry_ns(self) -> int | None:

@@ -21,9 +21,12 @@ Invariants:
   every 200 ms (``SM_INTERVAL_NS``, Aeron's cadence) repeating the last position, idle or not;
   an image made with ``idle_sm_interval_ns`` (a channel's ``idle-sm-interval``: Aeron's
   driver-wide ``aeron.rcv.status.message.timeout``, per channel, our own sessions' channels)
-  sends the SM after one that saw nothing new (no data arrived, nothing consumed) that far apart,
-  at most ``SM_IDLE_INTERVAL_MAX_NS`` (a fifth of the sender's 5 s connection timeout), due on the
-  idle grid (``schedule.idle_deadline``: never later, at most 20 ms sooner). Gaps and
+  sends its SMs that far apart once connected (the one after its first SM still at 200 ms, in
+  case the first was lost), at most ``SM_IDLE_INTERVAL_MAX_NS`` (a fifth of the sender's 5 s
+  connection timeout), due on the idle grid (``schedule.idle_deadline``: never later, at most
+  20 ms sooner), data or not: as Aeron, only a quarter window consumed brings an SM sooner (an
+  SM 200 ms after each message, as before, doubled the SMs of a session publishing once a
+  second, each one a datagram out, one in and a sender step; issue 31). Gaps and
   their NAKs are the :class:`~.loss_detector.LossDetector`'s (its module states its rules).
 * End of stream: an EOS heartbeat at position P; when everything up to P is rebuilt and
   consumed, SMs carry EOS and the image is done. No packet for ``liveness_timeout_ns``: done too.
@@ -218,10 +221,8 @@ class ImageState:
         self.nak_delay_ns = nak_delay_ns
         self.reliable = reliable
         self.liveness_timeout_ns = liveness_timeout_ns
-        # an SM that saw nothing new since the one before is followed this much later (0:
-        # Aeron's 200 ms); what the last SM saw: (hwm, subscriber position)
+        # the SM timeout once connected (0: Aeron's 200 ms; a channel's ``idle-sm-interval``)
         self.idle_sm_interval_ns = idle_sm_interval_ns or SM_INTERVAL_NS
-        self._sm_seen: tuple[int, int] | None = None
         self.receiver_id = receiver_id if receiver_id is not None else rng.getrandbits(63)
         # its own log (not a spy's view of a publication's): consumed pages are given back
         self._own_log: mmap.mmap | None = None
@@ -263,6 +264,8 @@ class ImageState:
         self.group_tag = group_tag
         self._sm_length = SM_LENGTH if group_tag is None else SM_WITH_GROUP_TAG_LENGTH
         self._sm_buffer = bytearray(self._sm_length)
+        self._sm_key: tuple[int, int, int] | None = None  # what _sm_bytes says
+        self._sm_bytes = b""
         if group_tag is not None:
             SM_GROUP_TAG.pack_into(self._sm_buffer, SM_LENGTH, group_tag)
         # Where kick() puts it for the receiver (its dispatcher's ready queue; None: nobody
@@ -477,11 +480,10 @@ class ImageState:
         if self.sm_scheduled or now_ns >= self.sm_deadline_ns:
             self._send_sm(self.last_sm_position, 0, transmit)
             self.sm_scheduled = False
-            seen = (self.hwm, sub)
-            idle = seen == self._sm_seen
-            self._sm_seen = seen
-            if idle and self.idle_sm_interval_ns > SM_INTERVAL_NS:
-                # on the idle grid: an idle driver's SMs go out together
+            if phase is not _INIT and self.idle_sm_interval_ns > SM_INTERVAL_NS:
+                # the channel's SM timeout, on the idle grid: an idle driver's SMs go out
+                # together (data arriving does not bring an SM sooner: a quarter window
+                # consumed does, above)
                 self.sm_deadline_ns = idle_deadline(now_ns, self.idle_sm_interval_ns)
             else:
                 self.sm_deadline_ns = now_ns + SM_INTERVAL_NS
@@ -532,21 +534,26 @@ class ImageState:
         return 1
 
     def _send_sm(self, position: int, flags: int, transmit: Transmit) -> None:
-        SM.pack_into(
-            self._sm_buffer,
-            0,
-            self._sm_length,
-            0,
-            flags,
-            FrameType.SM,
-            self.session_id,
-            self.stream_id,
-            wrap_int32(self.initial_term_id + (position >> self.shift)),
-            position & self.term_mask,
-            self.window,
-            self.receiver_id,
-        )
-        transmit(bytes(self._sm_buffer), self.sm_address)
+        # an idle image repeats its last SM: its bytes are kept, packed again only on a change
+        key = (position, flags, self.window)
+        if key != self._sm_key:
+            SM.pack_into(
+                self._sm_buffer,
+                0,
+                self._sm_length,
+                0,
+                flags,
+                FrameType.SM,
+                self.session_id,
+                self.stream_id,
+                wrap_int32(self.initial_term_id + (position >> self.shift)),
+                position & self.term_mask,
+                self.window,
+                self.receiver_id,
+            )
+            self._sm_bytes = bytes(self._sm_buffer)
+            self._sm_key = key
+        transmit(self._sm_bytes, self.sm_address)
         self.status_messages_sent += 1
 
     @property

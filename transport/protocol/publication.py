@@ -276,6 +276,8 @@ class PublicationState:
         self.retransmits_sent = 0
         self.retransmitted_bytes = 0
         self.heartbeats_sent = 0
+        self._heartbeat_key: tuple[int, bool] | None = None  # what _heartbeat says
+        self._heartbeat = b""
         self.setups_sent = 0
         self.bytes_sent = 0
         self.invalid_naks = 0
@@ -452,8 +454,25 @@ class PublicationState:
             sm.consumption_term_id, sm.consumption_term_offset, self.shift, self.initial_term_id
         )
 
-    def on_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
-        """Flow control, connection tracking, SETUP requests and (MDC dynamic) destinations."""
+    def on_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> bool:
+        """Flow control, connection tracking, SETUP requests and (MDC dynamic) destinations.
+
+        True when :meth:`send` has something to do now because of it: data the new limit lets
+        go, a SETUP it asked for, a first connection, a reply queued, a closing publication
+        (its receivers' EOS ends the drain or the linger). Otherwise the sender need not step
+        it before its deadline: most SMs only repeat a position (issue 31: a step per SM was a
+        third of a server's sender steps)."""
+        connected = self.flow.has_initial_connection
+        self._on_status_message(sm, source, now_ns)
+        return (
+            not connected
+            or self.phase is not _ACTIVE
+            or sm.flags & _SM_SEND_SETUP != 0
+            or bool(self.pending)
+            or self.has_data_to_send()
+        )
+
+    def _on_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
         self.status_messages_received += 1
         flags = sm.flags
         dests = self.dests
@@ -616,6 +635,8 @@ class PublicationState:
         was given back is ignored. Never a partition the appender may be writing (three terms
         before the publisher limit)."""
         sender = self.sender_position
+        if sender - self._released_to < self._release_chunk:
+            return  # nothing to give back can reach a chunk (it is below the sender)
         reach = sender - self.term_length // 2 - self.max_message_length
         bound = reach
         positions = self._receiver_positions
@@ -664,14 +685,20 @@ class PublicationState:
 
     def heartbeat_frame(self) -> bytes:
         position = self.sender_position
-        return heartbeat_frame(
-            position,
-            self.is_closed and position >= self.appender.position,
-            session_id=self.session_id,
-            stream_id=self.stream_id,
-            initial_term_id=self.initial_term_id,
-            term_length=self.term_length,
-        )
+        eos = self.is_closed and position >= self.appender.position
+        # an idle stream repeats its heartbeat: kept, built again only when it changes
+        key = (position, eos)
+        if key != self._heartbeat_key:
+            self._heartbeat = heartbeat_frame(
+                position,
+                eos,
+                session_id=self.session_id,
+                stream_id=self.stream_id,
+                initial_term_id=self.initial_term_id,
+                term_length=self.term_length,
+            )
+            self._heartbeat_key = key
+        return self._heartbeat
 
     def has_data_to_send(self) -> bool:
         """True when :meth:`send` would send data now (used before a driver goes to sleep)."""

@@ -18,11 +18,13 @@ reaches the conductor's tick, so only the receiver can have closed the socket.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
 from aeron_spark.transport import Driver, DriverConfig
 from aeron_spark.transport.counters import SystemCounters
+from aeron_spark.transport.driver.agents import AgentRunner
 from aeron_spark.transport.driver.conductor import (
     IPC_POLL_INTERVAL_NS,
     DriverConductor,
@@ -385,3 +387,42 @@ def test_an_idle_driver_sleeps_until_a_real_deadline_and_a_new_ipc_log_wakes_it(
     finally:
         other.close()
         driver.close()
+
+
+class _Idle:
+    """An agent with nothing to do for ten seconds."""
+
+    def do_work(self, now_ns: int) -> int:
+        return 0
+
+    def next_deadline_ns(self, now_ns: int) -> int:
+        return now_ns + 10_000_000_000
+
+    def has_work(self) -> bool:
+        return False
+
+    def filenos(self) -> list[Any]:
+        return []
+
+
+def test_a_sleeping_runner_is_sent_one_wake_up_byte_for_a_burst_of_wake_ups() -> None:
+    """Issue 31: a server's loop offering replies to many sessions in one pass woke its
+    sleeping driver once per publication (a ``send`` on the wake-up socket pair each, until
+    the driver thread got the GIL back): one byte ends the sleep; the wake-ups after it, until
+    the runner sleeps again, send nothing. A wake-up after that next sleep began sends again."""
+    runner = AgentRunner("test", [_Idle()], lambda exc: None)
+    try:
+        for round_ in (1, 2):
+            sleeper = threading.Thread(target=runner.idle, args=(10.0,))
+            sleeper.start()
+            deadline = time.monotonic() + 20
+            while not runner.sleeping:
+                assert time.monotonic() < deadline, "the runner never went to sleep"
+                time.sleep(0.001)
+            for _ in range(20):
+                runner.wake()
+            sleeper.join(20)
+            assert not sleeper.is_alive()
+            assert runner.wakeups_sent == round_
+    finally:
+        runner.close()

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from aeron_spark.transport import Driver, DriverConfig
 from aeron_spark.transport.counters import SystemCounters
 from aeron_spark.transport.driver.agents import (
     ReceiveEndpoint,
@@ -23,7 +24,13 @@ from aeron_spark.transport.driver.agents import (
 from aeron_spark.transport.driver.endpoint import Endpoint, UdpEndpoint
 from aeron_spark.transport.errors import ChannelError
 from aeron_spark.transport.protocol.flow_control import CONNECTION_TIMEOUT_NS
-from aeron_spark.transport.protocol.frames import DataFlags, FrameType, SetupFrame, StatusMessage
+from aeron_spark.transport.protocol.frames import (
+    DataFlags,
+    FrameType,
+    SetupFrame,
+    SmFlags,
+    StatusMessage,
+)
 from aeron_spark.transport.protocol.heartbeat import HEARTBEAT_INTERVAL_NS
 from aeron_spark.transport.protocol.image import IMAGE_LIVENESS_TIMEOUT_NS, SM_INTERVAL_NS
 from aeron_spark.transport.protocol.publication import PublicationState
@@ -125,6 +132,76 @@ def test_the_sender_steps_only_the_publications_that_are_due() -> None:
         udp.close()
 
 
+def _read_until(agent: SenderAgent, counters: SystemCounters, received: int, now_ns: int) -> None:
+    """Step the sender until its sockets have received ``received`` datagrams in all (real
+    loopback datagrams: bounded wait, no spin)."""
+    deadline = time.monotonic() + 20
+    while counters.datagrams_received < received:
+        assert time.monotonic() < deadline, "datagrams never arrived"
+        agent.do_work(now_ns)
+        time.sleep(0.001)
+    agent.do_work(now_ns)
+
+
+def test_a_status_message_that_only_repeats_a_position_does_not_step_the_publication() -> None:
+    """Issue 31: every SM received made the sender step its publication (a full ``send``:
+    destinations, flow control, data, heartbeat): a third of a server's sender steps, most for
+    SMs that changed nothing. Over real loopback datagrams: ten SMs repeating a position step
+    it not once; an SM whose window lets held-back data go steps it once (the data goes), an SM
+    asking for SETUP steps it once (the SETUP goes)."""
+    clock, counters = ManualClock(), SystemCounters()
+    udp = UdpEndpoint(Endpoint("127.0.0.1", 0, socket.AF_INET), counters)
+    peer_counters = SystemCounters()
+    peer = UdpEndpoint(Endpoint("127.0.0.1", 0, socket.AF_INET), peer_counters)
+    try:
+        ep = SendEndpoint("k", udp)
+        agent = SenderAgent(counters, lambda ep, pub: ep.remove(pub))
+        agent.endpoints = (ep,)
+        me = ("127.0.0.1", udp.local_port)
+        pub = PublicationState(
+            session_id=1000,
+            stream_id=10,
+            initial_term_id=0,
+            term_id=0,
+            term_offset=0,
+            term_length=TERM,
+            mtu=1408,
+            destination=("127.0.0.1", peer.local_port),
+            now_ns=clock.now_ns,
+        )
+        ep.add(pub)
+
+        def sm(window: int, flags: int = 0) -> bytes:
+            return StatusMessage(1000, 10, 0, 0, window, 5, flags=flags).encode()
+
+        peer.send(sm(128), me)  # the first SM: connected, a 128-byte window
+        _read_until(agent, counters, 1, clock.now_ns)
+        assert pub.is_connected and not agent.has_work()
+        calls: list[Any] = []
+        _count_calls(pub, "send", calls)
+        for _ in range(10):
+            peer.send(sm(128), me)
+        _read_until(agent, counters, 11, clock.now_ns)
+        assert calls == []
+        sent = counters.datagrams_sent
+        assert pub.offer(bytes(200)) > 0  # more than the window: held back
+        pub.kick()
+        agent.do_work(clock.now_ns)
+        assert len(calls) == 1 and counters.datagrams_sent == sent
+        calls.clear()
+        peer.send(sm(4096), me)  # a wider window: the data may go now
+        _read_until(agent, counters, 12, clock.now_ns)
+        assert calls == [pub] and counters.datagrams_sent == sent + 1
+        calls.clear()
+        setups = pub.setups_sent
+        peer.send(sm(4096, int(SmFlags.SEND_SETUP)), me)
+        _read_until(agent, counters, 13, clock.now_ns)
+        assert calls == [pub] and pub.setups_sent == setups + 1
+    finally:
+        udp.close()
+        peer.close()
+
+
 def test_the_receiver_steps_only_the_images_that_are_due() -> None:
     clock, wire = ManualClock(), []
     dispatcher = ReceiveDispatcher()
@@ -145,10 +222,21 @@ def test_the_receiver_steps_only_the_images_that_are_due() -> None:
     clock.advance(SM_INTERVAL_NS // 2)
     dispatcher.do_work(clock.now_ns, transmit)
     assert calls == []
-    hb = encode_data_header(0, DataFlags.UNFRAGMENTED, FrameType.DATA, 0, 2005, 10, 0)
+    # a heartbeat at the position it has, then in-order data: moved at once, nothing to step
+    # (each DATA datagram stepped its image: a fifth of a receiver's work; issue 31)
+    flags = DataFlags.UNFRAGMENTED
+    hb = encode_data_header(0, flags, FrameType.DATA, 0, 2005, 10, 0)
+    dispatcher.on_datagram(hb, len(hb), SENDERS[5], clock.now_ns, transmit)
+    data = encode_data_header(64, flags, FrameType.DATA, 0, 2005, 10, 0) + bytes(32)
+    dispatcher.on_datagram(data, len(data), SENDERS[5], clock.now_ns, transmit)
+    dispatcher.do_work(clock.now_ns, transmit)
+    assert calls == [] and interest.images[2005].rebuild_position == 64
+    # a heartbeat past what arrived (data lost before it): a gap to scan, stepped now
+    hb = encode_data_header(0, flags, FrameType.DATA, 1024, 2005, 10, 0)
     dispatcher.on_datagram(hb, len(hb), SENDERS[5], clock.now_ns, transmit)
     dispatcher.do_work(clock.now_ns, transmit)
     assert calls == [interest.images[2005]]
+    assert interest.images[2005].gaps
 
 
 def test_an_idle_publication_keeps_heartbeating_every_100_ms() -> None:
@@ -274,24 +362,61 @@ def test_an_idle_heartbeat_interval_spaces_the_heartbeats_after_the_first() -> N
 
 
 def test_an_idle_sm_interval_spaces_an_idle_images_status_messages() -> None:
-    """Issue 31: a subscription's ``idle-sm-interval`` (our sessions': 1 s): after an SM that saw
-    nothing new the next waits that long; data that arrived brings back 200 ms for the next;
-    the publication still hears five SMs in its 5 s connection timeout."""
+    """Issue 31: a subscription's ``idle-sm-interval`` (our sessions': 1 s) is its SM timeout
+    once connected: after the SM that followed the first (200 ms, in case the first was lost)
+    the SMs go a second apart; the publication still hears five SMs in its 5 s connection
+    timeout."""
     interest = StreamInterest(10, idle_sm_interval_ns=1_000_000_000)
-    clock, dispatcher, transmit, sms = _idle_image(interest)
+    _clock, _dispatcher, _transmit, sms = _idle_image(interest)
     gaps = [b - a for a, b in zip(sms, sms[1:], strict=False)]
-    assert gaps[0] == SM_INTERVAL_NS  # the first SM saw a new image: Aeron's pace once more
+    assert gaps[0] == SM_INTERVAL_NS  # the first SM's follow-up: Aeron's pace once more
     assert gaps[1:] and all(g == 1_000_000_000 for g in gaps[1:])
     assert len(sms) >= 5
-    # data arrives: the SM after it sees something new, the one after that comes at 200 ms
-    frame = encode_data_header(64, DataFlags.UNFRAGMENTED, FrameType.DATA, 0, 7, 10, 0)
-    data = frame + bytes(32)
-    dispatcher.on_datagram(data, len(data), SENDERS[0], clock.now_ns, transmit)
+
+
+def _data(term_offset: int, length: int) -> bytes:
+    flags = DataFlags.UNFRAGMENTED
+    frame = encode_data_header(length, flags, FrameType.DATA, term_offset, 7, 10, 0)
+    return frame + bytes(length - len(frame))
+
+
+def test_data_does_not_bring_status_messages_sooner_than_the_sm_timeout() -> None:
+    """Issue 31: a session publishing one small message a second sent two SMs a second (each
+    message brought the next SM back to 200 ms after it), each one a datagram out, one in and
+    a sender step at the other end. As Aeron, an SM goes when a quarter window was consumed
+    or at the SM timeout (the channel's ``idle-sm-interval``), not because data arrived: ten
+    messages a second apart, each consumed, bring at most eleven SMs in those ten seconds."""
+    interest = StreamInterest(10, idle_sm_interval_ns=1_000_000_000)
+    clock, dispatcher, transmit, sms = _idle_image(interest)
+    image = interest.images[7]
+    offset = 0
     sms.clear()
-    for _ in range(3):
+    start = clock.now_ns
+    for _ in range(10):
+        arrive = clock.now_ns + 1_000_000_000
+        while (due := dispatcher.next_deadline_ns(clock.now_ns)) < arrive:
+            clock.now_ns = due
+            dispatcher.do_work(clock.now_ns, transmit)
+        clock.now_ns = arrive
+        data = _data(offset, 128)
+        offset += 128
+        dispatcher.on_datagram(data, len(data), SENDERS[0], clock.now_ns, transmit)
         dispatcher.do_work(clock.now_ns, transmit)
-        clock.now_ns = dispatcher.next_deadline_ns(clock.now_ns)
-    assert len(sms) >= 2 and sms[1] - sms[0] == SM_INTERVAL_NS
+        assert image.poll(lambda payload, header: None, 10) == 1
+        dispatcher.do_work(clock.now_ns, transmit)
+    assert clock.now_ns - start == 10 * 1_000_000_000
+    assert 9 <= len(sms) <= 11, [(t - start) // 1_000_000 for t in sms]
+    # a quarter window consumed: its SM goes at once (the sender's limit moves)
+    sms.clear()
+    quarter = image.window // 4
+    while image.subscriber_position - image.last_sm_position <= quarter:
+        data = _data(offset, 1024)
+        offset += 1024
+        dispatcher.on_datagram(data, len(data), SENDERS[0], clock.now_ns, transmit)
+        dispatcher.do_work(clock.now_ns, transmit)
+        image.poll(lambda payload, header: None, 10)
+    dispatcher.do_work(clock.now_ns, transmit)
+    assert sms == [clock.now_ns]
 
 
 def test_the_idle_intervals_are_channel_parameters_bounded_by_the_liveness_timeouts() -> None:
@@ -392,3 +517,48 @@ def test_idle_status_messages_of_many_images_share_steps_on_the_idle_grid() -> N
     for session in range(1000, 1200):
         times = [start] + [t for t, s in window if s == session]
         assert len(times) >= 4 and max(b - a for a, b in itertools.pairwise(times)) <= 10**9
+
+
+def test_a_session_publishing_once_a_second_costs_one_datagram_a_message_each_way() -> None:
+    """Issue 31, over real loopback sockets (two invoker-mode drivers stepped on one made-up
+    clock, 20 ms apart): a stream with our sessions' idle intervals carrying one 100-byte
+    message a second. The subscriber's driver sends its SMs at the SM timeout (1 s), not one
+    more after each message (it sent two a second: 20 for these 10 messages); the publisher's
+    driver receives only those."""
+    config = DriverConfig(threading_mode="invoker", write_counters_file=False)
+    with Driver(config) as sub_driver, Driver(config) as pub_driver:
+        sub = sub_driver.add_subscription("aeron:udp?endpoint=127.0.0.1:0|idle-sm-interval=1s", 10)
+        port = sub.local_endpoints[0][1]
+        pub = pub_driver.add_publication(
+            f"aeron:udp?endpoint=127.0.0.1:{port}|idle-heartbeat-interval=2s", 10
+        )
+        now = time.monotonic_ns()
+        got: list[bytes] = []
+
+        def step() -> None:
+            pub_driver.do_work(now)
+            sub_driver.do_work(now)
+            sub.poll(lambda payload, header: got.append(bytes(payload)), 10)
+            sub_driver.do_work(now)
+
+        for _ in range(100):  # connect: SETUP, the first SMs (Aeron's pace), settled
+            now += 20 * MS
+            step()
+        assert pub.is_connected
+
+        def sms_sent() -> int:
+            return sub_driver.counters.snapshot()["status_messages_sent"]
+
+        def sms_received() -> int:
+            return pub_driver.counters.snapshot()["status_messages_received"]
+
+        sms, sms_in = sms_sent(), sms_received()
+        for second in range(10):
+            assert pub.offer(bytes(100)) > 0
+            for _ in range(50):
+                step()
+                now += 20 * MS
+            assert len(got) == second + 1
+        sent = sms_sent() - sms
+        assert 9 <= sent <= 11, sent
+        assert sms_received() - sms_in == sent
