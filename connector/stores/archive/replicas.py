@@ -54,6 +54,8 @@ from aeron_spark.connector.archive_markers import (
     agreed_end,
     end_at,
     markers_in,
+    newest,
+    next_epoch,
     read_tail,
 )
 from aeron_spark.connector.errors import ConnectorError, ServerUnavailableError
@@ -415,6 +417,9 @@ class Election:
     clients: list[ArchiveClient | None]  # (archive, *replicas); None: unreachable
     errors: list[str]
     ends: list[int]  # committed end of the sink's recording on each (-1: none, or unreachable)
+    epoch: int = 0  # the epoch the commit writes under (:func:`next_epoch`)
+    owner: int = 0  # the chosen archive's id (in the markers it writes)
+    opens_epoch: bool = False  # the epoch is new: opened on minInSyncReplicas archives first
 
 
 def sink_recording(client: ArchiveClient, alias: str, stream_id: int) -> RecordingDescriptor | None:
@@ -462,6 +467,19 @@ def _electable(
     electing it (it comes first in the configured order) would cut the acknowledged batch off
     the others. When no END is held by that many, every reachable archive is."""
     reachable = [i for i, c in enumerate(clients) if c is not None and held[i].d is not None]
+    top = [reachable[j] for j in newest([(held[i].end, held[i].last) for i in reachable])]
+    if top:  # markers with epochs: the newest history (highest epoch, then furthest end)
+        behind = [i for i in reachable if i not in top]
+        if behind:
+            log.warning(
+                "archive sink: %s hold an older epoch or less than %s (epoch %d, end %d): "
+                "not electable",
+                [archives[i].control_channel for i in behind],
+                [archives[i].control_channel for i in top],
+                held[top[0]].last.epoch,  # type: ignore[union-attr]
+                held[top[0]].end,
+            )
+        return top
     if len(reachable) < 2:
         return [i for i, c in enumerate(clients) if c is not None]
     lasts = [m for m in (held[i].last for i in reachable) if m is not None]
@@ -555,6 +573,8 @@ def elect(o: ArchiveSinkOptions, alias: str) -> Election:
             + "; ".join(f"{a.control_channel}: {e}" for a, e in zip(archives, errors, strict=True))
         )
     chosen = max(_electable(archives, clients, held), key=lambda i: (ends[i], -i))
+    owner = ids[archives[chosen].control_channel]
+    epoch, opens = next_epoch([(h.end, h.last) for h in held], chosen, owner)
     if chosen != 0:
         log.warning(
             "archive sink %s: promoting %s (committed end %d; %s: %s)",
@@ -564,7 +584,11 @@ def elect(o: ArchiveSinkOptions, alias: str) -> Election:
             o.connect.control_channel,
             errors[0] or f"behind, at {ends[0]}",
         )
-    return Election(chosen, clients, errors, ends)
+    if opens:
+        log.info(
+            "archive sink %s: %s opens epoch %d", alias, archives[chosen].control_channel, epoch
+        )
+    return Election(chosen, clients, errors, ends, epoch, owner, opens)
 
 
 __all__ = [
