@@ -449,8 +449,12 @@ def _committed_end(client: ArchiveClient, alias: str, stream_id: int) -> _Held:
     end = d.stop_position if d.stop_position >= 0 else client.recording_position(d.recording_id)
     if end < 0:
         end = client.stop_position(d.recording_id)
-    tail = read_tail(client, d.recording_id, d.start_position, end, d.term_buffer_length)
+    term = d.term_buffer_length
+    tail = read_tail(client, d.recording_id, d.start_position, end, term)
     last = tail.last if tail.last is not None and tail.last.kind == END else None
+    if tail.torn:  # the END its committed end is (its epoch: what the election compares)
+        at = tail.committed_end
+        last = end_at(client, d.recording_id, d.start_position, at, term, at)
     return _Held(d, tail.committed_end, last)
 
 
