@@ -21,7 +21,8 @@ acknowledged.
 term) under which the marker was written and ``owner`` the archive id of the primary that wrote
 it; markers written before it have none (read as epoch 0, owner 0). A sink writing to a set of
 archives raises the epoch whenever its election cannot simply go on with the last one (another
-primary, or a last batch fewer than ``minInSyncReplicas`` archives hold), and the new primary
+primary; an archive unreachable, behind or not holding the same last END: :func:`next_epoch`),
+and the new primary
 first appends an **epoch opening** (flag 4: a BEGIN and an END of no rows, ``batch`` -1) and
 brings ``minInSyncReplicas`` archives to it before it appends any batch under that epoch (Raft's
 no-op entry at the start of a term): so every later election, which reaches at least one of

@@ -533,7 +533,12 @@ def elect(o: ArchiveSinkOptions, alias: str) -> Election:
     least two archives, so on a reachable one unless that many are gone): appending there and
     bringing the others to it (cutting back what they hold beyond their last common END) loses
     nothing acknowledged. ``archive`` itself stays the primary while it is reachable and not
-    behind; an old primary that comes back behind a promoted replica becomes its replica."""
+    behind; an old primary that comes back behind a promoted replica becomes its replica.
+
+    With epochs in the markers the archive whose last END has the highest epoch, then the
+    furthest end, is chosen (:func:`~aeron_spark.connector.archive_markers.newest`), and the
+    election says under which epoch the commit writes and whether it opens it first
+    (:func:`~aeron_spark.connector.archive_markers.next_epoch`)."""
     archives = (o.connect, *o.replicas)
     clients: list[ArchiveClient | None] = [None] * len(archives)
     errors = [""] * len(archives)

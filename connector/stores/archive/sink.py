@@ -541,7 +541,7 @@ class CommitStats:
     end_position: int = -1
     replicas_in_sync: int = 0  # replicas holding the batch's END (the primary not counted)
     replicas_repaired: int = 0  # copies cut back or purged before being brought up to date
-    replicas_failed: int = 0  # replicas not in sync with the batch (unreachable, replication failed)
+    replicas_failed: int = 0  # replicas not in sync with the batch (unreachable, failed)
     replications_stopped: int = 0  # replications given up on (timeoutMs) and stopped
     epoch: int = 0  # the sink's epoch the batch was written under (0: none, no replicas)
     epochs_opened: int = 0  # epoch openings appended (a new primary, or a set not in step)
