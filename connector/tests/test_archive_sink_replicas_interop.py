@@ -372,7 +372,7 @@ def test_an_old_primarys_unacknowledged_batch_is_never_read_nor_kept(
 
 
 def test_an_old_primarys_batch_is_not_kept_when_one_holder_of_the_acknowledged_one_is_reachable(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The hole the markers could not close without an epoch (``minInSyncReplicas=2``): the
     primary writes a batch's END and is killed (-9) before any copy; Spark runs the batch again,
@@ -382,7 +382,9 @@ def test_an_old_primarys_batch_is_not_kept_when_one_holder_of_the_acknowledged_o
     batch before them held by two. A reader of the set reads only the rows before the batch
     (it cannot tell); the next commit must keep the acknowledged batch and repair the old
     primary, never elect it (first in the configured order) and copy its batch over the
-    acknowledged one (main did: the acknowledged rows were replaced by the unacknowledged)."""
+    acknowledged one (main did: the acknowledged rows were replaced by the unacknowledged). The
+    old primary's copy is cut back to the last END both hold (where the histories part), not
+    purged and copied afresh."""
     aeron_peer.require_java()
     names = ["epoch-a", "epoch-b", "epoch-c"]
     with aeron_peer.java_archives(tmp_path, names, 0x5E1) as (a, b, c):
@@ -421,8 +423,11 @@ def test_an_old_primarys_batch_is_not_kept_when_one_holder_of_the_acknowledged_o
             health.mark_ok(a.control_channel)
             assert read_rows(a, 6303) == rows[0] + rows[1]  # the old primary's own batch
             assert read_rows([a, b], 6303) == rows[0]  # neither batch on two: not read
+            caplog.clear()
             stats = commit(o, 2, rows[2])
             assert (stats.appended_rows, stats.replicas_in_sync) == (300, 1)
+            assert stats.epochs_opened == 1 and stats.replicas_repaired == 1
+            assert "cut back to" in caplog.text and "does not; purged" not in caplog.text
             for archive in (b, a):
                 assert read_rows(archive, 6303) == acknowledged + rows[2], archive.control_channel
             assert read_rows([a, b], 6303) == acknowledged + rows[2]

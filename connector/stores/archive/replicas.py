@@ -343,7 +343,8 @@ class Replicas:
         end: int,
     ) -> tuple[RecordingDescriptor | None, str]:
         """``copy`` cut back to its last END marker that the primary holds at the same
-        position (so that the copy is a prefix of the primary), else purged (None)."""
+        position (so that the copy is a prefix of the primary: :meth:`_common_end`), else
+        purged (None)."""
         term = copy.term_buffer_length
         with connect(self.o.connect) as primary:
             for _ in range(4):  # torn tails: each round cuts one off
@@ -353,23 +354,21 @@ class Replicas:
                 if tail.last is None:
                     break
                 cut = tail.committed_end
-                if tail.last.kind == END and cut <= end:
-                    mine = read_tail(primary, target.recording_id, target.start_position, cut, term)
-                    if mine.last != tail.last:
+                if tail.last.kind == END:
+                    common = self._common_end(client, copy, primary, target, end, tail.last)
+                    if common is None:
                         break
-                    if cut < copy.stop_position:
-                        client.truncate_recording(copy.recording_id, cut)
+                    if common < copy.stop_position:
+                        client.truncate_recording(copy.recording_id, common)
                     again = client.list_recording(copy.recording_id)
                     assert again is not None
                     log.warning(
                         "archive sink %s: replica copy %d cut back to %d (the primary's END there)",
                         self.identity,
                         copy.recording_id,
-                        cut,
+                        common,
                     )
                     return again, "truncated"
-                if tail.last.kind == END:
-                    break  # past the primary's end: a batch the primary undid
                 client.truncate_recording(copy.recording_id, cut)  # torn: to its BEGIN
                 again = client.list_recording(copy.recording_id)
                 assert again is not None
@@ -381,6 +380,36 @@ class Replicas:
         )
         client.purge_recording(copy.recording_id)
         return None, "purged"
+
+    WALK = 8  # ENDs of a copy tried from its last one down, before it is purged instead
+
+    def _common_end(
+        self,
+        client: ArchiveClient,
+        copy: RecordingDescriptor,
+        primary: ArchiveClient,
+        target: RecordingDescriptor,
+        end: int,
+        last: Marker,
+    ) -> int | None:
+        """Where the copy's history and the primary's part (Kafka's truncation to the end of
+        the last common epoch): the end of the copy's last END that the primary holds the same
+        at the same position (epoch and digest included), walking down the copy's ENDs from
+        ``last`` (each batch begins where the END before it ends; :attr:`WALK` of them at
+        most); None when none is found (the copy is purged)."""
+        term = copy.term_buffer_length
+        m: Marker | None = last
+        for _ in range(self.WALK):
+            if m is None:
+                return None
+            at = m.end_position
+            if at <= end:
+                mine = end_at(primary, target.recording_id, target.start_position, end, term, at)
+                if mine == m:
+                    return at
+            below = m.begin_position  # past the primary's end, or another batch: the one before
+            m = end_at(client, copy.recording_id, copy.start_position, below, term, below)
+        return None
 
     def undo(self, outcomes: list[ReplicaOutcome], begin: int) -> None:
         """Cut the copies that got an undone batch back to ``begin`` (best effort: a copy left
