@@ -6,7 +6,7 @@ A marker is one unfragmented DATA frame whose header's **reserved value** is
 
     magic (16 bytes) | kind u8 (1 BEGIN, 2 END) | flags u8 | insync u8 | 1 byte zero |
     partitions i32 | batch i64 | begin position i64 | rows i64 | [digest, 8 bytes] |
-    identity (UTF-8, the rest)
+    [epoch i64 | owner i64] | identity (UTF-8, the rest)
 
 An END marker carries a ``digest`` of the batch's frames as appended (flag 1 set: BLAKE2b, 8
 bytes): two appends of one batch whose rows differ in order only (Spark running a batch again:
@@ -16,6 +16,18 @@ copy of the one is not taken for the other. Markers written before it have no di
 read as 1): a reader of the sink's whole set of archives reads a batch only once that many hold
 it (:func:`~aeron_spark.connector.stores.replicas.source.in_sync_end`), i.e. once it can be
 acknowledged.
+
+``epoch`` (flag 2) is the sink's **epoch** (Kafka's leader epoch, Aeron Cluster's leadership
+term) under which the marker was written and ``owner`` the archive id of the primary that wrote
+it; markers written before it have none (read as epoch 0, owner 0). A sink writing to a set of
+archives raises the epoch whenever its election cannot simply go on with the last one (another
+primary; an archive unreachable, behind or not holding the same last END: :func:`next_epoch`),
+and the new primary
+first appends an **epoch opening** (flag 4: a BEGIN and an END of no rows, ``batch`` -1) and
+brings ``minInSyncReplicas`` archives to it before it appends any batch under that epoch (Raft's
+no-op entry at the start of a term): so every later election, which reaches at least one of
+them, sees the epoch and goes above it, and the archive whose last END has the highest epoch
+(then the furthest end) holds every acknowledged batch (:func:`newest`).
 
 ``begin position`` is where the append started (the target's stop position before the BEGIN:
 what a torn append is truncated back to). The sink refuses rows whose reserved value is the
@@ -49,7 +61,12 @@ BEGIN, END = 1, 2
 _BODY = struct.Struct("<BBBxiqqq")  # kind, flags, insync, partitions, batch, begin, rows
 _HEAD_LEN = len(MARKER_MAGIC) + _BODY.size
 _HAS_DIGEST = 1  # flags: a digest follows the body
+_HAS_EPOCH = 2  # flags: the epoch and its owner follow (the digest)
+_OPENS_EPOCH = 4  # flags: an epoch opening (no rows), not a batch
+_FLAGS = _HAS_DIGEST | _HAS_EPOCH | _OPENS_EPOCH
+_EPOCH = struct.Struct("<qq")  # epoch, owner (the writing primary's archive id)
 DIGEST_BYTES = 8
+OPENING_BATCH = -1  # the batch of an epoch opening
 _TYPE_DATA, _TYPE_PAD = int(FrameType.DATA), int(FrameType.PAD)
 _RESERVED_AT = RESERVED_VALUE_OFFSET
 TARGET_ALIAS_PREFIX = "aeron-spark-sink-"
@@ -68,13 +85,22 @@ class Marker:
     end_position: int = -1  # where it ends
     digest: bytes = b""  # an END's digest of the batch's frames (b"": none, an older marker)
     insync: int = 1  # the commit's minInSyncReplicas (archives that must hold the batch)
+    epoch: int = 0  # the sink's epoch when written (0: none, an older marker)
+    owner: int = 0  # the archive id of the primary that wrote it (0: none)
+    opens_epoch: bool = False  # an epoch opening (no rows), not a batch
 
     def encode(self) -> bytes:
         if self.digest and len(self.digest) != DIGEST_BYTES:
             raise ValueError(f"a marker digest is {DIGEST_BYTES} bytes, not {len(self.digest)}")
         if not 1 <= self.insync <= 255:
             raise ValueError(f"a marker's insync is 1 to 255, not {self.insync}")
+        if self.epoch < 0 or (self.opens_epoch and not self.epoch):
+            raise ValueError(
+                f"a marker's epoch is 0 or more (1 or more opening one), not {self.epoch}"
+            )
         flags = _HAS_DIGEST if self.digest else 0
+        if self.epoch:
+            flags |= _HAS_EPOCH | (_OPENS_EPOCH if self.opens_epoch else 0)
         return (
             MARKER_MAGIC
             + _BODY.pack(
@@ -87,6 +113,7 @@ class Marker:
                 self.rows,
             )
             + self.digest
+            + (_EPOCH.pack(self.epoch, self.owner) if self.epoch else b"")
             + self.identity.encode()
         )
 
@@ -96,7 +123,9 @@ class Marker:
         if len(data) < _HEAD_LEN or not data.startswith(MARKER_MAGIC):
             return None
         kind, flags, insync, parts, batch, begin, rows = _BODY.unpack_from(data, len(MARKER_MAGIC))
-        if kind not in (BEGIN, END) or flags & ~_HAS_DIGEST:
+        if kind not in (BEGIN, END) or flags & ~_FLAGS:
+            return None
+        if flags & _OPENS_EPOCH and not flags & _HAS_EPOCH:
             return None
         at = _HEAD_LEN
         digest = b""
@@ -104,11 +133,34 @@ class Marker:
             if len(data) < at + DIGEST_BYTES:
                 return None
             digest, at = data[at : at + DIGEST_BYTES], at + DIGEST_BYTES
+        epoch = owner = 0
+        if flags & _HAS_EPOCH:
+            if len(data) < at + _EPOCH.size:
+                return None
+            epoch, owner = _EPOCH.unpack_from(data, at)
+            at += _EPOCH.size
+            if epoch < 1:
+                return None
         try:
             identity = data[at:].decode()
         except UnicodeDecodeError:
             return None
-        return cls(kind, identity, batch, parts, begin, rows, position, end, digest, insync or 1)
+        opens = bool(flags & _OPENS_EPOCH)
+        return cls(
+            kind,
+            identity,
+            batch,
+            parts,
+            begin,
+            rows,
+            position,
+            end,
+            digest,
+            insync or 1,
+            epoch,
+            owner,
+            opens,
+        )
 
 
 def sink_hash(sink_id: str) -> str:
@@ -241,7 +293,8 @@ def agreed_end(
     those copies may serve it. A copy holding another batch there (an old primary back with a
     batch never acknowledged, the same size as the one acknowledged after it) does not count,
     and when no batch there is held by ``need`` copies, the next END below it (on any copy)
-    is tried."""
+    is tried. Where copies end a batch there with ENDs of different epochs, only those of the
+    highest epoch may count (one of an older epoch was never acknowledged, see :func:`newest`)."""
     ends = [e for e, _ in copies]
     position = max(ends, default=start) if below is None else below
     # positions still to try: every copy's end and the begin of every END seen, kept across
@@ -258,7 +311,10 @@ def agreed_end(
                 continue
             groups.setdefault(m, []).append(i)
             begins.append(m.begin_position)
-        best = max(groups.values(), key=len, default=[])
+        # a batch written under an older epoch where one under a newer epoch ends loses: the
+        # newer was written by a primary elected after it, which never acknowledged it
+        top = max((m.epoch for m in groups), default=0)
+        best = max((g for m, g in groups.items() if m.epoch == top), key=len, default=[])
         if len(best) >= need:
             return position, best
         pending.update(ends)
@@ -268,6 +324,44 @@ def agreed_end(
     return start, list(range(len(copies)))
 
 
+def newest(copies: Sequence[tuple[int, Marker | None]]) -> list[int]:
+    """The copies (indices) whose history is the newest: the highest epoch of their last END,
+    then the furthest committed end (Raft's "at least as up to date"); [] when no last END has
+    an epoch (markers older than epochs: :func:`agreed_end` decides).
+
+    ``copies`` are each reachable archive's committed end and the END ending there (None: no
+    END). Every acknowledged batch is on such a copy as long as one archive of the
+    ``minInSyncReplicas`` holding it is among ``copies``: an epoch is opened on that many
+    archives before any batch is written under it, so the primary that wrote a batch
+    acknowledged later (a batch run again after its first append failed) wrote it under a
+    higher epoch than the failed append's, and a primary elected later either has that epoch or
+    a higher one, whose opening it made only after holding every batch acknowledged before."""
+    keys = [(0 if last is None else last.epoch, end) for end, last in copies]
+    top = max(keys, default=(0, -1))
+    if top[0] == 0:
+        return []
+    return [i for i, key in enumerate(keys) if key == top]
+
+
+def next_epoch(
+    copies: Sequence[tuple[int, Marker | None]], chosen: int, owner: int
+) -> tuple[int, bool]:
+    """The epoch the primary ``chosen`` among ``copies`` (every archive of the sink, as
+    :func:`newest` takes them; ``(-1, None)``: unreachable) writes under, and whether it must
+    open it first. It goes on with the epoch of its last END only when that END is its own
+    (``owner``: its archive id), of the highest epoch, and every archive holds it the same at
+    the same end: then no archive holds anything of another append above it. Else (another
+    primary; an archive unreachable, behind, or holding a batch not acknowledged, a copy an undo
+    could not cut back) one above the highest epoch, opened before any batch: a batch run again
+    never shares an epoch with an earlier append of it that an archive may still hold."""
+    top = max((last.epoch for _, last in copies if last is not None), default=0)
+    end, last = copies[chosen]
+    if last is not None and last.epoch == top > 0 and last.owner == owner:
+        if all(e == end and m == last for e, m in copies):
+            return top, False
+    return top + 1, True
+
+
 __all__ = [
     "BEGIN",
     "DIGEST_BYTES",
@@ -275,6 +369,7 @@ __all__ = [
     "MARKER_MAGIC",
     "MARKER_RESERVED_VALUE",
     "Marker",
+    "OPENING_BATCH",
     "STAGING_ALIAS_PREFIX",
     "TARGET_ALIAS_PREFIX",
     "Tail",
@@ -284,6 +379,8 @@ __all__ = [
     "is_sink_target",
     "mask_markers",
     "markers_in",
+    "newest",
+    "next_epoch",
     "read_tail",
     "sink_hash",
     "target_alias",

@@ -302,6 +302,40 @@ def _check_loss(o: SourceOptions, rec: Recording, start: int) -> int | None:
     return start
 
 
+def _confirmed_partitions(
+    o: SourceOptions, stores: Sequence[LogStore], start: dict, end: dict
+) -> list[RecordingRange]:
+    """A streaming batch's ranges from ``start`` to ``end`` (offsets ``latestOffset`` gave).
+    A range planned while ``minInSyncReplicas`` archives of a set confirmed it, that fewer
+    confirm now (an archive restarting, a partition), is waited for: the recordings are listed
+    again (every 0.2 s, doubling up to 2 s) until enough archives answer, for ``timeoutMs`` at
+    most (the source's bound on every wait); then :class:`ReplicasUnavailableError`, as before.
+    Nothing is read meanwhile: waiting never delivers a batch fewer archives confirm."""
+    deadline = time.monotonic() + o.settings.timeout_s
+    delay = 0.2
+    waited = False
+    while True:
+        recordings = _recordings(o, stores)
+        begin = decode_offset(start)
+        for key, rec in recordings.items():
+            # A recording that appeared after the start offset was taken starts at its beginning.
+            begin.setdefault(key, rec.start)
+        try:
+            parts = _partitions(o, recordings, begin, decode_offset(end))
+        except ReplicasUnavailableError as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            if not waited:
+                log.warning("%s; waiting up to %g s (timeoutMs)", exc, o.settings.timeout_s)
+                waited = True
+            time.sleep(delay)
+            delay = min(2 * delay, 2.0)
+            continue
+        if waited:
+            log.warning("a planned batch is confirmed again by enough archives: read")
+        return parts
+
+
 def _partitions(
     o: SourceOptions,
     recordings: dict[str, Recording],
@@ -726,15 +760,8 @@ class AeronStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return encode_offset(self._latest) if self._latest else None
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        recordings = _recordings(self.options, self.stores)
-        begin = decode_offset(start)
-        for key, rec in recordings.items():
-            # A recording that appeared after the start offset was taken starts at its beginning.
-            begin.setdefault(key, rec.start)
         o = self.options
-        parts = split_ranges(
-            _partitions(o, recordings, begin, decode_offset(end)), o.min_partitions
-        )
+        parts = split_ranges(_confirmed_partitions(o, self.stores, start, end), o.min_partitions)
         parts = _with_format(parts, self._format)
         return pack_ranges(parts, o.max_partition_bytes, o.min_partitions)
 

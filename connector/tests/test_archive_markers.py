@@ -13,12 +13,15 @@ from aeron_spark.connector.archive_markers import (
     END,
     MARKER_MAGIC,
     MARKER_RESERVED_VALUE,
+    OPENING_BATCH,
     Marker,
     Tail,
     agreed_end,
     is_sink_target,
     markers_in,
     mask_markers,
+    newest,
+    next_epoch,
     target_alias,
 )
 from aeron_spark.connector.formats import Geometry, iter_messages
@@ -136,3 +139,86 @@ def test_agreed_end_is_the_furthest_end_enough_copies_hold_the_same() -> None:
     # minInSyncReplicas 1: the END most copies hold (ties: preference order)
     assert agreed_end([(2000, x), (2000, y), (2000, y)], 0, 1, marker_at) == (2000, [1, 2])
     assert agreed_end([(2000, x), (2000, y)], 0, 1, marker_at) == (2000, [0])
+
+
+def test_a_markers_epoch_and_owner_round_trip_and_older_markers_read_as_epoch_0() -> None:
+    """The epoch (and the archive id of the primary that wrote the marker) follow the digest
+    under flag 2; an epoch opening is flag 4 (with 2). A marker without them (every marker
+    written before epochs) reads as epoch 0, owner 0; what would make a marker claim an epoch
+    it does not carry is refused."""
+    end = Marker(END, "s", 5, 2, 64, 7, digest=b"\x01" * 8, insync=2, epoch=3, owner=-77)
+    assert Marker.decode(end.encode(), -1, -1) == end
+    no_digest = replace(end, digest=b"")
+    assert Marker.decode(no_digest.encode(), -1, -1) == no_digest
+    opening = Marker(END, "s", OPENING_BATCH, 0, 64, 0, epoch=4, owner=9, opens_epoch=True)
+    assert Marker.decode(opening.encode(), -1, -1) == opening
+    assert Marker.decode(replace(opening, kind=BEGIN).encode(), -1, -1).opens_epoch  # type: ignore[union-attr]
+    old = Marker.decode(replace(end, epoch=0, owner=5).encode(), -1, -1)  # owner only with epoch
+    assert old is not None and (old.epoch, old.owner, old.opens_epoch) == (0, 0, False)
+    assert old == replace(end, epoch=0, owner=0)
+    for bad in (replace(end, epoch=-1), replace(opening, epoch=0)):
+        with pytest.raises(ValueError, match="epoch"):
+            bad.encode()
+    flags_at = len(MARKER_MAGIC) + 1
+    payload = bytearray(opening.encode())
+    payload[flags_at] = 4  # an opening without its epoch
+    assert Marker.decode(bytes(payload), -1, -1) is None
+    payload[flags_at] = 8  # a flag this version does not know
+    assert Marker.decode(bytes(payload), -1, -1) is None
+    at = len(MARKER_MAGIC) + struct.calcsize("<BBBxiqqq") + 8  # after the digest: the epoch
+    zero = bytearray(end.encode())
+    zero[at : at + 8] = bytes(8)  # flag 2 with epoch 0
+    assert Marker.decode(bytes(zero), -1, -1) is None
+    short = end.encode()[: at + 4]  # flag 2 and no room for the epoch
+    assert Marker.decode(short, -1, -1) is None
+
+
+def _e(end: int, begin: int, digest: bytes, epoch: int, owner: int, opens: bool = False) -> Marker:
+    batch = OPENING_BATCH if opens else 1
+    return Marker(END, "id", batch, 1, begin, 10, end - 64, end, digest, 2, epoch, owner, opens)
+
+
+def test_the_newest_history_is_elected_and_an_epoch_goes_on_only_when_every_archive_agrees() -> (
+    None
+):
+    """The hole markers alone could not close (``minInSyncReplicas=2``, archives a, b, c): a
+    wrote batch 1 under epoch 1 (x) and died before any copy; b was elected, opened epoch 2 on
+    b and c and wrote batch 1 again (y, acknowledged); c is gone and a is back. Fewer than two
+    archives hold y, but y's epoch is higher: b's history is the newest, whatever the ends
+    (the opening moves b's batch; with older markers, or an opening of the same size as a
+    batch, the ends may also be equal or a's further on)."""
+    a_id, b_id = 11, 22
+    x = _e(2000, 1000, b"x" * 8, 1, a_id)
+    y = _e(2128, 1128, b"y" * 8, 2, b_id)
+    assert newest([(2000, x), (2128, y)]) == [1]
+    assert newest([(2000, x), (2000, replace(y, end_position=2000))]) == [1]
+    assert newest([(9000, replace(x, end_position=9000)), (2128, y)]) == [1]
+    assert newest([(-1, None), (2128, y), (2128, y)]) == [1, 2]  # ties: preference order
+    w = _e(1000, 500, b"w" * 8, 0, 0)  # older markers only: agreed_end decides
+    assert newest([(1000, w), (1000, w)]) == [] == newest([(-1, None)])
+    # the epoch the commit writes under, and whether it opens it first
+    everyone = [(2128, y), (2128, y), (2128, y)]
+    assert next_epoch(everyone, 0, b_id) == (2, False)  # the steady state: no opening
+    assert next_epoch(everyone, 1, a_id) == (3, True)  # another primary
+    assert next_epoch([(2128, y), (-1, None), (2128, y)], 0, b_id) == (3, True)  # one away
+    assert next_epoch([(2128, y), (2000, x), (2128, y)], 0, b_id) == (3, True)  # one differs
+    assert next_epoch([(2128, y), (1000, w), (2128, y)], 0, b_id) == (3, True)  # one behind
+    assert next_epoch([(2128, y), (2128, y), (2128, replace(y, epoch=5))], 0, b_id) == (6, True)
+    assert next_epoch([(-1, None), (-1, None)], 0, a_id) == (1, True)  # a new sink
+    assert next_epoch([(1000, w), (1000, w)], 0, 0) == (1, True)  # older markers
+
+
+def test_agreed_end_an_older_epochs_end_where_a_newer_one_ends_does_not_count() -> None:
+    """Where copies end a batch at the same position under two epochs, only the newer epoch's
+    copies may count: the older, even held by ``minInSyncReplicas`` copies, is not read."""
+    w = _e(1000, 500, b"w" * 8, 1, 11)
+    x, y = _e(2000, 1000, b"x" * 8, 1, 11), _e(2000, 1000, b"y" * 8, 2, 22)
+    held = {0: {1000: w, 2000: x}, 1: {1000: w, 2000: x}, 2: {1000: w, 2000: y}}
+
+    def marker_at(i: int, position: int) -> Marker | None:
+        return held[i].get(position)
+
+    copies = [(2000, x), (2000, x), (2000, y)]
+    assert agreed_end(copies, 0, 2, marker_at) == (1000, [0, 1, 2])
+    assert agreed_end(copies, 0, 1, marker_at) == (2000, [2])
+    assert agreed_end([(2000, y), (2000, y), (2000, x)], 0, 2, marker_at) == (2000, [0, 1])

@@ -253,9 +253,18 @@ def test_a_copy_of_a_batch_retried_in_another_order_is_repaired(
     assert repeated.replicas_repaired == 1
     assert read_rows(b, 6106) == rows[0] + rows[1][::-1] == read_rows(primary, 6106)
     assert messages_on(o, b) == messages_on(o, primary)
-    # (2) again, the retry in the first order; the next batch finds the copy where it starts
+    # (2) again, the retry in the first order; the next batch finds the copy where it starts.
+    # The repeated commit opened an epoch on both (the primary's retry was not on the copy);
+    # a retry elected without the copy (other archives meeting minInSyncReplicas) saw that
+    # epoch on one of them and opened one above it.
+    assert repeated.epochs_opened == 1
     _cut_primary(o, first.begin_position)
-    assert commit(alone, 1, rows[1]).end_position == first.end_position
+    parts = [stage(alone, 1, 0, rows[1])]
+    with archive_sink.connect(o.connect) as client:
+        committer = archive_sink.ArchiveCommitter(
+            alone, "id", client, epoch=repeated.epoch + 1, owner=client.archive_id()
+        )
+        assert committer.commit(1, parts).end_position == first.end_position
     later = commit(o, 2, rows[2])
     assert (later.replicas_in_sync, later.replicas_repaired) == (1, 1)
     assert read_rows(b, 6106) == rows[0] + rows[1] + rows[2] == read_rows(primary, 6106)
@@ -322,8 +331,7 @@ def test_an_old_primarys_unacknowledged_batch_is_never_read_nor_kept(
             health.mark_ok(a.control_channel)  # a reader in a process that never saw it fail
             on_b = dataclasses.replace(o, connect=o.replicas[0])
             held_a, held_b = messages_on(on_b, a), messages_on(on_b, b)
-            assert held_a[0] == held_b[0]  # the same end position, other rows before it
-            assert held_a != held_b
+            assert held_a != held_b  # other rows (b's batch after the epoch it opened)
             assert read_rows(a, 6302) == rows[0] + rows[1]  # one archive: cannot know
             assert "name every archive of the sink" in caplog.text  # and says so
             acknowledged = rows[0] + rows[1][::-1]
@@ -333,5 +341,71 @@ def test_an_old_primarys_unacknowledged_batch_is_never_read_nor_kept(
             assert commit(o, 2, later).replicas_in_sync >= 1
             for archive in (b, c, a):
                 assert read_rows(archive, 6302) == acknowledged + later, archive.control_channel
+        finally:
+            restarted.close()
+
+
+def test_an_old_primarys_batch_is_not_kept_when_one_holder_of_the_acknowledged_one_is_reachable(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The hole the markers could not close without an epoch (``minInSyncReplicas=2``): the
+    primary writes a batch's END and is killed (-9) before any copy; Spark runs the batch again,
+    its rows in another order (same size), on the promoted replica, which copies it to the third
+    archive: acknowledged. The third archive is then killed and the old primary comes back: one
+    archive holds the acknowledged batch, one the batch never acknowledged, no END above the
+    batch before them held by two. A reader of the set reads only the rows before the batch
+    (it cannot tell); the next commit must keep the acknowledged batch and repair the old
+    primary, never elect it (first in the configured order) and copy its batch over the
+    acknowledged one (main did: the acknowledged rows were replaced by the unacknowledged). The
+    old primary's copy is cut back to the last END both hold (where the histories part), not
+    purged and copied afresh."""
+    aeron_peer.require_java()
+    names = ["epoch-a", "epoch-b", "epoch-c"]
+    with aeron_peer.java_archives(tmp_path, names, 0x5E1) as (a, b, c):
+        o = _options(
+            a,
+            6303,
+            [b, c],
+            2,
+            f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
+            archiveStagingChannel=f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
+            timeoutMs="5000",
+        )
+        rows = [[b"e%d-row-%04d" % (n, i) for i in range(300)] for n in range(3)]
+        assert commit(o, 0, rows[0]).replicas_in_sync == 2
+
+        class _KillBeforeCopies(Replicas):
+            def sync(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+                a.kill()  # the batch's END on the primary only
+                return super().sync(*args, **kwargs)
+
+        parts = [stage(o, 1, 0, rows[1])]
+        with archive_sink.connect(o.connect) as client:
+            committer = archive_sink.ArchiveCommitter(o, "id", client)
+            try:
+                with _KillBeforeCopies(o, "id") as replicas, pytest.raises(NotEnoughReplicasError):
+                    committer.commit(1, parts, replicas=replicas)
+            finally:
+                committer.close()
+        retried = commit(o, 1, rows[1][::-1])  # promoted: b, copied to c
+        assert (retried.appended_rows, retried.replicas_in_sync) == (300, 1)
+        acknowledged = rows[0] + rows[1][::-1]
+        c.kill()
+        restarted = a.restart_after_kill("epoch-a2")
+        try:
+            answers(a, o)
+            health.mark_ok(a.control_channel)
+            assert read_rows(a, 6303) == rows[0] + rows[1]  # the old primary's own batch
+            assert read_rows([a, b], 6303) == rows[0]  # neither batch on two: not read
+            caplog.clear()
+            stats = commit(o, 2, rows[2])
+            assert (stats.appended_rows, stats.replicas_in_sync) == (300, 1)
+            assert stats.epochs_opened == 1 and stats.replicas_repaired == 1
+            assert "cut back to" in caplog.text and "does not; purged" not in caplog.text
+            for archive in (b, a):
+                assert read_rows(archive, 6303) == acknowledged + rows[2], archive.control_channel
+            assert read_rows([a, b], 6303) == acknowledged + rows[2]
+            on_b = dataclasses.replace(o, connect=o.replicas[0])
+            assert messages_on(on_b, a) == messages_on(on_b, b)
         finally:
             restarted.close()

@@ -19,11 +19,13 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from aeron_spark.connector.errors import ReplicasUnavailableError
 from aeron_spark.connector.options import (
     ArchiveSinkOptions,
     parse_archive_sink_options,
@@ -69,10 +71,14 @@ def _sink(primary: aeron_peer.JavaArchive, replica: aeron_peer.JavaArchive) -> A
 class Stream:
     """A streaming query's source side, step by step as Spark's driver and tasks run it."""
 
-    def __init__(self, channels: list[str]) -> None:
+    def __init__(self, channels: list[str], timeout_ms: int = 15000) -> None:
         self.reader = AeronStreamReader(
             parse_archive_source_options(
-                {"archive": ",".join(channels), "streamId": str(STREAM), "timeoutMs": "15000"}
+                {
+                    "archive": ",".join(channels),
+                    "streamId": str(STREAM),
+                    "timeoutMs": str(timeout_ms),
+                }
             )
         )
         self.offset = self.reader.initialOffset()
@@ -115,3 +121,42 @@ def test_the_source_over_the_sinks_replicas_reads_its_target_once_and_fails_over
     assert (stats.appended_rows, stats.replicas_in_sync, stats.replicas_failed) == (200, 0, 1)
     assert stream.next_batch() == rows[3]
     assert stream.keys == [key]
+
+
+def test_a_planned_batch_fewer_archives_confirm_later_is_waited_for_within_timeout_ms(
+    archives: list[aeron_peer.JavaArchive],
+) -> None:
+    """``minInSyncReplicas=2``: ``latestOffset`` plans two batches both archives hold; the
+    replica is then killed (-9), so the primary alone cannot confirm them when the batch's
+    partitions are made. Restarted meanwhile, the replica answers again: the partitions wait
+    for it (``timeoutMs``, the source's bound on every wait) and the batch is read, every row
+    once, instead of stopping the query with ``ReplicasUnavailableError`` as main did at once.
+    A reader whose ``timeoutMs`` passes first still fails with it (nothing read)."""
+    primary, replica = archives
+    o = _sink(primary, replica)
+    rows = [[b"wait-%d-%04d" % (n, i) for i in range(200)] for n in range(2)]
+    for n in (0, 1):
+        assert commit(o, n, rows[n], identity="q").replicas_in_sync == 1
+    channels = [primary.control_channel, replica.control_channel]
+    patient, hasty = Stream(channels, timeout_ms=240_000), Stream(channels, timeout_ms=1000)
+    planned = [s.reader.latestOffset(s.offset, None) for s in (patient, hasty)]
+    replica.kill()
+    with pytest.raises(ReplicasUnavailableError):
+        hasty.reader.partitions(hasty.offset, planned[1])
+    restarted: list[aeron_peer.JavaArchive] = []
+    back = threading.Thread(
+        target=lambda: restarted.append(replica.restart_after_kill("both-replica2")),
+        daemon=True,
+    )
+    back.start()
+    try:
+        parts = patient.reader.partitions(patient.offset, planned[0])
+        read: list[bytes] = []
+        for part in parts:
+            for batch in patient.reader.read(pickle.loads(pickle.dumps(part))):
+                read += batch.column("value").to_pylist()
+        assert read == rows[0] + rows[1]
+    finally:
+        back.join(240)
+        for archive in restarted:
+            archive.close()

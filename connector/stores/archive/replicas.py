@@ -54,6 +54,8 @@ from aeron_spark.connector.archive_markers import (
     agreed_end,
     end_at,
     markers_in,
+    newest,
+    next_epoch,
     read_tail,
 )
 from aeron_spark.connector.errors import ConnectorError, ServerUnavailableError
@@ -341,7 +343,8 @@ class Replicas:
         end: int,
     ) -> tuple[RecordingDescriptor | None, str]:
         """``copy`` cut back to its last END marker that the primary holds at the same
-        position (so that the copy is a prefix of the primary), else purged (None)."""
+        position (so that the copy is a prefix of the primary: :meth:`_common_end`), else
+        purged (None)."""
         term = copy.term_buffer_length
         with connect(self.o.connect) as primary:
             for _ in range(4):  # torn tails: each round cuts one off
@@ -351,23 +354,21 @@ class Replicas:
                 if tail.last is None:
                     break
                 cut = tail.committed_end
-                if tail.last.kind == END and cut <= end:
-                    mine = read_tail(primary, target.recording_id, target.start_position, cut, term)
-                    if mine.last != tail.last:
+                if tail.last.kind == END:
+                    common = self._common_end(client, copy, primary, target, end, tail.last)
+                    if common is None:
                         break
-                    if cut < copy.stop_position:
-                        client.truncate_recording(copy.recording_id, cut)
+                    if common < copy.stop_position:
+                        client.truncate_recording(copy.recording_id, common)
                     again = client.list_recording(copy.recording_id)
                     assert again is not None
                     log.warning(
                         "archive sink %s: replica copy %d cut back to %d (the primary's END there)",
                         self.identity,
                         copy.recording_id,
-                        cut,
+                        common,
                     )
                     return again, "truncated"
-                if tail.last.kind == END:
-                    break  # past the primary's end: a batch the primary undid
                 client.truncate_recording(copy.recording_id, cut)  # torn: to its BEGIN
                 again = client.list_recording(copy.recording_id)
                 assert again is not None
@@ -379,6 +380,36 @@ class Replicas:
         )
         client.purge_recording(copy.recording_id)
         return None, "purged"
+
+    WALK = 8  # ENDs of a copy tried from its last one down, before it is purged instead
+
+    def _common_end(
+        self,
+        client: ArchiveClient,
+        copy: RecordingDescriptor,
+        primary: ArchiveClient,
+        target: RecordingDescriptor,
+        end: int,
+        last: Marker,
+    ) -> int | None:
+        """Where the copy's history and the primary's part (Kafka's truncation to the end of
+        the last common epoch): the end of the copy's last END that the primary holds the same
+        at the same position (epoch and digest included), walking down the copy's ENDs from
+        ``last`` (each batch begins where the END before it ends; :attr:`WALK` of them at
+        most); None when none is found (the copy is purged)."""
+        term = copy.term_buffer_length
+        m: Marker | None = last
+        for _ in range(self.WALK):
+            if m is None:
+                return None
+            at = m.end_position
+            if at <= end:
+                mine = end_at(primary, target.recording_id, target.start_position, end, term, at)
+                if mine == m:
+                    return at
+            below = m.begin_position  # past the primary's end, or another batch: the one before
+            m = end_at(client, copy.recording_id, copy.start_position, below, term, below)
+        return None
 
     def undo(self, outcomes: list[ReplicaOutcome], begin: int) -> None:
         """Cut the copies that got an undone batch back to ``begin`` (best effort: a copy left
@@ -415,6 +446,9 @@ class Election:
     clients: list[ArchiveClient | None]  # (archive, *replicas); None: unreachable
     errors: list[str]
     ends: list[int]  # committed end of the sink's recording on each (-1: none, or unreachable)
+    epoch: int = 0  # the epoch the commit writes under (:func:`next_epoch`)
+    owner: int = 0  # the chosen archive's id (in the markers it writes)
+    opens_epoch: bool = False  # the epoch is new: opened on minInSyncReplicas archives first
 
 
 def sink_recording(client: ArchiveClient, alias: str, stream_id: int) -> RecordingDescriptor | None:
@@ -444,8 +478,12 @@ def _committed_end(client: ArchiveClient, alias: str, stream_id: int) -> _Held:
     end = d.stop_position if d.stop_position >= 0 else client.recording_position(d.recording_id)
     if end < 0:
         end = client.stop_position(d.recording_id)
-    tail = read_tail(client, d.recording_id, d.start_position, end, d.term_buffer_length)
+    term = d.term_buffer_length
+    tail = read_tail(client, d.recording_id, d.start_position, end, term)
     last = tail.last if tail.last is not None and tail.last.kind == END else None
+    if tail.torn:  # the END its committed end is (its epoch: what the election compares)
+        at = tail.committed_end
+        last = end_at(client, d.recording_id, d.start_position, at, term, at)
     return _Held(d, tail.committed_end, last)
 
 
@@ -462,6 +500,19 @@ def _electable(
     electing it (it comes first in the configured order) would cut the acknowledged batch off
     the others. When no END is held by that many, every reachable archive is."""
     reachable = [i for i, c in enumerate(clients) if c is not None and held[i].d is not None]
+    top = [reachable[j] for j in newest([(held[i].end, held[i].last) for i in reachable])]
+    if top:  # markers with epochs: the newest history (highest epoch, then furthest end)
+        behind = [i for i in reachable if i not in top]
+        if behind:
+            log.warning(
+                "archive sink: %s hold an older epoch or less than %s (epoch %d, end %d): "
+                "not electable",
+                [archives[i].control_channel for i in behind],
+                [archives[i].control_channel for i in top],
+                held[top[0]].last.epoch,  # type: ignore[union-attr]
+                held[top[0]].end,
+            )
+        return top
     if len(reachable) < 2:
         return [i for i, c in enumerate(clients) if c is not None]
     lasts = [m for m in (held[i].last for i in reachable) if m is not None]
@@ -511,7 +562,12 @@ def elect(o: ArchiveSinkOptions, alias: str) -> Election:
     least two archives, so on a reachable one unless that many are gone): appending there and
     bringing the others to it (cutting back what they hold beyond their last common END) loses
     nothing acknowledged. ``archive`` itself stays the primary while it is reachable and not
-    behind; an old primary that comes back behind a promoted replica becomes its replica."""
+    behind; an old primary that comes back behind a promoted replica becomes its replica.
+
+    With epochs in the markers the archive whose last END has the highest epoch, then the
+    furthest end, is chosen (:func:`~aeron_spark.connector.archive_markers.newest`), and the
+    election says under which epoch the commit writes and whether it opens it first
+    (:func:`~aeron_spark.connector.archive_markers.next_epoch`)."""
     archives = (o.connect, *o.replicas)
     clients: list[ArchiveClient | None] = [None] * len(archives)
     errors = [""] * len(archives)
@@ -555,6 +611,8 @@ def elect(o: ArchiveSinkOptions, alias: str) -> Election:
             + "; ".join(f"{a.control_channel}: {e}" for a, e in zip(archives, errors, strict=True))
         )
     chosen = max(_electable(archives, clients, held), key=lambda i: (ends[i], -i))
+    owner = ids[archives[chosen].control_channel]
+    epoch, opens = next_epoch([(h.end, h.last) for h in held], chosen, owner)
     if chosen != 0:
         log.warning(
             "archive sink %s: promoting %s (committed end %d; %s: %s)",
@@ -564,7 +622,11 @@ def elect(o: ArchiveSinkOptions, alias: str) -> Election:
             o.connect.control_channel,
             errors[0] or f"behind, at {ends[0]}",
         )
-    return Election(chosen, clients, errors, ends)
+    if opens:
+        log.info(
+            "archive sink %s: %s opens epoch %d", alias, archives[chosen].control_channel, epoch
+        )
+    return Election(chosen, clients, errors, ends, epoch, owner, opens)
 
 
 __all__ = [

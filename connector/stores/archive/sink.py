@@ -50,9 +50,11 @@ from aeron_spark.connector.archive_markers import (
     DIGEST_BYTES,
     END,
     MARKER_RESERVED_VALUE,
+    OPENING_BATCH,
     STAGING_ALIAS_PREFIX,
     Marker,
     Tail,
+    end_at,
     frames,
     is_sink_target,
     read_tail,
@@ -539,8 +541,10 @@ class CommitStats:
     end_position: int = -1
     replicas_in_sync: int = 0  # replicas holding the batch's END (the primary not counted)
     replicas_repaired: int = 0  # copies cut back or purged before being brought up to date
-    replicas_failed: int = 0  # replicas not in sync (unreachable, replication failed)
+    replicas_failed: int = 0  # replicas not in sync with the batch (unreachable, failed)
     replications_stopped: int = 0  # replications given up on (timeoutMs) and stopped
+    epoch: int = 0  # the sink's epoch the batch was written under (0: none, no replicas)
+    epochs_opened: int = 0  # epoch openings appended (a new primary, or a set not in step)
 
 
 class ArchiveCommitter:
@@ -548,14 +552,26 @@ class ArchiveCommitter:
     once. One instance per commit call (it holds a control session)."""
 
     def __init__(
-        self, o: ArchiveSinkOptions, identity: str, client: ArchiveClient, promoted: bool = False
+        self,
+        o: ArchiveSinkOptions,
+        identity: str,
+        client: ArchiveClient,
+        promoted: bool = False,
+        epoch: int | None = None,
+        owner: int = 0,
+        opens_epoch: bool = False,
     ) -> None:
         """``promoted``: ``client`` is a replica's (its copy of the target found by the sink's
-        alias alone: the copy keeps the primary's channel)."""
+        alias alone: the copy keeps the primary's channel). ``epoch`` / ``owner`` /
+        ``opens_epoch``: what the sink's election decided (:class:`Election`); ``epoch`` None:
+        the target's last END's epoch and owner, without an election (one archive, or tests)."""
         self.o = o
         self.identity = identity  # in the markers: sinkId scoped to the query's checkpoint
         self.client = client
         self.promoted = promoted
+        self.epoch = epoch
+        self.owner = owner
+        self.opens_epoch = opens_epoch
         self.alias = target_alias(o.sink.sink_id or identity)  # the target: by sinkId
         self._staging: dict[str, ArchiveClient] = {}  # sessions with the other archives
 
@@ -644,9 +660,13 @@ class ArchiveCommitter:
             self.require_replicas(batch, replicas)
         d = self.stopped_target()
         ends: dict[int, Marker] = {}  # the primary's END markers known, by their end
+        tail: Tail | None = None  # the target's tail while nothing cut or appended since
         if d is not None:
             stats.target_recording_id = d.recording_id
             tail = self.tail(d)
+            if self.epoch is None:  # no election: go on with the target's
+                last = tail.last
+                self.epoch, self.owner = (0, 0) if last is None else (last.epoch, last.owner)
             if tail.last is not None and tail.last.kind == END:
                 ends[tail.last.end_position] = tail.last
             if tail.torn:
@@ -665,12 +685,13 @@ class ArchiveCommitter:
                 stats.truncated_bytes += tail.end - cut
                 d = self.client.list_recording(d.recording_id)
                 assert d is not None
-            elif (
-                tail.last is not None
-                and tail.last.kind == END
-                and tail.last.identity == self.identity
-                and tail.last.batch == batch
-            ):
+                tail = None
+        if replicas is not None and self.opens_epoch:
+            d, tail = self.open_epoch(batch, replicas, d, stats, ends), None
+        stats.epoch = self.epoch or 0
+        if d is not None:
+            last = self.last_batch_end(d, tail)
+            if last is not None and last.identity == self.identity and last.batch == batch:
                 log.info(
                     "archive sink %s: batch %d is in recording %d already; nothing appended",
                     self.identity,
@@ -680,7 +701,7 @@ class ArchiveCommitter:
                 stats.skipped_duplicate += 1
                 if replicas is not None:  # a commit repeated: the batch still needs its copies
                     self.replicate(
-                        batch, replicas, d, tail.last.begin_position, stats, ends, repeated=True
+                        batch, replicas, d, last.begin_position, stats, ends, repeated=True
                     )
                 self.purge(batch, parts, stats)
                 return stats
@@ -706,6 +727,52 @@ class ArchiveCommitter:
             self.replicate(batch, replicas, appended, append.begin_position, stats, ends, base)
         self.purge(batch, parts, stats)
         return stats
+
+    def last_batch_end(self, d: RecordingDescriptor, tail: Tail | None = None) -> Marker | None:
+        """The END of the last batch of the stopped target ``d`` (epoch openings passed over:
+        each begins where the END before it ends); None when there is none. ``tail``: ``d``'s,
+        read already."""
+        tail = tail or self.tail(d)
+        last = tail.last if tail.last is not None and tail.last.kind == END else None
+        term = d.term_buffer_length
+        while last is not None and last.opens_epoch:
+            at = last.begin_position
+            last = end_at(self.client, d.recording_id, d.start_position, at, term, at)
+        return last
+
+    def open_epoch(
+        self,
+        batch: int,
+        replicas: Replicas,
+        d: RecordingDescriptor | None,
+        stats: CommitStats,
+        ends: dict[int, Marker],
+    ) -> RecordingDescriptor:
+        """Append the opening of this commit's epoch (no rows) and bring ``minInSyncReplicas``
+        archives to it before any batch is written under it (Raft's no-op entry of a new term):
+        a later election reaches one of them, sees the epoch and goes above it. Too few copies:
+        cut off again and NOT_ENOUGH_REPLICAS (nothing of the batch written)."""
+        base = -1 if d is None else d.stop_position
+        append = Append(self, d, OPENING_BATCH, 0)
+        try:
+            append.begin()
+            append.end(0)
+        finally:
+            append.close()
+        appended = self.client.list_recording(append.recording_id)
+        assert appended is not None and append.end_marker is not None
+        ends[append.end_marker.end_position] = append.end_marker
+        stats.epochs_opened += 1
+        stats.target_recording_id = appended.recording_id
+        log.info(
+            "archive sink %s: epoch %d opened at %d of recording %d",
+            self.identity,
+            self.epoch,
+            append.begin_position,
+            appended.recording_id,
+        )
+        self.replicate(batch, replicas, appended, append.begin_position, stats, ends, base)
+        return appended
 
     # ---------------------------------------------------------- replicas
 
@@ -743,7 +810,7 @@ class ArchiveCommitter:
         stats.replications_stopped = replicas.stopped_replications
         stats.replicas_in_sync = len(good)
         stats.replicas_repaired += sum(bool(o.repaired) for o in outcomes)
-        stats.replicas_failed += len(outcomes) - len(good)
+        stats.replicas_failed = len(outcomes) - len(good)
         if len(good) >= replicas.required:
             return
         if repeated:
@@ -945,6 +1012,9 @@ class Append:
             rows,
             digest=digest,
             insync=self.c.o.min_insync_replicas,
+            epoch=self.c.epoch or 0,
+            owner=self.c.owner if self.c.epoch else 0,
+            opens_epoch=self.batch == OPENING_BATCH,
         )
         payload = m.encode()
         self._offer(payload, MARKER_RESERVED_VALUE)
@@ -1107,7 +1177,15 @@ def commit_batch(o: ArchiveSinkOptions, identity: str, batch: int, messages: lis
     assert chosen is not None
     others = [c for i, c in enumerate(election.clients) if i != k]
     errors = [e for i, e in enumerate(election.errors) if i != k]
-    committer = ArchiveCommitter(po, identity, chosen, promoted=k != 0)
+    committer = ArchiveCommitter(
+        po,
+        identity,
+        chosen,
+        promoted=k != 0,
+        epoch=election.epoch,
+        owner=election.owner,
+        opens_epoch=election.opens_epoch,
+    )
     try:
         with Replicas(po, identity, others, errors) as replicas:
             stats = committer.commit(batch, parts, replicas=replicas)
