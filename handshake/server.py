@@ -14,7 +14,8 @@ from the same address and port), and only that HELLO is admitted, or a HELLO car
 resumption token an earlier WELCOME sealed for that address and port. A client process says the
 HELLOs of all its handshakes with this server on one publication (``hello_channel.py``): every
 HELLO of a UDP image is answered, and the host of a live HELLO image stays on the reply
-publication. Each session's subscription only
+publication, which is opened for the image's first HELLO (a SETUP alone opens nothing). Each
+session's subscription only
 accepts the secret session id, so a stranger's publication on that stream is ignored by the
 transport. All of a server's subscriptions share the one socket on ``P`` and all its publications
 the one on ``C``, except that an established session's client gets a socket of its own on each
@@ -421,7 +422,7 @@ class Server:
         return True
 
     def _open_reply(self, channels: Channels, inbox: _HelloInbox) -> Any:
-        """The reply publication of a UDP HELLO image (opened on its first step): its one
+        """The reply publication of a UDP HELLO image (opened for its first HELLO): its one
         destination is the subscription at the image's address whose status messages name the
         image's session id (the client's reply subscription names its HELLO publication's
         session id), so a reply reaches the host that sent the HELLO and no other host; the
