@@ -269,7 +269,9 @@ class _Attempt:
         hc = registry.acquire(self.driver, self.channels, shared)
         ok = False
         try:
-            self._wait_until(lambda: bool(hc.replies.images), hc.replies)
+            # the first HELLO goes as soon as the server's HELLO image is there: the server
+            # opens this channel's reply publication for that HELLO (not for the image's
+            # SETUP), and its reply waits on that publication until our subscription joins
             self._wait_until(lambda: hc.hello_pub.is_connected, None, hc.hello_pub)
             self.reused_channel = hc.was_ready
             hc.was_ready = True

@@ -72,6 +72,9 @@ class HelloChannel:
         self.was_ready = False  # joined and connected once (set by the first handshake)
         self.idle_deadline_ns = 0
         self.unrouted = 0  # replies for no handshake of ours (others', late or garbage)
+        # the replies' image was there once (the server opens its reply publication for our
+        # first HELLO, so a new channel has none until then): its loss is the server gone
+        self.joined = False
         # (token, server key, use until ns): the last WELCOME's resumption token; it is bound
         # to this channel's HELLO source, so the next handshakes on it skip the COOKIE
         self._resume: tuple[bytes, bytes, int] | None = None
@@ -101,9 +104,11 @@ class HelloChannel:
         """Was ready once, and is not, or the server has been silent too long: not reusable."""
         if self.closed or self.driver.is_closed:
             return True
-        if not self.was_ready:
-            return False  # still joining for the handshake that opened it
         images = self.replies.images
+        if images:
+            self.joined = True
+        if not self.was_ready or not self.joined:
+            return False  # still joining for the handshake that opened it
         if not images or not self.hello_pub.is_connected:
             return True
         last = images[0].last_packet_ns
@@ -148,7 +153,9 @@ class HelloChannel:
                     self.replies.poll(self._assembler, 16)
                 if inbox:
                     return inbox.popleft()
-                if not self.replies.images:
+                if self.replies.images:
+                    self.joined = True
+                elif self.joined:
                     raise ConnectionClosedError(
                         f"the server at {self.channels.host}:{self.channels.port} went away "
                         "during the handshake"

@@ -14,7 +14,8 @@ from the same address and port), and only that HELLO is admitted, or a HELLO car
 resumption token an earlier WELCOME sealed for that address and port. A client process says the
 HELLOs of all its handshakes with this server on one publication (``hello_channel.py``): every
 HELLO of a UDP image is answered, and the host of a live HELLO image stays on the reply
-publication. Each session's subscription only
+publication, which is opened for the image's first HELLO (a SETUP alone opens nothing). Each
+session's subscription only
 accepts the secret session id, so a stranger's publication on that stream is ignored by the
 transport. All of a server's subscriptions share the one socket on ``P`` and all its publications
 the one on ``C``, except that an established session's client gets a socket of its own on each
@@ -38,6 +39,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.channels import Channels
 from aeron_spark.handshake.config import ServerConfig
 from aeron_spark.handshake.connection import Connection
@@ -204,6 +206,9 @@ class Server:
         self._replies: deque[tuple[Any, bytes, int]] = deque()
         self.reply_publications_failed = 0  # HELLO images whose reply publication did not open
         self.reply_publications_closed_silent = 0  # closed: their HELLO image fell silent
+        # UDP HELLO images gone without one HELLO read (a SETUP and nothing more: a flood of
+        # SETUPs from many ports); none had a reply publication or was sent a reply
+        self.hello_images_without_hello = 0
         self.pair_address_mismatches = 0
         self.connections: list[Connection] = []
         self._by_conn: dict[int, ServerSession] = {}
@@ -354,11 +359,8 @@ class Server:
                     continue
                 if not inbox.ipc and self._silent(inbox, now_ns):
                     continue
-                reply = shared_reply if inbox.ipc else self._open_reply(channels, inbox)
-                if reply is None:
-                    continue
                 heard = inbox.image.last_packet_ns
-                if not inbox.ipc and heard is not None:  # checked again for silence from then
+                if inbox.reply is not None and heard is not None:  # checked again for silence
                     due = (
                         heard + HELLO_SILENT_NS
                         if due is None
@@ -370,23 +372,36 @@ class Server:
                     inbox.answered += 1
                     if inbox.ipc:
                         inbox.messages.clear()  # one HELLO per answer: the rest is not read
-                        challenged = self._on_hello(channels, reply, "ipc", "ipc", message, now_ns)
-                        inbox.done = not challenged or inbox.answered > MAX_COOKIES
-                    else:
-                        self._on_hello(
-                            channels,
-                            reply,
-                            inbox.address,
-                            image.source_identity,
-                            message,
-                            now_ns,
-                            image,
+                        challenged = self._on_hello(
+                            channels, shared_reply, "ipc", "ipc", message, now_ns
                         )
+                        inbox.done = not challenged or inbox.answered > MAX_COOKIES
+                        continue
+                    # the image's reply publication is opened for its first HELLO, not for its
+                    # SETUP: an image that never says HELLO (a SETUP flood from many ports) makes
+                    # the server open nothing and send it nothing but Aeron's status messages.
+                    # What is not a HELLO is refused silently (no connect key to answer to).
+                    reply = inbox.reply
+                    if reply is None and _is_hello(message):
+                        reply = self._open_reply(channels, inbox)
+                        if reply is None:
+                            break  # cannot be opened: this image's HELLOs go unanswered
+                    self._on_hello(
+                        channels,
+                        reply,
+                        inbox.address,
+                        image.source_identity,
+                        message,
+                        now_ns,
+                        image,
+                    )
         self._silence_due_ns = due
         for key in [k for k in self._hellos if k not in live]:
             gone = self._hellos.pop(key)
             if gone.reply is not None:
                 gone.reply.close()
+            if not gone.ipc and gone.answered == 0:
+                self.hello_images_without_hello += 1
 
     def _silent(self, inbox: _HelloInbox, now_ns: int) -> bool:
         """Whether a UDP HELLO image's client is gone (see ``HELLO_SILENT_NS``): its reply
@@ -412,7 +427,7 @@ class Server:
         return True
 
     def _open_reply(self, channels: Channels, inbox: _HelloInbox) -> Any:
-        """The reply publication of a UDP HELLO image (opened on its first step): its one
+        """The reply publication of a UDP HELLO image (opened for its first HELLO): its one
         destination is the subscription at the image's address whose status messages name the
         image's session id (the client's reply subscription names its HELLO publication's
         session id), so a reply reaches the host that sent the HELLO and no other host; the
@@ -800,6 +815,11 @@ class Server:
             "reply_publications_failed": self.reply_publications_failed,
             "reply_publications": sum(i.reply is not None for i in self._hellos.values()),
             "reply_publications_closed_silent": self.reply_publications_closed_silent,
+            # live UDP HELLO images that have not said HELLO yet, and those gone without one
+            "hello_images_waiting": sum(
+                not i.ipc and i.answered == 0 for i in self._hellos.values()
+            ),
+            "hello_images_without_hello": self.hello_images_without_hello,
             "pair_address_mismatches": self.pair_address_mismatches,
             "amplification_drops": ledger.drops if ledger is not None else 0,
             # what the transport under the server refused (the server's driver, all channels)
@@ -810,6 +830,14 @@ class Server:
             "frames_replayed": self.seal_counters.replayed,
             "frames_reordered": self.seal_counters.reordered,
         }
+
+
+def _is_hello(data: bytes) -> bool:
+    """Whether a message decodes as a HELLO (it has a connect key a reply can name)."""
+    try:
+        return isinstance(m.decode_message(data), m.Hello)
+    except RemoteProtocolError:
+        return False
 
 
 def _address_of(image: Any) -> str:

@@ -226,6 +226,7 @@ def test_without_fsync_new_recordings_descriptors_are_fsynced_off_the_callers_th
 
     monkeypatch.setattr(os, "fsync", fsync)
     store = RecordingStore(str(tmp_path / "lazy"), fsync=False)
+    threads.clear()  # opening wrote the id mark (its first block), at start: not a creation's
     for i in range(20):
         store.create(7, 100 + i, "test", 5, 5, 0, TERM, 1408, now_ns=1)
     caller = threading.current_thread().name

@@ -84,6 +84,13 @@ _UNFRAGMENTED = int(DataFlags.UNFRAGMENTED)
 INDEX_INTERVAL_BYTES = 64 * 1024
 INDEX_INTERVAL_NS = 1_000_000
 _ACKED = struct.Struct("<qq")  # position, ~position (a torn or damaged file is told apart)
+# The high-water mark of recording ids: every id below it may have been issued. Written (whole,
+# renamed in, its directory fsynced) before an id at or past it is used, ID_BLOCK ids at a time
+# (two fsyncs per ID_BLOCK recordings, the first block at open); a restart starts past it, so an
+# id is never issued twice, even when the newest recordings' directories were deleted (their
+# consumer positions, sink commits and replays would have applied to the new recording).
+ID_MARK_FILE = "next_id.msgpack"
+ID_BLOCK = 256
 
 log = logging.getLogger(__name__)
 
@@ -1045,7 +1052,16 @@ class RecordingStore:
                     self.incomplete_tail_bytes_cut += rec.cut_incomplete_message()
                 rec.stop(0)
             self.recordings[rec.d.recording_id] = rec
-        self._next_id = max(max(self.recordings, default=-1), orphan_max) + 1
+        self._id_mark_path = os.path.join(self.root, ID_MARK_FILE)
+        mark = self._read_id_mark()
+        self._next_id = max(max(self.recordings, default=-1), orphan_max, mark - 1) + 1
+        self._ids_reserved = mark  # ids below it are durably issued (the mark is on disk)
+        # the first block now, at open: the caller's thread (the server's loop) fsyncs the mark
+        # only once every ID_BLOCK recordings after that
+        try:
+            self._reserve_ids(self._next_id + ID_BLOCK)
+        except OSError as exc:  # a full disk: the first create tries again (and fails alike)
+            log.warning("cannot write the recording id mark %s: %s", self._id_mark_path, exc)
         if self.orphan_directories:
             log.warning(
                 "recording directories with data but no readable descriptor (meta.msgpack), "
@@ -1058,6 +1074,36 @@ class RecordingStore:
         self.spares = SparePool(self.root, fsync)
         # without fsync: new recordings' descriptors are fsynced off the caller's thread
         self.meta_syncer = MetaSyncer()
+
+    def _read_id_mark(self) -> int:
+        """The durable high-water mark of issued ids (0 without one: a new store, or one made
+        before the mark existed, whose directories are then all there is to go by)."""
+        try:
+            body = _read_meta(self._id_mark_path)
+        except (OSError, ValueError, msgpack.UnpackException) as exc:
+            body = {"next_id": exc}
+        if body is None:
+            return 0
+        mark = body.get("next_id") if isinstance(body, dict) else None
+        if not isinstance(mark, int) or isinstance(mark, bool) or mark < 0:
+            # written whole and renamed in, so only a damaged disk gets here: starting without it
+            # could issue ids again; the operator decides (a value past every id ever issued)
+            raise ValueError(
+                f"recording id mark {self._id_mark_path} is unreadable ({body!r}): write "
+                "{'next_id': N} there (msgpack), N past every recording id ever issued"
+            )
+        return mark
+
+    def _reserve_ids(self, mark: int) -> None:
+        """Make ``mark`` the durable high-water mark (called under the lock, before an id at or
+        past the previous mark is used; an error leaves the mark and issues nothing)."""
+        try:
+            _write_meta(self._id_mark_path, {"next_id": mark}, sync=True)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(self._id_mark_path + ".tmp")
+            raise
+        self._ids_reserved = mark
 
     def get(self, recording_id: int) -> Recording:
         rec = self.recordings.get(recording_id)
@@ -1079,6 +1125,8 @@ class RecordingStore:
     ) -> Recording:
         with self._lock:
             rid = self._next_id
+            if rid >= self._ids_reserved:
+                self._reserve_ids(rid + ID_BLOCK)  # an OSError (full disk) issues nothing
             self._next_id += 1
         shift = term_length.bit_length() - 1
         start = compute_position(term_id, term_offset, shift, initial_term_id)

@@ -1,0 +1,63 @@
+"""Attack: recording ids were reused. ``RecordingStore`` issued the next id as one past the
+highest recording directory it found at start; when the newest recording's directory was deleted
+whole (an operator cleaning up, a purge of the newest), the next recording made after a restart
+got the deleted one's id, and everything keyed by recording id applied to a different recording:
+a consumer's committed position (``consumers.msgpack``, which retention purges below), a sink's
+commit log, a replay in flight. Fixed: the store keeps a durable high-water mark of issued ids
+(``recordings/next_id.msgpack``, written whole, renamed in and its directory fsynced before an id
+past it is used); a restart starts past it.
+
+Over a real server process, real sessions and real files."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from aeron_spark.connector.client import ClientSettings, StreamClient
+from aeron_spark.connector.server.testing import server_process
+from aeron_spark.transport.archive.recordings import ID_MARK_FILE, RecordingStore
+
+TIMEOUT_S = 60.0
+
+
+def _client(endpoint: str) -> StreamClient:
+    return StreamClient.connect(
+        ClientSettings(endpoint=endpoint, encryption=False, timeout_s=TIMEOUT_S)
+    )
+
+
+def test_attack_a_deleted_newest_recordings_id_is_not_issued_again(tmp_path: Path) -> None:
+    directory = tmp_path / "srv"
+    with server_process(str(directory)) as (_proc, endpoint), _client(endpoint) as c:
+        c.publish(10, [b"ten-%d" % i for i in range(4)])
+        end11 = c.publish(11, [b"eleven-%d" % i for i in range(8)])
+        old = {r.recording_id: r.stream_id for r in c.list_recordings()}
+        newest = max(old)
+        assert old[newest] == 11, old
+        c.consumer_commit("q", [11], {newest: end11})
+    shutil.rmtree(directory / "recordings" / str(newest))  # the newest recording, whole
+
+    with server_process(str(directory)) as (_proc, endpoint), _client(endpoint) as c:
+        c.publish(12, [b"twelve"])
+        now = {r.recording_id: r.stream_id for r in c.list_recordings()}
+        new = [rid for rid, stream in now.items() if stream == 12]
+        assert len(new) == 1, now
+        assert new[0] not in old, (new, old)  # the deleted id is never issued again
+        consumers = {k["consumer_id"]: k for k in c.stats()["consumers"]}
+        # the old position stays the old recording's, and says nothing of the new one
+        assert str(new[0]) not in consumers["q"]["positions"], consumers
+
+
+def test_a_damaged_id_mark_refuses_to_open_the_store_naming_it(tmp_path: Path) -> None:
+    """Without its mark the store could issue ids again: a damaged one (a bad disk: it is written
+    whole and renamed in) is refused with the file named, not taken as 0."""
+    store = RecordingStore(str(tmp_path), fsync=False)
+    store.create(7, 1, "test", 5, 5, 0, 64 * 1024, 1408, now_ns=1)
+    store.close(2)
+    mark = tmp_path / "recordings" / ID_MARK_FILE
+    mark.write_bytes(b"\xc1 not msgpack")
+    with pytest.raises(ValueError, match=ID_MARK_FILE):
+        RecordingStore(str(tmp_path), fsync=False)
