@@ -82,6 +82,11 @@ class ServerConfig:
     (they connect to ``ipc:<port>``). ``allow_plain_udp``: let a session over UDP go unsealed
     when neither side asks for sealing (trusted networks only; otherwise such a session is sealed
     anyway, loopback included: its only protection would be its secret session id).
+    ``reply_on_hello_only``: open a UDP HELLO image's reply publication only for its first
+    HELLO, not for its SETUP, so a flood of SETUPs from many ports opens nothing (clients of
+    this release say HELLO before the reply image joins; older clients wait for that image and
+    never connect to such a server: turn it on once every client is of this release or later).
+    Off: the reply publication is opened when the image appears, as before.
     ``max_dedicated_sockets``: the UDP sockets of their own the server gives client processes
     with a live session (all sessions of one with this server share its addresses): one on
     ``port`` and one on ``control_port`` each (connected to them, ``SO_REUSEPORT``), which a
@@ -115,6 +120,7 @@ class ServerConfig:
     receiver_window_length: int | None = None
     ipc: bool = True
     allow_plain_udp: bool = False
+    reply_on_hello_only: bool = False
     max_dedicated_sockets: int | None = None
     max_dedicated_per_address: int | None = None
     max_dedicated_per_key: int | None = None

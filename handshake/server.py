@@ -366,6 +366,13 @@ class Server:
                         if due is None
                         else min(due, heard + HELLO_SILENT_NS)
                     )
+                if (
+                    inbox.reply is None
+                    and not inbox.ipc
+                    and not self.config.reply_on_hello_only
+                    and self._open_reply(channels, inbox) is None
+                ):
+                    continue  # cannot be opened: this image's HELLOs go unanswered
                 image.poll(inbox.assembler, HELLOS_PER_STEP)
                 while inbox.messages and not inbox.done:
                     message = inbox.messages.popleft()
@@ -377,10 +384,11 @@ class Server:
                         )
                         inbox.done = not challenged or inbox.answered > MAX_COOKIES
                         continue
-                    # the image's reply publication is opened for its first HELLO, not for its
-                    # SETUP: an image that never says HELLO (a SETUP flood from many ports) makes
-                    # the server open nothing and send it nothing but Aeron's status messages.
-                    # What is not a HELLO is refused silently (no connect key to answer to).
+                    # with reply_on_hello_only the image's reply publication is opened for its
+                    # first HELLO, not for its SETUP: an image that never says HELLO (a SETUP
+                    # flood from many ports) makes the server open nothing and send it nothing
+                    # but Aeron's status messages. What is not a HELLO is refused silently (no
+                    # connect key to answer to).
                     reply = inbox.reply
                     if reply is None and _is_hello(message):
                         reply = self._open_reply(channels, inbox)

@@ -96,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
         "over UDP is sealed even when neither side asks (IPC sessions may stay plain)",
     )
     parser.add_argument(
+        "--reply-on-hello-only",
+        action="store_true",
+        help="open a handshake reply publication only for a client's first HELLO, not for its "
+        "SETUP (a SETUP flood opens nothing); clients older than this release cannot connect",
+    )
+    parser.add_argument(
         "--key-store",
         default=None,
         help="key store holding server.key (default $AERON_SPARK_KEY_STORE or ~/.aeron-spark/keys)",
@@ -300,6 +306,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         ingest_stream_ids=tuple(args.ingest_stream_id or (10,)),
         encryption=not args.no_encryption,
         allow_plain_udp=args.allow_plain_udp,
+        reply_on_hello_only=args.reply_on_hello_only,
         key_store_dir=args.key_store,
         fsync=args.fsync,
         read_only=args.read_only,

@@ -33,6 +33,9 @@ class ServerConfig:
     ``encryption``          seal session traffic (AES-GCM) when the handshake layer offers it
     ``allow_plain_udp``     let unsealed sessions run over UDP (trusted networks only; without
                             it a session over UDP is sealed even when neither side asks)
+    ``reply_on_hello_only`` open a HELLO image's reply publication only for its first HELLO
+                            (a SETUP flood opens nothing; clients before this release cannot
+                            connect: the handshake's ``ServerConfig.reply_on_hello_only``)
     ``key_store_dir``       the server's key store (None: the handshake layer's default)
     ``allow`` / ``deny``    addresses or CIDR ranges allowed / denied a session (deny wins; an
                             empty allow list allows everyone)
@@ -128,6 +131,7 @@ class ServerConfig:
     ingest_stream_ids: tuple[int, ...] = (10,)
     encryption: bool = True
     allow_plain_udp: bool = False
+    reply_on_hello_only: bool = False
     key_store_dir: str | None = None
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()

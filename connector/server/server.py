@@ -183,6 +183,7 @@ class StreamServer:
                 max_pending_per_prefix=self.config.max_pending_per_prefix,
                 hellos_per_prefix_per_s=self.config.hellos_per_prefix_per_s,
                 allow_plain_udp=self.config.allow_plain_udp,
+                reply_on_hello_only=self.config.reply_on_hello_only,
                 authorize=self.authz.knows if self.authz is not None else None,
             )
             # the loop checks each session's connection once a check interval and closes the
