@@ -46,6 +46,7 @@ import errno
 import logging
 import os
 import queue
+import shutil
 import struct
 import threading
 from collections.abc import Iterator
@@ -245,6 +246,20 @@ def _listdir(path: str) -> list[str]:
         return os.listdir(path)
     except OSError:
         return []
+
+
+def _nothing_recorded(path: str) -> bool:
+    """``path`` (a recording directory without a descriptor) holds no data: only the names a
+    spare holds (:mod:`.spares`), all empty but the descriptor's temporary file, or nothing."""
+    try:
+        names = os.listdir(path)
+        return all(
+            name in SPARE_FILES
+            and (name == "meta.msgpack.tmp" or os.path.getsize(os.path.join(path, name)) == 0)
+            for name in names
+        )
+    except OSError:
+        return False
 
 
 def _read_meta(path: str) -> dict[str, Any] | None:
@@ -1028,6 +1043,7 @@ class RecordingStore:
         # and their ids never given to a new recording (whose creation would recover the files
         # into it: another stream's data at the start of a new recording)
         self.orphan_directories: list[str] = []
+        self.empty_leftovers_removed = 0  # no descriptor, nothing recorded: removed at start
         orphan_max = -1
         for name in sorted(os.listdir(self.root)):
             if not name.isdigit():
@@ -1035,9 +1051,15 @@ class RecordingStore:
             path = os.path.join(self.root, name)
             meta = _read_meta(os.path.join(path, "meta.msgpack"))
             if meta is None:  # died between mkdir and its descriptor (empty), or lost it
-                if any(not f.startswith("meta.msgpack") for f in _listdir(path)):
+                orphan_max = max(orphan_max, int(name))  # its id is never issued again
+                if _nothing_recorded(path):
+                    # a crash before the descriptor of a directory made or a spare renamed in
+                    # (its files empty): before, a spare's empty files made it an orphan "with
+                    # data", warned about and left for good
+                    shutil.rmtree(path, ignore_errors=True)
+                    self.empty_leftovers_removed += 1
+                else:
                     self.orphan_directories.append(path)
-                    orphan_max = max(orphan_max, int(name))
                 continue
             rec = Recording(
                 path, Descriptor(**meta), fsync, fds=self.files, stops_pending=self._stops_pending

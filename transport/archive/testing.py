@@ -21,14 +21,21 @@ class MountUnavailable(RuntimeError):
 
 
 @contextlib.contextmanager
-def small_tmpfs(size_bytes: int, prefix: str = "aeron-spark-tmpfs-") -> Iterator[str]:
-    """Mount a tmpfs of ``size_bytes`` on a fresh directory (its name holds the pid); unmount
-    and remove it afterwards. Raises :class:`MountUnavailable` when mounting is impossible."""
+def small_tmpfs(
+    size_bytes: int, prefix: str = "aeron-spark-tmpfs-", nr_inodes: int | None = None
+) -> Iterator[str]:
+    """Mount a tmpfs of ``size_bytes`` (and ``nr_inodes`` names, when given: a tmpfs makes
+    directories and empty files on a disk full of data) on a fresh directory (its name holds
+    the pid); unmount and remove it afterwards. Raises :class:`MountUnavailable` when mounting
+    is impossible."""
     if shutil.which("mount") is None:
         raise MountUnavailable("no mount command on this machine")
     path = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+    options = f"size={size_bytes},mode=0755"
+    if nr_inodes is not None:
+        options += f",nr_inodes={nr_inodes}"
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=0755", "tmpfs", path],
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", path],
         capture_output=True,
         text=True,
         timeout=30,
