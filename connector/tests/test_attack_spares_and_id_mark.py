@@ -29,7 +29,7 @@ import pytest
 
 from aeron_spark.transport.archive import RecordingStore
 from aeron_spark.transport.archive import recordings as recordings_mod
-from aeron_spark.transport.archive.spares import PREFIX
+from aeron_spark.transport.archive.spares import FILES, PREFIX, SEGMENT_0
 from aeron_spark.transport.archive.testing import MountUnavailable, fill, small_tmpfs
 
 TERM = 64 * 1024
@@ -180,3 +180,39 @@ def test_spares_are_reused_by_sessions_opening_and_closing(tmp_path: Path) -> No
         assert len([n for n in os.listdir(store.root) if n.startswith(PREFIX)]) == 3
     finally:
         store.close(time.time_ns())
+
+
+def test_a_kept_spare_holds_only_empty_regular_files_never_a_symlink(tmp_path: Path) -> None:
+    """A spare whose segment file is a symlink (to an empty file elsewhere) or a FIFO, left in the
+    recordings directory, looked whole (its size followed the link: 0) and was kept: the first
+    recording made from it wrote its messages through the link into the other file (a FIFO
+    failed every append with ESPIPE). Such a spare is removed at start now."""
+    root = tmp_path / "recordings"
+    outside = tmp_path / "victim"
+    outside.touch()
+    elsewhere = tmp_path / "elsewhere"  # a whole spare, but the spare's name is a link to it
+    elsewhere.mkdir()
+    for name in FILES:
+        (elsewhere / name).touch()
+    root.mkdir()
+    (root / f"{PREFIX}3").symlink_to(elsewhere)
+    for n, odd in ((1, "symlink"), (2, "fifo")):
+        spare = root / f"{PREFIX}{n}"
+        spare.mkdir()
+        for name in FILES:
+            if name != SEGMENT_0:
+                (spare / name).touch()
+        if odd == "symlink":
+            (spare / SEGMENT_0).symlink_to(outside)
+        else:
+            os.mkfifo(spare / SEGMENT_0)
+    store = RecordingStore(str(tmp_path), fsync=False)
+    try:
+        # main: both kept (ready == 2); a recording made from the symlinked one wrote its
+        # messages into victim
+        assert store.spares.ready == 0 and store.spares.removed == 3
+        assert not [n for n in os.listdir(root) if n.startswith(PREFIX)]
+    finally:
+        store.close(time.time_ns())
+    assert outside.read_bytes() == b""
+    assert sorted(os.listdir(elsewhere)) == sorted(FILES)  # the link went, not what it named

@@ -19,9 +19,11 @@ store fsyncs the recordings directory after the rename, as after a ``mkdir``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+import stat
 import threading
 from collections import deque
 
@@ -80,17 +82,30 @@ class SparePool:
                         continue
                 self._ready.append(path)
             else:
-                shutil.rmtree(path, ignore_errors=True)
+                if os.path.islink(path) or not os.path.isdir(path):  # rmtree refuses a link
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+                else:
+                    shutil.rmtree(path, ignore_errors=True)
                 self.removed += 1
         return last + 1
 
     @staticmethod
     def _is_whole(path: str) -> bool:
+        """Exactly the spare's names, each an empty regular file (``lstat``: a symlink to an
+        empty file elsewhere looked whole, and a recording made from it wrote its messages
+        through the link; a FIFO failed every append)."""
         try:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                return False
             names = os.listdir(path)
-            return sorted(names) == sorted(FILES) and all(
-                os.path.getsize(os.path.join(path, n)) == 0 for n in names
-            )
+            if sorted(names) != sorted(FILES):
+                return False
+            for name in names:
+                st = os.lstat(os.path.join(path, name))
+                if not stat.S_ISREG(st.st_mode) or st.st_size != 0:
+                    return False
+            return True
         except OSError:
             return False
 
