@@ -6,11 +6,14 @@ Broken and fixed: a kill -9 after a spare was renamed in as ``recordings/<id>/``
 descriptor was written left a directory of empty files (the spare's ``acked``, ``index`` and
 first segment); the next start took it for a recording with data whose descriptor was lost (an
 orphan: a warning naming it, left for the operator for good), though nothing was ever recorded
-there. Held (and kept, they are cheap): a kill -9 between the descriptor and the first
+there. Broken and fixed: a spare kept at start whose segment file was a symlink (its size, followed,
+was 0) made a recording that wrote its messages into the linked file. Held (and kept, they are
+cheap): a kill -9 between the descriptor and the first
 acknowledged publish leaves an empty recording that is listed, and no id is issued twice; a
 full disk while spares are made and when the mark must be advanced issues nothing, adopts
 nothing half made, and after the disk frees and a restart no id is issued again; spares are
-reused, not made again, by sessions opening and closing."""
+reused, not made again, by sessions opening and closing; a server out of inodes publishes from
+a spare made before, refuses a session without one with STORAGE_FULL and serves on."""
 
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from aeron_spark.connector.errors import ConnectorError
+from aeron_spark.connector.server.testing import client_for, server_process
 from aeron_spark.transport.archive import RecordingStore
 from aeron_spark.transport.archive import recordings as recordings_mod
 from aeron_spark.transport.archive.spares import FILES, PREFIX, SEGMENT_0
@@ -216,3 +221,50 @@ def test_a_kept_spare_holds_only_empty_regular_files_never_a_symlink(tmp_path: P
         store.close(time.time_ns())
     assert outside.read_bytes() == b""
     assert sorted(os.listdir(elsewhere)) == sorted(FILES)  # the link went, not what it named
+
+
+STORAGE_FULL = 14  # ErrorCode.STORAGE_FULL on the wire
+
+
+def test_a_server_out_of_names_serves_and_publishes_from_spares_or_refuses_coded() -> None:
+    """No inode left (the bytes free): a session with a spare ready publishes (a rename needs no
+    new name), one without is refused with STORAGE_FULL, the server serves on; once names are
+    free a publish works, and after a kill -9 and a restart no id is issued twice and no spare
+    kept is half made."""
+    try:
+        mount = small_tmpfs(8 * 1024 * 1024, nr_inodes=256)
+        directory = mount.__enter__()
+    except MountUnavailable as exc:  # pragma: no cover - the CI machine runs as root
+        pytest.fail(f"a tmpfs is needed for this attack: {exc}")
+    try:
+        with server_process(directory) as (proc, endpoint):
+            with client_for(endpoint, timeout_s=60) as early:
+                _wait(lambda: early.stats()["store"]["spare_recordings_ready"] >= 1, "no spare")
+                names = _fill_names(directory)
+                with client_for(endpoint, timeout_s=60) as late:
+                    _wait(
+                        lambda: early.stats()["store"]["spare_recordings_failures"] >= 1,
+                        "the spares' thread did not fail",
+                    )
+                    early.publish(10, [b"from a spare"])  # its spare was made before
+                    with pytest.raises(ConnectorError) as refused:
+                        late.publish(11, [b"no spare, no name"])
+                    assert refused.value.code == STORAGE_FULL, refused.value
+                    assert [r.stream_id for r in late.list_recordings()] == [10]
+                    shutil.rmtree(names)
+                    late.publish(11, [b"room again"])
+                    before = {r.recording_id for r in late.list_recordings()}
+                    assert len(before) == 2
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        with server_process(directory) as (_proc, endpoint), client_for(endpoint) as client:
+            client.publish(12, [b"after the restart"])
+            after = {r.recording_id: r.stream_id for r in client.list_recordings()}
+            assert sorted(after.values()) == [10, 11, 12]
+            assert set(after) > before  # the two kept, a third with a new id
+        root = os.path.join(directory, "recordings")
+        for name in os.listdir(root):
+            if name.startswith(PREFIX):
+                assert sorted(os.listdir(os.path.join(root, name))) == sorted(FILES), name
+    finally:
+        mount.__exit__(None, None, None)
