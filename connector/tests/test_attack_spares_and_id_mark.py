@@ -13,7 +13,8 @@ acknowledged publish leaves an empty recording that is listed, and no id is issu
 full disk while spares are made and when the mark must be advanced issues nothing, adopts
 nothing half made, and after the disk frees and a restart no id is issued again; spares are
 reused, not made again, by sessions opening and closing; a server out of inodes publishes from
-a spare made before, refuses a session without one with STORAGE_FULL and serves on."""
+a spare made before, refuses a session without one with STORAGE_FULL and serves on; a server
+reuses the spares of sessions that closed without publishing."""
 
 from __future__ import annotations
 
@@ -268,3 +269,25 @@ def test_a_server_out_of_names_serves_and_publishes_from_spares_or_refuses_coded
                 assert sorted(os.listdir(os.path.join(root, name))) == sorted(FILES), name
     finally:
         mount.__exit__(None, None, None)
+
+
+def test_a_server_reuses_its_spares_for_sessions_opening_and_closing(tmp_path: Path) -> None:
+    """Sessions that close without publishing leave their spares for the next ones: a second
+    wave of as many sessions makes no spare more (the server counts a closed session out)."""
+    with server_process(str(tmp_path / "srv")) as (_proc, endpoint):
+        with client_for(endpoint, timeout_s=60) as observer:
+
+            def store() -> dict[str, int]:
+                return observer.stats()["store"]  # type: ignore[no-any-return]
+
+            for wave in range(2):
+                clients = [client_for(endpoint, timeout_s=60) for _ in range(3)]
+                _wait(lambda: store()["spare_recordings_ready"] >= 4, "spares not made")
+                for c in clients:
+                    c.close()
+                _wait(
+                    lambda w=wave: observer.stats()["counters"]["sessions_closed"] >= 3 * (w + 1),
+                    "the sessions were not closed",
+                )
+            assert store()["spare_recordings_made"] == 4  # the observer's and three, once
+            assert store()["spare_recordings_taken"] == 0
