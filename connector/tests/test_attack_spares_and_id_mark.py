@@ -291,3 +291,29 @@ def test_a_server_reuses_its_spares_for_sessions_opening_and_closing(tmp_path: P
                 )
             assert store()["spare_recordings_made"] == 4  # the observer's and three, once
             assert store()["spare_recordings_taken"] == 0
+
+
+def test_a_spare_removed_under_a_running_store_is_made_again(tmp_path: Path) -> None:
+    """A ready spare deleted while the store runs (an operator clearing ``spare-*``): the
+    creation that took it finds it gone and makes its directory itself, as before, and the pool
+    makes a new spare. Before, the gone spare was given back as ready: every later creation took
+    it, failed to rename it and made its files itself, and no spare was made again."""
+    store = RecordingStore(str(tmp_path), fsync=False)
+    try:
+        store.spares.want(1)
+        _wait(lambda: store.spares.ready >= 1, "no spare made")
+        [gone] = [n for n in os.listdir(store.root) if n.startswith(PREFIX)]
+        shutil.rmtree(os.path.join(store.root, gone))
+        first = _create(store)
+        assert sorted(os.listdir(first.directory)) == ["meta.msgpack"]  # made here, as before
+        _wait(
+            lambda: [n for n in os.listdir(store.root) if n.startswith(PREFIX)] not in ([], [gone]),
+            "no spare made again",
+        )
+        _wait(lambda: store.spares.ready >= 1, "the new spare is not ready")
+        store.spares.want(0)
+        second = _create(store)
+        assert store.spares.taken == 2
+        assert "acked" in os.listdir(second.directory)  # a spare's files: renamed in
+    finally:
+        store.close(time.time_ns())

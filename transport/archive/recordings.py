@@ -1173,7 +1173,10 @@ class RecordingStore:
             try:
                 os.rename(spare, path)  # over nothing, or over a leftover empty directory
             except OSError:
-                self.spares.give_back(spare)  # a leftover with files in it: as below
+                if os.path.isdir(spare):  # a leftover with files in it: as below
+                    self.spares.give_back(spare)
+                # else it was deleted under the store: given back, every creation would take
+                # it again and the pool would never make another
                 spare = None
         try:
             try:
