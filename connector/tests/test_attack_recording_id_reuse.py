@@ -12,12 +12,15 @@ Over a real server process, real sessions and real files."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.server.testing import server_process
+from aeron_spark.transport.archive.errors import ArchiveErrorCode, IdMarkCorruptError
 from aeron_spark.transport.archive.recordings import ID_MARK_FILE, RecordingStore
 
 TIMEOUT_S = 60.0
@@ -59,5 +62,35 @@ def test_a_damaged_id_mark_refuses_to_open_the_store_naming_it(tmp_path: Path) -
     store.close(2)
     mark = tmp_path / "recordings" / ID_MARK_FILE
     mark.write_bytes(b"\xc1 not msgpack")
-    with pytest.raises(ValueError, match=ID_MARK_FILE):
+    with pytest.raises(IdMarkCorruptError, match=ID_MARK_FILE) as info:
         RecordingStore(str(tmp_path), fsync=False)
+    assert info.value.code == ArchiveErrorCode.ID_MARK_CORRUPT
+    assert info.value.path == str(mark)
+
+
+def test_a_server_with_a_damaged_id_mark_says_so_in_one_line_and_exits(tmp_path: Path) -> None:
+    """The server's start names the damaged mark in one coded line (ID_MARK_CORRUPT), not a
+    traceback of a bare ValueError."""
+    recordings = tmp_path / "srv" / "recordings"
+    recordings.mkdir(parents=True)
+    (recordings / ID_MARK_FILE).write_bytes(b"\xc1 not msgpack")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aeron_spark.cli",
+            "server",
+            "--dir",
+            str(tmp_path / "srv"),
+            "--port",
+            "0",
+            "--no-encryption",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode != 0, done
+    assert "ID_MARK_CORRUPT" in done.stderr and ID_MARK_FILE in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr

@@ -23,6 +23,7 @@ class ArchiveErrorCode(enum.IntEnum):
     POSITION_OUT_OF_RANGE = 101
     NOT_FRAME_BOUNDARY = 102
     PURGED = 103
+    ID_MARK_CORRUPT = 104
 
 
 class ArchiveError(TransportError, DetailedError):
@@ -55,9 +56,20 @@ class PurgedError(ArchiveError):
     code: enum.IntEnum = ArchiveErrorCode.PURGED
 
 
+class IdMarkCorruptError(ArchiveError, ValueError):
+    """A store cannot open: its durable high-water mark of issued recording ids
+    (``recordings/next_id.msgpack``, written whole and renamed in, so only a damaged disk or a
+    hand's edit spoils it) does not read. Starting without it could issue an id again (another
+    recording's consumer positions and sink commits would apply to the new one), so the store
+    refuses and the operator writes a value past every id ever issued. ``details``: ``path``."""
+
+    code: enum.IntEnum = ArchiveErrorCode.ID_MARK_CORRUPT
+
+
 __all__ = [
     "ArchiveError",
     "ArchiveErrorCode",
+    "IdMarkCorruptError",
     "NotFrameBoundaryError",
     "PositionOutOfRangeError",
     "PurgedError",

@@ -58,6 +58,7 @@ import msgpack
 from aeron_spark.transport.archive.diskio import IOV_MAX, Gathered, pwritev_all
 from aeron_spark.transport.archive.diskio import pwrite_all as _pwrite_all
 from aeron_spark.transport.archive.errors import (
+    IdMarkCorruptError,
     NotFrameBoundaryError,
     PositionOutOfRangeError,
     PurgedError,
@@ -1110,9 +1111,17 @@ class RecordingStore:
         if not isinstance(mark, int) or isinstance(mark, bool) or mark < 0:
             # written whole and renamed in, so only a damaged disk gets here: starting without it
             # could issue ids again; the operator decides (a value past every id ever issued)
-            raise ValueError(
-                f"recording id mark {self._id_mark_path} is unreadable ({body!r}): write "
-                "{'next_id': N} there (msgpack), N past every recording id ever issued"
+            value = body.get("next_id") if isinstance(body, dict) else body
+            why = (
+                f"{type(value).__name__}: {value}"
+                if isinstance(value, BaseException)
+                else f"next_id {value!r:.80}"
+            )
+            raise IdMarkCorruptError(
+                f"recording id mark {self._id_mark_path} is unreadable (ID_MARK_CORRUPT: "
+                f"{why}): write {{'next_id': N}} there (msgpack), N past every recording id "
+                "ever issued",
+                path=str(self._id_mark_path),
             )
         return mark
 
