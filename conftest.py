@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -104,6 +105,15 @@ def shm_problem(path: str = "/dev/shm", need: int = MIN_SHM_FREE) -> str | None:
 
 
 _SWEPT = _sweep_dead_runs(tempfile.gettempdir())
+
+# A run started in the background by a non-interactive shell (as CI runs it) inherits SIGINT
+# ignored, and every process it starts would too: the Java peers, servers and programs the tests
+# stop with SIGINT then ignored it and were killed only after their 10 s stop timeout (in CI:
+# test_interop_aeron.py 484 s instead of ~110 s, 30 s teardowns of three archives). Python's own
+# handler here: the processes started from now on get SIGINT's default action again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
 _RUN_TMP = tempfile.mkdtemp(prefix=RUN_PREFIX)
 Path(_RUN_TMP, OWNER_FILE).write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")

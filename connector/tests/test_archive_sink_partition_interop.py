@@ -56,7 +56,7 @@ pytestmark = [
     pytest.mark.skipif(netns_reason is not None, reason=netns_reason or ""),
 ]
 
-TIMEOUT_MS = 10_000  # each attempt to reach the lost primary costs this much
+TIMEOUT_MS = 5_000  # each attempt to reach the lost primary costs this much
 STREAM_ID = 6301
 ROWS = 200  # per partition, two partitions a batch
 
