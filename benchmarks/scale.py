@@ -656,13 +656,25 @@ def _quantile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _publish_round(clients: list[Any], seconds: float, threads: int) -> dict[str, Any]:
-    """Every client publishes one message a second (spread over the second) for ``seconds``."""
+def _publish_round(
+    clients: list[Any],
+    seconds: float,
+    threads: int,
+    start: float | None = None,
+    slot: tuple[int, int] = (0, 1),
+    raw: bool = False,
+) -> dict[str, Any]:
+    """Every client publishes one message a second (spread over the second) for ``seconds``.
+    ``start``: the round's ``time.monotonic()`` (system-wide: the same in every process);
+    ``slot`` (k, K): these clients are process k's of K, the i-th publishing at the second's
+    (i * K + k)-th of ``len(clients) * K`` instants, so K processes' publishes interleave
+    evenly instead of coming K at once; ``raw``: the latencies themselves (for the parent)."""
     latencies: list[float] = []
     failures = [0]
     lock = threading.Lock()
-    start = time.monotonic() + 0.2
+    start = time.monotonic() + 0.2 if start is None else start
     n = len(clients)
+    k_slot, k_all = slot
 
     def worker(k: int) -> None:
         mine = list(range(k, n, threads))
@@ -670,7 +682,7 @@ def _publish_round(clients: list[Any], seconds: float, threads: int) -> dict[str
         failed = 0
         for second in range(int(seconds)):
             for i in mine:
-                due = start + second + i / n
+                due = start + second + (i * k_all + k_slot) / (n * k_all)
                 pause = due - time.monotonic()
                 if pause > 0:
                     time.sleep(pause)
@@ -691,6 +703,12 @@ def _publish_round(clients: list[Any], seconds: float, threads: int) -> dict[str
     for t in pool:
         t.join()
     elapsed = max(time.monotonic() - start, 1e-9)
+    if raw:
+        return {"latencies": latencies, "failures": failures[0], "elapsed": elapsed}
+    return _round_figures(latencies, failures[0], elapsed, n)
+
+
+def _round_figures(latencies: list[float], failures: int, elapsed: float, n: int) -> dict[str, Any]:
     return {
         "publish_elapsed_s": round(elapsed, 2),
         "publishes": len(latencies),
@@ -698,8 +716,90 @@ def _publish_round(clients: list[Any], seconds: float, threads: int) -> dict[str
         "wanted_per_s": n,
         "publish_p50_ms": round(_quantile(latencies, 0.5) * 1000, 1),
         "publish_p99_ms": round(_quantile(latencies, 0.99) * 1000, 1),
-        "publish_failures": failures[0],
+        "publish_failures": failures,
     }
+
+
+def _client_process(
+    endpoint: str, key_dir: str, count: int, slot: tuple[int, int], threads: int, conn: Any
+) -> None:
+    """One of ``--client-processes``: opens ``count`` sessions, says so, then publishes a round
+    each time it is told a start (and length) and sends back the latencies and how many
+    sessions it lost so far, then closes them when told. Its own driver, as each Spark task
+    process has."""
+    from aeron_spark.connector.client import ClientSettings, StreamClient
+
+    settings = ClientSettings(
+        endpoint=endpoint, encryption=True, key_store_dir=key_dir, timeout_s=30
+    )
+    clients = [StreamClient.connect(settings) for _ in range(count)]
+    try:
+        conn.send("open")
+        while (word := conn.recv()) != "close":  # a round's (start, seconds), or "close"
+            start, seconds = word
+            out = _publish_round(clients, seconds, threads, start=start, slot=slot, raw=True)
+            out["lost"] = sum(c._generation for c in clients)
+            conn.send(out)
+    finally:
+        for c in clients:
+            c.close()
+
+
+class _ClientProcesses:
+    """``--client-processes K``: the N sessions opened by K processes, N / K each (as a Spark
+    job's tasks would be: each process has its own driver and GIL), publishing rounds on the
+    parent's word."""
+
+    def __init__(self, endpoint: str, key_dir: str, n: int, k: int, threads: int) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.pipes = []
+        self.procs = []
+        for slot in range(k):
+            count = n // k + (1 if slot < n % k else 0)
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(
+                target=_client_process,
+                args=(endpoint, key_dir, count, (slot, k), max(1, threads // k), child),
+                daemon=True,
+            )
+            proc.start()
+            self.pipes.append(parent)
+            self.procs.append(proc)
+        for pipe in self.pipes:
+            if not pipe.poll(600) or pipe.recv() != "open":
+                raise RuntimeError("a client process did not open its sessions")
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p.pid is not None]
+
+    def publish_round(self, seconds: float, n: int) -> tuple[dict[str, Any], int]:
+        start = time.monotonic() + 0.5
+        for pipe in self.pipes:
+            pipe.send((start, seconds))
+        latencies: list[float] = []
+        failures = lost = 0
+        elapsed = 0.0
+        for pipe in self.pipes:
+            out = pipe.recv()
+            latencies.extend(out["latencies"])
+            failures += out["failures"]
+            lost += out["lost"]
+            elapsed = max(elapsed, out["elapsed"])
+        return _round_figures(latencies, failures, elapsed, n), lost
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            try:
+                pipe.send("close")
+            except OSError:
+                pass
+        for proc in self.procs:
+            proc.join(60)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(10)
 
 
 def _phase(name: str, sessions: int, pid: int) -> None:
@@ -720,7 +820,13 @@ def _server_session_counters(directory: str) -> dict[str, Any]:
 
 
 def sessions_curve(
-    counts: list[int], idle_s: float, publish_s: float, handshakes: int, threads: int
+    counts: list[int],
+    idle_s: float,
+    publish_s: float,
+    handshakes: int,
+    threads: int,
+    client_processes: int = 1,
+    warm_up: bool = False,
 ) -> list[dict[str, Any]]:
     from aeron_spark.connector.client import ClientSettings, StreamClient
     from aeron_spark.connector.server.testing import server_process
@@ -739,35 +845,67 @@ def sessions_curve(
                 settings = ClientSettings(
                     endpoint=endpoint, encryption=True, key_store_dir=f"{tmp}/keys", timeout_s=30
                 )
-                row: dict[str, Any] = {"sessions": n, "load_average_1m": os.getloadavg()[0]}
+                row: dict[str, Any] = {
+                    "sessions": n,
+                    "client_processes": client_processes,
+                    "warm_up": warm_up,
+                    "load_average_1m": os.getloadavg()[0],
+                }
                 started = time.perf_counter()
-                clients = [StreamClient.connect(settings) for _ in range(n)]
+                spread = None
+                clients: list[Any] = []
+                publishing = threads or max(32, n // 16)
+                if client_processes > 1:
+                    spread = _ClientProcesses(
+                        endpoint, f"{tmp}/keys", n, client_processes, publishing
+                    )
+                else:
+                    clients = [StreamClient.connect(settings) for _ in range(n)]
                 row["open_all_s"] = round(time.perf_counter() - started, 1)
+                # the clients' processes: this one, or also the K it started (drivers of their own)
+                mine = [os.getpid()] + (spread.pids() if spread is not None else [])
+
+                def clients_cpu(mine: list[int] = mine) -> float:
+                    return sum(_cpu_s(pid) for pid in mine)
+
                 try:
                     time.sleep(2.0)  # the handshakes' tails settle
                     _phase("idle", n, proc.pid)
-                    me = os.getpid()
-                    cpu0, mine0, t0 = _cpu_s(proc.pid), _cpu_s(me), time.monotonic()
+                    cpu0, mine0, t0 = _cpu_s(proc.pid), clients_cpu(), time.monotonic()
                     time.sleep(idle_s)
                     cpu = _cpu_s(proc.pid) - cpu0
                     wall = time.monotonic() - t0
                     idle_rate = cpu / wall  # the server's CPU-seconds a second while idle
                     row["idle_server_cpu_pct"] = round(100 * cpu / wall, 2)
                     row["idle_server_cpu_us_per_session_s"] = round(1e6 * cpu / wall / n, 1)
-                    # this process: the N clients and their driver (the harness's own cost)
-                    row["idle_client_cpu_pct"] = round(100 * (_cpu_s(me) - mine0) / wall, 1)
+                    # the N clients and their drivers (the harness's own cost)
+                    row["idle_client_cpu_pct"] = round(100 * (clients_cpu() - mine0) / wall, 1)
                     row["server_open_fds"] = len(os.listdir(f"/proc/{proc.pid}/fd"))
                     # the idle figures on their own first: a later phase may abort the run
                     print(json.dumps({"idle": row}), file=sys.stderr, flush=True)
+                    if warm_up:  # each session's first publish (its recording made), unmeasured
+                        _phase("warm-up", n, proc.pid)
+                        if spread is not None:
+                            spread.publish_round(1, n)
+                        else:
+                            _publish_round(clients, 1, publishing)
+                        time.sleep(2.0)
                     _phase("publish", n, proc.pid)
-                    cpu0, mine0 = _cpu_s(proc.pid), _cpu_s(me)
-                    row.update(_publish_round(clients, publish_s, threads or max(32, n // 16)))
+                    cpu0, mine0 = _cpu_s(proc.pid), clients_cpu()
+                    lost_in_processes = 0
+                    if spread is not None:
+                        figures, lost_in_processes = spread.publish_round(publish_s, n)
+                        row.update(figures)
+                    else:
+                        row.update(_publish_round(clients, publish_s, publishing))
                     # over the round's own length: a round that fell behind lasts longer than
                     # --publish-s (the figure was divided by --publish-s, so overstated)
                     elapsed = row["publish_elapsed_s"]
                     used = _cpu_s(proc.pid) - cpu0
                     row["publish_server_cpu_pct"] = round(100 * used / elapsed, 1)
-                    row["publish_client_cpu_pct"] = round(100 * (_cpu_s(me) - mine0) / elapsed, 1)
+                    row["publish_client_cpu_pct"] = round(
+                        100 * (clients_cpu() - mine0) / elapsed, 1
+                    )
                     # a publish's own server CPU: the round's, less what idling costs meanwhile
                     row["publish_server_cpu_us_each"] = round(
                         1e6 * (used - idle_rate * elapsed) / max(row["publishes"], 1), 1
@@ -788,11 +926,13 @@ def sessions_curve(
                         row["handshake_p50_ms"] = round(_quantile(times, 0.5) * 1000, 1)
                         row["handshake_p99_ms"] = round(_quantile(times, 0.99) * 1000, 1)
                     row["handshake_failures"] = failed
-                    row["sessions_lost"] = sum(c._generation for c in clients)
+                    row["sessions_lost"] = lost_in_processes + sum(c._generation for c in clients)
                     row.update(_server_session_counters(f"{tmp}/srv"))
                 finally:
                     for c in clients:
                         c.close()
+                    if spread is not None:
+                        spread.close()
                 row["server_alive"] = proc.poll() is None
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)  # survives a later abort
@@ -841,12 +981,32 @@ def main() -> None:
         help="publishing threads (sessions; default one per 16 sessions, at least 32: each "
         "publishes for its sessions in turn, so fewer would cap the rate at threads / latency)",
     )
+    parser.add_argument(
+        "--warm-up",
+        action="store_true",
+        help="sessions: each session publishes once before the measured round (its recording "
+        "made: without it the round's first second makes N recordings at once)",
+    )
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="sessions: the clients' processes (default 1: every session in this process, one "
+        "driver and one GIL for all; K: N / K sessions in each of K processes, as a Spark job's "
+        "tasks would hold them, the publishing threads shared among them)",
+    )
     args = parser.parse_args()
     result: dict[str, Any] = {"load_average_1m": os.getloadavg()[0], "cpus": os.cpu_count()}
     if args.sessions:
         counts = [int(c) for c in args.sessions.split(",")]
         result["sessions"] = sessions_curve(
-            counts, args.idle_s, args.publish_s, args.handshakes, args.threads
+            counts,
+            args.idle_s,
+            args.publish_s,
+            args.handshakes,
+            args.threads,
+            args.client_processes,
+            args.warm_up,
         )
     if args.recordings:
         counts = [int(c) for c in args.recordings.split(",")]
