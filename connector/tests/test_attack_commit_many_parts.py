@@ -80,6 +80,8 @@ def _sink_bytes(directory: str) -> int:
     root = os.path.join(directory, "recordings")
     total = 0
     for name in os.listdir(root) if os.path.isdir(root) else ():
+        if not name.isdigit():  # a spare (spare-<n>, empty) or the id mark (next_id.msgpack)
+            continue
         for entry in os.scandir(os.path.join(root, name)):
             if entry.name.endswith(".seg"):
                 total += entry.stat().st_size

@@ -124,16 +124,18 @@ def test_a_pass_serves_only_the_sessions_with_something_to_do(tmp_path: Path) ->
                 client.close()
 
 
-def test_an_idle_sessions_check_reads_nothing_and_is_its_only_lost_peer_look(
+def test_an_idle_sessions_check_is_one_read_and_the_only_lost_peer_looks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 31 item 1: each idle session was looked at three times a second besides its
     traffic: the loop's check once a second (its connection, then a read of its subscription)
     and the handshake server's walk of every connection for a lost peer twice a second. The
-    loop's check now only looks at the connection (what arrives signals the session: nothing
-    to read), and the handshake walks the connections the loop checks every 10 s only, a
-    safety net. Counted over three seconds of 12 idle sessions: connection looks and reads of
-    the server's sessions per session-second (before: ~3 and ~1)."""
+    handshake now walks the connections the loop checks every 10 s only, a safety net. The
+    loop's check still reads the session once (a check that only looked at the connection,
+    counting on what arrives to signal the session, stalled a publish over a lossy link for
+    good: ``spark_tests/test_lossy_link.py``). Counted over three seconds of 12 idle
+    sessions: connection looks and reads of the server's sessions per session-second (before:
+    ~3 and ~1; now at most ~2, the check's and its read's, and ~1)."""
     looks: list[object] = []
     reads: list[object] = []
     connected = Connection.is_connected
@@ -168,10 +170,11 @@ def test_an_idle_sessions_check_reads_nothing_and_is_its_only_lost_peer_look(
             # the server's connections only (the clients' live in this process too)
             looked_here = sum(1 for c in looks[looked:] if id(c) in mine)
             read_here = sum(1 for c in reads[read:] if id(c) in mine)
-            # a check a second each (+1: a check due at either end of the span); main ~3
-            assert looked_here <= n * (elapsed + 1) + n, (looked_here, session_s)
-            # nothing arrived for them: no read (a client's keepalive may bring one); main ~1
-            assert read_here <= 0.2 * session_s, (read_here, session_s)
+            # a check a second each, two looks (its own and its read's; +1: a check due at
+            # either end of the span); before ~3 (the handshake's walk twice a second)
+            assert looked_here <= 2 * n * (elapsed + 1) + n, (looked_here, session_s)
+            # one read a check (a client's keepalive may bring one more)
+            assert read_here <= 1.2 * session_s + n, (read_here, session_s)
             # a request on one of them is still answered at once (its subscription signals)
             assert clients[5].list_streams() == []
             assert server.core is not None and server.core.counters["sessions_closed"] == 0
