@@ -37,7 +37,10 @@ publishes/s, failures; the server's CPU over the round's own length and per publ
 idle cost, and this process's: the clients and their driver, so a harness that is the bottleneck
 shows; ``--threads`` publishing threads, by default one per 16 sessions), then ``--handshakes``
 new clients' connect time (p50/p99) with the N open, and the sessions lost (expired and
-replaced by a reconnect) over the run. Run it with
+replaced by a reconnect) over the run. ``--latency-timeline FILE``: every publish of each round
+appended to FILE as a JSON line (round, when due and when begun, seconds from the round's start
+and ``began_wall`` as ``time.time()``, latency in ms, session, publishing thread), to see
+whether slow publishes come together in time (a stall) or to some sessions. Run it with
 another interpreter to measure another tree (``/work/main/.venv/bin/python -m benchmarks.scale
 --sessions ...``): the server runs under the same interpreter.
 
@@ -663,12 +666,15 @@ def _publish_round(
     start: float | None = None,
     slot: tuple[int, int] = (0, 1),
     raw: bool = False,
+    timeline: list[tuple[float, float, float, int, int]] | None = None,
 ) -> dict[str, Any]:
     """Every client publishes one message a second (spread over the second) for ``seconds``.
     ``start``: the round's ``time.monotonic()`` (system-wide: the same in every process);
     ``slot`` (k, K): these clients are process k's of K, the i-th publishing at the second's
     (i * K + k)-th of ``len(clients) * K`` instants, so K processes' publishes interleave
-    evenly instead of coming K at once; ``raw``: the latencies themselves (for the parent)."""
+    evenly instead of coming K at once; ``raw``: the latencies themselves (for the parent);
+    ``timeline``: each publish appended as (due, began, latency) in seconds from ``start``
+    (latency -1: failed), session index, publishing thread."""
     latencies: list[float] = []
     failures = [0]
     lock = threading.Lock()
@@ -679,6 +685,7 @@ def _publish_round(
     def worker(k: int) -> None:
         mine = list(range(k, n, threads))
         local: list[float] = []
+        events: list[tuple[float, float, float, int, int]] = []
         failed = 0
         for second in range(int(seconds)):
             for i in mine:
@@ -686,16 +693,24 @@ def _publish_round(
                 pause = due - time.monotonic()
                 if pause > 0:
                     time.sleep(pause)
+                began = time.monotonic()
                 t0 = time.perf_counter()
                 try:
                     clients[i].publish(1 + i % 8, [b"p" * 100])
                 except Exception:  # noqa: BLE001 - a failed publish is a figure, not an abort
                     failed += 1
+                    if timeline is not None:
+                        events.append((due - start, began - start, -1.0, i, k))
                     continue
-                local.append(time.perf_counter() - t0)
+                latency = time.perf_counter() - t0
+                local.append(latency)
+                if timeline is not None:
+                    events.append((due - start, began - start, latency, i, k))
         with lock:
             latencies.extend(local)
             failures[0] += failed
+            if timeline is not None:
+                timeline.extend(events)
 
     pool = [threading.Thread(target=worker, args=(k,)) for k in range(min(threads, n))]
     for t in pool:
@@ -737,7 +752,14 @@ def _client_process(
         conn.send("open")
         while (word := conn.recv()) != "close":  # a round's (start, seconds), or "close"
             start, seconds = word
-            out = _publish_round(clients, seconds, threads, start=start, slot=slot, raw=True)
+            timeline: list[tuple[float, float, float, int, int]] = []
+            out = _publish_round(
+                clients, seconds, threads, start=start, slot=slot, raw=True, timeline=timeline
+            )
+            # session indices the parent's: this process's i-th is the (i * K + k)-th
+            out["timeline"] = [
+                (due, began, lat, i * slot[1] + slot[0], k) for due, began, lat, i, k in timeline
+            ]
             out["lost"] = sum(c._generation for c in clients)
             conn.send(out)
     finally:
@@ -774,16 +796,23 @@ class _ClientProcesses:
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs if p.pid is not None]
 
-    def publish_round(self, seconds: float, n: int) -> tuple[dict[str, Any], int]:
-        start = time.monotonic() + 0.5
+    def publish_round(
+        self, seconds: float, n: int, start: float, timeline: list[Any] | None = None
+    ) -> tuple[dict[str, Any], int]:
         for pipe in self.pipes:
             pipe.send((start, seconds))
         latencies: list[float] = []
         failures = lost = 0
         elapsed = 0.0
-        for pipe in self.pipes:
+        for slot, pipe in enumerate(self.pipes):
             out = pipe.recv()
             latencies.extend(out["latencies"])
+            if timeline is not None:  # threads numbered per process: K * thread + slot
+                k_all = len(self.pipes)
+                timeline.extend(
+                    (due, began, lat, i, k * k_all + slot)
+                    for due, began, lat, i, k in out["timeline"]
+                )
             failures += out["failures"]
             lost += out["lost"]
             elapsed = max(elapsed, out["elapsed"])
@@ -800,6 +829,53 @@ class _ClientProcesses:
             if proc.is_alive():
                 proc.kill()
                 proc.join(10)
+
+
+def _write_timeline(path: str, sessions: int, name: str, start: float, events: list[Any]) -> None:
+    """``--latency-timeline``: a round's publishes appended to ``path`` as JSON lines, in the
+    order they began: the round (``sessions``, ``round``), when it was due and when it began
+    (seconds from the round's start; ``began_wall`` the same instant as ``time.time()``, to set
+    beside a server's log), the latency (ms; null: the publish failed), the session's index and
+    the publishing thread's."""
+    to_wall = time.time() - time.monotonic()
+    with open(path, "a") as fh:
+        for due, began, latency, i, k in sorted(events, key=lambda e: e[1]):
+            line = {
+                "sessions": sessions,
+                "round": name,
+                "due_s": round(due, 6),
+                "began_s": round(began, 6),
+                "began_wall": round(start + began + to_wall, 6),
+                "latency_ms": None if latency < 0 else round(latency * 1000, 3),
+                "session": i,
+                "thread": k,
+            }
+            fh.write(json.dumps(line) + "\n")
+
+
+def _round(
+    name: str,
+    seconds: float,
+    n: int,
+    pid: int,
+    spread: _ClientProcesses | None,
+    clients: list[Any],
+    threads: int,
+    timeline_path: str | None,
+) -> tuple[dict[str, Any], int]:
+    """A publishing round (this process's clients, or the client processes'): its figures and
+    the sessions the processes lost; its timeline appended to ``timeline_path`` where asked."""
+    _phase(name, n, pid)
+    start = time.monotonic() + (0.5 if spread is not None else 0.2)
+    events: list[Any] | None = [] if timeline_path else None
+    out: tuple[dict[str, Any], int]
+    if spread is not None:
+        out = spread.publish_round(seconds, n, start, events)
+    else:
+        out = _publish_round(clients, seconds, threads, start=start, timeline=events), 0
+    if timeline_path and events is not None:
+        _write_timeline(timeline_path, n, name, start, events)
+    return out
 
 
 def _phase(name: str, sessions: int, pid: int) -> None:
@@ -827,6 +903,7 @@ def sessions_curve(
     threads: int,
     client_processes: int = 1,
     warm_up: bool = False,
+    timeline_path: str | None = None,
 ) -> list[dict[str, Any]]:
     from aeron_spark.connector.client import ClientSettings, StreamClient
     from aeron_spark.connector.server.testing import server_process
@@ -883,21 +960,24 @@ def sessions_curve(
                     row["server_open_fds"] = len(os.listdir(f"/proc/{proc.pid}/fd"))
                     # the idle figures on their own first: a later phase may abort the run
                     print(json.dumps({"idle": row}), file=sys.stderr, flush=True)
+
                     if warm_up:  # each session's first publish (its recording made), unmeasured
-                        _phase("warm-up", n, proc.pid)
-                        if spread is not None:
-                            spread.publish_round(1, n)
-                        else:
-                            _publish_round(clients, 1, publishing)
+                        _round(
+                            "warm-up", 1, n, proc.pid, spread, clients, publishing, timeline_path
+                        )
                         time.sleep(2.0)
-                    _phase("publish", n, proc.pid)
                     cpu0, mine0 = _cpu_s(proc.pid), clients_cpu()
-                    lost_in_processes = 0
-                    if spread is not None:
-                        figures, lost_in_processes = spread.publish_round(publish_s, n)
-                        row.update(figures)
-                    else:
-                        row.update(_publish_round(clients, publish_s, publishing))
+                    figures, lost_in_processes = _round(
+                        "publish",
+                        publish_s,
+                        n,
+                        proc.pid,
+                        spread,
+                        clients,
+                        publishing,
+                        timeline_path,
+                    )
+                    row.update(figures)
                     # over the round's own length: a round that fell behind lasts longer than
                     # --publish-s (the figure was divided by --publish-s, so overstated)
                     elapsed = row["publish_elapsed_s"]
@@ -988,6 +1068,13 @@ def main() -> None:
         "made: without it the round's first second makes N recordings at once)",
     )
     parser.add_argument(
+        "--latency-timeline",
+        metavar="FILE",
+        help="sessions: every publish of each round appended to FILE as a JSON line (when it "
+        "was due, when it began, its latency, its session and publishing thread), to see "
+        "whether slow publishes come together in time or to some sessions",
+    )
+    parser.add_argument(
         "--client-processes",
         type=int,
         default=1,
@@ -1007,6 +1094,7 @@ def main() -> None:
             args.threads,
             args.client_processes,
             args.warm_up,
+            args.latency_timeline,
         )
     if args.recordings:
         counts = [int(c) for c in args.recordings.split(",")]
