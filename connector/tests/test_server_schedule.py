@@ -7,11 +7,15 @@ import random
 import threading
 from collections import Counter
 
+import pytest
+
 from aeron_spark.connector.server.schedule import (
     CHECK_GRID_NS,
     CHECK_INTERVAL_NS,
+    MAX_CHECKS_PER_PASS,
     SessionSchedule,
 )
+from aeron_spark.errors import ConfigurationError
 
 PASS_NS = 20_000_000  # the loop's idle wait: 50 passes a second
 
@@ -90,13 +94,24 @@ def test_a_forgotten_session_is_never_served_again() -> None:
     assert len(seen) == 48
 
 
+def _drain(schedule: SessionSchedule, now_ns: int) -> list[int]:
+    """What the passes at ``now_ns`` serve until none is overdue (the loop does not sleep
+    while a check is: ``next_check_ns`` is behind it)."""
+    served: list[int] = []
+    while True:
+        served.extend(schedule.due(now_ns))
+        at = schedule.next_check_ns()
+        if at is None or at > now_ns:
+            return served
+
+
 def test_a_late_pass_serves_each_session_once_and_the_checks_go_on_from_it() -> None:
     schedule = _opened(500)
-    due = schedule.due(5 * CHECK_INTERVAL_NS)  # the loop stalled for 5 s
+    due = _drain(schedule, 5 * CHECK_INTERVAL_NS)  # the loop stalled for 5 s
     assert sorted(due) == list(range(500))  # each once, not five times
     # a second on, every session is due once again, and not before
-    assert schedule.due(5 * CHECK_INTERVAL_NS + CHECK_INTERVAL_NS - 1) == []
-    assert sorted(schedule.due(6 * CHECK_INTERVAL_NS)) == list(range(500))
+    assert _drain(schedule, 5 * CHECK_INTERVAL_NS + CHECK_INTERVAL_NS - 1) == []
+    assert sorted(_drain(schedule, 6 * CHECK_INTERVAL_NS)) == list(range(500))
 
 
 def test_idle_sessions_checks_share_the_loops_passes() -> None:
@@ -107,17 +122,18 @@ def test_idle_sessions_checks_share_the_loops_passes() -> None:
     n = 2048
     schedule = _opened(n)
     served: Counter[int] = Counter()
-    passes = 0
+    wakeups = 0
     now = 0
     while True:
         at = schedule.next_check_ns()
         assert at is not None
         if at > 3 * CHECK_INTERVAL_NS:
             break
-        now = max(now, at)
-        passes += 1
+        if at > now:  # the loop sleeps until then (a slot's later passes follow at once)
+            wakeups += 1
+            now = at
         served.update(schedule.due(now))
-    assert passes <= 3 * CHECK_INTERVAL_NS // CHECK_GRID_NS + 1, passes
+    assert wakeups <= 3 * CHECK_INTERVAL_NS // CHECK_GRID_NS + 1, wakeups
     assert set(served) == set(range(n)) and min(served.values()) >= 2
     assert max(served.values()) <= 3
 
@@ -125,11 +141,53 @@ def test_idle_sessions_checks_share_the_loops_passes() -> None:
 def test_sessions_due_only_for_their_check_are_marked_checking() -> None:
     """Issue 31 item 1: a session due only for its check gets the connection check alone, no
     read (the loop reads ``checking``); one that also signalled or is busy is served fully."""
-    schedule = _opened(300)
+    n = MAX_CHECKS_PER_PASS + 2  # all of them in one pass (7 and 8 served anyway)
+    schedule = _opened(n)
     schedule.set_busy(7, True)
     schedule.signalled.append(8)
     due = schedule.due(CHECK_INTERVAL_NS)  # every first check has fallen due by now
-    assert sorted(due) == list(range(300))
-    assert schedule.checking == set(range(300)) - {7, 8}
-    assert schedule.checks == 298
+    assert sorted(due) == list(range(n))
+    assert schedule.checking == set(range(n)) - {7, 8}
+    assert schedule.checks == n - 2
     assert schedule.due(CHECK_INTERVAL_NS + 1) == [7] and schedule.checking == set()
+
+
+def test_a_pass_takes_a_bounded_number_of_checks_and_serves_signals_between_them() -> None:
+    """Issue 31 (publish tail): the checks of a grid slot (~205 at 2,048 sessions, each a read
+    of its session) were all taken by one pass, and a publish that arrived meanwhile waited
+    behind them. A pass now takes at most ``MAX_CHECKS_PER_PASS`` sessions due only for their
+    check; the slot's others are taken by the passes right after, with what signalled served
+    by each of them; every session is still checked once a second."""
+    n = 2048
+    schedule = _opened(n)
+    schedule.add("publisher", 0)  # a session publishing all the while
+    assert schedule.due(0) == ["publisher"]
+    assert MAX_CHECKS_PER_PASS <= 64
+    served: Counter[int] = Counter()
+    largest = 0
+    signalled_late = 0
+    now = 0
+    while True:
+        at = schedule.next_check_ns()
+        assert at is not None
+        if at > 3 * CHECK_INTERVAL_NS:
+            break
+        now = max(now, at)
+        schedule.signalled.append("publisher")  # a publish arrives during every pass
+        due = schedule.due(now)
+        checks_only = [k for k in due if k in schedule.checking]
+        largest = max(largest, len(checks_only))
+        signalled_late += "publisher" not in due
+        served.update(k for k in due if isinstance(k, int))
+    # main: a pass took a whole slot's checks (~205), a publish behind them
+    assert largest <= MAX_CHECKS_PER_PASS, largest
+    assert signalled_late == 0  # every pass served what signalled before it
+    assert set(served) == set(range(n))
+    assert 2 <= min(served.values()) and max(served.values()) <= 3
+    # the publisher's checks fell in passes that served it anyway: no check of its own
+    assert schedule.checks == sum(served.values())
+
+
+def test_the_checks_per_pass_bound_is_checked() -> None:
+    with pytest.raises(ConfigurationError):
+        SessionSchedule(max_checks_per_pass=0)
