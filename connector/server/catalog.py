@@ -74,6 +74,8 @@ class Catalog:
         self._streams: dict[int, list[int]] = {}  # stream -> [recordings, active, bytes]
         self._frozen = dict.fromkeys(_COUNTERS, 0)  # counters of recordings that stopped
         self._text: str | None = "[]"  # the joined recordings section (None: join again)
+        # refresh_some's round: what is left of it to re-read (None: no round under way)
+        self._round: list[int] | None = None
         self.refreshed = 0  # recordings re-read by refresh (for tests and benchmarks)
 
     # --- the index ----------------------------------------------------------------------------
@@ -136,6 +138,30 @@ class Catalog:
         with self._refreshing:
             return self._refresh()
 
+    def refresh_some(self, limit: int) -> bool:
+        """:meth:`refresh` a part at a time (the loop's snapshot: one part a pass): a round
+        re-reads what may have changed as of its first call, at most ``limit`` recordings a
+        call; True when the round is done. Each recording's description and its stream's
+        totals change together, so the sections read between two calls still agree (at 2,048
+        live recordings the whole re-read held the loop ~40 ms, every publish behind it:
+        issue 31's publish tail)."""
+        with self._refreshing:
+            if self._round is None:
+                self._adopt()
+                todo = set(self._live)
+                if self._touched:
+                    with self._lock:
+                        touched, self._touched = self._touched, set()
+                    todo |= touched
+                self._round = sorted(todo, reverse=True)  # taken from the end: by id
+            batch = self._round[-limit:]
+            del self._round[-limit:]
+            self._reread(batch)
+            if self._round:
+                return False
+            self._round = None
+            return True
+
     def current_streams(self) -> list[dict[str, Any]]:
         """The ``streams`` section as of now (``list_streams``): a refresh (the live and the
         touched recordings re-read), then the totals kept by deltas; any thread."""
@@ -144,13 +170,17 @@ class Catalog:
             return self.streams()
 
     def _refresh(self) -> int:
-        changed = 0
         self._adopt()
         todo: Iterable[int] = self._live
         if self._touched:
             with self._lock:
                 touched, self._touched = self._touched, set()
             todo = self._live | touched
+        return self._reread(todo)
+
+    def _reread(self, todo: Iterable[int]) -> int:
+        """Re-read the recordings ``todo`` names; how many descriptions changed."""
+        changed = 0
         stopped = []
         for rid in todo:
             entry = self._entries.get(rid)

@@ -104,3 +104,47 @@ def test_list_streams_and_the_stop_retry_walk_what_changed_not_every_recording(
         assert (now[6]["recordings"], now[6]["active_recordings"]) == (21, 1)
         assert now[6]["bytes"] > streams[1]["bytes"] and now[5] == streams[0]
         assert described["info"] <= 10, described  # the live one, a few times: not 200
+
+
+def test_the_stat_snapshot_rereads_live_recordings_a_bounded_part_a_pass(tmp_path: Path) -> None:
+    """Issue 31 (publish tail): with every session publishing, every recording is live and
+    the snapshot's refresh re-read them all in one pass of the loop (~40 ms at 2,048, every
+    publish behind it). It now re-reads at most ``STAT_REFRESH_PER_PASS`` a pass, and the
+    snapshot still lists and counts every recording, as of one state."""
+    from aeron_spark.connector.server.server import STAT_REFRESH_PER_PASS
+
+    live = STAT_REFRESH_PER_PASS * 2 + 44  # three parts
+    directory = str(tmp_path / "srv")
+    config = ServerConfig(directory=directory, port=0, term_length=TERM, mtu=1408)
+    with StreamServer(config) as server, client_for(server.endpoint) as client:
+        assert server.core is not None
+        catalog = server.core.store.catalog  # type: ignore[attr-defined]
+        per_pass: list[int] = []
+        step = server._stat_step
+
+        def counted(now_ns: int) -> bool:  # what one pass of the loop re-reads
+            mark = catalog.refreshed
+            try:
+                return step(now_ns)
+            finally:
+                per_pass.append(catalog.refreshed - mark)
+
+        server._stat_step = counted  # type: ignore[method-assign]
+        for stream in range(100, 100 + live):
+            client.publish(stream, [b"x"])  # a live recording each
+        stat_snapshot_after(directory, time.time())  # its refresh may have begun before
+        first = stat_snapshot_after(directory, time.time())
+        mark = len(per_pass)
+        client.publish(100, [b"y"])
+        stat_snapshot_after(directory, time.time())  # its refresh may have begun before
+        snapshot = stat_snapshot_after(directory, time.time())
+        assert len(first["recordings"]) == live
+        assert len(snapshot["recordings"]) == live
+        assert sum(s["recordings"] for s in snapshot["streams"]) == live
+        assert snapshot["store"]["recordings"] == live
+        by_id = {r["stream_id"]: r for r in snapshot["recordings"]}
+        assert by_id[100]["recorded_position"] > by_id[101]["recorded_position"]
+        # a whole refresh (every live recording) happened since, in parts
+        assert sum(per_pass[mark:]) >= live
+    # main: one pass re-read all of them
+    assert max(per_pass) <= STAT_REFRESH_PER_PASS, max(per_pass)
