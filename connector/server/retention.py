@@ -97,6 +97,10 @@ class ConsumerRegistry:
                 path=self.path,
             ) from None
 
+    def recording_ids(self) -> set[int]:
+        """Every recording a consumer holds a position of."""
+        return {rid for c in self.consumers.values() for rid in c.positions}
+
     def commit(
         self,
         consumer_id: str,

@@ -147,8 +147,17 @@ class StreamServer:
                 self._store,
                 self.config.max_message_length_for,
             )
-            committer.recover(time.monotonic_ns())
             self.core = ServerCore(self.config, self._store, committer)
+            # ids the consumers' positions and the sink commit log name are never issued again,
+            # even with recordings/ deleted whole (its id mark with it): before the recovery,
+            # which may make a recording
+            self._store.recordings.issue_past(
+                max(
+                    self.core.consumers.recording_ids() | committer.recording_ids(),
+                    default=-1,
+                )
+            )
+            committer.recover(time.monotonic_ns())
             self.core.stats_hook = self._extra_stats
             self.core.transport_heard_ns = self._transport_heard_ns
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="aeron-spark-commit")

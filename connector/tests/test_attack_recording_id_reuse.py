@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from aeron_spark.connector.client import ClientSettings, StreamClient
@@ -94,3 +95,44 @@ def test_a_server_with_a_damaged_id_mark_says_so_in_one_line_and_exits(tmp_path:
     assert done.returncode != 0, done
     assert "ID_MARK_CORRUPT" in done.stderr and ID_MARK_FILE in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_attack_recordings_deleted_whole_mark_included_reuse_no_id_a_consumer_holds(
+    tmp_path: Path,
+) -> None:
+    """``rm -rf DIR/recordings`` (the mark goes with it): the next recordings took ids 0, 1, ...
+    again, and a consumer's committed position of the old recording 1 applied to the new one
+    (a query resuming from it would skip the new recording's first messages; retention held or
+    purged it by the old position). Ids the consumers' positions name are never issued again."""
+    directory = tmp_path / "srv"
+    with server_process(str(directory)) as (_proc, endpoint), _client(endpoint) as c:
+        c.publish(10, [b"ten"])
+        end11 = c.publish(11, [b"eleven-%d" % i for i in range(8)])
+        old = {r.recording_id: r.stream_id for r in c.list_recordings()}
+        c.consumer_commit("q", [11], {max(old): end11})
+    shutil.rmtree(directory / "recordings")  # every recording and the id mark
+
+    with server_process(str(directory)) as (_proc, endpoint), _client(endpoint) as c:
+        c.publish(10, [b"ten again"])
+        c.publish(11, [b"eleven again"])
+        now = {r.recording_id: r.stream_id for r in c.list_recordings()}
+        assert len(now) == 2, now
+        assert not set(now) & set(old), (now, old)  # main: {0: 10, 1: 11} again
+        [q] = [k for k in c.stats()["consumers"] if k["consumer_id"] == "q"]
+        assert set(q["positions"]) == {str(max(old))}, q  # the old recording's, none new
+
+
+@pytest.mark.parametrize("mark", [2**64 - 1, 2**63 - 3])
+def test_an_id_mark_with_no_room_left_in_int64_is_refused_as_damaged(
+    tmp_path: Path, mark: int
+) -> None:
+    """A mark is ids issued so far: one near 2**63 or past it is a damaged file (a flipped high
+    bit), not a store's. Main stopped the start with a bare OverflowError (2**64 - 1) or took it
+    (2**63 - 3), its fourth recording id past int64 (Aeron's and Spark's recording id)."""
+    recordings = tmp_path / "recordings"
+    recordings.mkdir()
+    (recordings / ID_MARK_FILE).write_bytes(msgpack.packb({"next_id": mark}))
+    with pytest.raises(IdMarkCorruptError, match="ID_MARK_CORRUPT") as info:
+        RecordingStore(str(tmp_path), fsync=False)
+    assert info.value.path == str(recordings / ID_MARK_FILE)
+    assert str(mark) in str(info.value)

@@ -93,6 +93,11 @@ _ACKED = struct.Struct("<qq")  # position, ~position (a torn or damaged file is 
 # consumer positions, sink commits and replays would have applied to the new recording).
 ID_MARK_FILE = "next_id.msgpack"
 ID_BLOCK = 256
+# A mark above this is damaged, not a store's: recording ids are Aeron's int64 (Spark's
+# ``recording_id long``), and a mark this high leaves 2**32 ids before the last one. Without
+# the bound a mark of 2**64 - 1 (one bit flipped in a uint64) stopped the start with a bare
+# OverflowError, and one of 2**63 - 3 was taken: the fourth id issued was past int64.
+ID_MARK_MAX = 2**63 - 2**32
 
 log = logging.getLogger(__name__)
 
@@ -1108,7 +1113,7 @@ class RecordingStore:
         if body is None:
             return 0
         mark = body.get("next_id") if isinstance(body, dict) else None
-        if not isinstance(mark, int) or isinstance(mark, bool) or mark < 0:
+        if not isinstance(mark, int) or isinstance(mark, bool) or not 0 <= mark <= ID_MARK_MAX:
             # written whole and renamed in, so only a damaged disk gets here: starting without it
             # could issue ids again; the operator decides (a value past every id ever issued)
             value = body.get("next_id") if isinstance(body, dict) else body
@@ -1135,6 +1140,14 @@ class RecordingStore:
                 os.unlink(self._id_mark_path + ".tmp")
             raise
         self._ids_reserved = mark
+
+    def issue_past(self, recording_id: int) -> None:
+        """Never issue ``recording_id`` or an id below it: ids the server's other state names
+        (consumer positions, the sink commit log), which outlive ``recordings/`` deleted whole,
+        mark included (before, the next recording took such an id and a consumer's committed
+        position applied to it). The mark advances with the next creation past it."""
+        with self._lock:
+            self._next_id = max(self._next_id, recording_id + 1)
 
     def get(self, recording_id: int) -> Recording:
         rec = self.recordings.get(recording_id)
