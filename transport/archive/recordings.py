@@ -276,6 +276,30 @@ def _read_meta(path: str) -> dict[str, Any] | None:
         return None
 
 
+def _read_descriptor(path: str) -> Descriptor | None:
+    """The descriptor of recording directory ``path``; None when it has none that reads: lost
+    (a crash before it was written), damaged (a failing disk, a power cut before its fsync: an
+    empty or torn file, or not a descriptor), or ``path`` is no directory. Before, a damaged one
+    stopped the store's start with a bare msgpack or TypeError, and a file with a digit name
+    with NotADirectoryError, though such a directory is to be left as it is and its id never
+    issued again."""
+    try:
+        meta = _read_meta(os.path.join(path, "meta.msgpack"))
+        if meta is None:
+            return None
+        d = Descriptor(**meta)
+    except (OSError, ValueError, TypeError, msgpack.UnpackException) as exc:
+        log.warning("recording descriptor %s is unreadable: %s", path, exc)
+        return None
+    ints = [v for k, v in d.__dict__.items() if k != "source"]
+    if not isinstance(d.source, str) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in ints
+    ):
+        log.warning("recording descriptor %s is not a descriptor: %r", path, meta)
+        return None
+    return d
+
+
 def _uniform_prefix(chunk: bytes, n: int) -> int:
     """Bytes of the run of whole DATA frames of one length that ``chunk`` starts with, checked
     with numpy (streams of equal-length messages are common; walking them frame by frame in
@@ -1052,11 +1076,11 @@ class RecordingStore:
         self.empty_leftovers_removed = 0  # no descriptor, nothing recorded: removed at start
         orphan_max = -1
         for name in sorted(os.listdir(self.root)):
-            if not name.isdigit():
+            if not (name.isascii() and name.isdigit()):  # int("²") fails: not a recording
                 continue
             path = os.path.join(self.root, name)
-            meta = _read_meta(os.path.join(path, "meta.msgpack"))
-            if meta is None:  # died between mkdir and its descriptor (empty), or lost it
+            meta = _read_descriptor(path)
+            if meta is None:  # died between mkdir and its descriptor (empty), lost or damaged
                 orphan_max = max(orphan_max, int(name))  # its id is never issued again
                 if _nothing_recorded(path):
                     # a crash before the descriptor of a directory made or a spare renamed in
@@ -1067,9 +1091,7 @@ class RecordingStore:
                 else:
                     self.orphan_directories.append(path)
                 continue
-            rec = Recording(
-                path, Descriptor(**meta), fsync, fds=self.files, stops_pending=self._stops_pending
-            )
+            rec = Recording(path, meta, fsync, fds=self.files, stops_pending=self._stops_pending)
             self.torn_bytes_cut += rec.torn_bytes_cut
             self.unacknowledged_bytes_cut += rec.unacknowledged_bytes_cut
             if rec.stop_position is None and not rec.d.source.startswith("sink:"):
