@@ -340,7 +340,36 @@ def newest(copies: Sequence[tuple[int, Marker | None]]) -> list[int]:
     top = max(keys, default=(0, -1))
     if top[0] == 0:
         return []
+    stray = _stray_claims(copies, top[0])
+    if stray:
+        keys = [(0, -1) if i in stray else key for i, key in enumerate(keys)]
+        top = max(keys)
     return [i for i, key in enumerate(keys) if key == top]
+
+
+def _stray_claims(copies: Sequence[tuple[int, Marker | None]], epoch: int) -> set[int]:
+    """The copies whose last END claims ``epoch`` (the highest) for a primary whose claim is not
+    established, where another primary's is: two primaries can number their epochs alike when
+    an opening is cut off from the others before it reaches ``minInSyncReplicas`` archives (the
+    primary partitioned, or the driver killed, right after appending it: it is not cut back)
+    and the next primary, which never saw it, opens the same number. A claim is established
+    when its last END is a batch's (written only once the opening reached that many) or its
+    opening is held alike by that many of ``copies``. Before, an old primary back with such a
+    stray opening after a batch never acknowledged, the promoted primary's batch run again
+    being the same size, tied on epoch and end and was elected (``archive`` first): the
+    acknowledged batch was cut off the others and the old one copied in its place."""
+    lasts = [last for _, last in copies if last is not None and last.epoch == epoch]
+    owners = {m.owner for m in lasts}
+    if len(owners) < 2:
+        return set()
+    established = {m.owner for m in lasts if not m.opens_epoch or lasts.count(m) >= m.insync}
+    if not established or established == owners:
+        return set()  # nothing to tell them apart by (minInSyncReplicas 1, or too few answer)
+    return {
+        i
+        for i, (_, last) in enumerate(copies)
+        if last is not None and last.epoch == epoch and last.owner not in established
+    }
 
 
 def next_epoch(
