@@ -224,6 +224,30 @@ def test_a_kept_spare_holds_only_empty_regular_files_never_a_symlink(tmp_path: P
     assert sorted(os.listdir(elsewhere)) == sorted(FILES)  # the link went, not what it named
 
 
+def test_a_kept_spare_holds_no_file_with_another_name_a_hard_link(tmp_path: Path) -> None:
+    """A spare whose segment file is a hard link to an empty file elsewhere (another recording's
+    segment before its first append, a snapshot made with ``cp -al``) is a regular empty file
+    to ``lstat``, so it was kept, and the first recording made from it wrote its messages into
+    that other file too. Such a spare is removed at start now (one name per file)."""
+    root = tmp_path / "recordings"
+    outside = tmp_path / "victim"
+    outside.touch()
+    spare = root / f"{PREFIX}1"
+    spare.mkdir(parents=True)
+    for name in FILES:
+        if name != SEGMENT_0:
+            (spare / name).touch()
+    os.link(outside, spare / SEGMENT_0)
+    store = RecordingStore(str(tmp_path), fsync=False)
+    try:
+        assert store.spares.ready == 0 and store.spares.removed == 1  # main: kept, ready == 1
+        rec = _create(store)
+        rec.append(b"\x00" * 64, 0, time.time_ns())
+    finally:
+        store.close(time.time_ns())
+    assert outside.read_bytes() == b""  # main: the new recording's frames
+
+
 STORAGE_FULL = 14  # ErrorCode.STORAGE_FULL on the wire
 
 

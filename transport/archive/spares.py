@@ -92,9 +92,10 @@ class SparePool:
 
     @staticmethod
     def _is_whole(path: str) -> bool:
-        """Exactly the spare's names, each an empty regular file (``lstat``: a symlink to an
-        empty file elsewhere looked whole, and a recording made from it wrote its messages
-        through the link; a FIFO failed every append)."""
+        """Exactly the spare's names, each an empty regular file of one name (``lstat``: a
+        symlink to an empty file elsewhere looked whole, and a recording made from it wrote its
+        messages through the link; a FIFO failed every append; a hard link, another name of the
+        file elsewhere, had the messages written there too)."""
         try:
             if not stat.S_ISDIR(os.lstat(path).st_mode):
                 return False
@@ -103,7 +104,7 @@ class SparePool:
                 return False
             for name in names:
                 st = os.lstat(os.path.join(path, name))
-                if not stat.S_ISREG(st.st_mode) or st.st_size != 0:
+                if not stat.S_ISREG(st.st_mode) or st.st_size != 0 or st.st_nlink != 1:
                     return False
             return True
         except OSError:
