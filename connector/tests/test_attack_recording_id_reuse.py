@@ -136,3 +136,52 @@ def test_an_id_mark_with_no_room_left_in_int64_is_refused_as_damaged(
         RecordingStore(str(tmp_path), fsync=False)
     assert info.value.path == str(recordings / ID_MARK_FILE)
     assert str(mark) in str(info.value)
+
+
+# A child that issues ids 0 and 1 (printing each), then is killed with SIGKILL inside the
+# mark's advance the third creation makes (ID_BLOCK 2): before the new mark's rename, or after
+# it and before its directory's fsync.
+_KILLED_IN_THE_MARK = """
+import os, signal, sys, time
+from aeron_spark.transport.archive import recordings as m
+m.ID_BLOCK = 2
+directory, point = sys.argv[1], sys.argv[2]
+store = m.RecordingStore(directory, fsync=False)
+for _ in range(2):
+    rec = store.create(10, 1, "session:test", 0, 0, 0, 65536, 1408, time.time_ns())
+    print(rec.d.recording_id, flush=True)
+real_replace, real_fsync_dir = os.replace, m.fsync_dir
+def replace(src, dst):
+    if point == "before rename" and dst.endswith(m.ID_MARK_FILE):
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_replace(src, dst)
+def fsync_dir(path):
+    if point == "after rename" and os.path.exists(os.path.join(path, m.ID_MARK_FILE)):
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_fsync_dir(path)
+m.os.replace, m.fsync_dir = replace, fsync_dir
+store.create(10, 1, "session:test", 0, 0, 0, 65536, 1408, time.time_ns())
+print("not killed", flush=True)
+"""
+
+
+@pytest.mark.parametrize("point", ["before rename", "after rename"])
+def test_a_kill_inside_the_marks_advance_issues_no_id_twice(tmp_path: Path, point: str) -> None:
+    """Held: killed while the mark advances (its new value written but not renamed in, or
+    renamed in but not fsynced), the store restarts past every id it issued."""
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_IN_THE_MARK, str(tmp_path), point],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert done.returncode == -9, done.stderr
+    issued = [int(line) for line in done.stdout.split()]
+    assert issued == [0, 1], done.stdout
+    store = RecordingStore(str(tmp_path), fsync=False)
+    try:
+        rec = store.create(10, 1, "session:test", 0, 0, 0, 64 * 1024, 1408, now_ns=1)
+        assert rec.d.recording_id not in issued and rec.d.recording_id >= 2
+    finally:
+        store.close(2)
+    assert not (tmp_path / "recordings" / f"{ID_MARK_FILE}.tmp").exists()

@@ -1167,7 +1167,11 @@ class RecordingStore:
         """Never issue ``recording_id`` or an id below it: ids the server's other state names
         (consumer positions, the sink commit log), which outlive ``recordings/`` deleted whole,
         mark included (before, the next recording took such an id and a consumer's committed
-        position applied to it). The mark advances with the next creation past it."""
+        position applied to it). The mark advances with the next creation past it. An id no
+        store reaches (``ID_MARK_MAX`` or more: a damaged file) is logged and not followed."""
+        if recording_id >= ID_MARK_MAX:
+            log.warning("recording id %d named elsewhere is past any issued: ignored", recording_id)
+            return
         with self._lock:
             self._next_id = max(self._next_id, recording_id + 1)
 
