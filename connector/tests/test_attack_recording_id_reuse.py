@@ -185,3 +185,28 @@ def test_a_kill_inside_the_marks_advance_issues_no_id_twice(tmp_path: Path, poin
     finally:
         store.close(2)
     assert not (tmp_path / "recordings" / f"{ID_MARK_FILE}.tmp").exists()
+
+
+@pytest.mark.parametrize("mark", ["behind", "missing"])
+def test_a_mark_behind_the_directories_or_missing_issues_past_every_directory(
+    tmp_path: Path, mark: str
+) -> None:
+    """Held: a mark restored from an older copy (behind) or lost, with the recordings' own
+    directories there, starts past the highest of them (an orphan's too)."""
+    store = RecordingStore(str(tmp_path), fsync=False)
+    made = [store.create(7, 1, "test", 5, 5, 0, 64 * 1024, 1408, now_ns=1) for _ in range(3)]
+    store.close(2)
+    root = tmp_path / "recordings"
+    orphan = root / str(made[-1].d.recording_id + 5)  # data, no descriptor: never issued
+    orphan.mkdir()
+    (orphan / "index").write_bytes(b"data")
+    if mark == "behind":
+        (root / ID_MARK_FILE).write_bytes(msgpack.packb({"next_id": 1}))
+    else:
+        (root / ID_MARK_FILE).unlink()
+    store = RecordingStore(str(tmp_path), fsync=False)
+    try:
+        rec = store.create(7, 1, "test", 5, 5, 0, 64 * 1024, 1408, now_ns=3)
+        assert rec.d.recording_id > int(orphan.name)
+    finally:
+        store.close(4)
