@@ -48,6 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from aeron_spark.connector.errors import LimitExceededError
 from aeron_spark.transport.protocol.frames import (
     RESERVED_VALUE_OFFSET,
     FrameType,
@@ -67,6 +68,7 @@ _FLAGS = _HAS_DIGEST | _HAS_EPOCH | _OPENS_EPOCH
 _EPOCH = struct.Struct("<qq")  # epoch, owner (the writing primary's archive id)
 DIGEST_BYTES = 8
 OPENING_BATCH = -1  # the batch of an epoch opening
+MAX_EPOCH = 2**63 - 1  # an epoch is an int64
 _TYPE_DATA, _TYPE_PAD = int(FrameType.DATA), int(FrameType.PAD)
 _RESERVED_AT = RESERVED_VALUE_OFFSET
 TARGET_ALIAS_PREFIX = "aeron-spark-sink-"
@@ -388,6 +390,16 @@ def next_epoch(
     if last is not None and last.epoch == top > 0 and last.owner == owner:
         if all(e == end and m == last for e, m in copies):
             return top, False
+    if top >= MAX_EPOCH:
+        # the sink raises its epoch by one an election: an END this high was not written by
+        # it (a writer of the archive's own, or a damaged copy); before, the commit failed
+        # with a bare struct.error packing the next one, at every commit
+        raise LimitExceededError(
+            f"archive sink: an END marker holds epoch {top}, the last an int64 takes; the "
+            "sink's epochs grow by one an election, so another writer appended it: cut the "
+            "copy holding it back (truncateRecording) before the sink can commit again",
+            limit=MAX_EPOCH,
+        )
     return top + 1, True
 
 
@@ -397,6 +409,7 @@ __all__ = [
     "END",
     "MARKER_MAGIC",
     "MARKER_RESERVED_VALUE",
+    "MAX_EPOCH",
     "Marker",
     "OPENING_BATCH",
     "STAGING_ALIAS_PREFIX",

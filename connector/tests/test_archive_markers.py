@@ -13,6 +13,7 @@ from aeron_spark.connector.archive_markers import (
     END,
     MARKER_MAGIC,
     MARKER_RESERVED_VALUE,
+    MAX_EPOCH,
     OPENING_BATCH,
     Marker,
     Tail,
@@ -24,6 +25,7 @@ from aeron_spark.connector.archive_markers import (
     next_epoch,
     target_alias,
 )
+from aeron_spark.connector.errors import ErrorCode, LimitExceededError
 from aeron_spark.connector.formats import Geometry, iter_messages
 from aeron_spark.connector.session.replay import ReplayBlock
 
@@ -249,3 +251,14 @@ def test_a_stray_opening_of_an_epoch_another_primary_numbered_alike_is_not_elect
     assert newest([(2300, replace(far, insync=1)), (1256, one), (1256, one)]) == [0]
     # the promoted b goes on under a new epoch, opened first
     assert next_epoch([(2256, stray), (2256, y), (2256, y)], 1, b_id) == (6, True)
+
+
+def test_an_end_of_the_last_epoch_an_int64_takes_fails_the_election_coded() -> None:
+    """A writer of the archive's own appends an END of epoch 2**63 - 1 (the highest a marker
+    holds): main's next epoch was 2**63 and every commit failed with a bare struct.error packing
+    it; now a coded LIMIT_EXCEEDED says which epoch and what to do."""
+    forged = _e(2256, 2000, b"f" * 8, MAX_EPOCH, 666)
+    assert Marker.decode(forged.encode(), -1, -1) is not None  # a marker like any other
+    with pytest.raises(LimitExceededError, match=str(MAX_EPOCH)) as info:
+        next_epoch([(2256, forged), (1000, None)], 1, 22)
+    assert info.value.code == ErrorCode.LIMIT_EXCEEDED
