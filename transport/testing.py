@@ -120,6 +120,21 @@ class ManualClock:
         return self.now_ns
 
 
+class Wire:
+    """A send function for sans-I/O machines that keeps what they send: ``sent`` holds each
+    ``(datagram bytes, address)``; :meth:`take` hands them over and forgets them."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, Any]] = []
+
+    def __call__(self, data: Any, address: Any) -> None:
+        self.sent.append((bytes(data), address))
+
+    def take(self) -> list[tuple[bytes, Any]]:
+        out, self.sent = self.sent, []
+        return out
+
+
 def pump(driver: Any, until: Callable[[], bool], timeout_s: float = 20.0) -> None:
     """Step an invoker-mode driver until ``until()`` (idling 5 ms when it has nothing to do);
     an ``AssertionError`` after ``timeout_s``."""
@@ -217,6 +232,7 @@ __all__ = [
     "LossInjector",
     "ManualClock",
     "Spoofer",
+    "Wire",
     "free_udp_port",
     "make_message",
     "message_sizes",

@@ -19,23 +19,11 @@ from aeron_spark.transport.protocol.image import (
 )
 from aeron_spark.transport.protocol.publication import PublicationState
 from aeron_spark.transport.protocol.receiver import ReceiveDispatcher, StreamInterest
-from aeron_spark.transport.testing import ManualClock
+from aeron_spark.transport.testing import ManualClock, Wire
 
 SENDER = ("127.0.0.1", 41000)
 MS = 1_000_000
 US = 1_000
-
-
-class Wire:
-    def __init__(self) -> None:
-        self.sent: list[tuple[bytes, Any]] = []
-
-    def __call__(self, data: Any, address: Any) -> None:
-        self.sent.append((bytes(data), address))
-
-    def take(self) -> list[tuple[bytes, Any]]:
-        out, self.sent = self.sent, []
-        return out
 
 
 def sms(wire: Wire) -> list[StatusMessage]:
