@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from aeron_spark.connector.client import ClientSettings, ReplayBlock, StreamClient
+from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.framing import Framer
+from aeron_spark.connector.server.server import StreamServer
 from aeron_spark.connector.server.stat import read_snapshot
 from aeron_spark.handshake.keystore import client_public_key_hex
 from aeron_spark.transport.archive import RecordingStore
@@ -268,6 +270,29 @@ class KeyedServer:
                 timeout_s=timeout_s,
             )
         )
+
+
+def client_key(directory: str | os.PathLike[str], name: str) -> tuple[str, str]:
+    """A client key store (``keys-<name>`` under ``directory``) and its public key (hex)."""
+    store = os.path.join(directory, f"keys-{name}")
+    return store, client_public_key_hex(store)
+
+
+def authorizing_server(
+    directory: str | os.PathLike[str], keys_file: str | os.PathLike[str], **config: Any
+) -> StreamServer:
+    """An in-process server (started; ``srv`` and ``server-keys`` under ``directory``, terms of
+    1 MiB unless ``term_length``) that takes only the client keys ``keys_file`` lists."""
+    config.setdefault("term_length", 1 << 20)
+    return StreamServer(
+        ServerConfig(
+            directory=os.path.join(directory, "srv"),
+            port=0,
+            key_store_dir=os.path.join(directory, "server-keys"),
+            authorized_keys_file=os.fspath(keys_file),
+            **config,
+        )
+    ).start()
 
 
 @contextlib.contextmanager
