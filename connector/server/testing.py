@@ -23,11 +23,12 @@ from aeron_spark.connector.server.framing import Framer
 from aeron_spark.connector.server.server import StreamServer
 from aeron_spark.connector.server.stat import read_snapshot
 from aeron_spark.handshake.keystore import client_public_key_hex
+from aeron_spark.transport import Driver, DriverConfig, Publication
 from aeron_spark.transport.archive import RecordingStore
 from aeron_spark.transport.protocol.frames import DataFlags
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
 from aeron_spark.transport.protocol.term import FragmentAssembler, Header, read_term
-from aeron_spark.transport.testing import sweep_dead
+from aeron_spark.transport.testing import free_udp_port, sweep_dead
 
 
 @dataclass(frozen=True)
@@ -293,6 +294,26 @@ def authorizing_server(
             **config,
         )
     ).start()
+
+
+@contextlib.contextmanager
+def ingest_publication(
+    directory: str | os.PathLike[str], stream_id: int = 33, **config: Any
+) -> Iterator[tuple[StreamServer, Publication]]:
+    """An in-process server (``srv`` under ``directory``, unencrypted; ``config``: more of its
+    settings) recording ``stream_id`` from its ingest channel on a free loopback port, and a
+    plain publication to that channel (no handshake) from a driver of its own."""
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+    settings = ServerConfig(
+        directory=os.path.join(directory, "srv"),
+        port=0,
+        encryption=False,
+        ingest_channel=channel,
+        ingest_stream_ids=(stream_id,),
+        **config,
+    )
+    with StreamServer(settings) as server, Driver(DriverConfig()) as driver:
+        yield server, driver.add_publication(channel, stream_id)
 
 
 @contextlib.contextmanager
