@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aeron_spark.connector.client import ClientSettings, ReplayBlock, StreamClient
@@ -279,6 +280,22 @@ def client_key(directory: str | os.PathLike[str], name: str) -> tuple[str, str]:
     return store, client_public_key_hex(store)
 
 
+def authorized_keys(
+    directory: str | os.PathLike[str], grants: dict[str, str]
+) -> tuple[Path, dict[str, str]]:
+    """Write ``directory``'s ``authorized_keys`` granting each name of ``grants`` its permissions
+    (``{"reader": "read=10", "ops": "read=* write=* admin"}``) with the client key store
+    :func:`client_key` makes for it (or finds there): the file and each name's key store."""
+    stores = {}
+    lines = []
+    for name, permissions in grants.items():
+        stores[name], key = client_key(directory, name)
+        lines.append(f"{key} {name} {permissions}\n")
+    path = Path(directory) / "authorized_keys"
+    path.write_text("".join(lines))
+    return path, stores
+
+
 def authorizing_server(
     directory: str | os.PathLike[str], keys_file: str | os.PathLike[str], **config: Any
 ) -> StreamServer:
@@ -324,14 +341,10 @@ def keyed_server(
     its permissions (``{"reader": "read=10", "ops": "read=* write=* admin"}``); the key stores,
     the keys file and the server's own key store are made under ``directory``."""
     os.makedirs(directory, exist_ok=True)
-    stores = {name: os.path.join(directory, f"keys-{name}") for name in grants}
-    keys_file = os.path.join(directory, "authorized_keys")
-    with open(keys_file, "w") as fh:
-        for name, permissions in grants.items():
-            fh.write(f"{client_public_key_hex(stores[name])} {name} {permissions}\n")
+    keys_file, stores = authorized_keys(directory, grants)
     options = [
         "--authorized-keys",
-        keys_file,
+        str(keys_file),
         "--key-store",
         os.path.join(directory, "server-keys"),
         *extra,

@@ -25,7 +25,11 @@ from aeron_spark.connector.errors import (
 from aeron_spark.connector.server import ServerConfig, StreamServer
 from aeron_spark.connector.server.authz import OP_PERMISSION, StreamSet, allowed, parse
 from aeron_spark.connector.server.stat import stat_main
-from aeron_spark.connector.server.testing import authorizing_server, client_key
+from aeron_spark.connector.server.testing import (
+    authorized_keys,
+    authorizing_server,
+    client_key,
+)
 from aeron_spark.errors import ConfigurationError
 from aeron_spark.handshake.errors import ClientUnknownError
 from aeron_spark.handshake.keystore import KeyStore
@@ -188,10 +192,10 @@ def test_an_unknown_client_key_is_refused_in_the_handshake_before_anything_is_al
 def test_a_read_only_key_cannot_publish_stage_or_commit_and_sees_only_its_streams(
     tmp_path: Path,
 ) -> None:
-    writer, writer_key = client_key(tmp_path, "writer")
-    reader, reader_key = client_key(tmp_path, "reader")
-    keys = tmp_path / "authorized_keys"
-    keys.write_text(f"{writer_key} writer write=10,11 read=10,11\n{reader_key} reader read=10\n")
+    keys, stores = authorized_keys(
+        tmp_path, {"writer": "write=10,11 read=10,11", "reader": "read=10"}
+    )
+    writer, reader = stores["writer"], stores["reader"]
     with authorizing_server(tmp_path, keys) as server:
         with StreamClient.connect(_settings(server, writer)) as w:
             w.publish(10, [b"ten"])
@@ -339,10 +343,8 @@ def test_an_explicit_client_key_file_is_used(tmp_path: Path) -> None:
 
 
 def test_commit_and_abort_are_checked_against_every_staged_parts_stream(tmp_path: Path) -> None:
-    both, both_key = client_key(tmp_path, "both")
-    ten, ten_key = client_key(tmp_path, "ten")
-    keys = tmp_path / "authorized_keys"
-    keys.write_text(f"{both_key} both write=10,11\n{ten_key} ten write=10\n")
+    keys, stores = authorized_keys(tmp_path, {"both": "write=10,11", "ten": "write=10"})
+    both, ten = stores["both"], stores["ten"]
     with authorizing_server(tmp_path, keys) as server:
         with StreamClient.connect(_settings(server, both)) as c:
             staged = c.stage("sink", 1, 0, 0, 11, [b"row"], local=False)
@@ -446,14 +448,13 @@ def test_every_request_is_checked_against_every_stream_it_touches(
 def test_a_commit_of_several_streams_is_checked_on_every_parts_stream(tmp_path: Path) -> None:
     """Issue 32: a routing sink's commit names no stream_id; each staged part's stream is
     checked, so a key narrowed after staging commits nothing, on any stream."""
-    writer, writer_key = client_key(tmp_path, "writer")
-    keys = tmp_path / "authorized_keys"
-    keys.write_text(f"{writer_key} writer write=10,11 read=10,11\n")
+    keys, stores = authorized_keys(tmp_path, {"writer": "write=10,11 read=10,11"})
+    writer = stores["writer"]
     with authorizing_server(tmp_path, keys) as server:
         with StreamClient.connect(_settings(server, writer)) as w:
             staged = [w.stage("route", 1, 0, 0, s, [b"row"], local=False) for s in (10, 11)]
         reloads = server.snapshot()["counters"].get("authorized_keys_reloads", 0)
-        keys.write_text(f"{writer_key} writer write=10 read=10,11\n")
+        authorized_keys(tmp_path, {"writer": "write=10 read=10,11"})
         _wait_for(
             lambda: server.snapshot()["counters"].get("authorized_keys_reloads", 0) > reloads,
             what="the narrowed keys file",
@@ -468,10 +469,10 @@ def test_a_commit_of_several_streams_is_checked_on_every_parts_stream(tmp_path: 
 def test_batched_positions_and_ranges_show_and_scan_only_readable_recordings(
     tmp_path: Path,
 ) -> None:
-    writer, writer_key = client_key(tmp_path, "writer")
-    reader, reader_key = client_key(tmp_path, "reader")
-    keys = tmp_path / "authorized_keys"
-    keys.write_text(f"{writer_key} writer write=10,11 read=10,11\n{reader_key} reader read=10\n")
+    keys, stores = authorized_keys(
+        tmp_path, {"writer": "write=10,11 read=10,11", "reader": "read=10"}
+    )
+    writer, reader = stores["writer"], stores["reader"]
     with authorizing_server(tmp_path, keys) as server:
         with StreamClient.connect(_settings(server, writer)) as w:
             w.publish(10, [b"ten"] * 3)

@@ -27,7 +27,11 @@ from aeron_spark.connector.errors import (
     UnknownRecordingError,
 )
 from aeron_spark.connector.server import StreamServer
-from aeron_spark.connector.server.testing import authorizing_server, client_key
+from aeron_spark.connector.server.testing import (
+    authorized_keys,
+    authorizing_server,
+    client_key,
+)
 
 TERM = 64 * 1024
 
@@ -212,10 +216,10 @@ def test_a_consumer_belongs_to_its_creator_and_holds_only_readable_streams(tmp_p
 
 
 def test_stats_and_errors_show_only_what_the_client_may_read(tmp_path: Path) -> None:
-    reader, reader_key = client_key(tmp_path, "reader")
-    other, other_key = client_key(tmp_path, "other")
-    keys = tmp_path / "authorized_keys"
-    keys.write_text(f"{reader_key} reader read=10\n{other_key} other read=10,11 write=10,11\n")
+    keys, stores = authorized_keys(
+        tmp_path, {"reader": "read=10", "other": "read=10,11 write=10,11"}
+    )
+    reader, other = stores["reader"], stores["other"]
     with authorizing_server(tmp_path, keys) as server:
         with _client(server, other) as o, _client(server, reader) as r:
             o.publish(10, [b"ten"])
@@ -247,10 +251,8 @@ def test_stats_and_errors_show_only_what_the_client_may_read(tmp_path: Path) -> 
 
 
 def test_a_narrowed_permission_ends_the_keys_replays_no_longer_allowed(tmp_path: Path) -> None:
-    reader, reader_key = client_key(tmp_path, "reader")
-    ops, ops_key = client_key(tmp_path, "ops")
-    keys = tmp_path / "authorized_keys"
-    keys.write_text(f"{reader_key} reader read=11,13\n{ops_key} ops read=* write=*\n")
+    keys, stores = authorized_keys(tmp_path, {"reader": "read=11,13", "ops": "read=* write=*"})
+    reader, ops = stores["reader"], stores["ops"]
     with authorizing_server(tmp_path, keys) as server:
         with _client(server, ops) as o, _client(server, reader) as r:
             o.publish(11, [b"before"])
@@ -260,7 +262,7 @@ def test_a_narrowed_permission_ends_the_keys_replays_no_longer_allowed(tmp_path:
             live = r.replay(eleven.recording_id, 0, None)  # a live replay: follows the stream
             kept = r.replay(thirteen.recording_id, 0, None)
             assert next(live).data and next(kept).data
-            keys.write_text(f"{reader_key} reader read=12,13\n{ops_key} ops read=* write=*\n")
+            authorized_keys(tmp_path, {"reader": "read=12,13", "ops": "read=* write=*"})
             server.request_reload()
             with pytest.raises(NotAuthorisedError, match="replay"):
                 for _block in live:
@@ -326,9 +328,8 @@ def test_a_commit_interrupted_before_the_upgrade_is_resumed_from_legacy_part_nam
 
     from aeron_spark.connector.server.commitlog import CommitLog
 
-    writer, writer_key = client_key(tmp_path, "writer")
-    keys = tmp_path / "authorized_keys"
-    keys.write_text(f"{writer_key} writer read=10 write=10\n")
+    keys, stores = authorized_keys(tmp_path, {"writer": "read=10 write=10"})
+    writer = stores["writer"]
     with authorizing_server(tmp_path, keys) as server, _client(server, writer) as w:
         staged = w.stage("old", 3, 0, 0, 10, ROWS, local=False)
         part = server.core.committer.staging.part_path(staged)  # type: ignore[union-attr]
