@@ -62,9 +62,9 @@ _FLAG_BEGIN, _FLAG_END = int(DataFlags.BEGIN), int(DataFlags.END)
 log = logging.getLogger("aeron_spark.connector.stores.archive")
 
 
-def connect(c: ArchiveConnect, **timeouts: float) -> ArchiveClient:
+def connect(c: ArchiveConnect, **timeouts: Any) -> ArchiveClient:
     """A control session with the archive ``c`` names (the source's and the sink's);
-    ``timeouts``: more of ``ArchiveClient.connect``'s (``connect_timeout_s``, ...)."""
+    ``timeouts``: more :class:`ArchiveClientConfig` settings (``connect_timeout_s``, ...)."""
     return ArchiveClient.connect(
         c.control_channel,
         control_stream_id=c.control_stream_id,
