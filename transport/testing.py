@@ -11,14 +11,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
+import signal
 import socket
 import struct
+import subprocess
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +123,40 @@ class ManualClock:
         return self.now_ns
 
 
+class Wire:
+    """A send function for sans-I/O machines that keeps what they send: ``sent`` holds each
+    ``(datagram bytes, address)``; :meth:`take` hands them over and forgets them."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, Any]] = []
+
+    def __call__(self, data: Any, address: Any) -> None:
+        self.sent.append((bytes(data), address))
+
+    def take(self) -> list[tuple[bytes, Any]]:
+        out, self.sent = self.sent, []
+        return out
+
+
+@contextlib.contextmanager
+def ready_process(argv: list[str]) -> Iterator[subprocess.Popen[str]]:
+    """A child process (``argv``) whose first line on stdout is ``ready`` once it is set up; it
+    then reads what the test writes to its stdin. At the end it is let go on (the test may have
+    paused it with ``SIGSTOP``), killed if still running, and reaped."""
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dict(os.environ)
+    )
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline().strip() == "ready"
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+        proc.wait(30)
+
+
 def pump(driver: Any, until: Callable[[], bool], timeout_s: float = 20.0) -> None:
     """Step an invoker-mode driver until ``until()`` (idling 5 ms when it has nothing to do);
     an ``AssertionError`` after ``timeout_s``."""
@@ -217,10 +254,12 @@ __all__ = [
     "LossInjector",
     "ManualClock",
     "Spoofer",
+    "Wire",
     "free_udp_port",
     "make_message",
     "message_sizes",
     "pump",
+    "ready_process",
     "spoof_unavailable",
 ]
 
