@@ -586,9 +586,10 @@ class AgentRunner:
             self._ready = {key.fileobj for key, _ in events}
             for key, _ in events:
                 if key.fileobj is self._wake_r:
+                    # one byte a sleep (wake()): one read takes them, without the failing
+                    # second read a loop would end on; any left end the next select at once
                     try:
-                        while self._wake_r.recv(4096):
-                            pass
+                        self._wake_r.recv(4096)
                     except (BlockingIOError, InterruptedError):
                         pass
         finally:
