@@ -8,8 +8,8 @@ It owns the bookkeeping of one driver and nothing that blocks or reads a clock:
 * session-id allocation, spies attached to local publications, the counts of what is gone
   (``retired``), stream positions and totals for the counters;
 * its timers, as an agent (``do_work(now_ns)``): IPC resources are stepped when they are due
-  (each at its own deadline, or kicked: added, the IPC directory's watch readable, a change
-  made from a client thread; never walked in a step that has nothing for them), and every
+  (each at its own deadline, or kicked: just added, or the IPC directory's watch was readable;
+  never walked in a step that has nothing for them), and every
   ``counters_interval_ns`` endpoints nobody uses any more and closed IPC resources are reaped
   and ``on_tick(now_ns)`` runs (the front writes the counters file there).
 
@@ -173,7 +173,7 @@ class DriverConductor:
         return work
 
     def has_work(self) -> bool:
-        """An IPC resource was kicked (added, a change from a client thread) since the step."""
+        """An IPC resource was added since the last step (it is stepped at once)."""
         return bool(self.ipc_due.ready)
 
     def next_deadline_ns(self, now_ns: int) -> int:
