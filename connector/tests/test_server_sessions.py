@@ -300,10 +300,12 @@ def test_a_publish_a_retransmission_completed_is_served_by_its_signal_alone(
     when something else signalled (the client's keepalive, 10 s later) or the check read it
     (``spark_tests/test_lossy_link.py``: with the check's read skipped the client stayed back-
     pressured for good). Here the one lost datagram is chosen (``DropChosen`` on the server's
-    driver), the server listens on a network address (so its sessions' mtu is 1408) and
-    neither a check nor a keepalive comes within the test: the signal alone serves it."""
+    driver), the server's sessions take the network mtu (1408) on loopback, and neither a check
+    nor a keepalive comes within the test: the signal alone serves it."""
     from aeron_spark.connector.server import server as server_module
     from aeron_spark.connector.server.schedule import SessionSchedule
+    from aeron_spark.connector.session import link as link_module
+    from aeron_spark.connector.session.link import NETWORK_MTU
 
     def second_fragment(header: DataHeader) -> bool:
         middle = not header.flags & DataFlags.UNFRAGMENTED
@@ -311,9 +313,9 @@ def test_a_publish_a_retransmission_completed_is_served_by_its_signal_alone(
 
     hook = DropChosen(second_fragment)
     monkeypatch.setattr(server_module, "DriverConfig", functools.partial(DriverConfig, loss=hook))
-    config = ServerConfig(
-        directory=str(tmp_path / "srv"), port=0, host="0.0.0.0", term_length=1 << 20
-    )
+    # the network mtu on loopback (tests listen on loopback only): a 100 KB message is 73 fragments
+    monkeypatch.setattr(link_module, "session_mtu", lambda host: NETWORK_MTU)
+    config = ServerConfig(directory=str(tmp_path / "srv"), port=0, term_length=1 << 20)
     server = StreamServer(config)
     server.schedule = SessionSchedule(check_interval_ns=10**15)  # no check in the test
     with server.start():
