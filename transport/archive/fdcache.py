@@ -46,6 +46,7 @@ class FdCache:
         self._by_dir: dict[str, set[tuple[str, bool]]] = {}
         self._lock = threading.Lock()
         self.opens = 0
+        self.adopted = 0  # descriptors opened elsewhere and handed over (adopt)
         self.evictions = 0
         self.open_failures = 0  # EMFILE/ENFILE even after closing every unused descriptor
 
@@ -93,6 +94,20 @@ class FdCache:
             self.opens += 1
             self._trim(self.capacity)
             return entry
+
+    def adopt(self, path: str, fd: int) -> None:
+        """Cache ``fd``, a descriptor of ``path`` opened read-write elsewhere (a spare
+        recording's files, opened ahead by its thread: issue 31); it is the cache's now. A
+        descriptor already cached for ``path`` is kept and ``fd`` closed."""
+        key = (path, True)
+        with self._lock:
+            if key in self._entries:
+                os.close(fd)
+                return
+            self._entries[key] = _Entry(fd)
+            self._by_dir.setdefault(os.path.normpath(os.path.dirname(path)), set()).add(key)
+            self.adopted += 1
+            self._trim(self.capacity)
 
     def _open(self, path: str, flags: int) -> int:
         try:
@@ -172,6 +187,7 @@ class FdCache:
             "open_files": len(self._entries),
             "open_files_capacity": self.capacity,
             "file_opens": self.opens,
+            "file_descriptors_adopted": self.adopted,
             "file_evictions": self.evictions,
             "file_open_failures": self.open_failures,
         }
