@@ -71,6 +71,7 @@ _CHILD = textwrap.dedent(
     while store.spares.ready < 1 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert store.spares.ready == 1
+    store.spares.want(0)  # no other spare made meanwhile: the one taken is the only one
     if point == "rename":
         real = os.rename
         def rename(src, dst, *args, **kwargs):

@@ -95,18 +95,22 @@ class FdCache:
             self._trim(self.capacity)
             return entry
 
-    def adopt(self, path: str, fd: int) -> None:
-        """Cache ``fd``, a descriptor of ``path`` opened read-write elsewhere (a spare
-        recording's files, opened ahead by its thread: issue 31); it is the cache's now. A
-        descriptor already cached for ``path`` is kept and ``fd`` closed."""
-        key = (path, True)
+    def adopt(self, directory: str, fds: dict[str, int]) -> None:
+        """Cache ``fds`` (file name in ``directory`` -> a descriptor opened read-write
+        elsewhere: a spare recording's files, opened ahead by its thread; issue 31); they are
+        the cache's now. A descriptor already cached for a path is kept and the new one
+        closed."""
         with self._lock:
-            if key in self._entries:
-                os.close(fd)
-                return
-            self._entries[key] = _Entry(fd)
-            self._by_dir.setdefault(os.path.normpath(os.path.dirname(path)), set()).add(key)
-            self.adopted += 1
+            keys = self._by_dir.setdefault(os.path.normpath(directory), set())
+            entries = self._entries
+            for name, fd in fds.items():
+                key = (f"{directory}{os.sep}{name}", True)
+                if key in entries:
+                    os.close(fd)
+                    continue
+                entries[key] = _Entry(fd)
+                keys.add(key)
+                self.adopted += 1
             self._trim(self.capacity)
 
     def _open(self, path: str, flags: int) -> int:

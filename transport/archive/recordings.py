@@ -1306,12 +1306,11 @@ class RecordingStore:
         finally:
             if own_fd and meta_fd is not None:
                 os.close(meta_fd)
-        for name, fd in fds.items():
-            if name == SPARE_META:
-                self.spares.retire(fd)  # closed on the spares' thread
-            else:
-                self.files.adopt(os.path.join(path, name), fd)
-        spare.fds = {}
+        if fds:
+            data = dict(fds)
+            self.spares.retire(data.pop(SPARE_META))  # closed on the spares' thread
+            self.files.adopt(path, data)
+            spare.fds = {}
         if self.fsync:  # the new directory's name too: before, a power cut could lose it
             try:
                 fsync_dir(self.root)

@@ -50,6 +50,8 @@ META = "meta.msgpack"
 FILES = (META, "acked", "index", SEGMENT_0)
 #: What older versions' spares held instead of ``META`` (a temporary file renamed in later).
 OLD_META = "meta.msgpack.tmp"
+#: Descriptors retired (:meth:`SparePool.retire`) before the thread wakes to close them.
+RETIRE_BATCH = 32
 
 
 class Spare:
@@ -215,13 +217,17 @@ class SparePool:
                 self.taken_open -= 1
 
     def retire(self, fd: int) -> None:
-        """A descriptor the caller is done with: closed by the thread (a ``close`` less on the
-        caller's)."""
+        """A descriptor the caller is done with: closed by the thread, ``RETIRE_BATCH`` at a
+        time (a ``close`` less on the caller's, and no wake-up of the thread for each)."""
         with self._cond:
+            if self._closed:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                return
             self._retired.append(fd)
-            if len(self._retired) >= 64 or self._closed:
-                self._close_retired()
-            # else closed when the thread next wakes (a taken spare wakes it)
+            if len(self._retired) >= RETIRE_BATCH:
+                self._start()
+                self._cond.notify()
 
     def _close_retired(self) -> None:
         retired, self._retired = self._retired, []
@@ -231,7 +237,7 @@ class SparePool:
 
     def _work(self) -> bool:
         """(Under the lock) whether the thread has something to do."""
-        if self._poke or self._retired or len(self._ready) < self._wanted:
+        if self._poke or len(self._retired) >= RETIRE_BATCH or len(self._ready) < self._wanted:
             return True
         return self._may_open()
 
