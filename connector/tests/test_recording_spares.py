@@ -207,3 +207,47 @@ def test_the_id_mark_is_advanced_ahead_by_the_spares_thread_not_the_creating_one
         assert _record(again, 99, 1)[0] >= 12  # no id issued twice
     finally:
         again.close(time.time_ns())
+
+
+def _fds_under(root: str) -> int:
+    """This process's descriptors open on files under ``root``."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith(root + os.sep)
+        except OSError:  # the listing's own descriptor, closed since
+            pass
+    return count
+
+
+def test_spares_hold_their_files_open_within_a_budget_and_close_them_all(tmp_path: Path) -> None:
+    """A spare holds its four files open (a creation then opens none on its thread), at most
+    ``max_open_files`` descriptors for all spares: past that a spare is made closed, and opened
+    by the thread when a taken one frees its share (or by the creating thread, as before, if
+    it is taken first). Nothing stays open after the store is closed."""
+    root = os.path.realpath(tmp_path)
+    store = RecordingStore(root, fsync=False, max_open_files=8)  # 2 spares' worth
+    try:
+        store.spares.want(5)
+        _wait_ready(store, 5)
+        assert store.spares.open_files == 8 and _fds_under(root) == 8
+        store.spares.want(0)
+        made = [_record(store, s, 2) for s in (1, 2)]  # the two open ones
+        assert store.spares.taken_open == 2
+        deadline = time.monotonic() + DEADLINE_S
+        while store.spares.open_files < 8:  # two of the three closed ones opened by the thread
+            assert time.monotonic() < deadline, store.spares.stats()
+            time.sleep(0.02)
+        made += [_record(store, s, 2) for s in (3, 4, 5)]  # two open, the last one closed
+        assert store.spares.taken == 5 and store.spares.taken_open == 4
+        assert store.spares.open_files == 0
+    finally:
+        store.close(time.time_ns())
+    assert _fds_under(root) == 0
+    again = RecordingStore(root, fsync=False)
+    try:
+        assert sorted(again.recordings) == [m[0] for m in made]
+        assert all(again.get(m[0]).recorded_position == m[1] for m in made)
+    finally:
+        again.close(time.time_ns())
+    assert _fds_under(root) == 0

@@ -272,6 +272,8 @@ class SparePool:
                     bare = next((sp for sp in reversed(self._ready) if not sp.fds), None)
                     if bare is not None:
                         self._ready.remove(bare)
+                    else:  # the counts disagree (never expected): no spinning on them
+                        self._open_failed = True
             for fd in retired:
                 with contextlib.suppress(OSError):
                     os.close(fd)
