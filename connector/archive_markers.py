@@ -48,6 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from aeron_spark.connector.errors import LimitExceededError
 from aeron_spark.transport.protocol.frames import (
     RESERVED_VALUE_OFFSET,
     FrameType,
@@ -67,6 +68,7 @@ _FLAGS = _HAS_DIGEST | _HAS_EPOCH | _OPENS_EPOCH
 _EPOCH = struct.Struct("<qq")  # epoch, owner (the writing primary's archive id)
 DIGEST_BYTES = 8
 OPENING_BATCH = -1  # the batch of an epoch opening
+MAX_EPOCH = 2**63 - 1  # an epoch is an int64
 _TYPE_DATA, _TYPE_PAD = int(FrameType.DATA), int(FrameType.PAD)
 _RESERVED_AT = RESERVED_VALUE_OFFSET
 TARGET_ALIAS_PREFIX = "aeron-spark-sink-"
@@ -340,7 +342,36 @@ def newest(copies: Sequence[tuple[int, Marker | None]]) -> list[int]:
     top = max(keys, default=(0, -1))
     if top[0] == 0:
         return []
+    stray = _stray_claims(copies, top[0])
+    if stray:
+        keys = [(0, -1) if i in stray else key for i, key in enumerate(keys)]
+        top = max(keys)
     return [i for i, key in enumerate(keys) if key == top]
+
+
+def _stray_claims(copies: Sequence[tuple[int, Marker | None]], epoch: int) -> set[int]:
+    """The copies whose last END claims ``epoch`` (the highest) for a primary whose claim is not
+    established, where another primary's is: two primaries can number their epochs alike when
+    an opening is cut off from the others before it reaches ``minInSyncReplicas`` archives (the
+    primary partitioned, or the driver killed, right after appending it: it is not cut back)
+    and the next primary, which never saw it, opens the same number. A claim is established
+    when its last END is a batch's (written only once the opening reached that many) or its
+    opening is held alike by that many of ``copies``. Before, an old primary back with such a
+    stray opening after a batch never acknowledged, the promoted primary's batch run again
+    being the same size, tied on epoch and end and was elected (``archive`` first): the
+    acknowledged batch was cut off the others and the old one copied in its place."""
+    lasts = [last for _, last in copies if last is not None and last.epoch == epoch]
+    owners = {m.owner for m in lasts}
+    if len(owners) < 2:
+        return set()
+    established = {m.owner for m in lasts if not m.opens_epoch or lasts.count(m) >= m.insync}
+    if not established or established == owners:
+        return set()  # nothing to tell them apart by (minInSyncReplicas 1, or too few answer)
+    return {
+        i
+        for i, (_, last) in enumerate(copies)
+        if last is not None and last.epoch == epoch and last.owner not in established
+    }
 
 
 def next_epoch(
@@ -359,6 +390,16 @@ def next_epoch(
     if last is not None and last.epoch == top > 0 and last.owner == owner:
         if all(e == end and m == last for e, m in copies):
             return top, False
+    if top >= MAX_EPOCH:
+        # the sink raises its epoch by one an election: an END this high was not written by
+        # it (a writer of the archive's own, or a damaged copy); before, the commit failed
+        # with a bare struct.error packing the next one, at every commit
+        raise LimitExceededError(
+            f"archive sink: an END marker holds epoch {top}, the last an int64 takes; the "
+            "sink's epochs grow by one an election, so another writer appended it: cut the "
+            "copy holding it back (truncateRecording) before the sink can commit again",
+            limit=MAX_EPOCH,
+        )
     return top + 1, True
 
 
@@ -368,6 +409,7 @@ __all__ = [
     "END",
     "MARKER_MAGIC",
     "MARKER_RESERVED_VALUE",
+    "MAX_EPOCH",
     "Marker",
     "OPENING_BATCH",
     "STAGING_ALIAS_PREFIX",

@@ -256,15 +256,25 @@ class Connection:
 
     def receive_view_nowait(self, poll: bool = True) -> bytes | memoryview | None:
         """The next message as it was delivered: a memoryview of its frame with
-        ``deliver_views`` (no copy), else bytes; None when none has arrived. Without ``poll``
-        only what an earlier poll read is given (a caller woken by the subscription's listener
-        for what arrives later: the stream server's loop)."""
+        ``deliver_views`` (no copy), else bytes; None when no whole message has arrived (a
+        poll that read all it was allowed and completed none polls again: None never leaves
+        arrived fragments unread). Without ``poll`` only what an earlier poll read is given (a
+        caller woken by the subscription's listener for what arrives later: the stream
+        server's loop)."""
         if not self._inbox and not self._closed:
             if not poll:
                 return None
-            self.poll_frames()
-            if not self._inbox:
-                return None
+            # a poll that read all it was allowed without completing a message polls again:
+            # the rest of the message is there (a message of more fragments than a poll
+            # takes, made readable at once when a retransmission filled a gap before it), and
+            # no signal will come for fragments that already arrived (issue 31: the stream
+            # server's loop took None for "nothing left" and the session stalled for good)
+            while True:
+                self.poll_frames()
+                if self._inbox:
+                    break
+                if not self.poll_was_full or self._closed:
+                    return None
         return self._inbox.popleft()
 
     def receive_nowait(self) -> bytes | None:

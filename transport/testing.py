@@ -3,6 +3,8 @@
 * :class:`LossConfig` / :class:`LossInjector`: drop, duplicate and reorder received datagrams at
   given rates, from a seeded random generator, between a socket and the state machines (Aeron's
   ``LossGenerator``). Pass ``DriverConfig(loss=LossConfig(...))`` to a driver.
+* :class:`DropChosen`: drop the DATA datagrams a test chooses, once each (their retransmissions
+  pass), for deterministic loss.
 * :class:`ManualClock`: a ``now_ns`` source tests advance by hand.
 * :func:`free_udp_port`: a port number that was free a moment ago (prefer binding port 0).
 * :class:`Spoofer`: UDP datagrams over IPv4 with a forged source address and port (a raw
@@ -11,21 +13,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
+import signal
 import socket
 import struct
+import subprocess
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from aeron_spark.transport.counters import sweep_counter_files
 from aeron_spark.transport.driver.driver import default_directory
 from aeron_spark.transport.errors import ChannelError
 from aeron_spark.transport.ipc import logfile
+from aeron_spark.transport.protocol.frames import DATA_HEADER, FrameType
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +112,56 @@ class LossInjector:
             return buf, length, source
 
 
+class DropChosen:
+    """A media hook (``DriverConfig(loss=DropChosen(choose))``) that drops the DATA datagrams
+    the test chooses, each once: ``choose(header)`` is asked for every DATA datagram not
+    dropped before (``header``: ``DATA_HEADER``'s fields of its first frame, a
+    ``DataHeader``); a chosen one is dropped the first time and handed on when it comes again
+    (a retransmission: its key in ``resent``). Deterministic loss, unlike :class:`LossConfig`'s
+    rates. One instance serves every endpoint of the driver (the receiver thread calls it)."""
+
+    def __init__(self, choose: Callable[[DataHeader], bool]) -> None:
+        self.choose = choose
+        self.dropped: list[tuple[int, int, int]] = []  # (session id, term id, term offset)
+        self.resent: list[tuple[int, int, int]] = []
+        self.handed_headers: list[DataHeader] = []  # of the DATA handed on (resent too)
+
+    def receive_hook(self, counters: Any = None) -> DropChosen:
+        return self
+
+    def receive(self, endpoint: Any) -> tuple[Any, int, Any] | None:
+        while True:
+            got = endpoint.raw_receive()
+            if got is None:
+                return None
+            buf, length, _source = got
+            if length < DATA_HEADER.size or buf[6] != FrameType.DATA:
+                return got
+            header = DataHeader(*DATA_HEADER.unpack_from(buf, 0))
+            if header.frame_length == 0:
+                return got  # a heartbeat
+            key = (header.session_id, header.term_id, header.term_offset)
+            if key in self.dropped:
+                self.resent.append(key)
+            elif self.choose(header):
+                self.dropped.append(key)
+                continue
+            self.handed_headers.append(header)
+            return got
+
+
+class DataHeader(NamedTuple):
+    frame_length: int
+    version: int
+    flags: int
+    frame_type: int
+    term_offset: int
+    session_id: int
+    stream_id: int
+    term_id: int
+    reserved_value: int
+
+
 class ManualClock:
     """A clock for stepping sans-I/O machines: ``clock.now_ns``, ``clock.advance(ns)``."""
 
@@ -118,6 +174,40 @@ class ManualClock:
 
     def __call__(self) -> int:
         return self.now_ns
+
+
+class Wire:
+    """A send function for sans-I/O machines that keeps what they send: ``sent`` holds each
+    ``(datagram bytes, address)``; :meth:`take` hands them over and forgets them."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, Any]] = []
+
+    def __call__(self, data: Any, address: Any) -> None:
+        self.sent.append((bytes(data), address))
+
+    def take(self) -> list[tuple[bytes, Any]]:
+        out, self.sent = self.sent, []
+        return out
+
+
+@contextlib.contextmanager
+def ready_process(argv: list[str]) -> Iterator[subprocess.Popen[str]]:
+    """A child process (``argv``) whose first line on stdout is ``ready`` once it is set up; it
+    then reads what the test writes to its stdin. At the end it is let go on (the test may have
+    paused it with ``SIGSTOP``), killed if still running, and reaped."""
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dict(os.environ)
+    )
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline().strip() == "ready"
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+        proc.wait(30)
 
 
 def pump(driver: Any, until: Callable[[], bool], timeout_s: float = 20.0) -> None:
@@ -217,10 +307,12 @@ __all__ = [
     "LossInjector",
     "ManualClock",
     "Spoofer",
+    "Wire",
     "free_udp_port",
     "make_message",
     "message_sizes",
     "pump",
+    "ready_process",
     "spoof_unavailable",
 ]
 

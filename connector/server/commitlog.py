@@ -249,15 +249,8 @@ class CommitLog:
                 _write_all(fd, out, tmp)
                 out.clear()
             os.fsync(fd)
-        except BaseException:
-            self.compaction_failures += 1
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        try:
             os.replace(tmp, self.path)
-        except BaseException:
+        except BaseException:  # before the rename, or the rename itself: the log as it was
             self.compaction_failures += 1
             os.close(fd)
             with contextlib.suppress(OSError):

@@ -401,9 +401,17 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
         stream_id = args["stream_id"]
         publisher = session.publishers.get(stream_id)
         if publisher is None:
-            publisher = self.store.open_publisher(stream_id, f"session:{session.peer}", now_ns)
-            if not session.publishers:
+            first = not session.publishers
+            if first:  # one spare fewer wanted before it is taken: the spares' thread is not
+                # woken to make one that would be wanted no more (issue 31: each wake-up of
+                # another thread is GIL the loop waits for, 2,048 of them in one second)
                 self._expect_publishers(-1)
+            try:
+                publisher = self.store.open_publisher(stream_id, f"session:{session.peer}", now_ns)
+            except BaseException:
+                if first:
+                    self._expect_publishers(1)
+                raise
             session.publishers[stream_id] = publisher
         end = publisher.publish(payloads, rvs, now_ns)
         self.counters["messages_published"] += len(payloads)

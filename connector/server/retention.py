@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import msgpack
 
@@ -54,6 +55,23 @@ class Consumer:
     positions: dict[int, int]  # recording id -> committed position
     updated_s: float
     owner: str = ""  # the client key (hex) that created it; "" without --authorized-keys
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _one_change_at_a_time(
+    change: Callable[Concatenate[ConsumerRegistry, _P], _R],
+) -> Callable[Concatenate[ConsumerRegistry, _P], _R]:
+    """The registry's ``change`` made holding its ``_changing`` lock."""
+
+    @functools.wraps(change)
+    def locked(self: ConsumerRegistry, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._changing:
+            return change(self, *args, **kwargs)
+
+    return locked
 
 
 class ConsumerRegistry:
@@ -97,31 +115,12 @@ class ConsumerRegistry:
                 path=self.path,
             ) from None
 
+    def recording_ids(self) -> set[int]:
+        """Every recording a consumer holds a position of."""
+        return {rid for c in self.consumers.values() for rid in c.positions}
+
+    @_one_change_at_a_time
     def commit(
-        self,
-        consumer_id: str,
-        stream_ids: Iterable[int],
-        positions: dict[Any, Any],
-        now_s: float,
-        owner: str | None = None,
-        may_claim: Callable[[tuple[int, ...]], bool] | None = None,
-        max_per_owner: int | None = None,
-    ) -> None:
-        """See :meth:`_commit` (one change at a time)."""
-        with self._changing:
-            self._commit(consumer_id, stream_ids, positions, now_s, owner, may_claim, max_per_owner)
-
-    def forget(
-        self,
-        consumer_id: str,
-        owner: str | None = None,
-        may_override: Callable[[tuple[int, ...]], bool] | None = None,
-    ) -> bool:
-        """See :meth:`_forget` (one change at a time)."""
-        with self._changing:
-            return self._forget(consumer_id, owner, may_override)
-
-    def _commit(
         self,
         consumer_id: str,
         stream_ids: Iterable[int],
@@ -134,7 +133,8 @@ class ConsumerRegistry:
         """Record a consumer's positions. ``owner``: the committing client's key (hex; None: no
         ownership, open server): another owner's consumer is refused; one without an owner is
         claimed if ``may_claim(its streams)``. A new consumer past ``max_per_owner`` consumers of
-        its owner (all consumers without an owner on an open server) is refused."""
+        its owner (all consumers without an owner on an open server) is refused. One change at
+        a time."""
         if not isinstance(consumer_id, str) or not consumer_id or len(consumer_id) > 256:
             raise ControlProtocolError("consumer_commit: consumer_id must be 1..256 characters")
         try:
@@ -168,14 +168,15 @@ class ConsumerRegistry:
         self.held[kept] += 1
         self.commits += 1
 
-    def _forget(
+    @_one_change_at_a_time
+    def forget(
         self,
         consumer_id: str,
         owner: str | None = None,
         may_override: Callable[[tuple[int, ...]], bool] | None = None,
     ) -> bool:
         """Forget a consumer. With ``owner`` (a client key, hex): another owner's consumer only
-        if ``may_override(its streams)`` (admin on all of them)."""
+        if ``may_override(its streams)`` (admin on all of them). One change at a time."""
         old = self.consumers.get(consumer_id)
         if owner is not None and old is not None and old.owner and old.owner != owner:
             if may_override is None or not may_override(old.stream_ids):

@@ -44,7 +44,8 @@ from aeron_spark.errors import ConfigurationError
 
 CHECK_INTERVAL_NS = 1_000_000_000
 CHECK_GRID_NS = 100_000_000
-# sessions due only for their check taken by one pass (each check reads its session: ~20-35 us)
+# sessions due only for their check taken by one pass (a check was a read of its session,
+# ~20-35 us; a look at its connection since the retransmission signal)
 MAX_CHECKS_PER_PASS = 64
 
 

@@ -154,8 +154,17 @@ class StreamServer:
                 self._store,
                 self.config.max_message_length_for,
             )
-            committer.recover(time.monotonic_ns())
             self.core = ServerCore(self.config, self._store, committer)
+            # ids the consumers' positions and the sink commit log name are never issued again,
+            # even with recordings/ deleted whole (its id mark with it): before the recovery,
+            # which may make a recording
+            self._store.recordings.issue_past(
+                max(
+                    self.core.consumers.recording_ids() | committer.recording_ids(),
+                    default=-1,
+                )
+            )
+            committer.recover(time.monotonic_ns())
             self.core.stats_hook = self._extra_stats
             self.core.transport_heard_ns = self._transport_heard_ns
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="aeron-spark-commit")
@@ -440,10 +449,20 @@ class StreamServer:
                 continue
             self._sessions[link] = _SessionIO(link)
             schedule = self.schedule
-            signals = link.on_ready(functools.partial(schedule.signalled.append, link))
+            signals = link.on_ready(functools.partial(self._signalled, link))
             schedule.add(link, now_ns, signals)
             accepted += 1
         return accepted
+
+    def _signalled(self, link: ServerLink) -> None:
+        """A session's subscription signalled (a driver thread): queued for the next pass,
+        then the loop woken. In that order: the handshake's own listener wakes the loop
+        first, and a pass it ran before the key was queued found nothing and slept through
+        the signal until its next deadline (a check, up to a second away)."""
+        self.schedule.signalled.append(link)
+        listener = self._listener
+        if listener is not None:
+            listener.wake()
 
     def _transport_heard_ns(self, key: object) -> int | None:
         """When a session's transport last heard its client (asked when its lease runs out):
@@ -466,6 +485,7 @@ class StreamServer:
         schedule = self.schedule
         sessions = self._sessions
         due = schedule.due(now_ns)
+        checking = schedule.checking
         for key in due:
             io = sessions.get(key)
             if io is None:  # pragma: no cover - the schedule forgets every session closed
@@ -479,10 +499,14 @@ class StreamServer:
                 self._forget(key)
                 work += 1
                 continue
-            # a session due only for its connection check (``schedule.checking``) is read too:
-            # skipping its read (what arrives signals it) stalled a publish over a lossy link
-            # for good (spark_tests/test_lossy_link.py: the client back-pressured 60 s; data
-            # a retransmission completed signalled nothing), so the check polls once a second
+            if key in checking:
+                # due only for its connection check: nothing signalled (a message, an image
+                # come or gone), nothing queued, no replay, no input left: nothing to read.
+                # (A read here hid a stall over a lossy link: a receive that polled 64
+                # fragments of a longer message, made readable at once by a retransmission,
+                # said None and left the rest unread with no signal to come; it now reads
+                # the whole message, handshake/connection.py)
+                continue
             more = False  # input may be left (a pass's budget ran out)
             if self._flush(io):
                 received = 0

@@ -609,6 +609,11 @@ class SinkCommitter:
                 self._visible_by[rid] = key
             self.recordings.set_visible(rid, self.visible[rid])
 
+    def recording_ids(self) -> set[int]:
+        """Every recording the commit log names (committed ends, commits to resume)."""
+        pending = {t["recording_id"] for b in self._pending.values() for t in _targets(b)}
+        return set(self.visible) | pending
+
     def _forgotten(self, sink_id: str, batch_id: int) -> bool:
         """Was ``batch_id`` committed, before the sink's window? Known only for a sink whose
         batch ids only grew and whose window is full (anything below it was committed)."""

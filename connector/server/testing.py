@@ -15,17 +15,21 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aeron_spark.connector.client import ClientSettings, ReplayBlock, StreamClient
+from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.framing import Framer
+from aeron_spark.connector.server.server import StreamServer
 from aeron_spark.connector.server.stat import read_snapshot
 from aeron_spark.handshake.keystore import client_public_key_hex
+from aeron_spark.transport import Driver, DriverConfig, Publication
 from aeron_spark.transport.archive import RecordingStore
 from aeron_spark.transport.protocol.frames import DataFlags
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
 from aeron_spark.transport.protocol.term import FragmentAssembler, Header, read_term
-from aeron_spark.transport.testing import sweep_dead
+from aeron_spark.transport.testing import free_udp_port, sweep_dead
 
 
 @dataclass(frozen=True)
@@ -270,6 +274,65 @@ class KeyedServer:
         )
 
 
+def client_key(directory: str | os.PathLike[str], name: str) -> tuple[str, str]:
+    """A client key store (``keys-<name>`` under ``directory``) and its public key (hex)."""
+    store = os.path.join(directory, f"keys-{name}")
+    return store, client_public_key_hex(store)
+
+
+def authorized_keys(
+    directory: str | os.PathLike[str], grants: dict[str, str]
+) -> tuple[Path, dict[str, str]]:
+    """Write ``directory``'s ``authorized_keys`` granting each name of ``grants`` its permissions
+    (``{"reader": "read=10", "ops": "read=* write=* admin"}``) with the client key store
+    :func:`client_key` makes for it (or finds there): the file and each name's key store."""
+    stores = {}
+    lines = []
+    for name, permissions in grants.items():
+        stores[name], key = client_key(directory, name)
+        lines.append(f"{key} {name} {permissions}\n")
+    path = Path(directory) / "authorized_keys"
+    path.write_text("".join(lines))
+    return path, stores
+
+
+def authorizing_server(
+    directory: str | os.PathLike[str], keys_file: str | os.PathLike[str], **config: Any
+) -> StreamServer:
+    """An in-process server (started; ``srv`` and ``server-keys`` under ``directory``, terms of
+    1 MiB unless ``term_length``) that takes only the client keys ``keys_file`` lists."""
+    config.setdefault("term_length", 1 << 20)
+    return StreamServer(
+        ServerConfig(
+            directory=os.path.join(directory, "srv"),
+            port=0,
+            key_store_dir=os.path.join(directory, "server-keys"),
+            authorized_keys_file=os.fspath(keys_file),
+            **config,
+        )
+    ).start()
+
+
+@contextlib.contextmanager
+def ingest_publication(
+    directory: str | os.PathLike[str], stream_id: int = 33, **config: Any
+) -> Iterator[tuple[StreamServer, Publication]]:
+    """An in-process server (``srv`` under ``directory``, unencrypted; ``config``: more of its
+    settings) recording ``stream_id`` from its ingest channel on a free loopback port, and a
+    plain publication to that channel (no handshake) from a driver of its own."""
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+    settings = ServerConfig(
+        directory=os.path.join(directory, "srv"),
+        port=0,
+        encryption=False,
+        ingest_channel=channel,
+        ingest_stream_ids=(stream_id,),
+        **config,
+    )
+    with StreamServer(settings) as server, Driver(DriverConfig()) as driver:
+        yield server, driver.add_publication(channel, stream_id)
+
+
 @contextlib.contextmanager
 def keyed_server(
     directory: str, grants: dict[str, str], extra: Iterable[str] = ()
@@ -278,14 +341,10 @@ def keyed_server(
     its permissions (``{"reader": "read=10", "ops": "read=* write=* admin"}``); the key stores,
     the keys file and the server's own key store are made under ``directory``."""
     os.makedirs(directory, exist_ok=True)
-    stores = {name: os.path.join(directory, f"keys-{name}") for name in grants}
-    keys_file = os.path.join(directory, "authorized_keys")
-    with open(keys_file, "w") as fh:
-        for name, permissions in grants.items():
-            fh.write(f"{client_public_key_hex(stores[name])} {name} {permissions}\n")
+    keys_file, stores = authorized_keys(directory, grants)
     options = [
         "--authorized-keys",
-        keys_file,
+        str(keys_file),
         "--key-store",
         os.path.join(directory, "server-keys"),
         *extra,

@@ -13,6 +13,7 @@ from aeron_spark.connector.archive_markers import (
     END,
     MARKER_MAGIC,
     MARKER_RESERVED_VALUE,
+    MAX_EPOCH,
     OPENING_BATCH,
     Marker,
     Tail,
@@ -24,6 +25,7 @@ from aeron_spark.connector.archive_markers import (
     next_epoch,
     target_alias,
 )
+from aeron_spark.connector.errors import ErrorCode, LimitExceededError
 from aeron_spark.connector.formats import Geometry, iter_messages
 from aeron_spark.connector.session.replay import ReplayBlock
 
@@ -222,3 +224,41 @@ def test_agreed_end_an_older_epochs_end_where_a_newer_one_ends_does_not_count() 
     assert agreed_end(copies, 0, 2, marker_at) == (1000, [0, 1, 2])
     assert agreed_end(copies, 0, 1, marker_at) == (2000, [2])
     assert agreed_end([(2000, y), (2000, y), (2000, x)], 0, 2, marker_at) == (2000, [0, 1])
+
+
+def test_a_stray_opening_of_an_epoch_another_primary_numbered_alike_is_not_elected() -> None:
+    """Two primaries can number an epoch alike (``minInSyncReplicas=2``, archives a, b, c):
+    a appended batch 2 under epoch 4 (x, never acknowledged: cut off before its copies), then,
+    elected again, the opening of epoch 5, and was cut off again before the opening reached a
+    second archive (so it was not cut back). b, elected without a, saw epoch 4 as the highest,
+    opened epoch 5 on b and c and wrote batch 2 again (y, acknowledged, the same size). a is
+    back: a ends at the same position under epoch 5 as b and c. Main elected a (``archive``
+    first among the ties): y was cut off b and c and x copied in its place."""
+    a_id, b_id = 11, 22
+    stray = _e(2256, 2000, b"o" * 8, 5, a_id, opens=True)  # after x (1000..2000), epoch 4
+    y = _e(2256, 1256, b"y" * 8, 5, b_id)  # after b's opening (1000..1256), epoch 5
+    assert newest([(2256, stray), (2256, y), (2256, y)]) == [1, 2]  # main: [0, 1, 2]
+    # a further on (x longer than y): main elected a by its end
+    far = replace(stray, begin_position=2100, position=2300 - 64, end_position=2300)
+    assert newest([(2300, far), (2256, y), (2256, y)]) == [1, 2]  # main: [0]
+    # b's epoch only opened (the commit failed before batch 2), held by b and c: established
+    opened = _e(1256, 1000, b"p" * 8, 5, b_id, opens=True)
+    assert newest([(2300, far), (1256, opened), (1256, opened)]) == [1, 2]  # main: [0]
+    # c gone: b's bare opening is held by one archive of two, nothing tells the claims apart
+    assert newest([(2300, far), (1256, opened), (-1, None)]) == [0]
+    # minInSyncReplicas 1: every opening is established; the furthest, as before
+    one = replace(opened, insync=1)
+    assert newest([(2300, replace(far, insync=1)), (1256, one), (1256, one)]) == [0]
+    # the promoted b goes on under a new epoch, opened first
+    assert next_epoch([(2256, stray), (2256, y), (2256, y)], 1, b_id) == (6, True)
+
+
+def test_an_end_of_the_last_epoch_an_int64_takes_fails_the_election_coded() -> None:
+    """A writer of the archive's own appends an END of epoch 2**63 - 1 (the highest a marker
+    holds): main's next epoch was 2**63 and every commit failed with a bare struct.error packing
+    it; now a coded LIMIT_EXCEEDED says which epoch and what to do."""
+    forged = _e(2256, 2000, b"f" * 8, MAX_EPOCH, 666)
+    assert Marker.decode(forged.encode(), -1, -1) is not None  # a marker like any other
+    with pytest.raises(LimitExceededError, match=str(MAX_EPOCH)) as info:
+        next_epoch([(2256, forged), (1000, None)], 1, 22)
+    assert info.value.code == ErrorCode.LIMIT_EXCEEDED

@@ -31,6 +31,10 @@ SINK = "many-parts"
 STREAMS = (41, 42)
 PARTS = 16
 ROWS = 1500  # per part: ~1.5 MB of frames
+# The committing client's timeout, waited out after the kill before its ServerUnavailableError
+# (the staging client's 10 s before): the commit's ``begin`` is in the log within milliseconds
+# of the request, and the kill follows it.
+COMMITTER_TIMEOUT_S = 4
 _CODE = (
     "import sys; from aeron_spark.connector.server import server_main; "
     "sys.exit(server_main(sys.argv[1:]))"
@@ -116,14 +120,17 @@ def test_kill_9_inside_a_many_part_commit_and_inside_its_recovery_commits_it_onc
         errors: list[BaseException] = []
         try:
             endpoint = _endpoint(proc, log_path, skip)
-            with client_for(endpoint, timeout_s=10) as c:
+            with (
+                client_for(endpoint, timeout_s=10) as c,
+                client_for(endpoint, timeout_s=COMMITTER_TIMEOUT_S) as committing,
+            ):
                 staged = [
                     c.stage(SINK, batch, part, 0, stream_id, _rows(stream_id, part), local=False)
                     for part in range(PARTS // 2)
                     for stream_id in STREAMS
                 ]
 
-                def commit(c=c, batch=batch, staged=staged, bad=errors) -> None:
+                def commit(c=committing, batch=batch, staged=staged, bad=errors) -> None:
                     try:
                         c.commit(SINK, batch, None, staged)
                     except BaseException as exc:  # a lost server, judged below

@@ -9,14 +9,13 @@ client loses its sessions a lease after its last sign.)"""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from aeron_spark.connector.server.testing import client_for, server_process
+from aeron_spark.transport.testing import ready_process
 
 # a client process holding 4 idle sessions; a line on stdin makes each publish once more and
 # print its reconnect count
@@ -40,16 +39,8 @@ def test_idle_sessions_of_a_client_paused_2_s_survive_a_5_s_lease(tmp_path: Path
         _proc,
         endpoint,
     ):
-        client = subprocess.Popen(
-            [sys.executable, "-c", _CLIENT, endpoint],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=dict(os.environ),
-        )
-        try:
+        with ready_process([sys.executable, "-c", _CLIENT, endpoint]) as client:
             assert client.stdout is not None and client.stdin is not None
-            assert client.stdout.readline().strip() == "ready"
             with client_for(endpoint) as observer:
                 before = observer.stats()["counters"]
                 time.sleep(12.0)  # idle: nothing but the transport's signs, past the lease
@@ -66,8 +57,3 @@ def test_idle_sessions_of_a_client_paused_2_s_survive_a_5_s_lease(tmp_path: Path
             assert after["session_leases_renewed_by_transport"] > before.get(
                 "session_leases_renewed_by_transport", 0
             )
-        finally:
-            if client.poll() is None:
-                client.send_signal(signal.SIGCONT)
-                client.kill()
-            client.wait(30)

@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
+import msgpack
+import pytest
+
 from aeron_spark.connector.server.testing import client_for, messages_of, server_process
+from aeron_spark.transport.archive import RecordingStore
 
 
 def _payloads(client, stream: int) -> list[bytes]:  # type: ignore[no-untyped-def]
@@ -45,3 +50,53 @@ def test_a_recording_whose_descriptor_was_lost_never_lends_its_data_to_a_new_one
         assert got == [b"stream-20-own"], got
         assert new.recording_id != rec.recording_id
     assert sorted(p.name for p in leftover.iterdir()) == kept  # left for the operator
+
+
+_DAMAGED = {
+    "empty": b"",  # a power cut before the descriptor's fsync
+    "torn": msgpack.packb({"recording_id": 3, "stream_id": 10})[:9],
+    "not msgpack": b"\xc1\xc1\xc1",
+    "other keys": msgpack.packb({"x": 1}),
+    "a list": msgpack.packb([1, 2, 3]),
+    "wrong types": msgpack.packb(
+        {
+            "recording_id": "3",
+            "stream_id": 10,
+            "session_id": 1,
+            "source": "s",
+            "start_position": 0,
+            "start_timestamp_ns": 0,
+            "initial_term_id": 0,
+            "term_length": 65536,
+            "mtu": 1408,
+            "segment_length": 1 << 26,
+        }
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(_DAMAGED))
+def test_a_damaged_descriptor_or_a_file_with_a_digit_name_is_left_not_fatal(
+    tmp_path: Path, damage: str
+) -> None:
+    """README: a recording directory with data whose descriptor is lost *or damaged* is left as
+    it is, not served, its id never issued again. Main stopped the store's start (and the
+    server's) with a bare FormatError, ValueError or TypeError for a damaged descriptor, and with
+    NotADirectoryError for a file with a digit name in ``recordings/`` (an fsck's leftover)."""
+    root = tmp_path / "recordings"
+    (root / "3").mkdir(parents=True)
+    (root / "3" / "meta.msgpack").write_bytes(_DAMAGED[damage])
+    (root / "3" / "index").write_bytes(b"kept" * 4)
+    (root / "9").write_bytes(b"a file, not a recording directory")
+    (root / "\u00b2").mkdir()  # a digit to str.isdigit, not to int()
+    store = RecordingStore(str(tmp_path), fsync=False)
+    try:
+        assert store.recordings == {}
+        assert sorted(store.orphan_directories) == [str(root / "3"), str(root / "9")]
+        rec = store.create(20, 1, "session:test", 0, 0, 0, 64 * 1024, 1408, time.time_ns())
+        assert rec.d.recording_id > 9  # neither id is issued
+    finally:
+        store.close(time.time_ns())
+    assert (root / "3" / "meta.msgpack").read_bytes() == _DAMAGED[damage]  # left as it was
+    assert (root / "3" / "index").read_bytes() == b"kept" * 4
+    assert (root / "9").read_bytes() == b"a file, not a recording directory"

@@ -8,6 +8,7 @@ recordings, and a server keeps one ready per session that has not published yet.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 from aeron_spark.connector.server.framing import Framer
 from aeron_spark.connector.server.testing import client_for, server_process
 from aeron_spark.transport.archive import RecordingStore
+from aeron_spark.transport.archive import recordings as recordings_mod
 from aeron_spark.transport.archive.spares import FILES, PREFIX, SEGMENT_0
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
 
@@ -65,11 +67,10 @@ def test_a_recording_made_from_a_spare_is_the_spares_files(tmp_path: Path) -> No
         assert end == 3 * 160
         after = _inodes(directory)
         # every name of the new recording is a spare's inode: the directory, the acked, index
-        # and segment files, and the descriptor (its temporary file renamed in)
+        # and segment files, and the descriptor (written into the spare before its rename)
         used = next(files for files in before.values() if files["."] == after["."])
         assert sorted(after) == sorted([".", "meta.msgpack", "acked", "index", SEGMENT_0])
-        assert after["meta.msgpack"] == used["meta.msgpack.tmp"]
-        for name in ("acked", "index", SEGMENT_0):
+        for name in ("meta.msgpack", "acked", "index", SEGMENT_0):
             assert after[name] == used[name], name
         assert store.spares.taken == 1
         assert store.get(rid).recorded_position == end
@@ -167,3 +168,86 @@ def test_with_fsync_adopted_spares_are_fsynced_before_use(
             assert os.path.realpath(root / f"{PREFIX}{n}") in synced
     finally:
         store.close(time.time_ns())
+
+
+def test_the_id_mark_is_advanced_ahead_by_the_spares_thread_not_the_creating_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The durable mark of recording ids (``next_id.msgpack``: written whole, renamed in, two
+    fsyncs) was advanced on the creating thread every ``ID_BLOCK`` creations: 2,048 sessions
+    publishing a first time in one second had the server's loop write and fsync it eight times
+    in that second. The spares' thread keeps it ahead of the ids the wanted spares will take."""
+    monkeypatch.setattr(recordings_mod, "ID_BLOCK", 4)  # the mark due at the fifth creation
+    store = RecordingStore(str(tmp_path), fsync=False)
+    try:
+        store.spares.want(12)
+        _wait_ready(store, 12)
+        me = threading.get_ident()
+        writes: list[str] = []
+        real_replace = os.replace
+
+        def replace(src: str, dst: str) -> None:
+            if threading.get_ident() == me:
+                writes.append(os.path.basename(dst))
+            real_replace(src, dst)
+
+        monkeypatch.setattr(os, "replace", replace)
+        ids = [_record(store, s, 1)[0] for s in range(12)]
+        monkeypatch.setattr(os, "replace", real_replace)
+        assert ids == list(range(12))
+        # main: ['next_id.msgpack', 'next_id.msgpack'] (at the 5th and the 9th) beside each
+        # descriptor's
+        assert "next_id.msgpack" not in writes, writes
+        assert store.spares.taken == 12
+    finally:
+        store.close(time.time_ns())
+    again = RecordingStore(str(tmp_path), fsync=False)
+    try:
+        assert sorted(again.recordings) == list(range(12))
+        assert _record(again, 99, 1)[0] >= 12  # no id issued twice
+    finally:
+        again.close(time.time_ns())
+
+
+def _fds_under(root: str) -> int:
+    """This process's descriptors open on files under ``root``."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith(root + os.sep)
+        except OSError:  # the listing's own descriptor, closed since
+            pass
+    return count
+
+
+def test_spares_hold_their_files_open_within_a_budget_and_close_them_all(tmp_path: Path) -> None:
+    """A spare holds its four files open (a creation then opens none on its thread), at most
+    ``max_open_files`` descriptors for all spares: past that a spare is made closed, and opened
+    by the thread when a taken one frees its share (or by the creating thread, as before, if
+    it is taken first). Nothing stays open after the store is closed."""
+    root = os.path.realpath(tmp_path)
+    store = RecordingStore(root, fsync=False, max_open_files=8)  # 2 spares' worth
+    try:
+        store.spares.want(5)
+        _wait_ready(store, 5)
+        assert store.spares.open_files == 8 and _fds_under(root) == 8
+        store.spares.want(0)
+        made = [_record(store, s, 2) for s in (1, 2)]  # the two open ones
+        assert store.spares.taken_open == 2
+        deadline = time.monotonic() + DEADLINE_S
+        while store.spares.open_files < 8:  # two of the three closed ones opened by the thread
+            assert time.monotonic() < deadline, store.spares.stats()
+            time.sleep(0.02)
+        made += [_record(store, s, 2) for s in (3, 4, 5)]  # two open, the last one closed
+        assert store.spares.taken == 5 and store.spares.taken_open == 4
+        assert store.spares.open_files == 0
+    finally:
+        store.close(time.time_ns())
+    assert _fds_under(root) == 0
+    again = RecordingStore(root, fsync=False)
+    try:
+        assert sorted(again.recordings) == [m[0] for m in made]
+        assert all(again.get(m[0]).recorded_position == m[1] for m in made)
+    finally:
+        again.close(time.time_ns())
+    assert _fds_under(root) == 0

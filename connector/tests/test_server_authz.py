@@ -25,27 +25,14 @@ from aeron_spark.connector.errors import (
 from aeron_spark.connector.server import ServerConfig, StreamServer
 from aeron_spark.connector.server.authz import OP_PERMISSION, StreamSet, allowed, parse
 from aeron_spark.connector.server.stat import stat_main
+from aeron_spark.connector.server.testing import (
+    authorized_keys,
+    authorizing_server,
+    client_key,
+)
 from aeron_spark.errors import ConfigurationError
 from aeron_spark.handshake.errors import ClientUnknownError
-from aeron_spark.handshake.keystore import KeyStore, client_public_key_hex
-
-
-def _key(tmp_path: Path, name: str) -> tuple[str, str]:
-    """A client key store and its public key (hex)."""
-    directory = str(tmp_path / f"keys-{name}")
-    return directory, client_public_key_hex(directory)
-
-
-def _server(tmp_path: Path, keys_file: Path, **kw: object) -> StreamServer:
-    config = ServerConfig(
-        directory=str(tmp_path / "srv"),
-        port=0,
-        term_length=1 << 20,
-        key_store_dir=str(tmp_path / "server-keys"),
-        authorized_keys_file=str(keys_file),
-        **kw,
-    )  # type: ignore[arg-type]
-    return StreamServer(config).start()
+from aeron_spark.handshake.keystore import KeyStore
 
 
 def _settings(server: StreamServer, key_store: str, **kw: object) -> ClientSettings:
@@ -184,11 +171,11 @@ def test_stream_sets() -> None:
 def test_an_unknown_client_key_is_refused_in_the_handshake_before_anything_is_allocated(
     tmp_path: Path,
 ) -> None:
-    reader, reader_key = _key(tmp_path, "reader")
-    stranger, _ = _key(tmp_path, "stranger")
+    reader, reader_key = client_key(tmp_path, "reader")
+    stranger, _ = client_key(tmp_path, "stranger")
     keys = tmp_path / "authorized_keys"
     keys.write_text(f"{reader_key} reader read=10\n")
-    with _server(tmp_path, keys) as server:
+    with authorizing_server(tmp_path, keys) as server:
         with pytest.raises(ServerUnavailableError, match="CLIENT_UNKNOWN") as error:
             StreamClient.connect(_settings(server, stranger))
         assert isinstance(error.value.__cause__, ClientUnknownError)
@@ -205,11 +192,11 @@ def test_an_unknown_client_key_is_refused_in_the_handshake_before_anything_is_al
 def test_a_read_only_key_cannot_publish_stage_or_commit_and_sees_only_its_streams(
     tmp_path: Path,
 ) -> None:
-    writer, writer_key = _key(tmp_path, "writer")
-    reader, reader_key = _key(tmp_path, "reader")
-    keys = tmp_path / "authorized_keys"
-    keys.write_text(f"{writer_key} writer write=10,11 read=10,11\n{reader_key} reader read=10\n")
-    with _server(tmp_path, keys) as server:
+    keys, stores = authorized_keys(
+        tmp_path, {"writer": "write=10,11 read=10,11", "reader": "read=10"}
+    )
+    writer, reader = stores["writer"], stores["reader"]
+    with authorizing_server(tmp_path, keys) as server:
         with StreamClient.connect(_settings(server, writer)) as w:
             w.publish(10, [b"ten"])
             w.publish(11, [b"eleven"])
@@ -278,11 +265,11 @@ def test_a_read_only_key_cannot_publish_stage_or_commit_and_sees_only_its_stream
 
 
 def test_a_revoked_keys_open_session_is_closed_when_the_file_changes(tmp_path: Path) -> None:
-    keep, keep_key = _key(tmp_path, "keep")
-    gone, gone_key = _key(tmp_path, "gone")
+    keep, keep_key = client_key(tmp_path, "keep")
+    gone, gone_key = client_key(tmp_path, "gone")
     keys = tmp_path / "authorized_keys"
     keys.write_text(f"{keep_key} keep read=*\n{gone_key} gone read=* write=*\n")
-    with _server(tmp_path, keys) as server:
+    with authorizing_server(tmp_path, keys) as server:
         kept = StreamClient.connect(_settings(server, keep))
         revoked = StreamClient.connect(_settings(server, gone))
         revoked.publish(5, [b"before"])
@@ -328,7 +315,7 @@ def test_a_revoked_keys_open_session_is_closed_when_the_file_changes(tmp_path: P
 
 
 def test_without_the_file_any_client_may_connect(tmp_path: Path, caplog) -> None:
-    anyone, _ = _key(tmp_path, "anyone")
+    anyone, _ = client_key(tmp_path, "anyone")
     config = ServerConfig(
         directory=str(tmp_path / "srv"),
         port=0,
@@ -342,10 +329,10 @@ def test_without_the_file_any_client_may_connect(tmp_path: Path, caplog) -> None
 
 
 def test_an_explicit_client_key_file_is_used(tmp_path: Path) -> None:
-    store, key = _key(tmp_path, "spark")
+    store, key = client_key(tmp_path, "spark")
     keys = tmp_path / "authorized_keys"
     keys.write_text(f"{key} spark read=*\n")
-    with _server(tmp_path, keys) as server:
+    with authorizing_server(tmp_path, keys) as server:
         settings = _settings(
             server, str(tmp_path / "empty-store"), client_key=str(Path(store) / "client.key")
         )
@@ -356,11 +343,9 @@ def test_an_explicit_client_key_file_is_used(tmp_path: Path) -> None:
 
 
 def test_commit_and_abort_are_checked_against_every_staged_parts_stream(tmp_path: Path) -> None:
-    both, both_key = _key(tmp_path, "both")
-    ten, ten_key = _key(tmp_path, "ten")
-    keys = tmp_path / "authorized_keys"
-    keys.write_text(f"{both_key} both write=10,11\n{ten_key} ten write=10\n")
-    with _server(tmp_path, keys) as server:
+    keys, stores = authorized_keys(tmp_path, {"both": "write=10,11", "ten": "write=10"})
+    both, ten = stores["both"], stores["ten"]
+    with authorizing_server(tmp_path, keys) as server:
         with StreamClient.connect(_settings(server, both)) as c:
             staged = c.stage("sink", 1, 0, 0, 11, [b"row"], local=False)
         with StreamClient.connect(_settings(server, ten)) as c:
@@ -463,14 +448,13 @@ def test_every_request_is_checked_against_every_stream_it_touches(
 def test_a_commit_of_several_streams_is_checked_on_every_parts_stream(tmp_path: Path) -> None:
     """Issue 32: a routing sink's commit names no stream_id; each staged part's stream is
     checked, so a key narrowed after staging commits nothing, on any stream."""
-    writer, writer_key = _key(tmp_path, "writer")
-    keys = tmp_path / "authorized_keys"
-    keys.write_text(f"{writer_key} writer write=10,11 read=10,11\n")
-    with _server(tmp_path, keys) as server:
+    keys, stores = authorized_keys(tmp_path, {"writer": "write=10,11 read=10,11"})
+    writer = stores["writer"]
+    with authorizing_server(tmp_path, keys) as server:
         with StreamClient.connect(_settings(server, writer)) as w:
             staged = [w.stage("route", 1, 0, 0, s, [b"row"], local=False) for s in (10, 11)]
         reloads = server.snapshot()["counters"].get("authorized_keys_reloads", 0)
-        keys.write_text(f"{writer_key} writer write=10 read=10,11\n")
+        authorized_keys(tmp_path, {"writer": "write=10 read=10,11"})
         _wait_for(
             lambda: server.snapshot()["counters"].get("authorized_keys_reloads", 0) > reloads,
             what="the narrowed keys file",
@@ -485,11 +469,11 @@ def test_a_commit_of_several_streams_is_checked_on_every_parts_stream(tmp_path: 
 def test_batched_positions_and_ranges_show_and_scan_only_readable_recordings(
     tmp_path: Path,
 ) -> None:
-    writer, writer_key = _key(tmp_path, "writer")
-    reader, reader_key = _key(tmp_path, "reader")
-    keys = tmp_path / "authorized_keys"
-    keys.write_text(f"{writer_key} writer write=10,11 read=10,11\n{reader_key} reader read=10\n")
-    with _server(tmp_path, keys) as server:
+    keys, stores = authorized_keys(
+        tmp_path, {"writer": "write=10,11 read=10,11", "reader": "read=10"}
+    )
+    writer, reader = stores["writer"], stores["reader"]
+    with authorizing_server(tmp_path, keys) as server:
         with StreamClient.connect(_settings(server, writer)) as w:
             w.publish(10, [b"ten"] * 3)
             w.publish(11, [b"eleven"] * 3)

@@ -6,25 +6,14 @@ import time
 
 import pytest
 
-from aeron_spark.connector.server import ServerConfig, StreamServer
-from aeron_spark.connector.server.testing import client_for, messages_of
-from aeron_spark.transport import Driver, DriverConfig
+from aeron_spark.connector.server import StreamServer
+from aeron_spark.connector.server.testing import client_for, ingest_publication, messages_of
 from aeron_spark.transport.api import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
-from aeron_spark.transport.testing import free_udp_port
 
 
 def test_plain_publication_on_the_ingest_channel_is_recorded(tmp_path) -> None:
-    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
-    config = ServerConfig(
-        directory=str(tmp_path / "srv"),
-        port=0,
-        encryption=False,
-        ingest_channel=channel,
-        ingest_stream_ids=(33,),
-    )
     messages = [f"plain-{i}".encode() * (1 + i % 50) for i in range(2000)]
-    with StreamServer(config) as srv, Driver(DriverConfig()) as driver:
-        pub = driver.add_publication(channel, 33)
+    with ingest_publication(tmp_path) as (srv, pub):
         assert pub.wait_until_connected(30.0)
         deadline = time.monotonic() + 60
         for msg in messages:
@@ -82,19 +71,8 @@ def test_the_ingest_channel_records_only_admitted_sources(
     """The ingest channel applies the server's allow/deny lists and its own ingest allow list at
     SETUP: a plain publisher (no key, no handshake) from another source gets no image, so it is
     never recorded (the old server recorded it), and the refusal is counted."""
-    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
-    config = ServerConfig(
-        directory=str(tmp_path / "srv"),
-        port=0,
-        encryption=False,
-        ingest_channel=channel,
-        ingest_stream_ids=(33,),
-        allow=allow,
-        deny=deny,
-        **({"ingest_allow": ingest_allow} if ingest_allow else {}),
-    )
-    with StreamServer(config) as srv, Driver(DriverConfig()) as driver:
-        pub = driver.add_publication(channel, 33)
+    more = {"ingest_allow": ingest_allow} if ingest_allow else {}
+    with ingest_publication(tmp_path, allow=allow, deny=deny, **more) as (srv, pub):
         refused, recordings = _ingest_outcome(srv, pub, 33)
         if recorded:
             assert recordings and not refused

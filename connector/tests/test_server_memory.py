@@ -16,10 +16,14 @@ resident memory (``VmHWM``) is bounded, not timed:
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import msgpack
 
+from aeron_spark.connector.client import StreamClient
 from aeron_spark.connector.errors import ErrorCode
 from aeron_spark.connector.server.testing import client_for, server_process
 from aeron_spark.connector.session import chunking
@@ -75,6 +79,27 @@ def _header(total: int, count: int, body: bytes = b"", pid: int = 1, index: int 
     return chunking.CHUNK_HEADER.pack(chunking.KIND_CHUNK, pid, index, count, total) + body
 
 
+@contextlib.contextmanager
+def _chunk_holders(tmp_path: Any, count: int) -> Iterator[tuple[str, list[StreamClient]]]:
+    """A server process with 8 MiB for all incomplete messages, 4 MiB per session and a 2 s
+    timeout, and ``count`` clients of it (closed at the end): its endpoint and the clients."""
+    options = [
+        "--max-incomplete-bytes",
+        "8M",
+        "--max-incomplete-bytes-per-session",
+        "4M",
+        "--incomplete-message-timeout-seconds",
+        "2",
+    ]
+    with server_process(str(tmp_path / "srv"), options) as (_proc, endpoint):
+        holders = [client_for(endpoint, timeout_s=TIMEOUT_S) for _ in range(count)]
+        try:
+            yield endpoint, holders
+        finally:
+            for c in holders:
+                c.close()
+
+
 def _counters(endpoint: str) -> dict[str, int]:
     with client_for(endpoint, timeout_s=TIMEOUT_S) as c:
         return c.stats()["counters"]
@@ -113,50 +138,37 @@ def test_incomplete_messages_are_bounded_and_expire_on_the_clock(tmp_path) -> No
     the 8 MiB is refused (LIMIT_EXCEEDED, counted); the two keep their sessions alive with
     keepalives only, and their messages are discarded on the clock (counted), after which a
     4 MiB publish goes through."""
-    options = [
-        "--max-incomplete-bytes",
-        "8M",
-        "--max-incomplete-bytes-per-session",
-        "4M",
-        "--incomplete-message-timeout-seconds",
-        "2",
-    ]
-    with server_process(str(tmp_path / "srv"), options) as (proc, endpoint):
-        holders = [client_for(endpoint, timeout_s=TIMEOUT_S) for _ in range(3)]
-        try:
-            piece = holders[0].max_message_length - chunking.CHUNK_HEADER_LENGTH
-            total = 4 * MIB
-            count = -(-total // piece)
-            held = (7 * MIB // 2) // piece  # chunks making about 3.5 MiB
+    with _chunk_holders(tmp_path, 3) as (endpoint, holders):
+        piece = holders[0].max_message_length - chunking.CHUNK_HEADER_LENGTH
+        total = 4 * MIB
+        count = -(-total // piece)
+        held = (7 * MIB // 2) // piece  # chunks making about 3.5 MiB
 
-            assert all(r.ok for r in _ping(holders[0], 1))
-            _send(holders[0], _header(5 * MIB, 5, b"x" * 16, pid=99))
-            (refused,) = [r for r in _ping(holders[0], 2) if not r.ok]
-            assert refused.error["code"] == int(ErrorCode.PAYLOAD_TOO_LARGE)
+        assert all(r.ok for r in _ping(holders[0], 1))
+        _send(holders[0], _header(5 * MIB, 5, b"x" * 16, pid=99))
+        (refused,) = [r for r in _ping(holders[0], 2) if not r.ok]
+        assert refused.error["code"] == int(ErrorCode.PAYLOAD_TOO_LARGE)
 
-            for n, c in enumerate(holders[:2]):
-                for index in range(held):
-                    _send(c, _header(total, count, b"h" * piece, pid=n + 1, index=index))
-                assert all(r.ok for r in _ping(c, 3))
-            third = holders[2]
+        for n, c in enumerate(holders[:2]):
             for index in range(held):
-                _send(third, _header(total, count, b"t" * piece, pid=3, index=index))
-            refusals = [r for r in _ping(third, 3) if not r.ok]
-            assert [r.error["code"] for r in refusals] == [int(ErrorCode.LIMIT_EXCEEDED)]
-            assert _counters(endpoint)["incomplete_messages_refused"] == 2
+                _send(c, _header(total, count, b"h" * piece, pid=n + 1, index=index))
+            assert all(r.ok for r in _ping(c, 3))
+        third = holders[2]
+        for index in range(held):
+            _send(third, _header(total, count, b"t" * piece, pid=3, index=index))
+        refusals = [r for r in _ping(third, 3) if not r.ok]
+        assert [r.error["code"] for r in refusals] == [int(ErrorCode.LIMIT_EXCEEDED)]
+        assert _counters(endpoint)["incomplete_messages_refused"] == 2
 
-            deadline = time.monotonic() + TIMEOUT_S
-            while _counters(endpoint)["incomplete_messages_expired"] < 2:
-                for n, c in enumerate(holders[:2]):  # alive, but no further chunk
-                    assert all(r.ok for r in _ping(c, 10 + n))
-                assert time.monotonic() < deadline, "incomplete messages never expired"
-                time.sleep(0.2)
-            with client_for(endpoint, timeout_s=TIMEOUT_S) as honest:
-                payload = b"p" * (2 * MIB)
-                assert honest.publish(10, [payload, payload]) > 4 * MIB
-        finally:
-            for c in holders:
-                c.close()
+        deadline = time.monotonic() + TIMEOUT_S
+        while _counters(endpoint)["incomplete_messages_expired"] < 2:
+            for n, c in enumerate(holders[:2]):  # alive, but no further chunk
+                assert all(r.ok for r in _ping(c, 10 + n))
+            assert time.monotonic() < deadline, "incomplete messages never expired"
+            time.sleep(0.2)
+        with client_for(endpoint, timeout_s=TIMEOUT_S) as honest:
+            payload = b"p" * (2 * MIB)
+            assert honest.publish(10, [payload, payload]) > 4 * MIB
 
 
 def _bomb(request_id: int, op: str, args: dict) -> bytes:

@@ -26,27 +26,14 @@ from aeron_spark.connector.errors import (
     StagedDataMissingError,
     UnknownRecordingError,
 )
-from aeron_spark.connector.server import ServerConfig, StreamServer
-from aeron_spark.handshake.keystore import client_public_key_hex
+from aeron_spark.connector.server import StreamServer
+from aeron_spark.connector.server.testing import (
+    authorized_keys,
+    authorizing_server,
+    client_key,
+)
 
 TERM = 64 * 1024
-
-
-def _key(tmp_path: Path, name: str) -> tuple[str, str]:
-    directory = str(tmp_path / f"keys-{name}")
-    return directory, client_public_key_hex(directory)
-
-
-def _server(tmp_path: Path, keys_file: Path, **kw: object) -> StreamServer:
-    config = ServerConfig(
-        directory=str(tmp_path / "srv"),
-        port=0,
-        term_length=kw.pop("term_length", 1 << 20),  # type: ignore[arg-type]
-        key_store_dir=str(tmp_path / "server-keys"),
-        authorized_keys_file=str(keys_file),
-        **kw,
-    )  # type: ignore[arg-type]
-    return StreamServer(config).start()
 
 
 def _client(server: StreamServer, key_store: str) -> StreamClient:
@@ -86,14 +73,14 @@ def _refused(call, op: str) -> NotAuthorisedError:  # type: ignore[no-untyped-de
 
 
 def test_another_client_cannot_commit_drop_abort_or_fill_a_staged_batch(tmp_path: Path) -> None:
-    victim, victim_key = _key(tmp_path, "victim")
-    attacker, attacker_key = _key(tmp_path, "attacker")
+    victim, victim_key = client_key(tmp_path, "victim")
+    attacker, attacker_key = client_key(tmp_path, "attacker")
     keys = tmp_path / "authorized_keys"
     keys.write_text(
         f"{victim_key} victim read=10,11 write=10,11\n{attacker_key} attacker read=10 write=10\n"
     )
     sink = "query@0123456789abcdef"
-    with _server(tmp_path, keys) as server:
+    with authorizing_server(tmp_path, keys) as server:
         with _client(server, victim) as v, _client(server, attacker) as a:
             # its own commit first: the sink id is the victim's from now on
             first = v.stage(sink, 4, 0, 0, 11, ROWS, local=False)
@@ -145,7 +132,7 @@ def test_another_client_cannot_commit_drop_abort_or_fill_a_staged_batch(tmp_path
             own = a.stage("attacker-sink", 0, 0, 0, 10, EVIL, local=False)
             assert a.commit("attacker-sink", 0, 10, [own])["count"] == 20
     # ownership survives a restart: staged batch 10 and the sink id are still the victim's
-    with _server(tmp_path, keys) as server:
+    with authorizing_server(tmp_path, keys) as server:
         with _client(server, attacker) as a:
             _refused(lambda: a.commit(sink, 10, 10, [dict(staged10, stream_id=10)]), "commit")
             _refused(lambda: a.abort(sink, 10, []), "abort")
@@ -159,15 +146,15 @@ def test_another_client_cannot_commit_drop_abort_or_fill_a_staged_batch(tmp_path
 
 
 def test_a_consumer_belongs_to_its_creator_and_holds_only_readable_streams(tmp_path: Path) -> None:
-    etl, etl_key = _key(tmp_path, "etl")
-    reader, reader_key = _key(tmp_path, "reader")
-    ops, ops_key = _key(tmp_path, "ops")
+    etl, etl_key = client_key(tmp_path, "etl")
+    reader, reader_key = client_key(tmp_path, "reader")
+    ops, ops_key = client_key(tmp_path, "ops")
     keys = tmp_path / "authorized_keys"
     keys.write_text(
         f"{etl_key} etl read=11\n{reader_key} reader read=10 admin=10\n"
         f"{ops_key} ops read=* write=*\n"
     )
-    with _server(
+    with authorizing_server(
         tmp_path,
         keys,
         term_length=TERM,
@@ -192,7 +179,7 @@ def test_a_consumer_belongs_to_its_creator_and_holds_only_readable_streams(tmp_p
             # its owner may commit it again
             e.consumer_commit("etl11", [11], {eleven.recording_id: 0})
         # the consumer's owner is persisted: still refused after a restart
-    with _server(
+    with authorizing_server(
         tmp_path,
         keys,
         term_length=TERM,
@@ -229,11 +216,11 @@ def test_a_consumer_belongs_to_its_creator_and_holds_only_readable_streams(tmp_p
 
 
 def test_stats_and_errors_show_only_what_the_client_may_read(tmp_path: Path) -> None:
-    reader, reader_key = _key(tmp_path, "reader")
-    other, other_key = _key(tmp_path, "other")
-    keys = tmp_path / "authorized_keys"
-    keys.write_text(f"{reader_key} reader read=10\n{other_key} other read=10,11 write=10,11\n")
-    with _server(tmp_path, keys) as server:
+    keys, stores = authorized_keys(
+        tmp_path, {"reader": "read=10", "other": "read=10,11 write=10,11"}
+    )
+    reader, other = stores["reader"], stores["other"]
+    with authorizing_server(tmp_path, keys) as server:
         with _client(server, other) as o, _client(server, reader) as r:
             o.publish(10, [b"ten"])
             o.publish(11, [b"eleven"])
@@ -264,11 +251,9 @@ def test_stats_and_errors_show_only_what_the_client_may_read(tmp_path: Path) -> 
 
 
 def test_a_narrowed_permission_ends_the_keys_replays_no_longer_allowed(tmp_path: Path) -> None:
-    reader, reader_key = _key(tmp_path, "reader")
-    ops, ops_key = _key(tmp_path, "ops")
-    keys = tmp_path / "authorized_keys"
-    keys.write_text(f"{reader_key} reader read=11,13\n{ops_key} ops read=* write=*\n")
-    with _server(tmp_path, keys) as server:
+    keys, stores = authorized_keys(tmp_path, {"reader": "read=11,13", "ops": "read=* write=*"})
+    reader, ops = stores["reader"], stores["ops"]
+    with authorizing_server(tmp_path, keys) as server:
         with _client(server, ops) as o, _client(server, reader) as r:
             o.publish(11, [b"before"])
             o.publish(13, [b"thirteen"])
@@ -277,7 +262,7 @@ def test_a_narrowed_permission_ends_the_keys_replays_no_longer_allowed(tmp_path:
             live = r.replay(eleven.recording_id, 0, None)  # a live replay: follows the stream
             kept = r.replay(thirteen.recording_id, 0, None)
             assert next(live).data and next(kept).data
-            keys.write_text(f"{reader_key} reader read=12,13\n{ops_key} ops read=* write=*\n")
+            authorized_keys(tmp_path, {"reader": "read=12,13", "ops": "read=* write=*"})
             server.request_reload()
             with pytest.raises(NotAuthorisedError, match="replay"):
                 for _block in live:
@@ -292,10 +277,10 @@ def test_a_narrowed_permission_ends_the_keys_replays_no_longer_allowed(tmp_path:
 
 
 def test_an_in_place_edit_keeping_size_and_mtime_is_reloaded(tmp_path: Path) -> None:
-    reader, reader_key = _key(tmp_path, "reader")
+    reader, reader_key = client_key(tmp_path, "reader")
     keys = tmp_path / "authorized_keys"
     keys.write_text(f"{reader_key} reader read=10\n")
-    with _server(tmp_path, keys) as server:
+    with authorizing_server(tmp_path, keys) as server:
         assert server.authz is not None
         stamp = os.stat(keys)
         with open(keys, "r+") as fh:  # same inode, same size
@@ -312,10 +297,10 @@ def test_an_in_place_edit_keeping_size_and_mtime_is_reloaded(tmp_path: Path) -> 
 def test_a_deleted_keys_file_is_logged_and_counted_and_the_table_kept(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    reader, reader_key = _key(tmp_path, "reader")
+    reader, reader_key = client_key(tmp_path, "reader")
     keys = tmp_path / "authorized_keys"
     keys.write_text(f"{reader_key} reader read=10\n")
-    with caplog.at_level(logging.ERROR), _server(tmp_path, keys) as server:
+    with caplog.at_level(logging.ERROR), authorizing_server(tmp_path, keys) as server:
 
         def failures() -> int:
             return int(server.snapshot()["counters"].get("authorized_keys_reload_failures", 0))
@@ -343,10 +328,9 @@ def test_a_commit_interrupted_before_the_upgrade_is_resumed_from_legacy_part_nam
 
     from aeron_spark.connector.server.commitlog import CommitLog
 
-    writer, writer_key = _key(tmp_path, "writer")
-    keys = tmp_path / "authorized_keys"
-    keys.write_text(f"{writer_key} writer read=10 write=10\n")
-    with _server(tmp_path, keys) as server, _client(server, writer) as w:
+    keys, stores = authorized_keys(tmp_path, {"writer": "read=10 write=10"})
+    writer = stores["writer"]
+    with authorizing_server(tmp_path, keys) as server, _client(server, writer) as w:
         staged = w.stage("old", 3, 0, 0, 10, ROWS, local=False)
         part = server.core.committer.staging.part_path(staged)  # type: ignore[union-attr]
         shutil.copy(part, tmp_path / "part-copy")
@@ -363,7 +347,7 @@ def test_a_commit_interrupted_before_the_upgrade_is_resumed_from_legacy_part_nam
     legacy.close()
     os.makedirs(os.path.dirname(part), exist_ok=True)
     shutil.copy(tmp_path / "part-copy", os.path.join(os.path.dirname(part), "0-0.part"))
-    with _server(tmp_path, keys) as server, _client(server, writer) as w:
+    with authorizing_server(tmp_path, keys) as server, _client(server, writer) as w:
         assert server.snapshot()["counters"]["sink_resumed_commits"] == 1
         assert w.last_committed_batch("old") == 3
         assert w.commit("old", 3, 10, [staged])["count"] == 20  # the recorded result

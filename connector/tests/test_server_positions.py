@@ -12,9 +12,8 @@ import pytest
 from aeron_spark.connector.client import ClientSettings, RecordingPosition, StreamClient
 from aeron_spark.connector.errors import UnknownRecordingError
 from aeron_spark.connector.server import ServerConfig, StreamServer
-from aeron_spark.transport import Driver, DriverConfig
+from aeron_spark.connector.server.testing import ingest_publication
 from aeron_spark.transport.api import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
-from aeron_spark.transport.testing import free_udp_port
 
 
 @pytest.fixture
@@ -125,16 +124,7 @@ def test_scan_ranges_shares_one_budget_over_many_recordings_as_one_scan_each_did
 
 
 def test_an_ingest_recordings_message_end_is_scanned_once_then_only_what_is_new(tmp_path) -> None:
-    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
-    config = ServerConfig(
-        directory=str(tmp_path / "srv"),
-        port=0,
-        encryption=False,
-        ingest_channel=channel,
-        ingest_stream_ids=(33,),
-    )
-    with StreamServer(config) as srv, Driver(DriverConfig()) as driver:
-        pub = driver.add_publication(channel, 33)
+    with ingest_publication(tmp_path) as (srv, pub):
         assert pub.wait_until_connected(30.0)
 
         def offer_all(messages: list[bytes]) -> int:

@@ -4,6 +4,12 @@ each publishing a message a second; the figures are in README's performance tabl
 - A publish of one small message is three writes (the frames, their index entry, the acknowledged
   end: three files, so no ``pwritev`` joins them) and nothing else: no open, no stat, once the
   recording's files are open.
+- A session's first publish (its recording made from a ready spare recording directory) costs
+  the loop one rename and one write more than any publish: the spare's files were opened, and
+  its descriptor file made, by the spares' thread. It made five names (the directory, the
+  descriptor's temporary file, its rename) and opened four files on the loop, each system call
+  a chance for the driver's thread to take the GIL: 2,048 sessions publishing a first time in
+  one second backed every session's publishes up for five seconds (issue 31).
 - The server's loop reads a session's request with one poll of its transport: it polled again
   after every request (finding nothing, then checking the connection's liveness), although what
   arrives after a poll signals the session for the next pass anyway.
@@ -11,6 +17,7 @@ each publishing a message a second; the figures are in README's performance tabl
 
 from __future__ import annotations
 
+import builtins
 import itertools
 import os
 import threading
@@ -56,6 +63,52 @@ def test_a_small_publish_is_three_writes_and_no_open_or_stat(
         assert len(rec.index) == 11  # every publish indexed (a second apart)
     finally:
         store.close()
+
+
+def test_a_first_publish_from_a_spare_opens_no_file_and_makes_no_name_but_its_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ArchiveStore(ServerConfig(directory=str(tmp_path)), None)
+    try:
+        store.expect_publishers(1)
+        deadline = time.monotonic() + 60  # a loaded 2-core machine: the thread may wait
+        while store.recordings.spares.ready < 1:
+            assert time.monotonic() < deadline, "no spare recording directory was made"
+            time.sleep(0.02)
+        store.expect_publishers(0)  # nothing made meanwhile on any thread
+        names = ("open", "rename", "replace", "mkdir", "close", "fsync", "stat", "pwrite")
+        calls: dict[str, int] = dict.fromkeys((*names, "builtins.open"), 0)
+        me = threading.get_ident()  # not the spares' or the descriptor's fsync thread
+
+        def counted(name: str, real: Any) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                calls[name] += threading.get_ident() == me
+                return real(*args, **kwargs)
+
+            return call
+
+        for name in names:
+            monkeypatch.setattr(os, name, counted(name, getattr(os, name)))
+        monkeypatch.setattr(builtins, "open", counted("builtins.open", builtins.open))
+        publisher = store.open_publisher(3, "session:test", 0)
+        end = publisher.publish([b"first"], None, 0)
+        monkeypatch.undo()
+        # the descriptor's write, the rename, the acknowledged start (a publisher's opening),
+        # then the publish's three writes (frames, index entry, acknowledged end); main: four
+        # opens (the descriptor's temporary file and the three data files) and its replace too
+        expected = dict.fromkeys(calls, 0) | {"rename": 1, "pwrite": 5}
+        assert calls == expected, calls
+        rec = store.recordings.get(publisher.recording_id)
+        assert rec.recorded_position == end > 0
+        assert store.recordings.files.stats()["file_opens"] == 0  # all three adopted open
+    finally:
+        store.close()
+    again = ArchiveStore(ServerConfig(directory=str(tmp_path)), None)  # recovered as written
+    try:
+        [info] = again.list_recordings({3})
+        assert info["recorded_position"] == end and info["source"] == "session:test"
+    finally:
+        again.close()
 
 
 def test_the_loop_reads_a_request_with_one_poll_of_its_session(

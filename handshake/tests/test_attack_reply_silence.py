@@ -8,9 +8,7 @@ over it. That handshake must still complete, in bounded time."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -18,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from aeron_spark.transport.testing import ready_process
 from aeron_spark.transport.testing_netns import LossyLink, unavailable_reason
 
 _CLIENT = """
@@ -44,16 +43,9 @@ def test_a_paused_client_connects_again_over_its_lingering_hello_channel(
     make_server: Callable[..., Any], tmp_path: Any
 ) -> None:
     server = make_server()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _CLIENT, str(tmp_path / "client"), server.endpoint, "30"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ),
-    )
-    try:
+    argv = [sys.executable, "-c", _CLIENT, str(tmp_path / "client"), server.endpoint, "30"]
+    with ready_process(argv) as proc:
         assert proc.stdout is not None and proc.stdin is not None
-        assert proc.stdout.readline().strip() == "ready"
         closed = server.stats()["reply_publications_closed_silent"]
         proc.send_signal(signal.SIGSTOP)
         deadline = time.monotonic() + 60
@@ -65,11 +57,6 @@ def test_a_paused_client_connects_again_over_its_lingering_hello_channel(
         proc.stdin.flush()
         line = proc.stdout.readline().strip()
         assert line.startswith("connected"), line
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGCONT)
-            proc.kill()
-        proc.wait(30)
 
 
 netns_reason = unavailable_reason()
@@ -85,18 +72,9 @@ def test_a_client_cut_off_for_seconds_mid_handshake_still_connects(
     handshake completes over a reply publication opened anew, within the client's timeout."""
     with LossyLink() as link:
         server = make_server(host=link.a.address)
-        proc = subprocess.Popen(
-            link.b.command(
-                [sys.executable, "-c", _CLIENT, str(tmp_path / "client"), server.endpoint, "60"]
-            ),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=dict(os.environ),
-        )
-        try:
+        argv = [sys.executable, "-c", _CLIENT, str(tmp_path / "client"), server.endpoint, "60"]
+        with ready_process(link.b.command(argv)) as proc:
             assert proc.stdout is not None and proc.stdin is not None
-            assert proc.stdout.readline().strip() == "ready"
             closed = server.stats()["reply_publications_closed_silent"]
             link.set_loss(100)
             proc.stdin.write("go\n")  # its next HELLO goes out into the cut-off link
@@ -108,7 +86,3 @@ def test_a_client_cut_off_for_seconds_mid_handshake_still_connects(
             link.set_loss(0)
             line = proc.stdout.readline().strip()
             assert line.startswith("connected"), line
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(30)

@@ -46,6 +46,7 @@ class FdCache:
         self._by_dir: dict[str, set[tuple[str, bool]]] = {}
         self._lock = threading.Lock()
         self.opens = 0
+        self.adopted = 0  # descriptors opened elsewhere and handed over (adopt)
         self.evictions = 0
         self.open_failures = 0  # EMFILE/ENFILE even after closing every unused descriptor
 
@@ -93,6 +94,24 @@ class FdCache:
             self.opens += 1
             self._trim(self.capacity)
             return entry
+
+    def adopt(self, directory: str, fds: dict[str, int]) -> None:
+        """Cache ``fds`` (file name in ``directory`` -> a descriptor opened read-write
+        elsewhere: a spare recording's files, opened ahead by its thread; issue 31); they are
+        the cache's now. A descriptor already cached for a path is kept and the new one
+        closed."""
+        with self._lock:
+            keys = self._by_dir.setdefault(os.path.normpath(directory), set())
+            entries = self._entries
+            for name, fd in fds.items():
+                key = (f"{directory}{os.sep}{name}", True)
+                if key in entries:
+                    os.close(fd)
+                    continue
+                entries[key] = _Entry(fd)
+                keys.add(key)
+                self.adopted += 1
+            self._trim(self.capacity)
 
     def _open(self, path: str, flags: int) -> int:
         try:
@@ -172,6 +191,7 @@ class FdCache:
             "open_files": len(self._entries),
             "open_files_capacity": self.capacity,
             "file_opens": self.opens,
+            "file_descriptors_adopted": self.adopted,
             "file_evictions": self.evictions,
             "file_open_failures": self.open_failures,
         }

@@ -66,7 +66,9 @@ from aeron_spark.transport.archive.errors import (
 )
 from aeron_spark.transport.archive.fdcache import FdCache
 from aeron_spark.transport.archive.spares import FILES as SPARE_FILES
-from aeron_spark.transport.archive.spares import SparePool
+from aeron_spark.transport.archive.spares import META as SPARE_META
+from aeron_spark.transport.archive.spares import OLD_META as OLD_SPARE_META
+from aeron_spark.transport.archive.spares import Spare, SparePool
 from aeron_spark.transport.archive.timeindex import TimeIndex
 from aeron_spark.transport.protocol.frames import (
     FRAME_ALIGNMENT,
@@ -93,6 +95,11 @@ _ACKED = struct.Struct("<qq")  # position, ~position (a torn or damaged file is 
 # consumer positions, sink commits and replays would have applied to the new recording).
 ID_MARK_FILE = "next_id.msgpack"
 ID_BLOCK = 256
+# A mark above this is damaged, not a store's: recording ids are Aeron's int64 (Spark's
+# ``recording_id long``), and a mark this high leaves 2**32 ids before the last one. Without
+# the bound a mark of 2**64 - 1 (one bit flipped in a uint64) stopped the start with a bare
+# OverflowError, and one of 2**63 - 3 was taken: the fourth id issued was past int64.
+ID_MARK_MAX = 2**63 - 2**32
 
 log = logging.getLogger(__name__)
 
@@ -250,13 +257,14 @@ def _listdir(path: str) -> list[str]:
 
 
 def _nothing_recorded(path: str) -> bool:
-    """``path`` (a recording directory without a descriptor) holds no data: only the names a
-    spare holds (:mod:`.spares`), all empty but the descriptor's temporary file, or nothing."""
+    """``path`` (a recording directory without a readable descriptor) holds no data: only the
+    names a spare holds (:mod:`.spares`), all empty, an older version's descriptor temporary
+    file, or nothing."""
     try:
         names = os.listdir(path)
         return all(
-            name in SPARE_FILES
-            and (name == "meta.msgpack.tmp" or os.path.getsize(os.path.join(path, name)) == 0)
+            name == OLD_SPARE_META
+            or (name in SPARE_FILES and os.path.getsize(os.path.join(path, name)) == 0)
             for name in names
         )
     except OSError:
@@ -269,6 +277,30 @@ def _read_meta(path: str) -> dict[str, Any] | None:
             return msgpack.unpackb(fh.read(), raw=False)
     except FileNotFoundError:
         return None
+
+
+def _read_descriptor(path: str) -> Descriptor | None:
+    """The descriptor of recording directory ``path``; None when it has none that reads: lost
+    (a crash before it was written), damaged (a failing disk, a power cut before its fsync: an
+    empty or torn file, or not a descriptor), or ``path`` is no directory. Before, a damaged one
+    stopped the store's start with a bare msgpack or TypeError, and a file with a digit name
+    with NotADirectoryError, though such a directory is to be left as it is and its id never
+    issued again."""
+    try:
+        meta = _read_meta(os.path.join(path, "meta.msgpack"))
+        if meta is None:
+            return None
+        d = Descriptor(**meta)
+    except (OSError, ValueError, TypeError, msgpack.UnpackException) as exc:
+        log.warning("recording descriptor %s is unreadable: %s", path, exc)
+        return None
+    ints = [v for k, v in d.__dict__.items() if k != "source"]
+    if not isinstance(d.source, str) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in ints
+    ):
+        log.warning("recording descriptor %s is not a descriptor: %r", path, meta)
+        return None
+    return d
 
 
 def _uniform_prefix(chunk: bytes, n: int) -> int:
@@ -360,6 +392,7 @@ class Recording:
         # the acked file is known to exist (this writer wrote it, or a spare held it): no stat
         # per acknowledge
         self._acked_written = spare
+        self._index_present = spare  # the index file is known to exist (a spare held it)
         self._dir_dirty = False  # a file was created here since the directory's last fsync
         self._index_dirty = False
         self.stop_pending = False  # stopped, but stop.msgpack is not written yet (disk full)
@@ -796,8 +829,9 @@ class Recording:
         # the next one goes at their end; a failed write is cut off by the caller
         self._index_dirty = True
         path = self._paths[0]
-        if self.index.last is None and not os.path.exists(path):
+        if self.index.last is None and not self._index_present and not os.path.exists(path):
             self._dir_dirty = True  # the index file is new: its name is fsynced by force()
+        self._index_present = True  # (a spare's exists: no stat on the first publish)
         files = self._files
         entry = files.pin(path, True, True)
         assert entry is not None
@@ -1047,11 +1081,11 @@ class RecordingStore:
         self.empty_leftovers_removed = 0  # no descriptor, nothing recorded: removed at start
         orphan_max = -1
         for name in sorted(os.listdir(self.root)):
-            if not name.isdigit():
+            if not (name.isascii() and name.isdigit()):  # int("²") fails: not a recording
                 continue
             path = os.path.join(self.root, name)
-            meta = _read_meta(os.path.join(path, "meta.msgpack"))
-            if meta is None:  # died between mkdir and its descriptor (empty), or lost it
+            meta = _read_descriptor(path)
+            if meta is None:  # died between mkdir and its descriptor (empty), lost or damaged
                 orphan_max = max(orphan_max, int(name))  # its id is never issued again
                 if _nothing_recorded(path):
                     # a crash before the descriptor of a directory made or a spare renamed in
@@ -1062,9 +1096,7 @@ class RecordingStore:
                 else:
                     self.orphan_directories.append(path)
                 continue
-            rec = Recording(
-                path, Descriptor(**meta), fsync, fds=self.files, stops_pending=self._stops_pending
-            )
+            rec = Recording(path, meta, fsync, fds=self.files, stops_pending=self._stops_pending)
             self.torn_bytes_cut += rec.torn_bytes_cut
             self.unacknowledged_bytes_cut += rec.unacknowledged_bytes_cut
             if rec.stop_position is None and not rec.d.source.startswith("sink:"):
@@ -1092,9 +1124,16 @@ class RecordingStore:
                 ", ".join(self.orphan_directories),
             )
         self._lock = threading.Lock()
-        # empty recording directories made ahead on a thread of their own: a creation renames
-        # one into place instead of making five names on the caller's thread (issue 31 item 1)
-        self.spares = SparePool(self.root, fsync)
+        self._mark_lock = threading.Lock()  # one writer of the id mark at a time
+        self._mark_failed = False  # the spares' thread could not advance it (logged once)
+        # empty recording directories made ahead on a thread of their own, their files held
+        # open (up to as many descriptors as the file cache holds): a creation writes its
+        # descriptor into one and renames it into place instead of making five names and
+        # opening four files on the caller's thread (issue 31 item 1); the same thread
+        # advances the id mark ahead of the ids the spares wanted will take
+        self.spares = SparePool(
+            self.root, fsync, open_budget=max_open_files, chore=self._reserve_ahead
+        )
         # without fsync: new recordings' descriptors are fsynced off the caller's thread
         self.meta_syncer = MetaSyncer()
 
@@ -1108,7 +1147,7 @@ class RecordingStore:
         if body is None:
             return 0
         mark = body.get("next_id") if isinstance(body, dict) else None
-        if not isinstance(mark, int) or isinstance(mark, bool) or mark < 0:
+        if not isinstance(mark, int) or isinstance(mark, bool) or not 0 <= mark <= ID_MARK_MAX:
             # written whole and renamed in, so only a damaged disk gets here: starting without it
             # could issue ids again; the operator decides (a value past every id ever issued)
             value = body.get("next_id") if isinstance(body, dict) else body
@@ -1126,8 +1165,11 @@ class RecordingStore:
         return mark
 
     def _reserve_ids(self, mark: int) -> None:
-        """Make ``mark`` the durable high-water mark (called under the lock, before an id at or
-        past the previous mark is used; an error leaves the mark and issues nothing)."""
+        """Make ``mark`` the durable high-water mark (called under the mark's lock, before an
+        id at or past the previous mark is used; an error leaves the mark and issues
+        nothing). A mark below the one reserved is not written."""
+        if mark <= self._ids_reserved:
+            return
         try:
             _write_meta(self._id_mark_path, {"next_id": mark}, sync=True)
         except BaseException:
@@ -1135,6 +1177,35 @@ class RecordingStore:
                 os.unlink(self._id_mark_path + ".tmp")
             raise
         self._ids_reserved = mark
+
+    def issue_past(self, recording_id: int) -> None:
+        """Never issue ``recording_id`` or an id below it: ids the server's other state names
+        (consumer positions, the sink commit log), which outlive ``recordings/`` deleted whole,
+        mark included (before, the next recording took such an id and a consumer's committed
+        position applied to it). The mark advances with the next creation past it. An id no
+        store reaches (``ID_MARK_MAX`` or more: a damaged file) is logged and not followed."""
+        if recording_id >= ID_MARK_MAX:
+            log.warning("recording id %d named elsewhere is past any issued: ignored", recording_id)
+            return
+        with self._lock:
+            self._next_id = max(self._next_id, recording_id + 1)
+
+    def _reserve_ahead(self) -> None:
+        """(The spares' thread) Keep the durable mark at least half a block past the ids the
+        wanted spares will take, so a burst of creations (2,048 sessions publishing a first
+        time in one second) never writes and fsyncs it on the caller's thread: before, the
+        loop did so every ``ID_BLOCK`` creations, two fsyncs each time."""
+        ahead = self.spares.wanted
+        if self._ids_reserved >= self._next_id + ahead + ID_BLOCK // 2:
+            return
+        try:
+            with self._mark_lock:
+                if self._ids_reserved < self._next_id + ahead + ID_BLOCK // 2:
+                    self._reserve_ids(self._next_id + ahead + ID_BLOCK)
+        except OSError as exc:  # a full disk: the caller's thread tries when it must
+            if not self._mark_failed:
+                log.warning("cannot advance the recording id mark %s: %s", self._id_mark_path, exc)
+            self._mark_failed = True
 
     def get(self, recording_id: int) -> Recording:
         rec = self.recordings.get(recording_id)
@@ -1156,9 +1227,19 @@ class RecordingStore:
     ) -> Recording:
         with self._lock:
             rid = self._next_id
-            if rid >= self._ids_reserved:
-                self._reserve_ids(rid + ID_BLOCK)  # an OSError (full disk) issues nothing
             self._next_id += 1
+        if rid >= self._ids_reserved:  # the spares' thread did not keep ahead (or none runs)
+            try:
+                with self._mark_lock:
+                    if rid >= self._ids_reserved:
+                        self._reserve_ids(rid + ID_BLOCK)  # an OSError (full disk) issues nothing
+            except BaseException:
+                with self._lock:
+                    if self._next_id == rid + 1:
+                        self._next_id = rid
+                raise
+        elif self._ids_reserved - rid <= ID_BLOCK // 2:
+            self.spares.poke()  # the mark advanced ahead, off this thread
         shift = term_length.bit_length() - 1
         start = compute_position(term_id, term_offset, shift, initial_term_id)
         descriptor = Descriptor(
@@ -1180,34 +1261,29 @@ class RecordingStore:
         spare = self.spares.take() if start < descriptor.segment_length else None
         if spare is not None:
             try:
-                os.rename(spare, path)  # over nothing, or over a leftover empty directory
-            except OSError:
-                if os.path.isdir(spare):  # a leftover with files in it: as below
-                    self.spares.give_back(spare)
-                # else it was deleted under the store: given back, every creation would take
-                # it again and the pool would never make another
+                used = self._from_spare(spare, path, descriptor)
+            except BaseException:
+                self._undo_create(rid, path, meta)
+                raise
+            if not used:
                 spare = None
-        try:
+        if spare is None:
             try:
-                if spare is None:
+                try:
                     os.mkdir(path)
-            except FileExistsError:
-                fresh = False  # a leftover directory: what it holds is recovered, as before
-            except FileNotFoundError:
-                os.makedirs(path, exist_ok=True)
-            _write_meta(meta, descriptor.__dict__, sync=self.fsync)
-            if self.fsync:  # the new directory's name too: before, a power cut could lose it
-                fsync_dir(self.root)
-        except BaseException:
-            # a full disk (or no descriptor): take back what was made and the id, so a caller
-            # that retries (an ingest image waiting for room, every 100 ms) leaves nothing
-            # behind; before, each try left a directory with a meta.msgpack.tmp, for good
-            if spare is not None:  # its empty files go with it
-                for name in SPARE_FILES:
-                    with contextlib.suppress(OSError):
-                        os.unlink(os.path.join(path, name))
-            self._undo_create(rid, path, meta)
-            raise
+                except FileExistsError:
+                    fresh = False  # a leftover directory: what it holds is recovered, as before
+                except FileNotFoundError:
+                    os.makedirs(path, exist_ok=True)
+                _write_meta(meta, descriptor.__dict__, sync=self.fsync)
+                if self.fsync:  # the new directory's name too: before, a power cut could lose it
+                    fsync_dir(self.root)
+            except BaseException:
+                # a full disk (or no descriptor): take back what was made and the id, so a
+                # caller that retries (an ingest image waiting for room, every 100 ms) leaves
+                # nothing behind; before, each try left a directory with a meta.msgpack.tmp
+                self._undo_create(rid, path, meta)
+                raise
         if not self.fsync:
             self.meta_syncer.submit(meta)
         rec = Recording(
@@ -1221,6 +1297,66 @@ class RecordingStore:
         )
         self.recordings[rid] = rec
         return rec
+
+    def _from_spare(self, spare: Spare, path: str, descriptor: Descriptor) -> bool:
+        """Make the recording at ``path`` from ``spare``: its descriptor written into the
+        spare's ``meta.msgpack`` (one ``pwrite`` when the spare's files are open; fsynced with
+        ``fsync``), the spare renamed to ``path`` (the recording appears with its descriptor
+        whole), its open files handed to the file cache. False when the rename failed (the
+        caller makes the directory itself, as without a spare); raises when the descriptor
+        cannot be written (the spare is given back as it was, or dropped)."""
+        fds = spare.fds
+        meta_fd = fds.get(SPARE_META)
+        own_fd = meta_fd is None
+        body = msgpack.packb(descriptor.__dict__)
+        meta_path = os.path.join(spare.path, SPARE_META)
+        try:
+            if meta_fd is None:
+                meta_fd = os.open(meta_path, os.O_WRONLY)
+            try:
+                _pwrite_all(meta_fd, body, 0, meta_path)
+                if self.fsync:  # the name is durable already (the spare's thread fsynced it)
+                    os.fsync(meta_fd)
+                os.rename(spare.path, path)  # over nothing, or a leftover empty directory
+            except BaseException as exc:
+                try:
+                    os.ftruncate(meta_fd, 0)  # empty again: the spare is whole
+                except OSError:
+                    self._drop_spare(spare)
+                else:
+                    if os.path.isdir(spare.path):  # a leftover with files at ``path``
+                        self.spares.give_back(spare)
+                    else:  # deleted under the store: given back, every creation took it
+                        self._drop_spare(spare)
+                if isinstance(exc, OSError) and exc.filename == spare.path:
+                    return False  # the rename: the caller makes the directory
+                raise
+        finally:
+            if own_fd and meta_fd is not None:
+                os.close(meta_fd)
+        if fds:
+            data = dict(fds)
+            self.spares.retire(data.pop(SPARE_META))  # closed on the spares' thread
+            self.files.adopt(path, data)
+            spare.fds = {}
+        if self.fsync:  # the new directory's name too: before, a power cut could lose it
+            try:
+                fsync_dir(self.root)
+            except BaseException:  # its empty files go with it (the caller removes the rest)
+                self.files.forget_under(path)
+                for name in SPARE_FILES:
+                    if name != SPARE_META:
+                        with contextlib.suppress(OSError):
+                            os.unlink(os.path.join(path, name))
+                raise
+        return True
+
+    def _drop_spare(self, spare: Spare) -> None:
+        for fd in spare.fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        spare.fds = {}
+        shutil.rmtree(spare.path, ignore_errors=True)
 
     def _undo_create(self, rid: int, path: str, meta: str) -> None:
         for leftover in (meta, meta + ".tmp"):

@@ -15,6 +15,17 @@ are skipped, by older versions too); at start the spares left by the last run ar
 hold exactly those four empty files and removed otherwise (a spare a crash left half made).
 With ``fsync`` a spare's names are fsynced (its directory) before it is handed out, and the
 store fsyncs the recordings directory after the rename, as after a ``mkdir``.
+
+A spare also holds its four files *open* (the thread opened them when it made them), up to
+``open_budget`` descriptors in all: the store writes the descriptor into the spare's
+``meta.msgpack`` with one ``pwrite``, renames the spare in (the recording appears with its
+descriptor whole: one rename, no temporary file), hands the three data files' descriptors to
+its file cache and the descriptor's to this thread to close. Renaming a directory leaves its
+open files open. A first publish then opens no file and makes no name on the caller's thread
+(issue 31: every system call there let the driver's thread take the GIL, and 2,048 first
+publishes in one second cost ~1.2 ms each on the loop, most of it waiting). A spare the budget
+left without open files is opened by the thread as soon as a taken one frees its share; one
+taken bare is opened by the caller, as before.
 """
 
 from __future__ import annotations
@@ -26,14 +37,31 @@ import shutil
 import stat
 import threading
 from collections import deque
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
 PREFIX = "spare-"
-#: The files a spare holds, all empty: the descriptor's temporary file, the acknowledged end,
-#: the time index and the segment of position 0 (a recording that starts elsewhere takes none).
+#: The files a spare holds, all empty: the descriptor (written just before the spare is renamed
+#: in: a spare holding anything is not whole), the acknowledged end, the time index and the
+#: segment of position 0 (a recording that starts elsewhere takes none).
 SEGMENT_0 = f"{0:020d}.seg"
-FILES = ("meta.msgpack.tmp", "acked", "index", SEGMENT_0)
+META = "meta.msgpack"
+FILES = (META, "acked", "index", SEGMENT_0)
+#: What older versions' spares held instead of ``META`` (a temporary file renamed in later).
+OLD_META = "meta.msgpack.tmp"
+#: Descriptors retired (:meth:`SparePool.retire`) before the thread wakes to close them.
+RETIRE_BATCH = 32
+
+
+class Spare:
+    """A ready spare: its path, and its files' descriptors by name (empty: none open)."""
+
+    __slots__ = ("fds", "path")
+
+    def __init__(self, path: str, fds: dict[str, int] | None = None) -> None:
+        self.path = path
+        self.fds: dict[str, int] = fds or {}
 
 
 def _fsync_dir(path: str) -> None:
@@ -45,19 +73,35 @@ def _fsync_dir(path: str) -> None:
 
 
 class SparePool:
-    """Spares under ``root`` (see the module docstring); at most ``capacity`` wanted at once."""
+    """Spares under ``root`` (see the module docstring); at most ``capacity`` wanted at once,
+    holding at most ``open_budget`` open descriptors in all. ``chore``: called on the thread
+    before it makes spares, each time it wakes (the store reserves recording ids ahead there)."""
 
-    def __init__(self, root: str, fsync: bool, capacity: int = 4096) -> None:
+    def __init__(
+        self,
+        root: str,
+        fsync: bool,
+        capacity: int = 4096,
+        open_budget: int = 0,
+        chore: Callable[[], None] | None = None,
+    ) -> None:
         self.root = root
         self.fsync = fsync
         self.capacity = capacity
-        self._ready: deque[str] = deque()
+        self.open_limit = max(0, open_budget) // len(FILES)  # spares holding open files
+        self._chore = chore
+        self._poke = False  # the chore asked for (poke)
+        self._open_failed = False  # opening a ready spare's files failed: no more tries
+        self._ready: deque[Spare] = deque()
+        self._holding = 0  # ready spares holding open files
+        self._retired: list[int] = []  # descriptors the store is done with: closed here
         self._wanted = 0
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
         self.made = 0  # spares made by this process
         self.taken = 0  # spares renamed into recordings
+        self.taken_open = 0  # of those, taken with their files open
         self.failures = 0  # spares that could not be made (full disk, no descriptor): counted
         self.removed = 0  # leftovers of a previous run removed at start (half made)
         self._next = self._adopt()
@@ -80,7 +124,7 @@ class SparePool:
                         shutil.rmtree(path, ignore_errors=True)
                         self.removed += 1
                         continue
-                self._ready.append(path)
+                self._ready.append(Spare(path))  # its files opened by the thread
             else:
                 if os.path.islink(path) or not os.path.isdir(path):  # rmtree refuses a link
                     with contextlib.suppress(OSError):
@@ -92,9 +136,11 @@ class SparePool:
 
     @staticmethod
     def _is_whole(path: str) -> bool:
-        """Exactly the spare's names, each an empty regular file (``lstat``: a symlink to an
-        empty file elsewhere looked whole, and a recording made from it wrote its messages
-        through the link; a FIFO failed every append)."""
+        """Exactly the spare's names, each an empty regular file of one name (``lstat``: a
+        symlink to an empty file elsewhere looked whole, and a recording made from it wrote its
+        messages through the link; a FIFO failed every append; a hard link, another name of the
+        file elsewhere, had the messages written there too). A spare a crash caught with its
+        descriptor written (about to be renamed in) is not whole."""
         try:
             if not stat.S_ISDIR(os.lstat(path).st_mode):
                 return False
@@ -103,7 +149,7 @@ class SparePool:
                 return False
             for name in names:
                 st = os.lstat(os.path.join(path, name))
-                if not stat.S_ISREG(st.st_mode) or st.st_size != 0:
+                if not stat.S_ISREG(st.st_mode) or st.st_size != 0 or st.st_nlink != 1:
                     return False
             return True
         except OSError:
@@ -113,86 +159,214 @@ class SparePool:
     def ready(self) -> int:
         return len(self._ready)
 
+    @property
+    def wanted(self) -> int:
+        return self._wanted
+
+    @property
+    def open_files(self) -> int:
+        """Descriptors the ready spares hold (at most the budget)."""
+        return self._holding * len(FILES)
+
     def want(self, count: int) -> None:
         """Keep ``count`` spares ready (at most ``capacity``): the thread makes the missing ones."""
         with self._cond:
             self._wanted = max(0, min(count, self.capacity))
-            if self._closed or len(self._ready) >= self._wanted:
+            if self._closed or not self._work():
                 return
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="aeron-spark-spares", daemon=True
-                )
-                self._thread.start()
+            self._start()
             self._cond.notify()
 
-    def take(self) -> str | None:
-        """A ready spare's path (the caller renames it away), or None."""
+    def poke(self) -> None:
+        """Wake the thread for its chore (started if need be)."""
+        with self._cond:
+            if self._closed:
+                return
+            self._poke = True
+            self._start()
+            self._cond.notify()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="aeron-spark-spares", daemon=True
+            )
+            self._thread.start()
+
+    def take(self) -> Spare | None:
+        """A ready spare (the caller renames it away; its open files are the caller's), or
+        None."""
         with self._cond:
             if not self._ready:
                 return None
-            path = self._ready.popleft()
+            spare = self._ready.popleft()
             self.taken += 1
-            if len(self._ready) < self._wanted:
+            if spare.fds:
+                self._holding -= 1
+                self.taken_open += 1
+            if self._work():
                 self._cond.notify()
-            return path
+            return spare
 
-    def give_back(self, path: str) -> None:
-        """A spare taken but not used (its rename failed): ready again."""
+    def give_back(self, spare: Spare) -> None:
+        """A spare taken but not used (its rename failed), as it was taken: ready again."""
         with self._cond:
-            self._ready.appendleft(path)
+            self._ready.appendleft(spare)
             self.taken -= 1
+            if spare.fds:
+                self._holding += 1
+                self.taken_open -= 1
+
+    def retire(self, fd: int) -> None:
+        """A descriptor the caller is done with: closed by the thread, ``RETIRE_BATCH`` at a
+        time (a ``close`` less on the caller's, and no wake-up of the thread for each)."""
+        with self._cond:
+            if self._closed:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                return
+            self._retired.append(fd)
+            if len(self._retired) >= RETIRE_BATCH:
+                self._start()
+                self._cond.notify()
+
+    def _close_retired(self) -> None:
+        retired, self._retired = self._retired, []
+        for fd in retired:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _work(self) -> bool:
+        """(Under the lock) whether the thread has something to do."""
+        if self._poke or len(self._retired) >= RETIRE_BATCH or len(self._ready) < self._wanted:
+            return True
+        return self._may_open()
+
+    def _may_open(self) -> bool:
+        """A ready spare without open files that the budget lets the thread open."""
+        return (
+            not self._open_failed
+            and self._holding < self.open_limit
+            and len(self._ready) > self._holding
+        )
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and len(self._ready) >= self._wanted:
+                while not self._closed and not self._work():
                     self._cond.wait()
                 if self._closed:
                     return
-                path = os.path.join(self.root, f"{PREFIX}{self._next}")
-                self._next += 1
-            made = self._make(path)
+                self._poke = False
+                retired, self._retired = self._retired, []
+                make = len(self._ready) < self._wanted
+                # only this thread adds to ``_holding`` (a take subtracts): the budget checked
+                # here holds when the files are open
+                keep_open = self._holding < self.open_limit
+                bare = None
+                if make:
+                    path = os.path.join(self.root, f"{PREFIX}{self._next}")
+                    self._next += 1
+                elif self._may_open():
+                    # a ready spare without open files (adopted at start, or made over the
+                    # budget): taken out while its files are opened, so no one renames it
+                    bare = next((sp for sp in reversed(self._ready) if not sp.fds), None)
+                    if bare is not None:
+                        self._ready.remove(bare)
+                    else:  # the counts disagree (never expected): no spinning on them
+                        self._open_failed = True
+            for fd in retired:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            if self._chore is not None:
+                self._chore()
+            if bare is not None:
+                fds = self._open(bare.path)
+                with self._cond:
+                    bare.fds = fds
+                    if fds:
+                        self._holding += 1
+                    else:
+                        self._open_failed = True  # no descriptors: it is used bare
+                    self._ready.append(bare)
+                continue
+            if not make:
+                continue
+            made = self._make(path, keep_open)
             with self._cond:
-                if made:
-                    self._ready.append(path)
+                if made is not None:
+                    self._ready.append(Spare(path, made))
                     self.made += 1
+                    if made:
+                        self._holding += 1
                 else:
                     self.failures += 1
                     # a full disk or no descriptor: creation falls back to the caller's
                     # thread; try again only when asked again
                     self._wanted = len(self._ready)
 
-    def _make(self, path: str) -> bool:
+    def _open(self, path: str) -> dict[str, int]:
+        """The spare's files opened ({} when they cannot be: then it is used bare)."""
+        fds: dict[str, int] = {}
+        try:
+            for name in FILES:
+                fds[name] = os.open(os.path.join(path, name), os.O_RDWR)
+        except OSError:
+            for fd in fds.values():
+                os.close(fd)
+            return {}
+        return fds
+
+    def _make(self, path: str, keep_open: bool) -> dict[str, int] | None:
+        """Make the spare ``path``: its open files' descriptors ({} when not kept open), or
+        None when it cannot be made."""
+        fds: dict[str, int] = {}
         try:
             os.mkdir(path)
             for name in FILES:
-                os.close(os.open(os.path.join(path, name), os.O_RDWR | os.O_CREAT | os.O_EXCL))
+                fd = os.open(os.path.join(path, name), os.O_RDWR | os.O_CREAT | os.O_EXCL)
+                if keep_open:
+                    fds[name] = fd
+                else:
+                    os.close(fd)
             if self.fsync:
                 _fsync_dir(path)
         except OSError as exc:
+            for fd in fds.values():
+                os.close(fd)
             if not self.failures:  # once: a full disk would log it at every session opened
                 log.warning("cannot make a spare recording directory %s: %s", path, exc)
             shutil.rmtree(path, ignore_errors=True)
-            return False
-        return True
+            return None
+        return fds
 
     def stats(self) -> dict[str, int]:
         return {
             "spare_recordings_ready": len(self._ready),
             "spare_recordings_made": self.made,
             "spare_recordings_taken": self.taken,
+            "spare_recordings_taken_open": self.taken_open,
+            "spare_recordings_open_files": self.open_files,
             "spare_recordings_failures": self.failures,
         }
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Stop the thread (the spares made stay on disk for the next start)."""
+        """Stop the thread (the spares made stay on disk for the next start) and close the
+        descriptors it held."""
         with self._cond:
             self._closed = True
             thread, self._thread = self._thread, None
             self._cond.notify_all()
         if thread is not None:
             thread.join(timeout_s)
+        with self._cond:
+            self._close_retired()
+            for spare in self._ready:
+                for fd in spare.fds.values():
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                spare.fds = {}
+            self._holding = 0
 
 
-__all__ = ["FILES", "PREFIX", "SEGMENT_0", "SparePool"]
+__all__ = ["FILES", "META", "OLD_META", "PREFIX", "SEGMENT_0", "Spare", "SparePool"]

@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any, Protocol
 
 from aeron_spark.transport.counters import SystemCounters
@@ -46,10 +47,6 @@ _TYPE_NAK = int(FrameType.NAK)
 _TYPE_RTTM = int(FrameType.RTTM)
 _TYPE_ERR = int(FrameType.ERR)
 _SEND_SETUP = int(SmFlags.SEND_SETUP)  # an int: an IntFlag operation builds an enum member
-
-
-def _sockets_version(agent: Any) -> int:
-    return int(getattr(agent, "sockets_version", 0))
 
 
 class _SocketIndex:
@@ -393,7 +390,10 @@ class SenderAgent:
     def has_work(self) -> bool:
         """A publication was kicked (or had more than a step's worth), or datagrams of a
         coalesced receive are left: step again."""
-        return any(ep.due.ready or ep.endpoint.gro_segment for ep in self.endpoints)
+        for ep in self.endpoints:
+            if ep.due.ready or ep.endpoint.gro_segment:
+                return True
+        return False
 
     def next_deadline_ns(self, now_ns: int) -> int:
         deadline = now_ns + 1_000_000_000
@@ -461,7 +461,10 @@ class ReceiverAgent:
 
     def has_work(self) -> bool:
         """Datagrams of a coalesced receive (UDP GRO) are left: step again."""
-        return any(ep.endpoint.gro_segment for ep in self.endpoints)
+        for ep in self.endpoints:
+            if ep.endpoint.gro_segment:
+                return True
+        return False
 
     def next_deadline_ns(self, now_ns: int) -> int:
         deadline = now_ns + 1_000_000_000
@@ -497,9 +500,15 @@ class AgentRunner:
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._registered: dict[int, Any] = {}
         self._token: tuple[Any, ...] | None = None
-        # agents whose sockets may change: endpoints replaced or their sockets_version bumped
-        self._endpoint_agents = tuple(
-            a for a in self.agents if hasattr(a, "endpoints") or hasattr(a, "sockets_version")
+        # what says an agent's sockets changed: its endpoints (a tuple replaced on change, copy
+        # on write) and its sockets_version, read with one C-level getter per agent (the check
+        # runs twice a wake-up: a Python call per agent and attribute was a tenth of an empty
+        # step; issue 31)
+        self._token_getters = tuple(
+            (agent, attrgetter(*names))
+            for agent in self.agents
+            for names in [tuple(n for n in ("endpoints", "sockets_version") if hasattr(agent, n))]
+            if names
         )
         self._reading_agents = tuple(a for a in self.agents if hasattr(a, "readable"))
         # the sockets idle()'s select found readable: the step right after it reads those
@@ -556,23 +565,31 @@ class AgentRunner:
         self._woken = False
         self.sleeping = True
         try:
-            now = time.monotonic_ns()
             agents = self.agents
-            deadline = min(agent.next_deadline_ns(now) for agent in agents) if agents else now
-            wait_s = max(0.0, (deadline - now) / 1e9)
+            for agent in agents:
+                if agent.has_work():
+                    return
+            now = time.monotonic_ns()
+            deadline = None
+            for agent in agents:
+                at = agent.next_deadline_ns(now)
+                if deadline is None or at < deadline:
+                    deadline = at
+            if deadline is None or deadline <= now:
+                return
+            wait_s = (deadline - now) / 1e9
             if timeout_s is not None:
+                if timeout_s <= 0:
+                    return
                 wait_s = min(wait_s, timeout_s)
-            if any(agent.has_work() for agent in agents):
-                return
-            if wait_s <= 0:
-                return
             events = self._selector.select(wait_s)
             self._ready = {key.fileobj for key, _ in events}
             for key, _ in events:
                 if key.fileobj is self._wake_r:
+                    # one byte a sleep (wake()): one read takes them, without the failing
+                    # second read a loop would end on; any left end the next select at once
                     try:
-                        while self._wake_r.recv(4096):
-                            pass
+                        self._wake_r.recv(4096)
                     except (BlockingIOError, InterruptedError):
                         pass
         finally:
@@ -598,23 +615,15 @@ class AgentRunner:
         for agent in agents:
             agent.readable = ready
 
+    def _sockets_token(self) -> tuple[Any, ...]:
+        return tuple([get(agent) for agent, get in self._token_getters])
+
     def _sync_registrations(self) -> bool:
         """Register the agents' sockets with the selector; False if they changed."""
-        token = self._token
-        if token is not None:
-            # tuples of endpoints, replaced (copy on write) on change: compare identities
-            for agent, seen in zip(self._endpoint_agents, token, strict=True):
-                if (
-                    getattr(agent, "endpoints", None) is not seen[0]
-                    or _sockets_version(agent) != seen[1]
-                ):
-                    break
-            else:
-                return True
-        self._token = tuple(
-            (getattr(agent, "endpoints", None), _sockets_version(agent))
-            for agent in self._endpoint_agents
-        )
+        token = self._sockets_token()
+        if token == self._token:  # the endpoints tuples compare by identity first
+            return True
+        self._token = token
         wanted: dict[int, Any] = {}
         for agent in self.agents:
             for sock in agent.filenos():

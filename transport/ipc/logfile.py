@@ -51,6 +51,7 @@ _HEAD = struct.Struct("<8s6i")
 _I32 = struct.Struct("<i")
 _I64 = struct.Struct("<q")
 _SLOT = struct.Struct("<qqii")
+_SLOT_ARRAY = struct.Struct(f"<qqii{SLOT_LENGTH - _SLOT.size}x")  # the slots, in one pass
 OFF_STATE = 32
 OFF_POSITION = 40
 OFF_HEARTBEAT = 48
@@ -289,7 +290,16 @@ class LogFile:
         return rules.party_live(in_use, heartbeat, pid, now_ns, liveness_ns, pid_alive)
 
     def live_slots(self, now_ns: int, liveness_ns: int) -> list[int]:
-        return [i for i in range(MAX_SUBSCRIBERS) if self.slot_live(i, now_ns, liveness_ns)]
+        """The live subscribers' slots, the 64 read in one pass (the publication's heartbeat
+        asks ten times a second: a call and four reads a slot were most of its step)."""
+        area = self.view[SLOTS_OFFSET : SLOTS_OFFSET + MAX_SUBSCRIBERS * SLOT_LENGTH]
+        used = rules.SLOT_USED
+        return [
+            i
+            for i, (_, heartbeat, pid, state) in enumerate(_SLOT_ARRAY.iter_unpack(area))
+            if state == used
+            and rules.party_live(True, heartbeat, pid, now_ns, liveness_ns, pid_alive)
+        ]
 
     def publisher_live(self, now_ns: int, liveness_ns: int) -> bool:
         active = self.state == STATE_ACTIVE

@@ -27,6 +27,8 @@ at the start of :meth:`do_work`, for every interest that got data since the last
 per datagram: the receiver drains a burst of datagrams before the subscriber runs. Woken per
 datagram, a subscriber thread took the GIL from the receiver at every ``recvfrom`` (a bounded
 replay from the real archive spent ~160 us per receive and the subscriber mostly waited).
+Every advance of what a subscriber can read calls it: data inserted, and a gap an unreliable
+image pads (in the step that pads it, nothing having arrived).
 
 :meth:`do_work` steps the images that are due (SMs, NAKs, cleaning, liveness): kicked (data
 arrived, the subscriber moved on, a close) or at their next deadline (:class:`~.schedule.
@@ -466,6 +468,12 @@ class ReceiveDispatcher:
 
     # --------------------------------------------------------------- timers
 
+    def _data_arrived(self, interest: StreamInterest) -> None:
+        """``interest``'s ``on_data`` is due (at most once until :meth:`notify_data`)."""
+        if interest.on_data is not None and not interest.data_pending:
+            interest.data_pending = True
+            self._arrived.append(interest)
+
     def notify_data(self) -> int:
         """Call ``on_data`` of every interest that got data since the last call (once each)."""
         arrived = self._arrived
@@ -491,7 +499,13 @@ class ReceiveDispatcher:
                 if interest is None:
                     continue  # retired meanwhile
                 item.kicked = False  # before do_work: a kick from now on queues it again
+                filled = item.gaps_filled
                 work += item.do_work(now_ns, transmit)
+                if item.gaps_filled != filled:
+                    # an unreliable image padded a gap: what lay behind it is readable now,
+                    # and nothing arrived to signal it (a subscriber woken only by on_data,
+                    # as the stream server's loop, waited for the next datagram)
+                    self._data_arrived(interest)
                 if item.is_done:
                     self._retire(interest, item, now_ns)
                 elif item.needs_work():
@@ -500,6 +514,8 @@ class ReceiveDispatcher:
                     due.schedule(item, item.next_deadline_ns)
             elif item.control_address is not None and not item.closed:
                 work += self._elicit(item, now_ns, transmit)
+        if self._arrived:  # gaps padded in this step: woken now, not at the next step
+            work += self.notify_data()
         if self._maybe_finished:
             self._maybe_finished = False
             self._remove_finished()

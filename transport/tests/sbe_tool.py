@@ -17,7 +17,9 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parents[2]
 SBE_VERSION = "1.38.1"
@@ -84,6 +86,44 @@ def java_ready() -> str | None:
     """None when java and javac are on PATH, else what is missing."""
     missing = [t for t in ("java", "javac") if shutil.which(t) is None]
     return f"{' and '.join(missing)} not installed" if missing else None
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Skip the calling test for ``reason`` (fail it with ``AERON_INTEROP_REQUIRED=1``)."""
+    import pytest  # noqa: PLC0415 - tests only: ``fetch`` runs without pytest
+
+    if required():
+        pytest.fail(f"AERON_INTEROP_REQUIRED=1 but {reason}")
+    pytest.skip(reason)
+
+
+def ready_jar() -> Path:
+    """The pinned jar, with java and javac on PATH; else :func:`unavailable`."""
+    missing = java_ready()
+    if missing:
+        unavailable(missing)
+    try:
+        return fetch()
+    except RuntimeError as exc:
+        unavailable(str(exc))
+
+
+def cached_build(
+    name: str, inputs: Iterable[bytes], done: str, build: Callable[[Path], None]
+) -> Path:
+    """``CACHE/<name>-<hash>`` (the hash of the SbeTool version and ``inputs``): made, when its
+    file ``done`` is missing, by ``build(directory)`` into a temporary directory renamed there."""
+    digest = hashlib.sha256(SBE_VERSION.encode())
+    for data in inputs:
+        digest.update(data)
+    built = CACHE / f"{name}-{digest.hexdigest()[:16]}"
+    if not (built / done).exists():
+        tmp = built.with_suffix(".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        build(tmp)
+        shutil.rmtree(built, ignore_errors=True)
+        tmp.rename(built)
+    return built
 
 
 def main(argv: list[str]) -> int:

@@ -102,12 +102,14 @@ def test_an_idle_conductor_with_ipc_resources_wakes_at_their_timers_pace() -> No
         retransmit_linger_ns=0,
         counters_interval_ns=1_000_000_000,
     )
-    conductor.ipc = (_Resource(),)
+    conductor.add_ipc(_Resource())
     now = 5_000_000_000
     conductor.do_work(now)  # housekeeping tick: the next one is a second on
     assert conductor.next_deadline_ns(now) == now + IPC_POLL_INTERVAL_NS
     assert IPC_POLL_INTERVAL_NS >= 10_000_000  # not every millisecond
-    # the housekeeping tick is never postponed by the IPC interval
+    # the housekeeping tick is never postponed by the IPC interval: stepped 5 ms before the
+    # tick, the resource is due 10 ms on, the tick first
+    conductor.do_work(now + 995_000_000)
     assert conductor.next_deadline_ns(now + 995_000_000) == now + 1_000_000_000
 
 
@@ -120,7 +122,7 @@ def test_an_idle_driver_with_an_ipc_subscription_sleeps(tmp_path: Any) -> None:
     try:
         sub = driver.add_subscription("aeron:ipc", 10)
         resource = _Resource()
-        driver._conductor.ipc = (*driver._conductor.ipc, resource)
+        driver._conductor.add_ipc(resource)
         time.sleep(0.05)  # let the runner settle into its idle loop
         before = resource.steps
         time.sleep(0.3)
@@ -426,3 +428,129 @@ def test_a_sleeping_runner_is_sent_one_wake_up_byte_for_a_burst_of_wake_ups() ->
             assert runner.wakeups_sent == round_
     finally:
         runner.close()
+
+
+def _ipc_conductor(tmp_path: Any) -> tuple[DriverConductor, AgentRunner, Any, list[BaseException]]:
+    """A conductor watching ``tmp_path``'s IPC directory (as a threaded driver's does), run by
+    a runner stepped by hand on a made-up clock: its polls of the watch are real ``epoll``s."""
+    from aeron_spark.transport.ipc.logfile import ipc_directory, make_folder
+    from aeron_spark.transport.ipc.watch import open_watch
+
+    counters = SystemCounters()
+    conductor = DriverConductor(
+        counters,
+        lambda bind, config: None,  # type: ignore[arg-type,return-value]  # opens no socket here
+        image_limits=ImageLimits(16 * 1024 * 1024, 65504, 64, 16, 16),
+        retransmit_linger_ns=0,
+        counters_interval_ns=1_000_000_000,
+    )
+    make_folder(ipc_directory(tmp_path))
+    watch = open_watch(ipc_directory(tmp_path), counters)
+    assert watch is not None, "inotify is available on the machines this suite runs on"
+    conductor.watch_ipc(watch)
+    errors: list[BaseException] = []
+    return conductor, AgentRunner("test-conductor", [conductor], errors.append), watch, errors
+
+
+class _Counts:
+    """How often the conductor stepped each kind of IPC resource and read the watch
+    (wrapping the real methods: the counts are the calls the driver made)."""
+
+    def __init__(self, monkeypatch: Any) -> None:
+        from aeron_spark.transport.ipc.publication import IpcPublicationLog
+        from aeron_spark.transport.ipc.subscription import IpcSubscriptionMedia
+        from aeron_spark.transport.ipc.watch import DirectoryWatch
+
+        self.calls = {"publication": 0, "subscription": 0, "watch": 0}
+        for name, cls, method in (
+            ("publication", IpcPublicationLog, "do_work"),
+            ("subscription", IpcSubscriptionMedia, "do_work"),
+            ("watch", DirectoryWatch, "drain"),
+        ):
+            monkeypatch.setattr(cls, method, self._counting(name, getattr(cls, method)))
+
+    def _counting(self, name: str, real: Any) -> Any:
+        calls = self.calls
+
+        def counted(*args: Any) -> Any:
+            calls[name] += 1
+            return real(*args)
+
+        return counted
+
+    def take(self) -> dict[str, int]:
+        got = dict(self.calls)
+        for name in self.calls:
+            self.calls[name] = 0
+        return got
+
+
+def test_an_idle_driver_steps_ipc_resources_and_reads_its_watch_only_when_due(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """Issue 31 (the empty step): every driver step read the IPC directory's inotify watch
+    (a failed ``read``) and stepped every IPC resource (a handshake server's HELLO
+    subscription and reply publication), whatever woke it: a third of a step that had nothing
+    to do, and a busy server wakes thousands of times a second for its sockets. Now the watch
+    is read when the runner's poll finds it readable, and a resource is stepped at its own
+    deadline (the publication's heartbeat every 100 ms; a subscription with no image has none)
+    or when kicked (a new log file). Counted over a made-up second in which the driver is
+    woken every millisecond (as for the other agents' datagrams): before, 1,000 reads of the
+    watch and 2,000 resource steps; now none but the ten heartbeats. The liveness duties keep
+    their pace: the publication's heartbeat, and the subscription's slot heartbeat once it has
+    an image (polled every duty interval)."""
+    from aeron_spark.transport import ipc
+    from aeron_spark.transport.uri import ChannelConfig
+
+    counts = _Counts(monkeypatch)
+    conductor, runner, watch, errors = _ipc_conductor(tmp_path)
+    config = ChannelConfig.from_uri("aeron:ipc?term-length=65536")
+    liveness = 10_000_000_000
+    sub = ipc.add_subscription(
+        config, 10, directory=tmp_path, liveness_timeout_ns=liveness, watch=watch
+    )
+    reply = ipc.add_publication(config, 11, directory=tmp_path, liveness_timeout_ns=liveness)
+    later: Any = None
+    try:
+        conductor.add_ipc(sub)
+        conductor.add_ipc(reply)
+        ms = 1_000_000
+        start = time.monotonic_ns()
+        runner.do_work(start)  # both stepped once (added), the reply's file read off the watch
+        start += 25 * ms  # the directory's change is scanned a scan interval after the last
+        runner.do_work(start)
+        assert not sub.images
+        counts.take()
+        for i in range(1, 1001):
+            runner.do_work(start + i * ms)
+        idle = counts.take()
+        assert idle["watch"] == 0, f"the watch was read {idle['watch']} times, never readable"
+        assert idle["subscription"] == 0, "a subscription with no image has no deadline"
+        assert 9 <= idle["publication"] <= 11, f"{idle['publication']} steps for 10 heartbeats"
+        assert reply.log.heartbeat_ns >= start + 900 * ms, "the publication's heartbeat lagged"
+        # a readiness event: a log file for the subscription's stream comes
+        later = ipc.add_publication(config, 10, directory=tmp_path, liveness_timeout_ns=liveness)
+        now = start + 1020 * ms
+        runner.do_work(now)
+        event = counts.take()
+        assert event["watch"] == 1 and event["subscription"] == 1, event
+        assert [image.session_id for image in sub.images] == [later.session_id]
+        # with an image, the subscription is polled every duty interval (10 ms): its slot's
+        # heartbeat keeps the publisher's view of it live; the watch is still never read
+        for i in range(1, 1001):
+            runner.do_work(now + i * ms)
+        busy = counts.take()
+        assert busy["watch"] == 0
+        assert 95 <= busy["subscription"] <= 101, busy
+        (image,) = sub.images
+        slots = later.log.live_slots(now + 1000 * ms, liveness)
+        assert len(slots) == 1
+        assert later.log.read_slot(slots[0])[1] >= now + 900 * ms, "the slot's heartbeat lagged"
+        assert errors == []
+    finally:
+        sub.close()
+        reply.close()
+        if later is not None:
+            later.close()
+        runner.close()
+        conductor.release_all(errors.append)

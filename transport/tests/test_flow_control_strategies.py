@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,7 +23,7 @@ from aeron_spark.transport.protocol.flow_control import (
 )
 from aeron_spark.transport.protocol.frames import SmFlags, StatusMessage
 from aeron_spark.transport.protocol.publication import PublicationState
-from aeron_spark.transport.testing import ManualClock, pump
+from aeron_spark.transport.testing import ManualClock, Wire, pump
 from aeron_spark.transport.uri import ChannelConfig
 
 A = ("127.0.0.5", 4000)
@@ -55,14 +54,6 @@ def _sm(
     position: int, receiver_id: int, *, tag: int | None = None, flags: int = 0
 ) -> StatusMessage:
     return StatusMessage(77, 10, 5, position, WINDOW, receiver_id, flags=flags, group_tag=tag)
-
-
-class Wire:
-    def __init__(self) -> None:
-        self.sent: list[tuple[bytes, Any]] = []
-
-    def __call__(self, data: Any, address: Any) -> None:
-        self.sent.append((bytes(data), address))
 
 
 def _fill(pub: PublicationState) -> int:

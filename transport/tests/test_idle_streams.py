@@ -60,6 +60,22 @@ def _sm(pub: PublicationState, receiver_id: int) -> StatusMessage:
     return StatusMessage(pub.session_id, pub.stream_id, pub.initial_term_id, 0, TERM, receiver_id)
 
 
+def _pub(clock: ManualClock, dest: Any, session_id: int = 5, **more: Any) -> PublicationState:
+    """A publication of stream 10 (terms of ``TERM`` from term 0) to ``dest``."""
+    return PublicationState(
+        session_id=session_id,
+        stream_id=10,
+        initial_term_id=0,
+        term_id=0,
+        term_offset=0,
+        term_length=TERM,
+        mtu=1408,
+        destination=dest,
+        now_ns=clock.now_ns,
+        **more,
+    )
+
+
 def test_due_queue_gives_ready_items_then_due_ones_each_once() -> None:
     q: DueQueue[str] = DueQueue()
     q.schedule("a", 30)
@@ -96,17 +112,7 @@ def test_the_sender_steps_only_the_publications_that_are_due() -> None:
         agent.endpoints = (ep,)
         pubs = []
         for i, dest in enumerate(SENDERS):
-            pub = PublicationState(
-                session_id=1000 + i,
-                stream_id=10,
-                initial_term_id=0,
-                term_id=0,
-                term_offset=0,
-                term_length=TERM,
-                mtu=1408,
-                destination=dest,
-                now_ns=clock.now_ns,
-            )
+            pub = _pub(clock, dest, 1000 + i)
             ep.add(pub)
             pub.on_status_message(_sm(pub, i), dest, clock.now_ns)
             pubs.append(pub)
@@ -158,17 +164,7 @@ def test_a_status_message_that_only_repeats_a_position_does_not_step_the_publica
         agent = SenderAgent(counters, lambda ep, pub: ep.remove(pub))
         agent.endpoints = (ep,)
         me = ("127.0.0.1", udp.local_port)
-        pub = PublicationState(
-            session_id=1000,
-            stream_id=10,
-            initial_term_id=0,
-            term_id=0,
-            term_offset=0,
-            term_length=TERM,
-            mtu=1408,
-            destination=("127.0.0.1", peer.local_port),
-            now_ns=clock.now_ns,
-        )
+        pub = _pub(clock, ("127.0.0.1", peer.local_port), 1000)
         ep.add(pub)
 
         def sm(window: int, flags: int = 0) -> bytes:
@@ -245,17 +241,7 @@ def test_an_idle_publication_keeps_heartbeating_every_100_ms() -> None:
     sessions in CI)."""
     clock, sent = ManualClock(), []
     dest = ("127.0.0.1", 40000)
-    pub = PublicationState(
-        session_id=5,
-        stream_id=10,
-        initial_term_id=0,
-        term_id=0,
-        term_offset=0,
-        term_length=TERM,
-        mtu=1408,
-        destination=dest,
-        now_ns=clock.now_ns,
-    )
+    pub = _pub(clock, dest)
 
     def transmit(data: Any, address: Any) -> None:
         sent.append(clock.now_ns)
@@ -308,18 +294,7 @@ def test_an_idle_image_keeps_its_status_messages_every_200_ms() -> None:
 
 
 def _idle_pub(clock: ManualClock, dest: Any, idle_ns: int) -> PublicationState:
-    pub = PublicationState(
-        session_id=5,
-        stream_id=10,
-        initial_term_id=0,
-        term_id=0,
-        term_offset=0,
-        term_length=TERM,
-        mtu=1408,
-        destination=dest,
-        now_ns=clock.now_ns,
-        idle_heartbeat_interval_ns=idle_ns,
-    )
+    pub = _pub(clock, dest, idle_heartbeat_interval_ns=idle_ns)
     pub.on_status_message(_sm(pub, 1), dest, clock.now_ns)
     return pub
 

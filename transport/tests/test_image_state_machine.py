@@ -19,23 +19,11 @@ from aeron_spark.transport.protocol.image import (
 )
 from aeron_spark.transport.protocol.publication import PublicationState
 from aeron_spark.transport.protocol.receiver import ReceiveDispatcher, StreamInterest
-from aeron_spark.transport.testing import ManualClock
+from aeron_spark.transport.testing import ManualClock, Wire
 
 SENDER = ("127.0.0.1", 41000)
 MS = 1_000_000
 US = 1_000
-
-
-class Wire:
-    def __init__(self) -> None:
-        self.sent: list[tuple[bytes, Any]] = []
-
-    def __call__(self, data: Any, address: Any) -> None:
-        self.sent.append((bytes(data), address))
-
-    def take(self) -> list[tuple[bytes, Any]]:
-        out, self.sent = self.sent, []
-        return out
 
 
 def sms(wire: Wire) -> list[StatusMessage]:
@@ -83,6 +71,12 @@ class Pair:
         for i, (data, _) in enumerate(self.to_sub.take()):
             if not drop(i, data):
                 self.dispatcher.on_datagram(data, len(data), SENDER, self.clock.now_ns, self.to_pub)
+
+    def joined(self) -> ImageState:
+        """Two steps: SETUP then its SM; the image they made."""
+        self.step()
+        self.step()
+        return self.images[0]
 
     def step(self, drop: Any = lambda i, data: False) -> None:
         now = self.clock.now_ns
@@ -186,12 +180,7 @@ def test_messages_flow_and_sms_follow_the_quarter_window_rule() -> None:
 def test_a_lost_datagram_is_naked_after_the_delay_and_retransmitted() -> None:
     clock = ManualClock()
     pair = Pair(clock)
-    pair.step()
-    pair.step()
-    image = pair.images[0]
-    for i in range(40):
-        pair.pub.offer(bytes([i]) * 200)
-    pair.step(drop=lambda i, data: i == 1)
+    image = _lose_a_run(pair, range(1, 2), count=40)
     assert image.gap_position > 0 and image.naks_sent == 0
     clock.advance(50 * US)
     pair.dispatcher.do_work(clock.now_ns, pair.to_pub)
@@ -209,12 +198,7 @@ def test_a_lost_datagram_is_naked_after_the_delay_and_retransmitted() -> None:
 def test_nak_is_repeated_while_the_gap_stays() -> None:
     clock = ManualClock()
     pair = Pair(clock)
-    pair.step()
-    pair.step()
-    image = pair.images[0]
-    for i in range(40):
-        pair.pub.offer(bytes([i]) * 200)
-    pair.step(drop=lambda i, data: i == 1)
+    image = _lose_a_run(pair, range(1, 2), count=40)
     sent = 0
     for _ in range(100):  # 100 ms: first NAK after the delay, then again after 10 and 20 ms more
         clock.advance(MS)
@@ -226,12 +210,7 @@ def test_nak_is_repeated_while_the_gap_stays() -> None:
 def test_unreliable_image_fills_gaps_with_padding_instead_of_naking() -> None:
     clock = ManualClock()
     pair = Pair(clock, reliable=False)
-    pair.step()
-    pair.step()
-    image = pair.images[0]
-    for i in range(40):
-        pair.pub.offer(bytes([i]) * 200)
-    pair.step(drop=lambda i, data: i == 1)
+    image = _lose_a_run(pair, range(1, 2), count=40)
     clock.advance(MS)
     pair.dispatcher.do_work(clock.now_ns, pair.to_pub)
     got = poll_all(image)
@@ -242,9 +221,7 @@ def test_unreliable_image_fills_gaps_with_padding_instead_of_naking() -> None:
 def test_over_run_and_under_run_datagrams_are_dropped_and_counted() -> None:
     clock = ManualClock()
     pair = Pair(clock)
-    pair.step()
-    pair.step()
-    image = pair.images[0]
+    image = pair.joined()
     far = DataFrame(40000, 5, 10, 100, b"x" * 10).encode()
     pair.dispatcher.on_datagram(far, len(far), SENDER, clock.now_ns, pair.to_pub)
     assert image.over_runs == 1
@@ -259,9 +236,7 @@ def test_over_run_and_under_run_datagrams_are_dropped_and_counted() -> None:
 def test_eos_drains_then_the_image_goes_away_with_eos_sms() -> None:
     clock = ManualClock()
     pair = Pair(clock)
-    pair.step()
-    pair.step()
-    image = pair.images[0]
+    image = pair.joined()
     pair.pub.offer(b"bye")
     pair.pub.close(clock.now_ns)
     pair.step()
@@ -281,9 +256,7 @@ def test_eos_drains_then_the_image_goes_away_with_eos_sms() -> None:
 def test_image_without_packets_for_the_liveness_timeout_goes_away() -> None:
     clock = ManualClock()
     pair = Pair(clock)
-    pair.step()
-    pair.step()
-    image = pair.images[0]
+    image = pair.joined()
     clock.advance(IMAGE_LIVENESS_TIMEOUT_NS + 1)
     for _ in range(4):
         pair.dispatcher.do_work(clock.now_ns, pair.to_pub)
@@ -310,9 +283,7 @@ def test_subscription_control_address_elicits_setup_and_receives_sms() -> None:
 def test_term_rotation_cleans_consumed_partitions_across_many_terms() -> None:
     clock = ManualClock()
     pair = Pair(clock, term_length=64 * 1024, window=32 * 1024)
-    pair.step()
-    pair.step()
-    image = pair.images[0]
+    image = pair.joined()
     expected: list[bytes] = []
     got: list[bytes] = []
     for n in range(3000):
@@ -333,9 +304,7 @@ def test_term_rotation_cleans_consumed_partitions_across_many_terms() -> None:
 def test_a_lost_last_datagram_is_naked_once_heartbeats_show_the_gap() -> None:
     clock = ManualClock()
     pair = Pair(clock)
-    pair.step()
-    pair.step()
-    image = pair.images[0]
+    image = pair.joined()
     pair.pub.offer(b"only message")
     pair.step(drop=lambda i, data: True)  # its one DATA datagram is lost
     assert image.hwm == image.join_position
@@ -349,9 +318,7 @@ def test_a_lost_last_datagram_is_naked_once_heartbeats_show_the_gap() -> None:
 def test_eos_status_messages_are_spaced_out() -> None:
     clock = ManualClock()
     pair = Pair(clock)
-    pair.step()
-    pair.step()
-    image = pair.images[0]
+    image = pair.joined()
     image.is_closing = True
     sent = []
     for _ in range(5):
@@ -365,9 +332,7 @@ def test_eos_status_messages_are_spaced_out() -> None:
 
 def _lose_a_run(pair: Pair, lost: range, count: int = 60) -> ImageState:
     """Connect, offer ``count`` 200-byte messages and lose the datagrams numbered ``lost``."""
-    pair.step()
-    pair.step()
-    image = pair.images[0]
+    image = pair.joined()
     for i in range(count):
         pair.pub.offer(bytes([i]) * 200)
     pair.step(drop=lambda i, data: i in lost)
@@ -444,9 +409,7 @@ def test_more_gaps_than_are_tracked_at_once_are_all_recovered_in_order() -> None
     # known gaps and the new tail are rescanned), so the untracked ones must still be found.
     clock = ManualClock()
     pair = Pair(clock, term_length=1024 * 1024, window=512 * 1024)
-    pair.step()
-    pair.step()
-    image = pair.images[0]
+    image = pair.joined()
     expected: list[bytes] = []
     got: list[bytes] = []
     n = 0

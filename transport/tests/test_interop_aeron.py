@@ -694,6 +694,17 @@ def _check_real_image(sub: PeerProgram, pub: Publication, stream_id: int) -> Non
     assert (int(image.group(3)), int(image.group(4))) == (pub.mtu, pub.term_length)
 
 
+def _deliver(
+    pub: Publication, subs: list[PeerProgram], stream_id: int, messages: list[bytes]
+) -> list[list[tuple[int, int, bytes]]]:
+    """Once each real subscriber of ``subs`` has our image, offer ``messages``: what each
+    printed (stream, session, body), as many as were offered."""
+    for s in subs:
+        _check_real_image(s, pub, stream_id)
+    _offer_all(pub, messages, _DELIVERY_S)
+    return [_collect_messages(s, len(messages), _DELIVERY_S) for s in subs]
+
+
 @pytest.mark.parametrize(
     ("params", "sub_params", "lengths"),
     [
@@ -733,10 +744,8 @@ def test_our_publication_to_basic_subscriber(
             params.get("mtu", 1408),
             params.get("term_length", 16 * 1024 * 1024),
         )
-        _check_real_image(real_sub, pub, stream_id)
         messages = [_text_message(i, n) for i, n in enumerate(lengths)]
-        _offer_all(pub, messages, _DELIVERY_S)
-        got = _collect_messages(real_sub, len(messages), _DELIVERY_S)
+        (got,) = _deliver(pub, [real_sub], stream_id, messages)
     finally:
         real_sub.stop()
     assert [body for _, _, body in got] == messages
@@ -790,10 +799,8 @@ def test_real_subscriber_restart_gets_setup_from_our_publication(
             time.sleep(0.05)
         setups_before = our_driver.counters.snapshot()["setups_sent"]
         second = _start_real_subscriber(real_driver, _channel(port), stream_id)
-        _check_real_image(second, pub, stream_id)
         messages = [_text_message(i, 2000) for i in range(20)]
-        _offer_all(pub, messages, _DELIVERY_S)
-        got = _collect_messages(second, len(messages), _DELIVERY_S)
+        (got,) = _deliver(pub, [second], stream_id, messages)
     finally:
         first.stop()
     assert [body for _, _, body in got] == messages
@@ -969,11 +976,8 @@ def test_our_min_flow_control_publication_to_real_tagged_subscribers(
             )
         )
         assert pub.wait_until_connected(_CONNECT_S), "the group of two never connected"
-        for s in real_subs:
-            _check_real_image(s, pub, stream_id)
         messages = [_text_message(i, 100 + (i * 53) % 5000) for i in range(200)]
-        _offer_all(pub, messages, _DELIVERY_S)
-        printed = [_collect_messages(s, len(messages), _DELIVERY_S) for s in real_subs]
+        printed = _deliver(pub, real_subs, stream_id, messages)
     finally:
         for s in real_subs:
             s.stop()
@@ -995,12 +999,9 @@ def test_our_manual_mdc_publication_to_two_real_subscribers(
     try:
         assert pub.wait_until_connected(_CONNECT_S)
         # Connected means one receiver answered; a receiver whose image appears later joins at
-        # the position of its SETUP (as with a real publication), so wait for both images.
-        for s in real_subs:
-            _check_real_image(s, pub, stream_id)
+        # the position of its SETUP (as with a real publication): _deliver waits for both images.
         messages = [_text_message(i, 100 + (i * 61) % 5000) for i in range(200)]
-        _offer_all(pub, messages, _DELIVERY_S)
-        got = [_collect_messages(s, len(messages), _DELIVERY_S) for s in real_subs]
+        got = _deliver(pub, real_subs, stream_id, messages)
     finally:
         for s in real_subs:
             s.stop()
@@ -1026,10 +1027,8 @@ def test_our_dynamic_mdc_publication_to_real_subscriber(
     real_sub = _start_real_subscriber(real_driver, sub_channel, stream_id)
     try:
         assert pub.wait_until_connected(_CONNECT_S), "the real subscriber never got connected"
-        _check_real_image(real_sub, pub, stream_id)
         messages = [_text_message(i, 100 + (i * 37) % 6000) for i in range(300)]
-        _offer_all(pub, messages, _DELIVERY_S)
-        got = _collect_messages(real_sub, len(messages), _DELIVERY_S)
+        (got,) = _deliver(pub, [real_sub], stream_id, messages)
     finally:
         real_sub.stop()
     assert [body for _, _, body in got] == messages
@@ -1052,9 +1051,8 @@ def test_idle_publication_keeps_real_image_alive(
     pub = our_driver.add_publication(_channel(port), stream_id)
     try:
         assert pub.wait_until_connected(_CONNECT_S)
-        _check_real_image(real_sub, pub, stream_id)
-        _offer_all(pub, [b"before the pause"], _DELIVERY_S)
-        assert _collect_messages(real_sub, 1, _DELIVERY_S)[0][2] == b"before the pause"
+        ((before,),) = _deliver(pub, [real_sub], stream_id, [b"before the pause"])
+        assert before[2] == b"before the pause"
         idle_until = time.monotonic() + liveness_s + 2.0  # past the real image liveness
         while (line := real_sub.next_line(idle_until)) is not None:
             assert not _UNAVAILABLE.match(line), "real image timed out while we were idle"

@@ -5,28 +5,14 @@ own session (a secure session's) takes no stranger and no session-0 SM."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from aeron_spark.transport.protocol.frames import NakFrame, SmFlags, StatusMessage
 from aeron_spark.transport.protocol.publication import PublicationState
-from aeron_spark.transport.testing import ManualClock
+from aeron_spark.transport.testing import ManualClock, Wire
 
 A = ("127.0.0.5", 4000)
 B = ("127.0.0.6", 4000)
 STRANGER = ("127.0.0.66", 4000)
 TERM = 1 << 20
-
-
-class Wire:
-    def __init__(self) -> None:
-        self.sent: list[tuple[bytes, Any]] = []
-
-    def __call__(self, data: Any, address: Any) -> None:
-        self.sent.append((bytes(data), address))
-
-    def take(self) -> list[tuple[bytes, Any]]:
-        out, self.sent = self.sent, []
-        return out
 
 
 def _pub(clock: ManualClock) -> PublicationState:

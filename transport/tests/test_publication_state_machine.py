@@ -25,23 +25,11 @@ from aeron_spark.transport.protocol.publication import (
     abort_claim,
     commit_claim,
 )
-from aeron_spark.transport.testing import ManualClock
+from aeron_spark.transport.testing import ManualClock, Wire
 
 DEST = ("127.0.0.1", 40123)
 RECEIVER = ("127.0.0.1", 50000)
 MS = 1_000_000
-
-
-class Wire:
-    def __init__(self) -> None:
-        self.sent: list[tuple[bytes, Any]] = []
-
-    def __call__(self, data: Any, address: Any) -> None:
-        self.sent.append((bytes(data), address))
-
-    def take(self) -> list[tuple[bytes, Any]]:
-        out, self.sent = self.sent, []
-        return out
 
 
 def make(clock: ManualClock, **kw: Any) -> PublicationState:

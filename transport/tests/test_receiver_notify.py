@@ -84,3 +84,41 @@ def test_a_duplicate_or_refused_datagram_wakes_no_one() -> None:
     dispatcher.on_datagram(frame, len(frame), SENDER, clock.now_ns, _wire)
     dispatcher.do_work(clock.now_ns, _wire)
     assert woken == []
+
+
+def test_a_gap_an_unreliable_image_pads_wakes_the_subscriber_in_the_step_that_pads_it() -> None:
+    """Issue 31: every advance of what a subscriber can read signals it. Data signals as it is
+    inserted; an unreliable image (``reliable=false``) instead pads a gap whose NAK fell due,
+    and the frames behind it became readable with nothing arriving: a subscriber woken only by
+    ``on_data`` (as the stream server's loop is) waited for the next datagram, for good on a
+    stream that had gone quiet. Frames 1 and 3 arrive, 2 never does (manual clock)."""
+    clock = ManualClock()
+    dispatcher = ReceiveDispatcher()
+    images: list[ImageState] = []
+    woken: list[int] = []
+    dispatcher.add(
+        StreamInterest(
+            10,
+            on_image=images.append,
+            on_data=lambda: woken.append(images[0].gaps_filled),
+            reliable=False,
+        )
+    )
+    _setup(dispatcher, clock)
+    dispatcher.do_work(clock.now_ns, _wire)  # its first SM: connected
+    _data(dispatcher, clock, 0)
+    _data(dispatcher, clock, 192)  # frame 2 (at 96) lost
+    dispatcher.do_work(clock.now_ns, _wire)
+    assert woken == [0]
+    read: list[int] = []
+    assert images[0].poll(lambda body, header: read.append(len(body)), 10) == 1  # frame 1
+    for _ in range(100):  # until the gap's NAK falls due and it is padded
+        clock.advance(5_000_000)
+        dispatcher.do_work(clock.now_ns, _wire)
+        if images[0].gaps_filled:
+            break
+    assert images[0].gaps_filled == 1
+    assert woken == [0, 1]  # before: [0], frame 3 readable and nobody told
+    assert images[0].poll(lambda body, header: read.append(len(body)), 10) == 1  # frame 3
+    dispatcher.do_work(clock.now_ns, _wire)
+    assert woken == [0, 1]

@@ -13,8 +13,6 @@ jar cannot be had, except with ``AERON_INTEROP_REQUIRED=1`` (CI), where it fails
 
 from __future__ import annotations
 
-import hashlib
-import shutil
 import struct
 import subprocess
 import sys
@@ -38,30 +36,12 @@ SCHEMAS = {
 JAVA_TIMEOUT_S = 120
 
 
-def _unavailable(reason: str) -> None:
-    if sbe_tool.required():
-        pytest.fail(f"AERON_INTEROP_REQUIRED=1 but {reason}")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def java() -> Path:
     """Generated codecs and the harness, compiled (cached under .cache/sbe by input hash)."""
-    missing = sbe_tool.java_ready()
-    if missing:
-        _unavailable(missing)
-    try:
-        jar = sbe_tool.fetch()
-    except RuntimeError as exc:
-        _unavailable(str(exc))
-    inputs = sorted([*sv.DATA.glob("golden-*.xml"), *HARNESS.glob("*.java")])
-    digest = hashlib.sha256(sbe_tool.SBE_VERSION.encode())
-    for path in inputs:
-        digest.update(path.name.encode() + path.read_bytes())
-    build = sbe_tool.CACHE / f"build-{digest.hexdigest()[:16]}"
-    if not (build / "Harness.class").exists():
-        tmp = build.with_suffix(".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
+    jar = sbe_tool.ready_jar()
+
+    def build(tmp: Path) -> None:
         generated = tmp / "generated"
         for schema in SCHEMAS.values():
             subprocess.run(
@@ -88,9 +68,11 @@ def java() -> Path:
             timeout=JAVA_TIMEOUT_S,
             capture_output=True,
         )
-        shutil.rmtree(build, ignore_errors=True)
-        tmp.rename(build)
-    return build
+
+    inputs = sorted([*sv.DATA.glob("golden-*.xml"), *HARNESS.glob("*.java")])
+    return sbe_tool.cached_build(
+        "build", (p.name.encode() + p.read_bytes() for p in inputs), "Harness.class", build
+    )
 
 
 def _run(build: Path, args: list[str], data: bytes) -> bytes:

@@ -13,8 +13,6 @@ Skips without java/javac or the jars, except with ``AERON_INTEROP_REQUIRED=1`` (
 
 from __future__ import annotations
 
-import hashlib
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,38 +37,21 @@ JAVA_TIMEOUT_S = 180
 ROWS_PER_MESSAGE = 60
 
 
-def _unavailable(reason: str) -> None:
-    if sbe_tool.required():
-        pytest.fail(f"AERON_INTEROP_REQUIRED=1 but {reason}")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def otf() -> Path:
     """OtfDump compiled against the pinned SbeTool (cached under .cache/sbe by input hash)."""
-    missing = sbe_tool.java_ready()
-    if missing:
-        _unavailable(missing)
-    try:
-        jar = sbe_tool.fetch()
-    except RuntimeError as exc:
-        _unavailable(str(exc))
-    digest = hashlib.sha256(sbe_tool.SBE_VERSION.encode())
-    for path in (OTF, TOKENS):
-        digest.update(path.read_bytes())
-    build = sbe_tool.CACHE / f"otf-{digest.hexdigest()[:16]}"
-    if not (build / "OtfDump.class").exists():
-        tmp = build.with_suffix(".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
+    jar = sbe_tool.ready_jar()
+
+    def build(tmp: Path) -> None:
         subprocess.run(
             ["javac", "-nowarn", "-cp", str(jar), "-d", str(tmp), str(OTF), str(TOKENS)],
             check=True,
             timeout=JAVA_TIMEOUT_S,
             capture_output=True,
         )
-        shutil.rmtree(build, ignore_errors=True)
-        tmp.rename(build)
-    return build
+
+    inputs = (path.read_bytes() for path in (OTF, TOKENS))
+    return sbe_tool.cached_build("otf", inputs, "OtfDump.class", build)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +59,7 @@ def schemas() -> Iterator[dict[str, Path]]:
     """The public schemas, extracted from the pinned aeron-all jar into a temporary directory."""
     reason = aeron_peer.unavailable_reason()
     if reason is not None:
-        _unavailable(reason)
+        sbe_tool.unavailable(reason)
     with tempfile.TemporaryDirectory() as out, zipfile.ZipFile(aeron_peer.jar_path()) as jar:
         paths = {}
         for name in SCHEMAS:

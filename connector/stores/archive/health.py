@@ -34,6 +34,7 @@ import time
 
 from aeron_spark.connector.errors import ServerUnavailableError
 from aeron_spark.connector.options import ArchiveConnect
+from aeron_spark.connector.stores.archive import source as archive_source
 from aeron_spark.transport.archive.client import ArchiveClient, ArchiveTimeoutError
 from aeron_spark.transport.protocol.frames import HEADER, FrameType
 from aeron_spark.transport.uri import ChannelConfig
@@ -110,14 +111,8 @@ def connect(c: ArchiveConnect, probe_s: float = PROBE_S) -> ArchiveClient:
     quick = min(probe, QUICK_S)
 
     def attempt(wait_s: float) -> ArchiveClient:
-        return ArchiveClient.connect(
-            c.control_channel,
-            control_stream_id=c.control_stream_id,
-            response_host=c.response_host,
-            timeout_s=c.timeout_s,
-            credentials=c.credentials,
-            connect_timeout_s=wait_s,
-            silence_timeout_s=min(c.timeout_s, SILENCE_S),
+        return archive_source.connect(
+            c, connect_timeout_s=wait_s, silence_timeout_s=min(c.timeout_s, SILENCE_S)
         )
 
     started = time.monotonic()

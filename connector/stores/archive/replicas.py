@@ -487,6 +487,19 @@ def _committed_end(client: ArchiveClient, alias: str, stream_id: int) -> _Held:
     return _Held(d, tail.committed_end, last)
 
 
+def _not_electable(
+    archives: tuple[ArchiveConnect, ...], out: list[int], why: str, *args: object
+) -> None:
+    """Warn that the reachable archives ``out`` (if any) are left out of the election;
+    ``why`` (%-style, with ``args``) says what they lack."""
+    if out:
+        log.warning(
+            "archive sink: %s " + why + ": not electable",
+            [archives[i].control_channel for i in out],
+            *args,
+        )
+
+
 def _electable(
     archives: tuple[ArchiveConnect, ...],
     clients: list[ArchiveClient | None],
@@ -502,16 +515,14 @@ def _electable(
     reachable = [i for i, c in enumerate(clients) if c is not None and held[i].d is not None]
     top = [reachable[j] for j in newest([(held[i].end, held[i].last) for i in reachable])]
     if top:  # markers with epochs: the newest history (highest epoch, then furthest end)
-        behind = [i for i in reachable if i not in top]
-        if behind:
-            log.warning(
-                "archive sink: %s hold an older epoch or less than %s (epoch %d, end %d): "
-                "not electable",
-                [archives[i].control_channel for i in behind],
-                [archives[i].control_channel for i in top],
-                held[top[0]].last.epoch,  # type: ignore[union-attr]
-                held[top[0]].end,
-            )
+        _not_electable(
+            archives,
+            [i for i in reachable if i not in top],
+            "hold an older epoch or less than %s (epoch %d, end %d)",
+            [archives[i].control_channel for i in top],
+            held[top[0]].last.epoch,  # type: ignore[union-attr]  # newest: top has an epoch
+            held[top[0]].end,
+        )
         return top
     if len(reachable) < 2:
         return [i for i, c in enumerate(clients) if c is not None]
@@ -541,16 +552,14 @@ def _electable(
     if position == start:
         return [i for i, c in enumerate(clients) if c is not None]
     chosen = [reachable[j] for j in agreeing]
-    others = [i for i in reachable if i not in chosen]
-    if others:
-        log.warning(
-            "archive sink: %s do not hold the END at %d that %s hold (minInSyncReplicas=%d): "
-            "not electable",
-            [archives[i].control_channel for i in others],
-            position,
-            [archives[i].control_channel for i in chosen],
-            need,
-        )
+    _not_electable(
+        archives,
+        [i for i in reachable if i not in chosen],
+        "do not hold the END at %d that %s hold (minInSyncReplicas=%d)",
+        position,
+        [archives[i].control_channel for i in chosen],
+        need,
+    )
     return chosen + [i for i, c in enumerate(clients) if c is not None and held[i].d is None]
 
 

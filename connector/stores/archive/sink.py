@@ -35,6 +35,7 @@ import hashlib
 import logging
 import queue
 import random
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -250,10 +251,16 @@ class _Blocks:
         self.room = self._room()
 
     def feed(self, data: bytes | memoryview, recording_id: int) -> None:
-        """A replayed block of whole recorded frames (PAD frames dropped)."""
+        """A replayed block of whole recorded frames (PAD frames dropped). A frame with the
+        markers' reserved value is refused: the tasks never stage one (``_payloads``), so it was
+        injected into the staging stream, and relayed it would be a BEGIN or END of the
+        injector's making in the target (a forged epoch elected, torn rows made visible)."""
         view = memoryview(data)
         aligned = _uniform_frames(view, self.mtu) if self.partial is None else 0
         if aligned:
+            rvs = np.frombuffer(view, dtype="<i8").reshape(-1, aligned // 8)[:, 3]
+            if (rvs == MARKER_RESERVED_VALUE).any():
+                raise _staged_marker(recording_id)
             self._feed_run(view, aligned)
             return
         covered = 0
@@ -263,6 +270,8 @@ class _Blocks:
                 break
             if ftype == _TYPE_PAD:
                 continue
+            if _rv_at(view, at + 24)[0] == MARKER_RESERVED_VALUE:
+                raise _staged_marker(recording_id)
             frame = view[at:covered]
             whole = flags & _BEGIN_END == _BEGIN_END
             if whole and self.partial is None:
@@ -331,6 +340,15 @@ class _Blocks:
         self.flush()
 
 
+def _staged_marker(recording_id: int) -> ServerUnavailableError:
+    return ServerUnavailableError(
+        f"archive sink: staging recording {recording_id} holds a frame with the markers' "
+        f"reserved value {MARKER_RESERVED_VALUE:#x}, which the sink's tasks never stage "
+        "(injected into the staging stream?): not relayed, the commit fails"
+    )
+
+
+_rv_at = struct.Struct("<q").unpack_from
 _FLAG_BEGIN, _FLAG_END, _TYPE_PAD = int(DataFlags.BEGIN), int(DataFlags.END), int(FrameType.PAD)
 _BEGIN_END = _UNFRAGMENTED = _FLAG_BEGIN | _FLAG_END
 _TYPE_DATA = int(FrameType.DATA)

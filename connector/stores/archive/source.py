@@ -31,6 +31,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from aeron_spark.connector.archive_markers import (
     END,
@@ -45,6 +46,7 @@ from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.connector.stores import (
     Budget,
     Features,
+    LogStore,
     Recording,
     RecordingRange,
     scan_each,
@@ -60,14 +62,16 @@ _FLAG_BEGIN, _FLAG_END = int(DataFlags.BEGIN), int(DataFlags.END)
 log = logging.getLogger("aeron_spark.connector.stores.archive")
 
 
-def connect(c: ArchiveConnect) -> ArchiveClient:
-    """A control session with the archive ``c`` names (the source's and the sink's)."""
+def connect(c: ArchiveConnect, **timeouts: Any) -> ArchiveClient:
+    """A control session with the archive ``c`` names (the source's and the sink's);
+    ``timeouts``: more :class:`ArchiveClientConfig` settings (``connect_timeout_s``, ...)."""
     return ArchiveClient.connect(
         c.control_channel,
         control_stream_id=c.control_stream_id,
         response_host=c.response_host,
         timeout_s=c.timeout_s,
         credentials=c.credentials,
+        **timeouts,
     )
 
 
@@ -104,6 +108,26 @@ class ArchiveRange(RecordingRange):
     # where the replay starts when ``start`` is not a frame boundary (a share of a split range):
     # the term boundary at or below ``start``; None: ``start``
     replay_from: int | None = None
+
+    @classmethod
+    def exact_of(
+        cls, store: LogStore, rec: Recording, start: int, end: int, text: bool, **more: Any
+    ) -> Any:
+        """A range of ``rec`` replayed up to ``end`` exactly (``more``: a subclass's fields)."""
+        return cls.of(
+            store,
+            rec,
+            start,
+            end,
+            text,
+            session_id=rec.session_id,
+            stream_id=rec.stream_id,
+            limit=end,
+            exact=True,
+            timestamp_ns=rec.timestamp_ns,
+            sink_target=rec.committed_only,
+            **more,
+        )
 
 
 def _target_alias(original_channel: str) -> str:
@@ -444,19 +468,7 @@ class ArchiveStore(Features):
             yield ArchiveSession(self, client, alone=True)
 
     def partition(self, rec: Recording, start: int, end: int, text: bool) -> ArchiveRange:
-        return ArchiveRange.of(
-            self,
-            rec,
-            start,
-            end,
-            text,
-            session_id=rec.session_id,
-            stream_id=rec.stream_id,
-            limit=end,
-            exact=True,
-            timestamp_ns=rec.timestamp_ns,
-            sink_target=rec.committed_only,
-        )
+        return ArchiveRange.exact_of(self, rec, start, end, text)
 
     def split(self, part: RecordingRange, shares: int) -> list[RecordingRange]:
         assert isinstance(part, ArchiveRange)

@@ -404,18 +404,12 @@ class ReplicaStore(Features):
             session.close()
 
     def partition(self, rec: Recording, start: int, end: int, text: bool) -> ReplicaRange:
-        return ReplicaRange.of(
+        return ReplicaRange.exact_of(
             self,
             rec,
             start,
             end,
             text,
-            session_id=rec.session_id,
-            stream_id=rec.stream_id,
-            limit=end,
-            exact=True,
-            timestamp_ns=rec.timestamp_ns,
-            sink_target=rec.committed_only,
             identity=rec.identity,
             avoid=failed_now(self.control_channels),
             holders=rec.holders,
