@@ -513,6 +513,8 @@ class ArchiveStore:
             "ingest_held_back": self.ingest_held_back,
             "message_end_scanned_bytes": self.message_end_scanned_bytes,
             "torn_bytes_cut": self.recordings.torn_bytes_cut,
+            # files named like recordings found at start (skipped, their ids never issued)
+            "stray_recording_files": len(self.recordings.stray_files),
             # complete frames past publish recordings' acknowledged ends cut at recovery
             "publish_tail_bytes_cut": self.recordings.unacknowledged_bytes_cut,
             # ingest: a message a crash or a dead publisher left incomplete at a recording's

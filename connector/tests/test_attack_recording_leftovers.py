@@ -45,3 +45,27 @@ def test_a_recording_whose_descriptor_was_lost_never_lends_its_data_to_a_new_one
         assert got == [b"stream-20-own"], got
         assert new.recording_id != rec.recording_id
     assert sorted(p.name for p in leftover.iterdir()) == kept  # left for the operator
+
+
+def test_a_stray_file_with_a_recording_id_name_does_not_stop_the_server(tmp_path: Path) -> None:
+    """A regular file named like a recording (``recordings/<digits>``: an operator's note, a
+    copy gone wrong) made the server unstartable (main: ``NotADirectoryError`` reading
+    ``recordings/<n>/meta.msgpack``). It is skipped now, named in a warning and counted
+    (``stray_recording_files``), left as it is, and its id is never issued (a new recording
+    there would collide with the file)."""
+    directory = tmp_path / "srv"
+    with server_process(str(directory)) as (proc, endpoint), client_for(endpoint) as client:
+        client.publish(10, [b"kept"])
+        [rec] = client.list_recordings([10])
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    stray = directory / "recordings" / str(rec.recording_id + 1)  # the next id to be issued
+    stray.write_bytes(b"not a recording")
+    with server_process(str(directory)) as (_proc, endpoint), client_for(endpoint) as client:
+        assert _payloads(client, 10) == [b"kept"]  # the real recording still served
+        client.publish(20, [b"stream-20-own"])
+        [new] = client.list_recordings([20])
+        assert new.recording_id not in (rec.recording_id, int(stray.name))
+        assert _payloads(client, 20) == [b"stream-20-own"]
+        assert client.stats()["store"]["stray_recording_files"] == 1
+    assert stray.read_bytes() == b"not a recording"  # left for the operator
