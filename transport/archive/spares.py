@@ -13,6 +13,10 @@ writes the descriptor into its temporary file before renaming that in, as before
 Nothing in a spare is data: the store never lists it as a recording (names that are not digits
 are skipped, by older versions too); at start the spares left by the last run are kept when they
 hold exactly those four empty files and removed otherwise (a spare a crash left half made).
+Spares past the wanted number (made for a peak of sessions that went, or adopted at start)
+are trimmed by the same thread once they have been in excess for ``trim_after_s`` (60 s: a
+wave of sessions closing and opening again reuses them, none made twice); before, a peak's
+spares stayed on disk for good.
 With ``fsync`` a spare's names are fsynced (its directory) before it is handed out, and the
 store fsyncs the recordings directory after the rename, as after a ``mkdir``.
 """
@@ -25,6 +29,7 @@ import os
 import shutil
 import stat
 import threading
+import time
 from collections import deque
 
 log = logging.getLogger(__name__)
@@ -47,10 +52,15 @@ def _fsync_dir(path: str) -> None:
 class SparePool:
     """Spares under ``root`` (see the module docstring); at most ``capacity`` wanted at once."""
 
-    def __init__(self, root: str, fsync: bool, capacity: int = 4096) -> None:
+    def __init__(
+        self, root: str, fsync: bool, capacity: int = 4096, trim_after_s: float = 60.0
+    ) -> None:
         self.root = root
         self.fsync = fsync
         self.capacity = capacity
+        self.trim_after_s = trim_after_s  # spares in excess this long are removed
+        self._excess_since: float | None = None  # monotonic s: more ready than wanted since
+        self.trimmed = 0  # spares removed: in excess of what the open sessions need
         self._ready: deque[str] = deque()
         self._wanted = 0
         self._cond = threading.Condition()
@@ -61,6 +71,8 @@ class SparePool:
         self.failures = 0  # spares that could not be made (full disk, no descriptor): counted
         self.removed = 0  # leftovers of a previous run removed at start (half made)
         self._next = self._adopt()
+        if self._ready:  # adopted: trimmed unless sessions come to want them
+            self._note_excess()
 
     def _adopt(self) -> int:
         """Keep the previous run's whole spares, remove the rest; the next spare's number."""
@@ -113,11 +125,21 @@ class SparePool:
     def ready(self) -> int:
         return len(self._ready)
 
+    def _note_excess(self) -> None:
+        """(Under the lock.) Mark when the ready spares first exceeded the wanted number."""
+        if len(self._ready) > self._wanted:
+            if self._excess_since is None:
+                self._excess_since = time.monotonic()
+        else:
+            self._excess_since = None
+
     def want(self, count: int) -> None:
-        """Keep ``count`` spares ready (at most ``capacity``): the thread makes the missing ones."""
+        """Keep ``count`` spares ready (at most ``capacity``): the thread makes the missing ones
+        and trims the ones in excess for ``trim_after_s``."""
         with self._cond:
             self._wanted = max(0, min(count, self.capacity))
-            if self._closed or len(self._ready) >= self._wanted:
+            self._note_excess()
+            if self._closed or len(self._ready) == self._wanted:
                 return
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -133,6 +155,7 @@ class SparePool:
                 return None
             path = self._ready.popleft()
             self.taken += 1
+            self._note_excess()
             if len(self._ready) < self._wanted:
                 self._cond.notify()
             return path
@@ -142,16 +165,33 @@ class SparePool:
         with self._cond:
             self._ready.appendleft(path)
             self.taken -= 1
+            self._note_excess()
 
     def _run(self) -> None:
         while True:
             with self._cond:
+                trim = None
                 while not self._closed and len(self._ready) >= self._wanted:
-                    self._cond.wait()
+                    since = self._excess_since
+                    if since is None:
+                        self._cond.wait()
+                        continue
+                    wait_s = since + self.trim_after_s - time.monotonic()
+                    if wait_s <= 0:
+                        trim = self._ready.pop()  # the newest: takes go oldest first
+                        self._note_excess()
+                        break
+                    self._cond.wait(wait_s)
                 if self._closed:
                     return
-                path = os.path.join(self.root, f"{PREFIX}{self._next}")
-                self._next += 1
+                if trim is None:
+                    path = os.path.join(self.root, f"{PREFIX}{self._next}")
+                    self._next += 1
+            if trim is not None:
+                shutil.rmtree(trim, ignore_errors=True)
+                with self._cond:
+                    self.trimmed += 1
+                continue
             made = self._make(path)
             with self._cond:
                 if made:
@@ -183,6 +223,8 @@ class SparePool:
             "spare_recordings_made": self.made,
             "spare_recordings_taken": self.taken,
             "spare_recordings_failures": self.failures,
+            # removed once in excess of the open sessions' need for trim_after_s
+            "spare_recordings_trimmed": self.trimmed,
         }
 
     def close(self, timeout_s: float = 30.0) -> None:
