@@ -825,7 +825,7 @@ class Server:
         ledger = getattr(self.driver, "amplification", None)
         if transport is None:
             transport = self.driver.counters.snapshot()
-        machine = REGISTRY.snapshot(CounterType.HANDSHAKE, c)
+        machine: dict[str, Any] = dict(REGISTRY.snapshot(CounterType.HANDSHAKE, c))
         machine["refused"] = dict(c.refused)
         shell = REGISTRY.snapshot(
             CounterType.HANDSHAKE_SERVER,
