@@ -39,6 +39,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from aeron_spark.counters import REGISTRY, CounterType
 from aeron_spark.handshake import messages as m
 from aeron_spark.handshake.channels import Channels
 from aeron_spark.handshake.config import ServerConfig
@@ -60,6 +61,30 @@ from aeron_spark.transport.protocol.publication import host_of
 from aeron_spark.transport.protocol.receiver import source_prefix
 
 log = logging.getLogger(__name__)
+# What the handshake server's I/O shell exports in :meth:`Server.stats` beside the machine's
+# ``ServerCounters`` (declared as counters of the registry: ``aeron-spark stat`` lists them);
+# the first five are gauges (now), the rest counts since start
+SERVER_STATS = (
+    ("connections", "established handshake connections"),
+    ("pending", "handshakes admitted, not yet connected"),
+    ("pending_per_prefix", "pending handshakes per /24 or /64 (a map)"),
+    ("hello_images", "open HELLO images (one per client driver and port)"),
+    ("hello_images_waiting", "open UDP HELLO images that have not said HELLO yet"),
+    ("reply_publications", "open reply publications of HELLO images"),
+    ("hello_images_without_hello", "UDP HELLO images gone without one HELLO read"),
+    ("reply_publications_failed", "HELLO images whose reply publication did not open"),
+    ("reply_publications_closed_silent", "reply publications closed: their image fell silent"),
+    ("reply_drops", "handshake replies dropped (back pressure or expired)"),
+    ("pair_address_mismatches", "HELLOs whose reply address is not their image's"),
+    ("amplification_drops", "sends refused by the driver's amplification ledger"),
+    ("frames_opened", "sealed session frames opened"),
+    ("frames_rejected", "sealed session frames rejected (the four below)"),
+    ("frames_tampered", "sealed session frames that did not authenticate"),
+    ("frames_replayed", "sealed session frames seen before"),
+    ("frames_reordered", "sealed session frames out of order"),
+)
+for _name, _description in SERVER_STATS:
+    REGISTRY.register(CounterType.HANDSHAKE_SERVER, _name, _description)
 # The driver's counters of what strangers sent and the transport dropped, in :meth:`Server.stats`
 TRANSPORT_REFUSALS = (
     "status_messages_refused",  # SMs from an address that may not be a destination (item 1)
@@ -800,44 +825,38 @@ class Server:
         ledger = getattr(self.driver, "amplification", None)
         if transport is None:
             transport = self.driver.counters.snapshot()
-        return {
-            "connections": len(self.connections),
-            "pending": self.core.pending,
-            "hellos": c.hellos,
-            "malformed": c.malformed,
-            "accepted": c.accepted,
-            "connected": c.connected,
-            "bad_done": c.bad_done,
-            "expired": c.expired,
-            "closed": c.closed,
-            "cookies_sent": c.cookies_sent,
-            "cookies_bad": c.cookies_bad,
-            "resumed": c.resumed,
-            "hello_images": len(self._hellos),
-            "rate_limited": c.rate_limited,
-            "identities_bad": c.identities_bad,
-            "clients_refused": c.clients_refused,
-            "pending_per_prefix": dict(self.core.pending_per_prefix),
-            "refused": dict(c.refused),
-            "reply_drops": self.reply_drops,
-            "reply_publications_failed": self.reply_publications_failed,
-            "reply_publications": sum(i.reply is not None for i in self._hellos.values()),
-            "reply_publications_closed_silent": self.reply_publications_closed_silent,
-            # live UDP HELLO images that have not said HELLO yet, and those gone without one
-            "hello_images_waiting": sum(
-                not i.ipc and i.answered == 0 for i in self._hellos.values()
-            ),
-            "hello_images_without_hello": self.hello_images_without_hello,
-            "pair_address_mismatches": self.pair_address_mismatches,
-            "amplification_drops": ledger.drops if ledger is not None else 0,
-            # what the transport under the server refused (the server's driver, all channels)
-            **{name: transport.get(name, 0) for name in TRANSPORT_REFUSALS},
-            "frames_opened": self.seal_counters.opened,
-            "frames_rejected": self.seal_counters.rejected(),
-            "frames_tampered": self.seal_counters.tampered,
-            "frames_replayed": self.seal_counters.replayed,
-            "frames_reordered": self.seal_counters.reordered,
-        }
+        machine: dict[str, Any] = dict(REGISTRY.snapshot(CounterType.HANDSHAKE, c))
+        machine["refused"] = dict(c.refused)
+        shell = REGISTRY.snapshot(
+            CounterType.HANDSHAKE_SERVER,
+            {
+                "connections": len(self.connections),
+                "pending": self.core.pending,
+                "pending_per_prefix": dict(self.core.pending_per_prefix),
+                "hello_images": len(self._hellos),
+                # live UDP HELLO images that have not said HELLO yet, and those gone without one
+                "hello_images_waiting": sum(
+                    not i.ipc and i.answered == 0 for i in self._hellos.values()
+                ),
+                "reply_publications": sum(i.reply is not None for i in self._hellos.values()),
+                "hello_images_without_hello": self.hello_images_without_hello,
+                "reply_publications_failed": self.reply_publications_failed,
+                "reply_publications_closed_silent": self.reply_publications_closed_silent,
+                "reply_drops": self.reply_drops,
+                "pair_address_mismatches": self.pair_address_mismatches,
+                "amplification_drops": ledger.drops if ledger is not None else 0,
+                "frames_opened": self.seal_counters.opened,
+                "frames_rejected": self.seal_counters.rejected(),
+                "frames_tampered": self.seal_counters.tampered,
+                "frames_replayed": self.seal_counters.replayed,
+                "frames_reordered": self.seal_counters.reordered,
+            },
+        )
+        # what the transport under the server refused (the server's driver, all channels)
+        refusals = REGISTRY.snapshot(
+            CounterType.TRANSPORT, {name: transport.get(name, 0) for name in TRANSPORT_REFUSALS}
+        )
+        return {**shell, **machine, **refusals}
 
 
 def _is_hello(data: bytes) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -27,12 +28,21 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
+# The executors' JVMs get the light options conftest gives the driver (SPARK_SUBMIT_OPTS): the
+# client compiler only and one GC thread; a job of the test is too short for C2 to pay off
+EXECUTOR_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
 def run(args: list[str], timeout_s: float) -> dict:
     env = dict(
         os.environ,
         PYSPARK_PYTHON=sys.executable,
         PYSPARK_DRIVER_PYTHON=sys.executable,
         SPARK_LOCAL_IP="127.0.0.1",
+        # read by pyspark when it starts the job's JVM (split as a shell would)
+        PYSPARK_SUBMIT_ARGS=shlex.join(
+            ["--conf", f"spark.executor.extraJavaOptions={EXECUTOR_JAVA_OPTIONS}", "pyspark-shell"]
+        ),
     )
     done = subprocess.run(
         [sys.executable, *args],
@@ -111,6 +121,17 @@ def test_job_on_a_standalone_cluster_with_two_workers(tmp_path: Path) -> None:
         ]
         first = run(job, 600)
         assert first["input_rows"] == 5000
+        # the executors ran with the light options (each executor's stderr starts with its
+        # launch command)
+        launched = [
+            line
+            for f in (tmp_path / "cluster").glob("worker*/work/app-*/*/stderr")
+            for line in f.read_text(errors="replace").splitlines()
+            if "Spark Executor Command" in line
+        ]
+        assert launched and all(
+            f'"{option}"' in line for line in launched for option in EXECUTOR_JAVA_OPTIONS.split()
+        ), launched
         # the executors' state store files are in the job's checkpoint, for every shuffle
         # partition (spark.sql.shuffle.partitions=4 in the job): a restarted job or a task
         # moved to the other worker finds them

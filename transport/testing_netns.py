@@ -9,8 +9,13 @@ fragments is, as on a real lossy network. Loss can be changed while the link is 
 rules' counters say how many packets and bytes each end dropped.
 
 Names carry the pid and a counter, so concurrent tests (and other users of the machine) do not
-collide. Everything needs root, ``ip`` (iproute2) and ``nft`` (nftables);
-:func:`unavailable_reason` says why a machine cannot build a link (tests skip with it).
+collide. A process killed while it holds a link (SIGKILL: a CI timeout, a ``kill -9``) leaves
+nothing behind: each link has a guard process (a session of its own, so a kill of the holder's
+process group spares it) that removes the link's namespaces, veth end and tables once its
+holder is gone (its pipe from the holder reads end of file); and building a link first removes
+what links of dead processes left (a guard killed too: :func:`sweep_dead_links`). Everything
+needs root, ``ip`` (iproute2) and ``nft`` (nftables); :func:`unavailable_reason` says why a
+machine cannot build a link (tests skip with it).
 
 Run a program on a host with ``link.b.command([...])`` (an ``ip netns exec`` prefix, or nothing
 for the caller's namespace). :func:`transfer` measures the transport over a link: this process
@@ -27,6 +32,7 @@ import itertools
 import json
 import os
 import random
+import re
 import select
 import shutil
 import subprocess
@@ -110,6 +116,64 @@ def _free_subnet() -> ipaddress.IPv4Network:
     raise NetnsError("no free 10.200-249.x.0/30 subnet for a test link")
 
 
+# What one link tagged ``tag`` (``<pid>x<n>``) builds: its namespaces, its veth end in the
+# caller's namespace (15 characters at most) and its table there (one in a namespace goes with
+# it). Removing any of them that is not there does nothing.
+def _teardown_argv(tag: str) -> list[list[str]]:
+    return [
+        ["nft", "delete", "table", "netdev", f"asloss{tag}"],
+        ["ip", "link", "del", f"asa{tag}"[:15]],
+        ["ip", "netns", "del", f"asa{tag}"],
+        ["ip", "netns", "del", f"asb{tag}"],
+    ]
+
+
+# The guard: waits for end of file on stdin (its holder closed the link, or died), then removes
+# what the link built; plain Python, no package import (it starts in a few milliseconds).
+_GUARD = """
+import json, subprocess, sys
+for _ in iter(lambda: sys.stdin.buffer.read(4096), b""):
+    pass
+for argv in json.loads(sys.argv[1]):
+    subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+"""
+
+_TAGGED = re.compile(r"as(?:a|b|loss)(\d+)x\d+")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_dead_links() -> int:
+    """Remove what links of processes no longer alive left (their namespaces, veth ends and
+    tables: a holder and its guard both killed); returns the links swept."""
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    words = [line.split()[0] for line in names.splitlines() if line.strip()]
+    words += [
+        line.split(":")[1].strip().split("@")[0] for line in links.splitlines() if ":" in line
+    ]
+    words += [line.split()[-1] for line in tables.splitlines() if line.startswith("table netdev")]
+    tags = set()
+    for word in words:
+        found = _TAGGED.fullmatch(word)
+        # a device name is cut at 15 characters: its tag may be too (then only its pid counts)
+        if found is not None and not _pid_alive(int(found.group(1))):
+            tags.add(word[6:] if word.startswith("asloss") else word[3:])
+    for tag in tags:
+        for argv in _teardown_argv(tag):
+            subprocess.run(argv, capture_output=True, timeout=30)
+    return len(tags)
+
+
 class LossyLink:
     """A veth pair between host ``a`` and host ``b`` with nftables loss on arrival at each end.
 
@@ -130,6 +194,7 @@ class LossyLink:
         self.a: Host
         self.b: Host
         self._root_device: str | None = None
+        self._guard: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> LossyLink:
         try:
@@ -144,6 +209,15 @@ class LossyLink:
 
     def _build(self) -> None:
         tag = self.tag
+        sweep_dead_links()
+        # before anything is built: a kill from here on leaves what was built to the guard
+        self._guard = subprocess.Popen(
+            [sys.executable, "-c", _GUARD, json.dumps(_teardown_argv(tag))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         net = _free_subnet()
         addr_a, addr_b = (str(h) for h in list(net.hosts())[:2])
         ns_b = f"asb{tag}"
@@ -235,6 +309,15 @@ class LossyLink:
             if done.returncode != 0:
                 errors.append(done.stderr.strip())
         self.namespaces = []
+        guard, self._guard = self._guard, None
+        if guard is not None:  # all removed: its teardown finds nothing
+            if guard.stdin is not None:
+                guard.stdin.close()
+            try:
+                guard.wait(30)
+            except subprocess.TimeoutExpired:
+                guard.kill()
+                guard.wait(30)
         if errors:
             raise NetnsError("; ".join(errors))
 
@@ -470,6 +553,7 @@ __all__ = [
     "LossyLink",
     "NetnsError",
     "TransferResult",
+    "sweep_dead_links",
     "transfer",
     "udp_receive_buffer_errors",
     "unavailable_reason",

@@ -11,6 +11,17 @@ from collections.abc import Sequence
 from types import FrameType
 
 from aeron_spark.connector.server.config import DEFAULT_PORT, ServerConfig
+from aeron_spark.connector.server.schedule import CHECK_INTERVAL_NS
+from aeron_spark.errors import ConfigurationError
+from aeron_spark.transport.protocol.heartbeat import IDLE_HEARTBEAT_INTERVAL_MAX_NS
+
+# The shortest --session-lease-seconds: two of the longest gaps between a live, idle client's
+# signs that its server's transport sees (a channel's idle heartbeat, at most 2 s; its status
+# messages come every second) plus the loop's check of each session (1 s), so a client whose
+# driver runs a heartbeat late on a loaded machine still renews (a ~1 s lease expired live
+# sessions between two of their signs); the transport's own timeout (5 s without status
+# messages) is as long
+MIN_SESSION_LEASE_S = (2 * IDLE_HEARTBEAT_INTERVAL_MAX_NS + CHECK_INTERVAL_NS) / 1e9
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -209,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=60.0,
         help="a session is closed once it made no request, consumed nothing sent to it and its "
         "transport showed no sign of its client (an idle client's driver sends one a second) "
-        "for this long (default 60)",
+        f"for this long (default 60, at least {MIN_SESSION_LEASE_S:g})",
     )
     parser.add_argument(
         "--consumer-lease-seconds",
@@ -298,6 +309,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    if args.session_lease_seconds < MIN_SESSION_LEASE_S:
+        raise ConfigurationError(
+            "--session-lease-seconds",
+            args.session_lease_seconds,
+            f"at least {MIN_SESSION_LEASE_S:g} s (two of a live, idle client's heartbeats, 2 s "
+            "apart, and the server's 1 s check of each session)",
+        )
     return ServerConfig(
         directory=args.dir,
         host=args.host,

@@ -84,6 +84,10 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
             self.consumers,
             may_read=self._owner_may_read,
         )
+        try:  # positions of recordings deleted while the server was down
+            self.consumers.drop_recordings(store.recording_gone)
+        except OSError as exc:  # a full disk: kept, dropped by a later retention run or start
+            log.warning("cannot drop consumer positions of recordings gone: %s", exc)
         # set by the I/O shell: extra sections of ``stats`` (server identity, transport counters),
         # given ``stats``'s ``listed``
         self.stats_hook: Callable[[int | None], dict[str, Any]] | None = None
@@ -358,7 +362,13 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
     def _op_purge(self, session: Session, request: proto.Request, now_ns: int, wall_ns: int) -> Any:
         args = request.args
         self._authorise("purge", [self._stream_of(args["recording_id"])])
-        return self.store.purge(args["recording_id"], args["position"], now_ns)
+        purged = self.store.purge(args["recording_id"], args["position"], now_ns)
+        if self.store.recording_gone(args["recording_id"]):  # finished and purged to its end
+            try:
+                self.consumers.drop_recordings(self.store.recording_gone)
+            except OSError as exc:  # kept: dropped by a later retention run or start
+                log.warning("cannot drop consumer positions of recordings gone: %s", exc)
+        return purged
 
     def _op_stats(self, session: Session, request: proto.Request, now_ns: int, wall_ns: int) -> Any:
         return self.stats(now_ns, wall_ns)
@@ -457,6 +467,7 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
             self.retention.counters,
             {
                 "consumer_commits": self.consumers.commits,
+                "consumer_positions_dropped": self.consumers.positions_dropped,
                 "sink_commits": committer.commits,
                 "sink_duplicate_commits": committer.duplicate_commits,
                 "sink_resumed_commits": committer.resumed_commits,

@@ -61,6 +61,8 @@ SHELL_COUNTERS = (
 # Read from the sink committer and the consumer registry when a snapshot is taken.
 SINK_COUNTERS = (
     "consumer_commits",
+    # of recordings gone (deleted, or finished and purged whole): dropped from consumers.msgpack
+    "consumer_positions_dropped",
     "sink_commits",
     "sink_duplicate_commits",
     "sink_resumed_commits",

@@ -84,6 +84,7 @@ class ConsumerRegistry:
         # per-client limit was checked by a walk over every consumer on each new one
         self.held: collections.Counter[str] = collections.Counter()
         self.commits = 0
+        self.positions_dropped = 0  # of recordings gone (deleted, or finished and purged whole)
         # one change at a time: consumer_commit runs on the commit worker (a deferred
         # operation), consumer_forget on the loop; each writes the whole file from the registry
         # through one temporary name, then changes the registry (two at once: the second's
@@ -187,6 +188,29 @@ class ConsumerRegistry:
         del self.consumers[consumer_id]
         self._release(old.owner)
         return True
+
+    def drop_recordings(self, gone: Callable[[int], bool]) -> int:
+        """Drop every consumer's position of a recording that is gone (``gone(recording_id)``:
+        deleted, or finished and purged to its end): before, the file kept them for good and
+        grew with every recording ever committed. The file is rewritten once, whole and
+        fsynced as a commit's, before the registry changes (an ``OSError`` leaves both as they
+        were: the next run tries again). Returns the positions dropped."""
+        with self._changing:
+            kept: dict[str, Consumer] = {}
+            dropped = 0
+            for cid, c in self.consumers.items():
+                positions = {rid: pos for rid, pos in c.positions.items() if not gone(rid)}
+                dropped += len(c.positions) - len(positions)
+                if len(positions) != len(c.positions):
+                    kept[cid] = Consumer(cid, c.stream_ids, positions, c.updated_s, c.owner)
+                else:
+                    kept[cid] = c
+            if not dropped:
+                return 0
+            self._write(msgpack.packb({cid: _entry(c) for cid, c in kept.items()}))
+            self.consumers = kept
+            self.positions_dropped += dropped
+            return dropped
 
     def _release(self, owner: str) -> None:
         self.held[owner] -= 1
@@ -393,6 +417,11 @@ class Retention:
             self.counters["retention_purges"] += 1
             self.counters["retention_bytes_purged"] += target - rec["purged_position"]
             purged += 1
+        try:  # the positions of recordings now gone (finished and purged whole, or deleted)
+            self.registry.drop_recordings(store.recording_gone)
+        except OSError:  # a full disk: the positions stay, tried again on the next run
+            self.counters["retention_errors"] += 1
+            log.exception("retention could not drop the positions of recordings gone")
         return purged
 
 

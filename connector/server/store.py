@@ -236,6 +236,16 @@ class ArchiveStore:
             return None
         return rec.stop_position
 
+    def recording_gone(self, recording_id: int) -> bool:
+        """Nothing of ``recording_id`` is left nor will be: no such recording (its directory
+        deleted), or a finished one purged to its end (a consumer's position of it holds
+        nothing: dropped from the consumers' file)."""
+        rec = self.recordings.recordings.get(recording_id)
+        if rec is None:
+            return True
+        stop = self.stop_position(rec)
+        return stop is not None and rec.purged_position >= stop
+
     def _info(self, rec: Recording) -> dict[str, Any]:
         d = rec.d
         visible = self.visible_end(rec)
@@ -513,6 +523,8 @@ class ArchiveStore:
             "ingest_held_back": self.ingest_held_back,
             "message_end_scanned_bytes": self.message_end_scanned_bytes,
             "torn_bytes_cut": self.recordings.torn_bytes_cut,
+            # files named like recordings found at start (skipped, their ids never issued)
+            "stray_recording_files": len(self.recordings.stray_files),
             # complete frames past publish recordings' acknowledged ends cut at recovery
             "publish_tail_bytes_cut": self.recordings.unacknowledged_bytes_cut,
             # ingest: a message a crash or a dead publisher left incomplete at a recording's

@@ -92,7 +92,8 @@ def test_a_damaged_descriptor_or_a_file_with_a_digit_name_is_left_not_fatal(
     store = RecordingStore(str(tmp_path), fsync=False)
     try:
         assert store.recordings == {}
-        assert sorted(store.orphan_directories) == [str(root / "3"), str(root / "9")]
+        assert store.orphan_directories == [str(root / "3")]
+        assert store.stray_files == [str(root / "9")]  # a file: counted as stray, not an orphan
         rec = store.create(20, 1, "session:test", 0, 0, 0, 64 * 1024, 1408, time.time_ns())
         assert rec.d.recording_id > 9  # neither id is issued
     finally:
@@ -100,3 +101,27 @@ def test_a_damaged_descriptor_or_a_file_with_a_digit_name_is_left_not_fatal(
     assert (root / "3" / "meta.msgpack").read_bytes() == _DAMAGED[damage]  # left as it was
     assert (root / "3" / "index").read_bytes() == b"kept" * 4
     assert (root / "9").read_bytes() == b"a file, not a recording directory"
+
+
+def test_a_stray_file_with_a_recording_id_name_does_not_stop_the_server(tmp_path: Path) -> None:
+    """A regular file named like a recording (``recordings/<digits>``: an operator's note, a
+    copy gone wrong) made the server unstartable (main: ``NotADirectoryError`` reading
+    ``recordings/<n>/meta.msgpack``). It is skipped now, named in a warning and counted
+    (``stray_recording_files``), left as it is, and its id is never issued (a new recording
+    there would collide with the file)."""
+    directory = tmp_path / "srv"
+    with server_process(str(directory)) as (proc, endpoint), client_for(endpoint) as client:
+        client.publish(10, [b"kept"])
+        [rec] = client.list_recordings([10])
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    stray = directory / "recordings" / str(rec.recording_id + 1)  # the next id to be issued
+    stray.write_bytes(b"not a recording")
+    with server_process(str(directory)) as (_proc, endpoint), client_for(endpoint) as client:
+        assert _payloads(client, 10) == [b"kept"]  # the real recording still served
+        client.publish(20, [b"stream-20-own"])
+        [new] = client.list_recordings([20])
+        assert new.recording_id not in (rec.recording_id, int(stray.name))
+        assert _payloads(client, 20) == [b"stream-20-own"]
+        assert client.stats()["store"]["stray_recording_files"] == 1
+    assert stray.read_bytes() == b"not a recording"  # left for the operator

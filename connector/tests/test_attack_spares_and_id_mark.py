@@ -368,3 +368,27 @@ def test_a_spare_removed_under_a_running_store_is_made_again(tmp_path: Path) -> 
         assert "acked" in os.listdir(second.directory)  # a spare's files: renamed in
     finally:
         store.close(time.time_ns())
+
+
+def test_spares_made_for_a_peak_are_trimmed_once_the_sessions_go(tmp_path: Path) -> None:
+    """Spares made for a peak of sessions (want(3)) stayed on disk once they went (want(1)):
+    a server that once had 2,048 sessions kept 2,048 directories of empty files for good.
+    Those in excess for ``trim_after_s`` are removed now (counted), off the caller's thread;
+    the ones still wanted stay, and the next start adopts and trims alike."""
+    store = RecordingStore(str(tmp_path), fsync=False)
+    try:
+        store.spares.trim_after_s = 0.2  # 60 s by default: a wave of sessions reuses them
+        store.spares.want(3)
+        _wait(lambda: store.spares.ready >= 3, "spares not made")
+        store.spares.want(1)
+        # main: three spares for good
+        _wait(lambda: store.spares.ready == 1, "spares not trimmed")
+        _wait(
+            lambda: len([n for n in os.listdir(store.root) if n.startswith(PREFIX)]) == 1,
+            "trimmed spares still on disk",
+        )
+        assert store.spares.stats()["spare_recordings_trimmed"] == 2
+        rec = _create(store)  # the one kept serves
+        assert store.spares.taken == 1 and rec.d.recording_id == 0
+    finally:
+        store.close(time.time_ns())

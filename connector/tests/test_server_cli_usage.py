@@ -63,11 +63,35 @@ def test_session_lease_reaches_the_config_and_a_bad_one_is_a_usage_error(tmp_pat
 
     parse = build_parser().parse_args
     assert config_from_args(parse(["--dir", str(tmp_path)])).session_lease_ns == 60 * 10**9
-    args = parse(["--dir", str(tmp_path), "--session-lease-seconds", "2.5"])
-    assert config_from_args(args).session_lease_ns == 2_500_000_000
+    args = parse(["--dir", str(tmp_path), "--session-lease-seconds", "7.5"])
+    assert config_from_args(args).session_lease_ns == 7_500_000_000
     directory = tmp_path / "data"
     assert cli_main(["server", "--dir", str(directory), "--session-lease-seconds", "0"]) == 2
-    assert "session_lease_ns=0" in capsys.readouterr().err
+    assert "invalid --session-lease-seconds=0.0" in capsys.readouterr().err
+    assert not directory.exists()
+
+
+@pytest.mark.parametrize("seconds", ["1", "2.5", "4.9"])
+def test_a_session_lease_too_short_to_renew_is_refused_naming_the_option(
+    tmp_path, capsys, seconds: str
+) -> None:  # type: ignore[no-untyped-def]
+    """A lease shorter than two of a live, idle client's heartbeats (its driver's, 2 s apart)
+    and the server's 1 s check of each session expired live sessions on a loaded machine; main
+    took ``--session-lease-seconds 1``. Refused now, naming the option and the minimum (5 s),
+    before anything is created."""
+    from aeron_spark.connector.server.cli import build_parser, config_from_args
+
+    args = build_parser().parse_args(["--dir", str(tmp_path), "--session-lease-seconds", seconds])
+    with pytest.raises(ConfigurationError) as refused:
+        config_from_args(args)
+    assert refused.value.name == "--session-lease-seconds"
+    assert "at least 5 s" in str(refused.value)
+    ok = build_parser().parse_args(["--dir", str(tmp_path), "--session-lease-seconds", "5"])
+    assert config_from_args(ok).session_lease_ns == 5 * 10**9
+    directory = tmp_path / "data"
+    # through the command line: a usage error (exit 2) naming it, nothing created
+    assert cli_main(["server", "--dir", str(directory), "--session-lease-seconds", seconds]) == 2
+    assert "invalid --session-lease-seconds=" in capsys.readouterr().err
     assert not directory.exists()
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 
+import msgpack
 import pytest
 
 from aeron_spark.connector.client import ClientSettings, StreamClient
@@ -143,3 +145,92 @@ def test_consumers_per_client_are_counted_not_walked(tmp_path) -> None:
     assert registry.held == {"aa": 1, "bb": 1}
     registry.commit("a3", [10], {1: 0}, 1.0, owner="aa", max_per_owner=2)
     assert ConsumerRegistry(str(tmp_path)).held == {"aa": 2, "bb": 1}  # as persisted
+
+
+def _positions(client: StreamClient) -> dict[str, dict[str, int]]:
+    return {c["consumer_id"]: c["positions"] for c in client.stats()["consumers"]}
+
+
+def _stored_positions(directory) -> dict[str, dict[str, int]]:  # type: ignore[no-untyped-def]
+    body = msgpack.unpackb((directory / "consumers.msgpack").read_bytes(), raw=False)
+    return {cid: dict(entry["positions"]) for cid, entry in body.items()}
+
+
+def test_positions_of_a_recording_retention_purged_whole_are_dropped(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``consumers.msgpack`` kept every consumer's position of every recording ever committed,
+    those retention had purged whole (stopped, nothing left) included: it grew without bound.
+    A finished recording purged to its end takes its positions with it (the file rewritten
+    whole, as a commit does), counted (``consumer_positions_dropped``); a live one's stay."""
+    directory = tmp_path / "s"
+    config = ServerConfig(
+        directory=str(directory),
+        port=0,
+        term_length=TERM,
+        mtu=1408,
+        retention_bytes=0,  # everything a consumer has passed
+        gc_interval_ns=50_000_000,
+        encryption=False,
+    )
+    with StreamServer(config) as server:
+        settings = ClientSettings(endpoint=server.endpoint, encryption=False)
+        with StreamClient.connect(settings) as publisher:
+            publisher.publish(30, [b"gone"] * 10)
+        with StreamClient.connect(settings) as client:
+            finished = _wait_for(
+                lambda: [r for r in client.list_recordings([30]) if r.stop_position is not None],
+                "the publisher's recording to stop",
+            )[0]
+            client.publish(31, [b"live"] * 10)  # this session's recording stays live
+            [live] = client.list_recordings([31])
+            client.consumer_commit(
+                "reader",
+                [30, 31],
+                {
+                    finished.recording_id: finished.recorded_position,
+                    live.recording_id: live.recorded_position,
+                },
+            )
+            _wait_for(
+                lambda: all(
+                    r.purged_position == r.recorded_position
+                    for r in client.list_recordings([30, 31])
+                ),
+                "both purged to their ends",
+            )
+            runs = client.stats()["counters"]["retention_runs"]
+            _wait_for(
+                lambda: client.stats()["counters"]["retention_runs"] >= runs + 2,
+                "two more retention runs",
+            )
+            kept = {str(live.recording_id): live.recorded_position}
+            # main: the finished recording's position was kept for good
+            assert _positions(client) == {"reader": kept}
+            assert _stored_positions(directory) == {"reader": kept}
+            assert client.stats()["counters"]["consumer_positions_dropped"] == 1
+
+
+def test_positions_of_a_deleted_recording_are_dropped_at_start(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A recording directory deleted while the server was down (an operator freeing space)
+    left its consumers' positions in ``consumers.msgpack`` for good; the next start drops them
+    (and rewrites the file once)."""
+    directory = tmp_path / "s"
+    config = ServerConfig(directory=str(directory), port=0, term_length=TERM, encryption=False)
+    with StreamServer(config) as server:
+        settings = ClientSettings(endpoint=server.endpoint, encryption=False)
+        with StreamClient.connect(settings) as client:
+            client.publish(30, [b"a"])
+            client.publish(31, [b"b"])
+            [a] = client.list_recordings([30])
+            [b] = client.list_recordings([31])
+            client.consumer_commit(
+                "reader", [30, 31], {a.recording_id: a.recorded_position, b.recording_id: 0}
+            )
+    shutil.rmtree(directory / "recordings" / str(b.recording_id))
+    config = ServerConfig(directory=str(directory), port=0, term_length=TERM, encryption=False)
+    with StreamServer(config) as server:
+        settings = ClientSettings(endpoint=server.endpoint, encryption=False)
+        with StreamClient.connect(settings) as client:
+            kept = {str(a.recording_id): a.recorded_position}
+            assert _positions(client) == {"reader": kept}  # main: b's position kept for good
+            assert _stored_positions(directory) == {"reader": kept}
+            assert client.stats()["counters"]["consumer_positions_dropped"] == 1

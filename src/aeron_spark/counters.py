@@ -31,6 +31,8 @@ class CounterType(enum.IntEnum):
     SEAL = 3  # what a session's opener accepted and rejected
     SERVER = 4  # the stream server core (requests, replays, sessions, sink commits)
     RETENTION = 5  # the stream server's retention runs
+    # a handshake server's I/O: its HELLO images, reply publications, sealed frames (gauges too)
+    HANDSHAKE_SERVER = 6
 
 
 @dataclass(frozen=True, slots=True)

@@ -1079,11 +1079,19 @@ class RecordingStore:
         # into it: another stream's data at the start of a new recording)
         self.orphan_directories: list[str] = []
         self.empty_leftovers_removed = 0  # no descriptor, nothing recorded: removed at start
+        # not directories but named like one (an operator's note, a copy gone wrong): skipped,
+        # named in a warning, left as they are, and their ids never issued (a recording made
+        # there would meet the file); before, one made the server unstartable
+        self.stray_files: list[str] = []
         orphan_max = -1
         for name in sorted(os.listdir(self.root)):
             if not (name.isascii() and name.isdigit()):  # int("²") fails: not a recording
                 continue
             path = os.path.join(self.root, name)
+            if not os.path.isdir(path):
+                orphan_max = max(orphan_max, int(name))
+                self.stray_files.append(path)
+                continue
             meta = _read_descriptor(path)
             if meta is None:  # died between mkdir and its descriptor (empty), lost or damaged
                 orphan_max = max(orphan_max, int(name))  # its id is never issued again
@@ -1122,6 +1130,13 @@ class RecordingStore:
                 "recording directories with data but no readable descriptor (meta.msgpack), "
                 "not served and their ids not reused: %s",
                 ", ".join(self.orphan_directories),
+            )
+        if self.stray_files:
+            log.warning(
+                "files named like recordings in %s, not directories: skipped, left as they are "
+                "and their ids not issued: %s",
+                self.root,
+                ", ".join(self.stray_files),
             )
         self._lock = threading.Lock()
         self._mark_lock = threading.Lock()  # one writer of the id mark at a time

@@ -13,6 +13,10 @@ writes the descriptor into its temporary file before renaming that in, as before
 Nothing in a spare is data: the store never lists it as a recording (names that are not digits
 are skipped, by older versions too); at start the spares left by the last run are kept when they
 hold exactly those four empty files and removed otherwise (a spare a crash left half made).
+Spares past the wanted number (made for a peak of sessions that went, or adopted at start)
+are trimmed by the same thread once they have been in excess for ``trim_after_s`` (60 s: a
+wave of sessions closing and opening again reuses them, none made twice); before, a peak's
+spares stayed on disk for good.
 With ``fsync`` a spare's names are fsynced (its directory) before it is handed out, and the
 store fsyncs the recordings directory after the rename, as after a ``mkdir``.
 
@@ -36,6 +40,7 @@ import os
 import shutil
 import stat
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -84,12 +89,16 @@ class SparePool:
         capacity: int = 4096,
         open_budget: int = 0,
         chore: Callable[[], None] | None = None,
+        trim_after_s: float = 60.0,
     ) -> None:
         self.root = root
         self.fsync = fsync
         self.capacity = capacity
         self.open_limit = max(0, open_budget) // len(FILES)  # spares holding open files
         self._chore = chore
+        self.trim_after_s = trim_after_s  # spares in excess this long are removed
+        self._excess_since: float | None = None  # monotonic s: more ready than wanted since
+        self.trimmed = 0  # spares removed: in excess of what the open sessions need
         self._poke = False  # the chore asked for (poke)
         self._open_failed = False  # opening a ready spare's files failed: no more tries
         self._ready: deque[Spare] = deque()
@@ -105,6 +114,8 @@ class SparePool:
         self.failures = 0  # spares that could not be made (full disk, no descriptor): counted
         self.removed = 0  # leftovers of a previous run removed at start (half made)
         self._next = self._adopt()
+        if self._ready:  # adopted: trimmed unless sessions come to want them
+            self._note_excess()
 
     def _adopt(self) -> int:
         """Keep the previous run's whole spares, remove the rest; the next spare's number."""
@@ -168,10 +179,25 @@ class SparePool:
         """Descriptors the ready spares hold (at most the budget)."""
         return self._holding * len(FILES)
 
+    def _note_excess(self) -> None:
+        """(Under the lock.) Mark when the ready spares first exceeded the wanted number."""
+        if len(self._ready) > self._wanted:
+            if self._excess_since is None:
+                self._excess_since = time.monotonic()
+        else:
+            self._excess_since = None
+
+    def _trim_due(self) -> bool:
+        """(Under the lock.) Spares have been in excess for ``trim_after_s``."""
+        since = self._excess_since
+        return since is not None and time.monotonic() >= since + self.trim_after_s
+
     def want(self, count: int) -> None:
-        """Keep ``count`` spares ready (at most ``capacity``): the thread makes the missing ones."""
+        """Keep ``count`` spares ready (at most ``capacity``): the thread makes the missing ones
+        and trims the ones in excess for ``trim_after_s``."""
         with self._cond:
             self._wanted = max(0, min(count, self.capacity))
+            self._note_excess()
             if self._closed or not self._work():
                 return
             self._start()
@@ -204,6 +230,7 @@ class SparePool:
             if spare.fds:
                 self._holding -= 1
                 self.taken_open += 1
+            self._note_excess()
             if self._work():
                 self._cond.notify()
             return spare
@@ -216,6 +243,7 @@ class SparePool:
             if spare.fds:
                 self._holding += 1
                 self.taken_open -= 1
+            self._note_excess()
 
     def retire(self, fd: int) -> None:
         """A descriptor the caller is done with: closed by the thread, ``RETIRE_BATCH`` at a
@@ -240,7 +268,7 @@ class SparePool:
         """(Under the lock) whether the thread has something to do."""
         if self._poke or len(self._retired) >= RETIRE_BATCH or len(self._ready) < self._wanted:
             return True
-        return self._may_open()
+        return self._may_open() or self._trim_due()
 
     def _may_open(self) -> bool:
         """A ready spare without open files that the budget lets the thread open."""
@@ -254,12 +282,23 @@ class SparePool:
         while True:
             with self._cond:
                 while not self._closed and not self._work():
-                    self._cond.wait()
+                    since = self._excess_since  # a trim due later: woken for it
+                    self._cond.wait(
+                        None
+                        if since is None
+                        else max(since + self.trim_after_s - time.monotonic(), 0.001)
+                    )
                 if self._closed:
                     return
                 self._poke = False
+                trim = None
                 retired, self._retired = self._retired, []
                 make = len(self._ready) < self._wanted
+                if not make and self._trim_due():
+                    trim = self._ready.pop()  # the newest: takes go oldest first
+                    if trim.fds:
+                        self._holding -= 1
+                    self._note_excess()
                 # only this thread adds to ``_holding`` (a take subtracts): the budget checked
                 # here holds when the files are open
                 keep_open = self._holding < self.open_limit
@@ -267,7 +306,7 @@ class SparePool:
                 if make:
                     path = os.path.join(self.root, f"{PREFIX}{self._next}")
                     self._next += 1
-                elif self._may_open():
+                elif trim is None and self._may_open():
                     # a ready spare without open files (adopted at start, or made over the
                     # budget): taken out while its files are opened, so no one renames it
                     bare = next((sp for sp in reversed(self._ready) if not sp.fds), None)
@@ -280,6 +319,14 @@ class SparePool:
                     os.close(fd)
             if self._chore is not None:
                 self._chore()
+            if trim is not None:
+                for fd in trim.fds.values():
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                shutil.rmtree(trim.path, ignore_errors=True)
+                with self._cond:
+                    self.trimmed += 1
+                continue
             if bare is not None:
                 fds = self._open(bare.path)
                 with self._cond:
@@ -348,6 +395,8 @@ class SparePool:
             "spare_recordings_taken_open": self.taken_open,
             "spare_recordings_open_files": self.open_files,
             "spare_recordings_failures": self.failures,
+            # removed once in excess of the open sessions' need for trim_after_s
+            "spare_recordings_trimmed": self.trimmed,
         }
 
     def close(self, timeout_s: float = 30.0) -> None:

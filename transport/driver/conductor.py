@@ -43,7 +43,7 @@ from aeron_spark.transport.driver.endpoint import (
     receiver_window_for,
 )
 from aeron_spark.transport.errors import ChannelError, DriverError
-from aeron_spark.transport.protocol.image import ImageState
+from aeron_spark.transport.protocol.image import IMAGE_LIVENESS_TIMEOUT_NS, ImageState
 from aeron_spark.transport.protocol.ipc import DUTY_INTERVAL_NS
 from aeron_spark.transport.protocol.logbuffer import is_reserved_session_id, wrap_int32
 from aeron_spark.transport.protocol.publication import Destination, PublicationState
@@ -76,7 +76,14 @@ def _ipc_deadline(resource: Any, now_ns: int) -> int | None:
 class ImageLimits:
     """The driver-wide limits on what a SETUP may ask of a UDP subscription (0: no limit)."""
 
-    __slots__ = ("max_term_length", "max_mtu", "max_images", "per_source", "per_address")
+    __slots__ = (
+        "max_term_length",
+        "max_mtu",
+        "max_images",
+        "per_source",
+        "per_address",
+        "liveness_timeout_ns",
+    )
 
     def __init__(
         self,
@@ -85,12 +92,15 @@ class ImageLimits:
         max_images: int = 0,
         per_source: int = 0,
         per_address: int = 0,
+        liveness_timeout_ns: int = IMAGE_LIVENESS_TIMEOUT_NS,
     ) -> None:
         self.max_term_length = max_term_length
         self.max_mtu = max_mtu
         self.max_images = max_images
         self.per_source = per_source
         self.per_address = per_address
+        # an image of a UDP subscription that receives no packet this long is gone
+        self.liveness_timeout_ns = liveness_timeout_ns
 
 
 class DriverConductor:
@@ -400,6 +410,7 @@ class DriverConductor:
                 setups_per_prefix_per_s=config.setups_per_prefix_per_s,
                 admit_source=admit_source,
                 evict_unvouched=config.evict_unvouched,
+                liveness_timeout_ns=limits.liveness_timeout_ns,
                 on_image=sub.image_available,
                 on_image_gone=sub.image_unavailable,
                 on_data=sub.data_arrived,

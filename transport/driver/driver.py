@@ -56,6 +56,8 @@ from aeron_spark.transport.errors import (
 )
 from aeron_spark.transport.ipc import logfile as ipc_logfile
 from aeron_spark.transport.ipc.watch import DirectoryWatch, open_watch
+from aeron_spark.transport.protocol.heartbeat import IDLE_HEARTBEAT_INTERVAL_MAX_NS
+from aeron_spark.transport.protocol.image import IMAGE_LIVENESS_TIMEOUT_NS
 from aeron_spark.transport.protocol.logbuffer import (
     MAX_UDP_PAYLOAD_LENGTH,
     RESERVED_SESSION_ID_HIGH,
@@ -115,6 +117,11 @@ def check_directory(path: Path, default: bool) -> None:
         )
 
 
+# The shortest image liveness timeout a driver takes: twice the longest idle heartbeat interval
+# a channel may ask (2 s), so an idle image hears at least two heartbeats before it times out
+MIN_IMAGE_LIVENESS_TIMEOUT_NS = 2 * IDLE_HEARTBEAT_INTERVAL_MAX_NS
+
+
 @dataclass(frozen=True, slots=True)
 class DriverConfig:
     """Settings of one driver; units in the names. ``loss`` injects receive-side loss (tests)."""
@@ -126,6 +133,9 @@ class DriverConfig:
     write_counters_file: bool = True
     retransmit_linger_ns: int = 10_000_000  # NAKs for a range just resent are ignored this long
     ipc_liveness_timeout_ns: int = 10_000_000_000  # an IPC peer silent this long is gone
+    # A UDP image that receives nothing (data, heartbeat, pad) this long is gone (Aeron's
+    # aeron.image.liveness.timeout, 10 s); at least MIN_IMAGE_LIVENESS_TIMEOUT_NS.
+    image_liveness_timeout_ns: int = IMAGE_LIVENESS_TIMEOUT_NS
     # Largest term length / mtu a SETUP may ask of our UDP subscriptions (each subscription may
     # lower them: max-term-length / max-mtu); bigger SETUPs are dropped and counted.
     max_image_term_length: int = TERM_MAX_LENGTH
@@ -160,6 +170,19 @@ class DriverConfig:
         if self.ipc_liveness_timeout_ns <= 0:
             raise ChannelError(
                 "ipc_liveness_timeout_ns", self.ipc_liveness_timeout_ns, "a positive duration"
+            )
+        timeout = self.image_liveness_timeout_ns
+        if (
+            not isinstance(timeout, int)
+            or isinstance(timeout, bool)
+            or timeout < MIN_IMAGE_LIVENESS_TIMEOUT_NS
+        ):
+            raise ChannelError(
+                "image_liveness_timeout_ns",
+                timeout,
+                f"whole nanoseconds, at least {MIN_IMAGE_LIVENESS_TIMEOUT_NS} (twice the "
+                "longest idle-heartbeat-interval a channel may ask: an idle image must outlive "
+                "one lost heartbeat)",
             )
         if self.retransmit_linger_ns < 0:
             raise ChannelError("retransmit_linger_ns", self.retransmit_linger_ns, "a duration >= 0")
@@ -210,6 +233,7 @@ class Driver:
                 cfg.max_images,
                 cfg.max_images_per_source,
                 cfg.max_images_per_address,
+                cfg.image_liveness_timeout_ns,
             ),
             retransmit_linger_ns=cfg.retransmit_linger_ns,
             counters_interval_ns=cfg.counters_interval_ns,

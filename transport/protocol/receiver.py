@@ -63,7 +63,11 @@ from aeron_spark.transport.protocol.frames import (
     SmFlags,
     frame_type_of,
 )
-from aeron_spark.transport.protocol.image import ImageState, system_random
+from aeron_spark.transport.protocol.image import (
+    IMAGE_LIVENESS_TIMEOUT_NS,
+    ImageState,
+    system_random,
+)
 from aeron_spark.transport.protocol.logbuffer import (
     MAX_UDP_PAYLOAD_LENGTH,
     TERM_MAX_LENGTH,
@@ -118,8 +122,10 @@ class StreamInterest:
         on_data: Callable[[], None] | None = None,
         rng: random.Random = system_random,
         group_tag: int | None = None,
+        liveness_timeout_ns: int = IMAGE_LIVENESS_TIMEOUT_NS,
     ) -> None:
         self.stream_id = stream_id
+        self.liveness_timeout_ns = liveness_timeout_ns  # its images' (no packet this long: gone)
         self.group_tag = group_tag  # the gtag our images' SMs carry (None: none)
         self.session_id = session_id
         self.control_address = control_address
@@ -407,6 +413,7 @@ class ReceiveDispatcher:
                 receiver_id=interest.receiver_id,
                 now_ns=now_ns,
                 group_tag=interest.group_tag,
+                liveness_timeout_ns=interest.liveness_timeout_ns,
             )
             interest.images[setup.session_id] = image
             self._owner[image] = interest

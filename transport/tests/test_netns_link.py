@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -31,3 +36,92 @@ def test_loss_100_drops_every_packet_and_loss_0_none() -> None:
         assert link.dropped(link.b)[0] == 0
         link.set_loss(99.99)  # the largest fraction the random rule still takes
         assert link.loss_percent == 99.99
+
+
+# A process holding a link: prints its tag once the link is up, then waits to be killed.
+_HOLDER = """
+import sys, time
+from aeron_spark.transport.testing_netns import LossyLink
+with LossyLink(loss_percent=1, both_namespaced=sys.argv[1] == "1") as link:
+    print(link.tag, flush=True)
+    time.sleep(600)
+"""
+
+
+def _left_of(tag: str) -> list[str]:
+    """What a link tagged ``tag`` built that is still there: namespaces, root veth, tables."""
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    left = [w for w in names.split() if w in (f"asa{tag}", f"asb{tag}")]
+    left += [w.rstrip(":").split("@")[0] for w in links.split() if w.startswith(f"asa{tag}"[:15])]
+    left += [w for w in tables.split() if w == f"asloss{tag}"]
+    return left
+
+
+def _remove(tag: str) -> None:
+    for argv in (
+        ["ip", "netns", "del", f"asa{tag}"],
+        ["ip", "netns", "del", f"asb{tag}"],
+        ["ip", "link", "del", f"asa{tag}"[:15]],
+        ["nft", "delete", "table", "netdev", f"asloss{tag}"],
+    ):
+        subprocess.run(argv, capture_output=True)
+
+
+@pytest.mark.parametrize("both_namespaced", [False, True])
+def test_a_killed_process_leaves_no_namespace_veth_or_table(both_namespaced: bool) -> None:
+    """A process holding a LossyLink killed with SIGKILL (a CI timeout, a kill -9) left its
+    namespace, its veth end in the caller's namespace and its nftables table for good (main:
+    still there); a guard process removes them once the holder is gone."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, "1" if both_namespaced else "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    tag = ""
+    try:
+        assert holder.stdout is not None
+        tag = holder.stdout.readline().strip()
+        assert tag and _left_of(tag)  # built
+        holder.kill()
+        holder.wait(30)
+        deadline = time.monotonic() + 60  # a loaded 2-core machine
+        while _left_of(tag) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _left_of(tag) == []
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(30)
+        if tag:
+            _remove(tag)  # whatever main left
+
+
+def test_building_a_link_sweeps_what_a_killed_holder_and_guard_left() -> None:
+    """A holder killed with its guard (both SIGKILLed) leaves its link; the next link built
+    removes it (its pid is dead)."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, "0"], stdout=subprocess.PIPE, text=True
+    )
+    tag = ""
+    try:
+        assert holder.stdout is not None
+        tag = holder.stdout.readline().strip()
+        guards = subprocess.run(
+            ["pgrep", "-f", f"asloss{tag}"], capture_output=True, text=True
+        ).stdout.split()
+        assert guards, "no guard process found"
+        for pid in guards:
+            os.kill(int(pid), signal.SIGKILL)
+        holder.kill()
+        holder.wait(30)
+        assert _left_of(tag)  # its guard was killed first: nothing removed it
+        with LossyLink(loss_percent=0):
+            assert _left_of(tag) == []
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(30)
+        if tag:
+            _remove(tag)
