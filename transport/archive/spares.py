@@ -198,7 +198,8 @@ class SparePool:
         with self._cond:
             self._wanted = max(0, min(count, self.capacity))
             self._note_excess()
-            if self._closed or not self._work():
+            # an excess beginning: the thread's wait takes its trim deadline
+            if self._closed or not (self._work() or self._excess_since is not None):
                 return
             self._start()
             self._cond.notify()
@@ -244,6 +245,8 @@ class SparePool:
                 self._holding += 1
                 self.taken_open -= 1
             self._note_excess()
+            if self._excess_since is not None and self._thread is not None:
+                self._cond.notify()  # its wait takes the trim deadline
 
     def retire(self, fd: int) -> None:
         """A descriptor the caller is done with: closed by the thread, ``RETIRE_BATCH`` at a
