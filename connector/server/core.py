@@ -84,10 +84,6 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
             self.consumers,
             may_read=self._owner_may_read,
         )
-        try:  # positions of recordings deleted while the server was down
-            self.consumers.drop_recordings(store.recording_gone)
-        except OSError as exc:  # a full disk: kept, dropped by a later retention run or start
-            log.warning("cannot drop consumer positions of recordings gone: %s", exc)
         # set by the I/O shell: extra sections of ``stats`` (server identity, transport counters),
         # given ``stats``'s ``listed``
         self.stats_hook: Callable[[int | None], dict[str, Any]] | None = None
@@ -437,6 +433,16 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
         self.store.expect_publishers(self._unpublished)
 
     # --- housekeeping -------------------------------------------------------------------------
+
+    def drop_gone_positions(self) -> None:
+        """At start: drop the consumers' positions of recordings deleted while the server was
+        down. The I/O shell calls it once the ids those positions name are issued past (the
+        store never issues them again: a deleted recording's id taken by a new one would bring
+        a Spark checkpoint's offsets of the old one to it)."""
+        try:
+            self.consumers.drop_recordings(self.store.recording_gone)
+        except OSError as exc:  # a full disk: kept, dropped by a later retention run or start
+            log.warning("cannot drop consumer positions of recordings gone: %s", exc)
 
     def stats(
         self, now_ns: int, wall_ns: int, catalog: bool = True, listed: int | None = None

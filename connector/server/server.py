@@ -164,6 +164,9 @@ class StreamServer:
                     default=-1,
                 )
             )
+            # then the positions of recordings deleted while it was down (not before: their ids
+            # would be issued again)
+            self.core.drop_gone_positions()
             committer.recover(time.monotonic_ns())
             self.core.stats_hook = self._extra_stats
             self.core.transport_heard_ns = self._transport_heard_ns

@@ -103,7 +103,9 @@ def test_attack_recordings_deleted_whole_mark_included_reuse_no_id_a_consumer_ho
     """``rm -rf DIR/recordings`` (the mark goes with it): the next recordings took ids 0, 1, ...
     again, and a consumer's committed position of the old recording 1 applied to the new one
     (a query resuming from it would skip the new recording's first messages; retention held or
-    purged it by the old position). Ids the consumers' positions name are never issued again."""
+    purged it by the old position). Ids the consumers' positions name are never issued again;
+    the positions themselves are then dropped (their recordings are gone), after the mark is
+    past them."""
     directory = tmp_path / "srv"
     with server_process(str(directory)) as (_proc, endpoint), _client(endpoint) as c:
         c.publish(10, [b"ten"])
@@ -119,7 +121,7 @@ def test_attack_recordings_deleted_whole_mark_included_reuse_no_id_a_consumer_ho
         assert len(now) == 2, now
         assert not set(now) & set(old), (now, old)  # main: {0: 10, 1: 11} again
         [q] = [k for k in c.stats()["consumers"] if k["consumer_id"] == "q"]
-        assert set(q["positions"]) == {str(max(old))}, q  # the old recording's, none new
+        assert q["positions"] == {}, q  # the old recording's dropped (gone), none new
 
 
 @pytest.mark.parametrize("mark", [2**64 - 1, 2**63 - 3])
@@ -147,6 +149,9 @@ from aeron_spark.transport.archive import recordings as m
 m.ID_BLOCK = 2
 directory, point = sys.argv[1], sys.argv[2]
 store = m.RecordingStore(directory, fsync=False)
+# the spares' thread keeps the mark ahead when poked (a race with the third creation here): the
+# creation advances it itself, as one does when that thread did not keep ahead
+store.spares.poke = lambda: None
 for _ in range(2):
     rec = store.create(10, 1, "session:test", 0, 0, 0, 65536, 1408, time.time_ns())
     print(rec.d.recording_id, flush=True)

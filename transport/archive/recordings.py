@@ -1197,13 +1197,22 @@ class RecordingStore:
         """Never issue ``recording_id`` or an id below it: ids the server's other state names
         (consumer positions, the sink commit log), which outlive ``recordings/`` deleted whole,
         mark included (before, the next recording took such an id and a consumer's committed
-        position applied to it). The mark advances with the next creation past it. An id no
-        store reaches (``ID_MARK_MAX`` or more: a damaged file) is logged and not followed."""
+        position applied to it). The mark is written past it now when it is behind, so the ids
+        stay issued once the positions that named them are dropped (their recordings gone) and
+        the server restarts before its next creation; a full disk leaves that to the next
+        creation. An id no store reaches (``ID_MARK_MAX`` or more: a damaged file) is logged and
+        not followed."""
         if recording_id >= ID_MARK_MAX:
             log.warning("recording id %d named elsewhere is past any issued: ignored", recording_id)
             return
         with self._lock:
             self._next_id = max(self._next_id, recording_id + 1)
+            next_id = self._next_id
+        try:
+            with self._mark_lock:
+                self._reserve_ids(next_id)
+        except OSError as exc:  # a full disk: the next creation writes it, or fails alike
+            log.warning("cannot write the recording id mark %s: %s", self._id_mark_path, exc)
 
     def _reserve_ahead(self) -> None:
         """(The spares' thread) Keep the durable mark at least half a block past the ids the
