@@ -28,12 +28,18 @@ import pytest
 
 from aeron_spark.connector.client import StreamClient
 from aeron_spark.connector.errors import ConnectorError, ErrorCode
-from aeron_spark.connector.server.testing import client_for, messages_of, server_process
+from aeron_spark.connector.server.testing import (
+    authorizing_server,
+    client_for,
+    client_key,
+    messages_of,
+    server_process,
+)
 from aeron_spark.transport.archive.testing import MountUnavailable, fill, small_tmpfs
 from connector.tests.test_server_dir_lock import _cli_server
 from connector.tests.test_server_full_disk import STREAM, msgs, replayed
 from connector.tests.test_server_memory import _memory_kib
-from connector.tests.test_server_ownership import EVIL, ROWS, _client, _key, _refused, _server
+from connector.tests.test_server_ownership import EVIL, ROWS, _client, _refused
 
 MIB = 1024 * 1024
 SINK = "attack-sink"
@@ -180,8 +186,8 @@ def test_a_batch_owner_file_left_empty_by_a_crash_is_claimed_by_the_next_stager(
     listed key could stage rows into it and, committing it first, take the whole sink id. Now a
     batch whose owner file is empty is claimed by the next stager (the file is written whole
     under another name and renamed in)."""
-    victim, victim_key = _key(tmp_path, "victim")
-    attacker, attacker_key = _key(tmp_path, "attacker")
+    victim, victim_key = client_key(tmp_path, "victim")
+    attacker, attacker_key = client_key(tmp_path, "attacker")
     keys = tmp_path / "authorized_keys"
     keys.write_text(
         f"{victim_key} victim read=10 write=10\n{attacker_key} attacker read=10 write=10\n"
@@ -191,7 +197,7 @@ def test_a_batch_owner_file_left_empty_by_a_crash_is_claimed_by_the_next_stager(
     batch_dir = tmp_path / "srv" / "sink" / "staged" / sink.encode().hex() / "0"
     batch_dir.mkdir(parents=True)
     (batch_dir / "owner").write_bytes(b"")
-    with _server(tmp_path, keys) as server:
+    with authorizing_server(tmp_path, keys) as server:
         with _client(server, victim) as v, _client(server, attacker) as a:
             staged = v.stage(sink, 0, 0, 0, 10, ROWS, local=False)  # the task's retry
             _refused(lambda: a.stage(sink, 0, 1, 0, 10, EVIL, local=False), "stage")
