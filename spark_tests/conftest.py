@@ -16,7 +16,16 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # the client compiler only (C2 compiling Spark's code paths of a short test costs more CPU than it
 # saves on a 2-core machine) and one GC thread. Measured on three tests of test_source_sink.py at
 # load ~10-13: the driver JVM's CPU 30.7 s before, 13.5 s with these.
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# java.io.tmpdir and Spark's local directories in the run's own temporary directory (the root
+# conftest's TMPDIR, removed with the run): Spark's drivers made spark-*, blockmgr-* and
+# liblz4-java-* in /tmp, which Java's default ignores TMPDIR for, and a driver a test kills
+# left them there for good (dozens on the project's machine).
+_RUN_TMP = os.environ.get("TMPDIR", "/tmp")
+os.environ.setdefault(
+    "SPARK_SUBMIT_OPTS",
+    f"-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Djava.io.tmpdir={_RUN_TMP}",
+)
+os.environ.setdefault("SPARK_LOCAL_DIRS", _RUN_TMP)
 
 
 @pytest.fixture(scope="session")
