@@ -42,6 +42,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from aeron_spark.transport.counters import pid_alive
 from aeron_spark.transport.errors import TransportError
 
 _COUNTER = itertools.count(1)
@@ -141,16 +142,6 @@ for argv in json.loads(sys.argv[1]):
 _TAGGED = re.compile(r"as(?:a|b|loss)(\d+)x\d+")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_dead_links() -> int:
     """Remove what links of processes no longer alive left (their namespaces, veth ends and
     tables: a holder and its guard both killed); returns the links swept."""
@@ -166,7 +157,7 @@ def sweep_dead_links() -> int:
     for word in words:
         found = _TAGGED.fullmatch(word)
         # a device name is cut at 15 characters: its tag may be too (then only its pid counts)
-        if found is not None and not _pid_alive(int(found.group(1))):
+        if found is not None and not pid_alive(int(found.group(1))):
             tags.add(word[6:] if word.startswith("asloss") else word[3:])
     for tag in tags:
         for argv in _teardown_argv(tag):

@@ -77,23 +77,18 @@ def fill(directory: str, name: str = "filler", leave_bytes: int = 0) -> str:
     return path
 
 
-def open_fds(
-    pid: int | str = "self", *, but_under: str | None = None, but_containing: str | None = None
-) -> int:
+def open_fds(pid: int | str = "self", *, but_containing: str | None = None) -> int:
     """Descriptors process ``pid`` has open (``/proc/<pid>/fd``; less the one counting);
-    ``but_under`` / ``but_containing``: not counting those of files whose path starts with /
-    contains it (a store's spare recording directories, ``<root>/spare-``, whose files the
-    spares' thread holds open within its budget while sessions come and go)."""
+    ``but_containing``: not counting those of files whose path contains it (a store's spare
+    recording directories, ``/recordings/spare-``, whose files the spares' thread holds open
+    within its budget while sessions come and go)."""
     fd_dir = f"/proc/{pid}/fd"
     names = os.listdir(fd_dir)
     count = len(names) - (1 if pid in ("self", os.getpid()) else 0)
-    if but_under is not None or but_containing is not None:
+    if but_containing is not None:
         for name in names:
             try:
-                target = os.readlink(os.path.join(fd_dir, name))
-                if (but_under is not None and target.startswith(but_under)) or (
-                    but_containing is not None and but_containing in target
-                ):
+                if but_containing in os.readlink(os.path.join(fd_dir, name)):
                     count -= 1
             except OSError:  # closed since the listing (or the counting one)
                 pass
