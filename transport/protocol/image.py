@@ -558,6 +558,10 @@ class ImageState:
 
     @property
     def next_deadline_ns(self) -> int:
+        if self.phase is _DRAINING:
+            # its spaced-out EOS SMs only: a timed-out image's liveness deadline is behind it
+            # (it was due at once, again and again, until its EOS SMs were sent: a spin)
+            return self.sm_deadline_ns
         deadline = self.loss.next_deadline_ns(self.sm_deadline_ns)
         return min(deadline, self.last_packet_ns + self.liveness_timeout_ns + 1)
 

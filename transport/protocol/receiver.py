@@ -442,6 +442,12 @@ class ReceiveDispatcher:
         for name, value in image_counts(image).items():
             self.retired[name] = self.retired.get(name, 0) + value
         self.cool_down[(image.session_id, image.stream_id)] = now_ns + COOL_DOWN_NS
+        if interest.control_address is not None and not interest.closed:
+            # a session-specific interest had no deadline while it held this image (_elicit):
+            # it asks again once the session id's cool-down is over, as the second-long
+            # check it replaced found it at the latest
+            interest.elicit_deadline_ns = now_ns + COOL_DOWN_NS
+            self.due.schedule(interest, interest.elicit_deadline_ns)
         if not image.is_done:
             image.request_close()
         if interest.on_image_gone is not None:
@@ -541,8 +547,13 @@ class ReceiveDispatcher:
         SMs being a second apart: issue 31)."""
         work = 0
         if interest.session_id is not None and interest.session_id in interest.images:
+            # nothing to ask while it has its session's image, so no deadline either: its
+            # image's retirement schedules the next request (a second-long timer a session
+            # re-armed for nothing was a due-queue take and push a second per idle session on
+            # a client holding thousands; issue 31)
             interest.elicit_deadline_ns = now_ns + ELICIT_CONNECTED_INTERVAL_NS
-        elif now_ns >= interest.elicit_deadline_ns:
+            return 0
+        if now_ns >= interest.elicit_deadline_ns:
             # a session-specific subscription names its session (a secure session's
             # publication answers only SMs that carry its own, secret, id)
             self._send_sm(

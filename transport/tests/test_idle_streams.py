@@ -537,3 +537,62 @@ def test_a_session_publishing_once_a_second_costs_one_datagram_a_message_each_wa
         sent = sms_sent() - sms
         assert 9 <= sent <= 11, sent
         assert sms_received() - sms_in == sent
+
+
+def test_a_session_subscription_holding_its_image_has_no_timer_until_the_image_goes() -> None:
+    """Issue 31: a subscription that names its session and asks its control address for SETUPs
+    (a session's reply subscription on the client) asks nothing while it holds that session's
+    image, yet it re-armed a one-second timer for nothing: a due-queue take and push a second
+    per idle session (2,048 a second on a client holding 2,048 sessions). Over ten idle
+    seconds the dispatcher now steps only the image (its ten SMs), never the subscription;
+    once the image is gone (no packet for its liveness timeout) the subscription asks for a
+    SETUP again, a cool-down after, as the timer found it at the latest."""
+    control = ("127.0.0.1", 40555)
+    interest = StreamInterest(
+        10, control_address=control, session_id=7, idle_sm_interval_ns=1_000_000_000
+    )
+    clock, dispatcher, transmit, _sms = _idle_image(interest)
+    elicits: list[Any] = []
+    _count_calls(dispatcher, "_elicit", elicits)
+    image = interest.images[7]
+    sms_before = image.status_messages_sent
+    hb = encode_data_header(0, DataFlags.UNFRAGMENTED, FrameType.DATA, 0, 7, 10, 0)
+    start = clock.now_ns
+    while clock.now_ns - start < 10_000_000_000:
+        dispatcher.do_work(clock.now_ns, transmit)
+        clock.now_ns = dispatcher.next_deadline_ns(clock.now_ns)
+        dispatcher.on_datagram(hb, len(hb), SENDERS[0], clock.now_ns, transmit)  # alive
+    assert elicits == [], f"the subscription was stepped {len(elicits)} times"
+    assert 9 <= image.status_messages_sent - sms_before <= 11  # its SMs, a second apart
+    # the image goes (no packet for its liveness timeout): the subscription asks again
+    asked: list[int] = []
+
+    def watch(data: Any, address: Any) -> None:
+        if data[6] == FrameType.SM and data[5] & SmFlags.SEND_SETUP and address == control:
+            asked.append(clock.now_ns)
+
+    quiet_from = clock.now_ns
+    while not asked and clock.now_ns - quiet_from < 2 * IMAGE_LIVENESS_TIMEOUT_NS:
+        dispatcher.do_work(clock.now_ns, watch)
+        clock.now_ns = dispatcher.next_deadline_ns(clock.now_ns)
+    assert not interest.images and asked
+    assert asked[0] - quiet_from <= IMAGE_LIVENESS_TIMEOUT_NS + 2_000_000_000
+
+
+def test_a_timed_out_image_sleeps_between_its_eos_status_messages() -> None:
+    """An image that heard nothing for its liveness timeout drains (three EOS SMs, spaced
+    out); its deadline stayed its liveness deadline, behind it, so it was due at once again
+    and again until its EOS SMs were sent: a receiver spun through that drain (here, on a
+    manual clock, it never got past it). Now each of its steps ends with a deadline ahead."""
+    interest = StreamInterest(10, idle_sm_interval_ns=1_000_000_000)
+    clock, dispatcher, transmit, _sms = _idle_image(interest)
+    image = interest.images[7]
+    steps = 0
+    while 7 in interest.images:
+        steps += 1
+        assert steps < 100, f"stepped {steps} times at {clock.now_ns} ({image.phase})"
+        dispatcher.do_work(clock.now_ns, transmit)
+        due = dispatcher.next_deadline_ns(clock.now_ns)
+        assert due > clock.now_ns or 7 not in interest.images, image.phase
+        clock.now_ns = due
+    assert image.is_done
