@@ -596,3 +596,37 @@ def test_a_timed_out_image_sleeps_between_its_eos_status_messages() -> None:
         assert due > clock.now_ns or 7 not in interest.images, image.phase
         clock.now_ns = due
     assert image.is_done
+
+
+def test_a_joined_session_subscription_keeps_no_timer_over_real_sockets(tmp_path: Any) -> None:
+    """Issue 31, over loopback with a real driver: a session's reply subscription (it names
+    its session and asks the publication's control address for SETUPs) that joined its
+    publication holds one deadline in its receiver, its image's; it held a second one, a
+    one-second request timer re-armed for nothing."""
+    driver = Driver(
+        DriverConfig(threading_mode="invoker", directory=tmp_path, write_counters_file=False)
+    )
+    driver.start()
+    try:
+        pub = driver.add_publication(
+            "aeron:udp?control=127.0.0.1:0|control-mode=dynamic|session-id=4242", 10
+        )
+        control_port = pub.local_endpoints[0][1]
+        sub = driver.add_subscription(
+            "aeron:udp?endpoint=127.0.0.1:0"
+            f"|control=127.0.0.1:{control_port}|control-mode=dynamic|session-id=4242",
+            10,
+        )
+        deadline = time.monotonic() + 60.0  # bounded for a loaded machine
+        while not (sub.images and pub.is_connected) and time.monotonic() < deadline:
+            driver.do_work()
+            sub.wait(0.01)
+        assert sub.images and pub.is_connected
+        (endpoint,) = [ep for ep in driver._conductor.receiver.endpoints if ep.dispatcher.interests]
+        now = time.monotonic_ns()
+        for step in range(1, 41):  # two idle seconds of steps
+            driver.do_work(now + step * 50_000_000)
+        due = endpoint.dispatcher.due
+        assert len(due) == 1, f"{len(due)} deadlines: the subscription's timer is back"
+    finally:
+        driver.close()
