@@ -65,6 +65,9 @@ class Connection:
         self._inbox: deque[bytes | memoryview] = deque()
         self._assembler = FragmentAssembler(self._on_fragment)
         self._pongs: deque[tuple[bytes, int]] = deque()
+        # the tokens of this end's pings awaiting their PONG: only those PONGs are kept (a
+        # server never pings, and every PONG a client sent stayed in it for the session's life)
+        self._pings_out: set[bytes] = set()
         self._closed = False
         self._peer_closed = False
         self._lost_reported = False
@@ -230,7 +233,11 @@ class Connection:
             except (HandshakeError, TransportError, ValueError):
                 pass
         elif kind == FrameKind.PONG:
-            self._pongs.append((body, time.monotonic_ns()))
+            if body in self._pings_out:
+                self._pongs.append((body, time.monotonic_ns()))
+            else:  # no ping of ours asked for it: dropped, counted
+                self.frames_dropped += 1
+                self.seal_counters.pongs_unsolicited += 1
         elif kind == FrameKind.CLOSE:
             self._peer_closed = True
             self._check_lost()
@@ -317,20 +324,26 @@ class Connection:
         """Round-trip time in seconds (data arriving meanwhile stays queued for ``receive``)."""
         token = time.monotonic_ns().to_bytes(8, "big")
         sent = time.monotonic_ns()
-        self._send_kind(_PING, token, timeout_s)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            while self._pongs:
-                body, arrived = self._pongs.popleft()
-                if body == token:
-                    return (arrived - sent) / 1e9
-            if self.poll_frames() == 0:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"no answer to a ping from {self.peer} in {timeout_s:g} s")
-                if not self.is_connected:
-                    raise ConnectionClosedError(f"the connection to {self.peer} is lost")
-                self.subscription.wait(min(remaining, 0.05))
+        self._pings_out.add(token)
+        try:
+            self._send_kind(_PING, token, timeout_s)
+            deadline = time.monotonic() + timeout_s
+            while True:
+                while self._pongs:
+                    body, arrived = self._pongs.popleft()
+                    if body == token:
+                        return (arrived - sent) / 1e9
+                if self.poll_frames() == 0:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError(
+                            f"no answer to a ping from {self.peer} in {timeout_s:g} s"
+                        )
+                    if not self.is_connected:
+                        raise ConnectionClosedError(f"the connection to {self.peer} is lost")
+                    self.subscription.wait(min(remaining, 0.05))
+        finally:
+            self._pings_out.discard(token)
 
     # ---------------------------------------------------------------- closing
 
