@@ -31,6 +31,10 @@ _PING = bytes([FrameKind.PING])
 _PONG = bytes([FrameKind.PONG])
 _CLOSE = bytes([FrameKind.CLOSE])
 _POLL_FRAGMENTS = 64
+#: Polls one ``receive_view_nowait`` makes at most while none completes a message (then None
+#: with ``poll_was_full`` set: read again). Frames that are no message (PINGs, PONGs, unknown
+#: kinds) complete none: a peer sending them kept one receive reading as long as they came.
+MAX_POLLS_PER_RECEIVE = 8
 
 
 class Connection:
@@ -265,9 +269,10 @@ class Connection:
         """The next message as it was delivered: a memoryview of its frame with
         ``deliver_views`` (no copy), else bytes; None when no whole message has arrived (a
         poll that read all it was allowed and completed none polls again: None never leaves
-        arrived fragments unread). Without ``poll`` only what an earlier poll read is given (a
-        caller woken by the subscription's listener for what arrives later: the stream
-        server's loop)."""
+        arrived fragments unread; after ``MAX_POLLS_PER_RECEIVE`` polls completing none it
+        says None with ``poll_was_full`` set: call again). Without ``poll`` only what an
+        earlier poll read is given (a caller woken by the subscription's listener for what
+        arrives later: the stream server's loop)."""
         if not self._inbox and not self._closed:
             if not poll:
                 return None
@@ -276,12 +281,14 @@ class Connection:
             # takes, made readable at once when a retransmission filled a gap before it), and
             # no signal will come for fragments that already arrived (issue 31: the stream
             # server's loop took None for "nothing left" and the session stalled for good)
-            while True:
+            for _ in range(MAX_POLLS_PER_RECEIVE):
                 self.poll_frames()
                 if self._inbox:
                     break
                 if not self.poll_was_full or self._closed:
                     return None
+            else:  # cut at the bound: ``poll_was_full`` says more may be waiting
+                return None
         return self._inbox.popleft()
 
     def receive_nowait(self) -> bytes | None:
