@@ -31,6 +31,10 @@ _PING = bytes([FrameKind.PING])
 _PONG = bytes([FrameKind.PONG])
 _CLOSE = bytes([FrameKind.CLOSE])
 _POLL_FRAGMENTS = 64
+#: Polls one ``receive_view_nowait`` makes at most while none completes a message (then None
+#: with ``poll_was_full`` set: read again). Frames that are no message (PINGs, PONGs, unknown
+#: kinds) complete none: a peer sending them kept one receive reading as long as they came.
+MAX_POLLS_PER_RECEIVE = 8
 
 
 class Connection:
@@ -65,6 +69,9 @@ class Connection:
         self._inbox: deque[bytes | memoryview] = deque()
         self._assembler = FragmentAssembler(self._on_fragment)
         self._pongs: deque[tuple[bytes, int]] = deque()
+        # the tokens of this end's pings awaiting their PONG: only those PONGs are kept (a
+        # server never pings, and every PONG a client sent stayed in it for the session's life)
+        self._pings_out: set[bytes] = set()
         self._closed = False
         self._peer_closed = False
         self._lost_reported = False
@@ -230,7 +237,11 @@ class Connection:
             except (HandshakeError, TransportError, ValueError):
                 pass
         elif kind == FrameKind.PONG:
-            self._pongs.append((body, time.monotonic_ns()))
+            if body in self._pings_out:
+                self._pongs.append((body, time.monotonic_ns()))
+            else:  # no ping of ours asked for it: dropped, counted
+                self.frames_dropped += 1
+                self.seal_counters.pongs_unsolicited += 1
         elif kind == FrameKind.CLOSE:
             self._peer_closed = True
             self._check_lost()
@@ -258,9 +269,10 @@ class Connection:
         """The next message as it was delivered: a memoryview of its frame with
         ``deliver_views`` (no copy), else bytes; None when no whole message has arrived (a
         poll that read all it was allowed and completed none polls again: None never leaves
-        arrived fragments unread). Without ``poll`` only what an earlier poll read is given (a
-        caller woken by the subscription's listener for what arrives later: the stream
-        server's loop)."""
+        arrived fragments unread; after ``MAX_POLLS_PER_RECEIVE`` polls completing none it
+        says None with ``poll_was_full`` set: call again). Without ``poll`` only what an
+        earlier poll read is given (a caller woken by the subscription's listener for what
+        arrives later: the stream server's loop)."""
         if not self._inbox and not self._closed:
             if not poll:
                 return None
@@ -269,12 +281,14 @@ class Connection:
             # takes, made readable at once when a retransmission filled a gap before it), and
             # no signal will come for fragments that already arrived (issue 31: the stream
             # server's loop took None for "nothing left" and the session stalled for good)
-            while True:
+            for _ in range(MAX_POLLS_PER_RECEIVE):
                 self.poll_frames()
                 if self._inbox:
                     break
                 if not self.poll_was_full or self._closed:
                     return None
+            else:  # cut at the bound: ``poll_was_full`` says more may be waiting
+                return None
         return self._inbox.popleft()
 
     def receive_nowait(self) -> bytes | None:
@@ -317,20 +331,26 @@ class Connection:
         """Round-trip time in seconds (data arriving meanwhile stays queued for ``receive``)."""
         token = time.monotonic_ns().to_bytes(8, "big")
         sent = time.monotonic_ns()
-        self._send_kind(_PING, token, timeout_s)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            while self._pongs:
-                body, arrived = self._pongs.popleft()
-                if body == token:
-                    return (arrived - sent) / 1e9
-            if self.poll_frames() == 0:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"no answer to a ping from {self.peer} in {timeout_s:g} s")
-                if not self.is_connected:
-                    raise ConnectionClosedError(f"the connection to {self.peer} is lost")
-                self.subscription.wait(min(remaining, 0.05))
+        self._pings_out.add(token)
+        try:
+            self._send_kind(_PING, token, timeout_s)
+            deadline = time.monotonic() + timeout_s
+            while True:
+                while self._pongs:
+                    body, arrived = self._pongs.popleft()
+                    if body == token:
+                        return (arrived - sent) / 1e9
+                if self.poll_frames() == 0:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError(
+                            f"no answer to a ping from {self.peer} in {timeout_s:g} s"
+                        )
+                    if not self.is_connected:
+                        raise ConnectionClosedError(f"the connection to {self.peer} is lost")
+                    self.subscription.wait(min(remaining, 0.05))
+        finally:
+            self._pings_out.discard(token)
 
     # ---------------------------------------------------------------- closing
 

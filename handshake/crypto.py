@@ -287,6 +287,8 @@ class SealCounters:
     replayed: int = 0
     reordered: int = 0
     truncated: int = 0
+    # PONG frames no ping of the session's end asked for (dropped: never kept)
+    pongs_unsolicited: int = 0
 
     def rejected(self) -> int:
         return self.tampered + self.replayed + self.reordered + self.truncated

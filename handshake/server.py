@@ -82,6 +82,7 @@ SERVER_STATS = (
     ("frames_tampered", "sealed session frames that did not authenticate"),
     ("frames_replayed", "sealed session frames seen before"),
     ("frames_reordered", "sealed session frames out of order"),
+    ("pongs_unsolicited", "session PONG frames no ping asked for (dropped, not kept)"),
 )
 for _name, _description in SERVER_STATS:
     REGISTRY.register(CounterType.HANDSHAKE_SERVER, _name, _description)
@@ -850,6 +851,7 @@ class Server:
                 "frames_tampered": self.seal_counters.tampered,
                 "frames_replayed": self.seal_counters.replayed,
                 "frames_reordered": self.seal_counters.reordered,
+                "pongs_unsolicited": self.seal_counters.pongs_unsolicited,
             },
         )
         # what the transport under the server refused (the server's driver, all channels)

@@ -152,8 +152,27 @@ def file_cache_capacity(soft_limit: int) -> int:
     return max(16, min(16384, soft_limit // 3))
 
 
+#: Descriptors the server holds besides recording files and dedicated sockets: ~15 at start
+#: (its log, lock, transport sockets, epoll, inotify, IPC logs, the sink's commit log), its
+#: sessions' shared sockets, and the files a stat snapshot, a consumers' commit or a replay
+#: opens for a moment (23 measured at 48 idle sessions; taken twice)
+SERVER_BASE_DESCRIPTORS = 48
+
+
+def spare_open_budget(soft_limit: int, cache: int) -> int:
+    """Descriptors the spare recording directories may hold open: the file cache's budget
+    where the limit leaves room for it beside the cache, an eighth for dedicated sockets and
+    ``SERVER_BASE_DESCRIPTORS``; less (none) under a low limit. Before, the spares took the
+    cache's budget again whatever the limit: at a limit of 48, 16 cached files, 16 spares'
+    and the server's own 23 left none, and publishes failed with ``TOO_MANY_OPEN_FILES``."""
+    if soft_limit < 0:
+        return cache
+    return max(0, min(cache, soft_limit - cache - soft_limit // 8 - SERVER_BASE_DESCRIPTORS))
+
+
 __all__ = [
     "DESCRIPTOR_ERRNOS",
+    "SERVER_BASE_DESCRIPTORS",
     "STORAGE_ERRNOS",
     "SpaceGuard",
     "file_cache_capacity",
@@ -161,4 +180,5 @@ __all__ = [
     "nofile_limits",
     "open_fd_count",
     "raise_nofile_limit",
+    "spare_open_budget",
 ]

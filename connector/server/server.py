@@ -521,6 +521,7 @@ class StreamServer:
                 for _ in range(_MAX_MESSAGES_PER_PASS):
                     message = link.receive_nowait(poll)
                     if message is None:
+                        more = link.may_have_more  # its polls were cut: read in the next pass
                         break
                     poll = link.may_have_more
                     work += 1

@@ -41,6 +41,7 @@ from aeron_spark.connector.server.resources import (
     SpaceGuard,
     file_cache_capacity,
     nofile_limits,
+    spare_open_budget,
 )
 from aeron_spark.connector.server.scan import scan
 from aeron_spark.transport.archive import Recorder, Recording, RecordingStore
@@ -186,8 +187,11 @@ class ArchiveStore:
         # startingTimestamp; the now_ns the core passes around is monotonic (leases only)
         self.clock = time.time_ns
         self.space = SpaceGuard(config.directory, config.min_free_bytes)
-        max_open = config.max_open_files or file_cache_capacity(nofile_limits()[0])
-        self.recordings = RecordingStore(config.directory, config.fsync, max_open)
+        soft = nofile_limits()[0]
+        max_open = config.max_open_files or file_cache_capacity(soft)
+        self.recordings = RecordingStore(
+            config.directory, config.fsync, max_open, spare_open_budget(soft, max_open)
+        )
         self.ingest_held_back = 0  # ingest passes skipped below the free-space watermark
         # proves to a client that it sees this directory (local reads and sink writes)
         self.local_token: dict[str, str] | None = None

@@ -1061,7 +1061,14 @@ class Recording:
 class RecordingStore:
     """All recordings under ``<directory>/recordings``."""
 
-    def __init__(self, directory: str, fsync: bool, max_open_files: int = 64) -> None:
+    def __init__(
+        self,
+        directory: str,
+        fsync: bool,
+        max_open_files: int = 64,
+        spare_open_files: int | None = None,
+    ) -> None:
+        """``spare_open_files``: descriptors the spares may hold open (None: ``max_open_files``)."""
         self.root = os.path.join(directory, "recordings")
         os.makedirs(self.root, exist_ok=True)
         self.fsync = fsync
@@ -1146,8 +1153,9 @@ class RecordingStore:
         # descriptor into one and renames it into place instead of making five names and
         # opening four files on the caller's thread (issue 31 item 1); the same thread
         # advances the id mark ahead of the ids the spares wanted will take
+        spare_budget = max_open_files if spare_open_files is None else spare_open_files
         self.spares = SparePool(
-            self.root, fsync, open_budget=max_open_files, chore=self._reserve_ahead
+            self.root, fsync, open_budget=spare_budget, chore=self._reserve_ahead
         )
         # without fsync: new recordings' descriptors are fsynced off the caller's thread
         self.meta_syncer = MetaSyncer()
