@@ -43,6 +43,7 @@ from aeron_spark.connector.errors import (
     ServerError,
 )
 from aeron_spark.connector.server.counters import retention_counters
+from aeron_spark.transport.archive.diskio import read_regular
 from aeron_spark.transport.archive.recordings import fsync_dir
 
 log = logging.getLogger("aeron_spark.connector.server.retention")
@@ -91,8 +92,9 @@ class ConsumerRegistry:
         # rename found no file, and the file lacked the other's change)
         self._changing = threading.Lock()
         try:
-            with open(self.path, "rb") as fh:
-                data = fh.read()
+            # never blocking (a FIFO put there waited for a writer for good): a file that is
+            # not a regular one refuses the start, NOT_REGULAR_FILE naming it
+            data = read_regular(self.path)
         except FileNotFoundError:
             return
         try:
