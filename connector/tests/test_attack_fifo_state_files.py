@@ -167,8 +167,10 @@ def test_fifo_server_key_is_refused_not_a_hang(tmp_path: Path) -> None:
     assert str(victim) in str(exc) and "not a regular file" in str(exc)
 
 
-def test_fifo_segment_refuses_with_a_coded_error(tmp_path: Path) -> None:
-    """A FIFO in place of a recording's segment file: recovery read it and blocked."""
+@pytest.mark.parametrize("name", [f"{0:020d}.seg", "index"])
+def test_fifo_segment_or_index_refuses_with_a_coded_error(tmp_path: Path, name: str) -> None:
+    """A FIFO in place of a recording's segment or index file: recovery opened it read-write
+    (which does not block) and took it for an empty file; the store started on it."""
     store = RecordingStore(str(tmp_path), fsync=False)
     try:
         rec = store.create(10, 1, "session:test", 0, 0, 0, TERM, 1408, time.time_ns())
@@ -177,7 +179,7 @@ def test_fifo_segment_refuses_with_a_coded_error(tmp_path: Path) -> None:
         store.close(0)
     directory = tmp_path / "recordings" / str(rid)
     (directory / "stop.msgpack").unlink()  # a crash while recording: recovered at start
-    victim = directory / f"{0:020d}.seg"
+    victim = directory / name
     victim.unlink(missing_ok=True)
     os.mkfifo(victim)
     store, exc = _bounded(lambda: RecordingStore(str(tmp_path), fsync=False), victim)
