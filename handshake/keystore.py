@@ -247,7 +247,9 @@ class KeyStore:
     def _open_private(self, path: Path, flags: int) -> int:
         """``path`` opened without following a symbolic link, checked to be ours and private."""
         try:
-            fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            # O_NONBLOCK: a FIFO in a key's place opens at once (then refused as not a regular
+            # file) where it waited for a writer for good; no effect on a regular file
+            fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise KeyStoreError(

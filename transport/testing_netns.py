@@ -46,6 +46,33 @@ from aeron_spark.transport.counters import pid_alive
 from aeron_spark.transport.errors import TransportError
 
 _COUNTER = itertools.count(1)
+
+# The write ends of this process's guards' pipes. A child forked without an exec (os.fork,
+# multiprocessing's fork) inherits every descriptor, close-on-exec or not: one holding a write
+# end kept its guard waiting after the holder died, the link left for as long as the child
+# lived. Closed in every forked child (register_at_fork), so only the holder keeps a guard.
+_GUARD_PIPES: set[int] = set()
+_GUARD_PIPES_LOCK = threading.Lock()
+
+
+def _close_guard_pipes_in_child() -> None:
+    # /dev/null put in its place rather than closed: the child's copy of the link still has
+    # the pipe's file object, whose close (or finaliser) must not close a reused number
+    if not _GUARD_PIPES:
+        return
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        for fd in list(_GUARD_PIPES):
+            try:
+                os.dup2(null, fd)
+            except OSError:
+                pass
+    finally:
+        os.close(null)
+    _GUARD_PIPES.clear()
+
+
+os.register_at_fork(after_in_child=_close_guard_pipes_in_child)
 _PROBED: list[str | None] = []
 
 
@@ -209,6 +236,9 @@ class LossyLink:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
+        assert self._guard.stdin is not None
+        with _GUARD_PIPES_LOCK:
+            _GUARD_PIPES.add(self._guard.stdin.fileno())
         net = _free_subnet()
         addr_a, addr_b = (str(h) for h in list(net.hosts())[:2])
         ns_b = f"asb{tag}"
@@ -303,6 +333,8 @@ class LossyLink:
         guard, self._guard = self._guard, None
         if guard is not None:  # all removed: its teardown finds nothing
             if guard.stdin is not None:
+                with _GUARD_PIPES_LOCK:
+                    _GUARD_PIPES.discard(guard.stdin.fileno())
                 guard.stdin.close()
             try:
                 guard.wait(30)

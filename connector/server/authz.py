@@ -57,6 +57,7 @@ from aeron_spark.connector.errors import NotAuthorisedError, UnknownRecordingErr
 from aeron_spark.connector.session.protocol import PERMISSIONS, Permission
 from aeron_spark.errors import ConfigurationError
 from aeron_spark.handshake.crypto import fingerprint
+from aeron_spark.transport.archive.diskio import read_regular
 
 READ, WRITE, ADMIN = Permission.READ.value, Permission.WRITE.value, Permission.ADMIN.value
 
@@ -244,8 +245,9 @@ class Authorizer:
         """The file's SHA-256 (hex) and bytes; ``("unreadable: ...", the error)`` when it
         cannot be read (deleted, permissions)."""
         try:
-            with open(self.path, "rb") as fh:
-                data = fh.read()
+            # never blocking: a FIFO here waited for a writer for good (the start, or the
+            # loop's reload); one is unreadable (NOT_REGULAR_FILE), a symlink is followed
+            data = read_regular(self.path, follow=True)
         except OSError as exc:
             return f"unreadable: {exc.strerror or exc} (errno {exc.errno})", exc
         return hashlib.sha256(data).hexdigest(), data
@@ -257,7 +259,9 @@ class Authorizer:
         self._seen = seen  # a failure is reported once, until the file changes again
         if isinstance(data, OSError):
             raise OSError(
-                data.errno, f"cannot read the authorized keys file: {data.strerror}", self.path
+                data.errno,
+                f"cannot read the authorized keys file: {data.strerror or data}",
+                self.path,
             )
         try:
             text = data.decode("utf-8")

@@ -235,6 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="consumers one client key may create (all clients on an open server; default 1024)",
     )
     parser.add_argument(
+        "--max-consumer-positions",
+        type=int,
+        default=1_000_000,
+        help="committed consumer positions kept, all consumers together (default 1000000)",
+    )
+    parser.add_argument(
         "--min-free-bytes",
         type=_byte_size,
         default=0,
@@ -347,6 +353,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         consumer_lease_s=args.consumer_lease_seconds,
         session_lease_ns=int(args.session_lease_seconds * 1e9),
         max_consumers_per_client=args.max_consumers_per_client,
+        max_consumer_positions=args.max_consumer_positions,
         min_free_bytes=args.min_free_bytes,
         authorized_keys_file=args.authorized_keys,
         ingest_allow=tuple(args.ingest_allow),

@@ -47,6 +47,7 @@ from typing import Any
 import msgpack
 
 from aeron_spark.connector.errors import CommitLogCorruptError
+from aeron_spark.transport.archive.diskio import open_regular
 from aeron_spark.transport.archive.recordings import fsync_dir
 
 _RECORD = struct.Struct("<II")
@@ -158,7 +159,9 @@ class CommitLog:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        # a FIFO opened read-write does not block, but reading it did (the start hung), and a
+        # symlink would be followed: refused with NOT_REGULAR_FILE naming the file
+        self._fd = open_regular(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             self.records: list[dict[str, Any]] = []
             good_end = 0

@@ -90,6 +90,9 @@ class ServerConfig:
     ``consumer_lease_s``    a consumer that has not committed for this long holds nothing
     ``max_consumers_per_client``  consumers one client key may create (all clients together on
                             a server without authorized keys); a new one past it is refused
+    ``max_consumer_positions``  committed positions ``consumers.msgpack`` holds, all consumers
+                            together (rewritten whole on every commit); a commit adding past
+                            it is refused
     ``local_reads``         tell a client that can see this directory where a recording's
                             segment files are, so it reads a checked range from them instead of
                             a replay over its session (readers on the server's own host or on a
@@ -160,6 +163,7 @@ class ServerConfig:
     retention_respects_consumers: bool = True
     consumer_lease_s: float = 7 * 24 * 3600.0
     max_consumers_per_client: int = 1024
+    max_consumer_positions: int = 1_000_000
     local_reads: bool = True
     local_writes: bool = True
     min_free_bytes: int = 0
@@ -203,6 +207,7 @@ class ServerConfig:
             "gc_interval_ns",
             "max_replays_per_session",
             "max_consumers_per_client",
+            "max_consumer_positions",
             "max_block_bytes",
             "max_incomplete_bytes",
             "max_incomplete_bytes_per_session",

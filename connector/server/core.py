@@ -73,7 +73,7 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
         # open sessions that have not published: as many empty recording directories are kept
         # ready (store.expect_publishers), so a first publish renames one (issue 31 item 1)
         self._unpublished = 0
-        self.consumers = ConsumerRegistry(config.directory)
+        self.consumers = ConsumerRegistry(config.directory, config.max_consumer_positions)
         self.retention = Retention(
             RetentionPolicy(
                 config.retention_bytes,
@@ -474,6 +474,7 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
             {
                 "consumer_commits": self.consumers.commits,
                 "consumer_positions_dropped": self.consumers.positions_dropped,
+                "consumer_commits_refused": self.consumers.commits_refused,
                 "sink_commits": committer.commits,
                 "sink_duplicate_commits": committer.duplicate_commits,
                 "sink_resumed_commits": committer.resumed_commits,

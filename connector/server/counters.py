@@ -63,6 +63,8 @@ SINK_COUNTERS = (
     "consumer_commits",
     # of recordings gone (deleted, or finished and purged whole): dropped from consumers.msgpack
     "consumer_positions_dropped",
+    # commits refused past --max-consumer-positions (LIMIT_EXCEEDED)
+    "consumer_commits_refused",
     "sink_commits",
     "sink_duplicate_commits",
     "sink_resumed_commits",

@@ -43,6 +43,7 @@ from aeron_spark.connector.errors import (
     ServerError,
 )
 from aeron_spark.connector.server.counters import retention_counters
+from aeron_spark.transport.archive.diskio import read_regular
 from aeron_spark.transport.archive.recordings import fsync_dir
 
 log = logging.getLogger("aeron_spark.connector.server.retention")
@@ -77,9 +78,16 @@ def _one_change_at_a_time(
 class ConsumerRegistry:
     """Committed positions of the named consumers, persisted across restarts."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, max_positions: int | None = None) -> None:
         self.path = os.path.join(directory, "consumers.msgpack")
         self.consumers: dict[str, Consumer] = {}
+        # the positions the file holds, all consumers together, and their bound: positions
+        # merge across commits and go only with their recordings, and the whole file is
+        # rewritten on every commit (before, nothing bounded it: a client's 1,024 consumers
+        # committing every recording of their streams, without retention, grew it for good)
+        self.max_positions = max_positions
+        self.positions = 0
+        self.commits_refused = 0  # commits that would have taken it past max_positions
         # consumers per owner (client key hex; "" none), kept as they come and go: the
         # per-client limit was checked by a walk over every consumer on each new one
         self.held: collections.Counter[str] = collections.Counter()
@@ -91,8 +99,9 @@ class ConsumerRegistry:
         # rename found no file, and the file lacked the other's change)
         self._changing = threading.Lock()
         try:
-            with open(self.path, "rb") as fh:
-                data = fh.read()
+            # never blocking (a FIFO put there waited for a writer for good): a file that is
+            # not a regular one refuses the start, NOT_REGULAR_FILE naming it
+            data = read_regular(self.path)
         except FileNotFoundError:
             return
         try:
@@ -106,6 +115,7 @@ class ConsumerRegistry:
                     str(entry.get("owner", "")),
                 )
                 self.held[self.consumers[cid].owner] += 1
+                self.positions += len(self.consumers[cid].positions)
         except Exception as exc:  # noqa: BLE001 - any damage: the same refusal
             raise ServerError(
                 f"the consumers' positions file {self.path} is damaged ({type(exc).__name__}: "
@@ -157,6 +167,17 @@ class ConsumerRegistry:
         merged = dict(old.positions) if old is not None else {}
         for rid, pos in parsed.items():  # a query restarted from an older checkpoint may go back
             merged[rid] = pos
+        had = len(old.positions) if old is not None else 0
+        total = self.positions - had + len(merged)
+        if self.max_positions is not None and total > self.max_positions and len(merged) > had:
+            self.commits_refused += 1
+            raise LimitExceededError(
+                f"consumer_commit: the server keeps at most {self.max_positions} consumer "
+                f"positions, all consumers together (--max-consumer-positions), and holds "
+                f"{self.positions}; forget consumers no longer used (consumer_forget), or let "
+                "retention remove recordings (their positions go with them)",
+                limit=self.max_positions,
+            )
         kept = owner if owner is not None else (old.owner if old is not None else "")
         new = Consumer(consumer_id, ids, merged, now_s, kept)
         # durable first, then taken: a commit whose file could not be written (full disk, EIO)
@@ -164,6 +185,7 @@ class ConsumerRegistry:
         # server went on with positions the client was told were refused)
         self._save(consumer_id, new)
         self.consumers[consumer_id] = new
+        self.positions = total
         if old is not None:
             self._release(old.owner)
         self.held[kept] += 1
@@ -186,6 +208,7 @@ class ConsumerRegistry:
             return False
         self._save(consumer_id, None)  # durable first, then forgotten (as commit)
         del self.consumers[consumer_id]
+        self.positions -= len(old.positions)
         self._release(old.owner)
         return True
 
@@ -210,6 +233,7 @@ class ConsumerRegistry:
             self._write(msgpack.packb({cid: _entry(c) for cid, c in kept.items()}))
             self.consumers = kept
             self.positions_dropped += dropped
+            self.positions -= dropped
             return dropped
 
     def _release(self, owner: str) -> None:

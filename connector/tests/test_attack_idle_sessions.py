@@ -42,7 +42,8 @@ def test_idle_sessions_of_a_client_paused_2_s_survive_a_5_s_lease(tmp_path: Path
         with ready_process([sys.executable, "-c", _CLIENT, endpoint]) as client:
             assert client.stdout is not None and client.stdin is not None
             with client_for(endpoint) as observer:
-                before = observer.stats()["counters"]
+                first = observer.stats()
+                before = first["counters"]
                 time.sleep(12.0)  # idle: nothing but the transport's signs, past the lease
                 client.send_signal(signal.SIGSTOP)
                 time.sleep(2.0)
@@ -51,9 +52,11 @@ def test_idle_sessions_of_a_client_paused_2_s_survive_a_5_s_lease(tmp_path: Path
                 client.stdin.write("go\n")
                 client.stdin.flush()
                 assert client.stdout.readline().strip() == "reconnects 0"
-                after = observer.stats()["counters"]
+                last = observer.stats()
+                after = last["counters"]
+                seen = (observer.reconnects, first["sessions"], last["sessions"])
             for name in ("sessions_closed", "sessions_expired"):
-                assert after[name] == before[name], (name, before[name], after[name])
+                assert after[name] == before[name], (name, before[name], after[name], seen)
             assert after["session_leases_renewed_by_transport"] > before.get(
                 "session_leases_renewed_by_transport", 0
             )

@@ -4,6 +4,65 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
+
+from aeron_spark.transport.archive.errors import NotRegularFileError
+
+#: Flags added to every open of a file the server keeps in its data directory: a FIFO there
+#: (put by anyone who can write the directory) opens at once instead of waiting for a writer,
+#: a symbolic link is refused instead of followed, and a forked child does not inherit it.
+#: ``O_NONBLOCK`` has no effect on a regular file's reads and writes (Linux), so it stays set.
+SAFE_OPEN_FLAGS = os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def check_regular(fd: int, path: str) -> os.stat_result:
+    """``fstat`` of ``fd`` (opened from ``path``); raises :class:`NotRegularFileError` naming
+    ``path`` when it is not a regular file."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFileError(
+            f"NOT_REGULAR_FILE: {path} is not a regular file (mode {st.st_mode:o}: a FIFO, "
+            "device or socket put in its place); it is left as it is: move it aside",
+            path=path,
+            mode=f"{st.st_mode:o}",
+        )
+    return st
+
+
+def open_regular(
+    path: str, flags: int = os.O_RDONLY, mode: int = 0o644, *, follow: bool = False
+) -> int:
+    """A descriptor of ``path`` opened with ``flags`` and :data:`SAFE_OPEN_FLAGS`, checked to
+    be a regular file. Raises ``FileNotFoundError`` as ``os.open`` does, and
+    :class:`NotRegularFileError` (an ``OSError``) for a FIFO, device, socket or symbolic link
+    (``ELOOP`` of ``O_NOFOLLOW`` is told as one), never blocking. ``follow``: a symbolic link
+    is followed (an operator's file named by an option, such as a mounted configuration's),
+    its target still checked."""
+    extra = SAFE_OPEN_FLAGS & ~os.O_NOFOLLOW if follow else SAFE_OPEN_FLAGS
+    try:
+        fd = os.open(path, flags | extra, mode)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise NotRegularFileError(
+            f"NOT_REGULAR_FILE: {path} is a symbolic link, which the server does not follow "
+            "in its data directory; replace it with the file itself",
+            path=path,
+            mode="symlink",
+        ) from exc
+    try:
+        check_regular(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: str, limit: int = -1, *, follow: bool = False) -> bytes:
+    """The bytes of regular file ``path`` (at most ``limit``; all when -1), opened as
+    :func:`open_regular` does."""
+    with os.fdopen(open_regular(path, follow=follow), "rb") as fh:
+        return fh.read(limit)
 
 
 def pwrite_all(fd: int, data: memoryview | bytes, offset: int, path: str) -> int:

@@ -24,6 +24,7 @@ class ArchiveErrorCode(enum.IntEnum):
     NOT_FRAME_BOUNDARY = 102
     PURGED = 103
     ID_MARK_CORRUPT = 104
+    NOT_REGULAR_FILE = 105
 
 
 class ArchiveError(TransportError, DetailedError):
@@ -66,10 +67,25 @@ class IdMarkCorruptError(ArchiveError, ValueError):
     code: enum.IntEnum = ArchiveErrorCode.ID_MARK_CORRUPT
 
 
+class NotRegularFileError(ArchiveError, OSError):
+    """A file the server reads from its data directory (a recording's descriptor, the id mark,
+    the consumers' positions, the sink commit log) is not a regular file: a FIFO, a device, a
+    socket or a symbolic link (never followed). Opened non-blocking, so a FIFO is refused at
+    once where an ordinary ``open`` waited for a writer for good. An ``OSError`` too, so a
+    caller that treats an unreadable file as damaged (a recording's descriptor) does so.
+    ``details``: ``path``, ``mode`` (octal text of ``st_mode``)."""
+
+    code: enum.IntEnum = ArchiveErrorCode.NOT_REGULAR_FILE
+
+    def __str__(self) -> str:  # OSError's would print its (absent) errno, not the message
+        return self.message
+
+
 __all__ = [
     "ArchiveError",
     "ArchiveErrorCode",
     "IdMarkCorruptError",
+    "NotRegularFileError",
     "NotFrameBoundaryError",
     "PositionOutOfRangeError",
     "PurgedError",

@@ -21,6 +21,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 
+from aeron_spark.transport.archive.diskio import open_regular
+
 _NO_DESCRIPTOR = (errno.EMFILE, errno.ENFILE)
 
 
@@ -114,14 +116,16 @@ class FdCache:
             self._trim(self.capacity)
 
     def _open(self, path: str, flags: int) -> int:
+        # open_regular: a FIFO put in a segment's or index's place opens at once and is
+        # refused (NOT_REGULAR_FILE) where reading it blocked the store's recovery for good
         try:
-            return os.open(path, flags, 0o644)
+            return open_regular(path, flags, 0o644)
         except OSError as exc:
             if exc.errno not in _NO_DESCRIPTOR:
                 raise
         self._trim(0)  # close every descriptor no one uses, then try once more
         try:
-            return os.open(path, flags, 0o644)
+            return open_regular(path, flags, 0o644)
         except OSError as exc:
             if exc.errno in _NO_DESCRIPTOR:
                 self.open_failures += 1

@@ -47,6 +47,7 @@ import logging
 import os
 import queue
 import shutil
+import stat
 import struct
 import threading
 from collections.abc import Iterator
@@ -55,11 +56,12 @@ from typing import Any
 
 import msgpack
 
-from aeron_spark.transport.archive.diskio import IOV_MAX, Gathered, pwritev_all
+from aeron_spark.transport.archive.diskio import IOV_MAX, Gathered, pwritev_all, read_regular
 from aeron_spark.transport.archive.diskio import pwrite_all as _pwrite_all
 from aeron_spark.transport.archive.errors import (
     IdMarkCorruptError,
     NotFrameBoundaryError,
+    NotRegularFileError,
     PositionOutOfRangeError,
     PurgedError,
     UnknownRecordingError,
@@ -256,6 +258,12 @@ def _listdir(path: str) -> list[str]:
         return []
 
 
+def _empty_regular(path: str) -> bool:
+    """``path`` is an empty regular file (a FIFO's size is 0 too, and is not a spare's)."""
+    st = os.lstat(path)
+    return stat.S_ISREG(st.st_mode) and st.st_size == 0
+
+
 def _nothing_recorded(path: str) -> bool:
     """``path`` (a recording directory without a readable descriptor) holds no data: only the
     names a spare holds (:mod:`.spares`), all empty, an older version's descriptor temporary
@@ -264,7 +272,7 @@ def _nothing_recorded(path: str) -> bool:
         names = os.listdir(path)
         return all(
             name == OLD_SPARE_META
-            or (name in SPARE_FILES and os.path.getsize(os.path.join(path, name)) == 0)
+            or (name in SPARE_FILES and _empty_regular(os.path.join(path, name)))
             for name in names
         )
     except OSError:
@@ -272,11 +280,13 @@ def _nothing_recorded(path: str) -> bool:
 
 
 def _read_meta(path: str) -> dict[str, Any] | None:
+    """The msgpack body of ``path``; None without one. A FIFO, device or symlink there raises
+    :class:`NotRegularFileError` at once (before, ``open`` of a FIFO blocked the start)."""
     try:
-        with open(path, "rb") as fh:
-            return msgpack.unpackb(fh.read(), raw=False)
+        data = read_regular(path)
     except FileNotFoundError:
         return None
+    return msgpack.unpackb(data, raw=False)
 
 
 def _read_descriptor(path: str) -> Descriptor | None:
@@ -489,9 +499,11 @@ class Recording:
 
     def _read_acked(self) -> int | None:
         try:
-            with open(self._acked_path, "rb") as fh:
-                data = fh.read(_ACKED.size)
+            data = read_regular(self._acked_path, _ACKED.size)
         except FileNotFoundError:
+            return None
+        except NotRegularFileError as exc:  # a FIFO opened with open() blocked the start
+            log.warning("recording %s: ignoring %s", self.d.recording_id, exc)
             return None
         if not data:  # a spare's, left empty: a crash came before the first acknowledge
             return None

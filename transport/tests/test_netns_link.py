@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -125,3 +126,62 @@ def test_building_a_link_sweeps_what_a_killed_holder_and_guard_left() -> None:
             holder.wait(30)
         if tag:
             _remove(tag)
+
+
+# A holder that forks a child (no exec: multiprocessing's fork, a test's os.fork) which
+# outlives it; prints its tag and the child's pid once the link is up, then waits to be killed.
+_FORKING_HOLDER = """
+import os, time
+from aeron_spark.transport.testing_netns import LossyLink
+with LossyLink(loss_percent=1) as link:
+    child = os.fork()
+    if child == 0:
+        time.sleep(300)
+        os._exit(0)
+    print(link.tag, child, link._guard.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    """``pid`` is a process that has not exited (a zombie not yet reaped has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_forked_child_does_not_keep_the_guard_from_firing() -> None:
+    """The guard fires at end of file on its pipe from the holder; a child the holder forked
+    inherited the pipe's write end (close-on-exec does nothing without an exec), so with the
+    holder killed and the child alive the link stayed for as long as the child lived (main:
+    still there after the bound). The write end is now closed in every forked child."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _FORKING_HOLDER], stdout=subprocess.PIPE, text=True
+    )
+    tag, child = "", 0
+    try:
+        assert holder.stdout is not None
+        tag, pid, guard_pid = holder.stdout.readline().split()
+        child, guard = int(pid), int(guard_pid)
+        assert _left_of(tag) and _running(guard)  # built, guarded
+        holder.kill()
+        holder.wait(30)
+        # the guard's own end, not the link's: another test's link built meanwhile sweeps the
+        # links of dead holders (this one's too) whether or not the guard fired
+        deadline = time.monotonic() + 60  # a loaded 2-core machine
+        while _running(guard) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _running(child)  # the child still lives, and did not keep the guard waiting
+        assert not _running(guard), "the guard still waits: the forked child holds its pipe"
+        assert _left_of(tag) == []
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(30)
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+        if tag:
+            _remove(tag)  # whatever main left
