@@ -703,7 +703,8 @@ def _plain_head(message: bytes | bytearray | memoryview) -> tuple[int, str, int]
     it (a map of 3, ``id`` a positive fixint or uint8/16/32, ``op`` a fixstr of a known
     operation, then ``args``); None for anything else (:func:`_unpacked_head` reads it, or
     names what is wrong). Made for the stream server's loop: a strict unpacker made for each
-    request's head was a fifth of a publish's time in the core (issue 31)."""
+    request's head, part of decode_request (a fifth of a publish's CPU in the core, issue
+    31)."""
     if len(message) < 15 or bytes(message[1:5]) != b"\x83\xa2id":  # 15: the shortest head
         return None
     tag = message[5]

@@ -299,9 +299,9 @@ def test_a_reply_with_a_map_of_thousands_of_entries_is_decoded() -> None:
 
 def test_a_clients_request_head_is_read_without_an_unpacker(monkeypatch) -> None:
     """Issue 31: the stream server's loop made a strict msgpack unpacker for each request's
-    head (a fifth of a publish's time in the core); a head as msgpack packs it (the clients')
-    is read in place, every request id width and every operation, and only another encoding
-    of it goes to the unpacker."""
+    head (decode_request was a fifth of a publish's CPU in the core); a head as msgpack
+    packs it (the clients') is read in place, every request id width and every operation,
+    and only another encoding of it goes to the unpacker."""
     made = []
     real = proto._header_unpacker
     monkeypatch.setattr(proto, "_header_unpacker", lambda m: made.append(1) or real(m))
