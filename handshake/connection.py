@@ -90,6 +90,8 @@ class Connection:
         self.deliver_views = False
         # the last poll read as many fragments as it was allowed: more may be waiting
         self.poll_was_full = False
+        # is_connected as the last poll that read nothing found it (receive() does not ask again)
+        self._connected_at_poll = True
 
     # ---------------------------------------------------------------- state
 
@@ -98,7 +100,7 @@ class Connection:
         if self._closed or self._peer_closed or self.close_reason is not None:
             return False
         pub, sub = self.publication, self.subscription
-        if pub.is_closed or sub.is_closed or not sub.images:
+        if pub.is_closed or sub.is_closed or not sub.is_connected:  # images, not a list of them
             return False
         return pub.is_connected
 
@@ -135,11 +137,14 @@ class Connection:
         handshake kept it): handled as if it came now."""
         self._on_fragment(memoryview(frame), None)
 
-    def _check_lost(self) -> None:
-        if not self.is_connected and not self._lost_reported and not self._closed:
+    def _check_lost(self) -> bool:
+        """Whether connected; the first time not, the loss is reported."""
+        connected = self.is_connected
+        if not connected and not self._lost_reported and not self._closed:
             self._lost_reported = True
             if self.on_disconnect is not None:
                 self.on_disconnect(self)
+        return connected
 
     # ---------------------------------------------------------------- sending
 
@@ -262,7 +267,7 @@ class Connection:
             self.close()  # after the poll: never free the subscription from inside it
             return count
         if count == 0:
-            self._check_lost()
+            self._connected_at_poll = self._check_lost()
         return count
 
     def receive_view_nowait(self, poll: bool = True) -> bytes | memoryview | None:
@@ -301,7 +306,8 @@ class Connection:
         while not self._inbox:
             if self.poll_frames() == 0:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self.is_connected:
+                # a poll of a closed connection reads nothing and asks nothing
+                if remaining <= 0 or self._closed or not self._connected_at_poll:
                     return None
                 self.subscription.wait(min(remaining, 0.05))
         message = self._inbox.popleft()

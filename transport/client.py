@@ -591,17 +591,19 @@ class Subscription:
         return total
 
     def has_data(self) -> bool:
-        return any(image.has_data() for image in self._images)
+        for image in self._images:  # a loop, not any() of a generator: asked per wait
+            if image.has_data():
+                return True
+        return False
+
+    def _ready(self) -> bool:
+        return self._closed or self._changes != self._changes_seen or self.has_data()
 
     def wait(self, timeout_s: float) -> bool:
         """Block until data may be available or the images changed since the last wait
         returned (a change just before the call counts); False on timeout."""
-
-        def ready() -> bool:
-            return self._closed or self._changes != self._changes_seen or self.has_data()
-
         try:
-            return self._signal.wait_until(ready, time.monotonic() + timeout_s, "data")
+            return self._signal.wait_until(self._ready, time.monotonic() + timeout_s, "data")
         finally:
             self._changes_seen = self._changes
 

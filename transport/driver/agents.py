@@ -195,7 +195,12 @@ class SendEndpoint:
         self.config = config
         self.dedicated: dict[Any, Dedicated] = {}
         self.sockets: tuple[UdpEndpoint, ...] = (endpoint,)
-        self.publications: tuple[PublicationState, ...] = ()
+        # its publications, oldest first; ``publications`` is a tuple made from them when read
+        # after a change (a tuple rewritten per removal made closing N sessions O(N^2)): the
+        # version the cached tuple was made at, bumped by every change
+        self._publications: dict[int, PublicationState] = {}
+        self._version = 0
+        self._made: tuple[int, tuple[PublicationState, ...]] = (0, ())
         self.by_session: dict[tuple[int, int], PublicationState] = {}
         # SETUP requests naming a (session id, stream id) no publication here has yet:
         # (session, stream) -> (source, when), the last UNCLAIMED_ELICITS_MAX. A publication
@@ -214,16 +219,33 @@ class SendEndpoint:
         if asked is not None and publication.allowed_hosts is not None:
             # answered by the sender like a SETUP request refused until its host was allowed
             publication.hold_unclaimed_elicit(asked[0], key[0], asked[1])
-        self.publications = (*self.publications, publication)
+        self._publications[id(publication)] = publication
+        self._version += 1
         publication.kicked = False
         publication.wakeups = self.due.ready
         publication.kick()  # its first SETUP goes now
 
     def remove(self, publication: PublicationState) -> None:
         self.by_session.pop((publication.session_id, publication.stream_id), None)
-        self.publications = tuple(p for p in self.publications if p is not publication)
+        if self._publications.pop(id(publication), None) is not None:
+            self._version += 1
         publication.wakeups = None
         self.due.forget(publication)
+
+    @property
+    def publications(self) -> tuple[PublicationState, ...]:
+        """Its publications, oldest first (a tuple: safe to walk from any thread)."""
+        version, made = self._made
+        if version != self._version:
+            # the version first: a change while the tuple is made leaves it stale, made again
+            # on the next read (tuple() of a dict view runs without releasing the GIL)
+            version = self._version
+            made = tuple(self._publications.values())
+            self._made = (version, made)
+        return made
+
+    def has_publications(self) -> bool:
+        return bool(self._publications)
 
     def step(
         self,

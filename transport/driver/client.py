@@ -32,18 +32,28 @@ _EVENT_SLICE_S = 0.1  # threaded: re-check at least this often (a missed set cos
 
 
 class DriverSignal:
-    """Waits on an event the driver's threads set, or (invoker mode) steps the driver."""
+    """Waits on a gate the driver's threads open, or (invoker mode) steps the driver.
 
-    __slots__ = ("_driver", "_event", "_waiters")
+    The gate is one lock, held while closed: ``notify`` releases it (when a waiter is there),
+    a waiter takes it. A ``threading.Event`` was a Condition (made per signal: two per
+    session), a lock made per wait and a dozen Python calls a wake-up on the two threads (a
+    client's every reply: issue 31). A woken waiter that sees others still waiting opens the
+    gate again for the next (each wakes as with an event, one after the other)."""
+
+    __slots__ = ("_driver", "_gate", "_waiters")
 
     def __init__(self, driver: Driver) -> None:
         self._driver = driver
-        self._event = threading.Event()
+        self._gate = threading.Lock()
+        self._gate.acquire()  # closed
         self._waiters = 0
 
     def notify(self) -> None:
         if self._waiters:
-            self._event.set()
+            try:
+                self._gate.release()
+            except RuntimeError:
+                pass  # open already: a waiter will take it
 
     def wait_until(self, ready: Callable[[], bool], deadline: float, kind: WaitKind) -> bool:
         driver = self._driver
@@ -57,15 +67,27 @@ class DriverSignal:
                     return True
                 driver.idle(min(remaining, _INVOKER_IDLE_S[kind]))
                 continue
+            gate = self._gate
             self._waiters += 1
             try:
-                self._event.clear()
+                # closed: an opening before ready() below is stale (unless another waits)
+                took = gate.acquire(False)
                 if ready():
+                    if took and self._waiters > 1:
+                        _reopen(gate)
                     return True
-                self._event.wait(min(remaining, _EVENT_SLICE_S))
+                if gate.acquire(True, min(remaining, _EVENT_SLICE_S)) and self._waiters > 1:
+                    _reopen(gate)  # the next waiter's turn
             finally:
                 self._waiters -= 1
         return True
+
+
+def _reopen(gate: Any) -> None:
+    try:
+        gate.release()
+    except RuntimeError:
+        pass  # opened meanwhile
 
 
 class NetworkPublicationLog:

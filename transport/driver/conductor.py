@@ -135,9 +135,12 @@ class DriverConductor:
         self.receiver = ReceiverAgent(system_counters, self.reap_receive_endpoints)
         self.send_endpoints: dict[Any, SendEndpoint] = {}
         self.receive_endpoints: dict[Any, ReceiveEndpoint] = {}
-        self.publications: list[Any] = []  # client Publication objects (network)
-        self.subscriptions: list[Any] = []  # client Subscription objects (network and spy)
-        self.spies: list[tuple[Any, ChannelConfig]] = []
+        # client Publication objects (network), by id of their state; Subscription objects
+        # (network and spy) and spies, by id of the subscription: each close forgets its own
+        # in O(1) (a list rewritten per close made closing N sessions O(N^2): issue 31)
+        self._publications: dict[int, Any] = {}
+        self._subscriptions: dict[int, Any] = {}
+        self._spies: dict[int, tuple[Any, ChannelConfig]] = {}
         self.ipc: tuple[Any, ...] = ()  # IPC publications/subscriptions, stepped here
         # which of them to step: kicked (any thread appends to ``ready``) or at their deadline
         self.ipc_due: DueQueue[Any] = DueQueue()
@@ -149,6 +152,20 @@ class DriverConductor:
         self.retired: dict[str, int] = {}  # counts of publications and endpoints that are gone
         seed = random.getrandbits(32) if session_id_seed is None else session_id_seed
         self._next_session_id = wrap_int32(seed)
+
+    @property
+    def publications(self) -> list[Any]:
+        """The open network publications (client objects), oldest first."""
+        return list(self._publications.values())
+
+    @property
+    def subscriptions(self) -> list[Any]:
+        """The open network and spy subscriptions (client objects), oldest first."""
+        return list(self._subscriptions.values())
+
+    @property
+    def spies(self) -> list[tuple[Any, ChannelConfig]]:
+        return list(self._spies.values())
 
     # ------------------------------------------------------------------ agent
 
@@ -302,9 +319,9 @@ class DriverConductor:
                 check_shares_socket(config, ep.config)
             ep.add(state)
             pub = make_publication(state, ep)
-            self.publications.append(pub)
+            self._publications[id(state)] = pub
             self.system_counters.publications_created += 1
-            for spy_sub, spy_config in self.spies:
+            for spy_sub, spy_config in list(self._spies.values()):
                 if spy_sub.stream_id == stream_id and spy_matches(spy_config, config):
                     self.attach_spy(spy_sub, pub, now_ns)
         self.wake_sender()
@@ -330,14 +347,14 @@ class DriverConductor:
         with self.lock:
             ep.remove(state)
             self._retire(publication_counts(state))
-            self.publications = [p for p in self.publications if p.state is not state]
+            self._publications.pop(id(state), None)
             for spy in state.spies:
                 spy.on_source_closed()
-            for sub, _ in self.spies:
+            for sub, _ in list(self._spies.values()):
                 for log in sub.image_logs():
                     if log in state.spies:
                         sub.image_unavailable(log)
-            if not ep.publications:
+            if not ep.has_publications():
                 self.send_endpoints.pop(ep.key, None)
                 self.sender.endpoints = tuple(e for e in self.sender.endpoints if e is not ep)
                 self._close_dedicated(ep, list(ep.dedicated))
@@ -352,9 +369,9 @@ class DriverConductor:
     def add_spy_subscription(self, sub: Any, config: ChannelConfig, now_ns: int) -> None:
         """``aeron-spy:``: an image on each matching local publication's log, now and later."""
         with self.lock:
-            self.spies.append((sub, config))
-            self.subscriptions.append(sub)
-            for pub in self.publications:
+            self._spies[id(sub)] = (sub, config)
+            self._subscriptions[id(sub)] = sub
+            for pub in list(self._publications.values()):
                 pcfg = ChannelConfig.from_uri(pub.channel)
                 if pub.stream_id == sub.stream_id and spy_matches(config, pcfg):
                     self.attach_spy(sub, pub, now_ns)
@@ -419,7 +436,7 @@ class DriverConductor:
             sub.registration = (rep, interest)
             local = rep.endpoint.local_address
             sub.local_endpoints = [(str(local[0]), int(local[1]))]
-            self.subscriptions.append(sub)
+            self._subscriptions[id(sub)] = sub
             self.system_counters.subscriptions_created += 1
         self.wake_receiver()
 
@@ -459,12 +476,15 @@ class DriverConductor:
 
     def close_subscription(self, sub: Any, now_ns: int) -> None:
         with self.lock:
-            self.subscriptions = [s for s in self.subscriptions if s is not sub]
-            self.spies = [(s, c) for s, c in self.spies if s is not sub]
+            if self._subscriptions.get(id(sub)) is sub:
+                del self._subscriptions[id(sub)]
+            spy = self._spies.get(id(sub))
+            if spy is not None and spy[0] is sub:
+                del self._spies[id(sub)]
             reg = sub.registration
             if reg is None:
                 for log in sub.image_logs():
-                    for pub in self.publications:
+                    for pub in list(self._publications.values()):
                         if log in pub.state.spies:
                             pub.state.spies = tuple(s for s in pub.state.spies if s is not log)
                             pub.spy_notify = tuple(

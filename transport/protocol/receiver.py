@@ -193,7 +193,10 @@ class ReceiveDispatcher:
         # images and eliciting interests to step: kicked, or at their deadline
         self.due: DueQueue[ImageState | StreamInterest] = DueQueue()
         self._owner: dict[ImageState, StreamInterest] = {}  # each live image's interest
-        self._maybe_finished = False  # an interest may be closed with no image left
+        # closed interests that may have no image left: removed at the next step, each from
+        # its own stream's tuple (a walk of every stream per removal made closing N sessions
+        # on one socket O(N^2): issue 31)
+        self._finishing: list[StreamInterest] = []
 
     # --------------------------------------------------------------- registration
 
@@ -209,7 +212,7 @@ class ReceiveDispatcher:
         interest.closed = True
         for image in list(interest.images.values()):
             image.is_closing = True
-        self._maybe_finished = True
+        self._finishing.append(interest)
         self.due.ready.append(interest)  # removed on the next step if it has no image
 
     def has_interests(self) -> bool:
@@ -436,7 +439,7 @@ class ReceiveDispatcher:
         self.due.forget(image)
         image.wakeups = None
         if interest.closed and not interest.images:
-            self._maybe_finished = True
+            self._finishing.append(interest)
         self.images_removed += 1
         _forget_source(interest, image.source_address)
         for name, value in image_counts(image).items():
@@ -529,8 +532,7 @@ class ReceiveDispatcher:
                 work += self._elicit(item, now_ns, transmit)
         if self._arrived:  # gaps padded in this step: woken now, not at the next step
             work += self.notify_data()
-        if self._maybe_finished:
-            self._maybe_finished = False
+        if self._finishing:
             self._remove_finished()
         if len(self.cool_down) + len(self.pending_setups) > self._prune_above:
             # amortized: a flood of new session ids costs O(1) per datagram, not O(entries)
@@ -571,21 +573,26 @@ class ReceiveDispatcher:
         return work
 
     def _remove_finished(self) -> None:
-        """Forget the interests that are closed and have no image left."""
+        """Forget the closed interests noted since the last step that have no image left (one
+        with images is noted again when its last one goes: ``_retire``)."""
+        finishing, self._finishing = self._finishing, []
         with self._interests_lock:  # from the current tuples: one added meanwhile stays
-            for stream_id, current in list(self.interests.items()):
-                remaining = tuple(i for i in current if not (i.closed and not i.images))
-                if len(remaining) == len(current):
+            for interest in finishing:
+                if interest.images:
                     continue
+                current = self.interests.get(interest.stream_id)
+                if current is None or interest not in current:
+                    continue  # noted twice
+                remaining = tuple(i for i in current if i is not interest)
                 if remaining:
-                    self.interests[stream_id] = remaining
+                    self.interests[interest.stream_id] = remaining
                 else:
-                    self.interests.pop(stream_id, None)
+                    del self.interests[interest.stream_id]
 
     def next_deadline_ns(self, now_ns: int) -> int:
         """When :meth:`do_work` next has something to do (``now_ns`` or earlier: now)."""
         deadline = self.due.next_ns(now_ns + 1_000_000_000)
-        return now_ns if self._maybe_finished and deadline > now_ns else deadline
+        return now_ns if self._finishing and deadline > now_ns else deadline
 
     def images(self) -> list[ImageState]:
         """Every image, safe to call from another thread than the receiver's (stats snapshots):
