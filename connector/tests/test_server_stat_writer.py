@@ -57,7 +57,7 @@ def test_the_stat_files_are_written_on_the_writers_thread_not_the_loops(tmp_path
                 client.publish(5, [b"x"])  # a recording: both files written
                 stat_snapshot_after(directory, time.time())
                 _wait("three snapshots written or confirmed", lambda: len(seen) >= 3)
-            writer = server.stat_writer._thread
+            writer = getattr(server.stat_writer, "_thread", None)
         renamed = {ident for event, ident in seen if event == "os.rename"}
         assert renamed, f"no snapshot file renamed: {seen}"
         assert loop.ident not in {ident for _, ident in seen}, (
