@@ -25,7 +25,6 @@ import random
 import threading
 from collections.abc import Callable
 from dataclasses import replace
-from operator import attrgetter
 from typing import Any
 
 from aeron_spark.transport.counters import SystemCounters
@@ -47,8 +46,9 @@ from aeron_spark.transport.protocol.image import IMAGE_LIVENESS_TIMEOUT_NS, Imag
 from aeron_spark.transport.protocol.ipc import DUTY_INTERVAL_NS
 from aeron_spark.transport.protocol.logbuffer import is_reserved_session_id, wrap_int32
 from aeron_spark.transport.protocol.publication import Destination, PublicationState
-from aeron_spark.transport.protocol.receiver import IMAGE_COUNTERS, StreamInterest, image_counts
+from aeron_spark.transport.protocol.receiver import StreamInterest, image_counts
 from aeron_spark.transport.protocol.schedule import DueQueue
+from aeron_spark.transport.protocol.tally import Tally, attach, detach
 from aeron_spark.transport.uri import DEFAULT_SO_RCVBUF, ChannelConfig, Endpoint, parse_uri
 
 # (bind, channel) -> socket; a dedicated sender's socket also gets connect_to=<its address>
@@ -150,6 +150,8 @@ class DriverConductor:
         self.readable: set[Any] | None = None
         self.sockets_version = 0  # bumped when filenos() changes (the runner registers them)
         self.retired: dict[str, int] = {}  # counts of publications and endpoints that are gone
+        # the live publications' counts, kept as they count (tally.py): totals() walks no stream
+        self.tally = Tally()
         seed = random.getrandbits(32) if session_id_seed is None else session_id_seed
         self._next_session_id = wrap_int32(seed)
 
@@ -317,6 +319,7 @@ class DriverConductor:
                         "session-id", session_id, "a session id not already used on this channel"
                     )
                 check_shares_socket(config, ep.config)
+            attach(self.tally, state, state.dests, state.retransmit)  # before the sender sees it
             ep.add(state)
             pub = make_publication(state, ep)
             self._publications[id(state)] = pub
@@ -346,6 +349,7 @@ class DriverConductor:
         """The sender found it CLOSED: forget it, end its spies' images, free a lone endpoint."""
         with self.lock:
             ep.remove(state)
+            detach(state, state.dests, state.retransmit)
             self._retire(publication_counts(state))
             self._publications.pop(id(state), None)
             for spy in state.spies:
@@ -714,24 +718,21 @@ class DriverConductor:
 
     def totals(self) -> dict[str, int]:
         """The counters the live publications, dispatchers and images keep, plus the retired
-        ones': summed a counter at a time over all of them (a dict built per publication and
-        per image was a tenth of an idle server's time at 1,024 sessions; issue 31)."""
+        ones': the running totals of the publications (the conductor's tally) and of each
+        receive endpoint's images (its dispatcher's), kept where they count (tally.py), so a
+        snapshot reads O(receive endpoints), never every stream (the walk of every publication
+        and image was 10-13 ms of the server's loop a second at 1,024 sessions; issue 31)."""
         totals = dict(self.retired)
-        publications = [state for ep in self.sender.endpoints for state in ep.publications]
-        for name, attribute in _PUBLICATION_COUNTERS:
-            value = sum(map(attrgetter(attribute), publications))
+        for name, value in self.tally.snapshot().items():
             totals[name] = totals.get(name, 0) + value
-        images = []
         for rep in self.receiver.endpoints:
             d = rep.dispatcher
             for name, attribute in _DISPATCHER_COUNTERS:
                 totals[name] = totals.get(name, 0) + getattr(d, attribute)
             for name, value in d.retired.items():
                 totals[name] = totals.get(name, 0) + value
-            images.extend(d.images())
-        for name, attribute in IMAGE_COUNTERS:
-            value = sum(map(attrgetter(attribute), images))
-            totals[name] = totals.get(name, 0) + value
+            for name, value in d.tally.snapshot().items():
+                totals[name] = totals.get(name, 0) + value
         return totals
 
     def stream_positions(self) -> dict[str, int]:

@@ -25,6 +25,7 @@ import functools
 from typing import Any
 
 from aeron_spark.transport.protocol.flow_control import CONNECTION_TIMEOUT_NS
+from aeron_spark.transport.protocol.tally import counter
 
 # A SETUP request refused because its host was not allowed is answered if the host is allowed
 # within this time (before its next elicit, ELICIT_INTERVAL_NS later, would be); at most this
@@ -60,6 +61,10 @@ class Destination:
 
 class Destinations:
     """The destinations of one publication, its admission rules and held SETUP requests."""
+
+    # what it counts, also added to its driver's running totals (tally.py: no walk)
+    status_messages_refused: int = counter()
+    status_messages_deferred: int = counter()
 
     def __init__(self, session_id: int, connection_timeout_ns: int = CONNECTION_TIMEOUT_NS) -> None:
         self.session_id = session_id

@@ -95,6 +95,7 @@ from aeron_spark.transport.protocol.loss_detector import (
     LossDetector,
 )
 from aeron_spark.transport.protocol.schedule import idle_deadline
+from aeron_spark.transport.protocol.tally import counter
 from aeron_spark.transport.protocol.term import (
     FragmentHandler,
     Header,
@@ -179,6 +180,12 @@ class ImageState:
 
     # its counters' keys in a driver's positions snapshot, made by the first snapshot
     position_keys: tuple[str, ...] = ()
+    # what it counts, also added to its dispatcher's running totals (tally.py: no walk)
+    naks_sent: int = counter()
+    status_messages_sent: int = counter()
+    over_runs: int = counter("flow_control_over_runs")
+    under_runs: int = counter("flow_control_under_runs")
+    gaps_filled: int = counter()
 
     def __init__(
         self,

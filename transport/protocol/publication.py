@@ -109,6 +109,7 @@ from aeron_spark.transport.protocol.retransmit import (
 )
 from aeron_spark.transport.protocol.schedule import idle_deadline
 from aeron_spark.transport.protocol.segments import datagrams, segment_runs
+from aeron_spark.transport.protocol.tally import counter
 from aeron_spark.transport.protocol.term import TermAppender
 
 __all__ = [
@@ -200,6 +201,16 @@ class PublicationState:
 
     # its counters' keys in a driver's positions snapshot, made by the first snapshot
     position_keys: tuple[str, ...] = ()
+    # what it counts, also added to its driver's running totals (tally.py: no walk)
+    status_messages_received: int = counter()
+    naks_received: int = counter()
+    retransmits_sent: int = counter()
+    retransmitted_bytes: int = counter()
+    heartbeats_sent: int = counter()
+    setups_sent: int = counter()
+    invalid_naks: int = counter("invalid_frames")
+    naks_refused: int = counter()
+    back_pressure_events: int = counter(locked=True)  # counted by the offering threads
 
     def __init__(
         self,

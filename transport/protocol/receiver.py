@@ -76,6 +76,7 @@ from aeron_spark.transport.protocol.logbuffer import (
 )
 from aeron_spark.transport.protocol.prefix_rate import PrefixRateLimiter
 from aeron_spark.transport.protocol.schedule import DueQueue
+from aeron_spark.transport.protocol.tally import Tally, attach, detach
 
 SEND_SETUP_INTERVAL_NS = 100_000_000
 ELICIT_INTERVAL_NS = 100_000_000
@@ -187,6 +188,7 @@ class ReceiveDispatcher:
         self.images_created = 0
         self.images_removed = 0
         self.retired: dict[str, int] = {}  # counts of images already removed
+        self.tally = Tally()  # the live images' counts, kept as they count (tally.py)
         self.data_notifications = 0  # on_data calls (at most one per interest per do_work)
         self._arrived: list[StreamInterest] = []  # interests whose on_data is due
         self._sm = bytearray(SM_LENGTH)
@@ -418,6 +420,7 @@ class ReceiveDispatcher:
                 group_tag=interest.group_tag,
                 liveness_timeout_ns=interest.liveness_timeout_ns,
             )
+            attach(self.tally, image)
             interest.images[setup.session_id] = image
             self._owner[image] = interest
             image.wakeups = self.due.ready
@@ -442,6 +445,7 @@ class ReceiveDispatcher:
             self._finishing.append(interest)
         self.images_removed += 1
         _forget_source(interest, image.source_address)
+        detach(image)
         for name, value in image_counts(image).items():
             self.retired[name] = self.retired.get(name, 0) + value
         self.cool_down[(image.session_id, image.stream_id)] = now_ns + COOL_DOWN_NS

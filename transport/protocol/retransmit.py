@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from aeron_spark.transport.protocol.tally import counter
+
 RETRANSMIT_LINGER_NS = 10_000_000
 MAX_RETRANSMIT_RANGES = 256  # lingering retransmit ranges tracked; NAKs past this wait
 
@@ -27,7 +29,9 @@ Resend = Callable[[int, int, Any], tuple[int, int]]
 class RetransmitHandler:
     """The lingering retransmits of one publication: (start, end, linger until, destination)."""
 
-    __slots__ = ("linger_ns", "ranges", "retransmits_suppressed")
+    # its count lives in its __dict__ (a counted attribute: tally.py)
+    __slots__ = ("linger_ns", "ranges", "__dict__")
+    retransmits_suppressed: int = counter()
 
     def __init__(self, linger_ns: int = RETRANSMIT_LINGER_NS) -> None:
         self.linger_ns = linger_ns
