@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import random
 import threading
 import time
 from collections import deque
@@ -53,6 +54,7 @@ from aeron_spark.connector.session.link import Link, open_client_link
 from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.connector.session.settings import ClientSettings
 from aeron_spark.errors import ConfigurationError
+from aeron_spark.handshake.errors import TooManyConnectionsError, TooManyForKeyError
 from aeron_spark.transport.protocol.logbuffer import TERM_MIN_LENGTH, max_message_length
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,15 @@ _ALWAYS_FITS = max_message_length(TERM_MIN_LENGTH)
 #: Bound on one attempt to open a new session while reconnecting; attempts go on until the
 #: operation's deadline.
 _CONNECT_ATTEMPT_S = 5.0
+#: Pauses between reconnect attempts (as Kafka's reconnect.backoff.ms and
+#: reconnect.backoff.max.ms): the first after 50 ms, doubling to at most 1 s, each one drawn
+#: within +-20% (``RECONNECT_JITTER``) so a process whose sessions were all lost at once (a long
+#: pause) does not retry them in lockstep against the server's pending-handshake limits.
+RECONNECT_BACKOFF_S = 0.05
+RECONNECT_BACKOFF_MAX_S = 1.0
+RECONNECT_JITTER = 0.2
+#: Refusals a reconnect waits out (see :meth:`StreamClient._reconnect`).
+_REFUSED_FOR_NOW = (TooManyConnectionsError, TooManyForKeyError)
 
 
 class _ReplayOverrun(Exception):
@@ -165,6 +176,7 @@ class StreamClient:
         self._last_send = time.monotonic()
         self._session_error: ConnectorError | None = None
         self.reconnects = 0  # sessions opened to replace a lost one
+        self.reconnect_retries = 0  # attempts to replace one that failed and were retried
         self.restages = 0  # parts staged again on a new session
         self.replay_resumes = 0  # replays resumed on a new session
         self.replay_overruns = 0  # replays whose unread blocks passed max_queued_replay_bytes
@@ -254,7 +266,7 @@ class StreamClient:
         self._reassembler = chunking.Reassembler()
         self._limits.clear()  # the new session's server may be another (a restart)
         attempts = 0
-        pause = 0.05
+        pause = RECONNECT_BACKOFF_S
         last: BaseException = cause
         while not self._closed:
             remaining = deadline - time.monotonic()
@@ -266,10 +278,20 @@ class StreamClient:
             )
             try:
                 self._link = open_client_link(attempt)
-            except SessionLostError as exc:  # not back yet (a refusal is raised as it is)
+            except (SessionLostError, ServerUnavailableError) as exc:
+                # not back yet, or busy: the server's pending handshakes full (TOO_MANY_PENDING),
+                # or its connection limits still counting the sessions being replaced (until
+                # their leases end: TOO_MANY_FROM_ADDRESS, TOO_MANY_FOR_KEY); other refusals
+                # are raised as they are
+                if not isinstance(exc, SessionLostError) and not isinstance(
+                    exc.__cause__, _REFUSED_FOR_NOW
+                ):
+                    raise
                 last = exc
-                time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
-                pause = min(pause * 2, 1.0)
+                self.reconnect_retries += 1
+                jitter = 1.0 + RECONNECT_JITTER * (2.0 * random.random() - 1.0)
+                time.sleep(min(pause * jitter, max(deadline - time.monotonic(), 0.0)))
+                pause = min(pause * 2, RECONNECT_BACKOFF_MAX_S)
                 continue
             self._last_send = time.monotonic()
             self.reconnects += 1

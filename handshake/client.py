@@ -34,6 +34,10 @@ from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler, Trans
 _driver_lock = threading.Lock()
 _shared: Driver | None = None
 _process_key: Any = None
+#: Handshakes one process runs at once (all servers together); half the server's default
+#: ``max_pending_per_prefix`` (32), so two such processes on one host are never refused for it.
+MAX_CONCURRENT_HANDSHAKES = 16
+_handshakes = threading.BoundedSemaphore(MAX_CONCURRENT_HANDSHAKES)
 log = logging.getLogger(__name__)
 
 
@@ -119,16 +123,28 @@ class Client:
         on_error: Callable[[Connection, BaseException], object] | None = None,
     ) -> Connection:
         host, port = split_endpoint(endpoint)
-        attempt = _Attempt(self, host, port, endpoint)
+        # at most MAX_CONCURRENT_HANDSHAKES of this process's handshakes at once: the rest wait
+        # their turn (within the timeout) instead of being refused by the server's pending limit
+        # per /24 and retried (a process that lost all its sessions at once reopens them all)
+        if not _handshakes.acquire(timeout=self.config.timeout_s):
+            raise HandshakeTimeoutError(
+                f"{MAX_CONCURRENT_HANDSHAKES} handshakes of this process were under way for "
+                f"{self.config.timeout_s} s",
+                endpoint,
+            )
         try:
-            return attempt.run(on_disconnect, on_error)
-        except ConnectionClosedError:
-            if not attempt.reused_channel:
-                raise
-            # A kept HELLO channel whose server went away as this handshake began (restarted
-            # on its ports: its replies to our HELLO publication's session id now wait out the
-            # old image's cool-down): retired; once more on a fresh channel.
-            return _Attempt(self, host, port, endpoint).run(on_disconnect, on_error)
+            attempt = _Attempt(self, host, port, endpoint)
+            try:
+                return attempt.run(on_disconnect, on_error)
+            except ConnectionClosedError:
+                if not attempt.reused_channel:
+                    raise
+                # A kept HELLO channel whose server went away as this handshake began
+                # (restarted on its ports: its replies to our HELLO publication's session id
+                # now wait out the old image's cool-down): retired; once more on a fresh one.
+                return _Attempt(self, host, port, endpoint).run(on_disconnect, on_error)
+        finally:
+            _handshakes.release()
 
     @classmethod
     def connect_to(cls, endpoint: str, config: ClientConfig | None = None, **kw: Any) -> Connection:

@@ -67,7 +67,8 @@ class ServerFullError(HandshakeRefusedError):
 
 
 class TooManyConnectionsError(HandshakeRefusedError):
-    """Too many connections (or pending handshakes) from this address."""
+    """Too many connections from this address (its pending handshakes past
+    ``max_pending_per_prefix``: :class:`TooManyPendingError`)."""
 
     code = ErrorCode.TOO_MANY_FROM_ADDRESS
 
@@ -80,6 +81,9 @@ class TooManyForKeyError(HandshakeRefusedError):
 
 
 class TooManyPendingError(HandshakeRefusedError):
+    """Too many handshakes in flight (the server's ``max_pending``, or its
+    ``max_pending_per_prefix`` for the client's /24 or /64): a moment's limit, retried."""
+
     code = ErrorCode.TOO_MANY_PENDING
 
 

@@ -23,6 +23,13 @@ a read made while the file's ctime is within :data:`RACY_WINDOW_NS` of the clock
 clean" entries). Unknown and mismatching keys always take the locked path, so trust on first use
 is written under the lock and a changed key is refused as before.
 
+The private keys (``server.key``, ``client.key``) are remembered the same way, once per process
+for each file: a client that opens thousands of sessions (or reopens them all after a pause lost
+them) takes the lock and reads its key once, then checks the file with two ``lstat`` calls per
+connect. A key file replaced or rewritten on disk changes its identity, so the next connect reads
+the new key under the lock (sessions already open keep the key they were opened with); a key
+file removed is created afresh under the lock, as on first use.
+
 Nothing is trusted that another local user could have prepared: the directory must be a real
 directory (not a symbolic link) owned by us with mode 0700 (a pre-created one that is not is
 refused, not repaired); every file is opened with ``O_NOFOLLOW`` and must be ours and not
@@ -38,6 +45,7 @@ import fcntl
 import os
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,6 +69,25 @@ _FileIdentity = tuple[int, int, int, int, int]
 
 def _identity(st: os.stat_result) -> _FileIdentity:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+# Private keys this process has read, by absolute path: (identity of the file then, the key).
+# A process opens many sessions (2,048 in the scale benchmark, all again after it lost them in a
+# pause): each connect checks the file with two lstat calls instead of taking the store's lock
+# and reading it (see the module docstring).
+_private_cache: dict[str, tuple[_FileIdentity, X25519PrivateKey]] = {}
+_private_lock = threading.Lock()
+_private_reads = [0]
+
+
+def _count_read() -> None:
+    with _private_lock:
+        _private_reads[0] += 1
+
+
+def private_key_reads() -> int:
+    """How many times this process opened and parsed a private key file of a key store."""
+    return _private_reads[0]
 
 
 def default_key_store_dir() -> Path:
@@ -92,18 +119,45 @@ class KeyStore:
 
     def _private_key(self, name: str) -> X25519PrivateKey:
         path = self.directory / name
+        cached = self._cached_private(path)
+        if cached is not None:
+            return cached
         with self._locked():
-            text = self._read_private(path)
-            if text is not None:
-                text = text.strip()
-                try:
-                    return X25519PrivateKey.from_private_bytes(bytes.fromhex(text))
-                except ValueError as exc:
-                    raise KeyStoreError(f"{path} does not hold a 32-byte hex key: {exc}") from exc
-            key = X25519PrivateKey.generate()
-            raw = key.private_bytes_raw()
-            self._write_private(path, raw.hex() + "\n")
+            cached = self._cached_private(path)  # another thread read it while we waited
+            if cached is not None:
+                return cached
+            read = self._read_private_stat(path)
+            if read is None:
+                key = X25519PrivateKey.generate()
+                self._write_private(path, key.private_bytes_raw().hex() + "\n")
+                return key  # remembered when read next, outside the racy window
+            text, st = read
+            _count_read()
+            try:
+                key = X25519PrivateKey.from_private_bytes(bytes.fromhex(text.strip()))
+            except ValueError as exc:
+                raise KeyStoreError(f"{path} does not hold a 32-byte hex key: {exc}") from exc
+            if time.time_ns() - st.st_ctime_ns >= RACY_WINDOW_NS:
+                with _private_lock:
+                    _private_cache[str(path.absolute())] = (_identity(st), key)
             return key
+
+    def _cached_private(self, path: Path) -> X25519PrivateKey | None:
+        """``path``'s key as this process last read it, if the file has not changed since
+        (directory and file checked to be ours and private, as on every read); None if not
+        known that way (then the locked path reads it)."""
+        cached = _private_cache.get(str(path.absolute()))
+        if cached is None:
+            return None
+        self._check_directory()
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None  # gone or unreadable: the locked path says what is wrong
+        if stat.S_ISLNK(st.st_mode):
+            return None  # the locked path refuses it with its message
+        self._check_private(path, st)
+        return cached[1] if _identity(st) == cached[0] else None
 
     # ------------------------------------------------------------------ client side
 
@@ -266,6 +320,11 @@ class KeyStore:
 
     def _read_private(self, path: Path) -> str | None:
         """The text of a private file, None if there is none."""
+        read = self._read_private_stat(path)
+        return None if read is None else read[0]
+
+    def _read_private_stat(self, path: Path) -> tuple[str, os.stat_result] | None:
+        """The text of a private file and its status before the read, None if there is none."""
         try:
             fd = self._open_private(path, os.O_RDONLY)
         except FileNotFoundError:
@@ -273,7 +332,8 @@ class KeyStore:
         except OSError as exc:
             raise KeyStoreError(f"cannot read {path}: {exc}") from exc
         with os.fdopen(fd, "r") as fh:
-            return fh.read()
+            st = os.fstat(fh.fileno())  # before reading: a write during the read changes it
+            return fh.read(), st
 
     def _check_private(self, path: Path, st: os.stat_result | None = None) -> None:
         st = st if st is not None else os.lstat(path)
@@ -368,5 +428,6 @@ __all__ = [
     "client_public_key_hex",
     "default_key_store_dir",
     "load_client_key",
+    "private_key_reads",
     "server_public_key_hex",
 ]

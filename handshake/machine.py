@@ -849,8 +849,10 @@ class ServerCore:
                 "the most one client key may hold on this server (max_per_key)",
             )
         if address != "ipc" and self.pending_per_prefix[prefix] >= cfg.max_pending_per_prefix:
+            # pending: handshakes in flight, a moment's limit (clients retry it, with backoff),
+            # unlike the connections above
             return (
-                ErrorCode.TOO_MANY_FROM_ADDRESS,
+                ErrorCode.TOO_MANY_PENDING,
                 f"{prefix} already has {cfg.max_pending_per_prefix} handshakes pending",
             )
         if self.pending >= cfg.max_pending:

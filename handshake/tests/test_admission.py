@@ -100,7 +100,8 @@ def test_pending_handshakes_are_limited_per_24_and_per_64_far_below_the_total() 
     for address in ("10.0.0.1", "10.0.0.200"):
         with pytest.raises(Rejected) as refused:
             _admit(core, address)
-        assert refused.value.code is ErrorCode.TOO_MANY_FROM_ADDRESS
+        # a moment's limit, retried by clients (TOO_MANY_FROM_ADDRESS is for connections)
+        assert refused.value.code is ErrorCode.TOO_MANY_PENDING
         assert b"10.0.0.0/24" in refused.value.reply
     _admit(core, "10.0.1.1")  # the next /24 is not held back
     assert core.pending_per_prefix == {"10.0.0.0/24": 32, "10.0.1.0/24": 1}
@@ -108,7 +109,7 @@ def test_pending_handshakes_are_limited_per_24_and_per_64_far_below_the_total() 
         _admit(core, f"2001:db8::{i + 1:x}")
     with pytest.raises(Rejected) as refused:
         _admit(core, "2001:db8::ffff:1")  # the same /64
-    assert refused.value.code is ErrorCode.TOO_MANY_FROM_ADDRESS
+    assert refused.value.code is ErrorCode.TOO_MANY_PENDING
     _admit(core, "2001:db8:0:1::1")
     # A session that completes or ends gives its slot back.
     session = next(s for s in core.sessions if s.address == "10.0.0.5")
