@@ -159,20 +159,14 @@ def pytest_unconfigure(config) -> None:  # type: ignore[no-untyped-def]
     shutil.rmtree(_RUN_TMP, ignore_errors=True)
 
 
-_INTEROP_IDS: set[str] = set()
-
-
-def pytest_collection_modifyitems(items) -> None:  # type: ignore[no-untyped-def]
-    _INTEROP_IDS.update(item.nodeid for item in items if item.get_closest_marker("interop"))
-
-
 def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
     """One line counting the interop tests (against the real Aeron), so a run shows how many of
-    them passed and that none skipped."""
+    them passed and that none skipped. Told by the reports' own keywords (a marker is one): in a
+    parallel run the items are collected in the workers, never in the process that reports."""
     outcomes: dict[str, str] = {}
     for status in ("passed", "failed", "skipped", "error"):
         for report in terminalreporter.stats.get(status, []):
-            if getattr(report, "nodeid", None) in _INTEROP_IDS:
+            if "interop" in getattr(report, "keywords", {}):
                 if outcomes.get(report.nodeid) not in ("failed", "error"):
                     outcomes[report.nodeid] = status
     if outcomes:
