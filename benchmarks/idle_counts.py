@@ -18,6 +18,8 @@ import tempfile
 import time
 from typing import Any
 
+from benchmarks.scale import _cpu_s, _wakeups
+
 _KEYS = (
     "datagrams_sent",
     "datagrams_received",
@@ -28,25 +30,6 @@ _KEYS = (
     "setups_sent",
     "setups_received",
 )
-
-
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _wakeups(pid: int) -> int:
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/status") as fh:
-                for line in fh:
-                    if line.startswith("voluntary_ctxt_switches:"):
-                        total += int(line.split()[1])
-        except FileNotFoundError:
-            continue
-    return total
 
 
 def _server_counters(directory: str) -> tuple[float, dict[str, int]]:

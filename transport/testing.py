@@ -221,6 +221,23 @@ def pump(driver: Any, until: Callable[[], bool], timeout_s: float = 20.0) -> Non
             driver.idle(0.005)
 
 
+def walked_totals(driver: Any) -> dict[str, int]:
+    """A driver's counter totals as a walk of every live publication and image finds them (what
+    ``totals()`` did before its running totals), plus what retired: the running totals' check."""
+    from aeron_spark.transport.driver.conductor import dispatcher_counts, publication_counts
+
+    c = driver._conductor
+    expected = dict(c.retired)
+    for ep in c.sender.endpoints:
+        for state in ep.publications:
+            for name, value in publication_counts(state).items():
+                expected[name] = expected.get(name, 0) + value
+    for rep in c.receiver.endpoints:
+        for name, value in dispatcher_counts(rep).items():
+            expected[name] = expected.get(name, 0) + value
+    return expected
+
+
 def free_udp_port(host: str = "127.0.0.1") -> int:
     """A UDP port that was free when asked (racy: binding port 0 directly is better)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -18,8 +18,6 @@ from aeron_spark.transport.driver.client import network_publication, network_sub
 from aeron_spark.transport.driver.conductor import (
     DriverConductor,
     ImageLimits,
-    dispatcher_counts,
-    publication_counts,
 )
 from aeron_spark.transport.driver.endpoint import UdpEndpoint, destination_address
 from aeron_spark.transport.protocol.frames import SetupFrame
@@ -31,7 +29,7 @@ from aeron_spark.transport.protocol.logbuffer import (
     TERM_MAX_LENGTH,
 )
 from aeron_spark.transport.protocol.publication import PublicationPhase
-from aeron_spark.transport.testing import ManualClock, pump
+from aeron_spark.transport.testing import ManualClock, pump, walked_totals
 from aeron_spark.transport.uri import ChannelConfig, Endpoint
 
 MS = 1_000_000
@@ -150,14 +148,7 @@ def test_totals_are_the_sums_of_every_live_stream_and_what_retired() -> None:
         )
         pairs[0][0].close()  # one publication retires: its counts move to ``retired``
         pump(driver, lambda: len(c.publications) == 2)
-        expected = dict(c.retired)
-        for ep in c.sender.endpoints:
-            for state in ep.publications:
-                for name, value in publication_counts(state).items():
-                    expected[name] = expected.get(name, 0) + value
-        for rep in c.receiver.endpoints:
-            for name, value in dispatcher_counts(rep).items():
-                expected[name] = expected.get(name, 0) + value
+        expected = walked_totals(driver)
         totals = c.totals()
         assert totals == expected
         assert totals["setups_sent"] >= 3 and totals["status_messages_received"] >= 3

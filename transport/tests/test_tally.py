@@ -14,28 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aeron_spark.transport import Driver, DriverConfig
-from aeron_spark.transport.driver.conductor import dispatcher_counts, publication_counts
 from aeron_spark.transport.protocol.tally import Tally, attach, counter, counts, detach
-from aeron_spark.transport.testing import pump
+from aeron_spark.transport.testing import pump, walked_totals
 
 
 def _driver() -> Driver:
     return Driver(DriverConfig(threading_mode="invoker", write_counters_file=False))
-
-
-def _walked(driver: Driver) -> dict[str, int]:
-    """The totals as a walk of every live publication and image finds them (what totals()
-    did before the running totals), plus what retired."""
-    c = driver._conductor
-    expected = dict(c.retired)
-    for ep in c.sender.endpoints:
-        for state in ep.publications:
-            for name, value in publication_counts(state).items():
-                expected[name] = expected.get(name, 0) + value
-    for rep in c.receiver.endpoints:
-        for name, value in dispatcher_counts(rep).items():
-            expected[name] = expected.get(name, 0) + value
-    return expected
 
 
 def _open(
@@ -86,7 +70,7 @@ def test_a_counters_snapshot_walks_no_stream() -> None:
             f"a snapshot made {sum(few.values())} Python calls at 2 streams and "
             f"{sum(many.values())} at 42: {dict(many - few)} more"
         )
-        assert driver._conductor.totals() == _walked(driver)
+        assert driver._conductor.totals() == walked_totals(driver)
     finally:
         driver.close()
 
@@ -138,14 +122,14 @@ def test_running_totals_equal_the_walk_after_churn(steps: list[tuple[str, int]])
                         pump(driver, lambda pub=pub: pub.offer(b"m" * 100) > 0)
             for _ in range(3):
                 driver.do_work()
-            assert c.totals() == _walked(driver), f"after {op} {n}"
+            assert c.totals() == walked_totals(driver), f"after {op} {n}"
         for sub, pubs in pairs:
             _close(driver, pubs)
             sub.close()
         pump(driver, lambda: not c.receive_endpoints, timeout_s=60)
         # everything retired: the running totals hold nothing of a stream that is gone
         assert not any(c.tally.snapshot().values())
-        assert c.totals() == _walked(driver) == c.retired
+        assert c.totals() == walked_totals(driver) == c.retired
     finally:
         driver.close()
 
