@@ -221,12 +221,11 @@ def pump(driver: Any, until: Callable[[], bool], timeout_s: float = 20.0) -> Non
             driver.idle(0.005)
 
 
-def walked_totals(driver: Any) -> dict[str, int]:
-    """A driver's counter totals as a walk of every live publication and image finds them (what
-    ``totals()`` did before its running totals), plus what retired: the running totals' check."""
+def walked_totals(c: Any) -> dict[str, int]:
+    """A driver conductor's counter totals as a walk of every live publication and image finds
+    them (what ``totals()`` did before its running totals), plus what retired: their check."""
     from aeron_spark.transport.driver.conductor import dispatcher_counts, publication_counts
 
-    c = driver._conductor
     expected = dict(c.retired)
     for ep in c.sender.endpoints:
         for state in ep.publications:

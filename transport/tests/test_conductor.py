@@ -148,7 +148,7 @@ def test_totals_are_the_sums_of_every_live_stream_and_what_retired() -> None:
         )
         pairs[0][0].close()  # one publication retires: its counts move to ``retired``
         pump(driver, lambda: len(c.publications) == 2)
-        expected = walked_totals(driver)
+        expected = walked_totals(driver._conductor)
         totals = c.totals()
         assert totals == expected
         assert totals["setups_sent"] >= 3 and totals["status_messages_received"] >= 3

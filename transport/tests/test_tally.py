@@ -70,7 +70,7 @@ def test_a_counters_snapshot_walks_no_stream() -> None:
             f"a snapshot made {sum(few.values())} Python calls at 2 streams and "
             f"{sum(many.values())} at 42: {dict(many - few)} more"
         )
-        assert driver._conductor.totals() == walked_totals(driver)
+        assert driver._conductor.totals() == walked_totals(driver._conductor)
     finally:
         driver.close()
 
@@ -122,14 +122,14 @@ def test_running_totals_equal_the_walk_after_churn(steps: list[tuple[str, int]])
                         pump(driver, lambda pub=pub: pub.offer(b"m" * 100) > 0)
             for _ in range(3):
                 driver.do_work()
-            assert c.totals() == walked_totals(driver), f"after {op} {n}"
+            assert c.totals() == walked_totals(driver._conductor), f"after {op} {n}"
         for sub, pubs in pairs:
             _close(driver, pubs)
             sub.close()
         pump(driver, lambda: not c.receive_endpoints, timeout_s=60)
         # everything retired: the running totals hold nothing of a stream that is gone
         assert not any(c.tally.snapshot().values())
-        assert c.totals() == walked_totals(driver) == c.retired
+        assert c.totals() == walked_totals(driver._conductor) == c.retired
     finally:
         driver.close()
 
