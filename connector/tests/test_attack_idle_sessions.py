@@ -43,6 +43,7 @@ def test_idle_sessions_of_a_client_paused_2_s_survive_a_5_s_lease(tmp_path: Path
             assert client.stdout is not None and client.stdin is not None
             with client_for(endpoint) as observer:
                 first = observer.stats()
+                started = time.monotonic()
                 before = first["counters"]
                 time.sleep(12.0)  # idle: nothing but the transport's signs, past the lease
                 client.send_signal(signal.SIGSTOP)
@@ -53,10 +54,18 @@ def test_idle_sessions_of_a_client_paused_2_s_survive_a_5_s_lease(tmp_path: Path
                 client.stdin.flush()
                 assert client.stdout.readline().strip() == "reconnects 0"
                 last = observer.stats()
+                elapsed = time.monotonic() - started
                 after = last["counters"]
-                seen = (observer.reconnects, first["sessions"], last["sessions"])
-            for name in ("sessions_closed", "sessions_expired"):
-                assert after[name] == before[name], (name, before[name], after[name], seen)
+            # The client's own four sessions (those publishing stream 10: the observer
+            # publishes nothing) are the ones it opened first, none closed, expired or
+            # reopened: each is as old as the time between the two looks at least. (A global
+            # count of closed sessions also counted any other session's end, such as an
+            # orphan of a retried handshake, and once failed so.)
+            mine = [s for s in first["sessions"] if 10 in s["publishing"]]
+            still = [s for s in last["sessions"] if 10 in s["publishing"]]
+            assert len(mine) == len(still) == 4, (first["sessions"], last["sessions"])
+            ages = sorted(s["age_s"] for s in still)
+            assert ages[0] >= elapsed - 1.0, (elapsed, ages, last["sessions"])
             assert after["session_leases_renewed_by_transport"] > before.get(
                 "session_leases_renewed_by_transport", 0
             )
