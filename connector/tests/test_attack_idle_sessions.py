@@ -43,7 +43,6 @@ def test_idle_sessions_of_a_client_paused_2_s_survive_a_5_s_lease(tmp_path: Path
             assert client.stdout is not None and client.stdin is not None
             with client_for(endpoint) as observer:
                 first = observer.stats()
-                started = time.monotonic()
                 before = first["counters"]
                 time.sleep(12.0)  # idle: nothing but the transport's signs, past the lease
                 client.send_signal(signal.SIGSTOP)
@@ -54,18 +53,18 @@ def test_idle_sessions_of_a_client_paused_2_s_survive_a_5_s_lease(tmp_path: Path
                 client.stdin.flush()
                 assert client.stdout.readline().strip() == "reconnects 0"
                 last = observer.stats()
-                elapsed = time.monotonic() - started
                 after = last["counters"]
             # The client's own four sessions (those publishing stream 10: the observer
             # publishes nothing) are the ones it opened first, none closed, expired or
-            # reopened: each is as old as the time between the two looks at least. (A global
+            # reopened: each is older than the 16 s slept between the two looks less 2 s (one
+            # reopened would be as old as the last look's wait at most). (A global
             # count of closed sessions also counted any other session's end, such as an
             # orphan of a retried handshake, and once failed so.)
             mine = [s for s in first["sessions"] if 10 in s["publishing"]]
             still = [s for s in last["sessions"] if 10 in s["publishing"]]
             assert len(mine) == len(still) == 4, (first["sessions"], last["sessions"])
             ages = sorted(s["age_s"] for s in still)
-            assert ages[0] >= elapsed - 1.0, (elapsed, ages, last["sessions"])
+            assert ages[0] >= 14.0, (ages, last["sessions"])
             assert after["session_leases_renewed_by_transport"] > before.get(
                 "session_leases_renewed_by_transport", 0
             )
