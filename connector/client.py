@@ -53,6 +53,7 @@ from aeron_spark.connector.session import protocol as proto
 from aeron_spark.connector.session.link import Link, open_client_link
 from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.connector.session.settings import ClientSettings
+from aeron_spark.counters import REGISTRY, CounterType, counter_set
 from aeron_spark.errors import ConfigurationError
 from aeron_spark.handshake.errors import TooManyConnectionsError, TooManyForKeyError
 from aeron_spark.transport.protocol.logbuffer import TERM_MIN_LENGTH, max_message_length
@@ -156,8 +157,47 @@ class RecordingPosition:
             raise ControlProtocolError(f"malformed recording position {row!r:.200}") from exc
 
 
+@counter_set(CounterType.CLIENT)
+@dataclass(slots=True)
+class ClientCounters:
+    """A stream client's counts (all kept, never reset): what it replaced, retried and read."""
+
+    reconnects: int = 0  # sessions opened to replace a lost one
+    reconnect_retries: int = 0  # attempts to replace one that failed and were retried
+    restages: int = 0  # parts staged again on a new session
+    replay_resumes: int = 0  # replays resumed on a new session
+    replay_overruns: int = 0  # replays whose unread blocks passed max_queued_replay_bytes
+    messages_refused: int = 0  # publishes refused before sending: a message over the limit
+    local_reads: int = 0  # ranges read from the server's files (see connector.local)
+    local_stages: int = 0  # sink parts written into the server's directory
+    replays: int = 0  # ranges replayed over the session
+
+
+class _Counted:
+    """``client.<name>``: the client's registry counter of that name (read only)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, client: Any, owner: type | None = None) -> int:
+        return int(getattr(client.counters, self.name))
+
+
 class StreamClient:
-    """One session to a stream server. Use :meth:`connect`."""
+    """One session to a stream server. Use :meth:`connect`.
+
+    Its counts are registry counters (``CounterType.CLIENT``): :meth:`client_counters` gives
+    them all, each is also an attribute (``client.reconnects``)."""
+
+    reconnects = _Counted()
+    reconnect_retries = _Counted()
+    restages = _Counted()
+    replay_resumes = _Counted()
+    replay_overruns = _Counted()
+    messages_refused = _Counted()
+    local_reads = _Counted()
+    local_stages = _Counted()
+    replays = _Counted()
 
     def __init__(self, link: Link, settings: ClientSettings) -> None:
         self._link = link
@@ -175,21 +215,13 @@ class StreamClient:
         self._reassembler = chunking.Reassembler()
         self._last_send = time.monotonic()
         self._session_error: ConnectorError | None = None
-        self.reconnects = 0  # sessions opened to replace a lost one
-        self.reconnect_retries = 0  # attempts to replace one that failed and were retried
-        self.restages = 0  # parts staged again on a new session
-        self.replay_resumes = 0  # replays resumed on a new session
-        self.replay_overruns = 0  # replays whose unread blocks passed max_queued_replay_bytes
+        self.counters = ClientCounters()  # declared in the counter registry (CLIENT)
         self._generation = 0  # sessions replaced so far: a replay of an older one is dead
         self._outstanding: set[int] = set()  # requests sent, reply not yet taken
         self._in_operation = False  # a multi-request publish/stage is running
         self._ignored_replies: set[int] = set()  # replies to fire-and-forget stop_replay
         self._closed = False
         self._limits: dict[int, int] = {}  # stream -> its largest message (this session's server)
-        self.messages_refused = 0  # publishes refused before sending: a message over the limit
-        self.local_reads = 0  # ranges read from the server's files (see connector.local)
-        self.local_stages = 0  # sink parts written into the server's directory
-        self.replays = 0  # ranges replayed over the session
 
     @classmethod
     def connect(cls, settings: ClientSettings | str) -> StreamClient:
@@ -211,6 +243,10 @@ class StreamClient:
     @property
     def max_message_length(self) -> int:
         return self._link.max_message_length
+
+    def client_counters(self) -> dict[str, int]:
+        """This client's counters by name (``CounterType.CLIENT`` in the registry)."""
+        return REGISTRY.snapshot(CounterType.CLIENT, self.counters)
 
     # --- plumbing -----------------------------------------------------------------------------
 
@@ -288,13 +324,13 @@ class StreamClient:
                 ):
                     raise
                 last = exc
-                self.reconnect_retries += 1
+                self.counters.reconnect_retries += 1
                 jitter = 1.0 + RECONNECT_JITTER * (2.0 * random.random() - 1.0)
                 time.sleep(min(pause * jitter, max(deadline - time.monotonic(), 0.0)))
                 pause = min(pause * 2, RECONNECT_BACKOFF_MAX_S)
                 continue
             self._last_send = time.monotonic()
-            self.reconnects += 1
+            self.counters.reconnects += 1
             return
         raise ServerUnavailableError(
             f"the session to {self.settings.endpoint} was lost ({cause}) and no new one "
@@ -374,7 +410,7 @@ class StreamClient:
         self._replay_queues.pop(rid, None)
         self._replay_bytes.pop(rid, None)
         self._overrun.add(rid)
-        self.replay_overruns += 1
+        self.counters.replay_overruns += 1
         self._send_stop_replay(rid)
 
     def _send_stop_replay(self, rid: int) -> None:
@@ -492,9 +528,9 @@ class StreamClient:
         if local:
             where = self.call("local_read", recording_id=recording_id, start=start, end=end)
             if where is not None and local_io.sees_server_files(where):
-                self.local_reads += 1
+                self.counters.local_reads += 1
                 return local_io.read_blocks(where["directory"], recording_id, start, end)
-        self.replays += 1
+        self.counters.replays += 1
         return self.replay(recording_id, start, end)
 
     def read_ranges(
@@ -523,7 +559,7 @@ class StreamClient:
                     raise ControlProtocolError(
                         f"local_read_ranges: {len(ranges)} ranges asked, answer {where!r:.200}"
                     )
-                self.local_reads += len(ranges)
+                self.counters.local_reads += len(ranges)
                 return (
                     local_io.read_blocks(str(d), r, s, e)
                     for d, (r, s, e) in zip(directories, ranges, strict=True)
@@ -532,7 +568,7 @@ class StreamClient:
             request_id = self._start_replay_ranges(ranges, self._deadline())
         except ControlProtocolError:  # "unknown operation": a server before version 3
             return self._read_each(ranges, False)
-        self.replays += 1
+        self.counters.replays += 1
         return _per_range(len(ranges), self._resuming_replay_ranges(ranges, request_id))
 
     def _read_each(
@@ -597,7 +633,7 @@ class StreamClient:
                 self._reconnect(deadline, exc)
                 rest_ranges = [(ranges[at][0], position, ranges[at][2]), *ranges[at + 1 :]]
                 request_id = self._start_replay_ranges(rest_ranges, deadline)
-                self.replay_resumes += 1
+                self.counters.replay_resumes += 1
             finally:
                 blocks.close()
 
@@ -662,7 +698,7 @@ class StreamClient:
                 )
                 self._reconnect(deadline, exc)
                 request_id = self._start_replay(recording_id, position, end, deadline)
-                self.replay_resumes += 1
+                self.counters.replay_resumes += 1
             finally:
                 blocks.close()
 
@@ -847,7 +883,7 @@ class StreamClient:
         limit = self.message_limit(stream_id)
         if length <= limit:
             return
-        self.messages_refused += 1
+        self.counters.messages_refused += 1
         raise PayloadTooLargeError(
             f"PAYLOAD_TOO_LARGE: message {index} of the {op} to stream {stream_id} is "
             f"{length} bytes; the stream takes at most {limit} (Aeron's min(term_length / 8, "
@@ -965,7 +1001,7 @@ class StreamClient:
                     batch_id,
                 )
                 self._reconnect(deadline, exc)
-                self.restages += 1
+                self.counters.restages += 1
 
     def _stage_once(
         self,
@@ -990,7 +1026,7 @@ class StreamClient:
             if fd is not None:
                 batches = batched(payloads, reserved_values, local_io.WRITE_BATCH_BYTES)
                 count, nbytes = local_io.write_part(fd, batches)
-                self.local_stages += 1
+                self.counters.local_stages += 1
                 return dict(self.call("local_stage_done", **base, count=count, bytes=nbytes))
         # over the session, a message past the stream's limit is refused before it is sent
         checked = self._checked(stream_id, payloads, "stage")

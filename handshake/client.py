@@ -41,6 +41,11 @@ _handshakes = threading.BoundedSemaphore(MAX_CONCURRENT_HANDSHAKES)
 log = logging.getLogger(__name__)
 
 
+def handshakes_under_way() -> int:
+    """How many of this process's ``MAX_CONCURRENT_HANDSHAKES`` handshake slots are taken."""
+    return MAX_CONCURRENT_HANDSHAKES - _handshakes._value  # type: ignore[attr-defined]
+
+
 def _process_identity(reason: BaseException) -> Any:
     """One identity key for this process, for clients whose key store is unusable."""
     global _process_key
@@ -123,26 +128,30 @@ class Client:
         on_error: Callable[[Connection, BaseException], object] | None = None,
     ) -> Connection:
         host, port = split_endpoint(endpoint)
+        # one deadline for the whole connect: the wait for a slot comes out of the handshake's
+        # time (it used to be bounded by timeout_s, then the handshake had a full timeout_s)
+        deadline = time.monotonic() + self.config.timeout_s
         # at most MAX_CONCURRENT_HANDSHAKES of this process's handshakes at once: the rest wait
         # their turn (within the timeout) instead of being refused by the server's pending limit
         # per /24 and retried (a process that lost all its sessions at once reopens them all)
         if not _handshakes.acquire(timeout=self.config.timeout_s):
             raise HandshakeTimeoutError(
-                f"{MAX_CONCURRENT_HANDSHAKES} handshakes of this process were under way for "
-                f"{self.config.timeout_s} s",
+                f"no handshake slot of this process's {MAX_CONCURRENT_HANDSHAKES} came free "
+                f"within timeout_s={self.config.timeout_s} s (all were under way)",
                 endpoint,
             )
         try:
-            attempt = _Attempt(self, host, port, endpoint)
+            attempt = _Attempt(self, host, port, endpoint, deadline)
             try:
                 return attempt.run(on_disconnect, on_error)
             except ConnectionClosedError:
-                if not attempt.reused_channel:
+                if not attempt.reused_channel or time.monotonic() >= deadline:
                     raise
                 # A kept HELLO channel whose server went away as this handshake began
                 # (restarted on its ports: its replies to our HELLO publication's session id
-                # now wait out the old image's cool-down): retired; once more on a fresh one.
-                return _Attempt(self, host, port, endpoint).run(on_disconnect, on_error)
+                # now wait out the old image's cool-down): retired; once more on a fresh one,
+                # within what is left of the deadline.
+                return _Attempt(self, host, port, endpoint, deadline).run(on_disconnect, on_error)
         finally:
             _handshakes.release()
 
@@ -161,7 +170,9 @@ def connect(endpoint: str, config: ClientConfig | None = None, **kw: Any) -> Con
 class _Attempt:
     """One connection attempt; owns what it opens until it hands it to a Connection."""
 
-    def __init__(self, client: Client, host: str, port: int, endpoint: str) -> None:
+    def __init__(
+        self, client: Client, host: str, port: int, endpoint: str, deadline: float
+    ) -> None:
         self.client = client
         self.config = client.config
         self.driver = client.driver
@@ -176,12 +187,12 @@ class _Attempt:
         )
         media = "ipc" if host == "ipc" else "udp"
         self.channels = Channels(media, host, port, self.control_port, self.bind)
-        self.deadline = time.monotonic() + self.config.timeout_s
+        self.deadline = deadline  # the connect's (its wait for a slot came out of it)
         self.machine = ClientHandshake(
             self._check_key,
             static_key=client.static_key,
             encryption=self.config.encryption,
-            timeout_ns=int(self.config.timeout_s * 1e9),
+            timeout_ns=max(int((deadline - time.monotonic()) * 1e9), 1),
             endpoint=endpoint,
         )
         self.opened: list[Any] = []

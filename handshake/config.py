@@ -72,8 +72,9 @@ class ServerConfig:
     ``max_pending_per_prefix`` (handshakes in flight from one /24 IPv4 or /64 IPv6 network: far
     below ``max_pending``, so one host or one network cannot fill the server's pending slots),
     ``hellos_per_prefix_per_s`` (HELLOs one /24 or /64 may have answered per second, with a burst
-    of as many; past it they are dropped unanswered and counted). A HELLO is answered with a
-    stateless COOKIE first and allocates nothing until the client echoes it (see
+    of as many; past it they are answered "busy" (REFUSE ``TOO_MANY_PENDING``, no longer than the
+    HELLO) at most as many a second, the rest dropped unanswered; all counted). A HELLO is
+    answered with a stateless COOKIE first and allocates nothing until the client echoes it (see
     :mod:`.messages`).
     ``allow``/``deny``: addresses or CIDR ranges, checked before anything is allocated (deny wins;
     an empty allow list allows all). ``session_term_length``/``session_mtu`` (None: 65504 on

@@ -451,10 +451,15 @@ class ServerCounters:
     cookies_bad: int = 0  # HELLOs with a cookie that is not valid (forged, stale, other source)
     resumed: int = 0  # HELLOs admitted on the resumption token of an earlier WELCOME (no COOKIE)
     cookies_reused: int = 0  # HELLOs with a cookie or token already spent, or another key's token
-    rate_limited: int = 0  # HELLOs dropped unanswered: their /24 or /64 sent too many
+    rate_limited: int = 0  # HELLOs past their /24's or /64's rate (not admitted)
+    # of those, answered REFUSE TOO_MANY_PENDING ("busy, retry later"; the rest unanswered)
+    rate_limited_answered: int = 0
     identities_bad: int = 0  # HELLOs whose sealed client identity does not open
     clients_refused: int = 0  # HELLOs from a client key that is not authorised (CLIENT_UNKNOWN)
     refused: Counter[str] = field(default_factory=Counter)  # by ErrorCode name
+
+
+_BUSY_TEXT = "busy: HELLOs of this network past their rate, retry later"
 
 
 class Rejected(Exception):
@@ -577,6 +582,8 @@ class ServerCore:
         # cookies that admitted a HELLO: cookie -> expiry ns, oldest first (each admits one)
         self._spent: dict[bytes, int] = {}
         self._hello_rate = PrefixRateLimiter(config.hellos_per_prefix_per_s)
+        # HELLOs past that rate answered "busy" (REFUSE TOO_MANY_PENDING), as many at most
+        self._busy_rate = PrefixRateLimiter(config.hellos_per_prefix_per_s)
         self.session_ids: set[int] = set()
         self.stream_ids: set[int] = set()
         self.connect_keys: set[int] = set()
@@ -608,7 +615,7 @@ class ServerCore:
         prefix = address_prefix(address)
         if address != "ipc" and not self._hello_rate.allows(prefix, now_ns):
             self.counters.rate_limited += 1
-            raise Rejected(ErrorCode.TOO_MANY_FROM_ADDRESS, None)
+            raise Rejected(ErrorCode.TOO_MANY_PENDING, self._busy(prefix, data, now_ns))
         try:
             hello = m.decode_message(data)
             if not isinstance(hello, m.Hello):
@@ -683,6 +690,26 @@ class ServerCore:
         self.connect_keys.add(ck)
         self.counters.accepted += 1
         return session
+
+    def _busy(self, prefix: str, data: bytes, now_ns: int) -> bytes | None:
+        """The answer to a HELLO past its network's rate: REFUSE ``TOO_MANY_PENDING`` ("busy,
+        retry later": the client backs off and tries again instead of waiting out its whole
+        timeout), or None (dropped unanswered). Nothing is kept for its sender; the answer is
+        never longer than the HELLO, and at most ``hellos_per_prefix_per_s`` HELLOs of a /24 or
+        /64 are answered so a second (beside as many answered in full): past both, silence."""
+        if not self._busy_rate.allows(prefix, now_ns):
+            return None
+        try:
+            hello = m.decode_message(data)
+        except RemoteProtocolError:
+            return None
+        if not isinstance(hello, m.Hello):
+            return None
+        reply = m.refuse_for(hello.connect_key, ErrorCode.TOO_MANY_PENDING, _BUSY_TEXT).encode()
+        if len(reply) > len(data):
+            return None  # never more bytes back than it sent
+        self.counters.rate_limited_answered += 1
+        return reply
 
     def _stateless_admission(self, address: str, hello: m.Hello) -> tuple[ErrorCode | None, str]:
         """Checks that need no state: answered before the cookie round trip."""

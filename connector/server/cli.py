@@ -195,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_number,
         default=1000.0,
         help="HELLOs (and new HELLO streams) one /24 or /64 network may have answered per "
-        "second, burst as many; past it they are dropped and counted (default %(default)s)",
+        "second, burst as many; past it a HELLO is answered busy (TOO_MANY_PENDING: the client "
+        "backs off) as many a second at most, else dropped; counted (default %(default)s)",
     )
     parser.add_argument(
         "--retention-bytes",

@@ -53,7 +53,8 @@ class ServerConfig:
                             use the public sockets (see ``handshake.ServerConfig``)
     ``max_pending_per_prefix``  handshakes in flight from one /24 (IPv4) or /64 (IPv6) network
     ``hellos_per_prefix_per_s``  HELLOs (and new HELLO images) one /24 or /64 may have answered
-                            per second, burst as many; past it they are dropped and counted
+                            per second, burst as many; past it a HELLO is answered busy
+                            (TOO_MANY_PENDING, as many a second at most) or dropped; counted
     ``term_length`` / ``mtu``  geometry of recordings the server creates (publish, sink commits);
                             mtu None: Aeron's largest, 65504, or half a term if that is less
                             (fewer fragments per large message; recordings are replayed through

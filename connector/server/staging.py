@@ -63,6 +63,7 @@ from aeron_spark.connector.errors import (
 from aeron_spark.connector.server.commitlog import CommitLog
 from aeron_spark.connector.server.framing import Framer
 from aeron_spark.connector.session.records import RECORD, block_records, complete_record, records
+from aeron_spark.transport.archive.diskio import open_regular, read_regular
 from aeron_spark.transport.archive.recordings import fsync_dir, makedirs_synced
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
 
@@ -137,6 +138,7 @@ def _key_dir(root: str, sink_id: str, batch_id: int) -> str:
 
 
 OWNER_FILE = "owner"
+_OWNER_MAX_BYTES = 4096  # an owner is a key's hex fingerprint: a bigger file is not read whole
 
 
 def not_owner(op: str, what: str) -> NotAuthorisedError:
@@ -177,9 +179,11 @@ class StagingStore:
 
     def batch_owner(self, sink_id: str, batch_id: int) -> str | None:
         """The identity (hex) that staged the batch; None when nobody claimed it."""
+        # opened as every file of the data directory: a FIFO (open() waited for a writer: the
+        # loop hung) or a symlink planted there is refused, NOT_REGULAR_FILE naming it
+        path = os.path.join(_key_dir(self.root, sink_id, batch_id), OWNER_FILE)
         try:
-            with open(os.path.join(_key_dir(self.root, sink_id, batch_id), OWNER_FILE)) as fh:
-                return fh.read().strip() or None
+            return read_regular(path, _OWNER_MAX_BYTES).decode("ascii", "replace").strip() or None
         except FileNotFoundError:
             return None
 
@@ -413,7 +417,8 @@ class StagingStore:
         """Payloads and reserved values of a part file, in bounded batches, in order: lists of
         payloads, or (for runs of equal-length payloads) a 2-D uint8 array with a row per
         payload and an int64 array of reserved values, read without Python per payload."""
-        with open(path, "rb") as fh:
+        # not following a symlink planted in its place (a commit recorded its target's bytes)
+        with os.fdopen(open_regular(path), "rb") as fh:
             carry = b""
             while True:
                 if carry:  # the record that straddled the last block's end: only it is copied

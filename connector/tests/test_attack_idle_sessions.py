@@ -54,9 +54,17 @@ def test_idle_sessions_of_a_client_paused_2_s_survive_a_5_s_lease(tmp_path: Path
                 assert client.stdout.readline().strip() == "reconnects 0"
                 last = observer.stats()
                 after = last["counters"]
-                seen = (observer.reconnects, first["sessions"], last["sessions"])
-            for name in ("sessions_closed", "sessions_expired"):
-                assert after[name] == before[name], (name, before[name], after[name], seen)
+            # The client's own four sessions (those publishing stream 10: the observer
+            # publishes nothing) are the ones it opened first, none closed, expired or
+            # reopened: each is older than the 16 s slept between the two looks less 2 s (one
+            # reopened would be as old as the last look's wait at most). (A global
+            # count of closed sessions also counted any other session's end, such as an
+            # orphan of a retried handshake, and once failed so.)
+            mine = [s for s in first["sessions"] if 10 in s["publishing"]]
+            still = [s for s in last["sessions"] if 10 in s["publishing"]]
+            assert len(mine) == len(still) == 4, (first["sessions"], last["sessions"])
+            ages = sorted(s["age_s"] for s in still)
+            assert ages[0] >= 14.0, (ages, last["sessions"])
             assert after["session_leases_renewed_by_transport"] > before.get(
                 "session_leases_renewed_by_transport", 0
             )

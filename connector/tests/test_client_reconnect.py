@@ -17,6 +17,7 @@ from aeron_spark.connector.client import ClientSettings, StreamClient
 from aeron_spark.connector.errors import ServerUnavailableError
 from aeron_spark.connector.server.testing import messages_of
 from aeron_spark.connector.testing_restart import RestartableServer
+from aeron_spark.counters import REGISTRY, CounterType
 
 STREAM = 10
 
@@ -141,3 +142,19 @@ def test_a_server_that_stays_away_is_a_clear_error_after_the_timeout(
         server.kill()
         with pytest.raises(ServerUnavailableError, match=r"within 3\.0 s"):
             client.list_recordings([STREAM])
+
+
+def test_reconnects_and_their_retries_are_registry_counters(server: RestartableServer) -> None:
+    """``reconnects`` and ``reconnect_retries`` are the client's registry counters (CLIENT),
+    read with every other client counter by ``client_counters()`` (they were attributes of the
+    client alone). The server is away longer than a reconnect attempt (5 s), so the first
+    attempt fails and is retried."""
+    assert REGISTRY.is_declared(CounterType.CLIENT, "reconnect_retries")
+    with _client(server.endpoint, timeout_s=60.0) as client:
+        client.publish(STREAM, _payloads(1))
+        server.restart_later(10.0)
+        client.list_recordings([STREAM])
+        counters = client.client_counters()
+        assert counters["reconnects"] == client.reconnects == 1, counters
+        assert counters["reconnect_retries"] == client.reconnect_retries >= 1, counters
+        assert set(counters) == {d.name for d in REGISTRY.of_type(CounterType.CLIENT)}

@@ -8,6 +8,7 @@ import pytest
 
 from aeron_spark import errors as root
 from aeron_spark.connector import errors as connector_errors
+from aeron_spark.connector.client import ClientCounters
 from aeron_spark.connector.server import counters as server_counters
 from aeron_spark.counters import REGISTRY, CounterMap, CounterType
 from aeron_spark.handshake import errors as handshake_errors
@@ -69,6 +70,7 @@ def test_counter_sets_are_declared_in_one_registry_with_unique_ids() -> None:
         (SystemCounters, CounterType.TRANSPORT),
         (ServerCounters, CounterType.HANDSHAKE),
         (SealCounters, CounterType.SEAL),
+        (ClientCounters, CounterType.CLIENT),
     ):
         assert cls.counter_type is type_
         assert [d.name for d in cls.descriptors] == [d.name for d in REGISTRY.of_type(type_)]

@@ -70,6 +70,7 @@ def test_stat_shows_what_the_server_refused_from_strangers(tmp_path) -> None:
                     "amplification_drops",
                     "cookies_sent",
                     "rate_limited",
+                    "rate_limited_answered",
                     "pair_address_mismatches",
                     "frames_rejected",
                 ):

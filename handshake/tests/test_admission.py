@@ -214,17 +214,31 @@ def test_an_ipv6_host_cannot_pass_the_address_limit_by_picking_addresses_of_its_
     _admit(core, "2001:db8:0:7::9")
 
 
-def test_hellos_per_network_are_rate_limited_silently_and_counted() -> None:
+def test_hellos_per_network_are_rate_limited_answered_busy_then_silently_and_counted() -> None:
+    """Past its rate a network's HELLOs are answered "busy" (REFUSE TOO_MANY_PENDING: the
+    client backs off instead of waiting out its timeout), never with more bytes than the HELLO
+    and at most as many a second as HELLOs are admitted; past that, silence. Nothing is kept."""
     core = _core(hellos_per_prefix_per_s=10)
     answers = []
-    for _ in range(15):
+    hellos = []
+    for _ in range(25):
+        hello = _client().hello()
+        hellos.append(hello)
         try:
-            core.on_hello("10.0.0.1", _client().hello(), 0, source="10.0.0.1:1")
+            core.on_hello("10.0.0.1", hello, 0, source="10.0.0.1:1")
         except Rejected as answer:
             answers.append(answer)
     assert [a.code for a in answers[:10]] == [None] * 10  # COOKIEs
-    assert all(a.reply is None for a in answers[10:])  # dropped, unanswered
-    assert core.counters.rate_limited == 5 and core.counters.cookies_sent == 10
+    busy = answers[10:20]
+    assert [a.code for a in busy] == [ErrorCode.TOO_MANY_PENDING] * 10
+    for answer, hello in zip(busy, hellos[10:20], strict=True):
+        assert answer.reply is not None and len(answer.reply) <= len(hello)  # no amplification
+        refuse = m.decode_message(answer.reply)
+        assert isinstance(refuse, m.Refuse) and refuse.code == ErrorCode.TOO_MANY_PENDING
+        assert refuse.connect_key == m.decode_message(hello).connect_key
+    assert all(a.reply is None for a in answers[20:])  # the busy answers' own rate: dropped
+    assert core.counters.rate_limited == 15 and core.counters.cookies_sent == 10
+    assert core.counters.rate_limited_answered == 10
     with pytest.raises(Rejected) as other:
         core.on_hello("10.0.1.1", _client().hello(), 0, source="10.0.1.1:1")
     assert other.value.code is None  # another /24 has its own budget
@@ -232,6 +246,23 @@ def test_hellos_per_network_are_rate_limited_silently_and_counted() -> None:
         core.on_hello("10.0.0.1", _client().hello(), S // 10, source="10.0.0.1:1")
     assert later.value.code is None  # refilled at 10 per second
     _nothing_allocated(core)
+
+
+def test_a_hello_past_the_rate_is_not_answered_when_the_answer_is_longer() -> None:
+    """A HELLO crafted shorter than the busy answer (no padding) gets silence, not a reply."""
+    core = _core(hellos_per_prefix_per_s=1)
+    with pytest.raises(Rejected):
+        core.on_hello("10.0.0.1", _client().hello(), 0, source="10.0.0.1:1")
+    bare = m.Hello(
+        m.PROTOCOL_VERSION, 7, X25519PrivateKey.generate().public_key().public_bytes_raw(), False
+    )
+    short = m._pack(
+        {"t": m.MessageType.HELLO, "v": bare.version, "ck": 7, "pk": bare.public_key, "enc": False}
+    )
+    with pytest.raises(Rejected) as dropped:
+        core.on_hello("10.0.0.1", short, 0, source="10.0.0.1:1")
+    assert dropped.value.reply is None
+    assert core.counters.rate_limited == 1 and core.counters.rate_limited_answered == 0
 
 
 # ------------------------------------------------------------------ over the network

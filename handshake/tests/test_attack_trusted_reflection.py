@@ -76,7 +76,7 @@ def test_a_host_with_a_session_is_no_reflector_for_a_spoofer(tmp_path: Path) -> 
         with client.connect(server.endpoint) as honest:
             honest.send(b"ping")
             assert honest.receive(30.0) == b"ping"
-            assert any(host == TRUSTED for host, _sid in server.driver.amplification.trusted)
+            assert any(host == TRUSTED for host, _sid in tuple(server.driver.amplification.trusted))
             # two keep-alive rounds each (at 0 and 4.5 s): the factor is per round, so more
             # rounds prove no more (it was 12 s, three rounds: 14.6x-20.9x on the old code)
             control = _reflect(server, UNTRUSTED, ATTACK_S)

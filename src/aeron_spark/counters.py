@@ -5,12 +5,13 @@ Every counter any layer keeps is declared once here, as a :class:`CounterDescrip
 the values register into :data:`REGISTRY`:
 
 - dataclasses of integer fields (the driver's ``SystemCounters``, the handshake's
-  ``ServerCounters`` and ``SealCounters``) with the :func:`counter_set` decorator, which keeps them
-  plain attribute increments on the hot path;
+  ``ServerCounters`` and ``SealCounters``, a stream client's ``ClientCounters``) with the
+  :func:`counter_set` decorator, which keeps them plain attribute increments on the hot path;
 - name-keyed counts (the stream server core's, retention's) as a :class:`CounterMap`, a ``dict``
   that refuses a name nobody declared (a typo is an error, not a new counter).
 
-Readers (``aeron-spark stat``, ``driver.counters``, ``Server.stats``) take their snapshots through
+Readers (``aeron-spark stat``, ``driver.counters``, ``Server.stats``,
+``StreamClient.client_counters``) take their snapshots through
 :meth:`CounterRegistry.snapshot`, so every exported name is a declared one.
 """
 
@@ -33,6 +34,8 @@ class CounterType(enum.IntEnum):
     RETENTION = 5  # the stream server's retention runs
     # a handshake server's I/O: its HELLO images, reply publications, sealed frames (gauges too)
     HANDSHAKE_SERVER = 6
+    # a stream client's (``StreamClient``) sessions replaced, retries, replays, local reads
+    CLIENT = 7
 
 
 @dataclass(frozen=True, slots=True)

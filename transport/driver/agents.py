@@ -202,6 +202,11 @@ class SendEndpoint:
         self._version = 0
         self._made: tuple[int, tuple[PublicationState, ...]] = (0, ())
         self.by_session: dict[tuple[int, int], PublicationState] = {}
+        # what a SETUP request naming session 0 looks at (it walked every publication): one
+        # naming a stream, that stream's publications; one naming stream 0, those that take
+        # any session's SMs (not ``session_sm_only``)
+        self._by_stream: dict[int, dict[int, PublicationState]] = {}
+        self._any_session: dict[int, PublicationState] = {}
         # SETUP requests naming a (session id, stream id) no publication here has yet:
         # (session, stream) -> (source, when), the last UNCLAIMED_ELICITS_MAX. A publication
         # added with those ids within REFUSED_ELICIT_NS answers them as if they came then (a
@@ -220,6 +225,9 @@ class SendEndpoint:
             # answered by the sender like a SETUP request refused until its host was allowed
             publication.hold_unclaimed_elicit(asked[0], key[0], asked[1])
         self._publications[id(publication)] = publication
+        self._by_stream.setdefault(publication.stream_id, {})[id(publication)] = publication
+        if not publication.session_sm_only:
+            self._any_session[id(publication)] = publication
         self._version += 1
         publication.kicked = False
         publication.wakeups = self.due.ready
@@ -229,6 +237,12 @@ class SendEndpoint:
         self.by_session.pop((publication.session_id, publication.stream_id), None)
         if self._publications.pop(id(publication), None) is not None:
             self._version += 1
+        same = self._by_stream.get(publication.stream_id)
+        if same is not None:
+            same.pop(id(publication), None)
+            if not same:
+                del self._by_stream[publication.stream_id]
+        self._any_session.pop(id(publication), None)
         publication.wakeups = None
         self.due.forget(publication)
 
@@ -286,13 +300,22 @@ class SendEndpoint:
                 # too ("pending setup"): that one is for every publication on the endpoint.
                 # A publication that takes only SMs of its own session (a secure session's)
                 # ignores and counts these: a stranger learns nothing of it from SETUPs.
-                for pub in self.publications:
-                    if pub.stream_id == sm.stream_id or sm.stream_id == 0:
-                        if pub.session_sm_only and source not in pub.destinations:
-                            pub.status_messages_refused += 1
-                            continue
-                        if pub.on_status_message(sm, source, now_ns):
-                            pub.kick()
+                # Only the publications it may be for are looked at (tuples: C copies, safe
+                # while the conductor adds and removes): a stream's, or for stream 0 those
+                # taking any session's SMs, the secure ones' refusal counted once.
+                if sm.stream_id:
+                    same = self._by_stream.get(sm.stream_id)
+                    pubs = tuple(same.values()) if same else ()
+                else:
+                    pubs = tuple(self._any_session.values())
+                    if len(pubs) < len(self._publications):
+                        self.endpoint.counters.status_messages_refused += 1
+                for pub in pubs:
+                    if pub.session_sm_only and source not in pub.destinations:
+                        pub.status_messages_refused += 1
+                        continue
+                    if pub.on_status_message(sm, source, now_ns):
+                        pub.kick()
                 return
             pub = self.by_session.get((sm.session_id, sm.stream_id))
             if pub is not None:

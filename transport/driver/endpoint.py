@@ -119,7 +119,10 @@ class AmplificationLedger:
     stream's status messages, whose session ids a spoofer may choose) stays bounded.
 
     Received bytes are counted on the receiving thread and sent ones on the sending one (each
-    updates its own dict); ``trusted`` is replaced whole by :meth:`trust`/:meth:`distrust`.
+    updates its own dict). ``trusted`` counts the trusts of each (address, session id):
+    :meth:`trust`/:meth:`distrust` change only their own ids (O(1) a session; they rebuilt a set
+    of every trusted pair per call, O(n^2) over n sessions), and the sending thread only asks
+    ``in`` of it (one dict lookup, atomic under the GIL), never iterates it.
     """
 
     def __init__(self, factor: int = 3, max_hosts: int = 65536) -> None:
@@ -127,8 +130,7 @@ class AmplificationLedger:
         self.max_hosts = max_hosts
         self.received: dict[str, int] = {}
         self.sent: dict[str, int] = {}
-        self.trusted: frozenset[tuple[str, int]] = frozenset()
-        self._trust_counts: dict[tuple[str, int], int] = {}
+        self.trusted: dict[tuple[str, int], int] = {}  # (address, session id) -> its trusts
         self.drops = 0
         self.dropped_bytes = 0
 
@@ -154,20 +156,18 @@ class AmplificationLedger:
         return True
 
     def trust(self, host: str, session_ids: Iterable[int]) -> None:
-        counts = self._trust_counts
+        counts = self.trusted
         for sid in session_ids:
             counts[(host, sid)] = counts.get((host, sid), 0) + 1
-        self.trusted = frozenset(counts)
 
     def distrust(self, host: str, session_ids: Iterable[int]) -> None:
-        counts = self._trust_counts
+        counts = self.trusted
         for sid in session_ids:
             left = counts.get((host, sid), 0) - 1
             if left > 0:
                 counts[(host, sid)] = left
             else:
                 counts.pop((host, sid), None)
-        self.trusted = frozenset(counts)
 
 
 def frame_session_id(data: Any) -> int | None:
