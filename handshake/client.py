@@ -38,12 +38,20 @@ _process_key: Any = None
 #: ``max_pending_per_prefix`` (32), so two such processes on one host are never refused for it.
 MAX_CONCURRENT_HANDSHAKES = 16
 _handshakes = threading.BoundedSemaphore(MAX_CONCURRENT_HANDSHAKES)
+_under_way = 0  # slots of _handshakes taken (the semaphore keeps its count private)
+_under_way_lock = threading.Lock()
 log = logging.getLogger(__name__)
 
 
 def handshakes_under_way() -> int:
     """How many of this process's ``MAX_CONCURRENT_HANDSHAKES`` handshake slots are taken."""
-    return MAX_CONCURRENT_HANDSHAKES - _handshakes._value  # type: ignore[attr-defined]
+    return _under_way
+
+
+def _count_slot(change: int) -> None:
+    global _under_way
+    with _under_way_lock:
+        _under_way += change
 
 
 def _process_identity(reason: BaseException) -> Any:
@@ -140,6 +148,7 @@ class Client:
                 f"within timeout_s={self.config.timeout_s} s (all were under way)",
                 endpoint,
             )
+        _count_slot(1)
         try:
             attempt = _Attempt(self, host, port, endpoint, deadline)
             try:
@@ -153,6 +162,7 @@ class Client:
                 # within what is left of the deadline.
                 return _Attempt(self, host, port, endpoint, deadline).run(on_disconnect, on_error)
         finally:
+            _count_slot(-1)
             _handshakes.release()
 
     @classmethod
