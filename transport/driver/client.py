@@ -171,7 +171,7 @@ class NetworkPublicationLog:
         # is every offer but the first of a burst, so it is one attribute read.
         if not state.kicked:
             state.kick()  # before the sleeping check: a runner going to sleep sees it
-            self._driver.wake_sender()
+            self._driver.send_appended(self.registration)
         for notify in self.spy_notify:
             notify()
 
