@@ -2,9 +2,12 @@
 
 A client's every request was two thread hand-offs: the caller woke the driver's thread (a byte
 on its wake-up socket pair), which stepped every agent to send one datagram; then the receiver
-woke the caller for the reply. Now a caller that finds the sender's runner asleep in ``select``
-takes its duty lock and steps the publication's endpoint itself (no byte, no hand-off); the
-runner is woken only when it was awake, or must see a deadline earlier than its sleep's end.
+woke the caller for the reply. Now, on a publication set to ``send_from_caller`` (a client's
+session: it waits for the reply next), a caller that finds the sender's runner asleep in
+``select`` takes its duty lock and steps the publication's endpoint itself (no byte, no
+hand-off); the runner is woken only when it was awake, or must see a deadline earlier than its
+sleep's end. A server's loop offering replies to many sessions in a pass leaves it off (one
+driver step sends them all).
 """
 
 from __future__ import annotations
@@ -107,6 +110,8 @@ def test_offers_from_many_threads_to_a_threaded_driver_arrive_once_in_order() ->
             sub = driver.add_subscription("aeron:udp?endpoint=127.0.0.1:0", 7)
             channel = f"aeron:udp?endpoint=127.0.0.1:{sub.local_endpoints[0][1]}"
             pubs = [driver.add_publication(channel, 7) for _ in range(threads)]
+            for pub in pubs:
+                pub.send_from_caller()
             deadline = time.monotonic() + 20
             while not (all(p.is_connected for p in pubs) and len(sub.images) == threads):
                 assert time.monotonic() < deadline, "not connected"
