@@ -262,16 +262,6 @@ class Publication:
     def spy_notify(self, value: tuple[Callable[[], None], ...]) -> None:
         self._log.spy_notify = value
 
-    def send_from_caller(self, enabled: bool = True) -> None:
-        """With ``enabled``, an offer sends its data on the offering thread while the driver's
-        sender sleeps (UDP with a threaded driver; elsewhere nothing changes), instead of
-        waking the driver's thread to send it: for a caller that offers one message and then
-        waits for an answer (a session's request: no thread hand-off on the way out). A loop
-        offering to many publications in one pass leaves it off: one step of the driver's
-        sends them all."""
-        if hasattr(self._log, "caller_sends"):
-            self._log.caller_sends = enabled
-
     # -------------------------------------------------------------- offer
 
     def offer(self, payload: bytes | bytearray | memoryview, reserved_value: int = 0) -> int:

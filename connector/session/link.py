@@ -77,10 +77,6 @@ class ClientLink:
         self.connection = connection
         self.max_message_length = connection.max_message_length
         self.encrypted = connection.encrypted
-        # a request is sent by the thread that then waits for its reply (issue 31)
-        send_from_caller = getattr(connection.publication, "send_from_caller", None)
-        if send_from_caller is not None:
-            send_from_caller()
 
     @property
     def is_connected(self) -> bool:

@@ -541,42 +541,6 @@ class AgentRunner:
         self._restep = True
         self._running = False
         self._thread: threading.Thread | None = None
-        # Held by the runner's thread whenever it is not asleep in select (its agents are
-        # its alone then); a caller may take it while the runner sleeps and do an agent's
-        # work itself (:meth:`step_asleep`). ``_sleep_until_ns``: when that select ends.
-        self._duty = threading.Lock()
-        self._owns_duty = False
-        self._sleep_until_ns = 0
-
-    def step_asleep(
-        self,
-        step: Callable[[int, Any], object],
-        arg: Any,
-        due: Any,
-    ) -> bool:
-        """Run ``step(now_ns, arg)`` on the calling thread if the runner's thread sleeps in
-        select (its agents untouched meanwhile: the duty lock), and tell whether the runner may
-        sleep on: False when it was awake, stopped or stepped by hand (invoker mode), or when
-        ``due`` (the stepped work's :class:`DueQueue`) has work ready or a deadline before the
-        select ends: then the caller wakes it. A publication's new data goes out on the
-        appending thread with no wake-up byte, no hand-off to the driver's thread and none of
-        its step over every agent (a client's every request: issue 31)."""
-        duty = self._duty
-        if not self._running or not duty.acquire(False):
-            return False
-        try:
-            if not self._running or not self.sleeping:  # stopped, or not started yet
-                return False
-            now = time.monotonic_ns()
-            try:
-                step(now, arg)
-            except Exception as exc:  # noqa: BLE001 - as in the runner's own step
-                self.on_error(exc)
-                return False
-            until = self._sleep_until_ns
-            return due.next_ns(until) >= until
-        finally:
-            duty.release()
 
     def wake(self) -> None:
         """Make a sleeping runner look at its agents now (callable from any thread). One byte
@@ -640,15 +604,7 @@ class AgentRunner:
                 if timeout_s <= 0:
                     return
                 wait_s = min(wait_s, timeout_s)
-            if self._owns_duty:
-                self._sleep_until_ns = now + int(wait_s * 1e9)
-                self._duty.release()  # a caller may step an agent while we sleep
-                try:
-                    events = self._selector.select(wait_s)
-                finally:
-                    self._duty.acquire()
-            else:
-                events = self._selector.select(wait_s)
+            events = self._selector.select(wait_s)
             self._ready = {key.fileobj for key, _ in events}
             for key, _ in events:
                 if key.fileobj is self._wake_r:
@@ -717,15 +673,6 @@ class AgentRunner:
         self._thread.start()
 
     def _run(self) -> None:
-        self._duty.acquire()
-        self._owns_duty = True
-        try:
-            self._loop()
-        finally:
-            self._owns_duty = False
-            self._duty.release()
-
-    def _loop(self) -> None:
         while self._running:
             try:
                 # The sender and receiver say what is left through has_work(), deadlines and

@@ -109,9 +109,6 @@ class NetworkPublicationLog:
         self.spy_notify: tuple[Callable[[], None], ...] = ()
         self.offer = state.offer
         self.offer_block = state.offer_block
-        # offers send their data on the offering thread while the sender's runner sleeps
-        # (Publication.send_from_caller); off: the runner is woken to send it
-        self.caller_sends = False
 
     @property
     def position(self) -> int:
@@ -174,10 +171,7 @@ class NetworkPublicationLog:
         # is every offer but the first of a burst, so it is one attribute read.
         if not state.kicked:
             state.kick()  # before the sleeping check: a runner going to sleep sees it
-            if self.caller_sends:
-                self._driver.send_appended(self.registration)
-            else:
-                self._driver.wake_sender()
+            self._driver.wake_sender()
         for notify in self.spy_notify:
             notify()
 

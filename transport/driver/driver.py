@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from aeron_spark.transport import ipc
 from aeron_spark.transport.counters import Counters, SystemCounters, sweep_counter_files
-from aeron_spark.transport.driver.agents import Agent, AgentRunner, DedicatedBudget, SendEndpoint
+from aeron_spark.transport.driver.agents import Agent, AgentRunner, DedicatedBudget
 from aeron_spark.transport.driver.client import (
     Image,
     NetworkPublicationLog,
@@ -415,19 +415,6 @@ class Driver:
         its next idle return at once too (a refused SETUP request may be answered now)."""
         runner = self._sender_runner
         if runner is not None and (even_if_awake or runner.sleeping):
-            runner.wake()
-
-    def send_appended(self, endpoint: Any) -> None:
-        """A publication of ``endpoint`` (its :class:`SendEndpoint`) was kicked for data just
-        appended: sent now on this thread while the sender's runner sleeps in select, else
-        (or when the runner must see a new deadline) the runner is woken as by
-        :meth:`wake_sender`. An awake runner sees the kick itself."""
-        runner = self._sender_runner
-        if runner is None or not runner.sleeping:
-            return
-        if not isinstance(endpoint, SendEndpoint) or not runner.step_asleep(
-            endpoint.step, self._sender.on_publication_done, endpoint.due
-        ):
             runner.wake()
 
     def wake_receiver(self) -> None:
