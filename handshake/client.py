@@ -34,10 +34,56 @@ from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler, Trans
 _driver_lock = threading.Lock()
 _shared: Driver | None = None
 _process_key: Any = None
-#: Handshakes one process runs at once (all servers together); half the server's default
+#: Handshakes one process runs at once with one server (endpoint); half the server's default
 #: ``max_pending_per_prefix`` (32), so two such processes on one host are never refused for it.
+#: Per server, not per process: a server that never answers holds only its own slots (one
+#: limit for all servers let 16 connects to a silent one fail every other connect waiting).
 MAX_CONCURRENT_HANDSHAKES = 16
-_handshakes = threading.BoundedSemaphore(MAX_CONCURRENT_HANDSHAKES)
+
+
+class _HandshakeSlots:
+    """Each server endpoint's :data:`MAX_CONCURRENT_HANDSHAKES` slots, made while someone holds
+    or waits for one (an endpoint's entry goes with its last holder: no growth per endpoint)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._slots: dict[tuple[str, int], tuple[threading.BoundedSemaphore, int]] = {}
+        self.slot_timeouts = 0  # connects that waited out their timeout for a slot
+
+    def acquire(self, key: tuple[str, int], timeout_s: float) -> bool:
+        with self._lock:
+            sem, users = self._slots.get(key) or (
+                threading.BoundedSemaphore(MAX_CONCURRENT_HANDSHAKES),
+                0,
+            )
+            self._slots[key] = (sem, users + 1)
+        if sem.acquire(timeout=max(timeout_s, 0.0)):
+            return True
+        self._leave(key)
+        with self._lock:
+            self.slot_timeouts += 1
+        return False
+
+    def release(self, key: tuple[str, int]) -> None:
+        self._slots[key][0].release()
+        self._leave(key)
+
+    def _leave(self, key: tuple[str, int]) -> None:
+        with self._lock:
+            sem, users = self._slots[key]
+            if users == 1:
+                del self._slots[key]
+            else:
+                self._slots[key] = (sem, users - 1)
+
+    def under_way(self, host: str, port: int) -> int:
+        """Handshakes with ``host:port`` holding a slot now."""
+        with self._lock:
+            entry = self._slots.get((host.lower(), port))
+        return 0 if entry is None else MAX_CONCURRENT_HANDSHAKES - entry[0]._value
+
+
+_handshakes = _HandshakeSlots()
 log = logging.getLogger(__name__)
 
 
@@ -123,17 +169,22 @@ class Client:
         on_error: Callable[[Connection, BaseException], object] | None = None,
     ) -> Connection:
         host, port = split_endpoint(endpoint)
-        # at most MAX_CONCURRENT_HANDSHAKES of this process's handshakes at once: the rest wait
-        # their turn (within the timeout) instead of being refused by the server's pending limit
-        # per /24 and retried (a process that lost all its sessions at once reopens them all)
-        if not _handshakes.acquire(timeout=self.config.timeout_s):
+        # the timeout counts from here: the wait for a slot is part of it (a slot freed late
+        # once gave the handshake a whole timeout more)
+        deadline = time.monotonic() + self.config.timeout_s
+        # at most MAX_CONCURRENT_HANDSHAKES of this process's handshakes with this server at
+        # once: the rest wait their turn (within the timeout) instead of being refused by the
+        # server's pending limit per /24 and retried (a process that lost all its sessions at
+        # once reopens them all); other servers' handshakes do not wait for them
+        slot = (host.lower(), port)
+        if not _handshakes.acquire(slot, self.config.timeout_s):
             raise HandshakeTimeoutError(
-                f"{MAX_CONCURRENT_HANDSHAKES} handshakes of this process were under way for "
-                f"{self.config.timeout_s} s",
+                f"{MAX_CONCURRENT_HANDSHAKES} handshakes of this process with {endpoint} were "
+                f"under way for {self.config.timeout_s} s (no slot free: HANDSHAKE_SLOTS_BUSY)",
                 endpoint,
             )
         try:
-            attempt = _Attempt(self, host, port, endpoint)
+            attempt = _Attempt(self, host, port, endpoint, deadline)
             try:
                 return attempt.run(on_disconnect, on_error)
             except ConnectionClosedError:
@@ -142,9 +193,9 @@ class Client:
                 # A kept HELLO channel whose server went away as this handshake began
                 # (restarted on its ports: its replies to our HELLO publication's session id
                 # now wait out the old image's cool-down): retired; once more on a fresh one.
-                return _Attempt(self, host, port, endpoint).run(on_disconnect, on_error)
+                return _Attempt(self, host, port, endpoint, deadline).run(on_disconnect, on_error)
         finally:
-            _handshakes.release()
+            _handshakes.release(slot)
 
     @classmethod
     def connect_to(cls, endpoint: str, config: ClientConfig | None = None, **kw: Any) -> Connection:
@@ -161,7 +212,9 @@ def connect(endpoint: str, config: ClientConfig | None = None, **kw: Any) -> Con
 class _Attempt:
     """One connection attempt; owns what it opens until it hands it to a Connection."""
 
-    def __init__(self, client: Client, host: str, port: int, endpoint: str) -> None:
+    def __init__(
+        self, client: Client, host: str, port: int, endpoint: str, deadline: float
+    ) -> None:
         self.client = client
         self.config = client.config
         self.driver = client.driver
@@ -176,7 +229,7 @@ class _Attempt:
         )
         media = "ipc" if host == "ipc" else "udp"
         self.channels = Channels(media, host, port, self.control_port, self.bind)
-        self.deadline = time.monotonic() + self.config.timeout_s
+        self.deadline = deadline  # the connect's: its wait for a slot came out of it
         self.machine = ClientHandshake(
             self._check_key,
             static_key=client.static_key,
@@ -226,6 +279,8 @@ class _Attempt:
         ch = self.channels
         try:
             m.start(time.monotonic_ns())
+            # the connect's deadline, not a full timeout from now (a wait for a slot came first)
+            m.deadline_ns = min(m.deadline_ns, int(self.deadline * 1e9))
             details, port = self._hello()
             rcv_wnd = self.config.receiver_window_length or details.term_length // 2
             sub = self._open("sub", ch.s2c_sub(details, rcv_wnd, port), details.s2c_stream_id)
