@@ -134,7 +134,10 @@ class Client:
         key_store: KeyStore | None = None,
     ) -> None:
         self.config = config or ClientConfig()
-        self.key_store = key_store or KeyStore(self.config.key_store_dir)
+        # its lock waited for within a connect's timeout (another process may hold it for good)
+        self.key_store = key_store or KeyStore(
+            self.config.key_store_dir, lock_wait_s=self.config.timeout_s
+        )
         self._driver = driver
         self._static_key: Any = None
 
