@@ -89,3 +89,23 @@ def test_attack_a_held_key_store_lock_does_not_hang_a_connect(
         thread.join(60.0)
     # the lock let go: the same client connects (nothing was left half done)
     client.connect(server.endpoint).close()
+
+
+def test_a_held_key_store_lock_is_a_session_not_open_yet_for_the_connector(
+    tmp_path: Path, make_server
+) -> None:
+    """The connector retries it (a reconnect attempts again until its deadline): the holder may
+    let go, unlike a refusal (ServerUnavailableError, raised at once)."""
+    from aeron_spark.connector.errors import SessionLostError
+    from aeron_spark.connector.session.link import open_client_link
+    from aeron_spark.connector.session.settings import ClientSettings
+
+    server = make_server()
+    keys = tmp_path / "connector-keys"
+    settings = ClientSettings(endpoint=server.endpoint, key_store_dir=str(keys), timeout_s=2.0)
+    holder = _hold_lock(keys)
+    try:
+        with pytest.raises(SessionLostError, match="KEY_STORE_LOCKED"):
+            open_client_link(settings)
+    finally:
+        _release(holder)
