@@ -1,0 +1,62 @@
+"""What is put at ``local-read.token.tmp`` in a stopped server's directory: the server's start
+neither hangs on it nor writes through it.
+
+The server proves to local clients that they see its directory with a token it writes at each
+start (``local-read.token``, local reads and writes on by default). It wrote it through a fixed
+temporary name with a plain ``open(path + ".tmp", "w")``: a FIFO there blocked the start for
+good (an open for writing waits for a reader), and a symbolic link there was followed, the file
+it named (anywhere the server's user may write) truncated and overwritten with the token. The
+data directory hardening (NOT_REGULAR_FILE) covered the files the server reads, not this one it
+writes. Real server processes, real files.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from aeron_spark.connector.server.store import LOCAL_READ_TOKEN
+from aeron_spark.connector.server.testing import client_for, server_process
+
+
+def _prepared(tmp_path: Path) -> str:
+    """A stopped server's directory (made by a first start)."""
+    directory = str(tmp_path / "srv")
+    with server_process(directory) as (_, endpoint), client_for(endpoint) as client:
+        client.publish(5, [b"before"])
+    return directory
+
+
+def _check_started(directory: str) -> None:
+    with server_process(directory) as (_, endpoint), client_for(endpoint) as client:
+        client.publish(5, [b"after"])  # served
+        token = os.path.join(directory, LOCAL_READ_TOKEN)
+        st = os.lstat(token)
+        assert stat.S_ISREG(st.st_mode), f"{token} is not a regular file ({st.st_mode:o})"
+        with open(token) as fh:
+            assert len(fh.read()) == 32
+    leftovers = [n for n in os.listdir(directory) if n.startswith(LOCAL_READ_TOKEN + ".")]
+    assert leftovers == [], leftovers  # what was put there removed, no temporary file left
+
+
+def test_attack_a_fifo_at_the_tokens_temporary_name_does_not_hang_the_start(
+    tmp_path: Path,
+) -> None:
+    directory = _prepared(tmp_path)
+    os.mkfifo(os.path.join(directory, LOCAL_READ_TOKEN + ".tmp"), 0o600)
+    _check_started(directory)  # before: "the server did not start" after 60 s (open waited)
+
+
+def test_attack_a_symlink_at_the_tokens_temporary_name_is_not_written_through(
+    tmp_path: Path,
+) -> None:
+    directory = _prepared(tmp_path)
+    victim = tmp_path / "outside" / "precious"
+    victim.parent.mkdir()
+    victim.write_text("not the server's to write\n")
+    os.symlink(victim, os.path.join(directory, LOCAL_READ_TOKEN + ".tmp"))
+    _check_started(directory)
+    assert victim.read_text() == "not the server's to write\n", (
+        f"the server wrote its token through the link: {victim} now holds {victim.read_text()!r}"
+    )
