@@ -63,6 +63,7 @@ from aeron_spark.connector.errors import (
 from aeron_spark.connector.server.commitlog import CommitLog
 from aeron_spark.connector.server.framing import Framer
 from aeron_spark.connector.session.records import RECORD, block_records, complete_record, records
+from aeron_spark.transport.archive.diskio import create_fresh
 from aeron_spark.transport.archive.recordings import fsync_dir, makedirs_synced
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
 
@@ -209,7 +210,7 @@ class StagingStore:
         path = os.path.join(directory, OWNER_FILE)
         tmp = path + ".tmp"  # one caller at a time (see the class): no other claim races it
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = create_fresh(tmp, 0o600)  # what is there removed, never followed
             try:
                 os.write(fd, owner.encode("ascii"))
                 os.fsync(fd)

@@ -60,3 +60,23 @@ def test_attack_a_symlink_at_the_tokens_temporary_name_is_not_written_through(
     assert victim.read_text() == "not the server's to write\n", (
         f"the server wrote its token through the link: {victim} now holds {victim.read_text()!r}"
     )
+
+
+def test_attack_a_fifo_at_the_consumers_temporary_name_does_not_hang_the_server(
+    tmp_path: Path,
+) -> None:
+    """The same pattern while the server runs: ``consumers.msgpack`` is rewritten through
+    ``consumers.msgpack.tmp`` on every consumer commit. A FIFO put there made the commit's open
+    wait for a reader in the server's loop: every session stalled for good."""
+    directory = str(tmp_path / "srv")
+    victim = tmp_path / "precious"
+    victim.write_text("not the server's to write\n")
+    with server_process(directory) as (_, endpoint), client_for(endpoint, timeout_s=20.0) as c:
+        c.publish(5, [b"x"])
+        tmp = os.path.join(directory, "consumers.msgpack.tmp")
+        os.mkfifo(tmp, 0o600)
+        c.consumer_commit("c1", [5], {0: 1})  # before: no answer in 20 s, the loop stuck
+        os.symlink(victim, tmp)  # a link in its place after that commit: not followed either
+        c.consumer_commit("c1", [5], {0: 1})
+        assert c.publish(5, [b"y"]) > 0  # the loop serves
+    assert victim.read_text() == "not the server's to write\n"
