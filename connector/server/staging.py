@@ -63,7 +63,7 @@ from aeron_spark.connector.errors import (
 from aeron_spark.connector.server.commitlog import CommitLog
 from aeron_spark.connector.server.framing import Framer
 from aeron_spark.connector.session.records import RECORD, block_records, complete_record, records
-from aeron_spark.transport.archive.diskio import create_fresh
+from aeron_spark.transport.archive.diskio import create_fresh, open_regular, read_regular
 from aeron_spark.transport.archive.recordings import fsync_dir, makedirs_synced
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
 
@@ -174,13 +174,15 @@ class StagingStore:
         # the batch's (and a new sink's) directory durable before a part in it is acknowledged
         # (its name fsynced in its parent: _complete fsyncs only the part's name)
         makedirs_synced(os.path.dirname(path))
-        return open(path, "wb")
+        # the staging directory is written by tasks staging locally: a link put at a part's
+        # name was followed (its target overwritten with the part), a FIFO stalled the loop
+        return os.fdopen(create_fresh(path), "wb")
 
     def batch_owner(self, sink_id: str, batch_id: int) -> str | None:
         """The identity (hex) that staged the batch; None when nobody claimed it."""
-        try:
-            with open(os.path.join(_key_dir(self.root, sink_id, batch_id), OWNER_FILE)) as fh:
-                return fh.read().strip() or None
+        path = os.path.join(_key_dir(self.root, sink_id, batch_id), OWNER_FILE)
+        try:  # never through a link nor waiting on a FIFO (NOT_REGULAR_FILE naming it)
+            return read_regular(path, 4096).decode("utf-8", "replace").strip() or None
         except FileNotFoundError:
             return None
 
@@ -414,7 +416,7 @@ class StagingStore:
         """Payloads and reserved values of a part file, in bounded batches, in order: lists of
         payloads, or (for runs of equal-length payloads) a 2-D uint8 array with a row per
         payload and an int64 array of reserved values, read without Python per payload."""
-        with open(path, "rb") as fh:
+        with os.fdopen(open_regular(path), "rb") as fh:  # a FIFO or link: NOT_REGULAR_FILE
             carry = b""
             while True:
                 if carry:  # the record that straddled the last block's end: only it is copied

@@ -80,3 +80,26 @@ def test_attack_a_fifo_at_the_consumers_temporary_name_does_not_hang_the_server(
         c.consumer_commit("c1", [5], {0: 1})
         assert c.publish(5, [b"y"]) > 0  # the loop serves
     assert victim.read_text() == "not the server's to write\n"
+
+
+def test_attack_a_link_or_fifo_at_a_parts_file_is_not_written_through(tmp_path: Path) -> None:
+    """A staged part's ``.open`` file sits in the staging directory, which tasks staging
+    locally write (local writes: on by default). One of them put a symbolic link at the name
+    of a part it then staged over the session: the server opened it ``open(path, "wb")``,
+    truncating and writing the part into whatever the link named (anything the server's user
+    may write); a FIFO there stalled the loop for good."""
+    directory = str(tmp_path / "srv")
+    victim = tmp_path / "precious"
+    victim.write_text("not the server's to write\n")
+    with server_process(directory) as (_, endpoint), client_for(endpoint, timeout_s=20.0) as c:
+        c.publish(5, [b"x"])
+        batch = os.path.join(directory, "sink", "staged", b"q".hex(), "3")
+        os.makedirs(batch)
+        os.symlink(victim, os.path.join(batch, "0-0@5.open"))
+        os.mkfifo(os.path.join(batch, "1-0@5.open"), 0o600)
+        c.stage("q", 3, 0, 0, 5, [b"payload"], local=False)
+        c.stage("q", 3, 1, 0, 5, [b"payload"], local=False)  # before: no reply within 20 s
+        assert c.publish(5, [b"y"]) > 0  # the loop serves
+    assert victim.read_text() == "not the server's to write\n", (
+        f"the server wrote a staged part through the link: {victim.read_bytes()[:60]!r}"
+    )
