@@ -176,7 +176,7 @@ class StagingStore:
         makedirs_synced(os.path.dirname(path))
         # the staging directory is written by tasks staging locally: a link put at a part's
         # name was followed (its target overwritten with the part), a FIFO stalled the loop
-        return os.fdopen(create_fresh(path), "wb")
+        return open(path, "wb", opener=lambda name, _flags: create_fresh(name))  # noqa: SIM115
 
     def batch_owner(self, sink_id: str, batch_id: int) -> str | None:
         """The identity (hex) that staged the batch; None when nobody claimed it."""
