@@ -34,24 +34,73 @@ from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler, Trans
 _driver_lock = threading.Lock()
 _shared: Driver | None = None
 _process_key: Any = None
-#: Handshakes one process runs at once (all servers together); half the server's default
+#: Handshakes one process runs at once with one server (endpoint); half the server's default
 #: ``max_pending_per_prefix`` (32), so two such processes on one host are never refused for it.
+#: Per server, not per process: a server that never answers holds only its own slots (one
+#: limit for all servers let 16 connects to a silent one fail every other connect waiting).
 MAX_CONCURRENT_HANDSHAKES = 16
-_handshakes = threading.BoundedSemaphore(MAX_CONCURRENT_HANDSHAKES)
-_under_way = 0  # slots of _handshakes taken (the semaphore keeps its count private)
-_under_way_lock = threading.Lock()
+
+
+class _HandshakeSlots:
+    """Each server endpoint's :data:`MAX_CONCURRENT_HANDSHAKES` slots, made while someone holds
+    or waits for one (an endpoint's entry goes with its last holder: no growth per endpoint)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._slots: dict[tuple[str, int], tuple[threading.BoundedSemaphore, int]] = {}
+        self._holding: dict[tuple[str, int], int] = {}  # slots taken, per endpoint
+        self.slot_timeouts = 0  # connects that waited out their timeout for a slot
+
+    def acquire(self, key: tuple[str, int], timeout_s: float) -> bool:
+        with self._lock:
+            sem, users = self._slots.get(key) or (
+                threading.BoundedSemaphore(MAX_CONCURRENT_HANDSHAKES),
+                0,
+            )
+            self._slots[key] = (sem, users + 1)
+        if sem.acquire(timeout=max(timeout_s, 0.0)):
+            with self._lock:
+                self._holding[key] = self._holding.get(key, 0) + 1
+            return True
+        self._leave(key)
+        with self._lock:
+            self.slot_timeouts += 1
+        return False
+
+    def release(self, key: tuple[str, int]) -> None:
+        with self._lock:
+            held = self._holding[key] - 1
+            if held:
+                self._holding[key] = held
+            else:
+                del self._holding[key]
+        self._slots[key][0].release()
+        self._leave(key)
+
+    def _leave(self, key: tuple[str, int]) -> None:
+        with self._lock:
+            sem, users = self._slots[key]
+            if users == 1:
+                del self._slots[key]
+            else:
+                self._slots[key] = (sem, users - 1)
+
+    def under_way(self, host: str | None = None, port: int | None = None) -> int:
+        """Handshakes holding a slot now: with ``host:port``, or with any server."""
+        with self._lock:
+            if host is None:
+                return sum(self._holding.values())
+            return self._holding.get((host.lower(), port or 0), 0)
+
+
+_handshakes = _HandshakeSlots()
 log = logging.getLogger(__name__)
 
 
-def handshakes_under_way() -> int:
-    """How many of this process's ``MAX_CONCURRENT_HANDSHAKES`` handshake slots are taken."""
-    return _under_way
-
-
-def _count_slot(change: int) -> None:
-    global _under_way
-    with _under_way_lock:
-        _under_way += change
+def handshakes_under_way(host: str | None = None, port: int | None = None) -> int:
+    """How many handshakes of this process hold a slot now (with ``host:port``, or any
+    server; each server endpoint has ``MAX_CONCURRENT_HANDSHAKES``)."""
+    return _handshakes.under_way(host, port)
 
 
 def _process_identity(reason: BaseException) -> Any:
@@ -101,7 +150,10 @@ class Client:
         key_store: KeyStore | None = None,
     ) -> None:
         self.config = config or ClientConfig()
-        self.key_store = key_store or KeyStore(self.config.key_store_dir)
+        # its lock waited for within a connect's timeout (another process may hold it for good)
+        self.key_store = key_store or KeyStore(
+            self.config.key_store_dir, lock_wait_s=self.config.timeout_s
+        )
         self._driver = driver
         self._static_key: Any = None
 
@@ -136,19 +188,20 @@ class Client:
         on_error: Callable[[Connection, BaseException], object] | None = None,
     ) -> Connection:
         host, port = split_endpoint(endpoint)
-        # one deadline for the whole connect: the wait for a slot comes out of the handshake's
-        # time (it used to be bounded by timeout_s, then the handshake had a full timeout_s)
+        # the timeout counts from here: the wait for a slot is part of it (a slot freed late
+        # once gave the handshake a whole timeout more)
         deadline = time.monotonic() + self.config.timeout_s
-        # at most MAX_CONCURRENT_HANDSHAKES of this process's handshakes at once: the rest wait
-        # their turn (within the timeout) instead of being refused by the server's pending limit
-        # per /24 and retried (a process that lost all its sessions at once reopens them all)
-        if not _handshakes.acquire(timeout=self.config.timeout_s):
+        # at most MAX_CONCURRENT_HANDSHAKES of this process's handshakes with this server at
+        # once: the rest wait their turn (within the timeout) instead of being refused by the
+        # server's pending limit per /24 and retried (a process that lost all its sessions at
+        # once reopens them all); other servers' handshakes do not wait for them
+        slot = (host.lower(), port)
+        if not _handshakes.acquire(slot, self.config.timeout_s):
             raise HandshakeTimeoutError(
-                f"no handshake slot of this process's {MAX_CONCURRENT_HANDSHAKES} came free "
-                f"within timeout_s={self.config.timeout_s} s (all were under way)",
+                f"no handshake slot of this process's {MAX_CONCURRENT_HANDSHAKES} for {endpoint} "
+                f"came free within timeout_s={self.config.timeout_s} s (all were under way)",
                 endpoint,
             )
-        _count_slot(1)
         try:
             attempt = _Attempt(self, host, port, endpoint, deadline)
             try:
@@ -158,12 +211,10 @@ class Client:
                     raise
                 # A kept HELLO channel whose server went away as this handshake began
                 # (restarted on its ports: its replies to our HELLO publication's session id
-                # now wait out the old image's cool-down): retired; once more on a fresh one,
-                # within what is left of the deadline.
+                # now wait out the old image's cool-down): retired; once more on a fresh one.
                 return _Attempt(self, host, port, endpoint, deadline).run(on_disconnect, on_error)
         finally:
-            _count_slot(-1)
-            _handshakes.release()
+            _handshakes.release(slot)
 
     @classmethod
     def connect_to(cls, endpoint: str, config: ClientConfig | None = None, **kw: Any) -> Connection:
@@ -197,7 +248,7 @@ class _Attempt:
         )
         media = "ipc" if host == "ipc" else "udp"
         self.channels = Channels(media, host, port, self.control_port, self.bind)
-        self.deadline = deadline  # the connect's (its wait for a slot came out of it)
+        self.deadline = deadline  # the connect's: its wait for a slot came out of it
         self.machine = ClientHandshake(
             self._check_key,
             static_key=client.static_key,
@@ -247,6 +298,8 @@ class _Attempt:
         ch = self.channels
         try:
             m.start(time.monotonic_ns())
+            # the connect's deadline, not a full timeout from now (a wait for a slot came first)
+            m.deadline_ns = min(m.deadline_ns, int(self.deadline * 1e9))
             details, port = self._hello()
             rcv_wnd = self.config.receiver_window_length or details.term_length // 2
             sub = self._open("sub", ch.s2c_sub(details, rcv_wnd, port), details.s2c_stream_id)

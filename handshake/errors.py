@@ -138,6 +138,10 @@ class KeyStoreError(HandshakeError):
     """The key store on disk is unreadable, malformed or has unsafe permissions."""
 
 
+class KeyStoreLockedError(KeyStoreError):
+    """Another process held the key store's lock past the wait allowed (KEY_STORE_LOCKED)."""
+
+
 REFUSALS: dict[ErrorCode, type[HandshakeRefusedError]] = {
     cls.code: cls
     for cls in (
@@ -179,6 +183,7 @@ __all__ = [
     "HandshakeTimeoutError",
     "KeyRefusedError",
     "KeyStoreError",
+    "KeyStoreLockedError",
     "LocalProtocolError",
     "MalformedHandshakeError",
     "RemoteProtocolError",

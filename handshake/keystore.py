@@ -53,7 +53,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from aeron_spark.handshake.crypto import fingerprint, public_bytes
-from aeron_spark.handshake.errors import KeyRefusedError, KeyStoreError
+from aeron_spark.handshake.errors import KeyRefusedError, KeyStoreError, KeyStoreLockedError
 
 SERVER_KEY_FILE = "server.key"
 CLIENT_KEY_FILE = "client.key"
@@ -63,6 +63,10 @@ ENV_KEY_STORE = "AERON_SPARK_KEY_STORE"
 # read: coarse file-system clocks (1 s on ext4 with small inodes, 2 s on FAT) could hide a
 # same-size rewrite made in the same tick right after the read.
 RACY_WINDOW_NS = 2_000_000_000
+# How long a key store waits for its lock (``.lock``) that another process holds, unless told
+# (a client waits its connect's timeout): any process of the user can hold it (a task paused
+# mid-write, a stuck command), and the wait was for good.
+LOCK_WAIT_S = 10.0
 
 _FileIdentity = tuple[int, int, int, int, int]
 
@@ -101,8 +105,12 @@ def default_key_store_dir() -> Path:
 class KeyStore:
     """Keys under one directory (see the module docstring)."""
 
-    def __init__(self, directory: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str] | None = None, *, lock_wait_s: float = LOCK_WAIT_S
+    ) -> None:
         self.directory = Path(directory) if directory is not None else default_key_store_dir()
+        self.lock_wait_s = lock_wait_s
+        self.lock_timeouts = 0  # waits for the lock given up (KeyStoreLockedError)
         # (identity of known_servers when read, what it said): see the module docstring
         self._known_cache: tuple[_FileIdentity, dict[str, bytes]] | None = None
         self.known_reads = 0  # times known_servers was opened and parsed
@@ -388,10 +396,32 @@ class KeyStore:
         except OSError as exc:
             raise KeyStoreError(f"cannot use key store {self.directory}: {exc}") from exc
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._lock(fd)
             yield
         finally:
             os.close(fd)
+
+    def _lock(self, fd: int) -> None:
+        """``flock`` within :attr:`lock_wait_s` (tried again in sleeps of 1 to 50 ms: ``flock``
+        itself takes no timeout), else :class:`KeyStoreLockedError`."""
+        deadline = time.monotonic() + self.lock_wait_s
+        delay = 0.001
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self.lock_timeouts += 1
+                    raise KeyStoreLockedError(
+                        f"key store {self.directory} is locked by another process "
+                        f"({self.directory / '.lock'}) for more than {self.lock_wait_s:g} s "
+                        "(KEY_STORE_LOCKED): a process of this user holding it is stopped or "
+                        "stuck ('fuser -v' on the file names it)"
+                    ) from None
+                time.sleep(min(delay, remaining))
+                delay = min(delay * 2, 0.05)
 
 
 def server_public_key_hex(directory: str | os.PathLike[str] | None = None) -> str:

@@ -47,7 +47,7 @@ from typing import Any
 import msgpack
 
 from aeron_spark.connector.errors import CommitLogCorruptError
-from aeron_spark.transport.archive.diskio import open_regular
+from aeron_spark.transport.archive.diskio import create_fresh, open_regular
 from aeron_spark.transport.archive.recordings import fsync_dir
 
 _RECORD = struct.Struct("<II")
@@ -229,7 +229,7 @@ class CommitLog:
         tmp = self.path + ".compact"
         # read-write: after the rename this descriptor is the log's (nothing is opened after
         # the rename, so nothing can fail between it and the switch)
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = create_fresh(tmp, 0o644, os.O_RDWR)  # what is there removed, never followed
         try:
             # record by record from the log's own descriptor (its whole records: up to
             # ``_size``), written in chunks: memory bounded by a record, not the log's size

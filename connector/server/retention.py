@@ -43,7 +43,7 @@ from aeron_spark.connector.errors import (
     ServerError,
 )
 from aeron_spark.connector.server.counters import retention_counters
-from aeron_spark.transport.archive.diskio import read_regular
+from aeron_spark.transport.archive.diskio import create_fresh, read_regular
 from aeron_spark.transport.archive.recordings import fsync_dir
 
 log = logging.getLogger("aeron_spark.connector.server.retention")
@@ -296,7 +296,7 @@ class ConsumerRegistry:
     def _write(self, data: bytes) -> None:
         tmp = self.path + ".tmp"
         try:
-            with open(tmp, "wb") as fh:
+            with os.fdopen(create_fresh(tmp), "wb") as fh:
                 fh.write(data)
                 fh.flush()
                 # before the rename: else a power cut can leave the new name on an empty or
@@ -320,7 +320,7 @@ class ConsumerRegistry:
 
     def _rewrite_current(self) -> None:
         tmp = self.path + ".tmp"
-        with open(tmp, "wb") as fh:
+        with os.fdopen(create_fresh(tmp), "wb") as fh:
             fh.write(self._body(None, None))
             fh.flush()
             os.fsync(fh.fileno())

@@ -63,7 +63,7 @@ from aeron_spark.connector.errors import (
 from aeron_spark.connector.server.commitlog import CommitLog
 from aeron_spark.connector.server.framing import Framer
 from aeron_spark.connector.session.records import RECORD, block_records, complete_record, records
-from aeron_spark.transport.archive.diskio import open_regular, read_regular
+from aeron_spark.transport.archive.diskio import create_fresh, open_regular, read_regular
 from aeron_spark.transport.archive.recordings import fsync_dir, makedirs_synced
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
 
@@ -175,7 +175,9 @@ class StagingStore:
         # the batch's (and a new sink's) directory durable before a part in it is acknowledged
         # (its name fsynced in its parent: _complete fsyncs only the part's name)
         makedirs_synced(os.path.dirname(path))
-        return open(path, "wb")
+        # the staging directory is written by tasks staging locally: a link put at a part's
+        # name was followed (its target overwritten with the part), a FIFO stalled the loop
+        return open(path, "wb", opener=lambda name, _flags: create_fresh(name))  # noqa: SIM115
 
     def batch_owner(self, sink_id: str, batch_id: int) -> str | None:
         """The identity (hex) that staged the batch; None when nobody claimed it."""
@@ -213,7 +215,7 @@ class StagingStore:
         path = os.path.join(directory, OWNER_FILE)
         tmp = path + ".tmp"  # one caller at a time (see the class): no other claim races it
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = create_fresh(tmp, 0o600)  # what is there removed, never followed
             try:
                 os.write(fd, owner.encode("ascii"))
                 os.fsync(fd)

@@ -50,7 +50,7 @@ STAT_LISTED_SESSIONS = 256
 
 def write_snapshot(directory: str, snapshot: dict[str, Any]) -> None:
     """Atomically replace ``DIR/stat.json`` (readers never see a half-written file)."""
-    _replace(os.path.join(directory, STAT_FILE), json.dumps(snapshot, default=str))
+    replace_text(os.path.join(directory, STAT_FILE), json.dumps(snapshot, default=str))
 
 
 def _umask() -> int:
@@ -68,7 +68,7 @@ def _umask() -> int:
 _MODE = 0o666 & ~_umask()  # what open(path, "w") would have given the file
 
 
-def _replace(path: str, text: str) -> None:
+def replace_text(path: str, text: str) -> None:
     """Write ``text`` to a new file of a name nobody can have prepared (``mkstemp``: created
     exclusively, never through a symlink; given the mode ``open`` would have, not mkstemp's
     0600, so the users who could read the snapshot still can) and rename it over ``path``."""
@@ -205,7 +205,7 @@ class SnapshotWriter:
                         os.unlink(os.path.join(self.directory, name))
         if recordings is not self._recordings and recordings != self._recordings:
             generation = self.generation + 1
-            _replace(
+            replace_text(
                 self.recordings_path,
                 f'{{"generation": {generation}, "recordings": {recordings}}}',
             )
@@ -227,7 +227,7 @@ class SnapshotWriter:
                 os.utime(self.path)  # confirmed now: the reader ages the clock's fields
                 self.touches += 1
                 return
-        _replace(self.path, json.dumps(snapshot, default=str))
+        replace_text(self.path, json.dumps(snapshot, default=str))
         self._said = said
         self._transport = transport
         self.rewrites += 1

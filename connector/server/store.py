@@ -44,6 +44,7 @@ from aeron_spark.connector.server.resources import (
     spare_open_budget,
 )
 from aeron_spark.connector.server.scan import scan
+from aeron_spark.connector.server.stat import replace_text
 from aeron_spark.transport.archive import Recorder, Recording, RecordingStore
 from aeron_spark.transport.archive import UnknownRecordingError as ArchiveUnknownRecording
 from aeron_spark.transport.protocol.logbuffer import LogGeometry, is_reserved_session_id
@@ -54,10 +55,17 @@ log = logging.getLogger(__name__)
 
 
 def _write_token(path: str, token: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.write(token)
-    os.replace(tmp, path)
+    """``token`` into ``path`` through a temporary file of a name nobody can have prepared
+    (``stat.replace_text``: ``mkstemp``, never through a symlink, never opening a FIFO). Was a
+    plain open of ``path + ".tmp"``: a FIFO put there hung the start for good, a symlink there
+    was followed and the file it named overwritten. Temporary files a killed server left (and
+    whatever sits at the old fixed name) are removed first: the caller holds the directory."""
+    directory, name = os.path.split(path)
+    for left in os.listdir(directory):
+        if left.startswith(name + ".") and left.endswith(".tmp"):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, left))  # a link or FIFO itself, not its target
+    replace_text(path, token)
 
 
 def _random_session_id() -> int:
@@ -205,8 +213,6 @@ class ArchiveStore:
                     "local reads and writes are off: cannot write %s: %s", self._token_path, exc
                 )
                 self.local_token = None
-                with contextlib.suppress(OSError):
-                    os.unlink(self._token_path + ".tmp")
         else:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._token_path)

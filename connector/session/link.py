@@ -42,6 +42,7 @@ from aeron_spark.handshake.config import is_loopback
 from aeron_spark.handshake.errors import (
     HandshakeTimeoutError,
     KeyStoreError,
+    KeyStoreLockedError,
     ServerFullError,
     ShuttingDownError,
     TooManyPendingError,
@@ -205,8 +206,15 @@ class ServerListener:
 
 
 #: Handshake failures a later attempt may not meet: the server did not answer in time (down,
-#: restarting, unreachable), was shutting down, or was full for the moment.
-_TRANSIENT = (HandshakeTimeoutError, ShuttingDownError, ServerFullError, TooManyPendingError)
+#: restarting, unreachable), was shutting down, or was full for the moment; or the key store's
+#: lock was held by another process past the attempt's timeout (it may let go).
+_TRANSIENT = (
+    HandshakeTimeoutError,
+    ShuttingDownError,
+    ServerFullError,
+    TooManyPendingError,
+    KeyStoreLockedError,
+)
 
 
 def open_client_link(settings: Any) -> Link:

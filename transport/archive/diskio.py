@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -63,6 +64,17 @@ def read_regular(path: str, limit: int = -1, *, follow: bool = False) -> bytes:
     :func:`open_regular` does."""
     with os.fdopen(open_regular(path, follow=follow), "rb") as fh:
         return fh.read(limit)
+
+
+def create_fresh(path: str, mode: int = 0o644, flags: int = os.O_WRONLY) -> int:
+    """A new empty regular file at ``path``, a temporary file's fixed name in the data
+    directory: whatever is there (a file a killed server left, a FIFO or a symbolic link put
+    there) is removed first, never opened nor followed, then the file is created
+    ``O_CREAT|O_EXCL|O_NOFOLLOW`` (``FileExistsError`` if something is put there between the
+    two). A plain ``open(tmp, "wb")`` waited for good on a FIFO, and wrote through a link."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
 
 
 def pwrite_all(fd: int, data: memoryview | bytes, offset: int, path: str) -> int:

@@ -56,7 +56,13 @@ from typing import Any
 
 import msgpack
 
-from aeron_spark.transport.archive.diskio import IOV_MAX, Gathered, pwritev_all, read_regular
+from aeron_spark.transport.archive.diskio import (
+    IOV_MAX,
+    Gathered,
+    create_fresh,
+    pwritev_all,
+    read_regular,
+)
 from aeron_spark.transport.archive.diskio import pwrite_all as _pwrite_all
 from aeron_spark.transport.archive.errors import (
     IdMarkCorruptError,
@@ -155,7 +161,7 @@ def _write_meta(path: str, body: dict[str, Any], sync: bool = True) -> None:
     """Write ``path`` whole (a temporary file renamed in); fsynced with its directory when
     ``sync``, else left to the caller (:class:`MetaSyncer`)."""
     tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
+    with os.fdopen(create_fresh(tmp), "wb") as fh:  # what is there removed, never followed
         fh.write(msgpack.packb(body))
         if sync:
             fh.flush()
