@@ -422,6 +422,8 @@ class StreamServer:
 
     def _deliver_deferred(self) -> int:
         assert self.core is not None
+        if self._deferred.empty():  # most passes: no exception raised to say so
+            return 0
         delivered = 0
         while True:
             try:
@@ -461,13 +463,15 @@ class StreamServer:
 
     def _signalled(self, link: ServerLink) -> None:
         """A session's subscription signalled (a driver thread): queued for the next pass,
-        then the loop woken. In that order: the handshake's own listener wakes the loop
-        first, and a pass it ran before the key was queued found nothing and slept through
-        the signal until its next deadline (a check, up to a second away)."""
-        self.schedule.signalled.append(link)
-        listener = self._listener
-        if listener is not None:
-            listener.wake()
+        then the loop woken (in that order: a pass woken before the key was queued would find
+        nothing and sleep through the signal until its next deadline). Woken only by the
+        first key queued since the loop took them: a later one is taken by the pass that
+        first one's wake-up runs (``SessionSchedule.signal``), one wake-up for a batch
+        instead of one a message (issue 31)."""
+        if self.schedule.signal(link):
+            listener = self._listener
+            if listener is not None:
+                listener.wake()
 
     def _transport_heard_ns(self, key: object) -> int | None:
         """When a session's transport last heard its client (asked when its lease runs out):
