@@ -152,28 +152,37 @@ class SessionSchedule:
         self._wake_pending = False  # before the take: a key queued after it wakes again
         while signalled:
             due[signalled.popleft()] = None
+        # served for something other than a check (what due holds so far): when, for their
+        # checks (a new session's first serve excepted; a forgotten one is not kept)
+        seen = self._seen
+        added = self._added
+        for key in due:
+            if key in is_open and key not in added:
+                seen[key] = now_ns
+        if added:
+            added.clear()
         checks = self._checks
         interval = self.check_interval_ns
         checking = self.checking = set()
         room = self.max_checks_per_pass
-        seen = self._seen
         while checks and checks[0][0] <= now_ns:
             at, _n, key = checks[0]
             if key not in is_open:
                 heapq.heappop(checks)  # forgotten meanwhile
                 continue
-            last = seen.pop(key, None)
-            if last is not None and key not in due:
-                # served since its last check: its connection was looked at then, the check
-                # is a check interval after that serve (on the grid, rounded up)
-                later = last + interval
-                later += -later % CHECK_GRID_NS
-                if later > now_ns:
-                    heapq.heapreplace(checks, (later, next(self._ids), key))
-                    self.deferred += 1
-                    continue
-            if len(checking) >= room and key not in due:
-                break  # the rest of the slot: the next passes, what signalled between them
+            if key not in due:
+                last = seen.pop(key, None)
+                if last is not None:
+                    # served since its last check: its connection was looked at then, the
+                    # check is a check interval after that serve (on the grid, rounded up)
+                    later = last + interval
+                    later += -later % CHECK_GRID_NS
+                    if later > now_ns:
+                        heapq.heapreplace(checks, (later, next(self._ids), key))
+                        self.deferred += 1
+                        continue
+                if len(checking) >= room:
+                    break  # the rest of the slot: the next passes, what signalled between them
             at += interval
             if at <= now_ns:  # the loop fell behind (a long pass, a clock jump): from now
                 at = now_ns + interval
@@ -186,12 +195,6 @@ class SessionSchedule:
         self.checks += len(checking)
         served = [key for key in due if key in is_open]
         self.served += len(served)
-        added = self._added
-        for key in served:
-            if key not in checking and key not in added:
-                seen[key] = now_ns
-        if added:
-            added.clear()
         return served
 
     def next_check_ns(self) -> int | None:
