@@ -347,8 +347,8 @@ class Server:
     def stop_waking_for(self, conn: Connection) -> None:
         """``conn``'s data and image changes no longer wake :meth:`wait`: its owner listens to
         its subscription itself (the stream server's loop, which queues the session and then
-        wakes). With both, each message woke the loop twice, the first time often before the
-        session was queued: a pass that found nothing (issue 31)."""
+        wakes). With both, each message set the wake-up twice on the driver's thread (a lock
+        and a notify each), the first time before the session was queued (issue 31)."""
         remove = getattr(conn.subscription, "remove_listener", None)
         if remove is not None:
             remove(self._wake_listener)

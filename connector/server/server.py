@@ -471,10 +471,10 @@ class StreamServer:
     def _signalled(self, link: ServerLink) -> None:
         """A session's subscription signalled (a driver thread): queued for the next pass,
         then the loop woken (in that order: a pass woken before the key was queued would find
-        nothing and sleep through the signal until its next deadline). Woken only by the
-        first key queued since the loop took them: a later one is taken by the pass that
-        first one's wake-up runs (``SessionSchedule.signal``), one wake-up for a batch
-        instead of one a message (issue 31)."""
+        nothing and sleep through the signal until its next deadline). Woken only for the
+        first key queued since a pass took them (``SessionSchedule.signal``): a later one is
+        taken by the pass that wake-up runs, one wake-up for a batch instead of one a message
+        (issue 31)."""
         if self.schedule.signal(link):
             listener = self._listener
             if listener is not None:
