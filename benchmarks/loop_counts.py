@@ -7,7 +7,10 @@ that thread alone: it slows the loop, so its CPU is not a figure then).
 ``python -m benchmarks.loop_counts --sessions 512 --idle-s 6 --publish-s 6`` prints one JSON
 line: a ``StreamServer`` in this process, the ``--sessions`` clients in a child process (its
 own driver), each publishing one 100-byte message a second in the publish phase (after a
-warm-up round that makes the recordings).
+warm-up round that makes the recordings). ``python -m benchmarks.loop_counts --sequential
+300 --calls``: instead one session publishing 300 times one after the other (counts a
+publish that no batching makes depend on the machine's load); ``--strace`` adds the server
+process's system calls (``strace -f -c``).
 """
 
 from __future__ import annotations
@@ -81,6 +84,88 @@ def _strace_stop(proc: Any, out: str) -> dict[str, int]:
             if len(parts) >= 5 and parts[-1] != "total" and parts[0].replace(".", "").isdigit():
                 calls[parts[-1]] = int(parts[3])
     return calls
+
+
+def _sequential_client(endpoint: str, key_dir: str, n: int, conn: Any) -> None:
+    """One session (its own process and driver): ``n`` publishes one after the other, on the
+    parent's word; then says it is done."""
+    from aeron_spark.connector.client import ClientSettings, StreamClient
+
+    settings = ClientSettings(endpoint=endpoint, encryption=True, key_store_dir=key_dir)
+    client = StreamClient.connect(settings)
+    try:
+        client.publish(1, [b"w" * 100])  # its recording made
+        conn.send("open")
+        conn.recv()
+        for _ in range(n):
+            client.publish(1, [b"p" * 100])
+        conn.send("done")
+    finally:
+        client.close()
+
+
+def sequential(n: int, calls: bool, strace: bool) -> dict[str, Any]:
+    """``--sequential N``: one session publishing N times one after the other: the loop's
+    passes, wake-ups, Python calls (``--calls``) and the server process's system calls
+    (``--strace``) per publish, with no batching to make them depend on the load."""
+    import multiprocessing
+
+    from aeron_spark.connector.server.config import ServerConfig
+    from aeron_spark.connector.server.server import StreamServer
+
+    row: dict[str, Any] = {"sequential_publishes": n, "load_average_1m": os.getloadavg()[0]}
+    counter = _Calls()
+    with tempfile.TemporaryDirectory(prefix="aeron-spark-loop-") as tmp:
+        server = StreamServer(ServerConfig(directory=f"{tmp}/srv", port=0, encryption=False))
+        if calls:
+            run = server._run
+
+            def counted() -> None:
+                sys.setprofile(counter.hook)
+                run()
+
+            server._run = counted  # type: ignore[method-assign]
+        server.start()
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(
+            target=_sequential_client, args=(server.endpoint, f"{tmp}/keys", n, child)
+        )
+        proc.start()
+        try:
+            if not parent.poll(120) or parent.recv() != "open":
+                raise RuntimeError("the client did not open its session")
+            time.sleep(0.5)
+            assert server._thread is not None and server._thread.native_id is not None
+            tid = server._thread.native_id
+            tracer = _strace_start(f"{tmp}/strace.txt") if strace else None
+            cpu0, woken0 = _thread_counts(tid)
+            passes0, calls0, t0 = server.schedule.passes, counter.calls, time.monotonic()
+            parent.send("go")
+            if not parent.poll(600) or parent.recv() != "done":
+                raise RuntimeError("the client did not finish")
+            elapsed = time.monotonic() - t0
+            cpu1, woken1 = _thread_counts(tid)
+            row["passes_per_publish"] = round((server.schedule.passes - passes0) / n, 3)
+            row["loop_wakeups_per_publish"] = round((woken1 - woken0) / n, 3)
+            row["loop_cpu_us_per_publish"] = round(1e6 * (cpu1 - cpu0) / n, 1)
+            if calls:
+                row["loop_calls_per_publish"] = round((counter.calls - calls0) / n, 1)
+            row["elapsed_s"] = round(elapsed, 2)
+            if tracer is not None:
+                counted_calls = _strace_stop(tracer, f"{tmp}/strace.txt")
+                row["strace_syscalls_per_publish"] = round(sum(counted_calls.values()) / n, 2)
+                row["strace_per_publish"] = {
+                    name: round(count / n, 2)
+                    for name, count in sorted(counted_calls.items(), key=lambda kv: -kv[1])[:8]
+                }
+        finally:
+            proc.join(60)
+            if proc.is_alive():
+                proc.kill()
+            server.close()
+    row["load_average_1m_after"] = os.getloadavg()[0]
+    return row
 
 
 def measure(
@@ -207,7 +292,16 @@ def main() -> None:
     parser.add_argument(
         "--strace", action="store_true", help="system calls a publish (strace -f -c: slow)"
     )
+    parser.add_argument(
+        "--sequential",
+        type=int,
+        default=0,
+        help="instead: one session publishing this many times one after the other",
+    )
     args = parser.parse_args()
+    if args.sequential:
+        print(json.dumps(sequential(args.sequential, args.calls, args.strace)))
+        return
     row = measure(
         args.sessions, args.idle_s, args.publish_s, args.calls, args.calls_top, args.strace
     )
