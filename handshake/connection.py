@@ -99,10 +99,13 @@ class Connection:
     def is_connected(self) -> bool:
         if self._closed or self._peer_closed or self.close_reason is not None:
             return False
-        pub, sub = self.publication, self.subscription
-        if pub.is_closed or sub.is_closed or not sub.is_connected:  # images, not a list of them
+        sub = self.subscription
+        if sub.is_closed or not sub.is_connected:  # images, not a list of them
             return False
-        return pub.is_connected
+        # False for a closed publication too (UDP and IPC alike): no is_closed asked first,
+        # three calls through its layers of the stream server's check of every session a
+        # second (issue 31)
+        return self.publication.is_connected
 
     @property
     def is_closed(self) -> bool:

@@ -219,6 +219,8 @@ class Server:
         self.on_disconnect = on_disconnect
         self.on_error = on_error
         self._wakeup = threading.Event()
+        # the one listener object each subscription gets (removed by that same object)
+        self._wake_listener = self._wakeup.set
         self._hellos: dict[int, _HelloInbox] = {}
         # each HELLO subscription's images as the last full read saw them: a step with the
         # same images and none holding data reads nothing (issue 31: the read cost ~80 us a
@@ -340,7 +342,16 @@ class Server:
     def _listen(self, sub: Any) -> None:
         add = getattr(sub, "add_listener", None)
         if add is not None:
-            add(self._wakeup.set)
+            add(self._wake_listener)
+
+    def stop_waking_for(self, conn: Connection) -> None:
+        """``conn``'s data and image changes no longer wake :meth:`wait`: its owner listens to
+        its subscription itself (the stream server's loop, which queues the session and then
+        wakes). With both, each message set the wake-up twice on the driver's thread (a lock
+        and a notify each), the first time before the session was queued (issue 31)."""
+        remove = getattr(conn.subscription, "remove_listener", None)
+        if remove is not None:
+            remove(self._wake_listener)
 
     @property
     def endpoint(self) -> str:

@@ -4,8 +4,9 @@ A pass used to serve every open session (and later every one on a sweep, 4 a sec
 idle sessions the loop did nothing else. Now it serves only
 
 * the sessions whose subscription **signalled** (a driver thread appends the session's key to
-  ``signalled`` when a message arrives or an image comes or goes: ``deque.append`` is atomic,
-  the only thing another thread does here);
+  ``signalled`` when a message arrives or an image comes or goes, :meth:`SessionSchedule.signal`:
+  ``deque.append`` is atomic, and a flag says whether the loop must be woken for it: only the
+  first key since a pass took them; the only things another thread does here);
 * the **busy** ones (replies queued behind back pressure, replays, input left unread);
 * those whose media cannot signal (**unsignalled**: IPC), every pass;
 * and every session once per ``check_interval_ns``, whatever it did: its connection checked
@@ -24,12 +25,21 @@ idle sessions the loop did nothing else. Now it serves only
   a check is overdue), with what signalled meanwhile served between them: at 2,048 sessions a
   slot's ~205 checks in one pass held every publish that arrived during it behind them (issue
   31's publish tail).
+* A session served for anything else (a signal, busy, unsignalled) had its connection checked
+  then (the loop checks every session it serves): its check is put off to a check interval
+  after that serve, not made (``deferred``). A session publishing once a second was served
+  twice a second, once for its message and once for a check of what that serve had just looked
+  at (issue 31: a connection check a publish). (Sessions served in one pass and quiet after
+  it have their checks in one slot: the checks per pass bound spreads them over passes; a new
+  session's first serve puts nothing off, its first check keeps its random point.)
 
 Invariants: :meth:`SessionSchedule.due` returns each key at most once, only keys added and not
 forgotten, in the order busy, unsignalled, signalled, checked (the last in ``checking``, at most
 ``max_checks_per_pass`` of them); a session that neither signals nor is busy is returned at
 most once a pass and, over any span of k check intervals, at most k + 1 times (a late pass may
-bring its next check closer); a pass costs O(due · log n), never O(n) for n open sessions.
+bring its next check closer); every session is served (its connection looked at) at least
+once every check interval and a grid slot, or as soon after as the checks per pass allow; a
+pass costs O(due · log n), never O(n) for n open sessions.
 """
 
 from __future__ import annotations
@@ -78,6 +88,15 @@ class SessionSchedule:
         self.passes = 0
         self.served = 0
         self.checks = 0
+        self.deferred = 0  # checks put off: the session was served since its last check
+        # when each session was last served for something other than its check (since then)
+        self._seen: dict[Hashable, int] = {}
+        # added since the last pass: their first serve does not put their first check off
+        # (that check falls at a random point of the first interval: the spread of the checks)
+        self._added: set[Hashable] = set()
+        # a wake-up of the loop is pending for what was signalled (set by the signalling
+        # thread, cleared by due() before it takes the signalled keys)
+        self._wake_pending = False
         # the keys the last due() returned only because their check was due
         self.checking: set[Hashable] = set()
 
@@ -91,14 +110,28 @@ class SessionSchedule:
         if not signals:
             self.unsignalled.add(key)
         self.signalled.append(key)  # what arrived before it was watched
+        self._added.add(key)
         first = _on_grid(now_ns + self._rng.randrange(self.check_interval_ns))
         heapq.heappush(self._checks, (first, next(self._ids), key))
+
+    def signal(self, key: Hashable) -> bool:
+        """``key`` signalled (any thread); True when the caller must wake the loop: the first
+        key since the last pass took them (a later one is taken by the pass that wake-up
+        runs). A key queued after a pass cleared the flag sets it again and wakes; one that
+        found it set was queued before the clear that precedes the next pass's take."""
+        self.signalled.append(key)
+        if self._wake_pending:
+            return False
+        self._wake_pending = True
+        return True
 
     def forget(self, key: Hashable) -> None:
         """A session is gone: never returned again (its heap entry is dropped when it surfaces)."""
         self._open.discard(key)
         self.busy.discard(key)
         self.unsignalled.discard(key)
+        self._seen.pop(key, None)
+        self._added.discard(key)
 
     def set_busy(self, key: Hashable, busy: bool) -> None:
         """After serving it: whether it has something left to do on the next pass."""
@@ -116,8 +149,18 @@ class SessionSchedule:
         if self.unsignalled:
             due.update(dict.fromkeys(self.unsignalled))
         signalled = self.signalled
+        self._wake_pending = False  # before the take: a key queued after it wakes again
         while signalled:
             due[signalled.popleft()] = None
+        # served for something other than a check (what due holds so far): when, for their
+        # checks (a new session's first serve excepted; a forgotten one is not kept)
+        seen = self._seen
+        added = self._added
+        for key in due:
+            if key in is_open and key not in added:
+                seen[key] = now_ns
+        if added:
+            added.clear()
         checks = self._checks
         interval = self.check_interval_ns
         checking = self.checking = set()
@@ -127,8 +170,19 @@ class SessionSchedule:
             if key not in is_open:
                 heapq.heappop(checks)  # forgotten meanwhile
                 continue
-            if len(checking) >= room and key not in due:
-                break  # the rest of the slot: the next passes, what signalled between them
+            if key not in due:
+                last = seen.pop(key, None)
+                if last is not None:
+                    # served since its last check: its connection was looked at then, the
+                    # check is a check interval after that serve (on the grid, rounded up)
+                    later = last + interval
+                    later += -later % CHECK_GRID_NS
+                    if later > now_ns:
+                        heapq.heapreplace(checks, (later, next(self._ids), key))
+                        self.deferred += 1
+                        continue
+                if len(checking) >= room:
+                    break  # the rest of the slot: the next passes, what signalled between them
             at += interval
             if at <= now_ns:  # the loop fell behind (a long pass, a clock jump): from now
                 at = now_ns + interval

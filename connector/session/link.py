@@ -100,8 +100,9 @@ class ClientLink:
 class ServerLink:
     """The server side of one session (non-blocking calls for the server's event loop)."""
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: Connection, server: Server | None = None) -> None:
         self.connection = connection
+        self._server = server  # the handshake server that accepted it (its wake-ups)
         connection.deliver_views = True
         self.peer = connection.peer
         self.max_message_length = connection.max_message_length
@@ -129,12 +130,15 @@ class ServerLink:
     def on_ready(self, callback: Callable[[], object]) -> bool:
         """Have ``callback`` called (from a driver thread: keep it cheap) whenever a message may
         have arrived or the connection's images changed; False when the media cannot tell (IPC
-        has no cross-process signal: poll such a link on every pass)."""
+        has no cross-process signal: poll such a link on every pass). From then on the
+        callback alone says so: the handshake server's own wake-up for it is removed."""
         sub = self.connection.subscription
         add = getattr(sub, "add_listener", None)
         if add is None or str(getattr(sub, "channel", "")).startswith("aeron:ipc"):
             return False
         add(callback)
+        if self._server is not None:
+            self._server.stop_waking_for(self.connection)
         return True
 
     def try_send(self, message: bytes) -> bool:
@@ -190,7 +194,8 @@ class ServerListener:
 
     def accept(self, now_ns: int) -> list[ServerLink]:
         """Sessions whose handshake completed since the last call."""
-        return [ServerLink(conn) for conn in self.server.accept(now_ns)]
+        server = self.server
+        return [ServerLink(conn, server) for conn in server.accept(now_ns)]
 
     def wait(self, timeout_s: float) -> None:
         self.server.wait(timeout_s)

@@ -191,3 +191,60 @@ def test_a_pass_takes_a_bounded_number_of_checks_and_serves_signals_between_them
 def test_the_checks_per_pass_bound_is_checked() -> None:
     with pytest.raises(ConfigurationError):
         SessionSchedule(max_checks_per_pass=0)
+
+
+def test_a_session_served_since_its_last_check_is_not_checked_again_until_an_interval_on() -> None:
+    """Issue 31: a session publishing once a second was served twice a second, once for its
+    message and once for its check (a look at the connection its serve had just looked at). A
+    session served since its last check now has that check put off to a check interval after
+    the serve; one that stops being served is checked again an interval after its last serve
+    (and a grid slot at most), then every interval."""
+    n = 256
+    schedule = _opened(n)
+    served: Counter[int] = Counter()
+    checked_while_publishing: Counter[int] = Counter()
+    checked_after: Counter[int] = Counter()
+    last_serve: dict[int, int] = {}
+    gaps: list[int] = []
+    publishing_ns = 3 * CHECK_INTERVAL_NS
+    for step in range(1, 5 * CHECK_INTERVAL_NS // PASS_NS + 1):
+        now = step * PASS_NS
+        if now < publishing_ns:  # each publishes once a second, at its own instant
+            for key in range(n):
+                if (key * 7_919_993 + now) % CHECK_INTERVAL_NS < PASS_NS:
+                    schedule.signalled.append(key)
+        for key in schedule.due(now):
+            if key not in schedule.checking:
+                served[key] += 1
+            elif CHECK_INTERVAL_NS <= now < publishing_ns:  # each published in the last second
+                checked_while_publishing[key] += 1
+            else:
+                checked_after[key] += 1
+                if now > publishing_ns:
+                    gaps.append(now - last_serve[key])
+            last_serve[key] = now
+    assert min(served.values()) >= 2  # a publish a second for 3 s
+    # main: every session checked twice in those 2 s beside its publishes
+    assert sum(checked_while_publishing.values()) == 0, sum(checked_while_publishing.values())
+    assert schedule.deferred >= n
+    # each check an interval (and a grid slot at most) after the session's last look
+    assert CHECK_INTERVAL_NS - PASS_NS <= min(gaps), min(gaps)
+    assert max(gaps) <= CHECK_INTERVAL_NS + CHECK_GRID_NS + PASS_NS, max(gaps)
+    # checked again once no longer served: 2 s after the publishes, 1-2 checks each
+    assert set(checked_after) == set(range(n))
+
+
+def test_only_the_first_signal_since_a_pass_took_them_wakes_the_loop() -> None:
+    """Issue 31: the loop was woken by every message (a futex wake and a GIL hand-off each);
+    now only by the first key signalled since a pass took the signalled keys."""
+    schedule = _opened(10)
+    assert schedule.signal(1) is True  # wake the loop
+    assert schedule.signal(2) is False  # the pending wake-up's pass takes it
+    assert schedule.signal(1) is False
+    assert schedule.due(1) == [1, 2]
+    assert schedule.signal(3) is True  # after a pass took them: wake again
+    thread = threading.Thread(target=schedule.signal, args=(4,))  # a driver thread
+    thread.start()
+    thread.join()
+    assert schedule.due(2) == [3, 4]
+    assert schedule.due(3) == []

@@ -1,0 +1,312 @@
+"""Deterministic counts of the stream server's loop (issue 31): what its thread does per idle
+session-second and per publish: passes (``SessionSchedule.due`` calls), sessions served, of
+those served only for their connection check, wake-ups (voluntary context switches of the
+loop's thread), its CPU, and with ``--calls`` the Python calls it makes (a profile hook on
+that thread alone: it slows the loop, so its CPU is not a figure then).
+
+``python -m benchmarks.loop_counts --sessions 512 --idle-s 6 --publish-s 6`` prints one JSON
+line: a ``StreamServer`` in this process, the ``--sessions`` clients in a child process (its
+own driver), each publishing one 100-byte message a second in the publish phase (after a
+warm-up round that makes the recordings). ``python -m benchmarks.loop_counts --sequential
+300 --calls``: instead one session publishing 300 times one after the other (counts a
+publish that no batching makes depend on the machine's load); ``--strace`` adds the server
+process's system calls (``strace -f -c``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+
+def _thread_counts(tid: int) -> tuple[float, int]:
+    """(CPU seconds, voluntary context switches) of one thread of this process."""
+    with open(f"/proc/self/task/{tid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    with open(f"/proc/self/task/{tid}/status") as fh:
+        for line in fh:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return cpu, int(line.split()[1])
+    return cpu, 0
+
+
+class _Calls:
+    """Python calls (and C calls) made on the thread that installed it."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.by: dict[str, int] = {}
+        self.by_function = False
+
+    def hook(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "call" or event == "c_call":
+            self.calls += 1
+            if self.by_function:
+                name = frame.f_code.co_qualname if event == "call" else f"C {arg.__qualname__}"
+                self.by[name] = self.by.get(name, 0) + 1
+
+    def top(self, n: int, unit: float) -> dict[str, float]:
+        """The ``n`` functions called most since the last call, per ``unit``."""
+        out = sorted(self.by.items(), key=lambda kv: -kv[1])[:n]
+        self.by = {}
+        return {name: round(count / unit, 3) for name, count in out}
+
+
+def _strace_start(out: str) -> Any:
+    """``strace -f -c`` attached to this process (every thread) until :func:`_strace_stop`."""
+    import subprocess
+
+    proc = subprocess.Popen(
+        ["strace", "-f", "-c", "-o", out, "-p", str(os.getpid())],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(1.0)  # attached to every thread
+    return proc
+
+
+def _strace_stop(proc: Any, out: str) -> dict[str, int]:
+    """The calls of each system call strace counted (its ``-c`` table)."""
+    import signal
+
+    proc.send_signal(signal.SIGINT)
+    proc.wait(30)
+    calls: dict[str, int] = {}
+    with open(out) as fh:
+        for line in fh:
+            parts = line.split()
+            if len(parts) >= 5 and parts[-1] != "total" and parts[0].replace(".", "").isdigit():
+                calls[parts[-1]] = int(parts[3])
+    return calls
+
+
+def _sequential_client(endpoint: str, key_dir: str, n: int, conn: Any) -> None:
+    """One session (its own process and driver): ``n`` publishes one after the other, on the
+    parent's word; then says it is done."""
+    from aeron_spark.connector.client import ClientSettings, StreamClient
+
+    settings = ClientSettings(endpoint=endpoint, encryption=True, key_store_dir=key_dir)
+    client = StreamClient.connect(settings)
+    try:
+        client.publish(1, [b"w" * 100])  # its recording made
+        conn.send("open")
+        conn.recv()
+        for _ in range(n):
+            client.publish(1, [b"p" * 100])
+        conn.send("done")
+    finally:
+        client.close()
+
+
+def sequential(n: int, calls: bool, strace: bool) -> dict[str, Any]:
+    """``--sequential N``: one session publishing N times one after the other: the loop's
+    passes, wake-ups, Python calls (``--calls``) and the server process's system calls
+    (``--strace``) per publish, with no batching to make them depend on the load."""
+    import multiprocessing
+
+    from aeron_spark.connector.server.config import ServerConfig
+    from aeron_spark.connector.server.server import StreamServer
+
+    row: dict[str, Any] = {"sequential_publishes": n, "load_average_1m": os.getloadavg()[0]}
+    counter = _Calls()
+    with tempfile.TemporaryDirectory(prefix="aeron-spark-loop-") as tmp:
+        server = StreamServer(ServerConfig(directory=f"{tmp}/srv", port=0, encryption=False))
+        if calls:
+            run = server._run
+
+            def counted() -> None:
+                sys.setprofile(counter.hook)
+                run()
+
+            server._run = counted  # type: ignore[method-assign]
+        server.start()
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(
+            target=_sequential_client, args=(server.endpoint, f"{tmp}/keys", n, child)
+        )
+        proc.start()
+        try:
+            if not parent.poll(120) or parent.recv() != "open":
+                raise RuntimeError("the client did not open its session")
+            time.sleep(0.5)
+            assert server._thread is not None and server._thread.native_id is not None
+            tid = server._thread.native_id
+            tracer = _strace_start(f"{tmp}/strace.txt") if strace else None
+            cpu0, woken0 = _thread_counts(tid)
+            passes0, calls0, t0 = server.schedule.passes, counter.calls, time.monotonic()
+            parent.send("go")
+            if not parent.poll(600) or parent.recv() != "done":
+                raise RuntimeError("the client did not finish")
+            elapsed = time.monotonic() - t0
+            cpu1, woken1 = _thread_counts(tid)
+            row["passes_per_publish"] = round((server.schedule.passes - passes0) / n, 3)
+            row["loop_wakeups_per_publish"] = round((woken1 - woken0) / n, 3)
+            row["loop_cpu_us_per_publish"] = round(1e6 * (cpu1 - cpu0) / n, 1)
+            if calls:
+                row["loop_calls_per_publish"] = round((counter.calls - calls0) / n, 1)
+            row["elapsed_s"] = round(elapsed, 2)
+            if tracer is not None:
+                counted_calls = _strace_stop(tracer, f"{tmp}/strace.txt")
+                row["strace_syscalls_per_publish"] = round(sum(counted_calls.values()) / n, 2)
+                row["strace_per_publish"] = {
+                    name: round(count / n, 2)
+                    for name, count in sorted(counted_calls.items(), key=lambda kv: -kv[1])[:8]
+                }
+        finally:
+            proc.join(60)
+            if proc.is_alive():
+                proc.kill()
+            server.close()
+    row["load_average_1m_after"] = os.getloadavg()[0]
+    return row
+
+
+def measure(
+    sessions: int,
+    idle_s: float,
+    publish_s: float,
+    calls: bool,
+    calls_top: int = 0,
+    strace: bool = False,
+) -> dict[str, Any]:
+    from aeron_spark.connector.server.config import ServerConfig
+    from aeron_spark.connector.server.server import StreamServer
+    from benchmarks.scale import _ClientProcesses, _cpu_s
+
+    row: dict[str, Any] = {"sessions": sessions, "load_average_1m": os.getloadavg()[0]}
+    counter = _Calls()
+    counter.by_function = calls_top > 0
+    with tempfile.TemporaryDirectory(prefix="aeron-spark-loop-") as tmp:
+        config = ServerConfig(
+            directory=f"{tmp}/srv",
+            port=0,
+            encryption=False,
+            max_clients=sessions + 16,
+            max_per_address=sessions + 16,
+        )
+        server = StreamServer(config)
+        if calls:
+            run = server._run
+
+            def counted() -> None:
+                sys.setprofile(counter.hook)
+                run()
+
+            server._run = counted  # type: ignore[method-assign]
+        server.start()
+        spread = None
+        try:
+            assert server._thread is not None and server._thread.native_id is not None
+            tid = server._thread.native_id
+            spread = _ClientProcesses(server.endpoint, f"{tmp}/keys", sessions, 1, 128)
+            time.sleep(2.0)
+            schedule = server.schedule
+
+            def take() -> tuple[Any, ...]:
+                cpu, woken = _thread_counts(tid)
+                return (
+                    time.monotonic(),
+                    cpu,
+                    woken,
+                    schedule.passes,
+                    schedule.served,
+                    schedule.checks,
+                    counter.calls,
+                    _cpu_s(os.getpid()),
+                )
+
+            def per(a: tuple[Any, ...], b: tuple[Any, ...], unit: float, prefix: str) -> None:
+                names = ("loop_cpu_us", "loop_wakeups", "passes", "served", "checks", "calls")
+                for i, name in enumerate(names, start=1):
+                    if name == "calls" and not calls:
+                        continue
+                    scale = 1e6 if name == "loop_cpu_us" else 1
+                    row[f"{prefix}_{name}"] = round(scale * (b[i] - a[i]) / unit, 3)
+                row[f"{prefix}_server_process_cpu_us"] = round(1e6 * (b[7] - a[7]) / unit, 1)
+
+            counter.top(0, 1)  # the handshakes' calls are not the idle phase's
+            a = take()
+            time.sleep(idle_s)
+            b = take()
+            per(a, b, sessions * (b[0] - a[0]), "idle_per_session_s")
+            if calls_top:
+                row["idle_top_calls_per_session_s"] = counter.top(
+                    calls_top, sessions * (b[0] - a[0])
+                )
+            row["idle_loop_cpu_pct"] = round(100 * (b[1] - a[1]) / (b[0] - a[0]), 2)
+            row["idle_server_cpu_pct"] = round(100 * (b[7] - a[7]) / (b[0] - a[0]), 2)
+            spread.publish_round(1, sessions, time.monotonic() + 0.5)  # warm-up: recordings
+            time.sleep(2.0)
+            counter.top(0, 1)
+            tracer = _strace_start(f"{tmp}/strace.txt") if strace else None
+            a = take()
+            figures, lost = spread.publish_round(publish_s, sessions, time.monotonic() + 0.5)
+            b = take()
+            if tracer is not None:
+                # under ptrace every system call is slow: the counts, not the times, are figures
+                counted = _strace_stop(tracer, f"{tmp}/strace.txt")
+                n = max(figures["publishes"], 1)
+                row["strace_syscalls_per_publish"] = round(sum(counted.values()) / n, 2)
+                row["strace_per_publish"] = {
+                    name: round(count / n, 2)
+                    for name, count in sorted(counted.items(), key=lambda kv: -kv[1])[:12]
+                }
+            idle = {k: v for k, v in row.items() if k.startswith("idle_per_session_s_")}
+            publishes = max(figures["publishes"], 1)
+            per(a, b, publishes, "per_publish")
+            if calls_top:
+                row["publish_top_calls_per_publish"] = counter.top(calls_top, publishes)
+            # less what the same span would have cost idle
+            span_sessions = sessions * (b[0] - a[0])
+            for key, value in idle.items():
+                name = key.removeprefix("idle_per_session_s_")
+                row[f"per_publish_{name}_less_idle"] = round(
+                    row[f"per_publish_{name}"] - value * span_sessions / publishes, 3
+                )
+            row.update(figures)
+            row["sessions_lost"] = lost
+        finally:
+            if spread is not None:
+                spread.close()
+            server.close()
+    row["load_average_1m_after"] = os.getloadavg()[0]
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sessions", type=int, default=512)
+    parser.add_argument("--idle-s", type=float, default=6.0)
+    parser.add_argument("--publish-s", type=float, default=6.0)
+    parser.add_argument("--calls", action="store_true", help="count the loop's Python calls")
+    parser.add_argument(
+        "--calls-top", type=int, default=0, help="with --calls: the N functions called most"
+    )
+    parser.add_argument(
+        "--strace", action="store_true", help="system calls a publish (strace -f -c: slow)"
+    )
+    parser.add_argument(
+        "--sequential",
+        type=int,
+        default=0,
+        help="instead: one session publishing this many times one after the other",
+    )
+    args = parser.parse_args()
+    if args.sequential:
+        print(json.dumps(sequential(args.sequential, args.calls, args.strace)))
+        return
+    row = measure(
+        args.sessions, args.idle_s, args.publish_s, args.calls, args.calls_top, args.strace
+    )
+    print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
