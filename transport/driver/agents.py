@@ -26,6 +26,10 @@ from aeron_spark.transport.counters import SystemCounters
 from aeron_spark.transport.driver.endpoint import UdpEndpoint
 from aeron_spark.transport.errors import RemoteProtocolError
 from aeron_spark.transport.protocol.frames import (
+    SM,
+    SM_GROUP_TAG,
+    SM_LENGTH,
+    SM_WITH_GROUP_TAG_LENGTH,
     FrameType,
     NakFrame,
     RttMeasurement,
@@ -33,7 +37,7 @@ from aeron_spark.transport.protocol.frames import (
     StatusMessage,
     frame_type_of,
 )
-from aeron_spark.transport.protocol.publication import PublicationState
+from aeron_spark.transport.protocol.publication import PublicationPhase, PublicationState
 from aeron_spark.transport.protocol.receiver import ReceiveDispatcher
 from aeron_spark.transport.protocol.schedule import DueQueue
 
@@ -47,6 +51,9 @@ _TYPE_NAK = int(FrameType.NAK)
 _TYPE_RTTM = int(FrameType.RTTM)
 _TYPE_ERR = int(FrameType.ERR)
 _SEND_SETUP = int(SmFlags.SEND_SETUP)  # an int: an IntFlag operation builds an enum member
+_unpack_sm = SM.unpack_from
+_PUBLICATION_CLOSED = PublicationPhase.CLOSED
+_unpack_group_tag = SM_GROUP_TAG.unpack_from
 
 
 class _SocketIndex:
@@ -278,11 +285,17 @@ class SendEndpoint:
                 continue  # removed meanwhile
             pub.kicked = False  # before send(): a kick from now on queues it again
             work += pub.send(now_ns, send, send_segments)
-            if pub.is_done:
+            if pub.phase is _PUBLICATION_CLOSED:  # is_done
                 due.forget(pub)
                 on_done(self, pub)
-            elif pub.pending or pub.has_data_to_send() or pub.has_refused_changed():
-                ready.append(pub)  # more than one step's worth: on the next step
+            elif (
+                pub.pending
+                or (pub.sender_position < pub.appender.position and pub.has_data_to_send())
+                or (pub.dests.refused_elicits and pub.has_refused_changed())
+            ):
+                # more than one step's worth: on the next step (each call's own first check
+                # before it: an idle stream's step makes none of them)
+                ready.append(pub)
             else:
                 due.schedule(pub, pub.next_deadline_ns)
         return work
@@ -294,38 +307,52 @@ class SendEndpoint:
         ftype = buf[6] | (buf[7] << 8)  # as frame_type_of, without a slice and a call a frame
         pub: PublicationState | None
         if ftype == _TYPE_SM:
-            sm = StatusMessage.decode(buf[:length])
-            if sm.session_id == 0 and sm.flags & _SEND_SETUP:
-                # A receiver announcing itself (MDC dynamic). The real driver sends stream id 0
-                # too ("pending setup"): that one is for every publication on the endpoint.
-                # A publication that takes only SMs of its own session (a secure session's)
-                # ignores and counts these: a stranger learns nothing of it from SETUPs.
-                # Only the publications it may be for are looked at (tuples: C copies, safe
-                # while the conductor adds and removes): a stream's, or for stream 0 those
-                # taking any session's SMs, the secure ones' refusal counted once.
-                if sm.stream_id:
-                    same = self._by_stream.get(sm.stream_id)
-                    pubs = tuple(same.values()) if same else ()
+            # StatusMessage.decode's fields and checks, read in place (no slice, no frame
+            # object: an idle stream's SMs are most of a sender's datagrams; issue 31)
+            if length >= SM_LENGTH:
+                (
+                    frame_length,
+                    _v,
+                    flags,
+                    _t,
+                    session_id,
+                    stream_id,
+                    term_id,
+                    term_offset,
+                    window,
+                    receiver_id,
+                ) = _unpack_sm(buf, 0)
+                if frame_length == SM_LENGTH:
+                    group_tag = None
+                elif frame_length == SM_WITH_GROUP_TAG_LENGTH and length >= frame_length:
+                    group_tag = _unpack_group_tag(buf, SM_LENGTH)[0]
                 else:
-                    pubs = tuple(self._any_session.values())
-                    if len(pubs) < len(self._publications):
-                        self.endpoint.counters.status_messages_refused += 1
-                for pub in pubs:
-                    if pub.session_sm_only and source not in pub.destinations:
-                        pub.status_messages_refused += 1
-                        continue
-                    if pub.on_status_message(sm, source, now_ns):
-                        pub.kick()
+                    frame_length = 0
+            else:
+                frame_length = 0
+            if frame_length == 0 or (session_id == 0 and flags & _SEND_SETUP):
+                # the decoder's refusal (it raises), or a receiver announcing itself
+                self._on_announce(StatusMessage.decode(buf[:length]), source, now_ns)
                 return
-            pub = self.by_session.get((sm.session_id, sm.stream_id))
+            pub = self.by_session.get((session_id, stream_id))
             if pub is not None:
                 # stepped only if the SM gave it something to do now (most repeat a position:
                 # its deadline stays as it was)
-                if pub.on_status_message(sm, source, now_ns):
+                if pub.on_sm(
+                    flags,
+                    session_id,
+                    term_id,
+                    term_offset,
+                    window,
+                    receiver_id,
+                    group_tag,
+                    source,
+                    now_ns,
+                ):
                     pub.kick()
-            elif sm.flags & _SEND_SETUP:
+            elif flags & _SEND_SETUP:
                 unclaimed = self.unclaimed_elicits
-                key = (sm.session_id, sm.stream_id)
+                key = (session_id, stream_id)
                 unclaimed.pop(key, None)
                 if len(unclaimed) >= UNCLAIMED_ELICITS_MAX:
                     del unclaimed[next(iter(unclaimed))]
@@ -344,6 +371,28 @@ class SendEndpoint:
         elif ftype == _TYPE_ERR:
             self.endpoint.counters.errors += 1
         # DATA/SETUP arriving at a publication's socket are not for us: ignored.
+
+    def _on_announce(self, sm: StatusMessage, source: Any, now_ns: int) -> None:
+        """A receiver announcing itself (MDC dynamic: a SETUP request naming session id 0).
+        The real driver sends stream id 0 too ("pending setup"): that one is for every
+        publication on the endpoint. A publication that takes only SMs of its own session (a
+        secure session's) ignores and counts these: a stranger learns nothing of it from
+        SETUPs. Only the publications it may be for are looked at (tuples: C copies, safe
+        while the conductor adds and removes): a stream's, or for stream 0 those taking any
+        session's SMs, the secure ones' refusal counted once."""
+        if sm.stream_id:
+            same = self._by_stream.get(sm.stream_id)
+            pubs = tuple(same.values()) if same else ()
+        else:
+            pubs = tuple(self._any_session.values())
+            if len(pubs) < len(self._publications):
+                self.endpoint.counters.status_messages_refused += 1
+        for pub in pubs:
+            if pub.session_sm_only and source not in pub.destinations:
+                pub.status_messages_refused += 1
+                continue
+            if pub.on_status_message(sm, source, now_ns):
+                pub.kick()
 
 
 class ReceiveEndpoint:
@@ -419,8 +468,9 @@ class SenderAgent:
         reading = None if readable is None else self._index.readable(self, readable)
         for ep in self.endpoints:
             for udp in ep.sockets if reading is None else reading.get(ep, ()):
+                receive = udp.raw_receive if udp.loss is None else udp.receive  # (receive's)
                 for _ in range(RECEIVES_PER_STEP):
-                    got = udp.receive()
+                    got = receive()
                     if got is None:
                         break
                     buf, length, source = got
@@ -485,8 +535,9 @@ class ReceiverAgent:
             send = endpoint.send
             on_datagram = dispatcher.on_datagram
             for udp in sockets:
+                receive = udp.raw_receive if udp.loss is None else udp.receive  # (receive's)
                 for _ in range(RECEIVES_PER_STEP):
-                    got = udp.receive()
+                    got = receive()
                     if got is None:
                         break
                     buf, length, source = got

@@ -101,6 +101,10 @@ class FlowControl:
         "sender_limit",
     )
 
+    # connected as soon as any receiver's SM was heard (is_connected is bool(receivers)): a
+    # publication then knows without asking (a Python call) after each SM
+    connected_by_any_sm = True
+
     def __init__(
         self,
         start_position: int,
@@ -133,7 +137,12 @@ class FlowControl:
         group_tag: int | None = None,
     ) -> None:
         """A receiver's SM (not EOS, not a SETUP request): it is connected; the limit moves."""
-        proposed = self._heard(receiver_id, sm_position, receiver_window, now_ns)
+        # _heard, inline (an idle stream's every SM comes here: one Python call, not two)
+        self.receivers[receiver_id] = now_ns
+        self.has_initial_connection = True
+        if receiver_window > 0:
+            self.retransmit_window = receiver_window
+        proposed = sm_position + receiver_window
         if proposed > self.sender_limit:
             self.sender_limit = proposed
 
@@ -179,6 +188,7 @@ class MinFlowControl(FlowControl):
     """
 
     __slots__ = ("counted", "counted_seen", "policy")
+    connected_by_any_sm = False  # a group may need more receivers
 
     def __init__(
         self,

@@ -374,8 +374,8 @@ class ImageState:
         left to the next gap scan.
         """
         self.last_packet_ns = now_ns
-        relative = wrap_int32(term_id - self.initial_term_id)
-        if relative < 0:
+        relative = (term_id - self.initial_term_id) & 0xFFFF_FFFF  # wrap_int32, inline
+        if relative & 0x8000_0000:
             self.under_runs += 1
             return False
         position = (relative << self.shift) + term_offset
@@ -448,13 +448,17 @@ class ImageState:
         if self.subscriber_position > self.rebuild_position:
             self.rebuild_position = self.subscriber_position  # consumed frames were complete
             self._dirty = True
-        self._clean()
+        sub = self.subscriber_position
+        if self.cleaned_term_count < (sub >> self.shift) - 1 or (
+            self._own_log is not None and sub - self._released_to >= self._release_chunk
+        ):
+            self._clean()  # (its own checks, first: an idle image has nothing to clean)
         loss = self.loss
         if self.hwm > self.rebuild_position:
             if self._dirty:
                 self._dirty = False
                 self.rebuild_position = loss.scan(self.rebuild_position, self.hwm, now_ns)
-        else:
+        elif loss.gaps:
             loss.clear()
         if loss.gaps:
             for gap_position, entry in loss.due(now_ns):
@@ -561,7 +565,13 @@ class ImageState:
             self._sm_bytes = bytes(self._sm_buffer)
             self._sm_key = key
         transmit(self._sm_bytes, self.sm_address)
-        self.status_messages_sent += 1
+        # ``self.status_messages_sent += 1`` as tally.py's descriptor counts it, without its
+        # Python call (an idle image's every SM; issue 31)
+        own = self.__dict__
+        own["status_messages_sent"] += 1
+        tally = own.get("tally")
+        if tally is not None:
+            tally.values["status_messages_sent"] += 1
 
     @property
     def next_deadline_ns(self) -> int:
@@ -569,8 +579,12 @@ class ImageState:
             # its spaced-out EOS SMs only: a timed-out image's liveness deadline is behind it
             # (it was due at once, again and again, until its EOS SMs were sent: a spin)
             return self.sm_deadline_ns
-        deadline = self.loss.next_deadline_ns(self.sm_deadline_ns)
-        return min(deadline, self.last_packet_ns + self.liveness_timeout_ns + 1)
+        deadline = self.sm_deadline_ns
+        loss = self.loss
+        if loss.gaps:
+            deadline = loss.next_deadline_ns(deadline)
+        liveness = self.last_packet_ns + self.liveness_timeout_ns + 1
+        return deadline if deadline < liveness else liveness
 
     def needs_work(self) -> bool:
         """True when :meth:`do_work` has something to do right now (before a driver sleeps)."""

@@ -460,11 +460,6 @@ class PublicationState:
 
     # ------------------------------------------------------------------ sender side
 
-    def sm_position(self, sm: StatusMessage) -> int:
-        return compute_position(
-            sm.consumption_term_id, sm.consumption_term_offset, self.shift, self.initial_term_id
-        )
-
     def on_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> bool:
         """Flow control, connection tracking, SETUP requests and (MDC dynamic) destinations.
 
@@ -473,92 +468,142 @@ class PublicationState:
         (its receivers' EOS ends the drain or the linger). Otherwise the sender need not step
         it before its deadline: most SMs only repeat a position (issue 31: a step per SM was a
         third of a server's sender steps)."""
-        connected = self.flow.has_initial_connection
-        self._on_status_message(sm, source, now_ns)
+        return self.on_sm(
+            sm.flags,
+            sm.session_id,
+            sm.consumption_term_id,
+            sm.consumption_term_offset,
+            sm.receiver_window,
+            sm.receiver_id,
+            sm.group_tag,
+            source,
+            now_ns,
+        )
+
+    def _wants_send(self, connected: bool, flags: int) -> bool:
+        """:meth:`on_sm`'s answer (see :meth:`on_status_message`); ``connected``: before it."""
         return (
             not connected
             or self.phase is not _ACTIVE
-            or sm.flags & _SM_SEND_SETUP != 0
+            or flags & _SM_SEND_SETUP != 0
             or bool(self.pending)
             or self.has_data_to_send()
         )
 
-    def _on_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
-        self.status_messages_received += 1
-        flags = sm.flags
+    def on_sm(
+        self,
+        flags: int,
+        session_id: int,
+        term_id: int,
+        term_offset: int,
+        receiver_window: int,
+        receiver_id: int,
+        group_tag: int | None,
+        source: Address,
+        now_ns: int,
+    ) -> bool:
+        """:meth:`on_status_message` with the SM's fields, as the sender reads them from the
+        datagram (no frame object: an idle stream's SM is most of what a sender handles, and
+        its path is kept to a few Python calls; issue 31)."""
+        flow = self.flow
+        connected = flow.has_initial_connection
+        # ``self.status_messages_received += 1`` as tally.py's descriptor counts it, without
+        # its Python call (an idle stream's every SM; issue 31)
+        own = self.__dict__
+        own["status_messages_received"] += 1
+        tally = own.get("tally")
+        if tally is not None:
+            tally.values["status_messages_received"] += 1
         dests = self.dests
         dest: Destination | None
         if self.dynamic:
             dest = dests.by_address.get(source)
             if dest is None:
                 if flags & _SM_EOS:
-                    return
-                if not dests.may_add(source, sm.session_id):
-                    if flags & _SM_SEND_SETUP and dests.refused_only_for_host(
-                        source, sm.session_id
-                    ):
+                    return self._wants_send(connected, flags)
+                if not dests.may_add(source, session_id):
+                    if flags & _SM_SEND_SETUP and dests.refused_only_for_host(source, session_id):
                         # refused only for its host, perhaps an honest client's allowed a moment
                         # later (a handshake client asks before its HELLO arrives): held, and
                         # refused if its host is not allowed in time (Destinations.answer_refused)
-                        dests.hold_refused(source, sm.session_id, now_ns)
+                        dests.hold_refused(source, session_id, now_ns)
                     else:
                         dests.status_messages_refused += 1
-                    return
+                    return self._wants_send(connected, flags)
                 dest = dests.add(source, now_ns, self.window)
-            elif not dests.is_allowed(source):
-                self._drop_destination(source)  # no longer allowed (its handshake ended)
+            elif dests.allowed_hosts is not None and host_of(source) not in dests.allowed_hosts:
+                # (Destinations.is_allowed) no longer allowed (its handshake ended)
+                self._drop_destination(source)
                 dests.status_messages_refused += 1
-                return
+                return self._wants_send(connected, flags)
             dest.last_seen_ns = now_ns
         else:
             dest = None
         if flags & _SM_SEND_SETUP:
-            if not self.is_eos_sent and not self.is_closed:
+            if not self.is_eos_sent and self.phase is _ACTIVE:
                 self.setup_deadline_ns = now_ns
                 if dest is not None:
                     dest.needs_setup = True
                 else:
                     for d in dests.by_address.values():
                         d.needs_setup = True
-            return
-        if sm.session_id != self.session_id:
-            return
-        flow = self.flow
+            return True
+        if session_id != self.session_id:
+            return self._wants_send(connected, flags)
         if flags & _SM_EOS:
-            if dest is not None and sm.receiver_id not in dest.receiver_ids:
+            if dest is not None and receiver_id not in dest.receiver_ids:
                 # another destination's receiver (forged): it would stop holding the sender
                 dests.status_messages_refused += 1
-                return
-            self._receiver_positions.pop(sm.receiver_id, None)
-            flow.on_end_of_stream(sm.receiver_id)
+                return self._wants_send(connected, flags)
+            self._receiver_positions.pop(receiver_id, None)
+            flow.on_end_of_stream(receiver_id)
             if dest is not None:
-                dests.remove_receiver(dest, sm.receiver_id)
+                dests.remove_receiver(dest, receiver_id)
             self._update_publisher_limit()
-            return
-        position = self.sm_position(sm)
+            return self._wants_send(connected, flags)
+        # compute_position, inline: wrap_int32(term_id - initial_term_id) << shift + offset
+        relative = (term_id - self.initial_term_id) & 0xFFFF_FFFF
+        if relative & 0x8000_0000:
+            relative -= 0x1_0000_0000
+        position = (relative << self.shift) + term_offset
         if not 0 <= position <= self.sender_position or (
-            dest is not None and not dests.admits_receiver(dest, sm.receiver_id, flow.receivers)
+            dest is not None
+            and receiver_id not in dest.receiver_ids  # admits_receiver's first answer
+            and not dests.admits_receiver(dest, receiver_id, flow.receivers)
         ):
             # a receiver cannot have consumed what was never sent, and a receiver id is bound
             # to the address it was first heard from: either would move the sender limit past
             # a live slow receiver (fc=min/tagged), the limit never going back; an address
             # has a few receiver ids at most
             dests.status_messages_refused += 1
-            return
+            return self._wants_send(connected, flags)
         if dest is not None:
-            dest.receiver_ids.add(sm.receiver_id)
+            dest.receiver_ids.add(receiver_id)
             dest.needs_setup = False
-            if sm.receiver_window > 0:
-                dest.window = sm.receiver_window
+            if receiver_window > 0:
+                dest.window = receiver_window
         elif not self.dynamic:
             for d in dests.by_address.values():
                 d.needs_setup = False
         positions = self._receiver_positions
-        if position > positions.get(sm.receiver_id, -1):
-            positions[sm.receiver_id] = position
-        flow.on_status_message(sm.receiver_id, position, sm.receiver_window, now_ns, sm.group_tag)
-        self._update_publisher_limit()
-        self._release_sent()  # what it consumed may now be given back
+        if position > positions.get(receiver_id, -1):
+            positions[receiver_id] = position
+        flow.on_status_message(receiver_id, position, receiver_window, now_ns, group_tag)
+        if (
+            not flow.connected_by_any_sm
+            or self.spies
+            or self.sender_position + self.window > self.publisher_limit
+        ):
+            # (else connected, no spy: the limit it would set is the one it has)
+            self._update_publisher_limit()
+        if self.sender_position - self._released_to >= self._release_chunk:
+            self._release_sent()  # what it consumed may now be given back (its first check)
+        return (
+            not connected
+            or self.phase is not _ACTIVE
+            or bool(self.pending)
+            or (self.sender_position < self.appender.position and self.has_data_to_send())
+        )
 
     def may_add_destination(self, source: Address, session_id: int) -> bool:
         """Whether an SM from ``source`` (for ``session_id``) may make it a destination."""
@@ -665,7 +710,7 @@ class PublicationState:
         self._released_to = bound & -mmap.PAGESIZE  # a page part sent: next time
 
     def _update_publisher_limit(self) -> None:
-        if self.is_closed:
+        if self.phase is not _ACTIVE:  # is_closed
             return
         if self.flow.is_connected:
             consumer = self.sender_position
@@ -696,7 +741,7 @@ class PublicationState:
 
     def heartbeat_frame(self) -> bytes:
         position = self.sender_position
-        eos = self.is_closed and position >= self.appender.position
+        eos = self.phase is not _ACTIVE and position >= self.appender.position  # is_closed
         # an idle stream repeats its heartbeat: kept, built again only when it changes
         key = (position, eos)
         if key != self._heartbeat_key:
@@ -794,19 +839,26 @@ class PublicationState:
             flow.refresh()
         if now_ns >= self.setup_deadline_ns and not self.is_eos_sent:
             connected = flow.has_initial_connection
-            targets = [d for d in dests.by_address.values() if d.needs_setup or not connected]
-            if targets:
-                frame = self.setup_frame()
-                for dest in targets:
+            frame = None
+            for dest in dests.by_address.values():
+                if dest.needs_setup or not connected:
+                    if frame is None:
+                        frame = self.setup_frame()
                     transmit(frame, dest.address)
                     self.setups_sent += 1
+            if frame is not None:
                 work += 1
             self.setup_deadline_ns = now_ns + SETUP_INTERVAL_NS
         if flow.receivers and flow.expire(now_ns):
             self._update_publisher_limit()
         if not flow.has_initial_connection:
             return work
-        sent = self._send_data(transmit, transmit_segments)
+        # (_send_data sends nothing with nothing appended past the sender: an idle stream)
+        sent = (
+            self._send_data(transmit, transmit_segments)
+            if self.sender_position < self.appender.position
+            else 0
+        )
         if sent:
             if self.is_closed and self.sender_position >= self.appender.position:
                 self.heartbeat_deadline_ns = now_ns  # drained: EOS on the next step
@@ -818,7 +870,13 @@ class PublicationState:
             frame = self.heartbeat_frame()
             for dest in dests.by_address.values():
                 transmit(frame, dest.address)
-            self.heartbeats_sent += 1
+            # ``self.heartbeats_sent += 1`` as tally.py's descriptor counts it, without its
+            # Python call (an idle stream's every heartbeat; issue 31)
+            own = self.__dict__
+            own["heartbeats_sent"] += 1
+            tally = own.get("tally")
+            if tally is not None:
+                tally.values["heartbeats_sent"] += 1
             closing = frame[5] & _DATA_EOS or self.phase is not _ACTIVE
             idle = self.idle_heartbeat_interval_ns
             if closing or idle <= HEARTBEAT_INTERVAL_NS:
@@ -897,8 +955,10 @@ class PublicationState:
         phase = self.phase
         if connected:
             deadline = self.heartbeat_deadline_ns
-            if any(d.needs_setup for d in self.dests.by_address.values()):
-                deadline = min(deadline, self.setup_deadline_ns)
+            for d in self.dests.by_address.values():
+                if d.needs_setup:
+                    deadline = min(deadline, self.setup_deadline_ns)
+                    break
         elif self.dests.by_address or phase is not _ACTIVE:
             deadline = self.setup_deadline_ns
         else:
@@ -909,9 +969,10 @@ class PublicationState:
             deadline = min(deadline, self.linger_deadline_ns)
         elif phase is _DRAINING and self._undrainable and self.closed_at_ns is not None:
             deadline = min(deadline, self.closed_at_ns)  # to be closed on the next send
-        refused = self.dests.next_refused_ns()
-        if refused is not None and refused < deadline:
-            deadline = refused  # a held SETUP request expires: counted refused
+        if self.dests.refused_elicits:
+            refused = self.dests.next_refused_ns()
+            if refused is not None and refused < deadline:
+                deadline = refused  # a held SETUP request expires: counted refused
         return deadline
 
 

@@ -65,6 +65,7 @@ from aeron_spark.transport.protocol.frames import (
 )
 from aeron_spark.transport.protocol.image import (
     IMAGE_LIVENESS_TIMEOUT_NS,
+    ImagePhase,
     ImageState,
     system_random,
 )
@@ -92,6 +93,7 @@ _TYPE_DATA = int(FrameType.DATA)
 _TYPE_PAD = int(FrameType.PAD)
 _TYPE_SETUP = int(FrameType.SETUP)
 _EOS = int(DataFlags.EOS)
+_IMAGE_CLOSED = ImagePhase.CLOSED
 
 Address = Any
 Transmit = Callable[[Any, Address], None]
@@ -526,7 +528,7 @@ class ReceiveDispatcher:
                     # and nothing arrived to signal it (a subscriber woken only by on_data,
                     # as the stream server's loop, waited for the next datagram)
                     self._data_arrived(interest)
-                if item.is_done:
+                if item.phase is _IMAGE_CLOSED:  # is_done
                     self._retire(interest, item, now_ns)
                 elif item.needs_work():
                     ready.append(item)

@@ -13,6 +13,10 @@ event happens, never walked.
 stops it (what it counted taken out: the owner moves it to its ``retired`` counts, as before).
 An object with no tally (a spy's image, a retired one, one a test made) counts for itself only.
 
+A path run for every idle datagram may count without the descriptor's Python call, as it
+would: ``d = obj.__dict__; d[name] += 1``, then ``d.get("tally").values[total] += 1`` when
+there is a tally (only for a counter that is not ``locked``; issue 31).
+
 Each tally has one writer thread per counter (the sender agent for publications, the receiver
 agent for images), except counters declared ``locked`` (``back_pressure_events``: the offering
 client threads), which add under the tally's lock.

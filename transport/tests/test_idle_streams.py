@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import socket
+import struct
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +24,7 @@ from aeron_spark.transport.driver.agents import (
 )
 from aeron_spark.transport.driver.endpoint import Endpoint, UdpEndpoint
 from aeron_spark.transport.errors import ChannelError
-from aeron_spark.transport.protocol.flow_control import CONNECTION_TIMEOUT_NS
+from aeron_spark.transport.protocol.flow_control import CONNECTION_TIMEOUT_NS, FlowControlPolicy
 from aeron_spark.transport.protocol.frames import (
     DataFlags,
     FrameType,
@@ -630,3 +631,57 @@ def test_a_joined_session_subscription_keeps_no_timer_over_real_sockets(tmp_path
         assert len(due) == 1, f"{len(due)} deadlines: the subscription's timer is back"
     finally:
         driver.close()
+
+
+def test_the_sender_reads_a_status_message_in_place_as_the_decoder_does() -> None:
+    """Issue 31: the sender reads an SM's fields from the datagram without building a
+    StatusMessage (most of an idle sender's datagrams are SMs). Over real loopback datagrams it
+    must take what the decoder takes and refuse what it refuses: a group tag (a 44-byte SM)
+    reaches a tagged flow control; a datagram too short, a frame length that is neither 36 nor
+    44, a 44-byte frame in a 36-byte datagram are each counted in ``invalid_frames`` and change
+    nothing; a receiver announcing itself (session id 0, SETUP asked) is answered."""
+    clock, counters = ManualClock(), SystemCounters()
+    udp = UdpEndpoint(Endpoint("127.0.0.1", 0, socket.AF_INET), counters)
+    peer = UdpEndpoint(Endpoint("127.0.0.1", 0, socket.AF_INET), SystemCounters())
+    try:
+        ep = SendEndpoint("k", udp)
+        agent = SenderAgent(counters, lambda ep, pub: ep.remove(pub))
+        agent.endpoints = (ep,)
+        me = ("127.0.0.1", udp.local_port)
+        tagged = FlowControlPolicy("tagged", group_tag=7)
+        pub = _pub(clock, ("127.0.0.1", peer.local_port), 1000, flow_control=tagged)
+        ep.add(pub)
+        agent.do_work(clock.now_ns)  # its first SETUP
+        assert pub.setups_sent == 1
+
+        def sm(receiver_id: int, window: int, tag: int | None = None, flags: int = 0) -> bytes:
+            return StatusMessage(1000, 10, 0, 0, window, receiver_id, tag, flags).encode()
+
+        peer.send(sm(5, 128), me)  # untagged: moves the limit while no tagged one is known
+        _read_until(agent, counters, 1, clock.now_ns)
+        assert pub.is_connected and pub.flow.sender_limit == 128 and pub.flow.counted == {}
+        peer.send(sm(6, 4096, tag=7), me)  # 44 bytes: its tag read, so it is counted
+        peer.send(sm(5, 8192), me)  # untagged again: receives, holds nothing
+        _read_until(agent, counters, 3, clock.now_ns)
+        assert pub.flow.counted == {6: 4096} and pub.flow.sender_limit == 4096
+        assert pub.status_messages_received == 3 and counters.invalid_frames == 0
+        good = sm(6, 9000, tag=7)
+        bad = [
+            good[:30],  # shorter than an SM
+            struct.pack("<i", 40) + good[4:40],  # frame length neither 36 nor 44
+            good[:36],  # says 44 bytes, has 36
+        ]
+        for datagram in bad:
+            peer.send(datagram, me)
+        _read_until(agent, counters, 3 + len(bad), clock.now_ns)
+        assert counters.invalid_frames == len(bad)
+        assert pub.status_messages_received == 3 and pub.flow.sender_limit == 4096
+        setups = pub.setups_sent
+        announce = StatusMessage(0, 10, 0, 0, 0, 9, flags=int(SmFlags.SEND_SETUP)).encode()
+        peer.send(announce, me)
+        _read_until(agent, counters, 4 + len(bad), clock.now_ns)
+        assert pub.setups_sent == setups + 1
+        assert pub.status_messages_received == 4 and counters.invalid_frames == len(bad)
+    finally:
+        udp.close()
+        peer.close()
