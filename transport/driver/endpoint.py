@@ -496,7 +496,10 @@ class UdpEndpoint:
         return self.view, length, source
 
     def close(self) -> None:
+        """Close the socket; what the step queued goes first (a closed publication's
+        end-of-stream heartbeat, queued in the step that frees its endpoint)."""
         if not self.closed:
+            self.flush()
             self.closed = True
             self.sock.close()
             if self.port_claim is not None:

@@ -152,6 +152,20 @@ def test_frames_to_one_destination_never_overtake_each_other(
     assert counters.send_errors == 0 and counters.short_sends == 0
 
 
+def test_closing_the_endpoint_sends_what_the_step_queued(receivers: list[socket.socket]) -> None:
+    """A publication closed with linger 0 queues its end-of-stream heartbeat in the step that
+    then frees its endpoint (its last publication): the close sends it first (without that,
+    test_udp_loopback's end-of-stream test saw no EOS)."""
+    receiver = receivers[0]
+    udp = UdpEndpoint(Endpoint("0.0.0.0", 0, socket.AF_INET), SystemCounters())
+    frames = _frames([32] * 3, 8)
+    for frame in frames:
+        udp.queue(frame, receiver.getsockname())
+    udp.close()
+    assert _receive(receiver, 3) == frames
+    assert udp.counters.datagrams_sent == 3 and udp.counters.send_errors == 0
+
+
 def test_the_ledger_admits_or_drops_each_queued_frame(
     sender: UdpEndpoint, receivers: list[socket.socket]
 ) -> None:
