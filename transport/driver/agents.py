@@ -277,7 +277,7 @@ class SendEndpoint:
         due = self.due
         ready = due.ready
         endpoint = self.endpoint
-        send = endpoint.send
+        send = endpoint.queue  # the agent's step flushes it (SenderAgent.do_work)
         send_segments = endpoint.send_segments if endpoint.gso else None
         work = 0
         for pub in due.take(now_ns):
@@ -462,6 +462,14 @@ class SenderAgent:
         self._index = _SocketIndex()  # the sockets a step reads, from what is readable
 
     def do_work(self, now_ns: int) -> int:
+        """One step; the frames it queued on its endpoints go out before it returns."""
+        try:
+            return self._step(now_ns)
+        finally:
+            for ep in self.endpoints:
+                ep.endpoint.flush()
+
+    def _step(self, now_ns: int) -> int:
         work = 0
         counters = self.counters
         readable = self.readable
@@ -521,6 +529,14 @@ class ReceiverAgent:
         self._index = _SocketIndex()  # the sockets a step reads, from what is readable
 
     def do_work(self, now_ns: int) -> int:
+        """One step; the SMs and NAKs it queued go out before it returns."""
+        try:
+            return self._step(now_ns)
+        finally:
+            for ep in self.endpoints:
+                ep.endpoint.flush()
+
+    def _step(self, now_ns: int) -> int:
         work = 0
         counters = self.counters
         idle = False
@@ -532,7 +548,7 @@ class ReceiverAgent:
             if not sockets and ep.quiet_token is not None and ep.is_quiet(now_ns):
                 continue
             dispatcher = ep.dispatcher
-            send = endpoint.send
+            send = endpoint.queue  # flushed by do_work
             on_datagram = dispatcher.on_datagram
             for udp in sockets:
                 receive = udp.raw_receive if udp.loss is None else udp.receive  # (receive's)

@@ -10,6 +10,15 @@ Where the kernel refuses a run (no GSO on the route: IPsec, a segment above the 
 device or socket that cannot; ``gso_fallbacks``) its datagrams go one by one, and that
 destination is sent to one by one from then on.
 
+The driver's agents send the control frames of a step (status messages, heartbeats, SETUPs,
+NAKs: many at once on an idle driver, whose timers share a grid) through :meth:`UdpEndpoint.queue`
+and :meth:`UdpEndpoint.flush` at the end of the step: the frames to one destination build runs
+of equal length (the last may be shorter), each run one GSO send of up to ``MAX_SEGMENTS``
+datagrams. Every datagram passes the amplification ledger when queued and is counted when sent,
+as :meth:`UdpEndpoint.send` does; a run is sent as soon as it is full or a frame of another
+length ends it, and a frame to a destination never overtakes an earlier one to it (a direct send
+to a destination first sends the run open to it).
+
 Receiving is one datagram per call: Python's socket has no ``recvmmsg``. With UDP GRO
 (``DriverConfig.udp_gro``, off by default; Linux 5.0) one ``recvmsg`` may return several equal
 datagrams of one sender coalesced by the kernel (a GSO send over loopback arrives whole), their
@@ -32,6 +41,7 @@ from typing import Any
 
 from aeron_spark.transport.counters import SystemCounters
 from aeron_spark.transport.errors import DriverError, PortInUseError
+from aeron_spark.transport.protocol.segments import MAX_RUN_BYTES, MAX_SEGMENTS
 from aeron_spark.transport.uri import Endpoint
 
 RECEIVE_BUFFER_LENGTH = 65536
@@ -258,6 +268,8 @@ class UdpEndpoint:
         # kernel refused go one datagram at a time
         self.gso = gso and gso_supported(sock)
         self.gso_refused: set[Any] = set()
+        # the step's queued frames (queue/flush): address -> [run, segment length, datagrams]
+        self._runs: dict[Any, list[Any]] = {}
         # coalesced receives (UDP GRO): the rest of the last one, handed out a datagram a call
         self.gro = gro and _enable_gro(sock)
         self._recvmsg_into = sock.recvmsg_into
@@ -280,30 +292,67 @@ class UdpEndpoint:
         ):
             counters.amplification_drops += 1
             return
+        if self._runs:
+            self._send_open_run(address)
         self._send_unguarded(data, address)
 
-    def send_segments(self, data: Any, segment_length: int, address: Any) -> None:
-        """Send ``data`` as datagrams of ``segment_length`` bytes (the last may be shorter): in
-        one GSO ``sendmsg`` where the kernel offers it, else one :meth:`send` each. Counted per
-        datagram as :meth:`send` counts; a run the kernel refuses is counted in
-        ``gso_fallbacks`` and sent one by one. An amplification ledger admits or drops a run
-        whole."""
-        length = len(data)
-        if length <= segment_length:
-            self.send(data, address)
-            return
-        if not self.gso or address in self.gso_refused:
-            for at in range(0, length, segment_length):
-                self.send(data[at : at + segment_length], address)
-            return
-        counters = self.counters
+    def queue(self, data: Any, address: Any) -> None:
+        """:meth:`send`, perhaps later in this step: the datagram joins the run open to
+        ``address`` (copied: ``data`` may be reused once this returns), sent with it as one
+        GSO send when the run is full, when a frame of another length ends it, or at
+        :meth:`flush`, which the caller's step must reach. Admitted or dropped by the ledger
+        now, counted as :meth:`send` counts. Without GSO to ``address``, sent now."""
         ledger = self.ledger
         if ledger is not None and not ledger.may_send(
-            host_key(address), length, frame_session_id(data) if ledger.trusted else None
+            host_key(address), len(data), frame_session_id(data) if ledger.trusted else None
         ):
-            counters.amplification_drops += 1
+            self.counters.amplification_drops += 1
             return
-        segments = -(-length // segment_length)
+        if not self.gso or address in self.gso_refused:
+            self._send_unguarded(data, address)
+            return
+        runs = self._runs
+        run = runs.get(address)
+        length = len(data)
+        if run is None:
+            runs[address] = [bytearray(data), length, 1]
+            return
+        buf = run[0]
+        segment = run[1]
+        if length > segment or len(buf) + length > MAX_RUN_BYTES:
+            del runs[address]  # a longer datagram starts a run of its own
+            self._send_run(buf, segment, run[2], address)
+            runs[address] = [bytearray(data), length, 1]
+            return
+        buf += data
+        count = run[2] + 1
+        if length < segment or count >= MAX_SEGMENTS:  # a shorter one can only be the last
+            del runs[address]
+            self._send_run(buf, segment, count, address)
+        else:
+            run[2] = count
+
+    def flush(self) -> None:
+        """Send every run :meth:`queue` left open (the end of the step that queued them)."""
+        runs = self._runs
+        if runs:
+            self._runs = {}
+            for address, (buf, segment, count) in runs.items():
+                self._send_run(buf, segment, count, address)
+
+    def _send_open_run(self, address: Any) -> None:
+        """The run open to ``address``, sent before anything else goes there."""
+        run = self._runs.pop(address, None)
+        if run is not None:
+            self._send_run(run[0], run[1], run[2], address)
+
+    def _send_run(self, data: Any, segment_length: int, segments: int, address: Any) -> None:
+        """Datagrams the ledger admitted: one GSO send, or one ``sendto`` for a single one."""
+        if segments == 1:
+            self._send_unguarded(data, address)
+            return
+        counters = self.counters
+        length = len(data)
         try:
             sent = self._sendmsg(
                 (data,), ((_SOL_UDP, _UDP_SEGMENT, _GSO_SIZE.pack(segment_length)),), 0, address
@@ -328,6 +377,30 @@ class UdpEndpoint:
         counters.bytes_sent += sent
         if sent != length:
             counters.short_sends += 1
+
+    def send_segments(self, data: Any, segment_length: int, address: Any) -> None:
+        """Send ``data`` as datagrams of ``segment_length`` bytes (the last may be shorter): in
+        one GSO ``sendmsg`` where the kernel offers it, else one :meth:`send` each. Counted per
+        datagram as :meth:`send` counts; a run the kernel refuses is counted in
+        ``gso_fallbacks`` and sent one by one. An amplification ledger admits or drops a run
+        whole."""
+        length = len(data)
+        if length <= segment_length:
+            self.send(data, address)
+            return
+        if not self.gso or address in self.gso_refused:
+            for at in range(0, length, segment_length):
+                self.send(data[at : at + segment_length], address)
+            return
+        ledger = self.ledger
+        if ledger is not None and not ledger.may_send(
+            host_key(address), length, frame_session_id(data) if ledger.trusted else None
+        ):
+            self.counters.amplification_drops += 1
+            return
+        if self._runs:
+            self._send_open_run(address)
+        self._send_run(data, segment_length, -(-length // segment_length), address)
 
     def _send_unguarded(self, data: Any, address: Any) -> None:
         """:meth:`send` past the ledger (a run it admitted whole, sent one by one)."""
@@ -423,7 +496,10 @@ class UdpEndpoint:
         return self.view, length, source
 
     def close(self) -> None:
+        """Close the socket; what the step queued goes first (a closed publication's
+        end-of-stream heartbeat, queued in the step that frees its endpoint)."""
         if not self.closed:
+            self.flush()
             self.closed = True
             self.sock.close()
             if self.port_claim is not None:
