@@ -29,6 +29,7 @@ from collections import Counter
 from typing import Any
 
 from aeron_spark.transport import Driver, DriverConfig
+from benchmarks.transport import open_session_streams
 
 MS = 1_000_000
 STEP_NS = 20 * MS
@@ -37,41 +38,8 @@ STEP_NS = 20 * MS
 def _open_sessions(server: Driver, client: Driver, k: int) -> list[Any]:
     """``k`` request streams client -> server and ``k`` reply streams back, as
     ``benchmarks.transport``'s session rig opens them; returns the publications."""
-    from aeron_spark.transport.testing import free_udp_port
-
-    pubs: list[Any] = []
-    port = 0
-    for i in range(k):
-        sub = server.add_subscription(
-            f"aeron:udp?endpoint=127.0.0.1:{port}|session-id={1000 + i}|idle-sm-interval=1s"
-            "|rcv-wnd=4m",
-            100 + i,
-        )
-        port = port or sub.local_endpoints[0][1]
-        pubs.append(
-            client.add_publication(
-                f"aeron:udp?endpoint=127.0.0.1:{port}|session-id={1000 + i}"
-                "|idle-heartbeat-interval=2s|term-length=8m",
-                100 + i,
-            )
-        )
-    control = free_udp_port()
-    back = 0
-    for i in range(k):
-        pubs.append(
-            server.add_publication(
-                f"aeron:udp?control=127.0.0.1:{control}|control-mode=dynamic"
-                f"|session-id={5000 + i}|idle-heartbeat-interval=2s|term-length=8m",
-                5000 + i,
-            )
-        )
-        sub = client.add_subscription(
-            f"aeron:udp?endpoint=127.0.0.1:{back}|control=127.0.0.1:{control}"
-            f"|control-mode=dynamic|session-id={5000 + i}|idle-sm-interval=1s|rcv-wnd=4m",
-            5000 + i,
-        )
-        back = back or sub.local_endpoints[0][1]
-    return pubs
+    _, requests, replies, _ = open_session_streams(server, client, k)
+    return requests + replies
 
 
 def _datagrams(d: Driver) -> int:

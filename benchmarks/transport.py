@@ -547,7 +547,14 @@ def session_datagrams(sessions: int, seconds: int) -> dict[str, Any]:
         client.close()
 
 
-def _session_rig(server: Driver, client: Driver, k: int, seconds: int) -> dict[str, Any]:
+def open_session_streams(
+    server: Driver, client: Driver, k: int
+) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+    """``k`` session-shaped stream pairs between two drivers, on our sessions' channels: a
+    request stream client -> server and a reply stream back (dynamic MDC control), each with
+    the sessions' idle heartbeat and SM intervals. Returns the server's request
+    subscriptions, the client's request publications, the server's reply publications and
+    the client's reply subscriptions."""
     subs, requests, replies, reply_subs = [], [], [], []
     port = 0
     for i in range(k):
@@ -582,6 +589,11 @@ def _session_rig(server: Driver, client: Driver, k: int, seconds: int) -> dict[s
         )
         back = back or sub.local_endpoints[0][1]
         reply_subs.append(sub)
+    return subs, requests, replies, reply_subs
+
+
+def _session_rig(server: Driver, client: Driver, k: int, seconds: int) -> dict[str, Any]:
+    subs, requests, replies, reply_subs = open_session_streams(server, client, k)
     clock = [time.monotonic_ns()]
     cpu = {"S": 0.0, "C": 0.0}
     thread_time = time.thread_time
