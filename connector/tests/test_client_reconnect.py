@@ -147,12 +147,14 @@ def test_a_server_that_stays_away_is_a_clear_error_after_the_timeout(
 def test_reconnects_and_their_retries_are_registry_counters(server: RestartableServer) -> None:
     """``reconnects`` and ``reconnect_retries`` are the client's registry counters (CLIENT),
     read with every other client counter by ``client_counters()`` (they were attributes of the
-    client alone). The server is away longer than a reconnect attempt (5 s), so the first
-    attempt fails and is retried."""
+    client alone). The server is away 20 s: longer than finding the session lost (its reply
+    stream's liveness, up to ~10 s) and a first reconnect attempt (5 s) together, so that
+    attempt fails and is retried (away 10 s, a loss found late let the first attempt succeed
+    with the server back: 0 retries, the rehearsal's failure)."""
     assert REGISTRY.is_declared(CounterType.CLIENT, "reconnect_retries")
     with _client(server.endpoint, timeout_s=60.0) as client:
         client.publish(STREAM, _payloads(1))
-        server.restart_later(10.0)
+        server.restart_later(20.0)
         client.list_recordings([STREAM])
         counters = client.client_counters()
         assert counters["reconnects"] == client.reconnects == 1, counters
