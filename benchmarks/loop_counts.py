@@ -23,6 +23,8 @@ import tempfile
 import time
 from typing import Any
 
+from benchmarks._syscalls import strace_start, strace_stop
+
 
 def _thread_counts(tid: int) -> tuple[float, int]:
     """(CPU seconds, voluntary context switches) of one thread of this process."""
@@ -56,34 +58,6 @@ class _Calls:
         out = sorted(self.by.items(), key=lambda kv: -kv[1])[:n]
         self.by = {}
         return {name: round(count / unit, 3) for name, count in out}
-
-
-def _strace_start(out: str) -> Any:
-    """``strace -f -c`` attached to this process (every thread) until :func:`_strace_stop`."""
-    import subprocess
-
-    proc = subprocess.Popen(
-        ["strace", "-f", "-c", "-o", out, "-p", str(os.getpid())],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    time.sleep(1.0)  # attached to every thread
-    return proc
-
-
-def _strace_stop(proc: Any, out: str) -> dict[str, int]:
-    """The calls of each system call strace counted (its ``-c`` table)."""
-    import signal
-
-    proc.send_signal(signal.SIGINT)
-    proc.wait(30)
-    calls: dict[str, int] = {}
-    with open(out) as fh:
-        for line in fh:
-            parts = line.split()
-            if len(parts) >= 5 and parts[-1] != "total" and parts[0].replace(".", "").isdigit():
-                calls[parts[-1]] = int(parts[3])
-    return calls
 
 
 def _sequential_client(endpoint: str, key_dir: str, n: int, conn: Any) -> None:
@@ -138,7 +112,7 @@ def sequential(n: int, calls: bool, strace: bool) -> dict[str, Any]:
             time.sleep(0.5)
             assert server._thread is not None and server._thread.native_id is not None
             tid = server._thread.native_id
-            tracer = _strace_start(f"{tmp}/strace.txt") if strace else None
+            tracer = strace_start(f"{tmp}/strace.txt") if strace else None
             cpu0, woken0 = _thread_counts(tid)
             passes0, calls0, t0 = server.schedule.passes, counter.calls, time.monotonic()
             parent.send("go")
@@ -153,7 +127,7 @@ def sequential(n: int, calls: bool, strace: bool) -> dict[str, Any]:
                 row["loop_calls_per_publish"] = round((counter.calls - calls0) / n, 1)
             row["elapsed_s"] = round(elapsed, 2)
             if tracer is not None:
-                counted_calls = _strace_stop(tracer, f"{tmp}/strace.txt")
+                counted_calls = strace_stop(tracer, f"{tmp}/strace.txt")
                 row["strace_syscalls_per_publish"] = round(sum(counted_calls.values()) / n, 2)
                 row["strace_per_publish"] = {
                     name: round(count / n, 2)
@@ -245,13 +219,13 @@ def measure(
             spread.publish_round(1, sessions, time.monotonic() + 0.5)  # warm-up: recordings
             time.sleep(2.0)
             counter.top(0, 1)
-            tracer = _strace_start(f"{tmp}/strace.txt") if strace else None
+            tracer = strace_start(f"{tmp}/strace.txt") if strace else None
             a = take()
             figures, lost = spread.publish_round(publish_s, sessions, time.monotonic() + 0.5)
             b = take()
             if tracer is not None:
                 # under ptrace every system call is slow: the counts, not the times, are figures
-                counted = _strace_stop(tracer, f"{tmp}/strace.txt")
+                counted = strace_stop(tracer, f"{tmp}/strace.txt")
                 n = max(figures["publishes"], 1)
                 row["strace_syscalls_per_publish"] = round(sum(counted.values()) / n, 2)
                 row["strace_per_publish"] = {

@@ -16,10 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import resource
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -27,6 +24,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from benchmarks._syscalls import strace_start, strace_stop
 from benchmarks.scale import _publish_round
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -109,29 +107,6 @@ class _Calls:
             self.functions[kind, name] += 1
 
 
-def _strace(pid: int, out: str) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        ["strace", "-f", "-c", "-o", out, "-p", str(pid)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stderr is not None
-    # attached when it says so for the process's threads (one line each)
-    time.sleep(1.0)
-    return proc
-
-
-def _strace_counts(path: str) -> dict[str, int]:
-    counts = {}
-    with open(path) as fh:
-        for line in fh:
-            m = re.match(r"\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)\s*$", line)
-            if m and m.group(2) != "total":
-                counts[m.group(2)] = int(m.group(1))
-    return counts
-
-
 def measure(
     sessions: int, publish_s: float, threads: int, calls: bool, strace: bool, idle_s: float
 ) -> dict[str, Any]:
@@ -163,7 +138,7 @@ def measure(
                 time.sleep(idle_s)
                 idle = _by_kind(t0, _snapshot())
                 idle_wall = time.monotonic() - w0
-                tracer = _strace(os.getpid(), f"{tmp}/strace") if strace else None
+                tracer = strace_start(f"{tmp}/strace") if strace else None
                 c0 = driver.counters.snapshot(positions=False)
                 wake0 = runner.wakeups_sent
                 t0 = _snapshot()
@@ -175,9 +150,7 @@ def measure(
                 t1 = _snapshot()
                 c1 = driver.counters.snapshot(positions=False)
                 wake1 = runner.wakeups_sent
-                if tracer is not None:
-                    tracer.send_signal(signal.SIGINT)
-                    tracer.wait(30)
+                syscalls = strace_stop(tracer, f"{tmp}/strace") if tracer is not None else None
                 n = max(figures["publishes"], 1)
                 elapsed = figures["publish_elapsed_s"]
                 row.update(figures)
@@ -217,9 +190,8 @@ def measure(
                         for (kind, name), count in counter.functions.most_common()
                     }
                     print(json.dumps({"calls_per_publish": top}, indent=0), file=sys.stderr)
-                if tracer is not None:
-                    sc = _strace_counts(f"{tmp}/strace")
-                    for name, count in sorted(sc.items(), key=lambda kv: -kv[1])[:12]:
+                if syscalls is not None:
+                    for name, count in sorted(syscalls.items(), key=lambda kv: -kv[1])[:12]:
                         row[f"strace_{name}_per_publish"] = round(count / n, 2)
                 row["load_average_1m_after"] = os.getloadavg()[0]
             finally:
