@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +19,20 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0, what: str =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what or condition}")
         time.sleep(0.01)
+
+
+@pytest.fixture
+def silent_endpoint() -> Iterator[str]:
+    """host:port of a UDP socket on loopback that takes datagrams and never answers (a
+    server down, its host black-holing UDP, or one hostile to its clients): a handshake to it
+    holds its slot for its whole timeout (the kernel's port unreachable is no answer Aeron
+    takes, and nobody binds the ports after it here)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    try:
+        yield f"127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        sock.close()
 
 
 @pytest.fixture

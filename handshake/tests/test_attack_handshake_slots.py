@@ -13,11 +13,10 @@ Real UDP sockets on 127.0.0.1: a socket bound and never read stands for the sile
 
 from __future__ import annotations
 
-import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -26,18 +25,6 @@ from aeron_spark.handshake.client import MAX_CONCURRENT_HANDSHAKES
 from aeron_spark.transport import Driver, DriverConfig
 
 from .conftest import wait_for
-
-
-@pytest.fixture
-def silent_endpoint() -> Iterator[str]:
-    """A UDP port that takes datagrams and never answers (nor does the port after it: no one
-    binds it here, and the kernel's port unreachable is not an answer Aeron takes)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    try:
-        yield f"127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        sock.close()
 
 
 def _in_handshake() -> int:

@@ -12,10 +12,8 @@ Real parts: the slots are held by real handshakes towards a real UDP port that n
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,17 +24,6 @@ from aeron_spark.handshake.errors import ErrorCode, HandshakeTimeoutError
 from .conftest import wait_for
 
 HOLD_S = 3.0  # how long each of the 16 holders keeps its slot (its own timeout)
-
-
-@pytest.fixture
-def silent_endpoint() -> Iterator[str]:
-    """host:port of a UDP socket on loopback that receives and never answers."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    try:
-        yield f"127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        sock.close()
 
 
 def _hold_every_slot(make_client: Any, endpoint: str) -> list[threading.Thread]:
