@@ -60,6 +60,20 @@ class _Calls:
         return {name: round(count / unit, 3) for name, count in out}
 
 
+def _start(server: Any, counter: _Calls | None) -> None:
+    """Start ``server``'s loop thread, with ``counter``'s profile hook on it (that thread
+    alone) when given."""
+    if counter is not None:
+        run = server._run
+
+        def counted() -> None:
+            sys.setprofile(counter.hook)
+            run()
+
+        server._run = counted
+    server.start()
+
+
 def _sequential_client(endpoint: str, key_dir: str, n: int, conn: Any) -> None:
     """One session (its own process and driver): ``n`` publishes one after the other, on the
     parent's word; then says it is done."""
@@ -91,15 +105,7 @@ def sequential(n: int, calls: bool, strace: bool) -> dict[str, Any]:
     counter = _Calls()
     with tempfile.TemporaryDirectory(prefix="aeron-spark-loop-") as tmp:
         server = StreamServer(ServerConfig(directory=f"{tmp}/srv", port=0, encryption=False))
-        if calls:
-            run = server._run
-
-            def counted() -> None:
-                sys.setprofile(counter.hook)
-                run()
-
-            server._run = counted  # type: ignore[method-assign]
-        server.start()
+        _start(server, counter if calls else None)
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
         proc = ctx.Process(
@@ -166,15 +172,7 @@ def measure(
             max_per_address=sessions + 16,
         )
         server = StreamServer(config)
-        if calls:
-            run = server._run
-
-            def counted() -> None:
-                sys.setprofile(counter.hook)
-                run()
-
-            server._run = counted  # type: ignore[method-assign]
-        server.start()
+        _start(server, counter if calls else None)
         spread = None
         try:
             assert server._thread is not None and server._thread.native_id is not None
