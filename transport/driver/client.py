@@ -28,7 +28,11 @@ if TYPE_CHECKING:
 
 # Invoker mode: how long a waiter lets the driver sleep between steps (it wakes on sockets).
 _INVOKER_IDLE_S: dict[WaitKind, float] = {"limit": 0.01, "connect": 0.01, "data": 0.05}
-_EVENT_SLICE_S = 0.1  # threaded: re-check at least this often (a missed set costs no more)
+# Threaded: re-check at least this often (a missed set costs no more; none is missed: the
+# driver changes what ``ready`` reads before it opens the gate). A data waiter is woken by the
+# data, an image coming or going or the subscription closing; 100 ms slices cost a client
+# awaiting a 70 ms reply a wake-up and its checks more (issue 31).
+_EVENT_SLICE_S: dict[WaitKind, float] = {"limit": 0.1, "connect": 0.1, "data": 0.5}
 
 
 class DriverSignal:
@@ -76,7 +80,7 @@ class DriverSignal:
                     if took and self._waiters > 1:
                         _reopen(gate)
                     return True
-                if gate.acquire(True, min(remaining, _EVENT_SLICE_S)) and self._waiters > 1:
+                if gate.acquire(True, min(remaining, _EVENT_SLICE_S[kind])) and self._waiters > 1:
                     _reopen(gate)  # the next waiter's turn
             finally:
                 self._waiters -= 1

@@ -1,0 +1,50 @@
+"""A receive waiting for a late reply sleeps until it comes, not in 50 ms slices (issue 31: the
+benchmark's client waits ~70 ms a reply at 2,048 sessions, each slice a wake-up, a poll and a
+connection check on its thread: Python calls and context switches a publish)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aeron_spark.handshake import Connection
+
+_DELAY_S = 0.4  # the server answers this late: 8 slices of 50 ms, within one of 500 ms
+
+
+def _delayed_echo(conn: Connection, message: bytes) -> None:
+    time.sleep(_DELAY_S)  # on the server's loop: the test's only session waits with it
+    conn.send(message)
+
+
+def _counted(obj: Any, name: str, counts: dict[str, int]) -> None:
+    """Count calls of ``obj.name`` (the real method, called through)."""
+    real: Callable[..., Any] = getattr(obj, name)
+
+    def counting(*args: Any) -> Any:
+        counts[name] += 1
+        return real(*args)
+
+    setattr(obj, name, counting)
+
+
+def test_a_late_reply_is_awaited_in_few_wakeups(make_server, make_client) -> None:
+    server = make_server(echo=False)
+    server.on_message = _delayed_echo
+    conn = make_client().connect(server.endpoint)
+    try:
+        counts = {"wait": 0, "_ready": 0}
+        _counted(conn.subscription, "wait", counts)
+        _counted(conn.subscription, "_ready", counts)
+        for i in range(3):
+            began = time.monotonic()
+            conn.send(b"late %d" % i)
+            assert conn.receive(30.0) == b"late %d" % i
+            assert time.monotonic() - began >= _DELAY_S * 0.9
+        # one wait per reply (a spurious wake-up each allowed), a few readiness checks in it;
+        # in 50 ms slices (main) 3 replies took 24+ waits and ~90 checks
+        assert counts["wait"] <= 3 * 2, counts
+        assert counts["_ready"] <= 3 * 8, counts
+    finally:
+        conn.close()
