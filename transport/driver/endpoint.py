@@ -369,8 +369,10 @@ class UdpEndpoint:
                 for at in range(0, length, segment_length):
                     self._send_unguarded(data[at : at + segment_length], address)
             else:
-                counters.send_errors += 1
-                counters.errors += 1
+                # refused outright (EPERM, EACCES, an unreachable network): every datagram of
+                # the run is lost, counted as :meth:`send` counts each (one a run hid them)
+                counters.send_errors += segments
+                counters.errors += segments
             return
         counters.gso_sends += 1
         counters.datagrams_sent += segments
