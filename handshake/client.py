@@ -203,18 +203,32 @@ class Client:
                 endpoint,
             )
         try:
-            attempt = _Attempt(self, host, port, endpoint, deadline)
-            try:
-                return attempt.run(on_disconnect, on_error)
-            except ConnectionClosedError:
-                if not attempt.reused_channel or time.monotonic() >= deadline:
-                    raise
-                # A kept HELLO channel whose server went away as this handshake began
-                # (restarted on its ports: its replies to our HELLO publication's session id
-                # now wait out the old image's cool-down): retired; once more on a fresh one.
-                return _Attempt(self, host, port, endpoint, deadline).run(on_disconnect, on_error)
+            # the key store's lock (the client's key, a server's trust) waited for within the
+            # connect's deadline too, not a whole timeout from when that wait begins
+            with self.key_store.waits_until(deadline):
+                return self._attempt(host, port, endpoint, deadline, on_disconnect, on_error)
         finally:
             _handshakes.release(slot)
+
+    def _attempt(
+        self,
+        host: str,
+        port: int,
+        endpoint: str,
+        deadline: float,
+        on_disconnect: Callable[[Connection], object] | None,
+        on_error: Callable[[Connection, BaseException], object] | None,
+    ) -> Connection:
+        attempt = _Attempt(self, host, port, endpoint, deadline)
+        try:
+            return attempt.run(on_disconnect, on_error)
+        except ConnectionClosedError:
+            if not attempt.reused_channel or time.monotonic() >= deadline:
+                raise
+            # A kept HELLO channel whose server went away as this handshake began
+            # (restarted on its ports: its replies to our HELLO publication's session id
+            # now wait out the old image's cool-down): retired; once more on a fresh one.
+            return _Attempt(self, host, port, endpoint, deadline).run(on_disconnect, on_error)
 
     @classmethod
     def connect_to(cls, endpoint: str, config: ClientConfig | None = None, **kw: Any) -> Connection:
