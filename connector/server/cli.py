@@ -242,6 +242,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="committed consumer positions kept, all consumers together (default 1000000)",
     )
     parser.add_argument(
+        "--max-consumer-positions-per-client",
+        type=int,
+        default=None,
+        help="committed consumer positions one client may hold: its key's with "
+        "--authorized-keys, else its address's (an IPv6 one's /64); default half of "
+        "--max-consumer-positions",
+    )
+    parser.add_argument(
         "--min-free-bytes",
         type=_byte_size,
         default=0,
@@ -355,6 +363,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         session_lease_ns=int(args.session_lease_seconds * 1e9),
         max_consumers_per_client=args.max_consumers_per_client,
         max_consumer_positions=args.max_consumer_positions,
+        max_consumer_positions_per_client=args.max_consumer_positions_per_client,
         min_free_bytes=args.min_free_bytes,
         authorized_keys_file=args.authorized_keys,
         ingest_allow=tuple(args.ingest_allow),

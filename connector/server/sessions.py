@@ -10,6 +10,7 @@ from aeron_spark.connector.errors import (
 )
 from aeron_spark.connector.server.state import CoreState, KeysReloaded, Session
 from aeron_spark.connector.session.chunking import Reassembler
+from aeron_spark.handshake.machine import address_share
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +154,15 @@ class SessionsMixin(CoreState):
         """The owner a session's sink batches, sink ids and consumers get: its client key
         (hex) when the server authorises clients; None (no ownership) on an open server."""
         return session.identity.hex() if self.authz is not None else None
+
+    def _client_share(self, session: Session) -> str:
+        """Whose share of a server-wide budget a session's request counts against: its client
+        key (hex) when the server authorises clients; else its address, an IPv6 one's /64 (a
+        client may make a key per session there: as ``--max-per-address`` counts sessions)."""
+        if self.authz is not None:
+            return session.identity.hex()
+        host = session.peer.rsplit(":", 1)[0] if ":" in session.peer else session.peer
+        return address_share(host)
 
     def _owner_may_read(self, owner: str, stream_id: int) -> bool:
         """Retention: does a consumer's owner (hex; "" recorded without one) still read the
