@@ -292,6 +292,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="the largest message one session may send in chunks (default 32M)",
     )
     parser.add_argument(
+        "--max-incomplete-bytes-per-client",
+        type=_byte_size,
+        default=None,
+        metavar="BYTES",
+        help="what one client's incomplete chunked messages may hold, all its sessions together "
+        "(its key with --authorized-keys, else its address); default half of "
+        "--max-incomplete-bytes",
+    )
+    parser.add_argument(
         "--incomplete-message-timeout-seconds",
         type=_number,
         default=30.0,
@@ -369,6 +378,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         ingest_allow=tuple(args.ingest_allow),
         max_incomplete_bytes=args.max_incomplete_bytes,
         max_incomplete_bytes_per_session=args.max_incomplete_bytes_per_session,
+        max_incomplete_bytes_per_client=args.max_incomplete_bytes_per_client,
         incomplete_message_timeout_s=args.incomplete_message_timeout_seconds,
         term_length=args.term_length,
         stream_term_lengths=tuple(args.stream_term_length),

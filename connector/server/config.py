@@ -125,6 +125,9 @@ class ServerConfig:
                             message announced longer than the latter is refused at its first
                             chunk); memory is charged as chunks arrive, a chunk past either is
                             refused (``LIMIT_EXCEEDED``) and its message discarded
+    ``max_incomplete_bytes_per_client``  one client's share of ``max_incomplete_bytes``, all its
+                            sessions together (its key with ``authorized_keys_file``, else its
+                            address, an IPv6 one's /64); None: half of it
     ``incomplete_message_timeout_s``  an incomplete message not whole this long after its first
                             chunk is discarded (on the clock, whatever else the session sends)
     ``ingest_allow``        addresses or CIDR ranges whose publications the ingest channel
@@ -178,6 +181,7 @@ class ServerConfig:
     authorized_keys_file: str | None = None
     max_incomplete_bytes: int = 256 * 1024 * 1024
     max_incomplete_bytes_per_session: int = 32 * 1024 * 1024
+    max_incomplete_bytes_per_client: int | None = None
     incomplete_message_timeout_s: float = 30.0
     ingest_allow: tuple[str, ...] = ()
 
@@ -231,6 +235,11 @@ class ServerConfig:
             raise ConfigurationError("consumer_lease_s", self.consumer_lease_s, "a positive number")
         if not 0 < self.staging_lease_s < math.inf:
             raise ConfigurationError("staging_lease_s", self.staging_lease_s, "a positive number")
+        part = self.max_incomplete_bytes_per_client
+        if part is not None and not 0 < part <= self.max_incomplete_bytes:
+            raise ConfigurationError(
+                "max_incomplete_bytes_per_client", part, "1..max_incomplete_bytes bytes"
+            )
         share = self.max_consumer_positions_per_client
         if share is not None and not 0 < share <= self.max_consumer_positions:
             raise ConfigurationError(
@@ -294,8 +303,19 @@ class ServerConfig:
     @property
     def consumer_positions_share(self) -> int:
         """The committed consumer positions one client may hold."""
+        part = self.max_incomplete_bytes_per_client
+        if part is not None and not 0 < part <= self.max_incomplete_bytes:
+            raise ConfigurationError(
+                "max_incomplete_bytes_per_client", part, "1..max_incomplete_bytes bytes"
+            )
         share = self.max_consumer_positions_per_client
         return share if share is not None else max(self.max_consumer_positions // 2, 1)
+
+    @property
+    def incomplete_bytes_share(self) -> int:
+        """The bytes one client's incomplete chunked messages may hold together."""
+        part = self.max_incomplete_bytes_per_client
+        return part if part is not None else max(self.max_incomplete_bytes // 2, 1)
 
     @property
     def recording_mtu(self) -> int:

@@ -66,6 +66,7 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
         self.counters = core_counters()
         # what every session's incomplete chunked messages may hold together (issue 28, item 2)
         self.reassembly = ReassemblyBudget(config.max_incomplete_bytes)
+        self._incomplete_shares: dict[str, list[Any]] = {}
         self._replay_owner: dict[int, object] = {}
         self._leases: list[tuple[int, int, object]] = []
         self._lease_ids = itertools.count()
