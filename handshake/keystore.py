@@ -52,6 +52,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from aeron_spark.handshake.client_counters import count
 from aeron_spark.handshake.crypto import fingerprint, public_bytes
 from aeron_spark.handshake.errors import KeyRefusedError, KeyStoreError, KeyStoreLockedError
 
@@ -110,7 +111,6 @@ class KeyStore:
     ) -> None:
         self.directory = Path(directory) if directory is not None else default_key_store_dir()
         self.lock_wait_s = lock_wait_s
-        self.lock_timeouts = 0  # waits for the lock given up (KeyStoreLockedError)
         # (identity of known_servers when read, what it said): see the module docstring
         self._known_cache: tuple[_FileIdentity, dict[str, bytes]] | None = None
         self.known_reads = 0  # times known_servers was opened and parsed
@@ -413,7 +413,7 @@ class KeyStore:
             except BlockingIOError:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    self.lock_timeouts += 1
+                    count("key_store_lock_timeouts")  # the process's registry counter
                     raise KeyStoreLockedError(
                         f"key store {self.directory} is locked by another process "
                         f"({self.directory / '.lock'}) for more than {self.lock_wait_s:g} s "
