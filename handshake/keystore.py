@@ -52,6 +52,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from aeron_spark.handshake.client_counters import count
 from aeron_spark.handshake.crypto import fingerprint, public_bytes
 from aeron_spark.handshake.errors import KeyRefusedError, KeyStoreError, KeyStoreLockedError
 
@@ -110,7 +111,6 @@ class KeyStore:
     ) -> None:
         self.directory = Path(directory) if directory is not None else default_key_store_dir()
         self.lock_wait_s = lock_wait_s
-        self.lock_timeouts = 0  # waits for the lock given up (KeyStoreLockedError)
         # a deadline of the calling thread's (waits_until): a connect's, which its wait for a
         # handshake slot already used part of
         self._until = threading.local()
@@ -434,7 +434,7 @@ class KeyStore:
             except BlockingIOError:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    self.lock_timeouts += 1
+                    count("key_store_lock_timeouts")  # the process's registry counter
                     bound = (
                         "the connect's timeout ran out"
                         if deadline == until
