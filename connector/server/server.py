@@ -35,7 +35,7 @@ from aeron_spark.connector.server.resources import (
     open_fd_count,
     raise_nofile_limit,
 )
-from aeron_spark.connector.server.schedule import CHECK_GRID_NS, SessionSchedule
+from aeron_spark.connector.server.schedule import CHECK_GRID_NS, CHECK_INTERVAL_NS, SessionSchedule
 from aeron_spark.connector.server.staging import SinkCommitter
 from aeron_spark.connector.server.stat import SnapshotWriter
 from aeron_spark.connector.server.store import ArchiveStore
@@ -58,11 +58,8 @@ STAT_REFRESH_PER_PASS = 128
 _FD_RECOUNT_NS = 60_000_000_000
 _IDLE_WAIT_S = 0.02
 _LIVE_REPLAY_WAIT_S = 0.002
-# how often the handshake walks every connection for a lost peer: the loop is signalled by a
-# session's lost connection and looks at each one itself at least every
-# WATCHED_CHECK_INTERVAL_NS (10 s; the walk, every 10 s too, was a second look at every session:
-# ~2,048 looks in one pass at 2,048 sessions)
-_LOST_PEER_WALK_NS = 60_000_000_000
+# how often the handshake walks every connection for a lost peer (the loop's checks find them)
+_LOST_PEER_WALK_NS = 10 * CHECK_INTERVAL_NS
 # the longest an idle pass sleeps with no deadline nearer (stop, SIGHUP and commits wake it)
 _MAX_WAIT_S = 1.0
 
