@@ -10,12 +10,7 @@ idle sessions the loop did nothing else. Now it serves only
 * the **busy** ones (replies queued behind back pressure, replays, input left unread);
 * those whose media cannot signal (**unsignalled**: IPC), every pass;
 * and every session once per ``check_interval_ns``, whatever it did: its connection checked
-  (a publication whose client stopped sending status messages signalled nothing). A session
-  whose connection's loss signals it too (``watched``: the reply publication tells when its
-  receiver goes, ``Publication.add_lost_listener``; images coming and going signal already)
-  is checked once per ``watched_interval_ns`` (10 s), a safety net (issue 31: the check a
-  second was ~20 Python calls a session-second, a sixth of an idle server's CPU at 2,048
-  sessions). A session
+  (a publication whose client stopped sending status messages signals nothing). A session
   due only for its check (``checking``: not signalled, not busy, not unsignalled) gets that
   check alone, no read: anything that arrived signalled it (issue 31 item 1: the check's
   read was most of an idle session's cost on the loop). Each session has one entry in a heap
@@ -41,10 +36,9 @@ idle sessions the loop did nothing else. Now it serves only
 Invariants: :meth:`SessionSchedule.due` returns each key at most once, only keys added and not
 forgotten, in the order busy, unsignalled, signalled, checked (the last in ``checking``, at most
 ``max_checks_per_pass`` of them); a session that neither signals nor is busy is returned at
-most once a pass and, over any span of k check intervals (its own: ``watched_interval_ns`` for a
-watched session), at most k + 1 times (a late pass may bring its next check closer); every
-session is served (its connection looked at) at least once every check interval of its own and
-a grid slot, or as soon after as the checks per pass allow; a
+most once a pass and, over any span of k check intervals, at most k + 1 times (a late pass may
+bring its next check closer); every session is served (its connection looked at) at least
+once every check interval and a grid slot, or as soon after as the checks per pass allow; a
 pass costs O(due · log n), never O(n) for n open sessions.
 """
 
@@ -59,8 +53,6 @@ from collections.abc import Hashable
 from aeron_spark.errors import ConfigurationError
 
 CHECK_INTERVAL_NS = 1_000_000_000
-# the check of a session whose connection's loss signals (``watched``): a safety net only
-WATCHED_CHECK_INTERVAL_NS = 10_000_000_000
 CHECK_GRID_NS = 100_000_000
 # sessions due only for their check taken by one pass (a check was a read of its session,
 # ~20-35 us; a look at its connection since the retransmission signal)
@@ -79,23 +71,10 @@ class SessionSchedule:
         check_interval_ns: int = CHECK_INTERVAL_NS,
         rng: random.Random | None = None,
         max_checks_per_pass: int = MAX_CHECKS_PER_PASS,
-        watched_interval_ns: int | None = None,
     ) -> None:
-        """``watched_interval_ns`` None: ``WATCHED_CHECK_INTERVAL_NS``, or the check interval
-        if that is longer."""
         if max_checks_per_pass < 1:
             raise ConfigurationError("max_checks_per_pass", max_checks_per_pass, "at least 1")
-        if watched_interval_ns is None:
-            watched_interval_ns = max(WATCHED_CHECK_INTERVAL_NS, check_interval_ns)
-        if watched_interval_ns < check_interval_ns:
-            raise ConfigurationError(
-                "watched_interval_ns", watched_interval_ns, "at least check_interval_ns"
-            )
         self.check_interval_ns = check_interval_ns
-        self.watched_interval_ns = watched_interval_ns
-        # sessions whose connection's loss signals them (add(watched=True)): checked every
-        # watched_interval_ns, not every check_interval_ns
-        self._watched: set[Hashable] = set()
         self.max_checks_per_pass = max_checks_per_pass
         self._rng = rng if rng is not None else random.Random()
         self.signalled: deque[Hashable] = deque()
@@ -124,21 +103,15 @@ class SessionSchedule:
     def __len__(self) -> int:
         return len(self._open)
 
-    def add(self, key: Hashable, now_ns: int, signals: bool = True, watched: bool = False) -> None:
+    def add(self, key: Hashable, now_ns: int, signals: bool = True) -> None:
         """A session opened: served on the next pass, then when due. ``signals``: False when
-        its media cannot signal (served every pass). ``watched``: a loss of its connection
-        signals it too (its transport's timeouts, its peer's end of stream): its check is a
-        safety net, every ``watched_interval_ns``."""
+        its media cannot signal (served every pass)."""
         self._open.add(key)
         if not signals:
             self.unsignalled.add(key)
-        interval = self.check_interval_ns
-        if watched and signals:
-            self._watched.add(key)
-            interval = self.watched_interval_ns
         self.signalled.append(key)  # what arrived before it was watched
         self._added.add(key)
-        first = _on_grid(now_ns + self._rng.randrange(interval))
+        first = _on_grid(now_ns + self._rng.randrange(self.check_interval_ns))
         heapq.heappush(self._checks, (first, next(self._ids), key))
 
     def signal(self, key: Hashable) -> bool:
@@ -155,7 +128,6 @@ class SessionSchedule:
     def forget(self, key: Hashable) -> None:
         """A session is gone: never returned again (its heap entry is dropped when it surfaces)."""
         self._open.discard(key)
-        self._watched.discard(key)
         self.busy.discard(key)
         self.unsignalled.discard(key)
         self._seen.pop(key, None)
@@ -190,7 +162,7 @@ class SessionSchedule:
         if added:
             added.clear()
         checks = self._checks
-        watched = self._watched
+        interval = self.check_interval_ns
         checking = self.checking = set()
         room = self.max_checks_per_pass
         while checks and checks[0][0] <= now_ns:
@@ -198,7 +170,6 @@ class SessionSchedule:
             if key not in is_open:
                 heapq.heappop(checks)  # forgotten meanwhile
                 continue
-            interval = self.watched_interval_ns if key in watched else self.check_interval_ns
             if key not in due:
                 last = seen.pop(key, None)
                 if last is not None:
@@ -234,10 +205,4 @@ class SessionSchedule:
         return checks[0][0] if checks else None
 
 
-__all__ = [
-    "CHECK_GRID_NS",
-    "CHECK_INTERVAL_NS",
-    "MAX_CHECKS_PER_PASS",
-    "WATCHED_CHECK_INTERVAL_NS",
-    "SessionSchedule",
-]
+__all__ = ["CHECK_GRID_NS", "CHECK_INTERVAL_NS", "MAX_CHECKS_PER_PASS", "SessionSchedule"]

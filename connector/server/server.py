@@ -207,10 +207,9 @@ class StreamServer:
                 reply_on_hello_only=self.config.reply_on_hello_only,
                 authorize=self.authz.knows if self.authz is not None else None,
             )
-            # the loop is signalled by each session's lost connection (or checks it once a
-            # check interval) and closes the lost ones itself (_serve_sessions): the
-            # handshake's walk of every connection for a lost peer (twice a second) only a
-            # safety net
+            # the loop checks each session's connection once a check interval and closes the
+            # lost ones itself (_serve_sessions): the handshake's walk of every connection for
+            # a lost peer (twice a second) only a safety net
             self._listener.server.lost_peer_walk_ns = _LOST_PEER_WALK_NS
             self._store.start_ingest(wake=self._wake_loop)
         except BaseException as exc:
@@ -464,13 +463,8 @@ class StreamServer:
                 continue
             self._sessions[link] = _SessionIO(link)
             schedule = self.schedule
-            signal = functools.partial(self._signalled, link)
-            signals = link.on_ready(signal)
-            # a client lost by the transport signals too: the session's check is a safety
-            # net then, every WATCHED_CHECK_INTERVAL_NS (issue 31: an idle session's check a
-            # second, ~20 Python calls, was a sixth of an idle server's CPU at 2,048 sessions)
-            watched = signals and link.on_lost(signal)
-            schedule.add(link, now_ns, signals, watched)
+            signals = link.on_ready(functools.partial(self._signalled, link))
+            schedule.add(link, now_ns, signals)
             accepted += 1
         return accepted
 

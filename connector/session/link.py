@@ -141,15 +141,6 @@ class ServerLink:
             self._server.stop_waking_for(self.connection)
         return True
 
-    def on_lost(self, callback: Callable[[], object]) -> bool:
-        """Have ``callback`` called (from a driver thread: keep it cheap) whenever the
-        connection's reply publication may have lost its client (the client's status messages
-        timed out, it ended its stream, its address was dropped), the one way the transport
-        ends a connection that :meth:`on_ready` does not signal (images coming and going do);
-        False when the media cannot tell (IPC): then only asking :attr:`is_connected` tells."""
-        add = getattr(self.connection.publication, "add_lost_listener", None)
-        return bool(add(callback)) if add is not None else False
-
     def try_send(self, message: bytes) -> bool:
         try:
             return self.connection.try_send(message)
