@@ -145,7 +145,7 @@ def _temporary_directory_left_as_found() -> Iterator[None]:
         pytest.fail(f"the run left {len(left)} entries in {_RUN_TMP}: {left}", pytrace=False)
 
 
-# A parallel run's units of work (pytest-xdist, ``--dist loadgroup`` in pyproject's addopts): a
+# A parallel run's units of work (pytest-xdist, ``-n 3 --dist loadgroup``): a
 # test file, except that every file of spark_tests/ is one unit, SPARK_GROUP, run by one worker
 # one after the other: the run starts one SparkSession (their ``spark`` fixture's), never one per
 # worker, and no two Spark drivers at once. The files that start Spark drivers of their own

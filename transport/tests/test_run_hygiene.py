@@ -121,7 +121,7 @@ def test_a_parallel_run_keeps_each_file_and_all_of_spark_tests_on_one_worker(
         "spark_tests/test_sink_option_errors.py::test_readme_says_when_streaming_sink_options_are_checked",
     ]
     other = "handshake/tests/test_messages_codec.py"
-    done = _child_run(tmp_path, args=("-n", "2", "-v", *spark, other))
+    done = _child_run(tmp_path, args=("-n", "2", "--dist", "loadgroup", "-v", *spark, other))
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
     workers: dict[str, set[str]] = {}
