@@ -13,6 +13,12 @@ pytest process that made it (``pytest-owner``: its pid and start time); a run re
 starts, those whose process is gone (an interrupted run never removed its own), never a live
 run's, nor one naming no owner.
 
+A parallel run (pytest-xdist, the default: pyproject's ``addopts``) runs each test file whole on
+one worker, and the files of spark_tests/ on one worker, one after the other (``SPARK_GROUP``):
+one SparkSession for the whole run, never one per worker, and one Spark driver at a time.
+Each worker is a pytest process of its own, with its own run directory (inside the
+controller's), key store and ``/dev/shm`` check.
+
 A run stops at once, saying why, when /dev/shm (where the drivers' log buffers live) is missing,
 not writable or has less than 256 MiB free.
 """
@@ -137,6 +143,63 @@ def _temporary_directory_left_as_found() -> Iterator[None]:
     left = sorted(_project_entries() - before)
     if left:
         pytest.fail(f"the run left {len(left)} entries in {_RUN_TMP}: {left}", pytrace=False)
+
+
+# A parallel run's units of work (pytest-xdist, ``-n 3 --dist loadgroup``): a
+# test file, except that every file of spark_tests/ is one unit, SPARK_GROUP, run by one worker
+# one after the other: the run starts one SparkSession (their ``spark`` fixture's), never one per
+# worker, and no two Spark drivers at once. The files that start Spark drivers of their own
+# (spark-submit, a Connect server, a standalone cluster) once had units of their own: with three
+# Spark drivers at once at load 10-16, nine Spark tests failed with "Python worker failed to
+# connect back" (Spark waits a fixed 10 s for a Python worker it starts to connect).
+SPARK_GROUP = "spark"
+SPARK_DIR = "spark_tests/"
+
+
+def unit_of(nodeid: str) -> str:
+    """The unit of work of test ``nodeid`` in a parallel run (see ``SPARK_GROUP``)."""
+    path = nodeid.split("::", 1)[0]
+    return SPARK_GROUP if path.startswith(SPARK_DIR) else path
+
+
+def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
+    """``--dist loadgroup`` schedules by ``unit_of``, in the order the workers collected (the
+    order ``pytest_collection_modifyitems`` sets). xdist's own loadgroup reads groups from
+    ``xdist_group`` marks through a suffix it writes into each test's id, which pytest 9.2's
+    structured ids no longer take (pytest-xdist#1386): every test was then a unit of its own,
+    two workers ran Spark tests at once, each with a SparkSession of its own."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    config.option.loadscopereorder = False  # by collection order, not by tests per unit
+    return FileScheduling(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items) -> None:  # type: ignore[no-untyped-def]
+    """The order units are handed out in (the longest first, so none starts last): the Spark
+    group, files with a ``slow`` test, then the rest (a stable sort: a file's tests keep their
+    order). A test that uses the ``spark`` fixture outside the Spark group is refused: it would
+    start a second SparkSession in a parallel run."""
+    stray = [i.nodeid for i in items if "spark" in getattr(i, "fixturenames", ())]
+    stray = [nodeid for nodeid in stray if unit_of(nodeid) != SPARK_GROUP]
+    if stray:
+        raise pytest.UsageError(
+            f"tests using the session's SparkSession outside {SPARK_DIR} (the one worker of "
+            f"a parallel run that runs Spark: root conftest.py): {stray}"
+        )
+    slow_units = {unit_of(i.nodeid) for i in items if i.get_closest_marker("slow") is not None}
+
+    def rank(item: pytest.Item) -> int:
+        unit = unit_of(item.nodeid)
+        return 0 if unit == SPARK_GROUP else 1 if unit in slow_units else 2
+
+    items.sort(key=rank)
 
 
 def pytest_sessionstart(session) -> None:  # type: ignore[no-untyped-def]

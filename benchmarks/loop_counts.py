@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -60,6 +61,48 @@ class _Calls:
         return {name: round(count / unit, 3) for name, count in out}
 
 
+class _ThreadCalls:
+    """Python calls of each thread started while :meth:`install` is in force, by thread name
+    (the server's driver thread, its stat writer, ...): each thread's first profile event
+    puts that thread's own :class:`_Calls` hook in place."""
+
+    def __init__(self, by_function: bool) -> None:
+        self.by_function = by_function
+        self.counters: dict[str, _Calls] = {}
+
+    def _first(self, frame: Any, event: str, arg: Any) -> None:
+        name = threading.current_thread().name
+        counter = self.counters.get(name)
+        if counter is None:
+            counter = self.counters[name] = _Calls()
+            counter.by_function = self.by_function
+        sys.setprofile(counter.hook)
+        counter.hook(frame, event, arg)
+
+    def install(self) -> None:
+        threading.setprofile(self._first)
+
+    def uninstall(self) -> None:
+        threading.setprofile(None)  # type: ignore[arg-type]
+
+    def totals(self) -> dict[str, int]:
+        return {name: counter.calls for name, counter in self.counters.items()}
+
+
+def _threads_cpu() -> dict[str, float]:
+    """CPU seconds of this process's Python threads, by name (summed over threads of a name)."""
+    out: dict[str, float] = {}
+    for thread in threading.enumerate():
+        if thread.native_id is None:
+            continue
+        try:
+            cpu, _ = _thread_counts(thread.native_id)
+        except OSError:  # it ended
+            continue
+        out[thread.name] = out.get(thread.name, 0.0) + cpu
+    return out
+
+
 def _start(server: Any, counter: _Calls | None) -> None:
     """Start ``server``'s loop thread, with ``counter``'s profile hook on it (that thread
     alone) when given."""
@@ -92,7 +135,7 @@ def _sequential_client(endpoint: str, key_dir: str, n: int, conn: Any) -> None:
         client.close()
 
 
-def sequential(n: int, calls: bool, strace: bool) -> dict[str, Any]:
+def sequential(n: int, calls: bool, strace: bool, calls_top: int = 0) -> dict[str, Any]:
     """``--sequential N``: one session publishing N times one after the other: the loop's
     passes, wake-ups, Python calls (``--calls``) and the server process's system calls
     (``--strace``) per publish, with no batching to make them depend on the load."""
@@ -100,12 +143,20 @@ def sequential(n: int, calls: bool, strace: bool) -> dict[str, Any]:
 
     from aeron_spark.connector.server.config import ServerConfig
     from aeron_spark.connector.server.server import StreamServer
+    from benchmarks.scale import _cpu_s
 
     row: dict[str, Any] = {"sequential_publishes": n, "load_average_1m": os.getloadavg()[0]}
     counter = _Calls()
+    counter.by_function = calls_top > 0
+    others = _ThreadCalls(calls_top > 0)  # the driver's thread and the rest
     with tempfile.TemporaryDirectory(prefix="aeron-spark-loop-") as tmp:
-        server = StreamServer(ServerConfig(directory=f"{tmp}/srv", port=0, encryption=False))
-        _start(server, counter if calls else None)
+        if calls:
+            others.install()
+        try:
+            server = StreamServer(ServerConfig(directory=f"{tmp}/srv", port=0, encryption=False))
+            _start(server, counter if calls else None)
+        finally:
+            others.uninstall()
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
         proc = ctx.Process(
@@ -119,18 +170,39 @@ def sequential(n: int, calls: bool, strace: bool) -> dict[str, Any]:
             assert server._thread is not None and server._thread.native_id is not None
             tid = server._thread.native_id
             tracer = strace_start(f"{tmp}/strace.txt") if strace else None
+            counter.top(0, 1)  # the session's opening calls are not a publish's
+            for each in others.counters.values():
+                each.top(0, 1)
             cpu0, woken0 = _thread_counts(tid)
+            threads0, others0, process0 = _threads_cpu(), others.totals(), _cpu_s(os.getpid())
             passes0, calls0, t0 = server.schedule.passes, counter.calls, time.monotonic()
             parent.send("go")
             if not parent.poll(600) or parent.recv() != "done":
                 raise RuntimeError("the client did not finish")
             elapsed = time.monotonic() - t0
             cpu1, woken1 = _thread_counts(tid)
+            threads1, others1, process1 = _threads_cpu(), others.totals(), _cpu_s(os.getpid())
+            row["server_process_cpu_us_per_publish"] = round(1e6 * (process1 - process0) / n, 1)
+            row["thread_cpu_us_per_publish"] = {
+                name: round(1e6 * (cpu - threads0.get(name, 0.0)) / n, 1)
+                for name, cpu in threads1.items()
+                if cpu > threads0.get(name, 0.0)
+            }
             row["passes_per_publish"] = round((server.schedule.passes - passes0) / n, 3)
             row["loop_wakeups_per_publish"] = round((woken1 - woken0) / n, 3)
             row["loop_cpu_us_per_publish"] = round(1e6 * (cpu1 - cpu0) / n, 1)
             if calls:
                 row["loop_calls_per_publish"] = round((counter.calls - calls0) / n, 1)
+                row["thread_calls_per_publish"] = {
+                    name: round((count - others0.get(name, 0)) / n, 1)
+                    for name, count in others1.items()
+                    if count > others0.get(name, 0)
+                }
+                if calls_top:
+                    row["top_calls_per_publish"] = counter.top(calls_top, n)
+                    row["thread_top_calls_per_publish"] = {
+                        name: each.top(calls_top, n) for name, each in others.counters.items()
+                    }
             row["elapsed_s"] = round(elapsed, 2)
             if tracer is not None:
                 counted_calls = strace_stop(tracer, f"{tmp}/strace.txt")
@@ -272,7 +344,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.sequential:
-        print(json.dumps(sequential(args.sequential, args.calls, args.strace)))
+        print(json.dumps(sequential(args.sequential, args.calls, args.strace, args.calls_top)))
         return
     row = measure(
         args.sessions, args.idle_s, args.publish_s, args.calls, args.calls_top, args.strace

@@ -55,6 +55,7 @@ from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.connector.session.settings import ClientSettings
 from aeron_spark.counters import REGISTRY, CounterType, counter_set
 from aeron_spark.errors import ConfigurationError
+from aeron_spark.handshake.client_counters import handshake_client_counters
 from aeron_spark.handshake.errors import TooManyConnectionsError, TooManyForKeyError
 from aeron_spark.transport.protocol.logbuffer import TERM_MIN_LENGTH, max_message_length
 
@@ -245,8 +246,9 @@ class StreamClient:
         return self._link.max_message_length
 
     def client_counters(self) -> dict[str, int]:
-        """This client's counters by name (``CounterType.CLIENT`` in the registry)."""
-        return REGISTRY.snapshot(CounterType.CLIENT, self.counters)
+        """This client's counters by name (``CounterType.CLIENT`` in the registry), with the
+        process's handshake client counters (``slot_timeouts``, ``key_store_lock_timeouts``)."""
+        return REGISTRY.snapshot(CounterType.CLIENT, self.counters) | handshake_client_counters()
 
     # --- plumbing -----------------------------------------------------------------------------
 

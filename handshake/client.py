@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aeron_spark.handshake.channels import Channels
+from aeron_spark.handshake.client_counters import count, handshake_client_counters
 from aeron_spark.handshake.config import ClientConfig, is_loopback
 from aeron_spark.handshake.connection import Connection
 from aeron_spark.handshake.crypto import SealCounters
@@ -49,7 +50,6 @@ class _HandshakeSlots:
         self._lock = threading.Lock()
         self._slots: dict[tuple[str, int], tuple[threading.BoundedSemaphore, int]] = {}
         self._holding: dict[tuple[str, int], int] = {}  # slots taken, per endpoint
-        self.slot_timeouts = 0  # connects that waited out their timeout for a slot
 
     def acquire(self, key: tuple[str, int], timeout_s: float) -> bool:
         with self._lock:
@@ -63,8 +63,7 @@ class _HandshakeSlots:
                 self._holding[key] = self._holding.get(key, 0) + 1
             return True
         self._leave(key)
-        with self._lock:
-            self.slot_timeouts += 1
+        count("slot_timeouts")  # a registry counter of the process (client_counters)
         return False
 
     def release(self, key: tuple[str, int]) -> None:
@@ -203,18 +202,32 @@ class Client:
                 endpoint,
             )
         try:
-            attempt = _Attempt(self, host, port, endpoint, deadline)
-            try:
-                return attempt.run(on_disconnect, on_error)
-            except ConnectionClosedError:
-                if not attempt.reused_channel or time.monotonic() >= deadline:
-                    raise
-                # A kept HELLO channel whose server went away as this handshake began
-                # (restarted on its ports: its replies to our HELLO publication's session id
-                # now wait out the old image's cool-down): retired; once more on a fresh one.
-                return _Attempt(self, host, port, endpoint, deadline).run(on_disconnect, on_error)
+            # the key store's lock (the client's key, a server's trust) waited for within the
+            # connect's deadline too, not a whole timeout from when that wait begins
+            with self.key_store.waits_until(deadline):
+                return self._attempt(host, port, endpoint, deadline, on_disconnect, on_error)
         finally:
             _handshakes.release(slot)
+
+    def _attempt(
+        self,
+        host: str,
+        port: int,
+        endpoint: str,
+        deadline: float,
+        on_disconnect: Callable[[Connection], object] | None,
+        on_error: Callable[[Connection, BaseException], object] | None,
+    ) -> Connection:
+        attempt = _Attempt(self, host, port, endpoint, deadline)
+        try:
+            return attempt.run(on_disconnect, on_error)
+        except ConnectionClosedError:
+            if not attempt.reused_channel or time.monotonic() >= deadline:
+                raise
+            # A kept HELLO channel whose server went away as this handshake began
+            # (restarted on its ports: its replies to our HELLO publication's session id
+            # now wait out the old image's cool-down): retired; once more on a fresh one.
+            return _Attempt(self, host, port, endpoint, deadline).run(on_disconnect, on_error)
 
     @classmethod
     def connect_to(cls, endpoint: str, config: ClientConfig | None = None, **kw: Any) -> Connection:
@@ -400,4 +413,11 @@ class _Attempt:
                 pass
 
 
-__all__ = ["Client", "HandshakeTimeoutError", "connect", "shared_driver", "split_endpoint"]
+__all__ = [
+    "Client",
+    "HandshakeTimeoutError",
+    "connect",
+    "handshake_client_counters",
+    "shared_driver",
+    "split_endpoint",
+]

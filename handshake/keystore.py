@@ -52,6 +52,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from aeron_spark.handshake.client_counters import count
 from aeron_spark.handshake.crypto import fingerprint, public_bytes
 from aeron_spark.handshake.errors import KeyRefusedError, KeyStoreError, KeyStoreLockedError
 
@@ -110,7 +111,9 @@ class KeyStore:
     ) -> None:
         self.directory = Path(directory) if directory is not None else default_key_store_dir()
         self.lock_wait_s = lock_wait_s
-        self.lock_timeouts = 0  # waits for the lock given up (KeyStoreLockedError)
+        # a deadline of the calling thread's (waits_until): a connect's, which its wait for a
+        # handshake slot already used part of
+        self._until = threading.local()
         # (identity of known_servers when read, what it said): see the module docstring
         self._known_cache: tuple[_FileIdentity, dict[str, bytes]] | None = None
         self.known_reads = 0  # times known_servers was opened and parsed
@@ -386,6 +389,19 @@ class KeyStore:
             )
 
     @contextlib.contextmanager
+    def waits_until(self, deadline: float) -> Iterator[None]:
+        """Meanwhile this thread waits for the lock no later than ``deadline``
+        (``time.monotonic()``) nor longer than :attr:`lock_wait_s`: a connect's one deadline
+        (its wait for a handshake slot came out of it; the lock's own whole wait after that
+        made a connect take nearly twice its timeout)."""
+        before = getattr(self._until, "deadline", None)
+        self._until.deadline = deadline
+        try:
+            yield
+        finally:
+            self._until.deadline = before
+
+    @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         try:
             self.directory.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -402,9 +418,14 @@ class KeyStore:
             os.close(fd)
 
     def _lock(self, fd: int) -> None:
-        """``flock`` within :attr:`lock_wait_s` (tried again in sleeps of 1 to 50 ms: ``flock``
-        itself takes no timeout), else :class:`KeyStoreLockedError`."""
-        deadline = time.monotonic() + self.lock_wait_s
+        """``flock`` within :attr:`lock_wait_s` and the thread's :meth:`waits_until` deadline
+        (tried again in sleeps of 1 to 50 ms: ``flock`` itself takes no timeout), else
+        :class:`KeyStoreLockedError`."""
+        started = time.monotonic()
+        deadline = started + self.lock_wait_s
+        until = getattr(self._until, "deadline", None)
+        if until is not None and until < deadline:
+            deadline = until
         delay = 0.001
         while True:
             try:
@@ -413,10 +434,16 @@ class KeyStore:
             except BlockingIOError:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    self.lock_timeouts += 1
+                    count("key_store_lock_timeouts")  # the process's registry counter
+                    bound = (
+                        "the connect's timeout ran out"
+                        if deadline == until
+                        else f"the {self.lock_wait_s:g} s it may"
+                    )
                     raise KeyStoreLockedError(
                         f"key store {self.directory} is locked by another process "
-                        f"({self.directory / '.lock'}) for more than {self.lock_wait_s:g} s "
+                        f"({self.directory / '.lock'}): waited {time.monotonic() - started:.1f} s, "
+                        f"{bound} "
                         "(KEY_STORE_LOCKED): a process of this user holding it is stopped or "
                         "stuck ('fuser -v' on the file names it)"
                     ) from None

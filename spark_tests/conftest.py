@@ -20,12 +20,22 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # conftest's TMPDIR, removed with the run): Spark's drivers made spark-*, blockmgr-* and
 # liblz4-java-* in /tmp, which Java's default ignores TMPDIR for, and a driver a test kills
 # left them there for good (dozens on the project's machine).
+# A user's own values are kept; values a parent pytest process set here (the controller of a
+# parallel run: its workers inherit its environment) are replaced by this process's, so each
+# worker's Spark files land in its own run directory, checked and removed with it.
 _RUN_TMP = os.environ.get("TMPDIR", "/tmp")
-os.environ.setdefault(
-    "SPARK_SUBMIT_OPTS",
-    f"-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Djava.io.tmpdir={_RUN_TMP}",
-)
-os.environ.setdefault("SPARK_LOCAL_DIRS", _RUN_TMP)
+_SET_MARK = "AERON_SPARK_TEST_SPARK_ENV"  # "<name>=<value>" lines of what a conftest set
+_ours = {
+    "SPARK_SUBMIT_OPTS": f"-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Djava.io.tmpdir={_RUN_TMP}",
+    "SPARK_LOCAL_DIRS": _RUN_TMP,
+}
+_set_by_parent = set(os.environ.get(_SET_MARK, "").splitlines())
+_set_here = []
+for _name, _value in _ours.items():
+    if _name not in os.environ or f"{_name}={os.environ[_name]}" in _set_by_parent:
+        os.environ[_name] = _value
+        _set_here.append(f"{_name}={_value}")
+os.environ[_SET_MARK] = "\n".join(_set_here)
 
 
 @pytest.fixture(scope="session")

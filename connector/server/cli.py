@@ -242,6 +242,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="committed consumer positions kept, all consumers together (default 1000000)",
     )
     parser.add_argument(
+        "--max-consumer-positions-per-client",
+        type=int,
+        default=None,
+        help="committed consumer positions one client may hold: its key's with "
+        "--authorized-keys, else its address's (an IPv6 one's /64); default half of "
+        "--max-consumer-positions",
+    )
+    parser.add_argument(
         "--min-free-bytes",
         type=_byte_size,
         default=0,
@@ -282,6 +290,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=32 * 1024 * 1024,
         metavar="BYTES",
         help="the largest message one session may send in chunks (default 32M)",
+    )
+    parser.add_argument(
+        "--max-incomplete-bytes-per-client",
+        type=_byte_size,
+        default=None,
+        metavar="BYTES",
+        help="what one client's incomplete chunked messages may hold, all its sessions together "
+        "(its key with --authorized-keys, else its address); default half of "
+        "--max-incomplete-bytes",
     )
     parser.add_argument(
         "--incomplete-message-timeout-seconds",
@@ -355,11 +372,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         session_lease_ns=int(args.session_lease_seconds * 1e9),
         max_consumers_per_client=args.max_consumers_per_client,
         max_consumer_positions=args.max_consumer_positions,
+        max_consumer_positions_per_client=args.max_consumer_positions_per_client,
         min_free_bytes=args.min_free_bytes,
         authorized_keys_file=args.authorized_keys,
         ingest_allow=tuple(args.ingest_allow),
         max_incomplete_bytes=args.max_incomplete_bytes,
         max_incomplete_bytes_per_session=args.max_incomplete_bytes_per_session,
+        max_incomplete_bytes_per_client=args.max_incomplete_bytes_per_client,
         incomplete_message_timeout_s=args.incomplete_message_timeout_seconds,
         term_length=args.term_length,
         stream_term_lengths=tuple(args.stream_term_length),

@@ -89,11 +89,16 @@ class ServerConfig:
     ``retention_respects_consumers``  never purge what a live consumer (a source with a
                             ``consumerId``) has not committed yet
     ``consumer_lease_s``    a consumer that has not committed for this long holds nothing
-    ``max_consumers_per_client``  consumers one client key may create (all clients together on
-                            a server without authorized keys); a new one past it is refused
+    ``max_consumers_per_client``  consumers one client may create (its key with
+                            ``authorized_keys_file``, else its address, an IPv6 one's /64); a
+                            new one past it is refused
     ``max_consumer_positions``  committed positions ``consumers.msgpack`` holds, all consumers
                             together (rewritten whole on every commit); a commit adding past
                             it is refused
+    ``max_consumer_positions_per_client``  one client's share of them (counted as
+                            ``max_consumers_per_client``; None: half of the total, so a Spark
+                            job's one key gets half a million and still cannot lock other
+                            clients out)
     ``local_reads``         tell a client that can see this directory where a recording's
                             segment files are, so it reads a checked range from them instead of
                             a replay over its session (readers on the server's own host or on a
@@ -120,6 +125,9 @@ class ServerConfig:
                             message announced longer than the latter is refused at its first
                             chunk); memory is charged as chunks arrive, a chunk past either is
                             refused (``LIMIT_EXCEEDED``) and its message discarded
+    ``max_incomplete_bytes_per_client``  one client's share of ``max_incomplete_bytes``, all its
+                            sessions together (its key with ``authorized_keys_file``, else its
+                            address, an IPv6 one's /64); None: half of it
     ``incomplete_message_timeout_s``  an incomplete message not whole this long after its first
                             chunk is discarded (on the clock, whatever else the session sends)
     ``ingest_allow``        addresses or CIDR ranges whose publications the ingest channel
@@ -165,6 +173,7 @@ class ServerConfig:
     consumer_lease_s: float = 7 * 24 * 3600.0
     max_consumers_per_client: int = 1024
     max_consumer_positions: int = 1_000_000
+    max_consumer_positions_per_client: int | None = None
     local_reads: bool = True
     local_writes: bool = True
     min_free_bytes: int = 0
@@ -172,6 +181,7 @@ class ServerConfig:
     authorized_keys_file: str | None = None
     max_incomplete_bytes: int = 256 * 1024 * 1024
     max_incomplete_bytes_per_session: int = 32 * 1024 * 1024
+    max_incomplete_bytes_per_client: int | None = None
     incomplete_message_timeout_s: float = 30.0
     ingest_allow: tuple[str, ...] = ()
 
@@ -225,6 +235,16 @@ class ServerConfig:
             raise ConfigurationError("consumer_lease_s", self.consumer_lease_s, "a positive number")
         if not 0 < self.staging_lease_s < math.inf:
             raise ConfigurationError("staging_lease_s", self.staging_lease_s, "a positive number")
+        part = self.max_incomplete_bytes_per_client
+        if part is not None and not 0 < part <= self.max_incomplete_bytes:
+            raise ConfigurationError(
+                "max_incomplete_bytes_per_client", part, "1..max_incomplete_bytes bytes"
+            )
+        share = self.max_consumer_positions_per_client
+        if share is not None and not 0 < share <= self.max_consumer_positions:
+            raise ConfigurationError(
+                "max_consumer_positions_per_client", share, "1..max_consumer_positions"
+            )
         if self.max_per_key is not None and self.max_per_key <= 0:
             raise ConfigurationError("max_per_key", self.max_per_key, "a positive number")
         for name in ("max_dedicated_sockets", "max_dedicated_per_address", "max_dedicated_per_key"):
@@ -279,6 +299,23 @@ class ServerConfig:
             )
 
         return admits
+
+    @property
+    def consumer_positions_share(self) -> int:
+        """The committed consumer positions one client may hold."""
+        part = self.max_incomplete_bytes_per_client
+        if part is not None and not 0 < part <= self.max_incomplete_bytes:
+            raise ConfigurationError(
+                "max_incomplete_bytes_per_client", part, "1..max_incomplete_bytes bytes"
+            )
+        share = self.max_consumer_positions_per_client
+        return share if share is not None else max(self.max_consumer_positions // 2, 1)
+
+    @property
+    def incomplete_bytes_share(self) -> int:
+        """The bytes one client's incomplete chunked messages may hold together."""
+        part = self.max_incomplete_bytes_per_client
+        return part if part is not None else max(self.max_incomplete_bytes // 2, 1)
 
     @property
     def recording_mtu(self) -> int:

@@ -66,6 +66,7 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
         self.counters = core_counters()
         # what every session's incomplete chunked messages may hold together (issue 28, item 2)
         self.reassembly = ReassemblyBudget(config.max_incomplete_bytes)
+        self._incomplete_shares: dict[str, list[Any]] = {}
         self._replay_owner: dict[int, object] = {}
         self._leases: list[tuple[int, int, object]] = []
         self._lease_ids = itertools.count()
@@ -73,7 +74,9 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
         # open sessions that have not published: as many empty recording directories are kept
         # ready (store.expect_publishers), so a first publish renames one (issue 31 item 1)
         self._unpublished = 0
-        self.consumers = ConsumerRegistry(config.directory, config.max_consumer_positions)
+        self.consumers = ConsumerRegistry(
+            config.directory, config.max_consumer_positions, config.consumer_positions_share
+        )
         self.retention = Retention(
             RetentionPolicy(
                 config.retention_bytes,
@@ -334,6 +337,7 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
                 authz is None or all(authz.may(identity, "consumer_commit", s) for s in streams)
             ),
             max_per_owner=self.config.max_consumers_per_client,
+            client=self._client_share(session),
         )
         return None
 
@@ -475,6 +479,7 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
                 "consumer_commits": self.consumers.commits,
                 "consumer_positions_dropped": self.consumers.positions_dropped,
                 "consumer_commits_refused": self.consumers.commits_refused,
+                "consumer_commits_over_share": self.consumers.commits_over_share,
                 "sink_commits": committer.commits,
                 "sink_duplicate_commits": committer.duplicate_commits,
                 "sink_resumed_commits": committer.resumed_commits,

@@ -65,6 +65,8 @@ SINK_COUNTERS = (
     "consumer_positions_dropped",
     # commits refused past --max-consumer-positions (LIMIT_EXCEEDED)
     "consumer_commits_refused",
+    # commits refused past --max-consumer-positions-per-client (one client's share)
+    "consumer_commits_over_share",
     "sink_commits",
     "sink_duplicate_commits",
     "sink_resumed_commits",

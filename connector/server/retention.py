@@ -56,6 +56,9 @@ class Consumer:
     positions: dict[int, int]  # recording id -> committed position
     updated_s: float
     owner: str = ""  # the client key (hex) that created it; "" without --authorized-keys
+    # whose share its positions and its place count against: its owner with --authorized-keys,
+    # else the address (an IPv6 one's /64) of the session that created it ("" before shares)
+    client: str = ""
 
 
 _P = ParamSpec("_P")
@@ -78,7 +81,12 @@ def _one_change_at_a_time(
 class ConsumerRegistry:
     """Committed positions of the named consumers, persisted across restarts."""
 
-    def __init__(self, directory: str, max_positions: int | None = None) -> None:
+    def __init__(
+        self,
+        directory: str,
+        max_positions: int | None = None,
+        max_positions_per_client: int | None = None,
+    ) -> None:
         self.path = os.path.join(directory, "consumers.msgpack")
         self.consumers: dict[str, Consumer] = {}
         # the positions the file holds, all consumers together, and their bound: positions
@@ -88,6 +96,12 @@ class ConsumerRegistry:
         self.max_positions = max_positions
         self.positions = 0
         self.commits_refused = 0  # commits that would have taken it past max_positions
+        # one client's share of them (its client key, or its address on an open server): one
+        # budget for all let one client hold every position and every other client's commits
+        # were refused (test_attack_consumer_positions_share.py)
+        self.max_positions_per_client = max_positions_per_client
+        self.positions_of: collections.Counter[str] = collections.Counter()
+        self.commits_over_share = 0  # commits that would have taken a client past its share
         # consumers per owner (client key hex; "" none), kept as they come and go: the
         # per-client limit was checked by a walk over every consumer on each new one
         self.held: collections.Counter[str] = collections.Counter()
@@ -113,9 +127,9 @@ class ConsumerRegistry:
                     {int(k): int(v) for k, v in entry["positions"].items()},
                     float(entry["updated_s"]),
                     str(entry.get("owner", "")),
+                    str(entry.get("client", entry.get("owner", ""))),
                 )
-                self.held[self.consumers[cid].owner] += 1
-                self.positions += len(self.consumers[cid].positions)
+                self._charge(self.consumers[cid], 1)
         except Exception as exc:  # noqa: BLE001 - any damage: the same refusal
             raise ServerError(
                 f"the consumers' positions file {self.path} is damaged ({type(exc).__name__}: "
@@ -140,12 +154,14 @@ class ConsumerRegistry:
         owner: str | None = None,
         may_claim: Callable[[tuple[int, ...]], bool] | None = None,
         max_per_owner: int | None = None,
+        client: str = "",
     ) -> None:
         """Record a consumer's positions. ``owner``: the committing client's key (hex; None: no
         ownership, open server): another owner's consumer is refused; one without an owner is
-        claimed if ``may_claim(its streams)``. A new consumer past ``max_per_owner`` consumers of
-        its owner (all consumers without an owner on an open server) is refused. One change at
-        a time."""
+        claimed if ``may_claim(its streams)``. ``client``: whose share a new consumer counts
+        against on an open server (its session's address); with ``owner``, the owner's. A new
+        consumer past ``max_per_owner`` consumers of its client is refused, as is a commit
+        adding positions past the client's share or the total. One change at a time."""
         if not isinstance(consumer_id, str) or not consumer_id or len(consumer_id) > 256:
             raise ControlProtocolError("consumer_commit: consumer_id must be 1..256 characters")
         try:
@@ -157,8 +173,10 @@ class ConsumerRegistry:
         if owner is not None and old is not None and old.owner != owner:
             if old.owner or (may_claim is not None and not may_claim(old.stream_ids)):
                 raise _not_owner("consumer_commit", consumer_id)
+        # charged to: the owner (with --authorized-keys), else whoever created the consumer
+        charged = owner if owner is not None else (old.client if old is not None else client)
         if old is None and max_per_owner is not None:
-            if self.held[owner if owner is not None else ""] >= max_per_owner:
+            if self.held[charged] >= max_per_owner:
                 raise LimitExceededError(
                     f"consumer_commit: a client may hold at most {max_per_owner} consumers "
                     f"(--max-consumers-per-client); forget one (consumer_forget) or reuse an id",
@@ -169,6 +187,20 @@ class ConsumerRegistry:
             merged[rid] = pos
         had = len(old.positions) if old is not None else 0
         total = self.positions - had + len(merged)
+        share = self.max_positions_per_client
+        if share is not None and len(merged) > had:
+            mine = self.positions_of[charged] + len(merged)
+            mine -= had if old is not None and old.client == charged else 0
+            if mine > share:
+                self.commits_over_share += 1
+                raise LimitExceededError(
+                    f"consumer_commit: a client may hold at most {share} consumer positions "
+                    f"(--max-consumer-positions-per-client) and this one holds "
+                    f"{self.positions_of[charged]}; forget consumers no longer used "
+                    "(consumer_forget), or let retention remove recordings (their positions go "
+                    "with them)",
+                    limit=share,
+                )
         if self.max_positions is not None and total > self.max_positions and len(merged) > had:
             self.commits_refused += 1
             raise LimitExceededError(
@@ -179,16 +211,15 @@ class ConsumerRegistry:
                 limit=self.max_positions,
             )
         kept = owner if owner is not None else (old.owner if old is not None else "")
-        new = Consumer(consumer_id, ids, merged, now_s, kept)
+        new = Consumer(consumer_id, ids, merged, now_s, kept, charged)
         # durable first, then taken: a commit whose file could not be written (full disk, EIO)
         # is answered with an error and must leave the positions as they were (issue: the
         # server went on with positions the client was told were refused)
         self._save(consumer_id, new)
         self.consumers[consumer_id] = new
-        self.positions = total
         if old is not None:
-            self._release(old.owner)
-        self.held[kept] += 1
+            self._charge(old, -1)
+        self._charge(new, 1)
         self.commits += 1
 
     @_one_change_at_a_time
@@ -208,8 +239,7 @@ class ConsumerRegistry:
             return False
         self._save(consumer_id, None)  # durable first, then forgotten (as commit)
         del self.consumers[consumer_id]
-        self.positions -= len(old.positions)
-        self._release(old.owner)
+        self._charge(old, -1)
         return True
 
     def drop_recordings(self, gone: Callable[[int], bool]) -> int:
@@ -225,21 +255,31 @@ class ConsumerRegistry:
                 positions = {rid: pos for rid, pos in c.positions.items() if not gone(rid)}
                 dropped += len(c.positions) - len(positions)
                 if len(positions) != len(c.positions):
-                    kept[cid] = Consumer(cid, c.stream_ids, positions, c.updated_s, c.owner)
+                    kept[cid] = Consumer(
+                        cid, c.stream_ids, positions, c.updated_s, c.owner, c.client
+                    )
                 else:
                     kept[cid] = c
             if not dropped:
                 return 0
             self._write(msgpack.packb({cid: _entry(c) for cid, c in kept.items()}))
+            for cid, c in self.consumers.items():
+                self._charge(c, -1)
+                self._charge(kept[cid], 1)
             self.consumers = kept
             self.positions_dropped += dropped
-            self.positions -= dropped
             return dropped
 
-    def _release(self, owner: str) -> None:
-        self.held[owner] -= 1
-        if not self.held[owner]:
-            del self.held[owner]  # a client that holds none takes no entry
+    def _charge(self, consumer: Consumer, sign: int) -> None:
+        """Count ``consumer`` (``sign`` 1) or take it back (-1) in the totals and its client's
+        place and positions; a client that holds nothing takes no entry."""
+        n, client = len(consumer.positions), consumer.client
+        self.positions += sign * n
+        self.held[client] += sign
+        self.positions_of[client] += sign * n
+        if not self.held[client]:
+            del self.held[client]
+            self.positions_of.pop(client, None)
 
     def hold(
         self,
@@ -334,6 +374,7 @@ def _entry(c: Consumer) -> dict[str, Any]:
         "updated_s": c.updated_s,
         "positions": {str(k): v for k, v in c.positions.items()},
         "owner": c.owner,
+        "client": c.client,
     }
 
 

@@ -28,6 +28,7 @@ from aeron_spark.connector.server.authz import Authorizer
 from aeron_spark.connector.server.config import ServerConfig
 from aeron_spark.connector.server.core import KeysReloaded, Outcome, ServerCore
 from aeron_spark.connector.server.dirlock import DirectoryLock, check_directory
+from aeron_spark.connector.server.fairqueue import FairQueue
 from aeron_spark.connector.server.resources import (
     DESCRIPTOR_ERRNOS,
     STORAGE_ERRNOS,
@@ -103,6 +104,7 @@ class StreamServer:
         # sink commits/aborts run here, one at a time, so they never stall the event loop
         self._worker: ThreadPoolExecutor | None = None
         self._deferred: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+        self._fair = FairQueue()  # the deferred jobs, each client's in turn
         self._started_ns = 0
         self._dir_lock: DirectoryLock | None = None
         self._nofile_at_start = self._nofile = (-1, -1)
@@ -416,12 +418,18 @@ class StreamServer:
             self._listener.wake()
 
     def _defer(self, key: object, job: Any) -> None:
-        assert self._worker is not None
-
+        """Run ``job`` on the commit worker, in its client's turn (``fairqueue.py``): one
+        worker run is submitted per job, and each takes the next client's oldest job."""
+        assert self._worker is not None and self.core is not None
+        session = self.core.sessions.get(key)
+        self._fair.put(session.share if session is not None else "", job)
         listener = self._listener
 
         def run() -> None:
-            self._deferred.put(job())  # the outcome only: the loop counts and encodes it
+            taken = self._fair.take()
+            if taken is None:  # pragma: no cover - one run per job put
+                return
+            self._deferred.put(taken())  # the outcome only: the loop counts and encodes it
             if listener is not None:
                 listener.wake()  # the loop may be asleep for up to _IDLE_WAIT_S
 

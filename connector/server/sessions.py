@@ -9,7 +9,8 @@ from aeron_spark.connector.errors import (
     NotAuthorisedError,
 )
 from aeron_spark.connector.server.state import CoreState, KeysReloaded, Session
-from aeron_spark.connector.session.chunking import Reassembler
+from aeron_spark.connector.session.chunking import Reassembler, ReassemblyBudget
+from aeron_spark.handshake.machine import address_share
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,16 @@ class SessionsMixin(CoreState):
         if self.authz is not None and not self.authz.knows(identity):
             self.counters.add("sessions_revoked")
             return None
+        share = self._share_of(peer, identity)
+        held = self._incomplete_shares.get(share)
+        if held is None:  # the client's first session: its share of the incomplete budget
+            budget = ReassemblyBudget(
+                self.config.incomplete_bytes_share,
+                self.reassembly,
+                "--max-incomplete-bytes-per-client",
+            )
+            held = self._incomplete_shares[share] = [budget, 0]
+        held[1] += 1
         session = Session(
             key,
             peer,
@@ -39,9 +50,10 @@ class SessionsMixin(CoreState):
             Reassembler(
                 self.config.max_incomplete_bytes_per_session,
                 int(self.config.incomplete_message_timeout_s * 1e9),
-                self.reassembly,
+                held[0],
             ),
             identity=identity,
+            share=share,
         )
         self.sessions[key] = session
         heapq.heappush(self._leases, (session.lease_deadline_ns, next(self._lease_ids), key))
@@ -54,6 +66,11 @@ class SessionsMixin(CoreState):
         if session is None:
             return
         session.reassembler.close()  # what its incomplete message held goes back to the budget
+        held = self._incomplete_shares.get(session.share)
+        if held is not None:
+            held[1] -= 1
+            if not held[1]:  # its client's last session: it holds nothing
+                del self._incomplete_shares[session.share]
         for replay in session.replays.values():
             replay.cursor.close()
             self._replay_owner.pop(replay.request_id, None)
@@ -153,6 +170,17 @@ class SessionsMixin(CoreState):
         """The owner a session's sink batches, sink ids and consumers get: its client key
         (hex) when the server authorises clients; None (no ownership) on an open server."""
         return session.identity.hex() if self.authz is not None else None
+
+    def _client_share(self, session: Session) -> str:
+        """Whose share of a server-wide budget a session's request counts against: its client
+        key (hex) when the server authorises clients; else its address, an IPv6 one's /64 (a
+        client may make a key per session there: as ``--max-per-address`` counts sessions)."""
+        return session.share or self._share_of(session.peer, session.identity)
+
+    def _share_of(self, peer: str, identity: bytes) -> str:
+        if self.authz is not None:
+            return identity.hex()
+        return address_share(peer.rsplit(":", 1)[0] if ":" in peer else peer)
 
     def _owner_may_read(self, owner: str, stream_id: int) -> bool:
         """Retention: does a consumer's owner (hex; "" recorded without one) still read the

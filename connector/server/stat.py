@@ -68,10 +68,11 @@ def _umask() -> int:
 _MODE = 0o666 & ~_umask()  # what open(path, "w") would have given the file
 
 
-def replace_text(path: str, text: str) -> None:
+def replace_text(path: str, text: str, rename: Callable[[str, str], None] = os.replace) -> None:
     """Write ``text`` to a new file of a name nobody can have prepared (``mkstemp``: created
     exclusively, never through a symlink; given the mode ``open`` would have, not mkstemp's
-    0600, so the users who could read the snapshot still can) and rename it over ``path``."""
+    0600, so the users who could read the snapshot still can) and rename it over ``path``
+    (``rename(tmp, path)``; if it raises, the new file is removed)."""
     fd, tmp = tempfile.mkstemp(
         prefix=os.path.basename(path) + ".", suffix=".tmp", dir=os.path.dirname(path) or "."
     )
@@ -79,7 +80,7 @@ def replace_text(path: str, text: str) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             os.fchmod(fh.fileno(), _MODE)
             fh.write(text)
-        os.replace(tmp, path)
+        rename(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -106,6 +107,10 @@ def _clockless(snapshot: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class _Stopped(Exception):
+    """A write reached its rename after :meth:`SnapshotWriter.close`: dropped, not counted."""
+
+
 class SnapshotWriter:
     """The server's ``stat.json`` and ``stat-recordings.json`` (see the module): each replaced
     only when what it says changed.
@@ -116,7 +121,10 @@ class SnapshotWriter:
     it (one submitted while it writes replaces any still waiting: never a queue). A write that
     fails (a full disk, a directory made read-only) is counted (``failures``) and logged, never
     fatal; the next snapshot is written as usual. :meth:`close` lets the thread finish its
-    write and stops it, then removes the files."""
+    write (within its timeout) and stops it, then removes the files: a write still under way
+    then (a slow disk, a huge recordings list) drops its temporary file when it reaches its
+    rename, so nothing is renamed into the directory after ``close`` (the server releases the
+    directory to a successor next)."""
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
@@ -144,6 +152,10 @@ class SnapshotWriter:
         self._cond = threading.Condition()
         self._pending: tuple[dict[str, Any], str] | None = None  # latest wins
         self._closing = False
+        # held around each rename and touch: once close has taken it and set _closed, no file
+        # of this writer appears or changes in the directory
+        self._publish = threading.Lock()
+        self._closed = False
         self._thread: threading.Thread | None = None
         self._next_log_s = 0.0
 
@@ -172,6 +184,8 @@ class SnapshotWriter:
                 return
             try:
                 self.write(*taken)
+            except _Stopped:
+                return
             except Exception as exc:  # noqa: BLE001 - counted, never fatal
                 self.failures += 1
                 now = time.monotonic()
@@ -182,8 +196,11 @@ class SnapshotWriter:
                     )
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop the thread (a write in progress finishes; one waiting is dropped), then remove
-        the files: none is written after."""
+        """Stop the thread (a write in progress finishes within ``timeout_s``; one waiting is
+        dropped), then remove the files: none is written after, even by a write still under
+        way (it drops its temporary file at its rename). Returns within ``timeout_s`` unless
+        a rename itself is stuck (then that one file is removed when the rename returns)."""
+        deadline = time.monotonic() + timeout_s
         with self._cond:
             self._closing = True
             self._pending = None
@@ -191,7 +208,29 @@ class SnapshotWriter:
             thread = self._thread
         if thread is not None:
             thread.join(timeout_s)
+        taken = self._publish.acquire(timeout=max(deadline - time.monotonic(), 0.0))
+        self._closed = True  # a rename under way (lock not taken) removes its file after
+        if taken:
+            self._publish.release()
+        else:
+            log.warning("the stat writer's rename did not return within %.1f s", timeout_s)
+        if thread is not None and thread.is_alive():
+            log.warning(
+                "the stat writer's write was still under way after %.1f s: it is dropped",
+                timeout_s,
+            )
         self.remove()
+
+    def _rename(self, tmp: str, path: str) -> None:
+        """``os.replace(tmp, path)`` unless :meth:`close` has stopped the writer."""
+        with self._publish:
+            if self._closed:
+                raise _Stopped
+            os.replace(tmp, path)
+            if self._closed:  # close gave up waiting for this rename: it removes its file
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                raise _Stopped
 
     def write(self, snapshot: dict[str, Any], recordings: str) -> None:
         """``snapshot`` (everything but the recordings) and ``recordings`` (a JSON list, as
@@ -208,6 +247,7 @@ class SnapshotWriter:
             replace_text(
                 self.recordings_path,
                 f'{{"generation": {generation}, "recordings": {recordings}}}',
+                self._rename,
             )
             self.generation = generation
             self.recordings_rewrites += 1
@@ -224,10 +264,13 @@ class SnapshotWriter:
         else:
             said = json.dumps(_clockless(snapshot), default=str, sort_keys=True)
             if said == self._said and os.path.exists(self.path):
-                os.utime(self.path)  # confirmed now: the reader ages the clock's fields
+                with self._publish:
+                    if self._closed:
+                        raise _Stopped
+                    os.utime(self.path)  # confirmed now: the reader ages the clock's fields
                 self.touches += 1
                 return
-        replace_text(self.path, json.dumps(snapshot, default=str))
+        replace_text(self.path, json.dumps(snapshot, default=str), self._rename)
         self._said = said
         self._transport = transport
         self.rewrites += 1

@@ -86,6 +86,7 @@ class Session:
     bytes_replayed: int = 0
     identity: bytes = b""  # the client's static public key (proven in the handshake)
     deferred_in_flight: int = 0  # requests handed to the shell's worker, not yet answered
+    share: str = ""  # its client (key hex, else address): whose per-client shares it counts in
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +122,8 @@ class CoreState:
     sessions: dict[object, Session]
     counters: CounterMap
     reassembly: ReassemblyBudget
+    # per client (Session.share): its share of ``reassembly`` and the sessions it has open
+    _incomplete_shares: dict[str, list[Any]]
     consumers: ConsumerRegistry
     retention: Retention
     stats_hook: Callable[[int | None], dict[str, Any]] | None

@@ -120,25 +120,45 @@ def split_parts(
 
 class ReassemblyBudget:
     """The bytes that incomplete chunked payloads may hold at once, across every reassembler
-    sharing it (a server's sessions). Counters: ``refused`` (chunks refused for it)."""
+    sharing it (a server's sessions). With ``parent``, a share of that budget (one client's
+    sessions): a charge must fit both. ``option`` names the bound in a refusal. Counters:
+    ``refused`` (chunks refused for it)."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(
+        self,
+        max_bytes: int,
+        parent: ReassemblyBudget | None = None,
+        option: str = "--max-incomplete-bytes",
+    ) -> None:
         if max_bytes <= 0:
             raise ConfigurationError("max_bytes", max_bytes, "a positive byte count")
         self.max_bytes = max_bytes
+        self.parent = parent
+        self.option = option
         self.held = 0
         self.open = 0  # payloads open in the reassemblers sharing it
         self.refused = 0
 
-    def try_charge(self, nbytes: int) -> bool:
+    def refusing(self, nbytes: int) -> ReassemblyBudget | None:
+        """Charge ``nbytes`` (to the parent too); the budget that refuses them, charging
+        nothing, or None."""
         if self.held + nbytes > self.max_bytes:
             self.refused += 1
-            return False
+            return self
+        if self.parent is not None:
+            refused = self.parent.refusing(nbytes)
+            if refused is not None:
+                return refused
         self.held += nbytes
-        return True
+        return None
+
+    def try_charge(self, nbytes: int) -> bool:
+        return self.refusing(nbytes) is None
 
     def release(self, nbytes: int) -> None:
         self.held -= nbytes
+        if self.parent is not None:
+            self.parent.release(nbytes)
 
 
 class Reassembler:
@@ -303,15 +323,17 @@ class Reassembler:
                 got_index=index,
             )
         budget = self.budget
-        if budget is not None and not budget.try_charge(len(body)):
+        full = budget.refusing(len(body)) if budget is not None else None
+        if full is not None:
             open_id = self._payload_id
             self._discard()
             self.refused += 1
+            whose = "the server's" if full.parent is None else "this client's share of"
             raise LimitExceededError(
                 f"chunk {index} of payload {open_id} refused: incomplete messages already hold "
-                f"{budget.held} of the server's {budget.max_bytes} bytes for them",
-                limit=budget.max_bytes,
-                held=budget.held,
+                f"{full.held} of {whose} {full.max_bytes} bytes for them ({full.option})",
+                limit=full.max_bytes,
+                held=full.held,
             )
         self._buffer += body
         self._next_index = index + 1

@@ -160,3 +160,20 @@ def test_reconnects_and_their_retries_are_registry_counters(server: RestartableS
         assert counters["reconnects"] == client.reconnects == 1, counters
         assert counters["reconnect_retries"] == client.reconnect_retries >= 1, counters
         assert set(counters) == {d.name for d in REGISTRY.of_type(CounterType.CLIENT)}
+
+
+def test_the_handshake_clients_refusals_show_with_the_client_counters(
+    server: RestartableServer,
+) -> None:
+    """The process's handshake client counters (a connect that waited out its slot, a key
+    store's lock given up) are read with the client's own (they were attributes nobody read:
+    ``handshake/tests/test_client_counters.py`` counts them)."""
+    from aeron_spark.handshake.client_counters import handshake_client_counters
+
+    with _client(server.endpoint) as client:
+        counters = client.client_counters()
+    process = handshake_client_counters()
+    assert set(process) == {"slot_timeouts", "key_store_lock_timeouts"}
+    for name, value in process.items():
+        assert counters[name] == value, counters
+    assert set(counters) == {d.name for d in REGISTRY.of_type(CounterType.CLIENT)}

@@ -12,6 +12,7 @@ from aeron_spark.connector.client import ClientCounters
 from aeron_spark.connector.server import counters as server_counters
 from aeron_spark.counters import REGISTRY, CounterMap, CounterType
 from aeron_spark.handshake import errors as handshake_errors
+from aeron_spark.handshake.client_counters import HandshakeClientCounters
 from aeron_spark.handshake.crypto import SealCounters
 from aeron_spark.handshake.machine import ServerCounters
 from aeron_spark.transport import errors as transport_errors
@@ -70,10 +71,13 @@ def test_counter_sets_are_declared_in_one_registry_with_unique_ids() -> None:
         (SystemCounters, CounterType.TRANSPORT),
         (ServerCounters, CounterType.HANDSHAKE),
         (SealCounters, CounterType.SEAL),
-        (ClientCounters, CounterType.CLIENT),
     ):
         assert cls.counter_type is type_
         assert [d.name for d in cls.descriptors] == [d.name for d in REGISTRY.of_type(type_)]
+    # a stream client's counters and the process's handshake client counters, one family
+    assert ClientCounters.counter_type is HandshakeClientCounters.counter_type is CounterType.CLIENT
+    client_sets = (*HandshakeClientCounters.descriptors, *ClientCounters.descriptors)
+    assert sorted(d.id for d in client_sets) == [d.id for d in REGISTRY.of_type(CounterType.CLIENT)]
     for name in (
         *server_counters.CORE_COUNTERS,
         *server_counters.SHELL_COUNTERS,

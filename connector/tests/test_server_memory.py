@@ -82,9 +82,13 @@ def _header(total: int, count: int, body: bytes = b"", pid: int = 1, index: int 
 @contextlib.contextmanager
 def _chunk_holders(tmp_path: Any, count: int) -> Iterator[tuple[str, list[StreamClient]]]:
     """A server process with 8 MiB for all incomplete messages, 4 MiB per session and a 2 s
-    timeout, and ``count`` clients of it (closed at the end): its endpoint and the clients."""
+    timeout, and ``count`` clients of it (closed at the end): its endpoint and the clients.
+    They are one client (one address) whose share is the whole 8 MiB here: the total's bound
+    is tested (the share's: test_attack_incomplete_share.py)."""
     options = [
         "--max-incomplete-bytes",
+        "8M",
+        "--max-incomplete-bytes-per-client",
         "8M",
         "--max-incomplete-bytes-per-session",
         "4M",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
@@ -71,9 +70,20 @@ def create_fresh(path: str, mode: int = 0o644, flags: int = os.O_WRONLY) -> int:
     directory: whatever is there (a file a killed server left, a FIFO or a symbolic link put
     there) is removed first, never opened nor followed, then the file is created
     ``O_CREAT|O_EXCL|O_NOFOLLOW`` (``FileExistsError`` if something is put there between the
-    two). A plain ``open(tmp, "wb")`` waited for good on a FIFO, and wrote through a link."""
-    with contextlib.suppress(FileNotFoundError):
+    two). A plain ``open(tmp, "wb")`` waited for good on a FIFO, and wrote through a link. A
+    directory there is not removed (nor what it holds): :class:`NotRegularFileError` naming it
+    (it was a bare ``IsADirectoryError``)."""
+    try:
         os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError as exc:
+        raise NotRegularFileError(
+            f"NOT_REGULAR_FILE: {path} is a directory, where the server writes a file of its "
+            "own; it is left as it is: move it aside",
+            path=path,
+            mode="directory",
+        ) from exc
     return os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
 
 

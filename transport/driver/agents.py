@@ -24,7 +24,6 @@ from typing import Any, Protocol
 
 from aeron_spark.transport.counters import SystemCounters
 from aeron_spark.transport.driver.endpoint import UdpEndpoint
-from aeron_spark.transport.errors import RemoteProtocolError
 from aeron_spark.transport.protocol.frames import (
     SM,
     SM_GROUP_TAG,
@@ -300,8 +299,11 @@ class SendEndpoint:
                 due.schedule(pub, pub.next_deadline_ns)
         return work
 
-    def on_control(self, buf: Any, length: int, source: Any, now_ns: int) -> None:
-        """An SM, NAK, RTTM or ERR for one of our publications; raises RemoteProtocolError."""
+    def on_control(
+        self, buf: Any, length: int, source: Any, now_ns: int, _transmit: Any = None
+    ) -> None:
+        """An SM, NAK, RTTM or ERR for one of our publications; raises RemoteProtocolError.
+        (``_transmit``: unused, the receiver's handler's shape: ``UdpEndpoint.drain``.)"""
         if length < 8 or buf[4] != 0:
             frame_type_of(buf[:length])  # raises: short, or another protocol version
         ftype = buf[6] | (buf[7] << 8)  # as frame_type_of, without a slice and a call a frame
@@ -471,22 +473,12 @@ class SenderAgent:
 
     def _step(self, now_ns: int) -> int:
         work = 0
-        counters = self.counters
         readable = self.readable
         reading = None if readable is None else self._index.readable(self, readable)
         for ep in self.endpoints:
             for udp in ep.sockets if reading is None else reading.get(ep, ()):
-                receive = udp.raw_receive if udp.loss is None else udp.receive  # (receive's)
-                for _ in range(RECEIVES_PER_STEP):
-                    got = receive()
-                    if got is None:
-                        break
-                    buf, length, source = got
-                    work += 1
-                    try:
-                        ep.on_control(buf, length, source, now_ns)
-                    except RemoteProtocolError:
-                        counters.invalid_frames += 1
+                # on_control each datagram (an invalid one counted: UdpEndpoint.drain)
+                work += udp.drain(ep.on_control, now_ns, None, RECEIVES_PER_STEP)
             work += ep.step(now_ns, self.on_publication_done)
         return work
 
@@ -538,7 +530,6 @@ class ReceiverAgent:
 
     def _step(self, now_ns: int) -> int:
         work = 0
-        counters = self.counters
         idle = False
         readable = self.readable
         reading = None if readable is None else self._index.readable(self, readable)
@@ -551,17 +542,8 @@ class ReceiverAgent:
             send = endpoint.queue  # flushed by do_work
             on_datagram = dispatcher.on_datagram
             for udp in sockets:
-                receive = udp.raw_receive if udp.loss is None else udp.receive  # (receive's)
-                for _ in range(RECEIVES_PER_STEP):
-                    got = receive()
-                    if got is None:
-                        break
-                    buf, length, source = got
-                    work += 1
-                    try:
-                        on_datagram(buf, length, source, now_ns, send)
-                    except RemoteProtocolError:
-                        counters.invalid_frames += 1
+                # on_datagram each datagram (an invalid one counted: UdpEndpoint.drain)
+                work += udp.drain(on_datagram, now_ns, send, RECEIVES_PER_STEP)
             work += dispatcher.do_work(now_ns, send)
             if not dispatcher.interests:
                 idle = True

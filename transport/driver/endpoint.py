@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from aeron_spark.transport.counters import SystemCounters
-from aeron_spark.transport.errors import DriverError, PortInUseError
+from aeron_spark.transport.errors import DriverError, PortInUseError, RemoteProtocolError
 from aeron_spark.transport.protocol.segments import MAX_RUN_BYTES, MAX_SEGMENTS
 from aeron_spark.transport.uri import Endpoint
 
@@ -369,8 +369,10 @@ class UdpEndpoint:
                 for at in range(0, length, segment_length):
                     self._send_unguarded(data[at : at + segment_length], address)
             else:
-                counters.send_errors += 1
-                counters.errors += 1
+                # refused outright (EPERM, EACCES, an unreachable network): every datagram of
+                # the run is lost, counted as :meth:`send` counts each (one a run hid them)
+                counters.send_errors += segments
+                counters.errors += segments
             return
         counters.gso_sends += 1
         counters.datagrams_sent += segments
@@ -427,6 +429,53 @@ class UdpEndpoint:
         if self.loss is not None:
             return self.loss.receive(self)
         return self.raw_receive()
+
+    def drain(self, handle: Any, now_ns: int, transmit: Any, limit: int) -> int:
+        """Up to ``limit`` datagrams, each handed to ``handle(buffer, length, source, now_ns,
+        transmit)`` as it is read (the buffer is reused by the next); how many were read. A
+        :class:`RemoteProtocolError` from ``handle`` is counted in ``invalid_frames`` and the
+        next datagram read. Without a loss hook or GRO, :meth:`raw_receive`'s work inline: one
+        Python call a datagram (the handler's), not two (issue 31: an idle stream's every
+        status message and heartbeat is a receive)."""
+        counters = self.counters
+        if self.loss is not None or self.gro:
+            receive = self.raw_receive if self.loss is None else self.receive
+            read = 0
+            while read < limit:
+                got = receive()
+                if got is None:
+                    break
+                read += 1
+                try:
+                    handle(got[0], got[1], got[2], now_ns, transmit)
+                except RemoteProtocolError:
+                    counters.invalid_frames += 1
+            return read
+        recv = self._recvfrom_into
+        buffer = self.buffer
+        view = self.view
+        ledger = self.ledger
+        read = 0
+        while read < limit:
+            try:
+                length, source = recv(buffer)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                if exc.errno not in _TRANSIENT and not self.closed:
+                    counters.receive_errors += 1
+                    counters.errors += 1
+                break
+            read += 1
+            counters.datagrams_received += 1
+            counters.bytes_received += length
+            if ledger is not None:
+                ledger.on_receive(host_key(source), length)
+            try:
+                handle(view, length, source, now_ns, transmit)
+            except RemoteProtocolError:
+                counters.invalid_frames += 1
+        return read
 
     def raw_receive(self) -> tuple[Any, int, Any] | None:
         if self.gro:

@@ -94,7 +94,7 @@ from aeron_spark.transport.protocol.loss_detector import (
     NAK_RETRY_RATIO,
     LossDetector,
 )
-from aeron_spark.transport.protocol.schedule import idle_deadline
+from aeron_spark.transport.protocol.schedule import IDLE_GRID_NS
 from aeron_spark.transport.protocol.tally import counter
 from aeron_spark.transport.protocol.term import (
     FragmentHandler,
@@ -495,7 +495,9 @@ class ImageState:
                 # the channel's SM timeout, on the idle grid: an idle driver's SMs go out
                 # together (data arriving does not bring an SM sooner: a quarter window
                 # consumed does, above)
-                self.sm_deadline_ns = idle_deadline(now_ns, self.idle_sm_interval_ns)
+                # (idle_deadline, inline: the interval is longer than the grid here)
+                deadline = now_ns + self.idle_sm_interval_ns
+                self.sm_deadline_ns = deadline - deadline % IDLE_GRID_NS
             else:
                 self.sm_deadline_ns = now_ns + SM_INTERVAL_NS
             if phase is _INIT:

@@ -70,6 +70,7 @@ from aeron_spark.transport.protocol.destinations import (
 )
 from aeron_spark.transport.protocol.flow_control import (
     CONNECTION_TIMEOUT_NS,
+    FlowControl,
     FlowControlPolicy,
     make_flow_control,
 )
@@ -107,7 +108,7 @@ from aeron_spark.transport.protocol.retransmit import (
     RETRANSMIT_LINGER_NS,
     RetransmitHandler,
 )
-from aeron_spark.transport.protocol.schedule import idle_deadline
+from aeron_spark.transport.protocol.schedule import IDLE_GRID_NS
 from aeron_spark.transport.protocol.segments import datagrams, segment_runs
 from aeron_spark.transport.protocol.tally import counter
 from aeron_spark.transport.protocol.term import TermAppender
@@ -588,7 +589,18 @@ class PublicationState:
         positions = self._receiver_positions
         if position > positions.get(receiver_id, -1):
             positions[receiver_id] = position
-        flow.on_status_message(receiver_id, position, receiver_window, now_ns, group_tag)
+        if type(flow) is FlowControl:
+            # FlowControl.on_status_message, inline (``max``, every session's: an idle stream's
+            # every SM comes here; one Python call fewer an SM, issue 31)
+            flow.receivers[receiver_id] = now_ns
+            flow.has_initial_connection = True
+            if receiver_window > 0:
+                flow.retransmit_window = receiver_window
+            proposed = position + receiver_window
+            if proposed > flow.sender_limit:
+                flow.sender_limit = proposed
+        else:
+            flow.on_status_message(receiver_id, position, receiver_window, now_ns, group_tag)
         if (
             not flow.connected_by_any_sm
             or self.spies
@@ -882,7 +894,9 @@ class PublicationState:
             if closing or idle <= HEARTBEAT_INTERVAL_NS:
                 self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
             else:  # on the idle grid: an idle driver's heartbeats go out together
-                self.heartbeat_deadline_ns = idle_deadline(now_ns, idle)
+                # (idle_deadline, inline: the interval is longer than the grid here)
+                deadline = now_ns + idle
+                self.heartbeat_deadline_ns = deadline - deadline % IDLE_GRID_NS
             if frame[5] & _DATA_EOS:
                 self.is_eos_sent = True
                 if self.phase is _DRAINING:

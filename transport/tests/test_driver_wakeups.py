@@ -213,17 +213,17 @@ def test_a_step_reads_only_the_sockets_that_have_datagrams(monkeypatch: Any) -> 
     driver = Driver(DriverConfig(threading_mode="invoker", write_counters_file=False))
     driver.start()
     reads: list[int] = []
-    real_receive = UdpEndpoint.raw_receive
+    real_drain = UdpEndpoint.drain  # what a step reads a socket with
 
-    def counting_receive(self: UdpEndpoint) -> Any:
+    def counting_drain(self: UdpEndpoint, *args: Any) -> Any:
         reads.append(self.local_port)
-        return real_receive(self)
+        return real_drain(self, *args)
 
     try:
         subs = [driver.add_subscription("aeron:udp?endpoint=127.0.0.1:0", 10) for _ in range(10)]
         now = time.monotonic_ns()
         driver.do_work(now)
-        monkeypatch.setattr(UdpEndpoint, "raw_receive", counting_receive)
+        monkeypatch.setattr(UdpEndpoint, "drain", counting_drain)
         driver.do_work(now)
         assert reads == [], "a step with no datagram anywhere read sockets"
         host, port = subs[3].local_endpoints[0]

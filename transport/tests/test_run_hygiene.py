@@ -5,6 +5,10 @@
   directory for good. A run now removes, as it starts, those whose pytest process is gone (each
   names its process: pid and start time, so a pid reused since is not taken for the run), and
   never a live run's nor one that names no owner.
+* A parallel run (pyproject's default ``-n 3 --dist loadgroup``) runs each test file whole on
+  one worker and every test of spark_tests/ on one worker (one SparkSession a run): xdist's own
+  loadgroup, under pytest 9.2, handed out every test on its own (pytest-xdist#1386), and Spark
+  tests ran on two workers at once; the root conftest's scheduler does it now.
 * A run on a machine whose /dev/shm cannot take the log buffers (a container's 64 MiB, a
   read-only mount) failed test by test far from the cause; it now stops at once saying why.
   The /dev/shm of the child run is a tmpfs of a mount namespace of its own (``unshare -m``, root):
@@ -14,6 +18,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,9 +41,12 @@ def _start_time(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
 
 
-def _child_run(tmp: Path, prefix: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+def _child_run(
+    tmp: Path, prefix: list[str] | None = None, args: tuple[str, ...] = ("-n", "0", TARGET)
+) -> subprocess.CompletedProcess[str]:
+    """A pytest run of ``args`` (by default TARGET in one process) in ``tmp``."""
     env = dict(os.environ, TMPDIR=str(tmp), PYTEST_DEBUG_TEMPROOT=str(tmp))
-    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", TARGET]
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
     return subprocess.run(
         [*(prefix or []), *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
     )
@@ -100,3 +108,25 @@ def test_a_run_stops_at_once_when_dev_shm_is_not_usable(
     assert "/dev/shm is not usable for the tests" in out and says in out, out[-3000:]
     assert "1 passed" not in out
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(PREFIX)]  # its own went too
+
+
+def test_a_parallel_run_keeps_each_file_and_all_of_spark_tests_on_one_worker(
+    tmp_path: Path,
+) -> None:
+    # tests of four files of spark_tests/ and one other file, none starting Spark: seconds each
+    spark = [
+        "spark_tests/test_errors_helper.py",
+        "spark_tests/test_cluster.py::test_compose_file_has_no_obsolete_version_key",
+        "spark_tests/test_readme_tour.py::test_tour_says_which_python_spark_needs",
+        "spark_tests/test_sink_option_errors.py::test_readme_says_when_streaming_sink_options_are_checked",
+    ]
+    other = "handshake/tests/test_messages_codec.py"
+    done = _child_run(tmp_path, args=("-n", "2", "--dist", "loadgroup", "-v", *spark, other))
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    workers: dict[str, set[str]] = {}
+    for worker, nodeid in re.findall(r"^\[(gw\d+)\] \[ *\d+%\] PASSED (\S+)", done.stdout, re.M):
+        path = nodeid.split("::", 1)[0]
+        workers.setdefault("spark" if path.startswith("spark_tests/") else path, set()).add(worker)
+    assert set(workers) == {"spark", other}, out[-3000:]
+    assert all(len(on) == 1 for on in workers.values()), workers
