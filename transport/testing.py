@@ -117,11 +117,13 @@ class DropChosen:
     the test chooses, each once: ``choose(header)`` is asked for every DATA datagram not
     dropped before (``header``: ``DATA_HEADER``'s fields of its first frame, a
     ``DataHeader``); a chosen one is dropped the first time and handed on when it comes again
-    (a retransmission: its key in ``resent``). Deterministic loss, unlike :class:`LossConfig`'s
-    rates. One instance serves every endpoint of the driver (the receiver thread calls it)."""
+    (a retransmission: its key in ``resent``), or dropped again with ``drop_resent`` (a path
+    black-holed, not lossy). Deterministic loss, unlike :class:`LossConfig`'s rates. One
+    instance serves every endpoint of the driver (the receiver thread calls it)."""
 
-    def __init__(self, choose: Callable[[DataHeader], bool]) -> None:
+    def __init__(self, choose: Callable[[DataHeader], bool], drop_resent: bool = False) -> None:
         self.choose = choose
+        self.drop_resent = drop_resent
         self.dropped: list[tuple[int, int, int]] = []  # (session id, term id, term offset)
         self.resent: list[tuple[int, int, int]] = []
         self.handed_headers: list[DataHeader] = []  # of the DATA handed on (resent too)
@@ -143,6 +145,8 @@ class DropChosen:
             key = (header.session_id, header.term_id, header.term_offset)
             if key in self.dropped:
                 self.resent.append(key)
+                if self.drop_resent:
+                    continue
             elif self.choose(header):
                 self.dropped.append(key)
                 continue
@@ -160,6 +164,28 @@ class DataHeader(NamedTuple):
     stream_id: int
     term_id: int
     reserved_value: int
+
+
+def session_publication(
+    clock: Any, dest: Any, session_id: int = 5, term_length: int = 64 * 1024, **more: Any
+) -> Any:
+    """A publication's state of stream 10 (terms of ``term_length`` from term 0, MTU 1408) to
+    ``dest`` on ``clock`` (a :class:`ManualClock`): the one the driver-path tests step by hand;
+    ``more`` goes to :class:`PublicationState` (flow control, idle heartbeat interval, ...)."""
+    from aeron_spark.transport.protocol.publication import PublicationState
+
+    return PublicationState(
+        session_id=session_id,
+        stream_id=10,
+        initial_term_id=0,
+        term_id=0,
+        term_offset=0,
+        term_length=term_length,
+        mtu=1408,
+        destination=dest,
+        now_ns=clock.now_ns,
+        **more,
+    )
 
 
 class ManualClock:

@@ -20,7 +20,6 @@ from aeron_spark.handshake import Client, ClientConfig, HandshakeTimeoutError
 from aeron_spark.handshake.config import REPLY_STREAM_ID
 from aeron_spark.handshake.hello_channel import registry
 from aeron_spark.transport import Driver, DriverConfig
-from aeron_spark.transport.protocol.frames import DATA_HEADER
 from aeron_spark.transport.testing import DataHeader, DropChosen
 
 
@@ -65,32 +64,19 @@ def test_a_lost_reply_is_resent_and_the_handshake_completes(
         driver.close()
 
 
-class _DropRepliesFrom:
-    """A media hook dropping every reply DATA datagram from the ``first``-th on, resent or
-    not (the reply path black-holed mid-handshake)."""
+def _drop_replies_from(first: int) -> DropChosen:
+    """A media hook dropping every reply DATA datagram from the ``first``-th on, and each
+    one's resends (the reply path black-holed mid-handshake)."""
+    replies = 0
 
-    def __init__(self, first: int) -> None:
-        self.first = first
-        self.replies = 0
-        self.dropped = 0
+    def choose(header: DataHeader) -> bool:
+        nonlocal replies
+        if header.stream_id != REPLY_STREAM_ID:
+            return False
+        replies += 1
+        return replies > first
 
-    def receive_hook(self, counters: Any = None) -> _DropRepliesFrom:
-        return self
-
-    def receive(self, endpoint: Any) -> tuple[Any, int, Any] | None:
-        while True:
-            got = endpoint.raw_receive()
-            if got is None:
-                return None
-            buf, length, _ = got
-            if length > 32 and buf[6] == 1:  # a DATA frame (heartbeats are 32 bytes)
-                header = DataHeader(*DATA_HEADER.unpack_from(buf, 0))
-                if header.stream_id == REPLY_STREAM_ID and header.frame_length:
-                    self.replies += 1
-                    if self.replies > self.first:
-                        self.dropped += 1
-                        continue
-            return got
+    return DropChosen(choose, drop_resent=True)
 
 
 @pytest.mark.parametrize("first", [0, 1], ids=["every-reply", "after-the-cookie"])
@@ -98,7 +84,7 @@ def test_a_reply_path_lost_for_good_fails_in_time_with_a_code(
     make_server: Callable[..., Any], tmp_path: Any, first: int
 ) -> None:
     server = make_server()
-    hook = _DropRepliesFrom(first)
+    hook = _drop_replies_from(first)
     driver = Driver(DriverConfig(write_counters_file=False, loss=hook)).start()
     try:
         client = Client(

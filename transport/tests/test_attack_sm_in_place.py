@@ -15,8 +15,7 @@ from aeron_spark.transport.counters import SystemCounters
 from aeron_spark.transport.driver.agents import SendEndpoint, SenderAgent
 from aeron_spark.transport.driver.endpoint import Endpoint, UdpEndpoint
 from aeron_spark.transport.protocol.frames import SM, StatusMessage
-from aeron_spark.transport.protocol.publication import PublicationState
-from aeron_spark.transport.testing import ManualClock
+from aeron_spark.transport.testing import ManualClock, session_publication
 
 TERM = 64 * 1024
 
@@ -41,20 +40,6 @@ def _rig() -> tuple[ManualClock, SystemCounters, UdpEndpoint, UdpEndpoint, Sende
     return clock, counters, udp, peer, agent, ep
 
 
-def _pub(clock: ManualClock, dest: Any) -> PublicationState:
-    return PublicationState(
-        session_id=1000,
-        stream_id=10,
-        initial_term_id=0,
-        term_id=0,
-        term_offset=0,
-        term_length=TERM,
-        mtu=1408,
-        destination=dest,
-        now_ns=clock.now_ns,
-    )
-
-
 def _with_version(frame: bytes, version: int) -> bytes:
     return frame[:4] + bytes([version]) + frame[5:]
 
@@ -66,7 +51,7 @@ def test_attack_an_sm_of_another_protocol_version_is_refused_as_the_decoder_refu
     clock, counters, udp, peer, agent, ep = _rig()
     try:
         me = ("127.0.0.1", udp.local_port)
-        pub = _pub(clock, ("127.0.0.1", peer.local_port))
+        pub = session_publication(clock, ("127.0.0.1", peer.local_port), 1000)
         ep.add(pub)
         agent.do_work(clock.now_ns)  # its first SETUP
         foreign = _with_version(StatusMessage(1000, 10, 0, 0, TERM // 2, 5).encode(), 1)
@@ -95,7 +80,7 @@ def test_attack_crafted_positions_and_windows_never_open_more_than_an_sm_allows(
     clock, counters, udp, peer, agent, ep = _rig()
     try:
         me = ("127.0.0.1", udp.local_port)
-        pub = _pub(clock, ("127.0.0.1", peer.local_port))
+        pub = session_publication(clock, ("127.0.0.1", peer.local_port), 1000)
         ep.add(pub)
         agent.do_work(clock.now_ns)
         peer.send(StatusMessage(1000, 10, 0, 0, 2048, 5).encode(), me)

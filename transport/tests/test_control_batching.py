@@ -14,7 +14,6 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -33,10 +32,9 @@ from aeron_spark.transport.driver.endpoint import (
 )
 from aeron_spark.transport.protocol.frames import FrameType, SetupFrame, StatusMessage
 from aeron_spark.transport.protocol.heartbeat import HEARTBEAT_INTERVAL_NS
-from aeron_spark.transport.protocol.publication import PublicationState
 from aeron_spark.transport.protocol.receiver import StreamInterest
 from aeron_spark.transport.protocol.segments import MAX_SEGMENTS
-from aeron_spark.transport.testing import LossConfig, ManualClock
+from aeron_spark.transport.testing import LossConfig, ManualClock, session_publication
 from aeron_spark.transport.uri import Endpoint
 
 from .test_udp_loopback import transfer
@@ -206,20 +204,6 @@ def test_a_destination_that_refuses_gso_gets_its_frames_one_by_one(
     assert counters.gso_fallbacks == 1 and counters.datagrams_sent == 7
 
 
-def _pub(clock: ManualClock, dest: Any, session_id: int) -> PublicationState:
-    return PublicationState(
-        session_id=session_id,
-        stream_id=10,
-        initial_term_id=0,
-        term_id=0,
-        term_offset=0,
-        term_length=TERM,
-        mtu=1408,
-        destination=dest,
-        now_ns=clock.now_ns,
-    )
-
-
 @pytest.mark.parametrize("gro", [False, True], ids=["plain", "gro"])
 def test_idle_heartbeats_of_many_publications_go_out_in_one_send(gro: bool) -> None:
     """40 idle publications to one address (a client process's): their heartbeats, due in one
@@ -233,7 +217,7 @@ def test_idle_heartbeats_of_many_publications_go_out_in_one_send(gro: bool) -> N
         agent = SenderAgent(counters, lambda ep, pub: ep.remove(pub))
         agent.endpoints = (ep,)
         dest = peer.local_address
-        pubs = [_pub(clock, dest, 1000 + i) for i in range(40)]
+        pubs = [session_publication(clock, dest, 1000 + i) for i in range(40)]
         for pub in pubs:
             ep.add(pub)
             sm = StatusMessage(pub.session_id, 10, 0, 0, TERM, 1)

@@ -38,7 +38,7 @@ from aeron_spark.transport.protocol.publication import PublicationState
 from aeron_spark.transport.protocol.receiver import ReceiveDispatcher, StreamInterest
 from aeron_spark.transport.protocol.schedule import IDLE_GRID_NS, DueQueue
 from aeron_spark.transport.protocol.term import encode_data_header
-from aeron_spark.transport.testing import ManualClock
+from aeron_spark.transport.testing import ManualClock, session_publication
 from aeron_spark.transport.uri import ChannelConfig
 
 MS = 1_000_000
@@ -59,22 +59,6 @@ def _count_calls(obj: Any, name: str, calls: list[Any]) -> None:
 
 def _sm(pub: PublicationState, receiver_id: int) -> StatusMessage:
     return StatusMessage(pub.session_id, pub.stream_id, pub.initial_term_id, 0, TERM, receiver_id)
-
-
-def _pub(clock: ManualClock, dest: Any, session_id: int = 5, **more: Any) -> PublicationState:
-    """A publication of stream 10 (terms of ``TERM`` from term 0) to ``dest``."""
-    return PublicationState(
-        session_id=session_id,
-        stream_id=10,
-        initial_term_id=0,
-        term_id=0,
-        term_offset=0,
-        term_length=TERM,
-        mtu=1408,
-        destination=dest,
-        now_ns=clock.now_ns,
-        **more,
-    )
 
 
 def test_due_queue_gives_ready_items_then_due_ones_each_once() -> None:
@@ -113,7 +97,7 @@ def test_the_sender_steps_only_the_publications_that_are_due() -> None:
         agent.endpoints = (ep,)
         pubs = []
         for i, dest in enumerate(SENDERS):
-            pub = _pub(clock, dest, 1000 + i)
+            pub = session_publication(clock, dest, 1000 + i)
             ep.add(pub)
             pub.on_status_message(_sm(pub, i), dest, clock.now_ns)
             pubs.append(pub)
@@ -165,7 +149,7 @@ def test_a_status_message_that_only_repeats_a_position_does_not_step_the_publica
         agent = SenderAgent(counters, lambda ep, pub: ep.remove(pub))
         agent.endpoints = (ep,)
         me = ("127.0.0.1", udp.local_port)
-        pub = _pub(clock, ("127.0.0.1", peer.local_port), 1000)
+        pub = session_publication(clock, ("127.0.0.1", peer.local_port), 1000)
         ep.add(pub)
 
         def sm(window: int, flags: int = 0) -> bytes:
@@ -242,7 +226,7 @@ def test_an_idle_publication_keeps_heartbeating_every_100_ms() -> None:
     sessions in CI)."""
     clock, sent = ManualClock(), []
     dest = ("127.0.0.1", 40000)
-    pub = _pub(clock, dest)
+    pub = session_publication(clock, dest)
 
     def transmit(data: Any, address: Any) -> None:
         sent.append(clock.now_ns)
@@ -295,7 +279,7 @@ def test_an_idle_image_keeps_its_status_messages_every_200_ms() -> None:
 
 
 def _idle_pub(clock: ManualClock, dest: Any, idle_ns: int) -> PublicationState:
-    pub = _pub(clock, dest, idle_heartbeat_interval_ns=idle_ns)
+    pub = session_publication(clock, dest, idle_heartbeat_interval_ns=idle_ns)
     pub.on_status_message(_sm(pub, 1), dest, clock.now_ns)
     return pub
 
@@ -649,7 +633,7 @@ def test_the_sender_reads_a_status_message_in_place_as_the_decoder_does() -> Non
         agent.endpoints = (ep,)
         me = ("127.0.0.1", udp.local_port)
         tagged = FlowControlPolicy("tagged", group_tag=7)
-        pub = _pub(clock, ("127.0.0.1", peer.local_port), 1000, flow_control=tagged)
+        pub = session_publication(clock, ("127.0.0.1", peer.local_port), 1000, flow_control=tagged)
         ep.add(pub)
         agent.do_work(clock.now_ns)  # its first SETUP
         assert pub.setups_sent == 1
