@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import socket
 import struct
-import time
 from typing import Any
 
 from aeron_spark.transport.counters import SystemCounters
@@ -16,18 +15,9 @@ from aeron_spark.transport.driver.agents import SendEndpoint, SenderAgent
 from aeron_spark.transport.driver.endpoint import Endpoint, UdpEndpoint
 from aeron_spark.transport.protocol.frames import SM, StatusMessage
 from aeron_spark.transport.testing import ManualClock, session_publication
+from transport.tests.test_idle_streams import _read_until
 
 TERM = 64 * 1024
-
-
-def _read_until(agent: SenderAgent, counters: SystemCounters, received: int, now_ns: int) -> None:
-    """Step the sender until its socket has received ``received`` datagrams (bounded wait)."""
-    deadline = time.monotonic() + 20
-    while counters.datagrams_received < received:
-        assert time.monotonic() < deadline, "datagrams never arrived"
-        agent.do_work(now_ns)
-        time.sleep(0.001)
-    agent.do_work(now_ns)
 
 
 def _rig() -> tuple[ManualClock, SystemCounters, UdpEndpoint, UdpEndpoint, SenderAgent, Any]:
