@@ -849,6 +849,8 @@ class PublicationState:
                 self.setup_deadline_ns = now_ns
         if self.dynamic and dests.by_address and dests.expire(now_ns, flow.receivers):
             flow.refresh()
+            # their receivers went with them: the last one gone, offers answer NOT_CONNECTED
+            self._update_publisher_limit()
         if now_ns >= self.setup_deadline_ns and not self.is_eos_sent:
             connected = flow.has_initial_connection
             frame = None

@@ -5,6 +5,7 @@ own session (a secure session's) takes no stranger and no session-0 SM."""
 
 from __future__ import annotations
 
+from aeron_spark.transport.api import NOT_CONNECTED
 from aeron_spark.transport.protocol.frames import NakFrame, SmFlags, StatusMessage
 from aeron_spark.transport.protocol.publication import PublicationState
 from aeron_spark.transport.testing import ManualClock, Wire
@@ -135,3 +136,21 @@ def test_a_setup_request_refused_before_its_host_was_allowed_is_answered_once_al
     assert len(pub.refused_elicits) <= REFUSED_ELICITS_MAX
     # those pushed out were refused
     assert pub.status_messages_refused == 2 + 1000 - len(pub.refused_elicits)
+
+
+def test_offers_answer_not_connected_once_the_last_destination_timed_out() -> None:
+    """A dynamic publication whose every destination fell silent past the connection timeout
+    drops them, and with them its receivers: nobody is connected, so its publisher limit falls
+    back to the sender's position and offers answer NOT_CONNECTED (Aeron's rule), not appended
+    into a window nobody reads any more (it stayed at the old window until the next SM)."""
+    clock, wire = ManualClock(), Wire()
+    pub = _pub(clock)
+    pub.on_status_message(_sm(77, 64 * 1024, 1), A, clock.now_ns)
+    assert pub.offer(b"x" * 100) > 0
+    pub.send(clock.now_ns, wire)
+    assert pub.is_connected and pub.publisher_limit > pub.sender_position
+    clock.advance(pub.dests.connection_timeout_ns + 1_000_000_000)
+    pub.send(clock.now_ns, wire)
+    assert pub.destinations == {} and not pub.is_connected
+    assert pub.publisher_limit == pub.sender_position, (pub.publisher_limit, pub.sender_position)
+    assert pub.offer(b"y" * 100) == NOT_CONNECTED
