@@ -13,7 +13,7 @@ Rules (Aeron's, so a real Aeron receiver sees what it expects):
   driver-wide ``aeron.publication.heartbeat.timeout``, per channel: our own sessions' channels,
   issue 31): then the first heartbeat after data still goes after 100 ms (a lost last datagram
   is found as soon), the following ones that far apart (at most ``IDLE_HEARTBEAT_INTERVAL_MAX_NS``,
-  a fifth of the image liveness; due on the idle grid, ``schedule.idle_deadline``: never later,
+  a fifth of the image liveness; due on the idle grid, ``schedule.IDLE_GRID_NS``: never later,
   at most 20 ms sooner); a closing stream's (EOS) heartbeats keep 100 ms.
 """
 

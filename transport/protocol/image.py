@@ -23,7 +23,7 @@ Invariants:
   driver-wide ``aeron.rcv.status.message.timeout``, per channel, our own sessions' channels)
   sends its SMs that far apart once connected (the one after its first SM still at 200 ms, in
   case the first was lost), at most ``SM_IDLE_INTERVAL_MAX_NS`` (a fifth of the sender's 5 s
-  connection timeout), due on the idle grid (``schedule.idle_deadline``: never later, at most
+  connection timeout), due on the idle grid (``schedule.IDLE_GRID_NS``: never later, at most
   20 ms sooner), data or not: as Aeron, only a quarter window consumed brings an SM sooner (an
   SM 200 ms after each message, as before, doubled the SMs of a session publishing once a
   second, each one a datagram out, one in and a sender step; issue 31). Gaps and
@@ -495,7 +495,7 @@ class ImageState:
                 # the channel's SM timeout, on the idle grid: an idle driver's SMs go out
                 # together (data arriving does not bring an SM sooner: a quarter window
                 # consumed does, above)
-                # (idle_deadline, inline: the interval is longer than the grid here)
+                # (rounded down to the grid: the interval is longer than it, so still after now)
                 deadline = now_ns + self.idle_sm_interval_ns
                 self.sm_deadline_ns = deadline - deadline % IDLE_GRID_NS
             else:

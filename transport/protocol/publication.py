@@ -896,7 +896,7 @@ class PublicationState:
             if closing or idle <= HEARTBEAT_INTERVAL_NS:
                 self.heartbeat_deadline_ns = now_ns + HEARTBEAT_INTERVAL_NS
             else:  # on the idle grid: an idle driver's heartbeats go out together
-                # (idle_deadline, inline: the interval is longer than the grid here)
+                # (rounded down to the grid: the interval is longer than it, so still after now)
                 deadline = now_ns + idle
                 self.heartbeat_deadline_ns = deadline - deadline % IDLE_GRID_NS
             if frame[5] & _DATA_EOS:

@@ -15,14 +15,15 @@ Invariants:
 * Appending to ``ready`` is the only thing other threads do (``deque.append`` is atomic); every
   other call is the owning agent's.
 
-Idle deadlines on a grid (:func:`idle_deadline`): an idle stream's spaced-out heartbeat or status
-message (a channel's ``idle-heartbeat-interval`` / ``idle-sm-interval``, a second or two) is due
-on a multiple of ``IDLE_GRID_NS`` (20 ms), at most that much earlier than its interval, never
-later, and every interval after it exactly (the intervals are multiples of the grid). So a
-driver holding thousands of idle streams steps them some fifty times a second, many in a step,
-instead of waking once per stream and datagram (each wake-up costs a poll, a thread switch and a
-pass over the agents: most of an idle server's time at 2,048 sessions; issue 31). Aeron's own
-cadences (100 ms, 200 ms) are not moved.
+Idle deadlines on a grid (``IDLE_GRID_NS``: ``now + interval`` rounded down to it, written out
+where an image or a publication sets its deadline, one Python call fewer a datagram): an idle
+stream's spaced-out heartbeat or status message (a channel's ``idle-heartbeat-interval`` /
+``idle-sm-interval``, a second or two) is due on a multiple of ``IDLE_GRID_NS`` (20 ms), at most
+that much earlier than its interval, never later, and every interval after it exactly (the
+intervals are multiples of the grid). So a driver holding thousands of idle streams steps them
+some fifty times a second, many in a step, instead of waking once per stream and datagram (each
+wake-up costs a poll, a thread switch and a pass over the agents: most of an idle server's time
+at 2,048 sessions; issue 31). Aeron's own cadences (100 ms, 200 ms) are not moved.
 """
 
 from __future__ import annotations
@@ -34,13 +35,6 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 IDLE_GRID_NS = 20_000_000
-
-
-def idle_deadline(now_ns: int, interval_ns: int) -> int:
-    """``now_ns + interval_ns`` rounded down to the idle grid (see the module): never later than
-    the interval asks, and after ``now_ns`` for any interval longer than the grid."""
-    deadline = now_ns + interval_ns
-    return deadline - deadline % IDLE_GRID_NS if interval_ns > IDLE_GRID_NS else deadline
 
 
 class DueQueue(Generic[T]):
