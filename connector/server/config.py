@@ -303,11 +303,6 @@ class ServerConfig:
     @property
     def consumer_positions_share(self) -> int:
         """The committed consumer positions one client may hold."""
-        part = self.max_incomplete_bytes_per_client
-        if part is not None and not 0 < part <= self.max_incomplete_bytes:
-            raise ConfigurationError(
-                "max_incomplete_bytes_per_client", part, "1..max_incomplete_bytes bytes"
-            )
         share = self.max_consumer_positions_per_client
         return share if share is not None else max(self.max_consumer_positions // 2, 1)
 

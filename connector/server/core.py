@@ -337,7 +337,7 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
                 authz is None or all(authz.may(identity, "consumer_commit", s) for s in streams)
             ),
             max_per_owner=self.config.max_consumers_per_client,
-            client=self._client_share(session),
+            client=session.share,
         )
         return None
 

@@ -264,8 +264,9 @@ class ConsumerRegistry:
                 return 0
             self._write(msgpack.packb({cid: _entry(c) for cid, c in kept.items()}))
             for cid, c in self.consumers.items():
-                self._charge(c, -1)
-                self._charge(kept[cid], 1)
+                if kept[cid] is not c:  # lost positions: its client's count with them
+                    self._charge(c, -1)
+                    self._charge(kept[cid], 1)
             self.consumers = kept
             self.positions_dropped += dropped
             return dropped

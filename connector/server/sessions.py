@@ -171,13 +171,11 @@ class SessionsMixin(CoreState):
         (hex) when the server authorises clients; None (no ownership) on an open server."""
         return session.identity.hex() if self.authz is not None else None
 
-    def _client_share(self, session: Session) -> str:
-        """Whose share of a server-wide budget a session's request counts against: its client
-        key (hex) when the server authorises clients; else its address, an IPv6 one's /64 (a
-        client may make a key per session there: as ``--max-per-address`` counts sessions)."""
-        return session.share or self._share_of(session.peer, session.identity)
-
     def _share_of(self, peer: str, identity: bytes) -> str:
+        """Whose share of a server-wide budget a session (``Session.share``) counts against: its
+        client key (hex) when the server authorises clients; else its address, an IPv6 one's
+        /64 (a client may make a key per session there: as ``--max-per-address`` counts
+        sessions)."""
         if self.authz is not None:
             return identity.hex()
         return address_share(peer.rsplit(":", 1)[0] if ":" in peer else peer)
