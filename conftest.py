@@ -13,11 +13,12 @@ pytest process that made it (``pytest-owner``: its pid and start time); a run re
 starts, those whose process is gone (an interrupted run never removed its own), never a live
 run's, nor one naming no owner.
 
-A parallel run (pytest-xdist, the default: pyproject's ``addopts``) runs each test file whole on
-one worker, and the files of spark_tests/ on one worker, one after the other (``SPARK_GROUP``):
-one SparkSession for the whole run, never one per worker, and one Spark driver at a time.
-Each worker is a pytest process of its own, with its own run directory (inside the
-controller's), key store and ``/dev/shm`` check.
+A parallel run (pytest-xdist: ``python -m pytest -n 3 --dist loadgroup``; one process is the
+default, see pyproject's ``addopts``) runs each test file whole on one worker, and the files of
+spark_tests/ on one worker, one after the other (``SPARK_GROUP``): one SparkSession for the
+whole run, never one per worker, and one Spark driver at a time. Each worker is a pytest process
+of its own, with its own run directory (inside the controller's), key store and ``/dev/shm``
+check.
 
 A run stops at once, saying why, when /dev/shm (where the drivers' log buffers live) is missing,
 not writable or has less than 256 MiB free.
