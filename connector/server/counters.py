@@ -42,6 +42,8 @@ CORE_COUNTERS = (
     "bytes_published",
     "chunks_discarded",
     "incomplete_messages_refused",  # a chunk past the incomplete-message budgets (issue 28)
+    # of those, refused for the client's share (--max-incomplete-bytes-per-client)
+    "incomplete_messages_over_share",
     "incomplete_messages_expired",  # an incomplete message whose next chunk did not come
     # a deferred request (commit, scan, ...) past MAX_DEFERRED_PER_SESSION queued (requests.py)
     "deferred_requests_refused",

@@ -55,6 +55,9 @@ class RequestsMixin(CoreState):
                 whole = session.reassembler.feed(message, now_ns)
             except LimitExceededError as exc:  # the incomplete-message budget: refused
                 self.counters.add("incomplete_messages_refused")
+                refused_by = session.reassembler.refused_by
+                if refused_by is not None and refused_by.parent is not None:  # a client's share
+                    self.counters.add("incomplete_messages_over_share")
                 self.counters["chunks_discarded"] += 1
                 return [proto.encode_error(0, exc)]
             except ConnectorError as exc:

@@ -186,6 +186,8 @@ class Reassembler:
         self.max_payload_bytes = max_payload_bytes
         self.timeout_ns = timeout_ns
         self.budget = budget
+        # the budget that refused the last chunk refused (a share's, or its parent's)
+        self.refused_by: ReassemblyBudget | None = None
         self._payload_id: int | None = None
         self._buffer = bytearray()  # grows with the chunks: held bytes only, never announced
         self._total = 0  # the announced length
@@ -328,6 +330,7 @@ class Reassembler:
             open_id = self._payload_id
             self._discard()
             self.refused += 1
+            self.refused_by = full
             whose = "the server's" if full.parent is None else "this client's share of"
             raise LimitExceededError(
                 f"chunk {index} of payload {open_id} refused: incomplete messages already hold "

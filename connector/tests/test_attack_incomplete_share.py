@@ -23,7 +23,7 @@ from connector.tests.test_server_memory import MIB, _header, _ping, _send
 
 
 def test_attack_one_key_cannot_hold_every_incomplete_byte(tmp_path: Path) -> None:
-    grants = {"hostile": "read=* write=*", "victim": "read=* write=*"}
+    grants = {"hostile": "read=* write=*", "victim": "read=* write=*", "ops": "read=* admin"}
     extra = ["--max-incomplete-bytes", "8M", "--max-incomplete-bytes-per-session", "4M"]
     with keyed_server(str(tmp_path), grants, extra) as server:
         hostile = [server.client("hostile") for _ in range(3)]
@@ -45,6 +45,12 @@ def test_attack_one_key_cannot_hold_every_incomplete_byte(tmp_path: Path) -> Non
             # the hostile key's second and third sessions' chunks past its 4 MiB share: refused
             assert [r.error["code"] for r in refusals] == [int(ErrorCode.LIMIT_EXCEEDED)] * 2
             assert "--max-incomplete-bytes-per-client" in refusals[0].error["message"], refusals
+            # counted as refusals, and as refusals for a client's share (its own counter: on
+            # main only incomplete_messages_refused, the same as for the server's whole budget)
+            with server.client("ops") as ops:
+                counters = ops.stats()["counters"]
+            assert counters["incomplete_messages_refused"] == 2, counters
+            assert counters["incomplete_messages_over_share"] == 2, counters
         finally:
             for c in hostile:
                 c.close()
