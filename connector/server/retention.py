@@ -173,8 +173,14 @@ class ConsumerRegistry:
         if owner is not None and old is not None and old.owner != owner:
             if old.owner or (may_claim is not None and not may_claim(old.stream_ids)):
                 raise _not_owner("consumer_commit", consumer_id)
-        # charged to: the owner (with --authorized-keys), else whoever created the consumer
-        charged = owner if owner is not None else (old.client if old is not None else client)
+        # charged to: the owner (with --authorized-keys), else whoever created the consumer; one
+        # saved before shares (no client: an open server's) to the first client committing it
+        # (all were charged to one "" share nobody holds, already past it after a restart from
+        # an old store: every commit adding a position to one was refused for good)
+        if owner is not None:
+            charged = owner
+        else:
+            charged = old.client if old is not None and old.client else client
         if old is None and max_per_owner is not None:
             if self.held[charged] >= max_per_owner:
                 raise LimitExceededError(

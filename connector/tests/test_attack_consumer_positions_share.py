@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from aeron_spark.connector.client import ClientSettings, StreamClient
@@ -150,3 +151,40 @@ def test_shares_survive_a_restart(tmp_path: Path) -> None:
     again.forget("a1")
     again.commit("a2", [10], {4: 1, 5: 1, 6: 1, 7: 1}, now_s=3.0, client="10.0.0.1")
     assert again.positions_of == {"10.0.0.1": 4, "10.0.0.2": 1} and again.positions == 5
+
+
+def test_consumers_saved_before_shares_move_to_the_client_that_commits_them(
+    tmp_path: Path,
+) -> None:
+    """A ``consumers.msgpack`` written by a server before per-client shares (each entry
+    ``stream_ids``, ``updated_s``, ``positions``, ``owner`` "": an open server's) held three
+    queries' consumers of 3 positions each, 9 together, within that server's total. Restarted
+    with a share of 4 a client, each legacy consumer is charged to the first client that commits
+    it (its address): before, all were charged to one nobody's "" share, already past its 4, so
+    every legacy consumer's commit adding a position was refused for good."""
+    from aeron_spark.connector.server.retention import ConsumerRegistry
+
+    old = {
+        f"query-{n}": {
+            "stream_ids": [10],
+            "updated_s": 1.0,
+            "positions": {str(100 * n + k): 64 for k in range(3)},
+            "owner": "",
+        }
+        for n in range(3)
+    }
+    (tmp_path / "consumers.msgpack").write_bytes(msgpack.packb(old))
+    registry = ConsumerRegistry(str(tmp_path), max_positions=16, max_positions_per_client=4)
+    assert registry.positions == 9
+    # each query's driver (its own address) commits one more recording of its consumer
+    for n in range(3):
+        positions = {**{100 * n + k: 128 for k in range(3)}, 100 * n + 3: 0}
+        registry.commit(f"query-{n}", [10], positions, 2.0, client=f"10.0.0.{n + 1}")
+    assert registry.positions_of == {f"10.0.0.{n + 1}": 4 for n in range(3)}
+    assert registry.commits_over_share == 0
+    # charged to its client now: past that client's share it is refused as any consumer
+    with pytest.raises(LimitExceededError, match="max-consumer-positions-per-client"):
+        registry.commit("query-0", [10], {999: 0}, 3.0, client="10.0.0.1")
+    # and the store, reloaded, keeps whom each is charged to
+    again = ConsumerRegistry(str(tmp_path), max_positions=16, max_positions_per_client=4)
+    assert again.positions_of == registry.positions_of
