@@ -84,6 +84,10 @@ class _SessionIO:
                 self.outbound.extend(chunking.split(message, limit, self.payload_ids))
 
 
+# retention's turn in the fair queue (a session's share is a key in hex or an address)
+RETENTION_CLIENT = "<retention>"
+
+
 class StreamServer:
     """An embeddable stream server. ``start()`` returns once it accepts sessions."""
 
@@ -105,6 +109,10 @@ class StreamServer:
         self._worker: ThreadPoolExecutor | None = None
         self._deferred: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._fair = FairQueue()  # the deferred jobs, each client's in turn
+        # retention is a client of the fair queue with one job queued or running at most (it
+        # was submitted to the worker every gc tick: a slow run piled a job a tick in front of
+        # every client's commit, test_server_retention)
+        self._retention_queued = threading.Event()
         self._started_ns = 0
         self._dir_lock: DirectoryLock | None = None
         self._nofile_at_start = self._nofile = (-1, -1)
@@ -406,8 +414,9 @@ class StreamServer:
         try:
             self.core.committer.gc(wall_ns / 1e9, self.config.staging_lease_s)
             self._store.housekeeping()
-            if self.core.retention.policy.enabled:  # with commits: one writer at a time
-                self._worker.submit(self.core.retention.run, self._store, wall_ns)
+            if self.core.retention.policy.enabled and not self._retention_queued.is_set():
+                self._retention_queued.set()
+                self._queue(RETENTION_CLIENT, functools.partial(self._retention, wall_ns))
         except OSError as exc:
             self.core.counters.add("housekeeping_failures")
             log.warning("housekeeping failed (retried on the next tick): %s", exc)
@@ -417,19 +426,37 @@ class StreamServer:
         if self._listener is not None:
             self._listener.wake()
 
+    def _retention(self, wall_ns: int) -> None:
+        """A retention run (on the commit worker, in retention's turn); the next may be queued
+        once it is over."""
+        assert self.core is not None and self._store is not None
+        try:
+            self.core.retention.run(self._store, wall_ns)
+        finally:
+            self._retention_queued.clear()
+
     def _defer(self, key: object, job: Any) -> None:
-        """Run ``job`` on the commit worker, in its client's turn (``fairqueue.py``): one
-        worker run is submitted per job, and each takes the next client's oldest job."""
-        assert self._worker is not None and self.core is not None
+        """Run ``job`` on the commit worker, in its client's turn (``fairqueue.py``)."""
+        assert self.core is not None
         session = self.core.sessions.get(key)
-        self._fair.put(session.share if session is not None else "", job)
+        self._queue(session.share if session is not None else "", job)
+
+    def _queue(self, client: str, job: Any) -> None:
+        """Queue ``job`` in ``client``'s turn: one worker run is submitted per job, and each
+        takes the next client's oldest job; what it returns (an outcome; None: nothing to
+        answer, a retention run) goes to the loop."""
+        assert self._worker is not None
+        self._fair.put(client, job)
         listener = self._listener
 
         def run() -> None:
             taken = self._fair.take()
             if taken is None:  # pragma: no cover - one run per job put
                 return
-            self._deferred.put(taken())  # the outcome only: the loop counts and encodes it
+            outcome = taken()
+            if outcome is None:
+                return
+            self._deferred.put(outcome)  # the outcome only: the loop counts and encodes it
             if listener is not None:
                 listener.wake()  # the loop may be asleep for up to _IDLE_WAIT_S
 

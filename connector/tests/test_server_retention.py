@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 
 import msgpack
@@ -234,3 +235,42 @@ def test_positions_of_a_deleted_recording_are_dropped_at_start(tmp_path) -> None
             assert _positions(client) == {"reader": kept}  # main: b's position kept for good
             assert _stored_positions(directory) == {"reader": kept}
             assert client.stats()["counters"]["consumer_positions_dropped"] == 1
+
+
+def test_retention_waits_its_turn_and_never_piles_up_before_commits(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Retention ran on the commit worker outside the fair queue, one job submitted every gc
+    tick whether the last had run or not: a run held up (here the registry's lock, held by the
+    test as a slow disk's fsync would hold it) piled one job a tick in front of every client's
+    commit, all run before it. Now retention is its own client of the fair queue with at most one
+    job queued or running: a commit queued meanwhile waits behind at most one run."""
+    config = ServerConfig(
+        directory=str(tmp_path / "s"),
+        port=0,
+        term_length=TERM,
+        mtu=1408,
+        retention_bytes=0,
+        gc_interval_ns=10_000_000,
+        encryption=False,
+    )
+    with (
+        StreamServer(config) as server,
+        StreamClient.connect(ClientSettings(endpoint=server.endpoint, encryption=False)) as client,
+    ):
+        assert server.core is not None
+        counters, registry = server.core.retention.counters, server.core.consumers
+        with registry._changing:  # the next run blocks at its end (drop_recordings)
+            _wait_for(lambda: counters["retention_runs"] > 0, "a retention run")
+            committer = threading.Thread(
+                target=client.consumer_commit, args=("reader", [30], {}), daemon=True
+            )
+            committer.start()
+            # about 50 gc ticks (fewer on a loaded machine): the commit is queued meanwhile
+            time.sleep(0.5)
+            before = counters["retention_runs"]
+        deadline = time.monotonic() + 60
+        while "reader" not in registry.consumers:  # the commit ran: how many runs before it?
+            assert time.monotonic() < deadline, "the commit did not run"
+            time.sleep(0.001)
+        ran = counters["retention_runs"] - before
+        committer.join(60)
+        assert ran <= 1, f"{ran} retention runs went before a commit queued behind one"
