@@ -58,10 +58,22 @@ class _HandshakeSlots:
                 0,
             )
             self._slots[key] = (sem, users + 1)
-        if sem.acquire(timeout=max(timeout_s, 0.0)):
-            with self._lock:
-                self._holding[key] = self._holding.get(key, 0) + 1
-            return True
+        taken = held = False
+        try:
+            taken = sem.acquire(timeout=max(timeout_s, 0.0))
+            if taken:
+                with self._lock:
+                    self._holding[key] = self._holding.get(key, 0) + 1
+                    held = True
+                return True
+        except BaseException:  # e.g. a signal handler's KeyboardInterrupt inside the wait:
+            if held:  # what was taken goes back (the user stayed counted, its entry for good)
+                self.release(key)
+            else:
+                if taken:
+                    sem.release()
+                self._leave(key)
+            raise
         self._leave(key)
         count("slot_timeouts")  # a registry counter of the process (client_counters)
         return False
