@@ -1,0 +1,82 @@
+"""Java peers die with the process that started them.
+
+``PeerProgram`` starts each Java peer (drivers, archives, samples) in a session of its own, so a
+test's stop can signal its group: nothing tied the peer's life to the test process, and a pytest
+run killed (a CI timeout's SIGKILL, an OOM kill) left every peer running, holding ports, CPU and
+its /dev/shm directory. Now each is started with ``PR_SET_PDEATHSIG`` (SIGKILL), from one
+long-lived spawner thread (the signal follows the thread that forked: a peer started from a
+thread that then ended would die with it). A real child Python process starts a real ``java``
+peer, and is SIGKILLed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from transport.tests import aeron_peer
+
+SLEEPER = """
+public class Sleeper {
+    public static void main(String[] args) throws Exception {
+        System.out.println("ready");
+        Thread.sleep(600_000);
+    }
+}
+"""
+CHILD = """
+import re, sys, threading
+from transport.tests.aeron_peer import PeerProgram
+holder = []
+# started from a thread that ends at once: the peer must outlive it (only its process counts)
+t = threading.Thread(target=lambda: holder.append(PeerProgram(["java", sys.argv[1]], "sleeper")))
+t.start(); t.join()
+holder[0].wait_for_line(re.compile("ready"), 120)
+print(holder[0].proc.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting for init)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_java_peer_dies_when_the_process_that_started_it_is_killed(tmp_path: Path) -> None:
+    aeron_peer.require_java()
+    source = tmp_path / "Sleeper.java"
+    source.write_text(SLEEPER)
+    root = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(source)],
+        cwd=root,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    java_pid = 0
+    try:
+        assert child.stdout is not None
+        java_pid = int(child.stdout.readline())
+        time.sleep(0.5)  # the spawning thread has long ended: the peer still runs
+        assert _alive(java_pid), "the peer died with the thread that started it"
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+        deadline = time.monotonic() + 10
+        while _alive(java_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # on main: the java process still ran, orphaned
+        assert not _alive(java_pid), f"java peer {java_pid} outlived the process that started it"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(30)
+        if java_pid and _alive(java_pid):  # the peer this test started, by its id
+            os.kill(java_pid, signal.SIGKILL)
