@@ -46,6 +46,7 @@ from typing import Any
 from aeron_spark.handshake import Client, ClientConfig, Connection, Server, ServerConfig
 from aeron_spark.handshake.crypto import public_bytes
 from aeron_spark.handshake.keystore import KeyStore
+from benchmarks._proc import cpu_s
 
 
 def _say(**kw: Any) -> None:
@@ -105,19 +106,12 @@ def _connect_latencies(client: Client, endpoint: str, count: int) -> list[float]
     return out
 
 
-def _process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, all threads) a process has used so far."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _handshake_rate(
     client: Client, endpoint: str, threads: int, seconds: float, server_pid: int
 ) -> tuple[float, float]:
     """Handshakes a second, and the CPU milliseconds both processes (this client and the
     servers' child, every thread) spent per handshake meanwhile."""
-    cpu0 = time.process_time() + _process_cpu_s(server_pid)
+    cpu0 = time.process_time() + cpu_s(server_pid)
     done = [0] * threads
     stop = time.monotonic() + seconds
 
@@ -133,7 +127,7 @@ def _handshake_rate(
     for t in pool:
         t.join()
     elapsed = time.monotonic() - t0
-    cpu = time.process_time() + _process_cpu_s(server_pid) - cpu0
+    cpu = time.process_time() + cpu_s(server_pid) - cpu0
     return sum(done) / elapsed, cpu / max(sum(done), 1) * 1000
 
 

@@ -18,7 +18,7 @@ import tempfile
 import time
 from typing import Any
 
-from benchmarks.scale import _cpu_s, _wakeups
+from benchmarks._proc import cpu_s, wakeups
 
 _KEYS = (
     "datagrams_sent",
@@ -82,14 +82,14 @@ def measure(sessions: int, idle_s: float, settle_s: float) -> dict[str, Any]:
                 me = os.getpid()
                 s0 = _fresh_server_counters(f"{tmp}/srv")
                 c0 = driver.counters.snapshot(positions=False)
-                cpu0 = (_cpu_s(proc.pid), _cpu_s(me))
-                w0 = (_wakeups(proc.pid), _wakeups(me))
+                cpu0 = (cpu_s(proc.pid), cpu_s(me))
+                w0 = (wakeups(proc.pid), wakeups(me))
                 t0 = time.monotonic()
                 time.sleep(idle_s)
                 s1 = _fresh_server_counters(f"{tmp}/srv")
                 c1 = driver.counters.snapshot(positions=False)
-                cpu1 = (_cpu_s(proc.pid), _cpu_s(me))
-                w1 = (_wakeups(proc.pid), _wakeups(me))
+                cpu1 = (cpu_s(proc.pid), cpu_s(me))
+                w1 = (wakeups(proc.pid), wakeups(me))
                 wall = time.monotonic() - t0
                 server_wall = s1[0] - s0[0]
                 per = sessions * wall

@@ -24,19 +24,8 @@ import threading
 import time
 from typing import Any
 
+from benchmarks._proc import cpu_s, thread_counts
 from benchmarks._syscalls import strace_start, strace_stop
-
-
-def _thread_counts(tid: int) -> tuple[float, int]:
-    """(CPU seconds, voluntary context switches) of one thread of this process."""
-    with open(f"/proc/self/task/{tid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    with open(f"/proc/self/task/{tid}/status") as fh:
-        for line in fh:
-            if line.startswith("voluntary_ctxt_switches:"):
-                return cpu, int(line.split()[1])
-    return cpu, 0
 
 
 class _Calls:
@@ -96,7 +85,7 @@ def _threads_cpu() -> dict[str, float]:
         if thread.native_id is None:
             continue
         try:
-            cpu, _ = _thread_counts(thread.native_id)
+            cpu, _ = thread_counts(thread.native_id)
         except OSError:  # it ended
             continue
         out[thread.name] = out.get(thread.name, 0.0) + cpu
@@ -143,7 +132,6 @@ def sequential(n: int, calls: bool, strace: bool, calls_top: int = 0) -> dict[st
 
     from aeron_spark.connector.server.config import ServerConfig
     from aeron_spark.connector.server.server import StreamServer
-    from benchmarks.scale import _cpu_s
 
     row: dict[str, Any] = {"sequential_publishes": n, "load_average_1m": os.getloadavg()[0]}
     counter = _Calls()
@@ -173,15 +161,15 @@ def sequential(n: int, calls: bool, strace: bool, calls_top: int = 0) -> dict[st
             counter.top(0, 1)  # the session's opening calls are not a publish's
             for each in others.counters.values():
                 each.top(0, 1)
-            cpu0, woken0 = _thread_counts(tid)
-            threads0, others0, process0 = _threads_cpu(), others.totals(), _cpu_s(os.getpid())
+            cpu0, woken0 = thread_counts(tid)
+            threads0, others0, process0 = _threads_cpu(), others.totals(), cpu_s(os.getpid())
             passes0, calls0, t0 = server.schedule.passes, counter.calls, time.monotonic()
             parent.send("go")
             if not parent.poll(600) or parent.recv() != "done":
                 raise RuntimeError("the client did not finish")
             elapsed = time.monotonic() - t0
-            cpu1, woken1 = _thread_counts(tid)
-            threads1, others1, process1 = _threads_cpu(), others.totals(), _cpu_s(os.getpid())
+            cpu1, woken1 = thread_counts(tid)
+            threads1, others1, process1 = _threads_cpu(), others.totals(), cpu_s(os.getpid())
             row["server_process_cpu_us_per_publish"] = round(1e6 * (process1 - process0) / n, 1)
             row["thread_cpu_us_per_publish"] = {
                 name: round(1e6 * (cpu - threads0.get(name, 0.0)) / n, 1)
@@ -230,7 +218,7 @@ def measure(
 ) -> dict[str, Any]:
     from aeron_spark.connector.server.config import ServerConfig
     from aeron_spark.connector.server.server import StreamServer
-    from benchmarks.scale import _ClientProcesses, _cpu_s
+    from benchmarks.scale import _ClientProcesses
 
     row: dict[str, Any] = {"sessions": sessions, "load_average_1m": os.getloadavg()[0]}
     counter = _Calls()
@@ -254,7 +242,7 @@ def measure(
             schedule = server.schedule
 
             def take() -> tuple[Any, ...]:
-                cpu, woken = _thread_counts(tid)
+                cpu, woken = thread_counts(tid)
                 return (
                     time.monotonic(),
                     cpu,
@@ -263,7 +251,7 @@ def measure(
                     schedule.served,
                     schedule.checks,
                     counter.calls,
-                    _cpu_s(os.getpid()),
+                    cpu_s(os.getpid()),
                 )
 
             def per(a: tuple[Any, ...], b: tuple[Any, ...], unit: float, prefix: str) -> None:

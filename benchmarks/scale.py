@@ -81,6 +81,7 @@ from aeron_spark.transport.archive import RecordingStore
 from aeron_spark.transport.archive.fdcache import FdCache
 from aeron_spark.transport.archive.timeindex import TimeIndex
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
+from benchmarks import _proc
 
 
 def _index_file(path: str, n: int) -> None:
@@ -376,26 +377,6 @@ def recordings_curve(
     return out
 
 
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _wakeups(pid: int) -> int:
-    """The process's threads' voluntary context switches (each a sleep that ended)."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/status") as fh:
-                for line in fh:
-                    if line.startswith("voluntary_ctxt_switches:"):
-                        total += int(line.split()[1])
-        except FileNotFoundError:
-            continue
-    return total
-
-
 def _positions(client: StreamClient, stream: int) -> tuple[str, int]:
     """What latestOffset asks the server, without a trigger limit: message-boundary ends."""
     if hasattr(client, "recording_positions"):
@@ -438,12 +419,12 @@ def catalog_curve(sizes: list[int], idle_s: float) -> list[dict[str, Any]]:
                     list_big, _ = _timed(lambda: client.list_recordings([BIG_STREAM]), 3)
                     list_small, _ = _timed(lambda: client.list_recordings([SMALL_STREAM]), 5)
                     time.sleep(2.0)  # past the first stat snapshot and the session's settling
-                    cpu0, t0 = _cpu_s(server.proc.pid), time.monotonic()
-                    wakes0 = _wakeups(server.proc.pid)
+                    cpu0, t0 = _proc.cpu_s(server.proc.pid), time.monotonic()
+                    wakes0 = _proc.wakeups(server.proc.pid)
                     time.sleep(idle_s)
                     wall = time.monotonic() - t0
-                    cpu = (_cpu_s(server.proc.pid) - cpu0) / wall
-                    wakeups = (_wakeups(server.proc.pid) - wakes0) / wall
+                    cpu = (_proc.cpu_s(server.proc.pid) - cpu0) / wall
+                    wakeups = (_proc.wakeups(server.proc.pid) - wakes0) / wall
                     stat = os.path.join(data, "stat.json")
                     stat_bytes = os.path.getsize(stat) if os.path.exists(stat) else None
                     # the recordings' own file (issue 31 item 4: rewritten only when one changed)
@@ -558,7 +539,7 @@ def soak(seconds: float, rate: int, server_process: bool = False) -> dict[str, A
             first = None
             rss_first = anon_first = -1
             next_sample = began + step
-            cpu0 = _cpu_s(pid)
+            cpu0 = _proc.cpu_s(pid)
             while True:
                 now = time.monotonic()
                 if first is None and now - began >= base_at:
@@ -577,7 +558,7 @@ def soak(seconds: float, rate: int, server_process: bool = False) -> dict[str, A
                         "published": published[0],
                         "replayed_bytes": read[0],
                         "sink_commits": committed[0],
-                        "cpu_s": round(_cpu_s(pid) - cpu0, 1),
+                        "cpu_s": round(_proc.cpu_s(pid) - cpu0, 1),
                         "load_1m": os.getloadavg()[0],
                     }
                     if not server_process:
@@ -943,14 +924,14 @@ def sessions_curve(
                 mine = [os.getpid()] + (spread.pids() if spread is not None else [])
 
                 def clients_cpu(mine: list[int] = mine) -> float:
-                    return sum(_cpu_s(pid) for pid in mine)
+                    return sum(_proc.cpu_s(pid) for pid in mine)
 
                 try:
                     time.sleep(2.0)  # the handshakes' tails settle
                     _phase("idle", n, proc.pid)
-                    cpu0, mine0, t0 = _cpu_s(proc.pid), clients_cpu(), time.monotonic()
+                    cpu0, mine0, t0 = _proc.cpu_s(proc.pid), clients_cpu(), time.monotonic()
                     time.sleep(idle_s)
-                    cpu = _cpu_s(proc.pid) - cpu0
+                    cpu = _proc.cpu_s(proc.pid) - cpu0
                     wall = time.monotonic() - t0
                     idle_rate = cpu / wall  # the server's CPU-seconds a second while idle
                     row["idle_server_cpu_pct"] = round(100 * cpu / wall, 2)
@@ -966,7 +947,7 @@ def sessions_curve(
                             "warm-up", 1, n, proc.pid, spread, clients, publishing, timeline_path
                         )
                         time.sleep(2.0)
-                    cpu0, mine0 = _cpu_s(proc.pid), clients_cpu()
+                    cpu0, mine0 = _proc.cpu_s(proc.pid), clients_cpu()
                     figures, lost_in_processes = _round(
                         "publish",
                         publish_s,
@@ -981,7 +962,7 @@ def sessions_curve(
                     # over the round's own length: a round that fell behind lasts longer than
                     # --publish-s (the figure was divided by --publish-s, so overstated)
                     elapsed = row["publish_elapsed_s"]
-                    used = _cpu_s(proc.pid) - cpu0
+                    used = _proc.cpu_s(proc.pid) - cpu0
                     row["publish_server_cpu_pct"] = round(100 * used / elapsed, 1)
                     row["publish_client_cpu_pct"] = round(
                         100 * (clients_cpu() - mine0) / elapsed, 1
