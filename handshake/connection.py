@@ -117,6 +117,19 @@ class Connection:
     def is_closed(self) -> bool:
         return self._closed
 
+    @property
+    def awaits_receiver(self) -> bool:
+        """Connected but for the publication, which has no receiver now (the peer's status
+        messages lapsed or it ended an image: it may speak again); False when connected, or
+        when anything else says the connection is gone (closed, the peer's CLOSE, the
+        subscription's image gone)."""
+        if self._closed or self._peer_closed or self.close_reason is not None:
+            return False
+        sub = self.subscription
+        if sub.is_closed or not sub.is_connected:
+            return False
+        return not self.publication.is_connected
+
     def last_heard_ns(self) -> int | None:
         """When (``time.monotonic_ns``) the peer's transport last showed it alive: the newest
         of its status messages for our publication (its subscription lives) and of its data or

@@ -229,6 +229,21 @@ class Publication:
         process alive). None: no subscriber is connected. A cheap read, for liveness checks."""
         return self._log.last_status_ns
 
+    def add_lost_listener(self, listener: Callable[[], object]) -> bool:
+        """Have ``listener()`` called (from a driver thread: keep it cheap) whenever a
+        subscriber may have gone (UDP: a receiver's status messages timed out, it ended its
+        stream, its destination was dropped): the only ways :attr:`is_connected` turns False
+        but for this publication's own close, so one thread can watch many publications'
+        connections without asking each on a clock. False when the media cannot tell (IPC):
+        ask :attr:`is_connected` then."""
+        add = getattr(self._log, "add_lost_listener", None)
+        return bool(add(listener)) if add is not None else False
+
+    def remove_lost_listener(self, listener: Callable[[], object]) -> None:
+        remove = getattr(self._log, "remove_lost_listener", None)
+        if remove is not None:
+            remove(listener)
+
     @property
     def local_endpoints(self) -> list[tuple[str, int]]:
         """Addresses of the socket this publication sends from (its control port for MDC)."""

@@ -10,7 +10,21 @@ idle sessions the loop did nothing else. Now it serves only
 * the **busy** ones (replies queued behind back pressure, replays, input left unread);
 * those whose media cannot signal (**unsignalled**: IPC), every pass;
 * and every session once per ``check_interval_ns``, whatever it did: its connection checked
-  (a publication whose client stopped sending status messages signals nothing). A session
+  (a publication whose client stopped sending status messages signalled nothing). A session
+  whose connection's loss signals it too (``watched``: the reply publication tells when its
+  receiver goes, ``Publication.add_lost_listener``; images coming and going signal already)
+  is checked once per ``watched_interval_ns`` (10 s), a safety net (issue 31: the check a
+  second was ~20 Python calls a session-second, a sixth of an idle server's CPU at 2,048
+  sessions). A **lost** signal (:meth:`SessionSchedule.lose`) is not a verdict: it schedules
+  the session's re-check ``lost_grace_ns`` (3 s) later, and until then the session is ``in
+  grace`` (the loop does not close it for its reply publication's loss alone while a grace is
+  pending: the check at the grace's end, after its last lost signal, must still find it gone;
+  its client's CLOSE or its image gone close it at once, as before). A live receiver whose
+  status messages lapsed or that ended an image and subscribed again speaks again within its
+  idle status-message interval (1 s), after the receiver's cool-down (1 s) for a new image; a
+  session closed at the signal itself had no such chance (and the reverted first version of
+  this, closing at once, was the fastest possible detection, which also turned a test's race
+  with its client's exit into a failure). A session
   due only for its check (``checking``: not signalled, not busy, not unsignalled) gets that
   check alone, no read: anything that arrived signalled it (issue 31 item 1: the check's
   read was most of an idle session's cost on the loop). Each session has one entry in a heap
@@ -36,9 +50,10 @@ idle sessions the loop did nothing else. Now it serves only
 Invariants: :meth:`SessionSchedule.due` returns each key at most once, only keys added and not
 forgotten, in the order busy, unsignalled, signalled, checked (the last in ``checking``, at most
 ``max_checks_per_pass`` of them); a session that neither signals nor is busy is returned at
-most once a pass and, over any span of k check intervals, at most k + 1 times (a late pass may
-bring its next check closer); every session is served (its connection looked at) at least
-once every check interval and a grid slot, or as soon after as the checks per pass allow; a
+most once a pass and, over any span of k check intervals (its own: ``watched_interval_ns`` for a
+watched session), at most k + 1 times (a late pass may bring its next check closer); every
+session is served (its connection looked at) at least once every check interval of its own and
+a grid slot, or as soon after as the checks per pass allow; a
 pass costs O(due · log n), never O(n) for n open sessions.
 """
 
@@ -53,6 +68,13 @@ from collections.abc import Hashable
 from aeron_spark.errors import ConfigurationError
 
 CHECK_INTERVAL_NS = 1_000_000_000
+# the check of a session whose connection's loss signals (``watched``): a safety net only
+WATCHED_CHECK_INTERVAL_NS = 10_000_000_000
+# a lost signal's re-check comes this long after it: a live receiver's next status message
+# comes within its idle interval (1 s, SM_IDLE_INTERVAL_MAX_NS), a new image of one that
+# subscribed again after the receiver's cool-down (1 s) and a SETUP round: 3 s leaves a lost
+# status message to spare
+LOST_GRACE_NS = 3_000_000_000
 CHECK_GRID_NS = 100_000_000
 # sessions due only for their check taken by one pass (a check was a read of its session,
 # ~20-35 us; a look at its connection since the retransmission signal)
@@ -71,10 +93,34 @@ class SessionSchedule:
         check_interval_ns: int = CHECK_INTERVAL_NS,
         rng: random.Random | None = None,
         max_checks_per_pass: int = MAX_CHECKS_PER_PASS,
+        watched_interval_ns: int | None = None,
+        lost_grace_ns: int = LOST_GRACE_NS,
     ) -> None:
+        """``watched_interval_ns`` None: ``WATCHED_CHECK_INTERVAL_NS``, or the check interval
+        if that is longer."""
         if max_checks_per_pass < 1:
             raise ConfigurationError("max_checks_per_pass", max_checks_per_pass, "at least 1")
+        if watched_interval_ns is None:
+            watched_interval_ns = max(WATCHED_CHECK_INTERVAL_NS, check_interval_ns)
+        if watched_interval_ns < check_interval_ns:
+            raise ConfigurationError(
+                "watched_interval_ns", watched_interval_ns, "at least check_interval_ns"
+            )
+        if lost_grace_ns < 0:
+            raise ConfigurationError("lost_grace_ns", lost_grace_ns, "at least 0")
         self.check_interval_ns = check_interval_ns
+        self.lost_grace_ns = lost_grace_ns
+        # (key, when) of lost signals not yet taken by a pass (any thread appends)
+        self.lost: deque[tuple[Hashable, int]] = deque()
+        # loop-owned: each session in grace, the end of its latest grace; the heap of
+        # re-checks (an entry whose end is not its session's latest is stale)
+        self._grace: dict[Hashable, int] = {}
+        self._rechecks: list[tuple[int, int, Hashable]] = []
+        self.rechecks = 0  # re-checks made at a grace's end (tests and benchmarks)
+        self.watched_interval_ns = watched_interval_ns
+        # sessions whose connection's loss signals them (add(watched=True)): checked every
+        # watched_interval_ns, not every check_interval_ns
+        self._watched: set[Hashable] = set()
         self.max_checks_per_pass = max_checks_per_pass
         self._rng = rng if rng is not None else random.Random()
         self.signalled: deque[Hashable] = deque()
@@ -103,15 +149,21 @@ class SessionSchedule:
     def __len__(self) -> int:
         return len(self._open)
 
-    def add(self, key: Hashable, now_ns: int, signals: bool = True) -> None:
+    def add(self, key: Hashable, now_ns: int, signals: bool = True, watched: bool = False) -> None:
         """A session opened: served on the next pass, then when due. ``signals``: False when
-        its media cannot signal (served every pass)."""
+        its media cannot signal (served every pass). ``watched``: a loss of its connection
+        signals it too (its transport's timeouts, its peer's end of stream): its check is a
+        safety net, every ``watched_interval_ns``."""
         self._open.add(key)
         if not signals:
             self.unsignalled.add(key)
+        interval = self.check_interval_ns
+        if watched and signals:
+            self._watched.add(key)
+            interval = self.watched_interval_ns
         self.signalled.append(key)  # what arrived before it was watched
         self._added.add(key)
-        first = _on_grid(now_ns + self._rng.randrange(self.check_interval_ns))
+        first = _on_grid(now_ns + self._rng.randrange(interval))
         heapq.heappush(self._checks, (first, next(self._ids), key))
 
     def signal(self, key: Hashable) -> bool:
@@ -125,13 +177,30 @@ class SessionSchedule:
         self._wake_pending = True
         return True
 
+    def lose(self, key: Hashable, now_ns: int) -> bool:
+        """``key``'s connection may have been lost at ``now_ns`` (any thread: a driver's): a
+        re-check ``lost_grace_ns`` later, the session ``in_grace`` until then (from the pass
+        that takes it). True when the caller must wake the loop (as :meth:`signal`)."""
+        self.lost.append((key, now_ns))
+        if self._wake_pending:
+            return False
+        self._wake_pending = True
+        return True
+
+    def in_grace(self, key: Hashable) -> bool:
+        """A lost signal's re-check is pending: the loop does not close the session for its
+        connection before it."""
+        return key in self._grace
+
     def forget(self, key: Hashable) -> None:
         """A session is gone: never returned again (its heap entry is dropped when it surfaces)."""
         self._open.discard(key)
+        self._watched.discard(key)
         self.busy.discard(key)
         self.unsignalled.discard(key)
         self._seen.pop(key, None)
         self._added.discard(key)
+        self._grace.pop(key, None)
 
     def set_busy(self, key: Hashable, busy: bool) -> None:
         """After serving it: whether it has something left to do on the next pass."""
@@ -152,6 +221,16 @@ class SessionSchedule:
         self._wake_pending = False  # before the take: a key queued after it wakes again
         while signalled:
             due[signalled.popleft()] = None
+        lost = self.lost
+        if lost:
+            grace = self._grace
+            while lost:
+                key, at = lost.popleft()
+                if key in is_open:
+                    at += self.lost_grace_ns
+                    if at > grace.get(key, -1):
+                        grace[key] = at
+                        heapq.heappush(self._rechecks, (at, next(self._ids), key))
         # served for something other than a check (what due holds so far): when, for their
         # checks (a new session's first serve excepted; a forgotten one is not kept)
         seen = self._seen
@@ -162,7 +241,7 @@ class SessionSchedule:
         if added:
             added.clear()
         checks = self._checks
-        interval = self.check_interval_ns
+        watched = self._watched
         checking = self.checking = set()
         room = self.max_checks_per_pass
         while checks and checks[0][0] <= now_ns:
@@ -170,6 +249,7 @@ class SessionSchedule:
             if key not in is_open:
                 heapq.heappop(checks)  # forgotten meanwhile
                 continue
+            interval = self.watched_interval_ns if key in watched else self.check_interval_ns
             if key not in due:
                 last = seen.pop(key, None)
                 if last is not None:
@@ -193,16 +273,41 @@ class SessionSchedule:
                 due[key] = None
                 checking.add(key)
         self.checks += len(checking)
+        rechecks = self._rechecks
+        if rechecks and rechecks[0][0] <= now_ns:
+            grace = self._grace
+            while rechecks and rechecks[0][0] <= now_ns:
+                at, _n, key = heapq.heappop(rechecks)
+                if grace.get(key) != at:
+                    continue  # forgotten, or a later lost signal's grace ends later
+                del grace[key]
+                self.rechecks += 1
+                if key not in due:
+                    due[key] = None
+                    checking.add(key)
         served = [key for key in due if key in is_open]
         self.served += len(served)
         return served
 
     def next_check_ns(self) -> int | None:
-        """When the earliest check is due (None: no session)."""
+        """When the earliest check or re-check is due (None: none)."""
         checks = self._checks
         while checks and checks[0][2] not in self._open:
             heapq.heappop(checks)
-        return checks[0][0] if checks else None
+        at = checks[0][0] if checks else None
+        rechecks, grace = self._rechecks, self._grace
+        while rechecks and grace.get(rechecks[0][2]) != rechecks[0][0]:
+            heapq.heappop(rechecks)
+        if rechecks and (at is None or rechecks[0][0] < at):
+            at = rechecks[0][0]
+        return at
 
 
-__all__ = ["CHECK_GRID_NS", "CHECK_INTERVAL_NS", "MAX_CHECKS_PER_PASS", "SessionSchedule"]
+__all__ = [
+    "CHECK_GRID_NS",
+    "CHECK_INTERVAL_NS",
+    "LOST_GRACE_NS",
+    "MAX_CHECKS_PER_PASS",
+    "WATCHED_CHECK_INTERVAL_NS",
+    "SessionSchedule",
+]

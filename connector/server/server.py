@@ -217,9 +217,10 @@ class StreamServer:
                 reply_on_hello_only=self.config.reply_on_hello_only,
                 authorize=self.authz.knows if self.authz is not None else None,
             )
-            # the loop checks each session's connection once a check interval and closes the
-            # lost ones itself (_serve_sessions): the handshake's walk of every connection for
-            # a lost peer (twice a second) only a safety net
+            # the loop is signalled by each session's lost connection (or checks it once a
+            # check interval) and closes the lost ones itself (_serve_sessions): the
+            # handshake's walk of every connection for a lost peer (twice a second) only a
+            # safety net
             self._listener.server.lost_peer_walk_ns = _LOST_PEER_WALK_NS
             self._store.start_ingest(wake=self._wake_loop)
         except BaseException as exc:
@@ -498,8 +499,13 @@ class StreamServer:
                 continue
             self._sessions[link] = _SessionIO(link)
             schedule = self.schedule
-            signals = link.on_ready(functools.partial(self._signalled, link))
-            schedule.add(link, now_ns, signals)
+            signal = functools.partial(self._signalled, link)
+            signals = link.on_ready(signal)
+            # a client lost by the transport signals too: the session's check is a safety
+            # net then, every WATCHED_CHECK_INTERVAL_NS (issue 31: an idle session's check a
+            # second, ~20 Python calls, was a sixth of an idle server's CPU at 2,048 sessions)
+            watched = signals and link.on_lost(functools.partial(self._lost, link))
+            schedule.add(link, now_ns, signals, watched)
             accepted += 1
         return accepted
 
@@ -511,6 +517,15 @@ class StreamServer:
         taken by the pass that wake-up runs, one wake-up for a batch instead of one a message
         (issue 31)."""
         if self.schedule.signal(link):
+            listener = self._listener
+            if listener is not None:
+                listener.wake()
+
+    def _lost(self, link: ServerLink) -> None:
+        """A session's reply publication may have lost its client (a driver thread): not a
+        verdict, a re-check after a grace (``SessionSchedule.lose``), the loop woken to
+        schedule it."""
+        if self.schedule.lose(link, time.monotonic_ns()):
             listener = self._listener
             if listener is not None:
                 listener.wake()
@@ -543,7 +558,10 @@ class StreamServer:
                 schedule.forget(key)
                 continue
             link = io.link
-            if not link.is_connected:
+            # (a session whose reply publication signalled a loss, lost by that publication
+            # alone, is closed only by the re-check at its grace's end: a live client speaks
+            # again within it; a CLOSE or its image gone close it at once)
+            if not link.is_connected and not (schedule.in_grace(key) and link.awaits_receiver):
                 core.close_session(key, now_ns)
                 link.close()
                 del sessions[key]

@@ -113,6 +113,11 @@ class ServerLink:
     def is_connected(self) -> bool:
         return self.connection.is_connected
 
+    @property
+    def awaits_receiver(self) -> bool:
+        """Lost only by the reply publication, for now (``Connection.awaits_receiver``)."""
+        return self.connection.awaits_receiver
+
     def last_heard_ns(self) -> int | None:
         """When the client's transport last showed it alive (``Connection.last_heard_ns``)."""
         return self.connection.last_heard_ns()
@@ -140,6 +145,15 @@ class ServerLink:
         if self._server is not None:
             self._server.stop_waking_for(self.connection)
         return True
+
+    def on_lost(self, callback: Callable[[], object]) -> bool:
+        """Have ``callback`` called (from a driver thread: keep it cheap) whenever the
+        connection's reply publication may have lost its client (the client's status messages
+        timed out, it ended its stream, its address was dropped), the one way the transport
+        ends a connection that :meth:`on_ready` does not signal (images coming and going do);
+        False when the media cannot tell (IPC): then only asking :attr:`is_connected` tells."""
+        add = getattr(self.connection.publication, "add_lost_listener", None)
+        return bool(add(callback)) if add is not None else False
 
     def try_send(self, message: bytes) -> bool:
         try:

@@ -18,7 +18,8 @@ from aeron_spark.connector.server.testing import client_for, server_process
 from aeron_spark.transport.testing import ready_process
 
 # a client process holding 4 idle sessions; a line on stdin makes each publish once more and
-# print its reconnect count
+# print its reconnect count; it holds them until a second line (its exit closes them: the
+# server's last look must come first)
 _CLIENT = """
 import sys
 from aeron_spark.connector.client import ClientSettings, StreamClient
@@ -31,6 +32,7 @@ sys.stdin.readline()
 for c in clients:
     c.publish(10, [b"after"])
 print("reconnects", sum(c.reconnects for c in clients), flush=True)
+sys.stdin.readline()
 """
 
 
@@ -54,6 +56,13 @@ def test_idle_sessions_of_a_client_paused_2_s_survive_a_5_s_lease(tmp_path: Path
                 assert client.stdout.readline().strip() == "reconnects 0"
                 last = observer.stats()
                 after = last["counters"]
+                # only now may the client go: it exited right after printing, closing its
+                # sessions, and a server that saw that at once (its reply publications' lost
+                # signal) closed them before this look (s20's lost-receiver change: "failed
+                # 2 of 2", read as live sessions closed; its listener saw nothing during the
+                # pause, the four end-of-stream status messages of the client's exit after it)
+                client.stdin.write("done\n")
+                client.stdin.flush()
             # The client's own four sessions (those publishing stream 10: the observer
             # publishes nothing) are the ones it opened first, none closed, expired or
             # reopened: each is older than the 16 s slept between the two looks less 2 s (one

@@ -12,7 +12,9 @@ import pytest
 from aeron_spark.connector.server.schedule import (
     CHECK_GRID_NS,
     CHECK_INTERVAL_NS,
+    LOST_GRACE_NS,
     MAX_CHECKS_PER_PASS,
+    WATCHED_CHECK_INTERVAL_NS,
     SessionSchedule,
 )
 from aeron_spark.errors import ConfigurationError
@@ -46,6 +48,79 @@ def test_idle_sessions_are_served_once_per_check_interval_spread_over_it() -> No
     # spread: a pass serves about n / 10 of them (a slot of the check grid), never all
     assert largest <= 3 * n * CHECK_GRID_NS // CHECK_INTERVAL_NS
     assert schedule.checks == sum(served.values())
+
+
+def test_watched_sessions_are_checked_once_per_watched_interval_the_others_each_second() -> None:
+    """A session whose connection's loss signals it (``watched``: UDP, the reply
+    publication's lost receivers, its subscription's images) is checked every
+    ``WATCHED_CHECK_INTERVAL_NS`` only, a safety net (main: every second, ~20 Python calls a
+    session-second on the loop); one that is not watched keeps the check a second, one that
+    cannot signal is served every pass."""
+    n = 2048
+    schedule = SessionSchedule(rng=random.Random(7))
+    for key in range(n):
+        schedule.add(key, 0, watched=key % 2 == 0)
+    schedule.add("ipc", 0, signals=False, watched=True)  # cannot signal: watched means nothing
+    schedule.due(0)
+    served: Counter[object] = Counter()
+    largest = 0
+    seconds = 30
+    for step in range(1, seconds * 1_000_000_000 // PASS_NS + 1):
+        due = schedule.due(step * PASS_NS)
+        largest = max(largest, len(due) - 1)
+        served.update(due)
+    watched = [served[k] for k in range(0, n, 2)]
+    others = [served[k] for k in range(1, n, 2)]
+    rounds = seconds * 1_000_000_000 // WATCHED_CHECK_INTERVAL_NS
+    assert rounds - 1 <= min(watched) and max(watched) <= rounds  # 2 or 3 in 30 s
+    assert seconds - 1 <= min(others) and max(others) <= seconds
+    assert served["ipc"] == seconds * 1_000_000_000 // PASS_NS
+    assert largest <= 3 * (n // 2) * CHECK_GRID_NS // CHECK_INTERVAL_NS  # still spread
+    # a watched session's first check falls anywhere in its first interval, not its first second
+    early = SessionSchedule(rng=random.Random(7))
+    for key in range(n):
+        early.add(key, 0, watched=True)
+    early.due(0)
+    firsts = sum(len(early.due(step * PASS_NS)) for step in range(1, 1_000_000_000 // PASS_NS + 1))
+    assert firsts <= 2 * n * CHECK_INTERVAL_NS // WATCHED_CHECK_INTERVAL_NS
+    with pytest.raises(ConfigurationError, match="watched_interval_ns"):
+        SessionSchedule(check_interval_ns=2_000_000_000, watched_interval_ns=1_000_000_000)
+
+
+def test_a_lost_signal_is_re_checked_at_its_graces_end_the_latest_grace_wins() -> None:
+    """A lost signal (the reply publication's receiver went) is a re-check ``LOST_GRACE_NS``
+    later, not a serve at once (s20's version: signalled, served on the next pass, closed by
+    that look): until then the session is in grace (the loop does not close it for its
+    connection); a later signal moves the re-check to its own grace's end; the re-check is
+    one serve, as a check (no read); a forgotten session is never re-checked."""
+    schedule = SessionSchedule(
+        rng=random.Random(7), check_interval_ns=10**15, watched_interval_ns=10**15
+    )
+    for key in ("a", "b", "c"):
+        schedule.add(key, 0, watched=True)
+    schedule.due(0)
+    assert schedule.lose("a", 1_000) is True  # the first since the pass: wake the loop
+    assert schedule.lose("b", 2_000) is False  # the wake-up pending takes it too
+    assert not schedule.in_grace("a")  # a pass takes it
+    assert schedule.due(5_000) == [] and schedule.in_grace("a") and schedule.in_grace("b")
+    assert schedule.next_check_ns() == 1_000 + LOST_GRACE_NS
+    schedule.lose("b", 1_000_000_000)  # lost again, later: its grace runs from then
+    schedule.lose("c", 10)
+    schedule.forget("c")
+    served: list[tuple[int, object]] = []
+    for now in range(PASS_NS, 5 * LOST_GRACE_NS, PASS_NS):
+        for key in schedule.due(now):
+            served.append((now, key))
+            assert key in schedule.checking and not schedule.in_grace(key)
+    first_a = next(now for now, key in served if key == "a")
+    assert 1_000 + LOST_GRACE_NS <= first_a < 1_000 + LOST_GRACE_NS + PASS_NS
+    assert [key for _now, key in served] == ["a", "b"]  # once each; c forgotten
+    first_b = next(now for now, key in served if key == "b")
+    assert 1_000_000_000 + LOST_GRACE_NS <= first_b < 1_000_000_000 + LOST_GRACE_NS + PASS_NS
+    assert schedule.rechecks == 2 and not schedule.in_grace("a")
+    assert schedule.next_check_ns() == min(at for at, _n, _k in schedule._checks)
+    with pytest.raises(ConfigurationError, match="lost_grace_ns"):
+        SessionSchedule(lost_grace_ns=-1)
 
 
 def test_a_signalled_session_is_served_on_the_next_pass_and_only_it() -> None:

@@ -335,6 +335,87 @@ def test_a_publish_a_retransmission_completed_is_served_by_its_signal_alone(
         assert server.schedule.checks == 0
 
 
+def test_a_client_lost_by_the_reply_publication_alone_is_closed_by_its_signal(
+    tmp_path: Path,
+) -> None:
+    """Issue 31: the loop asked every session's connection once a second (~20 Python calls a
+    session-second, a sixth of an idle server's CPU at 2,048 sessions) to find what signals
+    nothing: the session's reply publication losing its client (its status messages timed
+    out, or it ended its image) while the client's own publication, the server's image, goes
+    on. The publication now tells its lost receivers (``Publication.add_lost_listener``) and
+    the session is re-checked after a grace (``LOST_GRACE_NS``); the check is a safety net
+    every 10 s. Here no check and no lost-peer walk come within the test: the client ends its
+    subscription (its driver sends the end of stream), its publication's heartbeats go on, and
+    the session is closed by the signal's re-check alone (main with no checks: never, the
+    session stayed open with its client's publication alive)."""
+    from aeron_spark.connector.server.schedule import SessionSchedule
+
+    config = ServerConfig(directory=str(tmp_path / "srv"), port=0, encryption=False)
+    server = StreamServer(config)
+    server.schedule = SessionSchedule(check_interval_ns=10**15, watched_interval_ns=10**15)
+    with server.start():
+        assert server._listener is not None and server.core is not None
+        handshake = server._listener.server
+        handshake.lost_peer_walk_ns = 10**15  # no walk of the connections (the next one too)
+        handshake._next_reap_ns = 10**15
+        settings = ClientSettings(
+            endpoint=server.endpoint, encryption=False, keepalive_interval_s=10_000.0
+        )
+        with StreamClient.connect(settings) as client:
+            assert client.list_streams() == []
+            counters = server.core.counters
+            assert counters["sessions_closed"] == 0
+            client._link.connection.subscription.close()  # the reply stream ends; not the rest
+            deadline = time.monotonic() + 40  # main: still open then
+            while counters["sessions_closed"] == 0:
+                assert time.monotonic() < deadline, "the session was never closed"
+                time.sleep(0.02)
+            assert server.schedule.checks == 0 and counters["sessions_expired"] == 0
+            assert server.schedule.rechecks == 1
+
+
+def test_a_client_whose_reply_image_ends_and_comes_back_keeps_its_session(
+    tmp_path: Path,
+) -> None:
+    """A lost signal is not a verdict. The client's driver ends its image of the session's
+    reply stream (three end-of-stream status messages: the server's reply publication has no
+    receiver, ``is_connected`` False, its lost listener called) while a new subscription of the
+    same channel joins at once and speaks within the grace: the session is re-checked at the
+    grace's end, found connected and kept, and it still answers (s20's version closed it at the
+    signal, the first look at a publication with no receiver for that moment; a live client
+    lost its session)."""
+    from aeron_spark.connector.server.schedule import SessionSchedule
+    from aeron_spark.handshake import shared_driver
+
+    config = ServerConfig(directory=str(tmp_path / "srv"), port=0, encryption=False)
+    server = StreamServer(config)
+    server.schedule = SessionSchedule(check_interval_ns=10**15, watched_interval_ns=10**15)
+    with server.start():
+        assert server._listener is not None and server.core is not None
+        handshake = server._listener.server
+        handshake.lost_peer_walk_ns = 10**15  # no walk of the connections (the next one too)
+        handshake._next_reap_ns = 10**15
+        settings = ClientSettings(
+            endpoint=server.endpoint, encryption=False, keepalive_interval_s=10_000.0
+        )
+        with StreamClient.connect(settings) as client:
+            assert client.list_streams() == []
+            counters = server.core.counters
+            connection = client._link.connection
+            old = connection.subscription
+            new = shared_driver().add_subscription(old.channel, old.stream_id)
+            old.close()  # its image's end of stream: the reply publication's receiver goes
+            connection.subscription = new
+            schedule = server.schedule
+            deadline = time.monotonic() + 40
+            while getattr(schedule, "rechecks", 0) == 0 and counters["sessions_closed"] == 0:
+                assert time.monotonic() < deadline, "no lost signal was re-checked"
+                time.sleep(0.02)
+            assert counters["sessions_closed"] == 0  # s20's version: 1, at the signal
+            assert client.list_streams() == [] and client.reconnects == 0
+            assert counters["sessions_closed"] == counters["sessions_expired"] == 0
+
+
 def test_a_request_costs_the_loop_one_pass(tmp_path: Path) -> None:
     """Issue 31: each request cost the loop two passes, the one that served it and one right
     after that found nothing (a pass that did work was always followed by another), ~40

@@ -113,6 +113,26 @@ class NetworkPublicationLog:
         self.spy_notify: tuple[Callable[[], None], ...] = ()
         self.offer = state.offer
         self.offer_block = state.offer_block
+        self._lost_listeners: tuple[Callable[[], object], ...] = ()
+
+    def add_lost_listener(self, listener: Callable[[], object]) -> bool:
+        """Call ``listener()`` (the driver's sender thread: keep it cheap) whenever a
+        subscriber may have gone: a receiver's status messages timed out, it ended its stream,
+        its destination was dropped (``is_connected`` may have turned False then, and only
+        then, but for the publication's own close)."""
+        self._lost_listeners = (*self._lost_listeners, listener)
+        self.state.on_receiver_lost = self._receiver_lost
+        return True
+
+    def remove_lost_listener(self, listener: Callable[[], object]) -> None:
+        self._lost_listeners = tuple(x for x in self._lost_listeners if x is not listener)
+
+    def _receiver_lost(self) -> None:
+        for listener in self._lost_listeners:
+            try:
+                listener()
+            except Exception as exc:  # noqa: BLE001 - a user callback must not kill the driver
+                self._driver.record_error(exc)
 
     @property
     def position(self) -> int:

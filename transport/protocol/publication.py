@@ -299,6 +299,12 @@ class PublicationState:
         # datagrams of ``data`` cut every ``segment length`` bytes (0: one datagram)
         self.pending: list[tuple[Any, int, Address]] = []
         self.on_limit_change: Callable[[], None] | None = None
+        # called (the sender's thread) whenever a receiver or a destination goes (its status
+        # messages timed out, it ended its stream, its destination was dropped): is_connected
+        # may have turned False. A session's owner learns of a lost peer so, without asking
+        # every connection on a clock (issue 31: the stream server's check of every session a
+        # second)
+        self.on_receiver_lost: Callable[[], None] | None = None
         self.spies: tuple[Any, ...] = ()  # images reading this log in-process (aeron-spy)
         # Where kick() puts it for the sender (its endpoint's ready queue; None: nobody steps
         # it), and whether it is there already (cleared by the sender before it steps it).
@@ -561,6 +567,7 @@ class PublicationState:
             if dest is not None:
                 dests.remove_receiver(dest, receiver_id)
             self._update_publisher_limit()
+            self._receiver_lost()
             return self._wants_send(connected, flags)
         # compute_position, inline: wrap_int32(term_id - initial_term_id) << shift + offset
         relative = (term_id - self.initial_term_id) & 0xFFFF_FFFF
@@ -625,6 +632,11 @@ class PublicationState:
         if self.dests.drop(address, self.flow.receivers):
             self.flow.refresh()
             self._update_publisher_limit()
+            self._receiver_lost()
+
+    def _receiver_lost(self) -> None:
+        if self.on_receiver_lost is not None:
+            self.on_receiver_lost()
 
     def on_nak(self, nak: NakFrame, now_ns: int, source: Address | None = None) -> int:
         """Resend exactly the original bytes of a lost range; returns datagrams queued.
@@ -851,6 +863,7 @@ class PublicationState:
             flow.refresh()
             # their receivers went with them: the last one gone, offers answer NOT_CONNECTED
             self._update_publisher_limit()
+            self._receiver_lost()
         if now_ns >= self.setup_deadline_ns and not self.is_eos_sent:
             connected = flow.has_initial_connection
             frame = None
@@ -865,6 +878,7 @@ class PublicationState:
             self.setup_deadline_ns = now_ns + SETUP_INTERVAL_NS
         if flow.receivers and flow.expire(now_ns):
             self._update_publisher_limit()
+            self._receiver_lost()
         if not flow.has_initial_connection:
             return work
         # (_send_data sends nothing with nothing appended past the sender: an idle stream)
