@@ -43,7 +43,7 @@ from aeron_spark.connector.errors import (
     ServerError,
 )
 from aeron_spark.connector.server.counters import retention_counters
-from aeron_spark.transport.archive.diskio import create_fresh, read_regular
+from aeron_spark.transport.archive.diskio import create_fresh, read_regular, replace_fresh
 from aeron_spark.transport.archive.recordings import fsync_dir
 
 log = logging.getLogger("aeron_spark.connector.server.retention")
@@ -354,7 +354,7 @@ class ConsumerRegistry:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)  # a full disk keeps no half-written file of ours
             raise
-        os.replace(tmp, self.path)  # losing the newest commit only makes retention keep more
+        replace_fresh(tmp, self.path)  # losing the newest commit only makes retention keep more
         try:
             fsync_dir(os.path.dirname(self.path) or ".")
         except OSError:
@@ -371,7 +371,7 @@ class ConsumerRegistry:
             fh.write(self._body(None, None))
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        replace_fresh(tmp, self.path)
         fsync_dir(os.path.dirname(self.path) or ".")
 
 

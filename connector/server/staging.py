@@ -63,7 +63,12 @@ from aeron_spark.connector.errors import (
 from aeron_spark.connector.server.commitlog import CommitLog
 from aeron_spark.connector.server.framing import Framer
 from aeron_spark.connector.session.records import RECORD, block_records, complete_record, records
-from aeron_spark.transport.archive.diskio import create_fresh, open_regular, read_regular
+from aeron_spark.transport.archive.diskio import (
+    create_fresh,
+    open_regular,
+    read_regular,
+    replace_fresh,
+)
 from aeron_spark.transport.archive.recordings import fsync_dir, makedirs_synced
 from aeron_spark.transport.protocol.logbuffer import LogGeometry
 
@@ -221,7 +226,7 @@ class StagingStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, path)
+            replace_fresh(tmp, path)  # a directory at the owner's name: NOT_REGULAR_FILE
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)

@@ -87,6 +87,26 @@ def create_fresh(path: str, mode: int = 0o644, flags: int = os.O_WRONLY) -> int:
     return os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
 
 
+def replace_fresh(tmp: str, path: str) -> None:
+    """``os.replace(tmp, path)``: a file made by :func:`create_fresh` renamed onto its final
+    name. A directory at ``path`` (put there while the server runs; a start refuses one) is
+    left as it is and ``tmp`` removed: :class:`NotRegularFileError` naming ``path`` (it was a
+    bare ``IsADirectoryError``, the client's text, and the temporary file stayed)."""
+    try:
+        os.replace(tmp, path)
+    except IsADirectoryError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise NotRegularFileError(
+            f"NOT_REGULAR_FILE: {path} is a directory, where the server writes a file of its "
+            "own; it is left as it is: move it aside",
+            path=path,
+            mode="directory",
+        ) from exc
+
+
 def pwrite_all(fd: int, data: memoryview | bytes, offset: int, path: str) -> int:
     """``pwrite`` all of ``data`` at ``offset``, continuing after short writes (a filesystem
     may write less than asked without an error). Raises ``OSError`` (ENOSPC when a write makes

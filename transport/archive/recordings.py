@@ -62,6 +62,7 @@ from aeron_spark.transport.archive.diskio import (
     create_fresh,
     pwritev_all,
     read_regular,
+    replace_fresh,
 )
 from aeron_spark.transport.archive.diskio import pwrite_all as _pwrite_all
 from aeron_spark.transport.archive.errors import (
@@ -166,7 +167,7 @@ def _write_meta(path: str, body: dict[str, Any], sync: bool = True) -> None:
         if sync:
             fh.flush()
             os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    replace_fresh(tmp, path)
     if sync:
         fsync_dir(os.path.dirname(path))
 
