@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from aeron_spark.handshake import Client
 from aeron_spark.handshake.client import MAX_CONCURRENT_HANDSHAKES, handshakes_under_way
@@ -73,3 +74,45 @@ def test_attack_a_connect_waits_for_the_key_store_lock_only_until_its_own_deadli
         for t in threads:
             t.join(4 * TIMEOUT_S + 30.0)
     assert len(errors) == MAX_CONCURRENT_HANDSHAKES  # the silent server's, all timed out
+
+
+def test_a_connect_waiting_for_the_lock_goes_on_once_its_holder_is_killed(
+    tmp_path: Path, make_server: Callable[..., object], make_client: Callable[..., Client]
+) -> None:
+    """The holder killed (SIGKILL: no unlock of its own) while a connect waits: ``flock`` goes
+    with the process, the lock file stays behind (a stale file locks nothing) and the connect
+    completes within its timeout, a few retries after the death, not at its deadline. Held on
+    main: a guard."""
+    import signal
+
+    server: Any = make_server()
+    keys = tmp_path / "client-keys"
+    client = make_client(key_store_dir=str(keys), timeout_s=30.0)
+    holder = _hold_lock(keys)
+    outcome: list[BaseException | str] = []
+
+    def run() -> None:
+        try:
+            client.connect(server.endpoint).close()
+            outcome.append("connected")
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, name="waiter", daemon=True)
+    try:
+        thread.start()
+        time.sleep(0.5)  # the connect is waiting for the lock (nothing else can make it wait)
+        assert not outcome, outcome
+        killed = time.monotonic()
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(30.0)
+        thread.join(40.0)
+        took = time.monotonic() - killed
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(30.0)
+    assert outcome == ["connected"], outcome
+    assert (keys / ".lock").exists()  # the stale file left by the killed holder
+    print(f"connected {took:.2f} s after the holder was killed")
+    assert took < 15.0, took  # its 30 s timeout not run out: the death freed the lock
