@@ -27,8 +27,18 @@ log = logging.getLogger(__name__)
 # Long-running operations the I/O shell may run off its loop (``ServerCore.defer``), so a large
 # sink commit does not stall every replay. They only touch the committer and sink recordings.
 # ``recording_positions`` may scan what was ingested since it last looked.
+# consumer_forget too: it rewrites and fsyncs the whole consumers' file as a commit does (on the
+# loop, a client's forgets stalled every session: test_attack_forget_on_loop.py)
 DEFERRED_OPS = frozenset(
-    {"commit", "abort", "scan", "scan_ranges", "recording_positions", "consumer_commit"}
+    {
+        "commit",
+        "abort",
+        "scan",
+        "scan_ranges",
+        "recording_positions",
+        "consumer_commit",
+        "consumer_forget",
+    }
 )
 # A session's deferred requests queued or running at once: one more is refused at once
 # (LIMIT_EXCEEDED, ``deferred_requests_refused``), so a client pipelining scans holds neither
@@ -107,8 +117,9 @@ class RequestsMixin(CoreState):
         session.errors += 1
         refused = LimitExceededError(
             f"{op}: a session may have at most {MAX_DEFERRED_PER_SESSION} "
-            "commit, abort, scan, scan_ranges, recording_positions and consumer_commit "
-            "requests unanswered at once; wait for a reply before sending another",
+            "commit, abort, scan, scan_ranges, recording_positions, consumer_commit and "
+            "consumer_forget requests unanswered at once; wait for a reply before sending "
+            "another",
             limit=MAX_DEFERRED_PER_SESSION,
             op=op,
         )

@@ -107,10 +107,10 @@ class ConsumerRegistry:
         self.held: collections.Counter[str] = collections.Counter()
         self.commits = 0
         self.positions_dropped = 0  # of recordings gone (deleted, or finished and purged whole)
-        # one change at a time: consumer_commit runs on the commit worker (a deferred
-        # operation), consumer_forget on the loop; each writes the whole file from the registry
-        # through one temporary name, then changes the registry (two at once: the second's
-        # rename found no file, and the file lacked the other's change)
+        # one change at a time: consumer_commit and consumer_forget run on the commit worker
+        # (deferred operations), retention's drop_recordings there too; each writes the whole
+        # file from the registry through one temporary name, then changes the registry (two
+        # at once: the second's rename found no file, and the file lacked the other's change)
         self._changing = threading.Lock()
         try:
             # never blocking (a FIFO put there waited for a writer for good): a file that is
