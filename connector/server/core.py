@@ -480,6 +480,7 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
                 "consumer_positions_dropped": self.consumers.positions_dropped,
                 "consumer_commits_refused": self.consumers.commits_refused,
                 "consumer_commits_over_share": self.consumers.commits_over_share,
+                "new_consumers_refused": self.consumers.new_consumers_refused,
                 "sink_commits": committer.commits,
                 "sink_duplicate_commits": committer.duplicate_commits,
                 "sink_resumed_commits": committer.resumed_commits,

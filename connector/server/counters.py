@@ -55,6 +55,8 @@ SHELL_COUNTERS = (
     "housekeeping_failures",
     "accept_failures",
     "stat_snapshot_failures",
+    # a gc tick that found the last retention run still queued or running: none queued
+    "retention_ticks_skipped",
     # with --authorized-keys: ServerCore.keys_reloaded and open_session count these
     "authorized_keys_reloads",
     "authorized_keys_reload_failures",
@@ -69,6 +71,8 @@ SINK_COUNTERS = (
     "consumer_commits_refused",
     # commits refused past --max-consumer-positions-per-client (one client's share)
     "consumer_commits_over_share",
+    # commits of a new consumer past --max-consumers-per-client (LIMIT_EXCEEDED)
+    "new_consumers_refused",
     "sink_commits",
     "sink_duplicate_commits",
     "sink_resumed_commits",

@@ -102,6 +102,7 @@ class ConsumerRegistry:
         self.max_positions_per_client = max_positions_per_client
         self.positions_of: collections.Counter[str] = collections.Counter()
         self.commits_over_share = 0  # commits that would have taken a client past its share
+        self.new_consumers_refused = 0  # new consumers past max_per_owner of their client
         # consumers per owner (client key hex; "" none), kept as they come and go: the
         # per-client limit was checked by a walk over every consumer on each new one
         self.held: collections.Counter[str] = collections.Counter()
@@ -183,6 +184,7 @@ class ConsumerRegistry:
             charged = old.client if old is not None and old.client else client
         if old is None and max_per_owner is not None:
             if self.held[charged] >= max_per_owner:
+                self.new_consumers_refused += 1
                 raise LimitExceededError(
                     f"consumer_commit: a client may hold at most {max_per_owner} consumers "
                     f"(--max-consumers-per-client); forget one (consumer_forget) or reuse an id",

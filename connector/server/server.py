@@ -415,7 +415,11 @@ class StreamServer:
         try:
             self.core.committer.gc(wall_ns / 1e9, self.config.staging_lease_s)
             self._store.housekeeping()
-            if self.core.retention.policy.enabled and not self._retention_queued.is_set():
+            if not self.core.retention.policy.enabled:
+                pass
+            elif self._retention_queued.is_set():  # one run at a time: the tick is skipped
+                self.core.counters.add("retention_ticks_skipped")
+            else:
                 self._retention_queued.set()
                 self._queue(RETENTION_CLIENT, functools.partial(self._retention, wall_ns))
         except OSError as exc:

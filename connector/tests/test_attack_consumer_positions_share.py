@@ -129,7 +129,12 @@ def test_attack_one_address_cannot_take_every_consumer_on_an_open_server(tmp_pat
             with pytest.raises(LimitExceededError) as refused:
                 a.consumer_commit("hostile-3", [10], {rec: end})
             assert "at most 3 consumers" in str(refused.value), refused.value
+            assert "--max-consumers-per-client" in str(refused.value), refused.value
             b.consumer_commit("victims-query", [10], {rec: end})  # on main: LIMIT_EXCEEDED
+            # the refusal is counted, apart from the positions' (main: no counter at all)
+            counters = b.stats()["counters"]
+            assert counters.get("new_consumers_refused") == 1, counters
+            assert counters["consumer_commits_over_share"] == 0, counters
 
 
 def test_shares_survive_a_restart(tmp_path: Path) -> None:
