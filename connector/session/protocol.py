@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import enum
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -624,10 +625,19 @@ def _decode_payload_args(op: str, body: memoryview, limits: Limits) -> Any:
     return args
 
 
+_CONTROL_KIND = bytes((KIND_CONTROL,))
+# One packer a thread: ``msgpack.packb`` makes a Packer (and its buffer) a call, ~4 of the ~5
+# us an encode took on the project's machine (every request of a client: issue 31). A Packer
+# is not shared between threads: its buffer is written during pack().
+_packers = threading.local()
+
+
 def encode_request(request_id: int, op: str, args: dict[str, Any]) -> bytes:
-    return bytes((KIND_CONTROL,)) + msgpack.packb(
-        {"id": request_id, "op": op, "args": args}, use_bin_type=True
-    )
+    try:
+        pack = _packers.pack
+    except AttributeError:
+        pack = _packers.pack = msgpack.Packer(use_bin_type=True).pack
+    return _CONTROL_KIND + pack({"id": request_id, "op": op, "args": args})
 
 
 #: A payload at least this long is not copied into an encoded request (encode_request_parts).

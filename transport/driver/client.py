@@ -61,17 +61,21 @@ class DriverSignal:
 
     def wait_until(self, ready: Callable[[], bool], deadline: float, kind: WaitKind) -> bool:
         driver = self._driver
-        while not ready():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return ready()
-            if driver.is_invoker:
+        if driver.is_invoker:
+            while not ready():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return ready()
                 driver.do_work()
                 if ready():
                     return True
                 driver.idle(min(remaining, _INVOKER_IDLE_S[kind]))
-                continue
-            gate = self._gate
+            return True
+        gate = self._gate
+        # ready() is asked once a pass, after the waiter counts itself (a notify from then on
+        # opens the gate): not also before, which a waiter for a reply not yet come (the
+        # client's every publish) asked for nothing, four Python calls (issue 31)
+        while True:
             self._waiters += 1
             try:
                 # closed: an opening before ready() below is stale (unless another waits)
@@ -80,11 +84,13 @@ class DriverSignal:
                     if took and self._waiters > 1:
                         _reopen(gate)
                     return True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
                 if gate.acquire(True, min(remaining, _EVENT_SLICE_S[kind])) and self._waiters > 1:
                     _reopen(gate)  # the next waiter's turn
             finally:
                 self._waiters -= 1
-        return True
 
 
 def _reopen(gate: Any) -> None:
