@@ -57,6 +57,7 @@ from aeron_spark.counters import REGISTRY, CounterType, counter_set
 from aeron_spark.errors import ConfigurationError
 from aeron_spark.handshake.client_counters import handshake_client_counters
 from aeron_spark.handshake.errors import TooManyConnectionsError, TooManyForKeyError
+from aeron_spark.transport import Driver
 from aeron_spark.transport.protocol.logbuffer import TERM_MIN_LENGTH, max_message_length
 
 log = logging.getLogger(__name__)
@@ -74,9 +75,6 @@ _ALWAYS_FITS = max_message_length(TERM_MIN_LENGTH)
 #: What a request counts a payload beyond its bytes (its msgpack bin header and list slot,
 #: generously): ``batched``'s overhead.
 _PAYLOAD_OVERHEAD = 16
-#: Bound on one attempt to open a new session while reconnecting; attempts go on until the
-#: operation's deadline.
-_CONNECT_ATTEMPT_S = 5.0
 #: Pauses between reconnect attempts (as Kafka's reconnect.backoff.ms and
 #: reconnect.backoff.max.ms): the first after 50 ms, doubling to at most 1 s, each one drawn
 #: within +-20% (``RECONNECT_JITTER``) so a process whose sessions were all lost at once (a long
@@ -203,9 +201,10 @@ class StreamClient:
     local_stages = _Counted()
     replays = _Counted()
 
-    def __init__(self, link: Link, settings: ClientSettings) -> None:
+    def __init__(self, link: Link, settings: ClientSettings, driver: Driver | None = None) -> None:
         self._link = link
         self.settings = settings
+        self._driver = driver  # new sessions go over it too (None: the shared driver)
         self._ids = itertools.count(1)
         self._payload_ids = itertools.count(1)
         self._replies: dict[int, proto.Reply] = {}
@@ -228,10 +227,14 @@ class StreamClient:
         self._limits: dict[int, int] = {}  # stream -> its largest message (this session's server)
 
     @classmethod
-    def connect(cls, settings: ClientSettings | str) -> StreamClient:
+    def connect(cls, settings: ClientSettings | str, driver: Driver | None = None) -> StreamClient:
+        """A client with a session to ``settings.endpoint``, over ``driver`` (None: the
+        process's shared driver; a driver of the caller's own sets its transport timeouts, as
+        ``DriverConfig.publication_connection_timeout_ns``, which bound how soon a lost session
+        is seen lost)."""
         if isinstance(settings, str):
             settings = ClientSettings(endpoint=settings)
-        return cls(open_client_link(settings), settings)
+        return cls(open_client_link(settings, driver), settings, driver)
 
     def __enter__(self) -> StreamClient:
         return self
@@ -315,10 +318,10 @@ class StreamClient:
                 break
             attempts += 1
             attempt = dataclasses.replace(
-                self.settings, timeout_s=min(remaining, _CONNECT_ATTEMPT_S)
+                self.settings, timeout_s=min(remaining, self.settings.connect_attempt_timeout_s)
             )
             try:
-                self._link = open_client_link(attempt)
+                self._link = open_client_link(attempt, self._driver)
             except (SessionLostError, ServerUnavailableError) as exc:
                 # not back yet, or busy: the server's pending handshakes full (TOO_MANY_PENDING),
                 # or its connection limits still counting the sessions being replaced (until

@@ -236,8 +236,9 @@ _TRANSIENT = (
 )
 
 
-def open_client_link(settings: Any) -> Link:
-    """A session for :class:`~aeron_spark.connector.client.ClientSettings`."""
+def open_client_link(settings: Any, driver: Driver | None = None) -> Link:
+    """A session for :class:`~aeron_spark.connector.client.ClientSettings`, over ``driver``
+    (None: the process's shared driver)."""
     config = ClientConfig(
         encryption=settings.encryption,
         server_key=settings.server_key,
@@ -247,7 +248,7 @@ def open_client_link(settings: Any) -> Link:
         timeout_s=settings.timeout_s,
     )
     try:
-        connection = Client(config, driver=shared_driver()).connect(settings.endpoint)
+        connection = Client(config, driver=driver or shared_driver()).connect(settings.endpoint)
     except _TRANSIENT as exc:  # no answer (yet), or a server on its way down: may be retried
         raise SessionLostError(
             f"cannot open a session with the stream server at {settings.endpoint}: {exc}"

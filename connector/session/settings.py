@@ -23,6 +23,9 @@ class ClientSettings:
     ``client_key``          this client's identity private key file (64 hex digits, 0600); None:
                             ``client.key`` in the key store (created on first use)
     ``timeout_s``           bound on connecting and on every wait for the server
+    ``connect_attempt_timeout_s``  bound on one attempt to open a new session while the client
+                            replaces a lost one (attempts go on until ``timeout_s`` is spent;
+                            like Kafka's ``socket.connection.setup.timeout.ms``)
     ``max_request_bytes``   publish/stage payloads are sent in requests of about this size
     ``max_in_flight``       requests of one publish/stage sent before waiting for replies
     ``keepalive_interval_s``  a keepalive is sent when the client has been silent this long
@@ -40,6 +43,7 @@ class ClientSettings:
     server_key: str | None = None
     trust_on_first_use: bool = True
     timeout_s: float = 30.0
+    connect_attempt_timeout_s: float = 5.0
     client_key: str | None = None
     max_request_bytes: int = 2 * 1024 * 1024
     max_in_flight: int = 4
@@ -52,6 +56,11 @@ class ClientSettings:
             raise ConfigurationError("endpoint", self.endpoint, "host:port with a port 1..65535")
         if not self.timeout_s > 0:
             raise ConfigurationError("timeout_s", self.timeout_s, "a positive number of seconds")
+        attempt = self.connect_attempt_timeout_s
+        if isinstance(attempt, bool) or not isinstance(attempt, int | float) or not attempt > 0:
+            raise ConfigurationError(
+                "connect_attempt_timeout_s", attempt, "a positive number of seconds"
+            )
         if self.max_request_bytes < 1024:
             raise ConfigurationError("max_request_bytes", self.max_request_bytes, "at least 1024")
         if self.max_in_flight < 1:

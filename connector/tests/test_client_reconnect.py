@@ -4,12 +4,19 @@ stage and commit of a client that was using it goes on where it was, each row ex
 
 On the old code each of these failed about 5 s after the kill (``ServerUnavailableError: the
 session ... was closed by the server or lost``), although the server was back after 1 s.
+
+The clients run over a driver of their own with the shortest transport timeouts a driver takes
+(``DRIVER``: a session is seen lost 2 s after the server's last status message instead of 5 s,
+its reply image gone after 4 s instead of 10 s) and try each new session for 2 s
+(``connect_attempt_timeout_s``, 5 s by default): the same restarts, found and ridden through
+sooner.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,14 +25,35 @@ from aeron_spark.connector.errors import ServerUnavailableError
 from aeron_spark.connector.server.testing import messages_of
 from aeron_spark.connector.testing_restart import RestartableServer
 from aeron_spark.counters import REGISTRY, CounterType
+from aeron_spark.transport import Driver, DriverConfig
 
 STREAM = 10
+DRIVER = DriverConfig(
+    write_counters_file=False,
+    publication_connection_timeout_ns=2_000_000_000,
+    image_liveness_timeout_ns=4_000_000_000,
+)
+ATTEMPT_S = 2.0  # each new session's handshake
 
 
-def _client(endpoint: str, timeout_s: float = 30.0) -> StreamClient:
-    return StreamClient.connect(
-        ClientSettings(endpoint=endpoint, encryption=False, timeout_s=timeout_s)
+@pytest.fixture(scope="module")
+def driver() -> Iterator[Driver]:
+    with Driver(DRIVER) as d:
+        yield d
+
+
+def _settings(endpoint: str, timeout_s: float = 30.0, **kw: Any) -> ClientSettings:
+    return ClientSettings(
+        endpoint=endpoint,
+        encryption=False,
+        timeout_s=timeout_s,
+        connect_attempt_timeout_s=ATTEMPT_S,
+        **kw,
     )
+
+
+def _client(endpoint: str, driver: Driver, timeout_s: float = 30.0) -> StreamClient:
+    return StreamClient.connect(_settings(endpoint, timeout_s=timeout_s), driver)
 
 
 @pytest.fixture
@@ -39,20 +67,22 @@ def _payloads(n: int, size: int = 1000) -> list[bytes]:
 
 
 def test_a_request_waiting_on_a_killed_server_is_sent_again_on_a_new_session(
-    server: RestartableServer,
+    server: RestartableServer, driver: Driver
 ) -> None:
-    with _client(server.endpoint) as client:
+    with _client(server.endpoint, driver) as client:
         client.publish(STREAM, _payloads(10))
         before = client.list_recordings([STREAM])
         server.restart_later(1.0)
-        after = client.list_recordings([STREAM])  # the old session dies ~5 s after the kill
+        after = client.list_recordings([STREAM])  # the session seen lost ~2 s after the kill
         assert client.reconnects >= 1
     assert [r.recorded_position for r in after] == [r.recorded_position for r in before]
 
 
-def test_a_replay_resumes_at_the_last_delivered_position(server: RestartableServer) -> None:
+def test_a_replay_resumes_at_the_last_delivered_position(
+    server: RestartableServer, driver: Driver
+) -> None:
     count = 12_000  # 12 MB: more than the session's window, so the kill stops it halfway
-    with _client(server.endpoint) as client:
+    with _client(server.endpoint, driver) as client:
         client.publish(STREAM, _payloads(count))
         (rec,) = client.list_recordings([STREAM])
         blocks = client.replay(rec.recording_id, rec.start_position, rec.recorded_position)
@@ -68,7 +98,7 @@ def test_a_replay_resumes_at_the_last_delivered_position(server: RestartableServ
 
 @pytest.mark.parametrize("local", [False, True], ids=["over-session", "local-part"])
 def test_a_part_staged_across_a_restart_is_committed_once(
-    server: RestartableServer, local: bool
+    server: RestartableServer, driver: Driver, local: bool
 ) -> None:
     """The server is killed while the task stages its part (over the session: between
     requests; local: before ``local_stage_done``): the part is staged again on a new session,
@@ -82,10 +112,8 @@ def test_a_part_staged_across_a_restart_is_committed_once(
                 server.restart_later(1.0)
             yield payload
 
-    with _client(server.endpoint) as client:
-        client.settings = ClientSettings(
-            endpoint=server.endpoint, encryption=False, timeout_s=30.0, max_request_bytes=64 * 1024
-        )
+    with _client(server.endpoint, driver) as client:
+        client.settings = _settings(server.endpoint, max_request_bytes=64 * 1024)
         receipt = client.stage("sink-a", 7, 0, 0, STREAM, payloads(), local=local)
         assert client.restages == 1
         assert client.local_stages == (2 if local else 0)
@@ -103,16 +131,16 @@ def test_a_part_staged_across_a_restart_is_committed_once(
 
 
 def test_a_client_connects_to_a_server_that_comes_up_within_its_timeout(
-    server: RestartableServer,
+    server: RestartableServer, driver: Driver
 ) -> None:
     """The producer CLI's case: the server is down when the client starts."""
     server.restart_later(2.0)
-    with _client(server.endpoint) as client:
+    with _client(server.endpoint, driver) as client:
         assert client.list_recordings([STREAM]) == []
 
 
 def test_a_publish_interrupted_by_a_restart_says_it_was_not_sent_again(
-    server: RestartableServer,
+    server: RestartableServer, driver: Driver
 ) -> None:
     """A publish is never resent (it may be recorded already): a clear error, and the same
     client goes on publishing on a new session."""
@@ -123,10 +151,8 @@ def test_a_publish_interrupted_by_a_restart_says_it_was_not_sent_again(
                 server.restart_later(1.0)
             yield payload
 
-    with _client(server.endpoint) as client:
-        client.settings = ClientSettings(
-            endpoint=server.endpoint, encryption=False, max_request_bytes=64 * 1024
-        )
+    with _client(server.endpoint, driver) as client:
+        client.settings = _settings(server.endpoint, max_request_bytes=64 * 1024)
         with pytest.raises(ServerUnavailableError, match="a publish is not sent again"):
             client.publish(STREAM, payloads())
         server.wait_restarted()
@@ -135,16 +161,18 @@ def test_a_publish_interrupted_by_a_restart_says_it_was_not_sent_again(
 
 
 def test_a_server_that_stays_away_is_a_clear_error_after_the_timeout(
-    server: RestartableServer,
+    server: RestartableServer, driver: Driver
 ) -> None:
-    with _client(server.endpoint, timeout_s=3.0) as client:
+    with _client(server.endpoint, driver, timeout_s=3.0) as client:
         client.publish(STREAM, _payloads(1))
         server.kill()
         with pytest.raises(ServerUnavailableError, match=r"within 3\.0 s"):
             client.list_recordings([STREAM])
 
 
-def test_reconnects_and_their_retries_are_registry_counters(server: RestartableServer) -> None:
+def test_reconnects_and_their_retries_are_registry_counters(
+    server: RestartableServer, driver: Driver
+) -> None:
     """``reconnects`` and ``reconnect_retries`` are the client's registry counters (CLIENT),
     read with every other client counter by ``client_counters()`` (they were attributes of the
     client alone). The server is away 20 s: longer than finding the session lost (its reply
@@ -152,9 +180,9 @@ def test_reconnects_and_their_retries_are_registry_counters(server: RestartableS
     attempt fails and is retried (away 10 s, a loss found late let the first attempt succeed
     with the server back: 0 retries, the rehearsal's failure)."""
     assert REGISTRY.is_declared(CounterType.CLIENT, "reconnect_retries")
-    with _client(server.endpoint, timeout_s=60.0) as client:
+    with _client(server.endpoint, driver, timeout_s=60.0) as client:
         client.publish(STREAM, _payloads(1))
-        server.restart_later(20.0)
+        server.restart_later(8.0)
         client.list_recordings([STREAM])
         counters = client.client_counters()
         assert counters["reconnects"] == client.reconnects == 1, counters
@@ -163,14 +191,14 @@ def test_reconnects_and_their_retries_are_registry_counters(server: RestartableS
 
 
 def test_the_handshake_clients_refusals_show_with_the_client_counters(
-    server: RestartableServer,
+    server: RestartableServer, driver: Driver
 ) -> None:
     """The process's handshake client counters (a connect that waited out its slot, a key
     store's lock given up) are read with the client's own (they were attributes nobody read:
     ``handshake/tests/test_client_counters.py`` counts them)."""
     from aeron_spark.handshake.client_counters import handshake_client_counters
 
-    with _client(server.endpoint) as client:
+    with _client(server.endpoint, driver) as client:
         counters = client.client_counters()
     process = handshake_client_counters()
     assert set(process) == {"slot_timeouts", "key_store_lock_timeouts"}

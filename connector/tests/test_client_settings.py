@@ -30,6 +30,19 @@ def test_settings_are_frozen_picklable_and_validated() -> None:
         assert info.value.name == name
 
 
+@pytest.mark.parametrize("value", [0, -1.0, float("nan"), True, "5"])
+def test_a_connect_attempt_timeout_that_is_not_a_positive_number_of_seconds_is_refused(
+    value: object,
+) -> None:
+    """``connect_attempt_timeout_s`` bounds one attempt of a reconnect (it was a fixed 5 s)."""
+    assert ClientSettings().connect_attempt_timeout_s == 5.0
+    assert ClientSettings(connect_attempt_timeout_s=0.5).connect_attempt_timeout_s == 0.5
+    with pytest.raises(ConfigurationError) as info:
+        ClientSettings(connect_attempt_timeout_s=value)  # type: ignore[arg-type]
+    assert info.value.name == "connect_attempt_timeout_s"
+    assert "a positive number of seconds" in str(info.value)
+
+
 def test_connect_to_nothing_fails_typed_within_the_timeout() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))

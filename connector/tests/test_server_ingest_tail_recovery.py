@@ -167,7 +167,10 @@ def test_a_publisher_that_outlives_the_server_mid_message_leaves_a_readable_stre
 ) -> None:
     directory = str(tmp_path / "srv")
     channel, extra = _ingest_channel()
-    with Driver(DriverConfig()) as driver:
+    # the publication is seen unconnected 2 s after the killed server's last status message
+    # (the shortest timeout a driver takes; 5 s by default, which the test waited out)
+    config = DriverConfig(publication_connection_timeout_ns=2_000_000_000)
+    with Driver(config) as driver:
         pub, rest = _record_then_kill(driver, directory, extra, channel)
         # the publication notices its receiver gone, then joins the restarted server where it
         # is: inside the torn message (as a publisher held back by flow control would)

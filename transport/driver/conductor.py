@@ -42,6 +42,7 @@ from aeron_spark.transport.driver.endpoint import (
     receiver_window_for,
 )
 from aeron_spark.transport.errors import ChannelError, DriverError
+from aeron_spark.transport.protocol.flow_control import CONNECTION_TIMEOUT_NS
 from aeron_spark.transport.protocol.image import IMAGE_LIVENESS_TIMEOUT_NS, ImageState
 from aeron_spark.transport.protocol.ipc import DUTY_INTERVAL_NS
 from aeron_spark.transport.protocol.logbuffer import is_reserved_session_id, wrap_int32
@@ -119,8 +120,11 @@ class DriverConductor:
         wake_receiver: Callable[[], None] | None = None,
         wake_conductor: Callable[[], None] | None = None,
         session_id_seed: int | None = None,
+        publication_connection_timeout_ns: int = CONNECTION_TIMEOUT_NS,
     ) -> None:
         self.system_counters = system_counters
+        # a UDP publication's receiver silent this long is gone (its publication unconnected)
+        self.publication_connection_timeout_ns = publication_connection_timeout_ns
         self.open_endpoint = open_endpoint
         self.image_limits = image_limits
         self.retransmit_linger_ns = retransmit_linger_ns
@@ -291,6 +295,7 @@ class DriverConductor:
                 dynamic=dynamic,
                 now_ns=now_ns,
                 flow_control=config.flow_control,
+                connection_timeout_ns=self.publication_connection_timeout_ns,
             )
             if config.destination_host is not None:
                 host = config.destination_host

@@ -56,8 +56,12 @@ from aeron_spark.transport.errors import (
 )
 from aeron_spark.transport.ipc import logfile as ipc_logfile
 from aeron_spark.transport.ipc.watch import DirectoryWatch, open_watch
+from aeron_spark.transport.protocol.flow_control import CONNECTION_TIMEOUT_NS
 from aeron_spark.transport.protocol.heartbeat import IDLE_HEARTBEAT_INTERVAL_MAX_NS
-from aeron_spark.transport.protocol.image import IMAGE_LIVENESS_TIMEOUT_NS
+from aeron_spark.transport.protocol.image import (
+    IMAGE_LIVENESS_TIMEOUT_NS,
+    SM_IDLE_INTERVAL_MAX_NS,
+)
 from aeron_spark.transport.protocol.logbuffer import (
     MAX_UDP_PAYLOAD_LENGTH,
     RESERVED_SESSION_ID_HIGH,
@@ -120,6 +124,9 @@ def check_directory(path: Path, default: bool) -> None:
 # The shortest image liveness timeout a driver takes: twice the longest idle heartbeat interval
 # a channel may ask (2 s), so an idle image hears at least two heartbeats before it times out
 MIN_IMAGE_LIVENESS_TIMEOUT_NS = 2 * IDLE_HEARTBEAT_INTERVAL_MAX_NS
+# The shortest publication connection timeout a driver takes: twice the longest interval between
+# the status messages of an idle image (1 s), so a live receiver is never dropped for one SM lost
+MIN_PUBLICATION_CONNECTION_TIMEOUT_NS = 2 * SM_IDLE_INTERVAL_MAX_NS
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +143,10 @@ class DriverConfig:
     # A UDP image that receives nothing (data, heartbeat, pad) this long is gone (Aeron's
     # aeron.image.liveness.timeout, 10 s); at least MIN_IMAGE_LIVENESS_TIMEOUT_NS.
     image_liveness_timeout_ns: int = IMAGE_LIVENESS_TIMEOUT_NS
+    # A UDP publication's receiver whose last status message is older than this is gone; with
+    # none left the publication is not connected (Aeron's aeron.publication.connection.timeout,
+    # 5 s); at least MIN_PUBLICATION_CONNECTION_TIMEOUT_NS.
+    publication_connection_timeout_ns: int = CONNECTION_TIMEOUT_NS
     # Largest term length / mtu a SETUP may ask of our UDP subscriptions (each subscription may
     # lower them: max-term-length / max-mtu); bigger SETUPs are dropped and counted.
     max_image_term_length: int = TERM_MAX_LENGTH
@@ -183,6 +194,19 @@ class DriverConfig:
                 f"whole nanoseconds, at least {MIN_IMAGE_LIVENESS_TIMEOUT_NS} (twice the "
                 "longest idle-heartbeat-interval a channel may ask: an idle image must outlive "
                 "one lost heartbeat)",
+            )
+        timeout = self.publication_connection_timeout_ns
+        if (
+            not isinstance(timeout, int)
+            or isinstance(timeout, bool)
+            or timeout < MIN_PUBLICATION_CONNECTION_TIMEOUT_NS
+        ):
+            raise ChannelError(
+                "publication_connection_timeout_ns",
+                timeout,
+                f"whole nanoseconds, at least {MIN_PUBLICATION_CONNECTION_TIMEOUT_NS} (twice the "
+                "longest interval between an idle image's status messages: a live receiver must "
+                "outlive one lost status message)",
             )
         if self.retransmit_linger_ns < 0:
             raise ChannelError("retransmit_linger_ns", self.retransmit_linger_ns, "a duration >= 0")
@@ -237,6 +261,7 @@ class Driver:
             ),
             retransmit_linger_ns=cfg.retransmit_linger_ns,
             counters_interval_ns=cfg.counters_interval_ns,
+            publication_connection_timeout_ns=cfg.publication_connection_timeout_ns,
             on_tick=self._on_tick,
             wake_sender=self.wake_sender,
             wake_receiver=self.wake_receiver,

@@ -22,7 +22,8 @@ Invariants:
   status message (the most advanced receiver sets the pace, as Aeron's default
   ``max`` multicast strategy and its unicast one).
 * A receiver is connected while its last SM is at most ``connection_timeout_ns`` old
-  (Aeron's ``PUBLICATION_CONNECTION_TIMEOUT``, 5 s); an EOS SM removes it at once.
+  (Aeron's ``aeron.publication.connection.timeout``, 5 s by default: the driver's
+  ``DriverConfig.publication_connection_timeout_ns``); an EOS SM removes it at once.
 * ``has_initial_connection`` becomes True with the first SM and never goes back (the sender
   sends data only after it, as Aeron's).
 * ``retransmit_window`` is the receiver window of the last SM: it bounds what one linger of
@@ -275,9 +276,13 @@ class MinFlowControl(FlowControl):
 
 
 def make_flow_control(
-    policy: FlowControlPolicy | None, start_position: int, window: int
+    policy: FlowControlPolicy | None,
+    start_position: int,
+    window: int,
+    connection_timeout_ns: int = CONNECTION_TIMEOUT_NS,
 ) -> FlowControl:
-    """The strategy ``policy`` names (None or ``max``: :class:`FlowControl`)."""
+    """The strategy ``policy`` names (None or ``max``: :class:`FlowControl`), its receivers
+    connected while their last SM is at most ``connection_timeout_ns`` old."""
     if policy is None or policy.strategy == "max":
-        return FlowControl(start_position, window)
-    return MinFlowControl(start_position, window, policy)
+        return FlowControl(start_position, window, connection_timeout_ns)
+    return MinFlowControl(start_position, window, policy, connection_timeout_ns)

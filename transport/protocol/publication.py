@@ -231,6 +231,7 @@ class PublicationState:
         dynamic: bool = False,
         now_ns: int = 0,
         flow_control: FlowControlPolicy | None = None,
+        connection_timeout_ns: int = CONNECTION_TIMEOUT_NS,
     ) -> None:
         self.geometry = LogGeometry(term_length, mtu, initial_term_id)
         self.session_id = session_id
@@ -267,9 +268,10 @@ class PublicationState:
         self.max_position = (1 << 31) * term_length - 1  # int32 term count, as Aeron
         self.sender_position = start
         self.publisher_limit = start
-        self.flow = make_flow_control(flow_control, start, self.window)
+        # a receiver (a destination) silent this long is gone (aeron.publication.connection.timeout)
+        self.flow = make_flow_control(flow_control, start, self.window, connection_timeout_ns)
         self.dynamic = dynamic
-        self.dests = Destinations(session_id)
+        self.dests = Destinations(session_id, connection_timeout_ns)
         if destination is not None:
             self.dests.add(destination, now_ns)
         self.retransmit = RetransmitHandler(retransmit_linger_ns)
