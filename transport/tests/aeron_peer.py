@@ -383,13 +383,16 @@ class JavaArchive:
         classpath: list[Path] | None = None,
         host: str = "127.0.0.1",
         prefix: Sequence[str] = (),
+        wait: bool = True,
         **properties: object,
     ) -> None:
         """``classpath``: more entries before the jar (classes of our own the archive loads,
         e.g. an authenticator named by ``aeron.archive.authenticator.supplier``). ``host``: the
         address of its control channel (and, unless ``properties`` say otherwise, of its
         replication and control response channels); ``prefix``: runs it inside a network
-        namespace (``ip netns exec NS``, :mod:`aeron_spark.transport.testing_netns`)."""
+        namespace (``ip netns exec NS``, :mod:`aeron_spark.transport.testing_netns`).
+        ``wait=False``: returns once the JVM is started; the caller then calls
+        :meth:`wait_started` (several archives start at once: :func:`archive_set`)."""
         self._restart = (tag, classpath, dict(properties))
         self.aeron_dir = new_aeron_dir(tag)
         self.archive_dir = archive_dir
@@ -426,8 +429,16 @@ class JavaArchive:
             ],
             f"java-{tag}",
         )
-        mark = archive_dir / "archive-mark.dat"
-        deadline = time.monotonic() + DRIVER_START_S
+        self._started_at = time.monotonic()
+        if wait:
+            self.wait_started()
+
+    def wait_started(self, timeout_s: float = DRIVER_START_S) -> None:
+        """Until the archive answers on its control port (bounded: ``timeout_s`` from its
+        start); closes it and raises if it exits or the bound passes."""
+        mark = self.archive_dir / "archive-mark.dat"
+        control_port, host = self.control_port, self.host
+        deadline = self._started_at + timeout_s
         try:
             while not (mark.exists() and mark.stat().st_size > 0):
                 if self.program.proc.poll() is not None or time.monotonic() > deadline:
@@ -544,6 +555,8 @@ def archive_set(
     hosts = hosts or {}
     started: dict[str, JavaArchive] = {}
     try:
+        # every JVM started before waiting for any: their start-ups (class loading, the
+        # driver's and the archive's files) overlap instead of adding up
         for name, archive_id in archives:
             host, prefix = hosts.get(name, ("127.0.0.1", ()))
             started[name] = JavaArchive(
@@ -554,8 +567,11 @@ def archive_set(
                 classpath=classpaths.get(name),
                 host=host,
                 prefix=prefix,
+                wait=False,
                 **{**REPLICATION_CLIENT_PROPS, **extra.get(name, {})},
             )
+        for archive in started.values():  # as long as one after the other would have had
+            archive.wait_started(DRIVER_START_S * len(started))
         yield started
     finally:
         for archive in started.values():
