@@ -74,6 +74,13 @@ def jar_path() -> Path:
     return jar_dir() / JAR_NAME
 
 
+def class_data_path() -> Path:
+    """The jar's classes as the JVM loaded them, dumped once (a dynamic CDS archive,
+    :func:`make_class_data`): a peer started with it maps them instead of loading and verifying
+    them from the jar again."""
+    return jar_dir() / f"{JAR_NAME}.jsa"
+
+
 def required() -> bool:
     return os.environ.get(REQUIRED_ENV, "") not in ("", "0", "false", "no")
 
@@ -279,11 +286,17 @@ def java_argv(
     *,
     classpath: list[Path] | None = None,
     args: list[str] | None = None,
+    jvm_flags: Sequence[str] = (),
 ) -> list[str]:
     java = shutil.which("java") or "java"
     cp = os.pathsep.join(str(p) for p in [*(classpath or []), jar_path()])
     props = [f"-D{k}={v}" for k, v in properties.items()]
     flags = [*JVM_FLAGS, *(TEST_JVM_FLAGS if os.environ.get("PYTEST_CURRENT_TEST") else ())]
+    flags += jvm_flags
+    cds = class_data_path()
+    if not classpath and cds.is_file():  # dumped with the jar alone on the class path
+        # a JVM of another build ignores the archive; its warning saying so is not printed
+        flags += [f"-XX:SharedArchiveFile={cds}", "-Xlog:cds*=off"]
     return [java, *flags, "-cp", cp, *props, main_class, *(args or [])]
 
 
@@ -396,13 +409,17 @@ class JavaArchive:
         classpath: list[Path] | None = None,
         host: str = "127.0.0.1",
         prefix: Sequence[str] = (),
+        wait: bool = True,
+        jvm_flags: Sequence[str] = (),
         **properties: object,
     ) -> None:
         """``classpath``: more entries before the jar (classes of our own the archive loads,
         e.g. an authenticator named by ``aeron.archive.authenticator.supplier``). ``host``: the
         address of its control channel (and, unless ``properties`` say otherwise, of its
         replication and control response channels); ``prefix``: runs it inside a network
-        namespace (``ip netns exec NS``, :mod:`aeron_spark.transport.testing_netns`)."""
+        namespace (``ip netns exec NS``, :mod:`aeron_spark.transport.testing_netns`).
+        ``wait=False``: returns once the JVM is started; the caller then calls
+        :meth:`wait_started` (several archives start at once: :func:`archive_set`)."""
         self._restart = (tag, classpath, dict(properties))
         self.aeron_dir = new_aeron_dir(tag)
         self.archive_dir = archive_dir
@@ -435,12 +452,25 @@ class JavaArchive:
         self.program = PeerProgram(
             [
                 *self.prefix,
-                *java_argv("io.aeron.archive.ArchivingMediaDriver", props, classpath=classpath),
+                *java_argv(
+                    "io.aeron.archive.ArchivingMediaDriver",
+                    props,
+                    classpath=classpath,
+                    jvm_flags=jvm_flags,
+                ),
             ],
             f"java-{tag}",
         )
-        mark = archive_dir / "archive-mark.dat"
-        deadline = time.monotonic() + DRIVER_START_S
+        self._started_at = time.monotonic()
+        if wait:
+            self.wait_started()
+
+    def wait_started(self, timeout_s: float = DRIVER_START_S) -> None:
+        """Until the archive answers on its control port (bounded: ``timeout_s`` from its
+        start); closes it and raises if it exits or the bound passes."""
+        mark = self.archive_dir / "archive-mark.dat"
+        control_port, host = self.control_port, self.host
+        deadline = self._started_at + timeout_s
         try:
             while not (mark.exists() and mark.stat().st_size > 0):
                 if self.program.proc.poll() is not None or time.monotonic() > deadline:
@@ -557,6 +587,8 @@ def archive_set(
     hosts = hosts or {}
     started: dict[str, JavaArchive] = {}
     try:
+        # every JVM started before waiting for any: their start-ups (class loading, the
+        # driver's and the archive's files) overlap instead of adding up
         for name, archive_id in archives:
             host, prefix = hosts.get(name, ("127.0.0.1", ()))
             started[name] = JavaArchive(
@@ -567,8 +599,11 @@ def archive_set(
                 classpath=classpaths.get(name),
                 host=host,
                 prefix=prefix,
+                wait=False,
                 **{**REPLICATION_CLIENT_PROPS, **extra.get(name, {})},
             )
+        for archive in started.values():  # as long as one after the other would have had
+            archive.wait_started(DRIVER_START_S * len(started))
         yield started
     finally:
         for archive in started.values():
@@ -607,6 +642,49 @@ def module_archives(
         yield started
 
 
+def make_class_data() -> Path | None:
+    """:func:`class_data_path` made if missing (by :data:`FETCH_COMMAND`, after the jar): an
+    archive started and stopped with ``-XX:ArchiveClassesAtExit``, the dump tried by a JVM
+    before it takes the final name (os.replace: no JVM ever maps a partly written one, which
+    would crash it). Measured at load 13-14: an archive's JVM start 0.36-0.60 s of CPU with
+    it, 0.61-1.19 s without. None when it cannot be made (the peers then start without it)."""
+    import tempfile
+
+    target = class_data_path()
+    if target.is_file():
+        return target
+    dump = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            archive = JavaArchive(
+                Path(tmp) / "archive",
+                free_udp_port(),
+                1,
+                tag="class-data",
+                jvm_flags=[f"-XX:ArchiveClassesAtExit={dump}"],
+            )
+            archive.close()  # SIGINT: a normal exit, which writes the dump
+            if not dump.is_file():
+                return None
+            java = shutil.which("java") or "java"
+            check = subprocess.run(  # exits 0 at once (it names the argument it cannot read)
+                [java, *JVM_FLAGS, f"-XX:SharedArchiveFile={dump}", "-Xshare:on", "-cp"]
+                + [str(jar_path()), "io.aeron.samples.AeronStat", "--help"],
+                cwd=tmp,  # a crash's hs_err file goes with it
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+        if check.returncode != 0:
+            return None
+        os.replace(dump, target)
+        return target
+    except (OSError, RuntimeError, subprocess.TimeoutExpired):
+        return None
+    finally:
+        dump.unlink(missing_ok=True)
+
+
 def compile_java(source: str, class_name: str, out_dir: Path) -> Path:
     """Compile one class of our own against the jar into ``out_dir`` (returns it, a classpath
     entry). For peers the samples do not cover."""
@@ -642,6 +720,8 @@ def main(argv: list[str]) -> int:
     except PeerUnavailable as exc:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 1
+    cds = make_class_data()
+    print(cds if cds else "(no class data archive: the Java peers start without one)")
     return 0
 
 
