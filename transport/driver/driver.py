@@ -388,12 +388,33 @@ class Driver:
             )
         return self._runners[0].do_work(now_ns)
 
-    def idle(self, timeout_s: float) -> None:
-        """Invoker mode: sleep until a socket is readable or the next deadline (<= timeout_s)."""
+    def idle(self, timeout_s: float, ready: Callable[[], bool] | None = None) -> None:
+        """Invoker mode: sleep until a socket is readable, the next deadline (<= timeout_s), a
+        :meth:`wake` or, asked once the driver counts as asleep, ``ready()`` is true (another
+        thread that makes it true then calls :meth:`wake`: never a wake-up lost between)."""
         if self.is_invoker and self._runners:
-            self._runners[0].idle(timeout_s)
+            self._runners[0].idle(timeout_s, ready)
         else:
             time.sleep(timeout_s)
+
+    def wake(self) -> None:
+        """Invoker mode: end the invoker's :meth:`idle` now (any thread; one byte a sleep at
+        most, nothing while it is not asleep). Threaded modes: wake the driver's thread."""
+        runner = self._runners[0] if self._runners else None
+        if runner is not None:
+            runner.wake()
+
+    def has_work(self) -> bool:
+        """Invoker mode: an agent has work now (a publication kicked by an offer, datagrams of
+        a coalesced receive left): :meth:`idle` would return at once."""
+        runner = self._runners[0] if self._runners else None
+        return runner is not None and runner.has_work()
+
+    @property
+    def step_again(self) -> bool:
+        """Invoker mode: the last :meth:`do_work` did work its agents report through nothing
+        :meth:`idle` waits on (IPC resources): step again before sleeping."""
+        return bool(self._runners) and self._runners[0].restep
 
     @property
     def is_closed(self) -> bool:
@@ -655,9 +676,10 @@ class Driver:
         self._ipc_used = True
         ipc_logfile.make_folder(self.directory)
         with self._lock:
-            if not self._ipc_watch_tried and not self.is_invoker:
+            if not self._ipc_watch_tried:
                 # one inotify watch of the IPC directory for the driver: an idle subscription
-                # sleeps until a log file comes (invoker mode: its caller's loop polls anyway)
+                # sleeps until a log file comes (invoker mode too: idle() selects on it, and a
+                # server stepping its driver would otherwise wake every 10 ms for an IPC poll)
                 self._ipc_watch_tried = True
                 self._ipc_watch = open_watch(
                     ipc_logfile.ipc_directory(self.directory), self.system_counters
