@@ -221,6 +221,10 @@ class Server:
         self._wakeup = threading.Event()
         # the one listener object each subscription gets (removed by that same object)
         self._wake_listener = self._wakeup.set
+        # an invoker driver's select is where its owner waits: wake() ends it too
+        self._wake_driver = self.driver.wake if self.driver.is_invoker else None
+        # whether a wake-up was given (the flag itself: asked several times a wait)
+        self.is_woken = self._wakeup.is_set
         self._hellos: dict[int, _HelloInbox] = {}
         # each HELLO subscription's images as the last full read saw them: a step with the
         # same images and none holding data reads nothing (issue 31: the read cost ~80 us a
@@ -783,15 +787,11 @@ class Server:
             timeout_s = min(timeout_s, 0.001)  # IPC data has no cross-process wake-up
         return timeout_s
 
-    def is_woken(self) -> bool:
-        """A wake-up was given since the last :meth:`wait` or :meth:`take_wakeup`."""
-        return self._wakeup.is_set()
-
     def wake(self) -> None:
         """End :meth:`wait` now (any thread)."""
         self._wakeup.set()
-        if self.driver.is_invoker:
-            self.driver.wake()
+        if self._wake_driver is not None:
+            self._wake_driver()
 
     def take_wakeup(self) -> bool:
         """Whether a wake-up was given since the last :meth:`wait` (or this call), cleared: an

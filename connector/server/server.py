@@ -355,7 +355,7 @@ class StreamServer:
                 if invoker is not None and invoker.has_work():
                     # what the pass offered (replies) goes out now: not after a wait that
                     # would end at once for it and a whole pass more to reach the step
-                    invoker.do_work()
+                    invoker.do_work(poll=False)  # the wait's select finds what came
                     self._stepped_ns = time.monotonic_ns()
                 if invoker is not None and invoker.step_again:
                     continue  # IPC resources did work: step again before any wait

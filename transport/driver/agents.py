@@ -635,8 +635,13 @@ class AgentRunner:
                 return True
         return False
 
-    def do_work(self, now_ns: int | None = None) -> int:
+    def do_work(self, now_ns: int | None = None, poll: bool = True) -> int:
+        """Step every agent once. Without ``poll`` (an invoker sending what it just offered)
+        no socket is read unless the last ``idle()`` found it readable: what arrived since
+        is read on the next step (its ``select`` then ends at once)."""
         now = time.monotonic_ns() if now_ns is None else now_ns
+        if not poll and self._ready is None:
+            self._ready = set()
         self._poll_readable()
         work = 0
         restep = False

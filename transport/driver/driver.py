@@ -378,15 +378,17 @@ class Driver:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def do_work(self, now_ns: int | None = None) -> int:
-        """Step every agent once (invoker mode); returns the work done."""
+    def do_work(self, now_ns: int | None = None, poll: bool = True) -> int:
+        """Step every agent once (invoker mode); returns the work done. Without ``poll``
+        sockets are read only if the last :meth:`idle` found them readable (a step to send
+        what was just offered: what arrived meanwhile is read by the next step)."""
         if not self._started:
             self.start()
         if not self.is_invoker:
             raise LocalProtocolError(
                 "do_work() is for threading_mode='invoker'; the driver has threads"
             )
-        return self._runners[0].do_work(now_ns)
+        return self._runners[0].do_work(now_ns, poll)
 
     def idle(self, timeout_s: float, ready: Callable[[], bool] | None = None) -> None:
         """Invoker mode: sleep until a socket is readable, the next deadline (<= timeout_s), a
