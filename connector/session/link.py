@@ -219,17 +219,17 @@ class ServerListener:
         end_ns = time.monotonic_ns() + int(server.wait_bound_s(timeout_s) * 1e9)
         ready = server.is_woken
         stepped = False
-        while not ready():
+        while True:
             remaining_ns = end_ns - time.monotonic_ns()
             if remaining_ns <= 0:
-                break
-            if not (stepped and driver.step_again):  # IPC resources' work: step again first
-                driver.idle(remaining_ns / 1e9, ready)
-                if ready():
-                    return False  # woken in (or just before) the select: the caller steps
+                return stepped
+            # (IPC resources' work: step again before any sleep)
+            if not (stepped and driver.step_again) and driver.idle(remaining_ns / 1e9, ready):
+                return stepped  # woken before it slept (a wake in the select: stepped below)
             driver.do_work()
             stepped = True
-        return stepped
+            if ready():  # a session's data, a HELLO, another thread's wake-up
+                return True
 
     def stats(self, transport: dict[str, int] | None = None) -> dict[str, Any]:
         return self.server.stats(transport)

@@ -659,14 +659,14 @@ class AgentRunner:
         self.restep = restep
         return work
 
-    def idle(self, timeout_s: float | None = None, ready: Callable[[], bool] | None = None) -> None:
+    def idle(self, timeout_s: float | None = None, ready: Callable[[], bool] | None = None) -> bool:
         """Sleep until a socket is readable, the next deadline, a wake-up, or ``timeout_s``.
 
         ``sleeping`` is set before the deadlines are asked: a client that changes an agent's
         state and then wakes it either did so before (the deadline sees the change) or finds
         it sleeping (its wake-up byte ends the select), never neither. ``ready`` (an invoker's
         own condition, asked after ``sleeping`` is set, so under the same rule): True returns
-        at once; whoever makes it true then calls :meth:`wake`."""
+        at once (and returns True); whoever makes it true then calls :meth:`wake`."""
         self._sync_registrations()
         # before sleeping is set: a wake-up from now on sends its byte (the last one was read,
         # or is still there and ends this select at once)
@@ -674,11 +674,11 @@ class AgentRunner:
         self.sleeping = True
         try:
             if ready is not None and ready():
-                return
+                return True
             agents = self.agents
             for agent in agents:
                 if agent.has_work():
-                    return
+                    return False
             now = time.monotonic_ns()
             deadline = None
             for agent in agents:
@@ -686,11 +686,11 @@ class AgentRunner:
                 if deadline is None or at < deadline:
                     deadline = at
             if deadline is None or deadline <= now:
-                return
+                return False
             wait_s = (deadline - now) / 1e9
             if timeout_s is not None:
                 if timeout_s <= 0:
-                    return
+                    return False
                 wait_s = min(wait_s, timeout_s)
             events = self._selector.select(wait_s)
             self._ready = {key.fileobj for key, _ in events}
@@ -704,6 +704,7 @@ class AgentRunner:
                         pass
         finally:
             self.sleeping = False
+        return False
 
     def _poll_readable(self) -> None:
         """Tell the agents which sockets have datagrams now (one ``epoll_wait`` with no

@@ -384,20 +384,21 @@ class Driver:
         what was just offered: what arrived meanwhile is read by the next step)."""
         if not self._started:
             self.start()
-        if not self.is_invoker:
+        if self.config.threading_mode != "invoker":  # no property call: a step a datagram
             raise LocalProtocolError(
                 "do_work() is for threading_mode='invoker'; the driver has threads"
             )
         return self._runners[0].do_work(now_ns, poll)
 
-    def idle(self, timeout_s: float, ready: Callable[[], bool] | None = None) -> None:
+    def idle(self, timeout_s: float, ready: Callable[[], bool] | None = None) -> bool:
         """Invoker mode: sleep until a socket is readable, the next deadline (<= timeout_s), a
         :meth:`wake` or, asked once the driver counts as asleep, ``ready()`` is true (another
-        thread that makes it true then calls :meth:`wake`: never a wake-up lost between)."""
-        if self.is_invoker and self._runners:
-            self._runners[0].idle(timeout_s, ready)
-        else:
-            time.sleep(timeout_s)
+        thread that makes it true then calls :meth:`wake`: never a wake-up lost between).
+        True when it returned at once for ``ready()``."""
+        if self.config.threading_mode == "invoker" and self._runners:
+            return self._runners[0].idle(timeout_s, ready)
+        time.sleep(timeout_s)
+        return False
 
     def wake(self) -> None:
         """Invoker mode: end the invoker's :meth:`idle` now (any thread; one byte a sleep at
