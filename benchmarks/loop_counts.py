@@ -124,7 +124,9 @@ def _sequential_client(endpoint: str, key_dir: str, n: int, conn: Any) -> None:
         client.close()
 
 
-def sequential(n: int, calls: bool, strace: bool, calls_top: int = 0) -> dict[str, Any]:
+def sequential(
+    n: int, calls: bool, strace: bool, calls_top: int = 0, driver_threading: str = "invoker"
+) -> dict[str, Any]:
     """``--sequential N``: one session publishing N times one after the other: the loop's
     passes, wake-ups, Python calls (``--calls``) and the server process's system calls
     (``--strace``) per publish, with no batching to make them depend on the load."""
@@ -133,7 +135,11 @@ def sequential(n: int, calls: bool, strace: bool, calls_top: int = 0) -> dict[st
     from aeron_spark.connector.server.config import ServerConfig
     from aeron_spark.connector.server.server import StreamServer
 
-    row: dict[str, Any] = {"sequential_publishes": n, "load_average_1m": os.getloadavg()[0]}
+    row: dict[str, Any] = {
+        "sequential_publishes": n,
+        "driver_threading": driver_threading,
+        "load_average_1m": os.getloadavg()[0],
+    }
     counter = _Calls()
     counter.by_function = calls_top > 0
     others = _ThreadCalls(calls_top > 0)  # the driver's thread and the rest
@@ -141,7 +147,14 @@ def sequential(n: int, calls: bool, strace: bool, calls_top: int = 0) -> dict[st
         if calls:
             others.install()
         try:
-            server = StreamServer(ServerConfig(directory=f"{tmp}/srv", port=0, encryption=False))
+            server = StreamServer(
+                ServerConfig(
+                    directory=f"{tmp}/srv",
+                    port=0,
+                    encryption=False,
+                    driver_threading=driver_threading,  # type: ignore[arg-type]
+                )
+            )
             _start(server, counter if calls else None)
         finally:
             others.uninstall()
@@ -215,14 +228,20 @@ def measure(
     calls: bool,
     calls_top: int = 0,
     strace: bool = False,
+    driver_threading: str = "invoker",
 ) -> dict[str, Any]:
     from aeron_spark.connector.server.config import ServerConfig
     from aeron_spark.connector.server.server import StreamServer
     from benchmarks.scale import _ClientProcesses
 
-    row: dict[str, Any] = {"sessions": sessions, "load_average_1m": os.getloadavg()[0]}
+    row: dict[str, Any] = {
+        "sessions": sessions,
+        "driver_threading": driver_threading,
+        "load_average_1m": os.getloadavg()[0],
+    }
     counter = _Calls()
     counter.by_function = calls_top > 0
+    others = _ThreadCalls(False)  # the driver's thread (shared mode) and the rest
     with tempfile.TemporaryDirectory(prefix="aeron-spark-loop-") as tmp:
         config = ServerConfig(
             directory=f"{tmp}/srv",
@@ -230,9 +249,15 @@ def measure(
             encryption=False,
             max_clients=sessions + 16,
             max_per_address=sessions + 16,
+            driver_threading=driver_threading,  # type: ignore[arg-type]
         )
         server = StreamServer(config)
-        _start(server, counter if calls else None)
+        if calls:
+            others.install()
+        try:
+            _start(server, counter if calls else None)
+        finally:
+            others.uninstall()
         spread = None
         try:
             assert server._thread is not None and server._thread.native_id is not None
@@ -252,6 +277,7 @@ def measure(
                     schedule.checks,
                     counter.calls,
                     cpu_s(os.getpid()),
+                    counter.calls + sum(others.totals().values()),
                 )
 
             def per(a: tuple[Any, ...], b: tuple[Any, ...], unit: float, prefix: str) -> None:
@@ -262,6 +288,8 @@ def measure(
                     scale = 1e6 if name == "loop_cpu_us" else 1
                     row[f"{prefix}_{name}"] = round(scale * (b[i] - a[i]) / unit, 3)
                 row[f"{prefix}_server_process_cpu_us"] = round(1e6 * (b[7] - a[7]) / unit, 1)
+                if calls:  # the loop's and every server thread's (the driver's in shared mode)
+                    row[f"{prefix}_all_threads_calls"] = round((b[8] - a[8]) / unit, 3)
 
             counter.top(0, 1)  # the handshakes' calls are not the idle phase's
             a = take()
@@ -325,6 +353,12 @@ def main() -> None:
         "--strace", action="store_true", help="system calls a publish (strace -f -c: slow)"
     )
     parser.add_argument(
+        "--driver-threading",
+        choices=("invoker", "shared"),
+        default="invoker",
+        help="the server's ServerConfig.driver_threading (before/after in one tree)",
+    )
+    parser.add_argument(
         "--sequential",
         type=int,
         default=0,
@@ -332,10 +366,19 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.sequential:
-        print(json.dumps(sequential(args.sequential, args.calls, args.strace, args.calls_top)))
+        row = sequential(
+            args.sequential, args.calls, args.strace, args.calls_top, args.driver_threading
+        )
+        print(json.dumps(row))
         return
     row = measure(
-        args.sessions, args.idle_s, args.publish_s, args.calls, args.calls_top, args.strace
+        args.sessions,
+        args.idle_s,
+        args.publish_s,
+        args.calls,
+        args.calls_top,
+        args.strace,
+        args.driver_threading,
     )
     print(json.dumps(row))
 

@@ -221,6 +221,10 @@ class Server:
         self._wakeup = threading.Event()
         # the one listener object each subscription gets (removed by that same object)
         self._wake_listener = self._wakeup.set
+        # an invoker driver's select is where its owner waits: wake() ends it too
+        self._wake_driver = self.driver.wake if self.driver.is_invoker else None
+        # whether a wake-up was given (the flag itself: asked several times a wait)
+        self.is_woken = self._wakeup.is_set
         self._hellos: dict[int, _HelloInbox] = {}
         # each HELLO subscription's images as the last full read saw them: a step with the
         # same images and none holding data reads nothing (issue 31: the read cost ~80 us a
@@ -754,9 +758,22 @@ class Server:
         # The wake-up is cleared when a wait ends, not when one starts: a session's data that
         # arrived since the last wait (maybe after the caller's poll of it) returns at once,
         # with no look at every connection (issue 31 item 1: that look walked them all)
-        if any(sub.has_data() for _, sub, _ in self._listeners):
+        timeout_s = self.wait_bound_s(timeout_s)
+        driver = self.driver
+        if driver.is_invoker:
+            # the caller steps the driver (invoker mode): sleep in its select over the
+            # transport's sockets, which wake() also ends (no driver thread to wait for)
+            if timeout_s > 0:
+                driver.idle(timeout_s, self._wakeup.is_set)
             self._wakeup.clear()
-            return
+        elif timeout_s <= 0 or self._wakeup.wait(timeout_s):
+            self._wakeup.clear()
+
+    def wait_bound_s(self, timeout_s: float) -> float:
+        """How long :meth:`wait` may sleep at most (0: a HELLO waits to be read): ``timeout_s``,
+        or less for the handshake's own deadlines and the joins and IPC data nothing signals."""
+        if any(sub.has_data() for _, sub, _ in self._listeners):
+            return 0.0
         deadline = self.core.next_deadline_ns()
         if self.connections and (deadline is None or self._next_reap_ns < deadline):
             deadline = self._next_reap_ns  # the walk for lost peers (a caller may sleep long)
@@ -768,11 +785,22 @@ class Server:
             i.ipc and i.answered and not i.done for i in self._hellos.values()
         ):
             timeout_s = min(timeout_s, 0.001)  # IPC data has no cross-process wake-up
-        if self._wakeup.wait(timeout_s):
-            self._wakeup.clear()
+        return timeout_s
 
     def wake(self) -> None:
+        """End :meth:`wait` now (any thread)."""
         self._wakeup.set()
+        if self._wake_driver is not None:
+            self._wake_driver()
+
+    def take_wakeup(self) -> bool:
+        """Whether a wake-up was given since the last :meth:`wait` (or this call), cleared: an
+        owner that steps an invoker driver and then handles everything a wake-up can be for
+        takes it, so its next :meth:`wait` does not end at once for what it already did."""
+        if self._wakeup.is_set():
+            self._wakeup.clear()
+            return True
+        return False
 
     def start(self) -> Server:
         """Run accept + poll on a thread, delivering through the callbacks."""

@@ -6,7 +6,7 @@ import ipaddress
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from aeron_spark.errors import ConfigurationError
 from aeron_spark.handshake.config import parse_networks
@@ -19,6 +19,8 @@ from aeron_spark.transport.protocol.logbuffer import (
 
 DEFAULT_PORT = 40123
 MAX_PORT = 65534  # the server also takes port + 1 (its replies)
+# the server's media driver: stepped by its loop ("invoker") or on a thread of its own ("shared")
+DRIVER_THREADING = ("invoker", "shared")
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +132,11 @@ class ServerConfig:
                             address, an IPv6 one's /64); None: half of it
     ``incomplete_message_timeout_s``  an incomplete message not whole this long after its first
                             chunk is discarded (on the clock, whatever else the session sends)
+    ``driver_threading``    how the server's media driver runs: ``"invoker"`` (no driver thread:
+                            the server's loop steps it each pass and sleeps in one select over
+                            its sockets, as Aeron's ``ThreadingMode.INVOKER``) or ``"shared"``
+                            (one driver thread beside the loop; every request then hands the
+                            interpreter lock between the two threads several times)
     ``ingest_allow``        addresses or CIDR ranges whose publications the ingest channel
                             records (empty: any); a source must also pass ``allow`` / ``deny``;
                             other sources' SETUPs make no image and are counted
@@ -184,8 +191,13 @@ class ServerConfig:
     max_incomplete_bytes_per_client: int | None = None
     incomplete_message_timeout_s: float = 30.0
     ingest_allow: tuple[str, ...] = ()
+    driver_threading: Literal["invoker", "shared"] = "invoker"
 
     def __post_init__(self) -> None:
+        if self.driver_threading not in DRIVER_THREADING:
+            raise ConfigurationError(
+                "driver_threading", self.driver_threading, " or ".join(DRIVER_THREADING)
+            )
         if not isinstance(self.directory, str) or not self.directory:
             raise ConfigurationError("directory", self.directory, "a directory path")
         if not 0 <= self.port <= MAX_PORT:

@@ -63,6 +63,11 @@ _LIVE_REPLAY_WAIT_S = 0.002
 _LOST_PEER_WALK_NS = 10 * CHECK_INTERVAL_NS
 # the longest an idle pass sleeps with no deadline nearer (stop, SIGHUP and commits wake it)
 _MAX_WAIT_S = 1.0
+# invoker mode: a pass that runs longer than this steps the driver between the sessions it
+# serves (and the replies it delivers), as often as a driver thread got the interpreter lock
+# from a busy loop (its switch interval, 5 ms): status messages, heartbeats, NAKs and reads of
+# the sockets never wait for a whole long pass
+DRIVER_STEP_INTERVAL_NS = 5_000_000
 
 
 class _SessionIO:
@@ -133,6 +138,11 @@ class StreamServer:
         # the open descriptors counted last (listing /proc/self/fd: 30 ms at 5,000 open
         # recording files), recounted only when what opens them moved (_open_files)
         self._fd_count: tuple[int, tuple[int, ...], int] = (-1, (), 0)
+        # invoker mode: the driver stepped by the loop (None: it has a thread of its own), and
+        # when the loop last stepped it
+        self._invoker: Driver | None = None
+        self._stepped_ns = 0
+        self.driver_steps_in_pass = 0  # steps a long pass took between its sessions (tests)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -155,7 +165,10 @@ class StreamServer:
                     self._nofile[0],
                     self._nofile[1],
                 )
-            self._driver = Driver(DriverConfig(write_counters_file=False)).start()
+            # invoker mode (the default): no driver thread, the loop steps it (_run)
+            self._driver = Driver(
+                DriverConfig(threading_mode=self.config.driver_threading, write_counters_file=False)
+            ).start()
         except BaseException:
             self._release_dir_lock()
             raise
@@ -290,13 +303,28 @@ class StreamServer:
 
     def _run(self) -> None:
         assert self.core is not None and self._store is not None and self._listener is not None
+        assert self._driver is not None
         next_gc_ns = next_stat_ns = 0
+        listener = self._listener
+        invoker = self._invoker = self._driver if self._driver.is_invoker else None
+        stepped = False  # the wait ended right after a step of the driver
         try:
             self._started.set()
             while not self._stop.is_set():
                 now_ns = time.monotonic_ns()  # the pass's clocks, handed to the core
                 wall_ns = time.time_ns()
                 try:
+                    if invoker is not None:
+                        # the driver first (its sockets read, SMs, heartbeats and what the
+                        # last pass offered sent), unless the wait just stepped it: what it
+                        # delivers signals the sessions this pass serves; the wake-up those
+                        # signals gave is this pass's (taken after the step: one given later
+                        # ends the next wait)
+                        if not stepped:
+                            invoker.do_work(now_ns)
+                            self._stepped_ns = now_ns
+                        stepped = False
+                        listener.take_wakeup()
                     work = self._accept(now_ns)
                     work += self._store.record_ingest(now_ns)
                     served = self._serve_sessions(now_ns, wall_ns)
@@ -333,8 +361,23 @@ class StreamServer:
                         raise
                     self._resource_failure(exc, now_ns)
                     work = 0
-                if not work:
-                    self._listener.wait(self._idle_wait_s(min(next_gc_ns, next_stat_ns)))
+                if invoker is not None and invoker.has_work():
+                    # what the pass offered (replies) goes out now: not after a wait that
+                    # would end at once for it and a whole pass more to reach the step
+                    invoker.do_work(poll=False)  # the wait's select finds what came
+                    self._stepped_ns = time.monotonic_ns()
+                if invoker is not None and invoker.step_again:
+                    continue  # IPC resources did work: step again before any wait
+                if not work and not self._stop.is_set():
+                    wait_s = self._idle_wait_s(min(next_gc_ns, next_stat_ns))
+                    if invoker is not None:
+                        # the driver's select over its sockets and the wake-up socket, the
+                        # driver stepped for what arrives until something is for the loop
+                        stepped = listener.wait_stepping(invoker, wait_s)
+                        if stepped:
+                            self._stepped_ns = time.monotonic_ns()
+                    else:
+                        listener.wait(wait_s)
         except BaseException as exc:  # the loop must never die silently
             self._failure = exc
             log.exception("stream server loop failed")
@@ -477,6 +520,8 @@ class StreamServer:
                 outcome = self._deferred.get_nowait()
             except queue.Empty:
                 return delivered
+            if self._invoker is not None:
+                self._step_driver_if_due(self._invoker)
             reply = self.core.complete(outcome)
             io = self._sessions.get(outcome.key)
             if io is not None:  # the session may have gone meanwhile: the reply is dropped
@@ -556,7 +601,10 @@ class StreamServer:
         sessions = self._sessions
         due = schedule.due(now_ns)
         checking = schedule.checking
+        invoker = self._invoker
         for key in due:
+            if invoker is not None:
+                self._step_driver_if_due(invoker)
             io = sessions.get(key)
             if io is None:  # pragma: no cover - the schedule forgets every session closed
                 schedule.forget(key)
@@ -610,6 +658,15 @@ class StreamServer:
                         self._flush(io)
             schedule.set_busy(key, more or bool(io.outbound) or core.has_replays(key))
         return work
+
+    def _step_driver_if_due(self, driver: Driver) -> None:
+        """Invoker mode, within a long pass: step the driver when the last step was
+        ``DRIVER_STEP_INTERVAL_NS`` ago (what it delivers signals sessions for the next pass)."""
+        now_ns = time.monotonic_ns()
+        if now_ns - self._stepped_ns >= DRIVER_STEP_INTERVAL_NS:
+            driver.do_work(now_ns)
+            self._stepped_ns = now_ns
+            self.driver_steps_in_pass += 1
 
     def _flush(self, io: _SessionIO) -> bool:
         """Send queued messages until back pressure; True when the queue is empty.

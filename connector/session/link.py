@@ -215,7 +215,35 @@ class ServerListener:
         self.server.wait(timeout_s)
 
     def wake(self) -> None:
+        """End :meth:`wait` now (any thread; with an invoker driver, its select too)."""
         self.server.wake()
+
+    def take_wakeup(self) -> bool:
+        return self.server.take_wakeup()
+
+    def wait_stepping(self, driver: Driver, timeout_s: float) -> bool:
+        """Invoker mode (``driver`` stepped by the caller): sleep in the driver's select and
+        step it for what arrives (status messages, heartbeats, NAKs: driver work only) until
+        something is for the caller (a wake-up: a session's or a HELLO's data, an image
+        change, another thread's :meth:`wake`) or the timeout (bounded by the handshake's own
+        deadlines). True when it ended right after a step (the caller's next step may wait);
+        the driver's own thread did this in the threaded modes, with two threads handing the
+        interpreter lock back and forth for every datagram."""
+        server = self.server
+        end_ns = time.monotonic_ns() + int(server.wait_bound_s(timeout_s) * 1e9)
+        ready = server.is_woken
+        stepped = False
+        while True:
+            remaining_ns = end_ns - time.monotonic_ns()
+            if remaining_ns <= 0:
+                return stepped
+            # (IPC resources' work: step again before any sleep)
+            if not (stepped and driver.step_again) and driver.idle(remaining_ns / 1e9, ready):
+                return stepped  # woken before it slept (a wake in the select: stepped below)
+            driver.do_work()
+            stepped = True
+            if ready():  # a session's data, a HELLO, another thread's wake-up
+                return True
 
     def stats(self, transport: dict[str, int] | None = None) -> dict[str, Any]:
         return self.server.stats(transport)

@@ -610,7 +610,7 @@ class AgentRunner:
         self._ready: set[Any] | None = None
         # whether the last step's work came from an agent that reports no more through
         # sockets, has_work() and deadlines (the conductor's IPC resources): step again at once
-        self._restep = True
+        self.restep = True
         self._running = False
         self._thread: threading.Thread | None = None
 
@@ -628,8 +628,20 @@ class AgentRunner:
             else:
                 self.wakeups_sent += 1
 
-    def do_work(self, now_ns: int | None = None) -> int:
+    def has_work(self) -> bool:
+        """An agent has work now (its ``has_work()``): :meth:`idle` would not sleep."""
+        for agent in self.agents:
+            if agent.has_work():
+                return True
+        return False
+
+    def do_work(self, now_ns: int | None = None, poll: bool = True) -> int:
+        """Step every agent once. Without ``poll`` (an invoker sending what it just offered)
+        no socket is read unless the last ``idle()`` found it readable: what arrived since
+        is read on the next step (its ``select`` then ends at once)."""
         now = time.monotonic_ns() if now_ns is None else now_ns
+        if not poll and self._ready is None:
+            self._ready = set()
         self._poll_readable()
         work = 0
         restep = False
@@ -644,25 +656,29 @@ class AgentRunner:
                 work += done
                 if agent not in reading:
                     restep = True
-        self._restep = restep
+        self.restep = restep
         return work
 
-    def idle(self, timeout_s: float | None = None) -> None:
+    def idle(self, timeout_s: float | None = None, ready: Callable[[], bool] | None = None) -> bool:
         """Sleep until a socket is readable, the next deadline, a wake-up, or ``timeout_s``.
 
         ``sleeping`` is set before the deadlines are asked: a client that changes an agent's
         state and then wakes it either did so before (the deadline sees the change) or finds
-        it sleeping (its wake-up byte ends the select), never neither."""
+        it sleeping (its wake-up byte ends the select), never neither. ``ready`` (an invoker's
+        own condition, asked after ``sleeping`` is set, so under the same rule): True returns
+        at once (and returns True); whoever makes it true then calls :meth:`wake`."""
         self._sync_registrations()
         # before sleeping is set: a wake-up from now on sends its byte (the last one was read,
         # or is still there and ends this select at once)
         self._woken = False
         self.sleeping = True
         try:
+            if ready is not None and ready():
+                return True
             agents = self.agents
             for agent in agents:
                 if agent.has_work():
-                    return
+                    return False
             now = time.monotonic_ns()
             deadline = None
             for agent in agents:
@@ -670,11 +686,11 @@ class AgentRunner:
                 if deadline is None or at < deadline:
                     deadline = at
             if deadline is None or deadline <= now:
-                return
+                return False
             wait_s = (deadline - now) / 1e9
             if timeout_s is not None:
                 if timeout_s <= 0:
-                    return
+                    return False
                 wait_s = min(wait_s, timeout_s)
             events = self._selector.select(wait_s)
             self._ready = {key.fileobj for key, _ in events}
@@ -688,6 +704,7 @@ class AgentRunner:
                         pass
         finally:
             self.sleeping = False
+        return False
 
     def _poll_readable(self) -> None:
         """Tell the agents which sockets have datagrams now (one ``epoll_wait`` with no
@@ -752,7 +769,7 @@ class AgentRunner:
                 # there, not through one more step that finds nothing (half the steps).
                 # no cap on the sleep: every agent says when it next has something to do
                 # (an idle driver used to wake ten times a second whatever it held)
-                if self.do_work() == 0 or not self._restep:
+                if self.do_work() == 0 or not self.restep:
                     self.idle(IDLE_MAX_S)
             except Exception as exc:  # noqa: BLE001 - a bug in a deadline must not kill the driver
                 self.on_error(exc)

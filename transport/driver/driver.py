@@ -403,22 +403,46 @@ class Driver:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def do_work(self, now_ns: int | None = None) -> int:
-        """Step every agent once (invoker mode); returns the work done."""
+    def do_work(self, now_ns: int | None = None, poll: bool = True) -> int:
+        """Step every agent once (invoker mode); returns the work done. Without ``poll``
+        sockets are read only if the last :meth:`idle` found them readable (a step to send
+        what was just offered: what arrived meanwhile is read by the next step)."""
         if not self._started:
             self.start()
-        if not self.is_invoker:
+        if self.config.threading_mode != "invoker":  # no property call: a step a datagram
             raise LocalProtocolError(
                 "do_work() is for threading_mode='invoker'; the driver has threads"
             )
-        return self._runners[0].do_work(now_ns)
+        return self._runners[0].do_work(now_ns, poll)
 
-    def idle(self, timeout_s: float) -> None:
-        """Invoker mode: sleep until a socket is readable or the next deadline (<= timeout_s)."""
-        if self.is_invoker and self._runners:
-            self._runners[0].idle(timeout_s)
-        else:
-            time.sleep(timeout_s)
+    def idle(self, timeout_s: float, ready: Callable[[], bool] | None = None) -> bool:
+        """Invoker mode: sleep until a socket is readable, the next deadline (<= timeout_s), a
+        :meth:`wake` or, asked once the driver counts as asleep, ``ready()`` is true (another
+        thread that makes it true then calls :meth:`wake`: never a wake-up lost between).
+        True when it returned at once for ``ready()``."""
+        if self.config.threading_mode == "invoker" and self._runners:
+            return self._runners[0].idle(timeout_s, ready)
+        time.sleep(timeout_s)
+        return False
+
+    def wake(self) -> None:
+        """Invoker mode: end the invoker's :meth:`idle` now (any thread; one byte a sleep at
+        most, nothing while it is not asleep). Threaded modes: wake the driver's thread."""
+        runner = self._runners[0] if self._runners else None
+        if runner is not None:
+            runner.wake()
+
+    def has_work(self) -> bool:
+        """Invoker mode: an agent has work now (a publication kicked by an offer, datagrams of
+        a coalesced receive left): :meth:`idle` would return at once."""
+        runner = self._runners[0] if self._runners else None
+        return runner is not None and runner.has_work()
+
+    @property
+    def step_again(self) -> bool:
+        """Invoker mode: the last :meth:`do_work` did work its agents report through nothing
+        :meth:`idle` waits on (IPC resources): step again before sleeping."""
+        return bool(self._runners) and self._runners[0].restep
 
     @property
     def is_closed(self) -> bool:
@@ -680,9 +704,10 @@ class Driver:
         self._ipc_used = True
         ipc_logfile.make_folder(self.directory)
         with self._lock:
-            if not self._ipc_watch_tried and not self.is_invoker:
+            if not self._ipc_watch_tried:
                 # one inotify watch of the IPC directory for the driver: an idle subscription
-                # sleeps until a log file comes (invoker mode: its caller's loop polls anyway)
+                # sleeps until a log file comes (invoker mode too: idle() selects on it, and a
+                # server stepping its driver would otherwise wake every 10 ms for an IPC poll)
                 self._ipc_watch_tried = True
                 self._ipc_watch = open_watch(
                     ipc_logfile.ipc_directory(self.directory), self.system_counters
