@@ -158,6 +158,17 @@ class CounterMap(dict[str, int]):
         """Count ``amount`` more (an optional counter starts at zero)."""
         self[name] = self.get(name, 0) + amount
 
+    def add_all(self, amounts: dict[str, int]) -> None:
+        """Count each of ``amounts`` more, in one call (a publish's counters: one Python call
+        where ``+=`` on each was a ``__setitem__`` call each). All or nothing: an undeclared
+        name raises ``KeyError`` before any is counted."""
+        if not amounts.keys() <= self._allowed:
+            undeclared = sorted(amounts.keys() - self._allowed)
+            raise KeyError(f"undeclared {self.type.name} counters {undeclared}")
+        get, put = self.get, super().__setitem__
+        for name, amount in amounts.items():
+            put(name, get(name, 0) + amount)
+
 
 __all__ = [
     "REGISTRY",
