@@ -126,6 +126,9 @@ def counter_set(type_: CounterType, registry: CounterRegistry = REGISTRY) -> Any
     return wrap
 
 
+_set = dict.__setitem__
+
+
 class CounterMap(dict[str, int]):
     """Name-keyed counts of one :class:`CounterType`, all declared in the registry.
 
@@ -152,7 +155,7 @@ class CounterMap(dict[str, int]):
     def __setitem__(self, name: str, value: int) -> None:
         if name not in self._allowed:
             raise KeyError(f"undeclared {self.type.name} counter {name!r}")
-        super().__setitem__(name, value)
+        _set(self, name, value)  # dict's own (no super() built at every count)
 
     def add(self, name: str, amount: int = 1) -> None:
         """Count ``amount`` more (an optional counter starts at zero)."""
@@ -165,9 +168,8 @@ class CounterMap(dict[str, int]):
         if not amounts.keys() <= self._allowed:
             undeclared = sorted(amounts.keys() - self._allowed)
             raise KeyError(f"undeclared {self.type.name} counters {undeclared}")
-        get, put = self.get, super().__setitem__
         for name, amount in amounts.items():
-            put(name, get(name, 0) + amount)
+            _set(self, name, self.get(name, 0) + amount)
 
 
 __all__ = [
