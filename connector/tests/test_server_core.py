@@ -180,3 +180,34 @@ def test_one_stream_operations_are_refused_outside_the_served_streams_and_read_o
             assert store.list_recordings(None) == []
         finally:
             store.close()
+
+
+def test_a_publish_with_one_payload_too_long_writes_none_of_them(tmp_path) -> None:
+    """The payloads' lengths are checked once, before anything is framed (the longest
+    decides): a publish whose third payload exceeds the stream's largest message (term_length
+    / 8) is PAYLOAD_TOO_LARGE naming the longest, and none of its payloads is recorded; the
+    session's next publish goes on at the same position."""
+    config = ServerConfig(directory=str(tmp_path), port=0, term_length=64 * 1024)
+    store = ArchiveStore(config, driver=None)
+    core = ServerCore(config, store, SinkCommitter(os.path.join(str(tmp_path), "sink"), store))
+    try:
+        core.open_session("a", "peer-a", MAX_MESSAGE, now_ns=0)
+        first = proto.encode_request(1, "publish", {"stream_id": 5, "payloads": [b"a" * 100]})
+        end = _reply(core.on_message("a", first, 1, WALL_NS)).result
+        payloads = [b"b" * 100, b"c" * 8192, b"d" * 9000, b"e" * 8193]
+        refused = _reply(
+            core.on_message(
+                "a",
+                proto.encode_request(2, "publish", {"stream_id": 5, "payloads": payloads}),
+                2,
+                WALL_NS,
+            )
+        )
+        assert not refused.ok and refused.error["code"] == int(ErrorCode.PAYLOAD_TOO_LARGE)
+        assert "9000 bytes" in refused.error["message"], refused.error
+        assert core.counters["messages_published"] == 1
+        assert len(store.list_recordings(None)) == 1
+        last = proto.encode_request(3, "publish", {"stream_id": 5, "payloads": [b"f" * 100]})
+        assert _reply(core.on_message("a", last, 3, WALL_NS)).result == 2 * end
+    finally:
+        store.close()
