@@ -112,7 +112,7 @@ class Framer:
         it), for a caller that writes each block with ``Recording.append`` (``os.pwritev``)
         while the payloads are alive (issue 31 item 5: a 16 MiB publish was copied whole into
         the block it was written from)."""
-        yield from self._frame_each(payloads, reserved_values, True)
+        return self._frame_each(payloads, reserved_values, True)  # no generator around it
 
     def _frame_uniform(
         self, payloads: np.ndarray, reserved_values: Sequence[int] | np.ndarray | None
@@ -196,7 +196,7 @@ class Framer:
         term_length = geometry.term_length
         shift = geometry.shift
         initial = geometry.initial_term_id
-        max_payload = self._max_payload
+        max_payload, max_message = self._max_payload, self._max_message
         session_id, stream_id = self.session_id, self.stream_id
         block = bytearray()
         block_start = self.position
@@ -208,7 +208,8 @@ class Framer:
         gather_from = GATHER_PAYLOAD_BYTES if gather else -1
         for index, payload in enumerate(payloads):
             length = len(payload)
-            self.check(length)
+            if length > max_message:
+                self.check(length)  # raises
             rv = reserved_values[index] if reserved_values is not None else 0
             framed = (
                 geometry.framed_length(length)

@@ -141,8 +141,8 @@ class _Publisher:
         this call already appended are cut off again and the framer goes back to the recorded
         end, so the error is the only answer, nothing of the call is on disk, and the session's
         next publish continues at the same position."""
-        for payload in payloads:
-            self._framer.check(len(payload))
+        # every payload's length checked before anything is written (the longest suffices)
+        self._framer.check(max(map(len, payloads), default=0))
         self._store.space.check("publish")
         timestamp_ns = self._store.clock()
         start = self.rec.recorded_position

@@ -96,5 +96,12 @@ def test_a_counter_map_refuses_an_undeclared_name_and_shows_optional_ones_once_c
     with pytest.raises(KeyError, match="undeclared SERVER counter 'reqeusts'"):
         counters["reqeusts"] = 1
     assert isinstance(counters, CounterMap) and isinstance(counters, dict)
+    # several at once (a publish's): all counted, or none when one name is undeclared
+    counters.add_all({"messages_published": 3, "bytes_published": 300, "accept_failures": 1})
+    assert (counters["messages_published"], counters["bytes_published"]) == (3, 300)
+    assert counters["accept_failures"] == 2
+    with pytest.raises(KeyError, match=r"undeclared SERVER counters \['bytes_publised'\]"):
+        counters.add_all({"messages_published": 1, "bytes_publised": 100})
+    assert counters["messages_published"] == 3 and "bytes_publised" not in counters
     with pytest.raises(KeyError):
         REGISTRY.snapshot(CounterType.SERVER, {"no_such_counter": 1})

@@ -141,3 +141,73 @@ def test_the_wall_clock_of_consumer_commits_and_stats_is_the_callers(core) -> No
     stats = _reply(core.on_message("a", proto.encode_request(2, "stats", {}), 2, later)).result
     assert [(c["consumer_id"], c["age_s"]) for c in stats["consumers"]] == [("q1", 90.0)]
     assert core.stats(3, WALL_NS + 5_000_000_000)["consumers"][0]["age_s"] == 5.0
+
+
+def test_one_stream_operations_are_refused_outside_the_served_streams_and_read_only(
+    tmp_path,
+) -> None:
+    """publish, stage, local_stage and local_stage_done have their one stream authorised with
+    the operation (one ``_authorise`` call a publish): a stream the server does not serve is
+    refused naming it, a read-only server refuses them all; nothing is written."""
+    part = {"sink_id": "s", "batch_id": 0, "partition_id": 0, "attempt": 0}
+    requests = [
+        ("publish", {"payloads": [b"x"]}),
+        ("stage", {**part, "payloads": [b"x"], "final": True}),
+        ("local_stage", part),
+        ("local_stage_done", {**part, "count": 1, "bytes": 1}),
+    ]
+    for read_only in (False, True):
+        directory = str(tmp_path / f"read_only_{read_only}")
+        config = ServerConfig(
+            directory=directory,
+            port=0,
+            allowed_stream_ids=frozenset({5}),
+            read_only=read_only,
+            local_writes=True,
+        )
+        store = ArchiveStore(config, driver=None)
+        core = ServerCore(config, store, SinkCommitter(os.path.join(directory, "sink"), store))
+        try:
+            core.open_session("a", "peer-a", MAX_MESSAGE, now_ns=0)
+            for i, (op, args) in enumerate(requests):
+                stream = 5 if read_only else 6
+                message = proto.encode_request(i, op, {**args, "stream_id": stream})
+                reply = _reply(core.on_message("a", message, 1, WALL_NS))
+                assert not reply.ok and reply.error["code"] == int(ErrorCode.NOT_AUTHORISED)
+                text = reply.error["message"]
+                assert ("read-only" in text) if read_only else ("stream 6" in text), text
+            assert core.counters["not_authorised"] == len(requests)
+            assert store.list_recordings(None) == []
+        finally:
+            store.close()
+
+
+def test_a_publish_with_one_payload_too_long_writes_none_of_them(tmp_path) -> None:
+    """The payloads' lengths are checked once, before anything is framed (the longest
+    decides): a publish whose third payload exceeds the stream's largest message (term_length
+    / 8) is PAYLOAD_TOO_LARGE naming the longest, and none of its payloads is recorded; the
+    session's next publish goes on at the same position."""
+    config = ServerConfig(directory=str(tmp_path), port=0, term_length=64 * 1024)
+    store = ArchiveStore(config, driver=None)
+    core = ServerCore(config, store, SinkCommitter(os.path.join(str(tmp_path), "sink"), store))
+    try:
+        core.open_session("a", "peer-a", MAX_MESSAGE, now_ns=0)
+        first = proto.encode_request(1, "publish", {"stream_id": 5, "payloads": [b"a" * 100]})
+        end = _reply(core.on_message("a", first, 1, WALL_NS)).result
+        payloads = [b"b" * 100, b"c" * 8192, b"d" * 9000, b"e" * 8193]
+        refused = _reply(
+            core.on_message(
+                "a",
+                proto.encode_request(2, "publish", {"stream_id": 5, "payloads": payloads}),
+                2,
+                WALL_NS,
+            )
+        )
+        assert not refused.ok and refused.error["code"] == int(ErrorCode.PAYLOAD_TOO_LARGE)
+        assert "9000 bytes" in refused.error["message"], refused.error
+        assert core.counters["messages_published"] == 1
+        assert len(store.list_recordings(None)) == 1
+        last = proto.encode_request(3, "publish", {"stream_id": 5, "payloads": [b"f" * 100]})
+        assert _reply(core.on_message("a", last, 3, WALL_NS)).result == 2 * end
+    finally:
+        store.close()

@@ -287,6 +287,65 @@ def test_a_request_nested_too_deep_is_refused_with_a_reason() -> None:
         proto.decode_reply(bytes((proto.KIND_CONTROL,)) + deep)
 
 
+_values = st.recursive(
+    st.none() | st.integers(-(2**63), 2**64 - 1) | st.binary(max_size=3) | st.text(max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=6)
+        | st.dictionaries(st.text(max_size=2) | st.integers(-9, 9), inner, max_size=4)
+    ),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_values)
+def test_a_msgpack_body_holds_at_most_twice_its_bytes_in_items(value) -> None:
+    """The bound by which a small request skips the items budget's hook: what the hook would
+    charge for any body of B bytes is at most ``items_bound(B)`` = 2B - 1."""
+    body = msgpack.packb(value, use_bin_type=True)
+    charged = 0
+
+    def hook(container):
+        nonlocal charged
+        charged += len(container) + 1
+        return container
+
+    msgpack.unpackb(body, raw=False, strict_map_key=False, list_hook=hook, object_hook=hook)
+    assert charged <= proto.items_bound(len(body))
+
+
+def test_the_items_bound_is_reached_and_small_bodies_skip_the_hook(monkeypatch) -> None:
+    """B nested arrays charge exactly 2B - 1 items (the bound is tight). A small publish
+    (100 bytes) cannot exceed its budget: it is decoded without the hook (3 Python calls a
+    publish on the server's loop); a small request of an operation whose budget it can exceed
+    is still refused by it."""
+    for depth in (1, 2, 50):
+        body = b"\x91" * (depth - 1) + b"\x90"
+        charged = 0
+
+        def hook(container):
+            nonlocal charged
+            charged += len(container) + 1
+            return container
+
+        msgpack.unpackb(body, list_hook=hook)
+        assert charged == proto.items_bound(len(body)) == 2 * depth - 1
+    small = proto.encode_request(9, "publish", {"stream_id": 1, "payloads": [b"x" * 100]})
+    hostile = proto.encode_request(
+        10, "position_at", {"recording_id": {}, "timestamp_ns": {}}
+    )  # 5 items where 3 are allowed
+
+    def unused(max_items):
+        raise AssertionError(f"the hook was built for a budget of {max_items}")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(proto, "_counting_hook", unused)
+        assert proto.decode_request(small).args["payloads"] == [b"x" * 100]
+    with pytest.raises(E.ControlProtocolError, match="more than 3 items") as info:
+        proto.decode_request(hostile)
+    assert info.value.details["request_id"] == 10
+
+
 def test_a_reply_with_a_map_of_thousands_of_entries_is_decoded() -> None:
     """A stats reply of a server with 512 sessions holds ~3,700 transport positions in one map
     (``<kind>:<session>:<stream>``): the client refused it (``3700 exceeds max_map_len(1024)``),

@@ -126,6 +126,9 @@ def counter_set(type_: CounterType, registry: CounterRegistry = REGISTRY) -> Any
     return wrap
 
 
+_set = dict.__setitem__
+
+
 class CounterMap(dict[str, int]):
     """Name-keyed counts of one :class:`CounterType`, all declared in the registry.
 
@@ -152,11 +155,21 @@ class CounterMap(dict[str, int]):
     def __setitem__(self, name: str, value: int) -> None:
         if name not in self._allowed:
             raise KeyError(f"undeclared {self.type.name} counter {name!r}")
-        super().__setitem__(name, value)
+        _set(self, name, value)  # dict's own (no super() built at every count)
 
     def add(self, name: str, amount: int = 1) -> None:
         """Count ``amount`` more (an optional counter starts at zero)."""
         self[name] = self.get(name, 0) + amount
+
+    def add_all(self, amounts: dict[str, int]) -> None:
+        """Count each of ``amounts`` more, in one call (a publish's counters: one Python call
+        where ``+=`` on each was a ``__setitem__`` call each). All or nothing: an undeclared
+        name raises ``KeyError`` before any is counted."""
+        if not amounts.keys() <= self._allowed:
+            undeclared = sorted(amounts.keys() - self._allowed)
+            raise KeyError(f"undeclared {self.type.name} counters {undeclared}")
+        for name, amount in amounts.items():
+            _set(self, name, self.get(name, 0) + amount)
 
 
 __all__ = [

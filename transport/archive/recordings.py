@@ -761,11 +761,12 @@ class Recording:
         size = len(view)
         written = 0
         files = self._files
+        segment_length = self.d.segment_length
         try:
             while written < size:
                 pos = position + written
-                base = self._segment_base(pos)
-                piece = view[written : written + base + self.d.segment_length - pos]
+                base = pos - pos % segment_length  # _segment_base, inline (a call a publish)
+                piece = view[written : written + base + segment_length - pos]
                 path = self._segment_path(base)
                 if base not in self._present:
                     if not os.path.exists(path):
@@ -798,12 +799,13 @@ class Recording:
         if self.fsync:
             self._force_segments()
         last = self.index.last
-        if last is not None and now_ns < last[1]:
+        if last is None:
+            self._add_index(position, now_ns, True)
+            return
+        if now_ns < last[1]:
             now_ns = last[1]  # the wall clock stepped back: keep it sorted
-        if last is None or (
-            position - last[0] >= INDEX_INTERVAL_BYTES or now_ns - last[1] >= INDEX_INTERVAL_NS
-        ):
-            self._add_index(position, now_ns)
+        if position - last[0] >= INDEX_INTERVAL_BYTES or now_ns - last[1] >= INDEX_INTERVAL_NS:
+            self._add_index(position, now_ns, False)
 
     def _write_gathered(self, block: Gathered, position: int) -> None:
         """Write a gathered block's parts in order from ``position``: ``os.pwritev`` calls of
@@ -843,12 +845,13 @@ class Recording:
         if pos != position + len(block):
             raise ValueError(f"a gathered block of {len(block)} bytes held {pos - position}")
 
-    def _add_index(self, position: int, now_ns: int) -> None:
+    def _add_index(self, position: int, now_ns: int, first: bool) -> None:
         # the index file holds exactly the entries counted (recovery cuts anything else), so
-        # the next one goes at their end; a failed write is cut off by the caller
+        # the next one goes at their end; a failed write is cut off by the caller (``first``:
+        # the index holds no entry yet)
         self._index_dirty = True
         path = self._paths[0]
-        if self.index.last is None and not self._index_present and not os.path.exists(path):
+        if first and not self._index_present and not os.path.exists(path):
             self._dir_dirty = True  # the index file is new: its name is fsynced by force()
         self._index_present = True  # (a spare's exists: no stat on the first publish)
         files = self._files
