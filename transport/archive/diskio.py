@@ -78,13 +78,17 @@ def create_fresh(path: str, mode: int = 0o644, flags: int = os.O_WRONLY) -> int:
     except FileNotFoundError:
         pass
     except IsADirectoryError as exc:
-        raise NotRegularFileError(
-            f"NOT_REGULAR_FILE: {path} is a directory, where the server writes a file of its "
-            "own; it is left as it is: move it aside",
-            path=path,
-            mode="directory",
-        ) from exc
+        raise _directory_there(path) from exc
     return os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+
+
+def _directory_there(path: str) -> NotRegularFileError:
+    return NotRegularFileError(
+        f"NOT_REGULAR_FILE: {path} is a directory, where the server writes a file of its "
+        "own; it is left as it is: move it aside",
+        path=path,
+        mode="directory",
+    )
 
 
 def replace_fresh(tmp: str, path: str) -> None:
@@ -99,12 +103,7 @@ def replace_fresh(tmp: str, path: str) -> None:
             os.unlink(tmp)
         except OSError:
             pass
-        raise NotRegularFileError(
-            f"NOT_REGULAR_FILE: {path} is a directory, where the server writes a file of its "
-            "own; it is left as it is: move it aside",
-            path=path,
-            mode="directory",
-        ) from exc
+        raise _directory_there(path) from exc
 
 
 def pwrite_all(fd: int, data: memoryview | bytes, offset: int, path: str) -> int:
