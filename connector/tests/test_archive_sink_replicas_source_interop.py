@@ -32,6 +32,7 @@ from aeron_spark.connector.options import (
     parse_archive_source_options,
 )
 from aeron_spark.connector.source import AeronStreamReader, decode_offset
+from aeron_spark.connector.stores.archive import health
 from aeron_spark.transport.testing import free_udp_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,3 +161,37 @@ def test_a_planned_batch_fewer_archives_confirm_later_is_waited_for_within_timeo
         back.join(240)
         for archive in restarted:
             archive.close()
+
+
+def test_an_archive_back_within_seconds_confirms_a_planned_batch_before_a_short_timeout_ms(
+    archives: list[aeron_peer.JavaArchive],
+) -> None:
+    """The replica, killed (-9) after ``latestOffset`` planned a batch both archives hold
+    (``minInSyncReplicas=2``), is marked failed by a reader that found it dead (health's
+    ``SKIP_S``, 30 s) and restarted seconds later. A reader with ``timeoutMs`` 8000 must ask it
+    again and read the batch: the skip orders who serves reads, it does not ban the one archive
+    a confirmation needs. Main never asked it while the primary answered, and failed after 8 s."""
+    primary, replica = archives
+    o = _sink(primary, replica)
+    rows = [[b"back-%d-%04d" % (n, i) for i in range(200)] for n in range(2)]
+    for n in (0, 1):
+        assert commit(o, n, rows[n], identity="q").replicas_in_sync == 1
+    channels = [primary.control_channel, replica.control_channel]
+    reader, hasty = Stream(channels, timeout_ms=8000), Stream(channels, timeout_ms=1000)
+    planned = [s.reader.latestOffset(s.offset, None) for s in (reader, hasty)]
+    replica.kill()
+    with pytest.raises(ReplicasUnavailableError):
+        hasty.reader.partitions(hasty.offset, planned[1])  # finds it dead: marked failed
+    back = replica.restart_after_kill("both-replica2")
+    try:
+        # back while its mark lasts (what this test is about; a restart slower than 30 s
+        # would not test it)
+        assert health.is_failed(replica.control_channel)
+        read: list[bytes] = []
+        for part in reader.reader.partitions(reader.offset, planned[0]):
+            for batch in reader.reader.read(pickle.loads(pickle.dumps(part))):
+                read += batch.column("value").to_pylist()
+        assert read == rows[0] + rows[1]
+        assert health.rechecks() >= 1  # asked again while marked, and counted
+    finally:
+        back.close()

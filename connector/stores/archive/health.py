@@ -21,7 +21,10 @@ given up on):
   (:func:`mark_failed`): the source's driver plans its next micro-batches from the others, and
   its partitions carry the driver's marks to the tasks (``avoid``), which run in other
   processes (Spark's Python workers), so a task does not wait on an archive the driver already
-  found dead; a marked archive is still tried when no other serves. The sink keeps its order
+  found dead; a marked archive is still tried when no other serves, and asked again (a probe
+  of :data:`RECHECK_S`, counted: :func:`rechecks`) when only it can confirm what a caller
+  waits for (the source: a sink's batch that fewer archives than its ``minInSyncReplicas``
+  hold). The sink keeps its order
   (the configured primary first, and every archive asked in an election) but probes a marked
   archive for :data:`RECHECK_S` only, enough for one that is back to answer.
 """
@@ -52,6 +55,22 @@ _PROBE = HEADER.pack(8, 0, 0, FrameType.EXT)
 
 _failed: dict[str, float] = {}  # control channel -> monotonic time until which it is marked
 _failed_lock = threading.Lock()
+_rechecks = 0  # marked archives asked again for a confirmation only they could give
+
+
+def count_recheck() -> None:
+    """Count one probe of an archive still marked failed, made because a caller needs that
+    archive (the replicas source: a sink's batch fewer archives than its minInSyncReplicas
+    confirm); read by :func:`rechecks`."""
+    global _rechecks
+    with _failed_lock:
+        _rechecks += 1
+
+
+def rechecks() -> int:
+    """How many times this process asked an archive again while it was marked failed."""
+    with _failed_lock:
+        return _rechecks
 
 
 def mark_failed(channel: str) -> None:
@@ -137,9 +156,11 @@ __all__ = [
     "SILENCE_S",
     "SKIP_S",
     "connect",
+    "count_recheck",
     "failed_now",
     "is_failed",
     "mark_failed",
     "mark_ok",
+    "rechecks",
     "refused",
 ]

@@ -66,7 +66,10 @@ from aeron_spark.connector.stores.archive import (
     split_range,
 )
 from aeron_spark.connector.stores.archive.health import (
+    PROBE_S,
+    RECHECK_S,
     connect,
+    count_recheck,
     failed_now,
     is_failed,
     mark_failed,
@@ -157,6 +160,12 @@ def in_sync_end(copies: list[Recording], active: list[bool], archives: int = 0) 
     return end
 
 
+def _unconfirmed(recs: list[Recording]) -> bool:
+    """Whether a sink's target is listed on fewer archives than its last commit needed
+    (:attr:`Recording.insync`): another archive must answer before its last batches are read."""
+    return any(r.committed_only for r in recs) and len(recs) < max(r.insync for r in recs)
+
+
 def unavailable(store: ReplicaStore, what: str, failures: dict[str, str]) -> Exception:
     named = {
         r.connect.control_channel: failures.get(r.connect.control_channel, "not tried")
@@ -204,14 +213,14 @@ class ReplicaSession(ArchiveHooks):
             client.close()
         log.warning("archive %s cannot serve (%s); using the other replicas", channel, exc)
 
-    def _client(self, replica: ArchiveStore) -> ArchiveClient | None:
+    def _client(self, replica: ArchiveStore, probe_s: float = PROBE_S) -> ArchiveClient | None:
         channel = replica.connect.control_channel
         client = self._clients.get(channel)
         if client is None:
             if channel in self.failures:
                 return None
             try:
-                client = self._clients[channel] = connect(replica.connect)
+                client = self._clients[channel] = connect(replica.connect, probe_s)
             except FAILOVER_ERRORS as exc:
                 self._fail(replica, exc)
                 return None
@@ -240,14 +249,18 @@ class ReplicaSession(ArchiveHooks):
         copies: dict[RecordingIdentity, list[Recording]] = {}
         answered = 0
         ids: dict[str, int] = {}
-        for replica, client in self._serving(skipped_too=False):
+        asked: set[str] = set()
+
+        def list_on(replica: ArchiveStore, client: ArchiveClient) -> None:
+            nonlocal answered
+            asked.add(replica.connect.control_channel)
             try:
                 listed = ArchiveSession(replica, client, bound_messages=False).recordings(
                     stream_ids
                 )
             except FAILOVER_ERRORS as exc:
                 self._fail(replica, exc)
-                continue
+                return
             if listed:  # keys "<archiveId>/<recordingId>": one archive named twice would hold
                 # each copy twice, and a sink's batch on it alone pass for one on two archives
                 ids[replica.connect.control_channel] = int(listed[0].key.split("/", 1)[0])
@@ -255,6 +268,25 @@ class ReplicaSession(ArchiveHooks):
             answered += 1
             for rec in listed:
                 copies.setdefault(rec.identity, []).append(rec)
+
+        for replica, client in self._serving(skipped_too=False):
+            list_on(replica, client)
+        if any(_unconfirmed(recs) for recs in copies.values()):
+            # A sink's target on fewer archives than its minInSyncReplicas: the archives skipped
+            # since they failed lately are the ones that can confirm it, so they are asked
+            # again (a probe of RECHECK_S, enough for a living one to answer; refused at once
+            # when its port is closed). The skip orders who serves reads; it does not keep a
+            # confirmation from the archive it needs (which, back within seconds, would go
+            # unasked for the 30 s of SKIP_S while a reader's timeoutMs runs out).
+            for replica in self.store.replicas:
+                channel = replica.connect.control_channel
+                if channel in asked or channel in self.failures:
+                    continue
+                count_recheck()
+                again = self._client(replica, RECHECK_S)
+                if again is not None:
+                    log.info("archive %s, skipped since it failed, answers again", channel)
+                    list_on(replica, again)
         if not answered:
             raise unavailable(self.store, "list the recordings", self.failures)
         out = []
