@@ -721,7 +721,11 @@ def main(argv: list[str]) -> int:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 1
     cds = make_class_data()
-    print(cds if cds else "(no class data archive: the Java peers start without one)")
+    # stdout is the jar's path alone (callers read it); what became of the archive on stderr
+    print(
+        f"class data archive: {cds}" if cds else "no class data archive: the peers start without",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -68,7 +68,9 @@ def test_call_shapes() -> None:
         "on_unavailable_image",
         "admit_source",  # keyword-only: the ingest channel's source filter (issue 28 item 7)
     ]
-    assert params(Driver.do_work) == ["self", "now_ns"]
+    # poll (optional, last): the stream server's invoker-mode step that only sends what it
+    # offered (issue 31); a caller of do_work(now_ns) is unchanged
+    assert params(Driver.do_work) == ["self", "now_ns", "poll"]
     assert params(Publication.offer) == ["self", "payload", "reserved_value"]
     assert params(Publication.offer_blocking) == ["self", "payload", "reserved_value", "timeout_s"]
     assert params(Publication.try_claim) == ["self", "length", "reserved_value"]
