@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -335,6 +337,29 @@ def test_a_publish_a_retransmission_completed_is_served_by_its_signal_alone(
         assert server.schedule.checks == 0
 
 
+@contextlib.contextmanager
+def _lost_by_signal_only(tmp_path: Path) -> Iterator[tuple[StreamServer, StreamClient]]:
+    """A server whose sessions are never checked (nor its connections walked) within a test,
+    so only a lost signal's re-check can close one, and a client with a session to it (no
+    keepalives either) that has made one request."""
+    from aeron_spark.connector.server.schedule import SessionSchedule
+
+    config = ServerConfig(directory=str(tmp_path / "srv"), port=0, encryption=False)
+    server = StreamServer(config)
+    server.schedule = SessionSchedule(check_interval_ns=10**15, watched_interval_ns=10**15)
+    with server.start():
+        assert server._listener is not None and server.core is not None
+        handshake = server._listener.server
+        handshake.lost_peer_walk_ns = 10**15  # no walk of the connections (the next one too)
+        handshake._next_reap_ns = 10**15
+        settings = ClientSettings(
+            endpoint=server.endpoint, encryption=False, keepalive_interval_s=10_000.0
+        )
+        with StreamClient.connect(settings) as client:
+            assert client.list_streams() == []
+            yield server, client
+
+
 def test_a_client_lost_by_the_reply_publication_alone_is_closed_by_its_signal(
     tmp_path: Path,
 ) -> None:
@@ -348,30 +373,16 @@ def test_a_client_lost_by_the_reply_publication_alone_is_closed_by_its_signal(
     subscription (its driver sends the end of stream), its publication's heartbeats go on, and
     the session is closed by the signal's re-check alone (main with no checks: never, the
     session stayed open with its client's publication alive)."""
-    from aeron_spark.connector.server.schedule import SessionSchedule
-
-    config = ServerConfig(directory=str(tmp_path / "srv"), port=0, encryption=False)
-    server = StreamServer(config)
-    server.schedule = SessionSchedule(check_interval_ns=10**15, watched_interval_ns=10**15)
-    with server.start():
-        assert server._listener is not None and server.core is not None
-        handshake = server._listener.server
-        handshake.lost_peer_walk_ns = 10**15  # no walk of the connections (the next one too)
-        handshake._next_reap_ns = 10**15
-        settings = ClientSettings(
-            endpoint=server.endpoint, encryption=False, keepalive_interval_s=10_000.0
-        )
-        with StreamClient.connect(settings) as client:
-            assert client.list_streams() == []
-            counters = server.core.counters
-            assert counters["sessions_closed"] == 0
-            client._link.connection.subscription.close()  # the reply stream ends; not the rest
-            deadline = time.monotonic() + 40  # main: still open then
-            while counters["sessions_closed"] == 0:
-                assert time.monotonic() < deadline, "the session was never closed"
-                time.sleep(0.02)
-            assert server.schedule.checks == 0 and counters["sessions_expired"] == 0
-            assert server.schedule.rechecks == 1
+    with _lost_by_signal_only(tmp_path) as (server, client):
+        counters = server.core.counters
+        assert counters["sessions_closed"] == 0
+        client._link.connection.subscription.close()  # the reply stream ends; not the rest
+        deadline = time.monotonic() + 40  # main: still open then
+        while counters["sessions_closed"] == 0:
+            assert time.monotonic() < deadline, "the session was never closed"
+            time.sleep(0.02)
+        assert server.schedule.checks == 0 and counters["sessions_expired"] == 0
+        assert server.schedule.rechecks == 1
 
 
 def test_a_client_whose_reply_image_ends_and_comes_back_keeps_its_session(
@@ -384,36 +395,23 @@ def test_a_client_whose_reply_image_ends_and_comes_back_keeps_its_session(
     grace's end, found connected and kept, and it still answers (s20's version closed it at the
     signal, the first look at a publication with no receiver for that moment; a live client
     lost its session)."""
-    from aeron_spark.connector.server.schedule import SessionSchedule
     from aeron_spark.handshake import shared_driver
 
-    config = ServerConfig(directory=str(tmp_path / "srv"), port=0, encryption=False)
-    server = StreamServer(config)
-    server.schedule = SessionSchedule(check_interval_ns=10**15, watched_interval_ns=10**15)
-    with server.start():
-        assert server._listener is not None and server.core is not None
-        handshake = server._listener.server
-        handshake.lost_peer_walk_ns = 10**15  # no walk of the connections (the next one too)
-        handshake._next_reap_ns = 10**15
-        settings = ClientSettings(
-            endpoint=server.endpoint, encryption=False, keepalive_interval_s=10_000.0
-        )
-        with StreamClient.connect(settings) as client:
-            assert client.list_streams() == []
-            counters = server.core.counters
-            connection = client._link.connection
-            old = connection.subscription
-            new = shared_driver().add_subscription(old.channel, old.stream_id)
-            old.close()  # its image's end of stream: the reply publication's receiver goes
-            connection.subscription = new
-            schedule = server.schedule
-            deadline = time.monotonic() + 40
-            while getattr(schedule, "rechecks", 0) == 0 and counters["sessions_closed"] == 0:
-                assert time.monotonic() < deadline, "no lost signal was re-checked"
-                time.sleep(0.02)
-            assert counters["sessions_closed"] == 0  # s20's version: 1, at the signal
-            assert client.list_streams() == [] and client.reconnects == 0
-            assert counters["sessions_closed"] == counters["sessions_expired"] == 0
+    with _lost_by_signal_only(tmp_path) as (server, client):
+        counters = server.core.counters
+        connection = client._link.connection
+        old = connection.subscription
+        new = shared_driver().add_subscription(old.channel, old.stream_id)
+        old.close()  # its image's end of stream: the reply publication's receiver goes
+        connection.subscription = new
+        schedule = server.schedule
+        deadline = time.monotonic() + 40
+        while getattr(schedule, "rechecks", 0) == 0 and counters["sessions_closed"] == 0:
+            assert time.monotonic() < deadline, "no lost signal was re-checked"
+            time.sleep(0.02)
+        assert counters["sessions_closed"] == 0  # s20's version: 1, at the signal
+        assert client.list_streams() == [] and client.reconnects == 0
+        assert counters["sessions_closed"] == counters["sessions_expired"] == 0
 
 
 def test_a_request_costs_the_loop_one_pass(tmp_path: Path) -> None:
