@@ -36,10 +36,10 @@ _POLL_FRAGMENTS = 64
 #: kinds) complete none: a peer sending them kept one receive reading as long as they came.
 MAX_POLLS_PER_RECEIVE = 8
 #: The longest a receive (or ping) sleeps before it asks again whether the connection lives: data,
-#: a CLOSE and an image going away wake it at once; only a peer gone silent (the transport's
-#: connection timeouts, seconds) is noticed on this re-check. 50 ms slices cost a waiter for a
-#: 70 ms reply (the benchmark's client at 2,048 sessions) a wake-up, a poll and a connection
-#: check each (issue 31).
+#: a CLOSE, an image going away and (UDP) the publication losing its receiver wake it at once;
+#: only what no signal reports (an IPC peer gone silent) is noticed on this re-check. 50 ms
+#: slices cost a waiter for a 70 ms reply (the benchmark's client at 2,048 sessions) a wake-up,
+#: a poll and a connection check each (issue 31).
 _WAIT_SLICE_S = 0.5
 
 
@@ -98,6 +98,13 @@ class Connection:
         self.poll_was_full = False
         # is_connected as the last poll that read nothing found it (receive() does not ask again)
         self._connected_at_poll = True
+        # a receive waiting for a reply wakes when the publication loses its peer (a crashed
+        # peer's status messages stop: the one loss no image change signals), not at its next
+        # re-check slice; IPC cannot tell (False): the slice notices there
+        wake = getattr(subscription, "wake", None)
+        add_lost = getattr(publication, "add_lost_listener", None)
+        if wake is not None and add_lost is not None:
+            add_lost(wake)
 
     # ---------------------------------------------------------------- state
 

@@ -614,6 +614,12 @@ class Subscription:
     def _ready(self) -> bool:
         return self._closed or self._changes != self._changes_seen or self.has_data()
 
+    def wake(self) -> None:
+        """End a :meth:`wait` now, or the next one if none waits (any thread, e.g. a
+        publication's lost listener): its caller asks again whatever it waits for."""
+        self._changes += 1
+        self._signal.notify()
+
     def wait(self, timeout_s: float) -> bool:
         """Block until data may be available or the images changed since the last wait
         returned (a change just before the call counts); False on timeout."""
