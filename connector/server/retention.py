@@ -102,7 +102,8 @@ class ConsumerRegistry:
         self.max_positions_per_client = max_positions_per_client
         self.positions_of: collections.Counter[str] = collections.Counter()
         self.commits_over_share = 0  # commits that would have taken a client past its share
-        self.new_consumers_refused = 0  # new consumers past max_per_owner of their client
+        # new or claimed consumers past max_per_owner of their client
+        self.new_consumers_refused = 0
         # consumers per owner (client key hex; "" none), kept as they come and go: the
         # per-client limit was checked by a walk over every consumer on each new one
         self.held: collections.Counter[str] = collections.Counter()
@@ -161,7 +162,8 @@ class ConsumerRegistry:
         ownership, open server): another owner's consumer is refused; one without an owner is
         claimed if ``may_claim(its streams)``. ``client``: whose share a new consumer counts
         against on an open server (its session's address); with ``owner``, the owner's. A new
-        consumer past ``max_per_owner`` consumers of its client is refused, as is a commit
+        consumer, or one it claims (saved without a client), past ``max_per_owner`` consumers of
+        its client is refused, as is a commit
         adding positions past the client's share or the total. One change at a time."""
         if not isinstance(consumer_id, str) or not consumer_id or len(consumer_id) > 256:
             raise ControlProtocolError("consumer_commit: consumer_id must be 1..256 characters")
@@ -182,7 +184,10 @@ class ConsumerRegistry:
             charged = owner
         else:
             charged = old.client if old is not None and old.client else client
-        if old is None and max_per_owner is not None:
+        # a consumer new to this client: a new one, or one it claims (saved before shares, or
+        # without an owner): each is a place of its share (claims went past it, without limit)
+        taken = old is None or old.client != charged
+        if taken and max_per_owner is not None:
             if self.held[charged] >= max_per_owner:
                 self.new_consumers_refused += 1
                 raise LimitExceededError(
