@@ -23,7 +23,13 @@ from typing import Any
 from aeron_spark.handshake.crypto import SEAL_OVERHEAD, Opener, SealCounters, Sealer
 from aeron_spark.handshake.errors import ConnectionClosedError, HandshakeError, RemoteProtocolError
 from aeron_spark.handshake.messages import FrameKind
-from aeron_spark.transport import ADMIN_ACTION, BACK_PRESSURED, FragmentAssembler, TransportError
+from aeron_spark.transport import (
+    ADMIN_ACTION,
+    BACK_PRESSURED,
+    NOT_CONNECTED,
+    FragmentAssembler,
+    TransportError,
+)
 
 log = logging.getLogger(__name__)
 _DATA = bytes([FrameKind.DATA])
@@ -185,7 +191,8 @@ class Connection:
         return kind + body
 
     def try_send(self, message: bytes | bytearray | memoryview) -> bool:
-        """Offer one message without waiting: False if back-pressured (try again later)."""
+        """Offer one message without waiting: False if back-pressured, or while the
+        publication awaits its receiver (:attr:`awaits_receiver`): try again later."""
         return self._offer(_DATA, message)
 
     def _offer(self, kind: bytes, body: bytes | bytearray | memoryview) -> bool:
@@ -206,6 +213,13 @@ class Connection:
             # The sealed frame was never sent, so its counter (nonce) is unused: take it back.
             sealer.counter -= 1
         if result in (BACK_PRESSURED, ADMIN_ACTION):
+            return False
+        if result == NOT_CONNECTED and self.awaits_receiver:
+            # Aeron's NOT_CONNECTED is "not now": no subscriber at this moment, and one may
+            # come (the publication keeps sending its setup). With the peer's own stream alive
+            # here (its image, no CLOSE) the peer may be resubscribing or its status messages
+            # lapsed: not sent, try again (its owner decides how long: the stream server's
+            # grace; ``send`` gives up at once, as the connection is not connected)
             return False
         self._check_lost()
         raise ConnectionClosedError(f"the connection to {self.peer} is lost (offer {result})")

@@ -256,6 +256,10 @@ class Server:
         # second each) sets it longer, the walk then only a safety net (issue 31 item 1: at
         # 2,048 idle sessions the walk, twice a second, was ~5% of the server's idle time)
         self.lost_peer_walk_ns = REAP_INTERVAL_NS
+        # an owner that gives a connection whose publication lost its receiver a grace (the
+        # stream server's lost grace: its client may be resubscribing) says which it spares:
+        # the walk leaves those to the owner's own re-check (it closed them as any lost one)
+        self.spares_lost: Callable[[Connection], bool] | None = None
         self._ipc_connections: set[int] = set()
         self.seal_counters = SealCounters()
         self._reply_of: dict[ServerSession, Any] = {}
@@ -713,6 +717,9 @@ class Server:
             self._next_reap_ns = now_ns + self.lost_peer_walk_ns
             closing.clear()
             gone = [c for c in self.connections if not c.is_connected]
+            spares = self.spares_lost
+            if spares is not None and gone:
+                gone = [c for c in gone if c.is_closed or not c.awaits_receiver or not spares(c)]
         elif closing:
             gone = []
             while closing:

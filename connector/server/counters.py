@@ -61,6 +61,11 @@ SHELL_COUNTERS = (
     "authorized_keys_reloads",
     "authorized_keys_reload_failures",
     "sessions_revoked",
+    # replies that waited for a session's reply publication to have a receiver again (its
+    # client resubscribing or its status messages lapsed, within the lost grace): episodes
+    "replies_awaiting_receiver",
+    # replies never sent: their session closed with them queued (its client lost)
+    "replies_dropped",
 )
 # Read from the sink committer and the consumer registry when a snapshot is taken.
 SINK_COUNTERS = (

@@ -43,6 +43,7 @@ from aeron_spark.connector.server.store import ArchiveStore
 from aeron_spark.connector.session import chunking
 from aeron_spark.connector.session.link import ServerLink, ServerListener
 from aeron_spark.errors import ConfigurationError
+from aeron_spark.handshake.connection import Connection
 from aeron_spark.transport import Driver, DriverConfig
 from aeron_spark.transport.errors import PortInUseError as TransportPortInUseError
 
@@ -71,12 +72,13 @@ DRIVER_STEP_INTERVAL_NS = 5_000_000
 
 
 class _SessionIO:
-    __slots__ = ("link", "outbound", "payload_ids")
+    __slots__ = ("awaiting", "link", "outbound", "payload_ids")
 
     def __init__(self, link: ServerLink) -> None:
         self.link = link
         self.outbound: deque[bytes] = deque()
         self.payload_ids = 0
+        self.awaiting = False  # replies wait for the reply publication's receiver to be back
 
     def enqueue(self, messages: list[bytes]) -> None:
         """Queue replies, chunking any that exceed the link's maximum message length."""
@@ -235,6 +237,9 @@ class StreamServer:
             # handshake's walk of every connection for a lost peer (twice a second) only a
             # safety net
             self._listener.server.lost_peer_walk_ns = _LOST_PEER_WALK_NS
+            # and it leaves a session in its lost grace to the loop's re-check at the grace's
+            # end (the walk closed it as any lost one: a client resubscribing lost it)
+            self._listener.server.spares_lost = self._in_grace
             self._store.start_ingest(wake=self._wake_loop)
         except BaseException as exc:
             if self._store is not None:
@@ -340,7 +345,7 @@ class StreamServer:
                         io = self._sessions.pop(key, None)
                         self._forget(key)
                         if io is not None:
-                            io.link.close()
+                            self._close_io(io)
                     if now_ns >= next_gc_ns:
                         self._housekeeping(wall_ns)
                         next_gc_ns = now_ns + self.config.gc_interval_ns
@@ -435,7 +440,7 @@ class StreamServer:
             io = self._sessions.pop(key, None)
             self._forget(key)
             if io is not None:
-                io.link.close()
+                self._close_io(io)
         if reload.error is None:
             log.info(
                 "authorized keys reloaded: %d keys, %d removed, %d sessions closed",
@@ -579,6 +584,16 @@ class StreamServer:
             if listener is not None:
                 listener.wake()
 
+    def _in_grace(self, conn: Connection) -> bool:
+        """A session's connection is in its lost grace (asked by the handshake server's
+        walk, for a connection whose publication lost its receiver alone: rare, and few)."""
+        schedule = self.schedule
+        for key, io in self._sessions.items():
+            if io.link.connection is conn:
+                # (or its lost signal not yet taken by a pass: its grace begins there)
+                return schedule.in_grace(key) or any(k is key for k, _ in schedule.lost)
+        return False
+
     def _transport_heard_ns(self, key: object) -> int | None:
         """When a session's transport last heard its client (asked when its lease runs out):
         an idle client is alive while its driver sends status messages and heartbeats. None
@@ -615,7 +630,7 @@ class StreamServer:
             # again within it; a CLOSE or its image gone close it at once)
             if not link.is_connected and not (schedule.in_grace(key) and link.awaits_receiver):
                 core.close_session(key, now_ns)
-                link.close()
+                self._close_io(io)
                 del sessions[key]
                 self._forget(key)
                 work += 1
@@ -681,16 +696,33 @@ class StreamServer:
             while io.outbound:
                 try:
                     if not link.try_send(io.outbound[0]):
+                        # back pressure, or (in the session's lost grace) no receiver now: a
+                        # reply waits for its client to come back, not dropped (the grace's
+                        # re-check closes the session if it does not)
+                        if not io.awaiting and link.awaits_receiver and self.core is not None:
+                            io.awaiting = True
+                            self.core.counters.add("replies_awaiting_receiver")
                         return False
                 except ConnectorError:
+                    if self.core is not None:
+                        self.core.counters.add("replies_dropped", len(io.outbound))
                     io.outbound.clear()
                     return True
                 io.outbound.popleft()
                 sent = True
             return True
         finally:
-            if sent and self.core is not None:
-                self.core.renew_lease(link, time.monotonic_ns())
+            if sent:
+                io.awaiting = False
+                if self.core is not None:
+                    self.core.renew_lease(link, time.monotonic_ns())
+
+    def _close_io(self, io: _SessionIO) -> None:
+        """Close a session's link; replies still queued for it are dropped, counted."""
+        if io.outbound and self.core is not None:
+            self.core.counters.add("replies_dropped", len(io.outbound))
+            io.outbound.clear()
+        io.link.close()
 
     def _open_files(self) -> int:
         """The process's open descriptors, counted again only when something that opens them
