@@ -907,6 +907,13 @@ ARCHIVE_SOURCE_OPTIONS: dict[str, tuple[str, str, str]] = {
         "a file holding the credentials (its bytes, one trailing newline dropped), read once "
         "on the driver (executors need no copy)",
     ),
+    "recheckintervalms": (
+        "recheckIntervalMs",
+        "5000",
+        "with several archives: the least time between two probes of an archive that failed "
+        "lately, made because only it can confirm a sink's batch (per archive and process; "
+        "100 to 30000)",
+    ),
 }
 
 # Options whose value is a secret: never quoted in an error, a repr or a log.
@@ -967,6 +974,9 @@ class ArchiveSourceOptions:
     # ``archive`` naming several control channels: the ones after the first (``connect``), in
     # preference order; the source then reads the set of replicas (stores/replicas)
     replicas: tuple[ArchiveConnect, ...] = ()
+    # recheckIntervalMs: an archive marked failed is probed again for a confirmation only it
+    # can give at most this often (per archive and process)
+    recheck_interval_s: float = 5.0
 
     @property
     def connects(self) -> tuple[ArchiveConnect, ...]:
@@ -1105,11 +1115,13 @@ def parse_archive_source_options(options: Mapping[str, str]) -> ArchiveSourceOpt
         ArchiveConnect(control, stream, host, source.settings.timeout_s, credentials)
         for control, stream, host in connects
     )
+    recheck_ms = _int("recheckIntervalMs", mine.get("recheckintervalms", "5000"), 100, 30_000)
     return ArchiveSourceOptions(
         connect=first,
         channel=mine.get("channel", "").strip(),
         source=source,
         replicas=tuple(others),
+        recheck_interval_s=recheck_ms / 1000.0,
     )
 
 

@@ -109,7 +109,7 @@ def stores_of(options: SourceOptions | ArchiveSourceOptions) -> tuple[SourceOpti
 
         if options.replicas:  # several archives: one store, the set of replicas
             archives = tuple(ArchiveStore(c, options.channel) for c in options.connects)
-            return options.source, (ReplicaStore(archives),)
+            return options.source, (ReplicaStore(archives, options.recheck_interval_s),)
         return options.source, (ArchiveStore(options.connect, options.channel),)
     several = len(options.all_settings) > 1
     return options, tuple(

@@ -55,16 +55,31 @@ _PROBE = HEADER.pack(8, 0, 0, FrameType.EXT)
 
 _failed: dict[str, float] = {}  # control channel -> monotonic time until which it is marked
 _failed_lock = threading.Lock()
-_rechecks = 0  # marked archives asked again for a confirmation only they could give
+_rechecks = 0  # marked archives asked again (the source's confirmations, the sink's probes)
+_rechecked: dict[str, float] = {}  # control channel -> when the source last asked it again
+RECHECK_INTERVAL_S = 5.0  # the source's recheckIntervalMs by default
 
 
 def count_recheck() -> None:
-    """Count one probe of an archive still marked failed, made because a caller needs that
-    archive (the replicas source: a sink's batch fewer archives than its minInSyncReplicas
-    confirm); read by :func:`rechecks`."""
+    """Count one probe of an archive still marked failed: the replicas source's (a sink's
+    batch fewer archives than its minInSyncReplicas confirm), the archive sink's (staging, the
+    commit's election: :data:`RECHECK_S`); read by :func:`rechecks`."""
     global _rechecks
     with _failed_lock:
         _rechecks += 1
+
+
+def may_recheck(channel: str, interval_s: float = RECHECK_INTERVAL_S) -> bool:
+    """Whether the source may ask a marked archive again now for a confirmation only it can
+    give: at most once per ``interval_s`` per archive in this process (an archive really down
+    was probed by every planning pass, 0.5-1 s apart, while a reader waited); taken when True."""
+    now = time.monotonic()
+    with _failed_lock:
+        last = _rechecked.get(channel)
+        if last is not None and now - last < interval_s:
+            return False
+        _rechecked[channel] = now
+        return True
 
 
 def rechecks() -> int:
@@ -152,11 +167,13 @@ def connect(c: ArchiveConnect, probe_s: float = PROBE_S) -> ArchiveClient:
 __all__ = [
     "PROBE_S",
     "QUICK_S",
+    "RECHECK_INTERVAL_S",
     "RECHECK_S",
     "SILENCE_S",
     "SKIP_S",
     "connect",
     "count_recheck",
+    "may_recheck",
     "failed_now",
     "is_failed",
     "mark_failed",

@@ -587,6 +587,8 @@ def elect(o: ArchiveSinkOptions, alias: str) -> Election:
         # an archive that answers nothing costs PROBE_S at most; one that failed lately in this
         # process (the driver: an earlier commit) RECHECK_S, enough for a living one to answer
         failed = health.is_failed(c.control_channel)
+        if failed:
+            health.count_recheck()
         client = health.connect(c, health.RECHECK_S if failed else health.PROBE_S)
         try:
             return client, _committed_end(client, alias, stream_id), client.archive_id()

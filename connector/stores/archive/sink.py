@@ -448,6 +448,8 @@ def _staging_archive(o: ArchiveSinkOptions) -> tuple[ArchiveClient, ArchiveSinkO
     tries += [(on, health.PROBE_S) for on in failed]  # when none answered
     for n, (on, probe_s) in enumerate(tries):
         channel = on.connect.control_channel
+        if n < len(options) and on in failed:
+            health.count_recheck()  # a marked archive probed (RECHECK_S) in its order
         try:
             client = health.connect(on.connect, probe_s)
         except REPLICA_FAILURES as exc:

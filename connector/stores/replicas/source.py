@@ -67,6 +67,7 @@ from aeron_spark.connector.stores.archive import (
 )
 from aeron_spark.connector.stores.archive.health import (
     PROBE_S,
+    RECHECK_INTERVAL_S,
     RECHECK_S,
     connect,
     count_recheck,
@@ -74,6 +75,7 @@ from aeron_spark.connector.stores.archive.health import (
     is_failed,
     mark_failed,
     mark_ok,
+    may_recheck,
 )
 from aeron_spark.connector.stores.archive.hooks import ArchiveHooks
 from aeron_spark.connector.stores.archive.source import distinct_archives, message_end
@@ -282,6 +284,8 @@ class ReplicaSession(ArchiveHooks):
                 channel = replica.connect.control_channel
                 if channel in asked or channel in self.failures:
                     continue
+                if not may_recheck(channel, self.store.recheck_interval_s):
+                    continue  # asked lately (an archive really down: not every pass)
                 count_recheck()
                 again = self._client(replica, RECHECK_S)
                 if again is not None:
@@ -421,6 +425,8 @@ class ReplicaStore(Features):
     docstring); no time index, pushdown nor consumers, as one archive."""
 
     replicas: tuple[ArchiveStore, ...]
+    # recheckIntervalMs: a marked archive asked again at most this often (health.may_recheck)
+    recheck_interval_s: float = RECHECK_INTERVAL_S
     name = "archive replicas"
 
     @property
