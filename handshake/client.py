@@ -42,66 +42,83 @@ _process_key: Any = None
 MAX_CONCURRENT_HANDSHAKES = 16
 
 
+class _Slot:
+    """One connect's claim on a handshake slot of its endpoint: held exactly while it is in
+    its endpoint's set (put there, and taken out, by one ``set`` operation each)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple[str, int]) -> None:
+        self.key = key
+
+
+# how long a waiter for a slot sleeps before it looks again (a release opens the endpoint's
+# gate for one waiter at once; another that missed it looks again after this)
+_SLOT_POLL_S = 0.05
+
+
 class _HandshakeSlots:
-    """Each server endpoint's :data:`MAX_CONCURRENT_HANDSHAKES` slots, made while someone holds
-    or waits for one (an endpoint's entry goes with its last holder: no growth per endpoint)."""
+    """Each server endpoint's :data:`MAX_CONCURRENT_HANDSHAKES` slots, kept while someone holds
+    one (an endpoint's entry goes with its last holder: no growth per endpoint).
+
+    Made of C-level steps only (a plain lock taken in a ``with``, ``set.add``/``discard``, a
+    lock as the waiters' gate), so an exception a signal handler raises between any two
+    bytecodes (Ctrl-C's ``KeyboardInterrupt``) leaves a slot either held by its claim, which
+    the caller's ``finally`` gives back (:meth:`release` takes back a held claim only), or not
+    taken: before, ``threading.BoundedSemaphore`` (Python code around a ``Condition``) could
+    lose a slot taken just before the exception, or keep its condition's lock, and every later
+    connect to that endpoint hung in the semaphore for good."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._slots: dict[tuple[str, int], tuple[threading.BoundedSemaphore, int]] = {}
-        self._holding: dict[tuple[str, int], int] = {}  # slots taken, per endpoint
+        self._held: dict[tuple[str, int], set[_Slot]] = {}
+        self._gates: dict[tuple[str, int], threading.Lock] = {}
 
-    def acquire(self, key: tuple[str, int], timeout_s: float) -> bool:
-        with self._lock:
-            sem, users = self._slots.get(key) or (
-                threading.BoundedSemaphore(MAX_CONCURRENT_HANDSHAKES),
-                0,
-            )
-            self._slots[key] = (sem, users + 1)
-        taken = held = False
-        try:
-            taken = sem.acquire(timeout=max(timeout_s, 0.0))
-            if taken:
-                with self._lock:
-                    self._holding[key] = self._holding.get(key, 0) + 1
-                    held = True
-                return True
-        except BaseException:  # e.g. a signal handler's KeyboardInterrupt inside the wait:
-            if held:  # what was taken goes back (the user stayed counted, its entry for good)
-                self.release(key)
-            else:
-                if taken:
-                    sem.release()
-                self._leave(key)
-            raise
-        self._leave(key)
-        count("slot_timeouts")  # a registry counter of the process (client_counters)
-        return False
+    def acquire(self, slot: _Slot, timeout_s: float) -> bool:
+        """Take a slot for ``slot`` within ``timeout_s``; call :meth:`release` in a
+        ``finally`` around this call too (whatever happened, it gives back only what was
+        taken)."""
+        key = slot.key
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        while True:
+            with self._lock:
+                held = self._held.get(key)
+                if held is None:
+                    held = self._held[key] = set()
+                if len(held) < MAX_CONCURRENT_HANDSHAKES:
+                    held.add(slot)  # the one step that takes it
+                    return True
+                gate = self._gates.get(key)
+                if gate is None:
+                    gate = self._gates[key] = threading.Lock()
+                    gate.acquire()  # closed: a release opens it
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                count("slot_timeouts")  # a registry counter of the process (client_counters)
+                return False
+            gate.acquire(True, min(remaining, _SLOT_POLL_S))
 
-    def release(self, key: tuple[str, int]) -> None:
+    def release(self, slot: _Slot) -> None:
+        """Give back ``slot``'s slot if it holds one (else nothing)."""
+        key = slot.key
         with self._lock:
-            held = self._holding[key] - 1
-            if held:
-                self._holding[key] = held
-            else:
-                del self._holding[key]
-        self._slots[key][0].release()
-        self._leave(key)
-
-    def _leave(self, key: tuple[str, int]) -> None:
-        with self._lock:
-            sem, users = self._slots[key]
-            if users == 1:
-                del self._slots[key]
-            else:
-                self._slots[key] = (sem, users - 1)
+            held = self._held.get(key)
+            if held is None or slot not in held:
+                return
+            held.discard(slot)
+            if not held:
+                del self._held[key]
+                self._gates.pop(key, None)
+            gate = self._gates.get(key)
+            if gate is not None and gate.locked():
+                gate.release()  # one waiter's turn
 
     def under_way(self, host: str | None = None, port: int | None = None) -> int:
         """Handshakes holding a slot now: with ``host:port``, or with any server."""
         with self._lock:
             if host is None:
-                return sum(self._holding.values())
-            return self._holding.get((host.lower(), port or 0), 0)
+                return sum(map(len, self._held.values()))
+            return len(self._held.get((host.lower(), port or 0), ()))
 
 
 _handshakes = _HandshakeSlots()
@@ -206,14 +223,15 @@ class Client:
         # once: the rest wait their turn (within the timeout) instead of being refused by the
         # server's pending limit per /24 and retried (a process that lost all its sessions at
         # once reopens them all); other servers' handshakes do not wait for them
-        slot = (host.lower(), port)
-        if not _handshakes.acquire(slot, self.config.timeout_s):
-            raise HandshakeTimeoutError(
-                f"no handshake slot of this process's {MAX_CONCURRENT_HANDSHAKES} for {endpoint} "
-                f"came free within timeout_s={self.config.timeout_s} s (all were under way)",
-                endpoint,
-            )
-        try:
+        slot = _Slot((host.lower(), port))
+        try:  # the acquire inside: an exception right after it took the slot gives it back
+            if not _handshakes.acquire(slot, self.config.timeout_s):
+                raise HandshakeTimeoutError(
+                    f"no handshake slot of this process's {MAX_CONCURRENT_HANDSHAKES} for "
+                    f"{endpoint} came free within timeout_s={self.config.timeout_s} s (all were "
+                    "under way)",
+                    endpoint,
+                )
             # the key store's lock (the client's key, a server's trust) waited for within the
             # connect's deadline too, not a whole timeout from when that wait begins
             with self.key_store.waits_until(deadline):
