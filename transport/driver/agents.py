@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from operator import attrgetter
+from operator import call as _call
 from typing import Any, Protocol
 
 from aeron_spark.transport.counters import SystemCounters
@@ -464,23 +465,22 @@ class SenderAgent:
         self._index = _SocketIndex()  # the sockets a step reads, from what is readable
 
     def do_work(self, now_ns: int) -> int:
-        """One step; the frames it queued on its endpoints go out before it returns."""
+        """One step; the frames it queued on its endpoints go out before it returns (one
+        method, not a step inside a try: a Python call a wake-up less; issue 31)."""
         try:
-            return self._step(now_ns)
+            work = 0
+            readable = self.readable
+            reading = None if readable is None else self._index.readable(self, readable)
+            for ep in self.endpoints:
+                for udp in ep.sockets if reading is None else reading.get(ep, ()):
+                    # on_control each datagram (an invalid one counted: UdpEndpoint.drain)
+                    work += udp.drain(ep.on_control, now_ns, None, RECEIVES_PER_STEP)
+                work += ep.step(now_ns, self.on_publication_done)
+            return work
         finally:
             for ep in self.endpoints:
-                ep.endpoint.flush()
-
-    def _step(self, now_ns: int) -> int:
-        work = 0
-        readable = self.readable
-        reading = None if readable is None else self._index.readable(self, readable)
-        for ep in self.endpoints:
-            for udp in ep.sockets if reading is None else reading.get(ep, ()):
-                # on_control each datagram (an invalid one counted: UdpEndpoint.drain)
-                work += udp.drain(ep.on_control, now_ns, None, RECEIVES_PER_STEP)
-            work += ep.step(now_ns, self.on_publication_done)
-        return work
+                if ep.endpoint.runs:  # queued frames: flush() only then (a call an endpoint)
+                    ep.endpoint.flush()
 
     def has_work(self) -> bool:
         """A publication was kicked (or had more than a step's worth), or datagrams of a
@@ -521,37 +521,36 @@ class ReceiverAgent:
         self._index = _SocketIndex()  # the sockets a step reads, from what is readable
 
     def do_work(self, now_ns: int) -> int:
-        """One step; the SMs and NAKs it queued go out before it returns."""
+        """One step; the SMs and NAKs it queued go out before it returns (one method, as
+        the sender's)."""
         try:
-            return self._step(now_ns)
+            work = 0
+            idle = False
+            readable = self.readable
+            reading = None if readable is None else self._index.readable(self, readable)
+            for ep in self.endpoints:
+                endpoint = ep.endpoint
+                sockets = ep.sockets if reading is None else reading.get(ep, ())
+                if not sockets and ep.quiet_token is not None and ep.is_quiet(now_ns):
+                    continue
+                dispatcher = ep.dispatcher
+                send = endpoint.queue  # flushed below
+                on_datagram = dispatcher.on_datagram
+                for udp in sockets:
+                    # on_datagram each datagram (an invalid one counted: UdpEndpoint.drain)
+                    work += udp.drain(on_datagram, now_ns, send, RECEIVES_PER_STEP)
+                work += dispatcher.do_work(now_ns, send)
+                if not dispatcher.interests:
+                    idle = True
+                else:
+                    ep.note_quiet(now_ns)
+            if idle and self.on_endpoint_idle is not None:
+                self.on_endpoint_idle()
+            return work
         finally:
             for ep in self.endpoints:
-                ep.endpoint.flush()
-
-    def _step(self, now_ns: int) -> int:
-        work = 0
-        idle = False
-        readable = self.readable
-        reading = None if readable is None else self._index.readable(self, readable)
-        for ep in self.endpoints:
-            endpoint = ep.endpoint
-            sockets = ep.sockets if reading is None else reading.get(ep, ())
-            if not sockets and ep.quiet_token is not None and ep.is_quiet(now_ns):
-                continue
-            dispatcher = ep.dispatcher
-            send = endpoint.queue  # flushed by do_work
-            on_datagram = dispatcher.on_datagram
-            for udp in sockets:
-                # on_datagram each datagram (an invalid one counted: UdpEndpoint.drain)
-                work += udp.drain(on_datagram, now_ns, send, RECEIVES_PER_STEP)
-            work += dispatcher.do_work(now_ns, send)
-            if not dispatcher.interests:
-                idle = True
-            else:
-                ep.note_quiet(now_ns)
-        if idle and self.on_endpoint_idle is not None:
-            self.on_endpoint_idle()
-        return work
+                if ep.endpoint.runs:  # queued frames: flush() only then (a call an endpoint)
+                    ep.endpoint.flush()
 
     def has_work(self) -> bool:
         """Datagrams of a coalesced receive (UDP GRO) are left: step again."""
@@ -598,12 +597,14 @@ class AgentRunner:
         # on write) and its sockets_version, read with one C-level getter per agent (the check
         # runs twice a wake-up: a Python call per agent and attribute was a tenth of an empty
         # step; issue 31)
-        self._token_getters = tuple(
+        token_getters = tuple(
             (agent, attrgetter(*names))
             for agent in self.agents
             for names in [tuple(n for n in ("endpoints", "sockets_version") if hasattr(agent, n))]
             if names
         )
+        self._token_of = tuple(agent for agent, _ in token_getters)
+        self._token_get = tuple(get for _, get in token_getters)
         self._reading_agents = tuple(a for a in self.agents if hasattr(a, "readable"))
         # the sockets idle()'s select found readable: the step right after it reads those
         # without polling again (one epoll_wait a step, not two)
@@ -726,12 +727,11 @@ class AgentRunner:
         for agent in agents:
             agent.readable = ready
 
-    def _sockets_token(self) -> tuple[Any, ...]:
-        return tuple([get(agent) for agent, get in self._token_getters])
-
     def _sync_registrations(self) -> bool:
         """Register the agents' sockets with the selector; False if they changed."""
-        token = self._sockets_token()
+        # each agent's getter called on it in C (a method and a list comprehension were two
+        # Python calls, twice a wake-up; issue 31)
+        token = tuple(map(_call, self._token_get, self._token_of))
         if token == self._token:  # the endpoints tuples compare by identity first
             return True
         self._token = token

@@ -269,7 +269,8 @@ class UdpEndpoint:
         self.gso = gso and gso_supported(sock)
         self.gso_refused: set[Any] = set()
         # the step's queued frames (queue/flush): address -> [run, segment length, datagrams]
-        self._runs: dict[Any, list[Any]] = {}
+        # (an agent's step calls flush() only when some are: an empty one's call a step)
+        self.runs: dict[Any, list[Any]] = {}
         # coalesced receives (UDP GRO): the rest of the last one, handed out a datagram a call
         self.gro = gro and _enable_gro(sock)
         self._recvmsg_into = sock.recvmsg_into
@@ -292,7 +293,7 @@ class UdpEndpoint:
         ):
             counters.amplification_drops += 1
             return
-        if self._runs:
+        if self.runs:
             self._send_open_run(address)
         self._send_unguarded(data, address)
 
@@ -303,15 +304,26 @@ class UdpEndpoint:
         :meth:`flush`, which the caller's step must reach. Admitted or dropped by the ledger
         now, counted as :meth:`send` counts. Without GSO to ``address``, sent now."""
         ledger = self.ledger
-        if ledger is not None and not ledger.may_send(
-            host_key(address), len(data), frame_session_id(data) if ledger.trusted else None
-        ):
-            self.counters.amplification_drops += 1
-            return
+        if ledger is not None:
+            # a trusted session's frame (our sessions' every SM and heartbeat) passes without
+            # a Python call: frame_session_id and may_send's first check, inline (two calls
+            # an idle datagram sent; issue 31)
+            host = host_key(address)
+            trusted = ledger.trusted
+            offset = (
+                _SESSION_OFFSET.get(data[6] | (data[7] << 8))
+                if trusted and len(data) >= 16
+                else None
+            )
+            if (offset is None or (host, _i32_from(data, offset)[0]) not in trusted) and (
+                not ledger.may_send(host, len(data))
+            ):
+                self.counters.amplification_drops += 1
+                return
         if not self.gso or address in self.gso_refused:
             self._send_unguarded(data, address)
             return
-        runs = self._runs
+        runs = self.runs
         run = runs.get(address)
         length = len(data)
         if run is None:
@@ -334,15 +346,15 @@ class UdpEndpoint:
 
     def flush(self) -> None:
         """Send every run :meth:`queue` left open (the end of the step that queued them)."""
-        runs = self._runs
+        runs = self.runs
         if runs:
-            self._runs = {}
+            self.runs = {}
             for address, (buf, segment, count) in runs.items():
                 self._send_run(buf, segment, count, address)
 
     def _send_open_run(self, address: Any) -> None:
         """The run open to ``address``, sent before anything else goes there."""
-        run = self._runs.pop(address, None)
+        run = self.runs.pop(address, None)
         if run is not None:
             self._send_run(run[0], run[1], run[2], address)
 
@@ -400,7 +412,7 @@ class UdpEndpoint:
         ):
             self.counters.amplification_drops += 1
             return
-        if self._runs:
+        if self.runs:
             self._send_open_run(address)
         self._send_run(data, segment_length, -(-length // segment_length), address)
 
@@ -470,7 +482,13 @@ class UdpEndpoint:
             counters.datagrams_received += 1
             counters.bytes_received += length
             if ledger is not None:
-                ledger.on_receive(host_key(source), length)
+                # ledger.on_receive, inline (a Python call a datagram received; issue 31)
+                host = host_key(source)
+                received = ledger.received
+                if host in received:
+                    received[host] += length
+                else:
+                    ledger.on_receive(host, length)
             try:
                 handle(view, length, source, now_ns, transmit)
             except RemoteProtocolError:

@@ -489,7 +489,18 @@ class ImageState:
             self.last_sm_position = sub
             self.sm_scheduled = True
         if self.sm_scheduled or now_ns >= self.sm_deadline_ns:
-            self._send_sm(self.last_sm_position, 0, transmit)
+            position = self.last_sm_position
+            if (position, 0, self.window) == self._sm_key:
+                # _send_sm's repeat of the kept SM, inline (an idle image's every SM: a Python
+                # call a datagram less; issue 31)
+                transmit(self._sm_bytes, self.sm_address)
+                own = self.__dict__
+                own["status_messages_sent"] += 1
+                tally = own.get("tally")
+                if tally is not None:
+                    tally.values["status_messages_sent"] += 1
+            else:
+                self._send_sm(position, 0, transmit)
             self.sm_scheduled = False
             if phase is not _INIT and self.idle_sm_interval_ns > SM_INTERVAL_NS:
                 # the channel's SM timeout, on the idle grid: an idle driver's SMs go out

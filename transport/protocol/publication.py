@@ -897,7 +897,13 @@ class PublicationState:
             work += sent
             self._update_publisher_limit()
         elif now_ns >= self.heartbeat_deadline_ns:
-            frame = self.heartbeat_frame()
+            # an active stream's kept heartbeat without heartbeat_frame()'s call (an idle
+            # stream's every heartbeat; issue 31): its key as that method makes it
+            frame = (
+                self._heartbeat
+                if self.phase is _ACTIVE and self._heartbeat_key == (self.sender_position, False)
+                else self.heartbeat_frame()
+            )
             for dest in dests.by_address.values():
                 transmit(frame, dest.address)
             # ``self.heartbeats_sent += 1`` as tally.py's descriptor counts it, without its

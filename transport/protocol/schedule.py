@@ -50,18 +50,24 @@ class DueQueue(Generic[T]):
 
     def schedule(self, item: T, deadline_ns: int) -> None:
         """Step ``item`` at ``deadline_ns``, or at the earlier deadline it has."""
-        current = self._at.get(item)
-        if current is not None and current <= deadline_ns:
-            return
-        self._at[item] = deadline_ns
+        at = self._at
+        current = at.get(item)
+        if current is not None:
+            if current <= deadline_ns:
+                return
+            # its later entry is left stale in the heap: the only place (with forget) one is
+            # made, so the only place the heap's size is checked (two len() calls an idle
+            # item's every step did for nothing; issue 31)
+            if len(self._heap) > 2 * len(at) + 64:
+                self._compact()
+        at[item] = deadline_ns
         self._seq += 1
         heapq.heappush(self._heap, (deadline_ns, self._seq, item))
-        if len(self._heap) > 2 * len(self._at) + 64:
-            self._compact()
 
     def forget(self, item: T) -> None:
         """``item`` is gone: no deadline (a ready entry of it is the caller's to skip)."""
-        self._at.pop(item, None)
+        if self._at.pop(item, None) is not None and len(self._heap) > 2 * len(self._at) + 64:
+            self._compact()
 
     def take(self, now_ns: int) -> list[T]:
         """Every ready item and every item due at ``now_ns``, each once."""
