@@ -988,10 +988,10 @@ class StreamClient:
         request_id = self._send_request("publish", args, whole=True)
         self._in_operation = True  # no silent reconnect halfway through
         try:
+            # its one request is the one waited for: nothing else to settle when it fails (it
+            # settled the request its failed reply had answered already and waited out the
+            # whole timeout for a second reply: a refused publish took timeout_s)
             return self._wait_reply(request_id)
-        except BaseException:
-            self._settle(deque((request_id,)))
-            raise
         finally:
             self._in_operation = False
 

@@ -30,7 +30,13 @@ from aeron_spark.handshake.hello_channel import HelloChannel, registry
 from aeron_spark.handshake.keystore import KeyStore, load_client_key
 from aeron_spark.handshake.machine import ClientEvent, ClientHandshake
 from aeron_spark.handshake.messages import SessionDetails
-from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler, TransportError
+from aeron_spark.transport import (
+    ClosedError,
+    Driver,
+    DriverConfig,
+    FragmentAssembler,
+    TransportError,
+)
 
 _driver_lock = threading.Lock()
 _shared: Driver | None = None
@@ -316,13 +322,21 @@ class _Attempt:
         self.opened.append(resource)
         return resource
 
+    def _check(self, now_ns: int) -> None:
+        """Between waits: the handshake's timeout, and a driver closed under it (its
+        publications and subscriptions closed with it, their waits returned at once: the
+        connect spun on them, a thread's CPU, until its whole timeout)."""
+        self.machine.check_timeout(now_ns)
+        if self.driver.is_closed:
+            raise ClosedError(f"the driver was closed during the handshake with {self.endpoint}")
+
     def _wait_until(self, ready: Callable[[], bool], sub: Any | None, pub: Any = None) -> None:
         """Wait for ``ready()``: on ``sub`` (woken by its data and images), on ``pub`` while it
         is not connected (woken by the status message that connects it), else (a connected
         publication back-pressured: nothing wakes us) in short sleeps from 0.1 ms to 2 ms."""
         delay = 0.0001
         while not ready():
-            self.machine.check_timeout(time.monotonic_ns())
+            self._check(time.monotonic_ns())
             remaining = max(self.deadline - time.monotonic(), 0.0)
             if sub is not None:
                 sub.wait(min(remaining, 0.01))
@@ -411,7 +425,7 @@ class _Attempt:
             hc.register(m.connect_key)
             try:
                 self._say(hc, m.hello(hc.resumption(time.monotonic_ns())))
-                check = lambda: m.check_timeout(time.monotonic_ns())  # noqa: E731
+                check = lambda: self._check(time.monotonic_ns())  # noqa: E731
                 details = None
                 while details is None:
                     details = m.on_reply(hc.receive(m.connect_key, self.deadline, check))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import msgpack
 import pytest
 
@@ -74,6 +76,26 @@ def test_read_only_server_refuses_writes_with_not_authorised(tmp_path) -> None:
             with pytest.raises(NotAuthorisedError):
                 call()
         assert c.list_recordings() == []
+
+
+def test_a_refused_publish_is_raised_when_its_refusal_arrives(tmp_path) -> None:
+    """A publish of one request (a list of small messages) refused by the server raises the
+    refusal as it arrives: on main the client then waited for a second reply to the same request
+    (its settling of a failed publish) and raised only after its whole ``timeout_s`` (30 s);
+    every refusal of a small publish (read-only server, stream not allowed, key not allowed)
+    took that long. The bound is half the timeout: a refusal's round trip takes milliseconds."""
+    timeout_s = 30.0
+    with (
+        StreamServer(_config(tmp_path, read_only=True)) as srv,
+        client_for(srv.endpoint, timeout_s=timeout_s) as c,
+    ):
+        for _ in range(2):
+            began = time.monotonic()
+            with pytest.raises(NotAuthorisedError, match="read-only"):
+                c.publish(10, [b"x"])
+            took = time.monotonic() - began
+            assert took < timeout_s / 2, f"the refusal took {took:.1f} s (timeout {timeout_s} s)"
+        assert c.list_recordings() == []  # the session is clean: the next call's own reply
 
 
 def test_streams_outside_the_allowed_set_are_not_authorised(tmp_path) -> None:

@@ -20,7 +20,12 @@ from collections.abc import Callable
 
 import pytest
 
-from aeron_spark.handshake import Client, ClientConfig, HandshakeTimeoutError
+from aeron_spark.handshake import (
+    Client,
+    ClientConfig,
+    ConnectionClosedError,
+    HandshakeTimeoutError,
+)
 from aeron_spark.handshake.client import MAX_CONCURRENT_HANDSHAKES
 from aeron_spark.transport import Driver, DriverConfig
 
@@ -59,8 +64,11 @@ def _start_silent(
     return threads
 
 
-def _finish(threads: list[threading.Thread], driver: Driver) -> None:
-    for t in threads:  # each ends at its timeout
+def _finish(threads: list[threading.Thread], driver: Driver, close_first: bool = False) -> None:
+    """Each silent handshake ends at its timeout, or (``close_first``) as its driver closes."""
+    if close_first:
+        driver.close()
+    for t in threads:
         t.join(90.0)
     driver.close()
     assert not any(t.is_alive() for t in threads), "a silent handshake outlived its timeout"
@@ -98,7 +106,8 @@ def test_attack_a_silent_server_does_not_starve_connects_to_another(
             conn.close()
         assert not errors, errors  # the silent ones still waiting (25 s), none failed yet
     finally:
-        _finish(threads, silent_driver)
+        # their driver closed: they end now, not at their 25 s timeout (the test's length)
+        _finish(threads, silent_driver, close_first=True)
 
 
 def test_attack_a_connect_waiting_for_a_slot_keeps_its_own_timeout(
@@ -128,3 +137,28 @@ def test_attack_a_connect_waiting_for_a_slot_keeps_its_own_timeout(
         assert took < timeout_s + 2.0, f"a connect with a {timeout_s} s timeout took {took:.1f} s"
     finally:
         _finish(threads, driver)
+
+
+def test_a_connect_ends_when_its_driver_is_closed(tmp_path, silent_endpoint: str) -> None:
+    """Connects to a silent endpoint whose driver is closed under them end at once with
+    ConnectionClosedError naming the closed driver: on main each waited on its closed HELLO
+    publication, whose wait returned at once, in a loop (a thread's CPU) until its whole
+    timeout, then raised HandshakeTimeoutError."""
+    driver = Driver(DriverConfig(write_counters_file=False)).start()
+    client = Client(
+        ClientConfig(key_store_dir=str(tmp_path / "keys"), timeout_s=20.0), driver=driver
+    )
+    errors: list[BaseException] = []
+    threads = _start_silent(client, silent_endpoint, errors)
+    try:
+        wait_for(
+            lambda: _in_handshake() == MAX_CONCURRENT_HANDSHAKES,
+            what=f"{MAX_CONCURRENT_HANDSHAKES} handshakes with the silent endpoint under way",
+        )
+    finally:
+        _finish(threads, driver, close_first=True)
+    assert len(errors) == MAX_CONCURRENT_HANDSHAKES, errors
+    for exc in errors:
+        assert isinstance(exc, ConnectionClosedError), repr(exc)
+        # ours between waits, or the driver's own when the close lands inside one of its calls
+        assert "driver was closed" in str(exc) or "driver is closed" in str(exc), repr(exc)
