@@ -237,12 +237,18 @@ def test_positions_of_a_deleted_recording_are_dropped_at_start(tmp_path) -> None
             assert client.stats()["counters"]["consumer_positions_dropped"] == 1
 
 
-def test_retention_waits_its_turn_and_never_piles_up_before_commits(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_retention_waits_its_turn_and_never_piles_up_before_commits(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Retention ran on the commit worker outside the fair queue, one job submitted every gc
     tick whether the last had run or not: a run held up (here the registry's lock, held by the
     test as a slow disk's fsync would hold it) piled one job a tick in front of every client's
     commit, all run before it. Now retention is its own client of the fair queue with at most one
-    job queued or running: a commit queued meanwhile waits behind at most one run."""
+    job queued or running: a commit queued meanwhile waits behind at most one run.
+
+    The runs are counted when the commit reaches the registry (its real ``commit`` called
+    through), not when the test sees its effect: runs go every 10 ms once the lock is let go,
+    and a test thread a loaded machine holds up for a few ticks counted the runs after the
+    commit too. The commit is known queued (the fair queue
+    holds it) and 20 ticks are known to have gone by meanwhile, rather than slept for."""
     config = ServerConfig(
         directory=str(tmp_path / "s"),
         port=0,
@@ -257,20 +263,48 @@ def test_retention_waits_its_turn_and_never_piles_up_before_commits(tmp_path) ->
         StreamClient.connect(ClientSettings(endpoint=server.endpoint, encryption=False)) as client,
     ):
         assert server.core is not None
-        counters, registry = server.core.retention.counters, server.core.consumers
+        core = server.core
+        counters, registry = core.retention.counters, core.consumers
+        runs_at_commit: list[int] = []
+        real_commit = registry.commit
+
+        def commit(*args, **kwargs):  # type: ignore[no-untyped-def]
+            runs_at_commit.append(counters["retention_runs"])
+            return real_commit(*args, **kwargs)
+
+        monkeypatch.setattr(registry, "commit", commit)
         with registry._changing:  # the next run blocks at its end (drop_recordings)
-            _wait_for(lambda: counters["retention_runs"] > 0, "a retention run")
+            # a run started now blocks (counted as it starts); one started before, not yet at
+            # the lock, makes the ticks skip (one run at a time), and blocks too
+            held, skipped = (
+                counters["retention_runs"],
+                core.counters.get("retention_ticks_skipped", 0),
+            )
+            _wait_for(
+                lambda: (
+                    counters["retention_runs"] > held
+                    or core.counters.get("retention_ticks_skipped", 0) >= skipped + 3
+                ),
+                "a retention run held up",
+            )
             committer = threading.Thread(
                 target=client.consumer_commit, args=("reader", [30], {}), daemon=True
             )
             committer.start()
-            # about 50 gc ticks (fewer on a loaded machine): the commit is queued meanwhile
-            time.sleep(0.5)
+            # queued behind the run held up (the only job the fair queue can hold meanwhile:
+            # retention's next is not queued while one is)
+            _wait_for(lambda: len(server._fair), "the commit queued")
+            skipped = core.counters.get("retention_ticks_skipped", 0)
+            # ticks go by while it is queued (on main each one queued another run before it)
+            _wait_for(
+                lambda: core.counters.get("retention_ticks_skipped", 0) >= skipped + 20,
+                "20 gc ticks",
+            )
             before = counters["retention_runs"]
-        deadline = time.monotonic() + 60
-        while "reader" not in registry.consumers:  # the commit ran: how many runs before it?
-            assert time.monotonic() < deadline, "the commit did not run"
-            time.sleep(0.001)
-        ran = counters["retention_runs"] - before
+            assert not runs_at_commit  # behind the run held up
+        _wait_for(lambda: runs_at_commit, "the commit to run")
+        ran = runs_at_commit[0] - before
         committer.join(60)
+        assert not committer.is_alive()
+        assert "reader" in registry.consumers
         assert ran <= 1, f"{ran} retention runs went before a commit queued behind one"
