@@ -64,7 +64,8 @@ def test_attack_a_connect_waits_for_the_key_store_lock_only_until_its_own_deadli
         (result,) = outcome
         print(f"after {took:.1f} s: {result!r}")
         assert isinstance(result, (KeyStoreLockedError, HandshakeError)), result
-        assert took < TIMEOUT_S + 2.5, (
+        # main: ~2 * TIMEOUT_S; the margin is wide for a loaded machine's late wake-ups
+        assert took < TIMEOUT_S + 4.0, (
             f"a connect with timeout_s={TIMEOUT_S} took {took:.1f} s: a slot's wait, then a "
             f"whole timeout more for the key store's lock ({result!r})"
         )
