@@ -990,7 +990,8 @@ class StreamClient:
         try:
             return self._wait_reply(request_id)
         except BaseException:
-            self._settle(deque((request_id,)))
+            if request_id in self._outstanding:  # not when its (error) reply was taken: none
+                self._settle(deque((request_id,)))  # other comes, settling waited timeout_s
             raise
         finally:
             self._in_operation = False
