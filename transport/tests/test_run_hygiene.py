@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "aeron-spark-test-run-"
 # a run of one tiny test of this directory: the root conftest's session start and end
 TARGET = "transport/tests/test_run_hygiene.py::test_a_trivial_test_for_the_child_runs"
+NICE_OUTSIDE_SPARK = 10  # the root conftest's: a parallel run's workers outside the Spark group
 
 
 def test_a_trivial_test_for_the_child_runs() -> None:
@@ -42,10 +43,13 @@ def _start_time(pid: int) -> str:
 
 
 def _child_run(
-    tmp: Path, prefix: list[str] | None = None, args: tuple[str, ...] = ("-n", "0", TARGET)
+    tmp: Path,
+    prefix: list[str] | None = None,
+    args: tuple[str, ...] = ("-n", "0", TARGET),
+    extra_env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """A pytest run of ``args`` (by default TARGET in one process) in ``tmp``."""
-    env = dict(os.environ, TMPDIR=str(tmp), PYTEST_DEBUG_TEMPROOT=str(tmp))
+    env = dict(os.environ, TMPDIR=str(tmp), PYTEST_DEBUG_TEMPROOT=str(tmp), **(extra_env or {}))
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
     return subprocess.run(
         [*(prefix or []), *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
@@ -121,7 +125,18 @@ def test_a_parallel_run_keeps_each_file_and_all_of_spark_tests_on_one_worker(
         "spark_tests/test_sink_option_errors.py::test_readme_says_when_streaming_sink_options_are_checked",
     ]
     other = "handshake/tests/test_messages_codec.py"
-    done = _child_run(tmp_path, args=("-n", "2", "--dist", "loadgroup", "-v", *spark, other))
+    # each worker notes the nice level each test ran at (a plugin of the child run's own)
+    probe = tmp_path / "nice_probe"
+    probe.mkdir()
+    (probe / "nice_probe.py").write_text(NICE_PROBE)
+    done = _child_run(
+        tmp_path,
+        args=("-n", "2", "--dist", "loadgroup", "-v", "-p", "nice_probe", *spark, other),
+        extra_env={
+            "PYTHONPATH": os.pathsep.join([str(probe), *filter(None, [os.getenv("PYTHONPATH")])]),
+            "NICE_PROBE_OUT": str(tmp_path / "nice.txt"),
+        },
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
     workers: dict[str, set[str]] = {}
@@ -130,3 +145,24 @@ def test_a_parallel_run_keeps_each_file_and_all_of_spark_tests_on_one_worker(
         workers.setdefault("spark" if path.startswith("spark_tests/") else path, set()).add(worker)
     assert set(workers) == {"spark", other}, out[-3000:]
     assert all(len(on) == 1 for on in workers.values()), workers
+    # the Spark group ran at the run's own priority, the other file's tests lower (nice is
+    # inherited: this test's own level is the child run's; the kernel caps it at 19)
+    nice: dict[str, set[int]] = {}
+    for line in (tmp_path / "nice.txt").read_text().splitlines():
+        nodeid, level = line.rsplit(" ", 1)
+        nice.setdefault("spark" if nodeid.startswith("spark_tests/") else "other", set()).add(
+            int(level)
+        )
+    base = os.nice(0)
+    assert nice == {"spark": {base}, "other": {min(19, base + NICE_OUTSIDE_SPARK)}}, nice
+
+
+# the child run's plugin: each test's node id and nice level as it ran, a line each
+NICE_PROBE = """
+import os
+from pathlib import Path
+
+def pytest_runtest_call(item):
+    with open(Path(os.environ["NICE_PROBE_OUT"]), "a") as out:
+        out.write(f"{item.nodeid} {os.nice(0)}\\n")
+"""
