@@ -153,14 +153,51 @@ def _temporary_directory_left_as_found() -> Iterator[None]:
 # (spark-submit, a Connect server, a standalone cluster) once had units of their own: with three
 # Spark drivers at once at load 10-16, nine Spark tests failed with "Python worker failed to
 # connect back" (Spark waits a fixed 10 s for a Python worker it starts to connect).
+# ``--spark-workers 2`` makes those files (SPARK_OWN_DRIVERS: none uses the ``spark`` fixture)
+# one unit of their own, SPARK_OWN_DRIVERS_GROUP, on a second worker: two Spark drivers at most
+# at once, one a worker, and the session's SparkSession still on one worker only.
 SPARK_GROUP = "spark"
+SPARK_OWN_DRIVERS_GROUP = "spark-own-drivers"
 SPARK_DIR = "spark_tests/"
+SPARK_OWN_DRIVERS = frozenset(
+    {
+        "spark_tests/test_cluster.py",
+        "spark_tests/test_examples_spark.py",
+        "spark_tests/test_spark_connect.py",
+    }
+)
 
 
-def unit_of(nodeid: str) -> str:
+def pytest_addoption(parser) -> None:  # type: ignore[no-untyped-def]
+    parser.addoption(
+        "--spark-workers",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="workers of a parallel run that run spark_tests/ (root conftest.py): 1, every "
+        "file on one; 2, the files starting Spark drivers of their own on a second",
+    )
+
+
+def unit_of(nodeid: str, spark_workers: int = 1) -> str:
     """The unit of work of test ``nodeid`` in a parallel run (see ``SPARK_GROUP``)."""
     path = nodeid.split("::", 1)[0]
-    return SPARK_GROUP if path.startswith(SPARK_DIR) else path
+    if not path.startswith(SPARK_DIR):
+        return path
+    if spark_workers == 2 and path in SPARK_OWN_DRIVERS:
+        return SPARK_OWN_DRIVERS_GROUP
+    return SPARK_GROUP
+
+
+# The CPU goes to the Spark worker first: a parallel run's worker lowers its priority (nice) for
+# good as it starts a test outside the Spark group(s), and every process it starts from then on
+# (Java peers, servers, clients) inherits it. A Spark group runs first on its worker, so that
+# worker keeps nice 0 until its Spark group is done. Why: Spark gives a Python worker it starts a
+# fixed 10 s to connect back (PythonWorkerFactory.createSimpleWorker, no setting; the streaming
+# source of every query starts one), and the worker's start is ~0.5 s of CPU (pyspark, pyarrow,
+# numpy): with the other workers' JVMs at the same priority it did not get that within 10 s.
+NICE_OUTSIDE_SPARK = 10
+_niced = False
 
 
 def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
@@ -175,7 +212,9 @@ def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
 
     class FileScheduling(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            return unit_of(nodeid)
+            return unit_of(nodeid, spark_workers)
+
+    spark_workers = config.getoption("spark_workers")
 
     config.option.loadscopereorder = False  # by collection order, not by tests per unit
     return FileScheduling(config, log)
@@ -184,23 +223,42 @@ def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:  # type: ignore[no-untyped-def]
     """The order units are handed out in (the longest first, so none starts last): the Spark
-    group, files with a ``slow`` test, then the rest (a stable sort: a file's tests keep their
-    order). A test that uses the ``spark`` fixture outside the Spark group is refused: it would
-    start a second SparkSession in a parallel run."""
+    group(s), files with a ``slow`` test, then the rest (a stable sort: a file's tests keep their
+    order). A test that uses the ``spark`` fixture outside the Spark group (``--spark-workers 2``
+    or not) is refused: it would start a second SparkSession in a parallel run."""
     stray = [i.nodeid for i in items if "spark" in getattr(i, "fixturenames", ())]
-    stray = [nodeid for nodeid in stray if unit_of(nodeid) != SPARK_GROUP]
+    stray = [nodeid for nodeid in stray if unit_of(nodeid, spark_workers=2) != SPARK_GROUP]
     if stray:
         raise pytest.UsageError(
-            f"tests using the session's SparkSession outside {SPARK_DIR} (the one worker of "
-            f"a parallel run that runs Spark: root conftest.py): {stray}"
+            f"tests using the session's SparkSession outside {SPARK_DIR}, or in a file of "
+            f"SPARK_OWN_DRIVERS (the one worker of a parallel run that runs the session's "
+            f"Spark: root conftest.py): {stray}"
         )
-    slow_units = {unit_of(i.nodeid) for i in items if i.get_closest_marker("slow") is not None}
+    spark_workers = config.getoption("spark_workers")
+    slow_units = {
+        unit_of(i.nodeid, spark_workers) for i in items if i.get_closest_marker("slow") is not None
+    }
+
+    spark_ranks = {SPARK_GROUP: 0, SPARK_OWN_DRIVERS_GROUP: 1}
 
     def rank(item: pytest.Item) -> int:
-        unit = unit_of(item.nodeid)
-        return 0 if unit == SPARK_GROUP else 1 if unit in slow_units else 2
+        unit = unit_of(item.nodeid, spark_workers)
+        return spark_ranks.get(unit, 2 if unit in slow_units else 3)
 
     items.sort(key=rank)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem) -> None:  # type: ignore[no-untyped-def]
+    """A parallel run's worker lowers its priority as it starts a test outside the Spark
+    group(s) (see ``NICE_OUTSIDE_SPARK``); one process (no xdist worker) never does."""
+    global _niced
+    if _niced or "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    if unit_of(item.nodeid, item.config.getoption("spark_workers")).startswith(SPARK_GROUP):
+        return
+    os.nice(NICE_OUTSIDE_SPARK)
+    _niced = True
 
 
 def pytest_sessionstart(session) -> None:  # type: ignore[no-untyped-def]

@@ -92,7 +92,7 @@ def test_client_processes_killed_with_sigkill_give_back_their_dedicated_sockets(
             subprocess.Popen(
                 [sys.executable, "-c", HOLDER, endpoint],
                 stdout=subprocess.PIPE,
-                start_new_session=True,
+                process_group=0,
             )
             for _ in range(2)
         ]

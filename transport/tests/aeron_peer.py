@@ -166,6 +166,10 @@ _DIE_WITH_PARENT = (
     ("setpriv", "--pdeathsig", "KILL", "--") if shutil.which("setpriv") is not None else ()
 )
 _SPAWNER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="aeron-peer-spawner")
+# A peer gets a process group of its own (``killpg`` stops the JVM with what it started), never a
+# session of its own: where the kernel groups CPU time by session (autogroup), each JVM in a
+# session of its own got as much CPU as the whole test run, and a parallel run's nice levels
+# (root conftest.py) did not reach it: Spark's Python workers, in the run's session, starved.
 
 
 class PeerProgram:
@@ -193,7 +197,7 @@ class PeerProgram:
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
+            process_group=0,
         ).result()
         if stdin is not None:
             # e.g. "n\n" for the samples' "Execute again? (y/n)" prompt (Scanner on System.in).

@@ -1,9 +1,9 @@
 """Java peers die with the process that started them.
 
-``PeerProgram`` starts each Java peer (drivers, archives, samples) in a session of its own, so a
-test's stop can signal its group: nothing tied the peer's life to the test process, and a pytest
-run killed (a CI timeout's SIGKILL, an OOM kill) left every peer running, holding ports, CPU and
-its /dev/shm directory. Now each is started with ``PR_SET_PDEATHSIG`` (SIGKILL), from one
+``PeerProgram`` starts each Java peer (drivers, archives, samples) in a process group of its own,
+so a test's stop can signal its group: nothing tied the peer's life to the test process, and a
+pytest run killed (a CI timeout's SIGKILL, an OOM kill) left every peer running, holding ports,
+CPU and its /dev/shm directory. Now each is started with ``PR_SET_PDEATHSIG`` (SIGKILL), from one
 long-lived spawner thread (the signal follows the thread that forked: a peer started from a
 thread that then ended would die with it). A real child Python process starts a real ``java``
 peer, and is SIGKILLed."""
@@ -80,3 +80,17 @@ def test_a_java_peer_dies_when_the_process_that_started_it_is_killed(tmp_path: P
             child.wait(30)
         if java_pid and _alive(java_pid):  # the peer this test started, by its id
             os.kill(java_pid, signal.SIGKILL)
+
+
+def test_a_peer_has_a_process_group_of_its_own_in_the_runs_session() -> None:
+    """A peer's process group is its own (a stop signals the JVM and what it started) and its
+    session the test run's: in a session of its own, where the kernel shares CPU time out by
+    session (autogroup), each JVM got as much as the whole run, whatever a parallel run's nice
+    levels (root conftest.py) said, and Spark's Python workers starved."""
+    peer = aeron_peer.PeerProgram(["sleep", "600"], "sleeper")
+    try:
+        assert os.getpgid(peer.proc.pid) == peer.proc.pid
+        assert os.getsid(peer.proc.pid) == os.getsid(0)
+    finally:
+        peer.stop()
+    assert peer.proc.returncode == -signal.SIGINT

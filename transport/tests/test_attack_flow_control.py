@@ -177,7 +177,7 @@ def test_a_killed_slowest_receiver_holds_min_for_the_receiver_timeout_then_not(
         proc = subprocess.Popen(
             [sys.executable, "-c", IDLE_SUBSCRIBER, str(child_dir), _sub_channel(pub), str(STREAM)],
             stdout=subprocess.PIPE,
-            start_new_session=True,
+            process_group=0,
         )
         try:
             assert proc.stdout is not None
