@@ -197,6 +197,9 @@ class StreamServer:
             self.core.transport_heard_ns = self._transport_heard_ns
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="aeron-spark-commit")
             self.core.defer = self._defer
+            if self._driver.is_invoker:
+                # a long request (65,536 ranges) steps the driver between its items when due
+                self.core.step_hook = self._step_invoker_if_due
             if self.config.authorized_keys_file is not None:
                 self.authz = Authorizer(self.config.authorized_keys_file)
                 self.core.authz = self.authz
@@ -637,6 +640,11 @@ class StreamServer:
                 # but cost a poll and a liveness check a request (issue 31)
                 poll = True
                 for _ in range(_MAX_MESSAGES_PER_PASS):
+                    if invoker is not None:
+                        # between a session's requests too: one turn of 64 heavy ones (8 of
+                        # replay_ranges' 65,536 ranges, 2.5-3.4 s) stepped it never, and other
+                        # clients' sessions were lost (test_attack_invoker_long_session.py)
+                        self._step_driver_if_due(invoker)
                     message = link.receive_nowait(poll)
                     if message is None:
                         more = link.may_have_more  # its polls were cut: read in the next pass
@@ -651,6 +659,8 @@ class StreamServer:
                 else:
                     more = True
                 if not io.outbound and core.has_replays(key):
+                    if invoker is not None:
+                        self._step_driver_if_due(invoker)
                     out = core.pump(key, _PUMP_BUDGET_BYTES, now_ns)
                     if out:
                         work += 1
@@ -667,6 +677,11 @@ class StreamServer:
             driver.do_work(now_ns)
             self._stepped_ns = now_ns
             self.driver_steps_in_pass += 1
+
+    def _step_invoker_if_due(self) -> None:
+        """The core's ``step_hook`` in invoker mode: called between the items of a long request."""
+        if self._invoker is not None:
+            self._step_driver_if_due(self._invoker)
 
     def _flush(self, io: _SessionIO) -> bool:
         """Send queued messages until back pressure; True when the queue is empty.
