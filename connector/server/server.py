@@ -52,6 +52,10 @@ _PUMP_BUDGET_BYTES = 4 * 1024 * 1024
 _MAX_MESSAGES_PER_PASS = 64
 # a session's messages handled per pass stop past this many bytes (the others are served first)
 _RECEIVE_BUDGET_BYTES = 4 * 1024 * 1024
+# ... and once they took this long (its next request in the next pass, after the other sessions
+# and a step of the driver): a turn of up to 64 heavy requests held every other client's requests
+# and, in invoker mode, the driver (test_attack_heavy_turn.py, test_attack_invoker_long_session.py)
+_TURN_BUDGET_NS = 5_000_000
 _STAT_INTERVAL_NS = 1_000_000_000
 # the stat snapshot's catalog refresh re-reads at most this many recordings a pass (~15-20 us
 # each): at 2,048 live recordings the whole took ~40 ms of one pass (issue 31's publish tail)
@@ -639,12 +643,13 @@ class StreamServer:
                 # pass (on_ready), so polling again after the messages it read found nothing
                 # but cost a poll and a liveness check a request (issue 31)
                 poll = True
+                # a turn ends once it ran _TURN_BUDGET_NS (the rest in the next pass, the other
+                # sessions and the driver's step between): one of 64 heavy requests (8 of
+                # replay_ranges' 65,536 ranges, 2.5-3.4 s) stepped the driver never, and other
+                # clients' sessions were lost (test_attack_invoker_long_session.py); their
+                # requests waited behind all of it (test_attack_heavy_turn.py)
+                turn_ends_ns = time.monotonic_ns() + _TURN_BUDGET_NS
                 for _ in range(_MAX_MESSAGES_PER_PASS):
-                    if invoker is not None:
-                        # between a session's requests too: one turn of 64 heavy ones (8 of
-                        # replay_ranges' 65,536 ranges, 2.5-3.4 s) stepped it never, and other
-                        # clients' sessions were lost (test_attack_invoker_long_session.py)
-                        self._step_driver_if_due(invoker)
                     message = link.receive_nowait(poll)
                     if message is None:
                         more = link.may_have_more  # its polls were cut: read in the next pass
@@ -653,7 +658,11 @@ class StreamServer:
                     work += 1
                     received += len(message)
                     io.enqueue(core.on_message(key, message, now_ns, wall_ns))
-                    if not self._flush(io) or received >= _RECEIVE_BUDGET_BYTES:
+                    if (
+                        not self._flush(io)
+                        or received >= _RECEIVE_BUDGET_BYTES
+                        or time.monotonic_ns() >= turn_ends_ns
+                    ):
                         more = True
                         break
                 else:
