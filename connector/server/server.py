@@ -649,12 +649,20 @@ class StreamServer:
                 # clients' sessions were lost (test_attack_invoker_long_session.py); their
                 # requests waited behind all of it (test_attack_heavy_turn.py)
                 turn_ends_ns = time.monotonic_ns() + _TURN_BUDGET_NS
+                # messages a cut turn left read (given before any poll): the turn's poll comes
+                # after them, whatever the poll before them said (it polled nothing since, and
+                # what arrived meanwhile signalled a serve that took only them: the session
+                # stalled for good, a bulk publish back-pressured until its timeout)
+                left = link.buffered
                 for _ in range(_MAX_MESSAGES_PER_PASS):
                     message = link.receive_nowait(poll)
                     if message is None:
                         more = link.may_have_more  # its polls were cut: read in the next pass
                         break
-                    poll = link.may_have_more
+                    if left:
+                        left -= 1  # not polled yet: poll stays True
+                    else:
+                        poll = link.may_have_more
                     work += 1
                     received += len(message)
                     io.enqueue(core.on_message(key, message, now_ns, wall_ns))

@@ -86,3 +86,23 @@ def test_attack_a_heavy_sessions_turn_ends_for_others_requests(tmp_path: Path) -
             # behind the request being handled and at most one or two more (reply order on the
             # client's threads), not behind the rest of a turn of up to 64
             assert behind <= 3, behind
+
+
+def test_a_bulk_publish_whose_turns_are_cut_completes(tmp_path: Path) -> None:
+    """The turn budget cuts a bulk publisher's turns (each 1 MB chunk of its 2 MiB requests is
+    several ms of the loop) with whole messages left read: the next turn gave those and did not
+    poll again (the poll before them had said nothing more was there), so what had arrived
+    meanwhile, signalled to a serve that took only them, stayed unread and the publish waited,
+    back-pressured, until its timeout (1 in 3 of such publishes before ``ServerLink.buffered``)."""
+    with server_process(str(tmp_path / "srv")) as (_proc, endpoint):
+        settings = ClientSettings(
+            endpoint=endpoint,
+            encryption=False,
+            key_store_dir=str(tmp_path / "keys"),
+            timeout_s=60.0,
+        )
+        with StreamClient.connect(settings) as client:
+            rows = [b"x" * 1000] * 20_000
+            for _ in range(8):
+                end = client.publish(STREAM, rows)
+            assert end >= 8 * 20_000 * 1000
