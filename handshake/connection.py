@@ -339,6 +339,12 @@ class Connection:
                 return None
         return self._inbox.popleft()
 
+    @property
+    def buffered(self) -> int:
+        """Whole messages an earlier poll read and no receive took yet (a call with ``poll``
+        gives these before it polls again)."""
+        return len(self._inbox)
+
     def receive_nowait(self) -> bytes | None:
         message = self.receive_view_nowait()
         return message if message is None or type(message) is bytes else bytes(message)

@@ -13,7 +13,13 @@ from aeron_spark.connector.errors import (
     ServerError,
     from_archive,
 )
-from aeron_spark.connector.server.state import CoreState, Replay, ReplayCursor, Session
+from aeron_spark.connector.server.state import (
+    STEP_ITEMS,
+    CoreState,
+    Replay,
+    ReplayCursor,
+    Session,
+)
 from aeron_spark.connector.session import protocol as proto
 from aeron_spark.transport.archive import ArchiveError
 
@@ -45,9 +51,12 @@ class ReplaysMixin(CoreState):
         streams = tuple(sorted({self._stream_of(r[0]) for r in ranges}))
         self._authorise("replay", streams)
         cursors = []
+        open_replay, hook = self.store.open_replay, self.step_hook
         try:
-            for recording_id, start, end in ranges:
-                cursors.append(self.store.open_replay(recording_id, start, end))
+            for i, (recording_id, start, end) in enumerate(ranges):
+                if hook is not None and not i % STEP_ITEMS and i:
+                    hook()  # the shell's driver stepped when due (a long request)
+                cursors.append(open_replay(recording_id, start, end))
         except BaseException:
             for cursor in cursors:
                 cursor.close()

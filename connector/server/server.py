@@ -53,6 +53,10 @@ _PUMP_BUDGET_BYTES = 4 * 1024 * 1024
 _MAX_MESSAGES_PER_PASS = 64
 # a session's messages handled per pass stop past this many bytes (the others are served first)
 _RECEIVE_BUDGET_BYTES = 4 * 1024 * 1024
+# ... and once they took this long (its next request in the next pass, after the other sessions
+# and a step of the driver): a turn of up to 64 heavy requests held every other client's requests
+# and, in invoker mode, the driver (test_attack_heavy_turn.py, test_attack_invoker_long_session.py)
+_TURN_BUDGET_NS = 5_000_000
 _STAT_INTERVAL_NS = 1_000_000_000
 # the stat snapshot's catalog refresh re-reads at most this many recordings a pass (~15-20 us
 # each): at 2,048 live recordings the whole took ~40 ms of one pass (issue 31's publish tail)
@@ -199,6 +203,9 @@ class StreamServer:
             self.core.transport_heard_ns = self._transport_heard_ns
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="aeron-spark-commit")
             self.core.defer = self._defer
+            if self._driver.is_invoker:
+                # a long request (65,536 ranges) steps the driver between its items when due
+                self.core.step_hook = self._step_invoker_if_due
             if self.config.authorized_keys_file is not None:
                 self.authz = Authorizer(self.config.authorized_keys_file)
                 self.core.authz = self.authz
@@ -651,21 +658,41 @@ class StreamServer:
                 # pass (on_ready), so polling again after the messages it read found nothing
                 # but cost a poll and a liveness check a request (issue 31)
                 poll = True
+                # a turn ends once it ran _TURN_BUDGET_NS (the rest in the next pass, the other
+                # sessions and the driver's step between): one of 64 heavy requests (8 of
+                # replay_ranges' 65,536 ranges, 2.5-3.4 s) stepped the driver never, and other
+                # clients' sessions were lost (test_attack_invoker_long_session.py); their
+                # requests waited behind all of it (test_attack_heavy_turn.py)
+                turn_ends_ns = time.monotonic_ns() + _TURN_BUDGET_NS
+                # messages a cut turn left read (given before any poll): the turn's poll comes
+                # after them, whatever the poll before them said (it polled nothing since, and
+                # what arrived meanwhile signalled a serve that took only them: the session
+                # stalled for good, a bulk publish back-pressured until its timeout)
+                left = link.buffered
                 for _ in range(_MAX_MESSAGES_PER_PASS):
                     message = link.receive_nowait(poll)
                     if message is None:
                         more = link.may_have_more  # its polls were cut: read in the next pass
                         break
-                    poll = link.may_have_more
+                    if left:
+                        left -= 1  # not polled yet: poll stays True
+                    else:
+                        poll = link.may_have_more
                     work += 1
                     received += len(message)
                     io.enqueue(core.on_message(key, message, now_ns, wall_ns))
-                    if not self._flush(io) or received >= _RECEIVE_BUDGET_BYTES:
+                    if (
+                        not self._flush(io)
+                        or received >= _RECEIVE_BUDGET_BYTES
+                        or time.monotonic_ns() >= turn_ends_ns
+                    ):
                         more = True
                         break
                 else:
                     more = True
                 if not io.outbound and core.has_replays(key):
+                    if invoker is not None:
+                        self._step_driver_if_due(invoker)
                     out = core.pump(key, _PUMP_BUDGET_BYTES, now_ns)
                     if out:
                         work += 1
@@ -682,6 +709,11 @@ class StreamServer:
             driver.do_work(now_ns)
             self._stepped_ns = now_ns
             self.driver_steps_in_pass += 1
+
+    def _step_invoker_if_due(self) -> None:
+        """The core's ``step_hook`` in invoker mode: called between the items of a long request."""
+        if self._invoker is not None:
+            self._step_driver_if_due(self._invoker)
 
     def _flush(self, io: _SessionIO) -> bool:
         """Send queued messages until back pressure; True when the queue is empty.

@@ -113,6 +113,10 @@ class KeysReloaded:
     error: Exception | None = None
 
 
+# the items of a long request (ranges) between two calls of CoreState.step_hook
+STEP_ITEMS = 256
+
+
 class CoreState:
     """The core's state (set by ``ServerCore.__init__``) and the methods its parts share."""
 
@@ -131,6 +135,8 @@ class CoreState:
     transport_heard_ns: Callable[[object], int | None] | None
     defer: Callable[[object, Callable[[], Outcome]], None] | None
     authz: Authorizer | None
+    # the shell's: called between the items of a long request, every STEP_ITEMS (ServerCore)
+    step_hook: Callable[[], None] | None
     _replay_owner: dict[int, object]
     _leases: list[tuple[int, int, object]]  # (lease deadline, n, session key): a heap
     _reassembling: set[object]  # sessions that may hold an incomplete chunked message
@@ -154,6 +160,7 @@ class CoreState:
 
 
 __all__ = [
+    "STEP_ITEMS",
     "CoreState",
     "KeysReloaded",
     "Outcome",

@@ -128,6 +128,11 @@ class ServerLink:
         return self.connection.receive_view_nowait(poll)
 
     @property
+    def buffered(self) -> int:
+        """Messages an earlier poll read that no receive took yet (given before a poll)."""
+        return self.connection.buffered
+
+    @property
     def may_have_more(self) -> bool:
         """The last poll read all it was allowed: more may be waiting beyond it."""
         return self.connection.poll_was_full
