@@ -3,7 +3,9 @@
 The pip package ships ``bin/spark-class`` but no ``sbin/start-master.sh``; the master and workers
 are started as child processes (each in its own process group so it can be stopped with all its
 children) with ``SPARK_LOCAL_IP=127.0.0.1``. Readiness is read from the master's JSON status page,
-polled with a deadline. This is what ``docker-compose.yml`` runs, without Docker.
+polled with a deadline. Each process dies with the one that started it
+(``transport.tests.children``: a killed pytest run left a cluster running). This is what
+``docker-compose.yml`` runs, without Docker.
 
 As in containers, each worker has directories of its own (``worker-N/``: its work directory,
 Spark's local directories and ``TMPDIR``), and shares with the job only what it is told to: a
@@ -29,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyspark
+
+from transport.tests import children
 
 
 def free_port() -> int:
@@ -135,7 +139,7 @@ class StandaloneCluster:
         cmd = [str(spark_home() / "bin" / "spark-class"), *args]
         for d in hidden or []:
             d.mkdir(parents=True, exist_ok=True)  # the mount point
-        proc = subprocess.Popen(
+        proc = children.popen(  # dies with the test process, even a SIGKILLed one
             hiding(hidden or [], cmd),
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -15,14 +15,17 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from spark_tests import _compose
 from spark_tests._cluster import StandaloneCluster, can_hide_directories, hiding
+from transport.tests import children
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -44,14 +47,8 @@ def run(args: list[str], timeout_s: float) -> dict:
             ["--conf", f"spark.executor.extraJavaOptions={EXECUTOR_JAVA_OPTIONS}", "pyspark-shell"]
         ),
     )
-    done = subprocess.run(
-        [sys.executable, *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        stdin=subprocess.DEVNULL,
+    done = children.run(  # the job dies with the test process, as the cluster does
+        [sys.executable, *args], timeout_s, cwd=ROOT, env=env, text=True, stdin=subprocess.DEVNULL
     )
     assert done.returncode == 0, f"{args[0]} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -219,3 +216,64 @@ def test_compose_file_is_valid() -> None:
         [tool, "config", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+ORPHAN_CHILD = """
+import sys, threading
+from pathlib import Path
+from spark_tests._cluster import StandaloneCluster
+work, hide = Path(sys.argv[1]), sys.argv[2] == "1"
+holder = []
+# started from a thread that ends at once: the cluster must outlive it (only its process counts)
+t = threading.Thread(target=lambda: holder.append(
+    StandaloneCluster(work, workers=1, hidden=[[work / "hidden"]] if hide else []).start()))
+t.start(); t.join()
+print(" ".join(str(p.pid) for p in holder[0].processes), flush=True)
+sys.stdin.read()
+"""
+
+
+def _running(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting for init)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.timeout(300)
+def test_the_cluster_dies_when_the_process_that_started_it_is_killed(tmp_path: Path) -> None:
+    """A killed pytest run (a CI timeout's SIGKILL) left its cluster running (53 minutes, once):
+    its master and workers are in sessions of their own. A real child process starts a cluster
+    (a worker behind a private mount when it can, as the job's test does), and is SIGKILLed."""
+    hide = can_hide_directories() is None
+    child = subprocess.Popen(
+        [sys.executable, "-c", ORPHAN_CHILD, str(tmp_path / "cluster"), "1" if hide else "0"],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    pids: list[int] = []
+    try:
+        assert child.stdout is not None
+        pids = [int(p) for p in child.stdout.readline().split()]  # a worker registered
+        assert len(pids) == 2
+        for pid in pids:  # the JVMs themselves (setpriv, unshare, sh and spark-class exec'd)
+            assert "org.apache.spark.deploy" in Path(f"/proc/{pid}/cmdline").read_text()
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+        deadline = time.monotonic() + 10
+        while any(map(_running, pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # on main: the master and the worker still ran, orphaned
+        assert not [p for p in pids if _running(p)], "the cluster outlived its test process"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(30)
+        if child.stdout is not None:
+            child.stdout.close()
+        for pid in pids:  # the processes this test started, by their ids (their groups)
+            if _running(pid):
+                os.killpg(pid, signal.SIGKILL)

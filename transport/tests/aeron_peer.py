@@ -16,7 +16,6 @@ process in its own process group, stopped with SIGINT then SIGKILL. Used by
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import os
 import queue
@@ -31,6 +30,11 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+if __package__:
+    from transport.tests import children
+else:  # run as a script (``python transport/tests/aeron_peer.py fetch``): its folder is on sys.path
+    import children  # type: ignore[no-redef]
 
 AERON_VERSION = "1.47.3"
 ARTIFACT = f"io.aeron:aeron-all:{AERON_VERSION}"
@@ -157,19 +161,11 @@ def require_java(what: str = "the real Aeron (Java)") -> None:
         pytest.skip(message)
 
 
-# A peer is in a session of its own (stop() signals its group), so nothing tied its life to
-# the test process: a killed pytest run left its Java peers running. Each is started with
-# PR_SET_PDEATHSIG (SIGKILL; setpriv sets it, then execs the peer), which follows the thread
-# that forked: every peer is forked by one spawner thread living as long as the process (a
-# peer started from a test's short-lived thread would die with that thread).
-_DIE_WITH_PARENT = (
-    ("setpriv", "--pdeathsig", "KILL", "--") if shutil.which("setpriv") is not None else ()
-)
-_SPAWNER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="aeron-peer-spawner")
-# A peer gets a process group of its own (``killpg`` stops the JVM with what it started), never a
-# session of its own: where the kernel groups CPU time by session (autogroup), each JVM in a
-# session of its own got as much CPU as the whole test run, and a parallel run's nice levels
-# (root conftest.py) did not reach it: Spark's Python workers, in the run's session, starved.
+# A peer is in a process group of its own (stop() signals its group): children.popen starts it so
+# that it dies with the test process all the same (PR_SET_PDEATHSIG, from one spawner thread).
+# Never a session of its own: where the kernel groups CPU time by session (autogroup), each JVM
+# in a session of its own got as much CPU as the whole test run, and a parallel run's nice
+# levels (root conftest.py) did not reach it: Spark's Python workers, in the run's session, starved.
 
 
 class PeerProgram:
@@ -190,15 +186,14 @@ class PeerProgram:
         self.argv = argv
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
-        self.proc = _SPAWNER.submit(
-            subprocess.Popen,
-            [*_DIE_WITH_PARENT, *argv],
+        self.proc = children.popen(
+            argv,
             env=dict(env) if env is not None else None,
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             process_group=0,
-        ).result()
+        )
         if stdin is not None:
             # e.g. "n\n" for the samples' "Execute again? (y/n)" prompt (Scanner on System.in).
             assert self.proc.stdin is not None

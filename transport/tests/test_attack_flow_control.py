@@ -22,6 +22,7 @@ from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler
 from aeron_spark.transport.client import Publication, Subscription
 from aeron_spark.transport.protocol.frames import SmFlags, StatusMessage
 from aeron_spark.transport.testing import pump
+from transport.tests import children
 
 TIMEOUT_S = 60.0
 STREAM = 22
@@ -39,6 +40,16 @@ with Driver(DriverConfig(directory=sys.argv[1])) as d:
     while True:
         time.sleep(1)
 """
+
+
+def start_idle_subscriber(directory: Path, channel: str) -> subprocess.Popen[bytes]:
+    """A process subscribed to ``channel`` that never reads (its first line: its port); it dies
+    with the test process, even a SIGKILLed one."""
+    return children.popen(
+        [sys.executable, "-c", IDLE_SUBSCRIBER, str(directory), channel, str(STREAM)],
+        stdout=subprocess.PIPE,
+        process_group=0,  # a group of its own, in the run's session (aeron_peer says why)
+    )
 
 
 def _mdc(fc: str) -> str:
@@ -174,11 +185,7 @@ def test_a_killed_slowest_receiver_holds_min_for_the_receiver_timeout_then_not(
     with Driver(DriverConfig(threading_mode="invoker", directory=tmp_path / "d")) as d:
         pub = d.add_publication(_mdc("min,t:2s"), STREAM)
         flow = pub.state.flow
-        proc = subprocess.Popen(
-            [sys.executable, "-c", IDLE_SUBSCRIBER, str(child_dir), _sub_channel(pub), str(STREAM)],
-            stdout=subprocess.PIPE,
-            process_group=0,
-        )
+        proc = start_idle_subscriber(child_dir, _sub_channel(pub))
         try:
             assert proc.stdout is not None
             child_address = ("127.0.0.1", int(proc.stdout.readline()))

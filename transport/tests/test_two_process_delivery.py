@@ -26,6 +26,7 @@ import pytest
 
 from aeron_spark.transport import Driver, DriverConfig, FragmentAssembler
 from aeron_spark.transport.testing import LossConfig, make_message, message_sizes
+from transport.tests import children
 
 PEER = Path(__file__).with_name("udp_peer.py")
 MTU = 1408
@@ -38,7 +39,7 @@ DELIVERY_TIMEOUT_S = 240.0
 
 class Peer:
     def __init__(self, *args: object) -> None:
-        self.proc = subprocess.Popen(
+        self.proc = children.popen(  # dies with the test process, even a SIGKILLed one
             [sys.executable, str(PEER), *map(str, args)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
