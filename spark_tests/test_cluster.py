@@ -15,10 +15,8 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -233,14 +231,6 @@ sys.stdin.read()
 """
 
 
-def _running(pid: int) -> bool:
-    """Running (not gone, not a zombie waiting for init)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.timeout(300)
 def test_the_cluster_dies_when_the_process_that_started_it_is_killed(tmp_path: Path) -> None:
     """A killed pytest run (a CI timeout's SIGKILL) left its cluster running (53 minutes, once):
@@ -261,19 +251,7 @@ def test_the_cluster_dies_when_the_process_that_started_it_is_killed(tmp_path: P
         assert len(pids) == 2
         for pid in pids:  # the JVMs themselves (setpriv, unshare, sh and spark-class exec'd)
             assert "org.apache.spark.deploy" in Path(f"/proc/{pid}/cmdline").read_text()
-        child.send_signal(signal.SIGKILL)
-        child.wait(30)
-        deadline = time.monotonic() + 10
-        while any(map(_running, pids)) and time.monotonic() < deadline:
-            time.sleep(0.05)
         # on main: the master and the worker still ran, orphaned
-        assert not [p for p in pids if _running(p)], "the cluster outlived its test process"
+        assert not children.outliving(child, pids), "the cluster outlived its test process"
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(30)
-        if child.stdout is not None:
-            child.stdout.close()
-        for pid in pids:  # the processes this test started, by their ids (their groups)
-            if _running(pid):
-                os.killpg(pid, signal.SIGKILL)
+        children.reap(child, pids)

@@ -15,8 +15,11 @@ tests; ``test_child_orphans.py`` and ``test_aeron_peer_orphans.py`` kill a real 
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import shutil
+import signal
 import subprocess
+import time
 from typing import Any
 
 DIE_WITH_PARENT: tuple[str, ...] = (
@@ -42,3 +45,36 @@ def run(argv: list[str], timeout_s: float, **kwargs: Any) -> subprocess.Complete
             proc.communicate()
             raise
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def running(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting for init)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def outliving(parent: subprocess.Popen[Any], pids: list[int], timeout_s: float = 10.0) -> list[int]:
+    """SIGKILL ``parent`` (a process that started ``pids``), then the ones of ``pids`` still
+    running ``timeout_s`` later (none once they died with it)."""
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(30)
+    deadline = time.monotonic() + timeout_s
+    while any(map(running, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [pid for pid in pids if running(pid)]
+
+
+def reap(parent: subprocess.Popen[Any], pids: list[int]) -> None:
+    """After a test of :func:`outliving`, whatever happened: ``parent`` gone and its pipe
+    closed, and each of ``pids`` still running killed with its process group."""
+    if parent.poll() is None:
+        parent.kill()
+        parent.wait(30)
+    if parent.stdout is not None:
+        parent.stdout.close()
+    for pid in pids:  # the processes the test's child started, by their ids (their groups)
+        if running(pid):
+            os.killpg(pid, signal.SIGKILL)

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from transport.tests import aeron_peer
+from transport.tests import aeron_peer, children
 
 SLEEPER = """
 public class Sleeper {
@@ -40,15 +40,6 @@ sys.stdin.read()
 """
 
 
-def _alive(pid: int) -> bool:
-    """Running (not gone, not a zombie waiting for init)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_a_java_peer_dies_when_the_process_that_started_it_is_killed(tmp_path: Path) -> None:
     aeron_peer.require_java()
     source = tmp_path / "Sleeper.java"
@@ -61,25 +52,18 @@ def test_a_java_peer_dies_when_the_process_that_started_it_is_killed(tmp_path: P
         stdout=subprocess.PIPE,
         text=True,
     )
-    java_pid = 0
+    pids: list[int] = []
     try:
         assert child.stdout is not None
-        java_pid = int(child.stdout.readline())
+        pids.append(int(child.stdout.readline()))
         time.sleep(0.5)  # the spawning thread has long ended: the peer still runs
-        assert _alive(java_pid), "the peer died with the thread that started it"
-        child.send_signal(signal.SIGKILL)
-        child.wait(30)
-        deadline = time.monotonic() + 10
-        while _alive(java_pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert children.running(pids[0]), "the peer died with the thread that started it"
         # on main: the java process still ran, orphaned
-        assert not _alive(java_pid), f"java peer {java_pid} outlived the process that started it"
+        assert not children.outliving(child, pids), (
+            f"java peer {pids[0]} outlived the process that started it"
+        )
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(30)
-        if java_pid and _alive(java_pid):  # the peer this test started, by its id
-            os.kill(java_pid, signal.SIGKILL)
+        children.reap(child, pids)
 
 
 def test_a_peer_has_a_process_group_of_its_own_in_the_runs_session() -> None:

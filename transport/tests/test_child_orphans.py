@@ -9,15 +9,15 @@ each, from a thread that ends at once, and is SIGKILLed."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from aeron_spark.transport.testing import free_udp_port
+from transport.tests import children
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,52 +57,28 @@ sys.stdin.read()
 """
 
 
-def _alive(pid: int) -> bool:
-    """Running (not gone, not a zombie waiting for init)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.parametrize("peer", sorted(STARTERS))
 def test_a_python_peer_dies_when_the_process_that_started_it_is_killed(
     tmp_path: Path, peer: str
 ) -> None:
     body = "\n".join("    " + line for line in STARTERS[peer].strip().splitlines())
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD.format(body=body), str(tmp_path), str(_free_udp_port())],
+        [sys.executable, "-c", CHILD.format(body=body), str(tmp_path), str(free_udp_port())],
         cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
-    peer_pid = 0
+    pids: list[int] = []
     try:
         assert child.stdout is not None
-        peer_pid = int(child.stdout.readline())
+        pids.append(int(child.stdout.readline()))
         time.sleep(0.5)  # the spawning thread has long ended: the peer still runs
-        assert _alive(peer_pid), "the peer died with the thread that started it"
-        assert "python" in Path(f"/proc/{peer_pid}/cmdline").read_text()  # past setpriv's exec
-        child.send_signal(signal.SIGKILL)
-        child.wait(30)
-        deadline = time.monotonic() + 10
-        while _alive(peer_pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert children.running(pids[0]), "the peer died with the thread that started it"
+        assert "python" in Path(f"/proc/{pids[0]}/cmdline").read_text()  # past setpriv's exec
         # on main: the peer still ran, orphaned
-        assert not _alive(peer_pid), f"{peer} {peer_pid} outlived the process that started it"
+        assert not children.outliving(child, pids), (
+            f"{peer} {pids[0]} outlived the process that started it"
+        )
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(30)
-        if child.stdout is not None:
-            child.stdout.close()
-        if peer_pid and _alive(peer_pid):  # the peer this test started, by its id (its group)
-            os.killpg(peer_pid, signal.SIGKILL)
+        children.reap(child, pids)
