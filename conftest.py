@@ -158,6 +158,7 @@ def _temporary_directory_left_as_found() -> Iterator[None]:
 # at once, one a worker, and the session's SparkSession still on one worker only.
 SPARK_GROUP = "spark"
 SPARK_OWN_DRIVERS_GROUP = "spark-own-drivers"
+SPARK_GROUPS = (SPARK_GROUP, SPARK_OWN_DRIVERS_GROUP)  # in the order they run first
 SPARK_DIR = "spark_tests/"
 SPARK_OWN_DRIVERS = frozenset(
     {
@@ -239,11 +240,11 @@ def pytest_collection_modifyitems(config, items) -> None:  # type: ignore[no-unt
         unit_of(i.nodeid, spark_workers) for i in items if i.get_closest_marker("slow") is not None
     }
 
-    spark_ranks = {SPARK_GROUP: 0, SPARK_OWN_DRIVERS_GROUP: 1}
+    spark_ranks = {group: n for n, group in enumerate(SPARK_GROUPS)}
 
     def rank(item: pytest.Item) -> int:
         unit = unit_of(item.nodeid, spark_workers)
-        return spark_ranks.get(unit, 2 if unit in slow_units else 3)
+        return spark_ranks.get(unit, len(SPARK_GROUPS) + (0 if unit in slow_units else 1))
 
     items.sort(key=rank)
 
@@ -255,7 +256,7 @@ def pytest_runtest_protocol(item, nextitem) -> None:  # type: ignore[no-untyped-
     global _niced
     if _niced or "PYTEST_XDIST_WORKER" not in os.environ:
         return
-    if unit_of(item.nodeid, item.config.getoption("spark_workers")).startswith(SPARK_GROUP):
+    if unit_of(item.nodeid, item.config.getoption("spark_workers")) in SPARK_GROUPS:
         return
     os.nice(NICE_OUTSIDE_SPARK)
     _niced = True

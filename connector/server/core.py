@@ -39,13 +39,13 @@ from aeron_spark.connector.server.scan import scan
 from aeron_spark.connector.server.sessions import SessionsMixin
 from aeron_spark.connector.server.staging import PartKey, SinkCommitter
 from aeron_spark.connector.server.state import (
-    STEP_ITEMS,
     KeysReloaded,
     Outcome,
     Publisher,
     ReplayCursor,
     Session,
     Store,
+    stepping,
 )
 from aeron_spark.connector.session import protocol as proto
 from aeron_spark.connector.session.chunking import ReassemblyBudget
@@ -226,12 +226,8 @@ class ServerCore(SessionsMixin, RequestsMixin, ReplaysMixin):
         directories in the order asked, and the token; None when local reads are off."""
         ranges = request.args["ranges"]
         self._authorise("replay", sorted({self._stream_of(r[0]) for r in ranges}))
-        local_read, hook = self.store.local_read, self.step_hook
-        found = []
-        for i, (rid, start, end) in enumerate(ranges):
-            if hook is not None and not i % STEP_ITEMS and i:
-                hook()
-            found.append(local_read(rid, start, end))
+        local_read, items = self.store.local_read, stepping(ranges, self.step_hook)
+        found = [local_read(rid, start, end) for rid, start, end in items]
         if not found or found[0] is None:
             self.counters["local_reads_refused"] += len(found)
             return None

@@ -14,11 +14,11 @@ from aeron_spark.connector.errors import (
     from_archive,
 )
 from aeron_spark.connector.server.state import (
-    STEP_ITEMS,
     CoreState,
     Replay,
     ReplayCursor,
     Session,
+    stepping,
 )
 from aeron_spark.connector.session import protocol as proto
 from aeron_spark.transport.archive import ArchiveError
@@ -51,11 +51,9 @@ class ReplaysMixin(CoreState):
         streams = tuple(sorted({self._stream_of(r[0]) for r in ranges}))
         self._authorise("replay", streams)
         cursors = []
-        open_replay, hook = self.store.open_replay, self.step_hook
+        open_replay = self.store.open_replay
         try:
-            for i, (recording_id, start, end) in enumerate(ranges):
-                if hook is not None and not i % STEP_ITEMS and i:
-                    hook()  # the shell's driver stepped when due (a long request)
+            for recording_id, start, end in stepping(ranges, self.step_hook):
                 cursors.append(open_replay(recording_id, start, end))
         except BaseException:
             for cursor in cursors:

@@ -117,6 +117,19 @@ class KeysReloaded:
 STEP_ITEMS = 256
 
 
+def stepping(items: Sequence[Any], hook: Callable[[], None] | None) -> Iterable[Any]:
+    """``items`` of a long request, ``hook`` (the shell's driver stepped when due) called
+    before every ``STEP_ITEMS``-th after the first; ``items`` itself without a hook."""
+    return items if hook is None else _stepped(items, hook)
+
+
+def _stepped(items: Sequence[Any], hook: Callable[[], None]) -> Iterator[Any]:
+    for i, item in enumerate(items):
+        if i and not i % STEP_ITEMS:
+            hook()
+        yield item
+
+
 class CoreState:
     """The core's state (set by ``ServerCore.__init__``) and the methods its parts share."""
 
@@ -169,4 +182,5 @@ __all__ = [
     "ReplayCursor",
     "Session",
     "Store",
+    "stepping",
 ]
