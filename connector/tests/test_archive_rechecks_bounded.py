@@ -23,17 +23,15 @@ import pytest
 from aeron_spark.connector.errors import ReplicasUnavailableError
 from aeron_spark.connector.options import (
     ArchiveSinkOptions,
-    parse_archive_sink_options,
     parse_archive_source_options,
 )
 from aeron_spark.connector.source import AeronStreamReader
 from aeron_spark.connector.stores.archive import health
-from aeron_spark.transport.testing import free_udp_port
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "transport" / "tests"))
 import aeron_peer  # noqa: E402
-from archive_sink_helpers import commit  # noqa: E402
+from archive_sink_helpers import commit, replicated_sink  # noqa: E402
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -49,18 +47,7 @@ def archives(tmp_path: Path) -> Iterator[list[aeron_peer.JavaArchive]]:
 
 
 def _sink(primary: aeron_peer.JavaArchive, replica: aeron_peer.JavaArchive) -> ArchiveSinkOptions:
-    return parse_archive_sink_options(
-        {
-            "archive": primary.control_channel,
-            "channel": f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
-            "archiveStagingChannel": f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}",
-            "streamId": str(STREAM),
-            "sinkId": "probes",
-            "timeoutMs": "15000",
-            "replicas": replica.control_channel,
-            "minInSyncReplicas": "2",
-        }
-    )
+    return replicated_sink(primary, replica, STREAM, "probes")
 
 
 def _reader(channels: list[str], timeout_ms: int) -> AeronStreamReader:

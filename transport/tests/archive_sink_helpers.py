@@ -18,7 +18,11 @@ import pytest
 
 from aeron_spark.connector.errors import ConnectorError, NotEnoughReplicasError
 from aeron_spark.connector.formats import Geometry, iter_messages
-from aeron_spark.connector.options import ArchiveSinkOptions, parse_archive_source_options
+from aeron_spark.connector.options import (
+    ArchiveSinkOptions,
+    parse_archive_sink_options,
+    parse_archive_source_options,
+)
 from aeron_spark.connector.session.replay import ReplayBlock
 from aeron_spark.connector.source import AeronBatchReader
 from aeron_spark.connector.stores.archive import sink as archive_sink
@@ -28,6 +32,26 @@ from aeron_spark.transport.archive.client import ArchiveClientError
 
 # what a connect to an archive that is down or cut off fails with
 UNREACHABLE = (ConnectorError, ArchiveClientError, TransportError, OSError)
+
+
+def replicated_sink(
+    primary: aeron_peer.JavaArchive, replica: aeron_peer.JavaArchive, stream_id: int, sink_id: str
+) -> ArchiveSinkOptions:
+    """A sink's options on ``primary`` with ``replica``, both to hold a batch
+    (``minInSyncReplicas`` 2), its channel and staging channel each on a free port of this host
+    (a promoted replica takes the sink's channels on its own host, here the same one)."""
+    return parse_archive_sink_options(
+        {
+            "archive": primary.control_channel,
+            "channel": f"aeron:udp?endpoint=127.0.0.1:{aeron_peer.free_udp_port()}",
+            "archiveStagingChannel": f"aeron:udp?endpoint=127.0.0.1:{aeron_peer.free_udp_port()}",
+            "streamId": str(stream_id),
+            "sinkId": sink_id,
+            "timeoutMs": "15000",
+            "replicas": replica.control_channel,
+            "minInSyncReplicas": "2",
+        }
+    )
 
 
 def channel_of(archive: aeron_peer.JavaArchive | str) -> str:
