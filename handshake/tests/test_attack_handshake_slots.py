@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -44,6 +45,12 @@ def _stack(frame):  # type: ignore[no-untyped-def]
     while frame is not None:
         yield frame
         frame = frame.f_back
+
+
+def _own_client(keys: Path, timeout_s: float) -> tuple[Driver, Client]:
+    """A client on a driver of its own (closed by the test to end its connects at once)."""
+    driver = Driver(DriverConfig(write_counters_file=False)).start()
+    return driver, Client(ClientConfig(key_store_dir=str(keys), timeout_s=timeout_s), driver=driver)
 
 
 def _start_silent(
@@ -78,11 +85,7 @@ def test_attack_a_silent_server_does_not_starve_connects_to_another(
     tmp_path, make_server, make_client: Callable[..., Client], silent_endpoint: str
 ) -> None:
     healthy = make_server()
-    silent_driver = Driver(DriverConfig(write_counters_file=False)).start()
-    silent_client = Client(
-        ClientConfig(key_store_dir=str(tmp_path / "silent-keys"), timeout_s=25.0),
-        driver=silent_driver,
-    )
+    silent_driver, silent_client = _own_client(tmp_path / "silent-keys", 25.0)
     errors: list[BaseException] = []
     threads = _start_silent(silent_client, silent_endpoint, errors)
     try:
@@ -116,10 +119,7 @@ def test_attack_a_connect_waiting_for_a_slot_keeps_its_own_timeout(
     """The 17th connect to a silent endpoint: its timeout counts from the call, the wait for a
     slot included (one freed midway gave the handshake a whole timeout more)."""
     timeout_s = 6.0
-    driver = Driver(DriverConfig(write_counters_file=False)).start()
-    client = Client(
-        ClientConfig(key_store_dir=str(tmp_path / "keys"), timeout_s=timeout_s), driver=driver
-    )
+    driver, client = _own_client(tmp_path / "keys", timeout_s)
     errors: list[BaseException] = []
     threads = _start_silent(client, silent_endpoint, errors)
     try:
@@ -144,10 +144,7 @@ def test_a_connect_ends_when_its_driver_is_closed(tmp_path, silent_endpoint: str
     ConnectionClosedError naming the closed driver: on main each waited on its closed HELLO
     publication, whose wait returned at once, in a loop (a thread's CPU) until its whole
     timeout, then raised HandshakeTimeoutError."""
-    driver = Driver(DriverConfig(write_counters_file=False)).start()
-    client = Client(
-        ClientConfig(key_store_dir=str(tmp_path / "keys"), timeout_s=20.0), driver=driver
-    )
+    driver, client = _own_client(tmp_path / "keys", 20.0)
     errors: list[BaseException] = []
     threads = _start_silent(client, silent_endpoint, errors)
     try:
